@@ -1,0 +1,262 @@
+//! The broker: one database, its connection pool, and the tables used through it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+
+use crate::dialect::{self, Dialect};
+use crate::error::{BrokerError, Result};
+use crate::message::Message;
+use crate::runtime::wake::Wake;
+use crate::runtime::{Manager, Pool, Queue};
+use crate::subscription::SubscriptionBuilder;
+use crate::table::Table;
+use crate::Value;
+
+/// A handle on one database: a pool of blocking connections, publishing, subscriptions.
+/// Cheap to clone; clones share the pool.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let jobs = Table::new("jobs").text_column("kind").lease(Duration::from_secs(30));
+/// broker.create_table(&jobs)?;
+/// broker.publish(&jobs, Message::new(b"hello".to_vec()).set("kind", "greeting"))?;
+///
+/// let sub = broker.subscription(&jobs).workers(2).start()?;
+/// let d = sub.next_delivery().expect("one job");
+/// assert_eq!(d.payload(), b"hello");
+/// assert_eq!(d.attempt(), 1);
+/// assert_eq!(d.get("kind").and_then(|v| v.as_str()), Some("greeting"));
+/// d.ack()?;
+/// sub.shutdown(Duration::from_secs(1))?;
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dialect: Arc<dyn Dialect>,
+    pool: Pool,
+    queues: Mutex<HashMap<Table, Arc<Queue>>>,
+    wakes: Mutex<HashMap<String, Arc<Wake>>>,
+}
+
+/// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
+#[must_use]
+pub struct BrokerBuilder {
+    url: String,
+    pool_size: u32,
+    connection_timeout: Duration,
+}
+
+impl BrokerBuilder {
+    /// Most pooled connections. Default 16. A row lock delivery, and an advisory delivery on a
+    /// server, holds a connection until it is settled; each claim worker needs one while it
+    /// claims. An in-memory SQLite database always has exactly one.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// How long an operation waits for a pooled connection before it fails with
+    /// [`BrokerError::Pool`]. Default 30 s.
+    pub fn connection_timeout(mut self, d: Duration) -> Self {
+        self.connection_timeout = d;
+        self
+    }
+
+    /// Parses the URL, builds the pool and opens one connection to prove the database is there.
+    pub fn build(self) -> Result<Broker> {
+        let dialect = dialect::open(&self.url)?;
+        let size = dialect.max_pool_size().map_or(self.pool_size, |cap| cap.min(self.pool_size));
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connection_timeout(self.connection_timeout)
+            .build_unchecked(Manager { dialect: dialect.clone() });
+        let broker =
+            Broker { inner: Arc::new(Inner { dialect, pool, queues: Default::default(), wakes: Default::default() }) };
+        broker.inner.pool.get().map_err(|source| BrokerError::Pool {
+            op: "connect",
+            table: "-".into(),
+            timeout: self.connection_timeout,
+            source,
+        })?;
+        Ok(broker)
+    }
+}
+
+impl Broker {
+    /// Connects with default options. The URL picks the database:
+    /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.1+ or
+    /// MariaDB 10.6+), `sqlite:path/to/file.db`, or `sqlite::memory:`.
+    pub fn connect(url: &str) -> Result<Broker> {
+        Broker::builder(url).build()
+    }
+
+    /// A builder for options such as the pool size.
+    pub fn builder(url: &str) -> BrokerBuilder {
+        BrokerBuilder { url: url.to_string(), pool_size: 16, connection_timeout: Duration::from_secs(30) }
+    }
+
+    /// `PostgreSQL`, `MySQL` or `SQLite`.
+    pub fn database(&self) -> &'static str {
+        self.inner.dialect.database()
+    }
+
+    /// The table's validated description and SQL, built once per description.
+    pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
+        if let Some(q) = self.inner.queues.lock().get(table) {
+            return Ok(q.clone());
+        }
+        let spec = table.validate()?;
+        let sql = self.inner.dialect.compile(&spec);
+        let wake = self.inner.wakes.lock().entry(spec.name.clone()).or_default().clone();
+        let q = Arc::new(Queue { spec, sql, dialect: self.inner.dialect.clone(), pool: self.inner.pool.clone(), wake });
+        Ok(self.inner.queues.lock().entry(table.clone()).or_insert(q).clone())
+    }
+
+    /// Creates the table with every column described, and the index the claims use, if it
+    /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
+    pub fn create_table(&self, table: &Table) -> Result<()> {
+        let q = self.queue(table)?;
+        let mut conn = q.conn("create table")?;
+        for stmt in q.dialect.create_table(&q.spec) {
+            conn.batch(&stmt).map_err(q.err("create table"))?;
+        }
+        Ok(())
+    }
+
+    /// Publishes one message; it is due at once unless it was given a delay.
+    pub fn publish(&self, table: &Table, message: Message) -> Result<()> {
+        let q = self.queue(table)?;
+        let mut params = Vec::with_capacity(2 + q.spec.columns.len());
+        message.params_into(&q.spec, SystemTime::now(), &mut params)?;
+        let mut conn = q.conn("publish")?;
+        conn.execute(&q.sql.insert_one, &params).map_err(q.err("publish"))?;
+        q.wake.notify();
+        Ok(())
+    }
+
+    /// Publishes many messages with multi-row inserts (one statement unless the batch exceeds
+    /// the database's parameter limit; then several, in one transaction). All or nothing.
+    pub fn publish_batch(&self, table: &Table, messages: Vec<Message>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let q = self.queue(table)?;
+        let width = 2 + q.spec.columns.len();
+        let now = SystemTime::now();
+        let mut params = Vec::with_capacity(width * messages.len());
+        for m in &messages {
+            m.params_into(&q.spec, now, &mut params)?;
+        }
+        let rows_per = (q.dialect.max_params() / width).max(1);
+        let chunks: Vec<&[Value]> = params.chunks(rows_per * width).collect();
+        let mut conn = q.conn("publish")?;
+        let run = |conn: &mut dyn dialect::DbConn| -> std::result::Result<(), crate::error::DbError> {
+            for chunk in &chunks {
+                let sql = q.dialect.insert_many(&q.spec, chunk.len() / width);
+                conn.execute(&sql, chunk)?;
+            }
+            Ok(())
+        };
+        if chunks.len() == 1 {
+            run(&mut **conn).map_err(q.err("publish"))?;
+        } else {
+            conn.batch(&q.sql.begin_write).map_err(q.err("publish"))?;
+            let done = run(&mut **conn).and_then(|_| conn.batch("COMMIT"));
+            if let Err(e) = done {
+                crate::form::rollback_or_discard(&mut **conn);
+                return Err(q.err("publish")(e));
+            }
+        }
+        q.wake.notify();
+        Ok(())
+    }
+
+    /// Starts describing a subscription to `table`.
+    pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
+        SubscriptionBuilder::new(self, table)
+    }
+
+    /// Dead-lettered rows of `table`, oldest first, at most `limit`.
+    pub fn dead_letters(&self, table: &Table, limit: usize) -> Result<Vec<DeadLetter>> {
+        let q = self.queue(table)?;
+        let mut conn = q.conn("dead letters")?;
+        let rows = conn.query(&q.sql.dead_list, &[Value::Int(limit as i64)]).map_err(q.err("dead letters"))?;
+        let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let mut it = row.into_iter();
+                let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+                let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or_default().clamp(0, u32::MAX as i64) as u32;
+                let payload = match it.next() {
+                    Some(Value::Bytes(b)) => b,
+                    Some(Value::Text(s)) => s.into_bytes(),
+                    _ => Vec::new(),
+                };
+                let dead_at = it.next().and_then(|v| v.as_time()).unwrap_or(SystemTime::UNIX_EPOCH);
+                let reason = match it.next() {
+                    Some(Value::Text(s)) => s,
+                    _ => String::new(),
+                };
+                let values = names.iter().cloned().zip(it).collect();
+                DeadLetter { id, attempts, payload, dead_at, reason, values }
+            })
+            .collect())
+    }
+
+    /// Puts a dead-lettered row back in the queue, due now, keeping its attempt count.
+    /// Returns false if no dead-lettered row has that id.
+    pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
+        let q = self.queue(table)?;
+        let now = crate::schedule::due_at(SystemTime::now(), Duration::ZERO);
+        let mut conn = q.conn("requeue")?;
+        let n = conn.execute(&q.sql.dead_requeue, &[Value::Time(now), Value::Int(id)]).map_err(q.err("requeue"))?;
+        q.wake.notify();
+        Ok(n > 0)
+    }
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").field("database", &self.database()).finish()
+    }
+}
+
+/// A dead-lettered row ([`Broker::dead_letters`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The row's id.
+    pub id: i64,
+    /// Attempts the row used.
+    pub attempts: u32,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// When it was dead-lettered (whole seconds).
+    pub dead_at: SystemTime,
+    /// The reason given to [`Delivery::dead_letter`](crate::Delivery::dead_letter).
+    pub reason: String,
+    /// The table's own columns, by name.
+    pub values: Vec<(String, Value)>,
+}
+
+impl DeadLetter {
+    /// The value of a column of the table's description.
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.values.iter().find(|(c, _)| c == column).map(|(_, v)| v)
+    }
+}

@@ -1,0 +1,123 @@
+//! A claimed row in the application's hands.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::form::{self, Claimed, Hold, Outcome};
+use crate::runtime::Ctx;
+use crate::schedule::due_at;
+use crate::{Result, Value};
+
+/// A claimed row, held for its handler until it is settled.
+///
+/// Settle it with exactly one of [`ack`](Delivery::ack), [`retry`](Delivery::retry),
+/// [`retry_after`](Delivery::retry_after) or [`dead_letter`](Delivery::dead_letter); each consumes
+/// the delivery. Dropping it unsettled returns the row at once and never panics: row lock rolls
+/// back, lease clears the lease (fenced by its token), advisory unlocks the key. The attempt is
+/// then spent in the lease and advisory forms (it was counted at claim), not in the row lock form.
+#[must_use = "a delivery holds its row until it is settled; dropping it returns the row"]
+pub struct Delivery {
+    id: i64,
+    attempt: u32,
+    payload: Vec<u8>,
+    values: Vec<Value>,
+    hold: Option<Hold>,
+    ctx: Arc<Ctx>,
+}
+
+impl Delivery {
+    pub(crate) fn new(ctx: Arc<Ctx>, c: Claimed) -> Self {
+        Delivery { id: c.id, attempt: c.attempt, payload: c.payload, values: c.values, hold: Some(c.hold), ctx }
+    }
+
+    /// The row's id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Which attempt this is: 1 on the first delivery, in every form.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The body.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The value of a column of the table's description (`None` for a column it does not
+    /// describe; [`Value::Null`] for SQL `NULL`).
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.ctx.spec().column_index(column).and_then(|i| self.values.get(i))
+    }
+
+    /// The name of the table the row is in.
+    pub fn table(&self) -> &str {
+        &self.ctx.spec().name
+    }
+
+    /// The advisory key that holds the row (advisory lock form).
+    pub fn key(&self) -> Option<&str> {
+        match &self.hold {
+            Some(Hold::Advisory(k)) => Some(&k.key),
+            _ => None,
+        }
+    }
+
+    /// Done: deletes the row.
+    ///
+    /// Lease form: [`BrokerError::LeaseLost`](crate::BrokerError::LeaseLost) if the lease
+    /// expired and the row was claimed again; nothing is changed then.
+    pub fn ack(self) -> Result<()> {
+        self.settle(Outcome::Ack)
+    }
+
+    /// Back into the queue for another attempt, due now.
+    pub fn retry(self) -> Result<()> {
+        self.retry_after(Duration::ZERO)
+    }
+
+    /// Back into the queue for another attempt, not claimed before `delay` from now (rounded up
+    /// to a whole second).
+    pub fn retry_after(self, delay: Duration) -> Result<()> {
+        self.settle(Outcome::Retry(due_at(SystemTime::now(), delay)))
+    }
+
+    /// Out of the queue for good: the row stays in the table with `reason` and the time, where
+    /// [`Broker::dead_letters`](crate::Broker::dead_letters) lists it and
+    /// [`Broker::requeue_dead`](crate::Broker::requeue_dead) puts it back.
+    pub fn dead_letter(self, reason: impl Into<String>) -> Result<()> {
+        self.settle(Outcome::Dead(reason.into()))
+    }
+
+    fn settle(mut self, outcome: Outcome) -> Result<()> {
+        let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
+        // Always present: the settlers consume the delivery, and only they and Drop take it.
+        let Some(hold) = self.hold.take() else { return Ok(()) };
+        let r = form::settle(&self.ctx, self.id, hold, outcome);
+        if returned {
+            self.ctx.queue.wake.notify();
+        }
+        r
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            form::abandon(&self.ctx, self.id, hold);
+        }
+        self.ctx.slots.release(1);
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("table", &self.ctx.spec().name)
+            .field("id", &self.id)
+            .field("attempt", &self.attempt)
+            .field("payload_len", &self.payload.len())
+            .finish()
+    }
+}

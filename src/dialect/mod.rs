@@ -1,0 +1,222 @@
+//! The seam between the queue logic and each database.
+//!
+//! Everything database-specific lives below this module, one file per database: the SQL text,
+//! the driver calls, the version floors and the error classification. The queue logic
+//! (`form`, `runtime`, `broker`) sees only [`Dialect`] (per database) and [`DbConn`] (per
+//! connection) and never a driver type.
+//!
+//! SQL is built once per table, when the table is first used, from a validated
+//! [`TableSpec`](crate::table::TableSpec): identifiers are checked against
+//! `[A-Za-z_][A-Za-z0-9_]*` before they are quoted here, and every value travels as a bound
+//! parameter.
+//!
+//! Row layout: every statement that returns a claimed row returns, in order,
+//! `id, attempts, payload, <user columns in description order>` ([`ROW_USER_COLUMNS`] is where
+//! the user columns start).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::error::{BrokerError, DbError};
+use crate::table::{Form, TableSpec};
+use crate::Value;
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod shared;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+/// Where the user columns start in a claimed row.
+pub(crate) const ROW_USER_COLUMNS: usize = 3;
+
+/// One connection, as the queue logic sees it. Implementations mark themselves broken when the
+/// driver reports a lost connection, so the pool discards them.
+pub(crate) trait DbConn: Send {
+    /// Runs a statement (prepared once per connection and cached); returns the rows it changed.
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError>;
+    /// Runs a query (prepared once per connection and cached); returns its rows.
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError>;
+    /// Runs parameterless statements (transaction control, DDL) as they are.
+    fn batch(&mut self, sql: &str) -> Result<(), DbError>;
+    /// True once the connection is known to be unusable or in an unknown state.
+    fn is_broken(&self) -> bool;
+    /// Makes the pool discard this connection instead of reusing it.
+    fn mark_broken(&mut self);
+}
+
+/// Statements of one table for one database, built once. Parameters are listed as `(..)`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TableSql {
+    /// Opens a claim transaction at the table's isolation level.
+    pub begin: Vec<String>,
+    /// Opens a write transaction (batch publish, renewal loops).
+    pub begin_write: String,
+    /// `(payload, run_at, user columns..)`: one row.
+    pub insert_one: String,
+    /// The claim.
+    /// - row lock: `(now, limit)` -> rows, locked `FOR UPDATE SKIP LOCKED`;
+    /// - lease: see [`Dialect::lease_claim`];
+    /// - advisory: `(now, limit)` -> `id, <user columns>` of claimable rows, locking nothing.
+    pub claim: String,
+    /// Lease form where the claim is a locking select (MySQL): `(token, id)` takes one found row.
+    pub lease_mark: String,
+    /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
+    /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
+    pub take: String,
+    /// `(id)` -> the row.
+    pub fetch: String,
+    /// Row lock, advisory: `(id)`; lease: `(id, token)`. Deletes the row.
+    pub ack: String,
+    /// Row lock: `(run_at, id)`, counting the attempt; advisory: `(run_at, id)`;
+    /// lease: `(run_at, id, token)`, clearing the lease.
+    pub retry: String,
+    /// Row lock: `(now, reason, id)`, counting the attempt; advisory: `(now, reason, id)`;
+    /// lease: `(now, reason, id, token)`, clearing the lease.
+    pub dead: String,
+    /// Lease: `(id, token)` clears the lease so the row is claimable at once.
+    pub release: String,
+    /// Advisory with server-side keys: `(name)` -> one row, one value: 1 if taken, 0 if held
+    /// elsewhere. `None`: keys are kept in the process ([`Dialect::process_keys`]).
+    pub key_lock: Option<String>,
+    /// `(name)` -> 1 if this session held the key.
+    pub key_unlock: Option<String>,
+    /// `(limit)` -> `id, attempts, payload, dead_at, dead_reason, <user columns>`, oldest first.
+    pub dead_list: String,
+    /// `(now, id)`: puts a dead-lettered row back in the queue.
+    pub dead_requeue: String,
+}
+
+/// One database engine: how to connect, what it can do, and its SQL.
+pub(crate) trait Dialect: Send + Sync + 'static {
+    /// `PostgreSQL`, `MySQL` (also for MariaDB) or `SQLite`.
+    fn database(&self) -> &'static str;
+
+    /// Opens a new connection.
+    fn connect(&self) -> Result<Box<dyn DbConn>, DbError>;
+
+    /// A cap on the pool size (an in-memory SQLite database lives in one connection).
+    fn max_pool_size(&self) -> Option<u32> {
+        None
+    }
+
+    /// Refuses a form the engine cannot do, before any connection is made.
+    fn check_form(&self, _form: Form) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    /// Checks the server's version against the floors of `form` (`ServerTooOld`).
+    fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError>;
+
+    /// Builds the statements of a table.
+    fn compile(&self, spec: &TableSpec) -> TableSql;
+
+    /// `CREATE TABLE IF NOT EXISTS` and its indexes.
+    fn create_table(&self, spec: &TableSpec) -> Vec<String>;
+
+    /// Inserts `rows` rows in one statement, parameters as `insert_one` repeated.
+    fn insert_many(&self, spec: &TableSpec, rows: usize) -> String;
+
+    /// The most bound parameters one statement may carry.
+    fn max_params(&self) -> usize;
+
+    /// Claims up to `limit` lease rows: writes `token` into `locked_until`, counts the attempt
+    /// and commits. Returns the rows with their attempts after the count.
+    /// Default: one statement `(now, limit, token)` returning the rows.
+    fn lease_claim(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+        limit: usize,
+        token: SystemTime,
+    ) -> Result<Vec<Vec<Value>>, DbError> {
+        conn.query(&sql.claim, &[Value::Time(now), Value::Int(limit as i64), Value::Time(token)])
+    }
+
+    /// Renews the leases `held` (`(id, token)` pairs) to `token`; returns the ids renewed.
+    /// Those missing have lost their lease.
+    fn lease_renew(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        token: SystemTime,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError>;
+
+    /// Advisory: takes row `id` if it is still claimable, counting its attempt; returns it.
+    /// Default: `take` returns the row.
+    fn advisory_take(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+        id: i64,
+    ) -> Result<Option<Vec<Value>>, DbError> {
+        Ok(conn.query(&sql.take, &[Value::Time(now), Value::Int(id)])?.into_iter().next())
+    }
+
+    /// The lock name a key is taken under.
+    fn key_name(&self, key: &str) -> String {
+        key.to_string()
+    }
+
+    /// The in-process key registry, for engines with no server-side advisory locks.
+    fn process_keys(&self) -> Option<Arc<crate::form::advisory::KeyRegistry>> {
+        None
+    }
+}
+
+/// Picks the engine from the URL's scheme.
+pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
+    let bad = |reason: String| BrokerError::InvalidUrl { reason };
+    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    match scheme.as_str() {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::from_url(url)?)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(mysql::Mysql::from_url(url)?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(sqlite::Sqlite::from_url(url)?)),
+        #[allow(unreachable_patterns)]
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
+            Err(bad(format!("support for {scheme} is not compiled in (cargo feature)")))
+        }
+        _ => Err(bad(format!(
+            "unknown scheme in {url:?}: expected postgres://, mysql:// or sqlite:"
+        ))),
+    }
+}
+
+/// Parses a `major.minor.patch` prefix of a version string (`15.4 (Debian ..)`,
+/// `10.11.6-MariaDB-0+deb12u1`, `8.0.1`). Missing parts read 0.
+pub(crate) fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
+    let head: String = s.trim().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let mut it = head.split('.').filter(|p| !p.is_empty()).map(|p| p.parse::<u32>());
+    let major = it.next()?.ok()?;
+    let minor = it.next().and_then(|r| r.ok()).unwrap_or(0);
+    let patch = it.next().and_then(|r| r.ok()).unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_version("15.4 (Debian 15.4-1)"), Some((15, 4, 0)));
+        assert_eq!(parse_version("9.5.25"), Some((9, 5, 25)));
+        assert_eq!(parse_version("10.11.6-MariaDB-0+deb12u1"), Some((10, 11, 6)));
+        assert_eq!(parse_version("16devel"), Some((16, 0, 0)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn urls() {
+        assert!(matches!(open("redis://x"), Err(BrokerError::InvalidUrl { .. })));
+        assert!(matches!(open(""), Err(BrokerError::InvalidUrl { .. })));
+    }
+}

@@ -1,0 +1,189 @@
+//! The statements that read the same on every database but for quoting and placeholders.
+//!
+//! Each dialect passes its [`Syntax`]; the statements here use every parameter once and in order,
+//! so they suit positional (`?`), numbered (`?1`) and dollar (`$1`) placeholders alike. What
+//! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own file.
+
+use std::time::SystemTime;
+
+use crate::dialect::TableSql;
+use crate::table::{Form, TableSpec};
+use crate::Value;
+
+/// How a database spells identifiers and parameters.
+pub(crate) struct Syntax {
+    /// Quotes a validated identifier.
+    pub quote: fn(&str) -> String,
+    /// The placeholder of the `n`-th parameter (1-based).
+    pub param: fn(usize) -> String,
+}
+
+impl Syntax {
+    pub fn q(&self, ident: &str) -> String {
+        (self.quote)(ident)
+    }
+
+    pub fn p(&self, n: usize) -> String {
+        (self.param)(n)
+    }
+
+    /// `id, attempts, payload, <user columns>`, each prefixed by `prefix` (an alias and a dot,
+    /// or nothing).
+    pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
+        let mut s = format!(
+            "{prefix}{}, {prefix}{}, {prefix}{}",
+            self.q(&spec.id),
+            self.q(&spec.attempts),
+            self.q(&spec.payload)
+        );
+        for c in &spec.columns {
+            s.push_str(&format!(", {prefix}{}", self.q(&c.name)));
+        }
+        s
+    }
+
+    /// `id, <user columns>`: what an advisory claim needs to render keys.
+    pub fn key_columns(&self, spec: &TableSpec) -> String {
+        let mut s = self.q(&spec.id);
+        for c in &spec.columns {
+            s.push_str(&format!(", {}", self.q(&c.name)));
+        }
+        s
+    }
+
+    /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
+    pub fn ready(&self, spec: &TableSpec, now: &str) -> String {
+        format!("{} IS NULL AND {} <= {now}", self.q(&spec.dead_at), self.q(&spec.run_at))
+    }
+
+    /// `ORDER BY`: due first, then oldest.
+    pub fn order(&self, spec: &TableSpec) -> String {
+        format!("{}, {}", self.q(&spec.run_at), self.q(&spec.id))
+    }
+
+    /// The column list of an insert: payload, run_at, user columns.
+    pub fn insert_head(&self, spec: &TableSpec) -> String {
+        let mut s = format!("INSERT INTO {} ({}, {}", self.q(&spec.name), self.q(&spec.payload), self.q(&spec.run_at));
+        for c in &spec.columns {
+            s.push_str(&format!(", {}", self.q(&c.name)));
+        }
+        s.push_str(") VALUES ");
+        s
+    }
+
+    /// `rows` value tuples of an insert.
+    pub fn insert_values(&self, spec: &TableSpec, rows: usize) -> String {
+        let width = 2 + spec.columns.len();
+        let mut s = String::new();
+        for r in 0..rows {
+            if r > 0 {
+                s.push_str(", ");
+            }
+            s.push('(');
+            for c in 0..width {
+                if c > 0 {
+                    s.push_str(", ");
+                }
+                s.push_str(&self.p(r * width + c + 1));
+            }
+            s.push(')');
+        }
+        s
+    }
+
+    /// Fills the statements every database spells alike.
+    pub fn common(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let t = self.q(&spec.name);
+        let id = self.q(&spec.id);
+        let att = self.q(&spec.attempts);
+        let run_at = self.q(&spec.run_at);
+        let dead_at = self.q(&spec.dead_at);
+        let reason = self.q(&spec.dead_reason);
+        let lu = self.q(&spec.locked_until);
+        let p = |n| self.p(n);
+        sql.insert_one = format!("{}{}", self.insert_head(spec), self.insert_values(spec, 1));
+        sql.fetch = format!("SELECT {} FROM {t} WHERE {id} = {}", self.row_columns(spec, ""), p(1));
+        match spec.form {
+            Form::RowLock => {
+                sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
+                sql.retry = format!("UPDATE {t} SET {run_at} = {}, {att} = {att} + 1 WHERE {id} = {}", p(1), p(2));
+                sql.dead = format!(
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {att} = {att} + 1 WHERE {id} = {}",
+                    p(1),
+                    p(2),
+                    p(3)
+                );
+            }
+            Form::Lease => {
+                sql.ack = format!("DELETE FROM {t} WHERE {id} = {} AND {lu} = {}", p(1), p(2));
+                sql.retry = format!(
+                    "UPDATE {t} SET {run_at} = {}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2),
+                    p(3)
+                );
+                sql.dead = format!(
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2),
+                    p(3),
+                    p(4)
+                );
+                sql.release = format!("UPDATE {t} SET {lu} = NULL WHERE {id} = {} AND {lu} = {}", p(1), p(2));
+            }
+            Form::AdvisoryLock => {
+                sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
+                sql.retry = format!("UPDATE {t} SET {run_at} = {} WHERE {id} = {}", p(1), p(2));
+                sql.dead = format!(
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {} WHERE {id} = {}",
+                    p(1),
+                    p(2),
+                    p(3)
+                );
+            }
+        }
+        let mut cols = format!("{id}, {att}, {}, {dead_at}, {reason}", self.q(&spec.payload));
+        for c in &spec.columns {
+            cols.push_str(&format!(", {}", self.q(&c.name)));
+        }
+        sql.dead_list = format!(
+            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL ORDER BY {dead_at}, {id} LIMIT {}",
+            p(1)
+        );
+        let clear_lease = if spec.form == Form::Lease { format!(", {lu} = NULL") } else { String::new() };
+        sql.dead_requeue = format!(
+            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {run_at} = {} WHERE {id} = {} AND {dead_at} IS NOT NULL",
+            p(1),
+            p(2)
+        );
+    }
+
+    /// One statement renewing every held lease of a table to `token`, returning the ids it
+    /// renewed (row values and `RETURNING`: PostgreSQL and SQLite). `casts` type the first
+    /// `VALUES` row where the database needs it. Built per round: renewal is not a hot path.
+    pub fn renew_returning(
+        &self,
+        spec: &TableSpec,
+        token: SystemTime,
+        held: &[(i64, SystemTime)],
+        casts: (&str, &str),
+    ) -> (String, Vec<Value>) {
+        let mut params = vec![Value::Time(token)];
+        let mut tuples = Vec::with_capacity(held.len());
+        for (i, (id, tok)) in held.iter().enumerate() {
+            let (c_id, c_tok) = if i == 0 { casts } else { ("", "") };
+            tuples.push(format!("({}{c_id}, {}{c_tok})", self.p(2 * i + 2), self.p(2 * i + 3)));
+            params.push(Value::Int(*id));
+            params.push(Value::Time(*tok));
+        }
+        let sql = format!(
+            "UPDATE {t} SET {lu} = {p1} WHERE ({id}, {lu}) IN (VALUES {tuples}) RETURNING {id}",
+            t = self.q(&spec.name),
+            lu = self.q(&spec.locked_until),
+            id = self.q(&spec.id),
+            p1 = self.p(1),
+            tuples = tuples.join(", ")
+        );
+        (sql, params)
+    }
+}

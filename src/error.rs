@@ -1,0 +1,180 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// What went wrong, named so the caller can decide what to do.
+///
+/// Messages are lowercase with no trailing period. Driver and pool errors are wrapped with the
+/// operation and the table they happened on; [`BrokerError::is_transient`] tells whether trying
+/// again later may succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// A lease settlement found another claim's token in the row (or no row): the lease expired
+    /// and the row was, or may be, delivered again. The settlement changed nothing.
+    #[error("lease lost on table {table}, row {id}: the row no longer holds this delivery's token")]
+    LeaseLost {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+    },
+    /// The server is older than the first release that has a primitive the form needs.
+    #[error("{database} {found} is too old: {needed} or newer is needed for {what}")]
+    ServerTooOld {
+        /// `PostgreSQL`, `MySQL` or `MariaDB`.
+        database: &'static str,
+        /// The version the server reported.
+        found: String,
+        /// The oldest version that works.
+        needed: String,
+        /// What needs it.
+        what: &'static str,
+    },
+    /// The database cannot do what the table asks (row lock on SQLite, for one).
+    #[error("{what} is not supported on {database}: {why}")]
+    Unsupported {
+        /// The database.
+        database: &'static str,
+        /// The form or feature asked for.
+        what: String,
+        /// Why not, and what to use instead.
+        why: &'static str,
+    },
+    /// The table description is invalid; nothing was sent to the database.
+    #[error("invalid table description {table:?}: {reason}")]
+    InvalidTable {
+        /// The table name as given.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A message does not fit the table (a value for a column the table does not describe);
+    /// nothing was written.
+    #[error("invalid message for table {table}: {reason}")]
+    InvalidMessage {
+        /// The table.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The URL given to [`Broker::connect`](crate::Broker::connect) is not one we understand.
+    #[error("invalid database url: {reason}")]
+    InvalidUrl {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A statement failed on the database.
+    #[error("{op} on table {table} failed ({kind:?}): {source}")]
+    Database {
+        /// What we were doing (`claim`, `ack`, `publish`, ...).
+        op: &'static str,
+        /// The table.
+        table: String,
+        /// How to treat it.
+        kind: DbErrorKind,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// No pooled connection could be had in time; carries the pool's last connection error.
+    #[error("no database connection for {op} on table {table} within {timeout:?}: {source}")]
+    Pool {
+        /// What we were doing.
+        op: &'static str,
+        /// The table.
+        table: String,
+        /// The pool's checkout timeout.
+        timeout: Duration,
+        /// The pool's error, which names the last connection failure.
+        #[source]
+        source: r2d2::Error,
+    },
+    /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
+    #[error("subscription on table {table} is closed")]
+    Closed {
+        /// The table.
+        table: String,
+    },
+}
+
+/// How a database error should be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DbErrorKind {
+    /// Deadlock, serialization failure or lock-wait timeout: the transaction was rolled back and
+    /// may be tried again.
+    Transient,
+    /// The connection is gone (server shut down, session killed, network): the connection was
+    /// discarded; a row-lock or advisory delivery on it has been returned by the database.
+    ConnectionLost,
+    /// Anything else (bad SQL for this table, constraint violation, ...).
+    Other,
+}
+
+impl BrokerError {
+    /// True when trying the same thing again later may succeed: transient database errors,
+    /// lost connections and pool timeouts.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BrokerError::Database { kind, .. } => *kind != DbErrorKind::Other,
+            BrokerError::Pool { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// True for [`BrokerError::LeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, BrokerError::LeaseLost { .. })
+    }
+}
+
+/// `Result` with [`BrokerError`].
+pub type Result<T, E = BrokerError> = std::result::Result<T, E>;
+
+/// A driver error with its classification, before the operation and table are known.
+#[derive(Debug)]
+pub(crate) struct DbError {
+    pub kind: DbErrorKind,
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl DbError {
+    pub fn new(kind: DbErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        DbError { kind, source: source.into() }
+    }
+
+    /// An error of ours (a value that does not fit, an unexpected result shape).
+    pub fn other(msg: impl Into<String>) -> Self {
+        DbError::new(DbErrorKind::Other, msg.into())
+    }
+
+    /// Wrap with what we were doing and on which table.
+    pub fn during(self, op: &'static str, table: &str) -> BrokerError {
+        BrokerError::Database { op, table: table.to_string(), kind: self.kind, source: self.source }
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for DbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// Errors of the `next_delivery` family that did not yield a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NextError {
+    /// Nothing arrived in time (`next_delivery_timeout`) or nothing is ready now
+    /// (`try_next_delivery`); the subscription is still open.
+    #[error("no delivery ready in time")]
+    Timeout,
+    /// The subscription is closed and every delivery it claimed has been handed out.
+    #[error("subscription closed")]
+    Closed,
+}

@@ -1,0 +1,206 @@
+//! Advisory lock form.
+//!
+//! Protocol:
+//! 1. On a pooled connection, select ready rows (up to `advisory_scan`) with the columns their
+//!    keys are rendered from; lock nothing.
+//! 2. For each distinct key, try its lock **without waiting** (PostgreSQL
+//!    `pg_try_advisory_lock(hashtextextended(key, 0))`, MySQL `GET_LOCK(name, 0)`, SQLite the
+//!    process's key registry); skip a key held elsewhere.
+//! 3. With the key held, take the row while it is still claimable (ready and not dead), counting
+//!    its attempt. If it is gone, unlock and go on.
+//! 4. The delivery keeps the key, and with server-side locks the connection whose session holds
+//!    it: one row per claim, since the connection goes with the delivery. Settlement runs on
+//!    that connection, then unlocks. Drop without settlement just unlocks.
+//!
+//! Why this is safe: a row is only ever worked under its key, one key is held by one session at
+//! a time, and the take re-checks the row under the key, so a row settled by the previous holder
+//! is not taken again. Keys belong to the database, so two tables with equal keys wait for each
+//! other. A crash ends the sessions and the database releases their keys: the rows are back at
+//! once, their attempts spent. A connection whose unlock fails is discarded (ending its session
+//! releases the key), never returned to the pool holding a key.
+//!
+//! PostgreSQL advisory locks belong to the session: use a direct connection or a session-mode
+//! pooler. SQLite keys live in the process: two processes on one file may deliver a row twice.
+
+use std::collections::HashSet;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use super::{split_row, Claimed, Hold, Outcome};
+use crate::dialect::DbConn;
+use crate::error::{DbError, Result};
+use crate::runtime::{Ctx, PooledConn};
+use crate::schedule::claim_now;
+use crate::Value;
+
+/// Keys in work in this process, for databases without server-side advisory locks.
+#[derive(Default)]
+pub(crate) struct KeyRegistry {
+    held: Mutex<HashSet<String>>,
+}
+
+impl KeyRegistry {
+    pub fn try_take(&self, key: &str) -> bool {
+        let mut held = self.held.lock();
+        if held.contains(key) {
+            return false;
+        }
+        held.insert(key.to_string())
+    }
+
+    pub fn give_back(&self, key: &str) {
+        self.held.lock().remove(key);
+    }
+}
+
+/// A held key: its name, and the connection holding it (server-side locks).
+pub(crate) struct KeyHold {
+    pub key: String,
+    conn: Option<PooledConn>,
+}
+
+/// Runs a key lock or unlock statement; true if it reports success (1).
+fn key_query(conn: &mut dyn DbConn, sql: &str, name: &str) -> Result<bool, DbError> {
+    let rows = conn.query(sql, &[Value::Text(name.to_string())])?;
+    Ok(matches!(rows.first().and_then(|r| r.first()), Some(Value::Int(1))))
+}
+
+/// Unlocks a server-side key; discards the connection if the session may still hold it.
+fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
+    let q = &ctx.queue;
+    let Some(sql) = &q.sql.key_unlock else { return };
+    let name = q.dialect.key_name(key);
+    match key_query(conn, sql, &name) {
+        Ok(true) => {}
+        Ok(false) => {
+            log::warn!("table {}: key {key:?} was not held at unlock; discarding the connection", q.spec.name);
+            conn.mark_broken();
+        }
+        Err(e) => {
+            log::warn!("table {}: unlocking key {key:?} failed ({e}); discarding the connection", q.spec.name);
+            conn.mark_broken();
+        }
+    }
+}
+
+pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
+    let q = &ctx.queue;
+    let Some(template) = &q.spec.key else { return Ok(Vec::new()) };
+    let mut conn = q.conn("claim")?;
+    let now = claim_now(SystemTime::now());
+    let candidates = conn
+        .query(&q.sql.claim, &[Value::Time(now), Value::Int(ctx.opts.advisory_scan as i64)])
+        .map_err(q.err("claim"))?;
+    let mut tried = HashSet::new();
+    let mut out = Vec::new();
+    for row in candidates {
+        if out.len() >= limit {
+            break;
+        }
+        let Some(id) = row.first().and_then(Value::as_i64) else { continue };
+        let key = template.render(&row[1..]);
+        if !tried.insert(key.clone()) {
+            continue;
+        }
+        match (&ctx.keys, &q.sql.key_lock) {
+            (Some(registry), _) => {
+                if !registry.try_take(&key) {
+                    continue;
+                }
+                match take(ctx, &mut **conn, now, id, key.clone(), None) {
+                    Ok(Some(c)) => out.push(c),
+                    Ok(None) => registry.give_back(&key),
+                    Err(e) => {
+                        registry.give_back(&key);
+                        if out.is_empty() {
+                            return Err(q.err("claim")(e));
+                        }
+                        ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
+                        break;
+                    }
+                }
+            }
+            (None, Some(lock_sql)) => {
+                let name = q.dialect.key_name(&key);
+                if !key_query(&mut **conn, lock_sql, &name).map_err(q.err("claim"))? {
+                    continue;
+                }
+                match q.dialect.advisory_take(&mut **conn, &q.sql, now, id) {
+                    Ok(Some(row)) => {
+                        // The connection holds the key: it goes with the delivery.
+                        let (id, attempts, payload, values) = split_row(row).map_err(q.err("claim"))?;
+                        let hold = Hold::Advisory(KeyHold { key, conn: Some(conn) });
+                        return Ok(vec![Claimed { id, attempt: attempts, payload, values, hold }]);
+                    }
+                    Ok(None) => unlock_key(ctx, &mut **conn, &key),
+                    Err(e) => {
+                        conn.mark_broken();
+                        return Err(q.err("claim")(e));
+                    }
+                }
+            }
+            (None, None) => return Ok(Vec::new()),
+        }
+    }
+    Ok(out)
+}
+
+/// Takes a row under its key (in-process keys: the connection is not kept).
+fn take(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    now: SystemTime,
+    id: i64,
+    key: String,
+    held_by: Option<PooledConn>,
+) -> Result<Option<Claimed>, DbError> {
+    let q = &ctx.queue;
+    let Some(row) = q.dialect.advisory_take(conn, &q.sql, now, id)? else { return Ok(None) };
+    let (id, attempts, payload, values) = split_row(row)?;
+    let hold = Hold::Advisory(KeyHold { key, conn: held_by });
+    Ok(Some(Claimed { id, attempt: attempts, payload, values, hold }))
+}
+
+pub(crate) fn settle(ctx: &Ctx, id: i64, hold: KeyHold, outcome: Outcome) -> Result<()> {
+    let q = &ctx.queue;
+    let KeyHold { key, conn } = hold;
+    let mut conn = match conn {
+        Some(c) => c,
+        None => match q.conn(outcome.op()) {
+            Ok(c) => c,
+            Err(e) => {
+                give_back(ctx, &key);
+                return Err(e);
+            }
+        },
+    };
+    let mut params = outcome.leading_params(SystemTime::now());
+    params.push(Value::Int(id));
+    let done = conn.execute(outcome.sql(&q.sql), &params);
+    unlock(ctx, &mut conn, &key);
+    done.map(|_| ()).map_err(q.err(outcome.op()))
+}
+
+/// Drop policy: unlock; the row is claimable again at once.
+pub(crate) fn release(ctx: &Ctx, hold: KeyHold) {
+    let KeyHold { key, conn } = hold;
+    match conn {
+        Some(mut c) => unlock(ctx, &mut c, &key),
+        None => give_back(ctx, &key),
+    }
+}
+
+fn unlock(ctx: &Ctx, conn: &mut PooledConn, key: &str) {
+    if ctx.keys.is_some() {
+        give_back(ctx, key);
+    } else {
+        unlock_key(ctx, &mut ***conn, key);
+    }
+}
+
+fn give_back(ctx: &Ctx, key: &str) {
+    if let Some(r) = &ctx.keys {
+        r.give_back(key);
+    }
+}

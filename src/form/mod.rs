@@ -1,0 +1,121 @@
+//! The three ways to hold a claimed row, as strategies over the dialects. Each module's docs give
+//! its protocol and the invariant it relies on.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::dialect::{DbConn, ROW_USER_COLUMNS};
+use crate::error::{DbError, Result};
+use crate::runtime::renewer::LeaseCell;
+use crate::runtime::{Ctx, PooledConn};
+use crate::table::Form;
+use crate::Value;
+
+pub(crate) mod advisory;
+pub(crate) mod lease;
+pub(crate) mod row_lock;
+
+/// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).
+pub(crate) struct Claimed {
+    pub id: i64,
+    pub attempt: u32,
+    pub payload: Vec<u8>,
+    pub values: Vec<Value>,
+    pub hold: Hold,
+}
+
+/// What holds a claimed row for its delivery.
+pub(crate) enum Hold {
+    /// The open transaction's connection.
+    RowLock(PooledConn),
+    /// The lease token, shared with the renewer.
+    Lease(Arc<LeaseCell>),
+    /// The key, and the connection whose session holds it (none for in-process keys).
+    Advisory(advisory::KeyHold),
+}
+
+/// How a delivery is settled.
+pub(crate) enum Outcome {
+    Ack,
+    Retry(SystemTime),
+    Dead(String),
+}
+
+impl Outcome {
+    pub fn op(&self) -> &'static str {
+        match self {
+            Outcome::Ack => "ack",
+            Outcome::Retry(_) => "retry",
+            Outcome::Dead(_) => "dead letter",
+        }
+    }
+
+    /// The parameters of the form's statement before the id (and after it, the lease token).
+    pub fn leading_params(&self, now: SystemTime) -> Vec<Value> {
+        match self {
+            Outcome::Ack => vec![],
+            Outcome::Retry(at) => vec![Value::Time(*at)],
+            Outcome::Dead(reason) => vec![Value::Time(crate::schedule::floor(now)), Value::Text(reason.clone())],
+        }
+    }
+
+    pub fn sql<'a>(&self, sql: &'a crate::dialect::TableSql) -> &'a str {
+        match self {
+            Outcome::Ack => &sql.ack,
+            Outcome::Retry(_) => &sql.retry,
+            Outcome::Dead(_) => &sql.dead,
+        }
+    }
+}
+
+/// Claims up to `limit` rows in the table's form.
+pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
+    match ctx.spec().form {
+        Form::RowLock => row_lock::claim(ctx),
+        Form::Lease => lease::claim(ctx, limit),
+        Form::AdvisoryLock => advisory::claim(ctx, limit),
+    }
+}
+
+/// Settles a delivery.
+pub(crate) fn settle(ctx: &Ctx, id: i64, hold: Hold, outcome: Outcome) -> Result<()> {
+    match hold {
+        Hold::RowLock(conn) => row_lock::settle(ctx, id, conn, outcome),
+        Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome),
+        Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome),
+    }
+}
+
+/// Returns an unsettled row at once (the drop policy). Never panics; a connection in an unknown
+/// state is discarded.
+pub(crate) fn abandon(ctx: &Ctx, id: i64, hold: Hold) {
+    match hold {
+        Hold::RowLock(conn) => row_lock::rollback(conn),
+        Hold::Lease(cell) => lease::release(ctx, id, &cell),
+        Hold::Advisory(key) => advisory::release(ctx, key),
+    }
+    ctx.queue.wake.notify();
+}
+
+/// Splits a claimed row (`id, attempts, payload, user columns`).
+pub(crate) fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError> {
+    if row.len() < ROW_USER_COLUMNS {
+        return Err(DbError::other(format!("a claimed row has {} columns", row.len())));
+    }
+    let mut it = row.into_iter();
+    let id = it.next().and_then(|v| v.as_i64()).ok_or_else(|| DbError::other("the id is not an integer"))?;
+    let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or(0);
+    let payload = match it.next() {
+        Some(Value::Bytes(b)) => b,
+        Some(Value::Text(s)) => s.into_bytes(),
+        _ => Vec::new(),
+    };
+    Ok((id, attempts.clamp(0, u32::MAX as i64) as u32, payload, it.collect()))
+}
+
+/// Rolls back, or discards the connection if even that fails.
+pub(crate) fn rollback_or_discard(conn: &mut dyn DbConn) {
+    if conn.batch("ROLLBACK").is_err() {
+        conn.mark_broken();
+    }
+}

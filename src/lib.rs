@@ -1,0 +1,98 @@
+//! # sqlbroker
+//!
+//! Turns an ordinary SQL table into a job queue / message inbox for **synchronous,
+//! thread-based** services, on PostgreSQL, MySQL 8.0.1+ / MariaDB 10.6+ and SQLite (embedded,
+//! no server). Blocking API, no async runtime to manage.
+//!
+//! Producers [`publish`](Broker::publish) rows; a [`Subscription`] claims rows on its own
+//! worker threads and hands them out as [`Delivery`]s through a blocking
+//! [`next_delivery`](Subscription::next_delivery); the application settles each one
+//! ([`ack`](Delivery::ack), [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after),
+//! [`dead_letter`](Delivery::dead_letter)).
+//!
+//! ```
+//! use sqlbroker::{Broker, Message, Table};
+//! use std::time::Duration;
+//!
+//! let broker = Broker::connect("sqlite::memory:")?;
+//! let payments = Table::new("payments")
+//!     .text_column("account")
+//!     .advisory_lock("accounts-{account}"); // one row per account at a time
+//! broker.create_table(&payments)?;
+//! broker.publish(&payments, Message::new(b"{\"cents\":100}".to_vec()).set("account", "a-17"))?;
+//!
+//! let sub = broker.subscription(&payments).workers(4).start()?;
+//! if let Some(d) = sub.next_delivery() {
+//!     assert_eq!(d.attempt(), 1);
+//!     assert_eq!(d.get("account").and_then(|v| v.as_str()), Some("a-17"));
+//!     d.ack()?;
+//! }
+//! sub.shutdown(Duration::from_secs(5))?;
+//! # Ok::<(), sqlbroker::BrokerError>(())
+//! ```
+//!
+//! ## Forms: what holds a claimed row
+//!
+//! The [`Table`] description chooses the form:
+//!
+//! | form | chosen by | holds the row | a crash | attempt counted |
+//! |---|---|---|---|---|
+//! | row lock | nothing said | an open transaction, `FOR UPDATE SKIP LOCKED` | rolled back: row back at once | at settlement (a crash spends none) |
+//! | lease | [`Table::lease`] | a deadline in `locked_until`, renewed every half lease | row back when the lease expires | at claim |
+//! | advisory lock | [`Table::advisory_lock`] | a database advisory lock on the row's key | session ends: row back at once | when the row is taken |
+//!
+//! The first delivery of a row reads [`attempt`](Delivery::attempt) 1 in every form.
+//!
+//! ## Support matrix
+//!
+//! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |
+//! |---|---|---|---|
+//! | row lock | `FOR UPDATE SKIP LOCKED` | `FOR UPDATE SKIP LOCKED`, `READ COMMITTED` | refused: [`BrokerError::Unsupported`] |
+//! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then updates, one transaction | one `UPDATE .. RETURNING` |
+//! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
+//!
+//! A server below the floor stops [`start`](SubscriptionBuilder::start) with
+//! [`BrokerError::ServerTooOld`].
+//!
+//! ## Guarantees
+//!
+//! - At-least-once: a row is delivered again if its handler's process dies, its delivery is
+//!   dropped unsettled, or (lease) its lease expires.
+//! - Concurrent claimers, in one process or many, never hold the same row at once (SQLite
+//!   advisory: within one process only).
+//! - Lease settlements are fenced by the token: a late settlement after the lease was lost
+//!   returns [`BrokerError::LeaseLost`] and changes nothing.
+//! - Delivery order is due time, then id, per claim; it is not a FIFO across workers.
+//!
+//! ## Caveats
+//!
+//! - PostgreSQL advisory locks belong to the session: the advisory form needs a direct
+//!   connection or a session-mode pooler (PgBouncer in transaction mode breaks it).
+//! - SQLite keeps advisory keys in the process: two processes on one database file do not see
+//!   each other's keys, so a row may then be delivered twice.
+//! - Times (due times, lease deadlines) are whole seconds from the host's clock.
+//! - The row lock form holds a connection and an open transaction per in-flight delivery; on
+//!   PostgreSQL a long one holds back vacuum.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod broker;
+mod delivery;
+mod dialect;
+mod error;
+mod form;
+mod message;
+mod runtime;
+mod schedule;
+mod subscription;
+mod table;
+mod value;
+
+pub use broker::{Broker, BrokerBuilder, DeadLetter};
+pub use delivery::Delivery;
+pub use error::{BrokerError, DbErrorKind, NextError, Result};
+pub use message::Message;
+pub use subscription::{Iter, Subscription, SubscriptionBuilder};
+pub use table::{ColumnType, Form, Isolation, Role, Table};
+pub use value::Value;

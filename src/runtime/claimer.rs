@@ -1,0 +1,70 @@
+//! Claim workers: threads named `sqlbroker-claim-<table>-<n>`, each claiming on a pooled
+//! connection and sending deliveries into the subscription's channel.
+//!
+//! A worker takes handler slots before it claims (never more rows than free slots), claims at
+//! most that many rows, gives back the slots it did not fill, and sends the deliveries. When a
+//! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker) or the
+//! poll interval. A failed claim (a deadlock, a lost connection, a server that is down) is
+//! retried with a doubling backoff and its error kept for [`Subscription::last_error`]
+//! (crate::Subscription::last_error). A panic closes the subscription with an error.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+use super::Ctx;
+use crate::delivery::Delivery;
+use crate::form;
+use crate::schedule::backoff;
+
+const BACKOFF_BASE: Duration = Duration::from_millis(10);
+const BACKOFF_CAP: Duration = Duration::from_secs(2);
+
+pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
+    let result = catch_unwind(AssertUnwindSafe(|| work(&ctx, &tx)));
+    if let Err(panic) = result {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        ctx.set_error(format!("a claim worker of table {} panicked: {msg}", ctx.spec().name));
+        ctx.stop();
+    }
+}
+
+fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
+    let mut failures = 0u32;
+    while !ctx.stopped() {
+        let Some(slots) = ctx.slots.acquire(ctx.opts.batch) else { break };
+        if ctx.stopped() {
+            ctx.slots.release(slots);
+            break;
+        }
+        let seen = ctx.queue.wake.seq();
+        match form::claim(ctx, slots) {
+            Ok(claimed) => {
+                failures = 0;
+                ctx.clear_error();
+                let got = claimed.len();
+                ctx.slots.release(slots - got);
+                for c in claimed {
+                    // The slot is the delivery's now; a failed send drops it, which returns the row.
+                    let _ = tx.send(Delivery::new(ctx.clone(), c));
+                }
+                if got == 0 {
+                    ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
+                }
+            }
+            Err(e) => {
+                ctx.slots.release(slots);
+                failures += 1;
+                log::warn!("{e}");
+                ctx.set_error(e.to_string());
+                ctx.queue.wake.wait(seen, backoff(failures, BACKOFF_BASE, BACKOFF_CAP));
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The threads we own and the state they share.
+//!
+//! - [`Queue`]: one table on one broker: its validated description, its SQL, the pool, and the
+//!   wake-up its publishers ring.
+//! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
+//! - `claimer`: the claim worker threads; `renewer`: the lease timer thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::dialect::{DbConn, Dialect, TableSql};
+use crate::error::{BrokerError, DbError, Result};
+use crate::form::advisory::KeyRegistry;
+use crate::table::TableSpec;
+
+pub(crate) mod claimer;
+pub(crate) mod renewer;
+pub(crate) mod slots;
+pub(crate) mod wake;
+
+use renewer::LeaseBook;
+use slots::Slots;
+use wake::Wake;
+
+/// The r2d2 manager of every engine: connections are the dialect's, behind [`DbConn`].
+pub(crate) struct Manager {
+    pub dialect: Arc<dyn Dialect>,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Box<dyn DbConn>;
+    type Error = DbError;
+
+    fn connect(&self) -> Result<Self::Connection, DbError> {
+        self.dialect.connect()
+    }
+
+    fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), DbError> {
+        conn.batch("SELECT 1")
+    }
+
+    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
+        conn.is_broken()
+    }
+}
+
+pub(crate) type Pool = r2d2::Pool<Manager>;
+pub(crate) type PooledConn = r2d2::PooledConnection<Manager>;
+
+/// One table on one broker.
+pub(crate) struct Queue {
+    pub spec: TableSpec,
+    pub sql: TableSql,
+    pub dialect: Arc<dyn Dialect>,
+    pub pool: Pool,
+    pub wake: Arc<Wake>,
+}
+
+impl Queue {
+    /// A pooled connection, or the pool's error (which carries the last connection failure).
+    pub fn conn(&self, op: &'static str) -> Result<PooledConn> {
+        self.pool.get().map_err(|source| BrokerError::Pool {
+            op,
+            table: self.spec.name.clone(),
+            timeout: self.pool.connection_timeout(),
+            source,
+        })
+    }
+
+    /// Wraps a driver error with the operation and this table.
+    pub fn err(&self, op: &'static str) -> impl Fn(DbError) -> BrokerError + '_ {
+        move |e| e.during(op, &self.spec.name)
+    }
+}
+
+/// Options of a subscription, defaults resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct SubOptions {
+    pub workers: usize,
+    pub batch: usize,
+    pub max_in_flight: usize,
+    pub poll_interval: Duration,
+    /// Candidate rows an advisory claim reads to find keys that are free.
+    pub advisory_scan: usize,
+}
+
+/// What one subscription's threads and deliveries share.
+pub(crate) struct Ctx {
+    pub queue: Arc<Queue>,
+    pub opts: SubOptions,
+    pub slots: Slots,
+    stop: AtomicBool,
+    pub leases: LeaseBook,
+    pub keys: Option<Arc<KeyRegistry>>,
+    last_error: Mutex<Option<String>>,
+    /// Dropped with the context: disconnects the renewer's wait so it ends.
+    pub renewer_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
+}
+
+impl Ctx {
+    pub fn new(queue: Arc<Queue>, opts: SubOptions) -> Self {
+        let keys = queue.dialect.process_keys();
+        Ctx {
+            slots: Slots::new(opts.max_in_flight),
+            queue,
+            opts,
+            stop: AtomicBool::new(false),
+            leases: LeaseBook::default(),
+            keys,
+            last_error: Mutex::new(None),
+            renewer_stop: Mutex::new(None),
+        }
+    }
+
+    pub fn spec(&self) -> &TableSpec {
+        &self.queue.spec
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Stops claiming: wakes every worker so it sees the flag.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.slots.close();
+        self.queue.wake.notify();
+    }
+
+    pub fn set_error(&self, e: String) {
+        *self.last_error.lock() = Some(e);
+    }
+
+    pub fn clear_error(&self) {
+        let mut g = self.last_error.lock();
+        if g.is_some() {
+            *g = None;
+        }
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
+    }
+}

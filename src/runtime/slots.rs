@@ -1,0 +1,96 @@
+//! Handler slots: the cap on rows claimed and not yet settled. A claim takes slots before it
+//! runs and never claims more rows than it holds; each delivery gives its slot back when it is
+//! settled or dropped. Rows waiting in the channel hold their slots (and their locks or leases).
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+pub(crate) struct Slots {
+    state: Mutex<State>,
+    cv: Condvar,
+    capacity: usize,
+}
+
+struct State {
+    free: usize,
+    closed: bool,
+}
+
+impl Slots {
+    pub fn new(capacity: usize) -> Self {
+        Slots { state: Mutex::new(State { free: capacity, closed: false }), cv: Condvar::new(), capacity }
+    }
+
+    /// Blocks until at least one slot is free, then takes up to `max`. `None` once closed.
+    pub fn acquire(&self, max: usize) -> Option<usize> {
+        let mut st = self.state.lock();
+        while st.free == 0 && !st.closed {
+            self.cv.wait(&mut st);
+        }
+        if st.closed {
+            return None;
+        }
+        let n = st.free.min(max.max(1));
+        st.free -= n;
+        Some(n)
+    }
+
+    pub fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        st.free = (st.free + n).min(self.capacity);
+        self.cv.notify_all();
+    }
+
+    /// Wakes claimers blocked in `acquire`; they get `None` from now on.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    /// Rows claimed and not yet settled.
+    pub fn in_flight(&self) -> usize {
+        self.capacity - self.state.lock().free
+    }
+
+    /// Waits until every slot is free or `timeout` passes; true if all are free.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock();
+        while st.free < self.capacity {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return st.free == self.capacity;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn never_more_than_capacity() {
+        let s = Slots::new(3);
+        assert_eq!(s.acquire(2), Some(2));
+        assert_eq!(s.acquire(5), Some(1));
+        assert_eq!(s.in_flight(), 3);
+        let s = Arc::new(s);
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.acquire(4))
+        };
+        s.release(2);
+        assert_eq!(t.join().unwrap(), Some(2));
+        assert!(!s.wait_idle(Duration::from_millis(10)));
+        s.release(3);
+        assert!(s.wait_idle(Duration::from_millis(10)));
+        s.close();
+        assert_eq!(s.acquire(1), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! Pure time logic, `now` passed in: due times, lease tokens, backoff.
+//!
+//! Every time the queue stores is whole seconds from the host's clock (a MySQL `DATETIME` keeps
+//! no more, and a lease token compared by equality must survive the column exactly). The rules:
+//! - a row published or retried for now is due at `floor(now)`; one delayed by `d` is due at
+//!   `ceil(now + d)`, so it is never claimed before it is due;
+//! - a claim passes `floor(now)` and takes rows with `run_at <= now`;
+//! - a lease token is `ceil(now) + lease`, so a lease lasts at least its full duration, and a row
+//!   is free again once `locked_until <= floor(now)`. A later claim therefore always writes a
+//!   larger token than the expired one it replaces.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Seconds since the Unix epoch, rounded down (negative before 1970).
+pub(crate) fn epoch_secs(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => {
+            let d = e.duration();
+            -(d.as_secs() as i64) - i64::from(d.subsec_nanos() > 0)
+        }
+    }
+}
+
+/// The time `secs` whole seconds after the epoch.
+pub(crate) fn from_epoch_secs(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// `t` rounded down to a whole second.
+pub(crate) fn floor(t: SystemTime) -> SystemTime {
+    from_epoch_secs(epoch_secs(t))
+}
+
+/// `t` rounded up to a whole second.
+pub(crate) fn ceil(t: SystemTime) -> SystemTime {
+    let f = floor(t);
+    if f == t {
+        f
+    } else {
+        f + Duration::from_secs(1)
+    }
+}
+
+/// When a row published or retried at `now` with `delay` becomes due.
+pub(crate) fn due_at(now: SystemTime, delay: Duration) -> SystemTime {
+    if delay.is_zero() {
+        floor(now)
+    } else {
+        ceil(now + delay)
+    }
+}
+
+/// The `now` a claim compares due times and lease deadlines with.
+pub(crate) fn claim_now(now: SystemTime) -> SystemTime {
+    floor(now)
+}
+
+/// The lease token (deadline) a claim or renewal at `now` writes.
+pub(crate) fn lease_token(now: SystemTime, lease_secs: u64) -> SystemTime {
+    ceil(now) + Duration::from_secs(lease_secs)
+}
+
+/// Whole seconds of a lease duration: rounded up, at least one.
+pub(crate) fn lease_secs(d: Duration) -> u64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1)
+}
+
+/// How often the renewer renews: half the lease.
+pub(crate) fn renew_every(lease_secs: u64) -> Duration {
+    Duration::from_millis(lease_secs * 500)
+}
+
+/// Backoff after the `failures`-th consecutive failed claim round: doubling from `base`,
+/// capped at `cap`.
+pub(crate) fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration {
+    let factor = 1u32.checked_shl(failures.saturating_sub(1).min(16)).unwrap_or(u32::MAX);
+    base.saturating_mul(factor).min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64, millis: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn rounding() {
+        for (t, f, c) in [(at(100, 0), 100, 100), (at(100, 1), 100, 101), (at(100, 999), 100, 101)] {
+            assert_eq!(epoch_secs(floor(t)), f);
+            assert_eq!(epoch_secs(ceil(t)), c);
+        }
+        assert_eq!(epoch_secs(UNIX_EPOCH - Duration::from_millis(500)), -1);
+        assert_eq!(from_epoch_secs(-1), UNIX_EPOCH - Duration::from_secs(1));
+    }
+
+    #[test]
+    fn due_times_are_never_early() {
+        // Published at 100.7 for now: due at 100, claimable by a claim at 100.9 (now = 100).
+        assert_eq!(epoch_secs(due_at(at(100, 700), Duration::ZERO)), 100);
+        assert!(due_at(at(100, 700), Duration::ZERO) <= claim_now(at(100, 900)));
+        // Delayed by one second at 100.7: due at 102, not at 101.2.
+        let due = due_at(at(100, 700), Duration::from_secs(1));
+        assert_eq!(epoch_secs(due), 102);
+        assert!(due > claim_now(at(101, 200)));
+        assert!(due <= claim_now(at(102, 0)));
+    }
+
+    #[test]
+    fn lease_lasts_at_least_its_duration_and_tokens_grow() {
+        let claimed = at(100, 10);
+        let token = lease_token(claimed, 2);
+        assert_eq!(epoch_secs(token), 103);
+        // Still held at 102.99, free at 103.
+        assert!(token > claim_now(at(102, 990)));
+        assert!(token <= claim_now(at(103, 0)));
+        // A claim after expiry writes a larger token.
+        assert!(lease_token(at(103, 0), 2) > token);
+    }
+
+    #[test]
+    fn lease_seconds() {
+        assert_eq!(lease_secs(Duration::from_millis(1)), 1);
+        assert_eq!(lease_secs(Duration::ZERO), 1);
+        assert_eq!(lease_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(lease_secs(Duration::from_secs(30)), 30);
+        assert_eq!(renew_every(30), Duration::from_secs(15));
+        assert_eq!(renew_every(1), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn backoff_doubles_then_caps() {
+        let b = Duration::from_millis(10);
+        let cap = Duration::from_millis(1000);
+        let got: Vec<_> = (1..=9).map(|n| backoff(n, b, cap).as_millis()).collect();
+        assert_eq!(got, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(backoff(1000, b, cap), cap);
+    }
+}

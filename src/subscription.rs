@@ -1,0 +1,293 @@
+//! A running subscription: its options, the `next_delivery` family, and shutdown.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use parking_lot::Mutex;
+
+use crate::broker::Broker;
+use crate::delivery::Delivery;
+use crate::error::{NextError, Result};
+use crate::runtime::{claimer, renewer, Ctx, SubOptions};
+use crate::table::{Form, Table};
+
+/// Options of a subscription; [`SubscriptionBuilder::start`] starts it.
+#[must_use = "a subscription does nothing until it is started"]
+pub struct SubscriptionBuilder<'a> {
+    broker: &'a Broker,
+    table: Table,
+    workers: usize,
+    batch: usize,
+    max_in_flight: Option<usize>,
+    poll_interval: Duration,
+}
+
+impl<'a> SubscriptionBuilder<'a> {
+    pub(crate) fn new(broker: &'a Broker, table: &Table) -> Self {
+        SubscriptionBuilder {
+            broker,
+            table: table.clone(),
+            workers: 1,
+            batch: 10,
+            max_in_flight: None,
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+
+    /// Claim worker threads, each claiming on its own pooled connection. Default 1.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+
+    /// The most rows one claim takes. Default 10. The row lock form, and the advisory form on a
+    /// server, take one row per claim, since each such row holds a connection of its own.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// The most rows claimed and not yet settled (handler slots), counting rows waiting in the
+    /// channel. Default: `workers` in the row lock form and the server advisory form,
+    /// `workers x batch_size` otherwise. In the row lock and server advisory forms every such row
+    /// holds a pooled connection, so keep it below the pool size.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = Some(n.max(1));
+        self
+    }
+
+    /// How long an idle worker waits before it claims again when no wake-up arrives. Default
+    /// 250 ms. Publishes through the same [`Broker`] wake the workers at once; rows published by
+    /// other processes are seen within this interval.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// Validates the table, checks the form against the database (`Unsupported`) and the server's
+    /// version (`ServerTooOld`), then starts the claim workers (and, for a lease table, the
+    /// renewer).
+    pub fn start(self) -> Result<Subscription> {
+        let queue = self.broker.queue(&self.table)?;
+        let form = queue.spec.form;
+        queue.dialect.check_form(form)?;
+        {
+            let mut conn = queue.conn("start")?;
+            queue.dialect.check_server(&mut **conn, form)?;
+        }
+        let one_per_claim = form == Form::RowLock || (form == Form::AdvisoryLock && queue.sql.key_lock.is_some());
+        let batch = if one_per_claim { 1 } else { self.batch };
+        let opts = SubOptions {
+            workers: self.workers,
+            batch,
+            max_in_flight: self.max_in_flight.unwrap_or(self.workers * batch),
+            poll_interval: self.poll_interval,
+            advisory_scan: (self.batch * 4).max(32),
+        };
+        let name = queue.spec.name.clone();
+        let ctx = Arc::new(Ctx::new(queue, opts));
+        let (tx, rx) = crossbeam_channel::bounded(ctx.opts.max_in_flight);
+        let mut threads = Vec::with_capacity(ctx.opts.workers + 1);
+        for i in 0..ctx.opts.workers {
+            let (worker_ctx, worker_tx) = (ctx.clone(), tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("sqlbroker-claim-{name}-{i}"))
+                .spawn(move || claimer::run(worker_ctx, worker_tx));
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    ctx.stop();
+                    return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
+                }
+            }
+        }
+        let mut renewer_thread = None;
+        if form == Form::Lease {
+            let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+            *ctx.renewer_stop.lock() = Some(stop_tx);
+            let weak = Arc::downgrade(&ctx);
+            let spawned = std::thread::Builder::new()
+                .name(format!("sqlbroker-renew-{name}"))
+                .spawn(move || renewer::run(weak, stop_rx));
+            match spawned {
+                Ok(h) => renewer_thread = Some(h),
+                Err(e) => {
+                    ctx.stop();
+                    return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
+                }
+            }
+        }
+        Ok(Subscription { rx, ctx, workers: Mutex::new(threads), renewer: Mutex::new(renewer_thread) })
+    }
+}
+
+/// A running subscription. Share it between handler threads by reference (or in an `Arc`);
+/// each calls [`next_delivery`](Subscription::next_delivery) and settles what it gets.
+///
+/// It ends with [`close`](Subscription::close), [`shutdown`](Subscription::shutdown), or when it
+/// is dropped; the `next_delivery` family then hands out nothing more (rows already claimed and
+/// not handed out are returned to the table).
+pub struct Subscription {
+    rx: Receiver<Delivery>,
+    ctx: Arc<Ctx>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    renewer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Subscription {
+    /// Blocks until a delivery arrives; `None` once the subscription is closed.
+    pub fn next_delivery(&self) -> Option<Delivery> {
+        if self.ctx.stopped() {
+            return None;
+        }
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(d) => return self.fresh(d),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => return None,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    /// Waits up to `timeout`: [`NextError::Timeout`] if nothing arrived,
+    /// [`NextError::Closed`] once the subscription is closed.
+    pub fn next_delivery_timeout(&self, timeout: Duration) -> Result<Delivery, NextError> {
+        if self.ctx.stopped() {
+            return Err(NextError::Closed);
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(d) => self.fresh(d).ok_or(NextError::Closed),
+            Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => Err(NextError::Closed),
+            Err(RecvTimeoutError::Timeout) => Err(NextError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Err(NextError::Closed),
+        }
+    }
+
+    /// A delivery that is ready now, without waiting: [`NextError::Timeout`] if none is,
+    /// [`NextError::Closed`] once the subscription is closed.
+    pub fn try_next_delivery(&self) -> Result<Delivery, NextError> {
+        if self.ctx.stopped() {
+            return Err(NextError::Closed);
+        }
+        match self.rx.try_recv() {
+            Ok(d) => self.fresh(d).ok_or(NextError::Closed),
+            Err(TryRecvError::Empty) => Err(NextError::Timeout),
+            Err(TryRecvError::Disconnected) => Err(NextError::Closed),
+        }
+    }
+
+    /// A blocking iterator over deliveries; it ends when the subscription is closed.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter { sub: self }
+    }
+
+    /// Rows claimed and not yet settled, counting those waiting to be handed out.
+    pub fn in_flight(&self) -> usize {
+        self.ctx.slots.in_flight()
+    }
+
+    /// The last error the claim workers or the renewer met, until a claim succeeds again
+    /// (a server that is down, a panic that closed the subscription).
+    pub fn last_error(&self) -> Option<String> {
+        self.ctx.last_error()
+    }
+
+    /// True once the subscription is closed.
+    pub fn is_closed(&self) -> bool {
+        self.ctx.stopped()
+    }
+
+    /// Stops claiming and returns the rows claimed but not handed out. Waiters get `None`.
+    /// Deliveries already handed out stay valid and should still be settled.
+    pub fn close(&self) {
+        self.ctx.stop();
+        for h in self.workers.lock().drain(..) {
+            let _ = h.join();
+        }
+        self.drain();
+    }
+
+    /// [`close`](Subscription::close), then waits up to `grace` for the deliveries handed out to
+    /// be settled, then stops the lease renewer and joins every thread. Leases still unsettled
+    /// after `grace` are no longer renewed: their rows return when the leases expire.
+    pub fn shutdown(self, grace: Duration) -> Result<()> {
+        self.close();
+        if !self.ctx.slots.wait_idle(grace) {
+            log::warn!(
+                "table {}: {} deliveries unsettled after the shutdown grace",
+                self.ctx.spec().name,
+                self.ctx.slots.in_flight()
+            );
+        }
+        self.stop_renewer();
+        Ok(())
+    }
+
+    /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
+    fn fresh(&self, d: Delivery) -> Option<Delivery> {
+        if self.ctx.stopped() {
+            drop(d);
+            self.drain();
+            return None;
+        }
+        Some(d)
+    }
+
+    fn drain(&self) {
+        while let Ok(d) = self.rx.try_recv() {
+            drop(d);
+        }
+    }
+
+    fn stop_renewer(&self) {
+        if let Some(tx) = self.ctx.renewer_stop.lock().take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.renewer.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // Stop claiming; the workers end on their own (not joined: one may be in a statement).
+        self.ctx.stop();
+        self.drain();
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("table", &self.ctx.spec().name)
+            .field("in_flight", &self.in_flight())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).
+pub struct Iter<'a> {
+    sub: &'a Subscription,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Delivery;
+
+    fn next(&mut self) -> Option<Delivery> {
+        self.sub.next_delivery()
+    }
+}
+
+impl<'a> IntoIterator for &'a Subscription {
+    type Item = Delivery;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}

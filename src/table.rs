@@ -1,0 +1,492 @@
+//! The table description: its columns and their roles, the form that holds a claimed row, and
+//! the validation that turns a description into something the dialects may put into SQL.
+
+use std::time::Duration;
+
+use crate::error::{BrokerError, Result};
+
+/// How a claimed row is held while its handler runs. Chosen by the [`Table`] description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Form {
+    /// An open transaction holding the row `FOR UPDATE` (the default).
+    RowLock,
+    /// A deadline in the `locked_until` column, renewed while the handler runs
+    /// ([`Table::lease`]).
+    Lease,
+    /// A database advisory lock on a key rendered from the row ([`Table::advisory_lock`]).
+    AdvisoryLock,
+}
+
+impl Form {
+    /// A short lowercase name (`row lock`, `lease`, `advisory lock`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::RowLock => "row lock",
+            Form::Lease => "lease",
+            Form::AdvisoryLock => "advisory lock",
+        }
+    }
+}
+
+/// The columns the queue itself uses. Each has a default name; [`Table::rename`] points a role at
+/// a column of an existing table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// Integer primary key, assigned by the database (`id`).
+    Id,
+    /// The message body, binary (`payload`).
+    Payload,
+    /// How many attempts the row has used (`attempts`).
+    Attempts,
+    /// When the row becomes due (`run_at`).
+    RunAt,
+    /// The lease deadline and delivery token, lease form only (`locked_until`).
+    LockedUntil,
+    /// When the row was dead-lettered, `NULL` while it is live (`dead_at`).
+    DeadAt,
+    /// Why the row was dead-lettered (`dead_reason`).
+    DeadReason,
+}
+
+const ROLES: [Role; 7] =
+    [Role::Id, Role::Payload, Role::Attempts, Role::RunAt, Role::LockedUntil, Role::DeadAt, Role::DeadReason];
+
+impl Role {
+    /// The column name used unless renamed.
+    pub fn default_name(self) -> &'static str {
+        match self {
+            Role::Id => "id",
+            Role::Payload => "payload",
+            Role::Attempts => "attempts",
+            Role::RunAt => "run_at",
+            Role::LockedUntil => "locked_until",
+            Role::DeadAt => "dead_at",
+            Role::DeadReason => "dead_reason",
+        }
+    }
+
+    fn index(self) -> usize {
+        ROLES.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// The type of a column of the user's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ColumnType {
+    /// Text (`TEXT`; `VARCHAR(255)` on MySQL so it can be indexed).
+    Text,
+    /// 64-bit integer.
+    Int,
+    /// Double precision float.
+    Float,
+    /// Binary.
+    Bytes,
+}
+
+/// Transaction isolation for the claim transactions of the row lock form (and the MySQL lease
+/// claim). Unset: `READ COMMITTED`, so a MySQL locking read locks the rows it takes and not the
+/// gaps between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Isolation {
+    /// `READ COMMITTED` (the default).
+    ReadCommitted,
+    /// `REPEATABLE READ`.
+    RepeatableRead,
+    /// `SERIALIZABLE`.
+    Serializable,
+}
+
+impl Isolation {
+    pub(crate) fn sql(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "READ COMMITTED",
+            Isolation::RepeatableRead => "REPEATABLE READ",
+            Isolation::Serializable => "SERIALIZABLE",
+        }
+    }
+}
+
+/// A description of a queue table. Builder by value; validated when it is first used
+/// (`create_table`, `publish`, `subscription(..).start()`), before any SQL runs.
+///
+/// The description chooses the form: nothing said is the row lock form, [`Table::lease`] the
+/// lease form, [`Table::advisory_lock`] the advisory lock form.
+///
+/// ```
+/// use sqlbroker::{Form, Role, Table};
+/// use std::time::Duration;
+///
+/// let emails = Table::new("emails");
+/// assert_eq!(emails.form(), Form::RowLock);
+/// let thumbs = Table::new("thumbs").lease(Duration::from_secs(30));
+/// assert_eq!(thumbs.form(), Form::Lease);
+/// let payments = Table::new("payments").text_column("account").advisory_lock("accounts-{account}");
+/// assert_eq!(payments.form(), Form::AdvisoryLock);
+/// // An existing table whose body column is called `body`:
+/// let legacy = Table::new("legacy_jobs").rename(Role::Payload, "body");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Table {
+    name: String,
+    columns: Vec<(String, ColumnType)>,
+    renames: [Option<String>; 7],
+    lease: Option<Duration>,
+    advisory: Option<String>,
+    group: Option<String>,
+    fifo: bool,
+    isolation: Option<Isolation>,
+}
+
+impl Table {
+    /// A table named `name` with the default role columns and no columns of the user's.
+    /// The name is an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 48 characters), quoted in SQL,
+    /// so it is case-sensitive.
+    pub fn new(name: impl Into<String>) -> Self {
+        Table {
+            name: name.into(),
+            columns: Vec::new(),
+            renames: Default::default(),
+            lease: None,
+            advisory: None,
+            group: None,
+            fifo: false,
+            isolation: None,
+        }
+    }
+
+    /// Lease form: a claim writes a deadline `lease` from now (whole seconds, rounded up, at least
+    /// one; 30 s is a good default) into `locked_until`, renewed every half lease while the
+    /// handler runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Advisory lock form: rows are held by a database advisory lock on the key `template`
+    /// renders from the row, `{column}` standing for a column's value (`{{` and `}}` for braces).
+    /// Rows with equal keys are worked one at a time.
+    pub fn advisory_lock(mut self, template: impl Into<String>) -> Self {
+        self.advisory = Some(template.into());
+        self
+    }
+
+    /// Adds a column of the user's, of type `ty`, which messages set and deliveries read.
+    pub fn column(mut self, name: impl Into<String>, ty: ColumnType) -> Self {
+        self.columns.push((name.into(), ty));
+        self
+    }
+
+    /// Adds a text column of the user's.
+    pub fn text_column(self, name: impl Into<String>) -> Self {
+        self.column(name, ColumnType::Text)
+    }
+
+    /// Adds an integer column of the user's.
+    pub fn int_column(self, name: impl Into<String>) -> Self {
+        self.column(name, ColumnType::Int)
+    }
+
+    /// Adds a float column of the user's.
+    pub fn float_column(self, name: impl Into<String>) -> Self {
+        self.column(name, ColumnType::Float)
+    }
+
+    /// Adds a binary column of the user's.
+    pub fn bytes_column(self, name: impl Into<String>) -> Self {
+        self.column(name, ColumnType::Bytes)
+    }
+
+    /// Uses the column `name` for `role`, so an existing table can be used as it is.
+    pub fn rename(mut self, role: Role, name: impl Into<String>) -> Self {
+        self.renames[role.index()] = Some(name.into());
+        self
+    }
+
+    /// Names the group column (a text column, added if not described yet) for
+    /// [`Table::fifo`].
+    pub fn group(mut self, column: impl Into<String>) -> Self {
+        let column = column.into();
+        if !self.columns.iter().any(|(c, _)| *c == column) {
+            self.columns.push((column.clone(), ColumnType::Text));
+        }
+        self.group = Some(column);
+        self
+    }
+
+    /// FIFO groups: a claim takes only the head of each group, and nothing from a group while
+    /// another of its rows is in work. Needs [`Table::group`].
+    pub fn fifo(mut self) -> Self {
+        self.fifo = true;
+        self
+    }
+
+    /// The isolation level of claim transactions (row lock form; MySQL lease claims).
+    /// Default: `READ COMMITTED`.
+    pub fn isolation(mut self, level: Isolation) -> Self {
+        self.isolation = Some(level);
+        self
+    }
+
+    /// The table's name as given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The form the description chooses.
+    pub fn form(&self) -> Form {
+        if self.advisory.is_some() {
+            Form::AdvisoryLock
+        } else if self.lease.is_some() {
+            Form::Lease
+        } else {
+            Form::RowLock
+        }
+    }
+
+    fn role_name(&self, role: Role) -> String {
+        self.renames[role.index()].clone().unwrap_or_else(|| role.default_name().to_string())
+    }
+
+    /// Checks every identifier and the template, and resolves the roles. Runs no SQL.
+    pub(crate) fn validate(&self) -> Result<TableSpec> {
+        let bad = |reason: String| BrokerError::InvalidTable { table: self.name.clone(), reason };
+        check_ident(&self.name, 48).map_err(|e| bad(format!("table name: {e}")))?;
+        if self.lease.is_some() && self.advisory.is_some() {
+            return Err(bad("a table is either leased or advisory-locked, not both".into()));
+        }
+        let form = self.form();
+        let roles: Vec<String> = ROLES.iter().map(|r| self.role_name(*r)).collect();
+        let mut seen: Vec<&str> = Vec::new();
+        for (role, name) in ROLES.iter().zip(&roles) {
+            if *role == Role::LockedUntil && form != Form::Lease {
+                continue;
+            }
+            check_ident(name, 63).map_err(|e| bad(format!("{:?} column: {e}", role)))?;
+            if seen.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+                return Err(bad(format!("column {name:?} is named twice")));
+            }
+            seen.push(name);
+        }
+        for (name, _) in &self.columns {
+            check_ident(name, 63).map_err(|e| bad(format!("column: {e}")))?;
+            if seen.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+                return Err(bad(format!("column {name:?} is named twice")));
+            }
+            seen.push(name);
+        }
+        let key = match &self.advisory {
+            Some(t) => Some(KeyTemplate::parse(t, &self.columns).map_err(bad)?),
+            None => None,
+        };
+        let group = match &self.group {
+            Some(g) => Some(self.columns.iter().position(|(c, _)| c == g).ok_or_else(|| {
+                bad(format!("group column {g:?} is not a column of the table"))
+            })?),
+            None => None,
+        };
+        if self.fifo && group.is_none() {
+            return Err(bad("a FIFO table needs a group column (Table::group)".into()));
+        }
+        let lease_secs = self.lease.map(crate::schedule::lease_secs).unwrap_or(0);
+        Ok(TableSpec {
+            name: self.name.clone(),
+            id: roles[0].clone(),
+            payload: roles[1].clone(),
+            attempts: roles[2].clone(),
+            run_at: roles[3].clone(),
+            locked_until: roles[4].clone(),
+            dead_at: roles[5].clone(),
+            dead_reason: roles[6].clone(),
+            columns: self.columns.iter().map(|(n, t)| Column { name: n.clone(), ty: *t }).collect(),
+            form,
+            lease_secs,
+            key,
+            group,
+            fifo: self.fifo,
+            isolation: self.isolation.unwrap_or(Isolation::ReadCommitted),
+        })
+    }
+}
+
+/// Checks `s` against `[A-Za-z_][A-Za-z0-9_]*` and a length limit.
+pub(crate) fn check_ident(s: &str, max: usize) -> std::result::Result<(), String> {
+    let mut chars = s.chars();
+    let ok_first = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !ok_first || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("{s:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"));
+    }
+    if s.len() > max {
+        return Err(format!("{s:?} is longer than {max} characters"));
+    }
+    Ok(())
+}
+
+/// A column of the user's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Column {
+    pub name: String,
+    pub ty: ColumnType,
+}
+
+/// A validated description: every identifier here may be quoted into SQL.
+#[derive(Debug, Clone)]
+pub(crate) struct TableSpec {
+    pub name: String,
+    pub id: String,
+    pub payload: String,
+    pub attempts: String,
+    pub run_at: String,
+    /// Only meaningful in the lease form.
+    pub locked_until: String,
+    pub dead_at: String,
+    pub dead_reason: String,
+    pub columns: Vec<Column>,
+    pub form: Form,
+    pub lease_secs: u64,
+    pub key: Option<KeyTemplate>,
+    /// Index into `columns`.
+    pub group: Option<usize>,
+    pub fifo: bool,
+    pub isolation: Isolation,
+}
+
+impl TableSpec {
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+/// An advisory key template, parsed and checked against the columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyTemplate {
+    parts: Vec<KeyPart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyPart {
+    Lit(String),
+    /// Index into the user columns.
+    Col(usize),
+}
+
+impl KeyTemplate {
+    fn parse(t: &str, columns: &[(String, ColumnType)]) -> std::result::Result<Self, String> {
+        if t.is_empty() {
+            return Err("the advisory lock template is empty".into());
+        }
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let mut chars = t.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    lit.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    lit.push('}');
+                }
+                '{' => {
+                    let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
+                    if !t.contains(&format!("{{{name}}}")) {
+                        return Err(format!("unclosed '{{' in template {t:?}"));
+                    }
+                    let idx = columns.iter().position(|(c, _)| *c == name).ok_or_else(|| {
+                        format!("template {t:?} names {name:?}, which is not a column of the table")
+                    })?;
+                    if !lit.is_empty() {
+                        parts.push(KeyPart::Lit(std::mem::take(&mut lit)));
+                    }
+                    parts.push(KeyPart::Col(idx));
+                }
+                '}' => return Err(format!("unmatched '}}' in template {t:?}")),
+                c => lit.push(c),
+            }
+        }
+        if !lit.is_empty() {
+            parts.push(KeyPart::Lit(lit));
+        }
+        Ok(KeyTemplate { parts })
+    }
+
+    /// The key of a row whose user columns hold `values`.
+    pub fn render(&self, values: &[crate::Value]) -> String {
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                KeyPart::Lit(s) => out.push_str(s),
+                KeyPart::Col(i) => {
+                    if let Some(v) = values.get(*i) {
+                        v.render_into(&mut out)
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Value;
+
+    fn invalid(t: &Table) -> String {
+        match t.validate() {
+            Err(BrokerError::InvalidTable { reason, .. }) => reason,
+            other => panic!("expected InvalidTable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn forms() {
+        assert_eq!(Table::new("a").form(), Form::RowLock);
+        assert_eq!(Table::new("a").lease(Duration::from_secs(1)).form(), Form::Lease);
+        assert_eq!(Table::new("a").text_column("k").advisory_lock("{k}").form(), Form::AdvisoryLock);
+        let s = Table::new("a").lease(Duration::from_millis(1500)).validate().unwrap();
+        assert_eq!(s.lease_secs, 2);
+    }
+
+    #[test]
+    fn identifiers_carrying_sql_are_refused() {
+        assert!(invalid(&Table::new("jobs; DROP TABLE x")).contains("not an identifier"));
+        assert!(invalid(&Table::new("jobs\"")).contains("not an identifier"));
+        assert!(invalid(&Table::new("")).contains("not an identifier"));
+        assert!(invalid(&Table::new("1jobs")).contains("not an identifier"));
+        assert!(invalid(&Table::new("a".repeat(49))).contains("longer than 48"));
+        assert!(invalid(&Table::new("jobs").text_column("a b")).contains("not an identifier"));
+        assert!(invalid(&Table::new("jobs").rename(Role::Payload, "x`y")).contains("not an identifier"));
+        assert!(invalid(&Table::new("jobs").text_column("payload")).contains("named twice"));
+        assert!(invalid(&Table::new("jobs").rename(Role::Id, "attempts")).contains("named twice"));
+    }
+
+    #[test]
+    fn templates() {
+        let t = Table::new("p").text_column("account").int_column("n");
+        assert!(invalid(&t.clone().advisory_lock("accounts-{acount}")).contains("not a column"));
+        assert!(invalid(&t.clone().advisory_lock("accounts-{account")).contains("unclosed"));
+        assert!(invalid(&t.clone().advisory_lock("a}")).contains("unmatched"));
+        assert!(invalid(&t.clone().advisory_lock("")).contains("empty"));
+        assert!(invalid(&t.clone().lease(Duration::from_secs(1)).advisory_lock("x")).contains("not both"));
+        let s = t.advisory_lock("acc-{account}/{n}{{}}").validate().unwrap();
+        let key = s.key.unwrap();
+        assert_eq!(key.render(&[Value::from("a-17"), Value::Int(4)]), "acc-a-17/4{}");
+        assert_eq!(key.render(&[Value::Null, Value::Int(-1)]), "acc-/-1{}");
+    }
+
+    #[test]
+    fn roles_and_groups() {
+        let s = Table::new("orders").group("customer").fifo().rename(Role::Payload, "body").validate().unwrap();
+        assert_eq!(s.payload, "body");
+        assert_eq!(s.group, Some(0));
+        assert_eq!(s.columns[0].name, "customer");
+        assert!(invalid(&Table::new("o").fifo()).contains("group column"));
+        // locked_until is only checked in the lease form.
+        Table::new("o").rename(Role::LockedUntil, "bad name").validate().unwrap();
+    }
+}

@@ -1,0 +1,138 @@
+//! Column values: what a message sets and what a delivery reads.
+
+use std::time::SystemTime;
+
+/// A value of a column, as published with [`Message::set`](crate::Message::set) and read with
+/// [`Delivery::get`](crate::Delivery::get).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Value {
+    /// SQL `NULL`.
+    Null,
+    /// An integer column (`BIGINT`, or any integer type of an existing table).
+    Int(i64),
+    /// A floating point column.
+    Float(f64),
+    /// A text column.
+    Text(String),
+    /// A binary column.
+    Bytes(Vec<u8>),
+    /// A timestamp (whole seconds; read from the time columns of the roles).
+    Time(SystemTime),
+}
+
+impl Value {
+    /// The text, if this is a text value.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is an integer value.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The bytes of a binary or text value.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            Value::Text(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+
+    /// True for [`Value::Null`].
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    /// A time of the role columns (SQLite keeps them as integer seconds).
+    pub(crate) fn as_time(&self) -> Option<SystemTime> {
+        match self {
+            Value::Time(t) => Some(*t),
+            Value::Int(i) => Some(crate::schedule::from_epoch_secs(*i)),
+            _ => None,
+        }
+    }
+
+    /// The text an advisory key template puts in place of this value: text as is, numbers in
+    /// decimal, bytes as lowercase hex, `NULL` as the empty string.
+    pub(crate) fn render_into(&self, out: &mut String) {
+        use std::fmt::Write;
+        match self {
+            Value::Null => {}
+            Value::Int(i) => {
+                let _ = write!(out, "{i}");
+            }
+            Value::Float(f) => {
+                let _ = write!(out, "{f}");
+            }
+            Value::Text(s) => out.push_str(s),
+            Value::Bytes(b) => {
+                for byte in b {
+                    let _ = write!(out, "{byte:02x}");
+                }
+            }
+            Value::Time(t) => {
+                let _ = write!(out, "{}", crate::schedule::epoch_secs(*t));
+            }
+        }
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Text(v.to_string())
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Text(v)
+    }
+}
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+impl From<i32> for Value {
+    fn from(v: i32) -> Self {
+        Value::Int(v.into())
+    }
+}
+impl From<u32> for Value {
+    fn from(v: u32) -> Self {
+        Value::Int(v.into())
+    }
+}
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Float(v)
+    }
+}
+impl From<Vec<u8>> for Value {
+    fn from(v: Vec<u8>) -> Self {
+        Value::Bytes(v)
+    }
+}
+impl From<&[u8]> for Value {
+    fn from(v: &[u8]) -> Self {
+        Value::Bytes(v.to_vec())
+    }
+}
+impl From<SystemTime> for Value {
+    fn from(v: SystemTime) -> Self {
+        Value::Time(v)
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Value::Null, Into::into)
+    }
+}
