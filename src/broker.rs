@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use crate::dialect::{self, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::message::Message;
+use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{Manager, Pool, Queue};
 use crate::subscription::SubscriptionBuilder;
@@ -46,6 +47,7 @@ struct Inner {
     pool: Pool,
     queues: Mutex<HashMap<Table, Arc<Queue>>>,
     wakes: Mutex<HashMap<String, Arc<Wake>>>,
+    renewer: Arc<Renewer>,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -85,7 +87,13 @@ impl BrokerBuilder {
             .connection_timeout(self.connection_timeout)
             .build_unchecked(Manager { dialect: dialect.clone() });
         let broker =
-            Broker { inner: Arc::new(Inner { dialect, pool, queues: Default::default(), wakes: Default::default() }) };
+            Broker { inner: Arc::new(Inner {
+            dialect,
+            pool,
+            queues: Default::default(),
+            wakes: Default::default(),
+            renewer: Arc::default(),
+        }) };
         broker.inner.pool.get().map_err(|source| BrokerError::Pool {
             op: "connect",
             table: "-".into(),
@@ -126,6 +134,10 @@ impl Broker {
         Ok(self.inner.queues.lock().entry(table.clone()).or_insert(q).clone())
     }
 
+    pub(crate) fn renewer(&self) -> &Arc<Renewer> {
+        &self.inner.renewer
+    }
+
     /// Creates the table with every column described, and the index the claims use, if it
     /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
     pub fn create_table(&self, table: &Table) -> Result<()> {
@@ -158,7 +170,7 @@ impl Broker {
         let width = 2 + q.spec.columns.len();
         let now = SystemTime::now();
         let mut params = Vec::with_capacity(width * messages.len());
-        for m in &messages {
+        for m in messages {
             m.params_into(&q.spec, now, &mut params)?;
         }
         let rows_per = (q.dialect.max_params() / width).max(1);

@@ -62,7 +62,7 @@ impl Message {
     /// The insert parameters in the order of the dialects' insert statements:
     /// payload, run_at, then every user column in description order.
     pub(crate) fn params_into(
-        &self,
+        self,
         spec: &TableSpec,
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
@@ -75,10 +75,11 @@ impl Message {
                 });
             }
         }
-        out.push(Value::Bytes(self.payload.clone()));
+        out.push(Value::Bytes(self.payload));
         out.push(Value::Time(crate::schedule::due_at(now, self.delay)));
+        let mut values = self.values;
         for col in &spec.columns {
-            let v = self.values.iter().find(|(c, _)| *c == col.name).map(|(_, v)| v.clone());
+            let v = values.iter().position(|(c, _)| *c == col.name).map(|i| values.swap_remove(i).1);
             out.push(v.unwrap_or(Value::Null));
         }
         Ok(())

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use crate::broker::Broker;
 use crate::delivery::Delivery;
 use crate::error::{NextError, Result};
-use crate::runtime::{claimer, renewer, Ctx, SubOptions};
+use crate::runtime::{claimer, Ctx, SubOptions};
 use crate::table::{Form, Table};
 
 /// Options of a subscription; [`SubscriptionBuilder::start`] starts it.
@@ -73,6 +73,14 @@ impl<'a> SubscriptionBuilder<'a> {
         let queue = self.broker.queue(&self.table)?;
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
+        if queue.spec.fifo {
+            // Refused rather than delivered out of order.
+            return Err(crate::BrokerError::Unsupported {
+                database: queue.dialect.database(),
+                what: "FIFO groups".into(),
+                why: "the FIFO group guard is not implemented yet",
+            });
+        }
         {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut **conn, form)?;
@@ -87,7 +95,8 @@ impl<'a> SubscriptionBuilder<'a> {
             advisory_scan: (self.batch * 4).max(32),
         };
         let name = queue.spec.name.clone();
-        let ctx = Arc::new(Ctx::new(queue, opts));
+        let renewer = (form == Form::Lease).then(|| self.broker.renewer().clone());
+        let ctx = Arc::new(Ctx::new(queue, opts, renewer));
         let (tx, rx) = crossbeam_channel::bounded(ctx.opts.max_in_flight);
         let mut threads = Vec::with_capacity(ctx.opts.workers + 1);
         for i in 0..ctx.opts.workers {
@@ -103,23 +112,13 @@ impl<'a> SubscriptionBuilder<'a> {
                 }
             }
         }
-        let mut renewer_thread = None;
         if form == Form::Lease {
-            let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-            *ctx.renewer_stop.lock() = Some(stop_tx);
-            let weak = Arc::downgrade(&ctx);
-            let spawned = std::thread::Builder::new()
-                .name(format!("sqlbroker-renew-{name}"))
-                .spawn(move || renewer::run(weak, stop_rx));
-            match spawned {
-                Ok(h) => renewer_thread = Some(h),
-                Err(e) => {
-                    ctx.stop();
-                    return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
-                }
+            if let Err(e) = self.broker.renewer().register(&ctx) {
+                ctx.stop();
+                return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
             }
         }
-        Ok(Subscription { rx, ctx, workers: Mutex::new(threads), renewer: Mutex::new(renewer_thread) })
+        Ok(Subscription { rx, ctx, workers: Mutex::new(threads) })
     }
 }
 
@@ -133,7 +132,6 @@ pub struct Subscription {
     rx: Receiver<Delivery>,
     ctx: Arc<Ctx>,
     workers: Mutex<Vec<JoinHandle<()>>>,
-    renewer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Subscription {
@@ -210,9 +208,10 @@ impl Subscription {
         self.drain();
     }
 
-    /// [`close`](Subscription::close), then waits up to `grace` for the deliveries handed out to
-    /// be settled, then stops the lease renewer and joins every thread. Leases still unsettled
-    /// after `grace` are no longer renewed: their rows return when the leases expire.
+    /// [`close`](Subscription::close) (which joins the claim workers), then waits up to `grace`
+    /// for the deliveries handed out to be settled, then stops renewing this subscription's
+    /// leases. Leases still unsettled after `grace` are no longer renewed: their rows return when
+    /// the leases expire, and a late settlement may get `LeaseLost`.
     pub fn shutdown(self, grace: Duration) -> Result<()> {
         self.close();
         if !self.ctx.slots.wait_idle(grace) {
@@ -222,7 +221,7 @@ impl Subscription {
                 self.ctx.slots.in_flight()
             );
         }
-        self.stop_renewer();
+        self.ctx.stop_renewing();
         Ok(())
     }
 
@@ -239,15 +238,6 @@ impl Subscription {
     fn drain(&self) {
         while let Ok(d) = self.rx.try_recv() {
             drop(d);
-        }
-    }
-
-    fn stop_renewer(&self) {
-        if let Some(tx) = self.ctx.renewer_stop.lock().take() {
-            let _ = tx.send(());
-        }
-        if let Some(h) = self.renewer.lock().take() {
-            let _ = h.join();
         }
     }
 }

@@ -219,6 +219,9 @@ impl Table {
 
     /// FIFO groups: a claim takes only the head of each group, and nothing from a group while
     /// another of its rows is in work. Needs [`Table::group`].
+    ///
+    /// Not implemented yet: starting a subscription on a FIFO table returns
+    /// [`BrokerError::Unsupported`] rather than delivering out of order.
     pub fn fifo(mut self) -> Self {
         self.fifo = true;
         self
@@ -348,7 +351,8 @@ pub(crate) struct TableSpec {
     pub form: Form,
     pub lease_secs: u64,
     pub key: Option<KeyTemplate>,
-    /// Index into `columns`.
+    /// Index into `columns`. Read by the FIFO group guard, which is not implemented yet.
+    #[allow(dead_code)]
     pub group: Option<usize>,
     pub fifo: bool,
     pub isolation: Isolation,

@@ -285,16 +285,25 @@ impl ToSql for Value {
                 Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
                 Type::INT8 => i.to_sql(ty, out),
                 Type::FLOAT8 => (*i as f64).to_sql(ty, out),
-                Type::NUMERIC | Type::TEXT | Type::VARCHAR => Err(format!("an integer for a {ty} parameter").into()),
                 _ => Err(format!("an integer does not fit a {ty} column").into()),
             },
             Value::Float(f) => match *ty {
                 Type::FLOAT4 => (*f as f32).to_sql(ty, out),
-                _ => f.to_sql(ty, out),
+                Type::FLOAT8 => f.to_sql(ty, out),
+                _ => Err(format!("a float does not fit a {ty} column").into()),
             },
-            Value::Text(s) => s.as_str().to_sql(ty, out),
-            Value::Bytes(b) => b.as_slice().to_sql(ty, out),
-            Value::Time(t) => t.to_sql(ty, out),
+            // Each delegate writes its own binary format: check it fits before it writes.
+            Value::Text(s) if <&str as ToSql>::accepts(ty) => s.as_str().to_sql(ty, out),
+            Value::Bytes(b) if <&[u8] as ToSql>::accepts(ty) => b.as_slice().to_sql(ty, out),
+            Value::Time(t) if <SystemTime as ToSql>::accepts(ty) => t.to_sql(ty, out),
+            Value::Text(_) | Value::Bytes(_) | Value::Time(_) => {
+                let kind = match self {
+                    Value::Text(_) => "text",
+                    Value::Bytes(_) => "bytes",
+                    _ => "a time",
+                };
+                Err(format!("{kind} does not fit a {ty} column").into())
+            }
         }
     }
 

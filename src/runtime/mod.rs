@@ -3,7 +3,7 @@
 //! - [`Queue`]: one table on one broker: its validated description, its SQL, the pool, and the
 //!   wake-up its publishers ring.
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
-//! - `claimer`: the claim worker threads; `renewer`: the lease timer thread.
+//! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -96,12 +96,15 @@ pub(crate) struct Ctx {
     pub leases: LeaseBook,
     pub keys: Option<Arc<KeyRegistry>>,
     last_error: Mutex<Option<String>>,
-    /// Dropped with the context: disconnects the renewer's wait so it ends.
-    pub renewer_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
+    renewing: AtomicBool,
+    /// Keeps the broker's lease timer alive while this subscription or its deliveries live,
+    /// even if the broker handle is dropped first.
+    _renewer: Option<Arc<renewer::Renewer>>,
 }
 
 impl Ctx {
-    pub fn new(queue: Arc<Queue>, opts: SubOptions) -> Self {
+    pub fn new(queue: Arc<Queue>, opts: SubOptions, renewer: Option<Arc<renewer::Renewer>>) -> Self {
         let keys = queue.dialect.process_keys();
         Ctx {
             slots: Slots::new(opts.max_in_flight),
@@ -111,7 +114,8 @@ impl Ctx {
             leases: LeaseBook::default(),
             keys,
             last_error: Mutex::new(None),
-            renewer_stop: Mutex::new(None),
+            renewing: AtomicBool::new(true),
+            _renewer: renewer,
         }
     }
 
@@ -128,6 +132,15 @@ impl Ctx {
         self.stop.store(true, Ordering::Release);
         self.slots.close();
         self.queue.wake.notify();
+    }
+
+    /// False once the subscription's leases are no longer renewed.
+    pub fn renewing(&self) -> bool {
+        self.renewing.load(Ordering::Acquire)
+    }
+
+    pub fn stop_renewing(&self) {
+        self.renewing.store(false, Ordering::Release);
     }
 
     pub fn set_error(&self, e: String) {

@@ -1,6 +1,7 @@
-//! The lease timer: one thread per lease subscription (`sqlbroker-renew-<table>`) renews every
-//! in-flight lease once per half lease, one statement per table per round where the database
-//! allows it.
+//! The lease timer: one thread per broker (`sqlbroker-renew`), started with its first lease
+//! subscription, renews every in-flight lease of every lease subscription once per half lease,
+//! one statement per table per round where the database allows it. It holds its subscriptions
+//! by weak links and ends when the broker is dropped.
 //!
 //! Each in-flight lease has a cell holding its token. A round `try_lock`s the cells (a cell
 //! being settled is skipped: it needs no renewal), renews the held tokens, writes the new token
@@ -8,13 +9,13 @@
 //! runs between the database's renewal and the cell's update, and always names the token the
 //! row holds. Only one delivery's settlement ever waits on a round, and for one statement.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::SystemTime;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::Ctx;
 use crate::schedule::{lease_token, renew_every};
@@ -65,18 +66,85 @@ impl LeaseBook {
     }
 }
 
-/// The renewer's loop: runs until `stop` fires or disconnects (the subscription's context is
-/// gone), or the context can no longer be reached.
-pub(crate) fn run(ctx: Weak<Ctx>, stop: Receiver<()>) {
-    let Some(secs) = ctx.upgrade().map(|c| c.spec().lease_secs) else { return };
-    let every = renew_every(secs);
-    loop {
-        match stop.recv_timeout(every) {
-            Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
+/// The broker's lease timer.
+#[derive(Default)]
+pub(crate) struct Renewer {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    subs: Mutex<Vec<Entry>>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+struct Entry {
+    ctx: Weak<Ctx>,
+    every: Duration,
+    next: Instant,
+}
+
+impl Renewer {
+    /// Renews the leases of `ctx` from now on, until it is dropped or stops renewing
+    /// ([`Ctx::stop_renewing`]). Starts the thread on first use.
+    pub fn register(&self, ctx: &Arc<Ctx>) -> std::io::Result<()> {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let shared = self.shared.clone();
+            *thread = Some(std::thread::Builder::new().name("sqlbroker-renew".into()).spawn(move || run(&shared))?);
         }
-        let Some(ctx) = ctx.upgrade() else { return };
-        round(&ctx);
+        let every = renew_every(ctx.spec().lease_secs);
+        self.shared.subs.lock().push(Entry { ctx: Arc::downgrade(ctx), every, next: Instant::now() + every });
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.cv.notify_all();
+        if let Some(h) = self.thread.lock().take() {
+            // The last broker handle may be dropped on the renewer's own thread (a round holds
+            // a context, which holds the queue, which holds the pool, not the broker; but be safe).
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// The timer loop: sleeps until the earliest round is due, runs the due rounds outside the
+/// lock, drops the subscriptions that are gone.
+fn run(shared: &Shared) {
+    let mut subs = shared.subs.lock();
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        subs.retain(|e| e.ctx.upgrade().is_some_and(|c| c.renewing()));
+        let due: Vec<Arc<Ctx>> = subs
+            .iter_mut()
+            .filter(|e| e.next <= now)
+            .filter_map(|e| {
+                e.next = now + e.every;
+                e.ctx.upgrade()
+            })
+            .collect();
+        if due.is_empty() {
+            match subs.iter().map(|e| e.next).min() {
+                Some(next) => {
+                    shared.cv.wait_until(&mut subs, next);
+                }
+                None => shared.cv.wait(&mut subs),
+            }
+            continue;
+        }
+        MutexGuard::unlocked(&mut subs, || {
+            for ctx in due {
+                round(&ctx);
+            }
+        });
     }
 }
 
@@ -105,6 +173,7 @@ fn renew_chunk(ctx: &Ctx, chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseSta
         .and_then(|mut conn| q.dialect.lease_renew(&mut **conn, &q.spec, token, &pairs).map_err(q.err("renew")));
     match renewed {
         Ok(ids) => {
+            let ids: HashSet<i64> = ids.into_iter().collect();
             for (cell, state) in chunk.iter_mut() {
                 if ids.contains(&cell.id) {
                     state.token = token;
