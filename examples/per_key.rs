@@ -12,7 +12,10 @@ use parking_lot::Mutex;
 use sqlbroker::{Broker, Message, NextError, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let default = format!("sqlite:{}", std::env::temp_dir().join("sqlbroker-per-key.db").display());
+    let default = format!(
+        "sqlite:{}",
+        std::env::temp_dir().join("sqlbroker-per-key.db").display()
+    );
     let url = std::env::args().nth(1).unwrap_or(default);
     let broker = Broker::connect(&url)?;
     let payments = Table::new("example_payments")
@@ -23,7 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let accounts = ["a-1", "a-2", "a-3"];
     broker.publish_batch(
         &payments,
-        (0..30).map(|i| Message::new(Vec::new()).set("account", accounts[i % 3]).set("cents", i as i64)).collect(),
+        (0..30)
+            .map(|i| {
+                Message::new(Vec::new())
+                    .set("account", accounts[i % 3])
+                    .set("cents", i as i64)
+            })
+            .collect(),
     )?;
 
     let sub = Arc::new(broker.subscription(&payments).workers(4).start()?);
@@ -36,7 +45,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Ok(d) => d,
                     Err(NextError::Timeout | NextError::Closed) => return,
                 };
-                let account = d.get("account").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                let account = d
+                    .get("account")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string();
                 let now = {
                     let mut w = in_work.lock();
                     let n = w.entry(account.clone()).or_default();

@@ -19,13 +19,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::connect(&url)?;
 
     // A lease table: a worker that dies loses its rows after 30 s, then they run again.
-    let jobs = Table::new("jobs").text_column("kind").lease(Duration::from_secs(30));
+    let jobs = Table::new("jobs")
+        .text_column("kind")
+        .lease(Duration::from_secs(30));
     broker.create_table(&jobs)?;
 
-    let kinds = ["resize", "email", "flaky", "resize", "email", "poison", "resize", "email"];
-    let messages = kinds.iter().enumerate().map(|(i, kind)| {
-        Message::new(format!("job #{i}").into_bytes()).set("kind", *kind)
-    });
+    let kinds = [
+        "resize", "email", "flaky", "resize", "email", "poison", "resize", "email",
+    ];
+    let messages = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| Message::new(format!("job #{i}").into_bytes()).set("kind", *kind));
     broker.publish_batch(&jobs, messages.collect())?;
     println!("published {} jobs to {url}", kinds.len());
 
@@ -42,7 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         Err(NextError::Timeout | NextError::Closed) => return Ok(()),
                     };
                     let body = String::from_utf8_lossy(d.payload()).into_owned();
-                    let kind = d.get("kind").and_then(|v| v.as_str()).unwrap_or("?").to_string();
+                    let kind = d
+                        .get("kind")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("?")
+                        .to_string();
                     let outcome = match (kind.as_str(), d.attempt()) {
                         ("poison", _) => {
                             d.dead_letter("cannot be processed")?;
@@ -57,7 +66,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             format!("done on attempt {n}")
                         }
                     };
-                    log.lock().entry(body).or_default().push(format!("{kind}: {outcome} (handler {h})"));
+                    log.lock()
+                        .entry(body)
+                        .or_default()
+                        .push(format!("{kind}: {outcome} (handler {h})"));
                 }
             })
         })
@@ -73,7 +85,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{job}: {}", events.join("; "));
     }
     for dead in broker.dead_letters(&jobs, 10)? {
-        println!("dead letter: row {} ({}) after {} attempt(s)", dead.id, dead.reason, dead.attempts);
+        println!(
+            "dead letter: row {} ({}) after {} attempt(s)",
+            dead.id, dead.reason, dead.attempts
+        );
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use sqlbroker::{Broker, Message, NextError, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::args().nth(1).unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
     // Row lock deliveries hold a connection each: size the pool for workers + handlers.
     let broker = Broker::builder(&url).pool_size(24).build()?;
     let emails = Table::new("example_emails").text_column("to_addr");
@@ -20,11 +22,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = 500;
     broker.publish_batch(
         &emails,
-        (0..n).map(|i| Message::new(format!("hello #{i}")).set("to_addr", format!("user{i}@example.com"))).collect(),
+        (0..n)
+            .map(|i| {
+                Message::new(format!("hello #{i}")).set("to_addr", format!("user{i}@example.com"))
+            })
+            .collect(),
     )?;
 
     let started = Instant::now();
-    let sub = Arc::new(broker.subscription(&emails).workers(4).max_in_flight(16).start()?);
+    let sub = Arc::new(
+        broker
+            .subscription(&emails)
+            .workers(4)
+            .max_in_flight(16)
+            .start()?,
+    );
     let done = Arc::new(AtomicUsize::new(0));
     let handlers: Vec<_> = (0..16)
         .map(|_| {
@@ -44,7 +56,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for h in handlers {
         h.join().expect("handler");
     }
-    println!("{} emails sent in {:?} by 16 handlers", done.load(Ordering::Relaxed), started.elapsed());
+    println!(
+        "{} emails sent in {:?} by 16 handlers",
+        done.load(Ordering::Relaxed),
+        started.elapsed()
+    );
     if let Ok(sub) = Arc::try_unwrap(sub) {
         sub.shutdown(Duration::from_secs(5))?;
     }

@@ -77,7 +77,9 @@ impl BrokerBuilder {
     /// Parses the URL, builds the pool and opens one connection to prove the database is there.
     pub fn build(self) -> Result<Broker> {
         let dialect = dialect::open(&self.url)?;
-        let size = dialect.max_pool_size().map_or(self.pool_size, |cap| cap.min(self.pool_size));
+        let size = dialect
+            .max_pool_size()
+            .map_or(self.pool_size, |cap| cap.min(self.pool_size));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -85,21 +87,28 @@ impl BrokerBuilder {
             .idle_timeout(None)
             .max_lifetime(None)
             .connection_timeout(self.connection_timeout)
-            .build_unchecked(Manager { dialect: dialect.clone() });
-        let broker =
-            Broker { inner: Arc::new(Inner {
-            dialect,
-            pool,
-            queues: Default::default(),
-            wakes: Default::default(),
-            renewer: Arc::default(),
-        }) };
-        broker.inner.pool.get().map_err(|source| BrokerError::Pool {
-            op: "connect",
-            table: "-".into(),
-            timeout: self.connection_timeout,
-            source,
-        })?;
+            .build_unchecked(Manager {
+                dialect: dialect.clone(),
+            });
+        let broker = Broker {
+            inner: Arc::new(Inner {
+                dialect,
+                pool,
+                queues: Default::default(),
+                wakes: Default::default(),
+                renewer: Arc::default(),
+            }),
+        };
+        broker
+            .inner
+            .pool
+            .get()
+            .map_err(|source| BrokerError::Pool {
+                op: "connect",
+                table: "-".into(),
+                timeout: self.connection_timeout,
+                source,
+            })?;
         Ok(broker)
     }
 }
@@ -114,7 +123,11 @@ impl Broker {
 
     /// A builder for options such as the pool size.
     pub fn builder(url: &str) -> BrokerBuilder {
-        BrokerBuilder { url: url.to_string(), pool_size: 16, connection_timeout: Duration::from_secs(30) }
+        BrokerBuilder {
+            url: url.to_string(),
+            pool_size: 16,
+            connection_timeout: Duration::from_secs(30),
+        }
     }
 
     /// `PostgreSQL`, `MySQL` or `SQLite`.
@@ -129,9 +142,27 @@ impl Broker {
         }
         let spec = table.validate()?;
         let sql = self.inner.dialect.compile(&spec);
-        let wake = self.inner.wakes.lock().entry(spec.name.clone()).or_default().clone();
-        let q = Arc::new(Queue { spec, sql, dialect: self.inner.dialect.clone(), pool: self.inner.pool.clone(), wake });
-        Ok(self.inner.queues.lock().entry(table.clone()).or_insert(q).clone())
+        let wake = self
+            .inner
+            .wakes
+            .lock()
+            .entry(spec.name.clone())
+            .or_default()
+            .clone();
+        let q = Arc::new(Queue {
+            spec,
+            sql,
+            dialect: self.inner.dialect.clone(),
+            pool: self.inner.pool.clone(),
+            wake,
+        });
+        Ok(self
+            .inner
+            .queues
+            .lock()
+            .entry(table.clone())
+            .or_insert(q)
+            .clone())
     }
 
     pub(crate) fn renewer(&self) -> &Arc<Renewer> {
@@ -155,7 +186,8 @@ impl Broker {
         let mut params = Vec::with_capacity(2 + q.spec.columns.len());
         message.params_into(&q.spec, SystemTime::now(), &mut params)?;
         let mut conn = q.conn("publish")?;
-        conn.execute(&q.sql.insert_one, &params).map_err(q.err("publish"))?;
+        conn.execute(&q.sql.insert_one, &params)
+            .map_err(q.err("publish"))?;
         q.wake.notify();
         Ok(())
     }
@@ -176,13 +208,14 @@ impl Broker {
         let rows_per = (q.dialect.max_params() / width).max(1);
         let chunks: Vec<&[Value]> = params.chunks(rows_per * width).collect();
         let mut conn = q.conn("publish")?;
-        let run = |conn: &mut dyn dialect::DbConn| -> std::result::Result<(), crate::error::DbError> {
-            for chunk in &chunks {
-                let sql = q.dialect.insert_many(&q.spec, chunk.len() / width);
-                conn.execute(&sql, chunk)?;
-            }
-            Ok(())
-        };
+        let run =
+            |conn: &mut dyn dialect::DbConn| -> std::result::Result<(), crate::error::DbError> {
+                for chunk in &chunks {
+                    let sql = q.dialect.insert_many(&q.spec, chunk.len() / width);
+                    conn.execute(&sql, chunk)?;
+                }
+                Ok(())
+            };
         if chunks.len() == 1 {
             run(&mut **conn).map_err(q.err("publish"))?;
         } else {
@@ -206,26 +239,42 @@ impl Broker {
     pub fn dead_letters(&self, table: &Table, limit: usize) -> Result<Vec<DeadLetter>> {
         let q = self.queue(table)?;
         let mut conn = q.conn("dead letters")?;
-        let rows = conn.query(&q.sql.dead_list, &[Value::Int(limit as i64)]).map_err(q.err("dead letters"))?;
+        let rows = conn
+            .query(&q.sql.dead_list, &[Value::Int(limit as i64)])
+            .map_err(q.err("dead letters"))?;
         let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
         Ok(rows
             .into_iter()
             .map(|row| {
                 let mut it = row.into_iter();
                 let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
-                let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or_default().clamp(0, u32::MAX as i64) as u32;
+                let attempts = it
+                    .next()
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or_default()
+                    .clamp(0, u32::MAX as i64) as u32;
                 let payload = match it.next() {
                     Some(Value::Bytes(b)) => b,
                     Some(Value::Text(s)) => s.into_bytes(),
                     _ => Vec::new(),
                 };
-                let dead_at = it.next().and_then(|v| v.as_time()).unwrap_or(SystemTime::UNIX_EPOCH);
+                let dead_at = it
+                    .next()
+                    .and_then(|v| v.as_time())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
                 let reason = match it.next() {
                     Some(Value::Text(s)) => s,
                     _ => String::new(),
                 };
                 let values = names.iter().cloned().zip(it).collect();
-                DeadLetter { id, attempts, payload, dead_at, reason, values }
+                DeadLetter {
+                    id,
+                    attempts,
+                    payload,
+                    dead_at,
+                    reason,
+                    values,
+                }
             })
             .collect())
     }
@@ -236,7 +285,9 @@ impl Broker {
         let q = self.queue(table)?;
         let now = crate::schedule::due_at(SystemTime::now(), Duration::ZERO);
         let mut conn = q.conn("requeue")?;
-        let n = conn.execute(&q.sql.dead_requeue, &[Value::Time(now), Value::Int(id)]).map_err(q.err("requeue"))?;
+        let n = conn
+            .execute(&q.sql.dead_requeue, &[Value::Time(now), Value::Int(id)])
+            .map_err(q.err("requeue"))?;
         q.wake.notify();
         Ok(n > 0)
     }
@@ -244,7 +295,9 @@ impl Broker {
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker").field("database", &self.database()).finish()
+        f.debug_struct("Broker")
+            .field("database", &self.database())
+            .finish()
     }
 }
 
@@ -269,6 +322,9 @@ pub struct DeadLetter {
 impl DeadLetter {
     /// The value of a column of the table's description.
     pub fn get(&self, column: &str) -> Option<&Value> {
-        self.values.iter().find(|(c, _)| c == column).map(|(_, v)| v)
+        self.values
+            .iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v)
     }
 }

@@ -27,7 +27,14 @@ pub struct Delivery {
 
 impl Delivery {
     pub(crate) fn new(ctx: Arc<Ctx>, c: Claimed) -> Self {
-        Delivery { id: c.id, attempt: c.attempt, payload: c.payload, values: c.values, hold: Some(c.hold), ctx }
+        Delivery {
+            id: c.id,
+            attempt: c.attempt,
+            payload: c.payload,
+            values: c.values,
+            hold: Some(c.hold),
+            ctx,
+        }
     }
 
     /// The row's id.
@@ -48,7 +55,10 @@ impl Delivery {
     /// The value of a column of the table's description (`None` for a column it does not
     /// describe; [`Value::Null`] for SQL `NULL`).
     pub fn get(&self, column: &str) -> Option<&Value> {
-        self.ctx.spec().column_index(column).and_then(|i| self.values.get(i))
+        self.ctx
+            .spec()
+            .column_index(column)
+            .and_then(|i| self.values.get(i))
     }
 
     /// The name of the table the row is in.
@@ -93,7 +103,9 @@ impl Delivery {
     fn settle(mut self, outcome: Outcome) -> Result<()> {
         let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
         // Always present: the settlers consume the delivery, and only they and Drop take it.
-        let Some(hold) = self.hold.take() else { return Ok(()) };
+        let Some(hold) = self.hold.take() else {
+            return Ok(());
+        };
         let r = form::settle(&self.ctx, self.id, hold, outcome);
         if returned {
             self.ctx.queue.wake.notify();

@@ -12,7 +12,9 @@ use std::time::Duration;
 pub enum BrokerError {
     /// A lease settlement found another claim's token in the row (or no row): the lease expired
     /// and the row was, or may be, delivered again. The settlement changed nothing.
-    #[error("lease lost on table {table}, row {id}: the row no longer holds this delivery's token")]
+    #[error(
+        "lease lost on table {table}, row {id}: the row no longer holds this delivery's token"
+    )]
     LeaseLost {
         /// The table.
         table: String,
@@ -140,8 +142,14 @@ pub(crate) struct DbError {
 }
 
 impl DbError {
-    pub fn new(kind: DbErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        DbError { kind, source: source.into() }
+    pub fn new(
+        kind: DbErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        DbError {
+            kind,
+            source: source.into(),
+        }
     }
 
     /// An error of ours (a value that does not fit, an unexpected result shape).
@@ -151,7 +159,12 @@ impl DbError {
 
     /// Wrap with what we were doing and on which table.
     pub fn during(self, op: &'static str, table: &str) -> BrokerError {
-        BrokerError::Database { op, table: table.to_string(), kind: self.kind, source: self.source }
+        BrokerError::Database {
+            op,
+            table: table.to_string(),
+            kind: self.kind,
+            source: self.source,
+        }
     }
 }
 

@@ -27,7 +27,11 @@ pub struct Message {
 impl Message {
     /// A message with `payload` as its body.
     pub fn new(payload: impl Into<Vec<u8>>) -> Self {
-        Message { payload: payload.into(), values: Vec::new(), delay: Duration::ZERO }
+        Message {
+            payload: payload.into(),
+            values: Vec::new(),
+            delay: Duration::ZERO,
+        }
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
@@ -79,7 +83,10 @@ impl Message {
         out.push(Value::Time(crate::schedule::due_at(now, self.delay)));
         let mut values = self.values;
         for col in &spec.columns {
-            let v = values.iter().position(|(c, _)| *c == col.name).map(|i| values.swap_remove(i).1);
+            let v = values
+                .iter()
+                .position(|(c, _)| *c == col.name)
+                .map(|i| values.swap_remove(i).1);
             out.push(v.unwrap_or(Value::Null));
         }
         Ok(())

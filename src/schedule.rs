@@ -79,7 +79,9 @@ pub(crate) fn renew_every(lease_secs: u64) -> Duration {
 /// Backoff after the `failures`-th consecutive failed claim round: doubling from `base`,
 /// capped at `cap`.
 pub(crate) fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration {
-    let factor = 1u32.checked_shl(failures.saturating_sub(1).min(16)).unwrap_or(u32::MAX);
+    let factor = 1u32
+        .checked_shl(failures.saturating_sub(1).min(16))
+        .unwrap_or(u32::MAX);
     base.saturating_mul(factor).min(cap)
 }
 
@@ -93,7 +95,11 @@ mod tests {
 
     #[test]
     fn rounding() {
-        for (t, f, c) in [(at(100, 0), 100, 100), (at(100, 1), 100, 101), (at(100, 999), 100, 101)] {
+        for (t, f, c) in [
+            (at(100, 0), 100, 100),
+            (at(100, 1), 100, 101),
+            (at(100, 999), 100, 101),
+        ] {
             assert_eq!(epoch_secs(floor(t)), f);
             assert_eq!(epoch_secs(ceil(t)), c);
         }

@@ -85,7 +85,8 @@ impl<'a> SubscriptionBuilder<'a> {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut **conn, form)?;
         }
-        let one_per_claim = form == Form::RowLock || (form == Form::AdvisoryLock && queue.sql.key_lock.is_some());
+        let one_per_claim =
+            form == Form::RowLock || (form == Form::AdvisoryLock && queue.sql.key_lock.is_some());
         let batch = if one_per_claim { 1 } else { self.batch };
         let opts = SubOptions {
             workers: self.workers,
@@ -108,17 +109,25 @@ impl<'a> SubscriptionBuilder<'a> {
                 Ok(h) => threads.push(h),
                 Err(e) => {
                     ctx.stop();
-                    return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
+                    return Err(crate::BrokerError::Closed {
+                        table: format!("{name} (spawn failed: {e})"),
+                    });
                 }
             }
         }
         if form == Form::Lease {
             if let Err(e) = self.broker.renewer().register(&ctx) {
                 ctx.stop();
-                return Err(crate::BrokerError::Closed { table: format!("{name} (spawn failed: {e})") });
+                return Err(crate::BrokerError::Closed {
+                    table: format!("{name} (spawn failed: {e})"),
+                });
             }
         }
-        Ok(Subscription { rx, ctx, workers: Mutex::new(threads) })
+        Ok(Subscription {
+            rx,
+            ctx,
+            workers: Mutex::new(threads),
+        })
     }
 }
 

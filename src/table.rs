@@ -50,8 +50,15 @@ pub enum Role {
     DeadReason,
 }
 
-const ROLES: [Role; 7] =
-    [Role::Id, Role::Payload, Role::Attempts, Role::RunAt, Role::LockedUntil, Role::DeadAt, Role::DeadReason];
+const ROLES: [Role; 7] = [
+    Role::Id,
+    Role::Payload,
+    Role::Attempts,
+    Role::RunAt,
+    Role::LockedUntil,
+    Role::DeadAt,
+    Role::DeadReason,
+];
 
 impl Role {
     /// The column name used unless renamed.
@@ -251,15 +258,22 @@ impl Table {
     }
 
     fn role_name(&self, role: Role) -> String {
-        self.renames[role.index()].clone().unwrap_or_else(|| role.default_name().to_string())
+        self.renames[role.index()]
+            .clone()
+            .unwrap_or_else(|| role.default_name().to_string())
     }
 
     /// Checks every identifier and the template, and resolves the roles. Runs no SQL.
     pub(crate) fn validate(&self) -> Result<TableSpec> {
-        let bad = |reason: String| BrokerError::InvalidTable { table: self.name.clone(), reason };
+        let bad = |reason: String| BrokerError::InvalidTable {
+            table: self.name.clone(),
+            reason,
+        };
         check_ident(&self.name, 48).map_err(|e| bad(format!("table name: {e}")))?;
         if self.lease.is_some() && self.advisory.is_some() {
-            return Err(bad("a table is either leased or advisory-locked, not both".into()));
+            return Err(bad(
+                "a table is either leased or advisory-locked, not both".into()
+            ));
         }
         let form = self.form();
         let roles: Vec<String> = ROLES.iter().map(|r| self.role_name(*r)).collect();
@@ -285,14 +299,17 @@ impl Table {
             Some(t) => Some(KeyTemplate::parse(t, &self.columns).map_err(bad)?),
             None => None,
         };
-        let group = match &self.group {
-            Some(g) => Some(self.columns.iter().position(|(c, _)| c == g).ok_or_else(|| {
-                bad(format!("group column {g:?} is not a column of the table"))
-            })?),
-            None => None,
-        };
+        let group =
+            match &self.group {
+                Some(g) => Some(self.columns.iter().position(|(c, _)| c == g).ok_or_else(
+                    || bad(format!("group column {g:?} is not a column of the table")),
+                )?),
+                None => None,
+            };
         if self.fifo && group.is_none() {
-            return Err(bad("a FIFO table needs a group column (Table::group)".into()));
+            return Err(bad(
+                "a FIFO table needs a group column (Table::group)".into()
+            ));
         }
         let lease_secs = self.lease.map(crate::schedule::lease_secs).unwrap_or(0);
         Ok(TableSpec {
@@ -304,7 +321,14 @@ impl Table {
             locked_until: roles[4].clone(),
             dead_at: roles[5].clone(),
             dead_reason: roles[6].clone(),
-            columns: self.columns.iter().map(|(n, t)| Column { name: n.clone(), ty: *t }).collect(),
+            columns: self
+                .columns
+                .iter()
+                .map(|(n, t)| Column {
+                    name: n.clone(),
+                    ty: *t,
+                })
+                .collect(),
             form,
             lease_secs,
             key,
@@ -318,9 +342,13 @@ impl Table {
 /// Checks `s` against `[A-Za-z_][A-Za-z0-9_]*` and a length limit.
 pub(crate) fn check_ident(s: &str, max: usize) -> std::result::Result<(), String> {
     let mut chars = s.chars();
-    let ok_first = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_first = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if !ok_first || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("{s:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"));
+        return Err(format!(
+            "{s:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"
+        ));
     }
     if s.len() > max {
         return Err(format!("{s:?} is longer than {max} characters"));
@@ -400,9 +428,14 @@ impl KeyTemplate {
                     if !t.contains(&format!("{{{name}}}")) {
                         return Err(format!("unclosed '{{' in template {t:?}"));
                     }
-                    let idx = columns.iter().position(|(c, _)| *c == name).ok_or_else(|| {
-                        format!("template {t:?} names {name:?}, which is not a column of the table")
-                    })?;
+                    let idx = columns
+                        .iter()
+                        .position(|(c, _)| *c == name)
+                        .ok_or_else(|| {
+                            format!(
+                                "template {t:?} names {name:?}, which is not a column of the table"
+                            )
+                        })?;
                     if !lit.is_empty() {
                         parts.push(KeyPart::Lit(std::mem::take(&mut lit)));
                     }
@@ -450,9 +483,18 @@ mod tests {
     #[test]
     fn forms() {
         assert_eq!(Table::new("a").form(), Form::RowLock);
-        assert_eq!(Table::new("a").lease(Duration::from_secs(1)).form(), Form::Lease);
-        assert_eq!(Table::new("a").text_column("k").advisory_lock("{k}").form(), Form::AdvisoryLock);
-        let s = Table::new("a").lease(Duration::from_millis(1500)).validate().unwrap();
+        assert_eq!(
+            Table::new("a").lease(Duration::from_secs(1)).form(),
+            Form::Lease
+        );
+        assert_eq!(
+            Table::new("a").text_column("k").advisory_lock("{k}").form(),
+            Form::AdvisoryLock
+        );
+        let s = Table::new("a")
+            .lease(Duration::from_millis(1500))
+            .validate()
+            .unwrap();
         assert_eq!(s.lease_secs, 2);
     }
 
@@ -464,7 +506,9 @@ mod tests {
         assert!(invalid(&Table::new("1jobs")).contains("not an identifier"));
         assert!(invalid(&Table::new("a".repeat(49))).contains("longer than 48"));
         assert!(invalid(&Table::new("jobs").text_column("a b")).contains("not an identifier"));
-        assert!(invalid(&Table::new("jobs").rename(Role::Payload, "x`y")).contains("not an identifier"));
+        assert!(
+            invalid(&Table::new("jobs").rename(Role::Payload, "x`y")).contains("not an identifier")
+        );
         assert!(invalid(&Table::new("jobs").text_column("payload")).contains("named twice"));
         assert!(invalid(&Table::new("jobs").rename(Role::Id, "attempts")).contains("named twice"));
     }
@@ -476,21 +520,35 @@ mod tests {
         assert!(invalid(&t.clone().advisory_lock("accounts-{account")).contains("unclosed"));
         assert!(invalid(&t.clone().advisory_lock("a}")).contains("unmatched"));
         assert!(invalid(&t.clone().advisory_lock("")).contains("empty"));
-        assert!(invalid(&t.clone().lease(Duration::from_secs(1)).advisory_lock("x")).contains("not both"));
+        assert!(
+            invalid(&t.clone().lease(Duration::from_secs(1)).advisory_lock("x"))
+                .contains("not both")
+        );
         let s = t.advisory_lock("acc-{account}/{n}{{}}").validate().unwrap();
         let key = s.key.unwrap();
-        assert_eq!(key.render(&[Value::from("a-17"), Value::Int(4)]), "acc-a-17/4{}");
+        assert_eq!(
+            key.render(&[Value::from("a-17"), Value::Int(4)]),
+            "acc-a-17/4{}"
+        );
         assert_eq!(key.render(&[Value::Null, Value::Int(-1)]), "acc-/-1{}");
     }
 
     #[test]
     fn roles_and_groups() {
-        let s = Table::new("orders").group("customer").fifo().rename(Role::Payload, "body").validate().unwrap();
+        let s = Table::new("orders")
+            .group("customer")
+            .fifo()
+            .rename(Role::Payload, "body")
+            .validate()
+            .unwrap();
         assert_eq!(s.payload, "body");
         assert_eq!(s.group, Some(0));
         assert_eq!(s.columns[0].name, "customer");
         assert!(invalid(&Table::new("o").fifo()).contains("group column"));
         // locked_until is only checked in the lease form.
-        Table::new("o").rename(Role::LockedUntil, "bad name").validate().unwrap();
+        Table::new("o")
+            .rename(Role::LockedUntil, "bad name")
+            .validate()
+            .unwrap();
     }
 }

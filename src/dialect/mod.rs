@@ -62,6 +62,7 @@ pub(crate) struct TableSql {
     /// - advisory: `(now, limit)` -> `id, <user columns>` of claimable rows, locking nothing.
     pub claim: String,
     /// Lease form where the claim is a locking select (MySQL): `(token, id)` takes one found row.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub lease_mark: String,
     /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
@@ -192,6 +193,7 @@ pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
 
 /// Parses a `major.minor.patch` prefix of a version string (`15.4 (Debian ..)`,
 /// `10.11.6-MariaDB-0+deb12u1`, `8.0.1`). Missing parts read 0.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
     let head: String = s.trim().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
     let mut it = head.split('.').filter(|p| !p.is_empty()).map(|p| p.parse::<u32>());

@@ -53,7 +53,11 @@ impl Syntax {
 
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
     pub fn ready(&self, spec: &TableSpec, now: &str) -> String {
-        format!("{} IS NULL AND {} <= {now}", self.q(&spec.dead_at), self.q(&spec.run_at))
+        format!(
+            "{} IS NULL AND {} <= {now}",
+            self.q(&spec.dead_at),
+            self.q(&spec.run_at)
+        )
     }
 
     /// `ORDER BY`: due first, then oldest.
@@ -63,7 +67,12 @@ impl Syntax {
 
     /// The column list of an insert: payload, run_at, user columns.
     pub fn insert_head(&self, spec: &TableSpec) -> String {
-        let mut s = format!("INSERT INTO {} ({}, {}", self.q(&spec.name), self.q(&spec.payload), self.q(&spec.run_at));
+        let mut s = format!(
+            "INSERT INTO {} ({}, {}",
+            self.q(&spec.name),
+            self.q(&spec.payload),
+            self.q(&spec.run_at)
+        );
         for c in &spec.columns {
             s.push_str(&format!(", {}", self.q(&c.name)));
         }
@@ -102,11 +111,19 @@ impl Syntax {
         let lu = self.q(&spec.locked_until);
         let p = |n| self.p(n);
         sql.insert_one = format!("{}{}", self.insert_head(spec), self.insert_values(spec, 1));
-        sql.fetch = format!("SELECT {} FROM {t} WHERE {id} = {}", self.row_columns(spec, ""), p(1));
+        sql.fetch = format!(
+            "SELECT {} FROM {t} WHERE {id} = {}",
+            self.row_columns(spec, ""),
+            p(1)
+        );
         match spec.form {
             Form::RowLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
-                sql.retry = format!("UPDATE {t} SET {run_at} = {}, {att} = {att} + 1 WHERE {id} = {}", p(1), p(2));
+                sql.retry = format!(
+                    "UPDATE {t} SET {run_at} = {}, {att} = {att} + 1 WHERE {id} = {}",
+                    p(1),
+                    p(2)
+                );
                 sql.dead = format!(
                     "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {att} = {att} + 1 WHERE {id} = {}",
                     p(1),
@@ -129,7 +146,11 @@ impl Syntax {
                     p(3),
                     p(4)
                 );
-                sql.release = format!("UPDATE {t} SET {lu} = NULL WHERE {id} = {} AND {lu} = {}", p(1), p(2));
+                sql.release = format!(
+                    "UPDATE {t} SET {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2)
+                );
             }
             Form::AdvisoryLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
@@ -142,7 +163,10 @@ impl Syntax {
                 );
             }
         }
-        let mut cols = format!("{id}, {att}, {}, {dead_at}, {reason}", self.q(&spec.payload));
+        let mut cols = format!(
+            "{id}, {att}, {}, {dead_at}, {reason}",
+            self.q(&spec.payload)
+        );
         for c in &spec.columns {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
@@ -150,7 +174,11 @@ impl Syntax {
             "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL ORDER BY {dead_at}, {id} LIMIT {}",
             p(1)
         );
-        let clear_lease = if spec.form == Form::Lease { format!(", {lu} = NULL") } else { String::new() };
+        let clear_lease = if spec.form == Form::Lease {
+            format!(", {lu} = NULL")
+        } else {
+            String::new()
+        };
         sql.dead_requeue = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {run_at} = {} WHERE {id} = {} AND {dead_at} IS NOT NULL",
             p(1),
@@ -172,7 +200,11 @@ impl Syntax {
         let mut tuples = Vec::with_capacity(held.len());
         for (i, (id, tok)) in held.iter().enumerate() {
             let (c_id, c_tok) = if i == 0 { casts } else { ("", "") };
-            tuples.push(format!("({}{c_id}, {}{c_tok})", self.p(2 * i + 2), self.p(2 * i + 3)));
+            tuples.push(format!(
+                "({}{c_id}, {}{c_tok})",
+                self.p(2 * i + 2),
+                self.p(2 * i + 3)
+            ));
             params.push(Value::Int(*id));
             params.push(Value::Time(*tok));
         }

@@ -30,7 +30,10 @@ use crate::Value;
 /// How long a statement waits for the writer before it fails with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-const SYNTAX: Syntax = Syntax { quote: quote_ident, param: |n| format!("?{n}") };
+const SYNTAX: Syntax = Syntax {
+    quote: quote_ident,
+    param: |n| format!("?{n}"),
+};
 
 fn quote_ident(s: &str) -> String {
     format!("\"{s}\"")
@@ -48,15 +51,23 @@ impl Sqlite {
         let rest = url.split_once(':').map(|(_, r)| r).unwrap_or_default();
         let rest = rest.strip_prefix("//").unwrap_or(rest);
         if rest.is_empty() {
-            return Err(BrokerError::InvalidUrl { reason: format!("no database file in {url:?}") });
+            return Err(BrokerError::InvalidUrl {
+                reason: format!("no database file in {url:?}"),
+            });
         }
         if rest == ":memory:" {
-            return Ok(Sqlite { path: None, keys: Arc::new(KeyRegistry::default()) });
+            return Ok(Sqlite {
+                path: None,
+                keys: Arc::new(KeyRegistry::default()),
+            });
         }
         let path = PathBuf::from(rest);
         let abs = std::path::absolute(&path).unwrap_or(path);
         let keys = registry_for(&abs);
-        Ok(Sqlite { path: Some(abs), keys })
+        Ok(Sqlite {
+            path: Some(abs),
+            keys,
+        })
     }
 }
 
@@ -81,10 +92,15 @@ impl Dialect for Sqlite {
         conn.busy_timeout(BUSY_TIMEOUT).map_err(classify)?;
         conn.set_prepared_statement_cache_capacity(64);
         if self.path.is_some() {
-            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(())).map_err(classify)?;
-            conn.execute_batch("PRAGMA synchronous = NORMAL").map_err(classify)?;
+            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+                .map_err(classify)?;
+            conn.execute_batch("PRAGMA synchronous = NORMAL")
+                .map_err(classify)?;
         }
-        Ok(Box::new(SqliteConn { conn, broken: false }))
+        Ok(Box::new(SqliteConn {
+            conn,
+            broken: false,
+        }))
     }
 
     fn max_pool_size(&self) -> Option<u32> {
@@ -119,7 +135,10 @@ impl Dialect for Sqlite {
 
     fn compile(&self, spec: &TableSpec) -> TableSql {
         let s = &SYNTAX;
-        let mut sql = TableSql { begin_write: "BEGIN IMMEDIATE".into(), ..TableSql::default() };
+        let mut sql = TableSql {
+            begin_write: "BEGIN IMMEDIATE".into(),
+            ..TableSql::default()
+        };
         s.common(spec, &mut sql);
         let t = s.q(&spec.name);
         let id = s.q(&spec.id);
@@ -138,8 +157,10 @@ impl Dialect for Sqlite {
                 );
             }
             Form::AdvisoryLock => {
-                sql.claim =
-                    format!("SELECT {} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ?2", s.key_columns(spec));
+                sql.claim = format!(
+                    "SELECT {} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ?2",
+                    s.key_columns(spec)
+                );
                 sql.take = format!(
                     "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?2 RETURNING {row}"
                 );
@@ -183,7 +204,11 @@ impl Dialect for Sqlite {
     }
 
     fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
-        format!("{}{}", SYNTAX.insert_head(spec), SYNTAX.insert_values(spec, rows))
+        format!(
+            "{}{}",
+            SYNTAX.insert_head(spec),
+            SYNTAX.insert_values(spec, rows)
+        )
     }
 
     fn max_params(&self) -> usize {
@@ -199,7 +224,10 @@ impl Dialect for Sqlite {
     ) -> Result<Vec<i64>, DbError> {
         let (sql, params) = SYNTAX.renew_returning(spec, token, held, ("", ""));
         let rows = conn.query(&sql, &params)?;
-        Ok(rows.iter().filter_map(|r| r.first().and_then(Value::as_i64)).collect())
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_i64))
+            .collect())
     }
 
     fn process_keys(&self) -> Option<Arc<KeyRegistry>> {
@@ -256,7 +284,10 @@ impl SqliteConn {
 
 impl DbConn for SqliteConn {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let r = self.conn.prepare_cached(sql).and_then(|mut st| st.execute(params_from_iter(params.iter())));
+        let r = self
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute(params_from_iter(params.iter())));
         r.map(|n| n as u64).map_err(|e| self.fail(e))
     }
 
@@ -297,12 +328,18 @@ mod tests {
     use crate::Table;
 
     fn compile(t: Table) -> TableSql {
-        Sqlite::from_url("sqlite::memory:").unwrap().compile(&t.validate().unwrap())
+        Sqlite::from_url("sqlite::memory:")
+            .unwrap()
+            .compile(&t.validate().unwrap())
     }
 
     #[test]
     fn lease_sql() {
-        let sql = compile(Table::new("jobs").text_column("k").lease(Duration::from_secs(30)));
+        let sql = compile(
+            Table::new("jobs")
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+        );
         assert_eq!(
             sql.claim,
             "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
@@ -310,7 +347,10 @@ mod tests {
              (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
              RETURNING \"id\", \"attempts\", \"payload\", \"k\""
         );
-        assert_eq!(sql.ack, "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
+        assert_eq!(
+            sql.ack,
+            "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND \"locked_until\" = ?2"
+        );
         assert_eq!(
             sql.retry,
             "UPDATE \"jobs\" SET \"run_at\" = ?1, \"locked_until\" = NULL WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
@@ -321,7 +361,10 @@ mod tests {
              WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
         );
         assert_eq!(sql.release, "UPDATE \"jobs\" SET \"locked_until\" = NULL WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
-        assert_eq!(sql.insert_one, "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)");
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)"
+        );
         assert_eq!(
             sql.dead_list,
             "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
@@ -336,7 +379,11 @@ mod tests {
 
     #[test]
     fn advisory_sql() {
-        let sql = compile(Table::new("pay").text_column("account").advisory_lock("a-{account}"));
+        let sql = compile(
+            Table::new("pay")
+                .text_column("account")
+                .advisory_lock("a-{account}"),
+        );
         assert_eq!(
             sql.claim,
             "SELECT \"id\", \"account\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
@@ -347,14 +394,21 @@ mod tests {
             "UPDATE \"pay\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
              AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\""
         );
-        assert_eq!(sql.retry, "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2");
+        assert_eq!(
+            sql.retry,
+            "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2"
+        );
         assert!(sql.key_lock.is_none());
     }
 
     #[test]
     fn ddl_and_renewal() {
         let d = Sqlite::from_url("sqlite::memory:").unwrap();
-        let spec = Table::new("jobs").int_column("n").lease(Duration::from_secs(5)).validate().unwrap();
+        let spec = Table::new("jobs")
+            .int_column("n")
+            .lease(Duration::from_secs(5))
+            .validate()
+            .unwrap();
         assert_eq!(
             d.create_table(&spec),
             [
@@ -377,7 +431,10 @@ mod tests {
     #[test]
     fn row_lock_is_refused_and_urls_parse() {
         let d = Sqlite::from_url("sqlite::memory:").unwrap();
-        assert!(matches!(d.check_form(Form::RowLock), Err(BrokerError::Unsupported { .. })));
+        assert!(matches!(
+            d.check_form(Form::RowLock),
+            Err(BrokerError::Unsupported { .. })
+        ));
         assert!(d.check_form(Form::Lease).is_ok());
         assert_eq!(d.max_pool_size(), Some(1));
         assert!(Sqlite::from_url("sqlite:").is_err());

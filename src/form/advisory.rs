@@ -63,7 +63,10 @@ pub(crate) struct KeyHold {
 /// Runs a key lock or unlock statement; true if it reports success (1).
 fn key_query(conn: &mut dyn DbConn, sql: &str, name: &str) -> Result<bool, DbError> {
     let rows = conn.query(sql, &[Value::Text(name.to_string())])?;
-    Ok(matches!(rows.first().and_then(|r| r.first()), Some(Value::Int(1))))
+    Ok(matches!(
+        rows.first().and_then(|r| r.first()),
+        Some(Value::Int(1))
+    ))
 }
 
 /// Unlocks a server-side key; discards the connection if the session may still hold it.
@@ -74,11 +77,17 @@ fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
     match key_query(conn, sql, &name) {
         Ok(true) => {}
         Ok(false) => {
-            log::warn!("table {}: key {key:?} was not held at unlock; discarding the connection", q.spec.name);
+            log::warn!(
+                "table {}: key {key:?} was not held at unlock; discarding the connection",
+                q.spec.name
+            );
             conn.mark_broken();
         }
         Err(e) => {
-            log::warn!("table {}: unlocking key {key:?} failed ({e}); discarding the connection", q.spec.name);
+            log::warn!(
+                "table {}: unlocking key {key:?} failed ({e}); discarding the connection",
+                q.spec.name
+            );
             conn.mark_broken();
         }
     }
@@ -86,11 +95,16 @@ fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
 
 pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let Some(template) = &q.spec.key else { return Ok(Vec::new()) };
+    let Some(template) = &q.spec.key else {
+        return Ok(Vec::new());
+    };
     let mut conn = q.conn("claim")?;
     let now = claim_now(SystemTime::now());
     let candidates = conn
-        .query(&q.sql.claim, &[Value::Time(now), Value::Int(ctx.opts.advisory_scan as i64)])
+        .query(
+            &q.sql.claim,
+            &[Value::Time(now), Value::Int(ctx.opts.advisory_scan as i64)],
+        )
         .map_err(q.err("claim"))?;
     let mut tried = HashSet::new();
     let mut out = Vec::new();
@@ -98,7 +112,9 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
         if out.len() >= limit {
             break;
         }
-        let Some(id) = row.first().and_then(Value::as_i64) else { continue };
+        let Some(id) = row.first().and_then(Value::as_i64) else {
+            continue;
+        };
         let key = template.render(&row[1..]);
         if !tried.insert(key.clone()) {
             continue;
@@ -129,9 +145,19 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                 match q.dialect.advisory_take(&mut **conn, &q.sql, now, id) {
                     Ok(Some(row)) => {
                         // The connection holds the key: it goes with the delivery.
-                        let (id, attempts, payload, values) = split_row(row).map_err(q.err("claim"))?;
-                        let hold = Hold::Advisory(KeyHold { key, conn: Some(conn) });
-                        return Ok(vec![Claimed { id, attempt: attempts, payload, values, hold }]);
+                        let (id, attempts, payload, values) =
+                            split_row(row).map_err(q.err("claim"))?;
+                        let hold = Hold::Advisory(KeyHold {
+                            key,
+                            conn: Some(conn),
+                        });
+                        return Ok(vec![Claimed {
+                            id,
+                            attempt: attempts,
+                            payload,
+                            values,
+                            hold,
+                        }]);
                     }
                     Ok(None) => unlock_key(ctx, &mut **conn, &key),
                     Err(e) => {
@@ -156,10 +182,18 @@ fn take(
     held_by: Option<PooledConn>,
 ) -> Result<Option<Claimed>, DbError> {
     let q = &ctx.queue;
-    let Some(row) = q.dialect.advisory_take(conn, &q.sql, now, id)? else { return Ok(None) };
+    let Some(row) = q.dialect.advisory_take(conn, &q.sql, now, id)? else {
+        return Ok(None);
+    };
     let (id, attempts, payload, values) = split_row(row)?;
     let hold = Hold::Advisory(KeyHold { key, conn: held_by });
-    Ok(Some(Claimed { id, attempt: attempts, payload, values, hold }))
+    Ok(Some(Claimed {
+        id,
+        attempt: attempts,
+        payload,
+        values,
+        hold,
+    }))
 }
 
 pub(crate) fn settle(ctx: &Ctx, id: i64, hold: KeyHold, outcome: Outcome) -> Result<()> {

@@ -36,20 +36,35 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let mut conn = q.conn("claim")?;
     let now = SystemTime::now();
     let token = lease_token(now, q.spec.lease_secs);
-    let rows =
-        q.dialect.lease_claim(&mut **conn, &q.sql, claim_now(now), limit, token).map_err(q.err("claim"))?;
+    let rows = q
+        .dialect
+        .lease_claim(&mut **conn, &q.sql, claim_now(now), limit, token)
+        .map_err(q.err("claim"))?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let (id, attempts, payload, values) = split_row(row).map_err(q.err("claim"))?;
         let cell = ctx.leases.insert(id, token);
         // The claim counted this attempt.
-        out.push(Claimed { id, attempt: attempts, payload, values, hold: Hold::Lease(cell) });
+        out.push(Claimed {
+            id,
+            attempt: attempts,
+            payload,
+            values,
+            hold: Hold::Lease(cell),
+        });
     }
     Ok(out)
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
-fn fenced(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, op: &'static str, sql: &str, leading: Vec<Value>) -> Result<bool> {
+fn fenced(
+    ctx: &Ctx,
+    id: i64,
+    cell: &Arc<LeaseCell>,
+    op: &'static str,
+    sql: &str,
+    leading: Vec<Value>,
+) -> Result<bool> {
     let q = &ctx.queue;
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
@@ -57,7 +72,9 @@ fn fenced(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, op: &'static str, sql: &str
     let mut params = leading;
     params.push(Value::Int(id));
     params.push(Value::Time(state.token));
-    let changed = q.conn(op).and_then(|mut conn| conn.execute(sql, &params).map_err(q.err(op)));
+    let changed = q
+        .conn(op)
+        .and_then(|mut conn| conn.execute(sql, &params).map_err(q.err(op)));
     drop(state);
     ctx.leases.remove(cell);
     Ok(changed? > 0)
@@ -69,7 +86,10 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, outcome: Outcome
     if fenced(ctx, id, cell, outcome.op(), sql, leading)? {
         Ok(())
     } else {
-        Err(BrokerError::LeaseLost { table: ctx.spec().name.clone(), id })
+        Err(BrokerError::LeaseLost {
+            table: ctx.spec().name.clone(),
+            id,
+        })
     }
 }
 
@@ -77,7 +97,13 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, outcome: Outcome
 pub(crate) fn release(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>) {
     match fenced(ctx, id, cell, "release", &ctx.queue.sql.release, Vec::new()) {
         Ok(true) => {}
-        Ok(false) => log::debug!("table {}: row {id} was dropped after its lease was lost", ctx.spec().name),
-        Err(e) => log::warn!("table {}: row {id} returns when its lease expires: {e}", ctx.spec().name),
+        Ok(false) => log::debug!(
+            "table {}: row {id} was dropped after its lease was lost",
+            ctx.spec().name
+        ),
+        Err(e) => log::warn!(
+            "table {}: row {id} returns when its lease expires: {e}",
+            ctx.spec().name
+        ),
     }
 }

@@ -55,7 +55,10 @@ impl Outcome {
         match self {
             Outcome::Ack => vec![],
             Outcome::Retry(at) => vec![Value::Time(*at)],
-            Outcome::Dead(reason) => vec![Value::Time(crate::schedule::floor(now)), Value::Text(reason.clone())],
+            Outcome::Dead(reason) => vec![
+                Value::Time(crate::schedule::floor(now)),
+                Value::Text(reason.clone()),
+            ],
         }
     }
 
@@ -100,17 +103,28 @@ pub(crate) fn abandon(ctx: &Ctx, id: i64, hold: Hold) {
 /// Splits a claimed row (`id, attempts, payload, user columns`).
 pub(crate) fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError> {
     if row.len() < ROW_USER_COLUMNS {
-        return Err(DbError::other(format!("a claimed row has {} columns", row.len())));
+        return Err(DbError::other(format!(
+            "a claimed row has {} columns",
+            row.len()
+        )));
     }
     let mut it = row.into_iter();
-    let id = it.next().and_then(|v| v.as_i64()).ok_or_else(|| DbError::other("the id is not an integer"))?;
+    let id = it
+        .next()
+        .and_then(|v| v.as_i64())
+        .ok_or_else(|| DbError::other("the id is not an integer"))?;
     let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or(0);
     let payload = match it.next() {
         Some(Value::Bytes(b)) => b,
         Some(Value::Text(s)) => s.into_bytes(),
         _ => Vec::new(),
     };
-    Ok((id, attempts.clamp(0, u32::MAX as i64) as u32, payload, it.collect()))
+    Ok((
+        id,
+        attempts.clamp(0, u32::MAX as i64) as u32,
+        payload,
+        it.collect(),
+    ))
 }
 
 /// Rolls back, or discards the connection if even that fails.

@@ -67,7 +67,9 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome)
     let q = &ctx.queue;
     let mut params = outcome.leading_params(SystemTime::now());
     params.push(Value::Int(id));
-    let done = conn.execute(outcome.sql(&q.sql), &params).and_then(|_| conn.batch("COMMIT"));
+    let done = conn
+        .execute(outcome.sql(&q.sql), &params)
+        .and_then(|_| conn.batch("COMMIT"));
     if let Err(e) = done {
         // The transaction is rolled back (or the connection discarded): the row is back, as it was.
         rollback_or_discard(&mut **conn);

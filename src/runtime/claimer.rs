@@ -30,7 +30,10 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        ctx.set_error(format!("a claim worker of table {} panicked: {msg}", ctx.spec().name));
+        ctx.set_error(format!(
+            "a claim worker of table {} panicked: {msg}",
+            ctx.spec().name
+        ));
         ctx.stop();
     }
 }
@@ -38,7 +41,9 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     while !ctx.stopped() {
-        let Some(slots) = ctx.slots.acquire(ctx.opts.batch) else { break };
+        let Some(slots) = ctx.slots.acquire(ctx.opts.batch) else {
+            break;
+        };
         if ctx.stopped() {
             ctx.slots.release(slots);
             break;
@@ -63,7 +68,9 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 failures += 1;
                 log::warn!("{e}");
                 ctx.set_error(e.to_string());
-                ctx.queue.wake.wait(seen, backoff(failures, BACKOFF_BASE, BACKOFF_CAP));
+                ctx.queue
+                    .wake
+                    .wait(seen, backoff(failures, BACKOFF_BASE, BACKOFF_CAP));
             }
         }
     }

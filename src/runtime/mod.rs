@@ -104,7 +104,11 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(queue: Arc<Queue>, opts: SubOptions, renewer: Option<Arc<renewer::Renewer>>) -> Self {
+    pub fn new(
+        queue: Arc<Queue>,
+        opts: SubOptions,
+        renewer: Option<Arc<renewer::Renewer>>,
+    ) -> Self {
         let keys = queue.dialect.process_keys();
         Ctx {
             slots: Slots::new(opts.max_in_flight),

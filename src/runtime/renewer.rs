@@ -52,7 +52,11 @@ pub(crate) struct LeaseBook {
 impl LeaseBook {
     pub fn insert(&self, id: i64, token: SystemTime) -> Arc<LeaseCell> {
         let serial = self.next.fetch_add(1, Ordering::Relaxed);
-        let cell = Arc::new(LeaseCell { id, serial, state: Mutex::new(LeaseState { token, done: false }) });
+        let cell = Arc::new(LeaseCell {
+            id,
+            serial,
+            state: Mutex::new(LeaseState { token, done: false }),
+        });
         self.cells.lock().insert(serial, cell.clone());
         cell
     }
@@ -93,10 +97,18 @@ impl Renewer {
         let mut thread = self.thread.lock();
         if thread.is_none() {
             let shared = self.shared.clone();
-            *thread = Some(std::thread::Builder::new().name("sqlbroker-renew".into()).spawn(move || run(&shared))?);
+            *thread = Some(
+                std::thread::Builder::new()
+                    .name("sqlbroker-renew".into())
+                    .spawn(move || run(&shared))?,
+            );
         }
         let every = renew_every(ctx.spec().lease_secs);
-        self.shared.subs.lock().push(Entry { ctx: Arc::downgrade(ctx), every, next: Instant::now() + every });
+        self.shared.subs.lock().push(Entry {
+            ctx: Arc::downgrade(ctx),
+            every,
+            next: Instant::now() + every,
+        });
         self.shared.cv.notify_all();
         Ok(())
     }
@@ -168,9 +180,11 @@ fn renew_chunk(ctx: &Ctx, chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseSta
     let q = &ctx.queue;
     let pairs: Vec<(i64, SystemTime)> = chunk.iter().map(|(c, s)| (c.id, s.token)).collect();
     let token = lease_token(SystemTime::now(), q.spec.lease_secs);
-    let renewed = q
-        .conn("renew")
-        .and_then(|mut conn| q.dialect.lease_renew(&mut **conn, &q.spec, token, &pairs).map_err(q.err("renew")));
+    let renewed = q.conn("renew").and_then(|mut conn| {
+        q.dialect
+            .lease_renew(&mut **conn, &q.spec, token, &pairs)
+            .map_err(q.err("renew"))
+    });
     match renewed {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();
@@ -178,7 +192,11 @@ fn renew_chunk(ctx: &Ctx, chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseSta
                 if ids.contains(&cell.id) {
                     state.token = token;
                 } else {
-                    log::warn!("table {}: lease of row {} was lost before renewal", q.spec.name, cell.id);
+                    log::warn!(
+                        "table {}: lease of row {} was lost before renewal",
+                        q.spec.name,
+                        cell.id
+                    );
                 }
             }
         }

@@ -19,7 +19,14 @@ struct State {
 
 impl Slots {
     pub fn new(capacity: usize) -> Self {
-        Slots { state: Mutex::new(State { free: capacity, closed: false }), cv: Condvar::new(), capacity }
+        Slots {
+            state: Mutex::new(State {
+                free: capacity,
+                closed: false,
+            }),
+            cv: Condvar::new(),
+            capacity,
+        }
     }
 
     /// Blocks until at least one slot is free, then takes up to `max`. `None` once closed.
