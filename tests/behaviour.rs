@@ -1,23 +1,571 @@
-//! The behaviour suite, run for every database x form that supports it.
+//! The behaviour suite, run for every database x form that supports it: claim and settle,
+//! attempts, the drop policy, scheduling, dead letters, the `next_delivery` family,
+//! backpressure, and publishing.
 
 mod common;
 
-use std::time::Duration;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::Db;
-use sqlbroker::{Form, Message};
+use common::{Db, Live};
+use sqlbroker::{BrokerError, Delivery, Form, Message, NextError, Subscription, Table, Value};
+
+const LEASE: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(10);
+
+fn msg(body: &str, k: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("k", k)
+}
+
+fn next(sub: &Subscription) -> Delivery {
+    match sub.next_delivery_timeout(WAIT) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "no delivery within {WAIT:?}: {e} (last error: {:?})",
+            sub.last_error()
+        ),
+    }
+}
+
+/// The attempt a row reads after a delivery of it was abandoned (dropped, crashed): the row lock
+/// form counts attempts at settlement, so an abandoned one is not spent.
+fn after_abandon(form: Form, attempt: u32) -> u32 {
+    if form == Form::RowLock {
+        attempt
+    } else {
+        attempt + 1
+    }
+}
+
+fn floor_secs(t: SystemTime) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(t.duration_since(UNIX_EPOCH).unwrap().as_secs())
+}
 
 fn claim_then_ack(db: Db, form: Form) {
-    let Some(broker) = common::broker(db) else { return };
-    let t = common::table(&broker, form, Duration::from_secs(30));
-    broker.publish(&t, Message::new(b"one".to_vec()).set("k", "a")).unwrap();
-    let sub = broker.subscription(&t).start().unwrap();
-    let d = sub.next_delivery_timeout(Duration::from_secs(10)).expect("a delivery");
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("one", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
     assert_eq!(d.payload(), b"one");
     assert_eq!(d.attempt(), 1);
     assert_eq!(d.get("k").and_then(|v| v.as_str()), Some("a"));
+    assert_eq!(d.get("not_a_column"), None);
+    assert_eq!(d.table(), t.name());
     d.ack().unwrap();
-    assert!(sub.next_delivery_timeout(Duration::from_millis(600)).is_err(), "acked row came back");
+    assert_eq!(live.rows(&t), 0, "ack deletes the row");
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(600))
+            .is_err(),
+        "acked row came back"
+    );
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db_form!(claim_then_ack);
+
+/// Attempts read 1, 2, 3 across retries, in every form.
+fn attempts_count_across_retries(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("r", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    let id = d.id();
+    assert_eq!(d.attempt(), 1);
+    d.retry().unwrap();
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (id, 2));
+    d.retry().unwrap();
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (id, 3));
+    assert_eq!(d.payload(), b"r");
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(attempts_count_across_retries);
+
+/// Dropping an unsettled delivery returns its row at once (row lock: rollback, no attempt spent;
+/// lease and advisory: attempt spent), also after its subscription is gone, and never panics.
+fn drop_unsettled_returns_row_at_once(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("d", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    let id = d.id();
+    assert_eq!(d.attempt(), 1);
+    drop(d);
+    // At once: well within the 30 s lease.
+    let d = sub
+        .next_delivery_timeout(Duration::from_secs(3))
+        .expect("dropped row back at once");
+    assert_eq!(d.id(), id);
+    assert_eq!(d.attempt(), after_abandon(form, 1));
+
+    // Dropped after its subscription is gone: still returned, on another broker at once.
+    // (`shutdown` joins the claim workers; a subscription merely dropped may still finish a
+    // claim in progress, which would count an attempt of its own.)
+    sub.shutdown(Duration::ZERO).unwrap();
+    drop(d);
+    let other = live.connect();
+    let sub = other.subscription(&t).start().unwrap();
+    let d = sub
+        .next_delivery_timeout(Duration::from_secs(3))
+        .expect("row back after a late drop");
+    assert_eq!(d.id(), id);
+    assert_eq!(d.attempt(), after_abandon(form, after_abandon(form, 1)));
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(drop_unsettled_returns_row_at_once);
+
+/// Waits until (nearly) `due` and asserts nothing was delivered meanwhile.
+fn nothing_before(sub: &Subscription, due: SystemTime) {
+    let left = due.duration_since(SystemTime::now()).unwrap_or_default();
+    let window = left.saturating_sub(Duration::from_millis(150));
+    assert!(
+        window >= Duration::from_millis(500),
+        "too little time left to observe ({left:?})"
+    );
+    assert_eq!(
+        sub.next_delivery_timeout(window).err(),
+        Some(NextError::Timeout),
+        "delivered before it was due"
+    );
+}
+
+/// `deliver_after(2 s)`: not claimed before it is due, claimed after.
+fn deliver_after_waits_until_due(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let before = SystemTime::now();
+    live.broker
+        .publish(&t, msg("later", "a").deliver_after(Duration::from_secs(2)))
+        .unwrap();
+    // Due at ceil(publish time + 2 s) >= ceil(before + 2 s).
+    let due = common::ceil_secs(before + Duration::from_secs(2));
+    nothing_before(&sub, due);
+    let d = next(&sub);
+    let got = SystemTime::now();
+    assert!(
+        got >= due,
+        "delivered at {got:?}, before it was due at {due:?}"
+    );
+    assert_eq!((d.payload(), d.attempt()), (&b"later"[..], 1));
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(deliver_after_waits_until_due);
+
+/// `retry_after(2 s)`: not claimed again before it is due, claimed after with the next attempt.
+fn retry_after_waits_until_due(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("again", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    let id = d.id();
+    let before = SystemTime::now();
+    d.retry_after(Duration::from_secs(2)).unwrap();
+    let due = common::ceil_secs(before + Duration::from_secs(2));
+    nothing_before(&sub, due);
+    let d = next(&sub);
+    let got = SystemTime::now();
+    assert!(
+        got >= due,
+        "redelivered at {got:?}, before it was due at {due:?}"
+    );
+    assert_eq!((d.id(), d.attempt()), (id, 2));
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(retry_after_waits_until_due);
+
+/// `dead_letter` takes the row out of the queue for good; `dead_letters` lists it with its reason
+/// and time; `requeue_dead` puts it back and it is delivered again.
+fn dead_letters_and_requeue(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("poison", "a")).unwrap();
+    live.broker.publish(&t, msg("fine", "b")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    // One at a time: the row lock and server advisory forms hand out one row per worker.
+    let (mut id, mut before, mut after) = (None, SystemTime::now(), SystemTime::now());
+    for _ in 0..2 {
+        let d = next(&sub);
+        if d.payload() == b"poison" {
+            id = Some(d.id());
+            before = SystemTime::now();
+            d.dead_letter("bad json at byte 3").unwrap();
+            after = SystemTime::now();
+        } else {
+            d.ack().unwrap();
+        }
+    }
+    let id = id.expect("the poison row was delivered");
+
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(1200)).err(),
+        Some(NextError::Timeout),
+        "a dead letter was delivered again"
+    );
+    assert_eq!(live.rows(&t), 1, "the dead letter stays in the table");
+    let dead = live.broker.dead_letters(&t, 10).unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let dl = &dead[0];
+    assert_eq!(dl.id, id);
+    assert_eq!(dl.reason, "bad json at byte 3");
+    assert_eq!(dl.payload, b"poison");
+    assert_eq!(dl.attempts, 1, "the dead-lettered attempt is counted");
+    assert_eq!(dl.get("k"), Some(&Value::Text("a".into())));
+    assert!(
+        dl.dead_at >= floor_secs(before) && dl.dead_at <= after,
+        "dead_at {:?} not in [{before:?}, {after:?}]",
+        dl.dead_at
+    );
+
+    assert!(
+        !live.broker.requeue_dead(&t, id + 1_000_000).unwrap(),
+        "requeued a row that does not exist"
+    );
+    assert!(live.broker.requeue_dead(&t, id).unwrap());
+    assert!(
+        !live.broker.requeue_dead(&t, id).unwrap(),
+        "requeued a row that is not dead"
+    );
+    assert!(live.broker.dead_letters(&t, 10).unwrap().is_empty());
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt(), d.payload()), (id, 2, &b"poison"[..]));
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(dead_letters_and_requeue);
+
+/// `next_delivery_timeout` and `try_next_delivery` time out on an empty queue; after `close`,
+/// `next_delivery` is `None` and the others are `Closed`, even with rows in the table.
+fn next_family_timeout_and_closed(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(300)).err(),
+        Some(NextError::Timeout)
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(290),
+        "returned before its timeout"
+    );
+    assert_eq!(sub.try_next_delivery().err(), Some(NextError::Timeout));
+    assert!(!sub.is_closed());
+
+    sub.close();
+    assert!(sub.is_closed());
+    live.broker.publish(&t, msg("x", "a")).unwrap();
+    assert!(sub.next_delivery().is_none());
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(500)).err(),
+        Some(NextError::Closed)
+    );
+    assert_eq!(sub.try_next_delivery().err(), Some(NextError::Closed));
+    assert!(sub.iter().next().is_none());
+    assert_eq!(sub.in_flight(), 0);
+    sub.shutdown(Duration::from_secs(1)).unwrap();
+    // The row is still there for the next subscription.
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    assert_eq!(d.attempt(), 1);
+    d.ack().unwrap();
+}
+per_db_form!(next_family_timeout_and_closed);
+
+/// A handler thread blocked in `iter()` ends when another thread closes the subscription.
+fn iter_ends_after_close_from_another_thread(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let sub = Arc::new(live.broker.subscription(&t).start().unwrap());
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let handler = {
+        let sub = sub.clone();
+        std::thread::spawn(move || {
+            let mut n = 0;
+            for d in sub.iter() {
+                d.ack().unwrap();
+                n += 1;
+            }
+            let _ = tx.send(n);
+        })
+    };
+    let msgs: Vec<Message> = (0..3).map(|i| msg("i", &format!("k{i}"))).collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    assert!(
+        common::wait_for(WAIT, || live.rows(&t) == 0),
+        "the handler did not ack the rows"
+    );
+    // The handler is now blocked waiting for more.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "iter ended while open"
+    );
+    sub.close();
+    let n = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("iter() did not end after close()");
+    assert_eq!(n, 3);
+    handler.join().unwrap();
+}
+per_db_form!(iter_ends_after_close_from_another_thread);
+
+/// Rows claimed but not handed out go back when the subscription closes: another subscription
+/// gets them at once (well within the lease).
+fn close_returns_unconsumed_rows(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let msgs: Vec<Message> = (0..5).map(|i| msg("c", &format!("k{i}"))).collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .max_in_flight(3)
+        .start()
+        .unwrap();
+    assert!(
+        common::wait_for(WAIT, || sub.in_flight() == 3),
+        "in flight: {}",
+        sub.in_flight()
+    );
+    sub.close();
+    assert_eq!(sub.in_flight(), 0, "close did not return the claimed rows");
+    let other = live.connect();
+    let sub2 = other.subscription(&t).max_in_flight(5).start().unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(
+            sub2.next_delivery_timeout(Duration::from_secs(3))
+                .expect("row back at once after close"),
+        );
+    }
+    let ids: HashSet<i64> = got.iter().map(Delivery::id).collect();
+    assert_eq!(ids.len(), 5);
+    let spent = got.iter().filter(|d| d.attempt() == 2).count();
+    let first = got.iter().filter(|d| d.attempt() == 1).count();
+    if form == Form::RowLock {
+        assert_eq!((first, spent), (5, 0));
+    } else {
+        assert_eq!(
+            (first, spent),
+            (2, 3),
+            "the 3 rows claimed by the closed subscription spent an attempt"
+        );
+    }
+    for d in got {
+        d.ack().unwrap();
+    }
+    assert_eq!(live.rows(&t), 0);
+}
+per_db_form!(close_returns_unconsumed_rows);
+
+/// Rows of `t` the database shows as held by a claim.
+fn held_rows(live: &Live, t: &Table, form: Form) -> i64 {
+    match form {
+        Form::Lease => live.rows_where(t, "locked_until IS NOT NULL"),
+        Form::AdvisoryLock => live.rows_where(t, "attempts > 0"),
+        _ => {
+            let free = live
+                .ints(&format!(
+                    "SELECT id FROM {} FOR UPDATE SKIP LOCKED",
+                    t.name()
+                ))
+                .len() as i64;
+            live.rows(t) - free
+        }
+    }
+}
+
+/// With `max_in_flight(2)`, never more than 2 rows are claimed and unsettled, and only 2 are
+/// handed out while none is settled, however many workers there are.
+fn backpressure_max_in_flight(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let msgs: Vec<Message> = (0..10).map(|i| msg("b", &format!("k{i}"))).collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    let sub = Arc::new(
+        live.broker
+            .subscription(&t)
+            .workers(4)
+            .max_in_flight(2)
+            .start()
+            .unwrap(),
+    );
+    let (stop, max_seen) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let monitor = {
+        let (sub, stop, max_seen) = (sub.clone(), stop.clone(), max_seen.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                max_seen.fetch_max(sub.in_flight(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let d1 = next(&sub);
+    let d2 = next(&sub);
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(800)).err(),
+        Some(NextError::Timeout),
+        "a third row was handed out while two were unsettled"
+    );
+    assert_eq!(sub.in_flight(), 2);
+    assert_eq!(
+        held_rows(&live, &t, form),
+        2,
+        "the database shows more than 2 rows claimed"
+    );
+    let mut ids: HashSet<i64> = [d1.id(), d2.id()].into();
+    d1.ack().unwrap();
+    let mut pending = vec![d2];
+    while ids.len() < 10 {
+        let d = next(&sub);
+        assert!(ids.insert(d.id()), "row {} delivered twice", d.id());
+        pending.push(d);
+        assert!(sub.in_flight() <= 2);
+        pending.remove(0).ack().unwrap();
+    }
+    for d in pending {
+        d.ack().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    monitor.join().unwrap();
+    assert!(
+        max_seen.load(Ordering::Relaxed) <= 2,
+        "in_flight reached {}",
+        max_seen.load(Ordering::Relaxed)
+    );
+    assert_eq!(live.rows(&t), 0);
+}
+per_db_form!(backpressure_max_in_flight);
+
+/// An SQL expression: the payload read as text.
+fn payload_text(db: Db) -> &'static str {
+    match db {
+        Db::Postgres => "convert_from(payload, 'UTF8')",
+        Db::Mysql => "CAST(payload AS CHAR)",
+        Db::Sqlite => "CAST(payload AS TEXT)",
+    }
+}
+
+/// `publish_batch` of 5,000 messages lands every row with its own payload and values.
+fn publish_batch_lands_all(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, LEASE);
+    let msgs: Vec<Message> = (0..5000)
+        .map(|i| msg(&format!("m{i}"), &format!("m{i}")))
+        .collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    assert_eq!(live.rows(&t), 5000);
+    assert_eq!(
+        live.int(&format!("SELECT COUNT(DISTINCT k) FROM {}", t.name())),
+        5000
+    );
+    assert_eq!(
+        live.rows_where(&t, &format!("{} = k", payload_text(db))),
+        5000,
+        "payloads and values mixed up"
+    );
+    assert_eq!(
+        live.rows_where(&t, "attempts = 0 AND dead_at IS NULL"),
+        5000
+    );
+    live.broker.publish_batch(&t, Vec::new()).unwrap();
+    assert_eq!(live.rows(&t), 5000);
+}
+per_db!(publish_batch_lands_all);
+
+/// A batch too wide for one statement goes in chunks, in one transaction: all rows land, and a
+/// failure in the last chunk leaves none of the batch.
+fn publish_batch_in_chunks_all_or_nothing(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    // 33 parameters a row: 5,000 rows need several statements on every database.
+    let mut t = Table::new(name.as_str()).text_column("k");
+    for c in 0..31 {
+        t = t.int_column(format!("c{c}"));
+    }
+    let t = live.create(t.lease(LEASE));
+    let batch = |bad: Option<usize>| -> Vec<Message> {
+        (0..5000usize)
+            .map(|i| {
+                let mut m = Message::new(format!("w{i}").into_bytes()).set("k", format!("w{i}"));
+                for c in 0..31 {
+                    m = m.set(format!("c{c}"), (i * c) as i64);
+                }
+                if Some(i) == bad {
+                    m = m.set("k", if db == Db::Postgres { "bo\0om" } else { "boom" });
+                }
+                m
+            })
+            .collect()
+    };
+    live.broker.publish_batch(&t, batch(None)).unwrap();
+    assert_eq!(live.rows(&t), 5000);
+    let expected: i64 = (0..5000i64).map(|i| i * 30).sum();
+    let sum = if db == Db::Postgres {
+        "SUM(c30)::bigint"
+    } else {
+        "SUM(c30)"
+    };
+    assert_eq!(live.int(&format!("SELECT {sum} FROM {name}")), expected);
+    assert_eq!(
+        live.rows_where(&t, &format!("{} = k", payload_text(db))),
+        5000
+    );
+
+    // A row of the last chunk fails on the server: nothing of the batch stays.
+    match db {
+        // PostgreSQL text cannot hold a NUL byte: the server refuses the row.
+        Db::Postgres => {}
+        Db::Sqlite => live.exec(&format!(
+            "CREATE TRIGGER {name}_boom BEFORE INSERT ON {name} WHEN NEW.k = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )),
+        Db::Mysql => live.exec(&format!(
+            "CREATE TRIGGER {name}_boom BEFORE INSERT ON {name} FOR EACH ROW \
+             BEGIN IF NEW.k = 'boom' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom'; END IF; END"
+        )),
+    }
+    let err = live
+        .broker
+        .publish_batch(&t, batch(Some(4990)))
+        .expect_err("the bad row was accepted");
+    assert!(matches!(err, BrokerError::Database { .. }), "{err:?}");
+    assert_eq!(live.rows(&t), 5000, "a failed batch left rows behind");
+}
+per_db!(publish_batch_in_chunks_all_or_nothing);
+
+/// A message setting a column the table does not describe is refused, and nothing is inserted.
+fn invalid_message_inserts_nothing(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, LEASE);
+    let bad = || Message::new(b"x".to_vec()).set("k", "a").set("nope", 1);
+    let e = live
+        .broker
+        .publish(&t, bad())
+        .expect_err("accepted a column the table does not describe");
+    assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+    let e = live
+        .broker
+        .publish_batch(&t, vec![msg("good", "a"), bad()])
+        .expect_err("accepted a bad batch");
+    assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+    assert_eq!(live.rows(&t), 0);
+    live.broker.publish(&t, msg("good", "a")).unwrap();
+    assert_eq!(live.rows(&t), 1);
+}
+per_db!(invalid_message_inserts_nothing);

@@ -1,10 +1,16 @@
 //! Live-server test harness: URLs from the environment, a loud skip (or a failure with
 //! `SQLBROKER_REQUIRE_SERVERS=1`) when a server is not reachable, and tables of their own per
 //! test so tests run in parallel.
+//!
+//! [`Live`] is what a test holds: a broker on one database, the tables the test made (dropped
+//! when it goes out of scope: `DROP TABLE` on the servers, the database file on SQLite), and
+//! direct SQL that bypasses the library (the `postgres` / `rusqlite` / `mysql` crates) so a test
+//! can check the table itself.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlbroker::{Broker, Form, Table};
 
@@ -37,7 +43,10 @@ pub fn url(db: Db) -> Option<String> {
         Db::Mysql => ("SQLBROKER_MYSQL_URL", MYSQL_DEFAULT),
     };
     let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
-    match Broker::builder(&url).connection_timeout(Duration::from_secs(5)).build() {
+    match Broker::builder(&url)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+    {
         Ok(_) => Some(url),
         Err(e) => {
             if require_servers() {
@@ -49,7 +58,8 @@ pub fn url(db: Db) -> Option<String> {
     }
 }
 
-/// A broker on `db`, or `None` when the test must be skipped.
+/// A broker on `db`, or `None` when the test must be skipped. Prefer [`live`], which also drops
+/// the test's tables.
 pub fn broker(db: Db) -> Option<Broker> {
     url(db).map(|u| Broker::connect(&u).expect("connect"))
 }
@@ -57,20 +67,34 @@ pub fn broker(db: Db) -> Option<Broker> {
 /// A name no other test (or test process) uses.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{prefix}_{}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), nanos % 100_000)
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos % 100_000
+    )
 }
 
-/// A table of `form` with a text column `k`, a name of its own, created on `broker`.
-/// Lease tables get `lease`.
-pub fn table(broker: &Broker, form: Form, lease: Duration) -> Table {
-    let name = unique("t");
+/// The standard test table description: a text column `k`; lease tables get `lease`; advisory
+/// tables lock `"<name>-{k}"`, a key no other test uses (keys belong to the database, so a
+/// shared template would make parallel tests wait for each other).
+pub fn describe(name: &str, form: Form, lease: Duration) -> Table {
     let t = Table::new(name).text_column("k");
-    let t = match form {
+    match form {
         Form::Lease => t.lease(lease),
-        Form::AdvisoryLock => t.advisory_lock("key-{k}"),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{k}}")),
         _ => t,
-    };
+    }
+}
+
+/// A table of `form` ([`describe`]) with a name of its own, created on `broker`. Not dropped at
+/// the end: prefer [`Live::table`].
+pub fn table(broker: &Broker, form: Form, lease: Duration) -> Table {
+    let t = describe(&unique("t"), form, lease);
     broker.create_table(&t).expect("create table");
     t
 }
@@ -87,7 +111,228 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// Runs a test body for each database x form, named `<name>_<db>_<form>`. Unsupported pairs
+/// `t` rounded up to a whole second (the library's time rules, for exact lower bounds).
+pub fn ceil_secs(t: SystemTime) -> SystemTime {
+    let d = t.duration_since(UNIX_EPOCH).unwrap();
+    UNIX_EPOCH + Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+/// One test's hold on a live database: a broker, the tables it made, and direct SQL.
+/// Dropping it drops the tables (servers) or removes the database file (SQLite).
+pub struct Live {
+    pub db: Db,
+    pub url: String,
+    pub broker: Broker,
+    tables: Mutex<Vec<String>>,
+}
+
+/// A [`Live`] on `db`, or `None` when the test must be skipped.
+pub fn live(db: Db) -> Option<Live> {
+    let url = url(db)?;
+    let broker = Broker::connect(&url).expect("connect");
+    Some(Live {
+        db,
+        url,
+        broker,
+        tables: Mutex::new(Vec::new()),
+    })
+}
+
+impl Live {
+    /// A table of `form` ([`describe`]) with a name of its own, created, dropped at the end.
+    pub fn table(&self, form: Form, lease: Duration) -> Table {
+        self.create(describe(&unique("t"), form, lease))
+    }
+
+    /// Creates `t` with the library and drops it at the end.
+    pub fn create(&self, t: Table) -> Table {
+        self.track(t.name());
+        self.broker.create_table(&t).expect("create table");
+        t
+    }
+
+    /// Drops the table `name` at the end (one created some other way).
+    pub fn track(&self, name: &str) {
+        self.tables.lock().unwrap().push(name.to_string());
+    }
+
+    /// Another broker on the same database, with a pool of its own (as another process would
+    /// have).
+    pub fn connect(&self) -> Broker {
+        Broker::connect(&self.url).expect("connect")
+    }
+
+    /// Runs `sql` directly, bypassing the library.
+    pub fn exec(&self, sql: &str) {
+        exec(self.db, &self.url, sql)
+    }
+
+    /// The first column of every row `sql` returns, as integers, bypassing the library.
+    pub fn ints(&self, sql: &str) -> Vec<Option<i64>> {
+        ints(self.db, &self.url, sql)
+    }
+
+    /// The integer `sql` returns in its first row and column (`SELECT COUNT(*) ..`).
+    pub fn int(&self, sql: &str) -> i64 {
+        match self.ints(sql).first() {
+            Some(Some(n)) => *n,
+            other => panic!("{sql:?} returned {other:?}, not an integer"),
+        }
+    }
+
+    /// Rows in the table (live, in work, and dead-lettered), counted directly.
+    pub fn rows(&self, t: &Table) -> i64 {
+        self.int(&format!("SELECT COUNT(*) FROM {}", t.name()))
+    }
+
+    /// Rows of the table matching `cond`, counted directly.
+    pub fn rows_where(&self, t: &Table, cond: &str) -> i64 {
+        self.int(&format!("SELECT COUNT(*) FROM {} WHERE {cond}", t.name()))
+    }
+
+    /// True if a table named exactly `name` exists in the test database.
+    pub fn table_exists(&self, name: &str) -> bool {
+        let lit = name.replace('\'', "''");
+        let sql = match self.db {
+            Db::Postgres => format!(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = '{lit}'"
+            ),
+            Db::Mysql => format!(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = database() AND table_name = '{lit}'"
+            ),
+            Db::Sqlite => format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{lit}'"),
+        };
+        self.int(&sql) > 0
+    }
+
+    /// Every table in the test database (on SQLite, the test's own file).
+    pub fn table_count(&self) -> i64 {
+        let sql = match self.db {
+            Db::Postgres => "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+            Db::Mysql => "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = database()",
+            Db::Sqlite => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'",
+        };
+        self.int(sql)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let tables = std::mem::take(&mut *self.tables.lock().unwrap_or_else(|e| e.into_inner()));
+        match self.db {
+            Db::Sqlite => {
+                if let Some(path) = self.url.strip_prefix("sqlite:") {
+                    for suffix in ["", "-wal", "-shm"] {
+                        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+                    }
+                }
+            }
+            Db::Postgres | Db::Mysql => {
+                for t in tables {
+                    let sql = match self.db {
+                        Db::Postgres => {
+                            format!("SET lock_timeout = '10s'; DROP TABLE IF EXISTS \"{t}\"")
+                        }
+                        _ => format!(
+                            "SET SESSION lock_wait_timeout = 10; DROP TABLE IF EXISTS `{t}`"
+                        ),
+                    };
+                    if let Err(e) = try_exec(self.db, &self.url, &sql) {
+                        eprintln!("warning: could not drop test table {t}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `sql` (one or more statements) directly on the database behind `url`.
+pub fn exec(db: Db, url: &str, sql: &str) {
+    if let Err(e) = try_exec(db, url, sql) {
+        panic!("{sql:?} failed: {e}");
+    }
+}
+
+fn try_exec(db: Db, url: &str, sql: &str) -> Result<(), String> {
+    match db {
+        #[cfg(feature = "postgres")]
+        Db::Postgres => {
+            let mut c =
+                postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
+            c.batch_execute(sql).map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "mysql")]
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(url).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            c.query_drop(sql).map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "sqlite")]
+        Db::Sqlite => {
+            let c = sqlite_conn(url)?;
+            c.execute_batch(sql).map_err(|e| e.to_string())
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(format!("{db:?} is not compiled in")),
+    }
+}
+
+/// The first column of every row `sql` returns, as integers (NULL as `None`).
+pub fn ints(db: Db, url: &str, sql: &str) -> Vec<Option<i64>> {
+    match try_ints(db, url, sql) {
+        Ok(v) => v,
+        Err(e) => panic!("{sql:?} failed: {e}"),
+    }
+}
+
+fn try_ints(db: Db, url: &str, sql: &str) -> Result<Vec<Option<i64>>, String> {
+    match db {
+        #[cfg(feature = "postgres")]
+        Db::Postgres => {
+            let mut c =
+                postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
+            let rows = c.query(sql, &[]).map_err(|e| e.to_string())?;
+            rows.iter()
+                .map(|r| {
+                    r.try_get::<_, Option<i64>>(0)
+                        .or_else(|_| r.try_get::<_, Option<i32>>(0).map(|v| v.map(i64::from)))
+                        .or_else(|_| r.try_get::<_, Option<i16>>(0).map(|v| v.map(i64::from)))
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
+        }
+        #[cfg(feature = "mysql")]
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(url).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            c.query::<Option<i64>, _>(sql).map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "sqlite")]
+        Db::Sqlite => {
+            let c = sqlite_conn(url)?;
+            let mut st = c.prepare(sql).map_err(|e| e.to_string())?;
+            let rows = st
+                .query_map([], |r| r.get::<_, Option<i64>>(0))
+                .map_err(|e| e.to_string())?;
+            rows.map(|r| r.map_err(|e| e.to_string())).collect()
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(format!("{db:?} is not compiled in")),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_conn(url: &str) -> Result<rusqlite::Connection, String> {
+    let path = url.strip_prefix("sqlite:").ok_or("not a sqlite url")?;
+    let c = rusqlite::Connection::open(path).map_err(|e| e.to_string())?;
+    c.busy_timeout(Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+/// Runs a test body for each database x form, named `<name>::<db>_<form>`. Unsupported pairs
 /// (row lock on SQLite) are left out.
 #[macro_export]
 macro_rules! per_db_form {
@@ -95,24 +340,63 @@ macro_rules! per_db_form {
         mod $body {
             use super::*;
             #[test]
-            fn sqlite_lease() { super::$body(common::Db::Sqlite, sqlbroker::Form::Lease) }
+            fn sqlite_lease() {
+                super::$body(common::Db::Sqlite, sqlbroker::Form::Lease)
+            }
             #[test]
-            fn sqlite_advisory() { super::$body(common::Db::Sqlite, sqlbroker::Form::AdvisoryLock) }
+            fn sqlite_advisory() {
+                super::$body(common::Db::Sqlite, sqlbroker::Form::AdvisoryLock)
+            }
             #[test]
-            fn postgres_row_lock() { super::$body(common::Db::Postgres, sqlbroker::Form::RowLock) }
+            fn postgres_row_lock() {
+                super::$body(common::Db::Postgres, sqlbroker::Form::RowLock)
+            }
             #[test]
-            fn postgres_lease() { super::$body(common::Db::Postgres, sqlbroker::Form::Lease) }
+            fn postgres_lease() {
+                super::$body(common::Db::Postgres, sqlbroker::Form::Lease)
+            }
             #[test]
-            fn postgres_advisory() { super::$body(common::Db::Postgres, sqlbroker::Form::AdvisoryLock) }
+            fn postgres_advisory() {
+                super::$body(common::Db::Postgres, sqlbroker::Form::AdvisoryLock)
+            }
             #[cfg(feature = "mysql")]
             #[test]
-            fn mysql_row_lock() { super::$body(common::Db::Mysql, sqlbroker::Form::RowLock) }
+            fn mysql_row_lock() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::RowLock)
+            }
             #[cfg(feature = "mysql")]
             #[test]
-            fn mysql_lease() { super::$body(common::Db::Mysql, sqlbroker::Form::Lease) }
+            fn mysql_lease() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::Lease)
+            }
             #[cfg(feature = "mysql")]
             #[test]
-            fn mysql_advisory() { super::$body(common::Db::Mysql, sqlbroker::Form::AdvisoryLock) }
+            fn mysql_advisory() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::AdvisoryLock)
+            }
+        }
+    };
+}
+
+/// Runs a test body for each database, named `<name>::<db>`.
+#[macro_export]
+macro_rules! per_db {
+    ($body:ident) => {
+        mod $body {
+            use super::*;
+            #[test]
+            fn sqlite() {
+                super::$body(common::Db::Sqlite)
+            }
+            #[test]
+            fn postgres() {
+                super::$body(common::Db::Postgres)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql() {
+                super::$body(common::Db::Mysql)
+            }
         }
     };
 }

@@ -1,0 +1,210 @@
+//! A real crash: a child process (this test binary, re-executed) claims a row and is killed with
+//! SIGKILL while it holds it. What returns the row, and when, is the form's promise:
+//! - row lock: the database rolls the transaction back: the row is back at once, attempt 1
+//!   (the crash spent no attempt);
+//! - lease: the row stays leased until the lease expires, then comes back with attempt 2;
+//! - advisory: the session ends and its key is released: back at once, attempt 2.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::Db;
+use sqlbroker::{Broker, Form, Message, NextError, Table};
+
+/// Carries `<form>\t<table>\t<url>` to the child.
+const CHILD_ENV: &str = "SQLBROKER_CRASH_CHILD";
+const LEASE: Duration = Duration::from_secs(2);
+
+fn form_name(form: Form) -> &'static str {
+    match form {
+        Form::RowLock => "row_lock",
+        Form::Lease => "lease",
+        _ => "advisory",
+    }
+}
+
+fn form_from(name: &str) -> Form {
+    match name {
+        "row_lock" => Form::RowLock,
+        "lease" => Form::Lease,
+        "advisory" => Form::AdvisoryLock,
+        other => panic!("unknown form {other:?}"),
+    }
+}
+
+/// The table both processes describe: the same builder on both sides.
+fn crash_table(name: &str, form: Form) -> Table {
+    common::describe(name, form, LEASE)
+}
+
+/// The child half of the crash tests: does nothing unless `SQLBROKER_CRASH_CHILD` is set. Then it
+/// claims one delivery from the table it names, prints `CLAIMED <id> <attempt> <millis>` (the
+/// time, in Unix milliseconds, just before it started its subscription: no claim can be older),
+/// and blocks holding the delivery until it is killed (or its stdin closes: the parent is gone).
+#[test]
+fn crash_child_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut parts = spec.splitn(3, '\t');
+    let (form, name, url) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let broker = Broker::connect(url).expect("child: connect");
+    let t = crash_table(name, form_from(form));
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let sub = broker.subscription(&t).start().expect("child: start");
+    let d = sub
+        .next_delivery_timeout(Duration::from_secs(30))
+        .expect("child: no delivery");
+    let mut out = std::io::stdout();
+    writeln!(out, "\nCLAIMED {} {} {started}", d.id(), d.attempt()).unwrap();
+    out.flush().unwrap();
+    // Hold the delivery until killed. Should the parent die first, its end of stdin closes.
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    std::process::exit(3);
+}
+
+/// Kills the child if the parent's test fails before it does.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the child on `t` and waits for it to claim: `(id, attempt, earliest claim time)`.
+fn spawn_claiming_child(url: &str, t: &Table, form: Form) -> (ChildGuard, i64, u32, SystemTime) {
+    let exe = std::env::current_exe().expect("current exe");
+    let child = Command::new(exe)
+        .args([
+            "crash_child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            format!("{}\t{}\t{url}", form_name(form), t.name()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let mut guard = ChildGuard(child);
+    let stdout = guard.0.stdout.take().unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Some(rest) = line.split("CLAIMED ").nth(1) {
+                let _ = tx.send(rest.to_string());
+                return;
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the child did not claim");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (id, attempt, millis): (i64, u32, u64) = (
+        f[0].parse().unwrap(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+    );
+    (
+        guard,
+        id,
+        attempt,
+        UNIX_EPOCH + Duration::from_millis(millis),
+    )
+}
+
+/// Kills the child with SIGKILL and reaps it.
+fn kill(mut guard: ChildGuard) {
+    guard.0.kill().expect("kill the child");
+    let status = guard.0.wait().expect("reap the child");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the child was not killed by SIGKILL: {status:?}"
+        );
+    }
+    #[cfg(not(unix))]
+    assert!(!status.success());
+}
+
+fn crash_returns_row(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    let t = live.create(crash_table(&name, form));
+    live.broker
+        .publish(&t, Message::new(b"crash".to_vec()).set("k", "a"))
+        .unwrap();
+
+    let (child, id, attempt, earliest_claim) = spawn_claiming_child(&live.url, &t, form);
+    assert_eq!(attempt, 1);
+    kill(child);
+
+    let sub = live.broker.subscription(&t).start().unwrap();
+    match form {
+        Form::Lease => {
+            // The child's lease token is at least ceil(claim time) + lease, and the row is not
+            // claimable before then.
+            let expires = common::ceil_secs(earliest_claim) + LEASE;
+            let left = expires
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            eprintln!("{db:?} lease: {left:?} of the crashed child's lease left to observe");
+            if left > Duration::from_millis(200) {
+                assert_eq!(
+                    sub.next_delivery_timeout(left - Duration::from_millis(150))
+                        .err(),
+                    Some(NextError::Timeout),
+                    "the crashed child's row came back before its lease expired"
+                );
+            }
+            let d = sub
+                .next_delivery_timeout(Duration::from_secs(10))
+                .expect("the row did not come back");
+            let got = SystemTime::now();
+            assert!(
+                got >= expires,
+                "delivered at {got:?}, before the lease expired at {expires:?}"
+            );
+            assert_eq!(
+                (d.id(), d.attempt()),
+                (id, 2),
+                "the crash spent the lease's attempt"
+            );
+            d.ack().unwrap();
+        }
+        _ => {
+            let d = sub
+                .next_delivery_timeout(Duration::from_secs(3))
+                .expect("the row did not come back at once");
+            let expected = if form == Form::RowLock { 1 } else { 2 };
+            assert_eq!((d.id(), d.attempt()), (id, expected));
+            assert_eq!(d.payload(), b"crash");
+            d.ack().unwrap();
+        }
+    }
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(crash_returns_row);

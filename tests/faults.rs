@@ -1,0 +1,157 @@
+//! Faults: the database ends the session that holds a delivery (`pg_terminate_backend`,
+//! MySQL/MariaDB `KILL`). The settlement then fails with a transient error (connection lost),
+//! and the database has returned the row: row lock with no attempt spent (the transaction was
+//! rolled back), advisory with its key released by the session's end.
+//!
+//! One test running its cases one after another, in a test binary of its own, so nothing else
+//! shares its moment (the sessions it looks for are the only ones of their kind).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Db, Live};
+use sqlbroker::{BrokerError, DbErrorKind, Delivery, Form, Message, Subscription, Table};
+
+fn next(sub: &Subscription, wait: Duration) -> Delivery {
+    match sub.next_delivery_timeout(wait) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "no delivery within {wait:?}: {e} (last error: {:?})",
+            sub.last_error()
+        ),
+    }
+}
+
+/// The session holding the delivery of a row of `t`, found from the outside.
+fn holder(live: &Live, t: &Table, form: Form) -> i64 {
+    let name = t.name();
+    let sql = match (live.db, form) {
+        // The row lock claim's transaction stays open: the only session idle in one whose last
+        // statement named this table.
+        (Db::Postgres, Form::RowLock) => format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND state = 'idle in transaction' AND query LIKE '%{name}%'"
+        ),
+        // The session holding the row's advisory key (the 64-bit key is classid:objid).
+        (Db::Postgres, _) => format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('{name}-a', 0)"
+        ),
+        // The session of the open InnoDB transaction that has locked rows.
+        (Db::Mysql, Form::RowLock) => "SELECT p.ID FROM information_schema.processlist p \
+             JOIN information_schema.innodb_trx x ON x.trx_mysql_thread_id = p.ID \
+             WHERE p.DB = DATABASE() AND x.trx_rows_locked > 0"
+            .to_string(),
+        // The session holding the row's GET_LOCK name (`<database>.<key>`).
+        (Db::Mysql, _) => format!(
+            "SELECT p.ID FROM information_schema.processlist p \
+             WHERE p.ID = IS_USED_LOCK(CONCAT(DATABASE(), '.', '{name}-a'))"
+        ),
+        (Db::Sqlite, _) => unreachable!("SQLite has no sessions to kill"),
+    };
+    let ids = live.ints(&sql);
+    assert_eq!(
+        ids.len(),
+        1,
+        "expected one session holding the delivery, found {ids:?}"
+    );
+    ids[0].expect("a session id")
+}
+
+fn kill_session(live: &Live, id: i64) {
+    match live.db {
+        Db::Postgres => {
+            assert_eq!(
+                live.ints(&format!("SELECT pg_terminate_backend({id})::int")),
+                [Some(1)]
+            );
+            let gone = common::wait_for(Duration::from_secs(10), || {
+                live.int(&format!(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {id}"
+                )) == 0
+            });
+            assert!(gone, "backend {id} did not end");
+        }
+        _ => {
+            live.exec(&format!("KILL {id}"));
+            let gone = common::wait_for(Duration::from_secs(10), || {
+                live.int(&format!(
+                    "SELECT COUNT(*) FROM information_schema.processlist WHERE ID = {id}"
+                )) == 0
+            });
+            assert!(gone, "session {id} did not end");
+        }
+    }
+}
+
+/// A delivery whose session is killed: the settlement fails as a lost connection, and the row is
+/// claimable again at once (row lock: attempt 1; advisory: attempt 2).
+fn killed_session(live: &Live, form: Form) {
+    let t = live.table(form, Duration::ZERO);
+    live.broker
+        .publish(&t, Message::new(b"fault".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    let id = d.id();
+    assert_eq!(d.attempt(), 1);
+    let session = holder(live, &t, form);
+    kill_session(live, session);
+
+    // Row lock: a retry, whose attempt count would be committed with it; advisory: an ack.
+    let settled = if form == Form::RowLock {
+        d.retry()
+    } else {
+        d.ack()
+    };
+    let e = settled.expect_err("a settlement on a killed session succeeded");
+    assert!(
+        e.is_transient(),
+        "{:?} {}: not transient: {e:?}",
+        live.db,
+        form.name()
+    );
+    assert!(
+        matches!(
+            e,
+            BrokerError::Database {
+                kind: DbErrorKind::ConnectionLost,
+                ..
+            }
+        ),
+        "{:?} {}: expected a lost connection: {e:?}",
+        live.db,
+        form.name()
+    );
+
+    let d = next(&sub, Duration::from_secs(3));
+    let expected = if form == Form::RowLock { 1 } else { 2 };
+    assert_eq!(
+        (d.id(), d.attempt()),
+        (id, expected),
+        "{:?} {}",
+        live.db,
+        form.name()
+    );
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn killed_sessions_return_their_rows() {
+    let mut dbs = vec![Db::Postgres];
+    if cfg!(feature = "mysql") {
+        dbs.push(Db::Mysql);
+    }
+    for db in dbs {
+        let Some(live) = common::live(db) else {
+            continue;
+        };
+        for form in [Form::RowLock, Form::AdvisoryLock] {
+            killed_session(&live, form);
+        }
+    }
+}

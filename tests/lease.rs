@@ -1,0 +1,122 @@
+//! The lease form's promises: a lease is renewed while its handler runs, however long; a lease
+//! that really expired and was claimed again fences the late holder out (`LeaseLost`, nothing
+//! changed) while the new holder settles normally.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Db;
+use sqlbroker::{BrokerError, Delivery, Form, Message, NextError, Subscription};
+
+fn next(sub: &Subscription, wait: Duration) -> Delivery {
+    match sub.next_delivery_timeout(wait) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "no delivery within {wait:?}: {e} (last error: {:?})",
+            sub.last_error()
+        ),
+    }
+}
+
+/// Subscription A claims three rows with a 1 s lease and stops renewing them
+/// (`shutdown(Duration::ZERO)` with the deliveries still held). Once the leases expire,
+/// subscription B on another broker claims them (attempt 2). A's late ack, dead letter and drop
+/// then change nothing (`LeaseLost`), and B settles all three.
+fn late_settlement_is_lease_lost(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(1));
+    let msgs = (0..3)
+        .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
+        .collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+
+    let a = live.broker.subscription(&t).batch_size(10).start().unwrap();
+    let mut held: Vec<Delivery> = (0..3).map(|_| next(&a, Duration::from_secs(10))).collect();
+    assert!(held.iter().all(|d| d.attempt() == 1));
+    held.sort_by_key(Delivery::id);
+    a.shutdown(Duration::ZERO).unwrap();
+
+    let other = live.connect();
+    let b = other.subscription(&t).batch_size(10).start().unwrap();
+    // The leases expire within ceil(now) + 1 s; B polls until then.
+    let mut taken: Vec<Delivery> = (0..3).map(|_| next(&b, Duration::from_secs(10))).collect();
+    taken.sort_by_key(Delivery::id);
+    for (old, new) in held.iter().zip(&taken) {
+        assert_eq!((new.id(), new.attempt()), (old.id(), 2));
+    }
+
+    let mut held = held.into_iter();
+    let e = held
+        .next()
+        .unwrap()
+        .ack()
+        .expect_err("a late ack succeeded");
+    assert!(e.is_lease_lost(), "{e:?}");
+    assert!(matches!(e, BrokerError::LeaseLost { .. }));
+    let e = held
+        .next()
+        .unwrap()
+        .dead_letter("late")
+        .expect_err("a late dead letter succeeded");
+    assert!(matches!(e, BrokerError::LeaseLost { .. }), "{e:?}");
+    drop(held.next().unwrap()); // a late drop: its release is fenced out too
+    assert_eq!(live.rows(&t), 3, "a late settlement changed the table");
+    assert_eq!(
+        live.rows_where(&t, "locked_until IS NOT NULL AND dead_at IS NULL"),
+        3,
+        "B's leases were touched"
+    );
+    assert!(live.broker.dead_letters(&t, 10).unwrap().is_empty());
+
+    // B still holds all three: nobody else can claim them meanwhile.
+    let c = live.connect().subscription(&t).start().unwrap();
+    assert_eq!(
+        c.next_delivery_timeout(Duration::from_millis(700)).err(),
+        Some(NextError::Timeout)
+    );
+    for d in taken {
+        d.ack().unwrap();
+    }
+    assert_eq!(live.rows(&t), 0);
+    b.shutdown(Duration::from_secs(5)).unwrap();
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(late_settlement_is_lease_lost);
+
+/// A handler holding a 2 s lease for 5 s keeps it: a second subscription polling meanwhile gets
+/// nothing, the row's attempt is not spent again, and the ack succeeds.
+fn renewal_keeps_a_long_handler_lease(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(2));
+    live.broker
+        .publish(&t, Message::new(b"long".to_vec()).set("k", "a"))
+        .unwrap();
+    let a = live.broker.subscription(&t).start().unwrap();
+    let d = next(&a, Duration::from_secs(10));
+    let held_since = Instant::now();
+    assert_eq!(d.attempt(), 1);
+
+    let other = live.connect();
+    let b = other
+        .subscription(&t)
+        .poll_interval(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    assert_eq!(
+        b.next_delivery_timeout(Duration::from_secs(5)).err(),
+        Some(NextError::Timeout),
+        "the lease was lost while its handler ran"
+    );
+    assert!(held_since.elapsed() >= Duration::from_secs(5));
+    assert_eq!(
+        live.rows_where(&t, "attempts = 1"),
+        1,
+        "the row was claimed again"
+    );
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(renewal_keeps_a_long_handler_lease);

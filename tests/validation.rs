@@ -1,0 +1,157 @@
+//! Bad input gets a clear error and changes nothing: a table description carrying SQL in an
+//! identifier, or a template naming an unknown column, is refused by every entry point before
+//! any SQL runs; a row lock table on SQLite is refused at `start()`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Db, Live};
+use sqlbroker::{Broker, BrokerError, Form, Message, Role, Table};
+
+fn expect_invalid_table<T>(what: &str, r: Result<T, BrokerError>) {
+    match r {
+        Err(BrokerError::InvalidTable { .. }) => {}
+        Err(e) => panic!("{what}: expected InvalidTable, got {e:?}"),
+        Ok(_) => panic!("{what}: a bad description was accepted"),
+    }
+}
+
+/// Every way into the database with `bad` returns `InvalidTable`.
+fn refused_everywhere(broker: &Broker, bad: &Table) {
+    let name = bad.name();
+    expect_invalid_table(&format!("create_table({name:?})"), broker.create_table(bad));
+    expect_invalid_table(
+        &format!("publish({name:?})"),
+        broker.publish(bad, Message::new(b"x".to_vec())),
+    );
+    let batch = vec![Message::new(b"x".to_vec())];
+    expect_invalid_table(
+        &format!("publish_batch({name:?})"),
+        broker.publish_batch(bad, batch),
+    );
+    expect_invalid_table(
+        &format!("start({name:?})"),
+        broker.subscription(bad).start(),
+    );
+    expect_invalid_table(
+        &format!("dead_letters({name:?})"),
+        broker.dead_letters(bad, 10),
+    );
+    expect_invalid_table(
+        &format!("requeue_dead({name:?})"),
+        broker.requeue_dead(bad, 1),
+    );
+}
+
+/// On a server: a broker whose only pooled connection is held by a row lock delivery, so any
+/// statement would wait for the pool and fail with `Pool`, not `InvalidTable`: the refusals
+/// below prove that no SQL was even attempted. On SQLite (no row lock), the database file is
+/// the test's own: its table count shows that nothing was created.
+fn bad_descriptions_run_no_sql(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let canary = live.table(Form::Lease, Duration::from_secs(30));
+    live.broker
+        .publish(&canary, Message::new(b"alive".to_vec()).set("k", "a"))
+        .unwrap();
+    let base = common::unique("t");
+
+    let (broker, hold) = match db {
+        Db::Sqlite => (live.connect(), None),
+        _ => {
+            let broker = Broker::builder(&live.url)
+                .pool_size(1)
+                .connection_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let holder = live.create(Table::new(common::unique("t")));
+            broker
+                .publish(&holder, Message::new(b"hold".to_vec()))
+                .unwrap();
+            let sub = broker.subscription(&holder).start().unwrap();
+            let d = sub
+                .next_delivery_timeout(Duration::from_secs(10))
+                .expect("the holder row");
+            // The control: with its only connection held, this broker cannot run a statement.
+            match broker.publish(&canary, Message::new(b"x".to_vec()).set("k", "b")) {
+                Err(BrokerError::Pool { .. }) => {}
+                other => panic!("the held pool still ran a statement: {other:?}"),
+            }
+            (broker, Some((sub, d)))
+        }
+    };
+    let tables_before = live.table_count();
+
+    let injected = format!("{base}; DROP TABLE {}", canary.name());
+    let bad = [
+        Table::new(injected.as_str()),
+        Table::new(format!("{base}\"; DROP TABLE {} --", canary.name())),
+        Table::new(base.as_str()).text_column("a\"b"),
+        Table::new(base.as_str()).column("k`; DROP TABLE x", sqlbroker::ColumnType::Int),
+        Table::new(base.as_str()).rename(Role::Payload, "body; --"),
+        Table::new(base.as_str())
+            .text_column("k")
+            .advisory_lock("acct-{nope}"),
+        Table::new(base.as_str())
+            .text_column("k")
+            .advisory_lock("acct-{k"),
+        Table::new(base.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(5))
+            .advisory_lock("{k}"),
+    ];
+    for t in &bad {
+        refused_everywhere(&broker, t);
+    }
+    // The reasons name what is wrong.
+    match broker.create_table(&bad[5]) {
+        Err(BrokerError::InvalidTable { reason, .. }) => {
+            assert!(reason.contains("nope"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Nothing was created, nothing dropped.
+    assert!(!live.table_exists(&base));
+    assert!(!live.table_exists(&injected));
+    assert!(live.table_exists(canary.name()));
+    assert_eq!(live.rows(&canary), 1);
+    if db == Db::Sqlite {
+        assert_eq!(live.table_count(), tables_before);
+    }
+    if let Some((sub, d)) = hold {
+        d.ack().unwrap();
+        sub.shutdown(Duration::from_secs(5)).unwrap();
+    }
+    check_good_description_still_works(&live, &broker);
+}
+per_db!(bad_descriptions_run_no_sql);
+
+fn check_good_description_still_works(live: &Live, broker: &Broker) {
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    broker
+        .publish(&t, Message::new(b"ok".to_vec()).set("k", "a"))
+        .unwrap();
+    assert_eq!(live.rows(&t), 1);
+}
+
+/// A row lock table on SQLite is refused at `start()` with `Unsupported`.
+#[test]
+fn sqlite_row_lock_is_unsupported() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let t = live.table(Form::RowLock, Duration::ZERO);
+    live.broker
+        .publish(&t, Message::new(b"x".to_vec()).set("k", "a"))
+        .unwrap();
+    match live.broker.subscription(&t).start() {
+        Err(e @ BrokerError::Unsupported { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("SQLite") && msg.contains("row lock"), "{msg}");
+        }
+        Err(e) => panic!("expected Unsupported, got {e:?}"),
+        Ok(_) => panic!("a row lock subscription started on SQLite"),
+    }
+    assert_eq!(live.rows(&t), 1, "the refused subscription touched the row");
+}
