@@ -247,6 +247,41 @@ fn dead_letters_and_requeue(db: Db, form: Form) {
 }
 per_db_form!(dead_letters_and_requeue);
 
+/// `dead_letters` lists the oldest first, at most `limit`, and any `usize` is a limit (none
+/// practical: `usize::MAX`).
+fn dead_letters_oldest_first_and_limited(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        live.broker
+            .publish(&t, msg(&format!("p{i}"), &format!("k{i}")))
+            .unwrap();
+        let d = next(&sub);
+        ids.push(d.id());
+        d.dead_letter(format!("reason {i}")).unwrap();
+    }
+    let two: Vec<i64> = live
+        .broker
+        .dead_letters(&t, 2)
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(two, ids[..2]);
+    assert!(live.broker.dead_letters(&t, 0).unwrap().is_empty());
+    let all = live.broker.dead_letters(&t, usize::MAX);
+    let all: Vec<i64> = all
+        .expect("dead_letters(usize::MAX)")
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(all, ids);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(dead_letters_oldest_first_and_limited);
+
 /// `next_delivery_timeout` and `try_next_delivery` time out on an empty queue; after `close`,
 /// `next_delivery` is `None` and the others are `Closed`, even with rows in the table.
 fn next_family_timeout_and_closed(db: Db, form: Form) {
@@ -569,3 +604,183 @@ fn invalid_message_inserts_nothing(db: Db) {
     assert_eq!(live.rows(&t), 1);
 }
 per_db!(invalid_message_inserts_nothing);
+
+/// Every column type and payload survives publish -> claim -> delivery and the dead letter
+/// list: binary payloads (every byte value, empty, 1 MiB), text with quotes and non-ASCII,
+/// extreme integers, floats, bytes, and NULL for unset columns.
+fn values_round_trip(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    let t = Table::new(name.as_str())
+        .text_column("k")
+        .int_column("n")
+        .float_column("f")
+        .bytes_column("b");
+    let t = match form {
+        Form::Lease => t.lease(LEASE),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{k}}-{{n}}")),
+        _ => t,
+    };
+    let t = live.create(t);
+    let all_bytes: Vec<u8> = (0..=255u8).collect();
+    let text = "h\u{e9}llo \u{2713} 'single' \"double\" \\back`tick` ; -- %_";
+    let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let cases: Vec<(Vec<u8>, Message)> = vec![
+        (
+            all_bytes.clone(),
+            Message::new(all_bytes.clone())
+                .set("k", text)
+                .set("n", i64::MIN)
+                .set("f", -0.25)
+                .set("b", vec![0u8, 255, 10, 13, 0]),
+        ),
+        (
+            Vec::new(),
+            Message::new(Vec::new())
+                .set("k", "max")
+                .set("n", i64::MAX)
+                .set("f", 1.5e300),
+        ),
+        (
+            big.clone(),
+            Message::new(big.clone()).set("k", "big").set("n", 0),
+        ),
+    ];
+    let sub = live.broker.subscription(&t).start().unwrap();
+    for (payload, m) in cases {
+        live.broker.publish(&t, m).unwrap();
+        let d = next(&sub);
+        assert_eq!(d.payload().len(), payload.len());
+        assert!(d.payload() == payload.as_slice(), "payload changed");
+        match d.get("k").and_then(|v| v.as_str()) {
+            Some(k) if k == text => {
+                assert_eq!(d.get("n"), Some(&Value::Int(i64::MIN)));
+                assert_eq!(d.get("f"), Some(&Value::Float(-0.25)));
+                assert_eq!(d.get("b"), Some(&Value::Bytes(vec![0, 255, 10, 13, 0])));
+                if form == Form::AdvisoryLock {
+                    assert_eq!(
+                        d.key(),
+                        Some(format!("{name}-{text}-{}", i64::MIN).as_str())
+                    );
+                }
+                // The dead letter list reads the same values.
+                d.dead_letter("values").unwrap();
+                let dead = live.broker.dead_letters(&t, 10).unwrap();
+                assert_eq!(dead.len(), 1);
+                assert!(dead[0].payload == all_bytes);
+                assert_eq!(dead[0].get("k"), Some(&Value::Text(text.into())));
+                assert_eq!(dead[0].get("n"), Some(&Value::Int(i64::MIN)));
+                assert_eq!(dead[0].get("f"), Some(&Value::Float(-0.25)));
+                assert_eq!(
+                    dead[0].get("b"),
+                    Some(&Value::Bytes(vec![0, 255, 10, 13, 0]))
+                );
+            }
+            Some("max") => {
+                assert_eq!(d.get("n"), Some(&Value::Int(i64::MAX)));
+                assert_eq!(d.get("f"), Some(&Value::Float(1.5e300)));
+                assert_eq!(d.get("b"), Some(&Value::Null), "an unset column reads NULL");
+                d.ack().unwrap();
+            }
+            Some("big") => {
+                assert_eq!(d.get("f"), Some(&Value::Null));
+                d.ack().unwrap();
+            }
+            other => panic!("unexpected k {other:?}"),
+        }
+    }
+    assert_eq!(live.rows(&t), 1);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(values_round_trip);
+
+/// A table whose role columns all have other names (an existing table used as it is) works in
+/// every form: claim, retry, dead letter, requeue, lease renewal, ack.
+fn renamed_roles_work(db: Db, form: Form) {
+    use sqlbroker::Role;
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    let t = Table::new(name.as_str())
+        .text_column("k")
+        .rename(Role::Id, "job_id")
+        .rename(Role::Payload, "body")
+        .rename(Role::Attempts, "tries")
+        .rename(Role::RunAt, "due")
+        .rename(Role::LockedUntil, "lease_end")
+        .rename(Role::DeadAt, "died")
+        .rename(Role::DeadReason, "why");
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(2)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{k}}")),
+        _ => t,
+    };
+    let t = live.create(t);
+    assert_eq!(live.int(&format!("SELECT COUNT(job_id) + COUNT(body) + COUNT(tries) + COUNT(due) + COUNT(died) + COUNT(why) FROM {name}")), 0);
+    live.broker.publish(&t, msg("renamed", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    let id = d.id();
+    assert_eq!((d.attempt(), d.payload()), (1, &b"renamed"[..]));
+    d.retry().unwrap();
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (id, 2));
+    d.dead_letter("renamed roles").unwrap();
+    let dead = live.broker.dead_letters(&t, 10).unwrap();
+    assert_eq!(
+        (dead.len(), dead[0].id, dead[0].reason.as_str()),
+        (1, id, "renamed roles")
+    );
+    assert!(live.broker.requeue_dead(&t, id).unwrap());
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (id, 3));
+    if form == Form::Lease {
+        // Held past its 2 s lease: only renewal (of the renamed column) keeps the subscription's
+        // own worker from claiming it again.
+        std::thread::sleep(Duration::from_millis(3500));
+        assert_eq!(
+            live.rows_where(&t, "tries = 3"),
+            1,
+            "the lease was not renewed"
+        );
+    }
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(renamed_roles_work);
+
+/// `shutdown(grace)` waits for the deliveries handed out to be settled (up to `grace`), and
+/// stops claiming at once: a row published meanwhile stays in the table.
+fn shutdown_waits_for_handed_out_deliveries(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("s", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    let handler = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        d.ack().unwrap();
+    });
+    let t0 = Instant::now();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    // The ack's delete is done before its delivery gives its slot back.
+    assert_eq!(
+        live.rows(&t),
+        0,
+        "shutdown returned before the delivery was settled"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(650));
+    assert!(
+        t0.elapsed() < Duration::from_secs(9),
+        "shutdown waited for its whole grace"
+    );
+    handler.join().unwrap();
+    live.broker.publish(&t, msg("after", "b")).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        live.rows(&t),
+        1,
+        "a shut-down subscription claimed (and settled) a row"
+    );
+}
+per_db_form!(shutdown_waits_for_handed_out_deliveries);

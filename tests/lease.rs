@@ -120,3 +120,47 @@ fn renewal_keeps_a_long_handler_lease(db: Db) {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(renewal_keeps_a_long_handler_lease);
+
+/// Many leases held at once (more than one renewal statement carries) are all renewed: 600 rows
+/// held for twice their 2 s lease, a second subscription polling meanwhile gets none, and every
+/// ack succeeds.
+fn renewal_of_many_leases(db: Db) {
+    const N: usize = 600;
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(2));
+    let msgs = (0..N)
+        .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
+        .collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    let a = live
+        .broker
+        .subscription(&t)
+        .batch_size(100)
+        .max_in_flight(N)
+        .start()
+        .unwrap();
+    let held: Vec<Delivery> = (0..N).map(|_| next(&a, Duration::from_secs(10))).collect();
+    assert!(held.iter().all(|d| d.attempt() == 1));
+    let other = live.connect();
+    let b = other.subscription(&t).batch_size(100).start().unwrap();
+    assert_eq!(
+        b.next_delivery_timeout(Duration::from_secs(4)).err(),
+        Some(NextError::Timeout),
+        "a lease was lost while held"
+    );
+    let lost: Vec<String> = held
+        .into_iter()
+        .filter_map(|d| d.ack().err())
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} acks failed, first: {:?}",
+        lost.len(),
+        lost.first()
+    );
+    assert_eq!(live.rows(&t), 0);
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(renewal_of_many_leases);

@@ -155,3 +155,127 @@ fn sqlite_row_lock_is_unsupported() {
     }
     assert_eq!(live.rows(&t), 1, "the refused subscription touched the row");
 }
+
+/// Runs `f`, turning a panic into a test failure that names `what`.
+fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            panic!("{what} panicked ({msg}); bad input should get a clear error")
+        }
+    }
+}
+
+// Durations too large for a time are bad input: a clear error (or a time saturated far in the
+// future), never a panic, and nothing lost.
+
+/// A message delayed by `Duration::MAX`: refused with nothing inserted, or far from due.
+#[test]
+fn deliver_after_max_is_not_a_panic() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let m = Message::new(b"never".to_vec())
+        .set("k", "a")
+        .deliver_after(Duration::MAX);
+    match no_panic("publish(deliver_after(Duration::MAX))", || {
+        live.broker.publish(&t, m)
+    }) {
+        Ok(()) => assert_eq!(
+            live.rows_where(&t, "run_at > strftime('%s', 'now') + 86400"),
+            1
+        ),
+        Err(e) => {
+            assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+            assert_eq!(live.rows(&t), 0);
+        }
+    }
+}
+
+/// A delivery retried after `Duration::MAX`: an error (the row is returned) or far from due.
+#[test]
+fn retry_after_max_is_not_a_panic() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    live.broker
+        .publish(&t, Message::new(b"r".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = sub
+        .next_delivery_timeout(Duration::from_secs(10))
+        .expect("a delivery");
+    match no_panic("retry_after(Duration::MAX)", || {
+        d.retry_after(Duration::MAX)
+    }) {
+        Ok(()) => assert_eq!(
+            live.rows_where(&t, "run_at > strftime('%s', 'now') + 86400"),
+            1
+        ),
+        Err(_) => assert_eq!(live.rows(&t), 1, "the row was lost"),
+    }
+    sub.shutdown(Duration::from_secs(1)).unwrap();
+}
+
+/// A lease too long to compute with: refused, or saturated (not wrapped to a short lease).
+#[test]
+fn huge_lease_is_not_a_panic() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    for lease in [Duration::MAX, Duration::from_secs(u64::MAX / 1000)] {
+        let t = Table::new(common::unique("t"))
+            .text_column("k")
+            .lease(lease);
+        live.track(t.name());
+        let created = no_panic("create_table(lease(huge))", || live.broker.create_table(&t));
+        if let Err(e) = created {
+            assert!(matches!(e, BrokerError::InvalidTable { .. }), "{e:?}");
+            continue;
+        }
+        live.broker
+            .publish(&t, Message::new(b"l".to_vec()).set("k", "a"))
+            .unwrap();
+        let sub = no_panic("start(lease(huge))", || {
+            live.broker.subscription(&t).start()
+        });
+        let Ok(sub) = sub else { continue };
+        let d = sub.next_delivery_timeout(Duration::from_secs(5));
+        assert!(d.is_ok(), "{d:?} (last error: {:?})", sub.last_error());
+        assert_eq!(
+            live.rows_where(&t, "locked_until > strftime('%s', 'now') + 86400"),
+            1,
+            "the lease was shortened"
+        );
+    }
+}
+
+/// A database error names its cause in its message (what `Display` and `last_error` show), not
+/// just that there was one: here, a table that was never created.
+fn database_errors_name_their_cause(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = Table::new(common::unique("never_created"));
+    let e = live
+        .broker
+        .publish(&t, Message::new(b"x".to_vec()))
+        .expect_err("published into no table");
+    assert!(matches!(e, BrokerError::Database { .. }), "{e:?}");
+    let shown = e.to_string();
+    let cause = match db {
+        Db::Postgres => "does not exist",
+        Db::Mysql => "doesn't exist",
+        Db::Sqlite => "no such table",
+    };
+    assert!(
+        shown.contains(cause),
+        "the message hides the cause: {shown:?}"
+    );
+}
+per_db!(database_errors_name_their_cause);
