@@ -134,7 +134,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         limit: usize,
         token: SystemTime,
     ) -> Result<Vec<Vec<Value>>, DbError> {
-        conn.query(&sql.claim, &[Value::Time(now), Value::Int(limit as i64), Value::Time(token)])
+        conn.query(
+            &sql.claim,
+            &[
+                Value::Time(now),
+                Value::Int(limit as i64),
+                Value::Time(token),
+            ],
+        )
     }
 
     /// Renews the leases `held` (`(id, token)` pairs) to `token`; returns the ids renewed.
@@ -156,7 +163,10 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         now: SystemTime,
         id: i64,
     ) -> Result<Option<Vec<Value>>, DbError> {
-        Ok(conn.query(&sql.take, &[Value::Time(now), Value::Int(id)])?.into_iter().next())
+        Ok(conn
+            .query(&sql.take, &[Value::Time(now), Value::Int(id)])?
+            .into_iter()
+            .next())
     }
 
     /// The lock name a key is taken under.
@@ -173,7 +183,11 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 /// Picks the engine from the URL's scheme.
 pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
     let bad = |reason: String| BrokerError::InvalidUrl { reason };
-    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     match scheme.as_str() {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::from_url(url)?)),
@@ -182,9 +196,9 @@ pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(sqlite::Sqlite::from_url(url)?)),
         #[allow(unreachable_patterns)]
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            Err(bad(format!("support for {scheme} is not compiled in (cargo feature)")))
-        }
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => Err(bad(format!(
+            "support for {scheme} is not compiled in (cargo feature)"
+        ))),
         _ => Err(bad(format!(
             "unknown scheme in {url:?}: expected postgres://, mysql:// or sqlite:"
         ))),
@@ -195,8 +209,15 @@ pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
 /// `10.11.6-MariaDB-0+deb12u1`, `8.0.1`). Missing parts read 0.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
-    let head: String = s.trim().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
-    let mut it = head.split('.').filter(|p| !p.is_empty()).map(|p| p.parse::<u32>());
+    let head: String = s
+        .trim()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut it = head
+        .split('.')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>());
     let major = it.next()?.ok()?;
     let minor = it.next().and_then(|r| r.ok()).unwrap_or(0);
     let patch = it.next().and_then(|r| r.ok()).unwrap_or(0);
@@ -211,14 +232,20 @@ mod tests {
     fn versions() {
         assert_eq!(parse_version("15.4 (Debian 15.4-1)"), Some((15, 4, 0)));
         assert_eq!(parse_version("9.5.25"), Some((9, 5, 25)));
-        assert_eq!(parse_version("10.11.6-MariaDB-0+deb12u1"), Some((10, 11, 6)));
+        assert_eq!(
+            parse_version("10.11.6-MariaDB-0+deb12u1"),
+            Some((10, 11, 6))
+        );
         assert_eq!(parse_version("16devel"), Some((16, 0, 0)));
         assert_eq!(parse_version("garbage"), None);
     }
 
     #[test]
     fn urls() {
-        assert!(matches!(open("redis://x"), Err(BrokerError::InvalidUrl { .. })));
+        assert!(matches!(
+            open("redis://x"),
+            Err(BrokerError::InvalidUrl { .. })
+        ));
         assert!(matches!(open(""), Err(BrokerError::InvalidUrl { .. })));
     }
 }
