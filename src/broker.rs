@@ -240,7 +240,10 @@ impl Broker {
         let q = self.queue(table)?;
         let mut conn = q.conn("dead letters")?;
         let rows = conn
-            .query(&q.sql.dead_list, &[Value::Int(limit as i64)])
+            .query(
+                &q.sql.dead_list,
+                &[Value::Int(limit.min(i64::MAX as usize) as i64)],
+            )
             .map_err(q.err("dead letters"))?;
         let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
         Ok(rows

@@ -47,11 +47,25 @@ pub(crate) fn ceil(t: SystemTime) -> SystemTime {
 }
 
 /// When a row published or retried at `now` with `delay` becomes due.
+/// Delays past [`LATEST`] saturate there rather than overflow.
 pub(crate) fn due_at(now: SystemTime, delay: Duration) -> SystemTime {
     if delay.is_zero() {
         floor(now)
     } else {
-        ceil(now + delay)
+        later(now, delay)
+    }
+}
+
+/// The latest time the queue writes: 9999-12-31 23:59:59 UTC, the end of a MySQL `DATETIME`.
+/// A due time further out means "never", and saturates here.
+pub(crate) const LATEST_SECS: i64 = 253_402_300_799;
+
+/// `ceil(now + d)`, saturating at [`LATEST_SECS`].
+fn later(now: SystemTime, d: Duration) -> SystemTime {
+    let latest = from_epoch_secs(LATEST_SECS);
+    match now.checked_add(d) {
+        Some(t) if t < latest => ceil(t),
+        _ => latest,
     }
 }
 
@@ -62,18 +76,19 @@ pub(crate) fn claim_now(now: SystemTime) -> SystemTime {
 
 /// The lease token (deadline) a claim or renewal at `now` writes.
 pub(crate) fn lease_token(now: SystemTime, lease_secs: u64) -> SystemTime {
-    ceil(now) + Duration::from_secs(lease_secs)
+    later(ceil(now), Duration::from_secs(lease_secs))
 }
 
 /// Whole seconds of a lease duration: rounded up, at least one.
 pub(crate) fn lease_secs(d: Duration) -> u64 {
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let s = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     s.max(1)
 }
 
-/// How often the renewer renews: half the lease.
+/// How often the renewer renews: half the lease, and at least hourly (renewing early is
+/// harmless; a timer years out is not a timer).
 pub(crate) fn renew_every(lease_secs: u64) -> Duration {
-    Duration::from_millis(lease_secs * 500)
+    Duration::from_millis(lease_secs.saturating_mul(500)).min(Duration::from_secs(3600))
 }
 
 /// Backoff after the `failures`-th consecutive failed claim round: doubling from `base`,
@@ -139,6 +154,16 @@ mod tests {
         assert_eq!(lease_secs(Duration::from_secs(30)), 30);
         assert_eq!(renew_every(30), Duration::from_secs(15));
         assert_eq!(renew_every(1), Duration::from_millis(500));
+        assert_eq!(lease_secs(Duration::MAX), u64::MAX);
+        assert_eq!(renew_every(u64::MAX), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn huge_delays_saturate() {
+        let now = at(100, 500);
+        assert_eq!(epoch_secs(due_at(now, Duration::MAX)), LATEST_SECS);
+        assert_eq!(epoch_secs(lease_token(now, u64::MAX)), LATEST_SECS);
+        assert_eq!(epoch_secs(due_at(now, Duration::from_secs(10))), 111);
     }
 
     #[test]

@@ -36,25 +36,25 @@ impl<'a> SubscriptionBuilder<'a> {
         }
     }
 
-    /// Claim worker threads, each claiming on its own pooled connection. Default 1.
+    /// Claim worker threads, each claiming on its own pooled connection. Default 1, at most 256.
     pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
+        self.workers = n.clamp(1, 256);
         self
     }
 
-    /// The most rows one claim takes. Default 10. The row lock form, and the advisory form on a
+    /// The most rows one claim takes. Default 10, at most 1,000. The row lock form, and the advisory form on a
     /// server, take one row per claim, since each such row holds a connection of its own.
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch = n.max(1);
+        self.batch = n.clamp(1, 1_000);
         self
     }
 
     /// The most rows claimed and not yet settled (handler slots), counting rows waiting in the
     /// channel. Default: `workers` in the row lock form and the server advisory form,
     /// `workers x batch_size` otherwise. In the row lock and server advisory forms every such row
-    /// holds a pooled connection, so keep it below the pool size.
+    /// holds a pooled connection, so keep it below the pool size. At most 100,000.
     pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = Some(n.max(1));
+        self.max_in_flight = Some(n.clamp(1, 100_000));
         self
     }
 

@@ -82,7 +82,7 @@ impl Dialect for Postgres {
         let client = self
             .config
             .connect(NoTls)
-            .map_err(|e| DbError::new(DbErrorKind::ConnectionLost, e))?;
+            .map_err(|e| DbError::new(DbErrorKind::ConnectionLost, PgError(e)))?;
         Ok(Box::new(PgConn {
             client,
             statements: HashMap::new(),
@@ -242,7 +242,27 @@ impl PgConn {
         if kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
-        DbError::new(kind, e)
+        DbError::new(kind, PgError(e))
+    }
+}
+
+/// A driver error whose message shows the server's own (`postgres::Error` shows only "db
+/// error" and keeps the server's message in its source).
+#[derive(Debug)]
+struct PgError(postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{db} (SQLSTATE {})", db.code().code()),
+            None => self.0.fmt(f),
+        }
+    }
+}
+
+impl StdError for PgError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.0)
     }
 }
 

@@ -171,6 +171,11 @@ pub(crate) fn round(ctx: &Ctx) {
             }
         }
     }
+    // One row may have two cells here: a delivery whose lease was lost and a later claim of the
+    // same row. Tokens grow with every claim, so only the largest can still match: renew that
+    // one alone, or the stale delivery would be handed the new token.
+    held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
+    held.dedup_by_key(|(cell, _)| cell.id);
     for chunk in held.chunks_mut(RENEW_CHUNK) {
         renew_chunk(ctx, chunk);
     }
