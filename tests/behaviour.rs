@@ -784,3 +784,59 @@ fn shutdown_waits_for_handed_out_deliveries(db: Db, form: Form) {
     );
 }
 per_db_form!(shutdown_waits_for_handed_out_deliveries);
+
+/// A delivery outlives its subscription and its broker: it still settles.
+fn settle_after_subscription_and_broker_are_dropped(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, msg("late", "a")).unwrap();
+    let broker = live.connect();
+    let sub = broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    drop(sub);
+    drop(broker);
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+}
+per_db_form!(settle_after_subscription_and_broker_are_dropped);
+
+/// A subscription whose table disappears keeps running: waiters time out instead of hanging,
+/// `last_error` says what failed, and once the table is back it claims again.
+fn recovers_after_its_table_is_dropped_and_recreated(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    let sub = live
+        .broker
+        .subscription(&t)
+        .poll_interval(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    live.broker.publish(&t, msg("before", "a")).unwrap();
+    next(&sub).ack().unwrap();
+
+    live.exec(&format!("DROP TABLE {}", t.name()));
+    assert!(
+        common::wait_for(WAIT, || sub.last_error().is_some()),
+        "no error reported while the table was gone"
+    );
+    let e = sub.last_error().unwrap();
+    assert!(e.contains(t.name()) && e.contains("claim"), "{e}");
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(300)).err(),
+        Some(NextError::Timeout)
+    );
+    assert!(!sub.is_closed());
+
+    live.broker.create_table(&t).unwrap();
+    live.broker.publish(&t, msg("after", "a")).unwrap();
+    let d = next(&sub);
+    assert_eq!((d.payload(), d.attempt()), (&b"after"[..], 1));
+    d.ack().unwrap();
+    assert!(
+        common::wait_for(WAIT, || sub.last_error().is_none()),
+        "{:?}",
+        sub.last_error()
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(recovers_after_its_table_is_dropped_and_recreated);

@@ -23,8 +23,9 @@ fn next(sub: &Subscription, wait: Duration) -> Delivery {
     }
 }
 
-/// The session holding the delivery of a row of `t`, found from the outside.
-fn holder(live: &Live, t: &Table, form: Form) -> i64 {
+/// The session holding the delivery of a row of `t`, found from the outside. `before`: the
+/// sessions that held row locks before the claim.
+fn holder(live: &Live, t: &Table, form: Form, before: &[Option<i64>]) -> i64 {
     let name = t.name();
     let sql = match (live.db, form) {
         // The row lock claim's transaction stays open: the only session idle in one whose last
@@ -39,11 +40,9 @@ fn holder(live: &Live, t: &Table, form: Form) -> i64 {
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('{name}-a', 0)"
         ),
-        // The session of the open InnoDB transaction that has locked rows.
-        (Db::Mysql, Form::RowLock) => "SELECT p.ID FROM information_schema.processlist p \
-             JOIN information_schema.innodb_trx x ON x.trx_mysql_thread_id = p.ID \
-             WHERE p.DB = DATABASE() AND x.trx_rows_locked > 0"
-            .to_string(),
+        // The session that opened a locking transaction since the claim began (InnoDB shows
+        // a transaction's row locks by table only while another session waits for them).
+        (Db::Mysql, Form::RowLock) => MYSQL_LOCKING_SESSIONS.to_string(),
         // The session holding the row's GET_LOCK name (`<database>.<key>`).
         (Db::Mysql, _) => format!(
             "SELECT p.ID FROM information_schema.processlist p \
@@ -51,7 +50,15 @@ fn holder(live: &Live, t: &Table, form: Form) -> i64 {
         ),
         (Db::Sqlite, _) => unreachable!("SQLite has no sessions to kill"),
     };
-    let ids = live.ints(&sql);
+    // InnoDB's information_schema tables are a cache refreshed only when it was last read more
+    // than 100 ms ago: poll more slowly than that, or it never refreshes.
+    let mut ids = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ids.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        ids = live.ints(&sql);
+        ids.retain(|id| !before.contains(id));
+    }
     assert_eq!(
         ids.len(),
         1,
@@ -59,6 +66,11 @@ fn holder(live: &Live, t: &Table, form: Form) -> i64 {
     );
     ids[0].expect("a session id")
 }
+
+/// Sessions of the test database with an open InnoDB transaction holding row locks.
+const MYSQL_LOCKING_SESSIONS: &str = "SELECT p.ID FROM information_schema.processlist p \
+     JOIN information_schema.innodb_trx x ON x.trx_mysql_thread_id = p.ID \
+     WHERE p.DB = DATABASE() AND x.trx_rows_locked > 0";
 
 fn kill_session(live: &Live, id: i64) {
     match live.db {
@@ -93,11 +105,16 @@ fn killed_session(live: &Live, form: Form) {
     live.broker
         .publish(&t, Message::new(b"fault".to_vec()).set("k", "a"))
         .unwrap();
+    let before = if live.db == Db::Mysql {
+        live.ints(MYSQL_LOCKING_SESSIONS)
+    } else {
+        Vec::new()
+    };
     let sub = live.broker.subscription(&t).start().unwrap();
     let d = next(&sub, Duration::from_secs(10));
     let id = d.id();
     assert_eq!(d.attempt(), 1);
-    let session = holder(live, &t, form);
+    let session = holder(live, &t, form, &before);
     kill_session(live, session);
 
     // Row lock: a retry, whose attempt count would be committed with it; advisory: an ack.
@@ -138,6 +155,11 @@ fn killed_session(live: &Live, form: Form) {
     d.ack().unwrap();
     assert_eq!(live.rows(&t), 0);
     sub.shutdown(Duration::from_secs(5)).unwrap();
+    eprintln!(
+        "{:?} {}: killed session {session}, settlement failed with {e}, row back",
+        live.db,
+        form.name()
+    );
 }
 
 #[test]

@@ -279,3 +279,36 @@ fn database_errors_name_their_cause(db: Db) {
     );
 }
 per_db!(database_errors_name_their_cause);
+
+/// A server that is not there: `build` fails with a pool error that says so and is transient;
+/// URLs we cannot read are `InvalidUrl`.
+#[test]
+fn unreachable_server_and_bad_urls() {
+    for url in [
+        "postgres://postgres@127.0.0.1:1/test",
+        "mysql://root@127.0.0.1:1/test",
+    ] {
+        if url.starts_with("mysql") && !cfg!(feature = "mysql") {
+            continue;
+        }
+        match Broker::builder(url)
+            .connection_timeout(Duration::from_secs(2))
+            .build()
+        {
+            Err(e @ BrokerError::Pool { .. }) => assert!(e.is_transient(), "{e:?}"),
+            Err(e) => panic!("{url}: expected a pool error, got {e:?}"),
+            Ok(_) => panic!("{url}: connected to nothing"),
+        }
+    }
+    for url in [
+        "redis://127.0.0.1/0",
+        "sqlite:",
+        "",
+        "postgres://postgres@127.0.0.1:notaport/test",
+    ] {
+        match Broker::connect(url) {
+            Err(BrokerError::InvalidUrl { .. }) => {}
+            other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+}
