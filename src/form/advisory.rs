@@ -98,7 +98,9 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let Some(template) = &q.spec.key else {
         return Ok(Vec::new());
     };
-    let mut conn = q.conn("claim")?;
+    let Some(mut conn) = ctx.claim_conn()? else {
+        return Ok(Vec::new());
+    };
     let now = claim_now(SystemTime::now());
     let candidates = conn
         .query(

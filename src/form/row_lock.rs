@@ -28,7 +28,9 @@ use crate::Value;
 
 pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let mut conn = q.conn("claim")?;
+    let Some(mut conn) = ctx.claim_conn()? else {
+        return Ok(Vec::new());
+    };
     let now = claim_now(SystemTime::now());
     let found = (|| {
         for stmt in &q.sql.begin {

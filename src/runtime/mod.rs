@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -145,6 +145,35 @@ impl Ctx {
 
     pub fn stop_renewing(&self) {
         self.renewing.store(false, Ordering::Release);
+    }
+
+    /// A connection for a claim, or `None` once the subscription stops: waits in short steps so
+    /// a stopped subscription never starts a claim (which would spend an attempt on rows it
+    /// then returns), and `close` or drop joins its workers promptly.
+    pub fn claim_conn(&self) -> Result<Option<PooledConn>> {
+        let pool = &self.queue.pool;
+        let deadline = Instant::now() + pool.connection_timeout();
+        loop {
+            if self.stopped() {
+                return Ok(None);
+            }
+            match pool.get_timeout(Duration::from_millis(100)) {
+                Ok(conn) if self.stopped() => {
+                    drop(conn);
+                    return Ok(None);
+                }
+                Ok(conn) => return Ok(Some(conn)),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(BrokerError::Pool {
+                        op: "claim",
+                        table: self.spec().name.clone(),
+                        timeout: pool.connection_timeout(),
+                        source: e,
+                    })
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     pub fn set_error(&self, e: String) {

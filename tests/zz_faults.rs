@@ -4,7 +4,8 @@
 //! rolled back), advisory with its key released by the session's end.
 //!
 //! One test running its cases one after another, in a test binary of its own, so nothing else
-//! shares its moment (the sessions it looks for are the only ones of their kind).
+//! shares its moment (the sessions it looks for are the only ones of their kind). Cargo runs
+//! test binaries one at a time in name order: the `zz_` prefix runs this one after the rest.
 
 mod common;
 
