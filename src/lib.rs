@@ -48,7 +48,7 @@
 //! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |
 //! |---|---|---|---|
 //! | row lock | `FOR UPDATE SKIP LOCKED` | `FOR UPDATE SKIP LOCKED`, `READ COMMITTED` | refused: [`BrokerError::Unsupported`] |
-//! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then updates, one transaction | one `UPDATE .. RETURNING` |
+//! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then one update of the found rows, one transaction | one `UPDATE .. RETURNING` |
 //! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
 //!
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
