@@ -3,8 +3,8 @@
 //! Protocol:
 //! 1. Claim: write a deadline `ceil(now) + lease` into `locked_until` of up to `batch` ready
 //!    rows whose lease is empty or expired, count their attempts, commit at once (one statement
-//!    where the database allows; MySQL: a locking select and one update of the found rows in one READ COMMITTED
-//!    transaction). No transaction stays open and no connection is held.
+//!    where the database allows; MySQL: a locking select and one update of the found rows in
+//!    one READ COMMITTED transaction). No transaction stays open and no connection is held.
 //! 2. The deadline is the delivery token. The renewer thread rewrites it every half lease
 //!    (`UPDATE .. WHERE id = ? AND locked_until = <token held>`), one statement per table per
 //!    round where the database allows.
