@@ -117,8 +117,13 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// `CREATE TABLE IF NOT EXISTS` and its indexes.
     fn create_table(&self, spec: &TableSpec) -> Vec<String>;
 
+    /// How the database spells identifiers and parameters.
+    fn syntax(&self) -> &'static shared::Syntax;
+
     /// Inserts `rows` rows in one statement, parameters as `insert_one` repeated.
-    fn insert_many(&self, spec: &TableSpec, rows: usize) -> String;
+    fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
+        self.syntax().insert_many(spec, rows)
+    }
 
     /// The most bound parameters one statement may carry.
     fn max_params(&self) -> usize;
@@ -145,14 +150,21 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// Renews the leases `held` (`(id, token)` pairs) to `token`; returns the ids renewed.
-    /// Those missing have lost their lease.
+    /// Those missing have lost their lease. Default: one `UPDATE .. RETURNING` statement.
     fn lease_renew(
         &self,
         conn: &mut dyn DbConn,
         spec: &TableSpec,
         token: SystemTime,
         held: &[(i64, SystemTime)],
-    ) -> Result<Vec<i64>, DbError>;
+    ) -> Result<Vec<i64>, DbError> {
+        let (sql, params) = self.syntax().renew_returning(spec, token, held);
+        let rows = conn.query(&sql, &params)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_i64))
+            .collect())
+    }
 
     /// Advisory: takes row `id` if it is still claimable, counting its attempt; returns it.
     /// Default: `take` returns the row.

@@ -30,16 +30,17 @@ use mysql::prelude::Queryable;
 use mysql::{Conn, Opts, OptsBuilder, Params};
 use sha2::{Digest, Sha256};
 
-use super::shared::Syntax;
+use super::shared::{ColumnTypes, Syntax};
 use super::{parse_version, DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, DbErrorKind};
 use crate::schedule::{epoch_secs, from_epoch_secs};
-use crate::table::{ColumnType, Form, TableSpec};
+use crate::table::{Form, TableSpec};
 use crate::Value;
 
 const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |_| "?".to_string(),
+    values_casts: ("", ""),
 };
 
 /// Prepared statements kept per connection: a table uses about a dozen, plus the insert and
@@ -55,6 +56,21 @@ const MAX_LOCK_NAME: usize = 64;
 
 /// The character set number MySQL reports for binary strings (`BLOB`, `VARBINARY`).
 const BINARY_CHARSET: u16 = 63;
+
+/// A dead-letter reason may be a long error report: `TEXT` stops at 64 KiB. Text columns are
+/// `VARCHAR(255)` so they can be indexed.
+const TYPES: ColumnTypes = ColumnTypes {
+    id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+    payload: "LONGBLOB NOT NULL",
+    attempts: "INT NOT NULL DEFAULT 0",
+    run_at: "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
+    time: "DATETIME NULL",
+    reason: "MEDIUMTEXT NULL",
+    text: "VARCHAR(255) NULL",
+    int: "BIGINT NULL",
+    float: "DOUBLE NULL",
+    bytes: "LONGBLOB NULL",
+};
 
 fn quote_ident(s: &str) -> String {
     format!("`{s}`")
@@ -332,33 +348,7 @@ impl Dialect for Mysql {
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
         let s = &SYNTAX;
-        let mut cols = vec![
-            format!(
-                "{} BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
-                s.q(&spec.id)
-            ),
-            format!("{} LONGBLOB NOT NULL", s.q(&spec.payload)),
-            format!("{} INT NOT NULL DEFAULT 0", s.q(&spec.attempts)),
-            format!(
-                "{} DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
-                s.q(&spec.run_at)
-            ),
-        ];
-        if spec.form == Form::Lease {
-            cols.push(format!("{} DATETIME NULL", s.q(&spec.locked_until)));
-        }
-        cols.push(format!("{} DATETIME NULL", s.q(&spec.dead_at)));
-        // A dead-letter reason may be a long error report; TEXT stops at 64 KiB.
-        cols.push(format!("{} MEDIUMTEXT NULL", s.q(&spec.dead_reason)));
-        for c in &spec.columns {
-            let ty = match c.ty {
-                ColumnType::Text => "VARCHAR(255)",
-                ColumnType::Int => "BIGINT",
-                ColumnType::Float => "DOUBLE",
-                ColumnType::Bytes => "LONGBLOB",
-            };
-            cols.push(format!("{} {ty} NULL", s.q(&c.name)));
-        }
+        let mut cols = s.column_defs(spec, &TYPES);
         // No partial indexes: `dead_at` leads, so the claims' `dead_at IS NULL AND run_at <= ?`
         // is one index range already in `ORDER BY run_at, id` order. Inline, since MySQL 8 has no
         // `CREATE INDEX IF NOT EXISTS`.
@@ -376,12 +366,8 @@ impl Dialect for Mysql {
         )]
     }
 
-    fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
-        format!(
-            "{}{}",
-            SYNTAX.insert_head(spec),
-            SYNTAX.insert_values(spec, rows)
-        )
+    fn syntax(&self) -> &'static Syntax {
+        &SYNTAX
     }
 
     fn max_params(&self) -> usize {

@@ -7,8 +7,23 @@
 use std::time::SystemTime;
 
 use crate::dialect::TableSql;
-use crate::table::{Form, TableSpec};
+use crate::table::{ColumnType, Form, TableSpec};
 use crate::Value;
+
+/// The column types a database's `CREATE TABLE` uses for each role and user column type.
+pub(crate) struct ColumnTypes {
+    pub id: &'static str,
+    pub payload: &'static str,
+    pub attempts: &'static str,
+    pub run_at: &'static str,
+    /// `locked_until` and `dead_at` (nullable).
+    pub time: &'static str,
+    pub reason: &'static str,
+    pub text: &'static str,
+    pub int: &'static str,
+    pub float: &'static str,
+    pub bytes: &'static str,
+}
 
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
@@ -16,6 +31,9 @@ pub(crate) struct Syntax {
     pub quote: fn(&str) -> String,
     /// The placeholder of the `n`-th parameter (1-based).
     pub param: fn(usize) -> String,
+    /// Casts typing the first row of a `VALUES` list of `(id, token)` pairs, where the
+    /// database would otherwise guess (PostgreSQL types untyped `VALUES` as text).
+    pub values_casts: (&'static str, &'static str),
 }
 
 impl Syntax {
@@ -98,6 +116,53 @@ impl Syntax {
             s.push(')');
         }
         s
+    }
+
+    /// An insert of `rows` rows: `(payload, run_at, user columns..)` repeated.
+    pub fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
+        format!(
+            "{}{}",
+            self.insert_head(spec),
+            self.insert_values(spec, rows)
+        )
+    }
+
+    /// The column definitions of `CREATE TABLE`: the roles (`locked_until` in the lease form
+    /// only), then the user columns.
+    pub fn column_defs(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
+        let mut cols = vec![
+            format!("{} {}", self.q(&spec.id), ty.id),
+            format!("{} {}", self.q(&spec.payload), ty.payload),
+            format!("{} {}", self.q(&spec.attempts), ty.attempts),
+            format!("{} {}", self.q(&spec.run_at), ty.run_at),
+        ];
+        if spec.form == Form::Lease {
+            cols.push(format!("{} {}", self.q(&spec.locked_until), ty.time));
+        }
+        cols.push(format!("{} {}", self.q(&spec.dead_at), ty.time));
+        cols.push(format!("{} {}", self.q(&spec.dead_reason), ty.reason));
+        for c in &spec.columns {
+            let t = match c.ty {
+                ColumnType::Text => ty.text,
+                ColumnType::Int => ty.int,
+                ColumnType::Float => ty.float,
+                ColumnType::Bytes => ty.bytes,
+            };
+            cols.push(format!("{} {t}", self.q(&c.name)));
+        }
+        cols
+    }
+
+    /// `CREATE INDEX IF NOT EXISTS <table>_ready ON <table> (run_at, id) WHERE dead_at IS NULL`:
+    /// the partial index the claims read (PostgreSQL, SQLite).
+    pub fn ready_index(&self, spec: &TableSpec) -> String {
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
+            self.q(&format!("{}_ready", spec.name)),
+            self.q(&spec.name),
+            self.order(spec),
+            self.q(&spec.dead_at)
+        )
     }
 
     /// Fills the statements every database spells alike.
@@ -187,15 +252,15 @@ impl Syntax {
     }
 
     /// One statement renewing every held lease of a table to `token`, returning the ids it
-    /// renewed (row values and `RETURNING`: PostgreSQL and SQLite). `casts` type the first
-    /// `VALUES` row where the database needs it. Built per round: renewal is not a hot path.
+    /// renewed (row values and `RETURNING`: PostgreSQL and SQLite). Built per round: renewal is
+    /// not a hot path.
     pub fn renew_returning(
         &self,
         spec: &TableSpec,
         token: SystemTime,
         held: &[(i64, SystemTime)],
-        casts: (&str, &str),
     ) -> (String, Vec<Value>) {
+        let casts = self.values_casts;
         let mut params = vec![Value::Time(token)];
         let mut tuples = Vec::with_capacity(held.len());
         for (i, (id, tok)) in held.iter().enumerate() {

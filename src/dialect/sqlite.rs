@@ -13,18 +13,18 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode};
 
-use super::shared::Syntax;
+use super::shared::{ColumnTypes, Syntax};
 use super::{DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, DbErrorKind};
 use crate::form::advisory::KeyRegistry;
 use crate::schedule::epoch_secs;
-use crate::table::{ColumnType, Form, TableSpec};
+use crate::table::{Form, TableSpec};
 use crate::Value;
 
 /// How long a statement waits for the writer before it fails with `SQLITE_BUSY`.
@@ -33,6 +33,21 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("?{n}"),
+    values_casts: ("", ""),
+};
+
+/// Times are integer seconds since the Unix epoch.
+const TYPES: ColumnTypes = ColumnTypes {
+    id: "INTEGER PRIMARY KEY AUTOINCREMENT",
+    payload: "BLOB NOT NULL",
+    attempts: "INTEGER NOT NULL DEFAULT 0",
+    run_at: "INTEGER NOT NULL",
+    time: "INTEGER",
+    reason: "TEXT",
+    text: "TEXT",
+    int: "INTEGER",
+    float: "REAL",
+    bytes: "BLOB",
 };
 
 fn quote_ident(s: &str) -> String {
@@ -170,64 +185,23 @@ impl Dialect for Sqlite {
     }
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
-        let s = &SYNTAX;
-        let mut cols = vec![
-            format!("{} INTEGER PRIMARY KEY AUTOINCREMENT", s.q(&spec.id)),
-            format!("{} BLOB NOT NULL", s.q(&spec.payload)),
-            format!("{} INTEGER NOT NULL DEFAULT 0", s.q(&spec.attempts)),
-            format!("{} INTEGER NOT NULL", s.q(&spec.run_at)),
-        ];
-        if spec.form == Form::Lease {
-            cols.push(format!("{} INTEGER", s.q(&spec.locked_until)));
-        }
-        cols.push(format!("{} INTEGER", s.q(&spec.dead_at)));
-        cols.push(format!("{} TEXT", s.q(&spec.dead_reason)));
-        for c in &spec.columns {
-            let ty = match c.ty {
-                ColumnType::Text => "TEXT",
-                ColumnType::Int => "INTEGER",
-                ColumnType::Float => "REAL",
-                ColumnType::Bytes => "BLOB",
-            };
-            cols.push(format!("{} {ty}", s.q(&c.name)));
-        }
-        let t = s.q(&spec.name);
+        let cols = SYNTAX.column_defs(spec, &TYPES);
         vec![
-            format!("CREATE TABLE IF NOT EXISTS {t} ({})", cols.join(", ")),
             format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {t} ({}) WHERE {} IS NULL",
-                s.q(&format!("{}_ready", spec.name)),
-                s.order(spec),
-                s.q(&spec.dead_at)
+                "CREATE TABLE IF NOT EXISTS {} ({})",
+                SYNTAX.q(&spec.name),
+                cols.join(", ")
             ),
+            SYNTAX.ready_index(spec),
         ]
     }
 
-    fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
-        format!(
-            "{}{}",
-            SYNTAX.insert_head(spec),
-            SYNTAX.insert_values(spec, rows)
-        )
+    fn syntax(&self) -> &'static Syntax {
+        &SYNTAX
     }
 
     fn max_params(&self) -> usize {
         32_766
-    }
-
-    fn lease_renew(
-        &self,
-        conn: &mut dyn DbConn,
-        spec: &TableSpec,
-        token: SystemTime,
-        held: &[(i64, SystemTime)],
-    ) -> Result<Vec<i64>, DbError> {
-        let (sql, params) = SYNTAX.renew_returning(spec, token, held, ("", ""));
-        let rows = conn.query(&sql, &params)?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| r.first().and_then(Value::as_i64))
-            .collect())
     }
 
     fn process_keys(&self) -> Option<Arc<KeyRegistry>> {
@@ -419,7 +393,7 @@ mod tests {
             ]
         );
         let t = crate::schedule::from_epoch_secs(10);
-        let (sql, params) = SYNTAX.renew_returning(&spec, t, &[(1, t), (2, t)], ("", ""));
+        let (sql, params) = SYNTAX.renew_returning(&spec, t, &[(1, t), (2, t)]);
         assert_eq!(
             sql,
             "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE (\"id\", \"locked_until\") IN (VALUES (?2, ?3), (?4, ?5)) RETURNING \"id\""
