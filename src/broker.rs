@@ -149,13 +149,13 @@ impl Broker {
             .entry(spec.name.clone())
             .or_default()
             .clone();
-        let q = Arc::new(Queue {
+        let q = Arc::new(Queue::new(
             spec,
             sql,
-            dialect: self.inner.dialect.clone(),
-            pool: self.inner.pool.clone(),
+            self.inner.dialect.clone(),
+            self.inner.pool.clone(),
             wake,
-        });
+        ));
         Ok(self
             .inner
             .queues
@@ -211,8 +211,7 @@ impl Broker {
         let run =
             |conn: &mut dyn dialect::DbConn| -> std::result::Result<(), crate::error::DbError> {
                 for chunk in &chunks {
-                    let sql = q.dialect.insert_many(&q.spec, chunk.len() / width);
-                    conn.execute(&sql, chunk)?;
+                    conn.execute(&q.insert_sql(chunk.len() / width), chunk)?;
                 }
                 Ok(())
             };

@@ -236,6 +236,7 @@ impl Subscription {
 
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
     fn fresh(&self, d: Delivery) -> Option<Delivery> {
+        self.ctx.slots.dequeue();
         if self.ctx.stopped() {
             drop(d);
             self.drain();

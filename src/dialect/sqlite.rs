@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode};
 
@@ -58,6 +58,7 @@ fn quote_ident(s: &str) -> String {
 pub(crate) struct Sqlite {
     path: Option<PathBuf>,
     keys: Arc<KeyRegistry>,
+    writer: Arc<Mutex<()>>,
 }
 
 impl Sqlite {
@@ -73,23 +74,35 @@ impl Sqlite {
         if rest == ":memory:" {
             return Ok(Sqlite {
                 path: None,
-                keys: Arc::new(KeyRegistry::default()),
+                keys: Arc::default(),
+                writer: Arc::default(),
             });
         }
         let path = PathBuf::from(rest);
         let abs = std::path::absolute(&path).unwrap_or(path);
-        let keys = registry_for(&abs);
+        let PerFile { keys, writer } = per_file(&abs);
         Ok(Sqlite {
             path: Some(abs),
             keys,
+            writer,
         })
     }
 }
 
-/// One key registry per database file in this process: keys belong to the database.
-fn registry_for(path: &std::path::Path) -> Arc<KeyRegistry> {
-    static REGISTRIES: OnceLock<Mutex<HashMap<PathBuf, Arc<KeyRegistry>>>> = OnceLock::new();
-    let map = REGISTRIES.get_or_init(Default::default);
+/// What the brokers of one process share per database file.
+#[derive(Default, Clone)]
+struct PerFile {
+    /// Advisory keys belong to the database, not the broker.
+    keys: Arc<KeyRegistry>,
+    /// One writer at a time within the process. SQLite allows one writer anyway; waiting here
+    /// instead of in SQLite's busy handler (which sleeps 1, 2, 5 .. ms for a lock held for
+    /// microseconds) keeps a claim and a settlement that collide from costing milliseconds.
+    writer: Arc<Mutex<()>>,
+}
+
+fn per_file(path: &std::path::Path) -> PerFile {
+    static FILES: OnceLock<Mutex<HashMap<PathBuf, PerFile>>> = OnceLock::new();
+    let map = FILES.get_or_init(Default::default);
     map.lock().entry(path.to_path_buf()).or_default().clone()
 }
 
@@ -114,6 +127,7 @@ impl Dialect for Sqlite {
         }
         Ok(Box::new(SqliteConn {
             conn,
+            writer: self.writer.clone(),
             broken: false,
         }))
     }
@@ -170,6 +184,12 @@ impl Dialect for Sqlite {
                      (SELECT {id} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?1) ORDER BY {order} LIMIT ?2) \
                      RETURNING {row}"
                 );
+                // One row: `id = (..)` runs in well under half the time of `id IN (..)` here.
+                sql.claim_one = Some(format!(
+                    "UPDATE {t} SET {lu} = ?3, {att} = {att} + 1 WHERE {id} = \
+                     (SELECT {id} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?1) ORDER BY {order} LIMIT ?2) \
+                     RETURNING {row}"
+                ));
             }
             Form::AdvisoryLock => {
                 sql.claim = format!(
@@ -211,6 +231,7 @@ impl Dialect for Sqlite {
 
 struct SqliteConn {
     conn: Connection,
+    writer: Arc<Mutex<()>>,
     broken: bool,
 }
 
@@ -256,18 +277,30 @@ impl SqliteConn {
     }
 }
 
+/// Takes the process's writer lock for a statement that writes outside an explicit
+/// transaction. Inside one (which holds SQLite's write lock already) it is not taken: a writer
+/// waiting on the lock in SQLite's busy handler would otherwise wait for us while we wait for it.
+fn write_guard<'a>(
+    conn: &Connection,
+    st: &rusqlite::CachedStatement<'_>,
+    writer: &'a Mutex<()>,
+) -> Option<MutexGuard<'a, ()>> {
+    (!st.readonly() && conn.is_autocommit()).then(|| writer.lock())
+}
+
 impl DbConn for SqliteConn {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let r = self
-            .conn
-            .prepare_cached(sql)
-            .and_then(|mut st| st.execute(params_from_iter(params.iter())));
+        let r = self.conn.prepare_cached(sql).and_then(|mut st| {
+            let _writing = write_guard(&self.conn, &st, &self.writer);
+            st.execute(params_from_iter(params.iter()))
+        });
         r.map(|n| n as u64).map_err(|e| self.fail(e))
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let r = (|| {
             let mut st = self.conn.prepare_cached(sql)?;
+            let _writing = write_guard(&self.conn, &st, &self.writer);
             let width = st.column_count();
             let mut rows = st.query(params_from_iter(params.iter()))?;
             let mut out = Vec::new();
@@ -320,6 +353,15 @@ mod tests {
              (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
              RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+        );
+        assert_eq!(
+            sql.claim_one.as_deref(),
+            Some(
+                "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
+                 (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
+                 (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
+                 RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+            )
         );
         assert_eq!(
             sql.ack,

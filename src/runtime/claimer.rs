@@ -55,6 +55,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 ctx.clear_error();
                 let got = claimed.len();
                 ctx.slots.release(slots - got);
+                ctx.slots.enqueue(got);
                 for c in claimed {
                     // The slot is the delivery's now; a failed send drops it, which returns the row.
                     let _ = tx.send(Delivery::new(ctx.clone(), c));

@@ -5,6 +5,7 @@
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,9 +58,43 @@ pub(crate) struct Queue {
     pub dialect: Arc<dyn Dialect>,
     pub pool: Pool,
     pub wake: Arc<Wake>,
+    /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
+    /// statement) of an earlier batch of the same size.
+    inserts: Mutex<HashMap<usize, Arc<str>>>,
 }
 
 impl Queue {
+    pub fn new(
+        spec: TableSpec,
+        sql: TableSql,
+        dialect: Arc<dyn Dialect>,
+        pool: Pool,
+        wake: Arc<Wake>,
+    ) -> Self {
+        Queue {
+            spec,
+            sql,
+            dialect,
+            pool,
+            wake,
+            inserts: Mutex::default(),
+        }
+    }
+
+    /// The insert of `rows` rows, built once per size (the last few sizes are kept).
+    pub fn insert_sql(&self, rows: usize) -> Arc<str> {
+        let mut cache = self.inserts.lock();
+        if let Some(sql) = cache.get(&rows) {
+            return sql.clone();
+        }
+        if cache.len() >= 16 {
+            cache.clear();
+        }
+        let sql: Arc<str> = self.dialect.insert_many(&self.spec, rows).into();
+        cache.insert(rows, sql.clone());
+        sql
+    }
+
     /// A pooled connection, or the pool's error (which carries the last connection failure).
     pub fn conn(&self, op: &'static str) -> Result<PooledConn> {
         self.pool.get().map_err(|source| BrokerError::Pool {
