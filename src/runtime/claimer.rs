@@ -5,8 +5,9 @@
 //! most that many rows, gives back the slots it did not fill, and sends the deliveries. When a
 //! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker) or the
 //! poll interval. A failed claim (a deadlock, a lost connection, a server that is down) is
-//! retried with a doubling backoff and its error kept for [`Subscription::last_error`]
-//! (crate::Subscription::last_error). A panic closes the subscription with an error.
+//! retried with a doubling backoff and its error kept for
+//! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
+//! subscription with an error.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
