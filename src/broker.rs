@@ -105,7 +105,7 @@ impl BrokerBuilder {
             .get()
             .map_err(|source| BrokerError::Pool {
                 op: "connect",
-                table: "-".into(),
+                table: String::new(),
                 timeout: self.connection_timeout,
                 source,
             })?;

@@ -67,11 +67,11 @@ pub enum BrokerError {
         reason: String,
     },
     /// A statement failed on the database.
-    #[error("{op} on table {table} failed ({kind:?}): {source}")]
+    #[error("{op}{} failed ({kind:?}): {source}", on_table(.table))]
     Database {
         /// What we were doing (`claim`, `ack`, `publish`, ...).
         op: &'static str,
-        /// The table.
+        /// The table (empty for the server checks).
         table: String,
         /// How to treat it.
         kind: DbErrorKind,
@@ -80,11 +80,11 @@ pub enum BrokerError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// No pooled connection could be had in time; carries the pool's last connection error.
-    #[error("no database connection for {op} on table {table} within {timeout:?}: {source}")]
+    #[error("no database connection for {op}{} within {timeout:?}: {source}", on_table(.table))]
     Pool {
         /// What we were doing.
         op: &'static str,
-        /// The table.
+        /// The table (empty when connecting).
         table: String,
         /// The pool's checkout timeout.
         timeout: Duration,
@@ -98,6 +98,14 @@ pub enum BrokerError {
         /// The table.
         table: String,
     },
+}
+
+fn on_table(table: &str) -> String {
+    if table.is_empty() {
+        String::new()
+    } else {
+        format!(" on table {table}")
+    }
 }
 
 /// How a database error should be treated.

@@ -293,7 +293,7 @@ impl Dialect for Mysql {
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
         let rows = conn
             .query("SELECT VERSION()", &[])
-            .map_err(|e| e.during("version check", "-"))?;
+            .map_err(|e| e.during("version check", ""))?;
         let shown = match rows.first().and_then(|r| r.first()) {
             Some(Value::Text(s)) => s.clone(),
             Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),

@@ -110,7 +110,7 @@ impl Dialect for Postgres {
                 "SELECT current_setting('server_version_num'), current_setting('server_version')",
                 &[],
             )
-            .map_err(|e| e.during("version check", "-"))?;
+            .map_err(|e| e.during("version check", ""))?;
         let (num, shown) = match rows.first().map(|r| (&r[0], &r[1])) {
             Some((Value::Text(n), Value::Text(s))) => {
                 (n.trim().parse::<u32>().unwrap_or(0), s.clone())

@@ -8,8 +8,10 @@
 //! can check the table itself.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlbroker::{Broker, Form, Table};
@@ -43,18 +45,38 @@ pub fn url(db: Db) -> Option<String> {
         Db::Mysql => ("SQLBROKER_MYSQL_URL", MYSQL_DEFAULT),
     };
     let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
-    match Broker::builder(&url)
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-    {
-        Ok(_) => Some(url),
-        Err(e) => {
-            if require_servers() {
-                panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db:?} at {url} is not reachable: {e}");
+    // Asked once per test process: a missing server then costs one connect timeout, not one
+    // per test.
+    static POSTGRES: OnceLock<Result<(), String>> = OnceLock::new();
+    static MYSQL: OnceLock<Result<(), String>> = OnceLock::new();
+    let reachable = if db == Db::Postgres {
+        &POSTGRES
+    } else {
+        &MYSQL
+    };
+    let reachable = reachable.get_or_init(|| {
+        let r = Broker::builder(&url)
+            .connection_timeout(Duration::from_secs(5))
+            .build();
+        let r = r.map(drop).map_err(|e| e.to_string());
+        if let Err(e) = &r {
+            if !require_servers() {
+                // Straight to the process's stderr: the test harness captures `eprintln!`.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n!!!!! SKIPPED: every {db:?} test: {url} is not reachable ({e}); \
+                     set {var} or start the server !!!!!\n"
+                );
             }
-            eprintln!("\n!!!!! SKIPPED: {db:?} at {url} is not reachable ({e}); set {var} or start the server !!!!!\n");
-            None
         }
+        r
+    });
+    match reachable {
+        Ok(()) => Some(url),
+        Err(e) if require_servers() => {
+            panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db:?} at {url} is not reachable: {e}")
+        }
+        Err(_) => None,
     }
 }
 
