@@ -71,6 +71,7 @@
 //! - SQLite keeps advisory keys in the process: two processes on one database file do not see
 //!   each other's keys, so a row may then be delivered twice.
 //! - Times (due times, lease deadlines) are whole seconds from the host's clock.
+//! - Connections are plain TCP: no TLS yet.
 //! - The row lock form holds a connection and an open transaction per in-flight delivery; on
 //!   PostgreSQL a long one holds back vacuum.
 
