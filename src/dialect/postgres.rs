@@ -168,15 +168,7 @@ impl Dialect for Postgres {
     }
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
-        let cols = SYNTAX.column_defs(spec, &TYPES);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} ({})",
-                SYNTAX.q(&spec.name),
-                cols.join(", ")
-            ),
-            SYNTAX.ready_index(spec),
-        ]
+        SYNTAX.create_table(spec, &TYPES)
     }
 
     fn syntax(&self) -> &'static Syntax {

@@ -153,6 +153,19 @@ impl Syntax {
         cols
     }
 
+    /// `CREATE TABLE IF NOT EXISTS` with every column, then the partial ready index
+    /// (PostgreSQL, SQLite).
+    pub fn create_table(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} ({})",
+                self.q(&spec.name),
+                self.column_defs(spec, ty).join(", ")
+            ),
+            self.ready_index(spec),
+        ]
+    }
+
     /// `CREATE INDEX IF NOT EXISTS <table>_ready ON <table> (run_at, id) WHERE dead_at IS NULL`:
     /// the partial index the claims read (PostgreSQL, SQLite).
     pub fn ready_index(&self, spec: &TableSpec) -> String {

@@ -205,15 +205,7 @@ impl Dialect for Sqlite {
     }
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
-        let cols = SYNTAX.column_defs(spec, &TYPES);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} ({})",
-                SYNTAX.q(&spec.name),
-                cols.join(", ")
-            ),
-            SYNTAX.ready_index(spec),
-        ]
+        SYNTAX.create_table(spec, &TYPES)
     }
 
     fn syntax(&self) -> &'static Syntax {
