@@ -92,6 +92,15 @@ pub enum BrokerError {
         #[source]
         source: r2d2::Error,
     },
+    /// A thread of ours could not be started (the system is out of threads or memory).
+    #[error("could not start thread {name}: {source}")]
+    Thread {
+        /// The thread's name.
+        name: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
     #[error("subscription on table {table} is closed")]
     Closed {

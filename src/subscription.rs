@@ -102,25 +102,26 @@ impl<'a> SubscriptionBuilder<'a> {
         let mut threads = Vec::with_capacity(ctx.opts.workers + 1);
         for i in 0..ctx.opts.workers {
             let (worker_ctx, worker_tx) = (ctx.clone(), tx.clone());
+            let thread = format!("sqlbroker-claim-{name}-{i}");
             let spawned = std::thread::Builder::new()
-                .name(format!("sqlbroker-claim-{name}-{i}"))
+                .name(thread.clone())
                 .spawn(move || claimer::run(worker_ctx, worker_tx));
             match spawned {
                 Ok(h) => threads.push(h),
-                Err(e) => {
+                Err(source) => {
                     ctx.stop();
-                    return Err(crate::BrokerError::Closed {
-                        table: format!("{name} (spawn failed: {e})"),
+                    return Err(crate::BrokerError::Thread {
+                        name: thread,
+                        source,
                     });
                 }
             }
         }
         if form == Form::Lease {
-            if let Err(e) = self.broker.renewer().register(&ctx) {
+            if let Err(source) = self.broker.renewer().register(&ctx) {
                 ctx.stop();
-                return Err(crate::BrokerError::Closed {
-                    table: format!("{name} (spawn failed: {e})"),
-                });
+                let name = "sqlbroker-renew".into();
+                return Err(crate::BrokerError::Thread { name, source });
             }
         }
         Ok(Subscription {
