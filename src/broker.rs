@@ -180,16 +180,19 @@ impl Broker {
         Ok(())
     }
 
-    /// Publishes one message; it is due at once unless it was given a delay.
-    pub fn publish(&self, table: &Table, message: Message) -> Result<()> {
+    /// Publishes one message and returns the new row's id; it is due at once unless it was
+    /// given a delay.
+    pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut params = Vec::with_capacity(2 + q.spec.columns.len());
         message.params_into(&q.spec, SystemTime::now(), &mut params)?;
         let mut conn = q.conn("publish")?;
-        conn.execute(&q.sql.insert_one, &params)
+        let id = q
+            .dialect
+            .insert_returning_id(&mut **conn, &q.sql, &params)
             .map_err(q.err("publish"))?;
         q.wake.notify();
-        Ok(())
+        Ok(id)
     }
 
     /// Publishes many messages with multi-row inserts (one statement unless the batch exceeds

@@ -46,9 +46,18 @@ fn floor_secs(t: SystemTime) -> SystemTime {
 fn claim_then_ack(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(form, LEASE);
-    live.broker.publish(&t, msg("one", "a")).unwrap();
+    let first = live.broker.publish(&t, msg("zero", "a")).unwrap();
+    let id = live.broker.publish(&t, msg("one", "a")).unwrap();
+    assert!(
+        id > first,
+        "publish returns each new row's id: {first}, then {id}"
+    );
     let sub = live.broker.subscription(&t).start().unwrap();
     let d = next(&sub);
+    assert_eq!((d.id(), d.payload()), (first, &b"zero"[..]));
+    d.ack().unwrap();
+    let d = next(&sub);
+    assert_eq!(d.id(), id, "the delivery carries the id publish returned");
     assert_eq!(d.payload(), b"one");
     assert_eq!(d.attempt(), 1);
     assert_eq!(d.get("k").and_then(|v| v.as_str()), Some("a"));

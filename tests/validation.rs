@@ -187,7 +187,7 @@ fn deliver_after_max_is_not_a_panic() {
     match no_panic("publish(deliver_after(Duration::MAX))", || {
         live.broker.publish(&t, m)
     }) {
-        Ok(()) => assert_eq!(
+        Ok(_) => assert_eq!(
             live.rows_where(&t, "run_at > strftime('%s', 'now') + 86400"),
             1
         ),

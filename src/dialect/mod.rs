@@ -45,6 +45,11 @@ pub(crate) trait DbConn: Send {
     fn is_broken(&self) -> bool;
     /// Makes the pool discard this connection instead of reusing it.
     fn mark_broken(&mut self);
+    /// The id the last insert on this connection assigned, where the driver reports it
+    /// (MySQL, whose inserts return no rows).
+    fn last_insert_id(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// Statements of one table for one database, built once. Parameters are listed as `(..)`.
@@ -56,6 +61,8 @@ pub(crate) struct TableSql {
     pub begin_write: String,
     /// `(payload, run_at, user columns..)`: one row.
     pub insert_one: String,
+    /// `insert_one` returning the new row's id, where the database has `RETURNING`.
+    pub insert_id: Option<String>,
     /// The claim.
     /// - row lock: `(now, limit)` -> rows, locked `FOR UPDATE SKIP LOCKED`;
     /// - lease: see [`Dialect::lease_claim`];
@@ -171,6 +178,27 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             .iter()
             .filter_map(|r| r.first().and_then(Value::as_i64))
             .collect())
+    }
+
+    /// Inserts one row (`insert_one` parameters) and returns its id: `insert_id` where the
+    /// database has `RETURNING`, else the driver's last insert id.
+    fn insert_returning_id(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        params: &[Value],
+    ) -> Result<i64, DbError> {
+        let id = match &sql.insert_id {
+            Some(insert_id) => conn
+                .query(insert_id, params)?
+                .first()
+                .and_then(|r| r.first()?.as_i64()),
+            None => {
+                conn.execute(&sql.insert_one, params)?;
+                conn.last_insert_id()
+            }
+        };
+        id.ok_or_else(|| DbError::other("the insert reported no id"))
     }
 
     /// Advisory: takes row `id` if it is still claimable, counting its attempt; returns it.

@@ -578,6 +578,12 @@ impl DbConn for MyConn {
         self.conn.query_drop(sql).map_err(|e| self.fail(e))
     }
 
+    fn last_insert_id(&self) -> Option<i64> {
+        i64::try_from(self.conn.last_insert_id())
+            .ok()
+            .filter(|id| *id > 0)
+    }
+
     fn is_broken(&self) -> bool {
         self.broken
     }
@@ -747,6 +753,10 @@ mod tests {
         assert_eq!(
             sql.insert_one,
             "INSERT INTO `emails` (`payload`, `run_at`, `to`) VALUES (?, ?, ?)"
+        );
+        assert_eq!(
+            sql.insert_id, None,
+            "MySQL 8 has no INSERT .. RETURNING: the driver's last insert id"
         );
         assert_eq!(
             sql.fetch,

@@ -130,6 +130,7 @@ impl Dialect for Postgres {
         s.common(spec, &mut sql);
         let t = s.q(&spec.name);
         let id = s.q(&spec.id);
+        sql.insert_id = Some(format!("{} RETURNING {id}", sql.insert_one));
         let att = s.q(&spec.attempts);
         let lu = s.q(&spec.locked_until);
         let ready = s.ready(spec, "$1");
@@ -400,6 +401,10 @@ mod tests {
         assert_eq!(
             sql.insert_one,
             "INSERT INTO \"emails\" (\"payload\", \"run_at\", \"to\") VALUES ($1, $2, $3)"
+        );
+        assert_eq!(
+            sql.insert_id.as_deref(),
+            Some("INSERT INTO \"emails\" (\"payload\", \"run_at\", \"to\") VALUES ($1, $2, $3) RETURNING \"id\"")
         );
     }
 

@@ -171,6 +171,7 @@ impl Dialect for Sqlite {
         s.common(spec, &mut sql);
         let t = s.q(&spec.name);
         let id = s.q(&spec.id);
+        sql.insert_id = Some(format!("{} RETURNING {id}", sql.insert_one));
         let att = s.q(&spec.attempts);
         let lu = s.q(&spec.locked_until);
         let ready = s.ready(spec, "?1");
@@ -372,6 +373,10 @@ mod tests {
         assert_eq!(
             sql.insert_one,
             "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)"
+        );
+        assert_eq!(
+            sql.insert_id.as_deref(),
+            Some("INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3) RETURNING \"id\"")
         );
         assert_eq!(
             sql.dead_list,
