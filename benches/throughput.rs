@@ -29,6 +29,7 @@
 //! Run: `cargo bench --bench throughput` (about three minutes on two cores, after the build).
 //! `BENCHMARKS.md` has the results and what they say.
 
+use std::cell::RefCell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -144,6 +145,11 @@ impl Tables {
             advisory,
         }
     }
+
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    fn names(&self) -> [&str; 3] {
+        [self.plain.name(), self.lease.name(), self.advisory.name()]
+    }
 }
 
 /// One message of the publish benchmarks.
@@ -255,6 +261,171 @@ fn baseline(c: &mut Criterion) {
     g.finish();
 }
 
+/// Registers benchmark `id` of `g`, timed by `time(n)` for `n` iterations.
+fn timed(g: &mut BenchmarkGroup<'_, WallTime>, id: &str, mut time: impl FnMut(u64) -> Duration) {
+    g.bench_function(id, |b| b.iter_custom(&mut time));
+}
+
+/// The group `name` (`<db>/<benchmark>`): `library` against `raw`, each timing `n` iterations
+/// that handle `elements` messages apiece.
+fn compare(
+    c: &mut Criterion,
+    name: &str,
+    elements: u64,
+    library: impl FnMut(u64) -> Duration,
+    raw: impl FnMut(u64) -> Duration,
+) {
+    let mut g = group(c, name, elements);
+    timed(&mut g, "library", library);
+    timed(&mut g, "raw", raw);
+    g.finish();
+}
+
+/// The raw side of one database: a driver connection and the statements the library runs,
+/// prepared on it.
+trait Driver {
+    /// Empties table `t`.
+    fn clear(&mut self, t: &str);
+    /// Empties `t` and puts `n` due rows in it, keys `k-0` .. `k-{n-1}` (untimed).
+    fn fill(&mut self, t: &str, n: u64);
+    /// Times `n` single-row inserts into the plain table: the raw `publish`.
+    fn publish(&mut self, n: u64) -> Duration;
+    /// Times `n` inserts of [`BATCH`] rows into the plain table: the raw `publish_batch`.
+    fn publish_batch(&mut self, n: u64) -> Duration;
+}
+
+/// The benchmarks of one database, ids `<db>/<benchmark>/..`: the library through `broker`,
+/// the raw loops through `raw`. Both sides of a group empty and fill tables with `raw`, hence
+/// the `RefCell`.
+struct Bench<'a, D> {
+    db: &'a str,
+    broker: &'a Broker,
+    tables: &'a Tables,
+    raw: RefCell<D>,
+}
+
+impl<'a, D: Driver> Bench<'a, D> {
+    fn new(db: &'a str, broker: &'a Broker, tables: &'a Tables, raw: D) -> Self {
+        Bench {
+            db,
+            broker,
+            tables,
+            raw: RefCell::new(raw),
+        }
+    }
+
+    fn id(&self, benchmark: &str) -> String {
+        format!("{}/{benchmark}", self.db)
+    }
+
+    /// `<db>/publish` and `<db>/publish_batch100`, into the plain table.
+    fn publish(&self, c: &mut Criterion) {
+        let (broker, plain, raw) = (self.broker, &self.tables.plain, &self.raw);
+        compare(
+            c,
+            &self.id("publish"),
+            1,
+            self.on_empty(|n| library_publish(broker, plain, n)),
+            self.on_empty(|n| raw.borrow_mut().publish(n)),
+        );
+        compare(
+            c,
+            &self.id("publish_batch100"),
+            BATCH as u64,
+            self.on_empty(|n| library_publish_batch(broker, plain, n)),
+            self.on_empty(|n| raw.borrow_mut().publish_batch(n)),
+        );
+    }
+
+    /// Times `time(n)` on an empty plain table.
+    fn on_empty<'s>(
+        &'s self,
+        mut time: impl FnMut(u64) -> Duration + 's,
+    ) -> impl FnMut(u64) -> Duration + 's {
+        move |n| {
+            self.raw.borrow_mut().clear(self.tables.plain.name());
+            time(n)
+        }
+    }
+
+    /// `<db>/<benchmark>`: claim->ack cycles on `table`, the library's one-worker subscription
+    /// against the raw loop `raw`.
+    fn cycles(
+        &self,
+        c: &mut Criterion,
+        benchmark: &str,
+        table: &Table,
+        raw: impl FnMut(&mut D, u64) -> Duration,
+    ) {
+        compare(
+            c,
+            &self.id(benchmark),
+            1,
+            self.library_cycles_on(table, |sub| sub),
+            self.raw_cycles_on(table, raw),
+        );
+    }
+
+    /// Times `n` library cycles on `n` fresh rows of `table`, through a one-worker subscription
+    /// that `configure` may set up further.
+    fn library_cycles_on<'s>(
+        &'s self,
+        table: &'s Table,
+        configure: impl Fn(SubscriptionBuilder<'s>) -> SubscriptionBuilder<'s> + 's,
+    ) -> impl FnMut(u64) -> Duration + 's {
+        move |n| {
+            self.raw.borrow_mut().fill(table.name(), n);
+            library_cycles(configure(self.broker.subscription(table).workers(1)), n)
+        }
+    }
+
+    /// Times the raw loop `raw` over `n` fresh rows of `table`.
+    fn raw_cycles_on<'s>(
+        &'s self,
+        table: &'s Table,
+        mut raw: impl FnMut(&mut D, u64) -> Duration + 's,
+    ) -> impl FnMut(u64) -> Duration + 's {
+        move |n| {
+            let driver = &mut *self.raw.borrow_mut();
+            driver.fill(table.name(), n);
+            raw(driver, n)
+        }
+    }
+}
+
+/// Runs its closure when dropped: the bench tables go even when a benchmark panics.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// The URL in `var` (or `default`), the broker on it and the raw connection `connect` opens;
+/// `None`, after a loud banner, when the server does not answer.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+fn server<C, E: std::fmt::Display>(
+    db: &str,
+    var: &str,
+    default: &str,
+    connect: impl FnOnce(&str) -> Result<C, E>,
+) -> Option<(String, Broker, C)> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    let opened = Broker::builder(&url)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|broker| Ok((broker, connect(&url).map_err(|e| e.to_string())?)));
+    match opened {
+        Ok((broker, conn)) => Some((url, broker, conn)),
+        Err(why) => {
+            skip(db, &url, var, &why);
+            None
+        }
+    }
+}
+
 fn benches(c: &mut Criterion) {
     baseline(c);
     #[cfg(feature = "sqlite")]
@@ -332,21 +503,60 @@ mod sqlite {
         conn
     }
 
-    fn clear(conn: &Connection, t: &str) {
-        conn.execute_batch(&format!("DELETE FROM \"{t}\""))
-            .expect("clear table");
+    /// The raw side: `conn` runs everything but the acks of `raw_two_conns`, which go to `conn2`.
+    struct Raw {
+        conn: Connection,
+        conn2: Connection,
+        sql: Sql,
     }
 
-    /// Empties `t` and puts `n` due rows in it, keys `k-0` .. `k-{n-1}` (untimed).
-    fn fill(conn: &Connection, t: &str, n: u64) {
-        clear(conn, t);
-        let sql = format!(
-            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?3) \
-             INSERT INTO \"{t}\" (\"payload\", \"run_at\", \"k\") SELECT ?1, ?2, 'k-' || i FROM s"
-        );
-        let run_at = epoch_secs(SystemTime::now()) - 1;
-        conn.execute(&sql, params![PAYLOAD.to_vec(), run_at, n as i64])
-            .expect("fill");
+    impl Driver for Raw {
+        fn clear(&mut self, t: &str) {
+            self.conn
+                .execute_batch(&format!("DELETE FROM \"{t}\""))
+                .expect("clear table");
+        }
+
+        fn fill(&mut self, t: &str, n: u64) {
+            self.clear(t);
+            let sql = format!(
+                "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?3) \
+                 INSERT INTO \"{t}\" (\"payload\", \"run_at\", \"k\") SELECT ?1, ?2, 'k-' || i FROM s"
+            );
+            let run_at = epoch_secs(SystemTime::now()) - 1;
+            self.conn
+                .execute(&sql, params![PAYLOAD.to_vec(), run_at, n as i64])
+                .expect("fill");
+        }
+
+        fn publish(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            for i in 0..n {
+                let run_at = epoch_secs(floor(SystemTime::now()));
+                let mut st = conn.prepare_cached(&sql.insert_one).unwrap();
+                st.execute(params![PAYLOAD.to_vec(), run_at, format!("k-{i}")])
+                    .unwrap();
+            }
+            start.elapsed()
+        }
+
+        fn publish_batch(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            for batch in 0..n {
+                let run_at = epoch_secs(floor(SystemTime::now()));
+                let mut values: Vec<rusqlite::types::Value> = Vec::with_capacity(3 * BATCH);
+                for i in 0..BATCH as u64 {
+                    values.push(PAYLOAD.to_vec().into());
+                    values.push(run_at.into());
+                    values.push(format!("k-{}", batch * BATCH as u64 + i).into());
+                }
+                let mut st = conn.prepare_cached(&sql.insert_batch).unwrap();
+                st.execute(params_from_iter(values)).unwrap();
+            }
+            start.elapsed()
+        }
     }
 
     type Row = (i64, i64, Vec<u8>, Option<String>);
@@ -355,232 +565,126 @@ mod sqlite {
         Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
     }
 
-    /// Raw lease loop: the claim with `LIMIT batch` on `conn`, then the fenced delete of each row
-    /// it took on `ack_conn` (the same connection, or a second one as the library's pool hands out).
-    fn raw_lease(
-        conn: &Connection,
-        ack_conn: &Connection,
-        claim: &str,
-        ack: &str,
-        batch: usize,
-        n: u64,
-    ) -> Duration {
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = SystemTime::now();
-            let token = epoch_secs(lease_token(now));
-            let rows: Vec<Row> = {
-                let mut st = conn.prepare_cached(claim).unwrap();
-                let rows = st
-                    .query_map(params![epoch_secs(now), batch as i64, token], read_row)
-                    .unwrap();
-                rows.collect::<rusqlite::Result<_>>().unwrap()
-            };
-            assert!(!rows.is_empty(), "raw lease claim found no row");
-            for row in rows {
-                let (id, ..) = black_box(row);
-                let changed = ack_conn
-                    .prepare_cached(ack)
-                    .unwrap()
-                    .execute(params![id, token])
-                    .unwrap();
-                assert_eq!(changed, 1);
-                done += 1;
+    impl Raw {
+        /// Raw lease loop: `claim` with `LIMIT batch` on `conn`, then the fenced delete of each row
+        /// it took on `ack_conn` (`conn`, or `conn2` as the library's pool may hand out).
+        fn lease(&self, claim: &str, ack_conn: &Connection, batch: usize, n: u64) -> Duration {
+            let (conn, ack) = (&self.conn, &self.sql.lease_ack);
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = SystemTime::now();
+                let token = epoch_secs(lease_token(now));
+                let rows: Vec<Row> = {
+                    let mut st = conn.prepare_cached(claim).unwrap();
+                    let rows = st
+                        .query_map(params![epoch_secs(now), batch as i64, token], read_row)
+                        .unwrap();
+                    rows.collect::<rusqlite::Result<_>>().unwrap()
+                };
+                assert!(!rows.is_empty(), "raw lease claim found no row");
+                for row in rows {
+                    let (id, ..) = black_box(row);
+                    let changed = ack_conn
+                        .prepare_cached(ack)
+                        .unwrap()
+                        .execute(params![id, token])
+                        .unwrap();
+                    assert_eq!(changed, 1);
+                    done += 1;
+                }
             }
+            start.elapsed()
         }
-        start.elapsed()
-    }
 
-    /// Raw advisory loop with the keys kept in the process (as the library keeps them on
-    /// SQLite: a mutex-guarded set): select candidates, take up to a batch of rows whose keys are
-    /// free, then delete each and free its key.
-    fn raw_advisory(conn: &Connection, sql: &Sql, n: u64) -> Duration {
-        let keys: Mutex<HashSet<String>> = Mutex::default();
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = epoch_secs(SystemTime::now());
-            let candidates: Vec<(i64, Option<String>)> = {
-                let mut st = conn.prepare_cached(&sql.adv_candidates).unwrap();
-                let rows = st
-                    .query_map(params![now, ADVISORY_SCAN as i64], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
-                    .unwrap();
-                rows.collect::<rusqlite::Result<_>>().unwrap()
-            };
-            let mut taken = Vec::with_capacity(CLAIM_BATCH);
-            for (id, k) in candidates {
-                if taken.len() >= CLAIM_BATCH {
-                    break;
-                }
-                let key = format!("{}-{}", sql.adv_table, k.unwrap_or_default());
-                if !keys.lock().unwrap().insert(key.clone()) {
-                    continue;
-                }
-                let mut st = conn.prepare_cached(&sql.adv_take).unwrap();
-                match st.query_row(params![now, id], read_row) {
-                    Ok(row) => taken.push((black_box(row).0, key)),
-                    Err(rusqlite::Error::QueryReturnedNoRows) => {
-                        keys.lock().unwrap().remove(&key);
+        /// Raw advisory loop with the keys kept in the process (as the library keeps them on
+        /// SQLite: a mutex-guarded set): select candidates, take up to a batch of rows whose keys are
+        /// free, then delete each and free its key.
+        fn advisory(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let keys: Mutex<HashSet<String>> = Mutex::default();
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = epoch_secs(SystemTime::now());
+                let candidates: Vec<(i64, Option<String>)> = {
+                    let mut st = conn.prepare_cached(&sql.adv_candidates).unwrap();
+                    let rows = st
+                        .query_map(params![now, ADVISORY_SCAN as i64], |r| {
+                            Ok((r.get(0)?, r.get(1)?))
+                        })
+                        .unwrap();
+                    rows.collect::<rusqlite::Result<_>>().unwrap()
+                };
+                let mut taken = Vec::with_capacity(CLAIM_BATCH);
+                for (id, k) in candidates {
+                    if taken.len() >= CLAIM_BATCH {
+                        break;
                     }
-                    Err(e) => panic!("take: {e}"),
+                    let key = format!("{}-{}", sql.adv_table, k.unwrap_or_default());
+                    if !keys.lock().unwrap().insert(key.clone()) {
+                        continue;
+                    }
+                    let mut st = conn.prepare_cached(&sql.adv_take).unwrap();
+                    match st.query_row(params![now, id], read_row) {
+                        Ok(row) => taken.push((black_box(row).0, key)),
+                        Err(rusqlite::Error::QueryReturnedNoRows) => {
+                            keys.lock().unwrap().remove(&key);
+                        }
+                        Err(e) => panic!("take: {e}"),
+                    }
+                }
+                assert!(!taken.is_empty(), "raw advisory claim took no row");
+                for (id, key) in taken {
+                    let changed = conn
+                        .prepare_cached(&sql.adv_ack)
+                        .unwrap()
+                        .execute(params![id])
+                        .unwrap();
+                    assert_eq!(changed, 1);
+                    keys.lock().unwrap().remove(&key);
+                    done += 1;
                 }
             }
-            assert!(!taken.is_empty(), "raw advisory claim took no row");
-            for (id, key) in taken {
-                let changed = conn
-                    .prepare_cached(&sql.adv_ack)
-                    .unwrap()
-                    .execute(params![id])
-                    .unwrap();
-                assert_eq!(changed, 1);
-                keys.lock().unwrap().remove(&key);
-                done += 1;
-            }
+            start.elapsed()
         }
-        start.elapsed()
     }
 
     pub fn benches(c: &mut Criterion) {
         let dir = std::env::temp_dir().join("sqlbroker-bench");
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join(format!("{}.db", unique("bench")));
+        // Declared first, so it runs last: once the broker and the raw connections are closed.
+        let _cleanup = OnDrop(|| {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        });
         let broker = Broker::connect(&format!("sqlite:{}", path.display())).expect("sqlite broker");
         let tables = Tables::create(&broker, "bench");
         let sql = sql(&tables);
-        let conn = open(&path);
-        // A second connection, for the raw loop that claims and acks on different connections.
-        let conn2 = open(&path);
-        let (plain, ls, ad) = (
-            tables.plain.name(),
-            tables.lease.name(),
-            tables.advisory.name(),
-        );
+        let (conn, conn2) = (open(&path), open(&path));
+        let bench = Bench::new("sqlite", &broker, &tables, Raw { conn, conn2, sql });
+        let ls = &tables.lease;
 
-        let mut g = group(c, "sqlite/publish", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&conn, plain);
-                library_publish(&broker, &tables.plain, n)
-            })
+        bench.publish(c);
+        bench.cycles(c, "lease", ls, |r, n| {
+            r.lease(&r.sql.lease_claim, &r.conn, CLAIM_BATCH, n)
         });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                clear(&conn, plain);
-                let start = Instant::now();
-                for i in 0..n {
-                    let run_at = epoch_secs(floor(SystemTime::now()));
-                    let mut st = conn.prepare_cached(&sql.insert_one).unwrap();
-                    st.execute(params![PAYLOAD.to_vec(), run_at, format!("k-{i}")])
-                        .unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "sqlite/publish_batch100", BATCH as u64);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&conn, plain);
-                library_publish_batch(&broker, &tables.plain, n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                clear(&conn, plain);
-                let start = Instant::now();
-                for batch in 0..n {
-                    let run_at = epoch_secs(floor(SystemTime::now()));
-                    let mut values: Vec<rusqlite::types::Value> = Vec::with_capacity(3 * BATCH);
-                    for i in 0..BATCH as u64 {
-                        values.push(PAYLOAD.to_vec().into());
-                        values.push(run_at.into());
-                        values.push(format!("k-{}", batch * BATCH as u64 + i).into());
-                    }
-                    let mut st = conn.prepare_cached(&sql.insert_batch).unwrap();
-                    st.execute(params_from_iter(values)).unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "sqlite/lease", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                library_cycles(broker.subscription(&tables.lease).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                raw_lease(
-                    &conn,
-                    &conn,
-                    &sql.lease_claim,
-                    &sql.lease_ack,
-                    CLAIM_BATCH,
-                    n,
-                )
-            })
-        });
-        g.finish();
 
         // SQL-NOTES: `id IN (SELECT .. LIMIT n)` against `id = (SELECT ..)` for a batch of 1.
         let mut g = group(c, "sqlite/lease_batch1", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                library_cycles(
-                    broker.subscription(&tables.lease).workers(1).batch_size(1),
-                    n,
-                )
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                raw_lease(&conn, &conn, &sql.lease_claim, &sql.lease_ack, 1, n)
-            })
-        });
-        g.bench_function("raw_two_conns", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                raw_lease(&conn, &conn2, &sql.lease_claim, &sql.lease_ack, 1, n)
-            })
-        });
-        g.bench_function("raw_eq_select", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ls, n);
-                raw_lease(&conn, &conn, &sql.lease_claim_eq, &sql.lease_ack, 1, n)
-            })
-        });
+        let library = bench.library_cycles_on(ls, |sub| sub.batch_size(1));
+        let raw = |r: &mut Raw, n| r.lease(&r.sql.lease_claim, &r.conn, 1, n);
+        let two_conns = |r: &mut Raw, n| r.lease(&r.sql.lease_claim, &r.conn2, 1, n);
+        let eq_select = |r: &mut Raw, n| r.lease(&r.sql.lease_claim_eq, &r.conn, 1, n);
+        timed(&mut g, "library", library);
+        timed(&mut g, "raw", bench.raw_cycles_on(ls, raw));
+        timed(&mut g, "raw_two_conns", bench.raw_cycles_on(ls, two_conns));
+        timed(&mut g, "raw_eq_select", bench.raw_cycles_on(ls, eq_select));
         g.finish();
 
-        let mut g = group(c, "sqlite/advisory", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ad, n);
-                library_cycles(broker.subscription(&tables.advisory).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                fill(&conn, ad, n);
-                raw_advisory(&conn, &sql, n)
-            })
-        });
-        g.finish();
-
-        drop((conn, conn2));
-        drop(broker);
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
+        bench.cycles(c, "advisory", &tables.advisory, Raw::advisory);
     }
 }
 
@@ -655,253 +759,174 @@ mod pg {
         }
     }
 
-    fn clear(client: &mut Client, t: &str) {
-        client
-            .batch_execute(&format!("TRUNCATE \"{t}\""))
-            .expect("truncate");
+    /// The raw side: one client.
+    struct Raw {
+        client: Client,
+        sql: Sql,
     }
 
-    /// Empties `t` and puts `n` due rows in it, keys `k-0` .. `k-{n-1}` (untimed).
-    fn fill(client: &mut Client, t: &str, n: u64) {
-        clear(client, t);
-        let sql = format!(
-            "INSERT INTO \"{t}\" (\"payload\", \"run_at\", \"k\") \
-             SELECT $1, $2, 'k-' || g FROM generate_series(0, $3::bigint - 1) AS g"
-        );
-        let run_at = floor(SystemTime::now()) - Duration::from_secs(1);
-        client
-            .execute(&sql, &[&PAYLOAD.as_slice(), &run_at, &(n as i64)])
-            .expect("fill");
+    impl Driver for Raw {
+        fn clear(&mut self, t: &str) {
+            self.client
+                .batch_execute(&format!("TRUNCATE \"{t}\""))
+                .expect("truncate");
+        }
+
+        fn fill(&mut self, t: &str, n: u64) {
+            self.clear(t);
+            let sql = format!(
+                "INSERT INTO \"{t}\" (\"payload\", \"run_at\", \"k\") \
+                 SELECT $1, $2, 'k-' || g FROM generate_series(0, $3::bigint - 1) AS g"
+            );
+            let run_at = floor(SystemTime::now()) - Duration::from_secs(1);
+            self.client
+                .execute(&sql, &[&PAYLOAD.as_slice(), &run_at, &(n as i64)])
+                .expect("fill");
+        }
+
+        fn publish(&mut self, n: u64) -> Duration {
+            let Raw { client, sql } = self;
+            let start = Instant::now();
+            for i in 0..n {
+                let payload = PAYLOAD.to_vec();
+                let run_at = floor(SystemTime::now());
+                let k = format!("k-{i}");
+                client
+                    .execute(&sql.insert_one, &[&payload, &run_at, &k])
+                    .unwrap();
+            }
+            start.elapsed()
+        }
+
+        fn publish_batch(&mut self, n: u64) -> Duration {
+            let Raw { client, sql } = self;
+            let start = Instant::now();
+            for batch in 0..n {
+                let run_at = floor(SystemTime::now());
+                let payloads: Vec<Vec<u8>> = (0..BATCH).map(|_| PAYLOAD.to_vec()).collect();
+                let keys: Vec<String> = (0..BATCH as u64)
+                    .map(|i| format!("k-{}", batch * BATCH as u64 + i))
+                    .collect();
+                let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(3 * BATCH);
+                for (payload, k) in payloads.iter().zip(&keys) {
+                    params.push(payload);
+                    params.push(&run_at);
+                    params.push(k);
+                }
+                client.execute(&sql.insert_batch, &params).unwrap();
+            }
+            start.elapsed()
+        }
     }
 
     fn read_row(row: &Row) -> (i64, i32, Vec<u8>, Option<String>) {
         (row.get(0), row.get(1), row.get(2), row.get(3))
     }
 
-    /// Raw row lock loop: `BEGIN`; claim one row `FOR UPDATE SKIP LOCKED`; delete it; `COMMIT`.
-    fn raw_row_lock(client: &mut Client, sql: &Sql, n: u64) -> Duration {
-        let start = Instant::now();
-        for _ in 0..n {
-            client.batch_execute(sql.begin).unwrap();
-            let now = floor(SystemTime::now());
-            let rows = client.query(&sql.row_claim, &[&now, &1i64]).unwrap();
-            let (id, ..) = black_box(read_row(
-                rows.first().expect("raw row lock claim found no row"),
-            ));
-            assert_eq!(client.execute(&sql.row_ack, &[&id]).unwrap(), 1);
-            client.batch_execute("COMMIT").unwrap();
+    impl Raw {
+        /// Raw row lock loop: `BEGIN`; claim one row `FOR UPDATE SKIP LOCKED`; delete it; `COMMIT`.
+        fn row_lock(&mut self, n: u64) -> Duration {
+            let Raw { client, sql } = self;
+            let start = Instant::now();
+            for _ in 0..n {
+                client.batch_execute(sql.begin).unwrap();
+                let now = floor(SystemTime::now());
+                let rows = client.query(&sql.row_claim, &[&now, &1i64]).unwrap();
+                let (id, ..) = black_box(read_row(
+                    rows.first().expect("raw row lock claim found no row"),
+                ));
+                assert_eq!(client.execute(&sql.row_ack, &[&id]).unwrap(), 1);
+                client.batch_execute("COMMIT").unwrap();
+            }
+            start.elapsed()
         }
-        start.elapsed()
-    }
 
-    /// Raw lease loop: the claim with `LIMIT 10`, then the fenced delete of each row it took.
-    fn raw_lease(client: &mut Client, sql: &Sql, n: u64) -> Duration {
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = SystemTime::now();
-            let token = lease_token(now);
-            let rows = client
-                .query(
-                    &sql.lease_claim,
-                    &[&floor(now), &(CLAIM_BATCH as i64), &token],
-                )
-                .unwrap();
-            assert!(!rows.is_empty(), "raw lease claim found no row");
-            for row in &rows {
-                let (id, ..) = black_box(read_row(row));
-                assert_eq!(client.execute(&sql.lease_ack, &[&id, &token]).unwrap(), 1);
+        /// Raw lease loop: the claim with `LIMIT 10`, then the fenced delete of each row it took.
+        fn lease(&mut self, n: u64) -> Duration {
+            let Raw { client, sql } = self;
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = SystemTime::now();
+                let token = lease_token(now);
+                let rows = client
+                    .query(
+                        &sql.lease_claim,
+                        &[&floor(now), &(CLAIM_BATCH as i64), &token],
+                    )
+                    .unwrap();
+                assert!(!rows.is_empty(), "raw lease claim found no row");
+                for row in &rows {
+                    let (id, ..) = black_box(read_row(row));
+                    assert_eq!(client.execute(&sql.lease_ack, &[&id, &token]).unwrap(), 1);
+                    done += 1;
+                }
+            }
+            start.elapsed()
+        }
+
+        /// Raw advisory loop: select candidates (locking nothing), try the first free key, take the
+        /// row under it, delete it, unlock. One row per claim, as the library on a server.
+        fn advisory(&mut self, n: u64) -> Duration {
+            let Raw { client, sql } = self;
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = floor(SystemTime::now());
+                let candidates = client
+                    .query(&sql.adv_candidates, &[&now, &(ADVISORY_SCAN as i64)])
+                    .unwrap();
+                let mut took = false;
+                for c in &candidates {
+                    let id: i64 = c.get(0);
+                    let k: Option<String> = c.get(1);
+                    let key = format!("{}-{}", sql.adv_table, k.unwrap_or_default());
+                    let locked: i32 = client.query_one(&sql.key_lock, &[&key]).unwrap().get(0);
+                    if locked != 1 {
+                        continue;
+                    }
+                    let row = client.query_opt(&sql.adv_take, &[&now, &id]).unwrap();
+                    if let Some(row) = row {
+                        black_box(read_row(&row));
+                        assert_eq!(client.execute(&sql.adv_ack, &[&id]).unwrap(), 1);
+                        took = true;
+                    }
+                    let unlocked: i32 = client.query_one(&sql.key_unlock, &[&key]).unwrap().get(0);
+                    assert_eq!(unlocked, 1);
+                    if took {
+                        break;
+                    }
+                }
+                assert!(took, "raw advisory claim took no row");
                 done += 1;
             }
-        }
-        start.elapsed()
-    }
-
-    /// Raw advisory loop: select candidates (locking nothing), try the first free key, take the
-    /// row under it, delete it, unlock. One row per claim, as the library on a server.
-    fn raw_advisory(client: &mut Client, sql: &Sql, n: u64) -> Duration {
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = floor(SystemTime::now());
-            let candidates = client
-                .query(&sql.adv_candidates, &[&now, &(ADVISORY_SCAN as i64)])
-                .unwrap();
-            let mut took = false;
-            for c in &candidates {
-                let id: i64 = c.get(0);
-                let k: Option<String> = c.get(1);
-                let key = format!("{}-{}", sql.adv_table, k.unwrap_or_default());
-                let locked: i32 = client.query_one(&sql.key_lock, &[&key]).unwrap().get(0);
-                if locked != 1 {
-                    continue;
-                }
-                let row = client.query_opt(&sql.adv_take, &[&now, &id]).unwrap();
-                if let Some(row) = row {
-                    black_box(read_row(&row));
-                    assert_eq!(client.execute(&sql.adv_ack, &[&id]).unwrap(), 1);
-                    took = true;
-                }
-                let unlocked: i32 = client.query_one(&sql.key_unlock, &[&key]).unwrap().get(0);
-                assert_eq!(unlocked, 1);
-                if took {
-                    break;
-                }
-            }
-            assert!(took, "raw advisory claim took no row");
-            done += 1;
-        }
-        start.elapsed()
-    }
-
-    /// Drops the bench tables when the benches end, even by a panic.
-    struct DropTables {
-        url: String,
-        names: Vec<String>,
-    }
-
-    impl Drop for DropTables {
-        fn drop(&mut self) {
-            if let Ok(mut client) = Client::connect(&self.url, NoTls) {
-                for t in &self.names {
-                    let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS \"{t}\""));
-                }
-            }
+            start.elapsed()
         }
     }
 
     pub fn benches(c: &mut Criterion) {
-        let url = std::env::var("SQLBROKER_PG_URL").unwrap_or_else(|_| DEFAULT_URL.to_string());
-        let broker = match Broker::builder(&url)
-            .connection_timeout(Duration::from_secs(5))
-            .build()
-        {
-            Ok(b) => b,
-            Err(e) => return skip("PostgreSQL", &url, "SQLBROKER_PG_URL", &e),
-        };
-        let mut client = match Client::connect(&url, NoTls) {
-            Ok(c) => c,
-            Err(e) => return skip("PostgreSQL", &url, "SQLBROKER_PG_URL", &e),
+        let connect = |url: &str| Client::connect(url, NoTls);
+        let Some((url, broker, mut client)) =
+            server("PostgreSQL", "SQLBROKER_PG_URL", DEFAULT_URL, connect)
+        else {
+            return;
         };
         let tables = Tables::create(&broker, "bench");
-        let _cleanup = DropTables {
-            url: url.clone(),
-            names: [&tables.plain, &tables.lease, &tables.advisory]
-                .iter()
-                .map(|t| t.name().to_string())
-                .collect(),
-        };
+        // Runs once `bench` has closed the raw connection, so it opens one of its own.
+        let _cleanup = OnDrop(|| {
+            if let Ok(mut client) = connect(&url) {
+                for t in tables.names() {
+                    let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS \"{t}\""));
+                }
+            }
+        });
         let sql = sql(&mut client, &tables);
-        let (rl, ls, ad) = (
-            tables.plain.name(),
-            tables.lease.name(),
-            tables.advisory.name(),
-        );
-        let client = std::cell::RefCell::new(client);
+        let bench = Bench::new("postgres", &broker, &tables, Raw { client, sql });
 
-        let mut g = group(c, "postgres/publish", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&mut client.borrow_mut(), rl);
-                library_publish(&broker, &tables.plain, n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let client = &mut *client.borrow_mut();
-                clear(client, rl);
-                let start = Instant::now();
-                for i in 0..n {
-                    let payload = PAYLOAD.to_vec();
-                    let run_at = floor(SystemTime::now());
-                    let k = format!("k-{i}");
-                    client
-                        .execute(&sql.insert_one, &[&payload, &run_at, &k])
-                        .unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "postgres/publish_batch100", BATCH as u64);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&mut client.borrow_mut(), rl);
-                library_publish_batch(&broker, &tables.plain, n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let client = &mut *client.borrow_mut();
-                clear(client, rl);
-                let start = Instant::now();
-                for batch in 0..n {
-                    let run_at = floor(SystemTime::now());
-                    let payloads: Vec<Vec<u8>> = (0..BATCH).map(|_| PAYLOAD.to_vec()).collect();
-                    let keys: Vec<String> = (0..BATCH as u64)
-                        .map(|i| format!("k-{}", batch * BATCH as u64 + i))
-                        .collect();
-                    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(3 * BATCH);
-                    for (payload, k) in payloads.iter().zip(&keys) {
-                        params.push(payload);
-                        params.push(&run_at);
-                        params.push(k);
-                    }
-                    client.execute(&sql.insert_batch, &params).unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "postgres/row_lock", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut client.borrow_mut(), rl, n);
-                library_cycles(broker.subscription(&tables.plain).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let client = &mut *client.borrow_mut();
-                fill(client, rl, n);
-                raw_row_lock(client, &sql, n)
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "postgres/lease", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut client.borrow_mut(), ls, n);
-                library_cycles(broker.subscription(&tables.lease).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let client = &mut *client.borrow_mut();
-                fill(client, ls, n);
-                raw_lease(client, &sql, n)
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, "postgres/advisory", 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut client.borrow_mut(), ad, n);
-                library_cycles(broker.subscription(&tables.advisory).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let client = &mut *client.borrow_mut();
-                fill(client, ad, n);
-                raw_advisory(client, &sql, n)
-            })
-        });
-        g.finish();
+        bench.publish(c);
+        bench.cycles(c, "row_lock", &tables.plain, Raw::row_lock);
+        bench.cycles(c, "lease", &tables.lease, Raw::lease);
+        bench.cycles(c, "advisory", &tables.advisory, Raw::advisory);
     }
 }
 
@@ -1020,156 +1045,184 @@ mod my {
         Conn::new(opts)
     }
 
-    fn clear(conn: &mut Conn, t: &str) {
-        conn.query_drop(format!("TRUNCATE TABLE `{t}`"))
-            .expect("truncate");
+    /// The raw side: one connection, and the database its advisory lock names start with.
+    struct Raw {
+        conn: Conn,
+        sql: Sql,
+        db: String,
     }
 
-    /// Empties `t` and puts `n` due rows in it, keys `k-0` .. `k-{n-1}` (untimed).
-    fn fill(conn: &mut Conn, t: &str, n: u64) {
-        clear(conn, t);
-        let run_at = datetime(SystemTime::now() - Duration::from_secs(1));
-        let mut i = 0u64;
-        while i < n {
-            let rows = (n - i).min(500) as usize;
-            let mut values = Vec::with_capacity(3 * rows);
-            for r in 0..rows as u64 {
-                values.push(mysql::Value::Bytes(PAYLOAD.to_vec()));
-                values.push(run_at.clone());
-                values.push(mysql::Value::Bytes(format!("k-{}", i + r).into_bytes()));
+    impl Driver for Raw {
+        fn clear(&mut self, t: &str) {
+            self.conn
+                .query_drop(format!("TRUNCATE TABLE `{t}`"))
+                .expect("truncate");
+        }
+
+        fn fill(&mut self, t: &str, n: u64) {
+            self.clear(t);
+            let run_at = datetime(SystemTime::now() - Duration::from_secs(1));
+            let mut i = 0u64;
+            while i < n {
+                let rows = (n - i).min(500) as usize;
+                let mut values = Vec::with_capacity(3 * rows);
+                for r in 0..rows as u64 {
+                    values.push(mysql::Value::Bytes(PAYLOAD.to_vec()));
+                    values.push(run_at.clone());
+                    values.push(mysql::Value::Bytes(format!("k-{}", i + r).into_bytes()));
+                }
+                let sql = insert_sql(t, rows, |_| "?".into()).replace('"', "`");
+                self.conn
+                    .exec_drop(sql, Params::Positional(values))
+                    .expect("fill");
+                i += rows as u64;
             }
-            let sql = insert_sql(t, rows, |_| "?".into()).replace('"', "`");
-            conn.exec_drop(sql, Params::Positional(values))
-                .expect("fill");
-            i += rows as u64;
+        }
+
+        fn publish(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            for i in 0..n {
+                let params = vec![
+                    mysql::Value::Bytes(PAYLOAD.to_vec()),
+                    datetime(SystemTime::now()),
+                    mysql::Value::Bytes(format!("k-{i}").into_bytes()),
+                ];
+                conn.exec_drop(&sql.insert_one, Params::Positional(params))
+                    .unwrap();
+            }
+            start.elapsed()
+        }
+
+        fn publish_batch(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            for batch in 0..n {
+                let run_at = datetime(SystemTime::now());
+                let mut params = Vec::with_capacity(3 * BATCH);
+                for i in 0..BATCH as u64 {
+                    params.push(mysql::Value::Bytes(PAYLOAD.to_vec()));
+                    params.push(run_at.clone());
+                    params.push(mysql::Value::Bytes(
+                        format!("k-{}", batch * BATCH as u64 + i).into_bytes(),
+                    ));
+                }
+                conn.exec_drop(&sql.insert_batch, Params::Positional(params))
+                    .unwrap();
+            }
+            start.elapsed()
         }
     }
 
     type Row = (i64, i64, Vec<u8>, Option<String>);
 
-    /// Raw row lock loop: `SET TRANSACTION ..`; `START TRANSACTION`; claim one row
-    /// `FOR UPDATE SKIP LOCKED`; delete it; `COMMIT`.
-    fn raw_row_lock(conn: &mut Conn, sql: &Sql, n: u64) -> Duration {
-        let start = Instant::now();
-        for _ in 0..n {
-            for stmt in sql.begin {
-                conn.query_drop(stmt).unwrap();
-            }
-            let now = datetime(SystemTime::now());
-            let row: Option<Row> = conn.exec_first(&sql.row_claim, (now, 1i64)).unwrap();
-            let (id, ..) = black_box(row.expect("raw row lock claim found no row"));
-            conn.exec_drop(&sql.row_ack, (id,)).unwrap();
-            assert_eq!(conn.affected_rows(), 1);
-            conn.query_drop("COMMIT").unwrap();
-        }
-        start.elapsed()
-    }
-
-    /// Raw lease loop: the claim transaction (locking select of up to 10 rows, one update of
-    /// their ids padded to a power of two, commit), then the fenced delete of each row.
-    fn raw_lease(conn: &mut Conn, sql: &Sql, n: u64) -> Duration {
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = SystemTime::now();
-            let (now_v, token) = (datetime(now), datetime(lease_token(now)));
-            for stmt in sql.begin {
-                conn.query_drop(stmt).unwrap();
-            }
-            let rows: Vec<Row> = conn
-                .exec(&sql.lease_claim, (now_v.clone(), now_v, CLAIM_BATCH as i64))
-                .unwrap();
-            assert!(!rows.is_empty(), "raw lease claim found no row");
-            let slots = rows.len().next_power_of_two();
-            let mut params = vec![token.clone()];
-            params.extend(rows.iter().map(|r| mysql::Value::Int(r.0)));
-            params.extend(
-                std::iter::repeat(mysql::Value::Int(rows[rows.len() - 1].0))
-                    .take(slots - rows.len()),
-            );
-            conn.exec_drop(
-                &sql.lease_mark[slots.trailing_zeros() as usize],
-                Params::Positional(params),
-            )
-            .unwrap();
-            assert_eq!(conn.affected_rows(), rows.len() as u64);
-            conn.query_drop("COMMIT").unwrap();
-            for row in rows {
-                let (id, ..) = black_box(row);
-                conn.exec_drop(&sql.lease_ack, (id, token.clone())).unwrap();
+    impl Raw {
+        /// Raw row lock loop: `SET TRANSACTION ..`; `START TRANSACTION`; claim one row
+        /// `FOR UPDATE SKIP LOCKED`; delete it; `COMMIT`.
+        fn row_lock(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            for _ in 0..n {
+                for stmt in sql.begin {
+                    conn.query_drop(stmt).unwrap();
+                }
+                let now = datetime(SystemTime::now());
+                let row: Option<Row> = conn.exec_first(&sql.row_claim, (now, 1i64)).unwrap();
+                let (id, ..) = black_box(row.expect("raw row lock claim found no row"));
+                conn.exec_drop(&sql.row_ack, (id,)).unwrap();
                 assert_eq!(conn.affected_rows(), 1);
+                conn.query_drop("COMMIT").unwrap();
+            }
+            start.elapsed()
+        }
+
+        /// Raw lease loop: the claim transaction (locking select of up to 10 rows, one update of
+        /// their ids padded to a power of two, commit), then the fenced delete of each row.
+        fn lease(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, .. } = self;
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = SystemTime::now();
+                let (now_v, token) = (datetime(now), datetime(lease_token(now)));
+                for stmt in sql.begin {
+                    conn.query_drop(stmt).unwrap();
+                }
+                let rows: Vec<Row> = conn
+                    .exec(&sql.lease_claim, (now_v.clone(), now_v, CLAIM_BATCH as i64))
+                    .unwrap();
+                assert!(!rows.is_empty(), "raw lease claim found no row");
+                let slots = rows.len().next_power_of_two();
+                let mut params = vec![token.clone()];
+                params.extend(rows.iter().map(|r| mysql::Value::Int(r.0)));
+                params.extend(
+                    std::iter::repeat(mysql::Value::Int(rows[rows.len() - 1].0))
+                        .take(slots - rows.len()),
+                );
+                conn.exec_drop(
+                    &sql.lease_mark[slots.trailing_zeros() as usize],
+                    Params::Positional(params),
+                )
+                .unwrap();
+                assert_eq!(conn.affected_rows(), rows.len() as u64);
+                conn.query_drop("COMMIT").unwrap();
+                for row in rows {
+                    let (id, ..) = black_box(row);
+                    conn.exec_drop(&sql.lease_ack, (id, token.clone())).unwrap();
+                    assert_eq!(conn.affected_rows(), 1);
+                    done += 1;
+                }
+            }
+            start.elapsed()
+        }
+
+        /// Raw advisory loop: select candidates, `GET_LOCK` the first free key, take the row under
+        /// it (update, then fetch: no `RETURNING`), delete it, `RELEASE_LOCK`.
+        fn advisory(&mut self, n: u64) -> Duration {
+            let Raw { conn, sql, db } = self;
+            let start = Instant::now();
+            let mut done = 0u64;
+            while done < n {
+                let now = datetime(SystemTime::now());
+                let candidates: Vec<(i64, Option<String>)> = conn
+                    .exec(&sql.adv_candidates, (now.clone(), ADVISORY_SCAN as i64))
+                    .unwrap();
+                let mut took = false;
+                for (id, k) in candidates {
+                    let name =
+                        lock_name(&format!("{db}.{}-{}", sql.adv_table, k.unwrap_or_default()));
+                    let locked: Option<Option<i64>> =
+                        conn.exec_first(&sql.key_lock, (&name,)).unwrap();
+                    if locked.flatten() != Some(1) {
+                        continue;
+                    }
+                    conn.exec_drop(&sql.adv_take, (now.clone(), id)).unwrap();
+                    if conn.affected_rows() == 1 {
+                        let row: Option<Row> = conn.exec_first(&sql.adv_fetch, (id,)).unwrap();
+                        black_box(row.expect("fetch"));
+                        conn.exec_drop(&sql.adv_ack, (id,)).unwrap();
+                        assert_eq!(conn.affected_rows(), 1);
+                        took = true;
+                    }
+                    let unlocked: Option<Option<i64>> =
+                        conn.exec_first(&sql.key_unlock, (&name,)).unwrap();
+                    assert_eq!(unlocked.flatten(), Some(1));
+                    if took {
+                        break;
+                    }
+                }
+                assert!(took, "raw advisory claim took no row");
                 done += 1;
             }
-        }
-        start.elapsed()
-    }
-
-    /// Raw advisory loop: select candidates, `GET_LOCK` the first free key, take the row under
-    /// it (update, then fetch: no `RETURNING`), delete it, `RELEASE_LOCK`.
-    fn raw_advisory(conn: &mut Conn, sql: &Sql, db: &str, n: u64) -> Duration {
-        let start = Instant::now();
-        let mut done = 0u64;
-        while done < n {
-            let now = datetime(SystemTime::now());
-            let candidates: Vec<(i64, Option<String>)> = conn
-                .exec(&sql.adv_candidates, (now.clone(), ADVISORY_SCAN as i64))
-                .unwrap();
-            let mut took = false;
-            for (id, k) in candidates {
-                let name = lock_name(&format!("{db}.{}-{}", sql.adv_table, k.unwrap_or_default()));
-                let locked: Option<Option<i64>> = conn.exec_first(&sql.key_lock, (&name,)).unwrap();
-                if locked.flatten() != Some(1) {
-                    continue;
-                }
-                conn.exec_drop(&sql.adv_take, (now.clone(), id)).unwrap();
-                if conn.affected_rows() == 1 {
-                    let row: Option<Row> = conn.exec_first(&sql.adv_fetch, (id,)).unwrap();
-                    black_box(row.expect("fetch"));
-                    conn.exec_drop(&sql.adv_ack, (id,)).unwrap();
-                    assert_eq!(conn.affected_rows(), 1);
-                    took = true;
-                }
-                let unlocked: Option<Option<i64>> =
-                    conn.exec_first(&sql.key_unlock, (&name,)).unwrap();
-                assert_eq!(unlocked.flatten(), Some(1));
-                if took {
-                    break;
-                }
-            }
-            assert!(took, "raw advisory claim took no row");
-            done += 1;
-        }
-        start.elapsed()
-    }
-
-    /// Drops the bench tables when the benches end, even by a panic.
-    struct DropTables {
-        url: String,
-        names: Vec<String>,
-    }
-
-    impl Drop for DropTables {
-        fn drop(&mut self) {
-            if let Ok(mut conn) = connect(&self.url) {
-                for t in &self.names {
-                    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS `{t}`"));
-                }
-            }
+            start.elapsed()
         }
     }
 
     pub fn benches(c: &mut Criterion) {
-        let url = std::env::var("SQLBROKER_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_string());
-        let broker = match Broker::builder(&url)
-            .connection_timeout(Duration::from_secs(5))
-            .build()
-        {
-            Ok(b) => b,
-            Err(e) => return skip("MySQL/MariaDB", &url, "SQLBROKER_MYSQL_URL", &e),
-        };
-        let mut conn = match connect(&url) {
-            Ok(c) => c,
-            Err(e) => return skip("MySQL/MariaDB", &url, "SQLBROKER_MYSQL_URL", &e),
+        let Some((url, broker, mut conn)) =
+            server("MySQL/MariaDB", "SQLBROKER_MYSQL_URL", DEFAULT_URL, connect)
+        else {
+            return;
         };
         let db: String = conn
             .query_first("SELECT DATABASE()")
@@ -1187,124 +1240,21 @@ mod my {
             "mysql"
         };
         let tables = Tables::create(&broker, "bench");
-        let _cleanup = DropTables {
-            url: url.clone(),
-            names: [&tables.plain, &tables.lease, &tables.advisory]
-                .iter()
-                .map(|t| t.name().to_string())
-                .collect(),
-        };
+        // Runs once `bench` has closed the raw connection, so it opens one of its own.
+        let _cleanup = OnDrop(|| {
+            if let Ok(mut conn) = connect(&url) {
+                for t in tables.names() {
+                    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS `{t}`"));
+                }
+            }
+        });
         let sql = sql(&mut conn, &tables);
-        let (rl, ls, ad) = (
-            tables.plain.name(),
-            tables.lease.name(),
-            tables.advisory.name(),
-        );
-        let conn = std::cell::RefCell::new(conn);
+        let bench = Bench::new(flavor, &broker, &tables, Raw { conn, sql, db });
 
-        let mut g = group(c, &format!("{flavor}/publish"), 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&mut conn.borrow_mut(), rl);
-                library_publish(&broker, &tables.plain, n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let conn = &mut *conn.borrow_mut();
-                clear(conn, rl);
-                let start = Instant::now();
-                for i in 0..n {
-                    let params = vec![
-                        mysql::Value::Bytes(PAYLOAD.to_vec()),
-                        datetime(SystemTime::now()),
-                        mysql::Value::Bytes(format!("k-{i}").into_bytes()),
-                    ];
-                    conn.exec_drop(&sql.insert_one, Params::Positional(params))
-                        .unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, &format!("{flavor}/publish_batch100"), BATCH as u64);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                clear(&mut conn.borrow_mut(), rl);
-                library_publish_batch(&broker, &tables.plain, n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let conn = &mut *conn.borrow_mut();
-                clear(conn, rl);
-                let start = Instant::now();
-                for batch in 0..n {
-                    let run_at = datetime(SystemTime::now());
-                    let mut params = Vec::with_capacity(3 * BATCH);
-                    for i in 0..BATCH as u64 {
-                        params.push(mysql::Value::Bytes(PAYLOAD.to_vec()));
-                        params.push(run_at.clone());
-                        params.push(mysql::Value::Bytes(
-                            format!("k-{}", batch * BATCH as u64 + i).into_bytes(),
-                        ));
-                    }
-                    conn.exec_drop(&sql.insert_batch, Params::Positional(params))
-                        .unwrap();
-                }
-                start.elapsed()
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, &format!("{flavor}/row_lock"), 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut conn.borrow_mut(), rl, n);
-                library_cycles(broker.subscription(&tables.plain).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let conn = &mut *conn.borrow_mut();
-                fill(conn, rl, n);
-                raw_row_lock(conn, &sql, n)
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, &format!("{flavor}/lease"), 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut conn.borrow_mut(), ls, n);
-                library_cycles(broker.subscription(&tables.lease).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let conn = &mut *conn.borrow_mut();
-                fill(conn, ls, n);
-                raw_lease(conn, &sql, n)
-            })
-        });
-        g.finish();
-
-        let mut g = group(c, &format!("{flavor}/advisory"), 1);
-        g.bench_function("library", |b| {
-            b.iter_custom(|n| {
-                fill(&mut conn.borrow_mut(), ad, n);
-                library_cycles(broker.subscription(&tables.advisory).workers(1), n)
-            })
-        });
-        g.bench_function("raw", |b| {
-            b.iter_custom(|n| {
-                let conn = &mut *conn.borrow_mut();
-                fill(conn, ad, n);
-                raw_advisory(conn, &sql, &db, n)
-            })
-        });
-        g.finish();
+        bench.publish(c);
+        bench.cycles(c, "row_lock", &tables.plain, Raw::row_lock);
+        bench.cycles(c, "lease", &tables.lease, Raw::lease);
+        bench.cycles(c, "advisory", &tables.advisory, Raw::advisory);
     }
 }
 
