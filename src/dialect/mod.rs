@@ -71,9 +71,11 @@ pub(crate) struct TableSql {
     /// Lease: the claim of at most one row, where the database runs another spelling faster
     /// (same parameters as `claim`).
     pub claim_one: Option<String>,
-    /// Lease form where the claim is a locking select (MySQL): `(token, id)` takes one found row.
+    /// Lease form where the claim is a locking select (MySQL): `(token, id x 2^k)` leases the
+    /// found rows, one statement per id-list size class `k`, built with the table so no claim
+    /// formats SQL.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub lease_mark: String,
+    pub lease_marks: Vec<String>,
     /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
     pub take: String,

@@ -217,12 +217,9 @@ fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
     out.extend(std::iter::repeat(Value::Int(last)).take(slots - ids.len()));
 }
 
-/// The lease claim's update of `slots` found ids: `(token, id x slots)`. Built from
-/// `lease_mark` (`.. WHERE id = ?`), so the two cannot drift apart.
-fn lease_mark_many(lease_mark: &str, slots: usize) -> String {
-    let head = lease_mark.strip_suffix(" = ?").unwrap_or(lease_mark);
-    format!("{head} IN ({})", placeholders(slots))
-}
+/// Id-list size classes whose lease-claim update is built with the table: 1, 2, 4 .. 1024,
+/// enough for the largest claim (`batch_size` is at most 1,000).
+const MARK_CLASSES: u32 = 11;
 
 /// Renewal, step 1: `(id x slots)` -> `id, locked_until` of the held rows, locked.
 fn renew_lock_sql(spec: &TableSpec, slots: usize) -> String {
@@ -330,8 +327,10 @@ impl Dialect for Mysql {
                     "SELECT {row} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?) \
                      ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED"
                 );
-                sql.lease_mark =
-                    format!("UPDATE {t} SET {lu} = ?, {att} = {att} + 1 WHERE {id} = ?");
+                let mark = format!("UPDATE {t} SET {lu} = ?, {att} = {att} + 1 WHERE {id} IN (");
+                sql.lease_marks = (0..MARK_CLASSES)
+                    .map(|k| format!("{mark}{})", placeholders(1 << k)))
+                    .collect();
             }
             Form::AdvisoryLock => {
                 sql.claim = format!(
@@ -413,7 +412,11 @@ impl Dialect for Mysql {
             let mut params = Vec::with_capacity(slots + 1);
             params.push(Value::Time(token));
             id_params(&ids, slots, &mut params);
-            let marked = conn.execute(&lease_mark_many(&sql.lease_mark, slots), &params)?;
+            let mark = sql
+                .lease_marks
+                .get(slots.trailing_zeros() as usize)
+                .ok_or_else(|| DbError::other(format!("a lease claim of {slots} rows")))?;
+            let marked = conn.execute(mark, &params)?;
             if marked != ids.len() as u64 {
                 return Err(DbError::other(format!(
                     "the lease claim locked {} rows but marked {marked}",
@@ -771,7 +774,7 @@ mod tests {
             sql.dead_requeue,
             "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
         );
-        assert!(sql.key_lock.is_none() && sql.lease_mark.is_empty() && sql.take.is_empty());
+        assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
         let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));
         assert_eq!(
             sql.begin,
@@ -801,14 +804,16 @@ mod tests {
             "SELECT `id`, `attempts`, `payload`, `n` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
+        assert_eq!(sql.lease_marks.len(), 11);
         assert_eq!(
-            sql.lease_mark,
-            "UPDATE `thumbs` SET `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+            sql.lease_marks[0],
+            "UPDATE `thumbs` SET `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?)"
         );
         assert_eq!(
-            lease_mark_many(&sql.lease_mark, 4),
+            sql.lease_marks[2],
             "UPDATE `thumbs` SET `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?, ?, ?, ?)"
         );
+        assert!(sql.lease_marks[10].ends_with(&format!("IN ({})", placeholders(1024))));
         assert_eq!(
             sql.ack,
             "DELETE FROM `thumbs` WHERE `id` = ? AND `locked_until` = ?"
