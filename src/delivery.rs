@@ -82,15 +82,25 @@ impl Delivery {
         self.settle(Outcome::Ack)
     }
 
-    /// Back into the queue for another attempt, due now.
+    /// Back into the queue for another attempt, due now (see
+    /// [`retry_after`](Delivery::retry_after) for the last attempt).
     pub fn retry(self) -> Result<()> {
         self.retry_after(Duration::ZERO)
     }
 
     /// Back into the queue for another attempt, not claimed before `delay` from now (rounded up
-    /// to a whole second).
+    /// to a whole second). On the table's last attempt ([`Table::max_attempts`]) the row is
+    /// dead-lettered instead.
+    ///
+    /// [`Table::max_attempts`]: crate::Table::max_attempts
     pub fn retry_after(self, delay: Duration) -> Result<()> {
-        self.settle(Outcome::Retry(due_at(SystemTime::now(), delay)))
+        match self.ctx.spec().max_attempts {
+            Some(max) if self.attempt >= max => {
+                let reason = format!("attempt {} of max_attempts {max} failed", self.attempt);
+                self.settle(Outcome::Dead(reason))
+            }
+            _ => self.settle(Outcome::Retry(due_at(SystemTime::now(), delay))),
+        }
     }
 
     /// Out of the queue for good: the row stays in the table with `reason` and the time, where

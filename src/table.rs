@@ -146,6 +146,7 @@ pub struct Table {
     group: Option<String>,
     fifo: bool,
     isolation: Option<Isolation>,
+    max_attempts: Option<u32>,
 }
 
 impl Table {
@@ -162,6 +163,7 @@ impl Table {
             group: None,
             fifo: false,
             isolation: None,
+            max_attempts: None,
         }
     }
 
@@ -241,6 +243,16 @@ impl Table {
         self
     }
 
+    /// The most attempts a row gets; unset, unlimited. A handler's `retry` of the last attempt
+    /// dead-letters the row instead, and a row claimed past the cap (its attempts spent by
+    /// crashes or dropped deliveries, in the lease and advisory forms) is dead-lettered by the
+    /// claim instead of delivered, so a message that kills its process cannot do so forever.
+    /// At least 1.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
     /// The table's name as given.
     pub fn name(&self) -> &str {
         &self.name
@@ -306,6 +318,9 @@ impl Table {
                 )?),
                 None => None,
             };
+        if self.max_attempts == Some(0) {
+            return Err(bad("max_attempts must be at least 1".into()));
+        }
         if self.fifo && group.is_none() {
             return Err(bad(
                 "a FIFO table needs a group column (Table::group)".into()
@@ -335,6 +350,7 @@ impl Table {
             group,
             fifo: self.fifo,
             isolation: self.isolation.unwrap_or(Isolation::ReadCommitted),
+            max_attempts: self.max_attempts,
         })
     }
 }
@@ -384,6 +400,7 @@ pub(crate) struct TableSpec {
     pub group: Option<usize>,
     pub fifo: bool,
     pub isolation: Isolation,
+    pub max_attempts: Option<u32>,
 }
 
 impl TableSpec {
@@ -545,6 +562,15 @@ mod tests {
         assert_eq!(s.group, Some(0));
         assert_eq!(s.columns[0].name, "customer");
         assert!(invalid(&Table::new("o").fifo()).contains("group column"));
+        assert!(invalid(&Table::new("o").max_attempts(0)).contains("at least 1"));
+        assert_eq!(
+            Table::new("o")
+                .max_attempts(3)
+                .validate()
+                .unwrap()
+                .max_attempts,
+            Some(3)
+        );
         // locked_until is only checked in the lease form.
         Table::new("o")
             .rename(Role::LockedUntil, "bad name")

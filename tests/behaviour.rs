@@ -849,3 +849,75 @@ fn recovers_after_its_table_is_dropped_and_recreated(db: Db, form: Form) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db_form!(recovers_after_its_table_is_dropped_and_recreated);
+
+/// `max_attempts(2)`: the second attempt's retry dead-letters the row instead; and a row whose
+/// attempts were spent by dropped deliveries (lease, advisory: counted at claim) is dead-lettered
+/// by the claim instead of delivered. Row lock spends no attempt on a drop, so there the dropped
+/// row comes back as attempt 1.
+fn max_attempts_dead_letters(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(common::describe(&common::unique("t"), form, LEASE).max_attempts(2));
+    let retried = live.broker.publish(&t, msg("retried", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (retried, 1));
+    d.retry().unwrap();
+    let d = next(&sub);
+    assert_eq!((d.id(), d.attempt()), (retried, 2));
+    d.retry().unwrap();
+    assert_eq!(
+        sub.next_delivery_timeout(Duration::from_millis(600)).err(),
+        Some(NextError::Timeout),
+        "the last attempt's retry delivered the row again"
+    );
+    let dead = live.broker.dead_letters(&t, 10).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].id, dead[0].attempts), (retried, 2));
+    assert!(
+        dead[0].reason.contains("max_attempts 2"),
+        "{:?}",
+        dead[0].reason
+    );
+
+    let dropped = live.broker.publish(&t, msg("dropped", "b")).unwrap();
+    for attempt in 1..=2 {
+        let d = next(&sub);
+        assert_eq!(d.id(), dropped);
+        let expected = if form == Form::RowLock { 1 } else { attempt };
+        assert_eq!(d.attempt(), expected);
+        drop(d);
+    }
+    if form == Form::RowLock {
+        next(&sub).ack().unwrap();
+        assert_eq!(live.broker.dead_letters(&t, 10).unwrap().len(), 1);
+    } else {
+        // Two attempts spent by drops: the next claim is attempt 3, past the cap.
+        assert!(
+            common::wait_for(WAIT, || live.broker.dead_letters(&t, 10).unwrap().len()
+                == 2),
+            "the row past max_attempts was not dead-lettered (last error: {:?})",
+            sub.last_error()
+        );
+        let dead = live.broker.dead_letters(&t, 10).unwrap();
+        let spent = dead
+            .iter()
+            .find(|d| d.id == dropped)
+            .expect("dead-lettered");
+        assert!(
+            spent.reason.contains("past max_attempts 2"),
+            "{:?}",
+            spent.reason
+        );
+        assert_eq!(
+            sub.next_delivery_timeout(Duration::from_millis(600)).err(),
+            Some(NextError::Timeout),
+            "a row past max_attempts was delivered"
+        );
+    }
+    assert_eq!(
+        live.rows(&t),
+        live.broker.dead_letters(&t, 10).unwrap().len() as i64
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(max_attempts_dead_letters);

@@ -39,6 +39,20 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
     }
 }
 
+/// A row claimed past `max_attempts` (its attempts spent by crashes or dropped deliveries):
+/// dead-lettered here instead of delivered.
+fn dead_letter_spent(ctx: &Arc<Ctx>, c: crate::form::Claimed) {
+    let (id, attempt) = (c.id, c.attempt);
+    let max = ctx.spec().max_attempts.unwrap_or_default();
+    let reason = format!("claimed for attempt {attempt}, past max_attempts {max}");
+    if let Err(e) = Delivery::new(ctx.clone(), c).dead_letter(reason) {
+        log::warn!(
+            "table {}: dead-lettering row {id} past max_attempts: {e}",
+            ctx.spec().name
+        );
+    }
+}
+
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     while !ctx.stopped() {
@@ -56,10 +70,16 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 ctx.clear_error();
                 let got = claimed.len();
                 ctx.slots.release(slots - got);
-                ctx.slots.enqueue(got);
-                for c in claimed {
+                let (spent, fresh): (Vec<_>, Vec<_>) = claimed
+                    .into_iter()
+                    .partition(|c| ctx.spec().max_attempts.is_some_and(|max| c.attempt > max));
+                ctx.slots.enqueue(fresh.len());
+                for c in fresh {
                     // The slot is the delivery's now; a failed send drops it, which returns the row.
                     let _ = tx.send(Delivery::new(ctx.clone(), c));
+                }
+                for c in spent {
+                    dead_letter_spent(ctx, c);
                 }
                 if got == 0 {
                     ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
