@@ -68,9 +68,9 @@ impl BrokerBuilder {
     }
 
     /// How long an operation waits for a pooled connection before it fails with
-    /// [`BrokerError::Pool`]. Default 30 s.
+    /// [`BrokerError::Pool`]. Default 30 s, at most a day.
     pub fn connection_timeout(mut self, d: Duration) -> Self {
-        self.connection_timeout = d;
+        self.connection_timeout = d.min(Duration::from_secs(86_400));
         self
     }
 
@@ -284,8 +284,9 @@ impl Broker {
             .collect())
     }
 
-    /// Puts a dead-lettered row back in the queue, due now, keeping its attempt count.
-    /// Returns false if no dead-lettered row has that id.
+    /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
+    /// delivery reads attempt 1), so a row that ran out of [`Table::max_attempts`] gets them all
+    /// again. Returns false if no dead-lettered row has that id.
     pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
         let now = crate::schedule::due_at(SystemTime::now(), Duration::ZERO);

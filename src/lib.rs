@@ -70,6 +70,8 @@
 //!   connection or a session-mode pooler (PgBouncer in transaction mode breaks it).
 //! - SQLite keeps advisory keys in the process: two processes on one database file do not see
 //!   each other's keys, so a row may then be delivered twice.
+//! - An advisory claim reads at most 10,000 ready rows: rows of a free key queued behind more
+//!   than that many rows of keys in work wait until some of those settle.
 //! - Times (due times, lease deadlines) are whole seconds from the host's clock.
 //! - Connections are plain TCP: no TLS yet.
 //! - The row lock form holds a connection and an open transaction per in-flight delivery; on

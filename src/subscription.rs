@@ -91,7 +91,9 @@ impl<'a> SubscriptionBuilder<'a> {
         let opts = SubOptions {
             workers: self.workers,
             batch,
-            max_in_flight: self.max_in_flight.unwrap_or(self.workers * batch),
+            max_in_flight: self
+                .max_in_flight
+                .unwrap_or((self.workers * batch).min(100_000)),
             poll_interval: self.poll_interval,
             advisory_scan: (self.batch * 4).max(32),
         };

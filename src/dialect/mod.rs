@@ -66,8 +66,11 @@ pub(crate) struct TableSql {
     /// The claim.
     /// - row lock: `(now, limit)` -> rows, locked `FOR UPDATE SKIP LOCKED`;
     /// - lease: see [`Dialect::lease_claim`];
-    /// - advisory: `(now, limit)` -> `id, <user columns>` of claimable rows, locking nothing.
+    /// - advisory: `(now, limit)` -> `id, run_at, <user columns>` of claimable rows, locking
+    ///   nothing.
     pub claim: String,
+    /// Advisory: `(now, run_at, id, limit)`, the candidates after the row `(run_at, id)`.
+    pub claim_after: String,
     /// Lease: the claim of at most one row, where the database runs another spelling faster
     /// (same parameters as `claim`).
     pub claim_one: Option<String>,

@@ -333,10 +333,7 @@ impl Dialect for Mysql {
                     .collect();
             }
             Form::AdvisoryLock => {
-                sql.claim = format!(
-                    "SELECT {} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ?",
-                    s.key_columns(spec)
-                );
+                s.advisory_candidates(spec, &mut sql);
                 sql.take = format!("UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?");
                 sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
                 sql.key_unlock = Some("SELECT RELEASE_LOCK(?)".into());
@@ -772,7 +769,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
+            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
         );
         assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
         let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));
@@ -832,7 +829,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `run_at` = ? \
+            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `attempts` = 0, `run_at` = ? \
              WHERE `id` = ? AND `dead_at` IS NOT NULL"
         );
         let spec = Table::new("thumbs")
@@ -858,8 +855,14 @@ mod tests {
         );
         assert_eq!(
             sql.claim,
-            "SELECT `id`, `account` FROM `payments` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+            "SELECT `id`, `run_at`, `account` FROM `payments` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              ORDER BY `run_at`, `id` LIMIT ?"
+        );
+        // Positional parameters in the order the claim passes them: now, run_at, id, limit.
+        assert_eq!(
+            sql.claim_after,
+            "SELECT `id`, `run_at`, `account` FROM `payments` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+             AND (`run_at`, `id`) > (?, ?) ORDER BY `run_at`, `id` LIMIT ?"
         );
         assert_eq!(
             sql.take,

@@ -152,10 +152,7 @@ impl Dialect for Postgres {
                 );
             }
             Form::AdvisoryLock => {
-                sql.claim = format!(
-                    "SELECT {} FROM {t} WHERE {ready} ORDER BY {order} LIMIT $2",
-                    s.key_columns(spec)
-                );
+                s.advisory_candidates(spec, &mut sql);
                 sql.take = format!(
                     "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = $2 RETURNING {row}"
                 );
@@ -445,13 +442,18 @@ mod tests {
         );
         assert_eq!(
             sql.claim,
-            "SELECT \"id\", \"account\" FROM \"payments\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
+            "SELECT \"id\", \"run_at\", \"account\" FROM \"payments\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
              ORDER BY \"run_at\", \"id\" LIMIT $2"
         );
         assert_eq!(
             sql.take,
             "UPDATE \"payments\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
              AND \"id\" = $2 RETURNING \"id\", \"attempts\", \"payload\", \"account\""
+        );
+        assert_eq!(
+            sql.claim_after,
+            "SELECT \"id\", \"run_at\", \"account\" FROM \"payments\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
+             AND (\"run_at\", \"id\") > ($2, $3) ORDER BY \"run_at\", \"id\" LIMIT $4"
         );
         assert_eq!(
             sql.key_lock.as_deref(),

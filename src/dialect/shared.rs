@@ -60,13 +60,27 @@ impl Syntax {
         s
     }
 
-    /// `id, <user columns>`: what an advisory claim needs to render keys.
-    pub fn key_columns(&self, spec: &TableSpec) -> String {
-        let mut s = self.q(&spec.id);
+    /// The advisory claim's candidates, which lock nothing: `claim` `(now, limit)` the first
+    /// page, `claim_after` `(now, run_at, id, limit)` the page after the row `(run_at, id)`,
+    /// each row `id, run_at, <user columns>` (what a key is rendered from, and the cursor).
+    pub fn advisory_candidates(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let (t, id, run_at) = (self.q(&spec.name), self.q(&spec.id), self.q(&spec.run_at));
+        let mut cols = format!("{id}, {run_at}");
         for c in &spec.columns {
-            s.push_str(&format!(", {}", self.q(&c.name)));
+            cols.push_str(&format!(", {}", self.q(&c.name)));
         }
-        s
+        let head = format!(
+            "SELECT {cols} FROM {t} WHERE {}",
+            self.ready(spec, &self.p(1))
+        );
+        let order = self.order(spec);
+        sql.claim = format!("{head} ORDER BY {order} LIMIT {}", self.p(2));
+        sql.claim_after = format!(
+            "{head} AND ({run_at}, {id}) > ({}, {}) ORDER BY {order} LIMIT {}",
+            self.p(2),
+            self.p(3),
+            self.p(4)
+        );
     }
 
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
@@ -258,7 +272,8 @@ impl Syntax {
             String::new()
         };
         sql.dead_requeue = format!(
-            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {run_at} = {} WHERE {id} = {} AND {dead_at} IS NOT NULL",
+            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
+             WHERE {id} = {} AND {dead_at} IS NOT NULL",
             p(1),
             p(2)
         );

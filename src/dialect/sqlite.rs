@@ -193,10 +193,7 @@ impl Dialect for Sqlite {
                 ));
             }
             Form::AdvisoryLock => {
-                sql.claim = format!(
-                    "SELECT {} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ?2",
-                    s.key_columns(spec)
-                );
+                s.advisory_candidates(spec, &mut sql);
                 sql.take = format!(
                     "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?2 RETURNING {row}"
                 );
@@ -385,7 +382,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"run_at\" = ?1 \
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
              WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
         );
     }
@@ -399,7 +396,7 @@ mod tests {
         );
         assert_eq!(
             sql.claim,
-            "SELECT \"id\", \"account\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
+            "SELECT \"id\", \"run_at\", \"account\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
              ORDER BY \"run_at\", \"id\" LIMIT ?2"
         );
         assert_eq!(

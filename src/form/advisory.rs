@@ -1,8 +1,9 @@
 //! Advisory lock form.
 //!
 //! Protocol:
-//! 1. On a pooled connection, select ready rows (up to `advisory_scan`) with the columns their
-//!    keys are rendered from; lock nothing.
+//! 1. On a pooled connection, select ready rows with the columns their keys are rendered from,
+//!    a page at a time in `(run_at, id)` order (pages doubling from `advisory_scan`, at most
+//!    10,000 rows a claim, since rows in work stay ready and fill the first pages); lock nothing.
 //! 2. For each distinct key, try its lock **without waiting** (PostgreSQL
 //!    `pg_try_advisory_lock(hashtextextended(key, 0))`, MySQL `GET_LOCK(name, 0)`, SQLite the
 //!    process's key registry); skip a key held elsewhere.
@@ -93,6 +94,11 @@ fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
     }
 }
 
+/// The most candidate rows one claim reads. Rows of keys in work stay ready, so a claim pages
+/// past them (doubling the page from `advisory_scan`) to reach other keys; past this many it
+/// gives up until the next round, bounding the cost of a claim when every key is busy.
+const SCAN_LIMIT: usize = 10_000;
+
 pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(template) = &q.spec.key else {
@@ -102,76 +108,102 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
-    let candidates = conn
-        .query(
-            &q.sql.claim,
-            &[Value::Time(now), Value::Int(ctx.opts.advisory_scan as i64)],
-        )
-        .map_err(q.err("claim"))?;
     let mut tried = HashSet::new();
     let mut out = Vec::new();
-    for row in candidates {
-        if out.len() >= limit {
-            break;
+    let mut page = ctx.opts.advisory_scan.min(SCAN_LIMIT);
+    let mut scanned = 0;
+    let mut after: Option<(Value, i64)> = None;
+    loop {
+        let rows = match &after {
+            None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
+            Some((run_at, id)) => conn.query(
+                &q.sql.claim_after,
+                &[
+                    Value::Time(now),
+                    run_at.clone(),
+                    Value::Int(*id),
+                    Value::Int(page as i64),
+                ],
+            ),
         }
-        let Some(id) = row.first().and_then(Value::as_i64) else {
-            continue;
-        };
-        let key = template.render(&row[1..]);
-        if !tried.insert(key.clone()) {
-            continue;
-        }
-        match (&ctx.keys, &q.sql.key_lock) {
-            (Some(registry), _) => {
-                if !registry.try_take(&key) {
-                    continue;
+        .map_err(q.err("claim"))?;
+        let found = rows.len();
+        for row in rows {
+            if out.len() >= limit {
+                return Ok(out);
+            }
+            let (Some(id), Some(run_at)) = (row.first().and_then(Value::as_i64), row.get(1)) else {
+                continue;
+            };
+            after = Some((run_at.clone(), id));
+            let key = template.render(&row[2..]);
+            if !tried.insert(key.clone()) {
+                continue;
+            }
+            match (&ctx.keys, &q.sql.key_lock) {
+                (Some(registry), _) => {
+                    if !registry.try_take(&key) {
+                        continue;
+                    }
+                    match take(ctx, &mut **conn, now, id, key.clone(), None) {
+                        Ok(Some(c)) => out.push(c),
+                        Ok(None) => registry.give_back(&key),
+                        Err(e) => {
+                            registry.give_back(&key);
+                            if out.is_empty() {
+                                return Err(q.err("claim")(e));
+                            }
+                            ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
+                            return Ok(out);
+                        }
+                    }
                 }
-                match take(ctx, &mut **conn, now, id, key.clone(), None) {
-                    Ok(Some(c)) => out.push(c),
-                    Ok(None) => registry.give_back(&key),
-                    Err(e) => {
-                        registry.give_back(&key);
-                        if out.is_empty() {
+                (None, Some(lock_sql)) => {
+                    let name = q.dialect.key_name(&key);
+                    match key_query(&mut **conn, lock_sql, &name) {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(e) => {
+                            // The lock may or may not have been taken: never pool this session.
+                            conn.mark_broken();
                             return Err(q.err("claim")(e));
                         }
-                        ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
-                        break;
+                    }
+                    let taken = q
+                        .dialect
+                        .advisory_take(&mut **conn, &q.sql, now, id)
+                        .and_then(|row| row.map(split_row).transpose());
+                    match taken {
+                        Ok(Some((id, attempts, payload, values))) => {
+                            // The connection holds the key: it goes with the delivery.
+                            let hold = Hold::Advisory(KeyHold {
+                                key,
+                                conn: Some(conn),
+                            });
+                            return Ok(vec![Claimed {
+                                id,
+                                attempt: attempts,
+                                payload,
+                                values,
+                                hold,
+                            }]);
+                        }
+                        Ok(None) => unlock_key(ctx, &mut **conn, &key),
+                        Err(e) => {
+                            conn.mark_broken();
+                            return Err(q.err("claim")(e));
+                        }
                     }
                 }
+                (None, None) => return Ok(Vec::new()),
             }
-            (None, Some(lock_sql)) => {
-                let name = q.dialect.key_name(&key);
-                if !key_query(&mut **conn, lock_sql, &name).map_err(q.err("claim"))? {
-                    continue;
-                }
-                match q.dialect.advisory_take(&mut **conn, &q.sql, now, id) {
-                    Ok(Some(row)) => {
-                        // The connection holds the key: it goes with the delivery.
-                        let (id, attempts, payload, values) =
-                            split_row(row).map_err(q.err("claim"))?;
-                        let hold = Hold::Advisory(KeyHold {
-                            key,
-                            conn: Some(conn),
-                        });
-                        return Ok(vec![Claimed {
-                            id,
-                            attempt: attempts,
-                            payload,
-                            values,
-                            hold,
-                        }]);
-                    }
-                    Ok(None) => unlock_key(ctx, &mut **conn, &key),
-                    Err(e) => {
-                        conn.mark_broken();
-                        return Err(q.err("claim")(e));
-                    }
-                }
-            }
-            (None, None) => return Ok(Vec::new()),
         }
+        scanned += found;
+        if out.len() >= limit || found < page || scanned >= SCAN_LIMIT {
+            return Ok(out);
+        }
+        page = (page * 2).min(SCAN_LIMIT - scanned);
     }
-    Ok(out)
 }
 
 /// Takes a row under its key (in-process keys: the connection is not kept).

@@ -42,9 +42,15 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
         .dialect
         .lease_claim(&mut **conn, &q.sql, claim_now(now), limit, token)
         .map_err(q.err("claim"))?;
+    // Every row is read before any is booked for renewal, so a row that fails to read leaves
+    // no lease renewed for ever behind it (the claimed rows return when their leases expire).
+    let rows: Vec<_> = rows
+        .into_iter()
+        .map(split_row)
+        .collect::<Result<_, _>>()
+        .map_err(q.err("claim"))?;
     let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let (id, attempts, payload, values) = split_row(row).map_err(q.err("claim"))?;
+    for (id, attempts, payload, values) in rows {
         let cell = ctx.leases.insert(id, token);
         // The claim counted this attempt.
         out.push(Claimed {

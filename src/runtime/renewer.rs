@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::Ctx;
+use crate::dialect::DbConn;
 use crate::schedule::{lease_token, renew_every};
 
 /// Rows renewed per statement (two parameters each).
@@ -152,17 +153,45 @@ fn run(shared: &Shared) {
             }
             continue;
         }
-        MutexGuard::unlocked(&mut subs, || {
-            for ctx in due {
-                round(&ctx);
-            }
+        let failed: Vec<Arc<Ctx>> = MutexGuard::unlocked(&mut subs, || {
+            due.into_iter().filter(|ctx| !round(ctx)).collect()
         });
+        // A failed round is tried again after a quarter lease, not half: the leases have
+        // half a lease left at most.
+        for e in subs.iter_mut() {
+            if failed
+                .iter()
+                .any(|f| std::ptr::eq(e.ctx.as_ptr(), Arc::as_ptr(f)))
+            {
+                e.next = Instant::now() + e.every / 2;
+            }
+        }
     }
 }
 
 /// One renewal round over every in-flight lease.
-pub(crate) fn round(ctx: &Ctx) {
+pub(crate) fn round(ctx: &Ctx) -> bool {
     let cells = ctx.leases.snapshot();
+    if cells.is_empty() {
+        return true;
+    }
+    // The connection first, waiting briefly: the cells' locks (which settlements wait on) are
+    // then held only while the statement runs, never while the pool is exhausted (row lock
+    // deliveries of the same broker may hold every connection).
+    let q = &ctx.queue;
+    let wait = (renew_every(q.spec.lease_secs) / 4).min(q.pool.connection_timeout());
+    let mut conn = match q.pool.get_timeout(wait) {
+        Ok(conn) => conn,
+        Err(e) => {
+            let e = format!(
+                "renewing leases of table {}: no connection within {wait:?}: {e}",
+                q.spec.name
+            );
+            log::warn!("{e}");
+            ctx.set_error(e);
+            return false;
+        }
+    };
     let mut held: Vec<(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)> = Vec::new();
     for cell in &cells {
         if let Some(state) = cell.state.try_lock() {
@@ -176,21 +205,20 @@ pub(crate) fn round(ctx: &Ctx) {
     // one alone, or the stale delivery would be handed the new token.
     held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
     held.dedup_by_key(|(cell, _)| cell.id);
-    for chunk in held.chunks_mut(RENEW_CHUNK) {
-        renew_chunk(ctx, chunk);
-    }
+    held.chunks_mut(RENEW_CHUNK)
+        .all(|chunk| renew_chunk(ctx, &mut **conn, chunk))
 }
 
-fn renew_chunk(ctx: &Ctx, chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)]) {
+/// Renews one chunk of leases on `conn`; false if the statement failed.
+fn renew_chunk(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)],
+) -> bool {
     let q = &ctx.queue;
     let pairs: Vec<(i64, SystemTime)> = chunk.iter().map(|(c, s)| (c.id, s.token)).collect();
     let token = lease_token(SystemTime::now(), q.spec.lease_secs);
-    let renewed = q.conn("renew").and_then(|mut conn| {
-        q.dialect
-            .lease_renew(&mut **conn, &q.spec, token, &pairs)
-            .map_err(q.err("renew"))
-    });
-    match renewed {
+    match q.dialect.lease_renew(conn, &q.spec, token, &pairs) {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();
             for (cell, state) in chunk.iter_mut() {
@@ -204,11 +232,14 @@ fn renew_chunk(ctx: &Ctx, chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseSta
                     );
                 }
             }
+            true
         }
         Err(e) => {
-            // The leases keep their tokens; the next round tries again.
+            // The leases keep their tokens; the next round, soon, tries again.
+            let e = q.err("renew")(e);
             log::warn!("{e}");
             ctx.set_error(e.to_string());
+            false
         }
     }
 }

@@ -87,13 +87,19 @@ impl Slots {
         self.capacity - self.state.lock().free
     }
 
-    /// Waits until every slot is free or `timeout` passes; true if all are free.
+    /// Waits until every slot is free or `timeout` passes (a timeout too large for a deadline
+    /// waits for ever); true if all are free.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut st = self.state.lock();
         while st.free < self.capacity {
-            if self.cv.wait_until(&mut st, deadline).timed_out() {
-                return st.free == self.capacity;
+            match deadline {
+                Some(deadline) => {
+                    if self.cv.wait_until(&mut st, deadline).timed_out() {
+                        return st.free == self.capacity;
+                    }
+                }
+                None => self.cv.wait(&mut st),
             }
         }
         true

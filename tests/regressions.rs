@@ -1,0 +1,146 @@
+//! Regressions found in review: each test failed before its fix.
+
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use common::Db;
+use sqlbroker::{Broker, Delivery, Form, Message, Subscription};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn msg(body: &str, k: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("k", k)
+}
+
+fn key_of(d: &Delivery) -> String {
+    d.get("k")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn next(sub: &Subscription, wait: Duration) -> Delivery {
+    match sub.next_delivery_timeout(wait) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "no delivery within {wait:?}: {e} (last error: {:?}, in flight {})",
+            sub.last_error(),
+            sub.in_flight()
+        ),
+    }
+}
+
+/// SPEC: "Rows with equal keys are worked one at a time ... while other accounts' rows run in
+/// parallel." A key with more ready rows than one page of advisory candidates (40 by default)
+/// at the head of the queue must not hide the other keys' rows: the claim pages past them.
+fn advisory_busy_key_starves_other_keys(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::AdvisoryLock, LEASE);
+    let batch: Vec<Message> = (0..60).map(|i| msg(&format!("a{i}"), "a")).collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let b = live.broker.publish(&t, msg("b", "b")).unwrap();
+    let sub = live.broker.subscription(&t).workers(2).start().unwrap();
+    let first = next(&sub, Duration::from_secs(10));
+    assert_eq!(key_of(&first), "a");
+    // Key "a" is held by `first`; the only claimable row is the one of key "b".
+    let other = sub.next_delivery_timeout(Duration::from_secs(3));
+    let got = other.as_ref().map(|d| (d.id(), key_of(d))).ok();
+    drop(other);
+    drop(first);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        got,
+        Some((b, "b".to_string())),
+        "the row of key b was not delivered while key a was in work"
+    );
+}
+per_db!(advisory_busy_key_starves_other_keys);
+
+/// The candidate scan also reads the rows already in work (they stay ready); the advisory form
+/// must still fill every slot it has (60 here), not stop at one page of candidates (40).
+fn advisory_in_flight_not_capped_by_scan_window(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::AdvisoryLock, LEASE);
+    let batch: Vec<Message> = (0..100)
+        .map(|i| msg(&format!("m{i}"), &format!("k{i}")))
+        .collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let broker = Broker::builder(&live.url).pool_size(80).build().unwrap();
+    let sub = broker
+        .subscription(&t)
+        .workers(8)
+        .max_in_flight(60)
+        .start()
+        .unwrap();
+    let mut held = Vec::new();
+    while held.len() < 60 {
+        match sub.next_delivery_timeout(Duration::from_secs(3)) {
+            Ok(d) => held.push(d),
+            Err(_) => break,
+        }
+    }
+    let n = held.len();
+    drop(held);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        n, 60,
+        "100 distinct keys ready, max_in_flight 60, but only {n} could be held at once"
+    );
+}
+per_db!(advisory_in_flight_not_capped_by_scan_window);
+
+/// A row dead-lettered by `max_attempts` and put back with `requeue_dead` is delivered again
+/// (requeue resets its attempts), not dead-lettered again by the next claim.
+fn requeue_after_max_attempts_is_delivered(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(common::describe(&common::unique("t"), form, LEASE).max_attempts(1));
+    let id = live.broker.publish(&t, msg("x", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    d.retry().unwrap(); // last attempt: dead-lettered
+    assert_eq!(live.broker.dead_letters(&t, 10).unwrap().len(), 1);
+    assert!(live.broker.requeue_dead(&t, id).unwrap());
+    let again = sub.next_delivery_timeout(Duration::from_secs(5));
+    let dead = live.broker.dead_letters(&t, 10).unwrap();
+    let ok = again.is_ok();
+    if let Ok(d) = again {
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        ok,
+        "the requeued row was not delivered; dead letters now: {:?}",
+        dead.iter()
+            .map(|d| (d.id, d.attempts, d.reason.clone()))
+            .collect::<Vec<_>>()
+    );
+}
+per_db_form!(requeue_after_max_attempts_is_delivered);
+
+/// `shutdown(Duration::MAX)` ("wait as long as it takes") waits, it does not overflow a deadline.
+#[test]
+fn shutdown_with_duration_max_does_not_panic() {
+    let broker = Broker::connect("sqlite::memory:").unwrap();
+    let t = sqlbroker::Table::new("jobs").lease(LEASE);
+    broker.create_table(&t).unwrap();
+    let sub = broker.subscription(&t).start().unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| sub.shutdown(Duration::MAX)));
+    assert!(r.is_ok(), "shutdown(Duration::MAX) panicked");
+}
+
+/// `connection_timeout(Duration::MAX)` is clamped: the pool adds it to `Instant::now()`.
+#[test]
+fn connection_timeout_max_does_not_panic() {
+    let r = catch_unwind(|| {
+        Broker::builder("sqlite::memory:")
+            .connection_timeout(Duration::MAX)
+            .build()
+            .map(drop)
+    });
+    assert!(
+        r.is_ok(),
+        "connection_timeout(Duration::MAX) panicked in build"
+    );
+}
