@@ -43,8 +43,13 @@ pub(crate) trait DbConn: Send {
     fn batch(&mut self, sql: &str) -> Result<(), DbError>;
     /// True once the connection is known to be unusable or in an unknown state.
     fn is_broken(&self) -> bool;
+    /// Whether the pool discards this connection instead of reusing it (a connection the driver
+    /// reports closed is discarded either way).
+    fn set_broken(&mut self, broken: bool);
     /// Makes the pool discard this connection instead of reusing it.
-    fn mark_broken(&mut self);
+    fn mark_broken(&mut self) {
+        self.set_broken(true);
+    }
     /// The id the last insert on this connection assigned, where the driver reports it
     /// (MySQL, whose inserts return no rows).
     fn last_insert_id(&self) -> Option<i64> {

@@ -259,10 +259,15 @@ fn in_transaction<T, S: AsRef<str>>(
     begin: &[S],
     body: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
 ) -> Result<T, DbError> {
-    let run = |conn: &mut dyn DbConn| {
-        for stmt in begin {
-            conn.batch(stmt.as_ref())?;
+    for stmt in begin {
+        if let Err(e) = conn.batch(stmt.as_ref()) {
+            // `SET TRANSACTION` applies to the session's next transaction: never pool a session
+            // whose transaction half opened.
+            conn.mark_broken();
+            return Err(e);
         }
+    }
+    let run = |conn: &mut dyn DbConn| {
         let out = body(conn)?;
         conn.batch("COMMIT")?;
         Ok(out)
@@ -588,8 +593,8 @@ impl DbConn for MyConn {
         self.broken
     }
 
-    fn mark_broken(&mut self) {
-        self.broken = true;
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
     }
 }
 

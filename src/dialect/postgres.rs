@@ -287,8 +287,8 @@ impl DbConn for PgConn {
         self.broken || self.client.is_closed()
     }
 
-    fn mark_broken(&mut self) {
-        self.broken = true;
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
     }
 }
 

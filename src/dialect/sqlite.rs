@@ -314,8 +314,8 @@ impl DbConn for SqliteConn {
         self.broken
     }
 
-    fn mark_broken(&mut self) {
-        self.broken = true;
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
     }
 }
 

@@ -76,7 +76,8 @@ fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
     let Some(sql) = &q.sql.key_unlock else { return };
     let name = q.dialect.key_name(key);
     match key_query(conn, sql, &name) {
-        Ok(true) => {}
+        // Released: the session may be pooled again.
+        Ok(true) => conn.set_broken(false),
         Ok(false) => {
             log::warn!(
                 "table {}: key {key:?} was not held at unlock; discarding the connection",
@@ -161,7 +162,10 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                 (None, Some(lock_sql)) => {
                     let name = q.dialect.key_name(&key);
                     match key_query(&mut **conn, lock_sql, &name) {
-                        Ok(true) => {}
+                        // Marked broken while it holds the key, until the unlock succeeds: if
+                        // anything unwinds meanwhile the pool discards the session, and ending
+                        // the session releases the key.
+                        Ok(true) => conn.mark_broken(),
                         Ok(false) => continue,
                         Err(e) => {
                             // The lock may or may not have been taken: never pool this session.

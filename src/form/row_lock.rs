@@ -32,12 +32,15 @@ pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
-    let found = (|| {
-        for stmt in &q.sql.begin {
-            conn.batch(stmt)?;
+    for stmt in &q.sql.begin {
+        if let Err(e) = conn.batch(stmt) {
+            // A half-opened transaction (MySQL: `SET TRANSACTION` applies to the session's next
+            // one) must not reach the next user of this connection.
+            conn.mark_broken();
+            return Err(q.err("claim")(e));
         }
-        conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(1)])
-    })();
+    }
+    let found = conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(1)]);
     let row = match found {
         Ok(rows) => rows.into_iter().next(),
         Err(e) => {
