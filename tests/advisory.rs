@@ -7,21 +7,11 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::Db;
+use common::{key_of, Db};
 use sqlbroker::{Delivery, Form, Message, NextError, Subscription, Table};
 
 fn next(sub: &Subscription) -> Delivery {
-    match sub.next_delivery_timeout(Duration::from_secs(10)) {
-        Ok(d) => d,
-        Err(e) => panic!("no delivery: {e} (last error: {:?})", sub.last_error()),
-    }
-}
-
-fn key_of(d: &Delivery) -> String {
-    d.get("k")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string()
+    common::next(sub, Duration::from_secs(10))
 }
 
 /// Two rows with key `a`, one with key `b`: with the first `a` held, `b` is delivered and the

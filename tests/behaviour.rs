@@ -9,24 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Db, Live};
+use common::{msg, Db, Live};
 use sqlbroker::{BrokerError, Delivery, Form, Message, NextError, Subscription, Table, Value};
 
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
 
-fn msg(body: &str, k: &str) -> Message {
-    Message::new(body.as_bytes().to_vec()).set("k", k)
-}
-
 fn next(sub: &Subscription) -> Delivery {
-    match sub.next_delivery_timeout(WAIT) {
-        Ok(d) => d,
-        Err(e) => panic!(
-            "no delivery within {WAIT:?}: {e} (last error: {:?})",
-            sub.last_error()
-        ),
-    }
+    common::next(sub, WAIT)
 }
 
 /// The attempt a row reads after a delivery of it was abandoned (dropped, crashed): the row lock

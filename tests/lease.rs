@@ -6,18 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Db;
-use sqlbroker::{BrokerError, Delivery, Form, Message, NextError, Subscription};
-
-fn next(sub: &Subscription, wait: Duration) -> Delivery {
-    match sub.next_delivery_timeout(wait) {
-        Ok(d) => d,
-        Err(e) => panic!(
-            "no delivery within {wait:?}: {e} (last error: {:?})",
-            sub.last_error()
-        ),
-    }
-}
+use common::{next, Db};
+use sqlbroker::{BrokerError, Delivery, Form, Message, NextError};
 
 /// Subscription A claims three rows with a 1 s lease and stops renewing them
 /// (`shutdown(Duration::ZERO)` with the deliveries still held). Once the leases expire,

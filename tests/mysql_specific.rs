@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Db;
+use common::{next, Db};
 use mysql::prelude::Queryable;
 use sha2::{Digest, Sha256};
 use sqlbroker::{
@@ -50,11 +50,6 @@ impl Drop for Raw {
             let _ = self.conn.query_drop(format!("DROP TABLE IF EXISTS `{t}`"));
         }
     }
-}
-
-fn next(sub: &Subscription, wait: Duration) -> Delivery {
-    sub.next_delivery_timeout(wait)
-        .unwrap_or_else(|e| panic!("no delivery within {wait:?}: {e}; {:?}", sub.last_error()))
 }
 
 /// The first delivery either subscription hands out, and which one did.

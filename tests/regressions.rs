@@ -5,32 +5,10 @@ mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use common::Db;
-use sqlbroker::{Broker, Delivery, Form, Message, Subscription};
+use common::{key_of, msg, next, Db};
+use sqlbroker::{Broker, Form, Message};
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn msg(body: &str, k: &str) -> Message {
-    Message::new(body.as_bytes().to_vec()).set("k", k)
-}
-
-fn key_of(d: &Delivery) -> String {
-    d.get("k")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn next(sub: &Subscription, wait: Duration) -> Delivery {
-    match sub.next_delivery_timeout(wait) {
-        Ok(d) => d,
-        Err(e) => panic!(
-            "no delivery within {wait:?}: {e} (last error: {:?}, in flight {})",
-            sub.last_error(),
-            sub.in_flight()
-        ),
-    }
-}
 
 /// SPEC: "Rows with equal keys are worked one at a time ... while other accounts' rows run in
 /// parallel." A key with more ready rows than one page of advisory candidates (40 by default)

@@ -11,18 +11,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Db, Live};
-use sqlbroker::{BrokerError, DbErrorKind, Delivery, Form, Message, Subscription, Table};
-
-fn next(sub: &Subscription, wait: Duration) -> Delivery {
-    match sub.next_delivery_timeout(wait) {
-        Ok(d) => d,
-        Err(e) => panic!(
-            "no delivery within {wait:?}: {e} (last error: {:?})",
-            sub.last_error()
-        ),
-    }
-}
+use common::{next, Db, Live};
+use sqlbroker::{BrokerError, DbErrorKind, Form, Message, Table};
 
 /// The session holding the delivery of a row of `t`, found from the outside. `before`: the
 /// sessions that held row locks before the claim.

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sqlbroker::{Broker, Form, Table};
+use sqlbroker::{Broker, Delivery, Form, Message, Subscription, Table};
 
 /// The databases a behaviour suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -421,4 +421,29 @@ macro_rules! per_db {
             }
         }
     };
+}
+
+/// A message with body `body` and the column `k` the tables here describe set to `k`.
+pub fn msg(body: &str, k: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("k", k)
+}
+
+/// The `k` column of a delivery (the advisory key's part of it).
+pub fn key_of(d: &Delivery) -> String {
+    d.get("k")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The next delivery within `wait`, or a panic that says why none came.
+pub fn next(sub: &Subscription, wait: Duration) -> Delivery {
+    match sub.next_delivery_timeout(wait) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "no delivery within {wait:?}: {e} (last error: {:?}, in flight {})",
+            sub.last_error(),
+            sub.in_flight()
+        ),
+    }
 }
