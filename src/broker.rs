@@ -6,12 +6,12 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::dialect::{self, Dialect};
+use crate::dialect::{self, ConnOptions, DbConn, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::message::Message;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
-use crate::runtime::{Manager, Pool, Queue};
+use crate::runtime::{pool, Pool, Queue};
 use crate::subscription::SubscriptionBuilder;
 use crate::table::Table;
 use crate::Value;
@@ -48,6 +48,7 @@ struct Inner {
     queues: Mutex<HashMap<Table, Arc<Queue>>>,
     wakes: Mutex<HashMap<String, Arc<Wake>>>,
     renewer: Arc<Renewer>,
+    statement_timeout: Duration,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -56,6 +57,7 @@ pub struct BrokerBuilder {
     url: String,
     pool_size: u32,
     connection_timeout: Duration,
+    options: ConnOptions,
 }
 
 impl BrokerBuilder {
@@ -74,22 +76,39 @@ impl BrokerBuilder {
         self
     }
 
+    /// The longest one statement may wait on the database, lock waits included. Default 30 s,
+    /// from 1 s to a day. Every wait is bounded by it: PostgreSQL sessions run with
+    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them); MySQL and
+    /// MariaDB sessions with `lock_wait_timeout` and `innodb_lock_wait_timeout`, and their
+    /// sockets time out 10 s later; SQLite waits this long for the write lock.
+    /// [`Subscription::close`](crate::Subscription::close) and
+    /// [`shutdown`](crate::Subscription::shutdown) wait for a claim in progress at most this
+    /// long.
+    ///
+    /// The row lock form runs no statement while its handler works, so the timeout does not
+    /// limit the handler; a DDL waiting on a table whose rows a handler holds is what it ends.
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.options.statement_timeout =
+            d.clamp(Duration::from_secs(1), Duration::from_secs(86_400));
+        self
+    }
+
+    /// SQLite only: whether a commit is durable on power loss (`PRAGMA synchronous = FULL`,
+    /// the default) or only on a crash of the process (`NORMAL`: faster commits in WAL mode;
+    /// the database is never corrupted, but the last commits before a power cut may be lost,
+    /// and a publish that returned may vanish).
+    pub fn sqlite_durable(mut self, durable: bool) -> Self {
+        self.options.sqlite_durable = durable;
+        self
+    }
+
     /// Parses the URL, builds the pool and opens one connection to prove the database is there.
     pub fn build(self) -> Result<Broker> {
-        let dialect = dialect::open(&self.url)?;
+        let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
             .map_or(self.pool_size, |cap| cap.min(self.pool_size));
-        let pool = r2d2::Pool::builder()
-            .max_size(size)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connection_timeout(self.connection_timeout)
-            .build_unchecked(Manager {
-                dialect: dialect.clone(),
-            });
+        let pool = pool::build(dialect.clone(), size, self.connection_timeout);
         let broker = Broker {
             inner: Arc::new(Inner {
                 dialect,
@@ -97,6 +116,7 @@ impl BrokerBuilder {
                 queues: Default::default(),
                 wakes: Default::default(),
                 renewer: Arc::default(),
+                statement_timeout: self.options.statement_timeout,
             }),
         };
         broker
@@ -127,6 +147,10 @@ impl Broker {
             url: url.to_string(),
             pool_size: 16,
             connection_timeout: Duration::from_secs(30),
+            options: ConnOptions {
+                statement_timeout: Duration::from_secs(30),
+                sqlite_durable: true,
+            },
         }
     }
 
@@ -155,6 +179,7 @@ impl Broker {
             self.inner.dialect.clone(),
             self.inner.pool.clone(),
             wake,
+            self.inner.statement_timeout,
         ));
         Ok(self
             .inner
@@ -165,19 +190,14 @@ impl Broker {
             .clone())
     }
 
-    pub(crate) fn renewer(&self) -> &Arc<Renewer> {
-        &self.inner.renewer
-    }
-
     /// Creates the table with every column described, and the index the claims use, if it
     /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
     pub fn create_table(&self, table: &Table) -> Result<()> {
         let q = self.queue(table)?;
-        let mut conn = q.conn("create table")?;
-        for stmt in q.dialect.create_table(&q.spec) {
-            conn.batch(&stmt).map_err(q.err("create table"))?;
-        }
-        Ok(())
+        let statements = q.dialect.create_table(&q.spec);
+        q.retrying("create table", |conn| {
+            statements.iter().try_for_each(|stmt| conn.batch(stmt))
+        })
     }
 
     /// Publishes one message and returns the new row's id; it is due at once unless it was
@@ -189,7 +209,7 @@ impl Broker {
         let mut conn = q.conn("publish")?;
         let id = q
             .dialect
-            .insert_returning_id(&mut **conn, &q.sql, &params)
+            .insert_returning_id(&mut *conn, &q.sql, &params)
             .map_err(q.err("publish"))?;
         q.wake.notify();
         Ok(id)
@@ -211,20 +231,19 @@ impl Broker {
         let rows_per = (q.dialect.max_params() / width).max(1);
         let chunks: Vec<&[Value]> = params.chunks(rows_per * width).collect();
         let mut conn = q.conn("publish")?;
-        let run =
-            |conn: &mut dyn dialect::DbConn| -> std::result::Result<(), crate::error::DbError> {
-                for chunk in &chunks {
-                    conn.execute(&q.insert_sql(chunk.len() / width), chunk)?;
-                }
-                Ok(())
-            };
+        let run = |conn: &mut dyn DbConn| -> std::result::Result<(), crate::error::DbError> {
+            for chunk in &chunks {
+                conn.execute(&q.insert_sql(chunk.len() / width), chunk)?;
+            }
+            Ok(())
+        };
         if chunks.len() == 1 {
-            run(&mut **conn).map_err(q.err("publish"))?;
+            run(&mut *conn).map_err(q.err("publish"))?;
         } else {
             conn.batch(&q.sql.begin_write).map_err(q.err("publish"))?;
-            let done = run(&mut **conn).and_then(|_| conn.batch("COMMIT"));
+            let done = run(&mut *conn).and_then(|_| conn.batch("COMMIT"));
             if let Err(e) = done {
-                crate::form::rollback_or_discard(&mut **conn);
+                conn.rollback_or_discard();
                 return Err(q.err("publish")(e));
             }
         }
@@ -234,19 +253,14 @@ impl Broker {
 
     /// Starts describing a subscription to `table`.
     pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
-        SubscriptionBuilder::new(self, table)
+        SubscriptionBuilder::new(self.queue(table), self.inner.renewer.clone())
     }
 
     /// Dead-lettered rows of `table`, oldest first, at most `limit`.
     pub fn dead_letters(&self, table: &Table, limit: usize) -> Result<Vec<DeadLetter>> {
         let q = self.queue(table)?;
-        let mut conn = q.conn("dead letters")?;
-        let rows = conn
-            .query(
-                &q.sql.dead_list,
-                &[Value::Int(limit.min(i64::MAX as usize) as i64)],
-            )
-            .map_err(q.err("dead letters"))?;
+        let limit = [Value::Int(limit.min(i64::MAX as usize) as i64)];
+        let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_list, &limit))?;
         let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
         Ok(rows
             .into_iter()
@@ -290,10 +304,9 @@ impl Broker {
     pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
         let now = crate::schedule::due_at(SystemTime::now(), Duration::ZERO);
-        let mut conn = q.conn("requeue")?;
-        let n = conn
-            .execute(&q.sql.dead_requeue, &[Value::Time(now), Value::Int(id)])
-            .map_err(q.err("requeue"))?;
+        // Only a dead row matches: running it twice changes nothing more.
+        let params = [Value::Time(now), Value::Int(id)];
+        let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
         q.wake.notify();
         Ok(n > 0)
     }

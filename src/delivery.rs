@@ -5,23 +5,36 @@ use std::time::{Duration, SystemTime};
 
 use crate::form::{self, Claimed, Hold, Outcome};
 use crate::runtime::Ctx;
-use crate::schedule::due_at;
+use crate::schedule::{drop_delay, due_at};
 use crate::{Result, Value};
+
+/// How long a delivery's drop waits for a pooled connection (lease form, SQLite advisory form)
+/// before it gives up and leaves the row to its lease: a drop runs on a handler's thread,
+/// perhaps while it unwinds, and must not block it for the pool's whole timeout.
+const DROP_WAIT: Duration = Duration::from_secs(1);
 
 /// A claimed row, held for its handler until it is settled.
 ///
 /// Settle it with exactly one of [`ack`](Delivery::ack), [`retry`](Delivery::retry),
 /// [`retry_after`](Delivery::retry_after) or [`dead_letter`](Delivery::dead_letter); each consumes
-/// the delivery. Dropping it unsettled returns the row at once and never panics: row lock rolls
-/// back, lease clears the lease (fenced by its token), advisory unlocks the key. The attempt is
-/// then spent in the lease and advisory forms (it was counted at claim), not in the row lock form.
-#[must_use = "a delivery holds its row until it is settled; dropping it returns the row"]
+/// the delivery.
+///
+/// Dropping it unsettled (a handler that panicked, or forgot) counts as a failed attempt, in
+/// every form: the row is retried after a short delay (1 s after the first attempt, doubling, at
+/// most a minute), or dead-lettered once the table's
+/// [`max_attempts`](crate::Table::max_attempts) are spent, so a poison row cannot loop. The drop
+/// never panics and waits at most about a second for a connection; if the row cannot be
+/// written then, the database returns it as a crash would (lease: when the lease expires).
+#[must_use = "a delivery holds its row until it is settled; dropping it counts a failed attempt"]
 pub struct Delivery {
     id: i64,
     attempt: u32,
     payload: Vec<u8>,
     values: Vec<Value>,
     hold: Option<Hold>,
+    /// Handed to the application by the `next_delivery` family. A delivery dropped before that
+    /// (the subscription closed with it queued) is handed back unspent.
+    handed_out: bool,
     ctx: Arc<Ctx>,
 }
 
@@ -33,8 +46,15 @@ impl Delivery {
             payload: c.payload,
             values: c.values,
             hold: Some(c.hold),
+            handed_out: false,
             ctx,
         }
+    }
+
+    /// The application has it now: a drop from here on is a failed attempt.
+    pub(crate) fn hand_out(mut self) -> Self {
+        self.handed_out = true;
+        self
     }
 
     /// The row's id.
@@ -94,12 +114,18 @@ impl Delivery {
     ///
     /// [`Table::max_attempts`]: crate::Table::max_attempts
     pub fn retry_after(self, delay: Duration) -> Result<()> {
+        let outcome = self.retry_outcome(delay, "failed");
+        self.settle(outcome)
+    }
+
+    /// A retry after `delay`, or the dead letter if this was the last attempt.
+    fn retry_outcome(&self, delay: Duration, what: &str) -> Outcome {
         match self.ctx.spec().max_attempts {
-            Some(max) if self.attempt >= max => {
-                let reason = format!("attempt {} of max_attempts {max} failed", self.attempt);
-                self.settle(Outcome::Dead(reason))
-            }
-            _ => self.settle(Outcome::Retry(due_at(SystemTime::now(), delay))),
+            Some(max) if self.attempt >= max => Outcome::Dead(format!(
+                "attempt {} of max_attempts {max} {what}",
+                self.attempt
+            )),
+            _ => Outcome::Retry(due_at(SystemTime::now(), delay)),
         }
     }
 
@@ -116,7 +142,8 @@ impl Delivery {
         let Some(hold) = self.hold.take() else {
             return Ok(());
         };
-        let r = form::settle(&self.ctx, self.id, hold, outcome);
+        let within = self.ctx.queue.pool.connection_timeout();
+        let r = form::settle(&self.ctx, self.id, hold, outcome, within);
         if returned {
             self.ctx.queue.wake.notify();
         }
@@ -127,7 +154,19 @@ impl Delivery {
 impl Drop for Delivery {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
-            form::abandon(&self.ctx, self.id, hold);
+            if self.handed_out {
+                let what = "was dropped unsettled";
+                let outcome = self.retry_outcome(drop_delay(self.attempt), what);
+                let (ctx, id) = (&self.ctx, self.id);
+                if let Err(e) = form::settle(ctx, id, hold, outcome, DROP_WAIT) {
+                    log::warn!(
+                        "table {}: row {id} was dropped unsettled: {e}",
+                        ctx.spec().name
+                    );
+                }
+            } else {
+                form::hand_back(&self.ctx, self.id, hold, DROP_WAIT);
+            }
         }
         self.ctx.slots.release(1);
     }

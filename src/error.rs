@@ -101,6 +101,30 @@ pub enum BrokerError {
         #[source]
         source: std::io::Error,
     },
+    /// [`Subscription::shutdown`](crate::Subscription::shutdown) ran out of its grace with
+    /// deliveries still unsettled. The subscription is stopped all the same.
+    #[error("shutdown of the subscription on table {table} left {unsettled} deliveries unsettled after its grace")]
+    Unsettled {
+        /// The table.
+        table: String,
+        /// Deliveries claimed and not settled when the grace ran out.
+        unsettled: usize,
+    },
+    /// A subscription whose deliveries each hold a pooled connection (row lock form, advisory
+    /// form on a server) could hold every connection of the pool, leaving none for publishes
+    /// and settlements. Nothing was started.
+    #[error(
+        "a subscription on table {table} may hold {holds} connections but the pool has {pool_size}: \
+         raise the broker's pool_size above max_in_flight, or lower workers / max_in_flight"
+    )]
+    PoolTooSmall {
+        /// The table.
+        table: String,
+        /// The subscription's `max_in_flight`.
+        holds: usize,
+        /// The broker's pool size.
+        pool_size: u32,
+    },
     /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
     #[error("subscription on table {table} is closed")]
     Closed {

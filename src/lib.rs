@@ -85,6 +85,7 @@ mod delivery;
 mod dialect;
 mod error;
 mod form;
+mod keys;
 mod message;
 mod runtime;
 mod schedule;

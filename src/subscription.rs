@@ -1,23 +1,28 @@
 //! A running subscription: its options, the `next_delivery` family, and shutdown.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
-use parking_lot::Mutex;
 
-use crate::broker::Broker;
 use crate::delivery::Delivery;
-use crate::error::{NextError, Result};
-use crate::runtime::{claimer, Ctx, SubOptions};
-use crate::table::{Form, Table};
+use crate::error::{BrokerError, NextError, Result};
+use crate::runtime::renewer::Renewer;
+use crate::runtime::{claimer, Ctx, Queue, SubOptions};
+use crate::table::Form;
+
+/// How long `close` and drop wait for a claim worker beyond the statement timeout before they
+/// leave it to finish on its own.
+const JOIN_MARGIN: Duration = Duration::from_secs(1);
 
 /// Options of a subscription; [`SubscriptionBuilder::start`] starts it.
 #[must_use = "a subscription does nothing until it is started"]
 pub struct SubscriptionBuilder<'a> {
-    broker: &'a Broker,
-    table: Table,
+    /// The table's queue, or why its description is invalid (reported by `start`).
+    queue: Result<Arc<Queue>>,
+    renewer: Arc<Renewer>,
+    _broker: PhantomData<&'a ()>,
     workers: usize,
     batch: usize,
     max_in_flight: Option<usize>,
@@ -25,10 +30,11 @@ pub struct SubscriptionBuilder<'a> {
 }
 
 impl<'a> SubscriptionBuilder<'a> {
-    pub(crate) fn new(broker: &'a Broker, table: &Table) -> Self {
+    pub(crate) fn new(queue: Result<Arc<Queue>>, renewer: Arc<Renewer>) -> Self {
         SubscriptionBuilder {
-            broker,
-            table: table.clone(),
+            queue,
+            renewer,
+            _broker: PhantomData,
             workers: 1,
             batch: 10,
             max_in_flight: None,
@@ -66,11 +72,12 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
-    /// Validates the table, checks the form against the database (`Unsupported`) and the server's
-    /// version (`ServerTooOld`), then starts the claim workers (and, for a lease table, the
-    /// renewer).
+    /// Validates the table, checks the form against the database (`Unsupported`), the server's
+    /// version (`ServerTooOld`) and, in the forms whose deliveries hold a connection, that the
+    /// pool has one to spare beyond `max_in_flight` (`PoolTooSmall`), then starts the claim
+    /// workers (and, for a lease table, the renewer).
     pub fn start(self) -> Result<Subscription> {
-        let queue = self.broker.queue(&self.table)?;
+        let queue = self.queue?;
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
         if queue.spec.fifo {
@@ -81,56 +88,67 @@ impl<'a> SubscriptionBuilder<'a> {
                 why: "the FIFO group guard is not implemented yet",
             });
         }
-        {
-            let mut conn = queue.conn("start")?;
-            queue.dialect.check_server(&mut **conn, form)?;
-        }
+        // Connection-holding forms: every delivery in flight holds a pooled connection, so
+        // `max_in_flight` of them must leave one for publishes, settlements and claims, or a
+        // handler that publishes waits out the pool's timeout.
         let one_per_claim =
             form == Form::RowLock || (form == Form::AdvisoryLock && queue.sql.key_lock.is_some());
         let batch = if one_per_claim { 1 } else { self.batch };
+        let max_in_flight = self
+            .max_in_flight
+            .unwrap_or((self.workers * batch).min(100_000));
+        let pool_size = queue.pool.max_size();
+        if one_per_claim && max_in_flight >= pool_size as usize {
+            return Err(BrokerError::PoolTooSmall {
+                table: queue.spec.name.clone(),
+                holds: max_in_flight,
+                pool_size,
+            });
+        }
+        {
+            let mut conn = queue.conn("start")?;
+            queue.dialect.check_server(&mut *conn, form)?;
+        }
         let opts = SubOptions {
             workers: self.workers,
             batch,
-            max_in_flight: self
-                .max_in_flight
-                .unwrap_or((self.workers * batch).min(100_000)),
+            max_in_flight,
             poll_interval: self.poll_interval,
             advisory_scan: (self.batch * 4).max(32),
         };
         let name = queue.spec.name.clone();
-        let renewer = (form == Form::Lease).then(|| self.broker.renewer().clone());
-        let ctx = Arc::new(Ctx::new(queue, opts, renewer));
+        let renewer = (form == Form::Lease).then_some(self.renewer);
+        let ctx = Arc::new(Ctx::new(queue, opts, renewer.clone()));
         let (tx, rx) = crossbeam_channel::bounded(ctx.opts.max_in_flight);
-        let mut threads = Vec::with_capacity(ctx.opts.workers + 1);
+        // Each worker holds a sender of `exited` until it ends: `close` waits for them all
+        // with one bounded receive.
+        let (alive, exited) = crossbeam_channel::bounded::<()>(0);
+        let sub = Subscription {
+            rx: rx.clone(),
+            ctx: ctx.clone(),
+            exited,
+        };
         for i in 0..ctx.opts.workers {
-            let (worker_ctx, worker_tx) = (ctx.clone(), tx.clone());
+            let worker = (ctx.clone(), tx.clone(), rx.clone(), alive.clone());
             let thread = format!("sqlbroker-claim-{name}-{i}");
             let spawned = std::thread::Builder::new()
                 .name(thread.clone())
-                .spawn(move || claimer::run(worker_ctx, worker_tx));
-            match spawned {
-                Ok(h) => threads.push(h),
-                Err(source) => {
-                    ctx.stop();
-                    return Err(crate::BrokerError::Thread {
-                        name: thread,
-                        source,
-                    });
-                }
+                .spawn(move || claimer::run(worker.0, worker.1, worker.2, worker.3));
+            if let Err(source) = spawned {
+                // The workers started so far end as `sub` drops.
+                drop(alive);
+                let name = thread;
+                return Err(BrokerError::Thread { name, source });
             }
         }
-        if form == Form::Lease {
-            if let Err(source) = self.broker.renewer().register(&ctx) {
-                ctx.stop();
+        drop(alive);
+        if let Some(renewer) = renewer {
+            if let Err(source) = renewer.register(&ctx) {
                 let name = "sqlbroker-renew".into();
-                return Err(crate::BrokerError::Thread { name, source });
+                return Err(BrokerError::Thread { name, source });
             }
         }
-        Ok(Subscription {
-            rx,
-            ctx,
-            workers: Mutex::new(threads),
-        })
+        Ok(sub)
     }
 }
 
@@ -143,7 +161,8 @@ impl<'a> SubscriptionBuilder<'a> {
 pub struct Subscription {
     rx: Receiver<Delivery>,
     ctx: Arc<Ctx>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Disconnected once every claim worker has ended.
+    exited: Receiver<()>,
 }
 
 impl Subscription {
@@ -210,31 +229,57 @@ impl Subscription {
         self.ctx.stopped()
     }
 
-    /// Stops claiming and returns the rows claimed but not handed out. Waiters get `None`.
-    /// Deliveries already handed out stay valid and should still be settled.
+    /// Stops claiming and hands back the rows claimed but not handed out: they are claimable
+    /// again at once, their attempts unspent. Waiters get `None`. Deliveries already handed out
+    /// stay valid and should still be settled.
+    ///
+    /// Waits for the claim workers (each ends within one statement) at most the broker's
+    /// statement timeout and a second; one stuck on a server that stopped answering is left to
+    /// end on its own, and hands back what it claims then.
     pub fn close(&self) {
-        self.ctx.stop();
-        for h in self.workers.lock().drain(..) {
-            let _ = h.join();
-        }
-        self.drain();
+        self.stop_until(Instant::now() + self.ctx.queue.statement_timeout + JOIN_MARGIN);
     }
 
-    /// [`close`](Subscription::close) (which joins the claim workers), then waits up to `grace`
-    /// for the deliveries handed out to be settled, then stops renewing this subscription's
-    /// leases. Leases still unsettled after `grace` are no longer renewed: their rows return when
-    /// the leases expire, and a late settlement may get `LeaseLost`.
+    /// Stops claiming, hands back the rows not handed out (as [`close`](Subscription::close)),
+    /// waits up to `grace` for the deliveries handed out to be settled, then stops renewing
+    /// this subscription's leases. Returns within `grace` plus the broker's statement timeout.
+    ///
+    /// [`BrokerError::Unsettled`] if deliveries were still unsettled after `grace`: their
+    /// leases are no longer renewed (the rows return when they expire, and a late settlement
+    /// may get `LeaseLost`); row lock and advisory deliveries keep their rows until settled or
+    /// dropped.
     pub fn shutdown(self, grace: Duration) -> Result<()> {
-        self.close();
-        if !self.ctx.slots.wait_idle(grace) {
-            log::warn!(
-                "table {}: {} deliveries unsettled after the shutdown grace",
-                self.ctx.spec().name,
-                self.ctx.slots.in_flight()
-            );
-        }
+        let start = Instant::now();
+        let deadline = start.checked_add(grace);
+        let workers_by = deadline
+            .and_then(|d| d.checked_add(self.ctx.queue.statement_timeout))
+            .unwrap_or(start + Duration::from_secs(86_400));
+        self.stop_until(workers_by);
+        let idle = match deadline {
+            Some(d) => self
+                .ctx
+                .slots
+                .wait_idle(d.saturating_duration_since(Instant::now())),
+            None => self.ctx.slots.wait_idle(grace),
+        };
         self.ctx.stop_renewing();
-        Ok(())
+        if idle {
+            return Ok(());
+        }
+        Err(BrokerError::Unsettled {
+            table: self.ctx.spec().name.clone(),
+            unsettled: self.ctx.slots.in_flight(),
+        })
+    }
+
+    /// Stops the workers, waits for them until `deadline`, and hands back what is queued.
+    fn stop_until(&self, deadline: Instant) {
+        self.ctx.stop();
+        self.drain();
+        // Disconnected once every worker has ended; nothing is ever sent.
+        let _ = self.exited.recv_deadline(deadline);
+        // Whatever a worker sent before it ended.
+        self.drain();
     }
 
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
@@ -245,11 +290,12 @@ impl Subscription {
             self.drain();
             return None;
         }
-        Some(d)
+        Some(d.hand_out())
     }
 
     fn drain(&self) {
         while let Ok(d) = self.rx.try_recv() {
+            // Not handed out: dropping it hands the row back unspent.
             drop(d);
         }
     }
@@ -257,8 +303,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        // As `close`: a worker ends within one statement or one 100 ms wait for a connection,
-        // so no claim runs after the drop.
+        // As `close`: no claim starts after the drop.
         self.close();
     }
 }

@@ -15,7 +15,7 @@
 //! the user columns start).
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::error::{BrokerError, DbError};
 use crate::table::{Form, TableSpec};
@@ -54,6 +54,25 @@ pub(crate) trait DbConn: Send {
     /// (MySQL, whose inserts return no rows).
     fn last_insert_id(&self) -> Option<i64> {
         None
+    }
+    /// Proves the session still answers (the pool asks before it hands out a connection that
+    /// sat idle). Default: `SELECT 1`.
+    fn ping(&mut self) -> Result<(), DbError> {
+        self.batch("SELECT 1")
+    }
+    /// Values the last `query` could not read, as `(row, reason)`; those cells read `NULL`.
+    /// Only PostgreSQL has column types a [`Value`] cannot hold.
+    fn take_unreadable(&mut self) -> Vec<(usize, String)> {
+        Vec::new()
+    }
+    /// Ends the open transaction: rolls back, or marks the connection broken if even that
+    /// fails, so the pool never hands out a session in an unknown state. A session whose
+    /// rollback succeeded is in a known state again and may be pooled.
+    fn rollback_or_discard(&mut self) {
+        match self.batch("ROLLBACK") {
+            Ok(()) => self.set_broken(false),
+            Err(_) => self.mark_broken(),
+        }
     }
 }
 
@@ -97,8 +116,9 @@ pub(crate) struct TableSql {
     /// Row lock: `(now, reason, id)`, counting the attempt; advisory: `(now, reason, id)`;
     /// lease: `(now, reason, id, token)`, clearing the lease.
     pub dead: String,
-    /// Lease: `(id, token)` clears the lease so the row is claimable at once.
-    pub release: String,
+    /// Hands back a row no handler saw, giving back the attempt its claim counted. Lease:
+    /// `(id, token)`, clearing the lease; advisory: `(id)`, run under the row's key.
+    pub unclaim: String,
     /// Advisory with server-side keys: `(name)` -> one row, one value: 1 if taken, 0 if held
     /// elsewhere. `None`: keys are kept in the process ([`Dialect::process_keys`]).
     pub key_lock: Option<String>,
@@ -174,21 +194,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// Renews the leases `held` (`(id, token)` pairs) to `token`; returns the ids renewed.
-    /// Those missing have lost their lease. Default: one `UPDATE .. RETURNING` statement.
+    /// Those missing have lost their lease, or (servers) were skipped because another
+    /// transaction had them locked: renewal never waits on a row lock.
     fn lease_renew(
         &self,
         conn: &mut dyn DbConn,
         spec: &TableSpec,
         token: SystemTime,
         held: &[(i64, SystemTime)],
-    ) -> Result<Vec<i64>, DbError> {
-        let (sql, params) = self.syntax().renew_returning(spec, token, held);
-        let rows = conn.query(&sql, &params)?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| r.first().and_then(Value::as_i64))
-            .collect())
-    }
+    ) -> Result<Vec<i64>, DbError>;
 
     /// Inserts one row (`insert_one` parameters) and returns its id: `insert_id` where the
     /// database has `RETURNING`, else the driver's last insert id.
@@ -232,13 +246,25 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// The in-process key registry, for engines with no server-side advisory locks.
-    fn process_keys(&self) -> Option<Arc<crate::form::advisory::KeyRegistry>> {
+    fn process_keys(&self) -> Option<Arc<crate::keys::KeyRegistry>> {
         None
     }
 }
 
+/// How every connection of a broker is set up.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnOptions {
+    /// The longest a statement may wait on the server, locks included: PostgreSQL
+    /// `lock_timeout` and `statement_timeout`; MySQL `lock_wait_timeout`,
+    /// `innodb_lock_wait_timeout` and the socket's read and write timeouts; SQLite's busy
+    /// timeout and the process's writer lock.
+    pub statement_timeout: Duration,
+    /// SQLite: `synchronous = FULL` (a commit survives power loss) rather than `NORMAL`.
+    pub sqlite_durable: bool,
+}
+
 /// Picks the engine from the URL's scheme.
-pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
+pub(crate) fn open(url: &str, opts: &ConnOptions) -> Result<Arc<dyn Dialect>, BrokerError> {
     let bad = |reason: String| BrokerError::InvalidUrl { reason };
     let scheme = url
         .split(':')
@@ -247,11 +273,11 @@ pub(crate) fn open(url: &str) -> Result<Arc<dyn Dialect>, BrokerError> {
         .to_ascii_lowercase();
     match scheme.as_str() {
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::from_url(url)?)),
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::from_url(url, opts)?)),
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(mysql::Mysql::from_url(url)?)),
+        "mysql" | "mariadb" => Ok(Arc::new(mysql::Mysql::from_url(url, opts)?)),
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(sqlite::Sqlite::from_url(url)?)),
+        "sqlite" => Ok(Arc::new(sqlite::Sqlite::from_url(url, opts)?)),
         #[allow(unreachable_patterns)]
         "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => Err(bad(format!(
             "support for {scheme} is not compiled in (cargo feature)"
@@ -282,6 +308,14 @@ pub(crate) fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
 }
 
 #[cfg(test)]
+pub(crate) fn test_options() -> ConnOptions {
+    ConnOptions {
+        statement_timeout: Duration::from_secs(30),
+        sqlite_durable: true,
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -299,10 +333,11 @@ mod tests {
 
     #[test]
     fn urls() {
+        let o = test_options();
         assert!(matches!(
-            open("redis://x"),
+            open("redis://x", &o),
             Err(BrokerError::InvalidUrl { .. })
         ));
-        assert!(matches!(open(""), Err(BrokerError::InvalidUrl { .. })));
+        assert!(matches!(open("", &o), Err(BrokerError::InvalidUrl { .. })));
     }
 }

@@ -31,7 +31,7 @@ use mysql::{Conn, Opts, OptsBuilder, Params};
 use sha2::{Digest, Sha256};
 
 use super::shared::{ColumnTypes, Syntax};
-use super::{parse_version, DbConn, Dialect, TableSql};
+use super::{parse_version, ConnOptions, DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, DbErrorKind};
 use crate::schedule::{epoch_secs, from_epoch_secs};
 use crate::table::{Form, TableSpec};
@@ -40,7 +40,6 @@ use crate::Value;
 const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |_| "?".to_string(),
-    values_casts: ("", ""),
 };
 
 /// Prepared statements kept per connection: a table uses about a dozen, plus the insert and
@@ -50,6 +49,10 @@ const STMT_CACHE: usize = 256;
 /// Connect timeout unless the URL sets `tcp_connect_timeout_ms`: an unreachable host fails the
 /// pool's checkout instead of hanging on the operating system's TCP timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much longer than the statement timeout the socket waits for an answer: a lock wait
+/// ends on the server first, with its own error.
+const SOCKET_MARGIN: Duration = Duration::from_secs(10);
 
 /// The longest name `GET_LOCK` accepts.
 const MAX_LOCK_NAME: usize = 64;
@@ -87,7 +90,11 @@ pub(crate) struct Mysql {
 impl Mysql {
     /// `mysql://user:pass@host:3306/db?opts` (the driver's URL options apply); `mariadb://` is
     /// read as `mysql://`.
-    pub fn from_url(url: &str) -> Result<Self, BrokerError> {
+    /// Every session runs in UTC with `lock_wait_timeout` (metadata locks, which DDL takes;
+    /// default a year) and `innodb_lock_wait_timeout` set to the statement timeout, and the
+    /// socket's read and write timeouts a little longer, so a server that stops answering
+    /// fails the statement instead of hanging it.
+    pub fn from_url(url: &str, conn: &ConnOptions) -> Result<Self, BrokerError> {
         let normalized = match url.split_once("://") {
             Some((scheme, rest))
                 if scheme.eq_ignore_ascii_case("mariadb")
@@ -101,9 +108,19 @@ impl Mysql {
             reason: format!("{e}"),
         })?;
         let db = opts.get_db_name().unwrap_or_default().to_string();
+        let secs = conn.statement_timeout.as_secs().max(1);
         let mut builder = OptsBuilder::from_opts(opts)
             .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
-            .init(vec!["SET time_zone = '+00:00'"]);
+            .init(vec![format!(
+                "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
+            )]);
+        let socket = Some(conn.statement_timeout + SOCKET_MARGIN);
+        if !normalized.contains("read_timeout=") {
+            builder = builder.read_timeout(socket);
+        }
+        if !normalized.contains("write_timeout=") {
+            builder = builder.write_timeout(socket);
+        }
         if !normalized.contains("stmt_cache_size=") {
             builder = builder.stmt_cache_size(STMT_CACHE);
         }
@@ -221,11 +238,12 @@ fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
 /// enough for the largest claim (`batch_size` is at most 1,000).
 const MARK_CLASSES: u32 = 11;
 
-/// Renewal, step 1: `(id x slots)` -> `id, locked_until` of the held rows, locked.
+/// Renewal, step 1: `(id x slots)` -> `id, locked_until` of the held rows, locked; rows another
+/// transaction has locked are skipped (renewed next round), never waited for.
 fn renew_lock_sql(spec: &TableSpec, slots: usize) -> String {
     let s = &SYNTAX;
     format!(
-        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE",
+        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE SKIP LOCKED",
         placeholders(slots),
         id = s.q(&spec.id),
         lu = s.q(&spec.locked_until),
@@ -274,7 +292,7 @@ fn in_transaction<T, S: AsRef<str>>(
     };
     let r = run(conn);
     if r.is_err() {
-        crate::form::rollback_or_discard(conn);
+        conn.rollback_or_discard();
     }
     r
 }
@@ -723,7 +741,7 @@ mod tests {
     use crate::Table;
 
     fn dialect() -> Mysql {
-        Mysql::from_url("mysql://u@h/db").unwrap()
+        Mysql::from_url("mysql://u@h/db", &crate::dialect::test_options()).unwrap()
     }
 
     fn compile(t: Table) -> TableSql {
@@ -829,8 +847,8 @@ mod tests {
             "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
-            sql.release,
-            "UPDATE `thumbs` SET `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+            sql.unclaim,
+            "UPDATE `thumbs` SET `locked_until` = NULL, `attempts` = `attempts` - 1 WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.dead_requeue,
@@ -843,7 +861,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             renew_lock_sql(&spec, 2),
-            "SELECT `id`, `locked_until` FROM `thumbs` WHERE `id` IN (?, ?) FOR UPDATE"
+            "SELECT `id`, `locked_until` FROM `thumbs` WHERE `id` IN (?, ?) FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(
             renew_set_sql(&spec, 1),
@@ -1040,17 +1058,25 @@ mod tests {
 
     #[test]
     fn urls() {
-        let d = Mysql::from_url("mariadb://root@127.0.0.1:3306/test").unwrap();
+        let d = Mysql::from_url(
+            "mariadb://root@127.0.0.1:3306/test",
+            &crate::dialect::test_options(),
+        )
+        .unwrap();
         assert_eq!(d.db, "test");
         assert_eq!(d.opts.get_stmt_cache_size(), STMT_CACHE);
         assert!(d
             .opts
             .get_additional_capabilities()
             .contains(CapabilityFlags::CLIENT_FOUND_ROWS));
-        let d = Mysql::from_url("mysql://root@h/q?stmt_cache_size=7").unwrap();
+        let d = Mysql::from_url(
+            "mysql://root@h/q?stmt_cache_size=7",
+            &crate::dialect::test_options(),
+        )
+        .unwrap();
         assert_eq!(d.opts.get_stmt_cache_size(), 7);
         assert!(matches!(
-            Mysql::from_url("mysql://"),
+            Mysql::from_url("mysql://", &crate::dialect::test_options()),
             Err(BrokerError::InvalidUrl { .. })
         ));
     }
@@ -1164,7 +1190,7 @@ mod tests {
         fn dialect() -> Option<Mysql> {
             let url = std::env::var("SQLBROKER_MYSQL_URL")
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-            let d = Mysql::from_url(&url).expect("url");
+            let d = Mysql::from_url(&url, &crate::dialect::test_options()).expect("url");
             match d.connect() {
                 Ok(_) => Some(d),
                 Err(e) if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
@@ -1330,12 +1356,12 @@ mod tests {
             assert_eq!(renewed, [ids[1]]);
             // Fenced settlements: the right token matches one row, a stale one none.
             assert_eq!(
-                c.execute(&sql.release, &[Value::Int(ids[1]), Value::Time(token)])
+                c.execute(&sql.unclaim, &[Value::Int(ids[1]), Value::Time(token)])
                     .unwrap(),
                 0
             );
             assert_eq!(
-                c.execute(&sql.release, &[Value::Int(ids[1]), Value::Time(later)])
+                c.execute(&sql.unclaim, &[Value::Int(ids[1]), Value::Time(later)])
                     .unwrap(),
                 1
             );

@@ -4,11 +4,8 @@
 //! so they suit positional (`?`), numbered (`?1`) and dollar (`$1`) placeholders alike. What
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own file.
 
-use std::time::SystemTime;
-
 use crate::dialect::TableSql;
 use crate::table::{ColumnType, Form, TableSpec};
-use crate::Value;
 
 /// The column types a database's `CREATE TABLE` uses for each role and user column type.
 pub(crate) struct ColumnTypes {
@@ -31,9 +28,6 @@ pub(crate) struct Syntax {
     pub quote: fn(&str) -> String,
     /// The placeholder of the `n`-th parameter (1-based).
     pub param: fn(usize) -> String,
-    /// Casts typing the first row of a `VALUES` list of `(id, token)` pairs, where the
-    /// database would otherwise guess (PostgreSQL types untyped `VALUES` as text).
-    pub values_casts: (&'static str, &'static str),
 }
 
 impl Syntax {
@@ -238,8 +232,8 @@ impl Syntax {
                     p(3),
                     p(4)
                 );
-                sql.release = format!(
-                    "UPDATE {t} SET {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                sql.unclaim = format!(
+                    "UPDATE {t} SET {lu} = NULL, {att} = {att} - 1 WHERE {id} = {} AND {lu} = {}",
                     p(1),
                     p(2)
                 );
@@ -253,6 +247,7 @@ impl Syntax {
                     p(2),
                     p(3)
                 );
+                sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
         let mut cols = format!(
@@ -277,38 +272,5 @@ impl Syntax {
             p(1),
             p(2)
         );
-    }
-
-    /// One statement renewing every held lease of a table to `token`, returning the ids it
-    /// renewed (row values and `RETURNING`: PostgreSQL and SQLite). Built per round: renewal is
-    /// not a hot path.
-    pub fn renew_returning(
-        &self,
-        spec: &TableSpec,
-        token: SystemTime,
-        held: &[(i64, SystemTime)],
-    ) -> (String, Vec<Value>) {
-        let casts = self.values_casts;
-        let mut params = vec![Value::Time(token)];
-        let mut tuples = Vec::with_capacity(held.len());
-        for (i, (id, tok)) in held.iter().enumerate() {
-            let (c_id, c_tok) = if i == 0 { casts } else { ("", "") };
-            tuples.push(format!(
-                "({}{c_id}, {}{c_tok})",
-                self.p(2 * i + 2),
-                self.p(2 * i + 3)
-            ));
-            params.push(Value::Int(*id));
-            params.push(Value::Time(*tok));
-        }
-        let sql = format!(
-            "UPDATE {t} SET {lu} = {p1} WHERE ({id}, {lu}) IN (VALUES {tuples}) RETURNING {id}",
-            t = self.q(&spec.name),
-            lu = self.q(&spec.locked_until),
-            id = self.q(&spec.id),
-            p1 = self.p(1),
-            tuples = tuples.join(", ")
-        );
-        (sql, params)
     }
 }

@@ -12,28 +12,25 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::{Mutex, MutexGuard};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode};
 
 use super::shared::{ColumnTypes, Syntax};
-use super::{DbConn, Dialect, TableSql};
+use super::{ConnOptions, DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, DbErrorKind};
-use crate::form::advisory::KeyRegistry;
+use crate::keys::KeyRegistry;
 use crate::schedule::epoch_secs;
 use crate::table::{Form, TableSpec};
 use crate::Value;
 
-/// How long a statement waits for the writer before it fails with `SQLITE_BUSY`.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
 const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("?{n}"),
-    values_casts: ("", ""),
 };
 
 /// Times are integer seconds since the Unix epoch.
@@ -59,11 +56,17 @@ pub(crate) struct Sqlite {
     path: Option<PathBuf>,
     keys: Arc<KeyRegistry>,
     writer: Arc<Mutex<()>>,
+    /// How long a statement waits for the writer (ours, then SQLite's busy handler).
+    busy: Duration,
+    durable: bool,
+    /// In memory: set once its one connection is opened. Each connection to `:memory:` is a
+    /// database of its own, so a second one would silently be a new, empty database.
+    opened: AtomicBool,
 }
 
 impl Sqlite {
     /// `sqlite:path`, `sqlite://path`, `sqlite::memory:`.
-    pub fn from_url(url: &str) -> Result<Self, BrokerError> {
+    pub fn from_url(url: &str, opts: &ConnOptions) -> Result<Self, BrokerError> {
         let rest = url.split_once(':').map(|(_, r)| r).unwrap_or_default();
         let rest = rest.strip_prefix("//").unwrap_or(rest);
         if rest.is_empty() {
@@ -71,21 +74,37 @@ impl Sqlite {
                 reason: format!("no database file in {url:?}"),
             });
         }
-        if rest == ":memory:" {
-            return Ok(Sqlite {
-                path: None,
-                keys: Arc::default(),
-                writer: Arc::default(),
-            });
-        }
-        let path = PathBuf::from(rest);
-        let abs = std::path::absolute(&path).unwrap_or(path);
-        let PerFile { keys, writer } = per_file(&abs);
+        let (path, per_file) = if rest == ":memory:" {
+            (None, PerFile::default())
+        } else {
+            let path = canonical(std::path::Path::new(rest));
+            let shared = per_file(&path);
+            (Some(path), shared)
+        };
         Ok(Sqlite {
-            path: Some(abs),
-            keys,
-            writer,
+            path,
+            keys: per_file.keys,
+            writer: per_file.writer,
+            busy: opts.statement_timeout,
+            durable: opts.sqlite_durable,
+            opened: AtomicBool::new(false),
         })
+    }
+}
+
+/// One name per database file, whatever the spelling (relative, `..`, a symbolic link): the
+/// file's canonical path, or, for a file not made yet, its directory's canonical path and its
+/// name.
+fn canonical(path: &std::path::Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or(abs),
+        _ => abs,
     }
 }
 
@@ -114,20 +133,29 @@ impl Dialect for Sqlite {
     fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
         let conn = match &self.path {
             Some(p) => Connection::open(p),
+            None if self.opened.swap(true, Ordering::AcqRel) => {
+                return Err(DbError::new(
+                    DbErrorKind::ConnectionLost,
+                    "the in-memory database's only connection was discarded, and its contents \
+                     with it: connect a new broker",
+                ));
+            }
             None => Connection::open_in_memory(),
         }
         .map_err(classify)?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(classify)?;
+        conn.busy_timeout(self.busy).map_err(classify)?;
         conn.set_prepared_statement_cache_capacity(64);
         if self.path.is_some() {
             conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
                 .map_err(classify)?;
-            conn.execute_batch("PRAGMA synchronous = NORMAL")
+            let sync = if self.durable { "FULL" } else { "NORMAL" };
+            conn.execute_batch(&format!("PRAGMA synchronous = {sync}"))
                 .map_err(classify)?;
         }
         Ok(Box::new(SqliteConn {
             conn,
             writer: self.writer.clone(),
+            busy: self.busy,
             broken: false,
         }))
     }
@@ -217,11 +245,55 @@ impl Dialect for Sqlite {
     fn process_keys(&self) -> Option<Arc<KeyRegistry>> {
         Some(self.keys.clone())
     }
+
+    /// One `UPDATE .. RETURNING` of the rows still holding their tokens. SQLite has no row
+    /// locks to wait on, and types `VALUES` by the values themselves.
+    fn lease_renew(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        token: SystemTime,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = conn.query(&renew_sql(spec, held.len()), &renew_params(token, held))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_i64))
+            .collect())
+    }
+}
+
+/// The renewal of `n` leases: `(token, (id, held token) x n)` -> the ids renewed.
+fn renew_sql(spec: &TableSpec, n: usize) -> String {
+    let s = &SYNTAX;
+    let tuples: Vec<String> = (0..n)
+        .map(|i| format!("(?{}, ?{})", 2 * i + 2, 2 * i + 3))
+        .collect();
+    format!(
+        "UPDATE {t} SET {lu} = ?1 WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
+        tuples.join(", "),
+        t = s.q(&spec.name),
+        lu = s.q(&spec.locked_until),
+        id = s.q(&spec.id),
+    )
+}
+
+fn renew_params(token: SystemTime, held: &[(i64, SystemTime)]) -> Vec<Value> {
+    let mut params = vec![Value::Time(token)];
+    for (id, tok) in held {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    params
 }
 
 struct SqliteConn {
     conn: Connection,
     writer: Arc<Mutex<()>>,
+    busy: Duration,
     broken: bool,
 }
 
@@ -268,20 +340,32 @@ impl SqliteConn {
 }
 
 /// Takes the process's writer lock for a statement that writes outside an explicit
-/// transaction. Inside one (which holds SQLite's write lock already) it is not taken: a writer
+/// transaction, waiting at most `busy` (then `SQLITE_BUSY`, as SQLite's own wait would end).
+/// Inside a transaction (which holds SQLite's write lock already) it is not taken: a writer
 /// waiting on the lock in SQLite's busy handler would otherwise wait for us while we wait for it.
 fn write_guard<'a>(
     conn: &Connection,
     st: &rusqlite::CachedStatement<'_>,
     writer: &'a Mutex<()>,
-) -> Option<MutexGuard<'a, ()>> {
-    (!st.readonly() && conn.is_autocommit()).then(|| writer.lock())
+    busy: Duration,
+) -> rusqlite::Result<Option<MutexGuard<'a, ()>>> {
+    if st.readonly() || !conn.is_autocommit() {
+        return Ok(None);
+    }
+    writer.try_lock_for(busy).map(Some).ok_or_else(|| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            Some(format!(
+                "another writer of this process held the database for {busy:?}"
+            )),
+        )
+    })
 }
 
 impl DbConn for SqliteConn {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
         let r = self.conn.prepare_cached(sql).and_then(|mut st| {
-            let _writing = write_guard(&self.conn, &st, &self.writer);
+            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
             st.execute(params_from_iter(params.iter()))
         });
         r.map(|n| n as u64).map_err(|e| self.fail(e))
@@ -290,7 +374,7 @@ impl DbConn for SqliteConn {
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let r = (|| {
             let mut st = self.conn.prepare_cached(sql)?;
-            let _writing = write_guard(&self.conn, &st, &self.writer);
+            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
             let width = st.column_count();
             let mut rows = st.query(params_from_iter(params.iter()))?;
             let mut out = Vec::new();
@@ -317,6 +401,11 @@ impl DbConn for SqliteConn {
     fn set_broken(&mut self, broken: bool) {
         self.broken = broken;
     }
+
+    /// A file on this host does not go stale.
+    fn ping(&mut self) -> Result<(), DbError> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -325,7 +414,7 @@ mod tests {
     use crate::Table;
 
     fn compile(t: Table) -> TableSql {
-        Sqlite::from_url("sqlite::memory:")
+        Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options())
             .unwrap()
             .compile(&t.validate().unwrap())
     }
@@ -366,7 +455,7 @@ mod tests {
             "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"locked_until\" = NULL \
              WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
         );
-        assert_eq!(sql.release, "UPDATE \"jobs\" SET \"locked_until\" = NULL WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
+        assert_eq!(sql.unclaim, "UPDATE \"jobs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
         assert_eq!(
             sql.insert_one,
             "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)"
@@ -413,7 +502,7 @@ mod tests {
 
     #[test]
     fn ddl_and_renewal() {
-        let d = Sqlite::from_url("sqlite::memory:").unwrap();
+        let d = Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options()).unwrap();
         let spec = Table::new("jobs")
             .int_column("n")
             .lease(Duration::from_secs(5))
@@ -429,7 +518,7 @@ mod tests {
             ]
         );
         let t = crate::schedule::from_epoch_secs(10);
-        let (sql, params) = SYNTAX.renew_returning(&spec, t, &[(1, t), (2, t)]);
+        let (sql, params) = (renew_sql(&spec, 2), renew_params(t, &[(1, t), (2, t)]));
         assert_eq!(
             sql,
             "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE (\"id\", \"locked_until\") IN (VALUES (?2, ?3), (?4, ?5)) RETURNING \"id\""
@@ -440,18 +529,18 @@ mod tests {
 
     #[test]
     fn row_lock_is_refused_and_urls_parse() {
-        let d = Sqlite::from_url("sqlite::memory:").unwrap();
+        let d = Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options()).unwrap();
         assert!(matches!(
             d.check_form(Form::RowLock),
             Err(BrokerError::Unsupported { .. })
         ));
         assert!(d.check_form(Form::Lease).is_ok());
         assert_eq!(d.max_pool_size(), Some(1));
-        assert!(Sqlite::from_url("sqlite:").is_err());
-        let f = Sqlite::from_url("sqlite:///tmp/x.db").unwrap();
+        assert!(Sqlite::from_url("sqlite:", &crate::dialect::test_options()).is_err());
+        let f = Sqlite::from_url("sqlite:///tmp/x.db", &crate::dialect::test_options()).unwrap();
         assert_eq!(f.path.as_deref(), Some(std::path::Path::new("/tmp/x.db")));
         // Two engines on one file share one key registry.
-        let g = Sqlite::from_url("sqlite:/tmp/x.db").unwrap();
+        let g = Sqlite::from_url("sqlite:/tmp/x.db", &crate::dialect::test_options()).unwrap();
         assert!(Arc::ptr_eq(&f.keys, &g.keys));
     }
 }

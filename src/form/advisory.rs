@@ -11,94 +11,62 @@
 //!    its attempt. If it is gone, unlock and go on.
 //! 4. The delivery keeps the key, and with server-side locks the connection whose session holds
 //!    it: one row per claim, since the connection goes with the delivery. Settlement runs on
-//!    that connection, then unlocks. Drop without settlement just unlocks.
+//!    that connection, then unlocks. A row handed back unhandled (the subscription closed with
+//!    it queued) gets its attempt back, then its key is unlocked; a delivery dropped unsettled
+//!    by its handler is a failed attempt, retried after a short delay (the drop policy).
 //!
 //! Why this is safe: a row is only ever worked under its key, one key is held by one session at
 //! a time, and the take re-checks the row under the key, so a row settled by the previous holder
 //! is not taken again. Keys belong to the database, so two tables with equal keys wait for each
 //! other. A crash ends the sessions and the database releases their keys: the rows are back at
-//! once, their attempts spent. A connection whose unlock fails is discarded (ending its session
-//! releases the key), never returned to the pool holding a key.
+//! once, their attempts spent. A session is marked broken while it holds any key or after any
+//! lock or unlock of it went wrong ([`SessionKeys`]): the pool discards it (ending the session
+//! releases its keys) rather than hand out a session that may hold a key. In-process keys are
+//! held by a guard that gives them back when dropped, on every path.
 //!
 //! PostgreSQL advisory locks belong to the session: use a direct connection or a session-mode
 //! pooler. SQLite keys live in the process: two processes on one file may deliver a row twice.
 
 use std::collections::HashSet;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use parking_lot::Mutex;
-
-use super::{split_row, Claimed, Hold, Outcome};
+use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
+use crate::keys::{KeySql, ProcessKey, SessionKeys};
 use crate::runtime::{Ctx, PooledConn};
 use crate::schedule::claim_now;
 use crate::Value;
 
-/// Keys in work in this process, for databases without server-side advisory locks.
-#[derive(Default)]
-pub(crate) struct KeyRegistry {
-    held: Mutex<HashSet<String>>,
-}
-
-impl KeyRegistry {
-    pub fn try_take(&self, key: &str) -> bool {
-        let mut held = self.held.lock();
-        if held.contains(key) {
-            return false;
-        }
-        held.insert(key.to_string())
-    }
-
-    pub fn give_back(&self, key: &str) {
-        self.held.lock().remove(key);
-    }
-}
-
-/// A held key: its name, and the connection holding it (server-side locks).
+/// A held key: its text, and what holds it.
 pub(crate) struct KeyHold {
     pub key: String,
-    conn: Option<PooledConn>,
+    holder: Holder,
 }
 
-/// Runs a key lock or unlock statement; true if it reports success (1).
-fn key_query(conn: &mut dyn DbConn, sql: &str, name: &str) -> Result<bool, DbError> {
-    let rows = conn.query(sql, &[Value::Text(name.to_string())])?;
-    Ok(matches!(
-        rows.first().and_then(|r| r.first()),
-        Some(Value::Int(1))
-    ))
-}
-
-/// Unlocks a server-side key; discards the connection if the session may still hold it.
-fn unlock_key(ctx: &Ctx, conn: &mut dyn DbConn, key: &str) {
-    let q = &ctx.queue;
-    let Some(sql) = &q.sql.key_unlock else { return };
-    let name = q.dialect.key_name(key);
-    match key_query(conn, sql, &name) {
-        // Released: the session may be pooled again.
-        Ok(true) => conn.set_broken(false),
-        Ok(false) => {
-            log::warn!(
-                "table {}: key {key:?} was not held at unlock; discarding the connection",
-                q.spec.name
-            );
-            conn.mark_broken();
-        }
-        Err(e) => {
-            log::warn!(
-                "table {}: unlocking key {key:?} failed ({e}); discarding the connection",
-                q.spec.name
-            );
-            conn.mark_broken();
-        }
-    }
+enum Holder {
+    /// In the process's registry (SQLite); given back when dropped.
+    Process(ProcessKey),
+    /// By a server session: the connection goes with the delivery.
+    Session {
+        conn: PooledConn,
+        keys: SessionKeys,
+        name: String,
+    },
 }
 
 /// The most candidate rows one claim reads. Rows of keys in work stay ready, so a claim pages
 /// past them (doubling the page from `advisory_scan`) to reach other keys; past this many it
 /// gives up until the next round, bounding the cost of a claim when every key is busy.
 const SCAN_LIMIT: usize = 10_000;
+
+fn key_sql(ctx: &Ctx) -> Option<KeySql<'_>> {
+    let sql = &ctx.queue.sql;
+    Some(KeySql {
+        lock: sql.key_lock.as_deref()?,
+        unlock: sql.key_unlock.as_deref()?,
+    })
+}
 
 pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
@@ -114,6 +82,15 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let mut page = ctx.opts.advisory_scan.min(SCAN_LIMIT);
     let mut scanned = 0;
     let mut after: Option<(Value, i64)> = None;
+    // What this claim took stays taken whatever fails later: a failure after the first row ends
+    // the claim with the rows it has (each already holds its key and its counted attempt).
+    let partial = |out: Vec<Claimed>, e: DbError| {
+        if out.is_empty() {
+            return Err(q.err("claim")(e));
+        }
+        ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
+        Ok(out)
+    };
     loop {
         let rows = match &after {
             None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
@@ -126,8 +103,11 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                     Value::Int(page as i64),
                 ],
             ),
-        }
-        .map_err(q.err("claim"))?;
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => return partial(out, e),
+        };
         let found = rows.len();
         for row in rows {
             if out.len() >= limit {
@@ -141,62 +121,57 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
             if !tried.insert(key.clone()) {
                 continue;
             }
-            match (&ctx.keys, &q.sql.key_lock) {
+            match (&ctx.keys, key_sql(ctx)) {
                 (Some(registry), _) => {
-                    if !registry.try_take(&key) {
+                    let Some(held) = registry.try_take(&key) else {
                         continue;
-                    }
-                    match take(ctx, &mut **conn, now, id, key.clone(), None) {
-                        Ok(Some(c)) => out.push(c),
-                        Ok(None) => registry.give_back(&key),
-                        Err(e) => {
-                            registry.give_back(&key);
-                            if out.is_empty() {
-                                return Err(q.err("claim")(e));
-                            }
-                            ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
-                            return Ok(out);
-                        }
-                    }
-                }
-                (None, Some(lock_sql)) => {
-                    let name = q.dialect.key_name(&key);
-                    match key_query(&mut **conn, lock_sql, &name) {
-                        // Marked broken while it holds the key, until the unlock succeeds: if
-                        // anything unwinds meanwhile the pool discards the session, and ending
-                        // the session releases the key.
-                        Ok(true) => conn.mark_broken(),
-                        Ok(false) => continue,
-                        Err(e) => {
-                            // The lock may or may not have been taken: never pool this session.
-                            conn.mark_broken();
-                            return Err(q.err("claim")(e));
-                        }
-                    }
-                    let taken = q
-                        .dialect
-                        .advisory_take(&mut **conn, &q.sql, now, id)
-                        .and_then(|row| row.map(split_row).transpose());
-                    match taken {
-                        Ok(Some((id, attempts, payload, values))) => {
-                            // The connection holds the key: it goes with the delivery.
+                    };
+                    match take(ctx, &mut *conn, now, id) {
+                        Ok(Some((row, unreadable))) => {
                             let hold = Hold::Advisory(KeyHold {
                                 key,
-                                conn: Some(conn),
+                                holder: Holder::Process(held),
                             });
-                            return Ok(vec![Claimed {
-                                id,
-                                attempt: attempts,
-                                payload,
-                                values,
-                                hold,
-                            }]);
+                            match Claimed::new(row, hold, unreadable) {
+                                Ok(c) => out.push(c),
+                                Err(e) => return partial(out, e),
+                            }
                         }
-                        Ok(None) => unlock_key(ctx, &mut **conn, &key),
-                        Err(e) => {
-                            conn.mark_broken();
-                            return Err(q.err("claim")(e));
+                        // Settled meanwhile: the key goes back as `held` drops.
+                        Ok(None) => {}
+                        Err(e) => return partial(out, e),
+                    }
+                }
+                (None, Some(sql)) => {
+                    let name = q.dialect.key_name(&key);
+                    let mut keys = SessionKeys::default();
+                    match keys.lock(&mut *conn, &sql, &name) {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        // The session's keys are unknown: it is discarded, never pooled.
+                        Err(e) => return Err(q.err("claim")(e)),
+                    }
+                    match take(ctx, &mut *conn, now, id) {
+                        Ok(Some((row, unreadable))) => {
+                            // The connection holds the key: it goes with the delivery.
+                            let holder = Holder::Session { conn, keys, name };
+                            let hold = Hold::Advisory(KeyHold { key, holder });
+                            return Claimed::new(row, hold, unreadable)
+                                .map(|c| vec![c])
+                                .map_err(q.err("claim"));
                         }
+                        Ok(None) => {
+                            if !keys.unlock(&mut *conn, &sql, &name) {
+                                // The session may still hold the key: it stays marked broken
+                                // and is discarded; this claim ends here.
+                                log::warn!(
+                                    "table {}: unlocking key {key:?} failed; discarding the session",
+                                    q.spec.name
+                                );
+                                return Ok(Vec::new());
+                            }
+                        }
+                        Err(e) => return Err(q.err("claim")(e)),
                     }
                 }
                 (None, None) => return Ok(Vec::new()),
@@ -210,69 +185,88 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     }
 }
 
-/// Takes a row under its key (in-process keys: the connection is not kept).
+/// A taken row, and why a value of it could not be read.
+type Taken = (Vec<Value>, Option<String>);
+
+/// Takes row `id` under its key if it is still claimable, counting its attempt.
 fn take(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
     now: SystemTime,
     id: i64,
-    key: String,
-    held_by: Option<PooledConn>,
-) -> Result<Option<Claimed>, DbError> {
+) -> Result<Option<Taken>, DbError> {
     let q = &ctx.queue;
-    let Some(row) = q.dialect.advisory_take(conn, &q.sql, now, id)? else {
-        return Ok(None);
-    };
-    let (id, attempts, payload, values) = split_row(row)?;
-    let hold = Hold::Advisory(KeyHold { key, conn: held_by });
-    Ok(Some(Claimed {
-        id,
-        attempt: attempts,
-        payload,
-        values,
-        hold,
-    }))
+    let row = q.dialect.advisory_take(conn, &q.sql, now, id)?;
+    Ok(row.map(|row| (row, unreadable_rows(conn, 1).pop().flatten())))
 }
 
-pub(crate) fn settle(ctx: &Ctx, id: i64, hold: KeyHold, outcome: Outcome) -> Result<()> {
+/// Runs `sql` (`leading` parameters, then the id) under the key, then unlocks it.
+fn under_key(
+    ctx: &Ctx,
+    id: i64,
+    hold: KeyHold,
+    op: &'static str,
+    sql: &str,
+    leading: Vec<Value>,
+    within: Duration,
+) -> Result<()> {
     let q = &ctx.queue;
-    let KeyHold { key, conn } = hold;
-    let mut conn = match conn {
-        Some(c) => c,
-        None => match q.conn(outcome.op()) {
-            Ok(c) => c,
-            Err(e) => {
-                give_back(ctx, &key);
-                return Err(e);
-            }
-        },
-    };
-    let mut params = outcome.leading_params(SystemTime::now());
+    let mut params = leading;
     params.push(Value::Int(id));
-    let done = conn.execute(outcome.sql(&q.sql), &params);
-    unlock(ctx, &mut conn, &key);
-    done.map(|_| ()).map_err(q.err(outcome.op()))
-}
-
-/// Drop policy: unlock; the row is claimable again at once.
-pub(crate) fn release(ctx: &Ctx, hold: KeyHold) {
-    let KeyHold { key, conn } = hold;
-    match conn {
-        Some(mut c) => unlock(ctx, &mut c, &key),
-        None => give_back(ctx, &key),
+    match hold.holder {
+        Holder::Process(held) => {
+            let mut conn = q.conn_within(op, within)?;
+            let done = conn.execute(sql, &params);
+            drop(held);
+            done.map(drop).map_err(q.err(op))
+        }
+        Holder::Session {
+            mut conn,
+            mut keys,
+            name,
+        } => {
+            let done = conn.execute(sql, &params);
+            if let Some(key_sql) = key_sql(ctx) {
+                if !keys.unlock(&mut *conn, &key_sql, &name) {
+                    log::warn!(
+                        "table {}: unlocking key {:?} failed; discarding the session",
+                        q.spec.name,
+                        hold.key
+                    );
+                }
+            }
+            done.map(drop).map_err(q.err(op))
+        }
     }
 }
 
-fn unlock(ctx: &Ctx, conn: &mut PooledConn, key: &str) {
-    if ctx.keys.is_some() {
-        give_back(ctx, key);
-    } else {
-        unlock_key(ctx, &mut ***conn, key);
-    }
+pub(crate) fn settle(
+    ctx: &Ctx,
+    id: i64,
+    hold: KeyHold,
+    outcome: Outcome,
+    within: Duration,
+) -> Result<()> {
+    let leading = outcome.leading_params(SystemTime::now());
+    under_key(
+        ctx,
+        id,
+        hold,
+        outcome.op(),
+        outcome.sql(&ctx.queue.sql),
+        leading,
+        within,
+    )
 }
 
-fn give_back(ctx: &Ctx, key: &str) {
-    if let Some(r) = &ctx.keys {
-        r.give_back(key);
+/// Gives back the attempt the take counted, then unlocks: the row is claimable at once and its
+/// next delivery reads the same attempt.
+pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: KeyHold, within: Duration) {
+    let sql = &ctx.queue.sql.unclaim;
+    if let Err(e) = under_key(ctx, id, hold, "hand back", sql, Vec::new(), within) {
+        log::warn!(
+            "table {}: row {id} is back, but its attempt stays spent: {e}",
+            ctx.spec().name
+        );
     }
 }

@@ -10,7 +10,10 @@
 //!    round where the database allows.
 //! 3. Settlement names the token it holds: `.. WHERE id = ? AND locked_until = <token>`. Zero
 //!    rows changed is [`LeaseLost`](crate::BrokerError::LeaseLost), never a silent success.
-//! 4. Drop without settlement clears the lease (fenced the same way), so the row is back at once.
+//! 4. A row handed back unhandled (the subscription closed with it queued) has its lease
+//!    cleared and its attempt given back (fenced the same way): claimable at once, its next
+//!    delivery reads the same attempt. A delivery dropped unsettled by its handler is a failed
+//!    attempt: retried after a short delay (the delivery's drop policy).
 //!
 //! Why this is safe: a row is claimable only once its deadline has passed, and a later claim
 //! writes a strictly larger deadline (schedule.rs), so a stale holder's token never matches
@@ -22,10 +25,11 @@
 //! spent.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use super::{split_row, Claimed, Hold, Outcome};
-use crate::error::{BrokerError, Result};
+use super::{unreadable_rows, Claimed, Hold, Outcome};
+use crate::dialect::{DbConn, ROW_USER_COLUMNS};
+use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 use crate::schedule::{claim_now, lease_token};
@@ -40,31 +44,36 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let token = lease_token(now, q.spec.lease_secs);
     let rows = q
         .dialect
-        .lease_claim(&mut **conn, &q.sql, claim_now(now), limit, token)
+        .lease_claim(&mut *conn, &q.sql, claim_now(now), limit, token)
         .map_err(q.err("claim"))?;
-    // Every row is read before any is booked for renewal, so a row that fails to read leaves
+    let unreadable = unreadable_rows(&mut *conn, rows.len());
+    // Every row is checked before any is booked for renewal, so a row that fails to read leaves
     // no lease renewed for ever behind it (the claimed rows return when their leases expire).
-    let rows: Vec<_> = rows
-        .into_iter()
-        .map(split_row)
-        .collect::<Result<_, _>>()
-        .map_err(q.err("claim"))?;
+    let ids: Option<Vec<i64>> = rows
+        .iter()
+        .map(|r| {
+            r.first()
+                .and_then(Value::as_i64)
+                .filter(|_| r.len() >= ROW_USER_COLUMNS)
+        })
+        .collect();
+    let ids =
+        ids.ok_or_else(|| q.err("claim")(DbError::other("a claimed row has no integer id")))?;
     let mut out = Vec::with_capacity(rows.len());
-    for (id, attempts, payload, values) in rows {
+    for ((row, id), unreadable) in rows.into_iter().zip(ids).zip(unreadable) {
         let cell = ctx.leases.insert(id, token);
         // The claim counted this attempt.
-        out.push(Claimed {
-            id,
-            attempt: attempts,
-            payload,
-            values,
-            hold: Hold::Lease(cell),
-        });
+        out.push(Claimed::new(row, Hold::Lease(cell), unreadable).map_err(q.err("claim"))?);
     }
     Ok(out)
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
+///
+/// A lost connection is tried once more on a new one: the statement is fenced, so running it
+/// twice is safe. If the second run matches no row, the first may have committed before its
+/// answer was lost, or the lease may be gone: that cannot be told apart, so the first error
+/// stands (at-least-once; see the crate docs on idempotent handlers).
 fn fenced(
     ctx: &Ctx,
     id: i64,
@@ -72,26 +81,56 @@ fn fenced(
     op: &'static str,
     sql: &str,
     leading: Vec<Value>,
+    within: Duration,
 ) -> Result<bool> {
     let q = &ctx.queue;
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
-    let mut params = leading;
-    params.push(Value::Int(id));
-    params.push(Value::Time(state.token));
-    let changed = q
-        .conn(op)
-        .and_then(|mut conn| conn.execute(sql, &params).map_err(q.err(op)));
+    let tokens: Vec<SystemTime> = std::iter::once(state.token).chain(state.unsure).collect();
+    let run = || -> Result<bool> {
+        let mut conn = q.conn_within(op, within)?;
+        let mut lost = None;
+        // A renewal whose answer was lost may have written its token: try that one too.
+        for token in &tokens {
+            let mut params = leading.clone();
+            params.push(Value::Int(id));
+            params.push(Value::Time(*token));
+            match conn.execute(sql, &params) {
+                Ok(0) => {}
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
+                    drop(conn);
+                    conn = q.conn_within(op, within)?;
+                    match conn.execute(sql, &params) {
+                        Ok(n) if n > 0 => return Ok(true),
+                        _ => lost = Some(e),
+                    }
+                }
+                Err(e) => return Err(q.err(op)(e)),
+            }
+        }
+        match lost {
+            Some(e) => Err(q.err(op)(e)),
+            None => Ok(false),
+        }
+    };
+    let changed = run();
     drop(state);
     ctx.leases.remove(cell);
-    Ok(changed? > 0)
+    changed
 }
 
-pub(crate) fn settle(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, outcome: Outcome) -> Result<()> {
+pub(crate) fn settle(
+    ctx: &Ctx,
+    id: i64,
+    cell: &Arc<LeaseCell>,
+    outcome: Outcome,
+    within: Duration,
+) -> Result<()> {
     let sql = outcome.sql(&ctx.queue.sql);
     let leading = outcome.leading_params(SystemTime::now());
-    if fenced(ctx, id, cell, outcome.op(), sql, leading)? {
+    if fenced(ctx, id, cell, outcome.op(), sql, leading, within)? {
         Ok(())
     } else {
         Err(BrokerError::LeaseLost {
@@ -101,16 +140,18 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, outcome: Outcome
     }
 }
 
-/// Clears the lease of an abandoned delivery so the row is claimable at once.
-pub(crate) fn release(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>) {
-    match fenced(ctx, id, cell, "release", &ctx.queue.sql.release, Vec::new()) {
+/// Clears the lease of a row no handler saw and gives back the attempt its claim counted, so
+/// the row is claimable at once and its next delivery reads the same attempt.
+pub(crate) fn hand_back(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) {
+    let sql = &ctx.queue.sql.unclaim;
+    match fenced(ctx, id, cell, "hand back", sql, Vec::new(), within) {
         Ok(true) => {}
         Ok(false) => log::debug!(
-            "table {}: row {id} was dropped after its lease was lost",
+            "table {}: row {id} was handed back after its lease was lost",
             ctx.spec().name
         ),
         Err(e) => log::warn!(
-            "table {}: row {id} returns when its lease expires: {e}",
+            "table {}: row {id} returns when its lease expires, its attempt spent: {e}",
             ctx.spec().name
         ),
     }

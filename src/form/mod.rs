@@ -2,7 +2,7 @@
 //! its protocol and the invariant it relies on.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{DbError, Result};
@@ -22,6 +22,35 @@ pub(crate) struct Claimed {
     pub payload: Vec<u8>,
     pub values: Vec<Value>,
     pub hold: Hold,
+    /// Why a value of the row could not be read: the row is dead-lettered with this reason
+    /// instead of delivered (its attempt is counted; it would fail every claim again).
+    pub unreadable: Option<String>,
+}
+
+impl Claimed {
+    /// A claimed row from its columns; `unreadable` is what the connection reported for it.
+    pub fn new(row: Vec<Value>, hold: Hold, unreadable: Option<String>) -> Result<Self, DbError> {
+        let (id, attempt, payload, values) = split_row(row)?;
+        Ok(Claimed {
+            id,
+            attempt,
+            payload,
+            values,
+            hold,
+            unreadable,
+        })
+    }
+}
+
+/// The reason the connection gave for each row of its last query it could not read fully.
+pub(crate) fn unreadable_rows(conn: &mut dyn DbConn, rows: usize) -> Vec<Option<String>> {
+    let mut out = vec![None; rows];
+    for (row, why) in conn.take_unreadable() {
+        if let Some(slot) = out.get_mut(row) {
+            slot.get_or_insert(why);
+        }
+    }
+    out
 }
 
 /// What holds a claimed row for its delivery.
@@ -80,28 +109,36 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     }
 }
 
-/// Settles a delivery.
-pub(crate) fn settle(ctx: &Ctx, id: i64, hold: Hold, outcome: Outcome) -> Result<()> {
+/// Settles a delivery. A form that needs a pooled connection for it waits at most `within`
+/// for one.
+pub(crate) fn settle(
+    ctx: &Ctx,
+    id: i64,
+    hold: Hold,
+    outcome: Outcome,
+    within: Duration,
+) -> Result<()> {
     match hold {
         Hold::RowLock(conn) => row_lock::settle(ctx, id, conn, outcome),
-        Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome),
-        Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome),
+        Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, within),
+        Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, within),
     }
 }
 
-/// Returns an unsettled row at once (the drop policy). Never panics; a connection in an unknown
-/// state is discarded.
-pub(crate) fn abandon(ctx: &Ctx, id: i64, hold: Hold) {
+/// Hands back a row that never reached a handler (claimed ahead, then the subscription
+/// closed): claimable again at once, its attempt not spent. Never panics; a connection in an
+/// unknown state is discarded.
+pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     match hold {
         Hold::RowLock(conn) => row_lock::rollback(conn),
-        Hold::Lease(cell) => lease::release(ctx, id, &cell),
-        Hold::Advisory(key) => advisory::release(ctx, key),
+        Hold::Lease(cell) => lease::hand_back(ctx, id, &cell, within),
+        Hold::Advisory(key) => advisory::hand_back(ctx, id, key, within),
     }
     ctx.queue.wake.notify();
 }
 
 /// Splits a claimed row (`id, attempts, payload, user columns`).
-pub(crate) fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError> {
+fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError> {
     if row.len() < ROW_USER_COLUMNS {
         return Err(DbError::other(format!(
             "a claimed row has {} columns",
@@ -125,11 +162,4 @@ pub(crate) fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value
         payload,
         it.collect(),
     ))
-}
-
-/// Rolls back, or discards the connection if even that fails.
-pub(crate) fn rollback_or_discard(conn: &mut dyn DbConn) {
-    if conn.batch("ROLLBACK").is_err() {
-        conn.mark_broken();
-    }
 }

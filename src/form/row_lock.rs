@@ -7,20 +7,29 @@
 //!    while the handler runs.
 //! 3. Settlement runs its statement and `COMMIT` on that same connection: the row and its
 //!    outcome change in one commit. Retry and dead letter count the attempt in that statement.
-//! 4. Drop without settlement: `ROLLBACK`.
+//! 4. A row handed back unhandled (the subscription closed with it queued): `ROLLBACK`, no
+//!    attempt spent. A delivery dropped unsettled by its handler (a panic) counts as a failed
+//!    attempt: its retry is committed with a short delay (the delivery's drop policy), so a
+//!    poison row reaches `max_attempts` instead of looping.
 //!
 //! Why this is safe: the lock is the claim. `SKIP LOCKED` makes a concurrent claim pass over
 //! locked rows instead of waiting, and the lock ends only with the transaction, which ends only
 //! with the settlement, a rollback, or the session (a crash: the database rolls back, and the
-//! row is claimable at once with no attempt spent). A connection whose rollback fails is
-//! discarded, never returned to the pool mid-transaction.
+//! row is claimable at once with no attempt spent). The connection is marked broken from
+//! `BEGIN` until a commit or rollback succeeds, so it is never returned to the pool
+//! mid-transaction, whatever unwinds.
+//!
+//! A crash of the whole process spends no attempt here: a payload that kills its process (a
+//! segfault, an abort, an out-of-memory kill) is delivered again and again. Work that may do
+//! that belongs in the lease form, where the claim counts the attempt.
 //!
 //! Cost: one connection per in-flight delivery for the whole handler, and a long transaction
 //! holds back PostgreSQL's vacuum horizon while it runs.
 
 use std::time::SystemTime;
 
-use super::{rollback_or_discard, split_row, Claimed, Hold, Outcome};
+use super::{unreadable_rows, Claimed, Hold, Outcome};
+use crate::dialect::DbConn;
 use crate::error::Result;
 use crate::runtime::{Ctx, PooledConn};
 use crate::schedule::claim_now;
@@ -32,42 +41,38 @@ pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
+    // Marked broken from `BEGIN` until the transaction ends (a commit or rollback clears it):
+    // should anything between unwind or return early, the pool discards the session instead of
+    // handing it out mid-transaction. (MySQL: `SET TRANSACTION` applies to the session's next
+    // transaction, so a half-opened one must not reach the next user either.)
+    conn.mark_broken();
     for stmt in &q.sql.begin {
-        if let Err(e) = conn.batch(stmt) {
-            // A half-opened transaction (MySQL: `SET TRANSACTION` applies to the session's next
-            // one) must not reach the next user of this connection.
-            conn.mark_broken();
-            return Err(q.err("claim")(e));
-        }
+        conn.batch(stmt).map_err(q.err("claim"))?;
     }
     let found = conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(1)]);
     let row = match found {
         Ok(rows) => rows.into_iter().next(),
         Err(e) => {
-            rollback_or_discard(&mut **conn);
+            conn.rollback_or_discard();
             return Err(q.err("claim")(e));
         }
     };
-    let Some(row) = row else {
-        rollback_or_discard(&mut **conn);
+    let Some(mut row) = row else {
+        conn.rollback_or_discard();
         return Ok(Vec::new());
     };
-    match split_row(row) {
-        Ok((id, attempts, payload, values)) => Ok(vec![Claimed {
-            id,
-            // The count is taken at settlement, so the row holds the attempts before this one.
-            attempt: attempts.saturating_add(1),
-            payload,
-            values,
-            hold: Hold::RowLock(conn),
-        }]),
-        Err(e) => {
-            rollback_or_discard(&mut **conn);
-            Err(q.err("claim")(e))
-        }
+    let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
+    // The count is taken at settlement, so the row holds the attempts before this one.
+    if let Some(Value::Int(a)) = row.get_mut(1) {
+        *a = a.saturating_add(1);
     }
+    // The connection goes with the delivery, still marked broken while its transaction is open.
+    let taken = Claimed::new(row, Hold::RowLock(conn), unreadable);
+    taken.map(|c| vec![c]).map_err(q.err("claim"))
 }
 
+/// Runs the outcome's statement and commits; on failure the transaction is rolled back (or the
+/// connection discarded): the row is back as it was.
 pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome) -> Result<()> {
     let q = &ctx.queue;
     let mut params = outcome.leading_params(SystemTime::now());
@@ -75,14 +80,18 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome)
     let done = conn
         .execute(outcome.sql(&q.sql), &params)
         .and_then(|_| conn.batch("COMMIT"));
-    if let Err(e) = done {
-        // The transaction is rolled back (or the connection discarded): the row is back, as it was.
-        rollback_or_discard(&mut **conn);
-        return Err(q.err(outcome.op())(e));
+    match done {
+        Ok(()) => {
+            conn.set_broken(false);
+            Ok(())
+        }
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(q.err(outcome.op())(e))
+        }
     }
-    Ok(())
 }
 
 pub(crate) fn rollback(mut conn: PooledConn) {
-    rollback_or_discard(&mut **conn);
+    conn.rollback_or_discard();
 }

@@ -13,17 +13,20 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 
 use super::Ctx;
 use crate::delivery::Delivery;
-use crate::form;
+use crate::form::{self, Claimed};
 use crate::schedule::backoff;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
-pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
+/// The worker: claims until the subscription stops, then hands back whatever is still queued
+/// (a worker that ends after the subscription's own drain, or after a panic, must not leave
+/// rows held in the channel). `_alive` is dropped as it ends: `close` waits for that.
+pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _alive: Sender<()>) {
     let result = catch_unwind(AssertUnwindSafe(|| work(&ctx, &tx)));
     if let Err(panic) = result {
         let msg = panic
@@ -37,19 +40,29 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>) {
         ));
         ctx.stop();
     }
+    while let Ok(d) = rx.try_recv() {
+        drop(d);
+    }
 }
 
-/// A row claimed past `max_attempts` (its attempts spent by crashes or dropped deliveries):
-/// dead-lettered here instead of delivered.
-fn dead_letter_spent(ctx: &Arc<Ctx>, c: crate::form::Claimed) {
-    let (id, attempt) = (c.id, c.attempt);
-    let max = ctx.spec().max_attempts.unwrap_or_default();
-    let reason = format!("claimed for attempt {attempt}, past max_attempts {max}");
+/// Why a claimed row is dead-lettered instead of delivered: claimed past `max_attempts` (its
+/// attempts spent by crashes), or a value that cannot be read (it would fail every claim).
+fn undeliverable(ctx: &Ctx, c: &Claimed) -> Option<String> {
+    if let Some(why) = &c.unreadable {
+        return Some(format!("a value of the row cannot be read: {why}"));
+    }
+    let max = ctx.spec().max_attempts?;
+    (c.attempt > max).then(|| format!("claimed for attempt {}, past max_attempts {max}", c.attempt))
+}
+
+fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
+    let id = c.id;
+    log::warn!(
+        "table {}: row {id} dead-lettered at claim: {reason}",
+        ctx.spec().name
+    );
     if let Err(e) = Delivery::new(ctx.clone(), c).dead_letter(reason) {
-        log::warn!(
-            "table {}: dead-lettering row {id} past max_attempts: {e}",
-            ctx.spec().name
-        );
+        log::warn!("table {}: dead-lettering row {id}: {e}", ctx.spec().name);
     }
 }
 
@@ -70,16 +83,22 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 ctx.clear_error();
                 let got = claimed.len();
                 ctx.slots.release(slots - got);
-                let (spent, fresh): (Vec<_>, Vec<_>) = claimed
-                    .into_iter()
-                    .partition(|c| ctx.spec().max_attempts.is_some_and(|max| c.attempt > max));
+                let mut fresh = Vec::with_capacity(got);
+                let mut dead = Vec::new();
+                for c in claimed {
+                    match undeliverable(ctx, &c) {
+                        Some(reason) => dead.push((c, reason)),
+                        None => fresh.push(c),
+                    }
+                }
                 ctx.slots.enqueue(fresh.len());
                 for c in fresh {
-                    // The slot is the delivery's now; a failed send drops it, which returns the row.
+                    // The slot is the delivery's now; a failed send drops it, which hands the
+                    // row back.
                     let _ = tx.send(Delivery::new(ctx.clone(), c));
                 }
-                for c in spent {
-                    dead_letter_spent(ctx, c);
+                for (c, reason) in dead {
+                    dead_letter(ctx, c, reason);
                 }
                 if got == 0 {
                     ctx.queue.wake.wait(seen, ctx.opts.poll_interval);

@@ -13,43 +13,21 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::dialect::{DbConn, Dialect, TableSql};
-use crate::error::{BrokerError, DbError, Result};
-use crate::form::advisory::KeyRegistry;
+use crate::error::{BrokerError, DbError, DbErrorKind, Result};
+use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 pub(crate) mod claimer;
+pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
 pub(crate) mod wake;
 
+pub(crate) use pool::{Pool, PooledConn};
+
 use renewer::LeaseBook;
 use slots::Slots;
 use wake::Wake;
-
-/// The r2d2 manager of every engine: connections are the dialect's, behind [`DbConn`].
-pub(crate) struct Manager {
-    pub dialect: Arc<dyn Dialect>,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Box<dyn DbConn>;
-    type Error = DbError;
-
-    fn connect(&self) -> Result<Self::Connection, DbError> {
-        self.dialect.connect()
-    }
-
-    fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), DbError> {
-        conn.batch("SELECT 1")
-    }
-
-    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
-        conn.is_broken()
-    }
-}
-
-pub(crate) type Pool = r2d2::Pool<Manager>;
-pub(crate) type PooledConn = r2d2::PooledConnection<Manager>;
 
 /// One table on one broker.
 pub(crate) struct Queue {
@@ -58,6 +36,9 @@ pub(crate) struct Queue {
     pub dialect: Arc<dyn Dialect>,
     pub pool: Pool,
     pub wake: Arc<Wake>,
+    /// The longest one statement may wait on the server (locks included): bounds the joins of
+    /// `close` and `shutdown`.
+    pub statement_timeout: Duration,
     /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
     /// statement) of an earlier batch of the same size.
     inserts: Mutex<HashMap<usize, Arc<str>>>,
@@ -70,6 +51,7 @@ impl Queue {
         dialect: Arc<dyn Dialect>,
         pool: Pool,
         wake: Arc<Wake>,
+        statement_timeout: Duration,
     ) -> Self {
         Queue {
             spec,
@@ -77,6 +59,7 @@ impl Queue {
             dialect,
             pool,
             wake,
+            statement_timeout,
             inserts: Mutex::default(),
         }
     }
@@ -103,6 +86,43 @@ impl Queue {
             timeout: self.pool.connection_timeout(),
             source,
         })
+    }
+
+    /// A pooled connection within `timeout` (at most the pool's own timeout): for the drop
+    /// paths, which must not block a handler thread for long.
+    pub fn conn_within(&self, op: &'static str, timeout: Duration) -> Result<PooledConn> {
+        let timeout = timeout.min(self.pool.connection_timeout());
+        self.pool
+            .get_timeout(timeout)
+            .map_err(|source| BrokerError::Pool {
+                op,
+                table: self.spec.name.clone(),
+                timeout,
+                source,
+            })
+    }
+
+    /// Runs `f` on a pooled connection, and once more on a fresh one if the connection was
+    /// lost. Only for statements that may safely run twice (reads, fenced or conditional
+    /// updates): a lost connection cannot tell whether the statement committed.
+    pub fn retrying<T>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut(&mut dyn DbConn) -> Result<T, DbError>,
+    ) -> Result<T> {
+        let mut conn = self.conn(op)?;
+        match f(&mut *conn) {
+            Err(e) if e.kind == DbErrorKind::ConnectionLost => {
+                log::debug!(
+                    "{op} on table {}: {e}; once more on a new connection",
+                    self.spec.name
+                );
+                drop(conn);
+                let mut conn = self.conn(op)?;
+                f(&mut *conn).map_err(self.err(op))
+            }
+            r => r.map_err(self.err(op)),
+        }
     }
 
     /// Wraps a driver error with the operation and this table.

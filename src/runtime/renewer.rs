@@ -3,13 +3,20 @@
 //! one statement per table per round where the database allows it. It holds its subscriptions
 //! by weak links and ends when the broker is dropped.
 //!
-//! Each in-flight lease has a cell holding its token. A round `try_lock`s the cells (a cell
-//! being settled is skipped: it needs no renewal), renews the held tokens, writes the new token
-//! into the cells it renewed and releases them. A settlement takes its cell's lock, so it never
-//! runs between the database's renewal and the cell's update, and always names the token the
-//! row holds. Only one delivery's settlement ever waits on a round, and for one statement.
+//! Each in-flight lease has a cell holding its token. A round works in chunks of up to 500
+//! leases: it `try_lock`s the chunk's cells (a cell being settled is skipped: it needs no
+//! renewal), renews the held tokens in one statement, writes the new token into the cells it
+//! renewed and releases them before the next chunk. A settlement takes its cell's lock, so it
+//! never runs between the database's renewal and the cell's update, and always names the token
+//! the row holds; it waits at most for one renewal statement.
+//!
+//! Renewal never waits on a row lock (servers: `FOR UPDATE SKIP LOCKED`): a row a user's
+//! transaction holds is skipped this round and tried again a quarter lease later, so one locked
+//! row cannot stall the leases of every table on the broker. A round that panics is reported on
+//! its subscription and tried again; the thread goes on.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -19,6 +26,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::Ctx;
 use crate::dialect::DbConn;
+use crate::error::DbErrorKind;
 use crate::schedule::{lease_token, renew_every};
 
 /// Rows renewed per statement (two parameters each).
@@ -33,6 +41,8 @@ pub(crate) struct LeaseCell {
 
 pub(crate) struct LeaseState {
     pub token: SystemTime,
+    /// The token of a renewal whose answer was lost: the row holds this or `token`.
+    pub unsure: Option<SystemTime>,
     /// Settled or abandoned: the renewer leaves it alone.
     pub done: bool,
 }
@@ -56,7 +66,11 @@ impl LeaseBook {
         let cell = Arc::new(LeaseCell {
             id,
             serial,
-            state: Mutex::new(LeaseState { token, done: false }),
+            state: Mutex::new(LeaseState {
+                token,
+                unsure: None,
+                done: false,
+            }),
         });
         self.cells.lock().insert(serial, cell.clone());
         cell
@@ -154,7 +168,7 @@ fn run(shared: &Shared) {
             continue;
         }
         let failed: Vec<Arc<Ctx>> = MutexGuard::unlocked(&mut subs, || {
-            due.into_iter().filter(|ctx| !round(ctx)).collect()
+            due.into_iter().filter(|ctx| !guarded_round(ctx)).collect()
         });
         // A failed round is tried again after a quarter lease, not half: the leases have
         // half a lease left at most.
@@ -169,14 +183,29 @@ fn run(shared: &Shared) {
     }
 }
 
-/// One renewal round over every in-flight lease.
+/// A round that cannot take the renewer down: a panic fails the round (tried again soon) and
+/// is reported on the subscription, and the thread goes on renewing every other table.
+fn guarded_round(ctx: &Ctx) -> bool {
+    match catch_unwind(AssertUnwindSafe(|| round(ctx))) {
+        Ok(done) => done,
+        Err(_) => {
+            let e = format!("renewing leases of table {} panicked", ctx.spec().name);
+            log::error!("{e}");
+            ctx.set_error(e);
+            false
+        }
+    }
+}
+
+/// One renewal round over every in-flight lease; false if some lease was not renewed (the
+/// round is tried again after a quarter lease rather than half).
 pub(crate) fn round(ctx: &Ctx) -> bool {
-    let cells = ctx.leases.snapshot();
+    let mut cells = ctx.leases.snapshot();
     if cells.is_empty() {
         return true;
     }
     // The connection first, waiting briefly: the cells' locks (which settlements wait on) are
-    // then held only while the statement runs, never while the pool is exhausted (row lock
+    // then held only while a statement runs, never while the pool is exhausted (row lock
     // deliveries of the same broker may hold every connection).
     let q = &ctx.queue;
     let wait = (renew_every(q.spec.lease_secs) / 4).min(q.pool.connection_timeout());
@@ -192,50 +221,78 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
             return false;
         }
     };
-    let mut held: Vec<(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)> = Vec::new();
-    for cell in &cells {
-        if let Some(state) = cell.state.try_lock() {
-            if !state.done {
-                held.push((cell, state));
-            }
+    // One row may have two cells: a delivery whose lease was lost and a later claim of the
+    // same row. Sorted by id, a row's cells are neighbours and land in one chunk.
+    cells.sort_by_key(|c| c.id);
+    let mut all = true;
+    let mut rest = &cells[..];
+    while !rest.is_empty() {
+        let mut end = rest.len().min(RENEW_CHUNK);
+        while end < rest.len() && rest[end].id == rest[end - 1].id {
+            end += 1;
         }
+        let (chunk, next) = rest.split_at(end);
+        rest = next;
+        // Only this chunk's cells are held, and only while its statement runs. A cell being
+        // settled is skipped: it needs no renewal.
+        let mut held: Vec<(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)> = chunk
+            .iter()
+            .filter_map(|cell| Some((cell, cell.state.try_lock()?)))
+            .filter(|(_, state)| !state.done)
+            .collect();
+        // Tokens grow with every claim, so of a row's cells only the largest can still match:
+        // renew that one alone, or the stale delivery would be handed the new token.
+        held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
+        held.dedup_by_key(|(cell, _)| cell.id);
+        all &= renew_chunk(ctx, &mut *conn, &mut held);
     }
-    // One row may have two cells here: a delivery whose lease was lost and a later claim of the
-    // same row. Tokens grow with every claim, so only the largest can still match: renew that
-    // one alone, or the stale delivery would be handed the new token.
-    held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
-    held.dedup_by_key(|(cell, _)| cell.id);
-    held.chunks_mut(RENEW_CHUNK)
-        .all(|chunk| renew_chunk(ctx, &mut **conn, chunk))
+    all
 }
 
-/// Renews one chunk of leases on `conn`; false if the statement failed.
+/// Renews one chunk of leases on `conn`; false if the statement failed or a lease was not
+/// renewed (lost, or skipped while another transaction had its row locked).
 fn renew_chunk(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
     chunk: &mut [(&Arc<LeaseCell>, MutexGuard<'_, LeaseState>)],
 ) -> bool {
+    if chunk.is_empty() {
+        return true;
+    }
     let q = &ctx.queue;
-    let pairs: Vec<(i64, SystemTime)> = chunk.iter().map(|(c, s)| (c.id, s.token)).collect();
+    let mut pairs: Vec<(i64, SystemTime)> = Vec::with_capacity(chunk.len());
+    for (cell, state) in chunk.iter() {
+        pairs.push((cell.id, state.token));
+        pairs.extend(state.unsure.map(|t| (cell.id, t)));
+    }
     let token = lease_token(SystemTime::now(), q.spec.lease_secs);
     match q.dialect.lease_renew(conn, &q.spec, token, &pairs) {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();
+            let mut all = true;
             for (cell, state) in chunk.iter_mut() {
                 if ids.contains(&cell.id) {
                     state.token = token;
+                    state.unsure = None;
                 } else {
-                    log::warn!(
-                        "table {}: lease of row {} was lost before renewal",
+                    all = false;
+                    log::debug!(
+                        "table {}: lease of row {} not renewed this round (lost, or its row locked)",
                         q.spec.name,
                         cell.id
                     );
                 }
             }
-            true
+            all
         }
         Err(e) => {
-            // The leases keep their tokens; the next round, soon, tries again.
+            // A lost connection cannot tell whether the renewal committed: the row holds the
+            // old token or the new one, and the next round and the settlement try both.
+            if e.kind == DbErrorKind::ConnectionLost {
+                for (_, state) in chunk.iter_mut() {
+                    state.unsure = Some(token);
+                }
+            }
             let e = q.err("renew")(e);
             log::warn!("{e}");
             ctx.set_error(e.to_string());
