@@ -1,0 +1,467 @@
+//! Chaos, server restarts: a subscription in this process is consuming a table when the
+//! database server is restarted under it (PostgreSQL: `pg_ctlcluster .. restart`; MariaDB:
+//! `mysqladmin shutdown`, then `mariadbd` started again). The subscription must go on by itself
+//! once the server is back, and every row must be finished:
+//!
+//! 1. the table is empty within a bounded wait after the restart (a subscription whose workers
+//!    died, or whose pool kept dead connections, leaves rows behind);
+//! 2. the subscription did not close itself, and rows were acked after the server came back
+//!    (else the test proved nothing: the rows were all done before the outage);
+//! 3. every published id was acked exactly once, or its ack failed during the outage with the
+//!    row gone at the end (an ack whose commit happened but whose reply was lost); no id is
+//!    acked twice;
+//! 4. every settlement that failed failed with a transient error (or `LeaseLost` in the lease
+//!    form): an outage is something to try again after;
+//! 5. row lock: every delivery reads attempt 1 (the outage rolls back; nothing here retries).
+//!
+//! Failed settlements are counted and printed. The server is always brought back up, even when
+//! the test fails (a guard with `Drop`).
+//!
+//! A restart disturbs every other user of the server, so it runs only with
+//! `SQLBROKER_REQUIRE_SERVERS=1` or `SQLBROKER_CHAOS_RESTART=1`; otherwise it says loudly that
+//! it skipped.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Db, Live};
+use sqlbroker::{Form, NextError};
+
+/// Enough work (about 6 s for the two handlers) that most of it is left when the server is back.
+const ROWS: usize = 600;
+const LEASE: Duration = Duration::from_secs(3);
+const UP: Duration = Duration::from_secs(90);
+const FINISH: Duration = Duration::from_secs(90);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn say(msg: &str) {
+    // Straight to the process's stderr: the test harness captures `eprintln!`.
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn enabled() -> bool {
+    ["SQLBROKER_REQUIRE_SERVERS", "SQLBROKER_CHAOS_RESTART"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| v == "1"))
+}
+
+/// Runs a command with no stdio of ours: a daemon it starts must not hold our pipes open.
+fn run(cmd: &str, args: &[&str]) -> bool {
+    match Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(s) => s.success(),
+        Err(e) => {
+            say(&format!("chaos restart: could not run {cmd}: {e}"));
+            false
+        }
+    }
+}
+
+fn pg_version() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| "15".into())
+}
+
+const MARIADBD: &str = "/usr/sbin/mariadbd";
+
+/// The local server of `db`: up?, stop, start, restart.
+#[derive(Clone, Copy)]
+struct Server(Db);
+
+impl Server {
+    fn up(self) -> bool {
+        match self.0 {
+            Db::Postgres => run("pg_isready", &["-q", "-h", "127.0.0.1", "-p", "5432"]),
+            _ => run(
+                "mysqladmin",
+                &["--protocol=tcp", "-h127.0.0.1", "-uroot", "ping"],
+            ),
+        }
+    }
+
+    fn wait_up(self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.up() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.up()
+    }
+
+    fn start(self) -> bool {
+        match self.0 {
+            Db::Postgres => run(
+                "pg_ctlcluster",
+                &["--skip-systemctl-redirect", &pg_version(), "main", "start"],
+            ),
+            _ => run(
+                "start-stop-daemon",
+                &[
+                    "--start",
+                    "--oknodo",
+                    "--background",
+                    "--exec",
+                    MARIADBD,
+                    "--",
+                    "--user=mysql",
+                ],
+            ),
+        }
+    }
+
+    /// Restarts the server; true once the restart command has done its part (not yet up).
+    fn restart(self) -> bool {
+        match self.0 {
+            Db::Postgres => run(
+                "pg_ctlcluster",
+                &[
+                    "--skip-systemctl-redirect",
+                    &pg_version(),
+                    "main",
+                    "restart",
+                ],
+            ),
+            _ => {
+                if !run(
+                    "mysqladmin",
+                    &["--protocol=tcp", "-h127.0.0.1", "-uroot", "shutdown"],
+                ) {
+                    return false;
+                }
+                // Over TCP mysqladmin does not wait for the process: a second mariadbd started
+                // while the first still holds the data files would fail.
+                let gone = common::wait_for(UP, || {
+                    !run("start-stop-daemon", &["--status", "--exec", MARIADBD])
+                });
+                gone && self.start()
+            }
+        }
+    }
+}
+
+/// Brings the server back up when dropped, whatever happened.
+struct UpGuard(Server);
+
+impl Drop for UpGuard {
+    fn drop(&mut self) {
+        if self.0.up() {
+            return;
+        }
+        say(&format!(
+            "chaos restart: {:?} is down, starting it again",
+            self.0 .0
+        ));
+        // MariaDB may still be shutting down: start once the old process is gone.
+        if self.0 .0 == Db::Mysql {
+            common::wait_for(UP, || {
+                !run("start-stop-daemon", &["--status", "--exec", MARIADBD])
+            });
+        }
+        self.0.start();
+        if !self.0.wait_up(UP) {
+            say(&format!(
+                "\n!!!!! chaos restart: {:?} did not come back up within {UP:?}: start it by hand !!!!!\n",
+                self.0 .0
+            ));
+        }
+    }
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// Successful acks per id.
+    acked: BTreeMap<i64, usize>,
+    /// Ids whose ack failed, with the errors.
+    failed: BTreeMap<i64, Vec<String>>,
+    /// Failures of the harness's checks seen by the handlers.
+    bad: Vec<String>,
+    deliveries: usize,
+}
+
+/// Returns the failures and the figures as a markdown table row.
+fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String) {
+    let began = Instant::now();
+    let db = live.db;
+    let t = live.table(form, LEASE);
+    let mut published = Vec::with_capacity(ROWS);
+    for i in 0..ROWS {
+        let m = common::msg(&format!("restart {i}"), &format!("k{i}"));
+        published.push(live.broker.publish(&t, m).expect("publish"));
+    }
+    let sub = live
+        .broker
+        .subscription(&t)
+        .workers(2)
+        .start()
+        .expect("start");
+    let ledger = Mutex::new(Ledger::default());
+    let (stop, back) = (AtomicBool::new(false), AtomicBool::new(false));
+    let acked_after = AtomicUsize::new(0);
+    let closed_early = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    let mut outage = Duration::ZERO;
+    let mut last_errors = BTreeSet::new();
+
+    std::thread::scope(|s| {
+        for h in 0..2u64 {
+            let (sub, ledger, stop, back) = (&sub, &ledger, &stop, &back);
+            let (acked_after, closed_early) = (&acked_after, &closed_early);
+            s.spawn(move || {
+                let mut n = h;
+                while !stop.load(Ordering::Relaxed) {
+                    let d = match sub.next_delivery_timeout(Duration::from_millis(100)) {
+                        Ok(d) => d,
+                        Err(NextError::Timeout) => continue,
+                        Err(NextError::Closed) => {
+                            closed_early.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                    };
+                    let (id, attempt) = (d.id(), d.attempt());
+                    {
+                        let mut l = ledger.lock().unwrap();
+                        l.deliveries += 1;
+                        if form == Form::RowLock && attempt != 1 {
+                            l.bad
+                                .push(format!("row {id} delivered with attempt {attempt} (row lock: the outage must spend nothing)"));
+                        }
+                    }
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(10 + n * 7 % 21));
+                    let r = d.ack();
+                    let mut l = ledger.lock().unwrap();
+                    match r {
+                        Ok(()) => {
+                            *l.acked.entry(id).or_default() += 1;
+                            if back.load(Ordering::Relaxed) {
+                                acked_after.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e) => {
+                            if !(e.is_transient() || (form == Form::Lease && e.is_lease_lost())) {
+                                l.bad.push(format!(
+                                    "row {id}: the ack failed with an error that is not \
+                                     transient: {e:?}"
+                                ));
+                            }
+                            l.failed
+                                .entry(id)
+                                .or_default()
+                                .push(format!("attempt {attempt}: {e}"));
+                        }
+                    }
+                }
+            });
+        }
+
+        // The handlers end with the scope even if a check below panics.
+        let _stop = SetOnDrop(&stop);
+        // Restart once a quarter of the rows are done.
+        let started = common::wait_for(Duration::from_secs(60), || {
+            ledger.lock().unwrap().acked.len() >= ROWS / 4
+        });
+        if !started {
+            failures.push(format!(
+                "only {} rows acked within 60 s before the restart (last error {:?})",
+                ledger.lock().unwrap().acked.len(),
+                sub.last_error()
+            ));
+        } else {
+            let guard = UpGuard(server);
+            let down = Instant::now();
+            say(&format!(
+                "chaos restart: restarting {db:?} ({})",
+                form.name()
+            ));
+            if !server.restart() {
+                failures.push(format!("the restart command of {db:?} failed"));
+            }
+            // Note the subscription's view of the outage while waiting.
+            let up = {
+                let deadline = Instant::now() + UP;
+                loop {
+                    if let Some(e) = sub.last_error() {
+                        last_errors.insert(e);
+                    }
+                    if server.up() {
+                        break true;
+                    }
+                    if Instant::now() > deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            };
+            outage = down.elapsed();
+            drop(guard);
+            back.store(true, Ordering::Relaxed);
+            if !up {
+                failures.push(format!("{db:?} did not come back within {UP:?}"));
+            } else {
+                let finished = common::wait_for(FINISH, || live.rows(&t) == 0);
+                if !finished {
+                    failures.push(format!(
+                        "{} rows left {FINISH:?} after the server came back (subscription \
+                         closed: {}, last error: {:?}, in flight: {})",
+                        live.rows(&t),
+                        sub.is_closed(),
+                        sub.last_error(),
+                        sub.in_flight()
+                    ));
+                }
+            }
+        }
+    });
+    if closed_early.load(Ordering::Relaxed) || sub.is_closed() {
+        failures.push(format!(
+            "the subscription closed itself (last error: {:?})",
+            sub.last_error()
+        ));
+    }
+    if let Err(e) = sub.shutdown(Duration::from_secs(5)) {
+        failures.push(format!("shutdown failed: {e}"));
+    }
+
+    let l = ledger.into_inner().unwrap();
+    failures.extend(l.bad.iter().cloned());
+    let left = live.rows(&t);
+    if left != 0 {
+        failures.push(format!("{left} rows left in the table at the end"));
+    }
+    let after = acked_after.load(Ordering::Relaxed);
+    if failures.is_empty() && after == 0 {
+        failures
+            .push("no row was acked after the server came back: the restart was not tested".into());
+    }
+    let mut unknown = 0;
+    for id in &published {
+        match (l.acked.get(id).copied().unwrap_or(0), l.failed.get(id)) {
+            (1, _) => {}
+            // Its ack failed and the row is gone: the commit went through, its reply did not.
+            (0, Some(_)) if left == 0 => unknown += 1,
+            (n, errs) => {
+                failures.push(format!("row {id}: acked {n} times (failed acks: {errs:?})"))
+            }
+        }
+    }
+    let errors: usize = l.failed.values().map(Vec::len).sum();
+    let db_name = match db {
+        Db::Postgres => "PostgreSQL",
+        _ => "MySQL(MariaDB)",
+    };
+    say(&format!(
+        "chaos restart: {db_name} {}: outage {:.1} s, {ROWS} rows, {} deliveries, {after} acked \
+         after the restart, {errors} failed settlements ({unknown} of unknown outcome, row \
+         gone), {} failures, {:.1} s",
+        form.name(),
+        outage.as_secs_f64(),
+        l.deliveries,
+        failures.len(),
+        began.elapsed().as_secs_f64()
+    ));
+    let row = format!(
+        "| {db_name} | {} | {:.1} | {ROWS} | {} | {after} | {errors} | {unknown} | {} |\n",
+        form.name(),
+        outage.as_secs_f64(),
+        l.deliveries,
+        failures.len()
+    );
+    for (id, errs) in &l.failed {
+        for e in errs {
+            say(&format!("  failed settlement, row {id}: {e}"));
+        }
+    }
+    for e in &last_errors {
+        say(&format!("  subscription last_error during the outage: {e}"));
+    }
+    (failures, row)
+}
+
+fn restart_db(db: Db) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !enabled() {
+        say(&format!(
+            "\n!!!!! SKIPPED: chaos restart of {db:?}: it restarts the server under everyone \
+             using it; set SQLBROKER_CHAOS_RESTART=1 (or SQLBROKER_REQUIRE_SERVERS=1) to run it \
+             !!!!!\n"
+        ));
+        return;
+    }
+    let Some(live) = common::live(db) else {
+        say(&format!(
+            "\n!!!!! SKIPPED: chaos restart of {db:?}: the server is not reachable !!!!!\n"
+        ));
+        return;
+    };
+    let server = Server(db);
+    let mut all = Vec::new();
+    let mut report = String::from(
+        "| database | form | outage (s) | rows | deliveries | acked after the restart | \
+         failed settlements | of unknown outcome | failures |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for form in [Form::RowLock, Form::Lease] {
+        let (failures, row) = restart_run(&live, server, form);
+        report.push_str(&row);
+        for f in &failures {
+            say(&format!("  FAIL {db:?} {}: {f}", form.name()));
+        }
+        all.extend(
+            failures
+                .into_iter()
+                .map(|f| format!("{}: {f}", form.name())),
+        );
+        // Whatever happened, the next form (and the next test binary) gets a live server.
+        assert!(server.wait_up(UP), "{db:?} is not up after the restart run");
+    }
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "chaos-restart-{}.md",
+        format!("{db:?}").to_lowercase()
+    ));
+    if let Err(e) = std::fs::write(&file, report) {
+        say(&format!("warning: could not write {}: {e}", file.display()));
+    }
+    assert!(
+        all.is_empty(),
+        "{} failures on {db:?}:\n{}",
+        all.len(),
+        all.join("\n")
+    );
+}
+
+#[test]
+fn restart_postgres() {
+    restart_db(Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn restart_mysql() {
+    restart_db(Db::Mysql);
+}
