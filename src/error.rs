@@ -145,8 +145,8 @@ fn on_table(table: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DbErrorKind {
-    /// Deadlock, serialization failure or lock-wait timeout: the transaction was rolled back and
-    /// may be tried again.
+    /// Deadlock, serialization failure, lock-wait or statement timeout: the statement (or its
+    /// transaction) was rolled back and may be tried again.
     Transient,
     /// The connection is gone (server shut down, session killed, network): the connection was
     /// discarded; a row-lock or advisory delivery on it has been returned by the database.

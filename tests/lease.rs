@@ -25,7 +25,10 @@ fn late_settlement_is_lease_lost(db: Db) {
     let mut held: Vec<Delivery> = (0..3).map(|_| next(&a, Duration::from_secs(10))).collect();
     assert!(held.iter().all(|d| d.attempt() == 1));
     held.sort_by_key(Delivery::id);
-    a.shutdown(Duration::ZERO).unwrap();
+    match a.shutdown(Duration::ZERO) {
+        Err(BrokerError::Unsettled { unsettled, .. }) => assert_eq!(unsettled, 3),
+        other => panic!("shutdown with three deliveries held returned {other:?}"),
+    }
 
     let other = live.connect();
     let b = other.subscription(&t).batch_size(10).start().unwrap();
@@ -50,7 +53,7 @@ fn late_settlement_is_lease_lost(db: Db) {
         .dead_letter("late")
         .expect_err("a late dead letter succeeded");
     assert!(matches!(e, BrokerError::LeaseLost { .. }), "{e:?}");
-    drop(held.next().unwrap()); // a late drop: its release is fenced out too
+    drop(held.next().unwrap()); // a late drop: its retry is fenced out too
     assert_eq!(live.rows(&t), 3, "a late settlement changed the table");
     assert_eq!(
         live.rows_where(&t, "locked_until IS NOT NULL AND dead_at IS NULL"),

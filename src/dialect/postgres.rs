@@ -310,7 +310,10 @@ fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
         {
             DbErrorKind::Transient
         }
-        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE => DbErrorKind::Transient,
+        // `lock_timeout`, and `statement_timeout` (or a cancel): the statement was rolled back.
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
+            DbErrorKind::Transient
+        }
         Some(c)
             if *c == SqlState::ADMIN_SHUTDOWN
                 || *c == SqlState::CRASH_SHUTDOWN
