@@ -24,7 +24,7 @@
 //! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). A server that does not
 //! answer is skipped with a loud message. SQLite runs on a file in the temp directory, with the
-//! pragmas the library sets (WAL, `synchronous = NORMAL`, a busy timeout).
+//! pragmas the library sets by default (WAL, `synchronous = FULL`, a busy timeout).
 //!
 //! Run: `cargo bench --bench throughput` (about three minutes on two cores, after the build).
 //! `BENCHMARKS.md` has the results and what they say.
@@ -499,7 +499,7 @@ mod sqlite {
         conn.set_prepared_statement_cache_capacity(64);
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
             .unwrap();
-        conn.execute_batch("PRAGMA synchronous = NORMAL").unwrap();
+        conn.execute_batch("PRAGMA synchronous = FULL").unwrap();
         conn
     }
 

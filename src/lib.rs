@@ -41,7 +41,13 @@
 //! | lease | [`Table::lease`] | a deadline in `locked_until`, renewed every half lease | row back when the lease expires | at claim |
 //! | advisory lock | [`Table::advisory_lock`] | a database advisory lock on the row's key | session ends: row back at once | when the row is taken |
 //!
-//! The first delivery of a row reads [`attempt`](Delivery::attempt) 1 in every form.
+//! The first delivery of a row reads [`attempt`](Delivery::attempt) 1 in every form. A row
+//! claimed ahead and handed back unhandled (by [`close`](Subscription::close),
+//! [`shutdown`](Subscription::shutdown) or a dropped subscription) spends nothing. A delivery
+//! dropped unsettled by a live process (a panicking handler) is a failed attempt in every form,
+//! retried after a short delay, so [`Table::max_attempts`] ends a poison row. A crash of the
+//! whole process spends nothing in the row lock form: work that may kill its process belongs
+//! in the lease form, where the claim counts the attempt.
 //!
 //! ## Support matrix
 //!
@@ -57,7 +63,13 @@
 //! ## Guarantees
 //!
 //! - At-least-once: a row is delivered again if its handler's process dies, its delivery is
-//!   dropped unsettled, or (lease) its lease expires.
+//!   dropped unsettled, or (lease) its lease expires. An `ack` whose connection is lost may have
+//!   committed before the answer was lost (the error is then
+//!   [`DbErrorKind::ConnectionLost`]): a handler whose effect must happen once makes it
+//!   idempotent, e.g. keyed by [`Delivery::id`].
+//! - Every wait is bounded: statements by
+//!   [`BrokerBuilder::statement_timeout`], connections by the pool's timeout, and
+//!   [`Subscription::shutdown`] by its grace plus one statement timeout.
 //! - Concurrent claimers, in one process or many, never hold the same row at once (SQLite
 //!   advisory: within one process only).
 //! - Lease settlements are fenced by the token: a late settlement after the lease was lost

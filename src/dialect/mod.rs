@@ -340,4 +340,95 @@ mod tests {
         ));
         assert!(matches!(open("", &o), Err(BrokerError::InvalidUrl { .. })));
     }
+
+    /// The session settings every connection gets from [`ConnOptions`], read back from live
+    /// sessions (a server that is not reachable is skipped).
+    mod session_settings {
+        use super::*;
+
+        fn opts(secs: u64, durable: bool) -> ConnOptions {
+            ConnOptions {
+                statement_timeout: Duration::from_secs(secs),
+                sqlite_durable: durable,
+            }
+        }
+
+        fn first(conn: &mut dyn DbConn, sql: &str) -> Vec<Value> {
+            conn.query(sql, &[]).unwrap().remove(0)
+        }
+
+        #[test]
+        fn sqlite_is_durable_unless_told_and_memory_is_never_silently_replaced() {
+            let dir = std::env::temp_dir().join(format!("sqlbroker-sync-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            for (durable, expected) in [(true, 2), (false, 1)] {
+                let url = format!("sqlite:{}/{durable}.db", dir.display());
+                let mut conn = open(&url, &opts(3, durable)).unwrap().connect().unwrap();
+                // 2 = FULL: a commit survives power loss; 1 = NORMAL.
+                assert_eq!(
+                    first(&mut *conn, "PRAGMA synchronous"),
+                    [Value::Int(expected)]
+                );
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+
+            let memory = open("sqlite::memory:", &opts(3, true)).unwrap();
+            let mut conn = memory.connect().unwrap();
+            conn.batch("CREATE TABLE t (x INTEGER)").unwrap();
+            // Its one connection discarded, the database is gone: say so, never hand out a
+            // new, empty database in its place.
+            drop(conn);
+            let e = memory
+                .connect()
+                .err()
+                .expect("a second in-memory connection");
+            assert_eq!(e.kind, crate::error::DbErrorKind::ConnectionLost);
+            assert!(e.to_string().contains("in-memory"), "{e}");
+        }
+
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn postgres_sessions_bound_lock_and_statement_waits() {
+            let url = std::env::var("SQLBROKER_PG_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let Ok(mut conn) = open(&url, &opts(7, true)).unwrap().connect() else {
+                eprintln!("SKIPPED: PostgreSQL at {url} is not reachable");
+                return;
+            };
+            let got = first(
+                &mut *conn,
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            );
+            assert_eq!(got, [Value::Text("7s".into()), Value::Text("7s".into())]);
+            // A URL that sets one keeps its own.
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let own = format!("{url}{sep}options=-c%20lock_timeout%3D1234");
+            let mut conn = open(&own, &opts(7, true)).unwrap().connect().unwrap();
+            let got = first(
+                &mut *conn,
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            );
+            assert_eq!(
+                got,
+                [Value::Text("1234ms".into()), Value::Text("7s".into())]
+            );
+        }
+
+        #[cfg(feature = "mysql")]
+        #[test]
+        fn mysql_sessions_bound_lock_waits() {
+            let url = std::env::var("SQLBROKER_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+            let Ok(mut conn) = open(&url, &opts(7, true)).unwrap().connect() else {
+                eprintln!("SKIPPED: MySQL at {url} is not reachable");
+                return;
+            };
+            let got = first(
+                &mut *conn,
+                "SELECT @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout, @@session.time_zone",
+            );
+            assert_eq!(got[..2], [Value::Int(7), Value::Int(7)]);
+            assert_eq!(got[2], Value::Text("+00:00".into()));
+        }
+    }
 }
