@@ -353,6 +353,14 @@ mod tests {
             }
         }
 
+        /// A server that is not reachable skips the test, loudly, unless CI requires servers.
+        fn skip(db: &str, url: &str) {
+            if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") {
+                panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db} at {url} is not reachable");
+            }
+            eprintln!("SKIPPED: {db} at {url} is not reachable");
+        }
+
         fn first(conn: &mut dyn DbConn, sql: &str) -> Vec<Value> {
             conn.query(sql, &[]).unwrap().remove(0)
         }
@@ -392,8 +400,7 @@ mod tests {
             let url = std::env::var("SQLBROKER_PG_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
             let Ok(mut conn) = open(&url, &opts(7, true)).unwrap().connect() else {
-                eprintln!("SKIPPED: PostgreSQL at {url} is not reachable");
-                return;
+                return skip("PostgreSQL", &url);
             };
             let got = first(
                 &mut *conn,
@@ -420,8 +427,7 @@ mod tests {
             let url = std::env::var("SQLBROKER_MYSQL_URL")
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
             let Ok(mut conn) = open(&url, &opts(7, true)).unwrap().connect() else {
-                eprintln!("SKIPPED: MySQL at {url} is not reachable");
-                return;
+                return skip("MySQL", &url);
             };
             let got = first(
                 &mut *conn,
