@@ -87,7 +87,9 @@ fn fenced(
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
-    let tokens: Vec<SystemTime> = std::iter::once(state.token).chain(state.unsure).collect();
+    let tokens: Vec<SystemTime> = std::iter::once(state.token)
+        .chain(state.unsure.iter().copied())
+        .collect();
     let run = || -> Result<bool> {
         let mut conn = q.conn_within(op, within)?;
         let mut lost = None;

@@ -32,6 +32,10 @@ use crate::schedule::{lease_token, renew_every};
 /// Rows renewed per statement (two parameters each).
 const RENEW_CHUNK: usize = 500;
 
+/// Renewals with lost answers remembered per lease; past this many in a row, the oldest is
+/// forgotten (its lease has expired by then).
+const MAX_UNSURE: usize = 4;
+
 /// The token of one in-flight lease.
 pub(crate) struct LeaseCell {
     pub id: i64,
@@ -41,8 +45,8 @@ pub(crate) struct LeaseCell {
 
 pub(crate) struct LeaseState {
     pub token: SystemTime,
-    /// The token of a renewal whose answer was lost: the row holds this or `token`.
-    pub unsure: Option<SystemTime>,
+    /// Tokens of renewals whose answers were lost: the row holds one of these or `token`.
+    pub unsure: Vec<SystemTime>,
     /// Settled or abandoned: the renewer leaves it alone.
     pub done: bool,
 }
@@ -68,7 +72,7 @@ impl LeaseBook {
             serial,
             state: Mutex::new(LeaseState {
                 token,
-                unsure: None,
+                unsure: Vec::new(),
                 done: false,
             }),
         });
@@ -263,7 +267,7 @@ fn renew_chunk(
     let mut pairs: Vec<(i64, SystemTime)> = Vec::with_capacity(chunk.len());
     for (cell, state) in chunk.iter() {
         pairs.push((cell.id, state.token));
-        pairs.extend(state.unsure.map(|t| (cell.id, t)));
+        pairs.extend(state.unsure.iter().map(|t| (cell.id, *t)));
     }
     let token = lease_token(SystemTime::now(), q.spec.lease_secs);
     match q.dialect.lease_renew(conn, &q.spec, token, &pairs) {
@@ -273,7 +277,7 @@ fn renew_chunk(
             for (cell, state) in chunk.iter_mut() {
                 if ids.contains(&cell.id) {
                     state.token = token;
-                    state.unsure = None;
+                    state.unsure.clear();
                 } else {
                     all = false;
                     log::debug!(
@@ -290,7 +294,10 @@ fn renew_chunk(
             // old token or the new one, and the next round and the settlement try both.
             if e.kind == DbErrorKind::ConnectionLost {
                 for (_, state) in chunk.iter_mut() {
-                    state.unsure = Some(token);
+                    if state.unsure.len() >= MAX_UNSURE {
+                        state.unsure.remove(0);
+                    }
+                    state.unsure.push(token);
                 }
             }
             let e = q.err("renew")(e);
