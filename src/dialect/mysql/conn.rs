@@ -1,0 +1,157 @@
+//! One MySQL-protocol session as a [`DbConn`], and how a driver error is classified.
+
+use mysql::prelude::Queryable;
+use mysql::{Conn, Opts, Params};
+
+use super::values::{from_mysql, to_mysql};
+use crate::dialect::DbConn;
+use crate::error::{DbError, DbErrorKind};
+use crate::Value;
+
+/// Opens a session with the engine's options.
+pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn>, DbError> {
+    let conn = Conn::new(opts.clone()).map_err(|e| DbError::new(classify(&e), e))?;
+    Ok(Box::new(MyConn {
+        conn,
+        broken: false,
+    }))
+}
+
+/// One MySQL-protocol session.
+struct MyConn {
+    conn: Conn,
+    broken: bool,
+}
+
+/// How a driver error should be treated.
+fn classify(e: &mysql::Error) -> DbErrorKind {
+    match e {
+        mysql::Error::MySqlError(se) => match se.code {
+            // Deadlock (the transaction was rolled back), lock wait timeout (the statement was).
+            1213 | 1205 => DbErrorKind::Transient,
+            // Server shutdown, connection killed (MariaDB), session killed (MySQL), server gone,
+            // lost connection, idle session ended by the server (MySQL 8.0.24+).
+            1053 | 1927 | 3169 | 2006 | 2013 | 4031 => DbErrorKind::ConnectionLost,
+            _ => DbErrorKind::Other,
+        },
+        mysql::Error::IoError(_) | mysql::Error::CodecError(_) => DbErrorKind::ConnectionLost,
+        mysql::Error::DriverError(d) => match d {
+            // Our parameters did not fit the statement: the session is intact.
+            mysql::DriverError::MismatchedStmtParams(..)
+            | mysql::DriverError::Params(_)
+            | mysql::DriverError::MixedParams => DbErrorKind::Other,
+            _ => DbErrorKind::ConnectionLost,
+        },
+        _ => DbErrorKind::Other,
+    }
+}
+
+impl MyConn {
+    fn fail(&mut self, e: mysql::Error) -> DbError {
+        let kind = classify(&e);
+        if kind == DbErrorKind::ConnectionLost {
+            self.broken = true;
+        }
+        DbError::new(kind, e)
+    }
+}
+
+fn params(values: &[Value]) -> Result<Params, DbError> {
+    if values.is_empty() {
+        return Ok(Params::Empty);
+    }
+    values
+        .iter()
+        .map(to_mysql)
+        .collect::<Result<Vec<_>, _>>()
+        .map(Params::Positional)
+}
+
+fn run_query(conn: &mut Conn, sql: &str, params: Params) -> mysql::Result<Vec<Vec<Value>>> {
+    let mut out = Vec::new();
+    for row in conn.exec_iter(sql, params)? {
+        let row = row?;
+        let columns = row.columns();
+        out.push(
+            row.unwrap()
+                .into_iter()
+                .zip(columns.iter())
+                .map(|(v, c)| from_mysql(v, c))
+                .collect(),
+        );
+    }
+    Ok(out)
+}
+
+impl DbConn for MyConn {
+    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        let p = params(values)?;
+        match self.conn.exec_drop(sql, p) {
+            Ok(()) => Ok(self.conn.affected_rows()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let p = params(values)?;
+        run_query(&mut self.conn, sql, p).map_err(|e| self.fail(e))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.conn.query_drop(sql).map_err(|e| self.fail(e))
+    }
+
+    fn last_insert_id(&self) -> Option<i64> {
+        i64::try_from(self.conn.last_insert_id())
+            .ok()
+            .filter(|id| *id > 0)
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors() {
+        let server = |code| {
+            mysql::Error::MySqlError(mysql::MySqlError {
+                state: "HY000".into(),
+                message: String::new(),
+                code,
+            })
+        };
+        assert_eq!(classify(&server(1213)), DbErrorKind::Transient);
+        assert_eq!(classify(&server(1205)), DbErrorKind::Transient);
+        for code in [2006, 2013, 1927, 1053, 3169, 4031] {
+            assert_eq!(
+                classify(&server(code)),
+                DbErrorKind::ConnectionLost,
+                "{code}"
+            );
+        }
+        assert_eq!(classify(&server(1062)), DbErrorKind::Other);
+        let io = mysql::Error::IoError(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone"));
+        assert_eq!(classify(&io), DbErrorKind::ConnectionLost);
+        assert_eq!(
+            classify(&mysql::Error::DriverError(
+                mysql::DriverError::MismatchedStmtParams(2, 3)
+            )),
+            DbErrorKind::Other
+        );
+        assert_eq!(
+            classify(&mysql::Error::DriverError(
+                mysql::DriverError::PacketOutOfSync
+            )),
+            DbErrorKind::ConnectionLost
+        );
+    }
+}

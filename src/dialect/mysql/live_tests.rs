@@ -1,0 +1,331 @@
+//! Live checks of the session layer against the server at `SQLBROKER_MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306/test`); skipped loudly when it is not reachable, unless
+//! `SQLBROKER_REQUIRE_SERVERS=1`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use super::sql::quote_ident;
+use super::Mysql;
+use crate::dialect::{DbConn, Dialect, TableSql};
+use crate::error::DbErrorKind;
+use crate::schedule::from_epoch_secs;
+use crate::table::{Form, TableSpec};
+use crate::{Table, Value};
+
+fn dialect() -> Option<Mysql> {
+    let url = std::env::var("SQLBROKER_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let d = Mysql::from_url(&url, &crate::dialect::test_options()).expect("url");
+    match d.connect() {
+        Ok(_) => Some(d),
+        Err(e) if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+            panic!("SQLBROKER_REQUIRE_SERVERS=1 but MySQL at {url} is not reachable: {e}")
+        }
+        Err(e) => {
+            eprintln!("\n!!!!! SKIPPED: MySQL at {url} is not reachable ({e}) !!!!!\n");
+            None
+        }
+    }
+}
+
+/// A table of its own, dropped at the end.
+struct Scratch<'a> {
+    d: &'a Mysql,
+    spec: TableSpec,
+}
+
+impl<'a> Scratch<'a> {
+    fn new(d: &'a Mysql, t: impl FnOnce(String) -> Table) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "unit_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let spec = t(name).validate().unwrap();
+        let mut c = d.connect().unwrap();
+        for stmt in d.create_table(&spec) {
+            c.batch(&stmt).unwrap();
+        }
+        Scratch { d, spec }
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.d.connect() {
+            let _ = c.batch(&format!(
+                "DROP TABLE IF EXISTS {}",
+                quote_ident(&self.spec.name)
+            ));
+        }
+    }
+}
+
+fn insert(c: &mut dyn DbConn, sql: &TableSql, values: &[Value]) -> i64 {
+    assert_eq!(c.execute(&sql.insert_one, values).unwrap(), 1);
+    c.query("SELECT LAST_INSERT_ID()", &[]).unwrap()[0][0]
+        .as_i64()
+        .unwrap()
+}
+
+#[test]
+fn values_survive_the_columns() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, |n| {
+        Table::new(n)
+            .text_column("t")
+            .bytes_column("b")
+            .int_column("i")
+            .float_column("f")
+            .lease(Duration::from_secs(5))
+    });
+    let sql = d.compile(&s.spec);
+    let mut c = d.connect().unwrap();
+    let due = from_epoch_secs(1_700_000_000);
+    let vals = [
+        Value::Bytes(vec![0, 159, 146, 150]),
+        Value::Time(due),
+        Value::Text("grüße ✓".into()),
+        Value::Bytes(vec![255, 0, 1]),
+        Value::Int(-9_007_199_254_740_993),
+        Value::Float(0.1),
+    ];
+    let id = insert(&mut *c, &sql, &vals);
+    let row = &c.query(&sql.fetch, &[Value::Int(id)]).unwrap()[0];
+    assert_eq!(row[..3], [Value::Int(id), Value::Int(0), vals[0].clone()]);
+    assert_eq!(row[3..], vals[2..]);
+    let nulls = insert(
+        &mut *c,
+        &sql,
+        &[
+            Value::Bytes(vec![]),
+            Value::Time(due),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+        ],
+    );
+    let row = &c.query(&sql.fetch, &[Value::Int(nulls)]).unwrap()[0];
+    assert_eq!(
+        row[2..],
+        [
+            Value::Bytes(vec![]),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null
+        ]
+    );
+    let at = c.query(
+        &format!(
+            "SELECT `run_at` FROM {} WHERE `id` = ?",
+            quote_ident(&s.spec.name)
+        ),
+        &[Value::Int(id)],
+    );
+    assert_eq!(at.unwrap()[0][0], Value::Time(due));
+}
+
+#[test]
+fn lease_claim_renew_and_fence() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, |n| Table::new(n).lease(Duration::from_secs(5)));
+    let sql = d.compile(&s.spec);
+    let mut c = d.connect().unwrap();
+    let now = crate::schedule::floor(SystemTime::now());
+    let ids: Vec<i64> = (0..3)
+        .map(|_| {
+            insert(
+                &mut *c,
+                &sql,
+                &[Value::Bytes(b"x".to_vec()), Value::Time(now)],
+            )
+        })
+        .collect();
+    let token = now + Duration::from_secs(5);
+    let rows = d.lease_claim(&mut *c, &sql, now, 2, token).unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r[0].clone(), r[1].clone()))
+            .collect::<Vec<_>>(),
+        [
+            (Value::Int(ids[0]), Value::Int(1)),
+            (Value::Int(ids[1]), Value::Int(1))
+        ]
+    );
+    let rows = d.lease_claim(&mut *c, &sql, now, 5, token).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(d
+        .lease_claim(&mut *c, &sql, now, 5, token)
+        .unwrap()
+        .is_empty());
+    // Renewing to the value the row already holds still renews (no row count involved).
+    assert_eq!(
+        d.lease_renew(&mut *c, &s.spec, token, &[(ids[0], token)])
+            .unwrap(),
+        [ids[0]]
+    );
+    let later = token + Duration::from_secs(3);
+    let wrong = token - Duration::from_secs(1);
+    let mut renewed = d
+        .lease_renew(
+            &mut *c,
+            &s.spec,
+            later,
+            &[(ids[1], token), (ids[2], wrong), (999_999, token)],
+        )
+        .unwrap();
+    renewed.sort_unstable();
+    assert_eq!(renewed, [ids[1]]);
+    // Fenced settlements: the right token matches one row, a stale one none.
+    assert_eq!(
+        c.execute(&sql.unclaim, &[Value::Int(ids[1]), Value::Time(token)])
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        c.execute(&sql.unclaim, &[Value::Int(ids[1]), Value::Time(later)])
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        c.execute(&sql.ack, &[Value::Int(ids[0]), Value::Time(token)])
+            .unwrap(),
+        1
+    );
+    assert!(!c.is_broken());
+}
+
+#[test]
+fn deadlock_and_lock_wait_are_transient() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, Table::new);
+    let sql = d.compile(&s.spec);
+    let (mut a, mut b, mut w) = (
+        d.connect().unwrap(),
+        d.connect().unwrap(),
+        d.connect().unwrap(),
+    );
+    let now = Value::Time(from_epoch_secs(1_700_000_000));
+    let one = insert(&mut *a, &sql, &[Value::Bytes(vec![1]), now.clone()]);
+    let two = insert(&mut *a, &sql, &[Value::Bytes(vec![2]), now]);
+    let lock = format!(
+        "SELECT `id` FROM {} WHERE `id` = ? FOR UPDATE",
+        quote_ident(&s.spec.name)
+    );
+    a.batch("START TRANSACTION").unwrap();
+    a.query(&lock, &[Value::Int(one)]).unwrap();
+    b.batch("START TRANSACTION").unwrap();
+    b.query(&lock, &[Value::Int(two)]).unwrap();
+
+    // A lock wait timeout (this session only).
+    w.batch("SET SESSION innodb_lock_wait_timeout = 1").unwrap();
+    w.batch("START TRANSACTION").unwrap();
+    let e = w.query(&lock, &[Value::Int(one)]).unwrap_err();
+    assert_eq!(e.kind, DbErrorKind::Transient, "{e}");
+    assert!(!w.is_broken());
+    w.batch("ROLLBACK").unwrap();
+
+    // A deadlock: each waits for the other, whichever asks first; one is rolled back.
+    let lock2 = lock.clone();
+    let waiter = std::thread::spawn(move || {
+        let r = a.query(&lock2, &[Value::Int(two)]).map(|_| ());
+        (r, a)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mine = b.query(&lock, &[Value::Int(one)]).map(|_| ());
+    let (theirs, mut a) = waiter.join().unwrap();
+    let failed: Vec<_> = [&mine, &theirs]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert_eq!(failed.len(), 1, "{mine:?} {theirs:?}");
+    assert_eq!(failed[0].kind, DbErrorKind::Transient, "{}", failed[0]);
+    a.batch("ROLLBACK").unwrap();
+    b.batch("ROLLBACK").unwrap();
+    assert!(!a.is_broken() && !b.is_broken());
+}
+
+#[test]
+fn killed_session_is_connection_lost() {
+    let Some(d) = dialect() else { return };
+    let (mut victim, mut killer) = (d.connect().unwrap(), d.connect().unwrap());
+    let id = victim.query("SELECT CONNECTION_ID()", &[]).unwrap()[0][0]
+        .as_i64()
+        .unwrap();
+    killer.batch(&format!("KILL {id}")).unwrap();
+    let e = victim.query("SELECT 1", &[]).unwrap_err();
+    assert_eq!(e.kind, DbErrorKind::ConnectionLost, "{e}");
+    assert!(victim.is_broken());
+}
+
+#[test]
+fn advisory_keys_are_per_session_and_take_fetches() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, |n| Table::new(n).text_column("k").advisory_lock("{k}"));
+    let sql = d.compile(&s.spec);
+    let (mut a, mut b) = (d.connect().unwrap(), d.connect().unwrap());
+    let name = Value::Text(d.key_name(&format!("{}-{}", s.spec.name, "x".repeat(80))));
+    let lock = sql.key_lock.as_deref().unwrap();
+    let unlock = sql.key_unlock.as_deref().unwrap();
+    assert_eq!(
+        a.query(lock, std::slice::from_ref(&name)).unwrap(),
+        [[Value::Int(1)]]
+    );
+    assert_eq!(
+        b.query(lock, std::slice::from_ref(&name)).unwrap(),
+        [[Value::Int(0)]]
+    );
+    assert_eq!(
+        b.query(unlock, std::slice::from_ref(&name)).unwrap(),
+        [[Value::Int(0)]]
+    );
+    assert_eq!(
+        a.query(unlock, std::slice::from_ref(&name)).unwrap(),
+        [[Value::Int(1)]]
+    );
+    assert_eq!(
+        b.query(unlock, std::slice::from_ref(&name)).unwrap(),
+        [[Value::Null]]
+    );
+
+    let now = crate::schedule::floor(SystemTime::now());
+    let id = insert(
+        &mut *a,
+        &sql,
+        &[
+            Value::Bytes(b"p".to_vec()),
+            Value::Time(now),
+            Value::Text("k1".into()),
+        ],
+    );
+    let row = d.advisory_take(&mut *a, &sql, now, id).unwrap().unwrap();
+    assert_eq!(
+        row,
+        [
+            Value::Int(id),
+            Value::Int(1),
+            Value::Bytes(b"p".to_vec()),
+            Value::Text("k1".into())
+        ]
+    );
+    // Dead rows are not taken.
+    a.execute(
+        &sql.dead,
+        &[Value::Time(now), Value::Text("r".into()), Value::Int(id)],
+    )
+    .unwrap();
+    assert_eq!(d.advisory_take(&mut *a, &sql, now, id).unwrap(), None);
+}
+
+#[test]
+fn server_passes_its_floor() {
+    let Some(d) = dialect() else { return };
+    let mut c = d.connect().unwrap();
+    for form in [Form::RowLock, Form::Lease, Form::AdvisoryLock] {
+        d.check_server(&mut *c, form).unwrap();
+    }
+}

@@ -1,0 +1,216 @@
+//! MySQL 8.0.1+ and MariaDB 10.6+. All MySQL-protocol SQL and `mysql` driver calls live here.
+//!
+//! - Row lock: `SET TRANSACTION ISOLATION LEVEL ..` (READ COMMITTED unless the table names
+//!   another level: a locking read then locks the rows it takes, not the gaps between them, so
+//!   publishers never wait on a claim), `START TRANSACTION`, then
+//!   `SELECT .. FOR UPDATE SKIP LOCKED`; the transaction stays open on the delivery's connection.
+//! - Lease claim: no `UPDATE .. RETURNING` (MySQL has none, MariaDB 10.x none for `UPDATE`), so
+//!   one transaction at the claim isolation: a locking select `FOR UPDATE SKIP LOCKED` of the
+//!   ready rows, one update of the found ids, commit ([`protocol::lease_claim`]).
+//! - Lease renewal: a locking select of the held ids, one update of those still holding their
+//!   token, commit; the ids kept are exactly those renewed ([`protocol::lease_renew`]).
+//! - Advisory: `GET_LOCK(name, 0)` on `<database>.<key>`, a name over 64 characters replaced by
+//!   its SHA-256 (lowercase hex). Locks belong to the session and end with it. The server
+//!   compares names case-insensitively, so keys differing only in case wait for each other.
+//! - Times are `DATETIME` in UTC, whole seconds, so a lease token compared by equality
+//!   survives the column exactly. Sessions run with `time_zone = '+00:00'` so the column's
+//!   `DEFAULT CURRENT_TIMESTAMP` is UTC too.
+//! - Affected rows: connections set `CLIENT_FOUND_ROWS`, so an `UPDATE` reports the rows its
+//!   `WHERE` matched, as PostgreSQL and SQLite do, not only those whose values changed. A fenced
+//!   settlement that matched its row is then never mistaken for a lost lease, whatever it writes.
+//! - Floors: MySQL 8.0.1, MariaDB 10.6 (the first releases with `SKIP LOCKED`), for every form.
+//! - Statements are prepared once per connection and kept in the driver's per-connection cache.
+//!   Statements over a variable number of ids round the count up to a power of two (padding with
+//!   the last id), so few distinct texts reach the cache.
+//!
+//! Files, one concern each (the PostgreSQL and SQLite dialects are laid out alike):
+//! - `mod.rs`: the engine ([`Mysql`]), its URL and session settings, and the [`Dialect`] impl,
+//!   which delegates to the files below;
+//! - `sql.rs`: the statement text of a table, built once, and the `GET_LOCK` names;
+//! - `protocol.rs`: the lease claim, lease renewal and advisory take, each more than one
+//!   statement;
+//! - `conn.rs`: one session ([`DbConn`]) and the classification of driver errors;
+//! - `values.rs`: [`Value`]s to and from the driver's values (`DATETIME` in UTC);
+//! - `version.rs`: the server's flavor and version, and the floors;
+//! - `live_tests.rs`: checks against a live server.
+
+mod conn;
+#[cfg(test)]
+mod live_tests;
+mod protocol;
+mod sql;
+mod values;
+mod version;
+
+use std::time::{Duration, SystemTime};
+
+use mysql::consts::CapabilityFlags;
+use mysql::{Opts, OptsBuilder};
+
+use super::shared::Syntax;
+use super::{ConnOptions, DbConn, Dialect, TableSql};
+use crate::error::{BrokerError, DbError};
+use crate::table::{Form, TableSpec};
+use crate::Value;
+
+/// Prepared statements kept per connection: a table uses about a dozen, plus the insert and
+/// id-list variants of each size class.
+const STMT_CACHE: usize = 256;
+
+/// Connect timeout unless the URL sets `tcp_connect_timeout_ms`: an unreachable host fails the
+/// pool's checkout instead of hanging on the operating system's TCP timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much longer than the statement timeout the socket waits for an answer: a lock wait
+/// ends on the server first, with its own error.
+const SOCKET_MARGIN: Duration = Duration::from_secs(10);
+
+/// The MySQL-protocol engine for one server and database.
+pub(super) struct Mysql {
+    opts: Opts,
+    /// The URL's database: advisory lock names start with it, since `GET_LOCK` names are
+    /// server-wide and keys belong to the database.
+    db: String,
+}
+
+impl Mysql {
+    /// `mysql://user:pass@host:3306/db?opts` (the driver's URL options apply); `mariadb://` is
+    /// read as `mysql://`.
+    /// Every session runs in UTC with `lock_wait_timeout` (metadata locks, which DDL takes;
+    /// default a year) and `innodb_lock_wait_timeout` set to the statement timeout, and the
+    /// socket's read and write timeouts a little longer, so a server that stops answering
+    /// fails the statement instead of hanging it.
+    pub(super) fn from_url(url: &str, conn: &ConnOptions) -> Result<Self, BrokerError> {
+        let normalized = match url.split_once("://") {
+            Some((scheme, rest))
+                if scheme.eq_ignore_ascii_case("mariadb")
+                    || scheme.eq_ignore_ascii_case("mysql") =>
+            {
+                format!("mysql://{rest}")
+            }
+            _ => url.to_string(),
+        };
+        let opts = Opts::from_url(&normalized).map_err(|e| BrokerError::InvalidUrl {
+            reason: format!("{e}"),
+        })?;
+        let db = opts.get_db_name().unwrap_or_default().to_string();
+        let secs = conn.statement_timeout.as_secs().max(1);
+        let mut builder = OptsBuilder::from_opts(opts)
+            .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
+            .init(vec![format!(
+                "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
+            )]);
+        let socket = Some(conn.statement_timeout + SOCKET_MARGIN);
+        if !normalized.contains("read_timeout=") {
+            builder = builder.read_timeout(socket);
+        }
+        if !normalized.contains("write_timeout=") {
+            builder = builder.write_timeout(socket);
+        }
+        if !normalized.contains("stmt_cache_size=") {
+            builder = builder.stmt_cache_size(STMT_CACHE);
+        }
+        if !normalized.contains("tcp_connect_timeout_ms=") {
+            builder = builder.tcp_connect_timeout(Some(CONNECT_TIMEOUT));
+        }
+        Ok(Mysql {
+            opts: builder.into(),
+            db,
+        })
+    }
+}
+
+impl Dialect for Mysql {
+    fn database(&self) -> &'static str {
+        "MySQL"
+    }
+
+    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+        conn::connect(&self.opts)
+    }
+
+    fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
+        version::check_server(conn, form)
+    }
+
+    fn compile(&self, spec: &TableSpec) -> TableSql {
+        sql::compile(spec)
+    }
+
+    fn create_table(&self, spec: &TableSpec) -> Vec<String> {
+        sql::create_table(spec)
+    }
+
+    fn syntax(&self) -> &'static Syntax {
+        &sql::SYNTAX
+    }
+
+    fn max_params(&self) -> usize {
+        65_535
+    }
+
+    fn lease_claim(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+        limit: usize,
+        token: SystemTime,
+    ) -> Result<Vec<Vec<Value>>, DbError> {
+        protocol::lease_claim(conn, sql, now, limit, token)
+    }
+
+    fn lease_renew(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        token: SystemTime,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn advisory_take(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+        id: i64,
+    ) -> Result<Option<Vec<Value>>, DbError> {
+        protocol::advisory_take(conn, sql, now, id)
+    }
+
+    fn key_name(&self, key: &str) -> String {
+        sql::lock_name(&self.db, key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let d = Mysql::from_url(
+            "mariadb://root@127.0.0.1:3306/test",
+            &crate::dialect::test_options(),
+        )
+        .unwrap();
+        assert_eq!(d.db, "test");
+        assert_eq!(d.opts.get_stmt_cache_size(), STMT_CACHE);
+        assert!(d
+            .opts
+            .get_additional_capabilities()
+            .contains(CapabilityFlags::CLIENT_FOUND_ROWS));
+        let d = Mysql::from_url(
+            "mysql://root@h/q?stmt_cache_size=7",
+            &crate::dialect::test_options(),
+        )
+        .unwrap();
+        assert_eq!(d.opts.get_stmt_cache_size(), 7);
+        assert!(matches!(
+            Mysql::from_url("mysql://", &crate::dialect::test_options()),
+            Err(BrokerError::InvalidUrl { .. })
+        ));
+    }
+}

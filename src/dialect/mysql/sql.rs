@@ -1,0 +1,438 @@
+//! The MySQL statement text of a table, built once when the table is first used: the claims,
+//! settlements and DDL ([`compile`], [`create_table`]), the renewal statements per id-list size
+//! class, and the `GET_LOCK` name of a key ([`lock_name`]).
+
+use sha2::{Digest, Sha256};
+
+use crate::dialect::shared::{ColumnTypes, Syntax};
+use crate::dialect::TableSql;
+use crate::table::{Form, TableSpec};
+use crate::Value;
+
+pub(super) const SYNTAX: Syntax = Syntax {
+    quote: quote_ident,
+    param: |_| "?".to_string(),
+};
+
+/// The longest name `GET_LOCK` accepts.
+const MAX_LOCK_NAME: usize = 64;
+
+/// A dead-letter reason may be a long error report: `TEXT` stops at 64 KiB. Text columns are
+/// `VARCHAR(255)` so they can be indexed.
+const TYPES: ColumnTypes = ColumnTypes {
+    id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+    payload: "LONGBLOB NOT NULL",
+    attempts: "INT NOT NULL DEFAULT 0",
+    run_at: "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
+    time: "DATETIME NULL",
+    reason: "MEDIUMTEXT NULL",
+    text: "VARCHAR(255) NULL",
+    int: "BIGINT NULL",
+    float: "DOUBLE NULL",
+    bytes: "LONGBLOB NULL",
+};
+
+pub(super) fn quote_ident(s: &str) -> String {
+    format!("`{s}`")
+}
+
+/// The `GET_LOCK` name of `key` in database `db`: `<db>.<key>`, or its SHA-256 in lowercase
+/// hex (64 characters) when longer than `GET_LOCK` allows.
+pub(super) fn lock_name(db: &str, key: &str) -> String {
+    let name = format!("{db}.{key}");
+    if name.chars().count() <= MAX_LOCK_NAME {
+        return name;
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
+/// The size class of an id list: the next power of two, so a table prepares a handful of
+/// id-list statements rather than one per count.
+pub(super) fn id_slots(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+/// `?, ?, ..` for `n` parameters.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// `ids` as parameters, padded to `slots` with the last id (a repeated id in `IN` changes
+/// nothing).
+pub(super) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
+    let last = ids.last().copied().unwrap_or_default();
+    out.extend(ids.iter().map(|id| Value::Int(*id)));
+    out.extend(std::iter::repeat(Value::Int(last)).take(slots - ids.len()));
+}
+
+/// Id-list size classes whose lease-claim update is built with the table: 1, 2, 4 .. 1024,
+/// enough for the largest claim (`batch_size` is at most 1,000).
+const MARK_CLASSES: u32 = 11;
+
+/// Renewal, step 1: `(id x slots)` -> `id, locked_until` of the held rows, locked; rows another
+/// transaction has locked are skipped (renewed next round), never waited for.
+pub(super) fn renew_lock_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    format!(
+        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE SKIP LOCKED",
+        placeholders(slots),
+        id = s.q(&spec.id),
+        lu = s.q(&spec.locked_until),
+        t = s.q(&spec.name)
+    )
+}
+
+/// Renewal, step 2: `(token, id x slots)` writes the new token into the rows kept.
+pub(super) fn renew_set_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    format!(
+        "UPDATE {t} SET {lu} = ? WHERE {id} IN ({})",
+        placeholders(slots),
+        id = s.q(&spec.id),
+        lu = s.q(&spec.locked_until),
+        t = s.q(&spec.name)
+    )
+}
+
+/// Renewal always runs at READ COMMITTED: a locking read of ids that are gone would otherwise
+/// lock gaps, and the gap after the highest id is where every publish inserts.
+pub(super) const RENEW_BEGIN: [&str; 2] = [
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "START TRANSACTION",
+];
+
+/// The statements of `spec` (see [`TableSql`] for each one's parameters).
+pub(super) fn compile(spec: &TableSpec) -> TableSql {
+    let s = &SYNTAX;
+    let mut sql = TableSql {
+        begin: vec![
+            format!("SET TRANSACTION ISOLATION LEVEL {}", spec.isolation.sql()),
+            "START TRANSACTION".into(),
+        ],
+        begin_write: "START TRANSACTION".into(),
+        ..TableSql::default()
+    };
+    s.common(spec, &mut sql);
+    let t = s.q(&spec.name);
+    let id = s.q(&spec.id);
+    let att = s.q(&spec.attempts);
+    let lu = s.q(&spec.locked_until);
+    let ready = s.ready(spec, "?");
+    let order = s.order(spec);
+    let row = s.row_columns(spec, "");
+    match spec.form {
+        Form::RowLock => {
+            sql.claim =
+                format!("SELECT {row} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED");
+        }
+        Form::Lease => {
+            sql.claim = format!(
+                "SELECT {row} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?) \
+                 ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED"
+            );
+            let mark = format!("UPDATE {t} SET {lu} = ?, {att} = {att} + 1 WHERE {id} IN (");
+            sql.lease_marks = (0..MARK_CLASSES)
+                .map(|k| format!("{mark}{})", placeholders(1 << k)))
+                .collect();
+        }
+        Form::AdvisoryLock => {
+            s.advisory_candidates(spec, &mut sql);
+            sql.take = format!("UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?");
+            sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
+            sql.key_unlock = Some("SELECT RELEASE_LOCK(?)".into());
+        }
+    }
+    sql
+}
+
+/// `CREATE TABLE IF NOT EXISTS`, its index inline.
+pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+    let s = &SYNTAX;
+    let mut cols = s.column_defs(spec, &TYPES);
+    // No partial indexes: `dead_at` leads, so the claims' `dead_at IS NULL AND run_at <= ?`
+    // is one index range already in `ORDER BY run_at, id` order. Inline, since MySQL 8 has no
+    // `CREATE INDEX IF NOT EXISTS`.
+    cols.push(format!(
+        "INDEX {} ({}, {}, {})",
+        s.q(&format!("{}_ready", spec.name)),
+        s.q(&spec.dead_at),
+        s.q(&spec.run_at),
+        s.q(&spec.id)
+    ));
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        s.q(&spec.name),
+        cols.join(", ")
+    )]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dialect::mysql::Mysql;
+    use crate::dialect::Dialect;
+    use crate::table::Isolation;
+    use crate::Table;
+
+    fn dialect() -> Mysql {
+        Mysql::from_url("mysql://u@h/db", &crate::dialect::test_options()).unwrap()
+    }
+
+    fn compile(t: Table) -> TableSql {
+        dialect().compile(&t.validate().unwrap())
+    }
+
+    #[test]
+    fn row_lock_sql() {
+        let sql = compile(Table::new("emails").text_column("to"));
+        assert_eq!(
+            sql.begin,
+            [
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                "START TRANSACTION"
+            ]
+        );
+        assert_eq!(sql.begin_write, "START TRANSACTION");
+        assert_eq!(
+            sql.claim,
+            "SELECT `id`, `attempts`, `payload`, `to` FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+             ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(sql.ack, "DELETE FROM `emails` WHERE `id` = ?");
+        assert_eq!(
+            sql.retry,
+            "UPDATE `emails` SET `run_at` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+        );
+        assert_eq!(
+            sql.dead,
+            "UPDATE `emails` SET `dead_at` = ?, `dead_reason` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+        );
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO `emails` (`payload`, `run_at`, `to`) VALUES (?, ?, ?)"
+        );
+        assert_eq!(
+            sql.insert_id, None,
+            "MySQL 8 has no INSERT .. RETURNING: the driver's last insert id"
+        );
+        assert_eq!(
+            sql.fetch,
+            "SELECT `id`, `attempts`, `payload`, `to` FROM `emails` WHERE `id` = ?"
+        );
+        assert_eq!(
+            sql.dead_list,
+            "SELECT `id`, `attempts`, `payload`, `dead_at`, `dead_reason`, `to` FROM `emails` \
+             WHERE `dead_at` IS NOT NULL ORDER BY `dead_at`, `id` LIMIT ?"
+        );
+        assert_eq!(
+            sql.dead_requeue,
+            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
+        );
+        assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
+        let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));
+        assert_eq!(
+            sql.begin,
+            [
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                "START TRANSACTION"
+            ]
+        );
+    }
+
+    #[test]
+    fn lease_sql() {
+        let sql = compile(
+            Table::new("thumbs")
+                .int_column("n")
+                .lease(Duration::from_secs(30)),
+        );
+        assert_eq!(
+            sql.begin,
+            [
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                "START TRANSACTION"
+            ]
+        );
+        assert_eq!(
+            sql.claim,
+            "SELECT `id`, `attempts`, `payload`, `n` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+             AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(sql.lease_marks.len(), 11);
+        assert_eq!(
+            sql.lease_marks[0],
+            "UPDATE `thumbs` SET `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?)"
+        );
+        assert_eq!(
+            sql.lease_marks[2],
+            "UPDATE `thumbs` SET `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?, ?, ?, ?)"
+        );
+        assert!(sql.lease_marks[10].ends_with(&format!("IN ({})", placeholders(1024))));
+        assert_eq!(
+            sql.ack,
+            "DELETE FROM `thumbs` WHERE `id` = ? AND `locked_until` = ?"
+        );
+        assert_eq!(
+            sql.retry,
+            "UPDATE `thumbs` SET `run_at` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+        );
+        assert_eq!(
+            sql.dead,
+            "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+        );
+        assert_eq!(
+            sql.unclaim,
+            "UPDATE `thumbs` SET `locked_until` = NULL, `attempts` = `attempts` - 1 WHERE `id` = ? AND `locked_until` = ?"
+        );
+        assert_eq!(
+            sql.dead_requeue,
+            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `attempts` = 0, `run_at` = ? \
+             WHERE `id` = ? AND `dead_at` IS NOT NULL"
+        );
+        let spec = Table::new("thumbs")
+            .lease(Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            renew_lock_sql(&spec, 2),
+            "SELECT `id`, `locked_until` FROM `thumbs` WHERE `id` IN (?, ?) FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            renew_set_sql(&spec, 1),
+            "UPDATE `thumbs` SET `locked_until` = ? WHERE `id` IN (?)"
+        );
+    }
+
+    #[test]
+    fn advisory_sql() {
+        let sql = compile(
+            Table::new("payments")
+                .text_column("account")
+                .advisory_lock("accounts-{account}"),
+        );
+        assert_eq!(
+            sql.claim,
+            "SELECT `id`, `run_at`, `account` FROM `payments` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+             ORDER BY `run_at`, `id` LIMIT ?"
+        );
+        // Positional parameters in the order the claim passes them: now, run_at, id, limit.
+        assert_eq!(
+            sql.claim_after,
+            "SELECT `id`, `run_at`, `account` FROM `payments` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+             AND (`run_at`, `id`) > (?, ?) ORDER BY `run_at`, `id` LIMIT ?"
+        );
+        assert_eq!(
+            sql.take,
+            "UPDATE `payments` SET `attempts` = `attempts` + 1 WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` = ?"
+        );
+        assert_eq!(
+            sql.fetch,
+            "SELECT `id`, `attempts`, `payload`, `account` FROM `payments` WHERE `id` = ?"
+        );
+        assert_eq!(sql.ack, "DELETE FROM `payments` WHERE `id` = ?");
+        assert_eq!(
+            sql.retry,
+            "UPDATE `payments` SET `run_at` = ? WHERE `id` = ?"
+        );
+        assert_eq!(
+            sql.dead,
+            "UPDATE `payments` SET `dead_at` = ?, `dead_reason` = ? WHERE `id` = ?"
+        );
+        assert_eq!(sql.key_lock.as_deref(), Some("SELECT GET_LOCK(?, 0)"));
+        assert_eq!(sql.key_unlock.as_deref(), Some("SELECT RELEASE_LOCK(?)"));
+    }
+
+    #[test]
+    fn ddl_and_inserts() {
+        let d = dialect();
+        let spec = Table::new("jobs")
+            .text_column("k")
+            .int_column("n")
+            .float_column("f")
+            .bytes_column("b")
+            .lease(Duration::from_secs(5))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            d.create_table(&spec),
+            [
+                "CREATE TABLE IF NOT EXISTS `jobs` (`id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                 `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
+                 `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `locked_until` DATETIME NULL, \
+                 `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, `k` VARCHAR(255) NULL, `n` BIGINT NULL, \
+                 `f` DOUBLE NULL, `b` LONGBLOB NULL, INDEX `jobs_ready` (`dead_at`, `run_at`, `id`)) \
+                 ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+            ]
+        );
+        let row_lock = Table::new("jobs").validate().unwrap();
+        assert!(!d.create_table(&row_lock)[0].contains("locked_until"));
+        assert_eq!(
+            d.insert_many(&spec, 2),
+            "INSERT INTO `jobs` (`payload`, `run_at`, `k`, `n`, `f`, `b`) VALUES (?, ?, ?, ?, ?, ?), (?, ?, ?, ?, ?, ?)"
+        );
+        assert_eq!(d.max_params(), 65_535);
+    }
+
+    #[test]
+    fn id_lists_are_padded_to_size_classes() {
+        assert_eq!(
+            [0, 1, 2, 3, 5, 8, 9, 500].map(id_slots),
+            [1, 1, 2, 4, 8, 8, 16, 512]
+        );
+        let mut p = vec![Value::Null];
+        id_params(&[7, 9, 4], id_slots(3), &mut p);
+        assert_eq!(
+            p,
+            [
+                Value::Null,
+                Value::Int(7),
+                Value::Int(9),
+                Value::Int(4),
+                Value::Int(4)
+            ]
+        );
+    }
+
+    #[test]
+    fn lock_names() {
+        let d = dialect();
+        assert_eq!(d.key_name("accounts-a-17"), "db.accounts-a-17");
+        // Exactly 64 characters stay as they are.
+        let key = "k".repeat(61);
+        assert_eq!(d.key_name(&key), format!("db.{key}"));
+        // 65 are hashed: SHA-256 of the whole name, lowercase hex.
+        let long = "k".repeat(62);
+        let name = d.key_name(&long);
+        assert_eq!(name.len(), 64);
+        assert!(name
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_eq!(lock_name("db", &long), name);
+        assert_ne!(lock_name("other", &long), name);
+        // Known vector: SHA-256("abc").
+        assert_eq!(
+            format!("{:x}", Sha256::digest(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let hashed = lock_name("", &"x".repeat(64));
+        assert_eq!(
+            hashed,
+            format!(
+                "{:x}",
+                Sha256::digest(format!(".{}", "x".repeat(64)).as_bytes())
+            )
+        );
+        // Characters, not bytes: 63 two-byte characters fit.
+        assert_eq!(
+            lock_name("", &"é".repeat(63)),
+            format!(".{}", "é".repeat(63))
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! One PostgreSQL session as a [`DbConn`], its per-connection statement cache, and how a
+//! driver error is classified.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+
+use postgres::error::SqlState;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Statement};
+
+use crate::dialect::DbConn;
+use crate::error::{DbError, DbErrorKind};
+use crate::Value;
+
+/// Prepared statements kept per connection before the cache is emptied: a table uses about a
+/// dozen, plus the insert and renewal variants of each size class.
+const STMT_CACHE: usize = 256;
+
+/// Opens a session with the engine's settings.
+pub(super) fn connect(config: &postgres::Config) -> Result<Box<dyn DbConn>, DbError> {
+    let client = config
+        .connect(NoTls)
+        .map_err(|e| DbError::new(DbErrorKind::ConnectionLost, PgError(e)))?;
+    Ok(Box::new(PgConn {
+        client,
+        statements: HashMap::new(),
+        broken: false,
+        unreadable: Vec::new(),
+    }))
+}
+
+/// One PostgreSQL session.
+struct PgConn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+    broken: bool,
+    /// Cells of the last query that no [`Value`] can hold: `(row, reason)`.
+    unreadable: Vec<(usize, String)>,
+}
+
+impl PgConn {
+    fn prepared(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(st) = self.statements.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.client.prepare(sql)?;
+        if self.statements.len() >= STMT_CACHE {
+            // Dropping a statement closes it on the server.
+            self.statements.clear();
+        }
+        self.statements.insert(sql.to_string(), st.clone());
+        Ok(st)
+    }
+
+    fn fail(&mut self, e: postgres::Error) -> DbError {
+        let kind = classify(&e, self.client.is_closed());
+        if kind == DbErrorKind::ConnectionLost {
+            self.broken = true;
+        }
+        DbError::new(kind, PgError(e))
+    }
+}
+
+/// A driver error whose message shows the server's own (`postgres::Error` shows only "db
+/// error" and keeps the server's message in its source).
+#[derive(Debug)]
+struct PgError(postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{db} (SQLSTATE {})", db.code().code()),
+            None => self.0.fmt(f),
+        }
+    }
+}
+
+impl StdError for PgError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.0)
+    }
+}
+
+fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
+    if closed || e.is_closed() {
+        return DbErrorKind::ConnectionLost;
+    }
+    match e.code() {
+        Some(c)
+            if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED =>
+        {
+            DbErrorKind::Transient
+        }
+        // `lock_timeout`, and `statement_timeout` (or a cancel): the statement was rolled back.
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
+            DbErrorKind::Transient
+        }
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+                || c.code().starts_with("08") =>
+        {
+            DbErrorKind::ConnectionLost
+        }
+        Some(_) => DbErrorKind::Other,
+        // No SQLSTATE: an I/O error, or a value that did not convert.
+        None if e.source().is_some_and(|s| s.is::<std::io::Error>()) => DbErrorKind::ConnectionLost,
+        None => DbErrorKind::Other,
+    }
+}
+
+fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
+    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
+}
+
+impl DbConn for PgConn {
+    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        let r = self
+            .prepared(sql)
+            .and_then(|st| self.client.execute(&st, &params(values)));
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let r = self
+            .prepared(sql)
+            .and_then(|st| self.client.query(&st, &params(values)));
+        let rows = r.map_err(|e| self.fail(e))?;
+        self.unreadable.clear();
+        let mut out = Vec::with_capacity(rows.len());
+        for (n, row) in rows.into_iter().enumerate() {
+            let mut vals = Vec::with_capacity(row.len());
+            for i in 0..row.len() {
+                // A column type no `Value` holds fails its cell, not the query: a claim has
+                // already counted the row's attempt, and the row must reach a dead letter
+                // with the reason rather than fail every claim for ever.
+                vals.push(row.try_get::<_, Value>(i).unwrap_or_else(|e| {
+                    let col = &row.columns()[i];
+                    let why = format!("column {} ({}): {e}", col.name(), col.type_());
+                    self.unreadable.push((n, why));
+                    Value::Null
+                }));
+            }
+            out.push(vals);
+        }
+        Ok(out)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).map_err(|e| self.fail(e))
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken || self.client.is_closed()
+    }
+
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
+    }
+
+    fn take_unreadable(&mut self) -> Vec<(usize, String)> {
+        std::mem::take(&mut self.unreadable)
+    }
+}

@@ -1,0 +1,108 @@
+//! PostgreSQL. All PostgreSQL SQL and `postgres` driver calls live here.
+//!
+//! - Row lock: `BEGIN ISOLATION LEVEL ..`, then `SELECT .. FOR UPDATE SKIP LOCKED`; the
+//!   transaction stays open on the delivery's connection until it is settled.
+//! - Lease claim: one statement, a CTE selecting `FOR UPDATE SKIP LOCKED` and an `UPDATE .. FROM`
+//!   of the found rows, `RETURNING` them.
+//! - Advisory: `pg_try_advisory_lock(hashtextextended(key, 0))`, session scope: the advisory form
+//!   needs a direct connection or a session-mode pooler (a transaction-mode PgBouncer breaks it).
+//! - Floors: 9.5 for `SKIP LOCKED`, 11 for `hashtextextended`.
+//! - Statements are prepared once per connection and cached with it.
+//!
+//! Files, one concern each (the MySQL and SQLite dialects are laid out alike):
+//! - `mod.rs`: the engine ([`Postgres`]), its URL and session settings, and the [`Dialect`]
+//!   impl, which delegates to the files below;
+//! - `sql.rs`: the statement text of a table, built once;
+//! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
+//! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
+//!   errors;
+//! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
+//! - `version.rs`: the version floors of each form.
+
+mod conn;
+mod protocol;
+mod sql;
+mod values;
+mod version;
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use super::shared::Syntax;
+use super::{ConnOptions, DbConn, Dialect, TableSql};
+use crate::error::{BrokerError, DbError};
+use crate::table::{Form, TableSpec};
+
+/// The PostgreSQL engine for one server and database.
+pub(super) struct Postgres {
+    config: postgres::Config,
+}
+
+impl Postgres {
+    /// The URL's settings, plus `lock_timeout` and `statement_timeout` in the startup options
+    /// (no round trip) unless the URL's `options` set them.
+    pub(super) fn from_url(url: &str, opts: &ConnOptions) -> Result<Self, BrokerError> {
+        let mut config = postgres::Config::from_str(url).map_err(|e| BrokerError::InvalidUrl {
+            reason: format!("{e}"),
+        })?;
+        let ms = opts.statement_timeout.as_millis();
+        let mut options = config.get_options().unwrap_or_default().to_string();
+        for name in ["lock_timeout", "statement_timeout"] {
+            if !options.contains(name) {
+                options.push_str(&format!(" -c {name}={ms}"));
+            }
+        }
+        config.options(options.trim());
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours.
+        config.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
+        Ok(Postgres { config })
+    }
+}
+
+/// Connect timeout unless the URL sets `connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive idle time.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+
+impl Dialect for Postgres {
+    fn database(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
+    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+        conn::connect(&self.config)
+    }
+
+    fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
+        version::check_server(conn, form)
+    }
+
+    fn compile(&self, spec: &TableSpec) -> TableSql {
+        sql::compile(spec)
+    }
+
+    fn create_table(&self, spec: &TableSpec) -> Vec<String> {
+        sql::create_table(spec)
+    }
+
+    fn syntax(&self) -> &'static Syntax {
+        &sql::SYNTAX
+    }
+
+    fn max_params(&self) -> usize {
+        65_535
+    }
+
+    fn lease_renew(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        token: SystemTime,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_renew(conn, spec, token, held)
+    }
+}

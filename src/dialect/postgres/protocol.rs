@@ -1,0 +1,39 @@
+//! The PostgreSQL lease renewal: one statement over a variable number of leases, padded to a
+//! size class. The claims need no protocol of their own: each is one statement, run by the
+//! [`Dialect`](crate::dialect::Dialect) defaults.
+
+use std::time::SystemTime;
+
+use super::sql::{renew_sql, size_class};
+use crate::dialect::DbConn;
+use crate::error::DbError;
+use crate::table::TableSpec;
+use crate::Value;
+
+/// One statement: lock the rows still holding their tokens, skipping rows another
+/// transaction has locked (they are tried again next round, not waited for), write the new
+/// token, return the ids renewed. Each `(id, token)` pair is compared by `id = $n AND
+/// locked_until = $m`, so the server types every parameter from the column itself: a
+/// `timestamp` column is compared as `timestamp`, whatever the session's `TimeZone`.
+pub(super) fn lease_renew(
+    conn: &mut dyn DbConn,
+    spec: &TableSpec,
+    token: SystemTime,
+    held: &[(i64, SystemTime)],
+) -> Result<Vec<i64>, DbError> {
+    let Some(last) = held.last() else {
+        return Ok(Vec::new());
+    };
+    let slots = size_class(held.len());
+    let mut params = Vec::with_capacity(1 + 2 * slots);
+    params.push(Value::Time(token));
+    for (id, tok) in held.iter().chain(std::iter::repeat(last)).take(slots) {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    let rows = conn.query(&renew_sql(spec, slots), &params)?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
+}

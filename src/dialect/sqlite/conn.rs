@@ -1,0 +1,143 @@
+//! One SQLite connection as a [`DbConn`], the process's writer lock it takes, and how a driver
+//! error is classified.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
+use rusqlite::{params_from_iter, Connection, ErrorCode};
+
+use super::values::from_ref;
+use super::Sqlite;
+use crate::dialect::DbConn;
+use crate::error::{DbError, DbErrorKind};
+use crate::Value;
+
+/// Opens a connection to the engine's database: WAL mode and the durability it asks for on a
+/// file, a busy timeout everywhere.
+pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn>, DbError> {
+    let conn = match &engine.path {
+        Some(p) => Connection::open(p),
+        None if engine.opened.swap(true, Ordering::AcqRel) => {
+            return Err(DbError::new(
+                DbErrorKind::ConnectionLost,
+                "the in-memory database's only connection was discarded, and its contents \
+                 with it: connect a new broker",
+            ));
+        }
+        None => Connection::open_in_memory(),
+    }
+    .map_err(classify)?;
+    conn.busy_timeout(engine.busy).map_err(classify)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    if engine.path.is_some() {
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+            .map_err(classify)?;
+        let sync = if engine.durable { "FULL" } else { "NORMAL" };
+        conn.execute_batch(&format!("PRAGMA synchronous = {sync}"))
+            .map_err(classify)?;
+    }
+    Ok(Box::new(SqliteConn {
+        conn,
+        writer: engine.writer.clone(),
+        busy: engine.busy,
+        broken: false,
+    }))
+}
+
+/// One SQLite connection.
+struct SqliteConn {
+    conn: Connection,
+    writer: Arc<Mutex<()>>,
+    busy: Duration,
+    broken: bool,
+}
+
+fn classify(e: rusqlite::Error) -> DbError {
+    let kind = match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => DbErrorKind::Transient,
+        Some(ErrorCode::CannotOpen | ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt) => {
+            DbErrorKind::ConnectionLost
+        }
+        _ => DbErrorKind::Other,
+    };
+    DbError::new(kind, e)
+}
+
+impl SqliteConn {
+    fn fail(&mut self, e: rusqlite::Error) -> DbError {
+        let e = classify(e);
+        self.broken |= e.kind == DbErrorKind::ConnectionLost;
+        e
+    }
+}
+
+/// Takes the process's writer lock for a statement that writes outside an explicit
+/// transaction, waiting at most `busy` (then `SQLITE_BUSY`, as SQLite's own wait would end).
+/// Inside a transaction (which holds SQLite's write lock already) it is not taken: a writer
+/// waiting on the lock in SQLite's busy handler would otherwise wait for us while we wait for it.
+fn write_guard<'a>(
+    conn: &Connection,
+    st: &rusqlite::CachedStatement<'_>,
+    writer: &'a Mutex<()>,
+    busy: Duration,
+) -> rusqlite::Result<Option<MutexGuard<'a, ()>>> {
+    if st.readonly() || !conn.is_autocommit() {
+        return Ok(None);
+    }
+    writer.try_lock_for(busy).map(Some).ok_or_else(|| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            Some(format!(
+                "another writer of this process held the database for {busy:?}"
+            )),
+        )
+    })
+}
+
+impl DbConn for SqliteConn {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let r = self.conn.prepare_cached(sql).and_then(|mut st| {
+            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
+            st.execute(params_from_iter(params.iter()))
+        });
+        r.map(|n| n as u64).map_err(|e| self.fail(e))
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let r = (|| {
+            let mut st = self.conn.prepare_cached(sql)?;
+            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
+            let width = st.column_count();
+            let mut rows = st.query(params_from_iter(params.iter()))?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                let mut vals = Vec::with_capacity(width);
+                for i in 0..width {
+                    vals.push(from_ref(row.get_ref(i)?));
+                }
+                out.push(vals);
+            }
+            Ok(out)
+        })();
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.conn.execute_batch(sql).map_err(|e| self.fail(e))
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
+    }
+
+    /// A file on this host does not go stale.
+    fn ping(&mut self) -> Result<(), DbError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,226 @@
+//! The SQLite statement text of a table, built once when the table is first used: the claims,
+//! settlements and DDL ([`compile`], [`create_table`]) and the lease renewal ([`renew_sql`]).
+
+use std::time::SystemTime;
+
+use crate::dialect::shared::{ColumnTypes, Syntax};
+use crate::dialect::TableSql;
+use crate::table::{Form, TableSpec};
+use crate::Value;
+
+pub(super) const SYNTAX: Syntax = Syntax {
+    quote: quote_ident,
+    param: |n| format!("?{n}"),
+};
+
+/// Times are integer seconds since the Unix epoch.
+const TYPES: ColumnTypes = ColumnTypes {
+    id: "INTEGER PRIMARY KEY AUTOINCREMENT",
+    payload: "BLOB NOT NULL",
+    attempts: "INTEGER NOT NULL DEFAULT 0",
+    run_at: "INTEGER NOT NULL",
+    time: "INTEGER",
+    reason: "TEXT",
+    text: "TEXT",
+    int: "INTEGER",
+    float: "REAL",
+    bytes: "BLOB",
+};
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{s}\"")
+}
+
+/// The statements of `spec` (see [`TableSql`] for each one's parameters).
+pub(super) fn compile(spec: &TableSpec) -> TableSql {
+    let s = &SYNTAX;
+    let mut sql = TableSql {
+        begin_write: "BEGIN IMMEDIATE".into(),
+        ..TableSql::default()
+    };
+    s.common(spec, &mut sql);
+    let t = s.q(&spec.name);
+    let id = s.q(&spec.id);
+    sql.insert_id = Some(format!("{} RETURNING {id}", sql.insert_one));
+    let att = s.q(&spec.attempts);
+    let lu = s.q(&spec.locked_until);
+    let ready = s.ready(spec, "?1");
+    let order = s.order(spec);
+    let row = s.row_columns(spec, "");
+    match spec.form {
+        Form::RowLock => {}
+        Form::Lease => {
+            sql.claim = format!(
+                "UPDATE {t} SET {lu} = ?3, {att} = {att} + 1 WHERE {id} IN \
+                 (SELECT {id} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?1) ORDER BY {order} LIMIT ?2) \
+                 RETURNING {row}"
+            );
+            // One row: `id = (..)` runs in well under half the time of `id IN (..)` here.
+            sql.claim_one = Some(format!(
+                "UPDATE {t} SET {lu} = ?3, {att} = {att} + 1 WHERE {id} = \
+                 (SELECT {id} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?1) ORDER BY {order} LIMIT ?2) \
+                 RETURNING {row}"
+            ));
+        }
+        Form::AdvisoryLock => {
+            s.advisory_candidates(spec, &mut sql);
+            sql.take = format!(
+                "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?2 RETURNING {row}"
+            );
+        }
+    }
+    sql
+}
+
+/// `CREATE TABLE IF NOT EXISTS` and its partial index.
+pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+    SYNTAX.create_table(spec, &TYPES)
+}
+
+/// The renewal of `n` leases: `(token, (id, held token) x n)` -> the ids renewed.
+pub(super) fn renew_sql(spec: &TableSpec, n: usize) -> String {
+    let s = &SYNTAX;
+    let tuples: Vec<String> = (0..n)
+        .map(|i| format!("(?{}, ?{})", 2 * i + 2, 2 * i + 3))
+        .collect();
+    format!(
+        "UPDATE {t} SET {lu} = ?1 WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
+        tuples.join(", "),
+        t = s.q(&spec.name),
+        lu = s.q(&spec.locked_until),
+        id = s.q(&spec.id),
+    )
+}
+
+pub(super) fn renew_params(token: SystemTime, held: &[(i64, SystemTime)]) -> Vec<Value> {
+    let mut params = vec![Value::Time(token)];
+    for (id, tok) in held {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    params
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dialect::sqlite::Sqlite;
+    use crate::dialect::Dialect;
+    use crate::Table;
+
+    fn compile(t: Table) -> TableSql {
+        Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options())
+            .unwrap()
+            .compile(&t.validate().unwrap())
+    }
+
+    #[test]
+    fn lease_sql() {
+        let sql = compile(
+            Table::new("jobs")
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+        );
+        assert_eq!(
+            sql.claim,
+            "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
+             (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
+             (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
+             RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+        );
+        assert_eq!(
+            sql.claim_one.as_deref(),
+            Some(
+                "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
+                 (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
+                 (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
+                 RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+            )
+        );
+        assert_eq!(
+            sql.ack,
+            "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND \"locked_until\" = ?2"
+        );
+        assert_eq!(
+            sql.retry,
+            "UPDATE \"jobs\" SET \"run_at\" = ?1, \"locked_until\" = NULL WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
+        );
+        assert_eq!(
+            sql.dead,
+            "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"locked_until\" = NULL \
+             WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+        );
+        assert_eq!(sql.unclaim, "UPDATE \"jobs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)"
+        );
+        assert_eq!(
+            sql.insert_id.as_deref(),
+            Some("INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3) RETURNING \"id\"")
+        );
+        assert_eq!(
+            sql.dead_list,
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+             WHERE \"dead_at\" IS NOT NULL ORDER BY \"dead_at\", \"id\" LIMIT ?1"
+        );
+        assert_eq!(
+            sql.dead_requeue,
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
+             WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
+        );
+    }
+
+    #[test]
+    fn advisory_sql() {
+        let sql = compile(
+            Table::new("pay")
+                .text_column("account")
+                .advisory_lock("a-{account}"),
+        );
+        assert_eq!(
+            sql.claim,
+            "SELECT \"id\", \"run_at\", \"account\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
+             ORDER BY \"run_at\", \"id\" LIMIT ?2"
+        );
+        assert_eq!(
+            sql.take,
+            "UPDATE \"pay\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
+             AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\""
+        );
+        assert_eq!(
+            sql.retry,
+            "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2"
+        );
+        assert!(sql.key_lock.is_none());
+    }
+
+    #[test]
+    fn ddl_and_renewal() {
+        let d = Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options()).unwrap();
+        let spec = Table::new("jobs")
+            .int_column("n")
+            .lease(Duration::from_secs(5))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            d.create_table(&spec),
+            [
+                "CREATE TABLE IF NOT EXISTS \"jobs\" (\"id\" INTEGER PRIMARY KEY AUTOINCREMENT, \"payload\" BLOB NOT NULL, \
+                 \"attempts\" INTEGER NOT NULL DEFAULT 0, \"run_at\" INTEGER NOT NULL, \"locked_until\" INTEGER, \
+                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"n\" INTEGER)",
+                "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
+            ]
+        );
+        let t = crate::schedule::from_epoch_secs(10);
+        let (sql, params) = (renew_sql(&spec, 2), renew_params(t, &[(1, t), (2, t)]));
+        assert_eq!(
+            sql,
+            "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE (\"id\", \"locked_until\") IN (VALUES (?2, ?3), (?4, ?5)) RETURNING \"id\""
+        );
+        assert_eq!(params.len(), 5);
+        assert_eq!(d.insert_many(&spec, 2), "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"n\") VALUES (?1, ?2, ?3), (?4, ?5, ?6)");
+    }
+}
