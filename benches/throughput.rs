@@ -6,7 +6,7 @@
 //! - `library`: the public API (`Broker::publish`, `Broker::publish_batch`, a subscription with
 //!   `workers(1)` and a handler loop `next_delivery` + `ack` on the bench thread);
 //! - `raw`: the driver (`postgres`, `rusqlite`, `mysql`) used directly, on one connection, running
-//!   the statements the library runs (the exact text `compile()` builds in `src/dialect/*.rs`,
+//!   the statements the library runs (the exact text `compile()` builds in `src/dialect/<db>/sql.rs`,
 //!   pinned by the dialects' unit tests), prepared once.
 //!
 //! `library / raw` is the library's overhead. Ids read `<db>/<benchmark>/<library|raw>`, where
@@ -447,7 +447,7 @@ mod sqlite {
         format!("?{n}")
     }
 
-    /// The statements of `src/dialect/sqlite.rs` for these tables.
+    /// The statements of `src/dialect/sqlite/sql.rs` for these tables.
     struct Sql {
         /// The advisory table, whose name starts its keys.
         adv_table: String,
@@ -700,7 +700,7 @@ mod pg {
         format!("${n}")
     }
 
-    /// The statements of `src/dialect/postgres.rs` for these tables, prepared on the raw
+    /// The statements of `src/dialect/postgres/sql.rs` for these tables, prepared on the raw
     /// connection.
     struct Sql {
         /// The advisory table, whose name starts its keys.
@@ -938,7 +938,7 @@ mod my {
 
     const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
-    /// The statements of `src/dialect/mysql.rs` for these tables, prepared on the raw connection.
+    /// The statements of `src/dialect/mysql/sql.rs` for these tables, prepared on the raw connection.
     struct Sql {
         /// The advisory table, whose name starts its keys.
         adv_table: String,

@@ -2,7 +2,7 @@
 //!
 //! Each dialect passes its [`Syntax`]; the statements here use every parameter once and in order,
 //! so they suit positional (`?`), numbered (`?1`) and dollar (`$1`) placeholders alike. What
-//! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own file.
+//! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
 use crate::dialect::TableSql;
 use crate::table::{ColumnType, Form, TableSpec};
