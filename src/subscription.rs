@@ -65,7 +65,7 @@ impl<'a> SubscriptionBuilder<'a> {
     }
 
     /// How long an idle worker waits before it claims again when no wake-up arrives. Default
-    /// 250 ms. Publishes through the same [`Broker`] wake the workers at once; rows published by
+    /// 250 ms. Publishes through the same [`Broker`](crate::Broker) wake the workers at once; rows published by
     /// other processes are seen within this interval.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;

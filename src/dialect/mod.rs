@@ -1,7 +1,8 @@
 //! The seam between the queue logic and each database.
 //!
-//! Everything database-specific lives below this module, one folder per database (`sql`, `protocol`, `conn`, `values`, `version`, each file one concern): the SQL text,
-//! the driver calls, the version floors and the error classification. The queue logic
+//! Everything database-specific lives below this module, one folder per database and one file
+//! per concern (`sql`, `protocol`, `conn`, `values`, `version`): the SQL text, the driver
+//! calls, the version floors and the error classification. The queue logic
 //! (`form`, `runtime`, `broker`) sees only [`Dialect`] (per database) and [`DbConn`] (per
 //! connection) and never a driver type.
 //!
