@@ -95,3 +95,34 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome)
 pub(crate) fn rollback(mut conn: PooledConn) {
     conn.rollback_or_discard();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use crate::runtime::testing::{ctx, options, Script};
+    use crate::table::Form;
+
+    /// Defect 9: a claim that unwinds between `BEGIN` and handing its connection to the
+    /// delivery must not pool the connection mid-transaction (before: it went back to the pool
+    /// with the transaction open, and the next user ran inside it).
+    #[test]
+    fn a_claim_that_panics_mid_transaction_never_pools_its_connection() {
+        let script = Arc::new(Script {
+            panic_on_query: true,
+            ..Script::default()
+        });
+        let ctx = ctx(&script, Form::RowLock, options(1));
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| super::claim(&ctx)));
+        assert!(unwound.is_err());
+        assert_eq!(script.connects.load(Ordering::SeqCst), 1);
+        assert_eq!(script.log.lock().first().map(String::as_str), Some("BEGIN"));
+        let _next = ctx.queue.conn("test").unwrap();
+        assert_eq!(
+            script.connects.load(Ordering::SeqCst),
+            2,
+            "the connection left mid-transaction was handed out again"
+        );
+    }
+}

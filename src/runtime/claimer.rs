@@ -69,20 +69,21 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     while !ctx.stopped() {
-        let Some(slots) = ctx.slots.acquire(ctx.opts.batch) else {
+        let Some(mut slots) = ctx.slots.take(ctx.opts.batch) else {
             break;
         };
         if ctx.stopped() {
-            ctx.slots.release(slots);
             break;
         }
         let seen = ctx.queue.wake.seq();
-        match form::claim(ctx, slots) {
+        match form::claim(ctx, slots.count()) {
             Ok(claimed) => {
                 failures = 0;
                 ctx.clear_error();
                 let got = claimed.len();
-                ctx.slots.release(slots - got);
+                // Each claimed row's slot is its delivery's from here; the rest go back.
+                slots.hand_over(got);
+                drop(slots);
                 let mut fresh = Vec::with_capacity(got);
                 let mut dead = Vec::new();
                 for c in claimed {
@@ -105,7 +106,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 }
             }
             Err(e) => {
-                ctx.slots.release(slots);
+                drop(slots);
                 failures += 1;
                 // A deadlock or lock-wait timeout now and then is routine under contention.
                 if e.is_transient() && failures < 3 {
@@ -119,5 +120,49 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                     .wait(seen, backoff(failures, BACKOFF_BASE, BACKOFF_CAP));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::testing::{ctx, options, Script};
+    use crate::table::Form;
+
+    /// Defect 9: a claim worker that panics with deliveries queued hands them back (before:
+    /// they stayed claimed, leases renewed, until the subscription was dropped).
+    #[test]
+    fn a_panicking_worker_hands_back_what_it_queued() {
+        let script = Arc::new(Script {
+            rows_per_claim: 2,
+            panic_on_claim: Some(2),
+            ..Script::default()
+        });
+        let ctx = ctx(&script, Form::Lease, options(4));
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let (alive, exited) = crossbeam_channel::bounded::<()>(0);
+        let worker = {
+            let (ctx, rx) = (ctx.clone(), rx.clone());
+            std::thread::spawn(move || run(ctx, tx, rx, alive))
+        };
+        worker
+            .join()
+            .expect("the worker thread itself must not die of the panic");
+        assert!(
+            exited.recv().is_err(),
+            "the worker's liveness sender outlived it"
+        );
+        assert!(
+            ctx.stopped(),
+            "a panicking worker must close its subscription"
+        );
+        assert!(ctx.last_error().unwrap().contains("panicked"));
+        assert!(
+            rx.try_recv().is_err(),
+            "deliveries stayed queued after the panic"
+        );
+        let unclaims = script.log.lock().iter().filter(|s| *s == "unclaim").count();
+        assert_eq!(unclaims, 2, "the two queued rows were not handed back");
+        assert_eq!(ctx.slots.in_flight(), 0);
     }
 }

@@ -21,6 +21,8 @@ pub(crate) mod claimer;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};

@@ -307,3 +307,58 @@ fn renew_chunk(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::testing::{ctx, options, Script};
+    use crate::table::Form;
+
+    /// Defect 9: a renewal round that panics is reported on its subscription and fails the
+    /// round; it does not unwind the renewer thread (which renews every lease table of the
+    /// broker and was never restarted).
+    #[test]
+    fn a_panicking_round_is_contained() {
+        let script = Arc::new(Script {
+            panic_on_renew: true,
+            ..Script::default()
+        });
+        let ctx = ctx(&script, Form::Lease, options(1));
+        let _cell = ctx.leases.insert(7, SystemTime::now());
+        assert!(!guarded_round(&ctx), "a panicked round reported success");
+        assert!(ctx.last_error().unwrap().contains("panicked"));
+
+        // The thread goes on: a healthy subscription registered beside it is renewed.
+        let healthy = Arc::new(Script::default());
+        let ok = ctx_with_lease(&healthy, 1);
+        let _cell = ok.leases.insert(8, SystemTime::now());
+        let renewer = Renewer::default();
+        renewer.register(&ctx).unwrap();
+        renewer.register(&ok).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while healthy.log.lock().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !healthy.log.lock().is_empty(),
+            "the renewer stopped renewing"
+        );
+    }
+
+    /// A context whose table leases for `secs` (renewed every half of it).
+    fn ctx_with_lease(script: &Arc<Script>, secs: u64) -> Arc<Ctx> {
+        let ctx = ctx(script, Form::Lease, options(1));
+        let mut spec = ctx.queue.spec.clone();
+        spec.lease_secs = secs;
+        let q = &ctx.queue;
+        let queue = super::super::Queue::new(
+            spec,
+            q.sql.clone(),
+            q.dialect.clone(),
+            q.pool.clone(),
+            q.wake.clone(),
+            q.statement_timeout,
+        );
+        Arc::new(Ctx::new(Arc::new(queue), ctx.opts.clone(), None))
+    }
+}

@@ -53,6 +53,12 @@ impl Slots {
         Some(n)
     }
 
+    /// [`acquire`](Slots::acquire), as a guard that gives back what is not handed over, on every
+    /// path (a claim that fails or panics included).
+    pub fn take(&self, max: usize) -> Option<Taken<'_>> {
+        self.acquire(max).map(|n| Taken { slots: self, n })
+    }
+
     pub fn release(&self, n: usize) {
         if n == 0 {
             return;
@@ -103,6 +109,29 @@ impl Slots {
             }
         }
         true
+    }
+}
+
+/// Slots taken for a claim; dropping it gives back those not handed over to deliveries.
+pub(crate) struct Taken<'a> {
+    slots: &'a Slots,
+    n: usize,
+}
+
+impl Taken<'_> {
+    pub fn count(&self) -> usize {
+        self.n
+    }
+
+    /// `k` slots now belong to deliveries (each gives its own back when settled or dropped).
+    pub fn hand_over(&mut self, k: usize) {
+        self.n -= k.min(self.n);
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.slots.release(self.n);
     }
 }
 
