@@ -3,16 +3,30 @@
 //! and the database has returned the row: row lock with no attempt spent (the transaction was
 //! rolled back), advisory with its key released by the session's end.
 //!
-//! One test running its cases one after another, in a test binary of its own, so nothing else
-//! shares its moment (the sessions it looks for are the only ones of their kind). Cargo runs
-//! test binaries one at a time in name order: the `zz_` prefix runs this one after the rest.
+//! Stale pooled connections: every session of a broker's pool is ended from the outside while
+//! it sits idle; after the pool's idle check (1 s) the next publishes, `dead_letters`,
+//! `requeue_dead` and a lease subscription's start, claim and ack all succeed: the pool pings a
+//! connection idle that long and replaces a dead one (before, each dead one failed one use).
+//!
+//! Tests running their cases one after another (`SERIAL`), in a test binary of its own, so
+//! nothing else of ours shares its moment (the sessions it looks for are the only ones of their
+//! kind). Cargo runs test binaries one at a time in name order: the `zz_` prefix runs this one
+//! after the rest.
 
 mod common;
 
-use std::time::Duration;
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use common::{next, Db, Live};
-use sqlbroker::{BrokerError, DbErrorKind, Form, Message, Table};
+use sqlbroker::{Broker, BrokerError, DbErrorKind, Form, Message, Table};
+
+/// The tests of this binary kill sessions they find from the outside: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The session holding the delivery of a row of `t`, found from the outside. `before`: the
 /// sessions that held row locks before the claim.
@@ -155,6 +169,7 @@ fn killed_session(live: &Live, form: Form) {
 
 #[test]
 fn killed_sessions_return_their_rows() {
+    let _serial = serial();
     let mut dbs = vec![Db::Postgres];
     if cfg!(feature = "mysql") {
         dbs.push(Db::Mysql);
@@ -166,5 +181,353 @@ fn killed_sessions_return_their_rows() {
         for form in [Form::RowLock, Form::AdvisoryLock] {
             killed_session(&live, form);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stale pooled connections
+
+/// Runs `f` on a thread of its own; a call that does not return within `limit` fails the test.
+fn bounded<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not return within {limit:?}")
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
+/// A broker whose sessions can be found from the outside, exactly: PostgreSQL by a unique
+/// `application_name`; MariaDB by a database of its own (and not among the sessions that
+/// existed before it was made).
+struct Marked {
+    live: Live,
+    broker: Broker,
+    /// PostgreSQL: the application name; MariaDB: the database.
+    mark: String,
+    before: Vec<Option<i64>>,
+}
+
+impl Marked {
+    fn new(live: Live) -> Marked {
+        let mark = common::unique("stale");
+        let sep = if live.url.contains('?') { '&' } else { '?' };
+        let (url, before) = match live.db {
+            Db::Postgres => (
+                format!("{}{sep}application_name={mark}", live.url),
+                Vec::new(),
+            ),
+            _ => {
+                live.exec(&format!("CREATE DATABASE `{mark}`"));
+                let (base, query) = match live.url.split_once('?') {
+                    Some((b, q)) => (b, format!("?{q}")),
+                    None => (live.url.as_str(), String::new()),
+                };
+                let base = base.rsplit_once('/').expect("a database in the url").0;
+                let before = live.ints("SELECT ID FROM information_schema.processlist");
+                (format!("{base}/{mark}{query}"), before)
+            }
+        };
+        let broker = Broker::connect(&url).expect("connect");
+        Marked {
+            live,
+            broker,
+            mark,
+            before,
+        }
+    }
+
+    /// The broker's sessions now.
+    fn sessions(&self) -> Vec<i64> {
+        let sql = match self.live.db {
+            Db::Postgres => format!(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = '{}'",
+                self.mark
+            ),
+            _ => format!(
+                "SELECT ID FROM information_schema.processlist WHERE DB = '{}' AND ID <> CONNECTION_ID()",
+                self.mark
+            ),
+        };
+        let mut ids = self.live.ints(&sql);
+        ids.retain(|id| !self.before.contains(id));
+        ids.into_iter().flatten().collect()
+    }
+
+    /// Rows in `t`, counted directly.
+    fn rows(&self, t: &Table) -> i64 {
+        match self.live.db {
+            Db::Postgres => self.live.rows(t),
+            _ => self.live.int(&format!(
+                "SELECT COUNT(*) FROM `{}`.`{}`",
+                self.mark,
+                t.name()
+            )),
+        }
+    }
+
+    /// A table created through the broker, dropped at the end.
+    fn table(&self, t: Table) -> Table {
+        if self.live.db == Db::Postgres {
+            self.live.track(t.name());
+        }
+        let (b, t2) = (self.broker.clone(), t.clone());
+        bounded("create table", Duration::from_secs(30), move || {
+            b.create_table(&t2)
+        })
+        .expect("create table");
+        t
+    }
+
+    /// Publishes from several threads at once until the pool holds at least three
+    /// connections (each thread's publish needs one while the others hold theirs).
+    fn fill(&self, t: &Table) {
+        for _ in 0..20 {
+            let threads = 6;
+            let barrier = Arc::new(Barrier::new(threads));
+            let handles: Vec<_> = (0..threads)
+                .map(|i| {
+                    let (b, t, barrier) = (self.broker.clone(), t.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        for j in 0..3 {
+                            b.publish(&t, Message::new(format!("fill {i} {j}")).set("k", "f"))?;
+                        }
+                        Ok::<_, BrokerError>(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().expect("a publishing thread").expect("publish");
+            }
+            if self.sessions().len() >= 3 {
+                return;
+            }
+        }
+        panic!(
+            "{:?}: precondition: the pool never held three connections ({:?})",
+            self.live.db,
+            self.sessions()
+        );
+    }
+
+    /// Ends every session of the broker from the outside, until none is left for a moment
+    /// (the pool may be opening one in the background; and the MySQL driver, connecting over
+    /// TCP to a local server, moves to its Unix socket, closing the first session itself);
+    /// how many it ended.
+    fn kill_all(&self) -> usize {
+        let mut killed = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ids = self.sessions();
+            if ids.is_empty() {
+                std::thread::sleep(Duration::from_millis(300));
+                if self.sessions().is_empty() {
+                    return killed;
+                }
+                continue;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: sessions {ids:?} still there",
+                self.live.db
+            );
+            for id in ids {
+                if self.end_session(id) {
+                    killed += 1;
+                }
+            }
+        }
+    }
+
+    /// Ends one session and waits until it is gone; false if it had already ended.
+    fn end_session(&self, id: i64) -> bool {
+        let (ended, gone) = match self.live.db {
+            Db::Postgres => (
+                self.live
+                    .ints(&format!("SELECT pg_terminate_backend({id})::int"))
+                    == [Some(1)],
+                format!("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {id}"),
+            ),
+            _ => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&self.live.url).unwrap();
+                let mut c = mysql::Conn::new(opts).unwrap();
+                let ended = match c.query_drop(format!("KILL {id}")) {
+                    Ok(()) => true,
+                    // 1094: unknown thread id: it ended by itself.
+                    Err(mysql::Error::MySqlError(e)) if e.code == 1094 => false,
+                    Err(e) => panic!("KILL {id}: {e}"),
+                };
+                let gone =
+                    format!("SELECT COUNT(*) FROM information_schema.processlist WHERE ID = {id}");
+                (ended, gone)
+            }
+        };
+        let done = common::wait_for(Duration::from_secs(10), || self.live.int(&gone) == 0);
+        assert!(done, "{:?}: session {id} did not end", self.live.db);
+        ended
+    }
+}
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        if self.live.db == Db::Mysql {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.live.exec(&format!(
+                    "SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS `{}`",
+                    self.mark
+                ))
+            }));
+        }
+    }
+}
+
+/// Fills the pool with idle connections, kills them all from the outside, waits past the
+/// pool's idle check (1 s), then runs `op`, which must succeed: the pool pings a connection
+/// idle that long before it hands it out, and replaces a dead one. Catches (before the fix)
+/// each dead pooled connection failing one publish, settlement or claim with `ConnectionLost`;
+/// `fill` leaves at least three dead, more than the one retry of `dead_letters` and
+/// `requeue_dead` absorbs.
+fn after_killing_idle<T: Send + 'static>(
+    m: &Marked,
+    fill: &Table,
+    what: &str,
+    op: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> T {
+    m.fill(fill);
+    let killed = m.kill_all();
+    assert!(killed >= 3, "precondition: {killed} sessions killed");
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = Instant::now();
+    let r = bounded(what, Duration::from_secs(60), op);
+    match r {
+        Ok(v) => {
+            eprintln!(
+                "{:?} stale pool: {killed} sessions killed; {what} ok in {:?}",
+                m.live.db,
+                started.elapsed()
+            );
+            v
+        }
+        Err(e) => panic!(
+            "{:?}: {what} after {killed} pooled sessions were killed: {e}",
+            m.live.db
+        ),
+    }
+}
+
+fn stale_pool(db: Db) {
+    let Some(live) = common::live(db) else {
+        return;
+    };
+    let began = Instant::now();
+    let m = Marked::new(live);
+    let target = m.table(common::describe(
+        &common::unique("t"),
+        Form::RowLock,
+        Duration::ZERO,
+    ));
+    let lease = m.table(common::describe(
+        &common::unique("t"),
+        Form::Lease,
+        Duration::from_secs(30),
+    ));
+
+    // A dead letter, for `dead_letters` and `requeue_dead` to find.
+    let dead_id = {
+        let (b, t) = (m.broker.clone(), lease.clone());
+        bounded("dead-letter a row", Duration::from_secs(30), move || {
+            let id = b.publish(&t, Message::new("dead").set("k", "d"))?;
+            let sub = b.subscription(&t).start()?;
+            let d = sub
+                .next_delivery_timeout(Duration::from_secs(10))
+                .expect("the row to dead-letter");
+            assert_eq!(d.id(), id);
+            d.dead_letter("stale pool test")?;
+            sub.shutdown(Duration::from_secs(5))?;
+            Ok::<_, BrokerError>(id)
+        })
+        .unwrap()
+    };
+
+    let rows_before = m.rows(&target);
+    let (b, t) = (m.broker.clone(), target.clone());
+    after_killing_idle(&m, &target, "10 publishes", move || {
+        let failed: Vec<String> = (0..10)
+            .filter_map(|i| {
+                b.publish(&t, Message::new(format!("after {i}")).set("k", "a"))
+                    .err()
+                    .map(|e| format!("publish {i}: {e}"))
+            })
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
+        }
+    });
+    // The fill's publishes and the ten.
+    assert!(m.rows(&target) >= rows_before + 10);
+
+    let (b, t) = (m.broker.clone(), lease.clone());
+    let dead = after_killing_idle(&m, &target, "dead_letters", move || {
+        b.dead_letters(&t, 10).map_err(|e| e.to_string())
+    });
+    assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), [dead_id]);
+
+    let (b, t) = (m.broker.clone(), lease.clone());
+    let requeued = after_killing_idle(&m, &target, "requeue_dead", move || {
+        b.requeue_dead(&t, dead_id).map_err(|e| e.to_string())
+    });
+    assert!(requeued, "{db:?}: requeue_dead found no dead row {dead_id}");
+
+    let (b, t) = (m.broker.clone(), lease.clone());
+    after_killing_idle(
+        &m,
+        &target,
+        "a lease subscription's start, claim and ack",
+        move || {
+            let sub = b
+                .subscription(&t)
+                .start()
+                .map_err(|e| format!("start: {e}"))?;
+            let d = sub
+                .next_delivery_timeout(Duration::from_secs(10))
+                .map_err(|e| format!("claim: {e} (last error {:?})", sub.last_error()))?;
+            if (d.id(), d.attempt()) != (dead_id, 1) {
+                return Err(format!("delivered row {} attempt {}", d.id(), d.attempt()));
+            }
+            d.ack().map_err(|e| format!("ack: {e}"))?;
+            // The claim itself must not have failed on a dead connection either.
+            if let Some(e) = sub.last_error() {
+                return Err(format!("claim failed on the way: {e}"));
+            }
+            sub.shutdown(Duration::from_secs(5))
+                .map_err(|e| format!("shutdown: {e}"))
+        },
+    );
+    assert_eq!(m.rows(&lease), 0);
+    eprintln!("{db:?} stale pool: {:?}", began.elapsed());
+}
+
+#[test]
+fn stale_pooled_connections_are_replaced() {
+    let _serial = serial();
+    let mut dbs = vec![Db::Postgres];
+    if cfg!(feature = "mysql") {
+        dbs.push(Db::Mysql);
+    }
+    for db in dbs {
+        stale_pool(db);
     }
 }
