@@ -168,7 +168,7 @@ impl Drop for Delivery {
                 form::hand_back(&self.ctx, self.id, hold, DROP_WAIT);
             }
         }
-        self.ctx.slots.release(1);
+        self.ctx.slots.settled();
     }
 }
 

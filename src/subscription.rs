@@ -1,6 +1,7 @@
 //! A running subscription: its options, the `next_delivery` family, and shutdown.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,6 +128,7 @@ impl<'a> SubscriptionBuilder<'a> {
             rx: rx.clone(),
             ctx: ctx.clone(),
             exited,
+            waited: AtomicBool::new(false),
         };
         for i in 0..ctx.opts.workers {
             let worker = (ctx.clone(), tx.clone(), rx.clone(), alive.clone());
@@ -163,6 +165,9 @@ pub struct Subscription {
     ctx: Arc<Ctx>,
     /// Disconnected once every claim worker has ended.
     exited: Receiver<()>,
+    /// `close` or `shutdown` already waited for the workers: a drop after them does not wait
+    /// again for one stuck on a server that stopped answering.
+    waited: AtomicBool,
 }
 
 impl Subscription {
@@ -211,6 +216,12 @@ impl Subscription {
     /// A blocking iterator over deliveries; it ends when the subscription is closed.
     pub fn iter(&self) -> Iter<'_> {
         Iter { sub: self }
+    }
+
+    /// Claim workers inside a claim right now. A claim takes milliseconds: a count that stays
+    /// up points at a database that does not answer (or a lock a claim waits on).
+    pub fn claiming(&self) -> usize {
+        self.ctx.claiming.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Rows claimed and not yet settled, counting those waiting to be handed out.
@@ -276,8 +287,10 @@ impl Subscription {
     fn stop_until(&self, deadline: Instant) {
         self.ctx.stop();
         self.drain();
-        // Disconnected once every worker has ended; nothing is ever sent.
-        let _ = self.exited.recv_deadline(deadline);
+        if !self.waited.swap(true, Ordering::AcqRel) {
+            // Disconnected once every worker has ended; nothing is ever sent.
+            let _ = self.exited.recv_deadline(deadline);
+        }
         // Whatever a worker sent before it ended.
         self.drain();
     }

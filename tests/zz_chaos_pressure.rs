@@ -655,12 +655,12 @@ fn with_param(url: &str, param: &str) -> String {
     format!("{url}{sep}{param}")
 }
 
-/// True if the subscription's claim worker holds its slots throughout a quarter second: it is
-/// inside a claim that does not end (an idle worker holds none, a claim takes milliseconds).
+/// True if the subscription's claim worker stays inside one claim throughout a quarter second:
+/// a claim that does not end (a claim takes milliseconds; an idle worker is in none).
 fn stuck(sub: &Subscription) -> bool {
     (0..6).all(|_| {
         std::thread::sleep(Duration::from_millis(50));
-        sub.in_flight() > 0
+        sub.claiming() > 0
     })
 }
 
@@ -739,8 +739,8 @@ fn paused_server(db: Db) {
         }
         assert!(
             Instant::now() < deadline,
-            "{db:?}: precondition: the claim workers did not get stuck (in flight: {:?})",
-            subs.iter().map(|s| s.in_flight()).collect::<Vec<_>>()
+            "{db:?}: precondition: the claim workers did not get stuck (claiming: {:?})",
+            subs.iter().map(|s| s.claiming()).collect::<Vec<_>>()
         );
     }
     let paused_at = Instant::now();

@@ -10,6 +10,7 @@
 //! subscription with an error.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,7 +77,10 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
-        match form::claim(ctx, slots.count()) {
+        ctx.claiming.fetch_add(1, Ordering::Relaxed);
+        let claimed = form::claim(ctx, slots.count());
+        ctx.claiming.fetch_sub(1, Ordering::Relaxed);
+        match claimed {
             Ok(claimed) => {
                 failures = 0;
                 ctx.clear_error();

@@ -6,7 +6,7 @@
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,6 +152,8 @@ pub(crate) struct Ctx {
     stop: AtomicBool,
     pub leases: LeaseBook,
     pub keys: Option<Arc<KeyRegistry>>,
+    /// Claim workers inside a claim right now.
+    pub claiming: AtomicUsize,
     last_error: Mutex<Option<String>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
@@ -174,6 +176,7 @@ impl Ctx {
             stop: AtomicBool::new(false),
             leases: LeaseBook::default(),
             keys,
+            claiming: AtomicUsize::new(0),
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,

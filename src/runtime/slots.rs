@@ -19,6 +19,9 @@ pub(crate) struct Slots {
 
 struct State {
     free: usize,
+    /// Slots owned by deliveries (claimed rows not yet settled), as opposed to slots a claim in
+    /// progress has taken and may give back.
+    delivered: usize,
     /// Claimed rows not yet handed to a handler.
     queued: usize,
     closed: bool,
@@ -29,6 +32,7 @@ impl Slots {
         Slots {
             state: Mutex::new(State {
                 free: capacity,
+                delivered: 0,
                 queued: 0,
                 closed: false,
             }),
@@ -68,6 +72,19 @@ impl Slots {
         self.cv.notify_all();
     }
 
+    /// `n` taken slots now belong to deliveries.
+    fn deliver(&self, n: usize) {
+        self.state.lock().delivered += n;
+    }
+
+    /// A delivery was settled or dropped: its slot is free again.
+    pub fn settled(&self) {
+        let mut st = self.state.lock();
+        st.delivered = st.delivered.saturating_sub(1);
+        st.free = (st.free + 1).min(self.capacity);
+        self.cv.notify_all();
+    }
+
     /// `n` claimed rows go into the channel.
     pub fn enqueue(&self, n: usize) {
         self.state.lock().queued += n;
@@ -88,21 +105,22 @@ impl Slots {
         self.cv.notify_all();
     }
 
-    /// Rows claimed and not yet settled.
+    /// Deliveries not yet settled (claimed rows, counting those waiting to be handed out; not
+    /// the slots a claim in progress holds).
     pub fn in_flight(&self) -> usize {
-        self.capacity - self.state.lock().free
+        self.state.lock().delivered
     }
 
-    /// Waits until every slot is free or `timeout` passes (a timeout too large for a deadline
-    /// waits for ever); true if all are free.
+    /// Waits until every delivery is settled or `timeout` passes (a timeout too large for a
+    /// deadline waits for ever); true if none is left.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut st = self.state.lock();
-        while st.free < self.capacity {
+        while st.delivered > 0 {
             match deadline {
                 Some(deadline) => {
                     if self.cv.wait_until(&mut st, deadline).timed_out() {
-                        return st.free == self.capacity;
+                        return st.delivered == 0;
                     }
                 }
                 None => self.cv.wait(&mut st),
@@ -125,7 +143,9 @@ impl Taken<'_> {
 
     /// `k` slots now belong to deliveries (each gives its own back when settled or dropped).
     pub fn hand_over(&mut self, k: usize) {
-        self.n -= k.min(self.n);
+        let k = k.min(self.n);
+        self.n -= k;
+        self.slots.deliver(k);
     }
 }
 
@@ -145,7 +165,6 @@ mod tests {
         let s = Slots::new(3);
         assert_eq!(s.acquire(2), Some(2));
         assert_eq!(s.acquire(5), Some(1));
-        assert_eq!(s.in_flight(), 3);
         let s = Arc::new(s);
         let t = {
             let s = s.clone();
@@ -153,11 +172,27 @@ mod tests {
         };
         s.release(2);
         assert_eq!(t.join().unwrap(), Some(2));
-        assert!(!s.wait_idle(Duration::from_millis(10)));
         s.release(3);
-        assert!(s.wait_idle(Duration::from_millis(10)));
         s.close();
         assert_eq!(s.acquire(1), None);
+    }
+
+    #[test]
+    fn only_deliveries_are_in_flight() {
+        let s = Slots::new(4);
+        let mut claim = s.take(4).unwrap();
+        // A claim in progress holds slots, but no delivery exists yet: nothing to wait for.
+        assert_eq!(s.in_flight(), 0);
+        assert!(s.wait_idle(Duration::ZERO));
+        claim.hand_over(2);
+        drop(claim);
+        assert_eq!(s.in_flight(), 2);
+        assert!(!s.wait_idle(Duration::from_millis(10)));
+        s.settled();
+        s.settled();
+        assert!(s.wait_idle(Duration::from_millis(10)));
+        // Every slot is free again: the two handed over and the two given back.
+        assert_eq!(s.acquire(4), Some(4));
     }
 
     #[test]
