@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::table::TableSpec;
+use crate::ColumnType;
 use crate::{BrokerError, Result, Value};
 
 /// A message to publish: a binary payload, values for the table's own columns, and an optional
@@ -36,6 +37,13 @@ impl Message {
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
     /// `NULL`. Setting a column twice keeps the last value.
+    ///
+    /// The value must fit the column's described type, the same on every database: text in a
+    /// text column, an integer in an integer column, a float (or an integer) in a float column,
+    /// bytes in a binary column, `NULL` anywhere. A float column takes no NaN (SQLite would store
+    /// it as `NULL`, MySQL refuses it). Anything else is refused by `publish` with
+    /// [`BrokerError::InvalidMessage`] before any SQL runs, rather than converted differently by
+    /// each database.
     pub fn set(mut self, column: impl Into<String>, value: impl Into<Value>) -> Self {
         let column = column.into();
         let value = value.into();
@@ -71,13 +79,17 @@ impl Message {
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
     ) -> Result<()> {
-        for (c, _) in &self.values {
-            if spec.column_index(c).is_none() {
-                return Err(BrokerError::InvalidMessage {
-                    table: spec.name.clone(),
-                    reason: format!("{c:?} is not a column of the table description"),
-                });
-            }
+        for (c, v) in &self.values {
+            let bad = |reason: String| BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason,
+            };
+            let Some(i) = spec.column_index(c) else {
+                return Err(bad(format!(
+                    "{c:?} is not a column of the table description"
+                )));
+            };
+            fits(v, spec.columns[i].ty).map_err(|why| bad(format!("column {c:?}: {why}")))?;
         }
         out.push(Value::Bytes(self.payload));
         out.push(Value::Time(crate::schedule::due_at(now, self.delay)));
@@ -90,5 +102,110 @@ impl Message {
             out.push(v.unwrap_or(Value::Null));
         }
         Ok(())
+    }
+}
+
+/// Whether `v` may be written into a column described as `ty`. Each database converts a
+/// mismatched value its own way (SQLite keeps `"five"` in an integer column and turns NaN into
+/// `NULL`, MySQL rounds 3.5 into an integer column and writes a time as the number
+/// 20261130141349, PostgreSQL refuses), so a mismatch is refused before any SQL runs.
+fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
+    let ok = match (v, ty) {
+        (Value::Null, _) => true,
+        (Value::Text(_), ColumnType::Text) => true,
+        (Value::Int(_), ColumnType::Int | ColumnType::Float) => true,
+        (Value::Float(f), ColumnType::Float) => {
+            if f.is_nan() {
+                return Err(
+                    "NaN cannot be stored (SQLite stores it as NULL, MySQL refuses it)".into(),
+                );
+            }
+            true
+        }
+        (Value::Bytes(_), ColumnType::Bytes) => true,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        let what = match v {
+            Value::Null => "NULL",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Text(_) => "text",
+            Value::Bytes(_) => "bytes",
+            Value::Time(_) => "a time",
+        };
+        let column = match ty {
+            ColumnType::Text => "a text",
+            ColumnType::Int => "an integer",
+            ColumnType::Float => "a float",
+            ColumnType::Bytes => "a binary",
+        };
+        Err(format!("{what} does not fit {column} column"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Table;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    fn params(m: Message) -> Result<Vec<Value>> {
+        let spec = Table::new("t")
+            .text_column("s")
+            .int_column("i")
+            .float_column("f")
+            .bytes_column("b")
+            .validate()
+            .unwrap();
+        let mut out = Vec::new();
+        m.params_into(&spec, UNIX_EPOCH, &mut out).map(|()| out)
+    }
+
+    fn refused(m: Message) -> String {
+        match params(m) {
+            Err(BrokerError::InvalidMessage { reason, .. }) => reason,
+            other => panic!("expected InvalidMessage, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_must_fit_their_column() {
+        let m = || Message::new(Vec::new());
+        // What fits, in description order after payload and run_at; unset is NULL.
+        let out = params(
+            m().set("b", vec![0u8])
+                .set("s", "'; DROP TABLE t; --\0")
+                .set("i", i64::MIN)
+                .set("f", f64::INFINITY),
+        )
+        .unwrap();
+        assert_eq!(out.len(), 6);
+        assert_eq!(out[2], Value::from("'; DROP TABLE t; --\0"));
+        assert_eq!(out[3], Value::Int(i64::MIN));
+        assert_eq!(out[4], Value::Float(f64::INFINITY));
+        assert_eq!(out[5], Value::Bytes(vec![0]));
+        params(m().set("f", 3)).unwrap(); // an integer in a float column
+        params(m().set("s", Value::Null).set("i", Value::Null)).unwrap();
+        assert_eq!(
+            params(m()).unwrap()[2..],
+            [Value::Null, Value::Null, Value::Null, Value::Null]
+        );
+
+        assert!(refused(m().set("s", 5)).contains("an integer does not fit a text column"));
+        assert!(refused(m().set("i", "5")).contains("text does not fit an integer column"));
+        assert!(refused(m().set("i", 3.5)).contains("a float does not fit an integer column"));
+        assert!(refused(m().set("s", vec![0xffu8])).contains("bytes does not fit a text column"));
+        assert!(refused(m().set("b", "txt")).contains("text does not fit a binary column"));
+        assert!(refused(m().set("i", SystemTime::now())).contains("a time does not fit"));
+        assert!(refused(m().set("f", f64::NAN)).contains("NaN"));
+        // Role columns cannot be set, nor columns named in another case.
+        for c in [
+            "id", "payload", "attempts", "run_at", "dead_at", "S", "s\0", "s; --",
+        ] {
+            assert!(refused(m().set(c, 1)).contains("not a column"), "{c:?}");
+        }
     }
 }

@@ -427,6 +427,13 @@ impl KeyTemplate {
         if t.is_empty() {
             return Err("the advisory lock template is empty".into());
         }
+        // A key is text on every database, and PostgreSQL text cannot hold a NUL: such a key
+        // would fail every claim of the table, so the template is refused here instead.
+        if t.contains('\0') {
+            return Err(format!(
+                "template {t:?} contains a NUL character, which a key cannot hold"
+            ));
+        }
         let mut parts = Vec::new();
         let mut lit = String::new();
         let mut chars = t.chars().peekable();
@@ -441,8 +448,18 @@ impl KeyTemplate {
                     lit.push('}');
                 }
                 '{' => {
-                    let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
-                    if !t.contains(&format!("{{{name}}}")) {
+                    // The placeholder runs to the next '}', which must be there: it is not
+                    // enough that the same `{name}` is closed elsewhere in the template.
+                    let mut name = String::new();
+                    let mut closed = false;
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
+                        }
+                        name.push(c);
+                    }
+                    if !closed {
                         return Err(format!("unclosed '{{' in template {t:?}"));
                     }
                     let idx = columns
@@ -576,5 +593,278 @@ mod tests {
             .rename(Role::LockedUntil, "bad name")
             .validate()
             .unwrap();
+    }
+
+    /// Regressions found by the property tests below.
+    #[test]
+    fn template_regressions() {
+        let t = Table::new("p").text_column("k");
+        // A placeholder left open was accepted when the same `{k}` was closed earlier in the
+        // template (the parser looked for `{k}` anywhere in the string): `"{k}-{k"` rendered
+        // as if it were `"{k}-{k}"`.
+        assert!(invalid(&t.clone().advisory_lock("{k}-{k")).contains("unclosed"));
+        assert!(invalid(&t.clone().advisory_lock("a{k}b{k")).contains("unclosed"));
+        // A NUL in the template was accepted, and then failed every claim on PostgreSQL
+        // ("invalid byte sequence for encoding UTF8: 0x00") while the subscription stayed up
+        // delivering nothing.
+        assert!(invalid(&t.clone().advisory_lock("a\0{k}")).contains("NUL"));
+        assert!(invalid(&t.clone().advisory_lock("\0")).contains("NUL"));
+        // Braces, quotes and SQL in the literal parts are only text.
+        let s = t
+            .advisory_lock("'; DROP TABLE x; --{{\"`}}{k}\u{1F980}")
+            .validate()
+            .unwrap();
+        assert_eq!(
+            s.key.unwrap().render(&[Value::from("\u{e9}'")]),
+            "'; DROP TABLE x; --{\"`}\u{e9}'\u{1F980}"
+        );
+    }
+
+    /// Property tests: arbitrary strings as the table name, column names, role renames and
+    /// templates never make `validate` panic, and it accepts exactly the identifiers
+    /// `[A-Za-z_][A-Za-z0-9_]*` within the documented limits (48 characters for the table, 63
+    /// for columns), named once each (ASCII case ignored), and exactly the templates a reference
+    /// parser accepts, rendering the same keys.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The oracle for identifiers, written over bytes (the implementation works on chars).
+        fn is_ident(s: &str, max: usize) -> bool {
+            let b = s.as_bytes();
+            !b.is_empty()
+                && b.len() <= max
+                && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+                && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+        }
+
+        /// Arbitrary strings, identifiers around the length limits, and near misses (quotes,
+        /// SQL punctuation, NUL, non-ASCII letters that case-fold oddly: `\u{130}`, `\u{212A}`).
+        fn names() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<String>(),
+                "[A-Za-z_][A-Za-z0-9_]{0,70}",
+                "[A-Za-z0-9_ ;'\"`.\\-\\x00\u{e9}\u{df}\u{130}\u{212A}\u{1F980}]{0,70}",
+                // Role names in other cases, to collide with.
+                "(id|ID|Id|payload|PAYLOAD|attempts|run_at|RUN_AT|locked_until|dead_at|dead_reason|k|K)",
+            ]
+        }
+
+        fn column_type() -> impl Strategy<Value = ColumnType> {
+            prop_oneof![
+                Just(ColumnType::Text),
+                Just(ColumnType::Int),
+                Just(ColumnType::Float),
+                Just(ColumnType::Bytes),
+            ]
+        }
+
+        /// The oracle for a whole description: what `validate` must accept.
+        #[allow(clippy::too_many_arguments)]
+        fn model_accepts(
+            name: &str,
+            renames: &[(usize, String)],
+            columns: &[(String, ColumnType)],
+            group: &Option<String>,
+            lease: bool,
+            fifo: bool,
+            max_attempts: Option<u32>,
+        ) -> bool {
+            if !is_ident(name, 48) {
+                return false;
+            }
+            let mut roles: Vec<String> = ROLES.iter().map(|r| r.default_name().into()).collect();
+            for (i, n) in renames {
+                roles[*i] = n.clone();
+            }
+            let mut names: Vec<String> = roles
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| lease || ROLES[*i] != Role::LockedUntil)
+                .map(|(_, n)| n)
+                .collect();
+            names.extend(columns.iter().map(|(c, _)| c.clone()));
+            if let Some(g) = group {
+                if !columns.iter().any(|(c, _)| c == g) {
+                    names.push(g.clone());
+                }
+            }
+            for (i, n) in names.iter().enumerate() {
+                if !is_ident(n, 63) {
+                    return false;
+                }
+                // ASCII case folded by setting bit 5: exact over identifier bytes (digits have
+                // it already, `_` becomes DEL, which no other identifier byte becomes).
+                if names[..i]
+                    .iter()
+                    .any(|m| m.bytes().map(|b| b | 0x20).eq(n.bytes().map(|b| b | 0x20)))
+                {
+                    return false;
+                }
+            }
+            !(fifo && group.is_none()) && max_attempts != Some(0)
+        }
+
+        #[derive(Debug, Clone, PartialEq)]
+        enum Part {
+            Lit(String),
+            Col(usize),
+        }
+
+        /// The oracle for templates: an index-walking parser over chars.
+        fn model_template(t: &str, cols: &[&str]) -> Option<Vec<Part>> {
+            if t.is_empty() || t.contains('\0') {
+                return None;
+            }
+            let c: Vec<char> = t.chars().collect();
+            let (mut i, mut out, mut lit) = (0, Vec::new(), String::new());
+            while i < c.len() {
+                match (c[i], c.get(i + 1)) {
+                    ('{', Some('{')) | ('}', Some('}')) => {
+                        lit.push(c[i]);
+                        i += 2;
+                    }
+                    ('{', _) => {
+                        let end = i + 1 + c[i + 1..].iter().position(|x| *x == '}')?;
+                        let name: String = c[i + 1..end].iter().collect();
+                        let idx = cols.iter().position(|x| *x == name)?;
+                        if !lit.is_empty() {
+                            out.push(Part::Lit(std::mem::take(&mut lit)));
+                        }
+                        out.push(Part::Col(idx));
+                        i = end + 1;
+                    }
+                    ('}', _) => return None,
+                    (x, _) => {
+                        lit.push(x);
+                        i += 1;
+                    }
+                }
+            }
+            if !lit.is_empty() {
+                out.push(Part::Lit(lit));
+            }
+            Some(out)
+        }
+
+        /// Templates built from the pieces that matter: placeholders of known and unknown
+        /// columns, escaped and stray braces, NUL, quotes and SQL.
+        fn templates() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("{a}".to_string()),
+                Just("{b_2}".to_string()),
+                Just("{a".to_string()),
+                Just("{b_2".to_string()),
+                Just("{{".to_string()),
+                Just("}}".to_string()),
+                Just("{".to_string()),
+                Just("}".to_string()),
+                Just("{zz}".to_string()),
+                Just("{}".to_string()),
+                Just("{A}".to_string()),
+                Just("\0".to_string()),
+                "[a-z'\";\\ \u{e9}\u{1F980}-]{1,3}",
+            ];
+            prop_oneof![
+                3 => prop::collection::vec(piece, 0..8).prop_map(|v| v.concat()),
+                1 => any::<String>(),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn table_names(name in names()) {
+                let r = Table::new(name.as_str()).validate();
+                prop_assert_eq!(r.is_ok(), is_ident(&name, 48), "{:?}: {:?}", name, r.err());
+                if let Err(e) = r {
+                    prop_assert!(
+                        matches!(&e, BrokerError::InvalidTable { table, .. } if *table == name),
+                        "{:?}", e
+                    );
+                }
+            }
+
+            #[test]
+            fn descriptions(
+                name in prop_oneof![Just("jobs".to_string()), names()],
+                renames in prop::collection::vec((0..ROLES.len(), names()), 0..3),
+                columns in prop::collection::vec((names(), column_type()), 0..3),
+                group in prop::option::of(names()),
+                lease in any::<bool>(),
+                fifo in any::<bool>(),
+                max_attempts in prop::option::of(0u32..3),
+            ) {
+                let mut t = Table::new(name.as_str());
+                for (i, n) in &renames {
+                    t = t.rename(ROLES[*i], n.as_str());
+                }
+                for (c, ty) in &columns {
+                    t = t.column(c.as_str(), *ty);
+                }
+                if let Some(g) = &group {
+                    t = t.group(g.as_str());
+                }
+                if lease {
+                    t = t.lease(Duration::from_secs(1));
+                }
+                if fifo {
+                    t = t.fifo();
+                }
+                if let Some(n) = max_attempts {
+                    t = t.max_attempts(n);
+                }
+                let expected =
+                    model_accepts(&name, &renames, &columns, &group, lease, fifo, max_attempts);
+                let r = t.validate();
+                prop_assert_eq!(r.is_ok(), expected, "{:?}: {:?}", t, r.err());
+                match r {
+                    Ok(spec) => {
+                        // Every identifier the dialects will quote is one.
+                        let mut all = vec![
+                            &spec.name, &spec.id, &spec.payload, &spec.attempts, &spec.run_at,
+                            &spec.dead_at, &spec.dead_reason,
+                        ];
+                        if lease {
+                            all.push(&spec.locked_until);
+                        }
+                        all.extend(spec.columns.iter().map(|c| &c.name));
+                        for n in all {
+                            prop_assert!(is_ident(n, 63), "{:?}", n);
+                        }
+                    }
+                    Err(e) => prop_assert!(matches!(e, BrokerError::InvalidTable { .. }), "{:?}", e),
+                }
+            }
+
+            #[test]
+            fn advisory_templates(template in templates(), text in any::<String>(), n in any::<i64>()) {
+                let t = Table::new("t").text_column("a").int_column("b_2");
+                let expected = model_template(&template, &["a", "b_2"]);
+                let r = t.clone().advisory_lock(template.as_str()).validate();
+                prop_assert_eq!(r.is_ok(), expected.is_some(), "{:?}: {:?}", template, r.err());
+                match (r, expected) {
+                    (Ok(spec), Some(parts)) => {
+                        let values = [Value::Text(text.clone()), Value::Int(n)];
+                        let mut key = String::new();
+                        for p in parts {
+                            match p {
+                                Part::Lit(s) => key.push_str(&s),
+                                Part::Col(0) => key.push_str(&text),
+                                Part::Col(_) => key.push_str(&n.to_string()),
+                            }
+                        }
+                        prop_assert_eq!(spec.key.unwrap().render(&values), key);
+                    }
+                    (Err(e), None) => {
+                        prop_assert!(matches!(e, BrokerError::InvalidTable { .. }), "{:?}", e)
+                    }
+                    _ => unreachable!(),
+                }
+                // Never both forms.
+                prop_assert!(t.lease(Duration::from_secs(1)).advisory_lock(template).validate().is_err());
+            }
+        }
     }
 }

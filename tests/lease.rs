@@ -77,6 +77,101 @@ fn late_settlement_is_lease_lost(db: Db) {
 }
 per_db!(late_settlement_is_lease_lost);
 
+/// Each row's state apart from the lease token itself (which B's renewals move): attempts,
+/// due time, whether it is leased, whether it is dead. In id order.
+fn row_states(live: &common::Live, t: &sqlbroker::Table) -> Vec<(Option<i64>, Option<i64>, bool)> {
+    let name = t.name();
+    let run_at = match live.db {
+        Db::Postgres => "EXTRACT(EPOCH FROM run_at)::bigint",
+        Db::Mysql => "UNIX_TIMESTAMP(run_at)",
+        Db::Sqlite => "run_at",
+    };
+    let attempts = live.ints(&format!("SELECT attempts FROM {name} ORDER BY id"));
+    let due = live.ints(&format!("SELECT {run_at} FROM {name} ORDER BY id"));
+    let held = live.ints(&format!(
+        "SELECT CASE WHEN locked_until IS NOT NULL AND dead_at IS NULL AND dead_reason IS NULL \
+         THEN 1 ELSE 0 END FROM {name} ORDER BY id"
+    ));
+    attempts
+        .into_iter()
+        .zip(due)
+        .zip(held)
+        .map(|((a, d), h)| (a, d, h == Some(1)))
+        .collect()
+}
+
+/// `retry`, `retry_after` and `dead_letter` of a lost lease are fenced like `ack`: A claims
+/// three rows with a 1 s lease and stops renewing (`shutdown(Duration::ZERO)` with the
+/// deliveries held); B claims them again once the leases expire. A's late `retry`,
+/// `retry_after` and `dead_letter` each return `LeaseLost` naming the row, and change nothing:
+/// the rows keep B's claim (attempt 2, still leased, due time unchanged, not dead, no dead
+/// letter). B's token is intact too, so B's own settlements then take effect (a late retry that
+/// had cleared the lease would make them `LeaseLost`).
+fn late_retry_is_lease_lost(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(1));
+    let msgs = (0..3)
+        .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
+        .collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+
+    let a = live.broker.subscription(&t).batch_size(10).start().unwrap();
+    let mut held: Vec<Delivery> = (0..3).map(|_| next(&a, Duration::from_secs(10))).collect();
+    assert!(held.iter().all(|d| d.attempt() == 1));
+    held.sort_by_key(Delivery::id);
+    a.shutdown(Duration::ZERO).unwrap();
+
+    let other = live.connect();
+    let b = other.subscription(&t).batch_size(10).start().unwrap();
+    let mut taken: Vec<Delivery> = (0..3).map(|_| next(&b, Duration::from_secs(10))).collect();
+    taken.sort_by_key(Delivery::id);
+    for (old, new) in held.iter().zip(&taken) {
+        assert_eq!((new.id(), new.attempt()), (old.id(), 2));
+    }
+    let before = row_states(&live, &t);
+    assert_eq!(before.len(), 3);
+    assert!(
+        before.iter().all(|(a, _, held)| *a == Some(2) && *held),
+        "{before:?}"
+    );
+
+    let lost = |what: &str, id: i64, r: sqlbroker::Result<()>| match r {
+        Err(BrokerError::LeaseLost { id: lost, .. }) if lost == id => {}
+        other => panic!("late {what} of row {id}: expected LeaseLost, got {other:?}"),
+    };
+    let mut late = held.into_iter();
+    let d = late.next().unwrap();
+    lost("retry", d.id(), d.retry());
+    let d = late.next().unwrap();
+    lost(
+        "retry_after",
+        d.id(),
+        d.retry_after(Duration::from_secs(60)),
+    );
+    let d = late.next().unwrap();
+    lost("dead_letter", d.id(), d.dead_letter("late"));
+    assert_eq!(
+        row_states(&live, &t),
+        before,
+        "a late settlement changed a row"
+    );
+    assert!(live.broker.dead_letters(&t, 10).unwrap().is_empty());
+
+    let mut taken = taken.into_iter();
+    let retried = taken.next().unwrap();
+    let retried_id = retried.id();
+    retried.retry().unwrap();
+    taken.next().unwrap().dead_letter("by b").unwrap();
+    taken.next().unwrap().ack().unwrap();
+    assert_eq!(live.rows(&t), 2);
+    assert_eq!(live.broker.dead_letters(&t, 10).unwrap().len(), 1);
+    let again = next(&b, Duration::from_secs(10));
+    assert_eq!((again.id(), again.attempt()), (retried_id, 3));
+    again.ack().unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(late_retry_is_lease_lost);
+
 /// A handler holding a 2 s lease for 5 s keeps it: a second subscription polling meanwhile gets
 /// nothing, the row's attempt is not spent again, and the ack succeeds.
 fn renewal_keeps_a_long_handler_lease(db: Db) {
