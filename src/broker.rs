@@ -192,11 +192,24 @@ impl Broker {
 
     /// Creates the table with every column described, and the index the claims use, if it
     /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
+    /// All or nothing where the database's DDL is transactional (PostgreSQL, SQLite); MySQL
+    /// makes the table and its index in one statement.
     pub fn create_table(&self, table: &Table) -> Result<()> {
         let q = self.queue(table)?;
         let statements = q.dialect.create_table(&q.spec);
         q.retrying("create table", |conn| {
-            statements.iter().try_for_each(|stmt| conn.batch(stmt))
+            if let [one] = &statements[..] {
+                return conn.batch(one);
+            }
+            conn.batch(&q.sql.begin_write)?;
+            let done = statements
+                .iter()
+                .try_for_each(|stmt| conn.batch(stmt))
+                .and_then(|()| conn.batch("COMMIT"));
+            if done.is_err() {
+                conn.rollback_or_discard();
+            }
+            done
         })
     }
 

@@ -72,35 +72,42 @@ fn padded(prefix: &str, len: usize) -> String {
 /// the database file is the test's own, and its table count shows that nothing was created.
 struct NoSql {
     broker: Broker,
-    hold: Option<(Subscription, Delivery)>,
+    hold: Vec<(Subscription, Delivery)>,
 }
 
 fn no_sql(live: &Live, canary: &Table) -> NoSql {
     if live.db == Db::Sqlite {
         return NoSql {
             broker: live.connect(),
-            hold: None,
+            hold: Vec::new(),
         };
     }
+    // Both connections of the pool held by row lock deliveries, one per subscription (one
+    // subscription may not hold the whole pool).
     let broker = Broker::builder(&live.url)
-        .pool_size(1)
+        .pool_size(2)
         .connection_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
     let holder = live.create(Table::new(common::unique("hold")));
-    broker
-        .publish(&holder, Message::new(b"hold".to_vec()))
-        .unwrap();
-    let sub = broker.subscription(&holder).start().unwrap();
-    let d = next(&sub, WAIT);
+    let mut hold = Vec::new();
+    for _ in 0..2 {
+        broker
+            .publish(&holder, Message::new(b"hold".to_vec()))
+            .unwrap();
+        let sub = broker
+            .subscription(&holder)
+            .max_in_flight(1)
+            .start()
+            .unwrap();
+        let d = next(&sub, WAIT);
+        hold.push((sub, d));
+    }
     match broker.publish(canary, common::msg("x", "b")) {
         Err(BrokerError::Pool { .. }) => {}
         other => panic!("the held pool still ran a statement: {other:?}"),
     }
-    NoSql {
-        broker,
-        hold: Some((sub, d)),
-    }
+    NoSql { broker, hold }
 }
 
 fn expect_invalid_table<T>(what: &str, r: Result<T, BrokerError>) {
@@ -256,7 +263,7 @@ fn hostile_identifiers_are_refused_before_any_sql(db: Db) {
     assert!(!live.table_exists(&padded(&base, 49)));
     assert!(live.table_exists(canary.name()), "the canary was dropped");
     assert_eq!(live.rows(&canary), 1);
-    if let Some((sub, d)) = guard.hold {
+    for (sub, d) in guard.hold {
         d.ack().unwrap();
         sub.shutdown(Duration::from_secs(5)).unwrap();
     }
@@ -908,16 +915,12 @@ fn empty_and_16_mib_payloads_round_trip(db: Db) {
 }
 per_db!(empty_and_16_mib_payloads_round_trip);
 
-// Defects found here in code this branch does not own (`src/dialect`, `src/broker.rs`): each
-// test states what should happen and fails today. Run with `--ignored`.
+// Regressions for defects this suite found outside the description and message code.
 
-/// DEFECT (src/dialect/mysql.rs): a payload over the server's `max_allowed_packet` fails as
-/// `Database { kind: ConnectionLost }` with the message "Packets out of sync", so
-/// `is_transient()` is true and a caller that retries transient errors retries forever; the
-/// message does not name the limit. It should be a non-transient error that says the value is
-/// over `max_allowed_packet`.
+/// A payload over the server's `max_allowed_packet` used to fail as `ConnectionLost` ("Packets
+/// out of sync"), so `is_transient()` was true and a caller that retries transient errors
+/// retried for ever. Now: refused before it is sent, non-transient, naming the limit.
 #[test]
-#[ignore = "defect in src/dialect/mysql.rs: over-limit packet is ConnectionLost"]
 fn mysql_payload_over_max_allowed_packet_is_not_transient() {
     let Some(live) = common::live(Db::Mysql) else {
         return;
@@ -933,16 +936,11 @@ fn mysql_payload_over_max_allowed_packet_is_not_transient() {
     assert!(e.to_string().contains("max_allowed_packet"), "{e}");
 }
 
-/// DEFECT (src/broker.rs `create_table`, src/dialect): `create_table` runs `CREATE TABLE` and
-/// `CREATE INDEX IF NOT EXISTS <name>_ready` as separate statements, not in one transaction.
-/// When another table is already called `<name>_ready` (tables and indexes share one namespace
-/// on SQLite and PostgreSQL):
-/// - SQLite: the index fails ("there is already a table named .."), `create_table` returns the
-///   error, and the table stays created: a half write;
-/// - PostgreSQL: `IF NOT EXISTS` matches the other table, so `create_table` succeeds and the
-///   queue silently has no ready index.
+/// `create_table` when another table already has the name of its index `<name>_ready` (tables
+/// and indexes share one namespace on SQLite and PostgreSQL). It used to half-write on SQLite
+/// (the table made, then the index failed) and, on PostgreSQL, succeed silently with no ready
+/// index (`IF NOT EXISTS` matched the other table). Now it fails and leaves nothing behind.
 #[test]
-#[ignore = "defect in create_table: not atomic; the index name can be taken"]
 fn create_table_when_its_index_name_is_taken() {
     for db in [Db::Sqlite, Db::Postgres] {
         let Some(live) = common::live(db) else {

@@ -10,10 +10,16 @@ use crate::Value;
 
 /// Opens a session with the engine's options.
 pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn>, DbError> {
-    let conn = Conn::new(opts.clone()).map_err(|e| DbError::new(classify(&e), e))?;
+    let fail = |e: mysql::Error| DbError::new(classify(&e), e);
+    let mut conn = Conn::new(opts.clone()).map_err(fail)?;
+    let max_packet = conn
+        .query_first::<u64, _>("SELECT @@max_allowed_packet")
+        .map_err(fail)?
+        .unwrap_or(u64::MAX);
     Ok(Box::new(MyConn {
         conn,
         broken: false,
+        max_packet,
     }))
 }
 
@@ -21,6 +27,22 @@ pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn>, DbError> {
 struct MyConn {
     conn: Conn,
     broken: bool,
+    /// The server's `max_allowed_packet`: a statement whose values are larger is refused here,
+    /// with a clear error, instead of being sent (the server would end the session, which reads
+    /// as a lost connection and invites a retry that can never succeed).
+    max_packet: u64,
+}
+
+/// Bytes a statement's values take on the wire, roughly (a value's length and a little).
+fn wire_size(values: &[Value]) -> u64 {
+    values
+        .iter()
+        .map(|v| match v {
+            Value::Text(s) => s.len() as u64 + 9,
+            Value::Bytes(b) => b.len() as u64 + 9,
+            _ => 9,
+        })
+        .sum()
 }
 
 /// How a driver error should be treated.
@@ -29,6 +51,8 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
         mysql::Error::MySqlError(se) => match se.code {
             // Deadlock (the transaction was rolled back), lock wait timeout (the statement was).
             1213 | 1205 => DbErrorKind::Transient,
+            // A packet or value over `max_allowed_packet`: it will never fit.
+            1153 | 1301 => DbErrorKind::Other,
             // Server shutdown, connection killed (MariaDB), session killed (MySQL), server gone,
             // lost connection, idle session ended by the server (MySQL 8.0.24+).
             1053 | 1927 | 3169 | 2006 | 2013 | 4031 => DbErrorKind::ConnectionLost,
@@ -39,7 +63,8 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
             // Our parameters did not fit the statement: the session is intact.
             mysql::DriverError::MismatchedStmtParams(..)
             | mysql::DriverError::Params(_)
-            | mysql::DriverError::MixedParams => DbErrorKind::Other,
+            | mysql::DriverError::MixedParams
+            | mysql::DriverError::PacketTooLarge => DbErrorKind::Other,
             _ => DbErrorKind::ConnectionLost,
         },
         _ => DbErrorKind::Other,
@@ -53,6 +78,21 @@ impl MyConn {
             self.broken = true;
         }
         DbError::new(kind, e)
+    }
+}
+
+impl MyConn {
+    /// Refuses values that cannot fit the server's packet limit, before anything is sent.
+    fn fits(&self, sql: &str, values: &[Value]) -> Result<(), DbError> {
+        let size = wire_size(values) + sql.len() as u64;
+        if size >= self.max_packet {
+            return Err(DbError::other(format!(
+                "a statement of about {size} bytes is over the server's max_allowed_packet \
+                 ({} bytes): raise it on the server, or publish smaller payloads",
+                self.max_packet
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -85,6 +125,7 @@ fn run_query(conn: &mut Conn, sql: &str, params: Params) -> mysql::Result<Vec<Ve
 
 impl DbConn for MyConn {
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        self.fits(sql, values)?;
         let p = params(values)?;
         match self.conn.exec_drop(sql, p) {
             Ok(()) => Ok(self.conn.affected_rows()),
@@ -93,6 +134,7 @@ impl DbConn for MyConn {
     }
 
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        self.fits(sql, values)?;
         let p = params(values)?;
         run_query(&mut self.conn, sql, p).map_err(|e| self.fail(e))
     }

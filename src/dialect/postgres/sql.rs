@@ -72,9 +72,22 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql
 }
 
-/// `CREATE TABLE IF NOT EXISTS` and its partial index.
+/// `CREATE TABLE IF NOT EXISTS`, its partial index, and a check that the index is the table's:
+/// `CREATE INDEX IF NOT EXISTS` skips silently when another relation has taken its name, which
+/// would leave the claims without their index. Run in one transaction, so a failed check leaves
+/// nothing behind.
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
-    SYNTAX.create_table(spec, &TYPES)
+    let mut ddl = SYNTAX.create_table(spec, &TYPES);
+    let index = format!("{}_ready", spec.name);
+    ddl.push(format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('{}') \
+         AND indrelid = to_regclass('{}')) THEN RAISE EXCEPTION 'the name {index} is taken by \
+         another relation: the ready index of table {} cannot be made'; END IF; END $$",
+        SYNTAX.q(&index),
+        SYNTAX.q(&spec.name),
+        spec.name
+    ));
+    ddl
 }
 
 /// The next power of two: statements over a variable number of rows are built for a handful
@@ -209,6 +222,9 @@ mod tests {
                  \"payload\" BYTEA NOT NULL, \"attempts\" INTEGER NOT NULL DEFAULT 0, \"run_at\" TIMESTAMPTZ NOT NULL \
                  DEFAULT date_trunc('second', now()), \"dead_at\" TIMESTAMPTZ, \"dead_reason\" TEXT, \"k\" TEXT)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
+                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('\"jobs_ready\"') \
+                 AND indrelid = to_regclass('\"jobs\"')) THEN RAISE EXCEPTION 'the name jobs_ready is taken by \
+                 another relation: the ready index of table jobs cannot be made'; END IF; END $$",
             ]
         );
     }
