@@ -191,7 +191,9 @@ fn crash_returns_row(db: Db, form: Form) {
     if held_in_db {
         let early = live.broker.subscription(&t).start().unwrap();
         assert_eq!(
-            early.next_delivery_timeout(Duration::from_millis(1000)).err(),
+            early
+                .next_delivery_timeout(Duration::from_millis(1000))
+                .err(),
             Some(NextError::Timeout),
             "the row was claimable while the child held it"
         );
