@@ -119,7 +119,10 @@ fn late_retry_is_lease_lost(db: Db) {
     let mut held: Vec<Delivery> = (0..3).map(|_| next(&a, Duration::from_secs(10))).collect();
     assert!(held.iter().all(|d| d.attempt() == 1));
     held.sort_by_key(Delivery::id);
-    a.shutdown(Duration::ZERO).unwrap();
+    match a.shutdown(Duration::ZERO) {
+        Err(BrokerError::Unsettled { unsettled, .. }) => assert_eq!(unsettled, 3),
+        other => panic!("shutdown with three deliveries held returned {other:?}"),
+    }
 
     let other = live.connect();
     let b = other.subscription(&t).batch_size(10).start().unwrap();
