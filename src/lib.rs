@@ -56,6 +56,7 @@
 //! | row lock | `FOR UPDATE SKIP LOCKED` | `FOR UPDATE SKIP LOCKED`, `READ COMMITTED` | refused: [`BrokerError::Unsupported`] |
 //! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then one update of the found rows, one transaction | one `UPDATE .. RETURNING` |
 //! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
+//! | FIFO groups ([`Table::fifo`]) | row lock, lease: a transaction-scoped advisory lock on the group | not yet: [`BrokerError::Unsupported`] | lease: one writer at a time |
 //!
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
 //! [`BrokerError::ServerTooOld`].
@@ -74,7 +75,8 @@
 //!   advisory: within one process only).
 //! - Lease settlements are fenced by the token: a late settlement after the lease was lost
 //!   returns [`BrokerError::LeaseLost`] and changes nothing.
-//! - Delivery order is due time, then id, per claim; it is not a FIFO across workers.
+//! - Delivery order is due time, then id, per claim; it is not a FIFO across workers, except
+//!   within a FIFO group ([`Table::fifo`]): one row at a time, in publish order.
 //!
 //! ## Caveats
 //!

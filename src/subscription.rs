@@ -82,12 +82,7 @@ impl<'a> SubscriptionBuilder<'a> {
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
         if queue.spec.fifo {
-            // Refused rather than delivered out of order.
-            return Err(crate::BrokerError::Unsupported {
-                database: queue.dialect.database(),
-                what: "FIFO groups".into(),
-                why: "the FIFO group guard is not implemented yet",
-            });
+            queue.dialect.check_fifo(form)?;
         }
         // Connection-holding forms: every delivery in flight holds a pooled connection, so
         // `max_in_flight` of them must leave one for publishes, settlements and claims, or a

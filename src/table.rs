@@ -226,11 +226,60 @@ impl Table {
         self
     }
 
-    /// FIFO groups: a claim takes only the head of each group, and nothing from a group while
-    /// another of its rows is in work. Needs [`Table::group`].
+    /// FIFO groups: the rows of one group (equal values of the [`Table::group`] column) are
+    /// worked one at a time, in publish order, while the groups run in parallel: one
+    /// subscription works every group.
     ///
-    /// Not implemented yet: starting a subscription on a FIFO table returns
-    /// [`BrokerError::Unsupported`] rather than delivering out of order.
+    /// The rules:
+    /// - a claim takes only the **head** of a group: its oldest unfinished row (smallest id, not
+    ///   acked, not dead-lettered), and only when no row of the group is in work;
+    /// - a retried head stays the head: its group waits for it, through a
+    ///   [`retry_after`](crate::Delivery::retry_after) delay too; a head that is not yet due
+    ///   ([`Message::deliver_after`](crate::Message::deliver_after)) blocks its group likewise;
+    /// - a dead-lettered head frees its group (the next row becomes the head);
+    /// - a row whose group value is `NULL` is a group of its own;
+    /// - publish order is id order: two producers publishing to one group at once are ordered
+    ///   by the ids the database gives them, and a row committed after a later one is not run
+    ///   beside it (the group waits) but may run after it.
+    ///
+    /// The group guard holds across brokers and processes: PostgreSQL takes a
+    /// transaction-scoped advisory lock on the table and group in the claim (row lock form:
+    /// held until the delivery settles); SQLite's one writer makes each claim atomic. Forms:
+    /// row lock and lease on PostgreSQL, lease on SQLite; the advisory lock form is refused
+    /// ([`BrokerError::Unsupported`]), and so is MySQL/MariaDB for now.
+    ///
+    /// [`Broker::create_table`](crate::Broker::create_table) adds the index the head check
+    /// reads, `<table>_group (group, id)` over unfinished rows (and, for a lease table,
+    /// `<table>_group_leased (group, locked_until)`), so a claim stays index scans as the
+    /// table grows.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let orders = Table::new("orders").group("customer").fifo().lease(Duration::from_secs(30));
+    /// broker.create_table(&orders)?;
+    /// for (customer, n) in [("ann", 1), ("bob", 1), ("ann", 2)] {
+    ///     let m = Message::new(format!("{customer} #{n}").into_bytes()).set("customer", customer);
+    ///     broker.publish(&orders, m)?;
+    /// }
+    /// let sub = broker.subscription(&orders).start()?;
+    /// // The heads of both groups, in parallel (in either order).
+    /// let mut heads = vec![sub.next_delivery().unwrap(), sub.next_delivery().unwrap()];
+    /// heads.sort_by_key(|d| d.id());
+    /// assert_eq!(heads[0].payload(), b"ann #1");
+    /// assert_eq!(heads[1].payload(), b"bob #1");
+    /// // ann #2 waits for ann #1.
+    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
+    /// for d in heads {
+    ///     d.ack()?;
+    /// }
+    /// let next = sub.next_delivery().unwrap();
+    /// assert_eq!(next.payload(), b"ann #2");
+    /// next.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
     pub fn fifo(mut self) -> Self {
         self.fifo = true;
         self
@@ -395,8 +444,7 @@ pub(crate) struct TableSpec {
     pub form: Form,
     pub lease_secs: u64,
     pub key: Option<KeyTemplate>,
-    /// Index into `columns`. Read by the FIFO group guard, which is not implemented yet.
-    #[allow(dead_code)]
+    /// Index into `columns`: the group column ([`TableSpec::fifo_group`]).
     pub group: Option<usize>,
     pub fifo: bool,
     pub isolation: Isolation,
@@ -406,6 +454,14 @@ pub(crate) struct TableSpec {
 impl TableSpec {
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
+    }
+
+    /// The group column of a FIFO table.
+    pub fn fifo_group(&self) -> Option<&str> {
+        self.group
+            .filter(|_| self.fifo)
+            .and_then(|i| self.columns.get(i))
+            .map(|c| c.name.as_str())
     }
 }
 

@@ -104,6 +104,12 @@ pub(crate) struct TableSql {
     /// formats SQL.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub lease_marks: Vec<String>,
+    /// FIFO lease claims in two statements (PostgreSQL): `claim` `(now, limit)` finds heads
+    /// and takes their groups' transaction-scoped locks; then `(now, token, id x 2^k)`, under a
+    /// snapshot taken while the locks are held, re-checks those heads and leases them,
+    /// returning the rows (one statement per id-list size class). Empty: the claim is one
+    /// statement.
+    pub fifo_takes: Vec<String>,
     /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
     pub take: String,
@@ -149,6 +155,20 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Refuses FIFO groups in a form whose claim has no group guard on this engine. Default:
+    /// every form but the advisory lock form, whose claim takes rows by key, not by group.
+    fn check_fifo(&self, form: Form) -> Result<(), BrokerError> {
+        if form == Form::AdvisoryLock {
+            return Err(BrokerError::Unsupported {
+                database: self.database(),
+                what: "FIFO groups in the advisory lock form".into(),
+                why: "its claim takes rows by key, not by group; use the lease form (or row lock) \
+                      for FIFO groups",
+            });
+        }
+        Ok(())
+    }
+
     /// Checks the server's version against the floors of `form` (`ServerTooOld`).
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError>;
 
@@ -171,7 +191,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// Claims up to `limit` lease rows: writes `token` into `locked_until`, counts the attempt
     /// and commits. Returns the rows with their attempts after the count.
-    /// Default: one statement `(now, limit, token)` returning the rows.
+    /// Default: one statement `(now, limit, token)` returning the rows, or, where the table has
+    /// [`TableSql::fifo_takes`], that protocol in one transaction (`begin`).
     fn lease_claim(
         &self,
         conn: &mut dyn DbConn,
@@ -180,6 +201,29 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         limit: usize,
         token: SystemTime,
     ) -> Result<Vec<Vec<Value>>, DbError> {
+        if !sql.fifo_takes.is_empty() {
+            return in_transaction(conn, &sql.begin, |conn| {
+                let found =
+                    conn.query(&sql.claim, &[Value::Time(now), Value::Int(limit as i64)])?;
+                let ids: Vec<i64> = found.iter().filter_map(|r| r.first()?.as_i64()).collect();
+                let Some(last) = ids.last() else {
+                    return Ok(Vec::new());
+                };
+                let slots = ids.len().next_power_of_two();
+                let take = sql
+                    .fifo_takes
+                    .get(slots.trailing_zeros() as usize)
+                    .ok_or_else(|| DbError::other(format!("a FIFO claim of {slots} rows")))?;
+                let mut params = vec![Value::Time(now), Value::Time(token)];
+                params.extend(
+                    ids.iter()
+                        .chain(std::iter::repeat(last))
+                        .take(slots)
+                        .map(|id| Value::Int(*id)),
+                );
+                conn.query(take, &params)
+            });
+        }
         let claim = match &sql.claim_one {
             Some(one) if limit == 1 => one,
             _ => &sql.claim,
@@ -250,6 +294,33 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn process_keys(&self) -> Option<Arc<crate::keys::KeyRegistry>> {
         None
     }
+}
+
+/// Runs `body` in a transaction opened by `begin` and commits; on error rolls back, or marks the
+/// connection broken if even that fails.
+pub(crate) fn in_transaction<T, S: AsRef<str>>(
+    conn: &mut dyn DbConn,
+    begin: &[S],
+    body: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    for stmt in begin {
+        if let Err(e) = conn.batch(stmt.as_ref()) {
+            // `SET TRANSACTION` applies to the session's next transaction: never pool a session
+            // whose transaction half opened.
+            conn.mark_broken();
+            return Err(e);
+        }
+    }
+    let run = |conn: &mut dyn DbConn| {
+        let out = body(conn)?;
+        conn.batch("COMMIT")?;
+        Ok(out)
+    };
+    let r = run(conn);
+    if r.is_err() {
+        conn.rollback_or_discard();
+    }
+    r
 }
 
 /// How every connection of a broker is set up.

@@ -161,17 +161,55 @@ impl Syntax {
         cols
     }
 
-    /// `CREATE TABLE IF NOT EXISTS` with every column, then the partial ready index
-    /// (PostgreSQL, SQLite).
+    /// `CREATE TABLE IF NOT EXISTS` with every column, then the partial ready index and, for a
+    /// FIFO table, the group indexes (PostgreSQL, SQLite).
     pub fn create_table(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
-        vec![
+        let mut ddl = vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {} ({})",
                 self.q(&spec.name),
                 self.column_defs(spec, ty).join(", ")
             ),
             self.ready_index(spec),
-        ]
+        ];
+        if let Some(group) = spec.fifo_group() {
+            let (t, g, dead) = (self.q(&spec.name), self.q(group), self.q(&spec.dead_at));
+            ddl.push(format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {t} ({g}, {}) WHERE {dead} IS NULL",
+                self.q(&format!("{}_group", spec.name)),
+                self.q(&spec.id)
+            ));
+            if spec.form == Form::Lease {
+                ddl.push(format!(
+                    "CREATE INDEX IF NOT EXISTS {} ON {t} ({g}, {}) WHERE {dead} IS NULL",
+                    self.q(&format!("{}_group_leased", spec.name)),
+                    self.q(&spec.locked_until)
+                ));
+            }
+        }
+        ddl
+    }
+
+    /// FIFO: the conditions that the row aliased `q` is the head of its group (no unfinished
+    /// row of the group is older) and, in the lease form, that no row of its group is leased
+    /// (a row published earlier but committed after a later one may be the head while the later
+    /// one is in work). `now` is the claim's time parameter. A row whose group is `NULL` is a
+    /// group of its own. Reads the indexes `(group, id)` and `(group, locked_until)` over the
+    /// unfinished rows.
+    pub fn fifo_head(&self, spec: &TableSpec, group: &str, now: &str) -> String {
+        let (t, g, id, dead) = (
+            self.q(&spec.name),
+            self.q(group),
+            self.q(&spec.id),
+            self.q(&spec.dead_at),
+        );
+        let same = format!("SELECT 1 FROM {t} p WHERE p.{g} = q.{g} AND p.{dead} IS NULL");
+        let mut cond = format!("NOT EXISTS ({same} AND p.{id} < q.{id})");
+        if spec.form == Form::Lease {
+            let lu = self.q(&spec.locked_until);
+            cond.push_str(&format!(" AND NOT EXISTS ({same} AND p.{lu} > {now})"));
+        }
+        cond
     }
 
     /// `CREATE INDEX IF NOT EXISTS <table>_ready ON <table> (run_at, id) WHERE dead_at IS NULL`:

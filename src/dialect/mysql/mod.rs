@@ -129,6 +129,14 @@ impl Dialect for Mysql {
         conn::connect(&self.opts)
     }
 
+    fn check_fifo(&self, _form: Form) -> Result<(), BrokerError> {
+        Err(BrokerError::Unsupported {
+            database: "MySQL",
+            what: "FIFO groups".into(),
+            why: "the MySQL/MariaDB group guard is not implemented yet; use PostgreSQL or SQLite",
+        })
+    }
+
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
         version::check_server(conn, form)
     }

@@ -6,38 +6,11 @@
 use std::time::SystemTime;
 
 use super::sql::{id_params, id_slots, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
-use crate::dialect::{DbConn, TableSql};
+use crate::dialect::{in_transaction, DbConn, TableSql};
 use crate::error::DbError;
 use crate::schedule::epoch_secs;
 use crate::table::TableSpec;
 use crate::Value;
-
-/// Runs `body` in a transaction opened by `begin` and commits; on error rolls back, or marks the
-/// connection broken if even that fails.
-pub(super) fn in_transaction<T, S: AsRef<str>>(
-    conn: &mut dyn DbConn,
-    begin: &[S],
-    body: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
-) -> Result<T, DbError> {
-    for stmt in begin {
-        if let Err(e) = conn.batch(stmt.as_ref()) {
-            // `SET TRANSACTION` applies to the session's next transaction: never pool a session
-            // whose transaction half opened.
-            conn.mark_broken();
-            return Err(e);
-        }
-    }
-    let run = |conn: &mut dyn DbConn| {
-        let out = body(conn)?;
-        conn.batch("COMMIT")?;
-        Ok(out)
-    };
-    let r = run(conn);
-    if r.is_err() {
-        conn.rollback_or_discard();
-    }
-    r
-}
 
 /// One transaction at the claim isolation: the locking select takes up to `limit` ready rows
 /// (`now, now, limit`), one `UPDATE .. WHERE id IN (..)` leases them all, commit. The found

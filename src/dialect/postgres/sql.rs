@@ -45,22 +45,54 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let ready = s.ready(spec, "$1");
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
-    match spec.form {
-        Form::RowLock => {
+    let free = format!("({lu} IS NULL OR {lu} <= $1)");
+    match (spec.form, spec.fifo_group()) {
+        (Form::RowLock, None) => {
             sql.claim = format!(
                 "SELECT {row} FROM {t} WHERE {ready} ORDER BY {order} LIMIT $2 FOR UPDATE SKIP LOCKED"
             );
         }
-        Form::Lease => {
+        (Form::RowLock, Some(g)) => {
+            // The group's transaction-scoped lock is held until the delivery's transaction
+            // ends: no other claim takes a row of the group meanwhile.
             sql.claim = format!(
-                "WITH c AS (SELECT {id} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= $1) \
-                 ORDER BY {order} LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                "SELECT {row} FROM {t} WHERE {id} = ({}) AND {ready} FOR UPDATE SKIP LOCKED",
+                fifo_locked_heads(spec, g, &ready)
+            );
+        }
+        (Form::Lease, None) => {
+            sql.claim = format!(
+                "WITH c AS (SELECT {id} FROM {t} WHERE {ready} AND {free} ORDER BY {order} LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) \
                  UPDATE {t} AS q SET {lu} = $3, {att} = q.{att} + 1 FROM c WHERE q.{id} = c.{id} \
                  RETURNING {}",
                 s.row_columns(spec, "q.")
             );
         }
-        Form::AdvisoryLock => {
+        (Form::Lease, Some(g)) => {
+            // Two statements in one transaction: the heads and their groups' locks, then the
+            // lease under a snapshot taken while the locks are held. In one statement, a claim
+            // of the same group committed between its snapshot and its lock (possible when
+            // publishes to a group commit out of id order) could lease a second row of it.
+            sql.begin = vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()];
+            let claimable = format!("{ready} AND {free}");
+            sql.claim = fifo_locked_heads(spec, g, &claimable);
+            let head = s.fifo_head(spec, g, "$1");
+            sql.fifo_takes = (0..FIFO_TAKE_CLASSES)
+                .map(|k| {
+                    let ids: Vec<String> = (0..1usize << k).map(|i| format!("${}", i + 3)).collect();
+                    format!(
+                        "WITH r AS (SELECT {id} FROM {t} q WHERE {id} IN ({}) AND {claimable} AND {head} \
+                         FOR UPDATE SKIP LOCKED) \
+                         UPDATE {t} AS u SET {lu} = $2, {att} = u.{att} + 1 FROM r WHERE u.{id} = r.{id} \
+                         RETURNING {}",
+                        ids.join(", "),
+                        s.row_columns(spec, "u.")
+                    )
+                })
+                .collect();
+        }
+        (Form::AdvisoryLock, _) => {
             s.advisory_candidates(spec, &mut sql);
             sql.take = format!(
                 "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = $2 RETURNING {row}"
@@ -70,6 +102,33 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// Id-list size classes of the FIFO lease take: 1, 2, 4 .. 1024, enough for the largest claim
+/// (`batch_size` is at most 1,000).
+const FIFO_TAKE_CLASSES: u32 = 11;
+
+/// How many heads of groups a FIFO claim looks through for groups it can lock. Rows are
+/// read lazily, in claim order, until the claim has its rows: only when more heads than this
+/// are in work (row lock: each holds a connection) does a free group wait for the next round.
+const FIFO_SCAN: usize = 1_000;
+
+/// FIFO: the ids of up to `$2` heads of groups, in claim order, each of whose group's
+/// transaction-scoped advisory lock this claim took (`pg_try_advisory_xact_lock` on the hash of
+/// the table and group, so other claims skip the group until this transaction ends). The lock
+/// is tried in the outer query, over candidates already limited and ordered, so it is taken
+/// for the rows returned and no other group. A `NULL` group is a group of its own: no lock.
+fn fifo_locked_heads(spec: &TableSpec, group: &str, ready: &str) -> String {
+    let s = &SYNTAX;
+    let (t, id, g) = (s.q(&spec.name), s.q(&spec.id), s.q(group));
+    format!(
+        "SELECT h.{id} FROM (SELECT {id}, {g} FROM {t} q WHERE {ready} AND {} ORDER BY {} \
+         LIMIT {FIFO_SCAN}) h WHERE h.{g} IS NULL OR \
+         pg_try_advisory_xact_lock(hashtextextended('{}.' || h.{g}, 0)) LIMIT $2",
+        s.fifo_head(spec, group, "$1"),
+        s.order(spec),
+        spec.name,
+    )
 }
 
 /// `CREATE TABLE IF NOT EXISTS`, its partial index, and a check that the index is the table's:
@@ -225,6 +284,60 @@ mod tests {
                 "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('\"jobs_ready\"') \
                  AND indrelid = to_regclass('\"jobs\"')) THEN RAISE EXCEPTION 'the name jobs_ready is taken by \
                  another relation: the ready index of table jobs cannot be made'; END IF; END $$",
+            ]
+        );
+    }
+
+    #[test]
+    fn fifo_sql() {
+        let t = Table::new("orders").group("customer").fifo();
+        let heads = "SELECT h.\"id\" FROM (SELECT \"id\", \"customer\" FROM \"orders\" q WHERE \"dead_at\" IS NULL \
+             AND \"run_at\" <= $1";
+        let older =
+            "NOT EXISTS (SELECT 1 FROM \"orders\" p WHERE p.\"customer\" = q.\"customer\" AND \
+             p.\"dead_at\" IS NULL AND p.\"id\" < q.\"id\")";
+        let locked = "ORDER BY \"run_at\", \"id\" LIMIT 1000) h WHERE h.\"customer\" IS NULL OR \
+             pg_try_advisory_xact_lock(hashtextextended('orders.' || h.\"customer\", 0)) LIMIT $2";
+        // Row lock: one head, its group locked until the delivery's transaction ends.
+        assert_eq!(
+            compile(t.clone()).claim,
+            format!(
+                "SELECT \"id\", \"attempts\", \"payload\", \"customer\" FROM \"orders\" WHERE \"id\" = \
+                 ({heads} AND {older} {locked}) AND \"dead_at\" IS NULL AND \"run_at\" <= $1 FOR UPDATE SKIP LOCKED"
+            )
+        );
+        // Lease: up to $2 heads of groups none of whose rows is leased, their groups locked;
+        // then, under a new snapshot, the same checks again and the lease.
+        let free = "(\"locked_until\" IS NULL OR \"locked_until\" <= $1)";
+        let leased =
+            "NOT EXISTS (SELECT 1 FROM \"orders\" p WHERE p.\"customer\" = q.\"customer\" AND \
+             p.\"dead_at\" IS NULL AND p.\"locked_until\" > $1)";
+        let lease = compile(t.clone().lease(Duration::from_secs(30)));
+        assert_eq!(lease.begin, ["BEGIN ISOLATION LEVEL READ COMMITTED"]);
+        assert_eq!(
+            lease.claim,
+            format!("{heads} AND {free} AND {older} AND {leased} {locked}")
+        );
+        assert_eq!(lease.fifo_takes.len(), 11);
+        assert_eq!(
+            lease.fifo_takes[1],
+            format!(
+                "WITH r AS (SELECT \"id\" FROM \"orders\" q WHERE \"id\" IN ($3, $4) AND \"dead_at\" IS NULL \
+                 AND \"run_at\" <= $1 AND {free} AND {older} AND {leased} FOR UPDATE SKIP LOCKED) \
+                 UPDATE \"orders\" AS u SET \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
+                 WHERE u.\"id\" = r.\"id\" RETURNING u.\"id\", u.\"attempts\", u.\"payload\", u.\"customer\""
+            )
+        );
+        assert!(compile(Table::new("x").lease(Duration::from_secs(1)))
+            .fifo_takes
+            .is_empty());
+        let ddl = create_table(&t.lease(Duration::from_secs(30)).validate().unwrap());
+        assert_eq!(
+            ddl[2..4],
+            [
+                "CREATE INDEX IF NOT EXISTS \"orders_group\" ON \"orders\" (\"customer\", \"id\") WHERE \"dead_at\" IS NULL",
+                "CREATE INDEX IF NOT EXISTS \"orders_group_leased\" ON \"orders\" (\"customer\", \"locked_until\") \
+                 WHERE \"dead_at\" IS NULL",
             ]
         );
     }
