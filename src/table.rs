@@ -242,16 +242,22 @@ impl Table {
     ///   by the ids the database gives them, and a row committed after a later one is not run
     ///   beside it (the group waits) but may run after it.
     ///
-    /// The group guard holds across brokers and processes: PostgreSQL takes a
-    /// transaction-scoped advisory lock on the table and group in the claim (row lock form:
-    /// held until the delivery settles); SQLite's one writer makes each claim atomic. Forms:
-    /// row lock and lease on PostgreSQL, lease on SQLite; the advisory lock form is refused
-    /// ([`BrokerError::Unsupported`]), and so is MySQL/MariaDB for now.
+    /// The group guard holds across brokers and processes:
+    /// - PostgreSQL takes a transaction-scoped advisory lock on the table and group in the
+    ///   claim (row lock form: held until the delivery settles; lease form: the lease is
+    ///   written in a second statement, under a snapshot taken while the lock is held);
+    /// - MySQL/MariaDB reads the heads without locks, locks them by primary key, then locks
+    ///   every unfinished row of the group `FOR UPDATE NOWAIT`: a group with a row in work, or
+    ///   with a publish into it not yet committed, is skipped this round;
+    /// - SQLite's one writer makes each claim atomic.
+    ///
+    /// Forms: row lock and lease (PostgreSQL, MySQL/MariaDB), lease (SQLite). The advisory
+    /// lock form is refused ([`BrokerError::Unsupported`]): its claim takes rows by key.
     ///
     /// [`Broker::create_table`](crate::Broker::create_table) adds the index the head check
-    /// reads, `<table>_group (group, id)` over unfinished rows (and, for a lease table,
-    /// `<table>_group_leased (group, locked_until)`), so a claim stays index scans as the
-    /// table grows.
+    /// reads: `<table>_group (group, id)` over unfinished rows on PostgreSQL and SQLite (and,
+    /// for a lease table, `<table>_group_leased (group, locked_until)`), `(group, dead_at, id)`
+    /// on MySQL, so a claim stays index scans as the table grows.
     ///
     /// ```
     /// use sqlbroker::{Broker, Message, Table};

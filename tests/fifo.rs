@@ -404,6 +404,16 @@ macro_rules! fifo_forms {
             fn postgres_row_lock() {
                 super::$body(common::Db::Postgres, sqlbroker::Form::RowLock)
             }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_lease() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::Lease)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_row_lock() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::RowLock)
+            }
         }
     };
 }

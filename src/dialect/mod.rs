@@ -110,6 +110,9 @@ pub(crate) struct TableSql {
     /// returning the rows (one statement per id-list size class). Empty: the claim is one
     /// statement.
     pub fifo_takes: Vec<String>,
+    /// FIFO claims in several statements (MySQL): see [`FifoSql`].
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub fifo: Option<FifoSql>,
     /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
     pub take: String,
@@ -135,6 +138,28 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
+}
+
+/// FIFO claims where one statement cannot both pick group heads and guard their groups
+/// (MySQL/MariaDB: a locking scan reads newer rows than its own subquery, and keeps locks on
+/// rows it rejects through a secondary index). Heads are read without locks, locked by
+/// primary key, then their groups are guarded by a locking read that fails at once
+/// (`NOWAIT`) if any unfinished row of the group is locked, or uncommitted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FifoSql {
+    /// Row lock `(now, k)`, lease `(now, now, k)` -> ids of up to `k` claimable group heads,
+    /// in claim order, locking nothing.
+    pub heads: String,
+    /// Row lock: `(id, now)` -> the row, locked, if it is still claimable.
+    pub lock_one: String,
+    /// Lease, per id-list size class `k`: `(id x 2^k, now, now, n)` -> up to `n` of the rows,
+    /// locked, those still claimable.
+    pub lock_many: Vec<String>,
+    /// `(group)` -> `id[, locked_until]` of every unfinished row of the group, locked, oldest
+    /// first; fails at once if one is locked elsewhere.
+    pub guard: String,
+    /// Where the group column's value is in a claimed row.
+    pub group_at: usize,
 }
 
 /// One database engine: how to connect, what it can do, and its SQL.
@@ -167,6 +192,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             });
         }
         Ok(())
+    }
+
+    /// The row lock claim, inside the claim transaction the form has opened: the one row it
+    /// took, locked. Default: `claim` `(now, 1)`.
+    fn row_lock_claim(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+    ) -> Result<Option<Vec<Value>>, DbError> {
+        let rows = conn.query(&sql.claim, &[Value::Time(now), Value::Int(1)])?;
+        Ok(rows.into_iter().next())
     }
 
     /// Checks the server's version against the floors of `form` (`ServerTooOld`).

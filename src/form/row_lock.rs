@@ -49,9 +49,8 @@ pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
     for stmt in &q.sql.begin {
         conn.batch(stmt).map_err(q.err("claim"))?;
     }
-    let found = conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(1)]);
-    let row = match found {
-        Ok(rows) => rows.into_iter().next(),
+    let row = match q.dialect.row_lock_claim(&mut *conn, &q.sql, now) {
+        Ok(row) => row,
         Err(e) => {
             conn.rollback_or_discard();
             return Err(q.err("claim")(e));

@@ -49,8 +49,9 @@ fn wire_size(values: &[Value]) -> u64 {
 fn classify(e: &mysql::Error) -> DbErrorKind {
     match e {
         mysql::Error::MySqlError(se) => match se.code {
-            // Deadlock (the transaction was rolled back), lock wait timeout (the statement was).
-            1213 | 1205 => DbErrorKind::Transient,
+            // Deadlock (the transaction was rolled back), lock wait timeout (the statement was),
+            // a `NOWAIT` read that met a lock (MySQL 8; MariaDB says 1205).
+            1213 | 1205 | 3572 => DbErrorKind::Transient,
             // A packet or value over `max_allowed_packet`: it will never fit.
             1153 | 1301 => DbErrorKind::Other,
             // Server shutdown, connection killed (MariaDB), session killed (MySQL), server gone,

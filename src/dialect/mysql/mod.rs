@@ -129,14 +129,6 @@ impl Dialect for Mysql {
         conn::connect(&self.opts)
     }
 
-    fn check_fifo(&self, _form: Form) -> Result<(), BrokerError> {
-        Err(BrokerError::Unsupported {
-            database: "MySQL",
-            what: "FIFO groups".into(),
-            why: "the MySQL/MariaDB group guard is not implemented yet; use PostgreSQL or SQLite",
-        })
-    }
-
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
         version::check_server(conn, form)
     }
@@ -165,7 +157,25 @@ impl Dialect for Mysql {
         limit: usize,
         token: SystemTime,
     ) -> Result<Vec<Vec<Value>>, DbError> {
-        protocol::lease_claim(conn, sql, now, limit, token)
+        match &sql.fifo {
+            Some(fifo) => protocol::fifo_lease_claim(conn, sql, fifo, now, limit, token),
+            None => protocol::lease_claim(conn, sql, now, limit, token),
+        }
+    }
+
+    fn row_lock_claim(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        now: SystemTime,
+    ) -> Result<Option<Vec<Value>>, DbError> {
+        match &sql.fifo {
+            Some(fifo) => protocol::fifo_row_lock_claim(conn, sql, fifo, now),
+            None => {
+                let rows = conn.query(&sql.claim, &[Value::Time(now), Value::Int(1)])?;
+                Ok(rows.into_iter().next())
+            }
+        }
     }
 
     fn lease_renew(

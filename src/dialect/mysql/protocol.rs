@@ -6,8 +6,8 @@
 use std::time::SystemTime;
 
 use super::sql::{id_params, id_slots, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
-use crate::dialect::{in_transaction, DbConn, TableSql};
-use crate::error::DbError;
+use crate::dialect::{in_transaction, DbConn, FifoSql, TableSql};
+use crate::error::{DbError, DbErrorKind};
 use crate::schedule::epoch_secs;
 use crate::table::TableSpec;
 use crate::Value;
@@ -35,32 +35,7 @@ pub(super) fn lease_claim(
         if rows.is_empty() {
             return Ok(rows);
         }
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &mut rows {
-            ids.push(
-                row.first()
-                    .and_then(Value::as_i64)
-                    .ok_or_else(|| DbError::other("the id is not an integer"))?,
-            );
-            if let Some(Value::Int(a)) = row.get_mut(1) {
-                *a += 1;
-            }
-        }
-        let slots = id_slots(ids.len());
-        let mut params = Vec::with_capacity(slots + 1);
-        params.push(Value::Time(token));
-        id_params(&ids, slots, &mut params);
-        let mark = sql
-            .lease_marks
-            .get(slots.trailing_zeros() as usize)
-            .ok_or_else(|| DbError::other(format!("a lease claim of {slots} rows")))?;
-        let marked = conn.execute(mark, &params)?;
-        if marked != ids.len() as u64 {
-            return Err(DbError::other(format!(
-                "the lease claim locked {} rows but marked {marked}",
-                ids.len()
-            )));
-        }
+        mark(conn, sql, &mut rows, token)?;
         Ok(rows)
     })
 }
@@ -126,4 +101,162 @@ pub(super) fn advisory_take(
         .query(&sql.fetch, &[Value::Int(id)])?
         .into_iter()
         .next())
+}
+
+/// How many heads a FIFO claim reads at once: enough to pass over groups whose guard fails.
+const FIFO_SCAN: i64 = 32;
+/// Groups a row lock FIFO claim may find busy (its guard failing) before it gives up the round.
+const FIFO_TRIES: usize = 3;
+
+/// The group guard of a locked head: `true` if every unfinished row of its group could be
+/// locked at once, the head is the oldest, and (lease) no other row of the group is leased.
+/// A `NOWAIT` failure rolls back only the guard's statement: the transaction goes on.
+fn guarded(
+    conn: &mut dyn DbConn,
+    fifo: &FifoSql,
+    row: &[Value],
+    now: SystemTime,
+) -> Result<bool, DbError> {
+    let (Some(id), Some(group)) = (row.first().and_then(Value::as_i64), row.get(fifo.group_at))
+    else {
+        return Ok(false);
+    };
+    if *group == Value::Null {
+        return Ok(true); // a group of its own
+    }
+    let rows = match conn.query(&fifo.guard, std::slice::from_ref(group)) {
+        Ok(rows) => rows,
+        Err(e) if e.kind == DbErrorKind::Transient => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let oldest = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
+    let leased = rows.iter().skip(1).any(|r| {
+        r.get(1)
+            .and_then(Value::as_time)
+            .is_some_and(|until| epoch_secs(until) > epoch_secs(now))
+    });
+    Ok(oldest == Some(id) && !leased)
+}
+
+/// The ids `heads` found: `(now, [now,] k)`.
+fn heads(conn: &mut dyn DbConn, fifo: &FifoSql, first: &[Value]) -> Result<Vec<i64>, DbError> {
+    let mut params = first.to_vec();
+    params.push(Value::Int(FIFO_SCAN));
+    let rows = conn.query(&fifo.heads, &params)?;
+    Ok(rows.iter().filter_map(|r| r.first()?.as_i64()).collect())
+}
+
+/// Row lock FIFO claim, inside the claim's transaction: heads read without locks; each in
+/// turn locked by primary key (if still claimable) and its group guarded; a head whose guard
+/// fails is let go with the transaction (a rollback, then a new one) and the next tried.
+pub(super) fn fifo_row_lock_claim(
+    conn: &mut dyn DbConn,
+    sql: &TableSql,
+    fifo: &FifoSql,
+    now: SystemTime,
+) -> Result<Option<Vec<Value>>, DbError> {
+    let mut busy = 0;
+    for id in heads(conn, fifo, &[Value::Time(now)])? {
+        let Some(row) = conn
+            .query(&fifo.lock_one, &[Value::Int(id), Value::Time(now)])?
+            .into_iter()
+            .next()
+        else {
+            continue;
+        };
+        if guarded(conn, fifo, &row, now)? {
+            return Ok(Some(row));
+        }
+        busy += 1;
+        // Let the head go: its lock ends with the transaction.
+        conn.batch("ROLLBACK")?;
+        if busy >= FIFO_TRIES {
+            break;
+        }
+        for stmt in &sql.begin {
+            conn.batch(stmt)?;
+        }
+    }
+    if busy >= FIFO_TRIES {
+        // The transaction was let go with the last busy head: open the one the form closes.
+        for stmt in &sql.begin {
+            conn.batch(stmt)?;
+        }
+    }
+    Ok(None)
+}
+
+/// Lease FIFO claim, one transaction: heads read without locks, up to `limit` of them locked
+/// by primary key (those still claimable), each kept if its group's guard holds, the kept
+/// ones leased. Heads whose guard failed stay locked until the commit, unchanged.
+pub(super) fn fifo_lease_claim(
+    conn: &mut dyn DbConn,
+    sql: &TableSql,
+    fifo: &FifoSql,
+    now: SystemTime,
+    limit: usize,
+    token: SystemTime,
+) -> Result<Vec<Vec<Value>>, DbError> {
+    in_transaction(conn, &sql.begin, |conn| {
+        let ids = heads(conn, fifo, &[Value::Time(now), Value::Time(now)])?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let slots = id_slots(ids.len());
+        let lock = fifo
+            .lock_many
+            .get(slots.trailing_zeros() as usize)
+            .ok_or_else(|| DbError::other(format!("a FIFO claim of {slots} heads")))?;
+        let mut params = Vec::with_capacity(slots + 3);
+        id_params(&ids, slots, &mut params);
+        params.extend([Value::Time(now), Value::Time(now), Value::Int(limit as i64)]);
+        let mut kept = Vec::new();
+        for row in conn.query(lock, &params)? {
+            if guarded(conn, fifo, &row, now)? {
+                kept.push(row);
+            }
+        }
+        mark(conn, sql, &mut kept, token)?;
+        Ok(kept)
+    })
+}
+
+/// Leases the locked `rows` (one update of their ids, `token` into `locked_until`) and counts
+/// their attempts, in the rows too.
+fn mark(
+    conn: &mut dyn DbConn,
+    sql: &TableSql,
+    rows: &mut [Vec<Value>],
+    token: SystemTime,
+) -> Result<(), DbError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows.iter_mut() {
+        ids.push(
+            row.first()
+                .and_then(Value::as_i64)
+                .ok_or_else(|| DbError::other("the id is not an integer"))?,
+        );
+        if let Some(Value::Int(a)) = row.get_mut(1) {
+            *a += 1;
+        }
+    }
+    let slots = id_slots(ids.len());
+    let mut params = Vec::with_capacity(slots + 1);
+    params.push(Value::Time(token));
+    id_params(&ids, slots, &mut params);
+    let mark = sql
+        .lease_marks
+        .get(slots.trailing_zeros() as usize)
+        .ok_or_else(|| DbError::other(format!("a lease claim of {slots} rows")))?;
+    let marked = conn.execute(mark, &params)?;
+    if marked != ids.len() as u64 {
+        return Err(DbError::other(format!(
+            "the lease claim locked {} rows but marked {marked}",
+            ids.len()
+        )));
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::dialect::shared::{ColumnTypes, Syntax};
-use crate::dialect::TableSql;
+use crate::dialect::{FifoSql, TableSql};
 use crate::table::{Form, TableSpec};
 use crate::Value;
 
@@ -125,6 +125,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let ready = s.ready(spec, "?");
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
+    sql.fifo = spec.fifo_group().map(|g| fifo(spec, g));
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -150,6 +151,62 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql
 }
 
+/// The FIFO statements of a row lock or lease table grouped by `group` ([`FifoSql`]). A head
+/// is `id = (the group's smallest unfinished id)`: unlike `NOT EXISTS (.. older ..)`, a row
+/// committed after the statement's snapshot is never taken for a head, and it costs one probe
+/// of the `(group, dead_at, id)` index.
+fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
+    let s = &SYNTAX;
+    let (t, id, g, dead) = (
+        s.q(&spec.name),
+        s.q(&spec.id),
+        s.q(group),
+        s.q(&spec.dead_at),
+    );
+    let lu = s.q(&spec.locked_until);
+    let lease = spec.form == Form::Lease;
+    let ready = s.ready(spec, "?");
+    let free = if lease {
+        format!(" AND ({lu} IS NULL OR {lu} <= ?)")
+    } else {
+        String::new()
+    };
+    let heads = format!(
+        "SELECT {id} FROM {t} h WHERE {ready}{free} AND (h.{g} IS NULL OR h.{id} = \
+         (SELECT p.{id} FROM {t} p WHERE p.{g} = h.{g} AND p.{dead} IS NULL ORDER BY p.{id} LIMIT 1)) \
+         ORDER BY {} LIMIT ?",
+        s.order(spec)
+    );
+    let row = s.row_columns(spec, "");
+    let lock_many = if lease {
+        (0..MARK_CLASSES)
+            .map(|k| {
+                format!(
+                    "SELECT {row} FROM {t} WHERE {id} IN ({}) AND {ready}{free} ORDER BY {id} LIMIT ? \
+                     FOR UPDATE SKIP LOCKED",
+                    placeholders(1 << k)
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let guarded = if lease {
+        format!("{id}, {lu}")
+    } else {
+        id.clone()
+    };
+    FifoSql {
+        heads,
+        lock_one: format!("SELECT {row} FROM {t} WHERE {id} = ? AND {ready} FOR UPDATE SKIP LOCKED"),
+        lock_many,
+        guard: format!(
+            "SELECT {guarded} FROM {t} WHERE {g} = ? AND {dead} IS NULL ORDER BY {id} FOR UPDATE NOWAIT"
+        ),
+        group_at: crate::dialect::ROW_USER_COLUMNS + spec.group.unwrap_or_default(),
+    }
+}
+
 /// `CREATE TABLE IF NOT EXISTS`, its index inline.
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let s = &SYNTAX;
@@ -164,6 +221,16 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         s.q(&spec.run_at),
         s.q(&spec.id)
     ));
+    if let Some(g) = spec.fifo_group() {
+        // FIFO: the head probe and the group guard read the group's unfinished rows in order.
+        cols.push(format!(
+            "INDEX {} ({}, {}, {})",
+            s.q(&format!("{}_group", spec.name)),
+            s.q(g),
+            s.q(&spec.dead_at),
+            s.q(&spec.id)
+        ));
+    }
     vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         s.q(&spec.name),
@@ -434,5 +501,56 @@ mod tests {
             lock_name("", &"é".repeat(63)),
             format!(".{}", "é".repeat(63))
         );
+    }
+
+    #[test]
+    fn fifo_sql() {
+        let t = Table::new("orders").group("customer").fifo();
+        let head = "(h.`customer` IS NULL OR h.`id` = (SELECT p.`id` FROM `orders` p WHERE \
+             p.`customer` = h.`customer` AND p.`dead_at` IS NULL ORDER BY p.`id` LIMIT 1)) \
+             ORDER BY `run_at`, `id` LIMIT ?";
+        let f = compile(t.clone()).fifo.unwrap();
+        assert_eq!(
+            f.heads,
+            format!(
+                "SELECT `id` FROM `orders` h WHERE `dead_at` IS NULL AND `run_at` <= ? AND {head}"
+            )
+        );
+        assert_eq!(
+            f.lock_one,
+            "SELECT `id`, `attempts`, `payload`, `customer` FROM `orders` WHERE `id` = ? AND \
+             `dead_at` IS NULL AND `run_at` <= ? FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            f.guard,
+            "SELECT `id` FROM `orders` WHERE `customer` = ? AND `dead_at` IS NULL ORDER BY `id` FOR UPDATE NOWAIT"
+        );
+        assert_eq!(f.group_at, 3);
+        assert!(f.lock_many.is_empty());
+        let lease = t.lease(Duration::from_secs(30));
+        let f = compile(lease.clone()).fifo.unwrap();
+        let free = "(`locked_until` IS NULL OR `locked_until` <= ?)";
+        assert_eq!(
+            f.heads,
+            format!("SELECT `id` FROM `orders` h WHERE `dead_at` IS NULL AND `run_at` <= ? AND {free} AND {head}")
+        );
+        assert_eq!(f.lock_many.len(), 11);
+        assert_eq!(
+            f.lock_many[1],
+            format!(
+                "SELECT `id`, `attempts`, `payload`, `customer` FROM `orders` WHERE `id` IN (?, ?) AND \
+                 `dead_at` IS NULL AND `run_at` <= ? AND {free} ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+        );
+        assert_eq!(
+            f.guard,
+            "SELECT `id`, `locked_until` FROM `orders` WHERE `customer` = ? AND `dead_at` IS NULL \
+             ORDER BY `id` FOR UPDATE NOWAIT"
+        );
+        let ddl = dialect().create_table(&lease.validate().unwrap());
+        assert!(ddl[0].contains(
+            "INDEX `orders_ready` (`dead_at`, `run_at`, `id`), INDEX `orders_group` (`customer`, `dead_at`, `id`))"
+        ));
+        assert!(compile(Table::new("x")).fifo.is_none());
     }
 }
