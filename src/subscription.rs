@@ -66,8 +66,8 @@ impl<'a> SubscriptionBuilder<'a> {
     }
 
     /// How long an idle worker waits before it claims again when no wake-up arrives. Default
-    /// 250 ms. Publishes through the same [`Broker`](crate::Broker) wake the workers at once; rows published by
-    /// other processes are seen within this interval.
+    /// 250 ms. Publishes through the same [`Broker`](crate::Broker) wake the workers at once;
+    /// rows published by other processes are seen within this interval.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
         self

@@ -82,27 +82,7 @@ fn no_sql(live: &Live, canary: &Table) -> NoSql {
             hold: Vec::new(),
         };
     }
-    // Both connections of the pool held by row lock deliveries, one per subscription (one
-    // subscription may not hold the whole pool).
-    let broker = Broker::builder(&live.url)
-        .pool_size(2)
-        .connection_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let holder = live.create(Table::new(common::unique("hold")));
-    let mut hold = Vec::new();
-    for _ in 0..2 {
-        broker
-            .publish(&holder, Message::new(b"hold".to_vec()))
-            .unwrap();
-        let sub = broker
-            .subscription(&holder)
-            .max_in_flight(1)
-            .start()
-            .unwrap();
-        let d = next(&sub, WAIT);
-        hold.push((sub, d));
-    }
+    let (broker, hold) = common::held_pool(live);
     match broker.publish(canary, common::msg("x", "b")) {
         Err(BrokerError::Pool { .. }) => {}
         other => panic!("the held pool still ran a statement: {other:?}"),

@@ -59,30 +59,8 @@ fn bad_descriptions_run_no_sql(db: Db) {
     let (broker, hold) = match db {
         Db::Sqlite => (live.connect(), None),
         _ => {
-            // Two connections, each held by a row lock delivery of a subscription of its own
-            // (one subscription may not hold the whole pool).
-            let broker = Broker::builder(&live.url)
-                .pool_size(2)
-                .connection_timeout(Duration::from_secs(1))
-                .build()
-                .unwrap();
-            let holder = live.create(Table::new(common::unique("t")));
-            let mut held = Vec::new();
-            for _ in 0..2 {
-                broker
-                    .publish(&holder, Message::new(b"hold".to_vec()))
-                    .unwrap();
-                let sub = broker
-                    .subscription(&holder)
-                    .max_in_flight(1)
-                    .start()
-                    .unwrap();
-                let d = sub
-                    .next_delivery_timeout(Duration::from_secs(10))
-                    .expect("the holder row");
-                held.push((sub, d));
-            }
-            // The control: with its only connection held, this broker cannot run a statement.
+            let (broker, held) = common::held_pool(&live);
+            // The control: with its connections held, this broker cannot run a statement.
             match broker.publish(&canary, Message::new(b"x".to_vec()).set("k", "b")) {
                 Err(BrokerError::Pool { .. }) => {}
                 other => panic!("the held pool still ran a statement: {other:?}"),

@@ -202,8 +202,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         sql: &TableSql,
         now: SystemTime,
     ) -> Result<Option<Vec<Value>>, DbError> {
-        let rows = conn.query(&sql.claim, &[Value::Time(now), Value::Int(1)])?;
-        Ok(rows.into_iter().next())
+        claim_one_row(conn, sql, now)
     }
 
     /// Checks the server's version against the floors of `form` (`ServerTooOld`).
@@ -358,6 +357,16 @@ pub(crate) fn in_transaction<T, S: AsRef<str>>(
         conn.rollback_or_discard();
     }
     r
+}
+
+/// The row lock claim in one statement: `claim` `(now, 1)`, the row it took.
+pub(crate) fn claim_one_row(
+    conn: &mut dyn DbConn,
+    sql: &TableSql,
+    now: SystemTime,
+) -> Result<Option<Vec<Value>>, DbError> {
+    let rows = conn.query(&sql.claim, &[Value::Time(now), Value::Int(1)])?;
+    Ok(rows.into_iter().next())
 }
 
 /// How every connection of a broker is set up.

@@ -268,6 +268,33 @@ impl Drop for Live {
     }
 }
 
+/// A broker on `live`'s server whose pool (two connections, 1 s checkout timeout) is held
+/// whole by row lock deliveries, one per subscription (one subscription may not hold the whole
+/// pool): any statement it tries fails with `BrokerError::Pool`, so a test sees that an
+/// operation ran no SQL. Settle the deliveries to free it. Servers only.
+pub fn held_pool(live: &Live) -> (Broker, Vec<(Subscription, Delivery)>) {
+    let broker = Broker::builder(&live.url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let holder = live.create(Table::new(unique("hold")));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        broker
+            .publish(&holder, Message::new(b"hold".to_vec()))
+            .unwrap();
+        let sub = broker
+            .subscription(&holder)
+            .max_in_flight(1)
+            .start()
+            .unwrap();
+        let d = next(&sub, Duration::from_secs(10));
+        held.push((sub, d));
+    }
+    (broker, held)
+}
+
 /// Runs `sql` (one or more statements) directly on the database behind `url`.
 pub fn exec(db: Db, url: &str, sql: &str) {
     if let Err(e) = try_exec(db, url, sql) {

@@ -171,10 +171,7 @@ impl Dialect for Mysql {
     ) -> Result<Option<Vec<Value>>, DbError> {
         match &sql.fifo {
             Some(fifo) => protocol::fifo_row_lock_claim(conn, sql, fifo, now),
-            None => {
-                let rows = conn.query(&sql.claim, &[Value::Time(now), Value::Int(1)])?;
-                Ok(rows.into_iter().next())
-            }
+            None => crate::dialect::claim_one_row(conn, sql, now),
         }
     }
 
