@@ -60,6 +60,17 @@ pub enum BrokerError {
         /// What is wrong.
         reason: String,
     },
+    /// The message's dedup key is held by an unfinished row ([`Table::dedup`]): no row was
+    /// made. `id` is the row that holds the key.
+    ///
+    /// [`Table::dedup`]: crate::Table::dedup
+    #[error("duplicate on table {table}: row {id} holds the message's dedup key")]
+    Duplicate {
+        /// The table.
+        table: String,
+        /// The unfinished row that holds the key.
+        id: i64,
+    },
     /// The URL given to [`Broker::connect`](crate::Broker::connect) is not one we understand.
     #[error("invalid database url: {reason}")]
     InvalidUrl {
@@ -169,6 +180,19 @@ impl BrokerError {
     /// True for [`BrokerError::LeaseLost`].
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, BrokerError::LeaseLost { .. })
+    }
+
+    /// True for [`BrokerError::Duplicate`].
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, BrokerError::Duplicate { .. })
+    }
+
+    /// The row holding the key, for [`BrokerError::Duplicate`].
+    pub fn duplicate_of(&self) -> Option<i64> {
+        match self {
+            BrokerError::Duplicate { id, .. } => Some(*id),
+            _ => None,
+        }
     }
 }
 

@@ -107,7 +107,7 @@ mod subscription;
 mod table;
 mod value;
 
-pub use broker::{Broker, BrokerBuilder, DeadLetter};
+pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use message::Message;

@@ -23,6 +23,7 @@ pub struct Message {
     payload: Vec<u8>,
     values: Vec<(String, Value)>,
     delay: Duration,
+    dedup_key: Option<String>,
 }
 
 impl Message {
@@ -32,7 +33,23 @@ impl Message {
             payload: payload.into(),
             values: Vec::new(),
             delay: Duration::ZERO,
+            dedup_key: None,
         }
+    }
+
+    /// The message's dedup key, for a table described with [`Table::dedup`]: while an
+    /// unfinished row holds the same key, publishing this message creates no row
+    /// ([`BrokerError::Duplicate`] names the row that holds it).
+    ///
+    /// [`Table::dedup`]: crate::Table::dedup
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// The key set with [`Message::dedup_key`].
+    pub(crate) fn dedup_value(&self) -> Option<&str> {
+        self.dedup_key.as_deref()
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
@@ -72,13 +89,22 @@ impl Message {
     }
 
     /// The insert parameters in the order of the dialects' insert statements:
-    /// payload, run_at, then every user column in description order.
+    /// payload, run_at, every user column in description order, then the dedup key (tables
+    /// with dedup keys).
     pub(crate) fn params_into(
         self,
         spec: &TableSpec,
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
     ) -> Result<()> {
+        if self.dedup_key.is_some() && spec.dedup_key.is_none() {
+            return Err(BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason: "a dedup key for a table without dedup keys (describe it with \
+                         Table::dedup)"
+                    .into(),
+            });
+        }
         for (c, v) in &self.values {
             let bad = |reason: String| BrokerError::InvalidMessage {
                 table: spec.name.clone(),
@@ -100,6 +126,9 @@ impl Message {
                 .position(|(c, _)| *c == col.name)
                 .map(|i| values.swap_remove(i).1);
             out.push(v.unwrap_or(Value::Null));
+        }
+        if spec.dedup_key.is_some() {
+            out.push(self.dedup_key.map_or(Value::Null, Value::Text));
         }
         Ok(())
     }

@@ -48,9 +48,11 @@ pub enum Role {
     DeadAt,
     /// Why the row was dead-lettered (`dead_reason`).
     DeadReason,
+    /// The dedup key of an unfinished row, tables with [`Table::dedup`] only (`dedup_key`).
+    DedupKey,
 }
 
-const ROLES: [Role; 7] = [
+const ROLES: [Role; 8] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -58,6 +60,7 @@ const ROLES: [Role; 7] = [
     Role::LockedUntil,
     Role::DeadAt,
     Role::DeadReason,
+    Role::DedupKey,
 ];
 
 impl Role {
@@ -71,6 +74,7 @@ impl Role {
             Role::LockedUntil => "locked_until",
             Role::DeadAt => "dead_at",
             Role::DeadReason => "dead_reason",
+            Role::DedupKey => "dedup_key",
         }
     }
 
@@ -140,13 +144,14 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 7],
+    renames: [Option<String>; 8],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
     fifo: bool,
     isolation: Option<Isolation>,
     max_attempts: Option<u32>,
+    dedup: bool,
 }
 
 impl Table {
@@ -164,7 +169,37 @@ impl Table {
             fifo: false,
             isolation: None,
             max_attempts: None,
+            dedup: false,
         }
+    }
+
+    /// Dedup keys ([`Message::dedup_key`](crate::Message::dedup_key)): while an unfinished row
+    /// holds a key, a message with the same key creates no row, and
+    /// [`Broker::publish`](crate::Broker::publish) returns
+    /// [`BrokerError::Duplicate`] with the id of the row that holds it
+    /// ([`Broker::publish_batch`](crate::Broker::publish_batch) skips such messages and counts
+    /// them). Race-free across producers and processes: a unique index on the key column
+    /// (`dedup_key`, text, `NULL` for messages without a key), never a read-then-insert.
+    ///
+    /// A key is freed when its row finishes: an acked row is deleted, and dead-lettering a row
+    /// clears its key (a dead letter no longer blocks new work; its key is gone from
+    /// [`Broker::dead_letters`](crate::Broker::dead_letters) and from a requeued row). On
+    /// MySQL a key is at most 255 characters.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let mails = Table::new("mails").dedup();
+    /// broker.create_table(&mails)?;
+    /// let id = broker.publish(&mails, Message::new(b"hi".to_vec()).dedup_key("welcome-42"))?;
+    /// let again = broker.publish(&mails, Message::new(b"hi".to_vec()).dedup_key("welcome-42"));
+    /// assert!(matches!(again, Err(e) if e.is_duplicate() && e.duplicate_of() == Some(id)));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn dedup(mut self) -> Self {
+        self.dedup = true;
+        self
     }
 
     /// Lease form: a claim writes a deadline `lease` from now (whole seconds, rounded up, at least
@@ -346,7 +381,9 @@ impl Table {
         let roles: Vec<String> = ROLES.iter().map(|r| self.role_name(*r)).collect();
         let mut seen: Vec<&str> = Vec::new();
         for (role, name) in ROLES.iter().zip(&roles) {
-            if *role == Role::LockedUntil && form != Form::Lease {
+            if (*role == Role::LockedUntil && form != Form::Lease)
+                || (*role == Role::DedupKey && !self.dedup)
+            {
                 continue;
             }
             check_ident(name, 63).map_err(|e| bad(format!("{:?} column: {e}", role)))?;
@@ -391,6 +428,7 @@ impl Table {
             locked_until: roles[4].clone(),
             dead_at: roles[5].clone(),
             dead_reason: roles[6].clone(),
+            dedup_key: self.dedup.then(|| roles[7].clone()),
             columns: self
                 .columns
                 .iter()
@@ -446,6 +484,8 @@ pub(crate) struct TableSpec {
     pub locked_until: String,
     pub dead_at: String,
     pub dead_reason: String,
+    /// The dedup key column, tables with [`Table::dedup`] only.
+    pub dedup_key: Option<String>,
     pub columns: Vec<Column>,
     pub form: Form,
     pub lease_secs: u64,
@@ -460,6 +500,11 @@ pub(crate) struct TableSpec {
 impl TableSpec {
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
+    }
+
+    /// Values an insert binds per row: payload, run_at, the user columns, the dedup key.
+    pub fn insert_width(&self) -> usize {
+        2 + self.columns.len() + usize::from(self.dedup_key.is_some())
     }
 
     /// The group column of a FIFO table.
@@ -743,6 +788,8 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .filter(|(i, _)| lease || ROLES[*i] != Role::LockedUntil)
+                // No table here has dedup keys: its role is not checked.
+                .filter(|(i, _)| ROLES[*i] != Role::DedupKey)
                 .map(|(_, n)| n)
                 .collect();
             names.extend(columns.iter().map(|(c, _)| c.clone()));

@@ -134,6 +134,11 @@ pub(crate) struct TableSql {
     pub key_lock: Option<String>,
     /// `(name)` -> 1 if this session held the key.
     pub key_unlock: Option<String>,
+    /// Tables with dedup keys: `(key)` -> the id of the unfinished row holding it.
+    pub dedup_holder: String,
+    /// Tables with dedup keys, where the database has `ON CONFLICT`: `insert_one` that skips a
+    /// row whose key is held, returning the new id if it made one.
+    pub insert_dedup_one: String,
     /// `(limit)` -> `id, attempts, payload, dead_at, dead_reason, <user columns>`, oldest first.
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
@@ -304,6 +309,26 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             }
         };
         id.ok_or_else(|| DbError::other("the insert reported no id"))
+    }
+
+    /// Tables with dedup keys: inserts `rows` rows (`insert_one` parameters repeated), skipping
+    /// those whose key an unfinished row holds; returns the ids of the rows made, in no order.
+    /// Default: one `INSERT .. ON CONFLICT DO NOTHING RETURNING` statement.
+    fn insert_dedup(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        spec: &TableSpec,
+        rows: usize,
+        params: &[Value],
+    ) -> Result<Vec<i64>, DbError> {
+        let made = if rows == 1 {
+            conn.query(&sql.insert_dedup_one, params)?
+        } else {
+            // A batch: its text is built for its size (a batch amortises it).
+            conn.query(&self.syntax().insert_dedup(spec, rows), params)?
+        };
+        Ok(made.iter().filter_map(|r| r.first()?.as_i64()).collect())
     }
 
     /// Advisory: takes row `id` if it is still claimable, counting its attempt; returns it.

@@ -102,13 +102,16 @@ impl Syntax {
         for c in &spec.columns {
             s.push_str(&format!(", {}", self.q(&c.name)));
         }
+        if let Some(k) = &spec.dedup_key {
+            s.push_str(&format!(", {}", self.q(k)));
+        }
         s.push_str(") VALUES ");
         s
     }
 
     /// `rows` value tuples of an insert.
     pub fn insert_values(&self, spec: &TableSpec, rows: usize) -> String {
-        let width = 2 + spec.columns.len();
+        let width = spec.insert_width();
         let mut s = String::new();
         for r in 0..rows {
             if r > 0 {
@@ -124,6 +127,19 @@ impl Syntax {
             s.push(')');
         }
         s
+    }
+
+    /// An insert of `rows` rows that skips those whose dedup key an unfinished row holds,
+    /// returning the ids of the rows it made (`INSERT .. ON CONFLICT DO NOTHING RETURNING`:
+    /// PostgreSQL, SQLite). Tables with dedup keys only.
+    pub fn insert_dedup(&self, spec: &TableSpec, rows: usize) -> String {
+        let key = spec.dedup_key.as_deref().unwrap_or_default();
+        format!(
+            "{} ON CONFLICT ({}) DO NOTHING RETURNING {}",
+            self.insert_many(spec, rows),
+            self.q(key),
+            self.q(&spec.id)
+        )
     }
 
     /// An insert of `rows` rows: `(payload, run_at, user columns..)` repeated.
@@ -149,6 +165,9 @@ impl Syntax {
         }
         cols.push(format!("{} {}", self.q(&spec.dead_at), ty.time));
         cols.push(format!("{} {}", self.q(&spec.dead_reason), ty.reason));
+        if let Some(k) = &spec.dedup_key {
+            cols.push(format!("{} {}", self.q(k), ty.text));
+        }
         for c in &spec.columns {
             let t = match c.ty {
                 ColumnType::Text => ty.text,
@@ -172,6 +191,14 @@ impl Syntax {
             ),
             self.ready_index(spec),
         ];
+        if let Some(k) = &spec.dedup_key {
+            ddl.push(format!(
+                "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})",
+                self.q(&format!("{}_dedup", spec.name)),
+                self.q(&spec.name),
+                self.q(k)
+            ));
+        }
         if let Some(group) = spec.fifo_group() {
             let (t, g, dead) = (self.q(&spec.name), self.q(group), self.q(&spec.dead_at));
             ddl.push(format!(
@@ -240,6 +267,16 @@ impl Syntax {
             self.row_columns(spec, ""),
             p(1)
         );
+        // Dead-lettering frees a dedup key.
+        let free_key = spec
+            .dedup_key
+            .as_ref()
+            .map(|k| format!(", {} = NULL", self.q(k)))
+            .unwrap_or_default();
+        if let Some(k) = &spec.dedup_key {
+            sql.dedup_holder = format!("SELECT {id} FROM {t} WHERE {} = {}", self.q(k), p(1));
+            sql.insert_dedup_one = self.insert_dedup(spec, 1);
+        }
         match spec.form {
             Form::RowLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
@@ -249,7 +286,7 @@ impl Syntax {
                     p(2)
                 );
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {att} = {att} + 1 WHERE {id} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key}, {att} = {att} + 1 WHERE {id} = {}",
                     p(1),
                     p(2),
                     p(3)
@@ -264,7 +301,7 @@ impl Syntax {
                     p(3)
                 );
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
                     p(1),
                     p(2),
                     p(3),
@@ -280,7 +317,7 @@ impl Syntax {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
                 sql.retry = format!("UPDATE {t} SET {run_at} = {} WHERE {id} = {}", p(1), p(2));
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {} WHERE {id} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key} WHERE {id} = {}",
                     p(1),
                     p(2),
                     p(3)

@@ -45,6 +45,14 @@ fn wire_size(values: &[Value]) -> u64 {
         .sum()
 }
 
+/// True for a duplicate-key error (1062): a unique index refused the row.
+pub(super) fn is_duplicate_key(e: &DbError) -> bool {
+    matches!(
+        e.source.downcast_ref::<mysql::Error>(),
+        Some(mysql::Error::MySqlError(se)) if se.code == 1062
+    )
+}
+
 /// How a driver error should be treated.
 fn classify(e: &mysql::Error) -> DbErrorKind {
     match e {

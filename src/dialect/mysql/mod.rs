@@ -163,6 +163,28 @@ impl Dialect for Mysql {
         }
     }
 
+    /// No `ON CONFLICT` here: one insert per row; a row whose key an unfinished row holds
+    /// fails with a duplicate-key error (1062), which rolls back that statement only.
+    fn insert_dedup(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        spec: &TableSpec,
+        rows: usize,
+        params: &[Value],
+    ) -> Result<Vec<i64>, DbError> {
+        let width = spec.insert_width();
+        let mut made = Vec::with_capacity(rows);
+        for row in params.chunks(width).take(rows) {
+            match conn.execute(&sql.insert_one, row) {
+                Ok(_) => made.extend(conn.last_insert_id()),
+                Err(e) if conn::is_duplicate_key(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(made)
+    }
+
     fn row_lock_claim(
         &self,
         conn: &mut dyn DbConn,

@@ -221,6 +221,15 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         s.q(&spec.run_at),
         s.q(&spec.id)
     ));
+    if let Some(k) = &spec.dedup_key {
+        // Dedup keys: dead-lettering clears a key, so a plain unique key leaves it to the
+        // unfinished rows (NULLs never collide).
+        cols.push(format!(
+            "UNIQUE KEY {} ({})",
+            s.q(&format!("{}_dedup", spec.name)),
+            s.q(k)
+        ));
+    }
     if let Some(g) = spec.fifo_group() {
         // FIFO: the head probe and the group guard read the group's unfinished rows in order.
         cols.push(format!(
@@ -552,5 +561,20 @@ mod tests {
             "INDEX `orders_ready` (`dead_at`, `run_at`, `id`), INDEX `orders_group` (`customer`, `dead_at`, `id`))"
         ));
         assert!(compile(Table::new("x")).fifo.is_none());
+    }
+
+    #[test]
+    fn dedup_ddl() {
+        let spec = Table::new("mails").dedup().validate().unwrap();
+        let ddl = dialect().create_table(&spec);
+        assert!(ddl[0].contains(
+            "`dead_reason` MEDIUMTEXT NULL, `dedup_key` VARCHAR(255) NULL, INDEX `mails_ready` \
+             (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`))"
+        ));
+        let sql = compile(Table::new("mails").dedup());
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO `mails` (`payload`, `run_at`, `dedup_key`) VALUES (?, ?, ?)"
+        );
     }
 }

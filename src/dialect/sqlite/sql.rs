@@ -251,4 +251,35 @@ mod tests {
         assert_eq!(sql.claim, format!("{set} IN ({candidates}) {row}"));
         assert_eq!(sql.claim_one, Some(format!("{set} = ({candidates}) {row}")));
     }
+
+    #[test]
+    fn dedup_sql() {
+        let spec = Table::new("mails")
+            .lease(Duration::from_secs(30))
+            .dedup()
+            .validate()
+            .unwrap();
+        let sql = super::compile(&spec);
+        assert_eq!(
+            sql.insert_dedup_one,
+            "INSERT INTO \"mails\" (\"payload\", \"run_at\", \"dedup_key\") VALUES (?1, ?2, ?3) \
+             ON CONFLICT (\"dedup_key\") DO NOTHING RETURNING \"id\""
+        );
+        assert_eq!(
+            sql.dedup_holder,
+            "SELECT \"id\" FROM \"mails\" WHERE \"dedup_key\" = ?1"
+        );
+        // Dead-lettering frees the key.
+        assert_eq!(
+            sql.dead,
+            "UPDATE \"mails\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"dedup_key\" = NULL, \
+             \"locked_until\" = NULL WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+        );
+        let ddl = create_table(&spec);
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"dedup_key\" TEXT)"));
+        assert_eq!(
+            ddl[2],
+            "CREATE UNIQUE INDEX IF NOT EXISTS \"mails_dedup\" ON \"mails\" (\"dedup_key\")"
+        );
+    }
 }
