@@ -217,8 +217,9 @@ fn fifo_order_across_brokers(db: Db, form: Form) {
     eprintln!("{db:?} {}: {} runs in {took:?}", form.name(), runs.len());
 }
 
-/// 8 handlers over 8 groups of 5 rows, each run 50 ms: the groups run in parallel, so the
-/// burn-down takes about one group's time (5 x 50 ms), not eight groups' (2 s).
+/// 8 handlers over 8 groups of 5 rows, each run 50 ms: the groups run in parallel. Measured as
+/// the most groups in work at one moment (serial groups would never pass 1), which a loaded
+/// machine bends less than the burn-down's time (about one group's 250 ms, not 2 s serial).
 fn fifo_groups_run_in_parallel(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = fifo_table(&live, form);
@@ -227,12 +228,21 @@ fn fifo_groups_run_in_parallel(db: Db, form: Form) {
     let (runs, took) = burn_down(&live, &t, 1, 8, 40, Duration::from_millis(50), policy);
     assert_eq!(runs.len(), 40);
     assert_eq!(check_order(&runs), (0, 0));
+    let most = runs
+        .iter()
+        .map(|r| {
+            runs.iter()
+                .filter(|o| o.start <= r.start && r.start < o.end)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
     assert!(
-        took < Duration::from_millis(1500),
-        "8 groups took {took:?}: not run in parallel (one group: 250 ms; serial: 2 s)"
+        most >= 4,
+        "at most {most} of 8 groups were in work at once (8 groups took {took:?})"
     );
     eprintln!(
-        "{db:?} {}: 8 groups x 5 rows x 50 ms in {took:?}",
+        "{db:?} {}: 8 groups x 5 rows x 50 ms in {took:?}, up to {most} at once",
         form.name()
     );
 }
