@@ -49,6 +49,14 @@
 //! whole process spends nothing in the row lock form: work that may kill its process belongs
 //! in the lease form, where the claim counts the attempt.
 //!
+//! ## Ordering and identity
+//!
+//! - [`Table::fifo`]: FIFO groups, one row of a group at a time in publish order, groups in
+//!   parallel.
+//! - [`Table::priorities`]: higher [`Message::priority`] first.
+//! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
+//!   ([`BrokerError::Duplicate`]).
+//!
 //! ## Support matrix
 //!
 //! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |

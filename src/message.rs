@@ -24,6 +24,7 @@ pub struct Message {
     values: Vec<(String, Value)>,
     delay: Duration,
     dedup_key: Option<String>,
+    priority: Option<i16>,
 }
 
 impl Message {
@@ -34,7 +35,17 @@ impl Message {
             values: Vec::new(),
             delay: Duration::ZERO,
             dedup_key: None,
+            priority: None,
         }
+    }
+
+    /// The message's priority, for a table described with [`Table::priorities`]: higher is
+    /// claimed first. Default 0.
+    ///
+    /// [`Table::priorities`]: crate::Table::priorities
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
+        self
     }
 
     /// The message's dedup key, for a table described with [`Table::dedup`]: while an
@@ -89,14 +100,22 @@ impl Message {
     }
 
     /// The insert parameters in the order of the dialects' insert statements:
-    /// payload, run_at, every user column in description order, then the dedup key (tables
-    /// with dedup keys).
+    /// payload, run_at, every user column in description order, then the priority and the
+    /// dedup key (tables that have them).
     pub(crate) fn params_into(
         self,
         spec: &TableSpec,
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
     ) -> Result<()> {
+        if self.priority.is_some() && spec.priority.is_none() {
+            return Err(BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason: "a priority for a table without priorities (describe it with \
+                         Table::priorities)"
+                    .into(),
+            });
+        }
         if self.dedup_key.is_some() && spec.dedup_key.is_none() {
             return Err(BrokerError::InvalidMessage {
                 table: spec.name.clone(),
@@ -126,6 +145,9 @@ impl Message {
                 .position(|(c, _)| *c == col.name)
                 .map(|i| values.swap_remove(i).1);
             out.push(v.unwrap_or(Value::Null));
+        }
+        if spec.priority.is_some() {
+            out.push(Value::Int(self.priority.unwrap_or(0).into()));
         }
         if spec.dedup_key.is_some() {
             out.push(self.dedup_key.map_or(Value::Null, Value::Text));

@@ -50,9 +50,11 @@ pub enum Role {
     DeadReason,
     /// The dedup key of an unfinished row, tables with [`Table::dedup`] only (`dedup_key`).
     DedupKey,
+    /// The row's priority, higher first, tables with [`Table::priorities`] only (`priority`).
+    Priority,
 }
 
-const ROLES: [Role; 8] = [
+const ROLES: [Role; 9] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -61,6 +63,7 @@ const ROLES: [Role; 8] = [
     Role::DeadAt,
     Role::DeadReason,
     Role::DedupKey,
+    Role::Priority,
 ];
 
 impl Role {
@@ -75,6 +78,7 @@ impl Role {
             Role::DeadAt => "dead_at",
             Role::DeadReason => "dead_reason",
             Role::DedupKey => "dedup_key",
+            Role::Priority => "priority",
         }
     }
 
@@ -144,7 +148,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 8],
+    renames: [Option<String>; 9],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -152,6 +156,7 @@ pub struct Table {
     isolation: Option<Isolation>,
     max_attempts: Option<u32>,
     dedup: bool,
+    priorities: bool,
 }
 
 impl Table {
@@ -170,7 +175,35 @@ impl Table {
             isolation: None,
             max_attempts: None,
             dedup: false,
+            priorities: false,
         }
+    }
+
+    /// Priorities ([`Message::priority`](crate::Message::priority)): claims take the highest
+    /// priority first, then the earliest due, then the oldest. A `priority` column
+    /// (`SMALLINT NOT NULL DEFAULT 0`; renamable, [`Role::Priority`]) is made by
+    /// [`Broker::create_table`](crate::Broker::create_table), and the claims' index leads with
+    /// it. Within a FIFO group the order stays publish order: priority orders the groups'
+    /// heads, never the rows of one group. Not in the advisory lock form (its claim pages by
+    /// due time; [`BrokerError::InvalidTable`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").priorities().lease(std::time::Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"later".to_vec()))?;
+    /// broker.publish(&jobs, Message::new(b"urgent".to_vec()).priority(10))?;
+    /// let sub = broker.subscription(&jobs).batch_size(1).start()?;
+    /// let d = sub.next_delivery().unwrap();
+    /// assert_eq!(d.payload(), b"urgent");
+    /// d.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn priorities(mut self) -> Self {
+        self.priorities = true;
+        self
     }
 
     /// Dedup keys ([`Message::dedup_key`](crate::Message::dedup_key)): while an unfinished row
@@ -383,6 +416,7 @@ impl Table {
         for (role, name) in ROLES.iter().zip(&roles) {
             if (*role == Role::LockedUntil && form != Form::Lease)
                 || (*role == Role::DedupKey && !self.dedup)
+                || (*role == Role::Priority && !self.priorities)
             {
                 continue;
             }
@@ -410,6 +444,13 @@ impl Table {
                 )?),
                 None => None,
             };
+        if self.priorities && form == Form::AdvisoryLock {
+            return Err(bad(
+                "priorities are not supported in the advisory lock form (its claim pages by due \
+                 time); use the lease or row lock form"
+                    .into(),
+            ));
+        }
         if self.max_attempts == Some(0) {
             return Err(bad("max_attempts must be at least 1".into()));
         }
@@ -429,6 +470,7 @@ impl Table {
             dead_at: roles[5].clone(),
             dead_reason: roles[6].clone(),
             dedup_key: self.dedup.then(|| roles[7].clone()),
+            priority: self.priorities.then(|| roles[8].clone()),
             columns: self
                 .columns
                 .iter()
@@ -486,6 +528,8 @@ pub(crate) struct TableSpec {
     pub dead_reason: String,
     /// The dedup key column, tables with [`Table::dedup`] only.
     pub dedup_key: Option<String>,
+    /// The priority column, tables with [`Table::priorities`] only.
+    pub priority: Option<String>,
     pub columns: Vec<Column>,
     pub form: Form,
     pub lease_secs: u64,
@@ -502,9 +546,12 @@ impl TableSpec {
         self.columns.iter().position(|c| c.name == name)
     }
 
-    /// Values an insert binds per row: payload, run_at, the user columns, the dedup key.
+    /// Values an insert binds per row: payload, run_at, the user columns, the priority, the
+    /// dedup key.
     pub fn insert_width(&self) -> usize {
-        2 + self.columns.len() + usize::from(self.dedup_key.is_some())
+        2 + self.columns.len()
+            + usize::from(self.priority.is_some())
+            + usize::from(self.dedup_key.is_some())
     }
 
     /// The group column of a FIFO table.
@@ -788,8 +835,8 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .filter(|(i, _)| lease || ROLES[*i] != Role::LockedUntil)
-                // No table here has dedup keys: its role is not checked.
-                .filter(|(i, _)| ROLES[*i] != Role::DedupKey)
+                // No table here has dedup keys or priorities: their roles are not checked.
+                .filter(|(i, _)| !matches!(ROLES[*i], Role::DedupKey | Role::Priority))
                 .map(|(_, n)| n)
                 .collect();
             names.extend(columns.iter().map(|(c, _)| c.clone()));

@@ -398,40 +398,10 @@ fn fifo_crash_keeps_order(db: Db, form: Form) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 
-macro_rules! fifo_forms {
-    ($body:ident) => {
-        mod $body {
-            use super::*;
-            #[test]
-            fn sqlite_lease() {
-                super::$body(common::Db::Sqlite, sqlbroker::Form::Lease)
-            }
-            #[test]
-            fn postgres_lease() {
-                super::$body(common::Db::Postgres, sqlbroker::Form::Lease)
-            }
-            #[test]
-            fn postgres_row_lock() {
-                super::$body(common::Db::Postgres, sqlbroker::Form::RowLock)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_lease() {
-                super::$body(common::Db::Mysql, sqlbroker::Form::Lease)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_row_lock() {
-                super::$body(common::Db::Mysql, sqlbroker::Form::RowLock)
-            }
-        }
-    };
-}
-
-fifo_forms!(fifo_order_across_brokers);
-fifo_forms!(fifo_groups_run_in_parallel);
-fifo_forms!(fifo_head_not_due_blocks_its_group);
-fifo_forms!(fifo_crash_keeps_order);
+per_db_claim_form!(fifo_order_across_brokers);
+per_db_claim_form!(fifo_groups_run_in_parallel);
+per_db_claim_form!(fifo_head_not_due_blocks_its_group);
+per_db_claim_form!(fifo_crash_keeps_order);
 
 /// FIFO in the advisory lock form is refused, with the reason.
 #[test]

@@ -16,6 +16,8 @@ pub(crate) struct ColumnTypes {
     /// `locked_until` and `dead_at` (nullable).
     pub time: &'static str,
     pub reason: &'static str,
+    /// The priority column (tables with priorities).
+    pub priority: &'static str,
     pub text: &'static str,
     pub int: &'static str,
     pub float: &'static str,
@@ -86,9 +88,14 @@ impl Syntax {
         )
     }
 
-    /// `ORDER BY`: due first, then oldest.
+    /// `ORDER BY` of the claims: highest priority first (tables with priorities), then due
+    /// first, then oldest.
     pub fn order(&self, spec: &TableSpec) -> String {
-        format!("{}, {}", self.q(&spec.run_at), self.q(&spec.id))
+        let due = format!("{}, {}", self.q(&spec.run_at), self.q(&spec.id));
+        match &spec.priority {
+            Some(p) => format!("{} DESC, {due}", self.q(p)),
+            None => due,
+        }
     }
 
     /// The column list of an insert: payload, run_at, user columns.
@@ -102,8 +109,8 @@ impl Syntax {
         for c in &spec.columns {
             s.push_str(&format!(", {}", self.q(&c.name)));
         }
-        if let Some(k) = &spec.dedup_key {
-            s.push_str(&format!(", {}", self.q(k)));
+        for role in [&spec.priority, &spec.dedup_key].into_iter().flatten() {
+            s.push_str(&format!(", {}", self.q(role)));
         }
         s.push_str(") VALUES ");
         s
@@ -165,6 +172,9 @@ impl Syntax {
         }
         cols.push(format!("{} {}", self.q(&spec.dead_at), ty.time));
         cols.push(format!("{} {}", self.q(&spec.dead_reason), ty.reason));
+        if let Some(p) = &spec.priority {
+            cols.push(format!("{} {}", self.q(p), ty.priority));
+        }
         if let Some(k) = &spec.dedup_key {
             cols.push(format!("{} {}", self.q(k), ty.text));
         }

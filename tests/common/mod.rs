@@ -450,6 +450,39 @@ macro_rules! per_db {
     };
 }
 
+/// Runs a test body for each database x form that claims by row lock or lease (the forms of
+/// FIFO groups and priorities), named `<name>::<db>_<form>`.
+#[macro_export]
+macro_rules! per_db_claim_form {
+    ($body:ident) => {
+        mod $body {
+            use super::*;
+            #[test]
+            fn sqlite_lease() {
+                super::$body(common::Db::Sqlite, sqlbroker::Form::Lease)
+            }
+            #[test]
+            fn postgres_lease() {
+                super::$body(common::Db::Postgres, sqlbroker::Form::Lease)
+            }
+            #[test]
+            fn postgres_row_lock() {
+                super::$body(common::Db::Postgres, sqlbroker::Form::RowLock)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_lease() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::Lease)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_row_lock() {
+                super::$body(common::Db::Mysql, sqlbroker::Form::RowLock)
+            }
+        }
+    };
+}
+
 /// A message with body `body` and the column `k` the tables here describe set to `k`.
 pub fn msg(body: &str, k: &str) -> Message {
     Message::new(body.as_bytes().to_vec()).set("k", k)

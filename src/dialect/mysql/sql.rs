@@ -26,6 +26,7 @@ const TYPES: ColumnTypes = ColumnTypes {
     run_at: "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
     time: "DATETIME NULL",
     reason: "MEDIUMTEXT NULL",
+    priority: "SMALLINT NOT NULL DEFAULT 0",
     text: "VARCHAR(255) NULL",
     int: "BIGINT NULL",
     float: "DOUBLE NULL",
@@ -178,11 +179,17 @@ fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
         s.order(spec)
     );
     let row = s.row_columns(spec, "");
+    // The heads to lease first: by id (a primary-key scan locks only the rows it returns), or
+    // with priorities by priority (then the candidates' locks last until the claim commits).
+    let by = match &spec.priority {
+        Some(p) => format!("{} DESC, {id}", s.q(p)),
+        None => id.clone(),
+    };
     let lock_many = if lease {
         (0..MARK_CLASSES)
             .map(|k| {
                 format!(
-                    "SELECT {row} FROM {t} WHERE {id} IN ({}) AND {ready}{free} ORDER BY {id} LIMIT ? \
+                    "SELECT {row} FROM {t} WHERE {id} IN ({}) AND {ready}{free} ORDER BY {by} LIMIT ? \
                      FOR UPDATE SKIP LOCKED",
                     placeholders(1 << k)
                 )
@@ -214,12 +221,12 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     // No partial indexes: `dead_at` leads, so the claims' `dead_at IS NULL AND run_at <= ?`
     // is one index range already in `ORDER BY run_at, id` order. Inline, since MySQL 8 has no
     // `CREATE INDEX IF NOT EXISTS`.
+    // With priorities: `dead_at, priority DESC, run_at, id`, the claims' order.
     cols.push(format!(
-        "INDEX {} ({}, {}, {})",
+        "INDEX {} ({}, {})",
         s.q(&format!("{}_ready", spec.name)),
         s.q(&spec.dead_at),
-        s.q(&spec.run_at),
-        s.q(&spec.id)
+        s.order(spec)
     ));
     if let Some(k) = &spec.dedup_key {
         // Dedup keys: dead-lettering clears a key, so a plain unique key leaves it to the
@@ -576,5 +583,17 @@ mod tests {
             sql.insert_one,
             "INSERT INTO `mails` (`payload`, `run_at`, `dedup_key`) VALUES (?, ?, ?)"
         );
+    }
+
+    #[test]
+    fn priority_ddl() {
+        let spec = Table::new("jobs").priorities().validate().unwrap();
+        let ddl = dialect().create_table(&spec);
+        assert!(ddl[0].contains(
+            "`priority` SMALLINT NOT NULL DEFAULT 0, INDEX `jobs_ready` (`dead_at`, `priority` DESC, `run_at`, `id`)"
+        ));
+        assert!(compile(Table::new("jobs").priorities())
+            .claim
+            .contains("ORDER BY `priority` DESC, `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"));
     }
 }

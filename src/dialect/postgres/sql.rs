@@ -18,6 +18,7 @@ const TYPES: ColumnTypes = ColumnTypes {
     run_at: "TIMESTAMPTZ NOT NULL DEFAULT date_trunc('second', now())",
     time: "TIMESTAMPTZ",
     reason: "TEXT",
+    priority: "SMALLINT NOT NULL DEFAULT 0",
     text: "TEXT",
     int: "BIGINT",
     float: "DOUBLE PRECISION",

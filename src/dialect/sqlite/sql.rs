@@ -21,6 +21,7 @@ const TYPES: ColumnTypes = ColumnTypes {
     run_at: "INTEGER NOT NULL",
     time: "INTEGER",
     reason: "TEXT",
+    priority: "INTEGER NOT NULL DEFAULT 0",
     text: "TEXT",
     int: "INTEGER",
     float: "REAL",
@@ -280,6 +281,30 @@ mod tests {
         assert_eq!(
             ddl[2],
             "CREATE UNIQUE INDEX IF NOT EXISTS \"mails_dedup\" ON \"mails\" (\"dedup_key\")"
+        );
+    }
+
+    #[test]
+    fn priority_sql() {
+        let spec = Table::new("jobs")
+            .lease(Duration::from_secs(30))
+            .priorities()
+            .validate()
+            .unwrap();
+        let sql = super::compile(&spec);
+        assert!(sql
+            .claim
+            .contains("ORDER BY \"priority\" DESC, \"run_at\", \"id\" LIMIT ?2"));
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"priority\") VALUES (?1, ?2, ?3)"
+        );
+        let ddl = create_table(&spec);
+        assert!(ddl[0].contains("\"priority\" INTEGER NOT NULL DEFAULT 0"));
+        assert_eq!(
+            ddl[1],
+            "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"priority\" DESC, \"run_at\", \"id\") \
+             WHERE \"dead_at\" IS NULL"
         );
     }
 }
