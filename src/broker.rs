@@ -6,9 +6,10 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::dialect::{self, ConnOptions, DbConn, Dialect};
+use crate::dialect::{self, ConnOptions, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::message::Message;
+use crate::publish::{self, Within};
 use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
@@ -221,17 +222,8 @@ impl Broker {
     /// row made.
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
-        let key = message.dedup_value().map(str::to_owned);
-        let mut params = Vec::with_capacity(q.spec.insert_width());
-        message.params_into(&q.spec, SystemTime::now(), &mut params)?;
         let mut conn = q.conn("publish")?;
-        let id = match key {
-            Some(key) => publish_keyed(&q, &mut *conn, &params, key)?,
-            None => q
-                .dialect
-                .insert_returning_id(&mut *conn, &q.sql, &params)
-                .map_err(q.err("publish"))?,
-        };
+        let id = publish::one(&q.target(), &mut *conn, message)?;
         q.wake.notify();
         Ok(id)
     }
@@ -242,55 +234,16 @@ impl Broker {
     /// On a table with dedup keys, a message whose key an unfinished row (or an earlier
     /// message of the batch) holds is skipped: [`Published::duplicates`] counts them.
     pub fn publish_batch(&self, table: &Table, messages: Vec<Message>) -> Result<Published> {
-        let count = messages.len();
-        if count == 0 {
+        if messages.is_empty() {
             return Ok(Published::default());
         }
         let q = self.queue(table)?;
-        let width = q.spec.insert_width();
-        let now = SystemTime::now();
-        let mut params = Vec::with_capacity(width * count);
-        for m in messages {
-            m.params_into(&q.spec, now, &mut params)?;
-        }
-        let rows_per = (q.dialect.max_params() / width).max(1);
-        let chunks: Vec<&[Value]> = params.chunks(rows_per * width).collect();
-        let dedup = q.spec.dedup_key.is_some();
         let mut conn = q.conn("publish")?;
-        let run = |conn: &mut dyn DbConn| -> std::result::Result<usize, crate::error::DbError> {
-            let mut made = 0;
-            for chunk in &chunks {
-                let rows = chunk.len() / width;
-                made += if dedup {
-                    q.dialect
-                        .insert_dedup(conn, &q.sql, &q.spec, rows, chunk)?
-                        .len()
-                } else {
-                    conn.execute(&q.insert_sql(rows), chunk)?;
-                    rows
-                };
-            }
-            Ok(made)
-        };
-        // One statement is atomic by itself; several (or MySQL's one per row for dedup keys)
-        // run in one transaction.
-        let made = if chunks.len() == 1 && !dedup {
-            run(&mut *conn).map_err(q.err("publish"))?
-        } else {
-            conn.batch(&q.sql.begin_write).map_err(q.err("publish"))?;
-            match run(&mut *conn).and_then(|made| conn.batch("COMMIT").map(|()| made)) {
-                Ok(made) => made,
-                Err(e) => {
-                    conn.rollback_or_discard();
-                    return Err(q.err("publish")(e));
-                }
-            }
-        };
+        let done = publish::many(&q.target(), &mut *conn, messages, Within::Own, |rows| {
+            q.insert_sql(rows)
+        })?;
         q.wake.notify();
-        Ok(Published {
-            rows: made,
-            duplicates: count - made,
-        })
+        Ok(done)
     }
 
     /// Starts describing a subscription to `table`.
@@ -352,36 +305,6 @@ impl Broker {
         q.wake.notify();
         Ok(n > 0)
     }
-}
-
-/// Inserts one keyed message; if an unfinished row holds its key, that row's id as
-/// [`BrokerError::Duplicate`]. The insert skips a held key in the database (a unique index),
-/// so concurrent producers cannot both insert; the holder is then read by the key. Should the
-/// holder finish between the two, the insert is tried again (three times at most).
-fn publish_keyed(q: &Queue, conn: &mut dyn DbConn, params: &[Value], key: String) -> Result<i64> {
-    let key = [Value::Text(key)];
-    for _ in 0..3 {
-        let made = q
-            .dialect
-            .insert_dedup(conn, &q.sql, &q.spec, 1, params)
-            .map_err(q.err("publish"))?;
-        if let Some(id) = made.first() {
-            return Ok(*id);
-        }
-        let holder = conn
-            .query(&q.sql.dedup_holder, &key)
-            .map_err(q.err("publish"))?;
-        if let Some(id) = holder.first().and_then(|r| r.first()?.as_i64()) {
-            return Err(BrokerError::Duplicate {
-                table: q.spec.name.clone(),
-                id,
-            });
-        }
-    }
-    Err(
-        crate::error::DbError::other("the dedup key changed hands three times during the publish")
-            .during("publish", &q.spec.name),
-    )
 }
 
 /// What [`Broker::publish_batch`] did.

@@ -57,6 +57,12 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! ## Inside the application's own transactions
+//!
+//! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
+//! `publish_batch`) enqueue inside the application's own driver transaction: the job exists
+//! if and only if it commits.
+//!
 //! ## Support matrix
 //!
 //! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |
@@ -109,8 +115,15 @@ mod error;
 mod form;
 mod keys;
 mod message;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+mod publish;
 mod runtime;
 mod schedule;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 mod subscription;
 mod table;
 mod value;

@@ -35,7 +35,7 @@ pub(crate) const ROW_USER_COLUMNS: usize = 3;
 
 /// One connection, as the queue logic sees it. Implementations mark themselves broken when the
 /// driver reports a lost connection, so the pool discards them.
-pub(crate) trait DbConn: Send {
+pub(crate) trait DbConn {
     /// Runs a statement (prepared once per connection and cached); returns the rows it changed.
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError>;
     /// Runs a query (prepared once per connection and cached); returns its rows.
@@ -173,7 +173,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn database(&self) -> &'static str;
 
     /// Opens a new connection.
-    fn connect(&self) -> Result<Box<dyn DbConn>, DbError>;
+    fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError>;
 
     /// A cap on the pool size (an in-memory SQLite database lives in one connection).
     fn max_pool_size(&self) -> Option<u32> {

@@ -127,6 +127,15 @@ impl Queue {
         }
     }
 
+    /// Where a publish on this table writes.
+    pub fn target(&self) -> crate::publish::Target<'_> {
+        crate::publish::Target {
+            spec: &self.spec,
+            sql: &self.sql,
+            dialect: &*self.dialect,
+        }
+    }
+
     /// Wraps a driver error with the operation and this table.
     pub fn err(&self, op: &'static str) -> impl Fn(DbError) -> BrokerError + '_ {
         move |e| e.during(op, &self.spec.name)

@@ -67,7 +67,7 @@ pub(crate) type PooledConn = r2d2::PooledConnection<Manager>;
 
 /// A connection and when it last ran a statement.
 pub(crate) struct Tracked {
-    conn: Box<dyn DbConn>,
+    conn: Box<dyn DbConn + Send>,
     used: Instant,
 }
 

@@ -43,7 +43,7 @@ impl Dialect for Scripted {
     fn database(&self) -> &'static str {
         "Scripted"
     }
-    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+    fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         self.0.connects.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(Conn {
             script: self.0.clone(),

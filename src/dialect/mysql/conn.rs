@@ -9,7 +9,7 @@ use crate::error::{DbError, DbErrorKind};
 use crate::Value;
 
 /// Opens a session with the engine's options.
-pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn>, DbError> {
+pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn + Send>, DbError> {
     let fail = |e: mysql::Error| DbError::new(classify(&e), e);
     let mut conn = Conn::new(opts.clone()).map_err(fail)?;
     let max_packet = conn
@@ -116,7 +116,11 @@ fn params(values: &[Value]) -> Result<Params, DbError> {
         .map(Params::Positional)
 }
 
-fn run_query(conn: &mut Conn, sql: &str, params: Params) -> mysql::Result<Vec<Vec<Value>>> {
+fn run_query(
+    conn: &mut impl Queryable,
+    sql: &str,
+    params: Params,
+) -> mysql::Result<Vec<Vec<Value>>> {
     let mut out = Vec::new();
     for row in conn.exec_iter(sql, params)? {
         let row = row?;
@@ -130,6 +134,43 @@ fn run_query(conn: &mut Conn, sql: &str, params: Params) -> mysql::Result<Vec<Ve
         );
     }
     Ok(out)
+}
+
+/// The application's own transaction as a [`DbConn`], for the transactional publish. It is
+/// never pooled: broken or not is the application's business.
+pub(crate) struct TxConn<'a, 'b>(pub &'a mut mysql::Transaction<'b>);
+
+impl DbConn for TxConn<'_, '_> {
+    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        let p = params(values)?;
+        match self.0.exec_drop(sql, p) {
+            Ok(()) => Ok(self.0.affected_rows()),
+            Err(e) => Err(DbError::new(classify(&e), e)),
+        }
+    }
+
+    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let p = params(values)?;
+        run_query(self.0, sql, p).map_err(|e| DbError::new(classify(&e), e))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.0
+            .query_drop(sql)
+            .map_err(|e| DbError::new(classify(&e), e))
+    }
+
+    fn last_insert_id(&self) -> Option<i64> {
+        self.0
+            .last_insert_id()
+            .and_then(|id| i64::try_from(id).ok())
+    }
+
+    fn is_broken(&self) -> bool {
+        false
+    }
+
+    fn set_broken(&mut self, _: bool) {}
 }
 
 impl DbConn for MyConn {

@@ -65,6 +65,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// ends on the server first, with its own error.
 const SOCKET_MARGIN: Duration = Duration::from_secs(10);
 
+pub(crate) use conn::TxConn;
+
+/// The engine with no server of its own: the SQL text and protocols, for publishing on the
+/// application's own transactions.
+pub(crate) fn sql_only() -> &'static dyn Dialect {
+    static ENGINE: std::sync::OnceLock<Mysql> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| Mysql {
+        opts: Opts::default(),
+        db: String::new(),
+    })
+}
+
 /// The MySQL-protocol engine for one server and database.
 pub(super) struct Mysql {
     opts: Opts,
@@ -125,7 +137,7 @@ impl Dialect for Mysql {
         "MySQL"
     }
 
-    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+    fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         conn::connect(&self.opts)
     }
 

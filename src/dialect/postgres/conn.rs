@@ -17,7 +17,7 @@ use crate::Value;
 const STMT_CACHE: usize = 256;
 
 /// Opens a session with the engine's settings.
-pub(super) fn connect(config: &postgres::Config) -> Result<Box<dyn DbConn>, DbError> {
+pub(super) fn connect(config: &postgres::Config) -> Result<Box<dyn DbConn + Send>, DbError> {
     let client = config
         .connect(NoTls)
         .map_err(|e| DbError::new(DbErrorKind::ConnectionLost, PgError(e)))?;
@@ -112,6 +112,55 @@ fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
     }
 }
 
+/// Rows as [`Value`]s. A column type no `Value` holds fails its cell, not the query: a claim
+/// has already counted the row's attempt, and the row must reach a dead letter with the reason
+/// rather than fail every claim for ever. Such cells read `NULL`; `unreadable` gets
+/// `(row, reason)`.
+fn decode(rows: Vec<postgres::Row>, unreadable: &mut Vec<(usize, String)>) -> Vec<Vec<Value>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for (n, row) in rows.into_iter().enumerate() {
+        let mut vals = Vec::with_capacity(row.len());
+        for i in 0..row.len() {
+            vals.push(row.try_get::<_, Value>(i).unwrap_or_else(|e| {
+                let col = &row.columns()[i];
+                unreadable.push((n, format!("column {} ({}): {e}", col.name(), col.type_())));
+                Value::Null
+            }));
+        }
+        out.push(vals);
+    }
+    out
+}
+
+/// The application's own transaction as a [`DbConn`], for the transactional publish. It is
+/// never pooled: broken or not is the application's business.
+pub(crate) struct TxConn<'a, 'b>(pub &'a mut postgres::Transaction<'b>);
+
+fn wrap(e: postgres::Error) -> DbError {
+    DbError::new(classify(&e, false), PgError(e))
+}
+
+impl DbConn for TxConn<'_, '_> {
+    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        self.0.execute(sql, &params(values)).map_err(wrap)
+    }
+
+    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let rows = self.0.query(sql, &params(values)).map_err(wrap)?;
+        Ok(decode(rows, &mut Vec::new()))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.0.batch_execute(sql).map_err(wrap)
+    }
+
+    fn is_broken(&self) -> bool {
+        false
+    }
+
+    fn set_broken(&mut self, _: bool) {}
+}
+
 fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
     values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
@@ -130,23 +179,7 @@ impl DbConn for PgConn {
             .and_then(|st| self.client.query(&st, &params(values)));
         let rows = r.map_err(|e| self.fail(e))?;
         self.unreadable.clear();
-        let mut out = Vec::with_capacity(rows.len());
-        for (n, row) in rows.into_iter().enumerate() {
-            let mut vals = Vec::with_capacity(row.len());
-            for i in 0..row.len() {
-                // A column type no `Value` holds fails its cell, not the query: a claim has
-                // already counted the row's attempt, and the row must reach a dead letter
-                // with the reason rather than fail every claim for ever.
-                vals.push(row.try_get::<_, Value>(i).unwrap_or_else(|e| {
-                    let col = &row.columns()[i];
-                    let why = format!("column {} ({}): {e}", col.name(), col.type_());
-                    self.unreadable.push((n, why));
-                    Value::Null
-                }));
-            }
-            out.push(vals);
-        }
-        Ok(out)
+        Ok(decode(rows, &mut self.unreadable))
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {

@@ -33,6 +33,17 @@ use super::{ConnOptions, DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError};
 use crate::table::{Form, TableSpec};
 
+pub(crate) use conn::TxConn;
+
+/// The engine with no server of its own: the SQL text and protocols, for publishing on the
+/// application's own transactions.
+pub(crate) fn sql_only() -> &'static dyn Dialect {
+    static ENGINE: std::sync::OnceLock<Postgres> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| Postgres {
+        config: postgres::Config::new(),
+    })
+}
+
 /// The PostgreSQL engine for one server and database.
 pub(super) struct Postgres {
     config: postgres::Config,
@@ -72,7 +83,7 @@ impl Dialect for Postgres {
         "PostgreSQL"
     }
 
-    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+    fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         conn::connect(&self.config)
     }
 

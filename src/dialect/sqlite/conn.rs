@@ -16,7 +16,7 @@ use crate::Value;
 
 /// Opens a connection to the engine's database: WAL mode and the durability it asks for on a
 /// file, a busy timeout everywhere.
-pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn>, DbError> {
+pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError> {
     let conn = match &engine.path {
         Some(p) => Connection::open(p),
         None if engine.opened.swap(true, Ordering::AcqRel) => {
@@ -96,6 +96,56 @@ fn write_guard<'a>(
     })
 }
 
+/// Runs a prepared query and reads its rows as [`Value`]s.
+fn read_rows(
+    st: &mut rusqlite::CachedStatement<'_>,
+    params: &[Value],
+) -> rusqlite::Result<Vec<Vec<Value>>> {
+    let width = st.column_count();
+    let mut rows = st.query(params_from_iter(params.iter()))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let mut vals = Vec::with_capacity(width);
+        for i in 0..width {
+            vals.push(from_ref(row.get_ref(i)?));
+        }
+        out.push(vals);
+    }
+    Ok(out)
+}
+
+/// The application's own transaction as a [`DbConn`], for the transactional publish. Inside
+/// it, SQLite's write lock is the transaction's: the process's writer lock is not taken.
+pub(crate) struct TxConn<'a, 'b>(pub &'a rusqlite::Transaction<'b>);
+
+impl DbConn for TxConn<'_, '_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let r = self
+            .0
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute(params_from_iter(params.iter())));
+        r.map(|n| n as u64).map_err(classify)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let r = self
+            .0
+            .prepare_cached(sql)
+            .and_then(|mut st| read_rows(&mut st, params));
+        r.map_err(classify)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.0.execute_batch(sql).map_err(classify)
+    }
+
+    fn is_broken(&self) -> bool {
+        false
+    }
+
+    fn set_broken(&mut self, _: bool) {}
+}
+
 impl DbConn for SqliteConn {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
         let r = self.conn.prepare_cached(sql).and_then(|mut st| {
@@ -109,17 +159,7 @@ impl DbConn for SqliteConn {
         let r = (|| {
             let mut st = self.conn.prepare_cached(sql)?;
             let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
-            let width = st.column_count();
-            let mut rows = st.query(params_from_iter(params.iter()))?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                let mut vals = Vec::with_capacity(width);
-                for i in 0..width {
-                    vals.push(from_ref(row.get_ref(i)?));
-                }
-                out.push(vals);
-            }
-            Ok(out)
+            read_rows(&mut st, params)
         })();
         r.map_err(|e| self.fail(e))
     }

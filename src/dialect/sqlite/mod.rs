@@ -40,6 +40,22 @@ use crate::error::{BrokerError, DbError};
 use crate::keys::KeyRegistry;
 use crate::table::{Form, TableSpec};
 
+pub(crate) use conn::TxConn;
+
+/// The engine with no database of its own: the SQL text, for publishing on the application's
+/// own transactions.
+pub(crate) fn sql_only() -> &'static dyn Dialect {
+    static ENGINE: std::sync::OnceLock<Sqlite> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| Sqlite {
+        path: None,
+        keys: Arc::default(),
+        writer: Arc::default(),
+        busy: Duration::from_secs(30),
+        durable: true,
+        opened: AtomicBool::new(true),
+    })
+}
+
 /// The SQLite engine for one database file (or one in-memory database).
 pub(super) struct Sqlite {
     path: Option<PathBuf>,
@@ -119,7 +135,7 @@ impl Dialect for Sqlite {
         "SQLite"
     }
 
-    fn connect(&self) -> Result<Box<dyn DbConn>, DbError> {
+    fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         conn::connect(self)
     }
 

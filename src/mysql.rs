@@ -1,0 +1,39 @@
+//! Publishing inside the application's own MySQL/MariaDB transactions: the job exists if and
+//! only if the application's transaction commits. The one place the API shows a `mysql` type
+//! (the `mysql` crate, at the version this crate depends on).
+//!
+//! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
+//! keys included (a held key fails only its own insert: InnoDB rolls back the statement, not
+//! the application's transaction). Subscribers see the row once the transaction commits, at
+//! their next claim (their poll interval, 250 ms by default).
+//!
+//! ```no_run
+//! use mysql::prelude::Queryable;
+//! use sqlbroker::{Message, Table};
+//!
+//! let mut conn = mysql::Conn::new(mysql::Opts::from_url("mysql://root@127.0.0.1/test")?)?;
+//! let emails = Table::new("emails").text_column("to");
+//! let mut tx = conn.start_transaction(mysql::TxOpts::default())?;
+//! tx.exec_drop("UPDATE accounts SET welcomed = 1 WHERE id = ?", (42,))?;
+//! sqlbroker::mysql::publish(&mut tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
+//! tx.commit()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::dialect::mysql::{sql_only, TxConn};
+use crate::{Message, Published, Result, Table};
+
+/// Publishes one message inside `tx`; its id. Rolled back with `tx`.
+pub fn publish(tx: &mut ::mysql::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
+    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message)
+}
+
+/// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
+/// Rolled back with `tx`.
+pub fn publish_batch(
+    tx: &mut ::mysql::Transaction<'_>,
+    table: &Table,
+    messages: Vec<Message>,
+) -> Result<Published> {
+    crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
+}

@@ -1,0 +1,191 @@
+//! Publishing, shared by the broker (on a pooled connection) and the transactional publish of
+//! each driver's module (on the application's own transaction): parameters, dedup keys,
+//! batches split to the database's parameter limit.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::dialect::{DbConn, Dialect, TableSql};
+use crate::error::{BrokerError, DbError, Result};
+use crate::message::Message;
+use crate::table::{Table, TableSpec};
+use crate::Value;
+
+/// Where a publish writes: a table's validated description, its SQL, and its database.
+pub(crate) struct Target<'a> {
+    pub spec: &'a TableSpec,
+    pub sql: &'a TableSql,
+    pub dialect: &'a dyn Dialect,
+}
+
+impl Target<'_> {
+    fn err(&self, e: DbError) -> BrokerError {
+        e.during("publish", &self.spec.name)
+    }
+}
+
+/// Publishes one message on `conn`; its id, or [`BrokerError::Duplicate`] when its dedup key
+/// is held.
+pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Result<i64> {
+    let key = message.dedup_value().map(str::to_owned);
+    let mut params = Vec::with_capacity(t.spec.insert_width());
+    message.params_into(t.spec, SystemTime::now(), &mut params)?;
+    match key {
+        Some(key) => keyed(t, conn, &params, key),
+        None => t
+            .dialect
+            .insert_returning_id(conn, t.sql, &params)
+            .map_err(|e| t.err(e)),
+    }
+}
+
+/// Inserts one keyed message; if an unfinished row holds its key, that row's id as
+/// [`BrokerError::Duplicate`]. The insert skips a held key in the database (a unique index),
+/// so concurrent producers cannot both insert; the holder is then read by the key. Should the
+/// holder finish between the two, the insert is tried again (three times at most).
+fn keyed(t: &Target<'_>, conn: &mut dyn DbConn, params: &[Value], key: String) -> Result<i64> {
+    let key = [Value::Text(key)];
+    for _ in 0..3 {
+        let made = t
+            .dialect
+            .insert_dedup(conn, t.sql, t.spec, 1, params)
+            .map_err(|e| t.err(e))?;
+        if let Some(id) = made.first() {
+            return Ok(*id);
+        }
+        let holder = conn
+            .query(&t.sql.dedup_holder, &key)
+            .map_err(|e| t.err(e))?;
+        if let Some(id) = holder.first().and_then(|r| r.first()?.as_i64()) {
+            return Err(BrokerError::Duplicate {
+                table: t.spec.name.clone(),
+                id,
+            });
+        }
+    }
+    Err(t.err(DbError::other(
+        "the dedup key changed hands three times during the publish",
+    )))
+}
+
+/// How a batch runs: on its own (in a transaction of its own where it takes more than one
+/// statement), or inside the caller's transaction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Within {
+    Own,
+    Callers,
+}
+
+/// Publishes `messages` with multi-row inserts (`insert(rows)` gives the text for `rows`
+/// rows), chunked to the database's parameter limit. All or nothing.
+pub(crate) fn many(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    messages: Vec<Message>,
+    within: Within,
+    insert: impl Fn(usize) -> Arc<str>,
+) -> Result<crate::Published> {
+    let count = messages.len();
+    if count == 0 {
+        return Ok(crate::Published::default());
+    }
+    let width = t.spec.insert_width();
+    let now = SystemTime::now();
+    let mut params = Vec::with_capacity(width * count);
+    for m in messages {
+        m.params_into(t.spec, now, &mut params)?;
+    }
+    let rows_per = (t.dialect.max_params() / width).max(1);
+    let chunks: Vec<&[Value]> = params.chunks(rows_per * width).collect();
+    let dedup = t.spec.dedup_key.is_some();
+    let run = |conn: &mut dyn DbConn| -> std::result::Result<usize, DbError> {
+        let mut made = 0;
+        for chunk in &chunks {
+            let rows = chunk.len() / width;
+            made += if dedup {
+                t.dialect
+                    .insert_dedup(conn, t.sql, t.spec, rows, chunk)?
+                    .len()
+            } else {
+                conn.execute(&insert(rows), chunk)?;
+                rows
+            };
+        }
+        Ok(made)
+    };
+    // One statement is atomic by itself; several (or MySQL's one per row for dedup keys) run
+    // in one transaction: the caller's, or one of their own.
+    let made = if within == Within::Callers || (chunks.len() == 1 && !dedup) {
+        run(conn).map_err(|e| t.err(e))?
+    } else {
+        conn.batch(&t.sql.begin_write).map_err(|e| t.err(e))?;
+        match run(conn).and_then(|made| conn.batch("COMMIT").map(|()| made)) {
+            Ok(made) => made,
+            Err(e) => {
+                conn.rollback_or_discard();
+                return Err(t.err(e));
+            }
+        }
+    };
+    Ok(crate::Published {
+        rows: made,
+        duplicates: count - made,
+    })
+}
+
+/// A table validated and compiled for a database, for publishing outside a broker.
+pub(crate) struct Compiled {
+    pub spec: TableSpec,
+    pub sql: TableSql,
+}
+
+/// `table` validated and compiled for `dialect`, once per process and description.
+pub(crate) fn compiled(dialect: &dyn Dialect, table: &Table) -> Result<Arc<Compiled>> {
+    type Cache = Mutex<HashMap<(&'static str, Table), Arc<Compiled>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (dialect.database(), table.clone());
+    if let Some(c) = cache.lock().get(&key) {
+        return Ok(c.clone());
+    }
+    let spec = table.validate()?;
+    let sql = dialect.compile(&spec);
+    let c = Arc::new(Compiled { spec, sql });
+    Ok(cache.lock().entry(key).or_insert(c).clone())
+}
+
+/// Publishes one message inside the caller's transaction on `conn`.
+pub(crate) fn in_transaction(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    table: &Table,
+    message: Message,
+) -> Result<i64> {
+    let c = compiled(dialect, table)?;
+    let t = Target {
+        spec: &c.spec,
+        sql: &c.sql,
+        dialect,
+    };
+    one(&t, conn, message)
+}
+
+/// Publishes a batch inside the caller's transaction on `conn`.
+pub(crate) fn batch_in_transaction(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    table: &Table,
+    messages: Vec<Message>,
+) -> Result<crate::Published> {
+    let c = compiled(dialect, table)?;
+    let t = Target {
+        spec: &c.spec,
+        sql: &c.sql,
+        dialect,
+    };
+    let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };
+    many(&t, conn, messages, Within::Callers, insert)
+}

@@ -1,0 +1,48 @@
+//! Publishing inside the application's own SQLite transactions: the job exists if and only if
+//! the application's transaction commits. The one place the API shows a `rusqlite` type (the
+//! `rusqlite` crate, at the version this crate depends on).
+//!
+//! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
+//! keys included. Subscribers see the row once the transaction commits, at their next claim
+//! (their poll interval, 250 ms by default).
+//!
+//! ```
+//! use sqlbroker::{Broker, Message, Table};
+//!
+//! let dir = std::env::temp_dir().join(format!("sqlbroker-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let file = dir.join("app.db");
+//! let broker = Broker::connect(&format!("sqlite:{}", file.display()))?;
+//! let emails = Table::new("emails").text_column("to").lease(std::time::Duration::from_secs(30));
+//! broker.create_table(&emails)?;
+//!
+//! let mut conn = rusqlite::Connection::open(&file)?;
+//! let tx = conn.transaction()?;
+//! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
+//! drop(tx); // rolled back: no job
+//! let tx = conn.transaction()?;
+//! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
+//! tx.commit()?; // one job
+//! let sub = broker.subscription(&emails).start()?;
+//! sub.next_delivery().unwrap().ack()?;
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::dialect::sqlite::{sql_only, TxConn};
+use crate::{Message, Published, Result, Table};
+
+/// Publishes one message inside `tx`; its id. Rolled back with `tx`.
+pub fn publish(tx: &rusqlite::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
+    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message)
+}
+
+/// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
+/// Rolled back with `tx`.
+pub fn publish_batch(
+    tx: &rusqlite::Transaction<'_>,
+    table: &Table,
+    messages: Vec<Message>,
+) -> Result<Published> {
+    crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
+}

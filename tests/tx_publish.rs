@@ -1,0 +1,135 @@
+//! Publishing inside the application's own transaction: the job exists if and only if the
+//! transaction commits, and a refused message (invalid, or a held dedup key) leaves the
+//! transaction usable.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Db, Live};
+use sqlbroker::{BrokerError, Form, Message, Table};
+
+fn msg(body: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("k", "a")
+}
+
+/// Runs `f` on a transaction of the application's own on `live`'s database, then commits it
+/// (`commit`) or drops it (a rollback).
+fn in_tx(live: &Live, commit: bool, f: impl FnOnce(&mut dyn FnMut(TxOp) -> Got)) {
+    match live.db {
+        Db::Postgres => {
+            let mut client = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+            let mut tx = client.transaction().unwrap();
+            f(&mut |op| op.run_pg(&mut tx));
+            if commit {
+                tx.commit().unwrap();
+            }
+        }
+        Db::Mysql => {
+            let mut conn = mysql::Conn::new(mysql::Opts::from_url(&live.url).unwrap()).unwrap();
+            let mut tx = conn.start_transaction(mysql::TxOpts::default()).unwrap();
+            f(&mut |op| op.run_my(&mut tx));
+            if commit {
+                tx.commit().unwrap();
+            }
+        }
+        Db::Sqlite => {
+            let path = live.url.strip_prefix("sqlite:").unwrap();
+            let mut conn = rusqlite::Connection::open(path).unwrap();
+            conn.busy_timeout(Duration::from_secs(30)).unwrap();
+            let tx = conn.transaction().unwrap();
+            f(&mut |op| op.run_lite(&tx));
+            if commit {
+                tx.commit().unwrap();
+            }
+        }
+    }
+}
+
+/// One call of the transactional API.
+enum TxOp<'a> {
+    One(&'a Table, Message),
+    Batch(&'a Table, Vec<Message>),
+}
+
+type Got = Result<usize, BrokerError>;
+
+impl TxOp<'_> {
+    fn run_pg(self, tx: &mut postgres::Transaction<'_>) -> Got {
+        match self {
+            TxOp::One(t, m) => sqlbroker::postgres::publish(tx, t, m).map(|_| 1),
+            TxOp::Batch(t, ms) => sqlbroker::postgres::publish_batch(tx, t, ms).map(|p| p.rows),
+        }
+    }
+    fn run_my(self, tx: &mut mysql::Transaction<'_>) -> Got {
+        match self {
+            TxOp::One(t, m) => sqlbroker::mysql::publish(tx, t, m).map(|_| 1),
+            TxOp::Batch(t, ms) => sqlbroker::mysql::publish_batch(tx, t, ms).map(|p| p.rows),
+        }
+    }
+    fn run_lite(self, tx: &rusqlite::Transaction<'_>) -> Got {
+        match self {
+            TxOp::One(t, m) => sqlbroker::sqlite::publish(tx, t, m).map(|_| 1),
+            TxOp::Batch(t, ms) => sqlbroker::sqlite::publish_batch(tx, t, ms).map(|p| p.rows),
+        }
+    }
+}
+
+/// Rolled back: no row; committed: the rows, delivered.
+fn the_job_exists_iff_the_transaction_commits(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    in_tx(&live, false, |run| {
+        assert_eq!(run(TxOp::One(&t, msg("rolled back"))).unwrap(), 1);
+        let batch = vec![msg("rb 1"), msg("rb 2")];
+        assert_eq!(run(TxOp::Batch(&t, batch)).unwrap(), 2);
+    });
+    assert_eq!(live.rows(&t), 0, "a rolled-back publish left a row");
+    in_tx(&live, true, |run| {
+        run(TxOp::One(&t, msg("one"))).unwrap();
+        run(TxOp::Batch(&t, vec![msg("two"), msg("three")])).unwrap();
+        // Not visible outside the transaction before it commits.
+        assert_eq!(live.rows(&t), 0, "a publish was visible before the commit");
+    });
+    assert_eq!(live.rows(&t), 3);
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let mut bodies: Vec<Vec<u8>> = (0..3)
+        .map(|_| {
+            let d = common::next(&sub, Duration::from_secs(10));
+            let b = d.payload().to_vec();
+            d.ack().unwrap();
+            b
+        })
+        .collect();
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        [b"one".to_vec(), b"three".to_vec(), b"two".to_vec()]
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(the_job_exists_iff_the_transaction_commits);
+
+/// A refused message (invalid, or its dedup key held) writes nothing and leaves the
+/// application's transaction usable: what it publishes after still commits.
+fn refusals_leave_the_transaction_usable(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        common::describe(&common::unique("t"), Form::Lease, Duration::from_secs(30)).dedup(),
+    );
+    in_tx(&live, true, |run| {
+        run(TxOp::One(&t, msg("held").dedup_key("x"))).unwrap();
+        match run(TxOp::One(&t, msg("again").dedup_key("x"))) {
+            Err(e) => assert!(e.is_duplicate(), "{e:?}"),
+            Ok(_) => panic!("a held key was published again"),
+        }
+        match run(TxOp::One(&t, msg("bad").set("nope", 1i64))) {
+            Err(BrokerError::InvalidMessage { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        let skipped = vec![msg("dup").dedup_key("x"), msg("new").dedup_key("y")];
+        assert_eq!(run(TxOp::Batch(&t, skipped)).unwrap(), 1);
+    });
+    assert_eq!(live.rows(&t), 2, "held and new, nothing else");
+}
+per_db!(refusals_leave_the_transaction_usable);
