@@ -129,6 +129,16 @@ impl Delivery {
         }
     }
 
+    /// The handler failed with `error`: back into the queue after the subscription's
+    /// [`RetryPolicy`](crate::RetryPolicy) delay for this attempt, or, on the table's last
+    /// attempt ([`Table::max_attempts`](crate::Table::max_attempts)), dead-lettered with the
+    /// error's text as the reason.
+    pub fn fail(self, error: impl std::fmt::Display) -> Result<()> {
+        let delay = self.ctx.opts.retry.delay(self.attempt);
+        let outcome = self.retry_outcome(delay, &format!("failed: {error}"));
+        self.settle(outcome)
+    }
+
     /// Out of the queue for good: the row stays in the table with `reason` and the time, where
     /// [`Broker::dead_letters`](crate::Broker::dead_letters) lists it and
     /// [`Broker::requeue_dead`](crate::Broker::requeue_dead) puts it back.

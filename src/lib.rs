@@ -120,6 +120,7 @@ pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
+mod retry;
 mod runtime;
 mod schedule;
 #[cfg(feature = "sqlite")]
@@ -132,6 +133,7 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use message::Message;
-pub use subscription::{Iter, Subscription, SubscriptionBuilder};
+pub use retry::RetryPolicy;
+pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};
 pub use value::Value;

@@ -12,6 +12,7 @@ use crate::error::{BrokerError, NextError, Result};
 use crate::runtime::renewer::Renewer;
 use crate::runtime::{claimer, Ctx, Queue, SubOptions};
 use crate::table::Form;
+use crate::RetryPolicy;
 
 /// How long `close` and drop wait for a claim worker beyond the statement timeout before they
 /// leave it to finish on its own.
@@ -28,6 +29,7 @@ pub struct SubscriptionBuilder<'a> {
     batch: usize,
     max_in_flight: Option<usize>,
     poll_interval: Duration,
+    retry: RetryPolicy,
 }
 
 impl<'a> SubscriptionBuilder<'a> {
@@ -40,6 +42,7 @@ impl<'a> SubscriptionBuilder<'a> {
             batch: 10,
             max_in_flight: None,
             poll_interval: Duration::from_millis(250),
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -70,6 +73,14 @@ impl<'a> SubscriptionBuilder<'a> {
     /// rows published by other processes are seen within this interval.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
+        self
+    }
+
+    /// How a failed delivery waits before its next attempt ([`Delivery::fail`], and the errors
+    /// and panics of [`Subscription::run`]). Default: [`RetryPolicy::default`] (1 s, doubling,
+    /// at most 10 minutes, with jitter).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
 
@@ -111,6 +122,7 @@ impl<'a> SubscriptionBuilder<'a> {
             max_in_flight,
             poll_interval: self.poll_interval,
             advisory_scan: (self.batch * 4).max(32),
+            retry: self.retry,
         };
         let name = queue.spec.name.clone();
         let renewer = (form == Form::Lease).then_some(self.renewer);
@@ -205,6 +217,98 @@ impl Subscription {
             Ok(d) => self.fresh(d).ok_or(NextError::Closed),
             Err(TryRecvError::Empty) => Err(NextError::Timeout),
             Err(TryRecvError::Disconnected) => Err(NextError::Closed),
+        }
+    }
+
+    /// Runs `handler` on `threads` threads of its own (`sqlbroker-run-<table>-<n>`) over every
+    /// delivery until the subscription is closed, then returns once every handler in progress
+    /// has finished; what it did, counted. For the common loop: [`next_delivery`] stays for a
+    /// loop of one's own.
+    ///
+    /// Each delivery is acked when `handler` returns `Ok`; failed
+    /// ([`Delivery::fail`]: the [`retry_policy`](SubscriptionBuilder::retry_policy), then a
+    /// dead letter with the error's text once the attempts are spent) when it returns `Err`
+    /// or panics. A panic never ends the thread, and the row is never lost.
+    ///
+    /// Stop it with [`close`](Subscription::close) from another thread, or from a handler (it
+    /// may capture a reference to the subscription); then [`shutdown`](Subscription::shutdown)
+    /// as usual.
+    ///
+    /// [`next_delivery`]: Subscription::next_delivery
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"hello".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let ran = sub.run(4, |d| {
+    ///     assert_eq!(d.payload(), b"hello");
+    ///     sub.close(); // one job is all this example has
+    ///     Ok::<(), std::io::Error>(())
+    /// });
+    /// assert_eq!(ran.acked, 1);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn run<E, F>(&self, threads: usize, handler: F) -> Ran
+    where
+        E: std::fmt::Display,
+        F: Fn(&Delivery) -> std::result::Result<(), E> + Sync,
+    {
+        let ran = parking_lot::Mutex::new(Ran::default());
+        let (handler, ran_ref) = (&handler, &ran);
+        std::thread::scope(|scope| {
+            for i in 0..threads.clamp(1, 1024) {
+                let name = format!("sqlbroker-run-{}-{i}", self.ctx.spec().name);
+                let spawned = std::thread::Builder::new()
+                    .name(name)
+                    .spawn_scoped(scope, move || self.run_one(handler, ran_ref));
+                if let Err(e) = spawned {
+                    log::error!(
+                        "table {}: a runner thread could not start: {e}",
+                        self.ctx.spec().name
+                    );
+                    break;
+                }
+            }
+        });
+        ran.into_inner()
+    }
+
+    /// One runner thread: handle and settle until the subscription is closed.
+    fn run_one<E, F>(&self, handler: &F, ran: &parking_lot::Mutex<Ran>)
+    where
+        E: std::fmt::Display,
+        F: Fn(&Delivery) -> std::result::Result<(), E>,
+    {
+        while let Some(d) = self.next_delivery() {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
+            let settled = match outcome {
+                Ok(Ok(())) => {
+                    ran.lock().acked += 1;
+                    d.ack()
+                }
+                Ok(Err(e)) => {
+                    ran.lock().failed += 1;
+                    d.fail(e)
+                }
+                Err(panic) => {
+                    ran.lock().panicked += 1;
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    d.fail(format!("the handler panicked: {msg}"))
+                }
+            };
+            if let Err(e) = settled {
+                ran.lock().unsettled += 1;
+                log::warn!("table {}: {e}", self.ctx.spec().name);
+            }
         }
     }
 
@@ -324,6 +428,20 @@ impl std::fmt::Debug for Subscription {
             .field("closed", &self.is_closed())
             .finish()
     }
+}
+
+/// What [`Subscription::run`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ran {
+    /// Deliveries whose handler returned `Ok`, acked.
+    pub acked: usize,
+    /// Deliveries whose handler returned `Err`, failed by the retry policy.
+    pub failed: usize,
+    /// Deliveries whose handler panicked, failed by the retry policy.
+    pub panicked: usize,
+    /// Settlements that returned an error (`LeaseLost`, a lost connection): logged.
+    pub unsettled: usize,
 }
 
 /// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).

@@ -151,6 +151,8 @@ pub(crate) struct SubOptions {
     pub poll_interval: Duration,
     /// Candidate rows an advisory claim reads to find keys that are free.
     pub advisory_scan: usize,
+    /// The delay of a failed delivery ([`Delivery::fail`](crate::Delivery::fail)).
+    pub retry: crate::RetryPolicy,
 }
 
 /// What one subscription's threads and deliveries share.

@@ -159,5 +159,6 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         max_in_flight: batch,
         poll_interval: Duration::from_millis(10),
         advisory_scan: 32,
+        retry: crate::RetryPolicy::default(),
     }
 }
