@@ -94,6 +94,39 @@ impl Delivery {
         }
     }
 
+    /// Lease form: the deadline the delivery's lease holds as far as this process knows (it
+    /// moves with every renewal and [`extend`](Delivery::extend)); `None` in the other forms.
+    /// A deadline in the past means the lease may be lost: the row may be another handler's.
+    /// Reads no database; a settlement (or `extend`) is the definite answer.
+    pub fn lease_deadline(&self) -> Option<SystemTime> {
+        match &self.hold {
+            Some(Hold::Lease(cell)) => Some(cell.lock().token),
+            _ => None,
+        }
+    }
+
+    /// Lease form: true while [`lease_deadline`](Delivery::lease_deadline) is in the future;
+    /// always true in the other forms (their rows are held until settled).
+    pub fn lease_held(&self) -> bool {
+        let now = SystemTime::now();
+        self.lease_deadline().map_or(true, |until| until > now)
+    }
+
+    /// Lease form: pushes the lease's deadline to at least `by` from now (whole seconds,
+    /// rounded up), for a known long step; fenced by the token like every settlement, so a
+    /// lost lease gives [`BrokerError::LeaseLost`](crate::BrokerError::LeaseLost) and changes
+    /// nothing. Returns the new deadline. The renewer keeps renewing as usual once the
+    /// deadline comes closer than a renewal would put it. Other forms: `Ok(None)`.
+    pub fn extend(&self, by: Duration) -> Result<Option<SystemTime>> {
+        match &self.hold {
+            Some(Hold::Lease(cell)) => {
+                let until = due_at(SystemTime::now(), by);
+                form::lease::extend(&self.ctx, self.id, cell, until).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Done: deletes the row.
     ///
     /// Lease form: [`BrokerError::LeaseLost`](crate::BrokerError::LeaseLost) if the lease

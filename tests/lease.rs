@@ -255,3 +255,51 @@ fn renewal_of_many_leases(db: Db) {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(renewal_of_many_leases);
+
+/// `extend` pushes a lease's deadline by hand: with renewal stopped, the row stays the
+/// handler's past its lease; after the lease was lost, `extend` is `LeaseLost` and changes
+/// nothing, and `lease_held` says so.
+fn extend_and_lease_check(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(2));
+    live.broker.publish(&t, common::msg("long", "a")).unwrap();
+    let a = live.broker.subscription(&t).start().unwrap();
+    let d = next(&a, Duration::from_secs(10));
+    assert!(d.lease_held());
+    let until = d.extend(Duration::from_secs(8)).unwrap().expect("a lease");
+    assert_eq!(d.lease_deadline(), Some(until));
+    // No renewals from here on: only the extension holds the row.
+    assert!(matches!(
+        a.shutdown(Duration::ZERO),
+        Err(BrokerError::Unsettled { unsettled: 1, .. })
+    ));
+    let other = live.connect();
+    let b = other.subscription(&t).start().unwrap();
+    assert_eq!(
+        b.next_delivery_timeout(Duration::from_secs(4)).err(),
+        Some(NextError::Timeout),
+        "the row came back within its extension"
+    );
+    assert!(d.lease_held());
+    d.ack().expect("the extended lease was lost");
+    assert_eq!(live.rows(&t), 0);
+
+    // A lost lease: extend changes nothing.
+    live.broker.publish(&t, common::msg("lost", "a")).unwrap();
+    let c = live.broker.subscription(&t).start().unwrap();
+    let old = next(&c, Duration::from_secs(10));
+    let _ = c.shutdown(Duration::ZERO);
+    let new = next(&b, Duration::from_secs(10));
+    assert_eq!((new.id(), new.attempt()), (old.id(), 2));
+    assert!(!old.lease_held(), "a lease past its deadline reads held");
+    let e = old.extend(Duration::from_secs(30)).unwrap_err();
+    assert!(e.is_lease_lost(), "{e:?}");
+    assert_eq!(
+        live.rows_where(&t, &format!("id = {} AND attempts = 2", new.id())),
+        1
+    );
+    new.ack()
+        .expect("the new holder's lease was moved by the old one's extend");
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(extend_and_lease_check);

@@ -129,6 +129,8 @@ pub(crate) struct TableSql {
     /// Hands back a row no handler saw, giving back the attempt its claim counted. Lease:
     /// `(id, token)`, clearing the lease; advisory: `(id)`, run under the row's key.
     pub unclaim: String,
+    /// Lease: `(deadline, id, token)` moves the lease's deadline (the delivery's new token).
+    pub extend: String,
     /// Advisory with server-side keys: `(name)` -> one row, one value: 1 if taken, 0 if held
     /// elsewhere. `None`: keys are kept in the process ([`Dialect::process_keys`]).
     pub key_lock: Option<String>,

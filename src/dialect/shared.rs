@@ -322,6 +322,12 @@ impl Syntax {
                     p(1),
                     p(2)
                 );
+                sql.extend = format!(
+                    "UPDATE {t} SET {lu} = {} WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2),
+                    p(3)
+                );
             }
             Form::AdvisoryLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));

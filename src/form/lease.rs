@@ -142,6 +142,44 @@ pub(crate) fn settle(
     }
 }
 
+/// Moves the lease's deadline to `until` (a new token), fenced by the token held; `LeaseLost`
+/// if the row no longer holds it. The renewer leaves a lease alone while its deadline is past
+/// what a renewal would write.
+pub(crate) fn extend(
+    ctx: &Ctx,
+    id: i64,
+    cell: &Arc<LeaseCell>,
+    until: SystemTime,
+) -> Result<SystemTime> {
+    let q = &ctx.queue;
+    let mut state = cell.lock();
+    let until = until.max(state.token);
+    let lost = || BrokerError::LeaseLost {
+        table: ctx.spec().name.clone(),
+        id,
+    };
+    if state.done {
+        return Err(lost());
+    }
+    let tokens: Vec<SystemTime> = std::iter::once(state.token)
+        .chain(state.unsure.iter().copied())
+        .collect();
+    let mut conn = q.conn("extend")?;
+    for token in tokens {
+        let params = [Value::Time(until), Value::Int(id), Value::Time(token)];
+        if conn
+            .execute(&q.sql.extend, &params)
+            .map_err(q.err("extend"))?
+            > 0
+        {
+            state.token = until;
+            state.unsure.clear();
+            return Ok(until);
+        }
+    }
+    Err(lost())
+}
+
 /// Clears the lease of a row no handler saw and gives back the attempt its claim counted, so
 /// the row is claimable at once and its next delivery reads the same attempt.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) {

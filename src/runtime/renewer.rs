@@ -264,17 +264,27 @@ fn renew_chunk(
         return true;
     }
     let q = &ctx.queue;
+    let token = lease_token(SystemTime::now(), q.spec.lease_secs);
+    // A lease extended by hand past this round's deadline needs no renewal yet.
     let mut pairs: Vec<(i64, SystemTime)> = Vec::with_capacity(chunk.len());
     for (cell, state) in chunk.iter() {
+        if state.token >= token && state.unsure.is_empty() {
+            continue;
+        }
         pairs.push((cell.id, state.token));
         pairs.extend(state.unsure.iter().map(|t| (cell.id, *t)));
     }
-    let token = lease_token(SystemTime::now(), q.spec.lease_secs);
+    if pairs.is_empty() {
+        return true;
+    }
     match q.dialect.lease_renew(conn, &q.spec, token, &pairs) {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();
             let mut all = true;
             for (cell, state) in chunk.iter_mut() {
+                if state.token >= token && state.unsure.is_empty() {
+                    continue; // extended by hand, not renewed
+                }
                 if ids.contains(&cell.id) {
                     state.token = token;
                     state.unsure.clear();

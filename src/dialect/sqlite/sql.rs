@@ -162,6 +162,10 @@ mod tests {
             "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"locked_until\" = NULL \
              WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
         );
+        assert_eq!(
+            sql.extend,
+            "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
+        );
         assert_eq!(sql.unclaim, "UPDATE \"jobs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
         assert_eq!(
             sql.insert_one,
