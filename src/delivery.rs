@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::dialect::DbConn;
 use crate::form::{self, Claimed, Hold, Outcome};
 use crate::runtime::Ctx;
 use crate::schedule::{drop_delay, due_at};
@@ -92,6 +93,44 @@ impl Delivery {
             Some(Hold::Advisory(k)) => Some(&k.key),
             _ => None,
         }
+    }
+
+    /// Row lock form: runs `f` on the delivery's own connection, inside its transaction, under
+    /// a savepoint: what `f` writes commits with the ack, atomically, and is undone by a retry,
+    /// a dead letter, a drop or a crash. If `f` returns `Err`, its writes are rolled back to the
+    /// savepoint at once (the transaction stays usable, so the delivery can still be settled).
+    /// `Unsupported` in the other forms (no transaction is open there).
+    pub(crate) fn in_transaction<C: 'static, T, E>(
+        &mut self,
+        f: impl FnOnce(&mut C) -> std::result::Result<T, E>,
+    ) -> Result<std::result::Result<T, E>> {
+        let table = self.ctx.spec().name.clone();
+        let unsupported = |why| crate::BrokerError::Unsupported {
+            database: self.ctx.queue.dialect.database(),
+            what: "transactional completion".into(),
+            why,
+        };
+        let Some(Hold::RowLock(conn)) = &mut self.hold else {
+            return Err(unsupported(
+                "only a row lock delivery has a transaction open; describe the table with neither \
+                 lease nor advisory_lock",
+            ));
+        };
+        let err = |e: crate::error::DbError| e.during("transactional completion", &table);
+        conn.batch("SAVEPOINT sqlbroker_handler").map_err(err)?;
+        let Some(client) = conn.driver().and_then(|d| d.downcast_mut::<C>()) else {
+            return Err(unsupported(
+                "this delivery's connection is of another database's driver",
+            ));
+        };
+        let out = f(client);
+        let end = if out.is_ok() {
+            "RELEASE SAVEPOINT sqlbroker_handler"
+        } else {
+            "ROLLBACK TO SAVEPOINT sqlbroker_handler"
+        };
+        conn.batch(end).map_err(err)?;
+        Ok(out)
     }
 
     /// Lease form: the deadline the delivery's lease holds as far as this process knows (it

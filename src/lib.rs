@@ -61,7 +61,8 @@
 //!
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
 //! `publish_batch`) enqueue inside the application's own driver transaction: the job exists
-//! if and only if it commits.
+//! if and only if it commits. [`postgres::in_delivery`] and [`mysql::in_delivery`] run the
+//! handler's own SQL inside a row lock delivery's transaction: it commits with the ack.
 //!
 //! ## Support matrix
 //!

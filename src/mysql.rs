@@ -37,3 +37,19 @@ pub fn publish_batch(
 ) -> Result<Published> {
     crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
 }
+
+/// Row lock form: runs `f` with the delivery's own `mysql::Conn`, inside the delivery's
+/// transaction, under a savepoint: what `f` writes commits atomically with
+/// [`Delivery::ack`](crate::Delivery::ack), and is undone by a retry, a dead letter, a drop, or
+/// a crash of the process. If `f` returns `Err` its writes are rolled back to the savepoint at
+/// once, and the delivery can still be settled.
+///
+/// Run statements on the connection directly: beginning, committing or rolling back a
+/// transaction on it (or DDL, which commits implicitly) would end the delivery's.
+/// [`BrokerError::Unsupported`](crate::BrokerError) for a lease or advisory delivery.
+pub fn in_delivery<T, E>(
+    delivery: &mut crate::Delivery,
+    f: impl FnOnce(&mut ::mysql::Conn) -> std::result::Result<T, E>,
+) -> Result<std::result::Result<T, E>> {
+    delivery.in_transaction(f)
+}

@@ -41,3 +41,31 @@ pub fn publish_batch(
 ) -> Result<Published> {
     crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
 }
+
+/// Row lock form: runs `f` with the delivery's own `postgres::Client`, inside the delivery's
+/// transaction, under a savepoint: what `f` writes commits atomically with
+/// [`Delivery::ack`](crate::Delivery::ack) (exactly-once effects for database work), and is
+/// undone by a retry, a dead letter, a drop, or a crash of the process. If `f` returns `Err`
+/// its writes are rolled back to the savepoint at once, and the delivery can still be settled
+/// (say, [`fail`](crate::Delivery::fail)ed).
+///
+/// Run statements on the client directly: beginning, committing or rolling back a transaction
+/// on it would end the delivery's. [`BrokerError::Unsupported`](crate::BrokerError) for a
+/// lease or advisory delivery (no transaction is open there).
+///
+/// ```no_run
+/// # fn demo(sub: &sqlbroker::Subscription) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut d = sub.next_delivery().unwrap();
+/// sqlbroker::postgres::in_delivery(&mut d, |client| {
+///     client.execute("INSERT INTO ledger (delivery) VALUES ($1)", &[&d_id(42)])
+/// })??;
+/// d.ack()?; // the ledger row and the ack, in one commit
+/// # Ok(()) }
+/// # fn d_id(i: i64) -> i64 { i }
+/// ```
+pub fn in_delivery<T, E>(
+    delivery: &mut crate::Delivery,
+    f: impl FnOnce(&mut ::postgres::Client) -> std::result::Result<T, E>,
+) -> Result<std::result::Result<T, E>> {
+    delivery.in_transaction(f)
+}

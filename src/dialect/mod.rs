@@ -56,6 +56,11 @@ pub(crate) trait DbConn {
     fn last_insert_id(&self) -> Option<i64> {
         None
     }
+    /// The driver's own client of this session, for the application's SQL inside a row lock
+    /// delivery's transaction (`postgres::Client`, `mysql::Conn`). Default: none.
+    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
     /// Proves the session still answers (the pool asks before it hands out a connection that
     /// sat idle). Default: `SELECT 1`.
     fn ping(&mut self) -> Result<(), DbError> {

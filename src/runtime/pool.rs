@@ -100,4 +100,7 @@ impl DbConn for Tracked {
     fn take_unreadable(&mut self) -> Vec<(usize, String)> {
         self.conn.take_unreadable()
     }
+    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        self.conn.driver()
+    }
 }

@@ -174,6 +174,10 @@ impl DbConn for TxConn<'_, '_> {
 }
 
 impl DbConn for MyConn {
+    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(&mut self.conn)
+    }
+
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
         self.fits(sql, values)?;
         let p = params(values)?;

@@ -166,6 +166,10 @@ fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 }
 
 impl DbConn for PgConn {
+    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(&mut self.client)
+    }
+
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
         let r = self
             .prepared(sql)
