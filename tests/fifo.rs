@@ -329,8 +329,6 @@ fn fifo_crash_child_entry() {
 /// A crash (SIGKILL of a real process) of the holder of a group's head keeps the order: while
 /// it lives nothing else of the group runs; after it, the head comes back first.
 fn fifo_crash_keeps_order(db: Db, form: Form) {
-    use std::io::BufRead;
-    use std::process::{Command, Stdio};
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
     let t = live.create(describe(&name, form, CRASH_LEASE));
@@ -340,40 +338,14 @@ fn fifo_crash_keeps_order(db: Db, form: Form) {
     } else {
         "row_lock"
     };
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "fifo_crash_child_entry",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, format!("{form_name}\t{name}\t{}", live.url))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(rest) = line.split("CLAIMED ").nth(1) {
-                let _ = tx.send(rest.to_string());
-                return;
-            }
-        }
-    });
-    let claimed = rx.recv_timeout(Duration::from_secs(60));
-    let claimed = match claimed {
-        Ok(line) => line,
-        Err(e) => {
-            let _ = child.kill();
-            panic!("the child did not claim: {e}");
-        }
-    };
+    let mut child = common::spawn_child(
+        "fifo_crash_child_entry",
+        CHILD_ENV,
+        &format!("{form_name}\t{name}\t{}", live.url),
+    );
+    let claimed = child
+        .line_after("CLAIMED ", Duration::from_secs(60))
+        .expect("the child did not claim");
     assert!(
         claimed.ends_with(" 0"),
         "the child's first delivery was not the head: {claimed}"
@@ -385,9 +357,8 @@ fn fifo_crash_keeps_order(db: Db, form: Form) {
         Some(NextError::Timeout),
         "a row of the group ran while the child held its head"
     );
-    assert!(child.try_wait().unwrap().is_none(), "the child died early");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert!(child.alive(), "the child died early");
+    child.kill();
     let mut seqs = Vec::new();
     for _ in 0..3 {
         let d = common::next(&sub, Duration::from_secs(15));

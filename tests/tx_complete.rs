@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::time::Duration;
 
 use common::{Db, Live};
@@ -179,40 +178,15 @@ fn a_crash_undoes_the_write(db: Db) {
     } else {
         "mysql"
     };
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "tx_complete_child_entry",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, format!("{db_name}\t{name}\t{led}\t{}", live.url))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("WRITTEN ") {
-                let _ = tx.send(line);
-                return;
-            }
-        }
-    });
-    let written = rx.recv_timeout(Duration::from_secs(60));
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the child died before the kill"
+    let mut child = common::spawn_child(
+        "tx_complete_child_entry",
+        CHILD_ENV,
+        &format!("{db_name}\t{name}\t{led}\t{}", live.url),
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_eq!(
-        written.expect("the child did not write"),
-        format!("WRITTEN {id}")
-    );
+    let written = child.line_after("WRITTEN ", Duration::from_secs(60));
+    assert!(child.alive(), "the child died before the kill");
+    child.kill();
+    assert_eq!(written.expect("the child did not write"), id.to_string());
     assert_eq!(
         live.int(&format!("SELECT COUNT(*) FROM {led}")),
         0,

@@ -268,6 +268,72 @@ impl Drop for Live {
     }
 }
 
+/// A child process: this test binary re-executed to run the test `entry` alone, with `env`
+/// set to `value`. Killed and reaped when dropped (should the parent's test fail first).
+pub struct Child {
+    pub process: std::process::Child,
+    lines: crossbeam_channel::Receiver<String>,
+}
+
+/// Starts [`Child`] `entry`; its stdin stays open (a child blocking on it holds on until it is
+/// killed or the parent goes).
+pub fn spawn_child(entry: &str, env: &str, value: &str) -> Child {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut process = Command::new(std::env::current_exe().expect("current exe"))
+        .args([entry, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, value)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the child");
+    let stdout = process.stdout.take().expect("the child's stdout");
+    let (tx, lines) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    Child { process, lines }
+}
+
+impl Child {
+    /// The rest of the first line the child prints after `marker`, within `wait`.
+    pub fn line_after(&self, marker: &str, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        while let Ok(line) = self.lines.recv_deadline(deadline) {
+            if let Some(rest) = line.split(marker).nth(1) {
+                return Some(rest.to_string());
+            }
+        }
+        None
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.process.try_wait().expect("try_wait").is_none()
+    }
+
+    /// SIGKILLs the child and reaps it.
+    pub fn kill(mut self) {
+        self.process.kill().expect("kill the child");
+        self.process.wait().expect("reap the child");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 /// A broker on `live`'s server whose pool (two connections, 1 s checkout timeout) is held
 /// whole by row lock deliveries, one per subscription (one subscription may not hold the whole
 /// pool): any statement it tries fails with `BrokerError::Pool`, so a test sees that an
