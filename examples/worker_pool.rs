@@ -2,8 +2,9 @@
 //!
 //! `cargo run --example worker_pool [postgres-url]` (default
 //! `postgres://postgres@127.0.0.1:5432/test`). Each email row is locked by an open transaction
-//! while its handler runs; a handler that panics drops its delivery and the row is rolled back,
-//! at once and with no attempt spent.
+//! while its handler runs; a handler that panics drops its delivery, which counts a failed
+//! attempt (committed with a short delay), and a crash of the process rolls the row back with
+//! no attempt spent.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
