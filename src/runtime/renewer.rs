@@ -135,14 +135,26 @@ impl Renewer {
 
 impl Drop for Renewer {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        let handle = self.thread.lock().take();
+        // The last handle may be dropped on the renewer's own thread (a context it ran a round
+        // for), perhaps while its loop holds `subs`: then the loop sees the flag by itself.
+        if handle
+            .as_ref()
+            .is_some_and(|h| h.thread().id() == std::thread::current().id())
+        {
+            self.shared.stop.store(true, Ordering::Release);
+            return;
+        }
+        {
+            // Under the lock the loop checks the flag and waits with: set outside it, the flag
+            // and the notify could both land between the loop's check and its wait, and the
+            // loop would wait for ever (and this join with it).
+            let _subs = self.shared.subs.lock();
+            self.shared.stop.store(true, Ordering::Release);
+        }
         self.shared.cv.notify_all();
-        if let Some(h) = self.thread.lock().take() {
-            // The last broker handle may be dropped on the renewer's own thread (a round holds
-            // a context, which holds the queue, which holds the pool, not the broker; but be safe).
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        if let Some(h) = handle {
+            let _ = h.join();
         }
     }
 }
@@ -353,6 +365,29 @@ mod tests {
             !healthy.log.lock().is_empty(),
             "the renewer stopped renewing"
         );
+    }
+
+    /// Dropping the renewer always joins its thread: the stop flag and its wake-up cannot slip
+    /// between the loop's check and its wait (a lost wake-up hung a CI run in the join). A race,
+    /// so many rounds; each must end within seconds.
+    #[test]
+    fn dropping_the_renewer_never_hangs() {
+        for _ in 0..300 {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            std::thread::spawn(move || {
+                let script = Arc::new(Script::default());
+                let ctx = ctx_with_lease(&script, 1);
+                let renewer = Renewer::default();
+                renewer.register(&ctx).unwrap();
+                drop(ctx);
+                drop(renewer);
+                let _ = tx.send(());
+            });
+            assert!(
+                rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+                "dropping the renewer hung"
+            );
+        }
     }
 
     /// A context whose table leases for `secs` (renewed every half of it).
