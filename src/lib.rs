@@ -8,7 +8,8 @@
 //! worker threads and hands them out as [`Delivery`]s through a blocking
 //! [`next_delivery`](Subscription::next_delivery); the application settles each one
 //! ([`ack`](Delivery::ack), [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after),
-//! [`dead_letter`](Delivery::dead_letter)).
+//! [`dead_letter`](Delivery::dead_letter), [`fail`](Delivery::fail)), or hands a closure to
+//! [`Subscription::run`], which acks, or fails by the [`RetryPolicy`], on threads of its own.
 //!
 //! ```
 //! use sqlbroker::{Broker, Message, Table};
@@ -90,8 +91,9 @@
 //!   advisory: within one process only).
 //! - Lease settlements are fenced by the token: a late settlement after the lease was lost
 //!   returns [`BrokerError::LeaseLost`] and changes nothing.
-//! - Delivery order is due time, then id, per claim; it is not a FIFO across workers, except
-//!   within a FIFO group ([`Table::fifo`]): one row at a time, in publish order.
+//! - Delivery order is priority ([`Table::priorities`]), then due time, then id, per claim; it
+//!   is not a FIFO across workers, except within a FIFO group ([`Table::fifo`]): one row at a
+//!   time, in publish order.
 //!
 //! ## Caveats
 //!
