@@ -7,14 +7,15 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{next, Db};
-use sqlbroker::{BrokerError, Delivery, Form, Message, NextError};
+use sqlbroker::{BrokerError, Delivery, Form, Message, NextError, Subscription};
 
 /// Subscription A claims three rows with a 1 s lease and stops renewing them
-/// (`shutdown(Duration::ZERO)` with the deliveries still held). Once the leases expire,
-/// subscription B on another broker claims them (attempt 2). A's late ack, dead letter and drop
-/// then change nothing (`LeaseLost`), and B settles all three.
-fn late_settlement_is_lease_lost(db: Db) {
-    let Some(live) = common::live(db) else { return };
+/// (`shutdown(Duration::ZERO)` with the deliveries held: `Unsettled`); once the leases expire,
+/// subscription B on another broker claims them (attempt 2). Returns the table, A's late
+/// deliveries and B's, in id order, and B.
+fn lost_to_another(
+    live: &common::Live,
+) -> (sqlbroker::Table, Vec<Delivery>, Vec<Delivery>, Subscription) {
     let t = live.table(Form::Lease, Duration::from_secs(1));
     let msgs = (0..3)
         .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
@@ -30,15 +31,28 @@ fn late_settlement_is_lease_lost(db: Db) {
         other => panic!("shutdown with three deliveries held returned {other:?}"),
     }
 
-    let other = live.connect();
-    let b = other.subscription(&t).batch_size(10).start().unwrap();
+    let b = live
+        .connect()
+        .subscription(&t)
+        .batch_size(10)
+        .start()
+        .unwrap();
     // The leases expire within ceil(now) + 1 s; B polls until then.
     let mut taken: Vec<Delivery> = (0..3).map(|_| next(&b, Duration::from_secs(10))).collect();
     taken.sort_by_key(Delivery::id);
     for (old, new) in held.iter().zip(&taken) {
         assert_eq!((new.id(), new.attempt()), (old.id(), 2));
     }
+    (t, held, taken, b)
+}
 
+/// Subscription A claims three rows with a 1 s lease and stops renewing them
+/// (`shutdown(Duration::ZERO)` with the deliveries still held). Once the leases expire,
+/// subscription B on another broker claims them (attempt 2). A's late ack, dead letter and drop
+/// then change nothing (`LeaseLost`), and B settles all three.
+fn late_settlement_is_lease_lost(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let (t, held, taken, b) = lost_to_another(&live);
     let mut held = held.into_iter();
     let e = held
         .next()
@@ -109,28 +123,7 @@ fn row_states(live: &common::Live, t: &sqlbroker::Table) -> Vec<(Option<i64>, Op
 /// had cleared the lease would make them `LeaseLost`).
 fn late_retry_is_lease_lost(db: Db) {
     let Some(live) = common::live(db) else { return };
-    let t = live.table(Form::Lease, Duration::from_secs(1));
-    let msgs = (0..3)
-        .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
-        .collect();
-    live.broker.publish_batch(&t, msgs).unwrap();
-
-    let a = live.broker.subscription(&t).batch_size(10).start().unwrap();
-    let mut held: Vec<Delivery> = (0..3).map(|_| next(&a, Duration::from_secs(10))).collect();
-    assert!(held.iter().all(|d| d.attempt() == 1));
-    held.sort_by_key(Delivery::id);
-    match a.shutdown(Duration::ZERO) {
-        Err(BrokerError::Unsettled { unsettled, .. }) => assert_eq!(unsettled, 3),
-        other => panic!("shutdown with three deliveries held returned {other:?}"),
-    }
-
-    let other = live.connect();
-    let b = other.subscription(&t).batch_size(10).start().unwrap();
-    let mut taken: Vec<Delivery> = (0..3).map(|_| next(&b, Duration::from_secs(10))).collect();
-    taken.sort_by_key(Delivery::id);
-    for (old, new) in held.iter().zip(&taken) {
-        assert_eq!((new.id(), new.attempt()), (old.id(), 2));
-    }
+    let (t, held, taken, b) = lost_to_another(&live);
     let before = row_states(&live, &t);
     assert_eq!(before.len(), 3);
     assert!(

@@ -254,21 +254,16 @@ pub(crate) trait Dialect: Send + Sync + 'static {
                 let found =
                     conn.query(&sql.claim, &[Value::Time(now), Value::Int(limit as i64)])?;
                 let ids: Vec<i64> = found.iter().filter_map(|r| r.first()?.as_i64()).collect();
-                let Some(last) = ids.last() else {
+                if ids.is_empty() {
                     return Ok(Vec::new());
-                };
-                let slots = ids.len().next_power_of_two();
+                }
+                let slots = size_class(ids.len());
                 let take = sql
                     .fifo_takes
                     .get(slots.trailing_zeros() as usize)
                     .ok_or_else(|| DbError::other(format!("a FIFO claim of {slots} rows")))?;
                 let mut params = vec![Value::Time(now), Value::Time(token)];
-                params.extend(
-                    ids.iter()
-                        .chain(std::iter::repeat(last))
-                        .take(slots)
-                        .map(|id| Value::Int(*id)),
-                );
+                id_params(&ids, slots, &mut params);
                 conn.query(take, &params)
             });
         }
@@ -389,6 +384,21 @@ pub(crate) fn in_transaction<T, S: AsRef<str>>(
         conn.rollback_or_discard();
     }
     r
+}
+
+/// The size class of a list of `n` ids or rows: the next power of two. Statements over a
+/// variable number of ids are built for a handful of sizes (padded by repeating the last), so
+/// few texts are prepared per connection.
+pub(crate) fn size_class(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+/// `ids` as parameters, padded to `slots` with the last id (a repeated id in `IN` or an `OR`
+/// list changes nothing).
+pub(crate) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
+    let last = ids.last().copied().unwrap_or_default();
+    out.extend(ids.iter().map(|id| Value::Int(*id)));
+    out.extend(std::iter::repeat(Value::Int(last)).take(slots.saturating_sub(ids.len())));
 }
 
 /// The row lock claim in one statement: `claim` `(now, 1)`, the row it took.

@@ -5,8 +5,8 @@
 
 use std::time::SystemTime;
 
-use super::sql::{id_params, id_slots, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
-use crate::dialect::{in_transaction, DbConn, FifoSql, TableSql};
+use super::sql::{renew_lock_sql, renew_set_sql, RENEW_BEGIN};
+use crate::dialect::{id_params, in_transaction, size_class, DbConn, FifoSql, TableSql};
 use crate::error::{DbError, DbErrorKind};
 use crate::schedule::epoch_secs;
 use crate::table::TableSpec;
@@ -56,7 +56,7 @@ pub(super) fn lease_renew(
         return Ok(ids);
     }
     in_transaction(conn, &RENEW_BEGIN, |conn| {
-        let slots = id_slots(ids.len());
+        let slots = size_class(ids.len());
         let mut params = Vec::with_capacity(slots);
         id_params(&ids, slots, &mut params);
         let rows = conn.query(&renew_lock_sql(spec, slots), &params)?;
@@ -76,7 +76,7 @@ pub(super) fn lease_renew(
             }
         }
         if !kept.is_empty() {
-            let slots = id_slots(kept.len());
+            let slots = size_class(kept.len());
             let mut params = Vec::with_capacity(slots + 1);
             params.push(Value::Time(token));
             id_params(&kept, slots, &mut params);
@@ -202,7 +202,7 @@ pub(super) fn fifo_lease_claim(
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let slots = id_slots(ids.len());
+        let slots = size_class(ids.len());
         let lock = fifo
             .lock_many
             .get(slots.trailing_zeros() as usize)
@@ -243,7 +243,7 @@ fn mark(
             *a += 1;
         }
     }
-    let slots = id_slots(ids.len());
+    let slots = size_class(ids.len());
     let mut params = Vec::with_capacity(slots + 1);
     params.push(Value::Time(token));
     id_params(&ids, slots, &mut params);

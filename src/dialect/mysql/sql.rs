@@ -7,7 +7,6 @@ use sha2::{Digest, Sha256};
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::{FifoSql, TableSql};
 use crate::table::{Form, TableSpec};
-use crate::Value;
 
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
@@ -52,23 +51,9 @@ pub(super) fn lock_name(db: &str, key: &str) -> String {
     hex
 }
 
-/// The size class of an id list: the next power of two, so a table prepares a handful of
-/// id-list statements rather than one per count.
-pub(super) fn id_slots(n: usize) -> usize {
-    n.max(1).next_power_of_two()
-}
-
 /// `?, ?, ..` for `n` parameters.
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
-}
-
-/// `ids` as parameters, padded to `slots` with the last id (a repeated id in `IN` changes
-/// nothing).
-pub(super) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
-    let last = ids.last().copied().unwrap_or_default();
-    out.extend(ids.iter().map(|id| Value::Int(*id)));
-    out.extend(std::iter::repeat(Value::Int(last)).take(slots - ids.len()));
 }
 
 /// Id-list size classes whose lease-claim update is built with the table: 1, 2, 4 .. 1024,
@@ -263,6 +248,7 @@ mod tests {
     use crate::dialect::Dialect;
     use crate::table::Isolation;
     use crate::Table;
+    use crate::Value;
 
     fn dialect() -> Mysql {
         Mysql::from_url("mysql://u@h/db", &crate::dialect::test_options()).unwrap()
@@ -466,11 +452,11 @@ mod tests {
     #[test]
     fn id_lists_are_padded_to_size_classes() {
         assert_eq!(
-            [0, 1, 2, 3, 5, 8, 9, 500].map(id_slots),
+            [0, 1, 2, 3, 5, 8, 9, 500].map(crate::dialect::size_class),
             [1, 1, 2, 4, 8, 8, 16, 512]
         );
         let mut p = vec![Value::Null];
-        id_params(&[7, 9, 4], id_slots(3), &mut p);
+        crate::dialect::id_params(&[7, 9, 4], crate::dialect::size_class(3), &mut p);
         assert_eq!(
             p,
             [

@@ -4,7 +4,8 @@
 
 use std::time::SystemTime;
 
-use super::sql::{renew_sql, size_class};
+use super::sql::renew_sql;
+use crate::dialect::size_class;
 use crate::dialect::DbConn;
 use crate::error::DbError;
 use crate::table::TableSpec;

@@ -150,12 +150,6 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     ddl
 }
 
-/// The next power of two: statements over a variable number of rows are built for a handful
-/// of sizes (padded by repeating the last row), so few texts are prepared per connection.
-pub(super) fn size_class(n: usize) -> usize {
-    n.max(1).next_power_of_two()
-}
-
 /// The renewal of `slots` leases: `(token, (id, held token) x slots)` -> the ids renewed.
 pub(super) fn renew_sql(spec: &TableSpec, slots: usize) -> String {
     let s = &SYNTAX;
@@ -236,7 +230,10 @@ mod tests {
              (\"id\" = $4 AND \"locked_until\" = $5) FOR UPDATE SKIP LOCKED) UPDATE \"thumbs\" AS q SET \
              \"locked_until\" = $1 FROM c WHERE q.\"id\" = c.\"id\" RETURNING q.\"id\""
         );
-        assert_eq!([1, 2, 3, 500].map(size_class), [1, 2, 4, 512]);
+        assert_eq!(
+            [1, 2, 3, 500].map(crate::dialect::size_class),
+            [1, 2, 4, 512]
+        );
     }
 
     #[test]
