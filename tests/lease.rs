@@ -277,11 +277,13 @@ fn extend_and_lease_check(db: Db) {
     d.ack().expect("the extended lease was lost");
     assert_eq!(live.rows(&t), 0);
 
-    // A lost lease: extend changes nothing.
+    // A lost lease: extend changes nothing. (B stops first, so that C, not B, claims the row.)
+    b.close();
     live.broker.publish(&t, common::msg("lost", "a")).unwrap();
     let c = live.broker.subscription(&t).start().unwrap();
     let old = next(&c, Duration::from_secs(10));
     let _ = c.shutdown(Duration::ZERO);
+    let b = other.subscription(&t).start().unwrap();
     let new = next(&b, Duration::from_secs(10));
     assert_eq!((new.id(), new.attempt()), (old.id(), 2));
     assert!(!old.lease_held(), "a lease past its deadline reads held");
