@@ -136,6 +136,27 @@ pub enum BrokerError {
         /// The broker's pool size.
         pool_size: u32,
     },
+    /// The delivery's handler ran past the subscription's
+    /// [`handler_timeout`](crate::SubscriptionBuilder::handler_timeout): the delivery was failed
+    /// (retried by the retry policy, or dead-lettered on its last attempt) and its row is
+    /// another claim's now. The settlement asked for changed nothing.
+    #[error("handler timeout on table {table}, row {id}: the handler ran past {after:?} and the delivery was failed")]
+    HandlerTimeout {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// The subscription's handler timeout.
+        after: Duration,
+    },
+    /// An option given to a builder is out of its range; nothing was started.
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption {
+        /// The builder method.
+        option: &'static str,
+        /// What is wrong, and the range that works.
+        reason: String,
+    },
     /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
     #[error("subscription on table {table} is closed")]
     Closed {
@@ -180,6 +201,11 @@ impl BrokerError {
     /// True for [`BrokerError::LeaseLost`].
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, BrokerError::LeaseLost { .. })
+    }
+
+    /// True for [`BrokerError::HandlerTimeout`].
+    pub fn is_handler_timeout(&self) -> bool {
+        matches!(self, BrokerError::HandlerTimeout { .. })
     }
 
     /// True for [`BrokerError::Duplicate`].

@@ -63,7 +63,35 @@
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
 //! `publish_batch`) enqueue inside the application's own driver transaction: the job exists
 //! if and only if it commits. [`postgres::in_delivery`] and [`mysql::in_delivery`] run the
-//! handler's own SQL inside a row lock delivery's transaction: it commits with the ack.
+//! handler's own SQL inside a row lock delivery's transaction: it commits with the ack; a retry,
+//! a dead letter, a drop or a crash undoes it.
+//!
+//! ## Handler timeouts
+//!
+//! [`SubscriptionBuilder::handler_timeout`] bounds how long a handler may hold a delivery:
+//! past it, the delivery is failed by the retry policy while the handler still runs (lease: the
+//! lease is cleared; advisory: the key is let go; row lock: the handler's SQL is rolled back and
+//! a statement it runs is cancelled on the server), and the handler is told
+//! ([`Delivery::timed_out`], [`BrokerError::HandlerTimeout`] from its settlement).
+//!
+//! ```
+//! use sqlbroker::{Broker, Message, Table};
+//! use std::time::Duration;
+//!
+//! let broker = Broker::connect("sqlite::memory:")?;
+//! let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+//! broker.create_table(&jobs)?;
+//! broker.publish(&jobs, Message::new(b"slow".to_vec()))?;
+//! let sub = broker
+//!     .subscription(&jobs)
+//!     .handler_timeout(Duration::from_millis(200))
+//!     .start()?;
+//! let d = sub.next_delivery().unwrap();
+//! std::thread::sleep(Duration::from_millis(600)); // a handler that takes too long
+//! assert!(d.timed_out());
+//! assert!(d.ack().unwrap_err().is_handler_timeout());
+//! # Ok::<(), sqlbroker::BrokerError>(())
+//! ```
 //!
 //! ## Support matrix
 //!

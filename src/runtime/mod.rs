@@ -23,6 +23,7 @@ pub(crate) mod renewer;
 pub(crate) mod slots;
 #[cfg(test)]
 pub(crate) mod testing;
+pub(crate) mod timer;
 pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};
@@ -153,6 +154,8 @@ pub(crate) struct SubOptions {
     pub advisory_scan: usize,
     /// The delay of a failed delivery ([`Delivery::fail`](crate::Delivery::fail)).
     pub retry: crate::RetryPolicy,
+    /// How long a handler may hold a delivery before it is failed for it.
+    pub handler_timeout: Option<Duration>,
 }
 
 /// What one subscription's threads and deliveries share.
@@ -165,6 +168,8 @@ pub(crate) struct Ctx {
     pub keys: Option<Arc<KeyRegistry>>,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
+    /// Runs the handler timeouts (only with a handler timeout).
+    pub timer: Option<timer::Timer>,
     last_error: Mutex<Option<String>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
@@ -188,10 +193,17 @@ impl Ctx {
             leases: LeaseBook::default(),
             keys,
             claiming: AtomicUsize::new(0),
+            timer: None,
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
         }
+    }
+
+    /// With the timer that runs handler timeouts.
+    pub fn with_timer(mut self, timer: timer::Timer) -> Self {
+        self.timer = Some(timer);
+        self
     }
 
     pub fn spec(&self) -> &TableSpec {

@@ -103,4 +103,7 @@ impl DbConn for Tracked {
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         self.conn.driver()
     }
+    fn session_id(&mut self) -> Option<u64> {
+        self.conn.session_id()
+    }
 }

@@ -160,5 +160,6 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         poll_interval: Duration::from_millis(10),
         advisory_scan: 32,
         retry: crate::RetryPolicy::default(),
+        handler_timeout: None,
     }
 }

@@ -178,6 +178,10 @@ impl DbConn for MyConn {
         Some(&mut self.conn)
     }
 
+    fn session_id(&mut self) -> Option<u64> {
+        Some(self.conn.connection_id().into())
+    }
+
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
         self.fits(sql, values)?;
         let p = params(values)?;

@@ -137,6 +137,10 @@ impl Dialect for Mysql {
         "MySQL"
     }
 
+    fn cancel_statement(&self, session: u64) -> Option<String> {
+        Some(sql::cancel(session))
+    }
+
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         conn::connect(&self.opts)
     }

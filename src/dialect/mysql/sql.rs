@@ -93,6 +93,11 @@ pub(super) const RENEW_BEGIN: [&str; 2] = [
 ];
 
 /// The statements of `spec` (see [`TableSql`] for each one's parameters).
+/// Cancels the statement connection `id` runs (its transaction stays open).
+pub(super) fn cancel(id: u64) -> String {
+    format!("KILL QUERY {id}")
+}
+
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {

@@ -26,6 +26,7 @@ pub(super) fn connect(config: &postgres::Config) -> Result<Box<dyn DbConn + Send
         statements: HashMap::new(),
         broken: false,
         unreadable: Vec::new(),
+        pid: None,
     }))
 }
 
@@ -36,6 +37,8 @@ struct PgConn {
     broken: bool,
     /// Cells of the last query that no [`Value`] can hold: `(row, reason)`.
     unreadable: Vec<(usize, String)>,
+    /// The backend's pid, once asked.
+    pid: Option<u64>,
 }
 
 impl PgConn {
@@ -168,6 +171,14 @@ fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 impl DbConn for PgConn {
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(&mut self.client)
+    }
+
+    fn session_id(&mut self) -> Option<u64> {
+        if self.pid.is_none() {
+            let row = self.client.query_one(super::sql::BACKEND_PID, &[]).ok()?;
+            self.pid = u64::try_from(row.get::<_, i32>(0)).ok();
+        }
+        self.pid
     }
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {

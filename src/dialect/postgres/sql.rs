@@ -30,6 +30,14 @@ fn quote_ident(s: &str) -> String {
 }
 
 /// The statements of `spec` (see [`TableSql`] for each one's parameters).
+/// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
+pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// Cancels the statement backend `pid` runs (the transaction stays open, aborted).
+pub(super) fn cancel(pid: u64) -> String {
+    format!("SELECT pg_cancel_backend({pid})")
+}
+
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
