@@ -237,6 +237,75 @@ impl Delivery {
         self.settle(Outcome::Ack)
     }
 
+    /// Acks many deliveries in one call, each result in the order given. Lease deliveries of
+    /// one subscription are deleted in one statement and one commit (per 256); the others
+    /// are acked one by one, as [`ack`](Delivery::ack) would. Each delivery's result is its
+    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out.
+    /// Take the batch with [`Subscription::next_batch`](crate::Subscription::next_batch).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Delivery, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// for i in 0..3u8 {
+    ///     broker.publish(&jobs, Message::new(vec![i]))?;
+    /// }
+    /// let sub = broker.subscription(&jobs).batch_size(3).start()?;
+    /// let batch = sub.next_batch(3, Duration::from_secs(5))?;
+    /// // ... handle each ...
+    /// for r in Delivery::ack_all(batch) {
+    ///     r?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ack_all(batch: impl IntoIterator<Item = Delivery>) -> Vec<Result<()>> {
+        let batch: Vec<Delivery> = batch.into_iter().collect();
+        let mut out: Vec<Option<Result<()>>> = (0..batch.len()).map(|_| None).collect();
+        // Lease deliveries, by subscription: (its context, [(index, id, cell)]).
+        type Leases<'a> = Vec<(&'a Arc<Ctx>, Vec<(usize, i64, Arc<LeaseCell>)>)>;
+        let mut leases: Leases<'_> = Vec::new();
+        let mut singles = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            let (hold, timed_out) = d.take();
+            match hold {
+                Some(Hold::Lease(cell)) if !timed_out => {
+                    match leases.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &d.ctx)) {
+                        Some((_, v)) => v.push((i, d.id, cell)),
+                        None => leases.push((&d.ctx, vec![(i, d.id, cell)])),
+                    }
+                }
+                // Back in place: `ack` settles it (and answers for a timeout) as usual.
+                Some(hold) => {
+                    *d.held.hold.lock() = Some(hold);
+                    singles.push(i);
+                }
+                None => singles.push(i),
+            }
+        }
+        for (ctx, group) in &leases {
+            let cells: Vec<(i64, Arc<LeaseCell>)> =
+                group.iter().map(|(_, id, c)| (*id, c.clone())).collect();
+            let within = ctx.queue.pool.connection_timeout();
+            let results = form::lease::ack_all(ctx, &cells, within);
+            for ((i, _, _), r) in group.iter().zip(results) {
+                out[*i] = Some(r);
+            }
+        }
+        drop(leases);
+        let mut batch: Vec<Option<Delivery>> = batch.into_iter().map(Some).collect();
+        for i in singles {
+            if let Some(d) = batch[i].take() {
+                out[i] = Some(d.ack());
+            }
+        }
+        // The rest drop here, their rows settled: their handler slots free.
+        drop(batch);
+        out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+    }
+
     /// Back into the queue for another attempt, due now (see
     /// [`retry_after`](Delivery::retry_after) for the last attempt).
     pub fn retry(self) -> Result<()> {

@@ -267,6 +267,25 @@ impl Subscription {
         }
     }
 
+    /// Up to `max` deliveries: waits up to `timeout` for the first, then takes those ready
+    /// now without waiting. [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
+    /// the subscription is closed. Settle them one by one, or together with
+    /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
+    /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
+    /// batch size (and `max_in_flight`) at least as large.
+    pub fn next_batch(&self, max: usize, timeout: Duration) -> Result<Vec<Delivery>, NextError> {
+        let first = self.next_delivery_timeout(timeout)?;
+        let mut batch = Vec::with_capacity(max.clamp(1, 1024));
+        batch.push(first);
+        while batch.len() < max {
+            match self.try_next_delivery() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        Ok(batch)
+    }
+
     /// Runs `handler` on `threads` threads of its own (`sqlbroker-run-<table>-<n>`) over every
     /// delivery until the subscription is closed, then returns once every handler in progress
     /// has finished; what it did, counted. For the common loop: [`next_delivery`] stays for a

@@ -309,6 +309,16 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError>;
 
+    /// Acks the leases `held` (`(id, token)` pairs; a row may come with several tokens, of
+    /// which it holds at most one) in one commit: deletes the rows still holding one of their
+    /// tokens and returns their ids. Those missing have lost their lease.
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError>;
+
     /// Inserts one row (`insert_one` parameters) and returns its id: `insert_id` where the
     /// database has `RETURNING`, else the driver's last insert id.
     fn insert_returning_id(

@@ -5,10 +5,10 @@
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -18,6 +18,7 @@ use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 pub(crate) mod claimer;
+pub(crate) mod group;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
@@ -45,7 +46,17 @@ pub(crate) struct Queue {
     /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
     /// statement) of an earlier batch of the same size.
     inserts: Mutex<HashMap<usize, Arc<str>>>,
+    /// Lease acks written together (group commit).
+    pub acks: AckGroup,
 }
+
+/// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
+/// batch's result is the set of ids deleted, or the kind of error its statement met.
+pub(crate) type AckGroup = group::GroupCommit<(i64, Vec<SystemTime>), AckBatch>;
+pub(crate) type AckBatch = std::result::Result<Arc<HashSet<i64>>, DbErrorKind>;
+
+/// The most leases one grouped ack writes.
+pub(crate) const ACK_GROUP_MAX: usize = 256;
 
 impl Queue {
     pub fn new(
@@ -64,6 +75,7 @@ impl Queue {
             wake,
             statement_timeout,
             inserts: Mutex::default(),
+            acks: AckGroup::new(ACK_GROUP_MAX),
         }
     }
 

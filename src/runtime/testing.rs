@@ -103,6 +103,15 @@ impl Dialect for Scripted {
         self.0.log.lock().push("renew".into());
         Ok(held.iter().map(|(id, _)| *id).collect())
     }
+    fn lease_ack_many(
+        &self,
+        _: &mut dyn DbConn,
+        _: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        self.0.log.lock().push(format!("ack {}", held.len()));
+        Ok(held.iter().map(|(id, _)| *id).collect())
+    }
 }
 
 struct Conn {

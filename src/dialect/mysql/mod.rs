@@ -1,8 +1,8 @@
 //! MySQL 8.0.1+ and MariaDB 10.6+. All MySQL-protocol SQL and `mysql` driver calls live here.
 //!
-//! - Row lock: `SET TRANSACTION ISOLATION LEVEL ..` (READ COMMITTED unless the table names
-//!   another level: a locking read then locks the rows it takes, not the gaps between them, so
-//!   publishers never wait on a claim), `START TRANSACTION`, then
+//! - Row lock: `START TRANSACTION` at the session's READ COMMITTED, set once per connection (a
+//!   table naming another level adds a `SET TRANSACTION`): a locking read then locks the rows
+//!   it takes, not the gaps between them, so publishers never wait on a claim; then
 //!   `SELECT .. FOR UPDATE SKIP LOCKED`; the transaction stays open on the delivery's connection.
 //! - Lease claim: no `UPDATE .. RETURNING` (MySQL has none, MariaDB 10.x none for `UPDATE`), so
 //!   one transaction at the claim isolation: a locking select `FOR UPDATE SKIP LOCKED` of the
@@ -109,9 +109,12 @@ impl Mysql {
         let secs = conn.statement_timeout.as_secs().max(1);
         let mut builder = OptsBuilder::from_opts(opts)
             .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
-            .init(vec![format!(
-                "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
-            )]);
+            .init(vec![
+                format!(
+                    "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
+                ),
+                sql::SESSION_ISOLATION.to_string(),
+            ]);
         let socket = Some(conn.statement_timeout + SOCKET_MARGIN);
         if !normalized.contains("read_timeout=") {
             builder = builder.read_timeout(socket);
@@ -221,6 +224,15 @@ impl Dialect for Mysql {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_ack_many(conn, spec, held)
     }
 
     fn advisory_take(
