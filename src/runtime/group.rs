@@ -3,15 +3,16 @@
 //!
 //! A caller queues its item and, if fewer than [`FLUSHERS`] flushes are running, becomes a
 //! leader: it takes everything queued (at most `max` items), writes it with the caller's
-//! `flush` outside the lock, and publishes the batch's result to every caller in it. The others
-//! wait for their batch's result. A lone caller writes its own item at once (no added delay):
+//! `flush` outside the lock, posts the batch's result to each caller in it, and pokes the
+//! first caller still queued to lead next. The others wait, each on a signal of its own, so a
+//! flush wakes only its own callers. A lone caller writes its own item at once (no added delay):
 //! batching comes only from concurrency, never from waiting for company.
 //!
 //! No lock is held across the flush (SQL). A flush that panics gives its batch the `fallback`
 //! result, so no caller waits for ever.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -21,16 +22,31 @@ const FLUSHERS: usize = 2;
 
 pub(crate) struct GroupCommit<I, R> {
     state: Mutex<State<I, R>>,
-    cv: Condvar,
     max: usize,
 }
 
 struct State<I, R> {
-    queued: Vec<(u64, I)>,
-    /// Results of finished batches by ticket, taken by their callers.
-    done: HashMap<u64, R>,
-    next: u64,
+    queued: Vec<(I, Arc<Signal<R>>)>,
     flushing: usize,
+}
+
+/// One caller's mailbox: its batch's result, or a poke to try to lead. Each caller waits on
+/// its own, so a finished flush wakes exactly its own callers (and one caller to lead the
+/// next), not every waiting thread.
+struct Signal<R> {
+    slot: Mutex<(Option<R>, bool)>,
+    cv: Condvar,
+}
+
+impl<R> Signal<R> {
+    fn post(&self, result: Option<R>) {
+        let mut slot = self.slot.lock();
+        match result {
+            Some(r) => slot.0 = Some(r),
+            None => slot.1 = true,
+        }
+        self.cv.notify_one();
+    }
 }
 
 impl<I, R: Clone> GroupCommit<I, R> {
@@ -39,11 +55,8 @@ impl<I, R: Clone> GroupCommit<I, R> {
         GroupCommit {
             state: Mutex::new(State {
                 queued: Vec::new(),
-                done: HashMap::new(),
-                next: 0,
                 flushing: 0,
             }),
-            cv: Condvar::new(),
             max: max.max(1),
         }
     }
@@ -51,43 +64,59 @@ impl<I, R: Clone> GroupCommit<I, R> {
     /// Writes `item` with others queued meanwhile; returns the result of the batch it was
     /// written in (`fallback` if that batch's flush panicked).
     pub fn run(&self, item: I, flush: &dyn Fn(Vec<I>) -> R, fallback: &R) -> R {
-        let mut st = self.state.lock();
-        let ticket = st.next;
-        st.next += 1;
-        st.queued.push((ticket, item));
+        let signal = Arc::new(Signal {
+            slot: Mutex::new((None, false)),
+            cv: Condvar::new(),
+        });
+        self.state.lock().queued.push((item, signal.clone()));
         loop {
-            if let Some(r) = st.done.remove(&ticket) {
+            {
+                // Only a caller whose item still waits leads: one whose item is being written
+                // returns as soon as that flush ends, never held up by the next one.
+                let mut st = self.state.lock();
+                let mine = st.queued.iter().any(|(_, s)| Arc::ptr_eq(s, &signal));
+                if mine && st.flushing < FLUSHERS {
+                    self.lead(&mut st, flush, fallback);
+                }
+            }
+            let mut slot = signal.slot.lock();
+            if let Some(r) = slot.0.take() {
                 return r;
             }
-            if st.flushing < FLUSHERS && !st.queued.is_empty() {
-                self.lead(&mut st, flush, fallback);
+            if slot.1 {
+                slot.1 = false;
                 continue;
             }
-            // A leader always finishes (a panicking flush included) and notifies.
-            self.cv.wait(&mut st);
+            // A leader always posts its batch's results (a panicking flush included) and pokes
+            // the next caller queued, so this wait ends.
+            signal.cv.wait(&mut slot);
+            if let Some(r) = slot.0.take() {
+                return r;
+            }
+            slot.1 = false;
         }
     }
 
-    /// Writes what is queued (up to `max`) and posts the result to its callers.
-    fn lead(
-        &self,
-        st: &mut MutexGuard<'_, State<I, R>>,
-        flush: &dyn Fn(Vec<I>) -> R,
-        fallback: &R,
-    ) {
+    /// Writes what is queued (up to `max`), posts the result to its callers, and pokes the
+    /// first caller still queued to lead the next batch.
+    fn lead(&self, st: &mut MutexGuard<'_, State<I, R>>, flush: &dyn Fn(Vec<I>) -> R, fallback: &R) {
         let n = st.queued.len().min(self.max);
-        let (tickets, items): (Vec<u64>, Vec<I>) = st.queued.drain(..n).unzip();
+        let (items, signals): (Vec<I>, Vec<Arc<Signal<R>>>) = st.queued.drain(..n).unzip();
         st.flushing += 1;
-        let result = MutexGuard::unlocked(st, || catch_unwind(AssertUnwindSafe(|| flush(items))));
-        st.flushing -= 1;
-        let result = result.unwrap_or_else(|_| {
-            log::error!("a grouped settlement panicked; its callers settle one by one");
-            fallback.clone()
+        MutexGuard::unlocked(st, || {
+            let result = catch_unwind(AssertUnwindSafe(|| flush(items)));
+            let result = result.unwrap_or_else(|_| {
+                log::error!("a grouped settlement panicked; its callers settle one by one");
+                fallback.clone()
+            });
+            for s in &signals {
+                s.post(Some(result.clone()));
+            }
         });
-        for t in tickets {
-            st.done.insert(t, result.clone());
+        st.flushing -= 1;
+        if let Some((_, next)) = st.queued.first() {
+            next.post(None);
         }
-        self.cv.notify_all();
     }
 }
 
