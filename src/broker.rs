@@ -103,13 +103,26 @@ impl BrokerBuilder {
         self
     }
 
-    /// Parses the URL, builds the pool and opens one connection to prove the database is there.
+    /// Parses the URL, opens one connection to prove the database is there, and builds the
+    /// pool around it.
+    ///
+    /// The first connection is made once, not retried: a server that refuses it (a password,
+    /// an unknown database), a TLS handshake that fails (a certificate that does not verify)
+    /// or a server that cannot be reached returns [`BrokerError::Connect`] at once with the
+    /// server's or the TLS library's reason, rather than after the pool's
+    /// [`connection_timeout`](BrokerBuilder::connection_timeout). Its
+    /// [`is_transient`](BrokerError::is_transient) tells whether trying again may help.
     pub fn build(self) -> Result<Broker> {
         let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
             .map_or(self.pool_size, |cap| cap.min(self.pool_size));
-        let pool = pool::build(dialect.clone(), size, self.connection_timeout);
+        let first = dialect.connect().map_err(|e| BrokerError::Connect {
+            database: dialect.database(),
+            kind: e.kind,
+            source: e.source,
+        })?;
+        let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
         let broker = Broker {
             inner: Arc::new(Inner {
                 dialect,

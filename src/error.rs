@@ -90,6 +90,23 @@ pub enum BrokerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The first connection, made by [`BrokerBuilder::build`](crate::BrokerBuilder::build)
+    /// before anything else, failed: `source` is the server's or the TLS library's reason (a
+    /// password refused, an unknown database, a certificate that does not verify, a server
+    /// that does not answer). It fails at once, without waiting for the pool's timeout.
+    /// [`is_transient`](BrokerError::is_transient) tells whether the same attempt may succeed
+    /// later ([`DbErrorKind::ConnectionLost`]: the server could not be reached, is starting,
+    /// or has no free connection) or not ([`DbErrorKind::Other`]: refused, or TLS failed).
+    #[error("could not connect to {database}: {source}")]
+    Connect {
+        /// `PostgreSQL`, `MySQL` or `SQLite`.
+        database: &'static str,
+        /// Whether trying again may help.
+        kind: DbErrorKind,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// No pooled connection could be had in time; carries the pool's last connection error.
     #[error("no database connection for {op}{} within {timeout:?}: {source}", on_table(.table))]
     Pool {
@@ -168,10 +185,13 @@ pub enum DbErrorKind {
 
 impl BrokerError {
     /// True when trying the same thing again later may succeed: transient database errors,
-    /// lost connections and pool timeouts.
+    /// lost connections, a first connection that could not reach the server, and pool
+    /// timeouts.
     pub fn is_transient(&self) -> bool {
         match self {
-            BrokerError::Database { kind, .. } => *kind != DbErrorKind::Other,
+            BrokerError::Database { kind, .. } | BrokerError::Connect { kind, .. } => {
+                *kind != DbErrorKind::Other
+            }
             BrokerError::Pool { .. } => true,
             _ => false,
         }
