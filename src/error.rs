@@ -71,6 +71,27 @@ pub enum BrokerError {
         /// The unfinished row that holds the key.
         id: i64,
     },
+    /// A value could not be written as a payload (`Message::json`, cargo feature `serde`):
+    /// nothing was published.
+    #[error("could not encode the payload: {source}")]
+    Encode {
+        /// The serializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A delivery's payload did not decode into the type asked for (`Delivery::json`, cargo
+    /// feature `serde`). The delivery still holds its row: settle it (a dead letter keeps the
+    /// payload for inspection).
+    #[error("payload of row {id} on table {table} does not decode: {source}")]
+    Decode {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// The deserializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The URL given to [`Broker::connect`](crate::Broker::connect) is not one we understand.
     #[error("invalid database url: {reason}")]
     InvalidUrl {

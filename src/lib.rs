@@ -116,6 +116,8 @@ mod delivery;
 mod dialect;
 mod error;
 mod form;
+#[cfg(feature = "serde")]
+mod json;
 mod keys;
 mod message;
 #[cfg(feature = "mysql")]
