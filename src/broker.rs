@@ -151,6 +151,26 @@ impl Broker {
     /// Connects with default options. The URL picks the database:
     /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.1+ or
     /// MariaDB 10.6+), `sqlite:path/to/file.db`, or `sqlite::memory:`.
+    ///
+    /// TLS (feature `tls`) as each ecosystem spells it: PostgreSQL's
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`) and
+    /// `sslrootcert=<file>|system`; MySQL's `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`
+    /// and the `mysql` crate's options (`root_cert_path`, ...). See the crate docs.
+    ///
+    /// ```no_run
+    /// use sqlbroker::Broker;
+    ///
+    /// let pg = Broker::connect(
+    ///     "postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// let my = Broker::connect(
+    ///     "mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    ///
+    /// Fails at once with [`BrokerError::Connect`] if the first connection cannot be made (see
+    /// [`BrokerBuilder::build`]).
     pub fn connect(url: &str) -> Result<Broker> {
         Broker::builder(url).build()
     }
