@@ -71,6 +71,27 @@ pub enum BrokerError {
         /// The unfinished row that holds the key.
         id: i64,
     },
+    /// A value could not be written as a payload (`Message::json`, cargo feature `serde`):
+    /// nothing was published.
+    #[error("could not encode the payload: {source}")]
+    Encode {
+        /// The serializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A delivery's payload did not decode into the type asked for (`Delivery::json`, cargo
+    /// feature `serde`). The delivery still holds its row: settle it (a dead letter keeps the
+    /// payload for inspection).
+    #[error("payload of row {id} on table {table} does not decode: {source}")]
+    Decode {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// The deserializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The URL given to [`Broker::connect`](crate::Broker::connect) is not one we understand.
     #[error("invalid database url: {reason}")]
     InvalidUrl {
@@ -85,6 +106,23 @@ pub enum BrokerError {
         /// The table (empty for the server checks).
         table: String,
         /// How to treat it.
+        kind: DbErrorKind,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The first connection, made by [`BrokerBuilder::build`](crate::BrokerBuilder::build)
+    /// before anything else, failed: `source` is the server's or the TLS library's reason (a
+    /// password refused, an unknown database, a certificate that does not verify, a server
+    /// that does not answer). It fails at once, without waiting for the pool's timeout.
+    /// [`is_transient`](BrokerError::is_transient) tells whether the same attempt may succeed
+    /// later ([`DbErrorKind::ConnectionLost`]: the server could not be reached, is starting,
+    /// or has no free connection) or not ([`DbErrorKind::Other`]: refused, or TLS failed).
+    #[error("could not connect to {database}: {source}")]
+    Connect {
+        /// `PostgreSQL`, `MySQL` or `SQLite`.
+        database: &'static str,
+        /// Whether trying again may help.
         kind: DbErrorKind,
         /// The driver's error.
         #[source]
@@ -189,10 +227,13 @@ pub enum DbErrorKind {
 
 impl BrokerError {
     /// True when trying the same thing again later may succeed: transient database errors,
-    /// lost connections and pool timeouts.
+    /// lost connections, a first connection that could not reach the server, and pool
+    /// timeouts.
     pub fn is_transient(&self) -> bool {
         match self {
-            BrokerError::Database { kind, .. } => *kind != DbErrorKind::Other,
+            BrokerError::Database { kind, .. } | BrokerError::Connect { kind, .. } => {
+                *kind != DbErrorKind::Other
+            }
             BrokerError::Pool { .. } => true,
             _ => false,
         }

@@ -93,6 +93,38 @@
 //! # Ok::<(), sqlbroker::BrokerError>(())
 //! ```
 //!
+//! ## Connecting and TLS
+//!
+//! [`Broker::connect`] makes one connection before it returns: a refused login, a certificate
+//! that does not verify or a server that is not there is [`BrokerError::Connect`] at once,
+//! with the server's or the TLS library's reason. TLS is spelled in the URL as each ecosystem
+//! spells it (feature `tls`):
+//!
+//! - PostgreSQL: libpq's `sslmode=disable|prefer|require|verify-ca|verify-full` (default
+//!   `prefer`) and `sslrootcert=<file>|system` (without it, `verify-*` trust the Mozilla roots
+//!   of `webpki-roots`); e.g.
+//!   `postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem`.
+//! - MySQL/MariaDB: the `mysql` crate's URL options (`root_cert_path`,
+//!   `danger_skip_domain_validation`, `danger_accept_invalid_certs`, `cert_chain_path` and
+//!   `priv_key_path`), plus the MySQL client's
+//!   `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`; e.g.
+//!   `mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem`.
+//!
+//! ## Cargo features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `postgres` | on | PostgreSQL (`postgres` crate) and [`postgres`] module |
+//! | `mysql` | on | MySQL 8.0.1+ / MariaDB 10.6+ (`mysql` crate) and [`mysql`] module |
+//! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
+//! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
+//! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
+//!
+//! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
+//! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
+//! needs). Without it, `sslmode=prefer` connects in plain text and a URL that demands TLS is
+//! refused with [`BrokerError::InvalidUrl`].
+//!
 //! ## Support matrix
 //!
 //! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |
@@ -132,7 +164,10 @@
 //! - An advisory claim reads at most 10,000 ready rows: rows of a free key queued behind more
 //!   than that many rows of keys in work wait until some of those settle.
 //! - Times (due times, lease deadlines) are whole seconds from the host's clock.
-//! - Connections are plain TCP: no TLS yet.
+//! - TLS defaults follow each driver: a PostgreSQL URL without `sslmode` encrypts when the
+//!   server offers TLS but checks no certificate (libpq's `prefer`); a MySQL URL without TLS
+//!   options is plain text. Say `sslmode=verify-full` / `ssl-mode=VERIFY_IDENTITY` to be sure
+//!   of the server.
 //! - The row lock form holds a connection and an open transaction per in-flight delivery; on
 //!   PostgreSQL a long one holds back vacuum.
 
@@ -144,6 +179,8 @@ mod delivery;
 mod dialect;
 mod error;
 mod form;
+#[cfg(feature = "serde")]
+mod json;
 mod keys;
 mod message;
 #[cfg(feature = "mysql")]

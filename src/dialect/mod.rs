@@ -29,6 +29,7 @@ pub(crate) mod postgres;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+pub(crate) mod url;
 
 /// Where the user columns start in a claimed row.
 pub(crate) const ROW_USER_COLUMNS: usize = 3;

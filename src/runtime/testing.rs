@@ -155,7 +155,7 @@ pub(crate) fn ctx(script: &Arc<Script>, form: Form, opts: SubOptions) -> Arc<Ctx
     };
     let spec = table.validate().unwrap();
     let sql = dialect.compile(&spec);
-    let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1));
+    let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1), None);
     let wake = Arc::default();
     let queue = Queue::new(spec, sql, dialect, pool, wake, Duration::from_secs(1));
     Arc::new(Ctx::new(Arc::new(queue), opts, None))
