@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::delivery::Delivery;
 use crate::error::{BrokerError, NextError, Result};
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
+use crate::form;
 use crate::runtime::{claimer, Ctx, Queue, SubOptions};
 use crate::table::Form;
 use crate::RetryPolicy;
@@ -180,6 +181,8 @@ impl<'a> SubscriptionBuilder<'a> {
         let (alive, exited) = crossbeam_channel::bounded::<()>(0);
         let sub = Subscription {
             rx: rx.clone(),
+            tx: tx.clone(),
+            idle_here: parking_lot::Mutex::new(None),
             ctx: ctx.clone(),
             exited,
             waited: AtomicBool::new(false),
@@ -216,6 +219,11 @@ impl<'a> SubscriptionBuilder<'a> {
 /// not handed out are returned to the table).
 pub struct Subscription {
     rx: Receiver<Delivery>,
+    /// For the rest of a claim run on a handler's thread ([`Subscription::claim_here`]).
+    tx: Sender<Delivery>,
+    /// When a claim on a handler's thread last found nothing, and the wake-up count then: no
+    /// other is tried before a publish or the poll interval (the workers poll meanwhile).
+    idle_here: parking_lot::Mutex<Option<(Instant, u64)>>,
     ctx: Arc<Ctx>,
     /// Disconnected once every claim worker has ended.
     exited: Receiver<()>,
@@ -229,6 +237,9 @@ impl Subscription {
     pub fn next_delivery(&self) -> Option<Delivery> {
         if self.ctx.stopped() {
             return None;
+        }
+        if let Some(d) = self.claim_here() {
+            return Some(d);
         }
         loop {
             match self.rx.recv_timeout(Duration::from_millis(100)) {
@@ -245,6 +256,9 @@ impl Subscription {
     pub fn next_delivery_timeout(&self, timeout: Duration) -> Result<Delivery, NextError> {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
+        }
+        if let Some(d) = self.claim_here() {
+            return Ok(d);
         }
         match self.rx.recv_timeout(timeout) {
             Ok(d) => self.fresh(d).ok_or(NextError::Closed),
@@ -462,6 +476,47 @@ impl Subscription {
         }
         // Whatever a worker sent before it ended.
         self.drain();
+    }
+
+    /// With nothing queued, claims on the calling thread instead of waiting for a worker to
+    /// claim and send: one thread hand-off less per delivery, which is most of a cycle's cost
+    /// on SQLite. The first row is this caller's, the rest are queued for the others. Skipped
+    /// while a worker is claiming (its rows are on their way), when no connection is idle, and
+    /// after an empty claim until a publish or the poll interval; an error is left to the
+    /// workers, which retry and report it.
+    fn claim_here(&self) -> Option<Delivery> {
+        let ctx = &self.ctx;
+        if !self.rx.is_empty()
+            || ctx.claiming.load(Ordering::Acquire) > 0
+            || ctx.queue.pool.state().idle_connections == 0
+        {
+            return None;
+        }
+        let seq = ctx.queue.wake.seq();
+        if let Some((at, seen)) = *self.idle_here.lock() {
+            if seen == seq && at.elapsed() < ctx.opts.poll_interval {
+                return None;
+            }
+        }
+        let slots = ctx.slots.try_take(ctx.opts.batch)?;
+        ctx.claiming.fetch_add(1, Ordering::AcqRel);
+        let claimed = form::claim(ctx, slots.count());
+        ctx.claiming.fetch_sub(1, Ordering::AcqRel);
+        let (fresh, dead) = claimer::sort(ctx, claimed.ok()?, slots);
+        *self.idle_here.lock() = fresh.is_empty().then(|| (Instant::now(), seq));
+        let mut fresh = fresh.into_iter();
+        let first = fresh.next();
+        ctx.slots.enqueue(fresh.len());
+        for d in fresh {
+            // The slot is the delivery's; a failed send drops it, which hands the row back.
+            let _ = self.tx.send(d);
+        }
+        claimer::bury(ctx, dead);
+        if ctx.stopped() {
+            // Dropped before it was handed out: the row goes back unspent.
+            return None;
+        }
+        first.map(Delivery::hand_out)
     }
 
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).

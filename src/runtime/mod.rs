@@ -48,6 +48,9 @@ pub(crate) struct Queue {
     inserts: Mutex<HashMap<usize, Arc<str>>>,
     /// Lease acks written together (group commit).
     pub acks: AckGroup,
+    /// Server advisory form: the keys this broker's sessions hold on this table (a claim
+    /// skips them without asking the server).
+    pub held_here: Arc<KeyRegistry>,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -76,6 +79,7 @@ impl Queue {
             statement_timeout,
             inserts: Mutex::default(),
             acks: AckGroup::new(ACK_GROUP_MAX),
+            held_here: Arc::default(),
         }
     }
 

@@ -63,6 +63,17 @@ impl Slots {
         self.acquire(max).map(|n| Taken { slots: self, n })
     }
 
+    /// Up to `max` free slots without waiting; `None` if none is free or the slots are closed.
+    pub fn try_take(&self, max: usize) -> Option<Taken<'_>> {
+        let mut st = self.state.lock();
+        if st.closed || st.free == 0 {
+            return None;
+        }
+        let n = st.free.min(max.max(1));
+        st.free -= n;
+        Some(Taken { slots: self, n })
+    }
+
     pub fn release(&self, n: usize) {
         if n == 0 {
             return;
