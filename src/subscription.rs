@@ -9,9 +9,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::delivery::Delivery;
 use crate::error::{BrokerError, NextError, Result};
+use crate::form;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
-use crate::form;
 use crate::runtime::{claimer, Ctx, Queue, SubOptions};
 use crate::table::Form;
 use crate::RetryPolicy;
@@ -35,6 +35,24 @@ pub struct SubscriptionBuilder<'a> {
     handler_timeout: Option<Duration>,
 }
 
+impl std::fmt::Debug for SubscriptionBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let table = match &self.queue {
+            Ok(q) => q.spec.name.as_str(),
+            Err(_) => "(invalid)",
+        };
+        f.debug_struct("SubscriptionBuilder")
+            .field("table", &table)
+            .field("workers", &self.workers)
+            .field("batch_size", &self.batch)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("poll_interval", &self.poll_interval)
+            .field("retry_policy", &self.retry)
+            .field("handler_timeout", &self.handler_timeout)
+            .finish()
+    }
+}
+
 impl<'a> SubscriptionBuilder<'a> {
     pub(crate) fn new(queue: Result<Arc<Queue>>, renewer: Arc<Renewer>) -> Self {
         SubscriptionBuilder {
@@ -50,30 +68,33 @@ impl<'a> SubscriptionBuilder<'a> {
         }
     }
 
-    /// Claim worker threads, each claiming on its own pooled connection. Default 1, at most 256.
+    /// Claim worker threads, each claiming on its own pooled connection. Default 1; from 1 to
+    /// 256 ([`start`](SubscriptionBuilder::start) refuses others with
+    /// [`BrokerError::InvalidOption`]).
     pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.clamp(1, 256);
+        self.workers = n;
         self
     }
 
-    /// The most rows one claim takes. Default 10, at most 1,000. The row lock form, and the advisory form on a
-    /// server, take one row per claim, since each such row holds a connection of its own.
+    /// The most rows one claim takes. Default 10; from 1 to 1,000. The row lock form, and the
+    /// advisory form on a server, take one row per claim, since each such row holds a
+    /// connection of its own.
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch = n.clamp(1, 1_000);
+        self.batch = n;
         self
     }
 
     /// The most rows claimed and not yet settled (handler slots), counting rows waiting in the
     /// channel. Default: `workers` in the row lock form and the server advisory form,
     /// `workers x batch_size` otherwise. In the row lock and server advisory forms every such row
-    /// holds a pooled connection, so keep it below the pool size. At most 100,000.
+    /// holds a pooled connection, so keep it below the pool size. From 1 to 100,000.
     pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = Some(n.clamp(1, 100_000));
+        self.max_in_flight = Some(n);
         self
     }
 
     /// How long an idle worker waits before it claims again when no wake-up arrives. Default
-    /// 250 ms. Publishes through the same [`Broker`](crate::Broker) wake the workers at once;
+    /// 250 ms; from 1 ms to an hour. Publishes through the same [`Broker`](crate::Broker) wake the workers at once;
     /// rows published by other processes are seen within this interval.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
@@ -117,18 +138,54 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
+    /// Every option in its range.
+    fn check(&self) -> Result<()> {
+        let invalid = |option, reason: &str| {
+            Err(BrokerError::InvalidOption {
+                option,
+                reason: reason.into(),
+            })
+        };
+        if !(1..=256).contains(&self.workers) {
+            return invalid("workers", "from 1 to 256 claim workers");
+        }
+        if !(1..=1_000).contains(&self.batch) {
+            return invalid("batch_size", "from 1 to 1,000 rows per claim");
+        }
+        if self
+            .max_in_flight
+            .is_some_and(|n| !(1..=100_000).contains(&n))
+        {
+            return invalid("max_in_flight", "from 1 to 100,000 deliveries");
+        }
+        if !(Duration::from_millis(1)..=Duration::from_secs(3_600)).contains(&self.poll_interval) {
+            return invalid(
+                "poll_interval",
+                "from 1 ms (shorter spins a core) to an hour",
+            );
+        }
+        if self.handler_timeout == Some(Duration::ZERO) {
+            return invalid(
+                "handler_timeout",
+                "a handler timeout must be longer than zero",
+            );
+        }
+        Ok(())
+    }
+
     /// Validates the table, checks the form against the database (`Unsupported`), the server's
     /// version (`ServerTooOld`) and, in the forms whose deliveries hold a connection, that the
     /// pool has one to spare beyond `max_in_flight` (`PoolTooSmall`), then starts the claim
     /// workers (and, for a lease table, the renewer).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for an option out of its range,
+    /// [`BrokerError::InvalidTable`] for an invalid description, and the errors named above;
+    /// nothing is started then.
     pub fn start(self) -> Result<Subscription> {
+        self.check()?;
         let queue = self.queue?;
-        if self.handler_timeout == Some(Duration::ZERO) {
-            return Err(BrokerError::InvalidOption {
-                option: "handler_timeout",
-                reason: "a handler timeout must be longer than zero".into(),
-            });
-        }
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
         if queue.spec.fifo {
@@ -268,7 +325,7 @@ impl Subscription {
         }
     }
 
-    /// A delivery that is ready now, without waiting: [`NextError::Timeout`] if none is,
+    /// A delivery that is ready now, without waiting: [`NextError::Empty`] if none is,
     /// [`NextError::Closed`] once the subscription is closed.
     pub fn try_next_delivery(&self) -> Result<Delivery, NextError> {
         if self.ctx.stopped() {
@@ -276,7 +333,7 @@ impl Subscription {
         }
         match self.rx.try_recv() {
             Ok(d) => self.fresh(d).ok_or(NextError::Closed),
-            Err(TryRecvError::Empty) => Err(NextError::Timeout),
+            Err(TryRecvError::Empty) => Err(NextError::Empty),
             Err(TryRecvError::Disconnected) => Err(NextError::Closed),
         }
     }
@@ -442,7 +499,7 @@ impl Subscription {
     /// leases are no longer renewed (the rows return when they expire, and a late settlement
     /// may get `LeaseLost`); row lock and advisory deliveries keep their rows until settled or
     /// dropped.
-    pub fn shutdown(self, grace: Duration) -> Result<()> {
+    pub fn shutdown(&self, grace: Duration) -> Result<()> {
         let start = Instant::now();
         let deadline = start.checked_add(grace);
         let workers_by = deadline
@@ -574,6 +631,7 @@ pub struct Ran {
 }
 
 /// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).
+#[derive(Debug)]
 pub struct Iter<'a> {
     sub: &'a Subscription,
 }

@@ -44,6 +44,8 @@ pub(crate) struct KeyHold {
     holder: Holder,
 }
 
+// One per delivery, moved a handful of times: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Holder {
     /// In the process's registry (SQLite); given back when dropped.
     Process(ProcessKey),

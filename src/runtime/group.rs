@@ -99,7 +99,12 @@ impl<I, R: Clone> GroupCommit<I, R> {
 
     /// Writes what is queued (up to `max`), posts the result to its callers, and pokes the
     /// first caller still queued to lead the next batch.
-    fn lead(&self, st: &mut MutexGuard<'_, State<I, R>>, flush: &dyn Fn(Vec<I>) -> R, fallback: &R) {
+    fn lead(
+        &self,
+        st: &mut MutexGuard<'_, State<I, R>>,
+        flush: &dyn Fn(Vec<I>) -> R,
+        fallback: &R,
+    ) {
         let n = st.queued.len().min(self.max);
         let (items, signals): (Vec<I>, Vec<Arc<Signal<R>>>) = st.queued.drain(..n).unzip();
         st.flushing += 1;

@@ -103,7 +103,7 @@ impl Queue {
             op,
             table: self.spec.name.clone(),
             timeout: self.pool.connection_timeout(),
-            source,
+            source: source.into(),
         })
     }
 
@@ -117,7 +117,7 @@ impl Queue {
                 op,
                 table: self.spec.name.clone(),
                 timeout,
-                source,
+                source: source.into(),
             })
     }
 
@@ -267,7 +267,7 @@ impl Ctx {
                         op: "claim",
                         table: self.spec().name.clone(),
                         timeout: pool.connection_timeout(),
-                        source: e,
+                        source: e.into(),
                     })
                 }
                 Err(_) => {}
