@@ -470,8 +470,10 @@ impl Subscription {
     }
 
     /// The last error the claim workers or the renewer met, until a claim succeeds again
-    /// (a server that is down, a panic that closed the subscription).
-    pub fn last_error(&self) -> Option<String> {
+    /// (a server that is down, a panic that closed the subscription), typed: match on it, or
+    /// ask [`is_transient`](BrokerError::is_transient). Shared (`Arc`), since the subscription
+    /// keeps it too.
+    pub fn last_error(&self) -> Option<Arc<BrokerError>> {
         self.ctx.last_error()
     }
 

@@ -186,7 +186,7 @@ pub(crate) struct Ctx {
     pub claiming: AtomicUsize,
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
-    last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<Arc<BrokerError>>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
     /// Keeps the broker's lease timer alive while this subscription or its deliveries live,
@@ -275,8 +275,8 @@ impl Ctx {
         }
     }
 
-    pub fn set_error(&self, e: String) {
-        *self.last_error.lock() = Some(e);
+    pub fn set_error(&self, e: BrokerError) {
+        *self.last_error.lock() = Some(Arc::new(e));
     }
 
     pub fn clear_error(&self) {
@@ -286,7 +286,7 @@ impl Ctx {
         }
     }
 
-    pub fn last_error(&self) -> Option<String> {
+    pub fn last_error(&self) -> Option<Arc<BrokerError>> {
         self.last_error.lock().clone()
     }
 }
