@@ -109,8 +109,14 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         }
         let seen = ctx.queue.wake.seq();
         ctx.claiming.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        #[cfg(feature = "tracing")]
+        let span = tracing::debug_span!("sqlbroker.claim", table = %ctx.spec().name).entered();
         let claimed = form::claim(ctx, slots.count());
+        #[cfg(feature = "tracing")]
+        drop(span);
         ctx.claiming.fetch_sub(1, Ordering::Relaxed);
+        ctx.report_claim(&claimed, started.elapsed());
         match claimed {
             Ok(claimed) => {
                 failures = 0;
