@@ -197,6 +197,16 @@ pub enum BrokerError {
         /// The panic's message.
         message: String,
     },
+    /// The table in the database does not match its description: columns missing, or of a
+    /// type the statements cannot use. Nothing was started.
+    /// [`Broker::migrate`](crate::Broker::migrate) adds what is missing.
+    #[error("table {table} does not match its description: {}", problems.join("; "))]
+    Schema {
+        /// The table.
+        table: String,
+        /// What is wrong, one line each ("column priority is missing").
+        problems: Vec<String>,
+    },
     /// An option given to a builder is out of its range; nothing was started.
     #[error("invalid option {option}: {reason}")]
     InvalidOption {
@@ -231,6 +241,10 @@ pub enum DbErrorKind {
     /// The connection is gone (server shut down, session killed, network): the connection was
     /// discarded; a row-lock or advisory delivery on it has been returned by the database.
     ConnectionLost,
+    /// The table does not have what the statements need (a column missing, or of a type they
+    /// cannot use): trying again will not help until the table is migrated
+    /// ([`Broker::migrate`](crate::Broker::migrate)).
+    Schema,
     /// Anything else (bad SQL for this table, constraint violation, ...).
     Other,
 }
@@ -242,7 +256,7 @@ impl BrokerError {
     pub fn is_transient(&self) -> bool {
         match self {
             BrokerError::Database { kind, .. } | BrokerError::Connect { kind, .. } => {
-                *kind != DbErrorKind::Other
+                matches!(kind, DbErrorKind::Transient | DbErrorKind::ConnectionLost)
             }
             BrokerError::Pool { .. } => true,
             _ => false,

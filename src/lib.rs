@@ -212,6 +212,7 @@ mod publish;
 mod retry;
 mod runtime;
 mod schedule;
+mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod subscription;

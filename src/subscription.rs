@@ -221,6 +221,7 @@ impl<'a> SubscriptionBuilder<'a> {
         {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut *conn, form)?;
+            queue.check_schema(&mut *conn)?;
         }
         let opts = SubOptions {
             workers: self.workers,

@@ -244,6 +244,22 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// `CREATE TABLE IF NOT EXISTS` and its indexes.
     fn create_table(&self, spec: &TableSpec) -> Vec<String>;
 
+    /// The columns `spec` needs, with their definitions and the types that work.
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef>;
+
+    /// `(table name)` -> `(column name, type)` of each column of the table in the connection's
+    /// database (or schema); no rows if there is no such table.
+    fn columns_query(&self) -> &'static str;
+
+    /// Creates the indexes of `spec` that the table lacks (a migration, after its columns were
+    /// added). Default: the `IF NOT EXISTS` statements `create_table` makes after the table.
+    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
+        for stmt in self.create_table(spec).iter().skip(1) {
+            conn.batch(stmt)?;
+        }
+        Ok(())
+    }
+
     /// How the database spells identifiers and parameters.
     fn syntax(&self) -> &'static shared::Syntax;
 

@@ -5,6 +5,7 @@
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
 use crate::dialect::TableSql;
+use crate::schema::{family, ColumnDef, Family};
 use crate::table::{ColumnType, Form, TableSpec};
 
 /// The column types a database's `CREATE TABLE` uses for each role and user column type.
@@ -161,22 +162,45 @@ impl Syntax {
     /// The column definitions of `CREATE TABLE`: the roles (`locked_until` in the lease form
     /// only), then the user columns.
     pub fn column_defs(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
+        self.column_list(spec, ty)
+            .into_iter()
+            .map(|c| c.ddl)
+            .collect()
+    }
+
+    /// `ALTER TABLE <table> ADD COLUMN <definition>` (a migration).
+    pub fn add_column(&self, spec: &TableSpec, def: &ColumnDef) -> String {
+        format!("ALTER TABLE {} ADD COLUMN {}", self.q(&spec.name), def.ddl)
+    }
+
+    /// The columns `spec` needs, in `CREATE TABLE` order, with what the schema check accepts.
+    pub fn column_list(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<ColumnDef> {
+        let def = |name: &str, t: &str| ColumnDef {
+            name: name.to_string(),
+            ddl: format!("{} {t}", self.q(name)),
+            accepts: family(t).into_iter().collect(),
+            // `ADD COLUMN` fills existing rows: only a nullable column or one with a default.
+            addable: !t.contains("PRIMARY KEY")
+                && (!t.contains("NOT NULL") || t.contains("DEFAULT")),
+        };
+        let mut payload = def(&spec.payload, ty.payload);
+        payload.accepts = vec![Family::Bytes, Family::Text];
         let mut cols = vec![
-            format!("{} {}", self.q(&spec.id), ty.id),
-            format!("{} {}", self.q(&spec.payload), ty.payload),
-            format!("{} {}", self.q(&spec.attempts), ty.attempts),
-            format!("{} {}", self.q(&spec.run_at), ty.run_at),
+            def(&spec.id, ty.id),
+            payload,
+            def(&spec.attempts, ty.attempts),
+            def(&spec.run_at, ty.run_at),
         ];
         if spec.form == Form::Lease {
-            cols.push(format!("{} {}", self.q(&spec.locked_until), ty.time));
+            cols.push(def(&spec.locked_until, ty.time));
         }
-        cols.push(format!("{} {}", self.q(&spec.dead_at), ty.time));
-        cols.push(format!("{} {}", self.q(&spec.dead_reason), ty.reason));
+        cols.push(def(&spec.dead_at, ty.time));
+        cols.push(def(&spec.dead_reason, ty.reason));
         if let Some(p) = &spec.priority {
-            cols.push(format!("{} {}", self.q(p), ty.priority));
+            cols.push(def(p, ty.priority));
         }
         if let Some(k) = &spec.dedup_key {
-            cols.push(format!("{} {}", self.q(k), ty.text));
+            cols.push(def(k, ty.text));
         }
         for c in &spec.columns {
             let t = match c.ty {
@@ -185,7 +209,7 @@ impl Syntax {
                 ColumnType::Float => ty.float,
                 ColumnType::Bytes => ty.bytes,
             };
-            cols.push(format!("{} {t}", self.q(&c.name)));
+            cols.push(def(&c.name, t));
         }
         cols
     }

@@ -64,6 +64,12 @@ impl Dialect for Scripted {
     fn create_table(&self, _: &TableSpec) -> Vec<String> {
         Vec::new()
     }
+    fn column_defs(&self, _: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+        Vec::new()
+    }
+    fn columns_query(&self) -> &'static str {
+        "columns"
+    }
     fn syntax(&self) -> &'static Syntax {
         &SYNTAX
     }

@@ -240,38 +240,77 @@ fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
 }
 
 /// `CREATE TABLE IF NOT EXISTS`, its index inline.
-pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str =
+    "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = ?";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str = "SELECT DISTINCT CAST(index_name AS CHAR) FROM \
+     information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ?";
+
+/// The indexes of `spec`: `(name, definition)`, the definition as `CREATE TABLE` lists it and
+/// `ALTER TABLE .. ADD` takes it. Inline in `CREATE TABLE`, since MySQL 8 has no
+/// `CREATE INDEX IF NOT EXISTS`.
+pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
     let s = &SYNTAX;
-    let mut cols = s.column_defs(spec, &TYPES);
     // No partial indexes: `dead_at` leads, so the claims' `dead_at IS NULL AND run_at <= ?`
-    // is one index range already in `ORDER BY run_at, id` order. Inline, since MySQL 8 has no
-    // `CREATE INDEX IF NOT EXISTS`.
+    // is one index range already in `ORDER BY run_at, id` order.
     // With priorities: `dead_at, priority DESC, run_at, id`, the claims' order.
-    cols.push(format!(
-        "INDEX {} ({}, {})",
-        s.q(&format!("{}_ready", spec.name)),
-        s.q(&spec.dead_at),
-        s.order(spec)
-    ));
+    let ready = format!("{}_ready", spec.name);
+    let mut out = vec![(
+        ready.clone(),
+        format!(
+            "INDEX {} ({}, {})",
+            s.q(&ready),
+            s.q(&spec.dead_at),
+            s.order(spec)
+        ),
+    )];
     if let Some(k) = &spec.dedup_key {
         // Dedup keys: dead-lettering clears a key, so a plain unique key leaves it to the
         // unfinished rows (NULLs never collide).
-        cols.push(format!(
-            "UNIQUE KEY {} ({})",
-            s.q(&format!("{}_dedup", spec.name)),
-            s.q(k)
+        let name = format!("{}_dedup", spec.name);
+        out.push((
+            name.clone(),
+            format!("UNIQUE KEY {} ({})", s.q(&name), s.q(k)),
         ));
     }
     if let Some(g) = spec.fifo_group() {
         // FIFO: the head probe and the group guard read the group's unfinished rows in order.
-        cols.push(format!(
-            "INDEX {} ({}, {}, {})",
-            s.q(&format!("{}_group", spec.name)),
-            s.q(g),
-            s.q(&spec.dead_at),
-            s.q(&spec.id)
+        let name = format!("{}_group", spec.name);
+        out.push((
+            name.clone(),
+            format!(
+                "INDEX {} ({}, {}, {})",
+                s.q(&name),
+                s.q(g),
+                s.q(&spec.dead_at),
+                s.q(&spec.id)
+            ),
         ));
     }
+    out
+}
+
+/// `ALTER TABLE .. ADD <definition>` of one index of [`index_defs`].
+pub(super) fn add_index(spec: &TableSpec, definition: &str) -> String {
+    format!("ALTER TABLE {} ADD {definition}", SYNTAX.q(&spec.name))
+}
+
+pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+    let s = &SYNTAX;
+    let mut cols = s.column_defs(spec, &TYPES);
+    cols.extend(
+        index_defs(spec)
+            .into_iter()
+            .map(|(_, definition)| definition),
+    );
     vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         s.q(&spec.name),

@@ -144,6 +144,16 @@ fn fifo_locked_heads(spec: &TableSpec, group: &str, ready: &str) -> String {
 /// `CREATE INDEX IF NOT EXISTS` skips silently when another relation has taken its name, which
 /// would leave the claims without their index. Run in one transaction, so a failed check leaves
 /// nothing behind.
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str =
+    "SELECT column_name::text, data_type::text FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = $1";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
     let index = format!("{}_ready", spec.name);

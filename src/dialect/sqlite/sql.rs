@@ -83,6 +83,14 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 }
 
 /// `CREATE TABLE IF NOT EXISTS` and its partial index.
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1)";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     SYNTAX.create_table(spec, &TYPES)
 }
