@@ -120,6 +120,7 @@ mod keys;
 mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
@@ -136,6 +137,7 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use message::Message;
+pub use ops::QueueStats;
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};

@@ -150,6 +150,27 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
+    /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above
+    /// `after`, by id (keyset paging).
+    pub dead_page: String,
+    /// `(after, offset)` -> the id of the dead-lettered row `offset` places past the first with
+    /// an id above `after`: the upper bound of a batch of `offset + 1` rows.
+    pub dead_bound: String,
+    /// `(now, after, upto)`: `dead_requeue` of every dead-lettered row with an id in
+    /// `(after, upto]`.
+    pub dead_requeue_range: String,
+    /// `(id)`: deletes the row if it is dead-lettered.
+    pub dead_purge: String,
+    /// `(after, upto)`: deletes the dead-lettered rows with ids in `(after, upto]`.
+    pub dead_purge_range: String,
+    /// How the batches of `dead_requeue_range` and `dead_purge_range` open their transaction
+    /// (MySQL: at `READ COMMITTED`, so the range scan reads past rows that row lock deliveries
+    /// hold instead of waiting for them); empty: each runs on its own (autocommit).
+    pub dead_batch_begin: Vec<String>,
+    /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, and
+    /// the earliest `run_at` of the ready rows (`NULL` if none). See
+    /// [`shared::Syntax::stats_states`] for what each count holds.
+    pub stats: String,
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups

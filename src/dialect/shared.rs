@@ -363,5 +363,70 @@ impl Syntax {
             p(1),
             p(2)
         );
+        // Maintenance by id ranges: every batch a short statement over a primary-key range.
+        sql.dead_page = format!(
+            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_bound = format!(
+            "SELECT {id} FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_requeue_range = format!(
+            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
+             WHERE {dead_at} IS NOT NULL AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        sql.dead_purge = format!(
+            "DELETE FROM {t} WHERE {id} = {} AND {dead_at} IS NOT NULL",
+            p(1)
+        );
+        sql.dead_purge_range = format!(
+            "DELETE FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2)
+        );
+    }
+
+    /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of a **ready** row,
+    /// a **scheduled** row and a **held** row, every column prefixed by `prefix` and `now`
+    /// standing for the statement's time (each may appear several times: PostgreSQL and
+    /// SQLite number their parameter, MySQL reads it from a joined one-row table).
+    ///
+    /// - ready: not dead-lettered, due (`run_at <= now`), and in the lease form not leased
+    ///   (`locked_until` empty or past): what a claim may take;
+    /// - scheduled: not dead-lettered, not yet due, and in the lease form not leased (a row
+    ///   retried with a delay, or published with one);
+    /// - held (lease form only): not dead-lettered and leased (`locked_until > now`): in work.
+    ///   A row lock or an advisory lock leaves no mark in the row, so in those forms a row in
+    ///   work reads as ready, and the held condition is `None`.
+    ///
+    /// In the lease form every row not dead-lettered is in exactly one of the three.
+    pub fn stats_states(
+        &self,
+        spec: &TableSpec,
+        prefix: &str,
+        now: &str,
+    ) -> (String, String, Option<String>) {
+        let (dead, run_at) = (self.q(&spec.dead_at), self.q(&spec.run_at));
+        let live = format!("{prefix}{dead} IS NULL");
+        let (free, held) = if spec.form == Form::Lease {
+            let lu = format!("{prefix}{}", self.q(&spec.locked_until));
+            (
+                format!(" AND ({lu} IS NULL OR {lu} <= {now})"),
+                Some(format!("{live} AND {lu} > {now}")),
+            )
+        } else {
+            (String::new(), None)
+        };
+        (
+            format!("{live} AND {prefix}{run_at} <= {now}{free}"),
+            format!("{live} AND {prefix}{run_at} > {now}{free}"),
+            held,
+        )
     }
 }

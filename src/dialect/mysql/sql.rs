@@ -112,6 +112,8 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     sql.fifo = spec.fifo_group().map(|g| fifo(spec, g));
+    sql.stats = stats_sql(spec);
+    sql.dead_batch_begin = RENEW_BEGIN.map(String::from).to_vec();
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -135,6 +137,26 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// [`TableSql::stats`]: one scan, a conditional count per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)). `?` placeholders
+/// cannot be reused, so the time is bound once into a joined one-row table.
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let (ready, scheduled, held) = s.stats_states(spec, "q.", "n.now_");
+    let held = held.map_or_else(
+        || "0".into(),
+        |h| format!("COUNT(CASE WHEN {h} THEN 1 END)"),
+    );
+    format!(
+        "SELECT COUNT(CASE WHEN {ready} THEN 1 END), COUNT(CASE WHEN {scheduled} THEN 1 END), {held}, \
+         COUNT(CASE WHEN q.{} IS NOT NULL THEN 1 END), MIN(CASE WHEN {ready} THEN q.{} END) \
+         FROM {} q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n",
+        s.q(&spec.dead_at),
+        s.q(&spec.run_at),
+        s.q(&spec.name)
+    )
 }
 
 /// The FIFO statements of a row lock or lease table grouped by `group` ([`FifoSql`]). A head
@@ -303,6 +325,26 @@ mod tests {
         assert_eq!(
             sql.dead_requeue,
             "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
+        );
+        assert_eq!(
+            sql.stats,
+            "SELECT COUNT(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN 1 END), COUNT(CASE WHEN \
+             q.`dead_at` IS NULL AND q.`run_at` > n.now_ THEN 1 END), 0, COUNT(CASE WHEN q.`dead_at` IS NOT NULL \
+             THEN 1 END), MIN(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN q.`run_at` END) FROM \
+             `emails` q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n"
+        );
+        // Range batches at READ COMMITTED: past rows that row lock deliveries hold.
+        assert_eq!(
+            sql.dead_batch_begin,
+            [
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                "START TRANSACTION"
+            ]
+        );
+        assert_eq!(
+            sql.dead_requeue_range,
+            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? \
+             WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ?"
         );
         assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
         let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));

@@ -47,6 +47,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     let free = format!("({lu} IS NULL OR {lu} <= $1)");
+    sql.stats = stats_sql(spec);
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
             sql.claim = format!(
@@ -103,6 +104,21 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// [`TableSql::stats`]: one scan, a filtered aggregate per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let (ready, scheduled, held) = s.stats_states(spec, "", "$1");
+    let held = held.map_or_else(|| "0".into(), |h| format!("COUNT(*) FILTER (WHERE {h})"));
+    format!(
+        "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE {scheduled}), {held}, \
+         COUNT(*) FILTER (WHERE {} IS NOT NULL), MIN({}) FILTER (WHERE {ready}) FROM {}",
+        s.q(&spec.dead_at),
+        s.q(&spec.run_at),
+        s.q(&spec.name)
+    )
 }
 
 /// Id-list size classes of the FIFO lease take: 1, 2, 4 .. 1024, enough for the largest claim
@@ -202,6 +218,14 @@ mod tests {
             sql.insert_id.as_deref(),
             Some("INSERT INTO \"emails\" (\"payload\", \"run_at\", \"to\") VALUES ($1, $2, $3) RETURNING \"id\"")
         );
+        // No lease: nothing in the row tells a row in work; it counts as ready.
+        assert_eq!(
+            sql.stats,
+            "SELECT COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), COUNT(*) FILTER \
+             (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
+             MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1) FROM \"emails\""
+        );
+        assert!(sql.dead_batch_begin.is_empty());
     }
 
     #[test]
@@ -219,6 +243,16 @@ mod tests {
             "DELETE FROM \"thumbs\" WHERE \"id\" = $1 AND \"locked_until\" = $2"
         );
         assert_eq!(sql.unclaim, "UPDATE \"thumbs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = $1 AND \"locked_until\" = $2");
+        let ready = "\"dead_at\" IS NULL AND \"run_at\" <= $1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)";
+        assert_eq!(
+            sql.stats,
+            format!(
+                "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 \
+                 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
+                 AND \"locked_until\" > $1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
+                 (WHERE {ready}) FROM \"thumbs\""
+            )
+        );
         let spec = Table::new("thumbs")
             .lease(Duration::from_secs(30))
             .validate()

@@ -48,6 +48,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let ready = s.ready(spec, "?1");
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
+    sql.stats = stats_sql(spec);
     match spec.form {
         Form::RowLock => {}
         Form::Lease => {
@@ -80,6 +81,21 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// [`TableSql::stats`]: one scan, a filtered aggregate per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let (ready, scheduled, held) = s.stats_states(spec, "", "?1");
+    let held = held.map_or_else(|| "0".into(), |h| format!("COUNT(*) FILTER (WHERE {h})"));
+    format!(
+        "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE {scheduled}), {held}, \
+         COUNT(*) FILTER (WHERE {} IS NOT NULL), MIN({}) FILTER (WHERE {ready}) FROM {}",
+        s.q(&spec.dead_at),
+        s.q(&spec.run_at),
+        s.q(&spec.name)
+    )
 }
 
 /// `CREATE TABLE IF NOT EXISTS` and its partial index.
@@ -184,6 +200,39 @@ mod tests {
             sql.dead_requeue,
             "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
              WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
+        );
+        assert_eq!(
+            sql.dead_page,
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+             WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT ?2"
+        );
+        assert_eq!(
+            sql.dead_bound,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT 1 OFFSET ?2"
+        );
+        assert_eq!(
+            sql.dead_requeue_range,
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \
+             \"run_at\" = ?1 WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?2 AND \"id\" <= ?3"
+        );
+        assert_eq!(
+            sql.dead_purge,
+            "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND \"dead_at\" IS NOT NULL"
+        );
+        assert_eq!(
+            sql.dead_purge_range,
+            "DELETE FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 AND \"id\" <= ?2"
+        );
+        assert!(sql.dead_batch_begin.is_empty());
+        let ready = "\"dead_at\" IS NULL AND \"run_at\" <= ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)";
+        assert_eq!(
+            sql.stats,
+            format!(
+                "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > ?1 \
+                 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
+                 AND \"locked_until\" > ?1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
+                 (WHERE {ready}) FROM \"jobs\""
+            )
         );
     }
 
