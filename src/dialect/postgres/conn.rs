@@ -70,7 +70,12 @@ impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_db_error() {
             Some(db) => write!(f, "{db} (SQLSTATE {})", db.code().code()),
-            None => self.0.fmt(f),
+            // The driver's text names the kind ("error connecting to server") and keeps the
+            // cause (refused, unknown host, ...) in its source: say both.
+            None => match self.0.source() {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => self.0.fmt(f),
+            },
         }
     }
 }
