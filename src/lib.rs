@@ -58,6 +58,16 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! ## Operating a queue
+//!
+//! [`Broker::stats`] counts a table's rows by state in one statement ([`QueueStats`]: ready,
+//! scheduled, in flight where the form marks it, dead, the oldest ready row's age).
+//! [`Broker::dead_letters_after`] pages dead letters by id; [`Broker::requeue_dead`],
+//! [`Broker::purge_dead`], [`Broker::requeue_all_dead`] and [`Broker::purge_all_dead`] put
+//! them back or delete them, by id or all (in batches of 1,000 rows). The `sqlbroker` command
+//! line tool (cargo feature `cli`) does the same from a shell: `status`, `dead list | requeue |
+//! purge`, `create-table`, `publish`.
+//!
 //! ## Inside the application's own transactions
 //!
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
