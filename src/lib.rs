@@ -147,7 +147,7 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use message::Message;
-pub use ops::QueueStats;
+pub use ops::{Completed, QueueStats};
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};

@@ -1,6 +1,7 @@
-//! The operator's view of a queue: its counts by state ([`Broker::stats`]) and dead-letter
-//! maintenance (paging, requeue and purge, by id or all) in bounded batches, so a table of
-//! millions of dead rows is never locked by one long statement. The `sqlbroker` command line
+//! The operator's view of a queue: its counts by state ([`Broker::stats`]), dead-letter
+//! maintenance (paging, requeue and purge, by id or all) and the completed rows a table keeps
+//! ([`Table::keep_completed`]: paging, pruning), in bounded batches, so a table of millions of
+//! rows is never locked by one long statement. The `sqlbroker` command line
 //! tool (`cli` feature) is built on these.
 
 use std::time::{Duration, SystemTime};
@@ -13,9 +14,9 @@ use crate::schedule;
 use crate::table::{Form, Table};
 use crate::Value;
 
-/// How many rows one statement of [`Broker::requeue_all_dead`] and
-/// [`Broker::purge_all_dead`] changes at most.
-pub(crate) const DEAD_BATCH: usize = 1_000;
+/// How many rows one statement of [`Broker::requeue_all_dead`], [`Broker::purge_all_dead`]
+/// and [`Broker::prune_completed`] changes at most.
+pub(crate) const BATCH: usize = 1_000;
 
 /// A table's rows by state, read in one statement ([`Broker::stats`]).
 ///
@@ -28,6 +29,7 @@ pub(crate) const DEAD_BATCH: usize = 1_000;
 /// | [`scheduled`](Self::scheduled) | not yet due, not leased | not yet due | not yet due |
 /// | [`in_flight`](Self::in_flight) | `Some`: leased (`locked_until` in the future) | `None` | `None` |
 /// | [`dead`](Self::dead) | dead-lettered | dead-lettered | dead-lettered |
+/// | [`completed`](Self::completed) | `Some` with [`Table::keep_completed`], else `None` | same | same |
 ///
 /// Why `None`: a row lock lives in the database's lock manager (PostgreSQL keeps it in the
 /// row's header, MySQL in InnoDB's lock table), not in a column, and a plain read sees a
@@ -56,17 +58,25 @@ pub struct QueueStats {
     /// the future); row lock and advisory lock forms: `None` (their rows in work cannot be
     /// told apart cheaply and are counted in `ready`).
     pub in_flight: Option<u64>,
-    /// Dead-lettered rows (`dead_at` set).
+    /// Dead-lettered rows (`dead_at` set; on a table that keeps completed rows, not completed).
     pub dead: u64,
+    /// Completed rows kept ([`Table::keep_completed`]); `None` on a table that deletes the
+    /// rows it acks.
+    pub completed: Option<u64>,
     /// How long the oldest ready row has been due (`now - run_at`, whole seconds); `None` when
     /// no row is ready. Row lock and advisory lock forms: rows in work included.
     pub oldest_ready_age: Option<Duration>,
 }
 
 impl QueueStats {
-    /// Every row of the table: ready, scheduled, in flight (where counted) and dead.
+    /// Every row of the table: ready, scheduled, in flight (where counted), dead and
+    /// completed (where kept).
     pub fn total(&self) -> u64 {
-        self.ready + self.scheduled + self.in_flight.unwrap_or(0) + self.dead
+        self.ready
+            + self.scheduled
+            + self.in_flight.unwrap_or(0)
+            + self.dead
+            + self.completed.unwrap_or(0)
     }
 }
 
@@ -110,6 +120,7 @@ impl Broker {
             scheduled: count(1),
             in_flight: (q.spec.form == Form::Lease).then(|| count(2)),
             dead: count(3),
+            completed: q.spec.completed_at.is_some().then(|| count(5)),
             oldest_ready_age: oldest.map(|t| now.duration_since(t).unwrap_or_default()),
         })
     }
@@ -159,11 +170,17 @@ impl Broker {
     /// dead. Stopped by an error, the batches done stay done.
     pub fn requeue_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
-        let n = in_dead_batches(&q, "requeue all dead", |conn, after, upto| {
-            let now = schedule::due_at(SystemTime::now(), Duration::ZERO);
-            let params = [Value::Time(now), Value::Int(after), Value::Int(upto)];
-            conn.execute(&q.sql.dead_requeue_range, &params)
-        })?;
+        let n = in_batches(
+            &q,
+            "requeue all dead",
+            &q.sql.dead_bound,
+            &[],
+            |conn, after, upto| {
+                let now = schedule::due_at(SystemTime::now(), Duration::ZERO);
+                let params = [Value::Time(now), Value::Int(after), Value::Int(upto)];
+                conn.execute(&q.sql.dead_requeue_range, &params)
+            },
+        )?;
         if n > 0 {
             q.wake.notify();
         }
@@ -185,30 +202,151 @@ impl Broker {
     /// most 1,000 rows by id, as [`requeue_all_dead`](Self::requeue_all_dead).
     pub fn purge_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
-        in_dead_batches(&q, "purge all dead", |conn, after, upto| {
-            conn.execute(
-                &q.sql.dead_purge_range,
-                &[Value::Int(after), Value::Int(upto)],
-            )
-        })
+        in_batches(
+            &q,
+            "purge all dead",
+            &q.sql.dead_bound,
+            &[],
+            |conn, after, upto| {
+                conn.execute(
+                    &q.sql.dead_purge_range,
+                    &[Value::Int(after), Value::Int(upto)],
+                )
+            },
+        )
+    }
+
+    /// A page of the completed rows a table keeps ([`Table::keep_completed`]): those with an
+    /// id above `after` (`None`: from the first), at most `limit`, lowest id first.
+    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// not keep them.
+    pub fn completed_after(
+        &self,
+        table: &Table,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Completed>> {
+        let q = self.queue(table)?;
+        keeps_completed(&q)?;
+        let params = [
+            Value::Int(after.unwrap_or(i64::MIN)),
+            Value::Int(limit.min(i64::MAX as usize) as i64),
+        ];
+        let rows = q.retrying("completed", |conn| {
+            conn.query(&q.sql.completed_page, &params)
+        })?;
+        let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let mut it = row.into_iter();
+                let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+                let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+                let payload = match it.next() {
+                    Some(Value::Bytes(b)) => b,
+                    Some(Value::Text(s)) => s.into_bytes(),
+                    _ => Vec::new(),
+                };
+                let completed_at = it
+                    .next()
+                    .and_then(|v| v.as_time())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                Completed {
+                    id,
+                    attempts: attempts.clamp(0, u32::MAX as i64) as u32,
+                    payload,
+                    completed_at,
+                    values: names.iter().cloned().zip(it).collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes the completed rows kept longer than the table's retention
+    /// ([`Table::keep_completed`]): those whose completion time is more than the retention
+    /// before now (the host's clock, whole seconds); returns how many. In batches of at most
+    /// 1,000 rows by id, each its own statement. Call it from a timer (or run
+    /// `sqlbroker completed prune`): nothing prunes by itself.
+    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// not keep completed rows.
+    pub fn prune_completed(&self, table: &Table) -> Result<u64> {
+        let q = self.queue(table)?;
+        keeps_completed(&q)?;
+        let now = schedule::claim_now(SystemTime::now());
+        let cutoff = now
+            .checked_sub(Duration::from_secs(q.spec.retention_secs))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let lead = [Value::Time(cutoff)];
+        in_batches(
+            &q,
+            "prune completed",
+            &q.sql.completed_bound,
+            &lead,
+            |conn, after, upto| {
+                let params = [Value::Time(cutoff), Value::Int(after), Value::Int(upto)];
+                conn.execute(&q.sql.completed_prune_range, &params)
+            },
+        )
     }
 }
 
+/// A completed row a table keeps ([`Broker::completed_after`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Completed {
+    /// The row's id.
+    pub id: i64,
+    /// Attempts the row used (the row lock form counts an attempt when it is retried, so
+    /// there the successful one is not counted).
+    pub attempts: u32,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// When it was acked (the database server's clock, whole seconds).
+    pub completed_at: SystemTime,
+    /// The table's own columns, by name.
+    pub values: Vec<(String, Value)>,
+}
+
+impl Completed {
+    /// The value of a column of the table's description.
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v)
+    }
+}
+
+/// Refuses a table that does not keep completed rows.
+fn keeps_completed(q: &Queue) -> Result<()> {
+    if q.spec.completed_at.is_some() {
+        return Ok(());
+    }
+    Err(crate::BrokerError::InvalidTable {
+        table: q.spec.name.clone(),
+        reason: "the table does not keep completed rows (Table::keep_completed)".into(),
+    })
+}
+
 /// Runs `batch(conn, after, upto)` over consecutive id ranges `(after, upto]` holding at most
-/// [`DEAD_BATCH`] dead-lettered rows each, until the last range (open above); returns the
-/// rows changed. Each batch is its own statement (in `dead_batch_begin`'s transaction where
-/// the database needs one) and safe to run twice, so a lost connection retries it.
-fn in_dead_batches(
+/// [`BATCH`] rows each, as `bound` `(lead.., after, offset)` finds them, until the last range
+/// (open above); returns the rows changed. Each batch is its own statement (in
+/// `dead_batch_begin`'s transaction where the database needs one) and safe to run twice, so a
+/// lost connection retries it.
+fn in_batches(
     q: &Queue,
     op: &'static str,
+    bound: &str,
+    lead: &[Value],
     batch: impl Fn(&mut dyn DbConn, i64, i64) -> Result<u64, DbError>,
 ) -> Result<u64> {
     let mut after = i64::MIN;
     let mut total = 0;
     loop {
-        let params = [Value::Int(after), Value::Int(DEAD_BATCH as i64 - 1)];
+        let mut params = lead.to_vec();
+        params.extend([Value::Int(after), Value::Int(BATCH as i64 - 1)]);
         let bound = q
-            .retrying(op, |conn| conn.query(&q.sql.dead_bound, &params))?
+            .retrying(op, |conn| conn.query(bound, &params))?
             .first()
             .and_then(|r| r.first()?.as_i64());
         let upto = bound.unwrap_or(i64::MAX);

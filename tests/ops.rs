@@ -187,3 +187,139 @@ fn dead_letter_maintenance(db: Db) {
     assert_eq!(b.requeue_all_dead(&t).unwrap(), 0);
 }
 per_db!(dead_letter_maintenance);
+
+/// `completed_at` (and `dead_at`) of every completed row of `t` moved `secs` seconds into the
+/// past, directly.
+fn age_completed(l: &Live, t: &Table, secs: i64) {
+    let back = |c: &str| match l.db {
+        Db::Postgres => format!("{c} = {c} - interval '{secs} seconds'"),
+        Db::Mysql => format!("{c} = {c} - INTERVAL {secs} SECOND"),
+        Db::Sqlite => format!("{c} = {c} - {secs}"),
+    };
+    l.exec(&format!(
+        "UPDATE {} SET {}, {} WHERE completed_at IS NOT NULL",
+        t.name(),
+        back("completed_at"),
+        back("dead_at")
+    ));
+}
+
+/// A table that keeps completed rows: an ack keeps the row, completed, out of every claim, of
+/// the dead letters and of the dedup keys; the prune deletes only rows completed longer ago
+/// than the retention.
+fn completed_rows_are_kept_and_pruned(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = common::describe(&common::unique("t"), form, Duration::from_secs(60))
+        .dedup()
+        .keep_completed(Duration::from_secs(60));
+    let t = l.create(t);
+    let b = &l.broker;
+    let a = b.publish(&t, msg("done", "a").dedup_key("key-a")).unwrap();
+    for k in ["b", "c"] {
+        b.publish(&t, msg(k, k)).unwrap();
+    }
+    let sub = b.subscription(&t).max_in_flight(3).start().unwrap();
+    let mut ds: Vec<_> = (0..3)
+        .map(|_| next(&sub, Duration::from_secs(10)))
+        .collect();
+    ds.sort_by_key(|d| d.id());
+    let ids: Vec<i64> = ds.iter().map(|d| d.id()).collect();
+    assert_eq!(ids[0], a);
+    let mut ds = ds.into_iter();
+    ds.next().unwrap().ack().unwrap();
+    ds.next().unwrap().dead_letter("poison").unwrap();
+    ds.next().unwrap().retry_after(HOUR).unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+
+    // The acked row is there, completed; the dead letter is not completed.
+    assert_eq!(
+        l.rows_where(
+            &t,
+            &format!("id = {a} AND completed_at IS NOT NULL AND dead_at IS NOT NULL")
+        ),
+        1
+    );
+    assert_eq!(
+        l.rows_where(
+            &t,
+            &format!(
+                "id = {} AND completed_at IS NULL AND dead_at IS NOT NULL",
+                ids[1]
+            )
+        ),
+        1
+    );
+    let s = b.stats(&t).unwrap();
+    let no_lease = (form == Form::Lease).then_some(0);
+    assert_eq!(counts(&s), (0, 1, no_lease, 1), "{s:?}");
+    assert_eq!(s.completed, Some(1), "{s:?}");
+
+    // Listed as completed, not as dead; dead-letter operations leave it alone.
+    let kept = b.completed_after(&t, None, 10).unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!((kept[0].id, &kept[0].payload[..]), (a, &b"done"[..]));
+    assert_eq!(kept[0].get("k").and_then(|v| v.as_str()), Some("a"));
+    let dead: Vec<i64> = b
+        .dead_letters(&t, 10)
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(dead, [ids[1]]);
+    let paged: Vec<i64> = b
+        .dead_letters_after(&t, None, 10)
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(paged, [ids[1]]);
+    assert!(!b.requeue_dead(&t, a).unwrap());
+    assert!(!b.purge_dead(&t, a).unwrap());
+    assert_eq!(b.requeue_all_dead(&t).unwrap(), 1);
+    assert_eq!(
+        l.rows_where(&t, &format!("id = {a} AND completed_at IS NOT NULL")),
+        1
+    );
+
+    // The ack freed its dedup key.
+    b.publish(&t, msg("again", "a2").dedup_key("key-a"))
+        .unwrap();
+
+    // Never claimed again: the requeued dead letter and the new row come, the completed row
+    // does not.
+    let sub = b.subscription(&t).max_in_flight(3).start().unwrap();
+    let mut got = vec![
+        next(&sub, Duration::from_secs(10)),
+        next(&sub, Duration::from_secs(10)),
+    ];
+    got.sort_by_key(|d| d.id());
+    assert_eq!(got[0].id(), ids[1]);
+    assert_eq!(got[1].payload(), b"again");
+    assert!(sub
+        .next_delivery_timeout(Duration::from_millis(500))
+        .is_err());
+    for d in got {
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(b.stats(&t).unwrap().completed, Some(3));
+
+    // The prune: nothing is older than the retention yet; then the rows aged past it go, and
+    // only they.
+    assert_eq!(b.prune_completed(&t).unwrap(), 0);
+    assert_eq!(l.rows(&t), 4);
+    age_completed(&l, &t, 120);
+    b.publish(&t, msg("live", "z")).unwrap();
+    assert_eq!(b.prune_completed(&t).unwrap(), 3);
+    assert_eq!(l.rows(&t), 2, "the scheduled row and the new one stay");
+    assert_eq!(l.rows_where(&t, "completed_at IS NOT NULL"), 0);
+
+    // A table that deletes acked rows has nothing to list or prune.
+    let plain = l.table(form, Duration::from_secs(60));
+    assert!(matches!(
+        b.prune_completed(&plain),
+        Err(sqlbroker::BrokerError::InvalidTable { .. })
+    ));
+    assert_eq!(b.stats(&plain).unwrap().completed, None);
+}
+per_db_form!(completed_rows_are_kept_and_pruned);

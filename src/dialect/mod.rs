@@ -167,10 +167,21 @@ pub(crate) struct TableSql {
     /// (MySQL: at `READ COMMITTED`, so the range scan reads past rows that row lock deliveries
     /// hold instead of waiting for them); empty: each runs on its own (autocommit).
     pub dead_batch_begin: Vec<String>,
-    /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, and
-    /// the earliest `run_at` of the ready rows (`NULL` if none). See
-    /// [`shared::Syntax::stats_states`] for what each count holds.
+    /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, the
+    /// earliest `run_at` of the ready rows (`NULL` if none), completed (tables that keep
+    /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count
+    /// holds.
     pub stats: String,
+    /// Tables that keep completed rows: `(after, limit)` -> `id, attempts, payload,
+    /// completed_at, <user columns>` of the completed rows with ids above `after`, by id.
+    pub completed_page: String,
+    /// Tables that keep completed rows: `(cutoff, after, offset)` -> the id of the row
+    /// completed before `cutoff` that is `offset` places past the first with an id above
+    /// `after` (the upper bound of a prune batch).
+    pub completed_bound: String,
+    /// Tables that keep completed rows: `(cutoff, after, upto)` deletes the rows completed
+    /// before `cutoff` with ids in `(after, upto]`.
+    pub completed_prune_range: String,
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups

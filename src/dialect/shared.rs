@@ -24,12 +24,32 @@ pub(crate) struct ColumnTypes {
     pub bytes: &'static str,
 }
 
+/// The conditions of the states [`Broker::stats`](crate::Broker::stats) counts. In the lease
+/// form every row is in exactly one of them.
+pub(crate) struct StatsStates {
+    /// Not finished, due (`run_at <= now`), and in the lease form not leased (`locked_until`
+    /// empty or past): what a claim may take. A row lock or an advisory lock leaves no mark
+    /// in the row, so in those forms rows in work are here too.
+    pub ready: String,
+    /// Not finished, not yet due, and in the lease form not leased.
+    pub scheduled: String,
+    /// Lease form only: not finished and leased (`locked_until > now`), in work.
+    pub held: Option<String>,
+    /// Dead-lettered: finished and not completed.
+    pub dead: String,
+    /// Tables that keep completed rows only: completed (acked).
+    pub completed: Option<String>,
+}
+
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
     /// Quotes a validated identifier.
     pub quote: fn(&str) -> String,
     /// The placeholder of the `n`-th parameter (1-based).
     pub param: fn(usize) -> String,
+    /// The server's current time in whole seconds, as the time columns hold it: one value for
+    /// the whole statement. Only the ack of a table that keeps completed rows reads it.
+    pub now: &'static str,
 }
 
 impl Syntax {
@@ -178,6 +198,9 @@ impl Syntax {
         if let Some(k) = &spec.dedup_key {
             cols.push(format!("{} {}", self.q(k), ty.text));
         }
+        if let Some(c) = &spec.completed_at {
+            cols.push(format!("{} {}", self.q(c), ty.time));
+        }
         for c in &spec.columns {
             let t = match c.ty {
                 ColumnType::Text => ty.text,
@@ -207,6 +230,15 @@ impl Syntax {
                 self.q(&format!("{}_dedup", spec.name)),
                 self.q(&spec.name),
                 self.q(k)
+            ));
+        }
+        if let Some(c) = &spec.completed_at {
+            // The prune's range.
+            let c = self.q(c);
+            ddl.push(format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({c}) WHERE {c} IS NOT NULL",
+                self.q(&format!("{}_completed", spec.name)),
+                self.q(&spec.name),
             ));
         }
         if let Some(group) = spec.fifo_group() {
@@ -283,6 +315,12 @@ impl Syntax {
             .as_ref()
             .map(|k| format!(", {} = NULL", self.q(k)))
             .unwrap_or_default();
+        // A dead letter: finished and, on a table that keeps completed rows, not completed
+        // (an ack there sets `dead_at` too, so the claims see the row finished).
+        let is_dead = match &spec.completed_at {
+            Some(c) => format!("{dead_at} IS NOT NULL AND {} IS NULL", self.q(c)),
+            None => format!("{dead_at} IS NOT NULL"),
+        };
         if let Some(k) = &spec.dedup_key {
             sql.dedup_holder = format!("SELECT {id} FROM {t} WHERE {} = {}", self.q(k), p(1));
             sql.insert_dedup_one = self.insert_dedup(spec, 1);
@@ -341,6 +379,44 @@ impl Syntax {
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
+        if let Some(c) = &spec.completed_at {
+            // Keep the row: finished (out of every claim, its dedup key freed) and completed
+            // at the server's time, as one value for both columns.
+            let (c, now) = (self.q(c), self.now);
+            sql.ack = match spec.form {
+                Form::Lease => format!(
+                    "UPDATE {t} SET {dead_at} = {now}, {c} = {now}{free_key}, {lu} = NULL \
+                     WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2)
+                ),
+                _ => format!(
+                    "UPDATE {t} SET {dead_at} = {now}, {c} = {now}{free_key} WHERE {id} = {}",
+                    p(1)
+                ),
+            };
+            let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
+            for col in &spec.columns {
+                cols.push_str(&format!(", {}", self.q(&col.name)));
+            }
+            sql.completed_page = format!(
+                "SELECT {cols} FROM {t} WHERE {c} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT {}",
+                p(1),
+                p(2)
+            );
+            sql.completed_bound = format!(
+                "SELECT {id} FROM {t} WHERE {c} < {} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+            sql.completed_prune_range = format!(
+                "DELETE FROM {t} WHERE {c} < {} AND {id} > {} AND {id} <= {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+        }
         let mut cols = format!(
             "{id}, {att}, {}, {dead_at}, {reason}",
             self.q(&spec.payload)
@@ -349,7 +425,7 @@ impl Syntax {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
         sql.dead_list = format!(
-            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL ORDER BY {dead_at}, {id} LIMIT {}",
+            "SELECT {cols} FROM {t} WHERE {is_dead} ORDER BY {dead_at}, {id} LIMIT {}",
             p(1)
         );
         let clear_lease = if spec.form == Form::Lease {
@@ -359,59 +435,41 @@ impl Syntax {
         };
         sql.dead_requeue = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
-             WHERE {id} = {} AND {dead_at} IS NOT NULL",
+             WHERE {id} = {} AND {is_dead}",
             p(1),
             p(2)
         );
         // Maintenance by id ranges: every batch a short statement over a primary-key range.
         sql.dead_page = format!(
-            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT {}",
+            "SELECT {cols} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT {}",
             p(1),
             p(2)
         );
         sql.dead_bound = format!(
-            "SELECT {id} FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+            "SELECT {id} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
             p(1),
             p(2)
         );
         sql.dead_requeue_range = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
-             WHERE {dead_at} IS NOT NULL AND {id} > {} AND {id} <= {}",
+             WHERE {is_dead} AND {id} > {} AND {id} <= {}",
             p(1),
             p(2),
             p(3)
         );
-        sql.dead_purge = format!(
-            "DELETE FROM {t} WHERE {id} = {} AND {dead_at} IS NOT NULL",
-            p(1)
-        );
+        sql.dead_purge = format!("DELETE FROM {t} WHERE {id} = {} AND {is_dead}", p(1));
         sql.dead_purge_range = format!(
-            "DELETE FROM {t} WHERE {dead_at} IS NOT NULL AND {id} > {} AND {id} <= {}",
+            "DELETE FROM {t} WHERE {is_dead} AND {id} > {} AND {id} <= {}",
             p(1),
             p(2)
         );
     }
 
-    /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of a **ready** row,
-    /// a **scheduled** row and a **held** row, every column prefixed by `prefix` and `now`
-    /// standing for the statement's time (each may appear several times: PostgreSQL and
-    /// SQLite number their parameter, MySQL reads it from a joined one-row table).
-    ///
-    /// - ready: not dead-lettered, due (`run_at <= now`), and in the lease form not leased
-    ///   (`locked_until` empty or past): what a claim may take;
-    /// - scheduled: not dead-lettered, not yet due, and in the lease form not leased (a row
-    ///   retried with a delay, or published with one);
-    /// - held (lease form only): not dead-lettered and leased (`locked_until > now`): in work.
-    ///   A row lock or an advisory lock leaves no mark in the row, so in those forms a row in
-    ///   work reads as ready, and the held condition is `None`.
-    ///
-    /// In the lease form every row not dead-lettered is in exactly one of the three.
-    pub fn stats_states(
-        &self,
-        spec: &TableSpec,
-        prefix: &str,
-        now: &str,
-    ) -> (String, String, Option<String>) {
+    /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of each state,
+    /// every column prefixed by `prefix` and `now` standing for the statement's time (each
+    /// may appear several times: PostgreSQL and SQLite number their parameter, MySQL reads it
+    /// from a joined one-row table). See [`StatsStates`].
+    pub fn stats_states(&self, spec: &TableSpec, prefix: &str, now: &str) -> StatsStates {
         let (dead, run_at) = (self.q(&spec.dead_at), self.q(&spec.run_at));
         let live = format!("{prefix}{dead} IS NULL");
         let (free, held) = if spec.form == Form::Lease {
@@ -423,10 +481,19 @@ impl Syntax {
         } else {
             (String::new(), None)
         };
-        (
-            format!("{live} AND {prefix}{run_at} <= {now}{free}"),
-            format!("{live} AND {prefix}{run_at} > {now}{free}"),
+        let completed = spec
+            .completed_at
+            .as_ref()
+            .map(|c| format!("{prefix}{}", self.q(c)));
+        StatsStates {
+            ready: format!("{live} AND {prefix}{run_at} <= {now}{free}"),
+            scheduled: format!("{live} AND {prefix}{run_at} > {now}{free}"),
             held,
-        )
+            dead: match &completed {
+                Some(c) => format!("{prefix}{dead} IS NOT NULL AND {c} IS NULL"),
+                None => format!("{prefix}{dead} IS NOT NULL"),
+            },
+            completed: completed.map(|c| format!("{c} IS NOT NULL")),
+        }
     }
 }

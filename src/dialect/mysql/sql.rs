@@ -11,6 +11,8 @@ use crate::table::{Form, TableSpec};
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |_| "?".to_string(),
+    // The session's time zone is UTC (+00:00), like the times the library writes.
+    now: "UTC_TIMESTAMP()",
 };
 
 /// The longest name `GET_LOCK` accepts.
@@ -144,17 +146,23 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 /// cannot be reused, so the time is bound once into a joined one-row table.
 fn stats_sql(spec: &TableSpec) -> String {
     let s = &SYNTAX;
-    let (ready, scheduled, held) = s.stats_states(spec, "q.", "n.now_");
-    let held = held.map_or_else(
-        || "0".into(),
-        |h| format!("COUNT(CASE WHEN {h} THEN 1 END)"),
-    );
+    let st = s.stats_states(spec, "q.", "n.now_");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(
+            || "0".into(),
+            |c| format!("COUNT(CASE WHEN {c} THEN 1 END)"),
+        )
+    };
     format!(
-        "SELECT COUNT(CASE WHEN {ready} THEN 1 END), COUNT(CASE WHEN {scheduled} THEN 1 END), {held}, \
-         COUNT(CASE WHEN q.{} IS NOT NULL THEN 1 END), MIN(CASE WHEN {ready} THEN q.{} END) \
+        "SELECT {}, {}, {}, {}, MIN(CASE WHEN {} THEN q.{} END), {} \
          FROM {} q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n",
-        s.q(&spec.dead_at),
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
+        st.ready,
         s.q(&spec.run_at),
+        count(st.completed.as_ref()),
         s.q(&spec.name)
     )
 }
@@ -244,6 +252,14 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
             s.q(k)
         ));
     }
+    if let Some(c) = &spec.completed_at {
+        // The prune's range.
+        cols.push(format!(
+            "INDEX {} ({})",
+            s.q(&format!("{}_completed", spec.name)),
+            s.q(c)
+        ));
+    }
     if let Some(g) = spec.fifo_group() {
         // FIFO: the head probe and the group guard read the group's unfinished rows in order.
         cols.push(format!(
@@ -330,7 +346,7 @@ mod tests {
             sql.stats,
             "SELECT COUNT(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN 1 END), COUNT(CASE WHEN \
              q.`dead_at` IS NULL AND q.`run_at` > n.now_ THEN 1 END), 0, COUNT(CASE WHEN q.`dead_at` IS NOT NULL \
-             THEN 1 END), MIN(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN q.`run_at` END) FROM \
+             THEN 1 END), MIN(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN q.`run_at` END), 0 FROM \
              `emails` q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n"
         );
         // Range batches at READ COMMITTED: past rows that row lock deliveries hold.
@@ -596,6 +612,27 @@ mod tests {
             "INDEX `orders_ready` (`dead_at`, `run_at`, `id`), INDEX `orders_group` (`customer`, `dead_at`, `id`))"
         ));
         assert!(compile(Table::new("x")).fifo.is_none());
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let t = Table::new("jobs").keep_completed(Duration::from_secs(60));
+        let sql = compile(t.clone());
+        assert_eq!(
+            sql.ack,
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP() WHERE `id` = ?"
+        );
+        let ddl = create_table(&t.validate().unwrap());
+        assert!(
+            ddl[0].contains("`completed_at` DATETIME NULL, INDEX `jobs_ready`"),
+            "{}",
+            ddl[0]
+        );
+        assert!(
+            ddl[0].contains("INDEX `jobs_completed` (`completed_at`)"),
+            "{}",
+            ddl[0]
+        );
     }
 
     #[test]

@@ -9,6 +9,9 @@ use crate::table::{Form, TableSpec};
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("${n}"),
+    // The statement's start: one value for the whole statement (`now()` is the transaction's
+    // start, which a row lock delivery opened at its claim).
+    now: "date_trunc('second', statement_timestamp())",
 };
 
 const TYPES: ColumnTypes = ColumnTypes {
@@ -110,13 +113,19 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 /// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
 fn stats_sql(spec: &TableSpec) -> String {
     let s = &SYNTAX;
-    let (ready, scheduled, held) = s.stats_states(spec, "", "$1");
-    let held = held.map_or_else(|| "0".into(), |h| format!("COUNT(*) FILTER (WHERE {h})"));
+    let st = s.stats_states(spec, "", "$1");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
+    };
     format!(
-        "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE {scheduled}), {held}, \
-         COUNT(*) FILTER (WHERE {} IS NOT NULL), MIN({}) FILTER (WHERE {ready}) FROM {}",
-        s.q(&spec.dead_at),
+        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
         s.q(&spec.run_at),
+        st.ready,
+        count(st.completed.as_ref()),
         s.q(&spec.name)
     )
 }
@@ -223,7 +232,7 @@ mod tests {
             sql.stats,
             "SELECT COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), COUNT(*) FILTER \
              (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
-             MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1) FROM \"emails\""
+             MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), 0 FROM \"emails\""
         );
         assert!(sql.dead_batch_begin.is_empty());
     }
@@ -250,7 +259,7 @@ mod tests {
                 "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 \
                  AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
                  AND \"locked_until\" > $1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
-                 (WHERE {ready}) FROM \"thumbs\""
+                 (WHERE {ready}), 0 FROM \"thumbs\""
             )
         );
         let spec = Table::new("thumbs")
@@ -299,6 +308,49 @@ mod tests {
         assert_eq!(
             sql.key_unlock.as_deref(),
             Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int")
+        );
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let keep = |t: Table| t.keep_completed(Duration::from_secs(60));
+        let lease = compile(keep(
+            Table::new("jobs").dedup().lease(Duration::from_secs(30)),
+        ));
+        // The ack keeps the row, finished (out of every claim) and completed at one time.
+        assert_eq!(
+            lease.ack,
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()), \"dedup_key\" = NULL, \
+             \"locked_until\" = NULL WHERE \"id\" = $1 AND \"locked_until\" = $2"
+        );
+        // Dead letters are the finished rows not completed.
+        assert_eq!(
+            lease.dead_purge,
+            "DELETE FROM \"jobs\" WHERE \"id\" = $1 AND \"dead_at\" IS NOT NULL AND \"completed_at\" IS NULL"
+        );
+        assert!(lease.stats.contains(
+            "COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL AND \"completed_at\" IS NULL), MIN("
+        ));
+        assert!(lease
+            .stats
+            .ends_with(", COUNT(*) FILTER (WHERE \"completed_at\" IS NOT NULL) FROM \"jobs\""));
+        assert_eq!(
+            lease.completed_prune_range,
+            "DELETE FROM \"jobs\" WHERE \"completed_at\" < $1 AND \"id\" > $2 AND \"id\" <= $3"
+        );
+        let row_lock = compile(keep(Table::new("jobs")));
+        assert_eq!(
+            row_lock.ack,
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()) WHERE \"id\" = $1"
+        );
+        let ddl = create_table(&keep(Table::new("jobs")).validate().unwrap());
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"completed_at\" TIMESTAMPTZ)"));
+        assert_eq!(
+            ddl[2],
+            "CREATE INDEX IF NOT EXISTS \"jobs_completed\" ON \"jobs\" (\"completed_at\") \
+             WHERE \"completed_at\" IS NOT NULL"
         );
     }
 

@@ -11,6 +11,8 @@ use crate::Value;
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("?{n}"),
+    // 'now' is one value for the whole statement.
+    now: "CAST(strftime('%s', 'now') AS INTEGER)",
 };
 
 /// Times are integer seconds since the Unix epoch.
@@ -87,13 +89,19 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 /// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
 fn stats_sql(spec: &TableSpec) -> String {
     let s = &SYNTAX;
-    let (ready, scheduled, held) = s.stats_states(spec, "", "?1");
-    let held = held.map_or_else(|| "0".into(), |h| format!("COUNT(*) FILTER (WHERE {h})"));
+    let st = s.stats_states(spec, "", "?1");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
+    };
     format!(
-        "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE {scheduled}), {held}, \
-         COUNT(*) FILTER (WHERE {} IS NOT NULL), MIN({}) FILTER (WHERE {ready}) FROM {}",
-        s.q(&spec.dead_at),
+        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
         s.q(&spec.run_at),
+        st.ready,
+        count(st.completed.as_ref()),
         s.q(&spec.name)
     )
 }
@@ -231,7 +239,7 @@ mod tests {
                 "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > ?1 \
                  AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
                  AND \"locked_until\" > ?1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
-                 (WHERE {ready}) FROM \"jobs\""
+                 (WHERE {ready}), 0 FROM \"jobs\""
             )
         );
     }
