@@ -64,9 +64,12 @@
 //! scheduled, in flight where the form marks it, dead, the oldest ready row's age).
 //! [`Broker::dead_letters_after`] pages dead letters by id; [`Broker::requeue_dead`],
 //! [`Broker::purge_dead`], [`Broker::requeue_all_dead`] and [`Broker::purge_all_dead`] put
-//! them back or delete them, by id or all (in batches of 1,000 rows). The `sqlbroker` command
-//! line tool (cargo feature `cli`) does the same from a shell: `status`, `dead list | requeue |
-//! purge`, `create-table`, `publish`.
+//! them back or delete them, by id or all (in batches of 1,000 rows). A table described with
+//! [`Table::keep_completed`] keeps acked rows with their completion time:
+//! [`Broker::completed_after`] lists them, [`Broker::prune_completed`] deletes those past the
+//! retention. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
+//! shell: `status`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
+//! `publish`.
 //!
 //! ## Inside the application's own transactions
 //!

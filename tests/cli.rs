@@ -70,7 +70,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 11] = [
         (
             &[],
             &[
@@ -109,6 +109,12 @@ fn every_command_has_help_naming_its_options() {
             ],
         ),
         (&["publish"], &["--table", "--set", "--delay"]),
+        (&["completed"], &["list", "prune"]),
+        (
+            &["completed", "list"],
+            &["--table", "--keep-completed", "--after", "--limit"],
+        ),
+        (&["completed", "prune"], &["--table", "--keep-completed"]),
     ];
     for (command, options) in cases {
         let mut args = command.to_vec();
@@ -278,7 +284,7 @@ fn create_publish_and_dead_letters(db: Db) {
     let json = ok_with(&["status", "--json"], "");
     let head = format!(
         "[{{\"table\":\"{name}\",\"form\":\"lease\",\"ready\":3,\"scheduled\":0,\"in_flight\":0,\
-         \"dead\":1,\"oldest_ready_secs\":"
+         \"dead\":1,\"completed\":null,\"oldest_ready_secs\":"
     );
     let secs = json
         .trim()
@@ -291,8 +297,8 @@ fn create_publish_and_dead_letters(db: Db) {
     let text = ok_with(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..6],
-        [name.as_str(), "lease", "3", "0", "0", "1"],
+        row[..7],
+        [name.as_str(), "lease", "3", "0", "0", "1", "-"],
         "{text}"
     );
 
@@ -340,3 +346,107 @@ fn create_publish_and_dead_letters(db: Db) {
     assert_eq!(l.rows(&table), 3);
 }
 per_db!(create_publish_and_dead_letters);
+
+/// A table that keeps completed rows: `completed list` shows them, `completed prune` deletes
+/// only those past the retention; a table that does not keep them is refused (exit 1).
+fn completed_list_and_prune(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli");
+    l.track(&name);
+    let desc = [
+        "--table",
+        name.as_str(),
+        "--lease",
+        "30",
+        "--keep-completed",
+        "60",
+    ];
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter()
+            .chain(desc.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let ok_with = |args: &[&str], stdin: &str| {
+        let args = with(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&url, &args, stdin)
+    };
+    ok_with(&["create-table"], "");
+    ok_with(&["publish"], "one\ntwo\nthree\n");
+    let table = Table::new(name.as_str())
+        .lease(Duration::from_secs(30))
+        .keep_completed(Duration::from_secs(60));
+    let sub = l
+        .broker
+        .subscription(&table)
+        .max_in_flight(2)
+        .start()
+        .unwrap();
+    let mut done: Vec<i64> = Vec::new();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(10));
+        done.push(d.id());
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    done.sort();
+
+    let list = ok_with(&["completed", "list"], "");
+    let listed: Vec<i64> = list
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(listed, done, "{list}");
+    let text = ok_with(&["status"], "");
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..7],
+        [name.as_str(), "lease", "1", "0", "0", "0", "2"],
+        "{text}"
+    );
+
+    // Nothing past the retention yet; then one row aged past it goes, and only it.
+    assert_eq!(
+        ok_with(&["completed", "prune"], "").trim(),
+        "pruned 0 completed rows"
+    );
+    let back = match db {
+        Db::Postgres => "completed_at - interval '120 seconds'",
+        Db::Mysql => "completed_at - INTERVAL 120 SECOND",
+        Db::Sqlite => "completed_at - 120",
+    };
+    l.exec(&format!(
+        "UPDATE {name} SET completed_at = {back} WHERE id = {}",
+        done[0]
+    ));
+    assert_eq!(
+        ok_with(&["completed", "prune"], "").trim(),
+        "pruned 1 completed rows"
+    );
+    let left: Vec<i64> = l
+        .ints(&format!(
+            "SELECT id FROM {name} WHERE completed_at IS NOT NULL"
+        ))
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(left, [done[1]]);
+    assert_eq!(l.rows(&table), 2, "the live row stays");
+
+    // Described without --keep-completed: refused, exit 1.
+    let o = run(
+        Some(&url),
+        &["completed", "list", "--table", &name, "--lease", "30"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("does not keep completed rows"),
+        "{}",
+        stderr(&o)
+    );
+}
+per_db!(completed_list_and_prune);

@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlbroker::{Broker, ColumnType, Message, QueueStats, Value};
 
-use crate::{Cli, Command, DeadCommand, DeadListArgs, DeadPick, PublishArgs, StatusArgs};
+use crate::{
+    Cli, Command, CompletedCommand, DeadCommand, DeadPick, PageArgs, PublishArgs, StatusArgs,
+};
 
 type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
 
@@ -32,6 +34,11 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             say(format_args!("table {} is there\n", table.name()))
         }
         Command::Publish(args) => publish(&broker, args),
+        Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
+        Command::Completed(CompletedCommand::Prune(args)) => {
+            let n = broker.prune_completed(&args.table())?;
+            say(format_args!("pruned {n} completed rows\n"))
+        }
     };
     match done {
         // A reader that went away (`| head`) is not a failure.
@@ -66,6 +73,7 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
             "SCHEDULED",
             "IN_FLIGHT",
             "DEAD",
+            "COMPLETED",
             "OLDEST_READY",
         ]
         .map(String::from)
@@ -78,6 +86,7 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
                 s.scheduled.to_string(),
                 s.in_flight.map_or("-".into(), |n| n.to_string()),
                 s.dead.to_string(),
+                s.completed.map_or("-".into(), |n| n.to_string()),
                 s.oldest_ready_age.map_or("-".into(), age),
             ]);
         }
@@ -95,12 +104,13 @@ fn status_json(all: &[(String, QueueStats)]) -> String {
         .map(|(name, s)| {
             format!(
                 "{{\"table\":\"{name}\",\"form\":\"{}\",\"ready\":{},\"scheduled\":{},\
-                 \"in_flight\":{},\"dead\":{},\"oldest_ready_secs\":{}}}",
+                 \"in_flight\":{},\"dead\":{},\"completed\":{},\"oldest_ready_secs\":{}}}",
                 s.form.name(),
                 s.ready,
                 s.scheduled,
                 null(s.in_flight),
                 s.dead,
+                null(s.completed),
                 null(s.oldest_ready_age.map(|d| d.as_secs())),
             )
         })
@@ -108,7 +118,7 @@ fn status_json(all: &[(String, QueueStats)]) -> String {
     format!("[{}]\n", objects.join(","))
 }
 
-fn dead_list(broker: &Broker, args: &DeadListArgs) -> Result {
+fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
     let table = args.table.table();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let page = broker.dead_letters_after(&table, args.after, limit)?;
@@ -125,13 +135,41 @@ fn dead_list(broker: &Broker, args: &DeadListArgs) -> Result {
         ]);
     }
     say(format_args!("{}", columns(&rows)))?;
-    match page.last() {
-        Some(last) if page.len() == limit => {
-            eprintln!("more rows may follow: --after {}", last.id)
-        }
-        _ => eprintln!("{} dead-lettered rows listed", page.len()),
-    }
+    page_end(
+        page.len(),
+        limit,
+        page.last().map(|d| d.id),
+        "dead-lettered",
+    );
     Ok(())
+}
+
+fn completed_list(broker: &Broker, args: &PageArgs) -> Result {
+    let table = args.table.table();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let page = broker.completed_after(&table, args.after, limit)?;
+    let mut rows = vec![["ID", "ATTEMPTS", "COMPLETED_AT", "PAYLOAD"]
+        .map(String::from)
+        .to_vec()];
+    for c in &page {
+        rows.push(vec![
+            c.id.to_string(),
+            c.attempts.to_string(),
+            utc(c.completed_at),
+            preview(&c.payload),
+        ]);
+    }
+    say(format_args!("{}", columns(&rows)))?;
+    page_end(page.len(), limit, page.last().map(|c| c.id), "completed");
+    Ok(())
+}
+
+/// Tells on stderr where the next page starts, or that this was the last.
+fn page_end(listed: usize, limit: usize, last: Option<i64>, what: &str) {
+    match last {
+        Some(last) if listed == limit => eprintln!("more rows may follow: --after {last}"),
+        _ => eprintln!("{listed} {what} rows listed"),
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -5,13 +5,14 @@
 //! sqlbroker dead list --table jobs --lease 30 --limit 20
 //! sqlbroker dead requeue --table jobs --lease 30 --id 17 --id 18
 //! sqlbroker dead purge --table jobs --lease 30 --all
+//! sqlbroker completed prune --table jobs --lease 30 --keep-completed 604800
 //! sqlbroker create-table --table jobs --lease 30 --column kind
 //! printf 'a\nb\n' | sqlbroker publish --table jobs --lease 30 --set kind=import
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. The table is described by flags that mirror
 //! [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`, `--column`, `--fifo`,
-//! `--priorities`, `--dedup`); describe it as the application does, since the form decides what
+//! `--priorities`, `--dedup`, `--keep-completed`); describe it as the application does, since the form decides what
 //! `status` can count and which columns `create-table` makes.
 //!
 //! Exit codes: 0 done; 1 the operation failed (database, connection, a row not found);
@@ -53,6 +54,9 @@ enum Command {
     /// Dead-lettered rows: list them, requeue them, purge them.
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Completed rows a table keeps (--keep-completed): list them, prune them.
+    #[command(subcommand)]
+    Completed(CompletedCommand),
     /// Create the table and its indexes if it does not exist (an existing table is left as
     /// it is).
     CreateTable(TableArgs),
@@ -64,11 +68,19 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum DeadCommand {
     /// List dead-lettered rows by id, one page at a time.
-    List(DeadListArgs),
+    List(PageArgs),
     /// Put dead-lettered rows back in the queue: due now, attempts reset.
     Requeue(DeadPick),
     /// Delete dead-lettered rows (a live row is never deleted).
     Purge(DeadPick),
+}
+
+#[derive(Debug, Subcommand)]
+enum CompletedCommand {
+    /// List the completed rows the table keeps, by id, one page at a time.
+    List(PageArgs),
+    /// Delete the completed rows kept longer than --keep-completed seconds.
+    Prune(TableArgs),
 }
 
 /// How the table is described: the flags mirror the library's `Table` builder.
@@ -98,6 +110,10 @@ struct Description {
     /// The table has a dedup_key column.
     #[arg(long)]
     dedup: bool,
+
+    /// The table keeps acked rows for this many seconds (a completed_at column).
+    #[arg(long, value_name = "SECS")]
+    keep_completed: Option<u64>,
 }
 
 impl Description {
@@ -120,6 +136,9 @@ impl Description {
         }
         if self.dedup {
             t = t.dedup();
+        }
+        if let Some(secs) = self.keep_completed {
+            t = t.keep_completed(Duration::from_secs(secs));
         }
         t
     }
@@ -156,8 +175,9 @@ struct StatusArgs {
     json: bool,
 }
 
+/// A table and a page of its rows by id.
 #[derive(Debug, Args)]
-struct DeadListArgs {
+struct PageArgs {
     #[command(flatten)]
     table: TableArgs,
 
