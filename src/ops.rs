@@ -331,7 +331,7 @@ fn keeps_completed(q: &Queue) -> Result<()> {
 /// Runs `batch(conn, after, upto)` over consecutive id ranges `(after, upto]` holding at most
 /// [`BATCH`] rows each, as `bound` `(lead.., after, offset)` finds them, until the last range
 /// (open above); returns the rows changed. Each batch is its own statement (in
-/// `dead_batch_begin`'s transaction where the database needs one) and safe to run twice, so a
+/// `batch_begin`'s transaction where the database needs one) and safe to run twice, so a
 /// lost connection retries it.
 fn in_batches(
     q: &Queue,
@@ -351,10 +351,10 @@ fn in_batches(
             .and_then(|r| r.first()?.as_i64());
         let upto = bound.unwrap_or(i64::MAX);
         total += q.retrying(op, |conn| {
-            if q.sql.dead_batch_begin.is_empty() {
+            if q.sql.batch_begin.is_empty() {
                 batch(conn, after, upto)
             } else {
-                in_transaction(conn, &q.sql.dead_batch_begin, |conn| {
+                in_transaction(conn, &q.sql.batch_begin, |conn| {
                     batch(conn, after, upto)
                 })
             }

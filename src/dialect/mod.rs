@@ -166,7 +166,7 @@ pub(crate) struct TableSql {
     /// How the batches of `dead_requeue_range` and `dead_purge_range` open their transaction
     /// (MySQL: at `READ COMMITTED`, so the range scan reads past rows that row lock deliveries
     /// hold instead of waiting for them); empty: each runs on its own (autocommit).
-    pub dead_batch_begin: Vec<String>,
+    pub batch_begin: Vec<String>,
     /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, the
     /// earliest `run_at` of the ready rows (`NULL` if none), completed (tables that keep
     /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count

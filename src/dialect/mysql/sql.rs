@@ -115,7 +115,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let row = s.row_columns(spec, "");
     sql.fifo = spec.fifo_group().map(|g| fifo(spec, g));
     sql.stats = stats_sql(spec);
-    sql.dead_batch_begin = RENEW_BEGIN.map(String::from).to_vec();
+    sql.batch_begin = RENEW_BEGIN.map(String::from).to_vec();
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -351,7 +351,7 @@ mod tests {
         );
         // Range batches at READ COMMITTED: past rows that row lock deliveries hold.
         assert_eq!(
-            sql.dead_batch_begin,
+            sql.batch_begin,
             [
                 "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
                 "START TRANSACTION"

@@ -234,7 +234,7 @@ mod tests {
              (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
              MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), 0 FROM \"emails\""
         );
-        assert!(sql.dead_batch_begin.is_empty());
+        assert!(sql.batch_begin.is_empty());
     }
 
     #[test]

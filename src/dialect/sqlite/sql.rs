@@ -231,7 +231,7 @@ mod tests {
             sql.dead_purge_range,
             "DELETE FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 AND \"id\" <= ?2"
         );
-        assert!(sql.dead_batch_begin.is_empty());
+        assert!(sql.batch_begin.is_empty());
         let ready = "\"dead_at\" IS NULL AND \"run_at\" <= ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)";
         assert_eq!(
             sql.stats,
