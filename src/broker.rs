@@ -103,13 +103,26 @@ impl BrokerBuilder {
         self
     }
 
-    /// Parses the URL, builds the pool and opens one connection to prove the database is there.
+    /// Parses the URL, opens one connection to prove the database is there, and builds the
+    /// pool around it.
+    ///
+    /// The first connection is made once, not retried: a server that refuses it (a password,
+    /// an unknown database), a TLS handshake that fails (a certificate that does not verify)
+    /// or a server that cannot be reached returns [`BrokerError::Connect`] at once with the
+    /// server's or the TLS library's reason, rather than after the pool's
+    /// [`connection_timeout`](BrokerBuilder::connection_timeout). Its
+    /// [`is_transient`](BrokerError::is_transient) tells whether trying again may help.
     pub fn build(self) -> Result<Broker> {
         let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
             .map_or(self.pool_size, |cap| cap.min(self.pool_size));
-        let pool = pool::build(dialect.clone(), size, self.connection_timeout);
+        let first = dialect.connect().map_err(|e| BrokerError::Connect {
+            database: dialect.database(),
+            kind: e.kind,
+            source: e.source,
+        })?;
+        let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
         let broker = Broker {
             inner: Arc::new(Inner {
                 dialect,
@@ -138,6 +151,26 @@ impl Broker {
     /// Connects with default options. The URL picks the database:
     /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.1+ or
     /// MariaDB 10.6+), `sqlite:path/to/file.db`, or `sqlite::memory:`.
+    ///
+    /// TLS (feature `tls`) as each ecosystem spells it: PostgreSQL's
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`) and
+    /// `sslrootcert=<file>|system`; MySQL's `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`
+    /// and the `mysql` crate's options (`root_cert_path`, ...). See the crate docs.
+    ///
+    /// ```no_run
+    /// use sqlbroker::Broker;
+    ///
+    /// let pg = Broker::connect(
+    ///     "postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// let my = Broker::connect(
+    ///     "mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    ///
+    /// Fails at once with [`BrokerError::Connect`] if the first connection cannot be made (see
+    /// [`BrokerBuilder::build`]).
     pub fn connect(url: &str) -> Result<Broker> {
         Broker::builder(url).build()
     }

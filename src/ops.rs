@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::broker::{dead_letter_rows, Broker, DeadLetter};
-use crate::dialect::{in_transaction, DbConn};
+use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
 use crate::runtime::Queue;
 use crate::schedule;
@@ -330,9 +330,10 @@ fn keeps_completed(q: &Queue) -> Result<()> {
 
 /// Runs `batch(conn, after, upto)` over consecutive id ranges `(after, upto]` holding at most
 /// [`BATCH`] rows each, as `bound` `(lead.., after, offset)` finds them, until the last range
-/// (open above); returns the rows changed. Each batch is its own statement (in
-/// `batch_begin`'s transaction where the database needs one) and safe to run twice, so a
-/// lost connection retries it.
+/// (open above); returns the rows changed. Each batch is one statement on its own (MySQL
+/// sessions run at `READ COMMITTED`, so its range scan reads past rows that row lock
+/// deliveries hold instead of waiting for them) and safe to run twice, so a lost connection
+/// retries it.
 fn in_batches(
     q: &Queue,
     op: &'static str,
@@ -350,15 +351,7 @@ fn in_batches(
             .first()
             .and_then(|r| r.first()?.as_i64());
         let upto = bound.unwrap_or(i64::MAX);
-        total += q.retrying(op, |conn| {
-            if q.sql.batch_begin.is_empty() {
-                batch(conn, after, upto)
-            } else {
-                in_transaction(conn, &q.sql.batch_begin, |conn| {
-                    batch(conn, after, upto)
-                })
-            }
-        })?;
+        total += q.retrying(op, |conn| batch(conn, after, upto))?;
         match bound {
             Some(b) => after = b,
             None => return Ok(total),

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use crate::delivery::Delivery;
 use crate::error::{BrokerError, NextError, Result};
 use crate::runtime::renewer::Renewer;
+use crate::runtime::timer::Timer;
 use crate::runtime::{claimer, Ctx, Queue, SubOptions};
 use crate::table::Form;
 use crate::RetryPolicy;
@@ -30,6 +31,7 @@ pub struct SubscriptionBuilder<'a> {
     max_in_flight: Option<usize>,
     poll_interval: Duration,
     retry: RetryPolicy,
+    handler_timeout: Option<Duration>,
 }
 
 impl<'a> SubscriptionBuilder<'a> {
@@ -43,6 +45,7 @@ impl<'a> SubscriptionBuilder<'a> {
             max_in_flight: None,
             poll_interval: Duration::from_millis(250),
             retry: RetryPolicy::default(),
+            handler_timeout: None,
         }
     }
 
@@ -84,12 +87,47 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
+    /// The longest a handler may hold a delivery, from the moment it is handed out. Past it
+    /// the delivery is failed as by [`Delivery::fail`] (retried after the
+    /// [`retry_policy`](SubscriptionBuilder::retry_policy) delay, or dead-lettered on the last
+    /// attempt, with "the handler timed out" as the reason), so the row is another claim's
+    /// while the handler still runs:
+    ///
+    /// - lease form: the row's lease is cleared (fenced by its token) and the renewer lets go;
+    /// - advisory form: the row is retried on the session that holds its key, then the key is
+    ///   unlocked (SQLite: the in-process key is given back);
+    /// - row lock form: the handler's own SQL ([`postgres::in_delivery`] and
+    ///   [`mysql::in_delivery`]) is rolled back, the retry is committed on the delivery's
+    ///   transaction, and a statement the handler is running on it is cancelled on the server
+    ///   (`pg_cancel_backend`, `KILL QUERY`).
+    ///
+    /// The handler is told: [`Delivery::timed_out`] turns true, [`Delivery::lease_held`] false,
+    /// and its settlement (or `in_delivery`, or `extend`) returns
+    /// [`BrokerError::HandlerTimeout`], changing nothing. Default: none. The timeout is checked
+    /// by a thread of the subscription's own (`sqlbroker-timer-<table>`), within milliseconds
+    /// of the deadline; a handler busy in `in_delivery` is failed once its statement is
+    /// cancelled and its closure returns. A zero duration is refused by
+    /// [`start`](SubscriptionBuilder::start) with [`BrokerError::InvalidOption`].
+    ///
+    /// [`postgres::in_delivery`]: crate::postgres::in_delivery
+    /// [`mysql::in_delivery`]: crate::mysql::in_delivery
+    pub fn handler_timeout(mut self, limit: Duration) -> Self {
+        self.handler_timeout = Some(limit);
+        self
+    }
+
     /// Validates the table, checks the form against the database (`Unsupported`), the server's
     /// version (`ServerTooOld`) and, in the forms whose deliveries hold a connection, that the
     /// pool has one to spare beyond `max_in_flight` (`PoolTooSmall`), then starts the claim
     /// workers (and, for a lease table, the renewer).
     pub fn start(self) -> Result<Subscription> {
         let queue = self.queue?;
+        if self.handler_timeout == Some(Duration::ZERO) {
+            return Err(BrokerError::InvalidOption {
+                option: "handler_timeout",
+                reason: "a handler timeout must be longer than zero".into(),
+            });
+        }
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
         if queue.spec.fifo {
@@ -123,10 +161,19 @@ impl<'a> SubscriptionBuilder<'a> {
             poll_interval: self.poll_interval,
             advisory_scan: (self.batch * 4).max(32),
             retry: self.retry,
+            handler_timeout: self.handler_timeout,
         };
         let name = queue.spec.name.clone();
         let renewer = (form == Form::Lease).then_some(self.renewer);
-        let ctx = Arc::new(Ctx::new(queue, opts, renewer.clone()));
+        let mut ctx = Ctx::new(queue, opts, renewer.clone());
+        if ctx.opts.handler_timeout.is_some() {
+            let name = format!("sqlbroker-timer-{name}");
+            match Timer::start(name.clone()) {
+                Ok(timer) => ctx = ctx.with_timer(timer),
+                Err(source) => return Err(BrokerError::Thread { name, source }),
+            }
+        }
+        let ctx = Arc::new(ctx);
         let (tx, rx) = crossbeam_channel::bounded(ctx.opts.max_in_flight);
         // Each worker holds a sender of `exited` until it ends: `close` waits for them all
         // with one bounded receive.
@@ -220,6 +267,25 @@ impl Subscription {
         }
     }
 
+    /// Up to `max` deliveries: waits up to `timeout` for the first, then takes those ready
+    /// now without waiting. [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
+    /// the subscription is closed. Settle them one by one, or together with
+    /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
+    /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
+    /// batch size (and `max_in_flight`) at least as large.
+    pub fn next_batch(&self, max: usize, timeout: Duration) -> Result<Vec<Delivery>, NextError> {
+        let first = self.next_delivery_timeout(timeout)?;
+        let mut batch = Vec::with_capacity(max.clamp(1, 1024));
+        batch.push(first);
+        while batch.len() < max {
+            match self.try_next_delivery() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        Ok(batch)
+    }
+
     /// Runs `handler` on `threads` threads of its own (`sqlbroker-run-<table>-<n>`) over every
     /// delivery until the subscription is closed, then returns once every handler in progress
     /// has finished; what it did, counted. For the common loop: [`next_delivery`] stays for a
@@ -305,9 +371,13 @@ impl Subscription {
                     d.fail(format!("the handler panicked: {msg}"))
                 }
             };
-            if let Err(e) = settled {
-                ran.lock().unsettled += 1;
-                log::warn!("table {}: {e}", self.ctx.spec().name);
+            match settled {
+                Ok(()) => {}
+                Err(e) if e.is_handler_timeout() => ran.lock().timed_out += 1,
+                Err(e) => {
+                    ran.lock().unsettled += 1;
+                    log::warn!("table {}: {e}", self.ctx.spec().name);
+                }
             }
         }
     }
@@ -442,6 +512,10 @@ pub struct Ran {
     pub panicked: usize,
     /// Settlements that returned an error (`LeaseLost`, a lost connection): logged.
     pub unsettled: usize,
+    /// Deliveries whose handler ran past the
+    /// [`handler_timeout`](SubscriptionBuilder::handler_timeout): failed by the timeout (also
+    /// counted as acked, failed or panicked by what the handler returned late).
+    pub timed_out: usize,
 }
 
 /// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).

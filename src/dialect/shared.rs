@@ -293,6 +293,24 @@ impl Syntax {
         )
     }
 
+    /// Tables that keep completed rows: the `SET` list of an ack, which keeps the row,
+    /// finished (`dead_at`, so it is out of every claim, its dedup key freed, its lease
+    /// cleared) and completed, both at the server's time ([`Syntax::now`], one value per
+    /// statement). `None` for a table that deletes the rows it acks. The grouped lease acks of
+    /// each dialect use it too.
+    pub fn complete_set(&self, spec: &TableSpec) -> Option<String> {
+        let c = self.q(spec.completed_at.as_ref()?);
+        let now = self.now;
+        let mut set = format!("{} = {now}, {c} = {now}", self.q(&spec.dead_at));
+        if let Some(k) = &spec.dedup_key {
+            set.push_str(&format!(", {} = NULL", self.q(k)));
+        }
+        if spec.form == Form::Lease {
+            set.push_str(&format!(", {} = NULL", self.q(&spec.locked_until)));
+        }
+        Some(set)
+    }
+
     /// Fills the statements every database spells alike.
     pub fn common(&self, spec: &TableSpec, sql: &mut TableSql) {
         let t = self.q(&spec.name);
@@ -379,21 +397,15 @@ impl Syntax {
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
-        if let Some(c) = &spec.completed_at {
-            // Keep the row: finished (out of every claim, its dedup key freed) and completed
-            // at the server's time, as one value for both columns.
-            let (c, now) = (self.q(c), self.now);
+        if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
+            let c = self.q(c);
             sql.ack = match spec.form {
                 Form::Lease => format!(
-                    "UPDATE {t} SET {dead_at} = {now}, {c} = {now}{free_key}, {lu} = NULL \
-                     WHERE {id} = {} AND {lu} = {}",
+                    "UPDATE {t} SET {finish} WHERE {id} = {} AND {lu} = {}",
                     p(1),
                     p(2)
                 ),
-                _ => format!(
-                    "UPDATE {t} SET {dead_at} = {now}, {c} = {now}{free_key} WHERE {id} = {}",
-                    p(1)
-                ),
+                _ => format!("UPDATE {t} SET {finish} WHERE {id} = {}", p(1)),
             };
             let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
             for col in &spec.columns {

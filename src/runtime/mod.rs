@@ -5,10 +5,10 @@
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -18,11 +18,13 @@ use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 pub(crate) mod claimer;
+pub(crate) mod group;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
 #[cfg(test)]
 pub(crate) mod testing;
+pub(crate) mod timer;
 pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};
@@ -44,7 +46,17 @@ pub(crate) struct Queue {
     /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
     /// statement) of an earlier batch of the same size.
     inserts: Mutex<HashMap<usize, Arc<str>>>,
+    /// Lease acks written together (group commit).
+    pub acks: AckGroup,
 }
+
+/// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
+/// batch's result is the set of ids deleted, or the kind of error its statement met.
+pub(crate) type AckGroup = group::GroupCommit<(i64, Vec<SystemTime>), AckBatch>;
+pub(crate) type AckBatch = std::result::Result<Arc<HashSet<i64>>, DbErrorKind>;
+
+/// The most leases one grouped ack writes.
+pub(crate) const ACK_GROUP_MAX: usize = 256;
 
 impl Queue {
     pub fn new(
@@ -63,6 +75,7 @@ impl Queue {
             wake,
             statement_timeout,
             inserts: Mutex::default(),
+            acks: AckGroup::new(ACK_GROUP_MAX),
         }
     }
 
@@ -153,6 +166,8 @@ pub(crate) struct SubOptions {
     pub advisory_scan: usize,
     /// The delay of a failed delivery ([`Delivery::fail`](crate::Delivery::fail)).
     pub retry: crate::RetryPolicy,
+    /// How long a handler may hold a delivery before it is failed for it.
+    pub handler_timeout: Option<Duration>,
 }
 
 /// What one subscription's threads and deliveries share.
@@ -165,6 +180,8 @@ pub(crate) struct Ctx {
     pub keys: Option<Arc<KeyRegistry>>,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
+    /// Runs the handler timeouts (only with a handler timeout).
+    pub timer: Option<timer::Timer>,
     last_error: Mutex<Option<String>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
@@ -188,10 +205,17 @@ impl Ctx {
             leases: LeaseBook::default(),
             keys,
             claiming: AtomicUsize::new(0),
+            timer: None,
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
         }
+    }
+
+    /// With the timer that runs handler timeouts.
+    pub fn with_timer(mut self, timer: timer::Timer) -> Self {
+        self.timer = Some(timer);
+        self
     }
 
     pub fn spec(&self) -> &TableSpec {

@@ -33,6 +33,14 @@ fn quote_ident(s: &str) -> String {
 }
 
 /// The statements of `spec` (see [`TableSql`] for each one's parameters).
+/// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
+pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// Cancels the statement backend `pid` runs (the transaction stays open, aborted).
+pub(super) fn cancel(pid: u64) -> String {
+    format!("SELECT pg_cancel_backend({pid})")
+}
+
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
@@ -189,6 +197,24 @@ pub(super) fn renew_sql(spec: &TableSpec, slots: usize) -> String {
     )
 }
 
+/// The grouped lease ack of `slots` leases: `((id, held token) x slots)` -> the ids deleted.
+/// Compared pair by pair, as the renewal, so every parameter takes its column's type.
+pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    let (t, id, lu) = (s.q(&spec.name), s.q(&spec.id), s.q(&spec.locked_until));
+    let held: Vec<String> = (0..slots)
+        .map(|i| format!("({id} = ${} AND {lu} = ${})", 2 * i + 1, 2 * i + 2))
+        .collect();
+    // A table that keeps completed rows keeps them (as a single ack does).
+    match s.complete_set(spec) {
+        Some(set) => format!(
+            "UPDATE {t} SET {set} WHERE {} RETURNING {id}",
+            held.join(" OR ")
+        ),
+        None => format!("DELETE FROM {t} WHERE {} RETURNING {id}", held.join(" OR ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -234,7 +260,6 @@ mod tests {
              (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
              MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), 0 FROM \"emails\""
         );
-        assert!(sql.batch_begin.is_empty());
     }
 
     #[test]
@@ -272,6 +297,11 @@ mod tests {
             "WITH c AS (SELECT \"id\" FROM \"thumbs\" WHERE (\"id\" = $2 AND \"locked_until\" = $3) OR \
              (\"id\" = $4 AND \"locked_until\" = $5) FOR UPDATE SKIP LOCKED) UPDATE \"thumbs\" AS q SET \
              \"locked_until\" = $1 FROM c WHERE q.\"id\" = c.\"id\" RETURNING q.\"id\""
+        );
+        assert_eq!(
+            ack_many_sql(&spec, 2),
+            "DELETE FROM \"thumbs\" WHERE (\"id\" = $1 AND \"locked_until\" = $2) OR \
+             (\"id\" = $3 AND \"locked_until\" = $4) RETURNING \"id\""
         );
         assert_eq!(
             [1, 2, 3, 500].map(crate::dialect::size_class),
@@ -338,6 +368,16 @@ mod tests {
         assert_eq!(
             lease.completed_prune_range,
             "DELETE FROM \"jobs\" WHERE \"completed_at\" < $1 AND \"id\" > $2 AND \"id\" <= $3"
+        );
+        // A grouped lease ack keeps them too.
+        let spec = keep(Table::new("jobs").lease(Duration::from_secs(30)))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            ack_many_sql(&spec, 1),
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()), \"locked_until\" = NULL \
+             WHERE (\"id\" = $1 AND \"locked_until\" = $2) RETURNING \"id\""
         );
         let row_lock = compile(keep(Table::new("jobs")));
         assert_eq!(

@@ -188,6 +188,15 @@ impl Dialect for Sqlite {
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
     }
+
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_ack_many(conn, spec, held)
+    }
 }
 
 #[cfg(test)]

@@ -135,6 +135,24 @@ pub(super) fn renew_params(token: SystemTime, held: &[(i64, SystemTime)]) -> Vec
     params
 }
 
+/// The grouped lease ack of `n` leases: `((id, held token) x n)` -> the ids deleted.
+pub(super) fn ack_many_sql(spec: &TableSpec, n: usize) -> String {
+    let s = &SYNTAX;
+    let tuples: Vec<String> = (0..n)
+        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+        .collect();
+    let (t, lu, id) = (s.q(&spec.name), s.q(&spec.locked_until), s.q(&spec.id));
+    // A table that keeps completed rows keeps them (as a single ack does).
+    let head = match s.complete_set(spec) {
+        Some(set) => format!("UPDATE {t} SET {set}"),
+        None => format!("DELETE FROM {t}"),
+    };
+    format!(
+        "{head} WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
+        tuples.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -231,7 +249,6 @@ mod tests {
             sql.dead_purge_range,
             "DELETE FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 AND \"id\" <= ?2"
         );
-        assert!(sql.batch_begin.is_empty());
         let ready = "\"dead_at\" IS NULL AND \"run_at\" <= ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)";
         assert_eq!(
             sql.stats,
@@ -269,6 +286,28 @@ mod tests {
     }
 
     #[test]
+    fn completed_rows_kept() {
+        let t = Table::new("jobs")
+            .dedup()
+            .lease(Duration::from_secs(30))
+            .keep_completed(Duration::from_secs(60));
+        let now = "CAST(strftime('%s', 'now') AS INTEGER)";
+        let set = format!(
+            "\"dead_at\" = {now}, \"completed_at\" = {now}, \"dedup_key\" = NULL, \"locked_until\" = NULL"
+        );
+        assert_eq!(
+            compile(t.clone()).ack,
+            format!("UPDATE \"jobs\" SET {set} WHERE \"id\" = ?1 AND \"locked_until\" = ?2")
+        );
+        assert_eq!(
+            ack_many_sql(&t.validate().unwrap(), 1),
+            format!(
+                "UPDATE \"jobs\" SET {set} WHERE (\"id\", \"locked_until\") IN (VALUES (?1, ?2)) RETURNING \"id\""
+            )
+        );
+    }
+
+    #[test]
     fn ddl_and_renewal() {
         let d = Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options()).unwrap();
         let spec = Table::new("jobs")
@@ -292,6 +331,10 @@ mod tests {
             "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE (\"id\", \"locked_until\") IN (VALUES (?2, ?3), (?4, ?5)) RETURNING \"id\""
         );
         assert_eq!(params.len(), 5);
+        assert_eq!(
+            ack_many_sql(&spec, 2),
+            "DELETE FROM \"jobs\" WHERE (\"id\", \"locked_until\") IN (VALUES (?1, ?2), (?3, ?4)) RETURNING \"id\""
+        );
         assert_eq!(d.insert_many(&spec, 2), "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"n\") VALUES (?1, ?2, ?3), (?4, ?5, ?6)");
     }
 
