@@ -132,6 +132,7 @@
 //! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
+//! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `publish`; no library API |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
 //! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
