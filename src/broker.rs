@@ -53,7 +53,17 @@ struct Inner {
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
-#[must_use]
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let broker = sqlbroker::Broker::builder("sqlite::memory:")
+///     .connection_timeout(Duration::from_secs(5))
+///     .statement_timeout(Duration::from_secs(10))
+///     .build()?;
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[must_use = "a broker builder does nothing until it is built"]
 pub struct BrokerBuilder {
     url: String,
     pool_size: u32,
@@ -61,19 +71,72 @@ pub struct BrokerBuilder {
     options: ConnOptions,
 }
 
+impl std::fmt::Debug for BrokerBuilder {
+    /// The URL without its password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerBuilder")
+            .field("url", &redact(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("statement_timeout", &self.options.statement_timeout)
+            .field("sqlite_durable", &self.options.sqlite_durable)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info (`user:password@`) replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 impl BrokerBuilder {
-    /// Most pooled connections. Default 16. A row lock delivery, and an advisory delivery on a
-    /// server, holds a connection until it is settled; each claim worker needs one while it
-    /// claims. An in-memory SQLite database always has exactly one.
+    /// Every option in its range: a zero would panic in the pool (a zero timeout) or leave
+    /// nothing to work with (no connection), and a huge one overflows a deadline.
+    fn check(&self) -> Result<()> {
+        let day = Duration::from_secs(86_400);
+        let invalid = |option, reason: &str| {
+            Err(BrokerError::InvalidOption {
+                option,
+                reason: reason.into(),
+            })
+        };
+        if !(1..=10_000).contains(&self.pool_size) {
+            return invalid("pool_size", "from 1 to 10,000 connections");
+        }
+        if !(Duration::from_millis(1)..=day).contains(&self.connection_timeout) {
+            return invalid("connection_timeout", "from 1 ms to a day");
+        }
+        if !(Duration::from_secs(1)..=day).contains(&self.options.statement_timeout) {
+            return invalid(
+                "statement_timeout",
+                "from 1 s (the servers count whole seconds) to a day",
+            );
+        }
+        Ok(())
+    }
+
+    /// Most pooled connections. Default 16; from 1 to 10,000. A row lock delivery, and an
+    /// advisory delivery on a server, holds a connection until it is settled; each claim
+    /// worker needs one while it claims. An in-memory SQLite database always has exactly one.
     pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = n.max(1);
+        self.pool_size = n;
         self
     }
 
     /// How long an operation waits for a pooled connection before it fails with
-    /// [`BrokerError::Pool`]. Default 30 s, at most a day.
+    /// [`BrokerError::Pool`]. Default 30 s; from 1 ms to a day.
     pub fn connection_timeout(mut self, d: Duration) -> Self {
-        self.connection_timeout = d.min(Duration::from_secs(86_400));
+        self.connection_timeout = d;
         self
     }
 
@@ -89,8 +152,7 @@ impl BrokerBuilder {
     /// The row lock form runs no statement while its handler works, so the timeout does not
     /// limit the handler; a DDL waiting on a table whose rows a handler holds is what it ends.
     pub fn statement_timeout(mut self, d: Duration) -> Self {
-        self.options.statement_timeout =
-            d.clamp(Duration::from_secs(1), Duration::from_secs(86_400));
+        self.options.statement_timeout = d;
         self
     }
 
@@ -112,7 +174,14 @@ impl BrokerBuilder {
     /// server's or the TLS library's reason, rather than after the pool's
     /// [`connection_timeout`](BrokerBuilder::connection_timeout). Its
     /// [`is_transient`](BrokerError::is_transient) tells whether trying again may help.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for an option out of its range and
+    /// [`BrokerError::InvalidUrl`] for a URL we do not understand (nothing is connected then),
+    /// [`BrokerError::Connect`] when the first connection fails.
     pub fn build(self) -> Result<Broker> {
+        self.check()?;
         let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
@@ -141,7 +210,7 @@ impl BrokerBuilder {
                 op: "connect",
                 table: String::new(),
                 timeout: self.connection_timeout,
-                source,
+                source: source.into(),
             })?;
         Ok(broker)
     }
@@ -266,7 +335,12 @@ impl Broker {
     ///
     /// On a table with dedup keys, a message whose key an unfinished row (or an earlier
     /// message of the batch) holds is skipped: [`Published::duplicates`] counts them.
-    pub fn publish_batch(&self, table: &Table, messages: Vec<Message>) -> Result<Published> {
+    pub fn publish_batch(
+        &self,
+        table: &Table,
+        messages: impl IntoIterator<Item = Message>,
+    ) -> Result<Published> {
+        let messages: Vec<Message> = messages.into_iter().collect();
         if messages.is_empty() {
             return Ok(Published::default());
         }
@@ -388,5 +462,20 @@ impl DeadLetter {
             .iter()
             .find(|(c, _)| c == column)
             .map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn debug_hides_the_password() {
+        assert_eq!(
+            super::redact("postgres://app:s3cret@db:5432/q?sslmode=require"),
+            "postgres://app:***@db:5432/q?sslmode=require"
+        );
+        assert_eq!(super::redact("mysql://root@h/test"), "mysql://root@h/test");
+        assert_eq!(super::redact("sqlite:/tmp/a@b.db"), "sqlite:/tmp/a@b.db");
+        let b = crate::Broker::builder("postgres://u:pw@h/db");
+        assert!(!format!("{b:?}").contains("pw"));
     }
 }

@@ -139,7 +139,7 @@ pub enum BrokerError {
         timeout: Duration,
         /// The pool's error, which names the last connection failure.
         #[source]
-        source: r2d2::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A thread of ours could not be started (the system is out of threads or memory).
     #[error("could not start thread {name}: {source}")]
@@ -314,11 +314,16 @@ impl std::error::Error for DbError {
 
 /// Errors of the `next_delivery` family that did not yield a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NextError {
-    /// Nothing arrived in time (`next_delivery_timeout`) or nothing is ready now
-    /// (`try_next_delivery`); the subscription is still open.
+    /// Nothing arrived in time (`next_delivery_timeout`, `next_batch`); the subscription is
+    /// still open.
     #[error("no delivery ready in time")]
     Timeout,
+    /// Nothing is ready now (`try_next_delivery`, which does not wait); the subscription is
+    /// still open.
+    #[error("no delivery ready now")]
+    Empty,
     /// The subscription is closed and every delivery it claimed has been handed out.
     #[error("subscription closed")]
     Closed,

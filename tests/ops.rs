@@ -113,7 +113,7 @@ fn dead_letter_maintenance(db: Db) {
     // 2,101 dead rows (three batches of 1,000) among 6 live ones.
     let total = 2_107;
     let is_live = |i: usize| i % 400 == 7;
-    let messages = (0..total)
+    let messages: Vec<_> = (0..total)
         .map(|i| msg(&format!("m{i}"), if is_live(i) { "live" } else { "dead" }))
         .collect();
     b.publish_batch(&t, messages).unwrap();

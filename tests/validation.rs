@@ -312,3 +312,64 @@ fn unreachable_server_and_bad_urls() {
         }
     }
 }
+
+/// Options out of their range are typed errors naming the option, and nothing starts: no claim
+/// worker runs (a row published before stays unclaimed). Before: `workers(0)` and the like were
+/// clamped silently, `poll_interval(0)` spun a core, `connection_timeout(0)` panicked in r2d2.
+#[test]
+fn options_out_of_range_are_refused() {
+    use sqlbroker::SubscriptionBuilder;
+    let broker = Broker::connect("sqlite::memory:").unwrap();
+    let t = Table::new("jobs").lease(Duration::from_secs(30));
+    broker.create_table(&t).unwrap();
+    broker
+        .publish(&t, sqlbroker::Message::new(b"x".to_vec()))
+        .unwrap();
+    type Bad = fn(SubscriptionBuilder<'_>) -> SubscriptionBuilder<'_>;
+    let cases: [(&str, Bad); 8] = [
+        ("workers", |b| b.workers(0)),
+        ("workers", |b| b.workers(257)),
+        ("batch_size", |b| b.batch_size(0)),
+        ("batch_size", |b| b.batch_size(1_001)),
+        ("max_in_flight", |b| b.max_in_flight(0)),
+        ("poll_interval", |b| b.poll_interval(Duration::ZERO)),
+        ("poll_interval", |b| {
+            b.poll_interval(Duration::from_secs(86_400))
+        }),
+        ("handler_timeout", |b| b.handler_timeout(Duration::ZERO)),
+    ];
+    for (option, bad) in cases {
+        match bad(broker.subscription(&t)).start() {
+            Err(BrokerError::InvalidOption { option: o, reason }) => {
+                assert_eq!(o, option);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+    // Nothing claimed the row meanwhile: the first good subscription gets it at attempt 1.
+    let sub = broker.subscription(&t).start().unwrap();
+    let d = sub.next_delivery_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(d.attempt(), 1);
+    d.ack().unwrap();
+
+    type BadBroker = fn(sqlbroker::BrokerBuilder) -> sqlbroker::BrokerBuilder;
+    let cases: [(&str, BadBroker); 4] = [
+        ("pool_size", |b| b.pool_size(0)),
+        ("connection_timeout", |b| {
+            b.connection_timeout(Duration::ZERO)
+        }),
+        ("statement_timeout", |b| {
+            b.statement_timeout(Duration::from_millis(10))
+        }),
+        ("statement_timeout", |b| {
+            b.statement_timeout(Duration::from_secs(10 * 86_400))
+        }),
+    ];
+    for (option, bad) in cases {
+        match bad(Broker::builder("sqlite::memory:")).build() {
+            Err(BrokerError::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+}

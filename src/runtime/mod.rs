@@ -48,6 +48,9 @@ pub(crate) struct Queue {
     inserts: Mutex<HashMap<usize, Arc<str>>>,
     /// Lease acks written together (group commit).
     pub acks: AckGroup,
+    /// Server advisory form: the keys this broker's sessions hold on this table (a claim
+    /// skips them without asking the server).
+    pub held_here: Arc<KeyRegistry>,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -76,6 +79,7 @@ impl Queue {
             statement_timeout,
             inserts: Mutex::default(),
             acks: AckGroup::new(ACK_GROUP_MAX),
+            held_here: Arc::default(),
         }
     }
 
@@ -99,7 +103,7 @@ impl Queue {
             op,
             table: self.spec.name.clone(),
             timeout: self.pool.connection_timeout(),
-            source,
+            source: source.into(),
         })
     }
 
@@ -113,7 +117,7 @@ impl Queue {
                 op,
                 table: self.spec.name.clone(),
                 timeout,
-                source,
+                source: source.into(),
             })
     }
 
@@ -263,7 +267,7 @@ impl Ctx {
                         op: "claim",
                         table: self.spec().name.clone(),
                         timeout: pool.connection_timeout(),
-                        source: e,
+                        source: e.into(),
                     })
                 }
                 Err(_) => {}
