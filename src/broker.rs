@@ -444,41 +444,7 @@ impl Broker {
         let q = self.queue(table)?;
         let limit = [Value::Int(limit.min(i64::MAX as usize) as i64)];
         let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_list, &limit))?;
-        let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                let mut it = row.into_iter();
-                let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
-                let attempts = it
-                    .next()
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or_default()
-                    .clamp(0, u32::MAX as i64) as u32;
-                let payload = match it.next() {
-                    Some(Value::Bytes(b)) => b,
-                    Some(Value::Text(s)) => s.into_bytes(),
-                    _ => Vec::new(),
-                };
-                let dead_at = it
-                    .next()
-                    .and_then(|v| v.as_time())
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                let reason = match it.next() {
-                    Some(Value::Text(s)) => s,
-                    _ => String::new(),
-                };
-                let values = names.iter().cloned().zip(it).collect();
-                DeadLetter {
-                    id,
-                    attempts,
-                    payload,
-                    dead_at,
-                    reason,
-                    values,
-                }
-            })
-            .collect())
+        Ok(dead_letter_rows(&q, rows))
     }
 
     /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
@@ -530,6 +496,44 @@ pub struct DeadLetter {
     pub reason: String,
     /// The table's own columns, by name.
     pub values: Vec<(String, Value)>,
+}
+
+/// Dead letters from rows of the `dead_list` layout.
+pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLetter> {
+    let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+    rows.into_iter()
+        .map(|row| {
+            let mut it = row.into_iter();
+            let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+            let attempts = it
+                .next()
+                .and_then(|v| v.as_i64())
+                .unwrap_or_default()
+                .clamp(0, u32::MAX as i64) as u32;
+            let payload = match it.next() {
+                Some(Value::Bytes(b)) => b,
+                Some(Value::Text(s)) => s.into_bytes(),
+                _ => Vec::new(),
+            };
+            let dead_at = it
+                .next()
+                .and_then(|v| v.as_time())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let reason = match it.next() {
+                Some(Value::Text(s)) => s,
+                _ => String::new(),
+            };
+            let values = names.iter().cloned().zip(it).collect();
+            DeadLetter {
+                id,
+                attempts,
+                payload,
+                dead_at,
+                reason,
+                values,
+            }
+        })
+        .collect()
 }
 
 impl DeadLetter {

@@ -168,6 +168,34 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
+    /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above
+    /// `after`, by id (keyset paging).
+    pub dead_page: String,
+    /// `(after, offset)` -> the id of the dead-lettered row `offset` places past the first with
+    /// an id above `after`: the upper bound of a batch of `offset + 1` rows.
+    pub dead_bound: String,
+    /// `(now, after, upto)`: `dead_requeue` of every dead-lettered row with an id in
+    /// `(after, upto]`.
+    pub dead_requeue_range: String,
+    /// `(id)`: deletes the row if it is dead-lettered.
+    pub dead_purge: String,
+    /// `(after, upto)`: deletes the dead-lettered rows with ids in `(after, upto]`.
+    pub dead_purge_range: String,
+    /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, the
+    /// earliest `run_at` of the ready rows (`NULL` if none), completed (tables that keep
+    /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count
+    /// holds.
+    pub stats: String,
+    /// Tables that keep completed rows: `(after, limit)` -> `id, attempts, payload,
+    /// completed_at, <user columns>` of the completed rows with ids above `after`, by id.
+    pub completed_page: String,
+    /// Tables that keep completed rows: `(cutoff, after, offset)` -> the id of the row
+    /// completed before `cutoff` that is `offset` places past the first with an id above
+    /// `after` (the upper bound of a prune batch).
+    pub completed_bound: String,
+    /// Tables that keep completed rows: `(cutoff, after, upto)` deletes the rows completed
+    /// before `cutoff` with ids in `(after, upto]`.
+    pub completed_prune_range: String,
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups

@@ -25,12 +25,32 @@ pub(crate) struct ColumnTypes {
     pub bytes: &'static str,
 }
 
+/// The conditions of the states [`Broker::stats`](crate::Broker::stats) counts. In the lease
+/// form every row is in exactly one of them.
+pub(crate) struct StatsStates {
+    /// Not finished, due (`run_at <= now`), and in the lease form not leased (`locked_until`
+    /// empty or past): what a claim may take. A row lock or an advisory lock leaves no mark
+    /// in the row, so in those forms rows in work are here too.
+    pub ready: String,
+    /// Not finished, not yet due, and in the lease form not leased.
+    pub scheduled: String,
+    /// Lease form only: not finished and leased (`locked_until > now`), in work.
+    pub held: Option<String>,
+    /// Dead-lettered: finished and not completed.
+    pub dead: String,
+    /// Tables that keep completed rows only: completed (acked).
+    pub completed: Option<String>,
+}
+
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
     /// Quotes a validated identifier.
     pub quote: fn(&str) -> String,
     /// The placeholder of the `n`-th parameter (1-based).
     pub param: fn(usize) -> String,
+    /// The server's current time in whole seconds, as the time columns hold it: one value for
+    /// the whole statement. Only the ack of a table that keeps completed rows reads it.
+    pub now: &'static str,
 }
 
 impl Syntax {
@@ -202,6 +222,9 @@ impl Syntax {
         if let Some(k) = &spec.dedup_key {
             cols.push(def(k, ty.text));
         }
+        if let Some(c) = &spec.completed_at {
+            cols.push(def(c, ty.time));
+        }
         for c in &spec.columns {
             let t = match c.ty {
                 ColumnType::Text => ty.text,
@@ -231,6 +254,15 @@ impl Syntax {
                 self.q(&format!("{}_dedup", spec.name)),
                 self.q(&spec.name),
                 self.q(k)
+            ));
+        }
+        if let Some(c) = &spec.completed_at {
+            // The prune's range.
+            let c = self.q(c);
+            ddl.push(format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({c}) WHERE {c} IS NOT NULL",
+                self.q(&format!("{}_completed", spec.name)),
+                self.q(&spec.name),
             ));
         }
         if let Some(group) = spec.fifo_group() {
@@ -285,6 +317,24 @@ impl Syntax {
         )
     }
 
+    /// Tables that keep completed rows: the `SET` list of an ack, which keeps the row,
+    /// finished (`dead_at`, so it is out of every claim, its dedup key freed, its lease
+    /// cleared) and completed, both at the server's time ([`Syntax::now`], one value per
+    /// statement). `None` for a table that deletes the rows it acks. The grouped lease acks of
+    /// each dialect use it too.
+    pub fn complete_set(&self, spec: &TableSpec) -> Option<String> {
+        let c = self.q(spec.completed_at.as_ref()?);
+        let now = self.now;
+        let mut set = format!("{} = {now}, {c} = {now}", self.q(&spec.dead_at));
+        if let Some(k) = &spec.dedup_key {
+            set.push_str(&format!(", {} = NULL", self.q(k)));
+        }
+        if spec.form == Form::Lease {
+            set.push_str(&format!(", {} = NULL", self.q(&spec.locked_until)));
+        }
+        Some(set)
+    }
+
     /// Fills the statements every database spells alike.
     pub fn common(&self, spec: &TableSpec, sql: &mut TableSql) {
         let t = self.q(&spec.name);
@@ -307,6 +357,12 @@ impl Syntax {
             .as_ref()
             .map(|k| format!(", {} = NULL", self.q(k)))
             .unwrap_or_default();
+        // A dead letter: finished and, on a table that keeps completed rows, not completed
+        // (an ack there sets `dead_at` too, so the claims see the row finished).
+        let is_dead = match &spec.completed_at {
+            Some(c) => format!("{dead_at} IS NOT NULL AND {} IS NULL", self.q(c)),
+            None => format!("{dead_at} IS NOT NULL"),
+        };
         if let Some(k) = &spec.dedup_key {
             sql.dedup_holder = format!("SELECT {id} FROM {t} WHERE {} = {}", self.q(k), p(1));
             sql.insert_dedup_one = self.insert_dedup(spec, 1);
@@ -365,6 +421,38 @@ impl Syntax {
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
+        if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
+            let c = self.q(c);
+            sql.ack = match spec.form {
+                Form::Lease => format!(
+                    "UPDATE {t} SET {finish} WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2)
+                ),
+                _ => format!("UPDATE {t} SET {finish} WHERE {id} = {}", p(1)),
+            };
+            let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
+            for col in &spec.columns {
+                cols.push_str(&format!(", {}", self.q(&col.name)));
+            }
+            sql.completed_page = format!(
+                "SELECT {cols} FROM {t} WHERE {c} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT {}",
+                p(1),
+                p(2)
+            );
+            sql.completed_bound = format!(
+                "SELECT {id} FROM {t} WHERE {c} < {} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+            sql.completed_prune_range = format!(
+                "DELETE FROM {t} WHERE {c} < {} AND {id} > {} AND {id} <= {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+        }
         let mut cols = format!(
             "{id}, {att}, {}, {dead_at}, {reason}",
             self.q(&spec.payload)
@@ -373,7 +461,7 @@ impl Syntax {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
         sql.dead_list = format!(
-            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL ORDER BY {dead_at}, {id} LIMIT {}",
+            "SELECT {cols} FROM {t} WHERE {is_dead} ORDER BY {dead_at}, {id} LIMIT {}",
             p(1)
         );
         let clear_lease = if spec.form == Form::Lease {
@@ -383,9 +471,65 @@ impl Syntax {
         };
         sql.dead_requeue = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
-             WHERE {id} = {} AND {dead_at} IS NOT NULL",
+             WHERE {id} = {} AND {is_dead}",
             p(1),
             p(2)
         );
+        // Maintenance by id ranges: every batch a short statement over a primary-key range.
+        sql.dead_page = format!(
+            "SELECT {cols} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_bound = format!(
+            "SELECT {id} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_requeue_range = format!(
+            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
+             WHERE {is_dead} AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        sql.dead_purge = format!("DELETE FROM {t} WHERE {id} = {} AND {is_dead}", p(1));
+        sql.dead_purge_range = format!(
+            "DELETE FROM {t} WHERE {is_dead} AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2)
+        );
+    }
+
+    /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of each state,
+    /// every column prefixed by `prefix` and `now` standing for the statement's time (each
+    /// may appear several times: PostgreSQL and SQLite number their parameter, MySQL reads it
+    /// from a joined one-row table). See [`StatsStates`].
+    pub fn stats_states(&self, spec: &TableSpec, prefix: &str, now: &str) -> StatsStates {
+        let (dead, run_at) = (self.q(&spec.dead_at), self.q(&spec.run_at));
+        let live = format!("{prefix}{dead} IS NULL");
+        let (free, held) = if spec.form == Form::Lease {
+            let lu = format!("{prefix}{}", self.q(&spec.locked_until));
+            (
+                format!(" AND ({lu} IS NULL OR {lu} <= {now})"),
+                Some(format!("{live} AND {lu} > {now}")),
+            )
+        } else {
+            (String::new(), None)
+        };
+        let completed = spec
+            .completed_at
+            .as_ref()
+            .map(|c| format!("{prefix}{}", self.q(c)));
+        StatsStates {
+            ready: format!("{live} AND {prefix}{run_at} <= {now}{free}"),
+            scheduled: format!("{live} AND {prefix}{run_at} > {now}{free}"),
+            held,
+            dead: match &completed {
+                Some(c) => format!("{prefix}{dead} IS NOT NULL AND {c} IS NULL"),
+                None => format!("{prefix}{dead} IS NOT NULL"),
+            },
+            completed: completed.map(|c| format!("{c} IS NOT NULL")),
+        }
     }
 }

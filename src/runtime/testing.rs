@@ -37,6 +37,7 @@ pub(crate) struct Scripted(pub Arc<Script>);
 static SYNTAX: Syntax = Syntax {
     quote: |s| s.to_string(),
     param: |_| "?".into(),
+    now: "NOW",
 };
 
 impl Dialect for Scripted {

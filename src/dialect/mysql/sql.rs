@@ -11,6 +11,8 @@ use crate::table::{Form, Isolation, TableSpec};
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |_| "?".to_string(),
+    // The session's time zone is UTC (+00:00), like the times the library writes.
+    now: "UTC_TIMESTAMP()",
 };
 
 /// The longest name `GET_LOCK` accepts.
@@ -98,15 +100,18 @@ pub(super) fn ack_lock_sql(spec: &TableSpec, slots: usize) -> String {
     )
 }
 
-/// Grouped ack, step 2: `(id x slots)` deletes the rows kept.
+/// Grouped ack, step 2: `(id x slots)` deletes the rows kept (a table that keeps completed
+/// rows keeps them, as a single ack does).
 pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
     let s = &SYNTAX;
-    format!(
-        "DELETE FROM {t} WHERE {id} IN ({})",
-        placeholders(slots),
-        id = s.q(&spec.id),
-        t = s.q(&spec.name)
-    )
+    let (t, id) = (s.q(&spec.name), s.q(&spec.id));
+    match s.complete_set(spec) {
+        Some(set) => format!(
+            "UPDATE {t} SET {set} WHERE {id} IN ({})",
+            placeholders(slots)
+        ),
+        None => format!("DELETE FROM {t} WHERE {id} IN ({})", placeholders(slots)),
+    }
 }
 
 /// Every session of ours runs at READ COMMITTED, set once when it connects, so a transaction
@@ -152,6 +157,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     sql.fifo = spec.fifo_group().map(|g| fifo(spec, g));
+    sql.stats = stats_sql(spec);
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -175,6 +181,32 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// [`TableSql::stats`]: one scan, a conditional count per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)). `?` placeholders
+/// cannot be reused, so the time is bound once into a joined one-row table.
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let st = s.stats_states(spec, "q.", "n.now_");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(
+            || "0".into(),
+            |c| format!("COUNT(CASE WHEN {c} THEN 1 END)"),
+        )
+    };
+    format!(
+        "SELECT {}, {}, {}, {}, MIN(CASE WHEN {} THEN q.{} END), {} \
+         FROM {} q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
+        st.ready,
+        s.q(&spec.run_at),
+        count(st.completed.as_ref()),
+        s.q(&spec.name)
+    )
 }
 
 /// The FIFO statements of a row lock or lease table grouped by `group` ([`FifoSql`]). A head
@@ -281,6 +313,11 @@ pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
             format!("UNIQUE KEY {} ({})", s.q(&name), s.q(k)),
         ));
     }
+    if let Some(c) = &spec.completed_at {
+        // The prune's range.
+        let name = format!("{}_completed", spec.name);
+        out.push((name.clone(), format!("INDEX {} ({})", s.q(&name), s.q(c))));
+    }
     if let Some(g) = spec.fifo_group() {
         // FIFO: the head probe and the group guard read the group's unfinished rows in order.
         let name = format!("{}_group", spec.name);
@@ -377,6 +414,18 @@ mod tests {
         assert_eq!(
             sql.dead_requeue,
             "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
+        );
+        assert_eq!(
+            sql.stats,
+            "SELECT COUNT(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN 1 END), COUNT(CASE WHEN \
+             q.`dead_at` IS NULL AND q.`run_at` > n.now_ THEN 1 END), 0, COUNT(CASE WHEN q.`dead_at` IS NOT NULL \
+             THEN 1 END), MIN(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN q.`run_at` END), 0 FROM \
+             `emails` q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n"
+        );
+        assert_eq!(
+            sql.dead_requeue_range,
+            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? \
+             WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ?"
         );
         assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
         let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));
@@ -631,6 +680,33 @@ mod tests {
             "INDEX `orders_ready` (`dead_at`, `run_at`, `id`), INDEX `orders_group` (`customer`, `dead_at`, `id`))"
         ));
         assert!(compile(Table::new("x")).fifo.is_none());
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let t = Table::new("jobs").keep_completed(Duration::from_secs(60));
+        let sql = compile(t.clone());
+        assert_eq!(
+            sql.ack,
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP() WHERE `id` = ?"
+        );
+        let lease = t.clone().lease(Duration::from_secs(30)).validate().unwrap();
+        assert_eq!(
+            ack_many_sql(&lease, 2),
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), \
+             `locked_until` = NULL WHERE `id` IN (?, ?)"
+        );
+        let ddl = create_table(&t.validate().unwrap());
+        assert!(
+            ddl[0].contains("`completed_at` DATETIME NULL, INDEX `jobs_ready`"),
+            "{}",
+            ddl[0]
+        );
+        assert!(
+            ddl[0].contains("INDEX `jobs_completed` (`completed_at`)"),
+            "{}",
+            ddl[0]
+        );
     }
 
     #[test]
