@@ -70,7 +70,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 11] = [
+    let cases: [(&[&str], &[&str]); 12] = [
         (
             &[],
             &[
@@ -80,8 +80,13 @@ fn every_command_has_help_naming_its_options() {
                 "status",
                 "dead",
                 "create-table",
+                "migrate",
                 "publish",
             ],
+        ),
+        (
+            &["migrate"],
+            &["--table", "--lease", "--column", "--priorities", "--dedup"],
         ),
         (
             &["status"],
@@ -244,6 +249,21 @@ fn create_publish_and_dead_letters(db: Db) {
     assert!(l.table_exists(&name));
     // Twice is fine: IF NOT EXISTS.
     ok_with(&["create-table"], "");
+    // A later description with priorities: create-table refuses it (the column is missing),
+    // migrate adds it, once.
+    let args = with(&["create-table", "--priorities"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = run(Some(&url), &args, "");
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("column priority is missing"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = ok_with(&["migrate", "--priorities"], "");
+    assert_eq!(out.trim(), "added column priority");
+    let out = ok_with(&["migrate", "--priorities"], "");
+    assert!(out.contains("up to date"), "{out}");
 
     let out = ok_with(&["publish", "--set", "k=cli"], "alpha\nbeta\n\ngamma\r\n");
     assert_eq!(out.trim(), "published 4 messages");

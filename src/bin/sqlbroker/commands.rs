@@ -33,6 +33,15 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             broker.create_table(&table)?;
             say(format_args!("table {} is there\n", table.name()))
         }
+        Command::Migrate(args) => {
+            let table = args.table();
+            let done = broker.migrate(&table)?;
+            if done.is_empty() {
+                say(format_args!("table {} is up to date\n", table.name()))
+            } else {
+                say(format_args!("{}\n", done.join("\n")))
+            }
+        }
         Command::Publish(args) => publish(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {

@@ -60,6 +60,9 @@ enum Command {
     /// Create the table and its indexes if it does not exist (an existing table is left as
     /// it is).
     CreateTable(TableArgs),
+    /// Bring a table made by an earlier version up to its description: add the missing
+    /// columns and indexes (create the table if there is none); prints what it did.
+    Migrate(TableArgs),
     /// Publish one message per line of standard input (the line without its line ending is
     /// the payload; empty lines are empty payloads).
     Publish(PublishArgs),
