@@ -176,6 +176,7 @@ impl Delivery {
     /// a dead letter, a drop or a crash. If `f` returns `Err`, its writes are rolled back to the
     /// savepoint at once (the transaction stays usable, so the delivery can still be settled).
     /// `Unsupported` in the other forms (no transaction is open there).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn in_transaction<C: 'static, T, E>(
         &mut self,
         f: impl FnOnce(&mut C) -> std::result::Result<T, E>,

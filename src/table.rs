@@ -121,6 +121,7 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn sql(self) -> &'static str {
         match self {
             Isolation::ReadCommitted => "READ COMMITTED",
@@ -593,6 +594,7 @@ pub(crate) struct TableSpec {
     /// Index into `columns`: the group column ([`TableSpec::fifo_group`]).
     pub group: Option<usize>,
     pub fifo: bool,
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub isolation: Isolation,
     pub max_attempts: Option<u32>,
 }

@@ -29,6 +29,7 @@ pub(crate) mod postgres;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod url;
 
 /// Where the user columns start in a claimed row.
@@ -37,6 +38,8 @@ pub(crate) const ROW_USER_COLUMNS: usize = 3;
 /// Savepoints of a row lock delivery's transaction, the same on both servers: `WORK` marks
 /// where the handler's own SQL begins (every outcome but the ack rolls back to it), `HANDLER`
 /// brackets one `in_delivery` call (rolled back if it fails).
+// Used by the servers' row lock form only.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) mod savepoint {
     pub const WORK: &str = "SAVEPOINT sqlbroker_work";
     pub const UNDO_WORK: &str = "ROLLBACK TO SAVEPOINT sqlbroker_work";
@@ -70,12 +73,14 @@ pub(crate) trait DbConn {
     }
     /// The driver's own client of this session, for the application's SQL inside a row lock
     /// delivery's transaction (`postgres::Client`, `mysql::Conn`). Default: none.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         None
     }
     /// The server's id of this session, for cancelling its running statement from another
     /// session (a handler timeout): PostgreSQL's backend pid (asked once, then kept), MySQL's
     /// connection id. Default: none (SQLite has no sessions to cancel).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn session_id(&mut self) -> Option<u64> {
         None
     }
@@ -204,6 +209,7 @@ pub(crate) struct TableSql {
 /// primary key, then their groups are guarded by a locking read that fails at once
 /// (`NOWAIT`) if any unfinished row of the group is locked, or uncommitted.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) struct FifoSql {
     /// Row lock `(now, k)`, lease `(now, now, k)` -> ids of up to `k` claimable group heads,
     /// in claim order, locking nothing.

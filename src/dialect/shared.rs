@@ -239,6 +239,8 @@ impl Syntax {
 
     /// `CREATE TABLE IF NOT EXISTS` with every column, then the partial ready index and, for a
     /// FIFO table, the group indexes (PostgreSQL, SQLite).
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn create_table(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
         let mut ddl = vec![
             format!(
@@ -289,6 +291,8 @@ impl Syntax {
     /// one is in work). `now` is the claim's time parameter. A row whose group is `NULL` is a
     /// group of its own. Reads the indexes `(group, id)` and `(group, locked_until)` over the
     /// unfinished rows.
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn fifo_head(&self, spec: &TableSpec, group: &str, now: &str) -> String {
         let (t, g, id, dead) = (
             self.q(&spec.name),
@@ -307,6 +311,8 @@ impl Syntax {
 
     /// `CREATE INDEX IF NOT EXISTS <table>_ready ON <table> (run_at, id) WHERE dead_at IS NULL`:
     /// the partial index the claims read (PostgreSQL, SQLite).
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn ready_index(&self, spec: &TableSpec) -> String {
         format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
