@@ -196,6 +196,10 @@ impl Table {
     /// heads, never the rows of one group. Not in the advisory lock form (its claim pages by
     /// due time; [`BrokerError::InvalidTable`]).
     ///
+    /// A claim takes the highest rows, but the rows of one claim reach the channel in the order
+    /// the database returns them (`UPDATE .. RETURNING` promises none): for a strict order
+    /// across every delivery, use `batch_size(1)`, as below.
+    ///
     /// ```
     /// use sqlbroker::{Broker, Message, Table};
     ///
