@@ -238,8 +238,10 @@ impl Broker {
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     ///
-    /// Fails at once with [`BrokerError::Connect`] if the first connection cannot be made (see
-    /// [`BrokerBuilder::build`]).
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidUrl`] for a URL we do not understand; [`BrokerError::Connect`], at
+    /// once, if the first connection cannot be made (see [`BrokerBuilder::build`]).
     pub fn connect(url: &str) -> Result<Broker> {
         Broker::builder(url).build()
     }
@@ -400,9 +402,16 @@ impl Broker {
     /// Publishes one message and returns the new row's id; it is due at once unless it was
     /// given a delay.
     ///
-    /// With a dedup key ([`Message::dedup_key`], on a table described with [`Table::dedup`]):
-    /// [`BrokerError::Duplicate`] with the id of the unfinished row that holds the key, and no
-    /// row made.
+    /// # Errors
+    ///
+    /// Nothing is written on any error:
+    /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
+    ///   message is invalid (a value for a column the table does not describe);
+    /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
+    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
+    ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
+    ///   cannot tell whether the insert committed: publish is not retried for you.
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
@@ -462,6 +471,18 @@ impl Broker {
 }
 
 /// What [`Broker::publish_batch`] did.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30)).dedup();
+/// broker.create_table(&t)?;
+/// let msgs = ["a", "b", "a"].map(|k| Message::new(k.as_bytes().to_vec()).dedup_key(k));
+/// let done = broker.publish_batch(&t, msgs)?;
+/// assert_eq!((done.rows, done.duplicates), (2, 1));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Published {
@@ -481,6 +502,20 @@ impl std::fmt::Debug for Broker {
 }
 
 /// A dead-lettered row ([`Broker::dead_letters`]).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"bad".to_vec()))?;
+/// let sub = broker.subscription(&t).start()?;
+/// sub.next_delivery().unwrap().dead_letter("cannot parse")?;
+/// let dead = broker.dead_letters(&t, 10)?;
+/// assert_eq!((dead[0].payload.as_slice(), dead[0].reason.as_str()), (&b"bad"[..], "cannot parse"));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadLetter {

@@ -43,6 +43,20 @@ pub(crate) const BATCH: usize = 1_000;
 /// A FIFO table's `ready` counts every due row of a group, though only the head of each
 /// group can be claimed. Times are compared with the host's clock, in whole seconds, as the
 /// claims compare them. The counts are a snapshot: rows move between states while it is read.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"now".to_vec()))?;
+/// broker.publish(&t, Message::new(b"later".to_vec()).deliver_after(Duration::from_secs(60)))?;
+/// let stats = broker.stats(&t)?;
+/// assert_eq!((stats.ready, stats.scheduled, stats.in_flight), (1, 1, Some(0)));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueStats {

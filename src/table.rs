@@ -6,6 +6,15 @@ use std::time::Duration;
 use crate::error::{BrokerError, Result};
 
 /// How a claimed row is held while its handler runs. Chosen by the [`Table`] description.
+///
+/// ```
+/// use sqlbroker::{Form, Table};
+/// use std::time::Duration;
+///
+/// assert_eq!(Table::new("a").form(), Form::RowLock);
+/// assert_eq!(Table::new("b").lease(Duration::from_secs(30)).form(), Form::Lease);
+/// assert_eq!(Table::new("c").text_column("k").advisory_lock("k-{k}").form(), Form::AdvisoryLock);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Form {
@@ -31,6 +40,14 @@ impl Form {
 
 /// The columns the queue itself uses. Each has a default name; [`Table::rename`] points a role at
 /// a column of an existing table.
+///
+/// ```
+/// use sqlbroker::{Role, Table};
+///
+/// // An existing table whose body column is called `body`.
+/// let t = Table::new("inbox").rename(Role::Payload, "body");
+/// # let _ = t;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Role {
@@ -109,6 +126,13 @@ pub enum ColumnType {
 /// Transaction isolation for the claim transactions of the row lock form (and the MySQL lease
 /// claim). Unset: `READ COMMITTED`, so a MySQL locking read locks the rows it takes and not the
 /// gaps between them.
+///
+/// ```
+/// use sqlbroker::{Isolation, Table};
+///
+/// let t = Table::new("ledger_jobs").isolation(Isolation::RepeatableRead);
+/// # let _ = t;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Isolation {
