@@ -185,6 +185,8 @@ mod keys;
 mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "cron")]
+mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
@@ -201,6 +203,8 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use message::Message;
+#[cfg(feature = "cron")]
+pub use periodic::{Periodic, PeriodicBuilder};
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};
