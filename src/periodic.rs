@@ -1,43 +1,7 @@
 //! Periodic jobs (cargo feature `cron`): a cron schedule that publishes one row per tick into a
 //! table, however many processes run the same schedule.
 //!
-//! # How one row per tick is kept across processes
-//!
-//! Every process runs the schedule on a thread of its own and publishes each tick's message with
-//! the dedup key `periodic:<name>:<tick in epoch seconds>` ([`Table::dedup`] is required). The
-//! first insert makes the row; the others get [`BrokerError::Duplicate`], which here means
-//! "another process published this tick" and is not an error.
-//!
-//! A dedup key is held only while its row is unfinished: an acked row frees its key at once.
-//! A tick published *when it falls due* would race: one process's row could be claimed and acked
-//! before a slower process publishes the same tick, which would then make a second row. So each
-//! tick is published **ahead**: when a tick falls due, the thread publishes the *next* tick's
-//! row at once, due at that next tick ([`Message::deliver_after`]). A row cannot be claimed
-//! before it is due, so its key is held from the previous tick until at least its own: every
-//! process that publishes a tick before it falls due meets that row and makes none. Host clocks
-//! must agree to well within one interval of the schedule.
-//!
-//! # Missed ticks
-//!
-//! A tick this process did not publish before it fell due (the process was paused or
-//! suspended, the database unreachable) is *missed*. After such a gap the thread publishes **at
-//! most one** missed tick, the latest, due at once, then goes on with the schedule: a pause of
-//! an hour on an every-minute schedule makes one late row, not sixty. The ticks before the
-//! latest are skipped. Ticks before [`start`](PeriodicBuilder::start) are never caught up.
-//!
-//! A late tick is deduplicated only against an unfinished row: if another process published it
-//! on time and that row was acked already, the late tick makes a second row. Where a tick must
-//! never run twice, turn catching up off ([`PeriodicBuilder::catch_up`]`(false)`): a tick that
-//! no live process published in time is then skipped. (With a single process, a missed tick is
-//! only ever published late, so catching up never doubles it.)
-//!
-//! # Errors
-//!
-//! Transient errors ([`BrokerError::is_transient`]: a lost connection, a pool timeout, a
-//! deadlock) are retried with backoff (200 ms doubling to 10 s); once the tick falls due while
-//! retrying, it is a missed tick, caught up as above. Any other error (the message does not
-//! fit the table, the table is gone) is logged and skips the tick, as does a panic of the
-//! closure: the schedule goes on.
+//! The policy (publishing ahead, missed ticks, errors) is documented on [`Periodic`].
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::str::FromStr;
@@ -72,8 +36,8 @@ impl Broker {
     /// understood (the `croner` crate's syntax).
     ///
     /// `make` is called with the tick (a whole second, UTC) **ahead of it**, when the tick
-    /// before it falls due (see the module docs: that is what keeps one row per tick across
-    /// processes); build the message from `tick`, not from the clock. The row is due at the
+    /// before it falls due (that is what keeps one row per tick across processes: see
+    /// [`Periodic`]); build the message from `tick`, not from the clock. The row is due at the
     /// tick (plus the message's own [`deliver_after`](Message::deliver_after), if it set one).
     /// Its dedup key is the periodic job's, replacing any the closure set.
     ///
@@ -154,7 +118,7 @@ impl PeriodicBuilder {
         self
     }
 
-    /// Whether a missed tick (see the module docs) is published late after a pause: at most
+    /// Whether a missed tick (see [`Periodic`]) is published late after a pause: at most
     /// one, the latest. Default true. False skips missed ticks: no tick runs late, and none can
     /// run twice (a late tick may, when another process ran it on time).
     pub fn catch_up(mut self, catch_up: bool) -> Self {
@@ -217,6 +181,44 @@ impl PeriodicBuilder {
 /// A running periodic job ([`PeriodicBuilder::start`]). Dropping it stops its thread, as
 /// [`stop`](Periodic::stop) does. A tick already published ahead (the next one) stays in the
 /// table and runs at its time: every other process running the schedule would publish it too.
+///
+/// # How one row per tick is kept across processes
+///
+/// Every process runs the schedule on a thread of its own and publishes each tick's message with
+/// the dedup key `periodic:<name>:<tick in epoch seconds>` ([`Table::dedup`] is required). The
+/// first insert makes the row; the others get [`BrokerError::Duplicate`], which here means
+/// "another process published this tick" and is not an error.
+///
+/// A dedup key is held only while its row is unfinished: an acked row frees its key at once.
+/// A tick published *when it falls due* would race: one process's row could be claimed and acked
+/// before a slower process publishes the same tick, which would then make a second row. So each
+/// tick is published **ahead**: when a tick falls due, the thread publishes the *next* tick's
+/// row at once, due at that next tick ([`Message::deliver_after`]). A row cannot be claimed
+/// before it is due, so its key is held from the previous tick until at least its own: every
+/// process that publishes a tick before it falls due meets that row and makes none. Host clocks
+/// must agree to well within one interval of the schedule.
+///
+/// # Missed ticks
+///
+/// A tick this process did not publish before it fell due (the process was paused or
+/// suspended, the database unreachable) is *missed*. After such a gap the thread publishes **at
+/// most one** missed tick, the latest, due at once, then goes on with the schedule: a pause of
+/// an hour on an every-minute schedule makes one late row, not sixty. The ticks before the
+/// latest are skipped. Ticks before [`start`](PeriodicBuilder::start) are never caught up.
+///
+/// A late tick is deduplicated only against an unfinished row: if another process published it
+/// on time and that row was acked already, the late tick makes a second row. Where a tick must
+/// never run twice, turn catching up off ([`PeriodicBuilder::catch_up`]`(false)`): a tick that
+/// no live process published in time is then skipped. (With a single process, a missed tick is
+/// only ever published late, so catching up never doubles it.)
+///
+/// # Errors
+///
+/// Transient errors ([`BrokerError::is_transient`]: a lost connection, a pool timeout, a
+/// deadlock) are retried with backoff (200 ms doubling to 10 s); once the tick falls due while
+/// retrying, it is a missed tick, caught up as above. Any other error (the message does not
+/// fit the table, the table is gone) is logged and skips the tick, as does a panic of the
+/// closure: the schedule goes on.
 #[derive(Debug)]
 pub struct Periodic {
     name: String,
