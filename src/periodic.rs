@@ -354,6 +354,25 @@ pub(crate) fn step(
     }
 }
 
+/// The delay that makes a row published a little after `now` due exactly at `tick` (a whole
+/// second), or at once if `tick` is not after `now`.
+///
+/// A publish reads the clock again and makes a delayed row due at `ceil(publish time + delay)`
+/// ([`crate::schedule::due_at`]): `tick - now` would land on `tick + 1 s` as soon as the publish
+/// runs a nanosecond after `now`. Aiming just past `tick - 1 s` lands on `tick` for a publish up
+/// to a second after `now` (later: a second late, never early).
+pub(crate) fn delay_to(tick: SystemTime, now: SystemTime) -> Duration {
+    match tick.duration_since(now) {
+        Ok(ahead) if !ahead.is_zero() => {
+            ahead
+                .saturating_sub(Duration::from_secs(1))
+                .max(Duration::from_nanos(1))
+                + Duration::from_nanos(1)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
 /// The dedup key of `tick` for the schedule `name`.
 pub(crate) fn tick_key(name: &str, tick: SystemTime) -> String {
     format!("periodic:{name}:{}", crate::schedule::epoch_secs(tick))
@@ -434,8 +453,7 @@ impl Job {
             );
             return Outcome::Skipped;
         };
-        let ahead = tick.duration_since(now).unwrap_or_default();
-        let delay = ahead + message.delay();
+        let delay = delay_to(tick, now) + message.delay();
         let message = message.deliver_after(delay).dedup_key(key.clone());
         match self.broker.publish(&self.table, message) {
             Ok(id) => {
@@ -633,6 +651,37 @@ mod tests {
                 other => panic!("{bad:?} parsed: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_row_published_ahead_is_due_at_its_tick() {
+        use crate::schedule::due_at;
+        for (tick, now_ms) in [
+            (1010, 1_000_000),
+            (1010, 1_009_000),
+            (1010, 1_009_999),
+            (1001, 1_000_000),
+        ] {
+            let (tick, now) = (at(tick), at_ms(now_ms));
+            let d = delay_to(tick, now);
+            // The publish reads the clock again, up to most of a second later: still the tick,
+            // unless the publish ran past the tick itself (then a second late).
+            for lag_ms in [0, 1, 250, 998] {
+                let published = now + Duration::from_millis(lag_ms);
+                let want = if published < tick {
+                    tick
+                } else {
+                    tick + Duration::from_secs(1)
+                };
+                let got = due_at(published, d);
+                assert_eq!(got, want, "now {now_ms} ms, lag {lag_ms} ms");
+            }
+            // Much later: late by a second, never early.
+            assert!(due_at(now + Duration::from_millis(1500), d) > tick);
+        }
+        // A tick already due (caught up late): due at once.
+        assert_eq!(delay_to(at(1000), at_ms(1_000_000)), Duration::ZERO);
+        assert_eq!(delay_to(at(1000), at_ms(1_000_500)), Duration::ZERO);
     }
 
     #[test]

@@ -16,14 +16,15 @@ fn secs(t: SystemTime) -> u64 {
 
 /// Three brokers (three pools, as three processes would have) run one every-second schedule
 /// on one table for about 3.5 s while a subscriber on a fourth acks every row at once. Every
-/// tick is delivered exactly once, none before its time, and the tick published ahead before
-/// the schedules stopped still runs after they stopped.
+/// tick is delivered exactly once, none before its time and some within a second of it, and the
+/// tick published ahead before the schedules stopped still runs after they stopped.
 ///
 /// Fails if the dedup key is dropped (three rows per tick: `count == 1` fails, tried), if a tick
 /// is published when it falls due rather than ahead (no tick after the stop is delivered:
 /// `ahead` fails, tried; and whenever the first broker's row is acked before a slower broker
-/// publishes, that one makes a second row: `count == 1`), or if the schedule stalls or skips
-/// (`at least 2 ticks`, `a tick is missing`).
+/// publishes, that one makes a second row: `count == 1`), if a row published ahead is due a
+/// second after its tick (publish rounds `now + delay` up to a whole second: `soonest`, tried),
+/// or if the schedule stalls or skips (`at least 2 ticks`, `a tick is missing`).
 fn three_brokers_one_row_per_tick(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = live.create(
@@ -46,9 +47,10 @@ fn three_brokers_one_row_per_tick(db: Db) {
         })
         .collect();
 
-    // tick -> deliveries of it
+    // tick -> deliveries of it; the least time from a tick to its delivery
     let mut delivered = BTreeMap::<u64, usize>::new();
-    let take = |until: Instant, delivered: &mut BTreeMap<u64, usize>| {
+    let mut soonest = Duration::MAX;
+    let mut take = |until: Instant, delivered: &mut BTreeMap<u64, usize>| {
         while Instant::now() < until {
             let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(100)) else {
                 continue;
@@ -58,6 +60,10 @@ fn three_brokers_one_row_per_tick(db: Db) {
                 secs(SystemTime::now()) >= tick,
                 "tick {tick} delivered before its time"
             );
+            let late = SystemTime::now()
+                .duration_since(UNIX_EPOCH + Duration::from_secs(tick))
+                .unwrap_or_default();
+            soonest = soonest.min(late);
             *delivered.entry(tick).or_default() += 1;
             d.ack().unwrap();
         }
@@ -89,6 +95,11 @@ fn three_brokers_one_row_per_tick(db: Db) {
         ahead,
         "no tick after the stop ({}): ticks are not published ahead: {delivered:?}",
         secs(stopped)
+    );
+    // Due at its tick, not a second later (the poll interval is 250 ms).
+    assert!(
+        soonest < Duration::from_millis(900),
+        "every tick was delivered at least {soonest:?} after it"
     );
     // Consecutive: no tick of the run was lost.
     let (first, last) = (
