@@ -69,6 +69,16 @@ fn three_brokers_one_row_per_tick(db: Db) {
         }
     };
     take(Instant::now() + Duration::from_millis(3500), &mut delivered);
+    // Stop mid-second, so that a thread a little late at the last tick has still published the
+    // next one ahead by then.
+    while !(300..700).contains(
+        &SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_millis(),
+    ) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let stopped = SystemTime::now();
     for p in periodics {
         p.stop();
