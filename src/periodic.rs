@@ -220,6 +220,7 @@ impl PeriodicBuilder {
 /// fit the table, the table is gone) is logged and skips the tick, as does a panic of the
 /// closure: the schedule goes on.
 #[derive(Debug)]
+#[must_use = "a periodic job stops when its handle is dropped"]
 pub struct Periodic {
     name: String,
     stop: Option<Sender<()>>,
