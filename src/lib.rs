@@ -71,6 +71,35 @@
 //! shell: `status`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
 //! `publish`.
 //!
+//! ## Periodic jobs
+//!
+//! `Broker::periodic` (feature `cron`) publishes a message on a cron schedule, computed in
+//! UTC, once per tick however many processes run it: the tick is in each row's dedup key (the
+//! table needs [`Table::dedup`]), and each tick's row is published ahead, when the tick before
+//! it falls due, so no process can publish a tick whose row was already worked. After a pause
+//! at most one missed tick is published late (`PeriodicBuilder::catch_up`); the others are
+//! skipped, never a storm.
+//!
+//! ```
+//! # #[cfg(feature = "cron")]
+//! # {
+//! use sqlbroker::{Broker, Message, Table};
+//! use std::time::Duration;
+//!
+//! let broker = Broker::connect("sqlite::memory:")?;
+//! let cleanups = Table::new("cleanups").dedup().lease(Duration::from_secs(30));
+//! broker.create_table(&cleanups)?;
+//! // Five fields: 03:00 UTC every day; six fields put seconds first ("*/10 * * * * *").
+//! let nightly = broker
+//!     .periodic(&cleanups, "0 3 * * *", |_tick| Message::new(b"clean up".to_vec()))
+//!     .name("nightly-cleanup")
+//!     .start()?; // runs until `nightly` is dropped or stopped
+//! assert!(nightly.is_running());
+//! nightly.stop();
+//! # }
+//! # Ok::<(), sqlbroker::BrokerError>(())
+//! ```
+//!
 //! ## Inside the application's own transactions
 //!
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
@@ -134,6 +163,7 @@
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
 //! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `publish`; no library API |
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
+//! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
 //! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
@@ -221,6 +251,8 @@ mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod ops;
+#[cfg(feature = "cron")]
+mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
@@ -240,6 +272,8 @@ pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
 pub use message::Message;
 pub use ops::{Completed, QueueStats};
+#[cfg(feature = "cron")]
+pub use periodic::{Periodic, PeriodicBuilder};
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};

@@ -1,0 +1,198 @@
+//! Periodic jobs (feature `cron`): one row per tick however many brokers run the schedule,
+//! each tick's row published ahead of it, typed refusals, a prompt stop.
+#![cfg(feature = "cron")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::Db;
+use sqlbroker::{Broker, BrokerError, Message, Table};
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// Three brokers (three pools, as three processes would have) run one every-second schedule
+/// on one table for about 3.5 s while a subscriber on a fourth acks every row at once. Every
+/// tick is delivered exactly once, none before its time and some within a second of it, and the
+/// tick published ahead before the schedules stopped still runs after they stopped.
+///
+/// Fails if the dedup key is dropped (three rows per tick: `count == 1` fails, tried), if a tick
+/// is published when it falls due rather than ahead (no tick after the stop is delivered:
+/// `ahead` fails, tried; and whenever the first broker's row is acked before a slower broker
+/// publishes, that one makes a second row: `count == 1`), if a row published ahead is due a
+/// second after its tick (publish rounds `now + delay` up to a whole second: `soonest`, tried),
+/// or if the schedule stalls or skips (`at least 2 ticks`, `a tick is missing`).
+fn three_brokers_one_row_per_tick(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        Table::new(common::unique("t"))
+            .dedup()
+            .lease(Duration::from_secs(30)),
+    );
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let brokers: Vec<Broker> = (0..3).map(|_| live.connect()).collect();
+    let begun = SystemTime::now();
+    let periodics: Vec<_> = brokers
+        .iter()
+        .map(|b| {
+            b.periodic(&t, "* * * * * *", |tick| {
+                Message::new(secs(tick).to_string())
+            })
+            .name("every-second")
+            .start()
+            .unwrap()
+        })
+        .collect();
+
+    // tick -> deliveries of it; the least time from a tick to its delivery
+    let mut delivered = BTreeMap::<u64, usize>::new();
+    let mut soonest = Duration::MAX;
+    let mut take = |until: Instant, delivered: &mut BTreeMap<u64, usize>| {
+        while Instant::now() < until {
+            let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(100)) else {
+                continue;
+            };
+            let tick: u64 = String::from_utf8_lossy(d.payload()).parse().unwrap();
+            assert!(
+                secs(SystemTime::now()) >= tick,
+                "tick {tick} delivered before its time"
+            );
+            let late = SystemTime::now()
+                .duration_since(UNIX_EPOCH + Duration::from_secs(tick))
+                .unwrap_or_default();
+            soonest = soonest.min(late);
+            *delivered.entry(tick).or_default() += 1;
+            d.ack().unwrap();
+        }
+    };
+    take(Instant::now() + Duration::from_millis(3500), &mut delivered);
+    // Stop mid-second, so that a thread a little late at the last tick has still published the
+    // next one ahead by then.
+    while !(300..700).contains(
+        &SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_millis(),
+    ) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped = SystemTime::now();
+    for p in periodics {
+        p.stop();
+    }
+    // The tick published ahead falls due within a second.
+    take(Instant::now() + Duration::from_millis(2000), &mut delivered);
+
+    for (tick, count) in &delivered {
+        assert_eq!(
+            *count, 1,
+            "tick {tick} delivered {count} times: {delivered:?}"
+        );
+        assert!(
+            *tick > secs(begun),
+            "a tick before the start: {delivered:?}"
+        );
+    }
+    assert!(
+        delivered.len() >= 2,
+        "at least 2 ticks in 3.5 s, got {delivered:?}"
+    );
+    let ahead = delivered.keys().any(|&tick| tick > secs(stopped));
+    assert!(
+        ahead,
+        "no tick after the stop ({}): ticks are not published ahead: {delivered:?}",
+        secs(stopped)
+    );
+    // Due at its tick, not a second later (the poll interval is 250 ms).
+    assert!(
+        soonest < Duration::from_millis(900),
+        "every tick was delivered at least {soonest:?} after it"
+    );
+    // Consecutive: no tick of the run was lost.
+    let (first, last) = (
+        *delivered.keys().next().unwrap(),
+        *delivered.keys().last().unwrap(),
+    );
+    assert_eq!(
+        delivered.len() as u64,
+        last - first + 1,
+        "a tick is missing: {delivered:?}"
+    );
+    assert_eq!(live.rows(&t), 0, "rows left: {delivered:?}");
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(three_brokers_one_row_per_tick);
+
+/// A bad expression, a name too long and a table without dedup keys are typed errors at
+/// `start`, before any thread runs. Fails if the expression were accepted (`InvalidOption`
+/// match) or a table without `dedup()` were let through (`InvalidTable` match).
+#[test]
+fn refusals_are_typed() {
+    let broker = Broker::connect("sqlite::memory:").unwrap();
+    let keyed = Table::new("keyed").dedup().lease(Duration::from_secs(30));
+    let plain = Table::new("plain").lease(Duration::from_secs(30));
+    broker.create_table(&keyed).unwrap();
+    broker.create_table(&plain).unwrap();
+    let make = |_: SystemTime| Message::new(Vec::new());
+
+    for bad in ["every minute", "61 * * * *", "*/0 * * * *", "0 0 30 2 *"] {
+        match broker.periodic(&keyed, bad, make).start() {
+            Err(BrokerError::InvalidOption { option, reason }) => {
+                assert_eq!(option, "Broker::periodic");
+                assert!(reason.contains(bad), "{reason}");
+            }
+            other => panic!("{bad:?} was accepted: {other:?}"),
+        }
+    }
+    match broker
+        .periodic(&keyed, "* * * * *", make)
+        .name("n".repeat(201))
+        .start()
+    {
+        Err(BrokerError::InvalidOption { option, .. }) => {
+            assert_eq!(option, "PeriodicBuilder::name")
+        }
+        other => panic!("a 201-character name was accepted: {other:?}"),
+    }
+    match broker.periodic(&plain, "* * * * *", make).start() {
+        Err(BrokerError::InvalidTable { table, reason }) => {
+            assert_eq!(table, "plain");
+            assert!(reason.contains("Table::dedup()"), "{reason}");
+        }
+        other => panic!("a table without dedup keys was accepted: {other:?}"),
+    }
+}
+
+/// `stop` ends a thread asleep until a tick far away at once; the next tick's row is in the
+/// table, not due, as soon as the job starts; a job's name defaults to its expression. Fails if
+/// the sleep were not woken by the stop (`stop took`) or the tick not published ahead (`rows`).
+#[test]
+fn stop_is_prompt_and_the_next_tick_is_published_at_start() {
+    let live = common::live(Db::Sqlite).unwrap();
+    let t = live.create(Table::new("yearly").dedup().lease(Duration::from_secs(30)));
+    let p = live
+        .broker
+        .periodic(&t, "0  0 1 1 *", |_| Message::new(b"new year".to_vec()))
+        .start()
+        .unwrap();
+    assert_eq!(p.name(), "0 0 1 1 *");
+    assert!(
+        common::wait_for(Duration::from_secs(5), || live.rows(&t) == 1),
+        "rows: {}",
+        live.rows(&t)
+    );
+    let sub = live.broker.subscription(&t).start().unwrap();
+    assert!(sub.try_next_delivery().is_err(), "next new year is due now");
+    sub.shutdown(Duration::from_secs(1)).unwrap();
+    assert!(p.is_running());
+    let began = Instant::now();
+    p.stop();
+    assert!(
+        began.elapsed() < Duration::from_secs(1),
+        "stop took {:?}",
+        began.elapsed()
+    );
+}
