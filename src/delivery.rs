@@ -227,7 +227,7 @@ impl Delivery {
         let within = self.ctx.queue.pool.connection_timeout();
         let r = form::settle(&self.ctx, self.id, hold, outcome, within);
         if returned {
-            self.ctx.queue.wake.notify();
+            self.ctx.queue.wake.notify(1);
         }
         r
     }

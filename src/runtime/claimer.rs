@@ -3,8 +3,11 @@
 //!
 //! A worker takes handler slots before it claims (never more rows than free slots), claims at
 //! most that many rows, gives back the slots it did not fill, and sends the deliveries. When a
-//! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker) or the
-//! poll interval. A failed claim (a deadlock, a lost connection, a server that is down) is
+//! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker, or
+//! the broker's change feed: another broker's publish) or the poll interval; where the database
+//! has no change feed (MySQL/MariaDB) the wait is short right after rows were found and
+//! doubles up to the poll interval ([`idle_poll`]). A claim that filled its batch wakes one more
+//! idle worker: there may be more rows than one worker takes. A failed claim (a deadlock, a lost connection, a server that is down) is
 //! retried with a doubling backoff and its error kept for
 //! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
 //! subscription with an error.
@@ -18,8 +21,9 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::Ctx;
 use crate::delivery::Delivery;
+use crate::dialect::ChangeFeed;
 use crate::form::{self, Claimed};
-use crate::schedule::backoff;
+use crate::schedule::{backoff, idle_poll};
 
 const BACKOFF_BASE: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
@@ -69,6 +73,9 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
 
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
+    let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
+    // Empty claims in a row; a worker starts idle (no fast polls before any row was seen).
+    let mut empty = u32::MAX;
     while !ctx.stopped() {
         let Some(mut slots) = ctx.slots.take(ctx.opts.batch) else {
             break;
@@ -85,6 +92,10 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 failures = 0;
                 ctx.clear_error();
                 let got = claimed.len();
+                empty = if got == 0 { empty.saturating_add(1) } else { 0 };
+                if got > 0 && got == slots.count() {
+                    ctx.queue.wake.notify(1);
+                }
                 // Each claimed row's slot is its delivery's from here; the rest go back.
                 slots.hand_over(got);
                 drop(slots);
@@ -106,7 +117,13 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                     dead_letter(ctx, c, reason);
                 }
                 if got == 0 {
-                    ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
+                    let poll = ctx.opts.poll_interval;
+                    let wait = if adaptive {
+                        idle_poll(empty, poll)
+                    } else {
+                        poll
+                    };
+                    ctx.queue.wake.wait(seen, wait);
                 }
             }
             Err(e) => {

@@ -149,7 +149,7 @@ pub(crate) fn ctx(script: &Arc<Script>, form: Form, opts: SubOptions) -> Arc<Ctx
     let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1));
     let wake = Arc::default();
     let queue = Queue::new(spec, sql, dialect, pool, wake, Duration::from_secs(1));
-    Arc::new(Ctx::new(Arc::new(queue), opts, None))
+    Arc::new(Ctx::new(Arc::new(queue), opts, None, None))
 }
 
 pub(crate) fn options(batch: usize) -> SubOptions {

@@ -64,7 +64,7 @@ impl PgConn {
 /// A driver error whose message shows the server's own (`postgres::Error` shows only "db
 /// error" and keeps the server's message in its source).
 #[derive(Debug)]
-struct PgError(postgres::Error);
+pub(super) struct PgError(pub postgres::Error);
 
 impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -14,12 +14,15 @@
 //!   impl, which delegates to the files below;
 //! - `sql.rs`: the statement text of a table, built once;
 //! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
+//! - `listen.rs`: the change feed (`LISTEN` on a dedicated session) that wakes claimers when
+//!   another broker publishes;
 //! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
 //!   errors;
 //! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
 //! - `version.rs`: the version floors of each form.
 
 mod conn;
+mod listen;
 mod protocol;
 mod sql;
 mod values;
@@ -29,9 +32,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use super::shared::Syntax;
-use super::{ConnOptions, DbConn, Dialect, TableSql};
+use super::{ChangeFeed, ConnOptions, DbConn, Dialect, TableSql, Watcher};
 use crate::error::{BrokerError, DbError};
 use crate::table::{Form, TableSpec};
+use crate::Value;
 
 pub(crate) use conn::TxConn;
 
@@ -115,5 +119,28 @@ impl Dialect for Postgres {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn change_feed(&self) -> ChangeFeed {
+        ChangeFeed::Watcher
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
+        listen::open(&self.config)
+    }
+
+    fn announce(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        rows: usize,
+        from: Option<u64>,
+    ) -> Result<(), DbError> {
+        match &sql.notify {
+            Some(notify) => conn
+                .execute(notify, &[Value::Text(listen::payload(rows, from))])
+                .map(drop),
+            None => Ok(()),
+        }
     }
 }
