@@ -150,6 +150,12 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
+    /// Databases with no change feed (MySQL): `(now, now)` -> a row if any row may be
+    /// claimable, locking nothing. An idle claim worker asks this one statement instead of
+    /// running a whole claim transaction; a superset of the claimable rows (rows locked or
+    /// keyed elsewhere count), so a "no" is always right.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub any_ready: Option<String>,
     /// PostgreSQL: `(payload)` notifies the table's channel (see [`Dialect::announce`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub notify: Option<String>,

@@ -30,6 +30,8 @@ pub(crate) struct Script {
     pub panic_on_renew: bool,
     /// The row lock claim's query panics.
     pub panic_on_query: bool,
+    /// The table has the idle poll's readiness check (`any_ready`, which finds nothing).
+    pub any_ready: bool,
 }
 
 pub(crate) struct Scripted(pub Arc<Script>);
@@ -58,6 +60,7 @@ impl Dialect for Scripted {
             begin: vec!["BEGIN".into()],
             claim: "claim".into(),
             unclaim: "unclaim".into(),
+            any_ready: self.0.any_ready.then(|| "any_ready".into()),
             ..TableSql::default()
         }
     }
