@@ -6,9 +6,9 @@
 //! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker, or
 //! the broker's change feed: another broker's publish) or the poll interval; where the database
 //! has no change feed (MySQL/MariaDB) the wait is short right after rows were found and
-//! doubles up to the poll interval ([`idle_poll`]), and each poll after an empty claim is one
-//! plain select that finds whether any row may be claimable before a claim transaction is
-//! spent on it. A claim that filled its batch wakes one more
+//! doubles up to the poll interval ([`idle_poll`]), and each such poll is one plain select
+//! that finds whether any row may be claimable before a claim transaction is spent on it (a
+//! wake-up claims at once). A claim that filled its batch wakes one more
 //! idle worker: there may be more rows than one worker takes. A failed claim (a deadlock, a lost connection, a server that is down) is
 //! retried with a doubling backoff and its error kept for
 //! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
@@ -95,6 +95,8 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
     // Empty claims in a row; a worker starts idle (no fast polls before any row was seen).
     let mut empty = u32::MAX;
+    // The last wait timed out (a poll, not a wake-up): ask the readiness check first.
+    let mut polling = true;
     while !ctx.stopped() {
         let Some(mut slots) = ctx.slots.take(ctx.opts.batch) else {
             break;
@@ -103,10 +105,11 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
-        if adaptive && empty > 0 && nothing_ready(ctx) {
+        if adaptive && polling && nothing_ready(ctx) {
             drop(slots);
             empty = empty.saturating_add(1);
-            ctx.queue
+            polling = !ctx
+                .queue
                 .wake
                 .wait(seen, idle_poll(empty, ctx.opts.poll_interval));
             continue;
@@ -150,7 +153,9 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                     } else {
                         poll
                     };
-                    ctx.queue.wake.wait(seen, wait);
+                    polling = !ctx.queue.wake.wait(seen, wait);
+                } else {
+                    polling = false;
                 }
             }
             Err(e) => {

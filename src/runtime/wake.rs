@@ -61,27 +61,28 @@ impl Wake {
     }
 
     /// Waits until a wake-up lets this waiter go or `timeout` passes; returns at once if the
-    /// count moved past `seen`.
-    pub fn wait(&self, seen: u64, timeout: Duration) {
+    /// count moved past `seen`. True if woken (or the count had moved), false if it timed out.
+    pub fn wait(&self, seen: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut s = self.state.lock();
         if s.seq != seen {
-            return;
+            return true;
         }
         s.waiting += 1;
-        loop {
+        let woken = loop {
             // A ticket granted as the wait timed out is taken all the same: the count of
             // tickets never exceeds the waiters left to take them.
             let timed_out = self.cv.wait_until(&mut s, deadline).timed_out();
             if s.tickets > 0 {
                 s.tickets -= 1;
-                break;
+                break true;
             }
             if timed_out {
-                break;
+                break false;
             }
-        }
+        };
         s.waiting -= 1;
+        woken
     }
 
     /// Threads waiting now (tests).
