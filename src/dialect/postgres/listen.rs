@@ -2,6 +2,13 @@
 //! ([`sql::channel`]). A publish notifies the channel (`pg_notify`, delivered at commit, so a
 //! woken claimer finds the row); the payload is `<rows>` or `<rows>:<broker>`.
 //!
+//! The broker's publish notifies in a statement of its own after its insert committed, not in
+//! the insert's transaction: a notifying transaction holds the server's notification queue
+//! lock through its commit's WAL flush, which made 4 concurrent publishers 2.4-5x slower in
+//! pgbench here, while a notification on its own costs one round trip and no flush
+//! (BENCHMARKS.md). The transactional publish must notify inside the application's
+//! transaction (at its commit, or never) and pays that lock.
+//!
 //! The session has TCP keepalives tighter than the pool's, so a listener whose server vanished
 //! without closing the socket is noticed in about 15 s, not minutes; a closed one at once.
 
