@@ -215,6 +215,11 @@ pub(crate) trait Watcher: Send {
     /// Waits at most `timeout` for changes and appends them to `out`. An error means the
     /// connection is gone: the listener opens a new watcher.
     fn wait(&mut self, timeout: Duration, out: &mut Vec<Change>) -> Result<(), DbError>;
+    /// True if publishes announce themselves on this feed ([`Dialect::announce`]) and the
+    /// announcements come back to their own broker's watcher: then a broker debounces them.
+    fn echoes(&self) -> bool {
+        false
+    }
     /// Announces `rows` rows of `table` from broker `from` on this connection (the debounced
     /// notifications the listener sends for publishes that skipped their own).
     fn announce(&mut self, _table: &str, _rows: usize, _from: u64) -> Result<(), DbError> {

@@ -185,7 +185,7 @@ fn serve(shared: &Shared, w: &mut dyn Watcher, reconnected: bool) -> Result<(), 
             shared.watched.notify_all();
         }
         for (name, wake) in &tables {
-            if new.contains(&name) {
+            if new.contains(&name) && w.echoes() {
                 wake.gate.arm(true);
             }
         }

@@ -96,9 +96,14 @@ impl Watcher for PgWatcher {
             }
         }
         for n in got {
+            // Only channels this session listens on are delivered; anything else is ignored
+            // rather than read as "every table changed".
+            let Some(table) = self.tables.get(n.channel()) else {
+                continue;
+            };
             let (rows, from) = parse(n.payload());
             out.push(Change {
-                table: self.tables.get(n.channel()).cloned(),
+                table: Some(table.clone()),
                 rows,
                 from,
             });
@@ -110,6 +115,10 @@ impl Watcher for PgWatcher {
             ));
         }
         Ok(())
+    }
+
+    fn echoes(&self) -> bool {
+        true
     }
 
     fn announce(&mut self, table: &str, rows: usize, from: u64) -> Result<(), DbError> {
