@@ -194,7 +194,7 @@ fn library_publish_batch(broker: &Broker, table: &Table, n: u64) -> Duration {
     for b in 0..n {
         let batch = (0..BATCH as u64)
             .map(|i| message(b * BATCH as u64 + i))
-            .collect();
+            .collect::<Vec<_>>();
         broker.publish_batch(table, batch).expect("publish batch");
     }
     start.elapsed()

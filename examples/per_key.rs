@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sqlbroker::{Broker, Message, NextError, Table};
+use sqlbroker::{Broker, Message, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let default = format!(
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .set("account", accounts[i % 3])
                     .set("cents", i as i64)
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )?;
 
     let sub = Arc::new(broker.subscription(&payments).workers(4).start()?);
@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::thread::spawn(move || loop {
                 let d = match sub.next_delivery_timeout(Duration::from_secs(1)) {
                     Ok(d) => d,
-                    Err(NextError::Timeout | NextError::Closed) => return,
+                    Err(_) => return, // idle, or closed
                 };
                 let account = d
                     .get("account")

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sqlbroker::{Broker, Message, NextError, Table};
+use sqlbroker::{Broker, Message, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("sqlbroker-quickstart-{}", std::process::id()));
@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .enumerate()
         .map(|(i, kind)| Message::new(format!("job #{i}").into_bytes()).set("kind", *kind));
-    broker.publish_batch(&jobs, messages.collect())?;
+    broker.publish_batch(&jobs, messages)?;
     println!("published {} jobs to {url}", kinds.len());
 
     let sub = Arc::new(broker.subscription(&jobs).workers(2).start()?);
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 loop {
                     let d = match sub.next_delivery_timeout(Duration::from_millis(1500)) {
                         Ok(d) => d,
-                        Err(NextError::Timeout | NextError::Closed) => return Ok(()),
+                        Err(_) => return Ok(()), // idle for 1.5 s, or closed
                     };
                     let body = String::from_utf8_lossy(d.payload()).into_owned();
                     let kind = d

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlbroker::{Broker, Message, NextError, Table};
+use sqlbroker::{Broker, Message, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| {
                 Message::new(format!("hello #{i}")).set("to_addr", format!("user{i}@example.com"))
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )?;
 
     let started = Instant::now();
@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         d.ack().expect("ack");
                         done.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(NextError::Timeout | NextError::Closed) => return,
+                    Err(_) => return, // idle, or closed
                 }
             })
         })

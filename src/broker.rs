@@ -58,7 +58,17 @@ struct Inner {
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
-#[must_use]
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let broker = sqlbroker::Broker::builder("sqlite::memory:")
+///     .connection_timeout(Duration::from_secs(5))
+///     .statement_timeout(Duration::from_secs(10))
+///     .build()?;
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[must_use = "a broker builder does nothing until it is built"]
 pub struct BrokerBuilder {
     url: String,
     pool_size: u32,
@@ -66,19 +76,72 @@ pub struct BrokerBuilder {
     options: ConnOptions,
 }
 
+impl std::fmt::Debug for BrokerBuilder {
+    /// The URL without its password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerBuilder")
+            .field("url", &redact(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("statement_timeout", &self.options.statement_timeout)
+            .field("sqlite_durable", &self.options.sqlite_durable)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info (`user:password@`) replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 impl BrokerBuilder {
-    /// Most pooled connections. Default 16. A row lock delivery, and an advisory delivery on a
-    /// server, holds a connection until it is settled; each claim worker needs one while it
-    /// claims. An in-memory SQLite database always has exactly one.
+    /// Every option in its range: a zero would panic in the pool (a zero timeout) or leave
+    /// nothing to work with (no connection), and a huge one overflows a deadline.
+    fn check(&self) -> Result<()> {
+        let day = Duration::from_secs(86_400);
+        let invalid = |option, reason: &str| {
+            Err(BrokerError::InvalidOption {
+                option,
+                reason: reason.into(),
+            })
+        };
+        if !(1..=10_000).contains(&self.pool_size) {
+            return invalid("pool_size", "from 1 to 10,000 connections");
+        }
+        if !(Duration::from_millis(1)..=day).contains(&self.connection_timeout) {
+            return invalid("connection_timeout", "from 1 ms to a day");
+        }
+        if !(Duration::from_secs(1)..=day).contains(&self.options.statement_timeout) {
+            return invalid(
+                "statement_timeout",
+                "from 1 s (the servers count whole seconds) to a day",
+            );
+        }
+        Ok(())
+    }
+
+    /// Most pooled connections. Default 16; from 1 to 10,000. A row lock delivery, and an
+    /// advisory delivery on a server, holds a connection until it is settled; each claim
+    /// worker needs one while it claims. An in-memory SQLite database always has exactly one.
     pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = n.max(1);
+        self.pool_size = n;
         self
     }
 
     /// How long an operation waits for a pooled connection before it fails with
-    /// [`BrokerError::Pool`]. Default 30 s, at most a day.
+    /// [`BrokerError::Pool`]. Default 30 s; from 1 ms to a day.
     pub fn connection_timeout(mut self, d: Duration) -> Self {
-        self.connection_timeout = d.min(Duration::from_secs(86_400));
+        self.connection_timeout = d;
         self
     }
 
@@ -94,8 +157,7 @@ impl BrokerBuilder {
     /// The row lock form runs no statement while its handler works, so the timeout does not
     /// limit the handler; a DDL waiting on a table whose rows a handler holds is what it ends.
     pub fn statement_timeout(mut self, d: Duration) -> Self {
-        self.options.statement_timeout =
-            d.clamp(Duration::from_secs(1), Duration::from_secs(86_400));
+        self.options.statement_timeout = d;
         self
     }
 
@@ -108,13 +170,33 @@ impl BrokerBuilder {
         self
     }
 
-    /// Parses the URL, builds the pool and opens one connection to prove the database is there.
+    /// Parses the URL, opens one connection to prove the database is there, and builds the
+    /// pool around it.
+    ///
+    /// The first connection is made once, not retried: a server that refuses it (a password,
+    /// an unknown database), a TLS handshake that fails (a certificate that does not verify)
+    /// or a server that cannot be reached returns [`BrokerError::Connect`] at once with the
+    /// server's or the TLS library's reason, rather than after the pool's
+    /// [`connection_timeout`](BrokerBuilder::connection_timeout). Its
+    /// [`is_transient`](BrokerError::is_transient) tells whether trying again may help.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for an option out of its range and
+    /// [`BrokerError::InvalidUrl`] for a URL we do not understand (nothing is connected then),
+    /// [`BrokerError::Connect`] when the first connection fails.
     pub fn build(self) -> Result<Broker> {
+        self.check()?;
         let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
             .map_or(self.pool_size, |cap| cap.min(self.pool_size));
-        let pool = pool::build(dialect.clone(), size, self.connection_timeout);
+        let first = dialect.connect().map_err(|e| BrokerError::Connect {
+            database: dialect.database(),
+            kind: e.kind,
+            source: e.source,
+        })?;
+        let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
         let me = broker_id();
         let listener = Listener::new(&dialect, me);
         let broker = Broker {
@@ -137,7 +219,7 @@ impl BrokerBuilder {
                 op: "connect",
                 table: String::new(),
                 timeout: self.connection_timeout,
-                source,
+                source: source.into(),
             })?;
         Ok(broker)
     }
@@ -147,6 +229,26 @@ impl Broker {
     /// Connects with default options. The URL picks the database:
     /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.1+ or
     /// MariaDB 10.6+), `sqlite:path/to/file.db`, or `sqlite::memory:`.
+    ///
+    /// TLS (feature `tls`) as each ecosystem spells it: PostgreSQL's
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`) and
+    /// `sslrootcert=<file>|system`; MySQL's `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`
+    /// and the `mysql` crate's options (`root_cert_path`, ...). See the crate docs.
+    ///
+    /// ```no_run
+    /// use sqlbroker::Broker;
+    ///
+    /// let pg = Broker::connect(
+    ///     "postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// let my = Broker::connect(
+    ///     "mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem",
+    /// )?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    ///
+    /// Fails at once with [`BrokerError::Connect`] if the first connection cannot be made (see
+    /// [`BrokerBuilder::build`]).
     pub fn connect(url: &str) -> Result<Broker> {
         Broker::builder(url).build()
     }
@@ -242,7 +344,12 @@ impl Broker {
     ///
     /// On a table with dedup keys, a message whose key an unfinished row (or an earlier
     /// message of the batch) holds is skipped: [`Published::duplicates`] counts them.
-    pub fn publish_batch(&self, table: &Table, messages: Vec<Message>) -> Result<Published> {
+    pub fn publish_batch(
+        &self,
+        table: &Table,
+        messages: impl IntoIterator<Item = Message>,
+    ) -> Result<Published> {
+        let messages: Vec<Message> = messages.into_iter().collect();
         if messages.is_empty() {
             return Ok(Published::default());
         }
@@ -402,5 +509,20 @@ impl DeadLetter {
             .iter()
             .find(|(c, _)| c == column)
             .map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn debug_hides_the_password() {
+        assert_eq!(
+            super::redact("postgres://app:s3cret@db:5432/q?sslmode=require"),
+            "postgres://app:***@db:5432/q?sslmode=require"
+        );
+        assert_eq!(super::redact("mysql://root@h/test"), "mysql://root@h/test");
+        assert_eq!(super::redact("sqlite:/tmp/a@b.db"), "sqlite:/tmp/a@b.db");
+        let b = crate::Broker::builder("postgres://u:pw@h/db");
+        assert!(!format!("{b:?}").contains("pw"));
     }
 }

@@ -1,13 +1,23 @@
 //! A claimed row in the application's hands.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
 
 use crate::dialect::DbConn;
+use crate::error::BrokerError;
 use crate::form::{self, Claimed, Hold, Outcome};
+use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 use crate::schedule::{drop_delay, due_at};
 use crate::{Result, Value};
+
+/// How often a handler timeout looks again at a delivery whose handler is busy on it (inside
+/// `in_delivery`), and how often it cancels the statement running there.
+const BUSY_RECHECK: Duration = Duration::from_millis(100);
+const CANCEL_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a delivery's drop waits for a pooled connection (lease form, SQLite advisory form)
 /// before it gives up and leaves the row to its lease: a drop runs on a handler's thread,
@@ -32,7 +42,14 @@ pub struct Delivery {
     attempt: u32,
     payload: Vec<u8>,
     values: Vec<Value>,
-    hold: Option<Hold>,
+    /// What holds the row, shared with the handler timeout (which may take it first).
+    held: Arc<Held>,
+    /// The advisory key (advisory form).
+    key: Option<String>,
+    /// The lease's token cell (lease form).
+    lease: Option<Arc<LeaseCell>>,
+    /// When the handler timeout fails the delivery.
+    deadline: Option<Instant>,
     /// Handed to the application by the `next_delivery` family. A delivery dropped before that
     /// (the subscription closed with it queued) is handed back unspent.
     handed_out: bool,
@@ -41,20 +58,49 @@ pub struct Delivery {
 
 impl Delivery {
     pub(crate) fn new(ctx: Arc<Ctx>, c: Claimed) -> Self {
+        let key = match &c.hold {
+            Hold::Advisory(k) => Some(k.key.clone()),
+            _ => None,
+        };
+        let lease = match &c.hold {
+            Hold::Lease(cell) => Some(cell.clone()),
+            _ => None,
+        };
         Delivery {
             id: c.id,
             attempt: c.attempt,
             payload: c.payload,
             values: c.values,
-            hold: Some(c.hold),
+            held: Arc::new(Held {
+                hold: Mutex::new(Some(c.hold)),
+                timed_out: AtomicBool::new(false),
+                session: AtomicU64::new(0),
+            }),
+            key,
+            lease,
+            deadline: None,
             handed_out: false,
             ctx,
         }
     }
 
-    /// The application has it now: a drop from here on is a failed attempt.
+    /// The application has it now: a drop from here on is a failed attempt, and the handler
+    /// timeout starts.
     pub(crate) fn hand_out(mut self) -> Self {
         self.handed_out = true;
+        if let (Some(limit), Some(timer)) = (self.ctx.opts.handler_timeout, &self.ctx.timer) {
+            let due = Instant::now() + limit;
+            self.deadline = Some(due);
+            let mut expiry = Expiry {
+                ctx: Arc::downgrade(&self.ctx),
+                held: Arc::downgrade(&self.held),
+                id: self.id,
+                attempt: self.attempt,
+                limit,
+                cancelled: None,
+            };
+            timer.at(due, Box::new(move || expiry.run()));
+        }
         self
     }
 
@@ -89,9 +135,27 @@ impl Delivery {
 
     /// The advisory key that holds the row (advisory lock form).
     pub fn key(&self) -> Option<&str> {
-        match &self.hold {
-            Some(Hold::Advisory(k)) => Some(&k.key),
-            _ => None,
+        self.key.as_deref()
+    }
+
+    /// When the subscription's [`handler_timeout`](crate::SubscriptionBuilder::handler_timeout)
+    /// fails this delivery; `None` without a handler timeout.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// True once the handler timeout has failed this delivery: its row is another claim's,
+    /// and every settlement returns [`BrokerError::HandlerTimeout`]. Stop working on it.
+    pub fn timed_out(&self) -> bool {
+        self.held.timed_out.load(Ordering::Acquire)
+    }
+
+    /// The error a timed-out delivery answers with.
+    fn timeout_error(&self) -> BrokerError {
+        BrokerError::HandlerTimeout {
+            table: self.ctx.spec().name.clone(),
+            id: self.id,
+            after: self.ctx.opts.handler_timeout.unwrap_or_default(),
         }
     }
 
@@ -104,32 +168,30 @@ impl Delivery {
         &mut self,
         f: impl FnOnce(&mut C) -> std::result::Result<T, E>,
     ) -> Result<std::result::Result<T, E>> {
-        let table = self.ctx.spec().name.clone();
-        let unsupported = |why| crate::BrokerError::Unsupported {
-            database: self.ctx.queue.dialect.database(),
-            what: "transactional completion".into(),
-            why,
+        // Held for the whole call: the handler timeout, finding it busy, cancels the statement
+        // running on the connection and waits for `f` to return.
+        let mut hold = self.held.hold.lock();
+        if self.held.timed_out.load(Ordering::Acquire) {
+            return Err(self.timeout_error());
+        }
+        let Some(Hold::RowLock(row)) = &mut *hold else {
+            return Err(BrokerError::Unsupported {
+                database: self.ctx.queue.dialect.database(),
+                what: "transactional completion".into(),
+                why: "only a row lock delivery has a transaction open; describe the table with \
+                      neither lease nor advisory_lock",
+            });
         };
-        let Some(Hold::RowLock(conn)) = &mut self.hold else {
-            return Err(unsupported(
-                "only a row lock delivery has a transaction open; describe the table with neither \
-                 lease nor advisory_lock",
-            ));
-        };
-        let err = |e: crate::error::DbError| e.during("transactional completion", &table);
-        conn.batch("SAVEPOINT sqlbroker_handler").map_err(err)?;
-        let Some(client) = conn.driver().and_then(|d| d.downcast_mut::<C>()) else {
-            return Err(unsupported(
-                "this delivery's connection is of another database's driver",
-            ));
-        };
-        let out = f(client);
-        let end = if out.is_ok() {
-            "RELEASE SAVEPOINT sqlbroker_handler"
-        } else {
-            "ROLLBACK TO SAVEPOINT sqlbroker_handler"
-        };
-        conn.batch(end).map_err(err)?;
+        if self.deadline.is_some() && self.held.session.load(Ordering::Acquire) == 0 {
+            if let Some(id) = row.conn.session_id() {
+                self.held.session.store(id, Ordering::Release);
+            }
+        }
+        let out = form::row_lock::in_transaction(&self.ctx, row, f)?;
+        if self.held.timed_out.load(Ordering::Acquire) {
+            // Past the deadline: whatever `f` did is undone with the failure.
+            return Err(self.timeout_error());
+        }
         Ok(out)
     }
 
@@ -138,17 +200,15 @@ impl Delivery {
     /// A deadline in the past means the lease may be lost: the row may be another handler's.
     /// Reads no database; a settlement (or `extend`) is the definite answer.
     pub fn lease_deadline(&self) -> Option<SystemTime> {
-        match &self.hold {
-            Some(Hold::Lease(cell)) => Some(cell.lock().token),
-            _ => None,
-        }
+        self.lease.as_ref().map(|cell| cell.lock().token)
     }
 
-    /// Lease form: true while [`lease_deadline`](Delivery::lease_deadline) is in the future;
-    /// always true in the other forms (their rows are held until settled).
+    /// Lease form: true while [`lease_deadline`](Delivery::lease_deadline) is in the future
+    /// and the delivery has not [`timed_out`](Delivery::timed_out); in the other forms, true
+    /// until it times out (their rows are held until settled).
     pub fn lease_held(&self) -> bool {
         let now = SystemTime::now();
-        self.lease_deadline().map_or(true, |until| until > now)
+        !self.timed_out() && self.lease_deadline().map_or(true, |until| until > now)
     }
 
     /// Lease form: pushes the lease's deadline to at least `by` from now (whole seconds,
@@ -157,12 +217,15 @@ impl Delivery {
     /// nothing. Returns the new deadline. The renewer keeps renewing as usual once the
     /// deadline comes closer than a renewal would put it. Other forms: `Ok(None)`.
     pub fn extend(&self, by: Duration) -> Result<Option<SystemTime>> {
-        match &self.hold {
-            Some(Hold::Lease(cell)) => {
+        if self.timed_out() {
+            return Err(self.timeout_error());
+        }
+        match &self.lease {
+            Some(cell) => {
                 let until = due_at(SystemTime::now(), by);
                 form::lease::extend(&self.ctx, self.id, cell, until).map(Some)
             }
-            _ => Ok(None),
+            None => Ok(None),
         }
     }
 
@@ -172,6 +235,75 @@ impl Delivery {
     /// expired and the row was claimed again; nothing is changed then.
     pub fn ack(self) -> Result<()> {
         self.settle(Outcome::Ack)
+    }
+
+    /// Acks many deliveries in one call, each result in the order given. Lease deliveries of
+    /// one subscription are deleted in one statement and one commit (per 256); the others
+    /// are acked one by one, as [`ack`](Delivery::ack) would. Each delivery's result is its
+    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out.
+    /// Take the batch with [`Subscription::next_batch`](crate::Subscription::next_batch).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Delivery, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// for i in 0..3u8 {
+    ///     broker.publish(&jobs, Message::new(vec![i]))?;
+    /// }
+    /// let sub = broker.subscription(&jobs).batch_size(3).start()?;
+    /// let batch = sub.next_batch(3, Duration::from_secs(5))?;
+    /// // ... handle each ...
+    /// for r in Delivery::ack_all(batch) {
+    ///     r?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ack_all(batch: impl IntoIterator<Item = Delivery>) -> Vec<Result<()>> {
+        let batch: Vec<Delivery> = batch.into_iter().collect();
+        let mut out: Vec<Option<Result<()>>> = (0..batch.len()).map(|_| None).collect();
+        // Lease deliveries, by subscription: (its context, [(index, id, cell)]).
+        type Leases<'a> = Vec<(&'a Arc<Ctx>, Vec<(usize, i64, Arc<LeaseCell>)>)>;
+        let mut leases: Leases<'_> = Vec::new();
+        let mut singles = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            let (hold, timed_out) = d.take();
+            match hold {
+                Some(Hold::Lease(cell)) if !timed_out => {
+                    match leases.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &d.ctx)) {
+                        Some((_, v)) => v.push((i, d.id, cell)),
+                        None => leases.push((&d.ctx, vec![(i, d.id, cell)])),
+                    }
+                }
+                // Back in place: `ack` settles it (and answers for a timeout) as usual.
+                Some(hold) => {
+                    *d.held.hold.lock() = Some(hold);
+                    singles.push(i);
+                }
+                None => singles.push(i),
+            }
+        }
+        for (ctx, group) in &leases {
+            let cells: Vec<(i64, Arc<LeaseCell>)> =
+                group.iter().map(|(_, id, c)| (*id, c.clone())).collect();
+            let within = ctx.queue.pool.connection_timeout();
+            let results = form::lease::ack_all(ctx, &cells, within);
+            for ((i, _, _), r) in group.iter().zip(results) {
+                out[*i] = Some(r);
+            }
+        }
+        drop(leases);
+        let mut batch: Vec<Option<Delivery>> = batch.into_iter().map(Some).collect();
+        for i in singles {
+            if let Some(d) = batch[i].take() {
+                out[i] = Some(d.ack());
+            }
+        }
+        // The rest drop here, their rows settled: their handler slots free.
+        drop(batch);
+        out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
     /// Back into the queue for another attempt, due now (see
@@ -192,13 +324,7 @@ impl Delivery {
 
     /// A retry after `delay`, or the dead letter if this was the last attempt.
     fn retry_outcome(&self, delay: Duration, what: &str) -> Outcome {
-        match self.ctx.spec().max_attempts {
-            Some(max) if self.attempt >= max => Outcome::Dead(format!(
-                "attempt {} of max_attempts {max} {what}",
-                self.attempt
-            )),
-            _ => Outcome::Retry(due_at(SystemTime::now(), delay)),
-        }
+        retry_or_dead(&self.ctx, self.attempt, delay, what)
     }
 
     /// The handler failed with `error`: back into the queue after the subscription's
@@ -206,8 +332,7 @@ impl Delivery {
     /// attempt ([`Table::max_attempts`](crate::Table::max_attempts)), dead-lettered with the
     /// error's text as the reason.
     pub fn fail(self, error: impl std::fmt::Display) -> Result<()> {
-        let delay = self.ctx.opts.retry.delay(self.attempt);
-        let outcome = self.retry_outcome(delay, &format!("failed: {error}"));
+        let outcome = failure(&self.ctx, self.attempt, &error);
         self.settle(outcome)
     }
 
@@ -218,24 +343,157 @@ impl Delivery {
         self.settle(Outcome::Dead(reason.into()))
     }
 
-    fn settle(mut self, outcome: Outcome) -> Result<()> {
-        let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
-        // Always present: the settlers consume the delivery, and only they and Drop take it.
-        let Some(hold) = self.hold.take() else {
-            return Ok(());
+    /// Settles with `outcome`, unless the handler timeout has failed the delivery: then with
+    /// that failure (if the timeout has not written it yet) and `HandlerTimeout`.
+    fn settle(self, outcome: Outcome) -> Result<()> {
+        let (hold, timed_out) = self.take();
+        let Some(hold) = hold else {
+            return if timed_out {
+                Err(self.timeout_error())
+            } else {
+                Ok(())
+            };
+        };
+        let outcome = if timed_out {
+            timeout_failure(&self.ctx, self.attempt)
+        } else {
+            outcome
         };
         let within = self.ctx.queue.pool.connection_timeout();
-        let r = form::settle(&self.ctx, self.id, hold, outcome, within);
-        if returned {
-            self.ctx.queue.wake.notify(1);
+        let r = settle_hold(&self.ctx, self.id, hold, outcome, within);
+        if timed_out {
+            r.and(Err(self.timeout_error()))
+        } else {
+            r
         }
-        r
+    }
+
+    /// The hold, if the handler timeout has not taken it, and whether the delivery timed out;
+    /// read together, so the two cannot cross.
+    fn take(&self) -> (Option<Hold>, bool) {
+        let mut hold = self.held.hold.lock();
+        (hold.take(), self.held.timed_out.load(Ordering::Acquire))
+    }
+}
+
+/// Settles `hold` and wakes the claimers if the row went back into the queue.
+fn settle_hold(ctx: &Ctx, id: i64, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
+    let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
+    let r = form::settle(ctx, id, hold, outcome, within);
+    if returned {
+        ctx.queue.wake.notify(1);
+    }
+    r
+}
+
+/// A retry after `delay`, or the dead letter if `attempt` was the table's last.
+fn retry_or_dead(ctx: &Ctx, attempt: u32, delay: Duration, what: &str) -> Outcome {
+    match ctx.spec().max_attempts {
+        Some(max) if attempt >= max => {
+            Outcome::Dead(format!("attempt {attempt} of max_attempts {max} {what}"))
+        }
+        _ => Outcome::Retry(due_at(SystemTime::now(), delay)),
+    }
+}
+
+/// A failed attempt by the subscription's retry policy.
+fn failure(ctx: &Ctx, attempt: u32, error: &dyn std::fmt::Display) -> Outcome {
+    let delay = ctx.opts.retry.delay(attempt);
+    retry_or_dead(ctx, attempt, delay, &format!("failed: {error}"))
+}
+
+/// The failure a handler timeout writes.
+fn timeout_failure(ctx: &Ctx, attempt: u32) -> Outcome {
+    let limit = ctx.opts.handler_timeout.unwrap_or_default();
+    failure(
+        ctx,
+        attempt,
+        &format_args!("the handler timed out after {limit:?}"),
+    )
+}
+
+/// What a delivery shares with its handler timeout: the hold (taken by whichever of the two
+/// settles first), the timed-out flag, and the server session of a row lock delivery whose
+/// handler runs SQL (0 until known), whose statement the timeout cancels.
+struct Held {
+    hold: Mutex<Option<Hold>>,
+    timed_out: AtomicBool,
+    session: AtomicU64,
+}
+
+/// A delivery's handler timeout, run by the subscription's timer at the deadline.
+struct Expiry {
+    ctx: Weak<Ctx>,
+    held: Weak<Held>,
+    id: i64,
+    attempt: u32,
+    limit: Duration,
+    /// When it last cancelled the handler's statement.
+    cancelled: Option<Instant>,
+}
+
+impl Expiry {
+    /// Fails the delivery if it is still held; `Some(delay)` to look again when its handler
+    /// is busy on it (inside `in_delivery`: its running statement is cancelled meanwhile).
+    fn run(&mut self) -> Option<Duration> {
+        // Gone: the delivery was settled (or dropped) in time.
+        let (ctx, held) = (self.ctx.upgrade()?, self.held.upgrade()?);
+        held.timed_out.store(true, Ordering::Release);
+        let Some(mut slot) = held.hold.try_lock() else {
+            if self
+                .cancelled
+                .map_or(true, |at| at.elapsed() >= CANCEL_EVERY)
+            {
+                self.cancelled = Some(Instant::now());
+                cancel(&ctx, held.session.load(Ordering::Acquire));
+            }
+            return Some(BUSY_RECHECK);
+        };
+        let hold = slot.take()?;
+        drop(slot);
+        let outcome = timeout_failure(&ctx, self.attempt);
+        let id = self.id;
+        let table = &ctx.spec().name;
+        log::warn!(
+            "table {table}: row {id}: the handler ran past its timeout of {:?}; {}",
+            self.limit,
+            match &outcome {
+                Outcome::Dead(_) => "dead-lettered",
+                _ => "failed, to be retried",
+            }
+        );
+        let within = ctx.queue.pool.connection_timeout();
+        if let Err(e) = settle_hold(&ctx, id, hold, outcome, within) {
+            log::warn!("table {table}: row {id}: failing it after its handler timeout: {e}");
+        }
+        None
+    }
+}
+
+/// Cancels the statement a row lock delivery's handler runs on its session, from another
+/// connection (the delivery's own is busy). Best effort: the timeout looks again soon.
+fn cancel(ctx: &Ctx, session: u64) {
+    let q = &ctx.queue;
+    let Some(sql) = (session != 0)
+        .then(|| q.dialect.cancel_statement(session))
+        .flatten()
+    else {
+        return;
+    };
+    let done = q
+        .conn_within("cancel", CANCEL_EVERY)
+        .and_then(|mut conn| conn.batch(&sql).map_err(q.err("cancel")));
+    if let Err(e) = done {
+        log::warn!(
+            "table {}: cancelling a timed-out handler's statement: {e}",
+            q.spec.name
+        );
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some(hold) = self.hold.take() {
+        if let (Some(hold), _) = self.take() {
             if self.handed_out {
                 let what = "was dropped unsettled";
                 let outcome = self.retry_outcome(drop_delay(self.attempt), what);

@@ -71,6 +71,27 @@ pub enum BrokerError {
         /// The unfinished row that holds the key.
         id: i64,
     },
+    /// A value could not be written as a payload (`Message::json`, cargo feature `serde`):
+    /// nothing was published.
+    #[error("could not encode the payload: {source}")]
+    Encode {
+        /// The serializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A delivery's payload did not decode into the type asked for (`Delivery::json`, cargo
+    /// feature `serde`). The delivery still holds its row: settle it (a dead letter keeps the
+    /// payload for inspection).
+    #[error("payload of row {id} on table {table} does not decode: {source}")]
+    Decode {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// The deserializer's error (`serde_json::Error`).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The URL given to [`Broker::connect`](crate::Broker::connect) is not one we understand.
     #[error("invalid database url: {reason}")]
     InvalidUrl {
@@ -90,6 +111,23 @@ pub enum BrokerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The first connection, made by [`BrokerBuilder::build`](crate::BrokerBuilder::build)
+    /// before anything else, failed: `source` is the server's or the TLS library's reason (a
+    /// password refused, an unknown database, a certificate that does not verify, a server
+    /// that does not answer). It fails at once, without waiting for the pool's timeout.
+    /// [`is_transient`](BrokerError::is_transient) tells whether the same attempt may succeed
+    /// later ([`DbErrorKind::ConnectionLost`]: the server could not be reached, is starting,
+    /// or has no free connection) or not ([`DbErrorKind::Other`]: refused, or TLS failed).
+    #[error("could not connect to {database}: {source}")]
+    Connect {
+        /// `PostgreSQL`, `MySQL` or `SQLite`.
+        database: &'static str,
+        /// Whether trying again may help.
+        kind: DbErrorKind,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// No pooled connection could be had in time; carries the pool's last connection error.
     #[error("no database connection for {op}{} within {timeout:?}: {source}", on_table(.table))]
     Pool {
@@ -101,7 +139,7 @@ pub enum BrokerError {
         timeout: Duration,
         /// The pool's error, which names the last connection failure.
         #[source]
-        source: r2d2::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A thread of ours could not be started (the system is out of threads or memory).
     #[error("could not start thread {name}: {source}")]
@@ -136,6 +174,27 @@ pub enum BrokerError {
         /// The broker's pool size.
         pool_size: u32,
     },
+    /// The delivery's handler ran past the subscription's
+    /// [`handler_timeout`](crate::SubscriptionBuilder::handler_timeout): the delivery was failed
+    /// (retried by the retry policy, or dead-lettered on its last attempt) and its row is
+    /// another claim's now. The settlement asked for changed nothing.
+    #[error("handler timeout on table {table}, row {id}: the handler ran past {after:?} and the delivery was failed")]
+    HandlerTimeout {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// The subscription's handler timeout.
+        after: Duration,
+    },
+    /// An option given to a builder is out of its range; nothing was started.
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption {
+        /// The builder method.
+        option: &'static str,
+        /// What is wrong, and the range that works.
+        reason: String,
+    },
     /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
     #[error("subscription on table {table} is closed")]
     Closed {
@@ -168,10 +227,13 @@ pub enum DbErrorKind {
 
 impl BrokerError {
     /// True when trying the same thing again later may succeed: transient database errors,
-    /// lost connections and pool timeouts.
+    /// lost connections, a first connection that could not reach the server, and pool
+    /// timeouts.
     pub fn is_transient(&self) -> bool {
         match self {
-            BrokerError::Database { kind, .. } => *kind != DbErrorKind::Other,
+            BrokerError::Database { kind, .. } | BrokerError::Connect { kind, .. } => {
+                *kind != DbErrorKind::Other
+            }
             BrokerError::Pool { .. } => true,
             _ => false,
         }
@@ -180,6 +242,11 @@ impl BrokerError {
     /// True for [`BrokerError::LeaseLost`].
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, BrokerError::LeaseLost { .. })
+    }
+
+    /// True for [`BrokerError::HandlerTimeout`].
+    pub fn is_handler_timeout(&self) -> bool {
+        matches!(self, BrokerError::HandlerTimeout { .. })
     }
 
     /// True for [`BrokerError::Duplicate`].
@@ -247,11 +314,16 @@ impl std::error::Error for DbError {
 
 /// Errors of the `next_delivery` family that did not yield a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NextError {
-    /// Nothing arrived in time (`next_delivery_timeout`) or nothing is ready now
-    /// (`try_next_delivery`); the subscription is still open.
+    /// Nothing arrived in time (`next_delivery_timeout`, `next_batch`); the subscription is
+    /// still open.
     #[error("no delivery ready in time")]
     Timeout,
+    /// Nothing is ready now (`try_next_delivery`, which does not wait); the subscription is
+    /// still open.
+    #[error("no delivery ready now")]
+    Empty,
     /// The subscription is closed and every delivery it claimed has been handed out.
     #[error("subscription closed")]
     Closed,

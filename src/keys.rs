@@ -5,6 +5,8 @@
 //!   advisory locks (SQLite). A key is held through a [`ProcessKey`], which gives it back when
 //!   dropped, so no path (an error, a panic, a claim cut short) can leave a key held for the
 //!   life of the process.
+//!   On the servers a registry per table also records the keys this broker's sessions hold, so
+//!   a claim spends no lock round trip on a key it would be refused.
 //! - [`SessionKeys`]: the keys a server session holds (PostgreSQL, MySQL). It keeps its
 //!   connection marked broken while any key is held or any unlock went wrong, so the pool never
 //!   hands out a session that may still hold a key: ending the session releases its keys.
@@ -38,8 +40,8 @@ impl KeyRegistry {
         })
     }
 
-    #[cfg(test)]
-    fn is_held(&self, key: &str) -> bool {
+    /// True while `key` is held through this registry.
+    pub fn is_held(&self, key: &str) -> bool {
         self.held.lock().contains(key)
     }
 }

@@ -63,7 +63,67 @@
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
 //! `publish_batch`) enqueue inside the application's own driver transaction: the job exists
 //! if and only if it commits. [`postgres::in_delivery`] and [`mysql::in_delivery`] run the
-//! handler's own SQL inside a row lock delivery's transaction: it commits with the ack.
+//! handler's own SQL inside a row lock delivery's transaction: it commits with the ack; a retry,
+//! a dead letter, a drop or a crash undoes it.
+//!
+//! ## Handler timeouts
+//!
+//! [`SubscriptionBuilder::handler_timeout`] bounds how long a handler may hold a delivery:
+//! past it, the delivery is failed by the retry policy while the handler still runs (lease: the
+//! lease is cleared; advisory: the key is let go; row lock: the handler's SQL is rolled back and
+//! a statement it runs is cancelled on the server), and the handler is told
+//! ([`Delivery::timed_out`], [`BrokerError::HandlerTimeout`] from its settlement).
+//!
+//! ```
+//! use sqlbroker::{Broker, Message, Table};
+//! use std::time::Duration;
+//!
+//! let broker = Broker::connect("sqlite::memory:")?;
+//! let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+//! broker.create_table(&jobs)?;
+//! broker.publish(&jobs, Message::new(b"slow".to_vec()))?;
+//! let sub = broker
+//!     .subscription(&jobs)
+//!     .handler_timeout(Duration::from_millis(200))
+//!     .start()?;
+//! let d = sub.next_delivery().unwrap();
+//! std::thread::sleep(Duration::from_millis(600)); // a handler that takes too long
+//! assert!(d.timed_out());
+//! assert!(d.ack().unwrap_err().is_handler_timeout());
+//! # Ok::<(), sqlbroker::BrokerError>(())
+//! ```
+//!
+//! ## Connecting and TLS
+//!
+//! [`Broker::connect`] makes one connection before it returns: a refused login, a certificate
+//! that does not verify or a server that is not there is [`BrokerError::Connect`] at once,
+//! with the server's or the TLS library's reason. TLS is spelled in the URL as each ecosystem
+//! spells it (feature `tls`):
+//!
+//! - PostgreSQL: libpq's `sslmode=disable|prefer|require|verify-ca|verify-full` (default
+//!   `prefer`) and `sslrootcert=<file>|system` (without it, `verify-*` trust the Mozilla roots
+//!   of `webpki-roots`); e.g.
+//!   `postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem`.
+//! - MySQL/MariaDB: the `mysql` crate's URL options (`root_cert_path`,
+//!   `danger_skip_domain_validation`, `danger_accept_invalid_certs`, `cert_chain_path` and
+//!   `priv_key_path`), plus the MySQL client's
+//!   `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`; e.g.
+//!   `mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem`.
+//!
+//! ## Cargo features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `postgres` | on | PostgreSQL (`postgres` crate) and [`postgres`] module |
+//! | `mysql` | on | MySQL 8.0.1+ / MariaDB 10.6+ (`mysql` crate) and [`mysql`] module |
+//! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
+//! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
+//! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
+//!
+//! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
+//! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
+//! needs). Without it, `sslmode=prefer` connects in plain text and a URL that demands TLS is
+//! refused with [`BrokerError::InvalidUrl`].
 //!
 //! ## Support matrix
 //!
@@ -111,7 +171,10 @@
 //! - An advisory claim reads at most 10,000 ready rows: rows of a free key queued behind more
 //!   than that many rows of keys in work wait until some of those settle.
 //! - Times (due times, lease deadlines) are whole seconds from the host's clock.
-//! - Connections are plain TCP: no TLS yet.
+//! - TLS defaults follow each driver: a PostgreSQL URL without `sslmode` encrypts when the
+//!   server offers TLS but checks no certificate (libpq's `prefer`); a MySQL URL without TLS
+//!   options is plain text. Say `sslmode=verify-full` / `ssl-mode=VERIFY_IDENTITY` to be sure
+//!   of the server.
 //! - The row lock form holds a connection and an open transaction per in-flight delivery; on
 //!   PostgreSQL a long one holds back vacuum.
 
@@ -123,6 +186,8 @@ mod delivery;
 mod dialect;
 mod error;
 mod form;
+#[cfg(feature = "serde")]
+mod json;
 mod keys;
 mod message;
 #[cfg(feature = "mysql")]

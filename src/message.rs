@@ -19,6 +19,7 @@ use crate::{BrokerError, Result, Value};
 /// assert_eq!(m.payload(), b"{\"cents\":100}");
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "a message does nothing until it is published"]
 pub struct Message {
     payload: Vec<u8>,
     values: Vec<(String, Value)>,

@@ -34,9 +34,14 @@ pub fn publish(tx: &mut ::mysql::Transaction<'_>, table: &Table, message: Messag
 pub fn publish_batch(
     tx: &mut ::mysql::Transaction<'_>,
     table: &Table,
-    messages: Vec<Message>,
+    messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
+    crate::publish::batch_in_transaction(
+        sql_only(),
+        &mut TxConn(tx),
+        table,
+        messages.into_iter().collect(),
+    )
 }
 
 /// Row lock form: runs `f` with the delivery's own `mysql::Conn`, inside the delivery's

@@ -37,9 +37,14 @@ pub fn publish(
 pub fn publish_batch(
     tx: &mut ::postgres::Transaction<'_>,
     table: &Table,
-    messages: Vec<Message>,
+    messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
+    crate::publish::batch_in_transaction(
+        sql_only(),
+        &mut TxConn(tx),
+        table,
+        messages.into_iter().collect(),
+    )
 }
 
 /// Row lock form: runs `f` with the delivery's own `postgres::Client`, inside the delivery's

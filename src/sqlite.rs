@@ -43,7 +43,12 @@ pub fn publish(tx: &rusqlite::Transaction<'_>, table: &Table, message: Message) 
 pub fn publish_batch(
     tx: &rusqlite::Transaction<'_>,
     table: &Table,
-    messages: Vec<Message>,
+    messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(sql_only(), &mut TxConn(tx), table, messages)
+    crate::publish::batch_in_transaction(
+        sql_only(),
+        &mut TxConn(tx),
+        table,
+        messages.into_iter().collect(),
+    )
 }

@@ -145,6 +145,7 @@ impl Isolation {
 /// let legacy = Table::new("legacy_jobs").rename(Role::Payload, "body");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[must_use = "a table description does nothing until it is used"]
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,

@@ -52,6 +52,23 @@ impl Value {
         matches!(self, Value::Null)
     }
 
+    /// The number, if this is a floating point value (or an integer, widened).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// The time, if this is a time value.
+    pub fn as_system_time(&self) -> Option<SystemTime> {
+        match self {
+            Value::Time(t) => Some(*t),
+            _ => None,
+        }
+    }
+
     /// A time of the role columns (SQLite keeps them as integer seconds).
     pub(crate) fn as_time(&self) -> Option<SystemTime> {
         match self {
@@ -91,6 +108,37 @@ impl From<&str> for Value {
         Value::Text(v.to_string())
     }
 }
+impl From<&String> for Value {
+    fn from(v: &String) -> Self {
+        Value::Text(v.clone())
+    }
+}
+
+impl From<bool> for Value {
+    /// `1` or `0`: an integer column holds it on every database.
+    fn from(v: bool) -> Self {
+        Value::Int(i64::from(v))
+    }
+}
+
+impl From<i16> for Value {
+    fn from(v: i16) -> Self {
+        Value::Int(v.into())
+    }
+}
+
+impl From<f32> for Value {
+    fn from(v: f32) -> Self {
+        Value::Float(v.into())
+    }
+}
+
+impl From<&Vec<u8>> for Value {
+    fn from(v: &Vec<u8>) -> Self {
+        Value::Bytes(v.clone())
+    }
+}
+
 impl From<String> for Value {
     fn from(v: String) -> Self {
         Value::Text(v)

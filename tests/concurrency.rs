@@ -46,8 +46,8 @@ fn concurrent_claimers_never_share_a_row(db: Db, form: Form) {
                     while acked.load(Ordering::SeqCst) < ROWS && started.elapsed() < DEADLINE {
                         let d = match sub.next_delivery_timeout(Duration::from_millis(200)) {
                             Ok(d) => d,
-                            Err(NextError::Timeout) => continue,
-                            Err(NextError::Closed) => {
+                            Err(NextError::Timeout | NextError::Empty) => continue,
+                            Err(_) => {
                                 problems
                                     .lock()
                                     .unwrap()

@@ -453,7 +453,7 @@ fn hostile_values_round_trip(db: Db) {
         live.broker.publish(&t, message(i)).unwrap();
     }
     live.broker
-        .publish_batch(&t, (0..texts.len()).map(message).collect())
+        .publish_batch(&t, (0..texts.len()).map(message))
         .unwrap();
     let n = 2 * texts.len();
     assert_eq!(live.rows(&t), n as i64);
@@ -697,7 +697,7 @@ fn hostile_advisory_keys_lock_and_unlock(db: Db) {
                 .set("k", k.as_str())
                 .set("b", vec![0u8, 0x27])
         })
-        .collect();
+        .collect::<Vec<_>>();
     live.broker.publish_batch(&t, msgs).unwrap();
     let sub = live
         .broker

@@ -19,7 +19,7 @@ fn lost_to_another(
     let t = live.table(Form::Lease, Duration::from_secs(1));
     let msgs = (0..3)
         .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
-        .collect();
+        .collect::<Vec<_>>();
     live.broker.publish_batch(&t, msgs).unwrap();
 
     let a = live.broker.subscription(&t).batch_size(10).start().unwrap();
@@ -214,7 +214,7 @@ fn renewal_of_many_leases(db: Db) {
     let t = live.table(Form::Lease, Duration::from_secs(2));
     let msgs = (0..N)
         .map(|i| Message::new(format!("{i}").into_bytes()).set("k", format!("k{i}")))
-        .collect();
+        .collect::<Vec<_>>();
     live.broker.publish_batch(&t, msgs).unwrap();
     let a = live
         .broker

@@ -114,17 +114,23 @@ fn shutdown_with_duration_max_does_not_panic() {
     assert!(r.is_ok(), "shutdown(Duration::MAX) panicked");
 }
 
-/// `connection_timeout(Duration::MAX)` is clamped: the pool adds it to `Instant::now()`.
+/// `connection_timeout(Duration::MAX)` (the pool adds it to `Instant::now()`) and
+/// `connection_timeout(ZERO)` (r2d2 asserts it is positive) are typed errors, not panics.
 #[test]
-fn connection_timeout_max_does_not_panic() {
-    let r = catch_unwind(|| {
-        Broker::builder("sqlite::memory:")
-            .connection_timeout(Duration::MAX)
-            .build()
-            .map(drop)
-    });
-    assert!(
-        r.is_ok(),
-        "connection_timeout(Duration::MAX) panicked in build"
-    );
+fn connection_timeouts_out_of_range_are_refused() {
+    for d in [Duration::MAX, Duration::ZERO] {
+        let r = catch_unwind(|| {
+            Broker::builder("sqlite::memory:")
+                .connection_timeout(d)
+                .build()
+                .map(drop)
+        });
+        match r {
+            Ok(Err(sqlbroker::BrokerError::InvalidOption { option, .. })) => {
+                assert_eq!(option, "connection_timeout")
+            }
+            Ok(other) => panic!("connection_timeout({d:?}) gave {other:?}"),
+            Err(_) => panic!("connection_timeout({d:?}) panicked in build"),
+        }
+    }
 }

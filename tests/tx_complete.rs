@@ -131,6 +131,37 @@ macro_rules! servers {
 
 servers!(completion_commits_with_the_ack);
 
+/// A handler whose write succeeded, then retries (or dead-letters) the delivery: the write is
+/// undone with the retry, never committed by it.
+fn a_retry_undoes_the_write(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let led = ledger(&live);
+    let t = table(&live, &common::unique("t"));
+    let id = live.broker.publish(&t, common::msg("pay", "a")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+
+    let mut d = common::next(&sub, Duration::from_secs(10));
+    write_ledger(db, &mut d, &led, false).unwrap();
+    d.retry().unwrap();
+    assert_eq!(
+        live.int(&format!("SELECT COUNT(*) FROM {led}")),
+        0,
+        "the retry committed the handler's write"
+    );
+    let mut d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!((d.id(), d.attempt()), (id, 2));
+    write_ledger(db, &mut d, &led, false).unwrap();
+    d.dead_letter("no").unwrap();
+    assert_eq!(
+        live.int(&format!("SELECT COUNT(*) FROM {led}")),
+        0,
+        "the dead letter committed the handler's write"
+    );
+    assert_eq!(live.broker.dead_letters(&t, 10).unwrap().len(), 1);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+servers!(a_retry_undoes_the_write);
+
 const CHILD_ENV: &str = "SQLBROKER_TX_COMPLETE_CHILD";
 
 /// The child: claims the row, writes the ledger in the delivery's transaction, says so, and

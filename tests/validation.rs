@@ -273,8 +273,8 @@ fn database_errors_name_their_cause(db: Db) {
 }
 per_db!(database_errors_name_their_cause);
 
-/// A server that is not there: `build` fails with a pool error that says so and is transient;
-/// URLs we cannot read are `InvalidUrl`.
+/// A server that is not there: `build` fails at once (not after the pool's timeout) with a
+/// connect error that says so and is transient; URLs we cannot read are `InvalidUrl`.
 #[test]
 fn unreachable_server_and_bad_urls() {
     for url in [
@@ -284,12 +284,19 @@ fn unreachable_server_and_bad_urls() {
         if url.starts_with("mysql") && !cfg!(feature = "mysql") {
             continue;
         }
+        let started = std::time::Instant::now();
         match Broker::builder(url)
-            .connection_timeout(Duration::from_secs(2))
+            .connection_timeout(Duration::from_secs(20))
             .build()
         {
-            Err(e @ BrokerError::Pool { .. }) => assert!(e.is_transient(), "{e:?}"),
-            Err(e) => panic!("{url}: expected a pool error, got {e:?}"),
+            Err(e @ BrokerError::Connect { .. }) => {
+                assert!(e.is_transient(), "{e:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "{url}: waited out the pool"
+                );
+            }
+            Err(e) => panic!("{url}: expected a connect error, got {e:?}"),
             Ok(_) => panic!("{url}: connected to nothing"),
         }
     }
@@ -302,6 +309,67 @@ fn unreachable_server_and_bad_urls() {
         match Broker::connect(url) {
             Err(BrokerError::InvalidUrl { .. }) => {}
             other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+}
+
+/// Options out of their range are typed errors naming the option, and nothing starts: no claim
+/// worker runs (a row published before stays unclaimed). Before: `workers(0)` and the like were
+/// clamped silently, `poll_interval(0)` spun a core, `connection_timeout(0)` panicked in r2d2.
+#[test]
+fn options_out_of_range_are_refused() {
+    use sqlbroker::SubscriptionBuilder;
+    let broker = Broker::connect("sqlite::memory:").unwrap();
+    let t = Table::new("jobs").lease(Duration::from_secs(30));
+    broker.create_table(&t).unwrap();
+    broker
+        .publish(&t, sqlbroker::Message::new(b"x".to_vec()))
+        .unwrap();
+    type Bad = fn(SubscriptionBuilder<'_>) -> SubscriptionBuilder<'_>;
+    let cases: [(&str, Bad); 8] = [
+        ("workers", |b| b.workers(0)),
+        ("workers", |b| b.workers(257)),
+        ("batch_size", |b| b.batch_size(0)),
+        ("batch_size", |b| b.batch_size(1_001)),
+        ("max_in_flight", |b| b.max_in_flight(0)),
+        ("poll_interval", |b| b.poll_interval(Duration::ZERO)),
+        ("poll_interval", |b| {
+            b.poll_interval(Duration::from_secs(86_400))
+        }),
+        ("handler_timeout", |b| b.handler_timeout(Duration::ZERO)),
+    ];
+    for (option, bad) in cases {
+        match bad(broker.subscription(&t)).start() {
+            Err(BrokerError::InvalidOption { option: o, reason }) => {
+                assert_eq!(o, option);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+    // Nothing claimed the row meanwhile: the first good subscription gets it at attempt 1.
+    let sub = broker.subscription(&t).start().unwrap();
+    let d = sub.next_delivery_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(d.attempt(), 1);
+    d.ack().unwrap();
+
+    type BadBroker = fn(sqlbroker::BrokerBuilder) -> sqlbroker::BrokerBuilder;
+    let cases: [(&str, BadBroker); 4] = [
+        ("pool_size", |b| b.pool_size(0)),
+        ("connection_timeout", |b| {
+            b.connection_timeout(Duration::ZERO)
+        }),
+        ("statement_timeout", |b| {
+            b.statement_timeout(Duration::from_millis(10))
+        }),
+        ("statement_timeout", |b| {
+            b.statement_timeout(Duration::from_secs(10 * 86_400))
+        }),
+    ];
+    for (option, bad) in cases {
+        match bad(Broker::builder("sqlite::memory:")).build() {
+            Err(BrokerError::InvalidOption { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
         }
     }
 }

@@ -238,8 +238,8 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                 while !stop.load(Ordering::Relaxed) {
                     let d = match sub.next_delivery_timeout(Duration::from_millis(100)) {
                         Ok(d) => d,
-                        Err(NextError::Timeout) => continue,
-                        Err(NextError::Closed) => {
+                        Err(NextError::Timeout | NextError::Empty) => continue,
+                        Err(_) => {
                             closed_early.store(true, Ordering::Relaxed);
                             return;
                         }

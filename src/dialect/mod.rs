@@ -29,9 +29,21 @@ pub(crate) mod postgres;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+pub(crate) mod url;
 
 /// Where the user columns start in a claimed row.
 pub(crate) const ROW_USER_COLUMNS: usize = 3;
+
+/// Savepoints of a row lock delivery's transaction, the same on both servers: `WORK` marks
+/// where the handler's own SQL begins (every outcome but the ack rolls back to it), `HANDLER`
+/// brackets one `in_delivery` call (rolled back if it fails).
+pub(crate) mod savepoint {
+    pub const WORK: &str = "SAVEPOINT sqlbroker_work";
+    pub const UNDO_WORK: &str = "ROLLBACK TO SAVEPOINT sqlbroker_work";
+    pub const HANDLER: &str = "SAVEPOINT sqlbroker_handler";
+    pub const KEEP_HANDLER: &str = "RELEASE SAVEPOINT sqlbroker_handler";
+    pub const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT sqlbroker_handler";
+}
 
 /// One connection, as the queue logic sees it. Implementations mark themselves broken when the
 /// driver reports a lost connection, so the pool discards them.
@@ -59,6 +71,12 @@ pub(crate) trait DbConn {
     /// The driver's own client of this session, for the application's SQL inside a row lock
     /// delivery's transaction (`postgres::Client`, `mysql::Conn`). Default: none.
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+    /// The server's id of this session, for cancelling its running statement from another
+    /// session (a handler timeout): PostgreSQL's backend pid (asked once, then kept), MySQL's
+    /// connection id. Default: none (SQLite has no sessions to cancel).
+    fn session_id(&mut self) -> Option<u64> {
         None
     }
     /// Proves the session still answers (the pool asks before it hands out a connection that
@@ -345,6 +363,16 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError>;
 
+    /// Acks the leases `held` (`(id, token)` pairs; a row may come with several tokens, of
+    /// which it holds at most one) in one commit: deletes the rows still holding one of their
+    /// tokens and returns their ids. Those missing have lost their lease.
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError>;
+
     /// Inserts one row (`insert_one` parameters) and returns its id: `insert_id` where the
     /// database has `RETURNING`, else the driver's last insert id.
     fn insert_returning_id(
@@ -404,6 +432,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The lock name a key is taken under.
     fn key_name(&self, key: &str) -> String {
         key.to_string()
+    }
+
+    /// The statement that cancels what the session `session` ([`DbConn::session_id`]) is
+    /// running, run on another connection. Default: none.
+    fn cancel_statement(&self, _session: u64) -> Option<String> {
+        None
     }
 
     /// The in-process key registry, for engines with no server-side advisory locks.

@@ -44,14 +44,18 @@ pub(crate) struct KeyHold {
     holder: Holder,
 }
 
+// One per delivery, moved a handful of times: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Holder {
     /// In the process's registry (SQLite); given back when dropped.
     Process(ProcessKey),
-    /// By a server session: the connection goes with the delivery.
+    /// By a server session: the connection goes with the delivery. `here` marks the key held
+    /// by this broker (none if the previous holder's mark was still being cleared).
     Session {
         conn: PooledConn,
         keys: SessionKeys,
         name: String,
+        here: Option<ProcessKey>,
     },
 }
 
@@ -143,6 +147,10 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                     }
                 }
                 (None, Some(sql)) => {
+                    if q.held_here.is_held(&key) {
+                        // One of this broker's deliveries has it: the server would refuse.
+                        continue;
+                    }
                     let name = q.dialect.key_name(&key);
                     let mut keys = SessionKeys::default();
                     match keys.lock(&mut *conn, &sql, &name) {
@@ -154,7 +162,13 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                     match take(ctx, &mut *conn, now, id) {
                         Ok(Some((row, unreadable))) => {
                             // The connection holds the key: it goes with the delivery.
-                            let holder = Holder::Session { conn, keys, name };
+                            let here = q.held_here.try_take(&key);
+                            let holder = Holder::Session {
+                                conn,
+                                keys,
+                                name,
+                                here,
+                            };
                             let hold = Hold::Advisory(KeyHold { key, holder });
                             return Claimed::new(row, hold, unreadable)
                                 .map(|c| vec![c])
@@ -224,6 +238,7 @@ fn under_key(
             mut conn,
             mut keys,
             name,
+            here,
         } => {
             let done = conn.execute(sql, &params);
             if let Some(key_sql) = key_sql(ctx) {
@@ -235,6 +250,7 @@ fn under_key(
                     );
                 }
             }
+            drop(here);
             done.map(drop).map_err(q.err(op))
         }
     }

@@ -30,8 +30,8 @@ use std::time::{Duration, SystemTime};
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
-use crate::runtime::renewer::LeaseCell;
-use crate::runtime::Ctx;
+use crate::runtime::renewer::{LeaseCell, LeaseState};
+use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 use crate::schedule::{claim_now, lease_token};
 use crate::Value;
 
@@ -69,11 +69,6 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
-///
-/// A lost connection is tried once more on a new one: the statement is fenced, so running it
-/// twice is safe. If the second run matches no row, the first may have committed before its
-/// answer was lost, or the lease may be gone: that cannot be told apart, so the first error
-/// stands (at-least-once; see the crate docs on idempotent handlers).
 fn fenced(
     ctx: &Ctx,
     id: i64,
@@ -83,44 +78,66 @@ fn fenced(
     leading: Vec<Value>,
     within: Duration,
 ) -> Result<bool> {
-    let q = &ctx.queue;
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
-    let tokens: Vec<SystemTime> = std::iter::once(state.token)
-        .chain(state.unsure.iter().copied())
-        .collect();
-    let run = || -> Result<bool> {
-        let mut conn = q.conn_within(op, within)?;
-        let mut lost = None;
-        // A renewal whose answer was lost may have written its token: try that one too.
-        for token in &tokens {
-            let mut params = leading.clone();
-            params.push(Value::Int(id));
-            params.push(Value::Time(*token));
-            match conn.execute(sql, &params) {
-                Ok(0) => {}
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
-                    drop(conn);
-                    conn = q.conn_within(op, within)?;
-                    match conn.execute(sql, &params) {
-                        Ok(n) if n > 0 => return Ok(true),
-                        _ => lost = Some(e),
-                    }
-                }
-                Err(e) => return Err(q.err(op)(e)),
-            }
-        }
-        match lost {
-            Some(e) => Err(q.err(op)(e)),
-            None => Ok(false),
-        }
-    };
-    let changed = run();
+    let tokens = tokens_of(&state);
+    let changed = fenced_on(ctx, id, &tokens, op, sql, &leading, within);
     drop(state);
     ctx.leases.remove(cell);
     changed
+}
+
+/// The token held, then the tokens of renewals whose answers were lost: the row holds one of
+/// them, if it is still this delivery's.
+fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
+    std::iter::once(state.token)
+        .chain(state.unsure.iter().copied())
+        .collect()
+}
+
+/// Runs `sql` fenced by each of `tokens` in turn until one matches; the caller holds the
+/// lease's cell.
+///
+/// A lost connection is tried once more on a new one: the statement is fenced, so running it
+/// twice is safe. If the second run matches no row, the first may have committed before its
+/// answer was lost, or the lease may be gone: that cannot be told apart, so the first error
+/// stands (at-least-once; see the crate docs on idempotent handlers).
+fn fenced_on(
+    ctx: &Ctx,
+    id: i64,
+    tokens: &[SystemTime],
+    op: &'static str,
+    sql: &str,
+    leading: &[Value],
+    within: Duration,
+) -> Result<bool> {
+    let q = &ctx.queue;
+    let mut conn = q.conn_within(op, within)?;
+    let mut lost = None;
+    // A renewal whose answer was lost may have written its token: try that one too.
+    for token in tokens {
+        let mut params = leading.to_vec();
+        params.push(Value::Int(id));
+        params.push(Value::Time(*token));
+        match conn.execute(sql, &params) {
+            Ok(0) => {}
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
+                drop(conn);
+                conn = q.conn_within(op, within)?;
+                match conn.execute(sql, &params) {
+                    Ok(n) if n > 0 => return Ok(true),
+                    _ => lost = Some(e),
+                }
+            }
+            Err(e) => return Err(q.err(op)(e)),
+        }
+    }
+    match lost {
+        Some(e) => Err(q.err(op)(e)),
+        None => Ok(false),
+    }
 }
 
 pub(crate) fn settle(
@@ -130,16 +147,119 @@ pub(crate) fn settle(
     outcome: Outcome,
     within: Duration,
 ) -> Result<()> {
-    let sql = outcome.sql(&ctx.queue.sql);
-    let leading = outcome.leading_params(SystemTime::now());
-    if fenced(ctx, id, cell, outcome.op(), sql, leading, within)? {
+    let held = if matches!(outcome, Outcome::Ack) {
+        ack(ctx, id, cell, within)?
+    } else {
+        let sql = outcome.sql(&ctx.queue.sql);
+        let leading = outcome.leading_params(SystemTime::now());
+        fenced(ctx, id, cell, outcome.op(), sql, leading, within)?
+    };
+    if held {
         Ok(())
     } else {
-        Err(BrokerError::LeaseLost {
-            table: ctx.spec().name.clone(),
-            id,
-        })
+        Err(lost(ctx, id))
     }
+}
+
+fn lost(ctx: &Ctx, id: i64) -> BrokerError {
+    BrokerError::LeaseLost {
+        table: ctx.spec().name.clone(),
+        id,
+    }
+}
+
+/// An ack, written with the acks of other handlers of this table that arrive meanwhile (group
+/// commit: one statement, one commit). If the grouped statement fails, the ack is written
+/// alone; if that matches nothing after the group lost its connection, the group may have
+/// deleted the row before its answer was lost: the lost connection stands, not `LeaseLost`.
+fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bool> {
+    let q = &ctx.queue;
+    let mut state = cell.lock();
+    state.done = true;
+    let tokens = tokens_of(&state);
+    let flush = |items: Vec<(i64, Vec<SystemTime>)>| ack_many(ctx, &items, within);
+    let done = match q
+        .acks
+        .run((id, tokens.clone()), &flush, &Err(DbErrorKind::Other))
+    {
+        Ok(deleted) => Ok(deleted.contains(&id)),
+        Err(kind) => match fenced_on(ctx, id, &tokens, "ack", &q.sql.ack, &[], within) {
+            Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
+                kind,
+                "the connection was lost during a grouped ack: it may have committed",
+            ))),
+            r => r,
+        },
+    };
+    drop(state);
+    ctx.leases.remove(cell);
+    done
+}
+
+/// Acks many deliveries of one subscription in one statement per [`ACK_GROUP_MAX`] (the
+/// explicit batch, [`Delivery::ack_all`](crate::Delivery::ack_all)); each result in order.
+pub(crate) fn ack_all(
+    ctx: &Ctx,
+    batch: &[(i64, Arc<LeaseCell>)],
+    within: Duration,
+) -> Vec<Result<()>> {
+    let q = &ctx.queue;
+    let mut states: Vec<_> = batch.iter().map(|(_, cell)| cell.lock()).collect();
+    let items: Vec<(i64, Vec<SystemTime>)> = batch
+        .iter()
+        .zip(states.iter_mut())
+        .map(|((id, _), state)| {
+            state.done = true;
+            (*id, tokens_of(state))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(ACK_GROUP_MAX) {
+        let written = ack_many(ctx, chunk, within);
+        for (id, tokens) in chunk {
+            let held = match &written {
+                Ok(deleted) => Ok(deleted.contains(id)),
+                Err(_) => fenced_on(ctx, *id, tokens, "ack", &q.sql.ack, &[], within),
+            };
+            out.push(held.and_then(|held| if held { Ok(()) } else { Err(lost(ctx, *id)) }));
+        }
+    }
+    drop(states);
+    for (_, cell) in batch {
+        ctx.leases.remove(cell);
+    }
+    out
+}
+
+/// Deletes the rows of `items` still holding one of their tokens, in one statement; the ids
+/// deleted, or the kind of error the statement met. One item with one token runs the table's
+/// single ack, the cheapest statement for it.
+pub(crate) fn ack_many(ctx: &Ctx, items: &[(i64, Vec<SystemTime>)], within: Duration) -> AckBatch {
+    let q = &ctx.queue;
+    // No connection in time: nothing ran; each caller tries alone.
+    let mut conn = q
+        .conn_within("ack", within)
+        .map_err(|_| DbErrorKind::Transient)?;
+    let deleted = match items {
+        [(id, tokens)] if tokens.len() == 1 => {
+            let params = [Value::Int(*id), Value::Time(tokens[0])];
+            match conn.execute(&q.sql.ack, &params) {
+                Ok(0) => vec![],
+                Ok(_) => vec![*id],
+                Err(e) => return Err(e.kind),
+            }
+        }
+        _ => {
+            let pairs: Vec<(i64, SystemTime)> = items
+                .iter()
+                .flat_map(|(id, tokens)| tokens.iter().map(move |t| (*id, *t)))
+                .collect();
+            q.dialect
+                .lease_ack_many(&mut *conn, &q.spec, &pairs)
+                .map_err(|e| e.kind)?
+        }
+    };
+    Ok(Arc::new(deleted.into_iter().collect()))
 }
 
 /// Moves the lease's deadline to `until` (a new token), fenced by the token held; `LeaseLost`

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{DbError, Result};
 use crate::runtime::renewer::LeaseCell;
-use crate::runtime::{Ctx, PooledConn};
+use crate::runtime::Ctx;
 use crate::table::Form;
 use crate::Value;
 
@@ -56,7 +56,7 @@ pub(crate) fn unreadable_rows(conn: &mut dyn DbConn, rows: usize) -> Vec<Option<
 /// What holds a claimed row for its delivery.
 pub(crate) enum Hold {
     /// The open transaction's connection.
-    RowLock(PooledConn),
+    RowLock(row_lock::RowHold),
     /// The lease token, shared with the renewer.
     Lease(Arc<LeaseCell>),
     /// The key, and the connection whose session holds it (none for in-process keys).
@@ -119,7 +119,7 @@ pub(crate) fn settle(
     within: Duration,
 ) -> Result<()> {
     match hold {
-        Hold::RowLock(conn) => row_lock::settle(ctx, id, conn, outcome),
+        Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome),
         Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, within),
         Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, within),
     }
@@ -130,7 +130,7 @@ pub(crate) fn settle(
 /// unknown state is discarded.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     match hold {
-        Hold::RowLock(conn) => row_lock::rollback(conn),
+        Hold::RowLock(h) => row_lock::rollback(h),
         Hold::Lease(cell) => lease::hand_back(ctx, id, &cell, within),
         Hold::Advisory(key) => advisory::hand_back(ctx, id, key, within),
     }

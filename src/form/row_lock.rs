@@ -29,8 +29,8 @@
 use std::time::SystemTime;
 
 use super::{unreadable_rows, Claimed, Hold, Outcome};
-use crate::dialect::DbConn;
-use crate::error::Result;
+use crate::dialect::{savepoint, DbConn};
+use crate::error::{BrokerError, Result};
 use crate::runtime::{Ctx, PooledConn};
 use crate::schedule::claim_now;
 use crate::Value;
@@ -66,18 +66,34 @@ pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
         *a = a.saturating_add(1);
     }
     // The connection goes with the delivery, still marked broken while its transaction is open.
-    let taken = Claimed::new(row, Hold::RowLock(conn), unreadable);
+    let hold = Hold::RowLock(RowHold { conn, work: false });
+    let taken = Claimed::new(row, hold, unreadable);
     taken.map(|c| vec![c]).map_err(q.err("claim"))
 }
 
+/// A row lock delivery's transaction.
+pub(crate) struct RowHold {
+    pub conn: PooledConn,
+    /// The handler ran SQL of its own in the transaction, after the savepoint `WORK`: every
+    /// outcome but the ack rolls back to it first.
+    work: bool,
+}
+
 /// Runs the outcome's statement and commits; on failure the transaction is rolled back (or the
-/// connection discarded): the row is back as it was.
-pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome) -> Result<()> {
+/// connection discarded): the row is back as it was. Any outcome but the ack first undoes the
+/// handler's own SQL, so a retry or dead letter never commits it.
+pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Result<()> {
     let q = &ctx.queue;
+    let RowHold { mut conn, work } = hold;
     let mut params = outcome.leading_params(SystemTime::now());
     params.push(Value::Int(id));
-    let done = conn
-        .execute(outcome.sql(&q.sql), &params)
+    let undo = if work && !matches!(outcome, Outcome::Ack) {
+        conn.batch(savepoint::UNDO_WORK)
+    } else {
+        Ok(())
+    };
+    let done = undo
+        .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
         .and_then(|_| conn.batch("COMMIT"));
     match done {
         Ok(()) => {
@@ -91,8 +107,51 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, mut conn: PooledConn, outcome: Outcome)
     }
 }
 
-pub(crate) fn rollback(mut conn: PooledConn) {
+pub(crate) fn rollback(hold: RowHold) {
+    let mut conn = hold.conn;
     conn.rollback_or_discard();
+}
+
+/// Runs `f` with the driver's client of the delivery's connection, inside its transaction,
+/// under the savepoint `HANDLER` (after `WORK`, set once): `f`'s writes stay in the
+/// transaction if it returns `Ok`, are rolled back at once if it returns `Err`. `C` is the
+/// driver's client type; another driver's is `Unsupported`.
+pub(crate) fn in_transaction<C: 'static, T, E>(
+    ctx: &Ctx,
+    hold: &mut RowHold,
+    f: impl FnOnce(&mut C) -> std::result::Result<T, E>,
+) -> Result<std::result::Result<T, E>> {
+    let q = &ctx.queue;
+    let err = q.err("transactional completion");
+    let unsupported = || BrokerError::Unsupported {
+        database: q.dialect.database(),
+        what: "transactional completion".into(),
+        why: "this delivery's connection is of another database's driver",
+    };
+    if hold
+        .conn
+        .driver()
+        .and_then(|d| d.downcast_mut::<C>())
+        .is_none()
+    {
+        return Err(unsupported());
+    }
+    if !hold.work {
+        hold.conn.batch(savepoint::WORK).map_err(&err)?;
+        hold.work = true;
+    }
+    hold.conn.batch(savepoint::HANDLER).map_err(&err)?;
+    let Some(client) = hold.conn.driver().and_then(|d| d.downcast_mut::<C>()) else {
+        return Err(unsupported());
+    };
+    let out = f(client);
+    let end = if out.is_ok() {
+        savepoint::KEEP_HANDLER
+    } else {
+        savepoint::UNDO_HANDLER
+    };
+    hold.conn.batch(end).map_err(&err)?;
+    Ok(out)
 }
 
 #[cfg(test)]

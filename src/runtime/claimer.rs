@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::slots::Taken;
 use super::Ctx;
 use crate::delivery::Delivery;
 use crate::dialect::{ChangeFeed, DbConn};
@@ -90,6 +91,35 @@ fn nothing_ready(ctx: &Ctx) -> bool {
     matches!(conn.query(sql, &[now.clone(), now]), Ok(rows) if rows.is_empty())
 }
 
+/// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
+/// and the rows to dead-letter instead (with why). Dead letters are written after the
+/// deliveries are on their way ([`bury`]).
+pub(crate) fn sort(
+    ctx: &Arc<Ctx>,
+    claimed: Vec<Claimed>,
+    mut slots: Taken<'_>,
+) -> (Vec<Delivery>, Vec<(Claimed, String)>) {
+    // Each claimed row's slot is its delivery's from here; the rest go back.
+    slots.hand_over(claimed.len());
+    drop(slots);
+    let mut fresh = Vec::with_capacity(claimed.len());
+    let mut dead = Vec::new();
+    for c in claimed {
+        match undeliverable(ctx, &c) {
+            Some(reason) => dead.push((c, reason)),
+            None => fresh.push(Delivery::new(ctx.clone(), c)),
+        }
+    }
+    (fresh, dead)
+}
+
+/// Dead-letters the undeliverable rows of a claim.
+pub(crate) fn bury(ctx: &Arc<Ctx>, dead: Vec<(Claimed, String)>) {
+    for (c, reason) in dead {
+        dead_letter(ctx, c, reason);
+    }
+}
+
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
@@ -98,7 +128,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     // The last wait timed out (a poll, not a wake-up): ask the readiness check first.
     let mut polling = true;
     while !ctx.stopped() {
-        let Some(mut slots) = ctx.slots.take(ctx.opts.batch) else {
+        let Some(slots) = ctx.slots.take(ctx.opts.batch) else {
             break;
         };
         if ctx.stopped() {
@@ -126,26 +156,14 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 if got > 0 && got == slots.count() {
                     ctx.queue.wake.notify(1);
                 }
-                // Each claimed row's slot is its delivery's from here; the rest go back.
-                slots.hand_over(got);
-                drop(slots);
-                let mut fresh = Vec::with_capacity(got);
-                let mut dead = Vec::new();
-                for c in claimed {
-                    match undeliverable(ctx, &c) {
-                        Some(reason) => dead.push((c, reason)),
-                        None => fresh.push(c),
-                    }
-                }
+                let (fresh, dead) = sort(ctx, claimed, slots);
                 ctx.slots.enqueue(fresh.len());
-                for c in fresh {
+                for d in fresh {
                     // The slot is the delivery's now; a failed send drops it, which hands the
                     // row back.
-                    let _ = tx.send(Delivery::new(ctx.clone(), c));
+                    let _ = tx.send(d);
                 }
-                for (c, reason) in dead {
-                    dead_letter(ctx, c, reason);
-                }
+                bury(ctx, dead);
                 if got == 0 {
                     let poll = ctx.opts.poll_interval;
                     let wait = if adaptive {

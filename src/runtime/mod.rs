@@ -6,10 +6,10 @@
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread;
 //!   `listen`: the broker's change feed thread; `wake`: the wake-ups they ring.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -19,12 +19,14 @@ use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 pub(crate) mod claimer;
+pub(crate) mod group;
 pub(crate) mod listen;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
 #[cfg(test)]
 pub(crate) mod testing;
+pub(crate) mod timer;
 pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};
@@ -46,7 +48,20 @@ pub(crate) struct Queue {
     /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
     /// statement) of an earlier batch of the same size.
     inserts: Mutex<HashMap<usize, Arc<str>>>,
+    /// Lease acks written together (group commit).
+    pub acks: AckGroup,
+    /// Server advisory form: the keys this broker's sessions hold on this table (a claim
+    /// skips them without asking the server).
+    pub held_here: Arc<KeyRegistry>,
 }
+
+/// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
+/// batch's result is the set of ids deleted, or the kind of error its statement met.
+pub(crate) type AckGroup = group::GroupCommit<(i64, Vec<SystemTime>), AckBatch>;
+pub(crate) type AckBatch = std::result::Result<Arc<HashSet<i64>>, DbErrorKind>;
+
+/// The most leases one grouped ack writes.
+pub(crate) const ACK_GROUP_MAX: usize = 256;
 
 impl Queue {
     pub fn new(
@@ -65,6 +80,8 @@ impl Queue {
             wake,
             statement_timeout,
             inserts: Mutex::default(),
+            acks: AckGroup::new(ACK_GROUP_MAX),
+            held_here: Arc::default(),
         }
     }
 
@@ -88,7 +105,7 @@ impl Queue {
             op,
             table: self.spec.name.clone(),
             timeout: self.pool.connection_timeout(),
-            source,
+            source: source.into(),
         })
     }
 
@@ -102,7 +119,7 @@ impl Queue {
                 op,
                 table: self.spec.name.clone(),
                 timeout,
-                source,
+                source: source.into(),
             })
     }
 
@@ -155,6 +172,8 @@ pub(crate) struct SubOptions {
     pub advisory_scan: usize,
     /// The delay of a failed delivery ([`Delivery::fail`](crate::Delivery::fail)).
     pub retry: crate::RetryPolicy,
+    /// How long a handler may hold a delivery before it is failed for it.
+    pub handler_timeout: Option<Duration>,
 }
 
 /// What one subscription's threads and deliveries share.
@@ -167,6 +186,8 @@ pub(crate) struct Ctx {
     pub keys: Option<Arc<KeyRegistry>>,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
+    /// Runs the handler timeouts (only with a handler timeout).
+    pub timer: Option<timer::Timer>,
     last_error: Mutex<Option<String>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
@@ -193,11 +214,18 @@ impl Ctx {
             leases: LeaseBook::default(),
             keys,
             claiming: AtomicUsize::new(0),
+            timer: None,
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
             _listener: listener,
         }
+    }
+
+    /// With the timer that runs handler timeouts.
+    pub fn with_timer(mut self, timer: timer::Timer) -> Self {
+        self.timer = Some(timer);
+        self
     }
 
     pub fn spec(&self) -> &TableSpec {
@@ -245,7 +273,7 @@ impl Ctx {
                         op: "claim",
                         table: self.spec().name.clone(),
                         timeout: pool.connection_timeout(),
-                        source: e,
+                        source: e.into(),
                     })
                 }
                 Err(_) => {}

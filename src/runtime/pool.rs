@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use crate::dialect::{DbConn, Dialect};
 use crate::error::DbError;
 use crate::Value;
@@ -25,6 +27,9 @@ pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 /// The r2d2 manager of every engine: connections are the dialect's, behind [`DbConn`].
 pub(crate) struct Manager {
     pub dialect: Arc<dyn Dialect>,
+    /// The connection the broker opened itself before the pool existed (to fail at once with
+    /// the server's reason rather than retry until the pool's timeout): the pool's first.
+    seed: Mutex<Option<Box<dyn DbConn + Send>>>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -32,8 +37,12 @@ impl r2d2::ManageConnection for Manager {
     type Error = DbError;
 
     fn connect(&self) -> Result<Tracked, DbError> {
+        let conn = match self.seed.lock().take() {
+            Some(conn) => conn,
+            None => self.dialect.connect()?,
+        };
         Ok(Tracked {
-            conn: self.dialect.connect()?,
+            conn,
             used: Instant::now(),
         })
     }
@@ -50,8 +59,14 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
-/// Builds the pool: `size` connections at most, none kept open idle for long.
-pub(crate) fn build(dialect: Arc<dyn Dialect>, size: u32, timeout: Duration) -> Pool {
+/// Builds the pool: `size` connections at most, none kept open idle for long; `first`, a
+/// connection already open, is the first it hands out.
+pub(crate) fn build(
+    dialect: Arc<dyn Dialect>,
+    size: u32,
+    timeout: Duration,
+    first: Option<Box<dyn DbConn + Send>>,
+) -> Pool {
     r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
@@ -59,7 +74,10 @@ pub(crate) fn build(dialect: Arc<dyn Dialect>, size: u32, timeout: Duration) -> 
         .idle_timeout(Some(IDLE_TIMEOUT))
         .max_lifetime(Some(MAX_LIFETIME))
         .connection_timeout(timeout)
-        .build_unchecked(Manager { dialect })
+        .build_unchecked(Manager {
+            dialect,
+            seed: Mutex::new(first),
+        })
 }
 
 pub(crate) type Pool = r2d2::Pool<Manager>;
@@ -102,5 +120,8 @@ impl DbConn for Tracked {
     }
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         self.conn.driver()
+    }
+    fn session_id(&mut self) -> Option<u64> {
+        self.conn.session_id()
     }
 }

@@ -24,6 +24,8 @@ struct State {
     delivered: usize,
     /// Claimed rows not yet handed to a handler.
     queued: usize,
+    /// Free slots a waiting claimer wants while rows are queued (half its batch).
+    want: usize,
     closed: bool,
 }
 
@@ -34,6 +36,7 @@ impl Slots {
                 free: capacity,
                 delivered: 0,
                 queued: 0,
+                want: 1,
                 closed: false,
             }),
             cv: Condvar::new(),
@@ -47,6 +50,7 @@ impl Slots {
         let want = max.div_ceil(2).clamp(1, self.capacity);
         let mut st = self.state.lock();
         while !st.closed && (st.free == 0 || (st.queued > 0 && st.free < want)) {
+            st.want = want;
             self.cv.wait(&mut st);
         }
         if st.closed {
@@ -63,6 +67,17 @@ impl Slots {
         self.acquire(max).map(|n| Taken { slots: self, n })
     }
 
+    /// Up to `max` free slots without waiting; `None` if none is free or the slots are closed.
+    pub fn try_take(&self, max: usize) -> Option<Taken<'_>> {
+        let mut st = self.state.lock();
+        if st.closed || st.free == 0 {
+            return None;
+        }
+        let n = st.free.min(max.max(1));
+        st.free -= n;
+        Some(Taken { slots: self, n })
+    }
+
     pub fn release(&self, n: usize) {
         if n == 0 {
             return;
@@ -77,12 +92,18 @@ impl Slots {
         self.state.lock().delivered += n;
     }
 
-    /// A delivery was settled or dropped: its slot is free again.
+    /// A delivery was settled or dropped: its slot is free again. Wakes the waiters only when
+    /// one may go on (the first free slot, the half batch a claimer waits for, or nothing left
+    /// in flight for `wait_idle`), not on every settlement: with many handlers, waking every
+    /// claimer per ack costs more than the ack.
     pub fn settled(&self) {
         let mut st = self.state.lock();
         st.delivered = st.delivered.saturating_sub(1);
+        let was = st.free;
         st.free = (st.free + 1).min(self.capacity);
-        self.cv.notify_all();
+        if was == 0 || st.free == st.want || st.delivered == 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// `n` claimed rows go into the channel.

@@ -106,6 +106,15 @@ impl Dialect for Scripted {
         self.0.log.lock().push("renew".into());
         Ok(held.iter().map(|(id, _)| *id).collect())
     }
+    fn lease_ack_many(
+        &self,
+        _: &mut dyn DbConn,
+        _: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        self.0.log.lock().push(format!("ack {}", held.len()));
+        Ok(held.iter().map(|(id, _)| *id).collect())
+    }
 }
 
 struct Conn {
@@ -149,7 +158,7 @@ pub(crate) fn ctx(script: &Arc<Script>, form: Form, opts: SubOptions) -> Arc<Ctx
     };
     let spec = table.validate().unwrap();
     let sql = dialect.compile(&spec);
-    let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1));
+    let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1), None);
     let wake = Arc::default();
     let queue = Queue::new(spec, sql, dialect, pool, wake, Duration::from_secs(1));
     Arc::new(Ctx::new(Arc::new(queue), opts, None, None))
@@ -163,5 +172,6 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         poll_interval: Duration::from_millis(10),
         advisory_scan: 32,
         retry: crate::RetryPolicy::default(),
+        handler_timeout: None,
     }
 }

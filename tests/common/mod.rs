@@ -573,3 +573,49 @@ pub fn next(sub: &Subscription, wait: Duration) -> Delivery {
         ),
     }
 }
+
+/// `url` with `params` (`name=value&..`) added to its query.
+pub fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// A certificate file the TLS tests need, from `var` or its default path; `None` (after a loud
+/// message) when it is missing and servers are not required.
+pub fn cert_file(var: &str, default: &str) -> Option<String> {
+    let path = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    if std::path::Path::new(&path).is_file() {
+        return Some(path);
+    }
+    if require_servers() {
+        panic!("SQLBROKER_REQUIRE_SERVERS=1 but {path} ({var}) is missing: run .ci/run once");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!!!! SKIPPED: {path} is missing; set {var} or run .ci/run once !!!!!\n"
+    );
+    None
+}
+
+/// The root that verifies the PostgreSQL server's certificate: Debian's snakeoil certificate,
+/// which the packaged server uses with `ssl = on` (CN and DNS name `localhost`).
+pub fn pg_root_cert() -> Option<String> {
+    cert_file(
+        "SQLBROKER_PG_ROOT_CERT",
+        "/etc/ssl/certs/ssl-cert-snakeoil.pem",
+    )
+}
+
+/// The test CA that signed the MariaDB server's certificate (DNS name `localhost`), made by
+/// `.ci/run`.
+pub fn mysql_root_cert() -> Option<String> {
+    cert_file(
+        "SQLBROKER_MYSQL_ROOT_CERT",
+        "/etc/mysql/sqlbroker-tls/ca.pem",
+    )
+}
+
+/// A CA certificate no server uses (its key was thrown away): a wrong root.
+pub fn other_ca() -> String {
+    format!("{}/tests/tls/other-ca.pem", env!("CARGO_MANIFEST_DIR"))
+}

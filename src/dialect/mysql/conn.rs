@@ -11,7 +11,7 @@ use crate::Value;
 /// Opens a session with the engine's options.
 pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn + Send>, DbError> {
     let fail = |e: mysql::Error| DbError::new(classify(&e), e);
-    let mut conn = Conn::new(opts.clone()).map_err(fail)?;
+    let mut conn = Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), e))?;
     let max_packet = conn
         .query_first::<u64, _>("SELECT @@max_allowed_packet")
         .map_err(fail)?
@@ -51,6 +51,52 @@ pub(super) fn is_duplicate_key(e: &DbError) -> bool {
         e.source.downcast_ref::<mysql::Error>(),
         Some(mysql::Error::MySqlError(se)) if se.code == 1062
     )
+}
+
+/// True if a connection attempt failed for want of TLS: the server has none, or the handshake
+/// (a certificate that did not verify, no common protocol) failed.
+pub(super) fn is_tls_failure(e: &DbError) -> bool {
+    e.source
+        .downcast_ref::<mysql::Error>()
+        .is_some_and(tls_failed)
+}
+
+fn tls_failed(e: &mysql::Error) -> bool {
+    match e {
+        mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) => true,
+        #[cfg(feature = "tls")]
+        mysql::Error::TlsError(_) => true,
+        // The handshake runs on the first read or write of the rustls stream: its error
+        // comes back as an I/O error, perhaps inside the packet codec's.
+        #[cfg(feature = "tls")]
+        mysql::Error::IoError(io) => rustls_failed(io),
+        #[cfg(feature = "tls")]
+        mysql::Error::CodecError(codec) => std::error::Error::source(codec)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(rustls_failed),
+        _ => false,
+    }
+}
+
+/// An I/O error that is a failed TLS handshake.
+#[cfg(feature = "tls")]
+fn rustls_failed(io: &std::io::Error) -> bool {
+    io.get_ref().is_some_and(|e| e.is::<rustls::Error>())
+}
+
+/// How a failed connection attempt should be treated: the server's refusal (a password, an
+/// unknown database) and a failed TLS handshake will fail the same way again; an unreachable
+/// server, or one out of connections, may not.
+fn classify_connect(e: &mysql::Error) -> DbErrorKind {
+    match e {
+        _ if tls_failed(e) => DbErrorKind::Other,
+        // Too many connections, server shutting down, lost during the handshake.
+        mysql::Error::MySqlError(se) if matches!(se.code, 1040 | 1053 | 2006 | 2013) => {
+            DbErrorKind::ConnectionLost
+        }
+        mysql::Error::MySqlError(_) => DbErrorKind::Other,
+        _ => classify(e),
+    }
 }
 
 /// How a driver error should be treated.
@@ -176,6 +222,10 @@ impl DbConn for TxConn<'_, '_> {
 impl DbConn for MyConn {
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(&mut self.conn)
+    }
+
+    fn session_id(&mut self) -> Option<u64> {
+        Some(self.conn.connection_id().into())
     }
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {

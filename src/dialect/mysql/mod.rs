@@ -1,8 +1,8 @@
 //! MySQL 8.0.1+ and MariaDB 10.6+. All MySQL-protocol SQL and `mysql` driver calls live here.
 //!
-//! - Row lock: `SET TRANSACTION ISOLATION LEVEL ..` (READ COMMITTED unless the table names
-//!   another level: a locking read then locks the rows it takes, not the gaps between them, so
-//!   publishers never wait on a claim), `START TRANSACTION`, then
+//! - Row lock: `START TRANSACTION` at the session's READ COMMITTED, set once per connection (a
+//!   table naming another level adds a `SET TRANSACTION`): a locking read then locks the rows
+//!   it takes, not the gaps between them, so publishers never wait on a claim; then
 //!   `SELECT .. FOR UPDATE SKIP LOCKED`; the transaction stays open on the delivery's connection.
 //! - Lease claim: no `UPDATE .. RETURNING` (MySQL has none, MariaDB 10.x none for `UPDATE`), so
 //!   one transaction at the claim isolation: a locking select `FOR UPDATE SKIP LOCKED` of the
@@ -30,6 +30,7 @@
 //! - `protocol.rs`: the lease claim, lease renewal and advisory take, each more than one
 //!   statement;
 //! - `conn.rs`: one session ([`DbConn`]) and the classification of driver errors;
+//! - `tls.rs`: the URL's `ssl-mode` on top of the driver's own TLS options;
 //! - `values.rs`: [`Value`]s to and from the driver's values (`DATETIME` in UTC);
 //! - `version.rs`: the server's flavor and version, and the floors;
 //! - `live_tests.rs`: checks against a live server.
@@ -39,6 +40,7 @@ mod conn;
 mod live_tests;
 mod protocol;
 mod sql;
+mod tls;
 mod values;
 mod version;
 
@@ -73,6 +75,7 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
     static ENGINE: std::sync::OnceLock<Mysql> = std::sync::OnceLock::new();
     ENGINE.get_or_init(|| Mysql {
         opts: Opts::default(),
+        plain: None,
         db: String::new(),
     })
 }
@@ -80,6 +83,9 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
 /// The MySQL-protocol engine for one server and database.
 pub(super) struct Mysql {
     opts: Opts,
+    /// `ssl-mode=PREFERRED`: the plain-text options a session falls back to when it cannot
+    /// be encrypted.
+    plain: Option<Opts>,
     /// The URL's database: advisory lock names start with it, since `GET_LOCK` names are
     /// server-wide and keys belong to the database.
     db: String,
@@ -91,7 +97,8 @@ impl Mysql {
     /// Every session runs in UTC with `lock_wait_timeout` (metadata locks, which DDL takes;
     /// default a year) and `innodb_lock_wait_timeout` set to the statement timeout, and the
     /// socket's read and write timeouts a little longer, so a server that stops answering
-    /// fails the statement instead of hanging it.
+    /// fails the statement instead of hanging it. TLS from the driver's URL options and
+    /// `ssl-mode` (see `tls.rs`).
     pub(super) fn from_url(url: &str, conn: &ConnOptions) -> Result<Self, BrokerError> {
         let normalized = match url.split_once("://") {
             Some((scheme, rest))
@@ -102,16 +109,21 @@ impl Mysql {
             }
             _ => url.to_string(),
         };
+        let (normalized, ssl_mode) = tls::from_url(&normalized)?;
         let opts = Opts::from_url(&normalized).map_err(|e| BrokerError::InvalidUrl {
             reason: format!("{e}"),
         })?;
+        let ssl = opts.get_ssl_opts().cloned();
         let db = opts.get_db_name().unwrap_or_default().to_string();
         let secs = conn.statement_timeout.as_secs().max(1);
         let mut builder = OptsBuilder::from_opts(opts)
             .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
-            .init(vec![format!(
-                "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
-            )]);
+            .init(vec![
+                format!(
+                    "SET time_zone = '+00:00', lock_wait_timeout = {secs}, innodb_lock_wait_timeout = {secs}"
+                ),
+                sql::SESSION_ISOLATION.to_string(),
+            ]);
         let socket = Some(conn.statement_timeout + SOCKET_MARGIN);
         if !normalized.contains("read_timeout=") {
             builder = builder.read_timeout(socket);
@@ -125,8 +137,10 @@ impl Mysql {
         if !normalized.contains("tcp_connect_timeout_ms=") {
             builder = builder.tcp_connect_timeout(Some(CONNECT_TIMEOUT));
         }
+        let tls = tls::apply(builder, ssl.as_ref(), ssl_mode, &normalized)?;
         Ok(Mysql {
-            opts: builder.into(),
+            opts: tls.builder.into(),
+            plain: tls.fallback.map(Into::into),
             db,
         })
     }
@@ -137,8 +151,23 @@ impl Dialect for Mysql {
         "MySQL"
     }
 
+    fn cancel_statement(&self, session: u64) -> Option<String> {
+        Some(sql::cancel(session))
+    }
+
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
-        conn::connect(&self.opts)
+        #[cfg(feature = "tls")]
+        if self.opts.get_ssl_opts().is_some() {
+            tls::install_provider();
+        }
+        match (conn::connect(&self.opts), &self.plain) {
+            // `PREFERRED`: a session that cannot be encrypted is made in plain text.
+            (Err(e), Some(plain)) if conn::is_tls_failure(&e) => {
+                log::info!("MySQL: no TLS session ({e}); ssl-mode=PREFERRED goes on without TLS");
+                conn::connect(plain)
+            }
+            (r, _) => r,
+        }
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
@@ -217,6 +246,15 @@ impl Dialect for Mysql {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_ack_many(conn, spec, held)
     }
 
     fn advisory_take(

@@ -5,7 +5,7 @@
 
 use std::time::SystemTime;
 
-use super::sql::{renew_lock_sql, renew_set_sql, RENEW_BEGIN};
+use super::sql::{ack_lock_sql, ack_many_sql, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
 use crate::dialect::{id_params, in_transaction, size_class, DbConn, FifoSql, TableSql};
 use crate::error::{DbError, DbErrorKind};
 use crate::schedule::epoch_secs;
@@ -49,6 +49,42 @@ pub(super) fn lease_renew(
     token: SystemTime,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
+    fenced_many(conn, spec, held, renew_lock_sql, |conn, kept| {
+        let slots = size_class(kept.len());
+        let mut params = Vec::with_capacity(slots + 1);
+        params.push(Value::Time(token));
+        id_params(kept, slots, &mut params);
+        conn.execute(&renew_set_sql(spec, slots), &params)
+    })
+}
+
+/// The grouped lease ack: no `DELETE .. RETURNING` on MySQL, so one transaction locks the
+/// rows, keeps those still holding their tokens, and deletes them; returns the ids deleted.
+/// Unlike the renewal it waits for a row another transaction has locked (as a single ack
+/// does), bounded by `innodb_lock_wait_timeout`.
+pub(super) fn lease_ack_many(
+    conn: &mut dyn DbConn,
+    spec: &TableSpec,
+    held: &[(i64, SystemTime)],
+) -> Result<Vec<i64>, DbError> {
+    fenced_many(conn, spec, held, ack_lock_sql, |conn, kept| {
+        let slots = size_class(kept.len());
+        let mut params = Vec::with_capacity(slots);
+        id_params(kept, slots, &mut params);
+        conn.execute(&ack_many_sql(spec, slots), &params)
+    })
+}
+
+/// In one READ COMMITTED transaction: locks the rows of `held` with `lock_sql(spec, slots)`
+/// (`id, locked_until` per row), keeps the ids whose row still holds one of its tokens, runs
+/// `write` on them, commits; returns the ids kept.
+fn fenced_many(
+    conn: &mut dyn DbConn,
+    spec: &TableSpec,
+    held: &[(i64, SystemTime)],
+    lock_sql: fn(&TableSpec, usize) -> String,
+    write: impl Fn(&mut dyn DbConn, &[i64]) -> Result<u64, DbError>,
+) -> Result<Vec<i64>, DbError> {
     let mut ids: Vec<i64> = held.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -59,7 +95,7 @@ pub(super) fn lease_renew(
         let slots = size_class(ids.len());
         let mut params = Vec::with_capacity(slots);
         id_params(&ids, slots, &mut params);
-        let rows = conn.query(&renew_lock_sql(spec, slots), &params)?;
+        let rows = conn.query(&lock_sql(spec, slots), &params)?;
         let mut kept = Vec::with_capacity(rows.len());
         for row in rows {
             let (Some(id), Some(current)) = (
@@ -76,11 +112,7 @@ pub(super) fn lease_renew(
             }
         }
         if !kept.is_empty() {
-            let slots = size_class(kept.len());
-            let mut params = Vec::with_capacity(slots + 1);
-            params.push(Value::Time(token));
-            id_params(&kept, slots, &mut params);
-            conn.execute(&renew_set_sql(spec, slots), &params)?;
+            write(conn, &kept)?;
         }
         Ok(kept)
     })

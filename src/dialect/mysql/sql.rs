@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::{FifoSql, TableSql};
-use crate::table::{Form, TableSpec};
+use crate::table::{Form, Isolation, TableSpec};
 
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
@@ -85,21 +85,61 @@ pub(super) fn renew_set_sql(spec: &TableSpec, slots: usize) -> String {
     )
 }
 
-/// Renewal always runs at READ COMMITTED: a locking read of ids that are gone would otherwise
-/// lock gaps, and the gap after the highest id is where every publish inserts.
-pub(super) const RENEW_BEGIN: [&str; 2] = [
-    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
-    "START TRANSACTION",
-];
+/// Grouped ack, step 1: `(id x slots)` -> `id, locked_until` of the rows, locked (waiting for
+/// a lock, as a single ack would).
+pub(super) fn ack_lock_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    format!(
+        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE",
+        placeholders(slots),
+        id = s.q(&spec.id),
+        lu = s.q(&spec.locked_until),
+        t = s.q(&spec.name)
+    )
+}
+
+/// Grouped ack, step 2: `(id x slots)` deletes the rows kept.
+pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    format!(
+        "DELETE FROM {t} WHERE {id} IN ({})",
+        placeholders(slots),
+        id = s.q(&spec.id),
+        t = s.q(&spec.name)
+    )
+}
+
+/// Every session of ours runs at READ COMMITTED, set once when it connects, so a transaction
+/// at that level costs no `SET TRANSACTION` round trip: a locking read then locks the rows it
+/// takes, not the gaps between them (the gap after the highest id is where every publish
+/// inserts).
+pub(super) const SESSION_ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// Renewal and grouped acks run at the session's READ COMMITTED.
+pub(super) const RENEW_BEGIN: [&str; 1] = ["START TRANSACTION"];
+
+/// Opens a claim transaction at `level`: the session's own level needs no `SET TRANSACTION`.
+fn begin(level: Isolation) -> Vec<String> {
+    let start = "START TRANSACTION".to_string();
+    match level {
+        Isolation::ReadCommitted => vec![start],
+        _ => vec![
+            format!("SET TRANSACTION ISOLATION LEVEL {}", level.sql()),
+            start,
+        ],
+    }
+}
+
+/// Cancels the statement connection `id` runs (its transaction stays open).
+pub(super) fn cancel(id: u64) -> String {
+    format!("KILL QUERY {id}")
+}
 
 /// The statements of `spec` (see [`TableSql`] for each one's parameters).
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
-        begin: vec![
-            format!("SET TRANSACTION ISOLATION LEVEL {}", spec.isolation.sql()),
-            "START TRANSACTION".into(),
-        ],
+        begin: begin(spec.isolation),
         begin_write: "START TRANSACTION".into(),
         ..TableSql::default()
     };
@@ -269,13 +309,8 @@ mod tests {
     #[test]
     fn row_lock_sql() {
         let sql = compile(Table::new("emails").text_column("to"));
-        assert_eq!(
-            sql.begin,
-            [
-                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
-                "START TRANSACTION"
-            ]
-        );
+        // The session's own level (set once per connection): no `SET TRANSACTION` round trip.
+        assert_eq!(sql.begin, ["START TRANSACTION"]);
         assert_eq!(sql.begin_write, "START TRANSACTION");
         assert_eq!(
             sql.claim,
@@ -343,13 +378,8 @@ mod tests {
                 .int_column("n")
                 .lease(Duration::from_secs(30)),
         );
-        assert_eq!(
-            sql.begin,
-            [
-                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
-                "START TRANSACTION"
-            ]
-        );
+        // The session's own level (set once per connection): no `SET TRANSACTION` round trip.
+        assert_eq!(sql.begin, ["START TRANSACTION"]);
         assert_eq!(
             sql.claim,
             "SELECT `id`, `attempts`, `payload`, `n` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
@@ -397,6 +427,14 @@ mod tests {
         assert_eq!(
             renew_set_sql(&spec, 1),
             "UPDATE `thumbs` SET `locked_until` = ? WHERE `id` IN (?)"
+        );
+        assert_eq!(
+            ack_lock_sql(&spec, 2),
+            "SELECT `id`, `locked_until` FROM `thumbs` WHERE `id` IN (?, ?) FOR UPDATE"
+        );
+        assert_eq!(
+            ack_many_sql(&spec, 2),
+            "DELETE FROM `thumbs` WHERE `id` IN (?, ?)"
         );
     }
 

@@ -16,17 +16,69 @@ use crate::Value;
 /// dozen, plus the insert and renewal variants of each size class.
 const STMT_CACHE: usize = 256;
 
+/// How sessions are opened: in plain text, or through TLS where the mode allows.
+pub(super) enum Connector {
+    /// `sslmode=disable`, or `prefer` without the `tls` feature.
+    Plain,
+    /// TLS through rustls; `prefer` (`fallback`) goes on in plain text if the handshake fails.
+    #[cfg(feature = "tls")]
+    Rustls {
+        make: super::tls::MakeRustls,
+        fallback: bool,
+    },
+}
+
+impl Connector {
+    pub(super) fn new(settings: &super::tls::Settings) -> Result<Self, crate::BrokerError> {
+        if settings.mode == super::tls::SslMode::Disable {
+            return Ok(Connector::Plain);
+        }
+        #[cfg(feature = "tls")]
+        return Ok(Connector::Rustls {
+            make: super::tls::MakeRustls::new(settings)?,
+            fallback: settings.mode == super::tls::SslMode::Prefer,
+        });
+        #[cfg(not(feature = "tls"))]
+        Ok(Connector::Plain)
+    }
+}
+
 /// Opens a session with the engine's settings.
-pub(super) fn connect(config: &postgres::Config) -> Result<Box<dyn DbConn + Send>, DbError> {
-    let client = config
-        .connect(NoTls)
-        .map_err(|e| DbError::new(DbErrorKind::ConnectionLost, PgError(e)))?;
+pub(super) fn connect(
+    config: &postgres::Config,
+    tls: &Connector,
+) -> Result<Box<dyn DbConn + Send>, DbError> {
+    let client = client(config, tls)?;
     Ok(Box::new(PgConn {
         client,
         statements: HashMap::new(),
         broken: false,
         unreadable: Vec::new(),
+        pid: None,
     }))
+}
+
+/// Opens a driver session with the engine's TLS settings (the pool's sessions and the change
+/// feed's).
+pub(super) fn client(config: &postgres::Config, tls: &Connector) -> Result<Client, DbError> {
+    match tls {
+        Connector::Plain => config.connect(NoTls),
+        #[cfg(feature = "tls")]
+        Connector::Rustls { make, fallback } => match config.connect(make.clone()) {
+            // libpq's `prefer`: a connection that cannot be encrypted is made in plain text.
+            Err(e) if *fallback && super::tls::is_tls_failure(&e) => {
+                log::info!(
+                    "PostgreSQL: TLS handshake failed ({}); sslmode=prefer goes on without TLS",
+                    PgError(e)
+                );
+                let mut plain = config.clone();
+                plain.ssl_mode(postgres::config::SslMode::Disable);
+                plain.connect(NoTls)
+            }
+            other => other,
+        },
+    }
+    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))
 }
 
 /// One PostgreSQL session.
@@ -36,6 +88,8 @@ struct PgConn {
     broken: bool,
     /// Cells of the last query that no [`Value`] can hold: `(row, reason)`.
     unreadable: Vec<(usize, String)>,
+    /// The backend's pid, once asked.
+    pid: Option<u64>,
 }
 
 impl PgConn {
@@ -70,7 +124,17 @@ impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_db_error() {
             Some(db) => write!(f, "{db} (SQLSTATE {})", db.code().code()),
-            None => self.0.fmt(f),
+            None => {
+                // The driver's own text names only the kind ("error performing TLS
+                // handshake"); the reason is in its sources.
+                self.0.fmt(f)?;
+                let mut source = StdError::source(&self.0);
+                while let Some(s) = source {
+                    write!(f, ": {s}")?;
+                    source = s.source();
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -79,6 +143,29 @@ impl StdError for PgError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         Some(&self.0)
     }
+}
+
+/// How a failed connection attempt should be treated: the server's refusal (authentication, an
+/// unknown database) and a failed TLS handshake (a certificate that does not verify) will fail
+/// the same way again; an unreachable or starting server, or one out of connections, may not.
+fn classify_connect(e: &postgres::Error) -> DbErrorKind {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        return if *code == SqlState::CANNOT_CONNECT_NOW
+            || *code == SqlState::TOO_MANY_CONNECTIONS
+            || *code == SqlState::ADMIN_SHUTDOWN
+            || code.code().starts_with("08")
+        {
+            DbErrorKind::ConnectionLost
+        } else {
+            DbErrorKind::Other
+        };
+    }
+    // The driver has no public error kind: its message names a TLS failure.
+    if e.to_string().starts_with("error performing TLS handshake") {
+        return DbErrorKind::Other;
+    }
+    DbErrorKind::ConnectionLost
 }
 
 fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
@@ -168,6 +255,14 @@ fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 impl DbConn for PgConn {
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(&mut self.client)
+    }
+
+    fn session_id(&mut self) -> Option<u64> {
+        if self.pid.is_none() {
+            let row = self.client.query_one(super::sql::BACKEND_PID, &[]).ok()?;
+            self.pid = u64::try_from(row.get::<_, i32>(0)).ok();
+        }
+        self.pid
     }
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 use super::{conn, sql};
 use crate::dialect::{Change, Watcher};
@@ -26,8 +26,11 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_RETRIES: u32 = 5;
 
-/// Opens the listening session.
-pub(super) fn open(config: &postgres::Config) -> Result<Box<dyn Watcher>, DbError> {
+/// Opens the listening session (with the pool's TLS settings).
+pub(super) fn open(
+    config: &postgres::Config,
+    tls: &conn::Connector,
+) -> Result<Box<dyn Watcher>, DbError> {
     let mut config = config.clone();
     config
         .keepalives(true)
@@ -37,7 +40,7 @@ pub(super) fn open(config: &postgres::Config) -> Result<Box<dyn Watcher>, DbErro
     if config.get_application_name().is_none() {
         config.application_name("sqlbroker-listen");
     }
-    let client = config.connect(NoTls).map_err(lost)?;
+    let client = conn::client(&config, tls)?;
     Ok(Box::new(PgWatcher {
         client,
         tables: HashMap::new(),

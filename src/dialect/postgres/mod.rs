@@ -18,6 +18,7 @@
 //!   another broker publishes;
 //! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
 //!   errors;
+//! - `tls.rs`: the URL's `sslmode` and `sslrootcert`, and the rustls connector (feature `tls`);
 //! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
 //! - `version.rs`: the version floors of each form.
 
@@ -25,6 +26,7 @@ mod conn;
 mod listen;
 mod protocol;
 mod sql;
+mod tls;
 mod values;
 mod version;
 
@@ -45,21 +47,26 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
     static ENGINE: std::sync::OnceLock<Postgres> = std::sync::OnceLock::new();
     ENGINE.get_or_init(|| Postgres {
         config: postgres::Config::new(),
+        tls: conn::Connector::Plain,
     })
 }
 
 /// The PostgreSQL engine for one server and database.
 pub(super) struct Postgres {
     config: postgres::Config,
+    tls: conn::Connector,
 }
 
 impl Postgres {
     /// The URL's settings, plus `lock_timeout` and `statement_timeout` in the startup options
-    /// (no round trip) unless the URL's `options` set them.
+    /// (no round trip) unless the URL's `options` set them. TLS as the URL's `sslmode` says
+    /// (see `tls.rs`; default `prefer`, as libpq).
     pub(super) fn from_url(url: &str, opts: &ConnOptions) -> Result<Self, BrokerError> {
-        let mut config = postgres::Config::from_str(url).map_err(|e| BrokerError::InvalidUrl {
+        let (url, tls) = tls::from_url(url)?;
+        let mut config = postgres::Config::from_str(&url).map_err(|e| BrokerError::InvalidUrl {
             reason: format!("{e}"),
         })?;
+        config.ssl_mode(tls.driver_mode());
         let ms = opts.statement_timeout.as_millis();
         let mut options = config.get_options().unwrap_or_default().to_string();
         for name in ["lock_timeout", "statement_timeout"] {
@@ -73,7 +80,10 @@ impl Postgres {
         }
         // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours.
         config.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
-        Ok(Postgres { config })
+        Ok(Postgres {
+            config,
+            tls: conn::Connector::new(&tls)?,
+        })
     }
 }
 
@@ -87,8 +97,12 @@ impl Dialect for Postgres {
         "PostgreSQL"
     }
 
+    fn cancel_statement(&self, session: u64) -> Option<String> {
+        Some(sql::cancel(session))
+    }
+
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
-        conn::connect(&self.config)
+        conn::connect(&self.config, &self.tls)
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
@@ -126,7 +140,7 @@ impl Dialect for Postgres {
     }
 
     fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
-        listen::open(&self.config)
+        listen::open(&self.config, &self.tls)
     }
 
     fn announce(
@@ -142,5 +156,14 @@ impl Dialect for Postgres {
                 .map(drop),
             None => Ok(()),
         }
+    }
+
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_ack_many(conn, spec, held)
     }
 }

@@ -1,10 +1,10 @@
-//! The PostgreSQL lease renewal: one statement over a variable number of leases, padded to a
-//! size class. The claims need no protocol of their own: each is one statement, run by the
+//! The PostgreSQL lease renewal and grouped lease ack: one statement each over a variable
+//! number of leases, padded to a size class. The claims need no protocol of their own: each is one statement, run by the
 //! [`Dialect`](crate::dialect::Dialect) defaults.
 
 use std::time::SystemTime;
 
-use super::sql::renew_sql;
+use super::sql::{ack_many_sql, renew_sql};
 use crate::dialect::size_class;
 use crate::dialect::DbConn;
 use crate::error::DbError;
@@ -33,6 +33,28 @@ pub(super) fn lease_renew(
         params.push(Value::Time(*tok));
     }
     let rows = conn.query(&renew_sql(spec, slots), &params)?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
+}
+
+/// One `DELETE .. RETURNING` of the rows still holding their tokens: the grouped ack.
+pub(super) fn lease_ack_many(
+    conn: &mut dyn DbConn,
+    spec: &TableSpec,
+    held: &[(i64, SystemTime)],
+) -> Result<Vec<i64>, DbError> {
+    let Some(last) = held.last() else {
+        return Ok(Vec::new());
+    };
+    let slots = size_class(held.len());
+    let mut params = Vec::with_capacity(2 * slots);
+    for (id, tok) in held.iter().chain(std::iter::repeat(last)).take(slots) {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    let rows = conn.query(&ack_many_sql(spec, slots), &params)?;
     Ok(rows
         .iter()
         .filter_map(|r| r.first().and_then(Value::as_i64))

@@ -30,6 +30,14 @@ fn quote_ident(s: &str) -> String {
 }
 
 /// The statements of `spec` (see [`TableSql`] for each one's parameters).
+/// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
+pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// Cancels the statement backend `pid` runs (the transaction stays open, aborted).
+pub(super) fn cancel(pid: u64) -> String {
+    format!("SELECT pg_cancel_backend({pid})")
+}
+
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
@@ -187,6 +195,17 @@ pub(super) fn renew_sql(spec: &TableSpec, slots: usize) -> String {
     )
 }
 
+/// The grouped lease ack of `slots` leases: `((id, held token) x slots)` -> the ids deleted.
+/// Compared pair by pair, as the renewal, so every parameter takes its column's type.
+pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
+    let s = &SYNTAX;
+    let (t, id, lu) = (s.q(&spec.name), s.q(&spec.id), s.q(&spec.locked_until));
+    let held: Vec<String> = (0..slots)
+        .map(|i| format!("({id} = ${} AND {lu} = ${})", 2 * i + 1, 2 * i + 2))
+        .collect();
+    format!("DELETE FROM {t} WHERE {} RETURNING {id}", held.join(" OR "))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -252,6 +271,11 @@ mod tests {
             "WITH c AS (SELECT \"id\" FROM \"thumbs\" WHERE (\"id\" = $2 AND \"locked_until\" = $3) OR \
              (\"id\" = $4 AND \"locked_until\" = $5) FOR UPDATE SKIP LOCKED) UPDATE \"thumbs\" AS q SET \
              \"locked_until\" = $1 FROM c WHERE q.\"id\" = c.\"id\" RETURNING q.\"id\""
+        );
+        assert_eq!(
+            ack_many_sql(&spec, 2),
+            "DELETE FROM \"thumbs\" WHERE (\"id\" = $1 AND \"locked_until\" = $2) OR \
+             (\"id\" = $3 AND \"locked_until\" = $4) RETURNING \"id\""
         );
         assert_eq!(
             [1, 2, 3, 500].map(crate::dialect::size_class),

@@ -206,6 +206,15 @@ impl Dialect for Sqlite {
             None => Err(DbError::other("an in-memory database has no change feed")),
         }
     }
+
+    fn lease_ack_many(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+        held: &[(i64, SystemTime)],
+    ) -> Result<Vec<i64>, DbError> {
+        protocol::lease_ack_many(conn, spec, held)
+    }
 }
 
 #[cfg(test)]

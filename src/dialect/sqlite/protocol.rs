@@ -4,8 +4,8 @@
 
 use std::time::SystemTime;
 
-use super::sql::{renew_params, renew_sql};
-use crate::dialect::DbConn;
+use super::sql::{ack_many_sql, renew_params, renew_sql};
+use crate::dialect::{size_class, DbConn};
 use crate::error::DbError;
 use crate::table::TableSpec;
 use crate::Value;
@@ -22,6 +22,29 @@ pub(super) fn lease_renew(
         return Ok(Vec::new());
     }
     let rows = conn.query(&renew_sql(spec, held.len()), &renew_params(token, held))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
+}
+
+/// One `DELETE .. RETURNING` of the rows still holding their tokens: the grouped ack. Padded
+/// to a size class (repeating the last pair), so few distinct texts are prepared.
+pub(super) fn lease_ack_many(
+    conn: &mut dyn DbConn,
+    spec: &TableSpec,
+    held: &[(i64, SystemTime)],
+) -> Result<Vec<i64>, DbError> {
+    let Some(last) = held.last() else {
+        return Ok(Vec::new());
+    };
+    let slots = size_class(held.len());
+    let mut params = Vec::with_capacity(2 * slots);
+    for (id, tok) in held.iter().chain(std::iter::repeat(last)).take(slots) {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    let rows = conn.query(&ack_many_sql(spec, slots), &params)?;
     Ok(rows
         .iter()
         .filter_map(|r| r.first().and_then(Value::as_i64))

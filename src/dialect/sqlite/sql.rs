@@ -111,6 +111,21 @@ pub(super) fn renew_params(token: SystemTime, held: &[(i64, SystemTime)]) -> Vec
     params
 }
 
+/// The grouped lease ack of `n` leases: `((id, held token) x n)` -> the ids deleted.
+pub(super) fn ack_many_sql(spec: &TableSpec, n: usize) -> String {
+    let s = &SYNTAX;
+    let tuples: Vec<String> = (0..n)
+        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+        .collect();
+    format!(
+        "DELETE FROM {t} WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
+        tuples.join(", "),
+        t = s.q(&spec.name),
+        lu = s.q(&spec.locked_until),
+        id = s.q(&spec.id),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -235,6 +250,10 @@ mod tests {
             "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE (\"id\", \"locked_until\") IN (VALUES (?2, ?3), (?4, ?5)) RETURNING \"id\""
         );
         assert_eq!(params.len(), 5);
+        assert_eq!(
+            ack_many_sql(&spec, 2),
+            "DELETE FROM \"jobs\" WHERE (\"id\", \"locked_until\") IN (VALUES (?1, ?2), (?3, ?4)) RETURNING \"id\""
+        );
         assert_eq!(d.insert_many(&spec, 2), "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"n\") VALUES (?1, ?2, ?3), (?4, ?5, ?6)");
     }
 

@@ -1,0 +1,79 @@
+//! URL query parameters that sqlbroker reads itself before the driver parses the rest of the
+//! URL (the TLS settings each driver does not parse, or parses differently).
+
+/// Removes the query parameters named in `names` from `url`: the URL without them, and the
+/// removed `(name, value)` pairs in their order, values percent-decoded. Other parameters are
+/// left exactly as written.
+pub(crate) fn take_params(url: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), Vec::new());
+    };
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(key);
+        if names.contains(&key.as_str()) {
+            taken.push((key, percent_decode(value)));
+        } else {
+            kept.push(pair);
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, taken)
+}
+
+/// `%XX` escapes decoded (`+` is left as it is, as the drivers read URLs); a malformed escape
+/// is kept as written.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_named_params_and_keeps_the_rest_as_written() {
+        let (url, taken) = take_params(
+            "postgres://u@h/db?sslmode=verify-full&application_name=a%20b&sslrootcert=%2Fetc%2Fca.pem",
+            &["sslmode", "sslrootcert"],
+        );
+        assert_eq!(url, "postgres://u@h/db?application_name=a%20b");
+        assert_eq!(
+            taken,
+            [
+                ("sslmode".to_string(), "verify-full".to_string()),
+                ("sslrootcert".to_string(), "/etc/ca.pem".to_string())
+            ]
+        );
+        let (url, taken) = take_params("mysql://u@h/db?ssl-mode=REQUIRED", &["ssl-mode"]);
+        assert_eq!(url, "mysql://u@h/db");
+        assert_eq!(taken, [("ssl-mode".to_string(), "REQUIRED".to_string())]);
+        let (url, taken) = take_params("mysql://u@h/db", &["ssl-mode"]);
+        assert_eq!(url, "mysql://u@h/db");
+        assert!(taken.is_empty());
+        assert_eq!(percent_decode("a%2"), "a%2");
+        assert_eq!(percent_decode("a+b%zz"), "a+b%zz");
+    }
+}

@@ -1,0 +1,182 @@
+//! Group commit: settlements that arrive while others are being written are written together,
+//! in one statement and one commit, instead of one commit each.
+//!
+//! A caller queues its item and, if fewer than [`FLUSHERS`] flushes are running, becomes a
+//! leader: it takes everything queued (at most `max` items), writes it with the caller's
+//! `flush` outside the lock, posts the batch's result to each caller in it, and pokes the
+//! first caller still queued to lead next. The others wait, each on a signal of its own, so a
+//! flush wakes only its own callers. A lone caller writes its own item at once (no added delay):
+//! batching comes only from concurrency, never from waiting for company.
+//!
+//! No lock is held across the flush (SQL). A flush that panics gives its batch the `fallback`
+//! result, so no caller waits for ever.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+/// Flushes that may run at once per group: while one commits, the next batch gathers and can
+/// start, so the database always has a commit in progress.
+const FLUSHERS: usize = 2;
+
+pub(crate) struct GroupCommit<I, R> {
+    state: Mutex<State<I, R>>,
+    max: usize,
+}
+
+struct State<I, R> {
+    queued: Vec<(I, Arc<Signal<R>>)>,
+    flushing: usize,
+}
+
+/// One caller's mailbox: its batch's result, or a poke to try to lead. Each caller waits on
+/// its own, so a finished flush wakes exactly its own callers (and one caller to lead the
+/// next), not every waiting thread.
+struct Signal<R> {
+    slot: Mutex<(Option<R>, bool)>,
+    cv: Condvar,
+}
+
+impl<R> Signal<R> {
+    fn post(&self, result: Option<R>) {
+        let mut slot = self.slot.lock();
+        match result {
+            Some(r) => slot.0 = Some(r),
+            None => slot.1 = true,
+        }
+        self.cv.notify_one();
+    }
+}
+
+impl<I, R: Clone> GroupCommit<I, R> {
+    /// A group writing at most `max` items per flush.
+    pub fn new(max: usize) -> Self {
+        GroupCommit {
+            state: Mutex::new(State {
+                queued: Vec::new(),
+                flushing: 0,
+            }),
+            max: max.max(1),
+        }
+    }
+
+    /// Writes `item` with others queued meanwhile; returns the result of the batch it was
+    /// written in (`fallback` if that batch's flush panicked).
+    pub fn run(&self, item: I, flush: &dyn Fn(Vec<I>) -> R, fallback: &R) -> R {
+        let signal = Arc::new(Signal {
+            slot: Mutex::new((None, false)),
+            cv: Condvar::new(),
+        });
+        self.state.lock().queued.push((item, signal.clone()));
+        loop {
+            {
+                // Only a caller whose item still waits leads: one whose item is being written
+                // returns as soon as that flush ends, never held up by the next one.
+                let mut st = self.state.lock();
+                let mine = st.queued.iter().any(|(_, s)| Arc::ptr_eq(s, &signal));
+                if mine && st.flushing < FLUSHERS {
+                    self.lead(&mut st, flush, fallback);
+                }
+            }
+            let mut slot = signal.slot.lock();
+            if let Some(r) = slot.0.take() {
+                return r;
+            }
+            if slot.1 {
+                slot.1 = false;
+                continue;
+            }
+            // A leader always posts its batch's results (a panicking flush included) and pokes
+            // the next caller queued, so this wait ends.
+            signal.cv.wait(&mut slot);
+            if let Some(r) = slot.0.take() {
+                return r;
+            }
+            slot.1 = false;
+        }
+    }
+
+    /// Writes what is queued (up to `max`), posts the result to its callers, and pokes the
+    /// first caller still queued to lead the next batch.
+    fn lead(
+        &self,
+        st: &mut MutexGuard<'_, State<I, R>>,
+        flush: &dyn Fn(Vec<I>) -> R,
+        fallback: &R,
+    ) {
+        let n = st.queued.len().min(self.max);
+        let (items, signals): (Vec<I>, Vec<Arc<Signal<R>>>) = st.queued.drain(..n).unzip();
+        st.flushing += 1;
+        MutexGuard::unlocked(st, || {
+            let result = catch_unwind(AssertUnwindSafe(|| flush(items)));
+            let result = result.unwrap_or_else(|_| {
+                log::error!("a grouped settlement panicked; its callers settle one by one");
+                fallback.clone()
+            });
+            for s in &signals {
+                s.post(Some(result.clone()));
+            }
+        });
+        st.flushing -= 1;
+        if let Some((_, next)) = st.queued.first() {
+            next.post(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Concurrent callers share flushes (fewer flushes than callers), every caller gets the
+    /// result of the batch that held its item, and a lone caller is flushed alone at once.
+    #[test]
+    fn concurrent_items_share_flushes() {
+        let group: Arc<GroupCommit<u32, Vec<u32>>> = Arc::new(GroupCommit::new(64));
+        let flushes = Arc::new(AtomicUsize::new(0));
+        let flush = {
+            let flushes = flushes.clone();
+            move |items: Vec<u32>| {
+                flushes.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+                items
+            }
+        };
+        assert_eq!(group.run(7, &flush, &Vec::new()), [7]);
+        assert_eq!(flushes.swap(0, Ordering::SeqCst), 1);
+
+        let threads: Vec<_> = (0..32u32)
+            .map(|i| {
+                let (group, flush) = (group.clone(), flush.clone());
+                std::thread::spawn(move || {
+                    let batch = group.run(i, &flush, &Vec::new());
+                    assert!(batch.contains(&i), "{i} got a batch without it: {batch:?}");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = flushes.load(Ordering::SeqCst);
+        assert!(
+            n < 32,
+            "32 concurrent items took {n} flushes: nothing was grouped"
+        );
+    }
+
+    /// A panicking flush gives its callers the fallback, and the group goes on working.
+    #[test]
+    fn a_panicking_flush_gives_the_fallback() {
+        let group: GroupCommit<u32, Option<u32>> = GroupCommit::new(8);
+        let panics = |_: Vec<u32>| -> Option<u32> { panic!("boom") };
+        assert_eq!(group.run(1, &panics, &None), None);
+        assert_eq!(
+            group.run(2, &|items: Vec<u32>| items.first().copied(), &None),
+            Some(2)
+        );
+    }
+}

@@ -1,0 +1,117 @@
+//! Grouped lease acks: acks that arrive together are written in one statement, and each still
+//! answers for its own row (its own `LeaseLost`); the explicit batch (`next_batch` +
+//! `Delivery::ack_all`) does the same in one call.
+
+mod common;
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::Db;
+use sqlbroker::{Delivery, Form, Message};
+
+/// Moves the lease of row `id` to another token, as a later claim of it would.
+fn steal(live: &common::Live, table: &str, id: i64) {
+    let later = match live.db {
+        Db::Postgres => "locked_until + interval '1 second'",
+        Db::Mysql => "locked_until + INTERVAL 1 SECOND",
+        Db::Sqlite => "locked_until + 1",
+    };
+    live.exec(&format!(
+        "UPDATE {table} SET locked_until = {later} WHERE id = {id}"
+    ));
+}
+
+/// The explicit batch: one call acks every delivery whose lease holds, and reports
+/// `LeaseLost` for exactly the one whose lease moved on (its row stays).
+fn a_batch_ack_answers_for_each_row(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let batch: Vec<Message> = (0..5).map(|i| common::msg(&format!("m{i}"), "a")).collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let sub = live.broker.subscription(&t).batch_size(5).start().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        got.extend(
+            sub.next_batch(5 - got.len(), Duration::from_secs(10))
+                .unwrap(),
+        );
+    }
+    let stolen = got[2].id();
+    steal(&live, t.name(), stolen);
+
+    let ids: Vec<i64> = got.iter().map(Delivery::id).collect();
+    let results = Delivery::ack_all(got);
+    for (id, r) in ids.iter().zip(&results) {
+        if *id == stolen {
+            assert!(matches!(r, Err(e) if e.is_lease_lost()), "row {id}: {r:?}");
+        } else {
+            assert!(r.is_ok(), "row {id}: {r:?}");
+        }
+    }
+    assert_eq!(
+        live.ints(&format!("SELECT id FROM {}", t.name())),
+        [Some(stolen)],
+        "the batch deleted a row whose lease was lost, or left a row it held"
+    );
+    assert_eq!(
+        sub.in_flight(),
+        0,
+        "the batch's handler slots were not freed"
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(a_batch_ack_answers_for_each_row);
+
+/// Many handlers acking at once (grouped): every row is deleted exactly once, each ack is
+/// `Ok`, and a lease stolen in the middle is reported to its handler alone.
+fn concurrent_acks_each_answer_for_their_row(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    const ROWS: usize = 400;
+    let batch: Vec<Message> = (0..ROWS)
+        .map(|i| common::msg(&format!("m{i}"), "a"))
+        .collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .workers(2)
+        .batch_size(50)
+        .max_in_flight(100)
+        .start()
+        .unwrap();
+    let (acked, lost) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let stolen = AtomicI64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| loop {
+                let Ok(d) = sub.next_delivery_timeout(Duration::from_secs(2)) else {
+                    return;
+                };
+                // The first handler to reach this steals its own row's lease.
+                if stolen
+                    .compare_exchange(0, d.id(), Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    steal(&live, t.name(), d.id());
+                }
+                match d.ack() {
+                    Ok(()) => acked.fetch_add(1, Ordering::SeqCst),
+                    Err(e) if e.is_lease_lost() => lost.fetch_add(1, Ordering::SeqCst),
+                    Err(e) => panic!("ack failed: {e}"),
+                };
+            });
+        }
+    });
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        1,
+        "the stolen lease was not reported"
+    );
+    assert_eq!(acked.load(Ordering::SeqCst), ROWS - 1);
+    let left = live.ints(&format!("SELECT id FROM {}", t.name()));
+    assert_eq!(left, [Some(stolen.load(Ordering::SeqCst))]);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(concurrent_acks_each_answer_for_their_row);

@@ -1,0 +1,237 @@
+//! The handler timeout: a delivery held past the subscription's `handler_timeout` is failed
+//! while its handler still runs, so its row is another claim's; the handler is told
+//! (`timed_out`, and `HandlerTimeout` from its settlement). Each test would see the row only
+//! after its lease (30 s) or never (row lock, advisory) without the timeout.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Db, Live};
+use sqlbroker::{BrokerError, Form, RetryPolicy, Table};
+
+const LIMIT: Duration = Duration::from_secs(1);
+
+/// Retries due within a second, so another subscription sees the row at once.
+fn quick_retry() -> RetryPolicy {
+    RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(1)).without_jitter()
+}
+
+/// A delivery held past its timeout is failed: another subscription gets the row (attempt 2)
+/// long before the 30 s lease would have let it go, and the late ack is refused.
+fn the_row_returns_while_the_handler_runs(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    let id = live.broker.publish(&t, common::msg("slow", "a")).unwrap();
+    let slow = live
+        .broker
+        .subscription(&t)
+        .handler_timeout(LIMIT)
+        .retry_policy(quick_retry())
+        .start()
+        .unwrap();
+    let d = common::next(&slow, Duration::from_secs(10));
+    let handed_out = Instant::now();
+    // Its own worker would claim the returned row too: leave it to `other`.
+    slow.close();
+    assert!(d.deadline().is_some_and(|at| at >= handed_out));
+    assert!(!d.timed_out() && d.lease_held());
+
+    let other = live.broker.subscription(&t).start().unwrap();
+    let again = common::next(&other, Duration::from_secs(10));
+    assert!(
+        handed_out.elapsed() >= LIMIT - Duration::from_millis(100),
+        "the row returned before the handler's time was up ({:?})",
+        handed_out.elapsed()
+    );
+    assert_eq!((again.id(), again.attempt()), (id, 2));
+    assert!(d.timed_out(), "the handler is not told");
+    assert!(!d.lease_held());
+
+    let late = d.ack().expect_err("a timed-out delivery was acked");
+    assert!(late.is_handler_timeout(), "{late}");
+    assert_eq!(live.rows(&t), 1, "the late ack removed the row");
+    again.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    slow.shutdown(Duration::from_secs(5)).unwrap();
+    other.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(the_row_returns_while_the_handler_runs);
+
+/// On the last attempt the timeout dead-letters the row, saying why.
+fn the_last_attempt_times_out_into_a_dead_letter(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    let t =
+        live.create(common::describe(&name, Form::Lease, Duration::from_secs(30)).max_attempts(1));
+    let id = live.broker.publish(&t, common::msg("slow", "a")).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .handler_timeout(LIMIT)
+        .start()
+        .unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    let dead = common::wait_for(Duration::from_secs(10), || {
+        !live.broker.dead_letters(&t, 10).unwrap().is_empty()
+    });
+    assert!(dead, "the timed-out last attempt was not dead-lettered");
+    let letters = live.broker.dead_letters(&t, 10).unwrap();
+    assert_eq!(letters[0].id, id);
+    assert!(
+        letters[0].reason.contains("timed out"),
+        "reason: {}",
+        letters[0].reason
+    );
+    assert!(d.dead_letter("late").unwrap_err().is_handler_timeout());
+    assert_eq!(
+        live.broker.dead_letters(&t, 10).unwrap()[0].reason,
+        letters[0].reason
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(the_last_attempt_times_out_into_a_dead_letter);
+
+fn ledger(live: &Live) -> String {
+    let name = common::unique("ledger");
+    live.track(&name);
+    live.exec(&format!(
+        "CREATE TABLE {name} (delivery BIGINT PRIMARY KEY)"
+    ));
+    name
+}
+
+/// Row lock form: the handler's own write is undone with the failure, and a statement it runs
+/// past the deadline is cancelled on the server (it would sleep 30 s).
+fn the_timeout_undoes_and_cancels_the_handlers_sql(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let led = ledger(&live);
+    let t = live.table(Form::RowLock, Duration::ZERO);
+    let id = live.broker.publish(&t, common::msg("slow", "a")).unwrap();
+    let slow = live
+        .broker
+        .subscription(&t)
+        .handler_timeout(LIMIT)
+        .retry_policy(quick_retry())
+        .start()
+        .unwrap();
+    let mut d = common::next(&slow, Duration::from_secs(10));
+    slow.close();
+    let started = Instant::now();
+    let (insert, sleep) = match db {
+        Db::Postgres => (
+            "INSERT INTO {led} (delivery) VALUES (1)",
+            "SELECT pg_sleep(30)",
+        ),
+        _ => (
+            "INSERT INTO {led} (delivery) VALUES (1)",
+            "SELECT SLEEP(30)",
+        ),
+    };
+    let insert = insert.replace("{led}", &led);
+    let slept = match db {
+        Db::Postgres => {
+            sqlbroker::postgres::in_delivery(&mut d, |c| c.batch_execute(&insert))
+                .unwrap()
+                .unwrap();
+            sqlbroker::postgres::in_delivery(&mut d, |c| c.batch_execute(sleep)).map(|_| ())
+        }
+        _ => {
+            use mysql::prelude::Queryable;
+            sqlbroker::mysql::in_delivery(&mut d, |c| c.query_drop(&insert))
+                .unwrap()
+                .unwrap();
+            sqlbroker::mysql::in_delivery(&mut d, |c| c.query_drop(sleep)).map(|_| ())
+        }
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the handler's statement was not cancelled ({:?})",
+        started.elapsed()
+    );
+    match slept {
+        Err(BrokerError::HandlerTimeout { id: got, .. }) => assert_eq!(got, id),
+        other => panic!("in_delivery past the deadline gave {other:?}"),
+    }
+    assert!(d.timed_out());
+
+    let other = live.broker.subscription(&t).start().unwrap();
+    let again = common::next(&other, Duration::from_secs(10));
+    assert_eq!((again.id(), again.attempt()), (id, 2));
+    assert_eq!(
+        live.int(&format!("SELECT COUNT(*) FROM {led}")),
+        0,
+        "the timed-out handler's write was committed"
+    );
+    assert!(d.ack().unwrap_err().is_handler_timeout());
+    again.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    slow.shutdown(Duration::from_secs(5)).unwrap();
+    other.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+mod the_timeout_undoes_and_cancels_the_handlers_sql {
+    #[test]
+    fn postgres() {
+        super::the_timeout_undoes_and_cancels_the_handlers_sql(super::Db::Postgres)
+    }
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql() {
+        super::the_timeout_undoes_and_cancels_the_handlers_sql(super::Db::Mysql)
+    }
+}
+
+/// The runner counts a handler that returned after its timeout, and the row is not acked by it.
+#[test]
+fn the_runner_counts_timed_out_handlers() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    live.broker.publish(&t, common::msg("slow", "a")).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .handler_timeout(LIMIT)
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
+        .start()
+        .unwrap();
+    let ran = sub.run(1, |d| {
+        let told = common::wait_for(Duration::from_secs(10), || d.timed_out());
+        sub.close();
+        if told {
+            Ok(())
+        } else {
+            Err("never told of the timeout")
+        }
+    });
+    assert_eq!((ran.acked, ran.timed_out, ran.failed), (1, 1, 0), "{ran:?}");
+    assert_eq!(live.rows(&t), 1, "the late ack removed the row");
+}
+
+/// A zero timeout is refused before anything starts.
+#[test]
+fn a_zero_timeout_is_refused() {
+    let broker = sqlbroker::Broker::connect("sqlite::memory:").unwrap();
+    let t = Table::new("jobs").lease(Duration::from_secs(30));
+    broker.create_table(&t).unwrap();
+    let e = broker
+        .subscription(&t)
+        .handler_timeout(Duration::ZERO)
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BrokerError::InvalidOption {
+                option: "handler_timeout",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
