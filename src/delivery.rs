@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 
 use crate::dialect::DbConn;
 use crate::error::BrokerError;
+use crate::events::Settled;
 use crate::form::{self, Claimed, Hold, Outcome};
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
@@ -53,10 +54,20 @@ pub struct Delivery {
     /// Handed to the application by the `next_delivery` family. A delivery dropped before that
     /// (the subscription closed with it queued) is handed back unspent.
     handed_out: bool,
+    /// When it was handed out (for the handler's time in [`Events`](crate::Events)).
+    handed_at: Option<Instant>,
     ctx: Arc<Ctx>,
 }
 
 impl Delivery {
+    fn row(&self) -> Row {
+        Row {
+            id: self.id,
+            attempt: self.attempt,
+            handed_at: self.handed_at,
+        }
+    }
+
     pub(crate) fn new(ctx: Arc<Ctx>, c: Claimed) -> Self {
         let key = match &c.hold {
             Hold::Advisory(k) => Some(k.key.clone()),
@@ -80,6 +91,7 @@ impl Delivery {
             lease,
             deadline: None,
             handed_out: false,
+            handed_at: None,
             ctx,
         }
     }
@@ -88,14 +100,14 @@ impl Delivery {
     /// timeout starts.
     pub(crate) fn hand_out(mut self) -> Self {
         self.handed_out = true;
+        self.handed_at = Some(Instant::now());
         if let (Some(limit), Some(timer)) = (self.ctx.opts.handler_timeout, &self.ctx.timer) {
             let due = Instant::now() + limit;
             self.deadline = Some(due);
             let mut expiry = Expiry {
                 ctx: Arc::downgrade(&self.ctx),
                 held: Arc::downgrade(&self.held),
-                id: self.id,
-                attempt: self.attempt,
+                row: self.row(),
                 limit,
                 cancelled: None,
             };
@@ -289,8 +301,25 @@ impl Delivery {
             let cells: Vec<(i64, Arc<LeaseCell>)> =
                 group.iter().map(|(_, id, c)| (*id, c.clone())).collect();
             let within = ctx.queue.pool.connection_timeout();
+            let started = Instant::now();
             let results = form::lease::ack_all(ctx, &cells, within);
             for ((i, _, _), r) in group.iter().zip(results) {
+                if let Some(events) = &ctx.events {
+                    let d = &batch[*i];
+                    let e = Settled {
+                        table: &ctx.spec().name,
+                        id: d.id,
+                        attempt: d.attempt,
+                        handled_for: d.handed_at.map_or(Duration::ZERO, |at| started - at),
+                        took: started.elapsed(),
+                        reason: None,
+                    };
+                    match &r {
+                        Ok(()) => events.acked(&e),
+                        Err(err) if err.is_lease_lost() => events.lease_lost(&e),
+                        Err(_) => {}
+                    }
+                }
                 out[*i] = Some(r);
             }
         }
@@ -360,7 +389,7 @@ impl Delivery {
             outcome
         };
         let within = self.ctx.queue.pool.connection_timeout();
-        let r = settle_hold(&self.ctx, self.id, hold, outcome, within);
+        let r = settle_hold(&self.ctx, &self.row(), hold, outcome, within);
         if timed_out {
             r.and(Err(self.timeout_error()))
         } else {
@@ -377,13 +406,53 @@ impl Delivery {
 }
 
 /// Settles `hold` and wakes the claimers if the row went back into the queue.
-fn settle_hold(ctx: &Ctx, id: i64, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
+/// Settles `hold` and wakes the claimers if the row went back into the queue; tells the
+/// application's hooks.
+fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
     let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
-    let r = form::settle(ctx, id, hold, outcome, within);
+    let (started, kind) = (Instant::now(), outcome.op());
+    #[cfg(feature = "tracing")]
+    let _span = tracing::debug_span!(
+        "sqlbroker.settle",
+        table = %ctx.spec().name,
+        id = row.id,
+        attempt = row.attempt,
+        outcome = kind
+    )
+    .entered();
+    let reason = match (&ctx.events, &outcome) {
+        (Some(_), Outcome::Dead(reason)) => Some(reason.clone()),
+        _ => None,
+    };
+    let r = form::settle(ctx, row.id, hold, outcome, within);
     if returned {
         ctx.queue.wake.notify(1);
     }
+    if let Some(events) = &ctx.events {
+        let e = Settled {
+            table: &ctx.spec().name,
+            id: row.id,
+            attempt: row.attempt,
+            handled_for: row.handed_at.map_or(Duration::ZERO, |at| started - at),
+            took: started.elapsed(),
+            reason: reason.as_deref(),
+        };
+        match (&r, kind) {
+            (Ok(()), "ack") => events.acked(&e),
+            (Ok(()), "retry") => events.retried(&e),
+            (Ok(()), _) => events.dead_lettered(&e),
+            (Err(err), _) if err.is_lease_lost() => events.lease_lost(&e),
+            (Err(_), _) => {}
+        }
+    }
     r
+}
+
+/// Which delivery a settlement is for.
+struct Row {
+    id: i64,
+    attempt: u32,
+    handed_at: Option<Instant>,
 }
 
 /// A retry after `delay`, or the dead letter if `attempt` was the table's last.
@@ -425,8 +494,7 @@ struct Held {
 struct Expiry {
     ctx: Weak<Ctx>,
     held: Weak<Held>,
-    id: i64,
-    attempt: u32,
+    row: Row,
     limit: Duration,
     /// When it last cancelled the handler's statement.
     cancelled: Option<Instant>,
@@ -451,8 +519,8 @@ impl Expiry {
         };
         let hold = slot.take()?;
         drop(slot);
-        let outcome = timeout_failure(&ctx, self.attempt);
-        let id = self.id;
+        let outcome = timeout_failure(&ctx, self.row.attempt);
+        let id = self.row.id;
         let table = &ctx.spec().name;
         log::warn!(
             "table {table}: row {id}: the handler ran past its timeout of {:?}; {}",
@@ -463,7 +531,7 @@ impl Expiry {
             }
         );
         let within = ctx.queue.pool.connection_timeout();
-        if let Err(e) = settle_hold(&ctx, id, hold, outcome, within) {
+        if let Err(e) = settle_hold(&ctx, &self.row, hold, outcome, within) {
             log::warn!("table {table}: row {id}: failing it after its handler timeout: {e}");
         }
         None
@@ -497,11 +565,11 @@ impl Drop for Delivery {
             if self.handed_out {
                 let what = "was dropped unsettled";
                 let outcome = self.retry_outcome(drop_delay(self.attempt), what);
-                let (ctx, id) = (&self.ctx, self.id);
-                if let Err(e) = form::settle(ctx, id, hold, outcome, DROP_WAIT) {
+                if let Err(e) = settle_hold(&self.ctx, &self.row(), hold, outcome, DROP_WAIT) {
                     log::warn!(
-                        "table {}: row {id} was dropped unsettled: {e}",
-                        ctx.spec().name
+                        "table {}: row {} was dropped unsettled: {e}",
+                        self.ctx.spec().name,
+                        self.id
                     );
                 }
             } else {

@@ -187,6 +187,16 @@ pub enum BrokerError {
         /// The subscription's handler timeout.
         after: Duration,
     },
+    /// A thread of ours panicked (a claim worker, which closes its subscription; a renewal
+    /// round, which is tried again). Reported by
+    /// [`Subscription::last_error`](crate::Subscription::last_error).
+    #[error("{thread} panicked: {message}")]
+    Panic {
+        /// Which thread, and for which table.
+        thread: String,
+        /// The panic's message.
+        message: String,
+    },
     /// An option given to a builder is out of its range; nothing was started.
     #[error("invalid option {option}: {reason}")]
     InvalidOption {

@@ -119,11 +119,31 @@
 //! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
+//! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
 //! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
 //! needs). Without it, `sslmode=prefer` connects in plain text and a URL that demands TLS is
 //! refused with [`BrokerError::InvalidUrl`].
+//!
+//! ## Observability
+//!
+//! - [`Events`] (on [`SubscriptionBuilder::events`]): a hook per claim, failed claim, ack,
+//!   retry, dead letter and lost lease, with the handler's time and the database's, to feed
+//!   Prometheus or OpenTelemetry.
+//! - [`Subscription::last_error`]: the last claim or renewal error, typed;
+//!   [`Subscription::claiming`] and [`Subscription::in_flight`].
+//! - Logging through `log` (no logger is installed by the library). What each level says:
+//!   - `error`: a thread of ours panicked (a renewal round, a timer task, a grouped
+//!     settlement) or a runner thread could not start;
+//!   - `warn`: what the library handled but the application should hear of: a claim that
+//!     keeps failing, a renewal that failed or found no connection, a row dead-lettered at
+//!     claim (past `max_attempts`, or unreadable), a handler past its timeout, a delivery
+//!     dropped unsettled whose failure could not be written, an advisory unlock that failed
+//!     (the session is discarded), a settlement error in the runner;
+//!   - `info`: a connection that went on without TLS under `sslmode=prefer`;
+//!   - `debug`: routine events: a deadlock or lock timeout retried, a lease not renewed this
+//!     round, a statement tried again on a new connection.
 //!
 //! ## Support matrix
 //!
@@ -185,6 +205,7 @@ mod broker;
 mod delivery;
 mod dialect;
 mod error;
+mod events;
 mod form;
 #[cfg(feature = "serde")]
 mod json;
@@ -207,6 +228,7 @@ mod value;
 pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
+pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
 pub use message::Message;
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};

@@ -39,6 +39,7 @@ pub struct SubscriptionBuilder<'a> {
     poll_interval: Duration,
     retry: RetryPolicy,
     handler_timeout: Option<Duration>,
+    events: Option<Arc<dyn crate::Events>>,
 }
 
 impl std::fmt::Debug for SubscriptionBuilder<'_> {
@@ -55,6 +56,7 @@ impl std::fmt::Debug for SubscriptionBuilder<'_> {
             .field("poll_interval", &self.poll_interval)
             .field("retry_policy", &self.retry)
             .field("handler_timeout", &self.handler_timeout)
+            .field("events", &self.events.is_some())
             .finish()
     }
 }
@@ -76,6 +78,7 @@ impl<'a> SubscriptionBuilder<'a> {
             poll_interval: Duration::from_millis(250),
             retry: RetryPolicy::default(),
             handler_timeout: None,
+            events: None,
         }
     }
 
@@ -150,6 +153,13 @@ impl<'a> SubscriptionBuilder<'a> {
     /// [`mysql::in_delivery`]: crate::mysql::in_delivery
     pub fn handler_timeout(mut self, limit: Duration) -> Self {
         self.handler_timeout = Some(limit);
+        self
+    }
+
+    /// Hooks the application's metrics to this subscription: claims, settlements and their
+    /// durations ([`Events`](crate::Events)). Default: none.
+    pub fn events(mut self, events: Arc<dyn crate::Events>) -> Self {
+        self.events = Some(events);
         self
     }
 
@@ -247,7 +257,8 @@ impl<'a> SubscriptionBuilder<'a> {
         };
         let name = queue.spec.name.clone();
         let renewer = (form == Form::Lease).then_some(self.renewer);
-        let mut ctx = Ctx::new(queue, opts, renewer.clone(), self.listener);
+        let mut ctx =
+            Ctx::new(queue, opts, renewer.clone(), self.listener).with_events(self.events);
         if ctx.opts.handler_timeout.is_some() {
             let name = format!("sqlbroker-timer-{name}");
             match Timer::start(name.clone()) {
@@ -446,6 +457,14 @@ impl Subscription {
         F: Fn(&Delivery) -> std::result::Result<(), E>,
     {
         while let Some(d) = self.next_delivery() {
+            #[cfg(feature = "tracing")]
+            let _span = tracing::info_span!(
+                "sqlbroker.delivery",
+                table = %self.ctx.spec().name,
+                id = d.id(),
+                attempt = d.attempt()
+            )
+            .entered();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
             let settled = match outcome {
                 Ok(Ok(())) => {
@@ -494,8 +513,10 @@ impl Subscription {
     }
 
     /// The last error the claim workers or the renewer met, until a claim succeeds again
-    /// (a server that is down, a panic that closed the subscription).
-    pub fn last_error(&self) -> Option<String> {
+    /// (a server that is down, a panic that closed the subscription), typed: match on it, or
+    /// ask [`is_transient`](BrokerError::is_transient). Shared (`Arc`), since the subscription
+    /// keeps it too.
+    pub fn last_error(&self) -> Option<Arc<BrokerError>> {
         self.ctx.last_error()
     }
 
@@ -581,8 +602,10 @@ impl Subscription {
         }
         let slots = ctx.slots.try_take(ctx.opts.batch)?;
         ctx.claiming.fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
         let claimed = form::claim(ctx, slots.count());
         ctx.claiming.fetch_sub(1, Ordering::AcqRel);
+        ctx.report_claim(&claimed, started.elapsed());
         let (fresh, dead) = claimer::sort(ctx, claimed.ok()?, slots);
         *self.idle_here.lock() = fresh.is_empty().then(|| (Instant::now(), seq));
         let mut fresh = fresh.into_iter();

@@ -308,7 +308,7 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                 let deadline = Instant::now() + UP;
                 loop {
                     if let Some(e) = sub.last_error() {
-                        last_errors.insert(e);
+                        last_errors.insert(e.to_string());
                     }
                     if server.up() {
                         break true;

@@ -92,7 +92,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
         if out.is_empty() {
             return Err(q.err("claim")(e));
         }
-        ctx.set_error(format!("claim on table {}: {e}", q.spec.name));
+        ctx.set_error(q.err("claim")(e));
         Ok(out)
     };
     loop {

@@ -25,6 +25,7 @@ use super::slots::Taken;
 use super::Ctx;
 use crate::delivery::Delivery;
 use crate::dialect::{ChangeFeed, DbConn};
+use crate::error::BrokerError;
 use crate::form::{self, Claimed};
 use crate::schedule::{backoff, claim_now, idle_poll};
 use crate::Value;
@@ -43,10 +44,10 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        ctx.set_error(format!(
-            "a claim worker of table {} panicked: {msg}",
-            ctx.spec().name
-        ));
+        ctx.set_error(BrokerError::Panic {
+            thread: format!("a claim worker of table {}", ctx.spec().name),
+            message: msg,
+        });
         ctx.stop();
     }
     while let Ok(d) = rx.try_recv() {
@@ -145,8 +146,14 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             continue;
         }
         ctx.claiming.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        #[cfg(feature = "tracing")]
+        let span = tracing::debug_span!("sqlbroker.claim", table = %ctx.spec().name).entered();
         let claimed = form::claim(ctx, slots.count());
+        #[cfg(feature = "tracing")]
+        drop(span);
         ctx.claiming.fetch_sub(1, Ordering::Relaxed);
+        ctx.report_claim(&claimed, started.elapsed());
         match claimed {
             Ok(claimed) => {
                 failures = 0;
@@ -185,7 +192,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 } else {
                     log::warn!("{e}");
                 }
-                ctx.set_error(e.to_string());
+                ctx.set_error(e);
                 ctx.queue
                     .wake
                     .wait(seen, backoff(failures, BACKOFF_BASE, BACKOFF_CAP));
@@ -227,7 +234,7 @@ mod tests {
             ctx.stopped(),
             "a panicking worker must close its subscription"
         );
-        assert!(ctx.last_error().unwrap().contains("panicked"));
+        assert!(ctx.last_error().unwrap().to_string().contains("panicked"));
         assert!(
             rx.try_recv().is_err(),
             "deliveries stayed queued after the panic"

@@ -188,7 +188,9 @@ pub(crate) struct Ctx {
     pub claiming: AtomicUsize,
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
-    last_error: Mutex<Option<String>>,
+    /// The application's hooks.
+    pub events: Option<Arc<dyn crate::Events>>,
+    last_error: Mutex<Option<Arc<BrokerError>>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
     /// Keeps the broker's lease timer alive while this subscription or its deliveries live,
@@ -215,10 +217,32 @@ impl Ctx {
             keys,
             claiming: AtomicUsize::new(0),
             timer: None,
+            events: None,
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
             _listener: listener,
+        }
+    }
+
+    /// With the application's hooks.
+    pub fn with_events(mut self, events: Option<Arc<dyn crate::Events>>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// Reports a claim's outcome to the application's hooks.
+    pub fn report_claim(&self, r: &Result<Vec<crate::form::Claimed>>, took: Duration) {
+        let Some(events) = &self.events else { return };
+        let table = self.spec().name.as_str();
+        match r {
+            Ok(rows) if rows.is_empty() => {}
+            Ok(rows) => events.claimed(&crate::events::ClaimedRows {
+                table,
+                rows: rows.len(),
+                took,
+            }),
+            Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
         }
     }
 
@@ -281,8 +305,8 @@ impl Ctx {
         }
     }
 
-    pub fn set_error(&self, e: String) {
-        *self.last_error.lock() = Some(e);
+    pub fn set_error(&self, e: BrokerError) {
+        *self.last_error.lock() = Some(Arc::new(e));
     }
 
     pub fn clear_error(&self) {
@@ -292,7 +316,7 @@ impl Ctx {
         }
     }
 
-    pub fn last_error(&self) -> Option<String> {
+    pub fn last_error(&self) -> Option<Arc<BrokerError>> {
         self.last_error.lock().clone()
     }
 }

@@ -26,7 +26,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::Ctx;
 use crate::dialect::DbConn;
-use crate::error::DbErrorKind;
+use crate::error::{BrokerError, DbErrorKind};
 use crate::schedule::{lease_token, renew_every};
 
 /// Rows renewed per statement (two parameters each).
@@ -204,8 +204,16 @@ fn run(shared: &Shared) {
 fn guarded_round(ctx: &Ctx) -> bool {
     match catch_unwind(AssertUnwindSafe(|| round(ctx))) {
         Ok(done) => done,
-        Err(_) => {
-            let e = format!("renewing leases of table {} panicked", ctx.spec().name);
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            let e = BrokerError::Panic {
+                thread: format!("renewing leases of table {}", ctx.spec().name),
+                message,
+            };
             log::error!("{e}");
             ctx.set_error(e);
             false
@@ -228,10 +236,12 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
     let mut conn = match q.pool.get_timeout(wait) {
         Ok(conn) => conn,
         Err(e) => {
-            let e = format!(
-                "renewing leases of table {}: no connection within {wait:?}: {e}",
-                q.spec.name
-            );
+            let e = BrokerError::Pool {
+                op: "renew",
+                table: q.spec.name.clone(),
+                timeout: wait,
+                source: e.into(),
+            };
             log::warn!("{e}");
             ctx.set_error(e);
             return false;
@@ -324,7 +334,7 @@ fn renew_chunk(
             }
             let e = q.err("renew")(e);
             log::warn!("{e}");
-            ctx.set_error(e.to_string());
+            ctx.set_error(e);
             false
         }
     }
@@ -348,7 +358,7 @@ mod tests {
         let ctx = ctx(&script, Form::Lease, options(1));
         let _cell = ctx.leases.insert(7, SystemTime::now());
         assert!(!guarded_round(&ctx), "a panicked round reported success");
-        assert!(ctx.last_error().unwrap().contains("panicked"));
+        assert!(ctx.last_error().unwrap().to_string().contains("panicked"));
 
         // The thread goes on: a healthy subscription registered beside it is renewed.
         let healthy = Arc::new(Script::default());
