@@ -77,7 +77,8 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
 }
 
 /// True if the table's cheap readiness check ([`TableSql::any_ready`]) says no row can be
-/// claimed: an idle worker's poll then costs one plain select instead of a claim transaction.
+/// claimed: an idle worker's poll then costs one plain select instead of a claim transaction,
+/// and, as an empty claim would, clears the last claim error (the table answers again).
 /// Unsure (no check on this database, an error, a subscription stopping) is false: claim.
 ///
 /// [`TableSql::any_ready`]: crate::dialect::TableSql::any_ready
@@ -89,7 +90,13 @@ fn nothing_ready(ctx: &Ctx) -> bool {
         return false;
     };
     let now = Value::Time(claim_now(SystemTime::now()));
-    matches!(conn.query(sql, &[now.clone(), now]), Ok(rows) if rows.is_empty())
+    match conn.query(sql, &[now.clone(), now]) {
+        Ok(rows) if rows.is_empty() => {
+            ctx.clear_error();
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
@@ -138,6 +145,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         let seen = ctx.queue.wake.seq();
         if adaptive && polling && nothing_ready(ctx) {
             drop(slots);
+            failures = 0;
             empty = empty.saturating_add(1);
             polling = !ctx
                 .queue
