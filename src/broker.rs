@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::dialect::{self, ConnOptions, Dialect};
+use crate::dialect::{self, ConnOptions, DbConn, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::message::Message;
 use crate::publish::{self, Within};
@@ -247,8 +247,10 @@ impl Broker {
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     ///
-    /// Fails at once with [`BrokerError::Connect`] if the first connection cannot be made (see
-    /// [`BrokerBuilder::build`]).
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidUrl`] for a URL we do not understand; [`BrokerError::Connect`], at
+    /// once, if the first connection cannot be made (see [`BrokerBuilder::build`]).
     pub fn connect(url: &str) -> Result<Broker> {
         Broker::builder(url).build()
     }
@@ -306,8 +308,21 @@ impl Broker {
     /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
     /// All or nothing where the database's DDL is transactional (PostgreSQL, SQLite); MySQL
     /// makes the table and its index in one statement.
+    ///
+    /// A table of that name that already exists is left as it is, and checked: if it lacks a
+    /// described column, or has one of a type the statements cannot use,
+    /// [`BrokerError::Schema`] names each problem ([`Broker::migrate`] adds missing columns).
     pub fn create_table(&self, table: &Table) -> Result<()> {
         let q = self.queue(table)?;
+        {
+            // A table that exists is checked before any DDL: an index over a column it lacks
+            // would fail half-way (and, on SQLite, a rolled-back index build was seen to leave
+            // the next one incomplete).
+            let mut conn = q.conn("schema check")?;
+            if !q.columns(&mut *conn)?.is_empty() {
+                q.check_schema(&mut *conn)?;
+            }
+        }
         let statements = q.dialect.create_table(&q.spec);
         q.retrying("create table", |conn| {
             if let [one] = &statements[..] {
@@ -322,15 +337,90 @@ impl Broker {
                 conn.rollback_or_discard();
             }
             done
-        })
+        })?;
+        let mut conn = q.conn("schema check")?;
+        q.check_schema(&mut *conn)
+    }
+
+    /// Brings a table made by an earlier version (or described with fewer options) up to its
+    /// description: creates it if it does not exist, adds the missing columns (`ALTER TABLE ..
+    /// ADD COLUMN`) and indexes, then checks it as [`create_table`](Broker::create_table)
+    /// does. Returns what it did, one line each (nothing for a table already up to date).
+    ///
+    /// A missing column that existing rows cannot be given (`NOT NULL` with no default, such
+    /// as the payload) and a column of a type the statements cannot use are
+    /// [`BrokerError::Schema`], and nothing is changed. Each step is idempotent: a migration
+    /// cut short is finished by running it again. DDL takes locks: run it when the queue is
+    /// quiet (on MySQL every statement also commits on its own).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// broker.create_table(&Table::new("jobs"))?;
+    /// // A later version of the service wants priorities and dedup keys on the same table.
+    /// let jobs = Table::new("jobs").priorities().dedup();
+    /// let done = broker.migrate(&jobs)?;
+    /// assert_eq!(done, ["added column priority", "added column dedup_key"]);
+    /// assert!(broker.migrate(&jobs)?.is_empty());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
+        let q = self.queue(table)?;
+        let mut conn = q.conn("migrate")?;
+        let found = q.columns(&mut *conn)?;
+        if found.is_empty() {
+            drop(conn);
+            self.create_table(table)?;
+            return Ok(vec![format!("created table {}", q.spec.name)]);
+        }
+        let defs = q.dialect.column_defs(&q.spec);
+        let missing: Vec<_> = defs
+            .iter()
+            .filter(|d| !found.iter().any(|(name, _)| name == &d.name))
+            .collect();
+        let mut problems: Vec<String> = crate::schema::problems(&defs, &found)
+            .into_iter()
+            .filter(|p| !p.ends_with("is missing"))
+            .collect();
+        problems.extend(missing.iter().filter(|d| !d.addable).map(|d| {
+            format!(
+                "column {} is missing and existing rows cannot be given a value for it",
+                d.name
+            )
+        }));
+        if !problems.is_empty() {
+            return Err(BrokerError::Schema {
+                table: q.spec.name.clone(),
+                problems,
+            });
+        }
+        let mut done = Vec::new();
+        for d in missing {
+            let sql = q.dialect.syntax().add_column(&q.spec, d);
+            conn.batch(&sql).map_err(q.err("migrate"))?;
+            done.push(format!("added column {}", d.name));
+        }
+        q.dialect
+            .migrate_indexes(&mut *conn, &q.spec)
+            .map_err(q.err("migrate"))?;
+        q.check_schema(&mut *conn)?;
+        Ok(done)
     }
 
     /// Publishes one message and returns the new row's id; it is due at once unless it was
     /// given a delay.
     ///
-    /// With a dedup key ([`Message::dedup_key`], on a table described with [`Table::dedup`]):
-    /// [`BrokerError::Duplicate`] with the id of the unfinished row that holds the key, and no
-    /// row made.
+    /// # Errors
+    ///
+    /// Nothing is written on any error:
+    /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
+    ///   message is invalid (a value for a column the table does not describe);
+    /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
+    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
+    ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
+    ///   cannot tell whether the insert committed: publish is not retried for you.
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
@@ -377,7 +467,7 @@ impl Broker {
     /// other brokers (PostgreSQL: a notification on the table's channel, skipped while an
     /// earlier one of this broker's is on its way; see [`Gate`](crate::runtime::wake::Gate)).
     /// The rows are in: a notification that fails is logged, and the poll finds them.
-    fn announce(&self, q: &Queue, conn: &mut dyn crate::dialect::DbConn, rows: usize) {
+    pub(crate) fn announce(&self, q: &Queue, conn: &mut dyn crate::dialect::DbConn, rows: usize) {
         q.wake.notify(rows);
         if q.wake.gate.defer(rows, Instant::now()) {
             return;
@@ -393,41 +483,7 @@ impl Broker {
         let q = self.queue(table)?;
         let limit = [Value::Int(limit.min(i64::MAX as usize) as i64)];
         let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_list, &limit))?;
-        let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                let mut it = row.into_iter();
-                let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
-                let attempts = it
-                    .next()
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or_default()
-                    .clamp(0, u32::MAX as i64) as u32;
-                let payload = match it.next() {
-                    Some(Value::Bytes(b)) => b,
-                    Some(Value::Text(s)) => s.into_bytes(),
-                    _ => Vec::new(),
-                };
-                let dead_at = it
-                    .next()
-                    .and_then(|v| v.as_time())
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                let reason = match it.next() {
-                    Some(Value::Text(s)) => s,
-                    _ => String::new(),
-                };
-                let values = names.iter().cloned().zip(it).collect();
-                DeadLetter {
-                    id,
-                    attempts,
-                    payload,
-                    dead_at,
-                    reason,
-                    values,
-                }
-            })
-            .collect())
+        Ok(dead_letter_rows(&q, rows))
     }
 
     /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
@@ -440,8 +496,10 @@ impl Broker {
         let params = [Value::Time(now), Value::Int(id)];
         let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
         if n > 0 {
-            if let Ok(mut conn) = q.conn("requeue") {
-                self.announce(&q, &mut *conn, 1);
+            match q.conn("requeue") {
+                Ok(mut conn) => self.announce(&q, &mut *conn, 1),
+                // Other brokers find the row at their poll.
+                Err(_) => q.wake.notify(1),
             }
         }
         Ok(n > 0)
@@ -466,6 +524,18 @@ fn broker_id() -> u64 {
 }
 
 /// What [`Broker::publish_batch`] did.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30)).dedup();
+/// broker.create_table(&t)?;
+/// let msgs = ["a", "b", "a"].map(|k| Message::new(k.as_bytes().to_vec()).dedup_key(k));
+/// let done = broker.publish_batch(&t, msgs)?;
+/// assert_eq!((done.rows, done.duplicates), (2, 1));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Published {
@@ -485,6 +555,20 @@ impl std::fmt::Debug for Broker {
 }
 
 /// A dead-lettered row ([`Broker::dead_letters`]).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"bad".to_vec()))?;
+/// let sub = broker.subscription(&t).start()?;
+/// sub.next_delivery().unwrap().dead_letter("cannot parse")?;
+/// let dead = broker.dead_letters(&t, 10)?;
+/// assert_eq!((dead[0].payload.as_slice(), dead[0].reason.as_str()), (&b"bad"[..], "cannot parse"));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadLetter {
@@ -500,6 +584,44 @@ pub struct DeadLetter {
     pub reason: String,
     /// The table's own columns, by name.
     pub values: Vec<(String, Value)>,
+}
+
+/// Dead letters from rows of the `dead_list` layout.
+pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLetter> {
+    let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+    rows.into_iter()
+        .map(|row| {
+            let mut it = row.into_iter();
+            let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+            let attempts = it
+                .next()
+                .and_then(|v| v.as_i64())
+                .unwrap_or_default()
+                .clamp(0, u32::MAX as i64) as u32;
+            let payload = match it.next() {
+                Some(Value::Bytes(b)) => b,
+                Some(Value::Text(s)) => s.into_bytes(),
+                _ => Vec::new(),
+            };
+            let dead_at = it
+                .next()
+                .and_then(|v| v.as_time())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let reason = match it.next() {
+                Some(Value::Text(s)) => s,
+                _ => String::new(),
+            };
+            let values = names.iter().cloned().zip(it).collect();
+            DeadLetter {
+                id,
+                attempts,
+                payload,
+                dead_at,
+                reason,
+                values,
+            }
+        })
+        .collect()
 }
 
 impl DeadLetter {

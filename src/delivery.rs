@@ -37,6 +37,24 @@ const DROP_WAIT: Duration = Duration::from_secs(1);
 /// [`max_attempts`](crate::Table::max_attempts) are spent, so a poison row cannot loop. The drop
 /// never panics and waits at most about a second for a connection; if the row cannot be
 /// written then, the database returns it as a crash would (lease: when the lease expires).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").text_column("kind").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"hi".to_vec()).set("kind", "greet"))?;
+/// let sub = broker.subscription(&t).start()?;
+/// let d = sub.next_delivery().unwrap();
+/// assert_eq!((d.payload(), d.attempt()), (&b"hi"[..], 1));
+/// match d.get("kind").and_then(|v| v.as_str()) {
+///     Some("greet") => d.ack()?,
+///     _ => d.retry_after(Duration::from_secs(60))?,
+/// }
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[must_use = "a delivery holds its row until it is settled; dropping it counts a failed attempt"]
 pub struct Delivery {
     id: i64,
@@ -176,6 +194,7 @@ impl Delivery {
     /// a dead letter, a drop or a crash. If `f` returns `Err`, its writes are rolled back to the
     /// savepoint at once (the transaction stays usable, so the delivery can still be settled).
     /// `Unsupported` in the other forms (no transaction is open there).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn in_transaction<C: 'static, T, E>(
         &mut self,
         f: impl FnOnce(&mut C) -> std::result::Result<T, E>,
@@ -241,10 +260,16 @@ impl Delivery {
         }
     }
 
-    /// Done: deletes the row.
+    /// Done: deletes the row (or, on a table that keeps completed rows, marks it completed).
     ///
-    /// Lease form: [`BrokerError::LeaseLost`](crate::BrokerError::LeaseLost) if the lease
-    /// expired and the row was claimed again; nothing is changed then.
+    /// # Errors
+    ///
+    /// Nothing is changed on any of these:
+    /// - lease form: [`BrokerError::LeaseLost`] if the lease expired and the row may be another
+    ///   claim's;
+    /// - [`BrokerError::HandlerTimeout`] once the handler timeout failed the delivery;
+    /// - [`BrokerError::Database`]: the statement failed (row lock form: the transaction is
+    ///   rolled back and the row is back as it was).
     pub fn ack(self) -> Result<()> {
         self.settle(Outcome::Ack)
     }

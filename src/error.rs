@@ -7,6 +7,18 @@ use std::time::Duration;
 /// Messages are lowercase with no trailing period. Driver and pool errors are wrapped with the
 /// operation and the table they happened on; [`BrokerError::is_transient`] tells whether trying
 /// again later may succeed.
+///
+/// ```
+/// use sqlbroker::{Broker, BrokerError, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// // SQLite has no row locks: the row lock form is refused, with what to use instead.
+/// match broker.subscription(&Table::new("jobs")).start() {
+///     Err(BrokerError::Unsupported { why, .. }) => assert!(why.contains("lease")),
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), BrokerError>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
@@ -197,6 +209,16 @@ pub enum BrokerError {
         /// The panic's message.
         message: String,
     },
+    /// The table in the database does not match its description: columns missing, or of a
+    /// type the statements cannot use. Nothing was started.
+    /// [`Broker::migrate`](crate::Broker::migrate) adds what is missing.
+    #[error("table {table} does not match its description: {}", problems.join("; "))]
+    Schema {
+        /// The table.
+        table: String,
+        /// What is wrong, one line each ("column priority is missing").
+        problems: Vec<String>,
+    },
     /// An option given to a builder is out of its range; nothing was started.
     #[error("invalid option {option}: {reason}")]
     InvalidOption {
@@ -222,6 +244,18 @@ fn on_table(table: &str) -> String {
 }
 
 /// How a database error should be treated.
+///
+/// ```
+/// use sqlbroker::{BrokerError, DbErrorKind};
+///
+/// fn should_retry(e: &BrokerError) -> bool {
+///     matches!(
+///         e,
+///         BrokerError::Database { kind: DbErrorKind::Transient | DbErrorKind::ConnectionLost, .. }
+///     )
+/// }
+/// # let _ = should_retry;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DbErrorKind {
@@ -231,6 +265,10 @@ pub enum DbErrorKind {
     /// The connection is gone (server shut down, session killed, network): the connection was
     /// discarded; a row-lock or advisory delivery on it has been returned by the database.
     ConnectionLost,
+    /// The table does not have what the statements need (a column missing, or of a type they
+    /// cannot use): trying again will not help until the table is migrated
+    /// ([`Broker::migrate`](crate::Broker::migrate)).
+    Schema,
     /// Anything else (bad SQL for this table, constraint violation, ...).
     Other,
 }
@@ -242,7 +280,7 @@ impl BrokerError {
     pub fn is_transient(&self) -> bool {
         match self {
             BrokerError::Database { kind, .. } | BrokerError::Connect { kind, .. } => {
-                *kind != DbErrorKind::Other
+                matches!(kind, DbErrorKind::Transient | DbErrorKind::ConnectionLost)
             }
             BrokerError::Pool { .. } => true,
             _ => false,
@@ -323,6 +361,20 @@ impl std::error::Error for DbError {
 }
 
 /// Errors of the `next_delivery` family that did not yield a delivery.
+///
+/// ```
+/// use sqlbroker::{Broker, NextError, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// let sub = broker.subscription(&t).start()?;
+/// assert_eq!(sub.next_delivery_timeout(Duration::from_millis(10)).err(), Some(NextError::Timeout));
+/// sub.close();
+/// assert_eq!(sub.try_next_delivery().err(), Some(NextError::Closed));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NextError {

@@ -58,6 +58,19 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! ## Operating a queue
+//!
+//! [`Broker::stats`] counts a table's rows by state in one statement ([`QueueStats`]: ready,
+//! scheduled, in flight where the form marks it, dead, the oldest ready row's age).
+//! [`Broker::dead_letters_after`] pages dead letters by id; [`Broker::requeue_dead`],
+//! [`Broker::purge_dead`], [`Broker::requeue_all_dead`] and [`Broker::purge_all_dead`] put
+//! them back or delete them, by id or all (in batches of 1,000 rows). A table described with
+//! [`Table::keep_completed`] keeps acked rows with their completion time:
+//! [`Broker::completed_after`] lists them, [`Broker::prune_completed`] deletes those past the
+//! retention. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
+//! shell: `status`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
+//! `publish`.
+//!
 //! ## Inside the application's own transactions
 //!
 //! [`postgres::publish`], [`mysql::publish`] and [`sqlite::publish`] (each with a
@@ -119,6 +132,7 @@
 //! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
+//! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `publish`; no library API |
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
@@ -213,12 +227,14 @@ mod keys;
 mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
 mod retry;
 mod runtime;
 mod schedule;
+mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod subscription;
@@ -230,6 +246,7 @@ pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
 pub use message::Message;
+pub use ops::{Completed, QueueStats};
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};

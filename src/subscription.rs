@@ -26,6 +26,24 @@ const JOIN_MARGIN: Duration = Duration::from_secs(1);
 const FEED_START: Duration = Duration::from_secs(2);
 
 /// Options of a subscription; [`SubscriptionBuilder::start`] starts it.
+///
+/// ```
+/// use sqlbroker::{Broker, RetryPolicy, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// let sub = broker
+///     .subscription(&t)
+///     .workers(2)
+///     .batch_size(50)
+///     .retry_policy(RetryPolicy::exponential(Duration::from_secs(5), Duration::from_secs(300)))
+///     .handler_timeout(Duration::from_secs(120))
+///     .start()?;
+/// # sub.close();
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[must_use = "a subscription does nothing until it is started"]
 pub struct SubscriptionBuilder<'a> {
     /// The table's queue, or why its description is invalid (reported by `start`).
@@ -236,6 +254,7 @@ impl<'a> SubscriptionBuilder<'a> {
         {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut *conn, form)?;
+            queue.check_schema(&mut *conn)?;
         }
         // The change feed watches the table before the first claim, so a publish by another
         // broker right after `start` wakes a worker instead of waiting for the poll.
@@ -309,6 +328,33 @@ impl<'a> SubscriptionBuilder<'a> {
 /// It ends with [`close`](Subscription::close), [`shutdown`](Subscription::shutdown), or when it
 /// is dropped; the `next_delivery` family then hands out nothing more (rows already claimed and
 /// not handed out are returned to the table).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish_batch(&t, (0..4u8).map(|i| Message::new(vec![i])))?;
+/// let sub = Arc::new(broker.subscription(&t).start()?);
+/// let handlers: Vec<_> = (0..2)
+///     .map(|_| {
+///         let sub = sub.clone();
+///         std::thread::spawn(move || {
+///             while let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(200)) {
+///                 d.ack().unwrap();
+///             }
+///         })
+///     })
+///     .collect();
+/// for h in handlers {
+///     h.join().unwrap();
+/// }
+/// sub.shutdown(Duration::from_secs(5))?;
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 pub struct Subscription {
     rx: Receiver<Delivery>,
     /// For the rest of a claim run on a handler's thread ([`Subscription::claim_here`]).
@@ -678,6 +724,24 @@ pub struct Ran {
 }
 
 /// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"last".to_vec()))?;
+/// let sub = broker.subscription(&t).start()?;
+/// for d in &sub {
+///     let last = d.payload() == b"last";
+///     d.ack()?;
+///     if last {
+///         sub.close(); // the iterator ends
+///     }
+/// }
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
 #[derive(Debug)]
 pub struct Iter<'a> {
     sub: &'a Subscription,

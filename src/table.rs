@@ -6,6 +6,15 @@ use std::time::Duration;
 use crate::error::{BrokerError, Result};
 
 /// How a claimed row is held while its handler runs. Chosen by the [`Table`] description.
+///
+/// ```
+/// use sqlbroker::{Form, Table};
+/// use std::time::Duration;
+///
+/// assert_eq!(Table::new("a").form(), Form::RowLock);
+/// assert_eq!(Table::new("b").lease(Duration::from_secs(30)).form(), Form::Lease);
+/// assert_eq!(Table::new("c").text_column("k").advisory_lock("k-{k}").form(), Form::AdvisoryLock);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Form {
@@ -31,6 +40,14 @@ impl Form {
 
 /// The columns the queue itself uses. Each has a default name; [`Table::rename`] points a role at
 /// a column of an existing table.
+///
+/// ```
+/// use sqlbroker::{Role, Table};
+///
+/// // An existing table whose body column is called `body`.
+/// let t = Table::new("inbox").rename(Role::Payload, "body");
+/// # let _ = t;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Role {
@@ -44,7 +61,8 @@ pub enum Role {
     RunAt,
     /// The lease deadline and delivery token, lease form only (`locked_until`).
     LockedUntil,
-    /// When the row was dead-lettered, `NULL` while it is live (`dead_at`).
+    /// When the row finished, `NULL` while it is live (`dead_at`): when it was dead-lettered,
+    /// or, on a table that keeps completed rows ([`Table::keep_completed`]), when it was acked.
     DeadAt,
     /// Why the row was dead-lettered (`dead_reason`).
     DeadReason,
@@ -52,9 +70,11 @@ pub enum Role {
     DedupKey,
     /// The row's priority, higher first, tables with [`Table::priorities`] only (`priority`).
     Priority,
+    /// When the row was acked, tables with [`Table::keep_completed`] only (`completed_at`).
+    CompletedAt,
 }
 
-const ROLES: [Role; 9] = [
+const ROLES: [Role; 10] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -64,6 +84,7 @@ const ROLES: [Role; 9] = [
     Role::DeadReason,
     Role::DedupKey,
     Role::Priority,
+    Role::CompletedAt,
 ];
 
 impl Role {
@@ -79,6 +100,7 @@ impl Role {
             Role::DeadReason => "dead_reason",
             Role::DedupKey => "dedup_key",
             Role::Priority => "priority",
+            Role::CompletedAt => "completed_at",
         }
     }
 
@@ -104,6 +126,13 @@ pub enum ColumnType {
 /// Transaction isolation for the claim transactions of the row lock form (and the MySQL lease
 /// claim). Unset: `READ COMMITTED`, so a MySQL locking read locks the rows it takes and not the
 /// gaps between them.
+///
+/// ```
+/// use sqlbroker::{Isolation, Table};
+///
+/// let t = Table::new("ledger_jobs").isolation(Isolation::RepeatableRead);
+/// # let _ = t;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Isolation {
@@ -116,6 +145,7 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn sql(self) -> &'static str {
         match self {
             Isolation::ReadCommitted => "READ COMMITTED",
@@ -149,7 +179,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 9],
+    renames: [Option<String>; 10],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -158,6 +188,7 @@ pub struct Table {
     max_attempts: Option<u32>,
     dedup: bool,
     priorities: bool,
+    keep_completed: Option<Duration>,
 }
 
 impl Table {
@@ -177,6 +208,7 @@ impl Table {
             max_attempts: None,
             dedup: false,
             priorities: false,
+            keep_completed: None,
         }
     }
 
@@ -187,6 +219,10 @@ impl Table {
     /// it. Within a FIFO group the order stays publish order: priority orders the groups'
     /// heads, never the rows of one group. Not in the advisory lock form (its claim pages by
     /// due time; [`BrokerError::InvalidTable`]).
+    ///
+    /// A claim takes the highest rows, but the rows of one claim reach the channel in the order
+    /// the database returns them (`UPDATE .. RETURNING` promises none): for a strict order
+    /// across every delivery, use `batch_size(1)`, as below.
     ///
     /// ```
     /// use sqlbroker::{Broker, Message, Table};
@@ -233,6 +269,45 @@ impl Table {
     /// ```
     pub fn dedup(mut self) -> Self {
         self.dedup = true;
+        self
+    }
+
+    /// Completed-job retention: an ack keeps the row, with its completion time in a
+    /// `completed_at` column (renamable, [`Role::CompletedAt`]), instead of deleting it, and
+    /// [`Broker::prune_completed`](crate::Broker::prune_completed) deletes the rows completed
+    /// more than `retention` ago (whole seconds, rounded up). Pruning runs when it is called
+    /// (the `sqlbroker completed prune` command, from a timer): subscriptions do not prune.
+    /// [`Broker::completed_after`](crate::Broker::completed_after) lists the kept rows.
+    ///
+    /// A completed row is finished the way a dead letter is: the ack sets `dead_at` too (to
+    /// the completion time), so every claim, FIFO group head and dedup key treats it as gone
+    /// (its dedup key is cleared), and `completed_at` tells it from a dead letter, whose
+    /// `completed_at` stays `NULL`. Dead-letter listings, requeues, purges and
+    /// [`QueueStats::dead`](crate::QueueStats::dead) leave completed rows out. The completion
+    /// time is the database server's clock (the ack statement reads it), in whole seconds.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs")
+    ///     .lease(Duration::from_secs(30))
+    ///     .keep_completed(Duration::from_secs(7 * 86_400));
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"done soon".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// sub.next_delivery().unwrap().ack()?;
+    /// sub.shutdown(Duration::from_secs(5))?;
+    ///
+    /// let kept = broker.completed_after(&jobs, None, 10)?;
+    /// assert_eq!(kept[0].payload, b"done soon");
+    /// assert_eq!(broker.stats(&jobs)?.completed, Some(1));
+    /// assert_eq!(broker.prune_completed(&jobs)?, 0); // not a week old yet
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn keep_completed(mut self, retention: Duration) -> Self {
+        self.keep_completed = Some(retention);
         self
     }
 
@@ -418,6 +493,7 @@ impl Table {
             if (*role == Role::LockedUntil && form != Form::Lease)
                 || (*role == Role::DedupKey && !self.dedup)
                 || (*role == Role::Priority && !self.priorities)
+                || (*role == Role::CompletedAt && self.keep_completed.is_none())
             {
                 continue;
             }
@@ -472,6 +548,10 @@ impl Table {
             dead_reason: roles[6].clone(),
             dedup_key: self.dedup.then(|| roles[7].clone()),
             priority: self.priorities.then(|| roles[8].clone()),
+            completed_at: self.keep_completed.map(|_| roles[9].clone()),
+            retention_secs: self
+                .keep_completed
+                .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
             columns: self
                 .columns
                 .iter()
@@ -531,6 +611,10 @@ pub(crate) struct TableSpec {
     pub dedup_key: Option<String>,
     /// The priority column, tables with [`Table::priorities`] only.
     pub priority: Option<String>,
+    /// The completion time column, tables with [`Table::keep_completed`] only.
+    pub completed_at: Option<String>,
+    /// How long completed rows are kept (tables with [`Table::keep_completed`]).
+    pub retention_secs: u64,
     pub columns: Vec<Column>,
     pub form: Form,
     pub lease_secs: u64,
@@ -538,6 +622,7 @@ pub(crate) struct TableSpec {
     /// Index into `columns`: the group column ([`TableSpec::fifo_group`]).
     pub group: Option<usize>,
     pub fifo: bool,
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub isolation: Isolation,
     pub max_attempts: Option<u32>,
 }
@@ -836,8 +921,14 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .filter(|(i, _)| lease || ROLES[*i] != Role::LockedUntil)
-                // No table here has dedup keys or priorities: their roles are not checked.
-                .filter(|(i, _)| !matches!(ROLES[*i], Role::DedupKey | Role::Priority))
+                // No table here has dedup keys, priorities or kept completed rows: their roles
+                // are not checked.
+                .filter(|(i, _)| {
+                    !matches!(
+                        ROLES[*i],
+                        Role::DedupKey | Role::Priority | Role::CompletedAt
+                    )
+                })
                 .map(|(_, n)| n)
                 .collect();
             names.extend(columns.iter().map(|(c, _)| c.clone()));

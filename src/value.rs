@@ -4,6 +4,16 @@ use std::time::SystemTime;
 
 /// A value of a column, as published with [`Message::set`](crate::Message::set) and read with
 /// [`Delivery::get`](crate::Delivery::get).
+///
+/// ```
+/// use sqlbroker::{Message, Value};
+///
+/// let m = Message::new(b"x".to_vec()).set("account", "a-17").set("cents", 250i64);
+/// assert_eq!(Value::from("a-17").as_str(), Some("a-17"));
+/// assert_eq!(Value::from(250i64).as_i64(), Some(250));
+/// assert!(Value::from(None::<i64>).is_null());
+/// # let _ = m;
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Value {

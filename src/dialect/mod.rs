@@ -29,6 +29,7 @@ pub(crate) mod postgres;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod url;
 
 /// Where the user columns start in a claimed row.
@@ -37,6 +38,8 @@ pub(crate) const ROW_USER_COLUMNS: usize = 3;
 /// Savepoints of a row lock delivery's transaction, the same on both servers: `WORK` marks
 /// where the handler's own SQL begins (every outcome but the ack rolls back to it), `HANDLER`
 /// brackets one `in_delivery` call (rolled back if it fails).
+// Used by the servers' row lock form only.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) mod savepoint {
     pub const WORK: &str = "SAVEPOINT sqlbroker_work";
     pub const UNDO_WORK: &str = "ROLLBACK TO SAVEPOINT sqlbroker_work";
@@ -70,12 +73,14 @@ pub(crate) trait DbConn {
     }
     /// The driver's own client of this session, for the application's SQL inside a row lock
     /// delivery's transaction (`postgres::Client`, `mysql::Conn`). Default: none.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
         None
     }
     /// The server's id of this session, for cancelling its running statement from another
     /// session (a handler timeout): PostgreSQL's backend pid (asked once, then kept), MySQL's
     /// connection id. Default: none (SQLite has no sessions to cancel).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn session_id(&mut self) -> Option<u64> {
         None
     }
@@ -177,6 +182,34 @@ pub(crate) struct TableSql {
     /// PostgreSQL: `(payload)` notifies the table's channel (see [`Dialect::announce`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub notify: Option<String>,
+    /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above
+    /// `after`, by id (keyset paging).
+    pub dead_page: String,
+    /// `(after, offset)` -> the id of the dead-lettered row `offset` places past the first with
+    /// an id above `after`: the upper bound of a batch of `offset + 1` rows.
+    pub dead_bound: String,
+    /// `(now, after, upto)`: `dead_requeue` of every dead-lettered row with an id in
+    /// `(after, upto]`.
+    pub dead_requeue_range: String,
+    /// `(id)`: deletes the row if it is dead-lettered.
+    pub dead_purge: String,
+    /// `(after, upto)`: deletes the dead-lettered rows with ids in `(after, upto]`.
+    pub dead_purge_range: String,
+    /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, the
+    /// earliest `run_at` of the ready rows (`NULL` if none), completed (tables that keep
+    /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count
+    /// holds.
+    pub stats: String,
+    /// Tables that keep completed rows: `(after, limit)` -> `id, attempts, payload,
+    /// completed_at, <user columns>` of the completed rows with ids above `after`, by id.
+    pub completed_page: String,
+    /// Tables that keep completed rows: `(cutoff, after, offset)` -> the id of the row
+    /// completed before `cutoff` that is `offset` places past the first with an id above
+    /// `after` (the upper bound of a prune batch).
+    pub completed_bound: String,
+    /// Tables that keep completed rows: `(cutoff, after, upto)` deletes the rows completed
+    /// before `cutoff` with ids in `(after, upto]`.
+    pub completed_prune_range: String,
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups
@@ -185,6 +218,7 @@ pub(crate) struct TableSql {
 /// primary key, then their groups are guarded by a locking read that fails at once
 /// (`NOWAIT`) if any unfinished row of the group is locked, or uncommitted.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) struct FifoSql {
     /// Row lock `(now, k)`, lease `(now, now, k)` -> ids of up to `k` claimable group heads,
     /// in claim order, locking nothing.
@@ -296,6 +330,22 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// `CREATE TABLE IF NOT EXISTS` and its indexes.
     fn create_table(&self, spec: &TableSpec) -> Vec<String>;
+
+    /// The columns `spec` needs, with their definitions and the types that work.
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef>;
+
+    /// `(table name)` -> `(column name, type)` of each column of the table in the connection's
+    /// database (or schema); no rows if there is no such table.
+    fn columns_query(&self) -> &'static str;
+
+    /// Creates the indexes of `spec` that the table lacks (a migration, after its columns were
+    /// added). Default: the `IF NOT EXISTS` statements `create_table` makes after the table.
+    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
+        for stmt in self.create_table(spec).iter().skip(1) {
+            conn.batch(stmt)?;
+        }
+        Ok(())
+    }
 
     /// How the database spells identifiers and parameters.
     fn syntax(&self) -> &'static shared::Syntax;

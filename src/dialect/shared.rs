@@ -5,6 +5,7 @@
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
 use crate::dialect::TableSql;
+use crate::schema::{family, ColumnDef, Family};
 use crate::table::{ColumnType, Form, TableSpec};
 
 /// The column types a database's `CREATE TABLE` uses for each role and user column type.
@@ -24,12 +25,32 @@ pub(crate) struct ColumnTypes {
     pub bytes: &'static str,
 }
 
+/// The conditions of the states [`Broker::stats`](crate::Broker::stats) counts. In the lease
+/// form every row is in exactly one of them.
+pub(crate) struct StatsStates {
+    /// Not finished, due (`run_at <= now`), and in the lease form not leased (`locked_until`
+    /// empty or past): what a claim may take. A row lock or an advisory lock leaves no mark
+    /// in the row, so in those forms rows in work are here too.
+    pub ready: String,
+    /// Not finished, not yet due, and in the lease form not leased.
+    pub scheduled: String,
+    /// Lease form only: not finished and leased (`locked_until > now`), in work.
+    pub held: Option<String>,
+    /// Dead-lettered: finished and not completed.
+    pub dead: String,
+    /// Tables that keep completed rows only: completed (acked).
+    pub completed: Option<String>,
+}
+
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
     /// Quotes a validated identifier.
     pub quote: fn(&str) -> String,
     /// The placeholder of the `n`-th parameter (1-based).
     pub param: fn(usize) -> String,
+    /// The server's current time in whole seconds, as the time columns hold it: one value for
+    /// the whole statement. Only the ack of a table that keeps completed rows reads it.
+    pub now: &'static str,
 }
 
 impl Syntax {
@@ -161,22 +182,48 @@ impl Syntax {
     /// The column definitions of `CREATE TABLE`: the roles (`locked_until` in the lease form
     /// only), then the user columns.
     pub fn column_defs(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
+        self.column_list(spec, ty)
+            .into_iter()
+            .map(|c| c.ddl)
+            .collect()
+    }
+
+    /// `ALTER TABLE <table> ADD COLUMN <definition>` (a migration).
+    pub fn add_column(&self, spec: &TableSpec, def: &ColumnDef) -> String {
+        format!("ALTER TABLE {} ADD COLUMN {}", self.q(&spec.name), def.ddl)
+    }
+
+    /// The columns `spec` needs, in `CREATE TABLE` order, with what the schema check accepts.
+    pub fn column_list(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<ColumnDef> {
+        let def = |name: &str, t: &str| ColumnDef {
+            name: name.to_string(),
+            ddl: format!("{} {t}", self.q(name)),
+            accepts: family(t).into_iter().collect(),
+            // `ADD COLUMN` fills existing rows: only a nullable column or one with a default.
+            addable: !t.contains("PRIMARY KEY")
+                && (!t.contains("NOT NULL") || t.contains("DEFAULT")),
+        };
+        let mut payload = def(&spec.payload, ty.payload);
+        payload.accepts = vec![Family::Bytes, Family::Text];
         let mut cols = vec![
-            format!("{} {}", self.q(&spec.id), ty.id),
-            format!("{} {}", self.q(&spec.payload), ty.payload),
-            format!("{} {}", self.q(&spec.attempts), ty.attempts),
-            format!("{} {}", self.q(&spec.run_at), ty.run_at),
+            def(&spec.id, ty.id),
+            payload,
+            def(&spec.attempts, ty.attempts),
+            def(&spec.run_at, ty.run_at),
         ];
         if spec.form == Form::Lease {
-            cols.push(format!("{} {}", self.q(&spec.locked_until), ty.time));
+            cols.push(def(&spec.locked_until, ty.time));
         }
-        cols.push(format!("{} {}", self.q(&spec.dead_at), ty.time));
-        cols.push(format!("{} {}", self.q(&spec.dead_reason), ty.reason));
+        cols.push(def(&spec.dead_at, ty.time));
+        cols.push(def(&spec.dead_reason, ty.reason));
         if let Some(p) = &spec.priority {
-            cols.push(format!("{} {}", self.q(p), ty.priority));
+            cols.push(def(p, ty.priority));
         }
         if let Some(k) = &spec.dedup_key {
-            cols.push(format!("{} {}", self.q(k), ty.text));
+            cols.push(def(k, ty.text));
+        }
+        if let Some(c) = &spec.completed_at {
+            cols.push(def(c, ty.time));
         }
         for c in &spec.columns {
             let t = match c.ty {
@@ -185,13 +232,15 @@ impl Syntax {
                 ColumnType::Float => ty.float,
                 ColumnType::Bytes => ty.bytes,
             };
-            cols.push(format!("{} {t}", self.q(&c.name)));
+            cols.push(def(&c.name, t));
         }
         cols
     }
 
     /// `CREATE TABLE IF NOT EXISTS` with every column, then the partial ready index and, for a
     /// FIFO table, the group indexes (PostgreSQL, SQLite).
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn create_table(&self, spec: &TableSpec, ty: &ColumnTypes) -> Vec<String> {
         let mut ddl = vec![
             format!(
@@ -207,6 +256,15 @@ impl Syntax {
                 self.q(&format!("{}_dedup", spec.name)),
                 self.q(&spec.name),
                 self.q(k)
+            ));
+        }
+        if let Some(c) = &spec.completed_at {
+            // The prune's range.
+            let c = self.q(c);
+            ddl.push(format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({c}) WHERE {c} IS NOT NULL",
+                self.q(&format!("{}_completed", spec.name)),
+                self.q(&spec.name),
             ));
         }
         if let Some(group) = spec.fifo_group() {
@@ -233,6 +291,8 @@ impl Syntax {
     /// one is in work). `now` is the claim's time parameter. A row whose group is `NULL` is a
     /// group of its own. Reads the indexes `(group, id)` and `(group, locked_until)` over the
     /// unfinished rows.
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn fifo_head(&self, spec: &TableSpec, group: &str, now: &str) -> String {
         let (t, g, id, dead) = (
             self.q(&spec.name),
@@ -251,6 +311,8 @@ impl Syntax {
 
     /// `CREATE INDEX IF NOT EXISTS <table>_ready ON <table> (run_at, id) WHERE dead_at IS NULL`:
     /// the partial index the claims read (PostgreSQL, SQLite).
+    // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn ready_index(&self, spec: &TableSpec) -> String {
         format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
@@ -259,6 +321,24 @@ impl Syntax {
             self.order(spec),
             self.q(&spec.dead_at)
         )
+    }
+
+    /// Tables that keep completed rows: the `SET` list of an ack, which keeps the row,
+    /// finished (`dead_at`, so it is out of every claim, its dedup key freed, its lease
+    /// cleared) and completed, both at the server's time ([`Syntax::now`], one value per
+    /// statement). `None` for a table that deletes the rows it acks. The grouped lease acks of
+    /// each dialect use it too.
+    pub fn complete_set(&self, spec: &TableSpec) -> Option<String> {
+        let c = self.q(spec.completed_at.as_ref()?);
+        let now = self.now;
+        let mut set = format!("{} = {now}, {c} = {now}", self.q(&spec.dead_at));
+        if let Some(k) = &spec.dedup_key {
+            set.push_str(&format!(", {} = NULL", self.q(k)));
+        }
+        if spec.form == Form::Lease {
+            set.push_str(&format!(", {} = NULL", self.q(&spec.locked_until)));
+        }
+        Some(set)
     }
 
     /// Fills the statements every database spells alike.
@@ -283,6 +363,12 @@ impl Syntax {
             .as_ref()
             .map(|k| format!(", {} = NULL", self.q(k)))
             .unwrap_or_default();
+        // A dead letter: finished and, on a table that keeps completed rows, not completed
+        // (an ack there sets `dead_at` too, so the claims see the row finished).
+        let is_dead = match &spec.completed_at {
+            Some(c) => format!("{dead_at} IS NOT NULL AND {} IS NULL", self.q(c)),
+            None => format!("{dead_at} IS NOT NULL"),
+        };
         if let Some(k) = &spec.dedup_key {
             sql.dedup_holder = format!("SELECT {id} FROM {t} WHERE {} = {}", self.q(k), p(1));
             sql.insert_dedup_one = self.insert_dedup(spec, 1);
@@ -341,6 +427,38 @@ impl Syntax {
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
+        if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
+            let c = self.q(c);
+            sql.ack = match spec.form {
+                Form::Lease => format!(
+                    "UPDATE {t} SET {finish} WHERE {id} = {} AND {lu} = {}",
+                    p(1),
+                    p(2)
+                ),
+                _ => format!("UPDATE {t} SET {finish} WHERE {id} = {}", p(1)),
+            };
+            let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
+            for col in &spec.columns {
+                cols.push_str(&format!(", {}", self.q(&col.name)));
+            }
+            sql.completed_page = format!(
+                "SELECT {cols} FROM {t} WHERE {c} IS NOT NULL AND {id} > {} ORDER BY {id} LIMIT {}",
+                p(1),
+                p(2)
+            );
+            sql.completed_bound = format!(
+                "SELECT {id} FROM {t} WHERE {c} < {} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+            sql.completed_prune_range = format!(
+                "DELETE FROM {t} WHERE {c} < {} AND {id} > {} AND {id} <= {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+        }
         let mut cols = format!(
             "{id}, {att}, {}, {dead_at}, {reason}",
             self.q(&spec.payload)
@@ -349,7 +467,7 @@ impl Syntax {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
         sql.dead_list = format!(
-            "SELECT {cols} FROM {t} WHERE {dead_at} IS NOT NULL ORDER BY {dead_at}, {id} LIMIT {}",
+            "SELECT {cols} FROM {t} WHERE {is_dead} ORDER BY {dead_at}, {id} LIMIT {}",
             p(1)
         );
         let clear_lease = if spec.form == Form::Lease {
@@ -359,9 +477,65 @@ impl Syntax {
         };
         sql.dead_requeue = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
-             WHERE {id} = {} AND {dead_at} IS NOT NULL",
+             WHERE {id} = {} AND {is_dead}",
             p(1),
             p(2)
         );
+        // Maintenance by id ranges: every batch a short statement over a primary-key range.
+        sql.dead_page = format!(
+            "SELECT {cols} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_bound = format!(
+            "SELECT {id} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT 1 OFFSET {}",
+            p(1),
+            p(2)
+        );
+        sql.dead_requeue_range = format!(
+            "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \
+             WHERE {is_dead} AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        sql.dead_purge = format!("DELETE FROM {t} WHERE {id} = {} AND {is_dead}", p(1));
+        sql.dead_purge_range = format!(
+            "DELETE FROM {t} WHERE {is_dead} AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2)
+        );
+    }
+
+    /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of each state,
+    /// every column prefixed by `prefix` and `now` standing for the statement's time (each
+    /// may appear several times: PostgreSQL and SQLite number their parameter, MySQL reads it
+    /// from a joined one-row table). See [`StatsStates`].
+    pub fn stats_states(&self, spec: &TableSpec, prefix: &str, now: &str) -> StatsStates {
+        let (dead, run_at) = (self.q(&spec.dead_at), self.q(&spec.run_at));
+        let live = format!("{prefix}{dead} IS NULL");
+        let (free, held) = if spec.form == Form::Lease {
+            let lu = format!("{prefix}{}", self.q(&spec.locked_until));
+            (
+                format!(" AND ({lu} IS NULL OR {lu} <= {now})"),
+                Some(format!("{live} AND {lu} > {now}")),
+            )
+        } else {
+            (String::new(), None)
+        };
+        let completed = spec
+            .completed_at
+            .as_ref()
+            .map(|c| format!("{prefix}{}", self.q(c)));
+        StatsStates {
+            ready: format!("{live} AND {prefix}{run_at} <= {now}{free}"),
+            scheduled: format!("{live} AND {prefix}{run_at} > {now}{free}"),
+            held,
+            dead: match &completed {
+                Some(c) => format!("{prefix}{dead} IS NOT NULL AND {c} IS NULL"),
+                None => format!("{prefix}{dead} IS NOT NULL"),
+            },
+            completed: completed.map(|c| format!("{c} IS NOT NULL")),
+        }
     }
 }

@@ -116,6 +116,7 @@ pub(crate) fn rollback(hold: RowHold) {
 /// under the savepoint `HANDLER` (after `WORK`, set once): `f`'s writes stay in the
 /// transaction if it returns `Ok`, are rolled back at once if it returns `Err`. `C` is the
 /// driver's client type; another driver's is `Unsupported`.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn in_transaction<C: 'static, T, E>(
     ctx: &Ctx,
     hold: &mut RowHold,

@@ -128,6 +128,16 @@ pub(crate) fn bury(ctx: &Arc<Ctx>, dead: Vec<(Claimed, String)>) {
     }
 }
 
+fn is_schema(e: &BrokerError) -> bool {
+    matches!(
+        e,
+        BrokerError::Database {
+            kind: crate::DbErrorKind::Schema,
+            ..
+        }
+    )
+}
+
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
@@ -190,6 +200,15 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 } else {
                     polling = false;
                 }
+            }
+            Err(e) if is_schema(&e) => {
+                // A column the statements need is gone or changed: retrying cannot help. The
+                // subscription closes with the error (`last_error`), instead of failing for
+                // ever. (A missing table may be created again, and is retried.)
+                drop(slots);
+                log::error!("{e}; the subscription closes");
+                ctx.set_error(e);
+                ctx.stop();
             }
             Err(e) => {
                 drop(slots);

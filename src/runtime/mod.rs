@@ -146,6 +146,42 @@ impl Queue {
         }
     }
 
+    /// The table's columns as the database reports them, `(name, type)`; none if the table
+    /// does not exist.
+    pub fn columns(&self, conn: &mut dyn DbConn) -> Result<Vec<(String, String)>> {
+        let name = crate::Value::Text(self.spec.name.clone());
+        let rows = conn
+            .query(self.dialect.columns_query(), &[name])
+            .map_err(self.err("schema check"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                let mut it = r.into_iter();
+                let name = it.next()?.as_str()?.to_string();
+                let ty = it.next()?.as_str()?.to_string();
+                Some((name, ty))
+            })
+            .collect())
+    }
+
+    /// [`BrokerError::Schema`] unless the table has every column its description names, of a
+    /// type the statements can use.
+    pub fn check_schema(&self, conn: &mut dyn DbConn) -> Result<()> {
+        let found = self.columns(conn)?;
+        let problems = if found.is_empty() {
+            vec!["the table does not exist (Broker::create_table makes it)".to_string()]
+        } else {
+            crate::schema::problems(&self.dialect.column_defs(&self.spec), &found)
+        };
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(BrokerError::Schema {
+            table: self.spec.name.clone(),
+            problems,
+        })
+    }
+
     /// Where a publish on this table writes.
     pub fn target(&self) -> crate::publish::Target<'_> {
         crate::publish::Target {

@@ -39,6 +39,7 @@ pub(crate) struct Scripted(pub Arc<Script>);
 static SYNTAX: Syntax = Syntax {
     quote: |s| s.to_string(),
     param: |_| "?".into(),
+    now: "NOW",
 };
 
 impl Dialect for Scripted {
@@ -66,6 +67,12 @@ impl Dialect for Scripted {
     }
     fn create_table(&self, _: &TableSpec) -> Vec<String> {
         Vec::new()
+    }
+    fn column_defs(&self, _: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+        Vec::new()
+    }
+    fn columns_query(&self) -> &'static str {
+        "columns"
     }
     fn syntax(&self) -> &'static Syntax {
         &SYNTAX

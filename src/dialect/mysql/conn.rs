@@ -108,6 +108,8 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
             1213 | 1205 | 3572 => DbErrorKind::Transient,
             // A packet or value over `max_allowed_packet`: it will never fit.
             1153 | 1301 => DbErrorKind::Other,
+            // Unknown column.
+            1054 => DbErrorKind::Schema,
             // Server shutdown, connection killed (MariaDB), session killed (MySQL), server gone,
             // lost connection, idle session ended by the server (MySQL 8.0.24+).
             1053 | 1927 | 3169 | 2006 | 2013 | 4031 => DbErrorKind::ConnectionLost,

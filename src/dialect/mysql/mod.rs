@@ -182,6 +182,28 @@ impl Dialect for Mysql {
         sql::create_table(spec)
     }
 
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+        sql::column_defs(spec)
+    }
+
+    fn columns_query(&self) -> &'static str {
+        sql::COLUMNS
+    }
+
+    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
+        let have: Vec<String> = conn
+            .query(sql::INDEXES, &[Value::Text(spec.name.clone())])?
+            .into_iter()
+            .filter_map(|r| r.into_iter().next()?.as_str().map(str::to_string))
+            .collect();
+        for (name, definition) in sql::index_defs(spec) {
+            if !have.iter().any(|h| h.eq_ignore_ascii_case(&name)) {
+                conn.batch(&sql::add_index(spec, &definition))?;
+            }
+        }
+        Ok(())
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

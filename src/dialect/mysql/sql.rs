@@ -11,6 +11,8 @@ use crate::table::{Form, Isolation, TableSpec};
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |_| "?".to_string(),
+    // The session's time zone is UTC (+00:00), like the times the library writes.
+    now: "UTC_TIMESTAMP()",
 };
 
 /// The longest name `GET_LOCK` accepts.
@@ -98,15 +100,18 @@ pub(super) fn ack_lock_sql(spec: &TableSpec, slots: usize) -> String {
     )
 }
 
-/// Grouped ack, step 2: `(id x slots)` deletes the rows kept.
+/// Grouped ack, step 2: `(id x slots)` deletes the rows kept (a table that keeps completed
+/// rows keeps them, as a single ack does).
 pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
     let s = &SYNTAX;
-    format!(
-        "DELETE FROM {t} WHERE {id} IN ({})",
-        placeholders(slots),
-        id = s.q(&spec.id),
-        t = s.q(&spec.name)
-    )
+    let (t, id) = (s.q(&spec.name), s.q(&spec.id));
+    match s.complete_set(spec) {
+        Some(set) => format!(
+            "UPDATE {t} SET {set} WHERE {id} IN ({})",
+            placeholders(slots)
+        ),
+        None => format!("DELETE FROM {t} WHERE {id} IN ({})", placeholders(slots)),
+    }
 }
 
 /// Every session of ours runs at READ COMMITTED, set once when it connects, so a transaction
@@ -160,6 +165,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.any_ready = Some(format!(
         "SELECT 1 FROM {t} WHERE {ready} AND {free} LIMIT 1"
     ));
+    sql.stats = stats_sql(spec);
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -183,6 +189,32 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
+}
+
+/// [`TableSql::stats`]: one scan, a conditional count per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)). `?` placeholders
+/// cannot be reused, so the time is bound once into a joined one-row table.
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let st = s.stats_states(spec, "q.", "n.now_");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(
+            || "0".into(),
+            |c| format!("COUNT(CASE WHEN {c} THEN 1 END)"),
+        )
+    };
+    format!(
+        "SELECT {}, {}, {}, {}, MIN(CASE WHEN {} THEN q.{} END), {} \
+         FROM {} q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
+        st.ready,
+        s.q(&spec.run_at),
+        count(st.completed.as_ref()),
+        s.q(&spec.name)
+    )
 }
 
 /// The FIFO statements of a row lock or lease table grouped by `group` ([`FifoSql`]). A head
@@ -248,38 +280,82 @@ fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
 }
 
 /// `CREATE TABLE IF NOT EXISTS`, its index inline.
-pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str =
+    "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = ?";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str = "SELECT DISTINCT CAST(index_name AS CHAR) FROM \
+     information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ?";
+
+/// The indexes of `spec`: `(name, definition)`, the definition as `CREATE TABLE` lists it and
+/// `ALTER TABLE .. ADD` takes it. Inline in `CREATE TABLE`, since MySQL 8 has no
+/// `CREATE INDEX IF NOT EXISTS`.
+pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
     let s = &SYNTAX;
-    let mut cols = s.column_defs(spec, &TYPES);
     // No partial indexes: `dead_at` leads, so the claims' `dead_at IS NULL AND run_at <= ?`
-    // is one index range already in `ORDER BY run_at, id` order. Inline, since MySQL 8 has no
-    // `CREATE INDEX IF NOT EXISTS`.
+    // is one index range already in `ORDER BY run_at, id` order.
     // With priorities: `dead_at, priority DESC, run_at, id`, the claims' order.
-    cols.push(format!(
-        "INDEX {} ({}, {})",
-        s.q(&format!("{}_ready", spec.name)),
-        s.q(&spec.dead_at),
-        s.order(spec)
-    ));
+    let ready = format!("{}_ready", spec.name);
+    let mut out = vec![(
+        ready.clone(),
+        format!(
+            "INDEX {} ({}, {})",
+            s.q(&ready),
+            s.q(&spec.dead_at),
+            s.order(spec)
+        ),
+    )];
     if let Some(k) = &spec.dedup_key {
         // Dedup keys: dead-lettering clears a key, so a plain unique key leaves it to the
         // unfinished rows (NULLs never collide).
-        cols.push(format!(
-            "UNIQUE KEY {} ({})",
-            s.q(&format!("{}_dedup", spec.name)),
-            s.q(k)
+        let name = format!("{}_dedup", spec.name);
+        out.push((
+            name.clone(),
+            format!("UNIQUE KEY {} ({})", s.q(&name), s.q(k)),
         ));
+    }
+    if let Some(c) = &spec.completed_at {
+        // The prune's range.
+        let name = format!("{}_completed", spec.name);
+        out.push((name.clone(), format!("INDEX {} ({})", s.q(&name), s.q(c))));
     }
     if let Some(g) = spec.fifo_group() {
         // FIFO: the head probe and the group guard read the group's unfinished rows in order.
-        cols.push(format!(
-            "INDEX {} ({}, {}, {})",
-            s.q(&format!("{}_group", spec.name)),
-            s.q(g),
-            s.q(&spec.dead_at),
-            s.q(&spec.id)
+        let name = format!("{}_group", spec.name);
+        out.push((
+            name.clone(),
+            format!(
+                "INDEX {} ({}, {}, {})",
+                s.q(&name),
+                s.q(g),
+                s.q(&spec.dead_at),
+                s.q(&spec.id)
+            ),
         ));
     }
+    out
+}
+
+/// `ALTER TABLE .. ADD <definition>` of one index of [`index_defs`].
+pub(super) fn add_index(spec: &TableSpec, definition: &str) -> String {
+    format!("ALTER TABLE {} ADD {definition}", SYNTAX.q(&spec.name))
+}
+
+pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+    let s = &SYNTAX;
+    let mut cols = s.column_defs(spec, &TYPES);
+    cols.extend(
+        index_defs(spec)
+            .into_iter()
+            .map(|(_, definition)| definition),
+    );
     vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         s.q(&spec.name),
@@ -359,6 +435,18 @@ mod tests {
         assert_eq!(
             sql.dead_requeue,
             "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? WHERE `id` = ? AND `dead_at` IS NOT NULL"
+        );
+        assert_eq!(
+            sql.stats,
+            "SELECT COUNT(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN 1 END), COUNT(CASE WHEN \
+             q.`dead_at` IS NULL AND q.`run_at` > n.now_ THEN 1 END), 0, COUNT(CASE WHEN q.`dead_at` IS NOT NULL \
+             THEN 1 END), MIN(CASE WHEN q.`dead_at` IS NULL AND q.`run_at` <= n.now_ THEN q.`run_at` END), 0 FROM \
+             `emails` q CROSS JOIN (SELECT CAST(? AS DATETIME) AS now_) n"
+        );
+        assert_eq!(
+            sql.dead_requeue_range,
+            "UPDATE `emails` SET `dead_at` = NULL, `dead_reason` = NULL, `attempts` = 0, `run_at` = ? \
+             WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ?"
         );
         assert!(sql.key_lock.is_none() && sql.lease_marks.is_empty() && sql.take.is_empty());
         let sql = compile(Table::new("emails").isolation(Isolation::RepeatableRead));
@@ -613,6 +701,33 @@ mod tests {
             "INDEX `orders_ready` (`dead_at`, `run_at`, `id`), INDEX `orders_group` (`customer`, `dead_at`, `id`))"
         ));
         assert!(compile(Table::new("x")).fifo.is_none());
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let t = Table::new("jobs").keep_completed(Duration::from_secs(60));
+        let sql = compile(t.clone());
+        assert_eq!(
+            sql.ack,
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP() WHERE `id` = ?"
+        );
+        let lease = t.clone().lease(Duration::from_secs(30)).validate().unwrap();
+        assert_eq!(
+            ack_many_sql(&lease, 2),
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), \
+             `locked_until` = NULL WHERE `id` IN (?, ?)"
+        );
+        let ddl = create_table(&t.validate().unwrap());
+        assert!(
+            ddl[0].contains("`completed_at` DATETIME NULL, INDEX `jobs_ready`"),
+            "{}",
+            ddl[0]
+        );
+        assert!(
+            ddl[0].contains("INDEX `jobs_completed` (`completed_at`)"),
+            "{}",
+            ddl[0]
+        );
     }
 
     #[test]

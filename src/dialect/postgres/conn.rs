@@ -192,6 +192,15 @@ fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
         {
             DbErrorKind::ConnectionLost
         }
+        // Undefined column, a type the statement cannot compare or assign, undefined function
+        // (an operator over a column of another type).
+        Some(c)
+            if *c == SqlState::UNDEFINED_COLUMN
+                || *c == SqlState::DATATYPE_MISMATCH
+                || *c == SqlState::UNDEFINED_FUNCTION =>
+        {
+            DbErrorKind::Schema
+        }
         Some(_) => DbErrorKind::Other,
         // No SQLSTATE: an I/O error, or a value that did not convert.
         None if e.source().is_some_and(|s| s.is::<std::io::Error>()) => DbErrorKind::ConnectionLost,

@@ -117,6 +117,14 @@ impl Dialect for Postgres {
         sql::create_table(spec)
     }
 
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+        sql::column_defs(spec)
+    }
+
+    fn columns_query(&self) -> &'static str {
+        sql::COLUMNS
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

@@ -9,6 +9,9 @@ use crate::table::{Form, TableSpec};
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("${n}"),
+    // The statement's start: one value for the whole statement (`now()` is the transaction's
+    // start, which a row lock delivery opened at its claim).
+    now: "date_trunc('second', statement_timestamp())",
 };
 
 const TYPES: ColumnTypes = ColumnTypes {
@@ -55,6 +58,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     let free = format!("({lu} IS NULL OR {lu} <= $1)");
+    sql.stats = stats_sql(spec);
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
             sql.claim = format!(
@@ -136,6 +140,27 @@ pub(super) fn listen(channel: &str) -> String {
     format!("LISTEN {}", quote_ident(channel))
 }
 
+/// [`TableSql::stats`]: one scan, a filtered aggregate per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let st = s.stats_states(spec, "", "$1");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
+    };
+    format!(
+        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
+        s.q(&spec.run_at),
+        st.ready,
+        count(st.completed.as_ref()),
+        s.q(&spec.name)
+    )
+}
+
 /// Id-list size classes of the FIFO lease take: 1, 2, 4 .. 1024, enough for the largest claim
 /// (`batch_size` is at most 1,000).
 const FIFO_TAKE_CLASSES: u32 = 11;
@@ -167,6 +192,16 @@ fn fifo_locked_heads(spec: &TableSpec, group: &str, ready: &str) -> String {
 /// `CREATE INDEX IF NOT EXISTS` skips silently when another relation has taken its name, which
 /// would leave the claims without their index. Run in one transaction, so a failed check leaves
 /// nothing behind.
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str =
+    "SELECT column_name::text, data_type::text FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = $1";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
     let index = format!("{}_ready", spec.name);
@@ -203,7 +238,14 @@ pub(super) fn ack_many_sql(spec: &TableSpec, slots: usize) -> String {
     let held: Vec<String> = (0..slots)
         .map(|i| format!("({id} = ${} AND {lu} = ${})", 2 * i + 1, 2 * i + 2))
         .collect();
-    format!("DELETE FROM {t} WHERE {} RETURNING {id}", held.join(" OR "))
+    // A table that keeps completed rows keeps them (as a single ack does).
+    match s.complete_set(spec) {
+        Some(set) => format!(
+            "UPDATE {t} SET {set} WHERE {} RETURNING {id}",
+            held.join(" OR ")
+        ),
+        None => format!("DELETE FROM {t} WHERE {} RETURNING {id}", held.join(" OR ")),
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +286,13 @@ mod tests {
             sql.insert_id.as_deref(),
             Some("INSERT INTO \"emails\" (\"payload\", \"run_at\", \"to\") VALUES ($1, $2, $3) RETURNING \"id\"")
         );
+        // No lease: nothing in the row tells a row in work; it counts as ready.
+        assert_eq!(
+            sql.stats,
+            "SELECT COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), COUNT(*) FILTER \
+             (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
+             MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), 0 FROM \"emails\""
+        );
     }
 
     #[test]
@@ -261,6 +310,16 @@ mod tests {
             "DELETE FROM \"thumbs\" WHERE \"id\" = $1 AND \"locked_until\" = $2"
         );
         assert_eq!(sql.unclaim, "UPDATE \"thumbs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = $1 AND \"locked_until\" = $2");
+        let ready = "\"dead_at\" IS NULL AND \"run_at\" <= $1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)";
+        assert_eq!(
+            sql.stats,
+            format!(
+                "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 \
+                 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
+                 AND \"locked_until\" > $1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
+                 (WHERE {ready}), 0 FROM \"thumbs\""
+            )
+        );
         let spec = Table::new("thumbs")
             .lease(Duration::from_secs(30))
             .validate()
@@ -312,6 +371,59 @@ mod tests {
         assert_eq!(
             sql.key_unlock.as_deref(),
             Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int")
+        );
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let keep = |t: Table| t.keep_completed(Duration::from_secs(60));
+        let lease = compile(keep(
+            Table::new("jobs").dedup().lease(Duration::from_secs(30)),
+        ));
+        // The ack keeps the row, finished (out of every claim) and completed at one time.
+        assert_eq!(
+            lease.ack,
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()), \"dedup_key\" = NULL, \
+             \"locked_until\" = NULL WHERE \"id\" = $1 AND \"locked_until\" = $2"
+        );
+        // Dead letters are the finished rows not completed.
+        assert_eq!(
+            lease.dead_purge,
+            "DELETE FROM \"jobs\" WHERE \"id\" = $1 AND \"dead_at\" IS NOT NULL AND \"completed_at\" IS NULL"
+        );
+        assert!(lease.stats.contains(
+            "COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL AND \"completed_at\" IS NULL), MIN("
+        ));
+        assert!(lease
+            .stats
+            .ends_with(", COUNT(*) FILTER (WHERE \"completed_at\" IS NOT NULL) FROM \"jobs\""));
+        assert_eq!(
+            lease.completed_prune_range,
+            "DELETE FROM \"jobs\" WHERE \"completed_at\" < $1 AND \"id\" > $2 AND \"id\" <= $3"
+        );
+        // A grouped lease ack keeps them too.
+        let spec = keep(Table::new("jobs").lease(Duration::from_secs(30)))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            ack_many_sql(&spec, 1),
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()), \"locked_until\" = NULL \
+             WHERE (\"id\" = $1 AND \"locked_until\" = $2) RETURNING \"id\""
+        );
+        let row_lock = compile(keep(Table::new("jobs")));
+        assert_eq!(
+            row_lock.ack,
+            "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
+             \"completed_at\" = date_trunc('second', statement_timestamp()) WHERE \"id\" = $1"
+        );
+        let ddl = create_table(&keep(Table::new("jobs")).validate().unwrap());
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"completed_at\" TIMESTAMPTZ)"));
+        assert_eq!(
+            ddl[2],
+            "CREATE INDEX IF NOT EXISTS \"jobs_completed\" ON \"jobs\" (\"completed_at\") \
+             WHERE \"completed_at\" IS NOT NULL"
         );
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
+use rusqlite::config::DbConfig;
 use rusqlite::{params_from_iter, Connection, ErrorCode};
 
 use super::values::from_ref;
@@ -30,6 +31,15 @@ pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError
     }
     .map_err(classify)?;
     conn.busy_timeout(engine.busy).map_err(classify)?;
+    // No double-quoted string literals: every identifier we write is double-quoted, and with
+    // SQLite's legacy default a column that is gone reads as a string of its own name instead
+    // of failing ("k" becomes 'k'), so a dropped column would be delivered as text for ever.
+    for dqs in [
+        DbConfig::SQLITE_DBCONFIG_DQS_DML,
+        DbConfig::SQLITE_DBCONFIG_DQS_DDL,
+    ] {
+        conn.set_db_config(dqs, false).map_err(classify)?;
+    }
     conn.set_prepared_statement_cache_capacity(64);
     if engine.path.is_some() {
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
@@ -60,6 +70,8 @@ pub(super) fn classify(e: rusqlite::Error) -> DbError {
         Some(ErrorCode::CannotOpen | ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt) => {
             DbErrorKind::ConnectionLost
         }
+        // No other code tells a missing column: the message does ("no such column: x").
+        _ if e.to_string().contains("no such column") => DbErrorKind::Schema,
         _ => DbErrorKind::Other,
     };
     DbError::new(kind, e)

@@ -11,6 +11,8 @@ use crate::Value;
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
     param: |n| format!("?{n}"),
+    // 'now' is one value for the whole statement.
+    now: "CAST(strftime('%s', 'now') AS INTEGER)",
 };
 
 /// Times are integer seconds since the Unix epoch.
@@ -48,6 +50,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let ready = s.ready(spec, "?1");
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
+    sql.stats = stats_sql(spec);
     match spec.form {
         Form::RowLock => {}
         Form::Lease => {
@@ -82,7 +85,36 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql
 }
 
+/// [`TableSql::stats`]: one scan, a filtered aggregate per state
+/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
+fn stats_sql(spec: &TableSpec) -> String {
+    let s = &SYNTAX;
+    let st = s.stats_states(spec, "", "?1");
+    let count = |cond: Option<&String>| {
+        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
+    };
+    format!(
+        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
+        count(Some(&st.ready)),
+        count(Some(&st.scheduled)),
+        count(st.held.as_ref()),
+        count(Some(&st.dead)),
+        s.q(&spec.run_at),
+        st.ready,
+        count(st.completed.as_ref()),
+        s.q(&spec.name)
+    )
+}
+
 /// `CREATE TABLE IF NOT EXISTS` and its partial index.
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
+pub(super) const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1)";
+
+/// The columns a table needs (the schema check and `migrate`).
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    SYNTAX.column_list(spec, &TYPES)
+}
+
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     SYNTAX.create_table(spec, &TYPES)
 }
@@ -117,12 +149,15 @@ pub(super) fn ack_many_sql(spec: &TableSpec, n: usize) -> String {
     let tuples: Vec<String> = (0..n)
         .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
         .collect();
+    let (t, lu, id) = (s.q(&spec.name), s.q(&spec.locked_until), s.q(&spec.id));
+    // A table that keeps completed rows keeps them (as a single ack does).
+    let head = match s.complete_set(spec) {
+        Some(set) => format!("UPDATE {t} SET {set}"),
+        None => format!("DELETE FROM {t}"),
+    };
     format!(
-        "DELETE FROM {t} WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
-        tuples.join(", "),
-        t = s.q(&spec.name),
-        lu = s.q(&spec.locked_until),
-        id = s.q(&spec.id),
+        "{head} WHERE ({id}, {lu}) IN (VALUES {}) RETURNING {id}",
+        tuples.join(", ")
     )
 }
 
@@ -200,6 +235,38 @@ mod tests {
             "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
              WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
         );
+        assert_eq!(
+            sql.dead_page,
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+             WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT ?2"
+        );
+        assert_eq!(
+            sql.dead_bound,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT 1 OFFSET ?2"
+        );
+        assert_eq!(
+            sql.dead_requeue_range,
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \
+             \"run_at\" = ?1 WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?2 AND \"id\" <= ?3"
+        );
+        assert_eq!(
+            sql.dead_purge,
+            "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND \"dead_at\" IS NOT NULL"
+        );
+        assert_eq!(
+            sql.dead_purge_range,
+            "DELETE FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 AND \"id\" <= ?2"
+        );
+        let ready = "\"dead_at\" IS NULL AND \"run_at\" <= ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)";
+        assert_eq!(
+            sql.stats,
+            format!(
+                "SELECT COUNT(*) FILTER (WHERE {ready}), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" > ?1 \
+                 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?1)), COUNT(*) FILTER (WHERE \"dead_at\" IS NULL \
+                 AND \"locked_until\" > ?1), COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), MIN(\"run_at\") FILTER \
+                 (WHERE {ready}), 0 FROM \"jobs\""
+            )
+        );
     }
 
     #[test]
@@ -224,6 +291,28 @@ mod tests {
             "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2"
         );
         assert!(sql.key_lock.is_none());
+    }
+
+    #[test]
+    fn completed_rows_kept() {
+        let t = Table::new("jobs")
+            .dedup()
+            .lease(Duration::from_secs(30))
+            .keep_completed(Duration::from_secs(60));
+        let now = "CAST(strftime('%s', 'now') AS INTEGER)";
+        let set = format!(
+            "\"dead_at\" = {now}, \"completed_at\" = {now}, \"dedup_key\" = NULL, \"locked_until\" = NULL"
+        );
+        assert_eq!(
+            compile(t.clone()).ack,
+            format!("UPDATE \"jobs\" SET {set} WHERE \"id\" = ?1 AND \"locked_until\" = ?2")
+        );
+        assert_eq!(
+            ack_many_sql(&t.validate().unwrap(), 1),
+            format!(
+                "UPDATE \"jobs\" SET {set} WHERE (\"id\", \"locked_until\") IN (VALUES (?1, ?2)) RETURNING \"id\""
+            )
+        );
     }
 
     #[test]

@@ -1,0 +1,410 @@
+//! What each command does, on the library's public API only.
+
+use std::error::Error;
+use std::io::{BufRead, Write};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlbroker::{Broker, ColumnType, Message, QueueStats, Value};
+
+use crate::{
+    Cli, Command, CompletedCommand, DeadCommand, DeadPick, PageArgs, PublishArgs, StatusArgs,
+};
+
+type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
+
+/// Messages per `publish_batch` (one statement, or a few, each).
+const PUBLISH_BATCH: usize = 1_000;
+
+/// The longest payload or reason shown by `dead list`, in characters.
+const PREVIEW: usize = 60;
+
+pub(crate) fn run(cli: &Cli, url: &str) -> Result {
+    let broker = Broker::builder(url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
+        .build()?;
+    let done = match &cli.command {
+        Command::Status(args) => status(&broker, args),
+        Command::Dead(DeadCommand::List(args)) => dead_list(&broker, args),
+        Command::Dead(DeadCommand::Requeue(args)) => dead_pick(&broker, args, Pick::Requeue),
+        Command::Dead(DeadCommand::Purge(args)) => dead_pick(&broker, args, Pick::Purge),
+        Command::CreateTable(args) => {
+            let table = args.table();
+            broker.create_table(&table)?;
+            say(format_args!("table {} is there\n", table.name()))
+        }
+        Command::Migrate(args) => {
+            let table = args.table();
+            let done = broker.migrate(&table)?;
+            if done.is_empty() {
+                say(format_args!("table {} is up to date\n", table.name()))
+            } else {
+                say(format_args!("{}\n", done.join("\n")))
+            }
+        }
+        Command::Publish(args) => publish(&broker, args),
+        Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
+        Command::Completed(CompletedCommand::Prune(args)) => {
+            let n = broker.prune_completed(&args.table())?;
+            say(format_args!("pruned {n} completed rows\n"))
+        }
+    };
+    match done {
+        // A reader that went away (`| head`) is not a failure.
+        Err(e) if is_broken_pipe(&*e) => Ok(()),
+        r => r,
+    }
+}
+
+fn is_broken_pipe(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+fn say(args: std::fmt::Arguments<'_>) -> Result {
+    std::io::stdout().lock().write_fmt(args)?;
+    Ok(())
+}
+
+fn status(broker: &Broker, args: &StatusArgs) -> Result {
+    let mut all = Vec::new();
+    for name in &args.tables {
+        let table = args.desc.table(name);
+        all.push((table.name().to_string(), broker.stats(&table)?));
+    }
+    let out = if args.json {
+        status_json(&all)
+    } else {
+        let mut rows = vec![[
+            "TABLE",
+            "FORM",
+            "READY",
+            "SCHEDULED",
+            "IN_FLIGHT",
+            "DEAD",
+            "COMPLETED",
+            "OLDEST_READY",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for (name, s) in &all {
+            rows.push(vec![
+                name.clone(),
+                s.form.name().to_string(),
+                s.ready.to_string(),
+                s.scheduled.to_string(),
+                s.in_flight.map_or("-".into(), |n| n.to_string()),
+                s.dead.to_string(),
+                s.completed.map_or("-".into(), |n| n.to_string()),
+                s.oldest_ready_age.map_or("-".into(), age),
+            ]);
+        }
+        columns(&rows)
+    };
+    say(format_args!("{out}"))
+}
+
+/// One JSON object per table, in an array. Table names are identifiers and form names plain
+/// words: nothing to escape.
+fn status_json(all: &[(String, QueueStats)]) -> String {
+    let null = |v: Option<u64>| v.map_or("null".into(), |n| n.to_string());
+    let objects: Vec<String> = all
+        .iter()
+        .map(|(name, s)| {
+            format!(
+                "{{\"table\":\"{name}\",\"form\":\"{}\",\"ready\":{},\"scheduled\":{},\
+                 \"in_flight\":{},\"dead\":{},\"completed\":{},\"oldest_ready_secs\":{}}}",
+                s.form.name(),
+                s.ready,
+                s.scheduled,
+                null(s.in_flight),
+                s.dead,
+                null(s.completed),
+                null(s.oldest_ready_age.map(|d| d.as_secs())),
+            )
+        })
+        .collect();
+    format!("[{}]\n", objects.join(","))
+}
+
+fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
+    let table = args.table.table();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let page = broker.dead_letters_after(&table, args.after, limit)?;
+    let mut rows = vec![["ID", "ATTEMPTS", "DEAD_AT", "REASON", "PAYLOAD"]
+        .map(String::from)
+        .to_vec()];
+    for d in &page {
+        rows.push(vec![
+            d.id.to_string(),
+            d.attempts.to_string(),
+            utc(d.dead_at),
+            preview(d.reason.as_bytes()),
+            preview(&d.payload),
+        ]);
+    }
+    say(format_args!("{}", columns(&rows)))?;
+    page_end(
+        page.len(),
+        limit,
+        page.last().map(|d| d.id),
+        "dead-lettered",
+    );
+    Ok(())
+}
+
+fn completed_list(broker: &Broker, args: &PageArgs) -> Result {
+    let table = args.table.table();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let page = broker.completed_after(&table, args.after, limit)?;
+    let mut rows = vec![["ID", "ATTEMPTS", "COMPLETED_AT", "PAYLOAD"]
+        .map(String::from)
+        .to_vec()];
+    for c in &page {
+        rows.push(vec![
+            c.id.to_string(),
+            c.attempts.to_string(),
+            utc(c.completed_at),
+            preview(&c.payload),
+        ]);
+    }
+    say(format_args!("{}", columns(&rows)))?;
+    page_end(page.len(), limit, page.last().map(|c| c.id), "completed");
+    Ok(())
+}
+
+/// Tells on stderr where the next page starts, or that this was the last.
+fn page_end(listed: usize, limit: usize, last: Option<i64>, what: &str) {
+    match last {
+        Some(last) if listed == limit => eprintln!("more rows may follow: --after {last}"),
+        _ => eprintln!("{listed} {what} rows listed"),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Pick {
+    Requeue,
+    Purge,
+}
+
+fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
+    let table = args.table.table();
+    let verb = match pick {
+        Pick::Requeue => "requeued",
+        Pick::Purge => "purged",
+    };
+    if args.all {
+        let n = match pick {
+            Pick::Requeue => broker.requeue_all_dead(&table)?,
+            Pick::Purge => broker.purge_all_dead(&table)?,
+        };
+        return say(format_args!("{verb} {n} dead-lettered rows\n"));
+    }
+    let mut missing = Vec::new();
+    let mut done = 0;
+    for &id in &args.ids {
+        let found = match pick {
+            Pick::Requeue => broker.requeue_dead(&table, id)?,
+            Pick::Purge => broker.purge_dead(&table, id)?,
+        };
+        if found {
+            done += 1;
+        } else {
+            missing.push(id.to_string());
+        }
+    }
+    say(format_args!("{verb} {done} dead-lettered rows\n"))?;
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no dead-lettered row with id {} in table {}",
+            missing.join(", "),
+            table.name()
+        )
+        .into())
+    }
+}
+
+fn publish(broker: &Broker, args: &PublishArgs) -> Result {
+    let table = args.table.table();
+    let mut values = Vec::new();
+    for (column, text) in &args.set {
+        let ty = args
+            .table
+            .desc
+            .columns
+            .iter()
+            .find(|(c, _)| c == column)
+            .map_or(ColumnType::Text, |(_, ty)| *ty);
+        values.push((column.clone(), typed(column, text, ty)?));
+    }
+    let message = |payload: Vec<u8>| {
+        let mut m = Message::new(payload);
+        for (c, v) in &values {
+            m = m.set(c.clone(), v.clone());
+        }
+        if let Some(secs) = args.delay {
+            m = m.deliver_after(Duration::from_secs(secs));
+        }
+        m
+    };
+    let (mut rows, mut duplicates) = (0, 0);
+    let mut flush = |batch: &mut Vec<Message>| -> Result {
+        let done = broker.publish_batch(&table, std::mem::take(batch))?;
+        rows += done.rows;
+        duplicates += done.duplicates;
+        Ok(())
+    };
+    let mut batch = Vec::new();
+    let mut input = std::io::stdin().lock();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+        }
+        batch.push(message(line.clone()));
+        if batch.len() == PUBLISH_BATCH {
+            flush(&mut batch)?;
+        }
+    }
+    if !batch.is_empty() {
+        flush(&mut batch)?;
+    }
+    if duplicates > 0 {
+        say(format_args!(
+            "published {rows} messages; {duplicates} skipped as duplicates\n"
+        ))
+    } else {
+        say(format_args!("published {rows} messages\n"))
+    }
+}
+
+/// `text` as a value of a column of type `ty`.
+fn typed(column: &str, text: &str, ty: ColumnType) -> Result<Value> {
+    let bad = |what: &str| format!("--set {column}={text}: not {what}");
+    Ok(match ty {
+        ColumnType::Int => Value::Int(text.parse().map_err(|_| bad("an integer"))?),
+        ColumnType::Float => Value::Float(text.parse().map_err(|_| bad("a number"))?),
+        ColumnType::Bytes => Value::Bytes(text.as_bytes().to_vec()),
+        _ => Value::Text(text.to_string()),
+    })
+}
+
+/// Rows as left-aligned columns two spaces apart.
+fn columns(rows: &[Vec<String>]) -> String {
+    let mut widths = Vec::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            let w = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(max) if *max < w => *max = w,
+                Some(_) => {}
+                None => widths.push(w),
+            }
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Bytes as text on one line: invalid UTF-8 replaced, control characters escaped, cut at
+/// [`PREVIEW`] characters.
+fn preview(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == PREVIEW {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `3s`, `2m05s`, `1h02m03s`, `3d04h`.
+fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3_599 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600..=86_399 => format!("{}h{:02}m{:02}s", s / 3_600, s / 60 % 60, s % 60),
+        _ => format!("{}d{:02}h", s / 86_400, s / 3_600 % 24),
+    }
+}
+
+/// A time as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc(t: SystemTime) -> String {
+    let secs = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    };
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            utc(UNIX_EPOCH + Duration::from_secs(1_709_214_307)),
+            "2024-02-29T13:45:07Z"
+        );
+        assert_eq!(age(Duration::from_secs(5)), "5s");
+        assert_eq!(age(Duration::from_secs(125)), "2m05s");
+        assert_eq!(age(Duration::from_secs(3_723)), "1h02m03s");
+        assert_eq!(age(Duration::from_secs(273_600)), "3d04h");
+        assert_eq!(preview(b"a\nb\xff"), "a\\nb\u{fffd}");
+        assert_eq!(preview("x".repeat(70).as_bytes()).len(), PREVIEW + 3);
+        assert_eq!(
+            columns(&[
+                vec!["A".into(), "BB".into(), "C".into()],
+                vec!["long".into(), "x".into(), "".into()]
+            ]),
+            "A     BB  C\nlong  x\n"
+        );
+    }
+}

@@ -1,0 +1,379 @@
+//! The operator's view of a queue: its counts by state ([`Broker::stats`]), dead-letter
+//! maintenance (paging, requeue and purge, by id or all) and the completed rows a table keeps
+//! ([`Table::keep_completed`]: paging, pruning), in bounded batches, so a table of millions of
+//! rows is never locked by one long statement. The `sqlbroker` command line
+//! tool (`cli` feature) is built on these.
+
+use std::time::{Duration, SystemTime};
+
+use crate::broker::{dead_letter_rows, Broker, DeadLetter};
+use crate::dialect::DbConn;
+use crate::error::{DbError, Result};
+use crate::runtime::Queue;
+use crate::schedule;
+use crate::table::{Form, Table};
+use crate::Value;
+
+/// How many rows one statement of [`Broker::requeue_all_dead`], [`Broker::purge_all_dead`]
+/// and [`Broker::prune_completed`] changes at most.
+pub(crate) const BATCH: usize = 1_000;
+
+/// A table's rows by state, read in one statement ([`Broker::stats`]).
+///
+/// What each count holds depends on the form, because only the lease form marks a row in
+/// work in the row itself:
+///
+/// | | lease | row lock | advisory lock |
+/// |---|---|---|---|
+/// | [`ready`](Self::ready) | due, not leased | due, **in work included** | due, **in work included** |
+/// | [`scheduled`](Self::scheduled) | not yet due, not leased | not yet due | not yet due |
+/// | [`in_flight`](Self::in_flight) | `Some`: leased (`locked_until` in the future) | `None` | `None` |
+/// | [`dead`](Self::dead) | dead-lettered | dead-lettered | dead-lettered |
+/// | [`completed`](Self::completed) | `Some` with [`Table::keep_completed`], else `None` | same | same |
+///
+/// Why `None`: a row lock lives in the database's lock manager (PostgreSQL keeps it in the
+/// row's header, MySQL in InnoDB's lock table), not in a column, and a plain read sees a
+/// locked row as it was before its transaction; counting it would take the locks of every
+/// ready row (`FOR UPDATE SKIP LOCKED` and a difference), which would make concurrent claims
+/// skip those rows and write to every ready row on PostgreSQL, or read server-specific lock
+/// tables (`pg_locks` does not list row locks at all). An advisory lock is on a key, not a
+/// row, and keys are shared by tables. So a row lock or advisory row in work is counted in
+/// `ready` and `in_flight` is `None`.
+///
+/// A FIFO table's `ready` counts every due row of a group, though only the head of each
+/// group can be claimed. Times are compared with the host's clock, in whole seconds, as the
+/// claims compare them. The counts are a snapshot: rows move between states while it is read.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"now".to_vec()))?;
+/// broker.publish(&t, Message::new(b"later".to_vec()).deliver_after(Duration::from_secs(60)))?;
+/// let stats = broker.stats(&t)?;
+/// assert_eq!((stats.ready, stats.scheduled, stats.in_flight), (1, 1, Some(0)));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// The form the description chose (what the counts mean, in the table above).
+    pub form: Form,
+    /// Rows a claim may take now: not dead-lettered, due (`run_at` not in the future) and, in
+    /// the lease form, not leased. In the row lock and advisory lock forms, rows in work too.
+    pub ready: u64,
+    /// Rows not dead-lettered whose `run_at` is in the future (published with a delay, or
+    /// retried with one) and, in the lease form, not leased.
+    pub scheduled: u64,
+    /// Rows in work. Lease form: `Some` (rows whose lease has not expired, `locked_until` in
+    /// the future); row lock and advisory lock forms: `None` (their rows in work cannot be
+    /// told apart cheaply and are counted in `ready`).
+    pub in_flight: Option<u64>,
+    /// Dead-lettered rows (`dead_at` set; on a table that keeps completed rows, not completed).
+    pub dead: u64,
+    /// Completed rows kept ([`Table::keep_completed`]); `None` on a table that deletes the
+    /// rows it acks.
+    pub completed: Option<u64>,
+    /// How long the oldest ready row has been due (`now - run_at`, whole seconds); `None` when
+    /// no row is ready. Row lock and advisory lock forms: rows in work included.
+    pub oldest_ready_age: Option<Duration>,
+}
+
+impl QueueStats {
+    /// Every row of the table: ready, scheduled, in flight (where counted), dead and
+    /// completed (where kept).
+    pub fn total(&self) -> u64 {
+        self.ready
+            + self.scheduled
+            + self.in_flight.unwrap_or(0)
+            + self.dead
+            + self.completed.unwrap_or(0)
+    }
+}
+
+impl Broker {
+    /// The table's rows by state: ready, scheduled, in flight (lease form only), dead, and
+    /// the age of the oldest ready row. One statement (a scan of the table, filtered
+    /// aggregates: `COUNT(*) FILTER (..)` on PostgreSQL and SQLite, `COUNT(CASE ..)` on
+    /// MySQL), no locks taken. See [`QueueStats`] for exactly what each count holds per form.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"now".to_vec()))?;
+    /// broker.publish(&jobs, Message::new(b"later".to_vec()).deliver_after(Duration::from_secs(3600)))?;
+    ///
+    /// let stats = broker.stats(&jobs)?;
+    /// assert_eq!((stats.ready, stats.scheduled, stats.in_flight, stats.dead), (1, 1, Some(0), 0));
+    /// assert!(stats.oldest_ready_age.is_some());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn stats(&self, table: &Table) -> Result<QueueStats> {
+        let q = self.queue(table)?;
+        let now = schedule::claim_now(SystemTime::now());
+        let params = [Value::Time(now)];
+        let rows = q.retrying("stats", |conn| conn.query(&q.sql.stats, &params))?;
+        let row = rows.into_iter().next().unwrap_or_default();
+        let count = |i: usize| {
+            row.get(i)
+                .and_then(Value::as_i64)
+                .unwrap_or_default()
+                .max(0) as u64
+        };
+        let oldest = row.get(4).and_then(Value::as_time);
+        Ok(QueueStats {
+            form: q.spec.form,
+            ready: count(0),
+            scheduled: count(1),
+            in_flight: (q.spec.form == Form::Lease).then(|| count(2)),
+            dead: count(3),
+            completed: q.spec.completed_at.is_some().then(|| count(5)),
+            oldest_ready_age: oldest.map(|t| now.duration_since(t).unwrap_or_default()),
+        })
+    }
+
+    /// A page of dead-lettered rows by id: those with an id above `after` (`None`: from the
+    /// first), at most `limit`, lowest id first. Pass the last id of a page as `after` to
+    /// read the next; a page shorter than `limit` is the last.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(std::time::Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let mut after = None;
+    /// loop {
+    ///     let page = broker.dead_letters_after(&jobs, after, 100)?;
+    ///     for d in &page {
+    ///         println!("{} {}", d.id, d.reason);
+    ///     }
+    ///     match page.last() {
+    ///         Some(last) if page.len() == 100 => after = Some(last.id),
+    ///         _ => break,
+    ///     }
+    /// }
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn dead_letters_after(
+        &self,
+        table: &Table,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let q = self.queue(table)?;
+        let params = [
+            Value::Int(after.unwrap_or(i64::MIN)),
+            Value::Int(limit.min(i64::MAX as usize) as i64),
+        ];
+        let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_page, &params))?;
+        Ok(dead_letter_rows(&q, rows))
+    }
+
+    /// Puts every dead-lettered row back in the queue as [`requeue_dead`](Self::requeue_dead)
+    /// does one (due now, attempts reset); returns how many. Works through the table by id in
+    /// batches of at most 1,000 rows, each its own short statement, so it never holds a long
+    /// lock on a large table; rows dead-lettered while it runs, with ids it has passed, stay
+    /// dead. Stopped by an error, the batches done stay done.
+    pub fn requeue_all_dead(&self, table: &Table) -> Result<u64> {
+        let q = self.queue(table)?;
+        let n = in_batches(
+            &q,
+            "requeue all dead",
+            &q.sql.dead_bound,
+            &[],
+            |conn, after, upto| {
+                let now = schedule::due_at(SystemTime::now(), Duration::ZERO);
+                let params = [Value::Time(now), Value::Int(after), Value::Int(upto)];
+                conn.execute(&q.sql.dead_requeue_range, &params)
+            },
+        )?;
+        if n > 0 {
+            let rows = usize::try_from(n).unwrap_or(usize::MAX);
+            match q.conn("requeue all dead") {
+                Ok(mut conn) => self.announce(&q, &mut *conn, rows),
+                // Other brokers find the rows at their poll.
+                Err(_) => q.wake.notify(rows),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes the row `id` if it is dead-lettered; false if no dead-lettered row has that id
+    /// (a live row is never deleted).
+    pub fn purge_dead(&self, table: &Table, id: i64) -> Result<bool> {
+        let q = self.queue(table)?;
+        let params = [Value::Int(id)];
+        let n = q.retrying("purge dead", |conn| {
+            conn.execute(&q.sql.dead_purge, &params)
+        })?;
+        Ok(n > 0)
+    }
+
+    /// Deletes every dead-lettered row (and no other); returns how many. In batches of at
+    /// most 1,000 rows by id, as [`requeue_all_dead`](Self::requeue_all_dead).
+    pub fn purge_all_dead(&self, table: &Table) -> Result<u64> {
+        let q = self.queue(table)?;
+        in_batches(
+            &q,
+            "purge all dead",
+            &q.sql.dead_bound,
+            &[],
+            |conn, after, upto| {
+                conn.execute(
+                    &q.sql.dead_purge_range,
+                    &[Value::Int(after), Value::Int(upto)],
+                )
+            },
+        )
+    }
+
+    /// A page of the completed rows a table keeps ([`Table::keep_completed`]): those with an
+    /// id above `after` (`None`: from the first), at most `limit`, lowest id first.
+    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// not keep them.
+    pub fn completed_after(
+        &self,
+        table: &Table,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Completed>> {
+        let q = self.queue(table)?;
+        keeps_completed(&q)?;
+        let params = [
+            Value::Int(after.unwrap_or(i64::MIN)),
+            Value::Int(limit.min(i64::MAX as usize) as i64),
+        ];
+        let rows = q.retrying("completed", |conn| {
+            conn.query(&q.sql.completed_page, &params)
+        })?;
+        let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let mut it = row.into_iter();
+                let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+                let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+                let payload = match it.next() {
+                    Some(Value::Bytes(b)) => b,
+                    Some(Value::Text(s)) => s.into_bytes(),
+                    _ => Vec::new(),
+                };
+                let completed_at = it
+                    .next()
+                    .and_then(|v| v.as_time())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                Completed {
+                    id,
+                    attempts: attempts.clamp(0, u32::MAX as i64) as u32,
+                    payload,
+                    completed_at,
+                    values: names.iter().cloned().zip(it).collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes the completed rows kept longer than the table's retention
+    /// ([`Table::keep_completed`]): those whose completion time is more than the retention
+    /// before now (the host's clock, whole seconds); returns how many. In batches of at most
+    /// 1,000 rows by id, each its own statement. Call it from a timer (or run
+    /// `sqlbroker completed prune`): nothing prunes by itself.
+    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// not keep completed rows.
+    pub fn prune_completed(&self, table: &Table) -> Result<u64> {
+        let q = self.queue(table)?;
+        keeps_completed(&q)?;
+        let now = schedule::claim_now(SystemTime::now());
+        let cutoff = now
+            .checked_sub(Duration::from_secs(q.spec.retention_secs))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let lead = [Value::Time(cutoff)];
+        in_batches(
+            &q,
+            "prune completed",
+            &q.sql.completed_bound,
+            &lead,
+            |conn, after, upto| {
+                let params = [Value::Time(cutoff), Value::Int(after), Value::Int(upto)];
+                conn.execute(&q.sql.completed_prune_range, &params)
+            },
+        )
+    }
+}
+
+/// A completed row a table keeps ([`Broker::completed_after`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Completed {
+    /// The row's id.
+    pub id: i64,
+    /// Attempts the row used (the row lock form counts an attempt when it is retried, so
+    /// there the successful one is not counted).
+    pub attempts: u32,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// When it was acked (the database server's clock, whole seconds).
+    pub completed_at: SystemTime,
+    /// The table's own columns, by name.
+    pub values: Vec<(String, Value)>,
+}
+
+impl Completed {
+    /// The value of a column of the table's description.
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v)
+    }
+}
+
+/// Refuses a table that does not keep completed rows.
+fn keeps_completed(q: &Queue) -> Result<()> {
+    if q.spec.completed_at.is_some() {
+        return Ok(());
+    }
+    Err(crate::BrokerError::InvalidTable {
+        table: q.spec.name.clone(),
+        reason: "the table does not keep completed rows (Table::keep_completed)".into(),
+    })
+}
+
+/// Runs `batch(conn, after, upto)` over consecutive id ranges `(after, upto]` holding at most
+/// [`BATCH`] rows each, as `bound` `(lead.., after, offset)` finds them, until the last range
+/// (open above); returns the rows changed. Each batch is one statement on its own (MySQL
+/// sessions run at `READ COMMITTED`, so its range scan reads past rows that row lock
+/// deliveries hold instead of waiting for them) and safe to run twice, so a lost connection
+/// retries it.
+fn in_batches(
+    q: &Queue,
+    op: &'static str,
+    bound: &str,
+    lead: &[Value],
+    batch: impl Fn(&mut dyn DbConn, i64, i64) -> Result<u64, DbError>,
+) -> Result<u64> {
+    let mut after = i64::MIN;
+    let mut total = 0;
+    loop {
+        let mut params = lead.to_vec();
+        params.extend([Value::Int(after), Value::Int(BATCH as i64 - 1)]);
+        let bound = q
+            .retrying(op, |conn| conn.query(bound, &params))?
+            .first()
+            .and_then(|r| r.first()?.as_i64());
+        let upto = bound.unwrap_or(i64::MAX);
+        total += q.retrying(op, |conn| batch(conn, after, upto))?;
+        match bound {
+            Some(b) => after = b,
+            None => return Ok(total),
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The `sqlbroker` command line tool, end to end: the built binary run as a process against the
+//! live databases (cargo feature `cli`).
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{live, next, unique, Db, Live};
+use sqlbroker::Table;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqlbroker");
+
+/// Runs the tool with `args`, `DATABASE_URL` set to `url` (or unset), `stdin` as its input;
+/// fails the test if it runs longer than `limit`.
+fn run_within(url: Option<&str>, args: &[&str], stdin: &str, limit: Duration) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("run sqlbroker");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("sqlbroker {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn run(url: Option<&str>, args: &[&str], stdin: &str) -> Output {
+    run_within(url, args, stdin, Duration::from_secs(60))
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs and requires exit code 0.
+fn ok(url: &str, args: &[&str], stdin: &str) -> String {
+    let o = run(Some(url), args, stdin);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "sqlbroker {args:?}: {}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// `--help` of every command exits 0 and names the command's options.
+#[test]
+fn every_command_has_help_naming_its_options() {
+    let cases: [(&[&str], &[&str]); 12] = [
+        (
+            &[],
+            &[
+                "--url",
+                "DATABASE_URL",
+                "--connect-timeout",
+                "status",
+                "dead",
+                "create-table",
+                "migrate",
+                "publish",
+            ],
+        ),
+        (
+            &["migrate"],
+            &["--table", "--lease", "--column", "--priorities", "--dedup"],
+        ),
+        (
+            &["status"],
+            &[
+                "--table",
+                "--json",
+                "--lease",
+                "--advisory-lock",
+                "--column",
+            ],
+        ),
+        (&["dead"], &["list", "requeue", "purge"]),
+        (&["dead", "list"], &["--table", "--after", "--limit"]),
+        (&["dead", "requeue"], &["--table", "--id", "--all"]),
+        (&["dead", "purge"], &["--table", "--id", "--all"]),
+        (
+            &["create-table"],
+            &[
+                "--table",
+                "--lease",
+                "--column",
+                "--fifo",
+                "--priorities",
+                "--dedup",
+            ],
+        ),
+        (&["publish"], &["--table", "--set", "--delay"]),
+        (&["completed"], &["list", "prune"]),
+        (
+            &["completed", "list"],
+            &["--table", "--keep-completed", "--after", "--limit"],
+        ),
+        (&["completed", "prune"], &["--table", "--keep-completed"]),
+    ];
+    for (command, options) in cases {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let o = run(None, &args, "");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let help = stdout(&o);
+        for option in options {
+            assert!(
+                help.contains(option),
+                "{args:?} does not name {option}:\n{help}"
+            );
+        }
+    }
+}
+
+/// Usage errors exit 2 with clap's message; no database is touched.
+#[test]
+fn usage_errors_exit_2() {
+    // No URL anywhere.
+    let o = run(None, &["status", "--table", "jobs"], "");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("DATABASE_URL"), "{}", stderr(&o));
+    // Neither --id nor --all.
+    let o = run(
+        Some("sqlite::memory:"),
+        &["dead", "purge", "--table", "jobs"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--all"), "{}", stderr(&o));
+    // Both.
+    let o = run(
+        Some("sqlite::memory:"),
+        &["dead", "requeue", "--table", "jobs", "--id", "1", "--all"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A column type that does not exist.
+    let o = run(
+        Some("sqlite::memory:"),
+        &["create-table", "--table", "jobs", "--column", "n:decimal"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("unknown type"), "{}", stderr(&o));
+}
+
+/// A URL that cannot work exits 1 with `sqlbroker: <why>`, and a server that does not answer
+/// costs the connect timeout, not more.
+#[test]
+fn bad_urls_exit_1_with_a_clear_message_in_time() {
+    let o = run_within(
+        None,
+        &["--url", "redis://localhost/0", "status", "--table", "jobs"],
+        "",
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("sqlbroker: invalid database url"),
+        "{}",
+        stderr(&o)
+    );
+    // Nothing listens on port 1.
+    for url in [
+        "postgres://postgres@127.0.0.1:1/test",
+        "mysql://root@127.0.0.1:1/test",
+    ] {
+        let o = run_within(
+            None,
+            &[
+                "--url",
+                url,
+                "--connect-timeout",
+                "1",
+                "status",
+                "--table",
+                "jobs",
+            ],
+            "",
+            Duration::from_secs(10),
+        );
+        assert_eq!(o.status.code(), Some(1), "{url}");
+        let err = stderr(&o);
+        assert!(err.starts_with("sqlbroker: could not connect"), "{err}");
+        assert!(
+            err.to_lowercase().contains("refused"),
+            "the cause is named: {err}"
+        );
+    }
+}
+
+/// Marks row `id` dead-lettered, directly.
+fn kill_row(l: &Live, t: &str, id: i64) {
+    let now = match l.db {
+        Db::Postgres => "date_trunc('second', now())",
+        Db::Mysql => "UTC_TIMESTAMP()",
+        Db::Sqlite => "CAST(strftime('%s', 'now') AS INTEGER)",
+    };
+    l.exec(&format!(
+        "UPDATE {t} SET dead_at = {now}, dead_reason = 'again' WHERE id = {id}"
+    ));
+}
+
+/// create-table, publish from stdin, status, dead list / requeue / purge against a live
+/// database, each checked in the table itself.
+fn create_publish_and_dead_letters(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli");
+    l.track(&name);
+    let desc = ["--table", name.as_str(), "--lease", "30", "--column", "k"];
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter()
+            .chain(desc.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let ok_with = |args: &[&str], stdin: &str| {
+        let args = with(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&url, &args, stdin)
+    };
+
+    ok_with(&["create-table"], "");
+    assert!(l.table_exists(&name));
+    // Twice is fine: IF NOT EXISTS.
+    ok_with(&["create-table"], "");
+    // A later description with priorities: create-table refuses it (the column is missing),
+    // migrate adds it, once.
+    let args = with(&["create-table", "--priorities"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = run(Some(&url), &args, "");
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("column priority is missing"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = ok_with(&["migrate", "--priorities"], "");
+    assert_eq!(out.trim(), "added column priority");
+    let out = ok_with(&["migrate", "--priorities"], "");
+    assert!(out.contains("up to date"), "{out}");
+
+    let out = ok_with(&["publish", "--set", "k=cli"], "alpha\nbeta\n\ngamma\r\n");
+    assert_eq!(out.trim(), "published 4 messages");
+
+    // The rows, read through the library: one per line, in order, with the column set.
+    let table = Table::new(name.as_str())
+        .text_column("k")
+        .lease(Duration::from_secs(30));
+    let sub = l
+        .broker
+        .subscription(&table)
+        .max_in_flight(4)
+        .start()
+        .unwrap();
+    let mut got: Vec<_> = (0..4)
+        .map(|_| next(&sub, Duration::from_secs(10)))
+        .collect();
+    got.sort_by_key(|d| d.id());
+    let payloads: Vec<&[u8]> = got.iter().map(|d| d.payload()).collect();
+    assert_eq!(payloads, [&b"alpha"[..], b"beta", b"", b"gamma"]);
+    assert!(got
+        .iter()
+        .all(|d| d.get("k").and_then(|v| v.as_str()) == Some("cli")));
+    let ids: Vec<i64> = got.iter().map(|d| d.id()).collect();
+    let dead = ids[1];
+    for d in got {
+        if d.id() == dead {
+            d.dead_letter("bad beta").unwrap();
+        } else {
+            d.retry().unwrap();
+        }
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+
+    let json = ok_with(&["status", "--json"], "");
+    let head = format!(
+        "[{{\"table\":\"{name}\",\"form\":\"lease\",\"ready\":3,\"scheduled\":0,\"in_flight\":0,\
+         \"dead\":1,\"completed\":null,\"oldest_ready_secs\":"
+    );
+    let secs = json
+        .trim()
+        .strip_prefix(&head)
+        .and_then(|r| r.strip_suffix("}]"));
+    let secs: u64 = secs
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{json}"));
+    assert!(secs < 60, "{json}");
+    let text = ok_with(&["status"], "");
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..7],
+        [name.as_str(), "lease", "3", "0", "0", "1", "-"],
+        "{text}"
+    );
+
+    // dead list: the dead row, and only it.
+    let list = ok_with(&["dead", "list"], "");
+    let listed: Vec<i64> = list
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(listed, [dead], "{list}");
+    assert!(list.contains("bad beta") && list.contains("beta"), "{list}");
+
+    // requeue by id: live again, attempts reset; a second time finds no dead row: exit 1.
+    let out = ok_with(&["dead", "requeue", "--id", &dead.to_string()], "");
+    assert_eq!(out.trim(), "requeued 1 dead-lettered rows");
+    assert_eq!(
+        l.rows_where(
+            &table,
+            &format!("id = {dead} AND dead_at IS NULL AND attempts = 0")
+        ),
+        1
+    );
+    let args = with(&["dead", "requeue", "--id", &dead.to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let again = run(Some(&url), &args, "");
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(
+        stderr(&again).trim(),
+        format!("sqlbroker: no dead-lettered row with id {dead} in table {name}")
+    );
+
+    // purge --all: the dead rows go, the live ones stay.
+    kill_row(&l, &name, ids[3]);
+    let out = ok_with(&["dead", "purge", "--all"], "");
+    assert_eq!(out.trim(), "purged 1 dead-lettered rows");
+    let left: Vec<i64> = l
+        .ints(&format!(
+            "SELECT id FROM {name} WHERE dead_at IS NULL ORDER BY id"
+        ))
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(left, [ids[0], ids[1], ids[2]]);
+    assert_eq!(l.rows(&table), 3);
+}
+per_db!(create_publish_and_dead_letters);
+
+/// A table that keeps completed rows: `completed list` shows them, `completed prune` deletes
+/// only those past the retention; a table that does not keep them is refused (exit 1).
+fn completed_list_and_prune(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli");
+    l.track(&name);
+    let desc = [
+        "--table",
+        name.as_str(),
+        "--lease",
+        "30",
+        "--keep-completed",
+        "60",
+    ];
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter()
+            .chain(desc.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let ok_with = |args: &[&str], stdin: &str| {
+        let args = with(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&url, &args, stdin)
+    };
+    ok_with(&["create-table"], "");
+    ok_with(&["publish"], "one\ntwo\nthree\n");
+    let table = Table::new(name.as_str())
+        .lease(Duration::from_secs(30))
+        .keep_completed(Duration::from_secs(60));
+    let sub = l
+        .broker
+        .subscription(&table)
+        .max_in_flight(2)
+        .start()
+        .unwrap();
+    let mut done: Vec<i64> = Vec::new();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(10));
+        done.push(d.id());
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    done.sort();
+
+    let list = ok_with(&["completed", "list"], "");
+    let listed: Vec<i64> = list
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(listed, done, "{list}");
+    let text = ok_with(&["status"], "");
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..7],
+        [name.as_str(), "lease", "1", "0", "0", "0", "2"],
+        "{text}"
+    );
+
+    // Nothing past the retention yet; then one row aged past it goes, and only it.
+    assert_eq!(
+        ok_with(&["completed", "prune"], "").trim(),
+        "pruned 0 completed rows"
+    );
+    let back = match db {
+        Db::Postgres => "completed_at - interval '120 seconds'",
+        Db::Mysql => "completed_at - INTERVAL 120 SECOND",
+        Db::Sqlite => "completed_at - 120",
+    };
+    l.exec(&format!(
+        "UPDATE {name} SET completed_at = {back} WHERE id = {}",
+        done[0]
+    ));
+    assert_eq!(
+        ok_with(&["completed", "prune"], "").trim(),
+        "pruned 1 completed rows"
+    );
+    let left: Vec<i64> = l
+        .ints(&format!(
+            "SELECT id FROM {name} WHERE completed_at IS NOT NULL"
+        ))
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(left, [done[1]]);
+    assert_eq!(l.rows(&table), 2, "the live row stays");
+
+    // Described without --keep-completed: refused, exit 1.
+    let o = run(
+        Some(&url),
+        &["completed", "list", "--table", &name, "--lease", "30"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("does not keep completed rows"),
+        "{}",
+        stderr(&o)
+    );
+}
+per_db!(completed_list_and_prune);
