@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -10,6 +10,7 @@ use crate::dialect::{self, ConnOptions, DbConn, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::message::Message;
 use crate::publish::{self, Within};
+use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
@@ -49,6 +50,10 @@ struct Inner {
     queues: Mutex<HashMap<Table, Arc<Queue>>>,
     wakes: Mutex<HashMap<String, Arc<Wake>>>,
     renewer: Arc<Renewer>,
+    /// The change feed, where the database has one (started with the first subscription).
+    listener: Option<Arc<Listener>>,
+    /// This broker, in the notifications it sends (its own listener skips them).
+    me: u64,
     statement_timeout: Duration,
 }
 
@@ -192,6 +197,8 @@ impl BrokerBuilder {
             source: e.source,
         })?;
         let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
+        let me = broker_id();
+        let listener = Listener::new(&dialect, me);
         let broker = Broker {
             inner: Arc::new(Inner {
                 dialect,
@@ -199,6 +206,8 @@ impl BrokerBuilder {
                 queues: Default::default(),
                 wakes: Default::default(),
                 renewer: Arc::default(),
+                listener,
+                me,
                 statement_timeout: self.options.statement_timeout,
             }),
         };
@@ -416,7 +425,7 @@ impl Broker {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
         let id = publish::one(&q.target(), &mut *conn, message)?;
-        q.wake.notify();
+        self.announce(&q, &mut *conn, 1);
         Ok(id)
     }
 
@@ -439,13 +448,34 @@ impl Broker {
         let done = publish::many(&q.target(), &mut *conn, messages, Within::Own, |rows| {
             q.insert_sql(rows)
         })?;
-        q.wake.notify();
+        if done.rows > 0 {
+            self.announce(&q, &mut *conn, done.rows);
+        }
         Ok(done)
     }
 
     /// Starts describing a subscription to `table`.
     pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
-        SubscriptionBuilder::new(self.queue(table), self.inner.renewer.clone())
+        SubscriptionBuilder::new(
+            self.queue(table),
+            self.inner.renewer.clone(),
+            self.inner.listener.clone(),
+        )
+    }
+
+    /// `rows` rows of `q` committed: wakes that many idle workers of this broker, and tells
+    /// other brokers (PostgreSQL: a notification on the table's channel, skipped while an
+    /// earlier one of this broker's is on its way; see [`Gate`](crate::runtime::wake::Gate)).
+    /// The rows are in: a notification that fails is logged, and the poll finds them.
+    pub(crate) fn announce(&self, q: &Queue, conn: &mut dyn crate::dialect::DbConn, rows: usize) {
+        q.wake.notify(rows);
+        if q.wake.gate.defer(rows, Instant::now()) {
+            return;
+        }
+        if let Err(e) = q.dialect.announce(conn, &q.sql, rows, Some(self.inner.me)) {
+            q.wake.gate.failed();
+            log::debug!("notifying a publish to table {}: {e}", q.spec.name);
+        }
     }
 
     /// Dead-lettered rows of `table`, oldest first, at most `limit`.
@@ -465,9 +495,32 @@ impl Broker {
         // Only a dead row matches: running it twice changes nothing more.
         let params = [Value::Time(now), Value::Int(id)];
         let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
-        q.wake.notify();
+        if n > 0 {
+            match q.conn("requeue") {
+                Ok(mut conn) => self.announce(&q, &mut *conn, 1),
+                // Other brokers find the row at their poll.
+                Err(_) => q.wake.notify(1),
+            }
+        }
         Ok(n > 0)
     }
+}
+
+/// A number no other broker of this process, nor (with high probability) of another process,
+/// uses: how a listener tells its own broker's notifications from others'.
+fn broker_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // Process id, start time and a counter, mixed; kept to 53 bits so it reads the same
+    // anywhere a payload is parsed as a number.
+    let mixed =
+        (u64::from(std::process::id()) << 32 ^ nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    mixed >> 11
 }
 
 /// What [`Broker::publish_batch`] did.

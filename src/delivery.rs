@@ -451,7 +451,7 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
     };
     let r = form::settle(ctx, row.id, hold, outcome, within);
     if returned {
-        ctx.queue.wake.notify();
+        ctx.queue.wake.notify(1);
     }
     if let Some(events) = &ctx.events {
         let e = Settled {

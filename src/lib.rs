@@ -218,6 +218,13 @@
 //! - Delivery order is priority ([`Table::priorities`]), then due time, then id, per claim; it
 //!   is not a FIFO across workers, except within a FIFO group ([`Table::fifo`]): one row at a
 //!   time, in publish order.
+//! - A publish wakes idle claim workers at once, at most as many as it made rows: on its own
+//!   broker always; on other brokers and processes through PostgreSQL `LISTEN/NOTIFY` (one
+//!   dedicated session per broker, reconnected with backoff; a reconnection wakes every
+//!   worker) and a SQLite file's change probe (`PRAGMA data_version`). MySQL/MariaDB cannot
+//!   notify: an idle worker polls after 5 ms once rows were found, doubling up to
+//!   [`poll_interval`](SubscriptionBuilder::poll_interval). Every subscription still polls at
+//!   that interval, so rows inserted by other tools with plain SQL are found.
 //!
 //! ## Caveats
 //!

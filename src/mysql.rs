@@ -5,7 +5,8 @@
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
 //! keys included (a held key fails only its own insert: InnoDB rolls back the statement, not
 //! the application's transaction). Subscribers see the row once the transaction commits, at
-//! their next claim (their poll interval, 250 ms by default).
+//! their next poll (MySQL cannot notify: within milliseconds while rows keep arriving, within
+//! the poll interval, 250 ms by default, when idle).
 //!
 //! ```no_run
 //! use mysql::prelude::Queryable;

@@ -196,7 +196,12 @@ impl Broker {
             },
         )?;
         if n > 0 {
-            q.wake.notify();
+            let rows = usize::try_from(n).unwrap_or(usize::MAX);
+            match q.conn("requeue all dead") {
+                Ok(mut conn) => self.announce(&q, &mut *conn, rows),
+                // Other brokers find the rows at their poll.
+                Err(_) => q.wake.notify(rows),
+            }
         }
         Ok(n)
     }

@@ -4,9 +4,9 @@
 //! crate, at the version this crate depends on).
 //!
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
-//! keys included. Subscribers see the row once the transaction commits: a subscription on
-//! another connection finds it at its next claim (its poll interval, 250 ms by default), as it
-//! finds rows published by other processes.
+//! keys included. Subscribers see the row once the transaction commits: the publish also
+//! notifies the table's channel (`pg_notify`), which PostgreSQL delivers at the commit (not at
+//! all on a rollback), so idle subscriptions in any process wake then.
 //!
 //! ```no_run
 //! use sqlbroker::{Message, Table};

@@ -170,7 +170,12 @@ pub(crate) fn in_transaction(
         sql: &c.sql,
         dialect,
     };
-    one(&t, conn, message)
+    let id = one(&t, conn, message)?;
+    // Delivered when the caller's transaction commits, not at all if it rolls back.
+    dialect
+        .announce(conn, t.sql, 1, None)
+        .map_err(|e| t.err(e))?;
+    Ok(id)
 }
 
 /// Publishes a batch inside the caller's transaction on `conn`.
@@ -187,5 +192,11 @@ pub(crate) fn batch_in_transaction(
         dialect,
     };
     let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };
-    many(&t, conn, messages, Within::Callers, insert)
+    let done = many(&t, conn, messages, Within::Callers, insert)?;
+    if done.rows > 0 {
+        dialect
+            .announce(conn, t.sql, done.rows, None)
+            .map_err(|e| t.err(e))?;
+    }
+    Ok(done)
 }

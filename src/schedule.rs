@@ -107,9 +107,82 @@ pub(crate) fn drop_delay(attempt: u32) -> Duration {
     backoff(attempt, Duration::from_secs(1), Duration::from_secs(60))
 }
 
+/// The first wait of an idle claim worker after a claim that found rows, where the database
+/// has no change feed (MySQL/MariaDB): rows that keep arriving from other processes are seen
+/// within milliseconds.
+pub(crate) const FAST_POLL: Duration = Duration::from_millis(5);
+
+/// How long an idle claim worker waits after its `empty`-th empty claim in a row, where the
+/// database has no change feed: [`FAST_POLL`] after the first, doubling with each one after,
+/// up to `poll_interval` (which an idle worker then keeps: one claim per interval). A
+/// `poll_interval` shorter than [`FAST_POLL`] is kept as it is.
+pub(crate) fn idle_poll(empty: u32, poll_interval: Duration) -> Duration {
+    backoff(empty, FAST_POLL, poll_interval).min(poll_interval)
+}
+
+/// How often the SQLite change probe looks, `idle` after the last change it saw: every
+/// millisecond for a second, then every 2 ms for ten, then every 4 ms (250 probes a second
+/// while nothing changes; a change is seen 2 ms late on average).
+pub(crate) fn probe_every(idle: Duration) -> Duration {
+    if idle < Duration::from_secs(1) {
+        Duration::from_millis(1)
+    } else if idle < Duration::from_secs(10) {
+        Duration::from_millis(2)
+    } else {
+        Duration::from_millis(4)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_poll_is_fast_after_rows_and_backs_off_to_the_poll_interval() {
+        let ms = Duration::from_millis;
+        let poll = ms(250);
+        let waits: Vec<_> = (1..=9).map(|n| idle_poll(n, poll)).collect();
+        assert_eq!(
+            waits,
+            [
+                ms(5),
+                ms(10),
+                ms(20),
+                ms(40),
+                ms(80),
+                ms(160),
+                poll,
+                poll,
+                poll
+            ]
+        );
+        // Idle for ever: the interval, never more, never an overflow.
+        assert_eq!(idle_poll(u32::MAX, poll), poll);
+        assert_eq!(
+            idle_poll(1, ms(2)),
+            ms(2),
+            "a shorter poll interval is kept"
+        );
+        assert_eq!(idle_poll(0, poll), ms(5));
+        // Claims an idle worker makes in its first second after the last rows; then 4 a second.
+        let mut t = Duration::ZERO;
+        let mut claims = 0;
+        while t < Duration::from_secs(1) {
+            claims += 1;
+            t += idle_poll(claims, poll);
+        }
+        assert_eq!(claims, 9);
+    }
+
+    #[test]
+    fn the_probe_backs_off_when_idle() {
+        let ms = Duration::from_millis;
+        assert_eq!(probe_every(ms(0)), ms(1));
+        assert_eq!(probe_every(ms(999)), ms(1));
+        assert_eq!(probe_every(ms(1000)), ms(2));
+        assert_eq!(probe_every(ms(10_000)), ms(4));
+        assert_eq!(probe_every(Duration::MAX), ms(4));
+    }
 
     fn at(secs: u64, millis: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)

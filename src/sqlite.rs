@@ -3,8 +3,9 @@
 //! `rusqlite` crate, at the version this crate depends on).
 //!
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
-//! keys included. Subscribers see the row once the transaction commits, at their next claim
-//! (their poll interval, 250 ms by default).
+//! keys included. Subscribers see the row once the transaction commits: brokers on the same
+//! file, in this process or another, see the commit through their change probe within
+//! milliseconds.
 //!
 //! ```
 //! use sqlbroker::{Broker, Message, Table};

@@ -173,6 +173,15 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
+    /// Databases with no change feed (MySQL): `(now, now)` -> a row if any row may be
+    /// claimable, locking nothing. An idle claim worker asks this one statement instead of
+    /// running a whole claim transaction; a superset of the claimable rows (rows locked or
+    /// keyed elsewhere count), so a "no" is always right.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub any_ready: Option<String>,
+    /// PostgreSQL: `(payload)` notifies the table's channel (see [`Dialect::announce`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub notify: Option<String>,
     /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above
     /// `after`, by id (keyset paging).
     pub dead_page: String,
@@ -224,6 +233,50 @@ pub(crate) struct FifoSql {
     pub guard: String,
     /// Where the group column's value is in a claimed row.
     pub group_at: usize,
+}
+
+/// How a publish by another process (or another broker) reaches a broker's idle claim workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChangeFeed {
+    /// Nothing outside the broker can write (an in-memory SQLite database): its own wake-ups
+    /// are enough.
+    Nothing,
+    /// A [`Watcher`] on a dedicated connection ([`Dialect::watcher`]).
+    Watcher,
+    /// The database has none: idle claim workers poll, fast right after rows were found
+    /// ([`crate::schedule::idle_poll`]).
+    Poll,
+}
+
+/// What a [`Watcher`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    /// The table, or `None` for "something in the database changed" (SQLite).
+    pub table: Option<String>,
+    /// Rows that may have arrived (1 when unknown).
+    pub rows: usize,
+    /// The broker that announced them, if it said ([`Dialect::announce`]).
+    pub from: Option<u64>,
+}
+
+/// A change feed on a dedicated connection (never pooled), driven by one listener thread per
+/// broker. Every call is bounded in time.
+pub(crate) trait Watcher: Send {
+    /// Starts watching `table` (PostgreSQL: `LISTEN` on its channel).
+    fn watch(&mut self, table: &str) -> Result<(), DbError>;
+    /// Waits at most `timeout` for changes and appends them to `out`. An error means the
+    /// connection is gone: the listener opens a new watcher.
+    fn wait(&mut self, timeout: Duration, out: &mut Vec<Change>) -> Result<(), DbError>;
+    /// True if publishes announce themselves on this feed ([`Dialect::announce`]) and the
+    /// announcements come back to their own broker's watcher: then a broker debounces them.
+    fn echoes(&self) -> bool {
+        false
+    }
+    /// Announces `rows` rows of `table` from broker `from` on this connection (the debounced
+    /// notifications the listener sends for publishes that skipped their own).
+    fn announce(&mut self, _table: &str, _rows: usize, _from: u64) -> Result<(), DbError> {
+        Ok(())
+    }
 }
 
 /// One database engine: how to connect, what it can do, and its SQL.
@@ -440,6 +493,32 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The in-process key registry, for engines with no server-side advisory locks.
     fn process_keys(&self) -> Option<Arc<crate::keys::KeyRegistry>> {
         None
+    }
+
+    /// How another process's publish reaches idle claim workers. Default: polling.
+    fn change_feed(&self) -> ChangeFeed {
+        ChangeFeed::Poll
+    }
+
+    /// Opens a change feed on a connection of its own ([`ChangeFeed::Watcher`] only).
+    fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
+        Err(DbError::other(format!(
+            "{} has no change feed",
+            self.database()
+        )))
+    }
+
+    /// Tells other brokers, on `conn` (in its transaction, if one is open: then at commit),
+    /// that `rows` rows of the table arrived; `from` names this broker, so its own listener
+    /// does not wake its workers twice. Default: nothing (no notifications on this database).
+    fn announce(
+        &self,
+        _conn: &mut dyn DbConn,
+        _sql: &TableSql,
+        _rows: usize,
+        _from: Option<u64>,
+    ) -> Result<(), DbError> {
+        Ok(())
     }
 }
 

@@ -134,7 +134,7 @@ pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
         Hold::Lease(cell) => lease::hand_back(ctx, id, &cell, within),
         Hold::Advisory(key) => advisory::hand_back(ctx, id, key, within),
     }
-    ctx.queue.wake.notify();
+    ctx.queue.wake.notify(1);
 }
 
 /// Splits a claimed row (`id, attempts, payload, user columns`).

@@ -3,8 +3,13 @@
 //!
 //! A worker takes handler slots before it claims (never more rows than free slots), claims at
 //! most that many rows, gives back the slots it did not fill, and sends the deliveries. When a
-//! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker) or the
-//! poll interval. A failed claim (a deadlock, a lost connection, a server that is down) is
+//! claim finds nothing it waits for a wake-up (a publish or a returned row on this broker, or
+//! the broker's change feed: another broker's publish) or the poll interval; where the database
+//! has no change feed (MySQL/MariaDB) the wait is short right after rows were found and
+//! doubles up to the poll interval ([`idle_poll`]), and each such poll is one plain select
+//! that finds whether any row may be claimable before a claim transaction is spent on it (a
+//! wake-up claims at once). A claim that filled its batch wakes one more
+//! idle worker: there may be more rows than one worker takes. A failed claim (a deadlock, a lost connection, a server that is down) is
 //! retried with a doubling backoff and its error kept for
 //! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
 //! subscription with an error.
@@ -12,16 +17,18 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::slots::Taken;
 use super::Ctx;
 use crate::delivery::Delivery;
+use crate::dialect::{ChangeFeed, DbConn};
 use crate::error::BrokerError;
 use crate::form::{self, Claimed};
-use crate::schedule::backoff;
+use crate::schedule::{backoff, claim_now, idle_poll};
+use crate::Value;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
@@ -69,6 +76,29 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
     }
 }
 
+/// True if the table's cheap readiness check ([`TableSql::any_ready`]) says no row can be
+/// claimed: an idle worker's poll then costs one plain select instead of a claim transaction,
+/// and, as an empty claim would, clears the last claim error (the table answers again).
+/// Unsure (no check on this database, an error, a subscription stopping) is false: claim.
+///
+/// [`TableSql::any_ready`]: crate::dialect::TableSql::any_ready
+fn nothing_ready(ctx: &Ctx) -> bool {
+    let Some(sql) = &ctx.queue.sql.any_ready else {
+        return false;
+    };
+    let Ok(Some(mut conn)) = ctx.claim_conn() else {
+        return false;
+    };
+    let now = Value::Time(claim_now(SystemTime::now()));
+    match conn.query(sql, &[now.clone(), now]) {
+        Ok(rows) if rows.is_empty() => {
+            ctx.clear_error();
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
 /// and the rows to dead-letter instead (with why). Dead letters are written after the
 /// deliveries are on their way ([`bury`]).
@@ -110,6 +140,11 @@ fn is_schema(e: &BrokerError) -> bool {
 
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
+    let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
+    // Empty claims in a row; a worker starts idle (no fast polls before any row was seen).
+    let mut empty = u32::MAX;
+    // The last wait timed out (a poll, not a wake-up): ask the readiness check first.
+    let mut polling = true;
     while !ctx.stopped() {
         let Some(slots) = ctx.slots.take(ctx.opts.batch) else {
             break;
@@ -118,6 +153,16 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
+        if adaptive && polling && nothing_ready(ctx) {
+            drop(slots);
+            failures = 0;
+            empty = empty.saturating_add(1);
+            polling = !ctx
+                .queue
+                .wake
+                .wait(seen, idle_poll(empty, ctx.opts.poll_interval));
+            continue;
+        }
         ctx.claiming.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
         #[cfg(feature = "tracing")]
@@ -132,6 +177,10 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 failures = 0;
                 ctx.clear_error();
                 let got = claimed.len();
+                empty = if got == 0 { empty.saturating_add(1) } else { 0 };
+                if got > 0 && got == slots.count() {
+                    ctx.queue.wake.notify(1);
+                }
                 let (fresh, dead) = sort(ctx, claimed, slots);
                 ctx.slots.enqueue(fresh.len());
                 for d in fresh {
@@ -141,7 +190,15 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 }
                 bury(ctx, dead);
                 if got == 0 {
-                    ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
+                    let poll = ctx.opts.poll_interval;
+                    let wait = if adaptive {
+                        idle_poll(empty, poll)
+                    } else {
+                        poll
+                    };
+                    polling = !ctx.queue.wake.wait(seen, wait);
+                } else {
+                    polling = false;
                 }
             }
             Err(e) if is_schema(&e) => {
@@ -212,5 +269,41 @@ mod tests {
         let unclaims = script.log.lock().iter().filter(|s| *s == "unclaim").count();
         assert_eq!(unclaims, 2, "the two queued rows were not handed back");
         assert_eq!(ctx.slots.in_flight(), 0);
+    }
+
+    /// An idle worker on a database with no change feed costs one plain select per poll, and
+    /// no claim transaction while nothing is ready.
+    #[test]
+    fn an_idle_worker_polls_with_one_select_and_claims_nothing() {
+        let script = Arc::new(Script {
+            any_ready: true,
+            ..Script::default()
+        });
+        let mut opts = options(4);
+        opts.poll_interval = Duration::from_millis(50);
+        let ctx = ctx(&script, Form::Lease, opts);
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let (alive, exited) = crossbeam_channel::bounded::<()>(0);
+        let worker = {
+            let (ctx, rx) = (ctx.clone(), rx.clone());
+            std::thread::spawn(move || run(ctx, tx, rx, alive))
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        ctx.stop();
+        worker.join().unwrap();
+        assert!(exited.recv().is_err());
+        let polls = script
+            .log
+            .lock()
+            .iter()
+            .filter(|s| *s == "any_ready")
+            .count();
+        assert_eq!(
+            script.claims.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "an idle worker ran claim transactions although nothing was ready"
+        );
+        // One per 50 ms poll for 500 ms; never the fast polls (no rows were ever found).
+        assert!((4..=12).contains(&polls), "{polls} polls in 500 ms");
     }
 }

@@ -3,7 +3,8 @@
 //! - [`Queue`]: one table on one broker: its validated description, its SQL, the pool, and the
 //!   wake-up its publishers ring.
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
-//! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread.
+//! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread;
+//!   `listen`: the broker's change feed thread; `wake`: the wake-ups they ring.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use crate::table::TableSpec;
 
 pub(crate) mod claimer;
 pub(crate) mod group;
+pub(crate) mod listen;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;
@@ -230,6 +232,8 @@ pub(crate) struct Ctx {
     /// Keeps the broker's lease timer alive while this subscription or its deliveries live,
     /// even if the broker handle is dropped first.
     _renewer: Option<Arc<renewer::Renewer>>,
+    /// Keeps the broker's change feed alive likewise.
+    _listener: Option<Arc<listen::Listener>>,
 }
 
 impl Ctx {
@@ -237,6 +241,7 @@ impl Ctx {
         queue: Arc<Queue>,
         opts: SubOptions,
         renewer: Option<Arc<renewer::Renewer>>,
+        listener: Option<Arc<listen::Listener>>,
     ) -> Self {
         let keys = queue.dialect.process_keys();
         Ctx {
@@ -252,6 +257,7 @@ impl Ctx {
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
+            _listener: listener,
         }
     }
 
@@ -294,7 +300,7 @@ impl Ctx {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.slots.close();
-        self.queue.wake.notify();
+        self.queue.wake.notify_all();
     }
 
     /// False once the subscription's leases are no longer renewed.

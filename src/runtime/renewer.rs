@@ -414,6 +414,6 @@ mod tests {
             q.wake.clone(),
             q.statement_timeout,
         );
-        Arc::new(Ctx::new(Arc::new(queue), ctx.opts.clone(), None))
+        Arc::new(Ctx::new(Arc::new(queue), ctx.opts.clone(), None, None))
     }
 }

@@ -30,6 +30,8 @@ pub(crate) struct Script {
     pub panic_on_renew: bool,
     /// The row lock claim's query panics.
     pub panic_on_query: bool,
+    /// The table has the idle poll's readiness check (`any_ready`, which finds nothing).
+    pub any_ready: bool,
 }
 
 pub(crate) struct Scripted(pub Arc<Script>);
@@ -59,6 +61,7 @@ impl Dialect for Scripted {
             begin: vec!["BEGIN".into()],
             claim: "claim".into(),
             unclaim: "unclaim".into(),
+            any_ready: self.0.any_ready.then(|| "any_ready".into()),
             ..TableSql::default()
         }
     }
@@ -165,7 +168,7 @@ pub(crate) fn ctx(script: &Arc<Script>, form: Form, opts: SubOptions) -> Arc<Ctx
     let pool = pool::build(dialect.clone(), 4, Duration::from_secs(1), None);
     let wake = Arc::default();
     let queue = Queue::new(spec, sql, dialect, pool, wake, Duration::from_secs(1));
-    Arc::new(Ctx::new(Arc::new(queue), opts, None))
+    Arc::new(Ctx::new(Arc::new(queue), opts, None, None))
 }
 
 pub(crate) fn options(batch: usize) -> SubOptions {

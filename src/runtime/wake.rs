@@ -1,34 +1,302 @@
-//! In-process wake-ups: a publish (or a returned row) wakes the idle claim workers of its table
-//! at once instead of at their next poll.
+//! Wake-ups of idle claim workers: a publish (or a returned row) on this broker, or a change
+//! another process made that the broker's watcher saw (`listen`), wakes idle claim workers of
+//! its table at once instead of at their next poll.
+//!
+//! No herd: a wake-up for `n` rows wakes at most `n` idle workers (each gets a ticket); only
+//! stop and a watcher's reconnection wake them all. A worker reads [`Wake::seq`] before it
+//! claims and waits only while the count has not moved since, so a wake-up that lands during
+//! its claim is never missed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-/// A counter that waiters watch; every notify bumps it.
+/// A counter that waiters watch, and tickets for the waiters a wake-up lets go.
 #[derive(Default)]
 pub(crate) struct Wake {
-    seq: Mutex<u64>,
+    state: Mutex<State>,
     cv: Condvar,
+    /// Debounces this table's cross-process notifications (PostgreSQL).
+    pub gate: Gate,
+}
+
+#[derive(Default)]
+struct State {
+    seq: u64,
+    /// Threads inside [`Wake::wait`].
+    waiting: usize,
+    /// Wake-ups granted to waiters that have not taken them yet (never more than `waiting`).
+    tickets: usize,
 }
 
 impl Wake {
-    /// The current count, read before a claim so a publish during the claim is not missed.
+    /// The current count, read before a claim so a wake-up during the claim is not missed.
     pub fn seq(&self) -> u64 {
-        *self.seq.lock()
+        self.state.lock().seq
     }
 
-    /// Wakes every waiter.
-    pub fn notify(&self) {
-        *self.seq.lock() += 1;
+    /// Wakes at most `n` idle waiters: a publish of `n` rows needs no more claimers than that.
+    /// Workers inside a claim see the count move and claim once more instead of waiting.
+    pub fn notify(&self, n: usize) {
+        let give = {
+            let mut s = self.state.lock();
+            s.seq += 1;
+            let give = n.min(s.waiting - s.tickets);
+            s.tickets += give;
+            give
+        };
+        for _ in 0..give {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Wakes every waiter: stop, or a watcher that reconnected (rows may have arrived unseen).
+    pub fn notify_all(&self) {
+        {
+            let mut s = self.state.lock();
+            s.seq += 1;
+            s.tickets = s.waiting;
+        }
         self.cv.notify_all();
     }
 
-    /// Waits until the count moves past `seen` or `timeout` passes.
-    pub fn wait(&self, seen: u64, timeout: Duration) {
-        let mut seq = self.seq.lock();
-        if *seq == seen {
-            self.cv.wait_for(&mut seq, timeout);
+    /// Waits until a wake-up lets this waiter go or `timeout` passes; returns at once if the
+    /// count moved past `seen`. True if woken (or the count had moved), false if it timed out.
+    pub fn wait(&self, seen: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state.lock();
+        if s.seq != seen {
+            return true;
         }
+        s.waiting += 1;
+        let woken = loop {
+            // A ticket granted as the wait timed out is taken all the same: the count of
+            // tickets never exceeds the waiters left to take them.
+            let timed_out = self.cv.wait_until(&mut s, deadline).timed_out();
+            if s.tickets > 0 {
+                s.tickets -= 1;
+                break true;
+            }
+            if timed_out {
+                break false;
+            }
+        };
+        s.waiting -= 1;
+        woken
+    }
+
+    /// Threads waiting now (tests).
+    #[cfg(test)]
+    pub fn waiting(&self) -> usize {
+        self.state.lock().waiting
+    }
+}
+
+/// Debounce of a table's cross-process notifications from this broker (PostgreSQL): while a
+/// notification this broker sent has not come back through its own listener, a publish skips
+/// its own and counts its rows here instead; the listener sends one notification for them when
+/// the earlier one arrives (by then the skipped rows have committed), so the last one is never
+/// lost. A notification not back within [`Gate::STALE`] no longer holds anything back.
+#[derive(Default)]
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Our listener listens on the table's channel: notifications come back.
+    armed: bool,
+    /// When the notification not yet back was sent.
+    in_flight: Option<Instant>,
+    /// Rows committed whose notification was skipped.
+    owed: usize,
+}
+
+impl Gate {
+    /// How long a notification may take to come back before it holds nothing back.
+    pub const STALE: Duration = Duration::from_millis(50);
+
+    /// The listener listens (true) or lost its connection (false: nothing comes back).
+    pub fn arm(&self, armed: bool) {
+        let mut s = self.state.lock();
+        s.armed = armed;
+        s.in_flight = None;
+    }
+
+    /// A publish's rows committed: true if their notification may be skipped, an earlier
+    /// one still being on its way (the rows are then owed to the one the listener sends when
+    /// it arrives); false to send one now (it is then the one in flight).
+    pub fn defer(&self, rows: usize, now: Instant) -> bool {
+        let mut s = self.state.lock();
+        match s.in_flight {
+            Some(sent) if s.armed && now.saturating_duration_since(sent) < Self::STALE => {
+                s.owed += rows;
+                true
+            }
+            _ => {
+                s.in_flight = Some(now);
+                false
+            }
+        }
+    }
+
+    /// A notification on the table's channel arrived (or a tick found the one in flight
+    /// stale): the rows owed, if any, to notify now (the gate is then in flight again).
+    pub fn arrived(&self, now: Instant, stale_only: bool) -> usize {
+        let mut s = self.state.lock();
+        if stale_only {
+            match s.in_flight {
+                Some(sent) if now.saturating_duration_since(sent) < Self::STALE => return 0,
+                _ => {}
+            }
+        }
+        s.in_flight = None;
+        let owed = std::mem::take(&mut s.owed);
+        if owed > 0 {
+            s.in_flight = Some(now);
+        }
+        owed
+    }
+
+    /// The notification could not be sent.
+    pub fn failed(&self) {
+        self.state.lock().in_flight = None;
+    }
+
+    /// The listener could not send what it owed: owed again.
+    pub fn restore(&self, rows: usize) {
+        let mut s = self.state.lock();
+        s.in_flight = None;
+        s.owed += rows;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn waiters(
+        wake: &Arc<Wake>,
+        n: usize,
+        woke: &Arc<AtomicUsize>,
+    ) -> Vec<std::thread::JoinHandle<()>> {
+        let seen = wake.seq();
+        let handles = (0..n)
+            .map(|_| {
+                let (wake, woke) = (wake.clone(), woke.clone());
+                std::thread::spawn(move || {
+                    let start = Instant::now();
+                    wake.wait(seen, Duration::from_secs(5));
+                    if start.elapsed() < Duration::from_secs(4) {
+                        woke.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while wake.waiting() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(wake.waiting(), n, "the waiters did not all park");
+        handles
+    }
+
+    /// No herd: a wake-up for one row lets one of four idle waiters go, for two rows two;
+    /// `notify_all` the rest.
+    #[test]
+    fn a_wake_up_for_n_rows_wakes_at_most_n_waiters() {
+        let wake = Arc::new(Wake::default());
+        let woke = Arc::new(AtomicUsize::new(0));
+        let handles = waiters(&wake, 4, &woke);
+        wake.notify(1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            woke.load(Ordering::SeqCst),
+            1,
+            "a wake-up for 1 row woke more than 1"
+        );
+        assert_eq!(wake.waiting(), 3);
+        wake.notify(2);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            woke.load(Ordering::SeqCst),
+            3,
+            "a wake-up for 2 rows woke other than 2"
+        );
+        wake.notify_all();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(
+            woke.load(Ordering::SeqCst),
+            4,
+            "notify_all left a waiter asleep"
+        );
+    }
+
+    /// A wake-up that lands between the read of the count and the wait is not missed.
+    #[test]
+    fn a_wake_up_during_the_claim_is_not_missed() {
+        let wake = Wake::default();
+        let seen = wake.seq();
+        wake.notify(1);
+        let start = Instant::now();
+        wake.wait(seen, Duration::from_secs(5));
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "the wait missed the wake-up"
+        );
+        // A wake-up with nobody waiting leaves no ticket behind for a later waiter.
+        let seen = wake.seq();
+        let start = Instant::now();
+        wake.wait(seen, Duration::from_millis(50));
+        assert!(start.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn the_gate_skips_while_a_notification_is_on_its_way_and_owes_the_rows() {
+        let g = Gate::default();
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // Not armed (no listener of ours on the channel): nothing comes back, every publish
+        // notifies.
+        assert!(!g.defer(1, t0));
+        assert!(!g.defer(1, t0));
+        g.arm(true);
+        assert!(!g.defer(1, t0), "the first of a burst notifies");
+        assert!(
+            g.defer(1, t0 + ms(1)),
+            "a burst must not notify per publish"
+        );
+        assert!(g.defer(2, t0 + ms(2)));
+        // The first notification comes back: the 3 rows owed are notified now, by the listener.
+        assert_eq!(g.arrived(t0 + ms(3), false), 3, "the owed rows were lost");
+        // That one is in flight now; when it is back, nothing more is owed.
+        assert!(g.defer(1, t0 + ms(4)));
+        assert_eq!(g.arrived(t0 + ms(5), false), 1);
+        assert_eq!(g.arrived(t0 + ms(6), false), 0);
+        assert!(
+            !g.defer(1, t0 + ms(7)),
+            "nothing in flight: a publish notifies"
+        );
+        // A notification that never comes back holds nothing back past STALE...
+        assert!(!g.defer(1, t0 + ms(7) + Gate::STALE));
+        // ... and a tick sends what a stale one owes.
+        assert!(g.defer(2, t0 + ms(60)));
+        assert_eq!(g.arrived(t0 + ms(70), true), 0, "not stale yet");
+        assert_eq!(
+            g.arrived(t0 + ms(200), true),
+            2,
+            "a stale flight kept its rows"
+        );
+        // A send that failed owes its rows again.
+        g.restore(4);
+        assert_eq!(g.arrived(t0 + ms(201), true), 4);
+        // A listener that lost its connection: every publish notifies again.
+        g.arm(false);
+        assert!(!g.defer(1, t0 + ms(202)));
+        assert!(!g.defer(1, t0 + ms(202)));
     }
 }

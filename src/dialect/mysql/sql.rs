@@ -157,6 +157,14 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     sql.fifo = spec.fifo_group().map(|g| fifo(spec, g));
+    // `? IS NOT NULL` takes the second `now` where no lease is checked.
+    let free = match spec.form {
+        Form::Lease => format!("({lu} IS NULL OR {lu} <= ?)"),
+        _ => "? IS NOT NULL".into(),
+    };
+    sql.any_ready = Some(format!(
+        "SELECT 1 FROM {t} WHERE {ready} AND {free} LIMIT 1"
+    ));
     sql.stats = stats_sql(spec);
     match spec.form {
         Form::RowLock => {
@@ -386,6 +394,19 @@ mod tests {
              ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(sql.ack, "DELETE FROM `emails` WHERE `id` = ?");
+        assert_eq!(
+            sql.any_ready.as_deref(),
+            Some("SELECT 1 FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? AND ? IS NOT NULL LIMIT 1")
+        );
+        assert_eq!(
+            compile(Table::new("jobs").lease(std::time::Duration::from_secs(30)))
+                .any_ready
+                .as_deref(),
+            Some(
+                "SELECT 1 FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` <= ? AND \
+                 (`locked_until` IS NULL OR `locked_until` <= ?) LIMIT 1"
+            )
+        );
         assert_eq!(
             sql.retry,
             "UPDATE `emails` SET `run_at` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"

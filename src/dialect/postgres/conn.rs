@@ -48,7 +48,20 @@ pub(super) fn connect(
     config: &postgres::Config,
     tls: &Connector,
 ) -> Result<Box<dyn DbConn + Send>, DbError> {
-    let client = match tls {
+    let client = client(config, tls)?;
+    Ok(Box::new(PgConn {
+        client,
+        statements: HashMap::new(),
+        broken: false,
+        unreadable: Vec::new(),
+        pid: None,
+    }))
+}
+
+/// Opens a driver session with the engine's TLS settings (the pool's sessions and the change
+/// feed's).
+pub(super) fn client(config: &postgres::Config, tls: &Connector) -> Result<Client, DbError> {
+    match tls {
         Connector::Plain => config.connect(NoTls),
         #[cfg(feature = "tls")]
         Connector::Rustls { make, fallback } => match config.connect(make.clone()) {
@@ -65,14 +78,7 @@ pub(super) fn connect(
             other => other,
         },
     }
-    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))?;
-    Ok(Box::new(PgConn {
-        client,
-        statements: HashMap::new(),
-        broken: false,
-        unreadable: Vec::new(),
-        pid: None,
-    }))
+    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))
 }
 
 /// One PostgreSQL session.
@@ -112,7 +118,7 @@ impl PgConn {
 /// A driver error whose message shows the server's own (`postgres::Error` shows only "db
 /// error" and keeps the server's message in its source).
 #[derive(Debug)]
-struct PgError(postgres::Error);
+pub(super) struct PgError(pub postgres::Error);
 
 impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -14,6 +14,8 @@
 //!   impl, which delegates to the files below;
 //! - `sql.rs`: the statement text of a table, built once;
 //! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
+//! - `listen.rs`: the change feed (`LISTEN` on a dedicated session) that wakes claimers when
+//!   another broker publishes;
 //! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
 //!   errors;
 //! - `tls.rs`: the URL's `sslmode` and `sslrootcert`, and the rustls connector (feature `tls`);
@@ -21,6 +23,7 @@
 //! - `version.rs`: the version floors of each form.
 
 mod conn;
+mod listen;
 mod protocol;
 mod sql;
 mod tls;
@@ -31,9 +34,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use super::shared::Syntax;
-use super::{ConnOptions, DbConn, Dialect, TableSql};
+use super::{ChangeFeed, ConnOptions, DbConn, Dialect, TableSql, Watcher};
 use crate::error::{BrokerError, DbError};
 use crate::table::{Form, TableSpec};
+use crate::Value;
 
 pub(crate) use conn::TxConn;
 
@@ -137,6 +141,29 @@ impl Dialect for Postgres {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn change_feed(&self) -> ChangeFeed {
+        ChangeFeed::Watcher
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
+        listen::open(&self.config, &self.tls)
+    }
+
+    fn announce(
+        &self,
+        conn: &mut dyn DbConn,
+        sql: &TableSql,
+        rows: usize,
+        from: Option<u64>,
+    ) -> Result<(), DbError> {
+        match &sql.notify {
+            Some(notify) => conn
+                .execute(notify, &[Value::Text(listen::payload(rows, from))])
+                .map(drop),
+            None => Ok(()),
+        }
     }
 
     fn lease_ack_many(

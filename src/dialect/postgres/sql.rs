@@ -114,7 +114,30 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             sql.key_unlock = Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int".into());
         }
     }
+    sql.notify = Some(format!("SELECT pg_notify('{}', $1)", channel(&spec.name)));
     sql
+}
+
+/// The `LISTEN` channel of a table: `sqlbroker_<table>`. A table name is a validated
+/// identifier of at most 48 characters, so the channel is a plain identifier within
+/// PostgreSQL's 63 bytes, safe to write as a literal and to quote; should the limit ever grow,
+/// a longer name keeps its first 36 characters and a hash of the whole (channels only need to
+/// be distinct with high probability: a collision costs a spurious wake-up, nothing more).
+pub(super) fn channel(table: &str) -> String {
+    let name = format!("sqlbroker_{table}");
+    if name.len() <= 63 {
+        return name;
+    }
+    // FNV-1a: stable across processes and versions, unlike std's hasher.
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    format!("sqlbroker_{}_{hash:016x}", &table[..36])
+}
+
+/// `LISTEN` on a channel ([`channel`] makes identifiers only).
+pub(super) fn listen(channel: &str) -> String {
+    format!("LISTEN {}", quote_ident(channel))
 }
 
 /// [`TableSql::stats`]: one scan, a filtered aggregate per state
@@ -474,5 +497,19 @@ mod tests {
                  WHERE \"dead_at\" IS NULL",
             ]
         );
+    }
+
+    #[test]
+    fn notify_sql_and_channels() {
+        let sql = compile(Table::new("jobs"));
+        assert_eq!(
+            sql.notify.as_deref(),
+            Some("SELECT pg_notify('sqlbroker_jobs', $1)")
+        );
+        assert_eq!(listen(&channel("Jobs")), "LISTEN \"sqlbroker_Jobs\"");
+        let long = "t".repeat(60);
+        let c = channel(&long);
+        assert!(c.len() <= 63, "{c}");
+        assert_ne!(c, channel(&"t".repeat(61)));
     }
 }

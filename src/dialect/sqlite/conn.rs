@@ -64,7 +64,7 @@ struct SqliteConn {
     broken: bool,
 }
 
-fn classify(e: rusqlite::Error) -> DbError {
+pub(super) fn classify(e: rusqlite::Error) -> DbError {
     let kind = match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => DbErrorKind::Transient,
         Some(ErrorCode::CannotOpen | ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt) => {

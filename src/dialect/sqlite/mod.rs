@@ -15,12 +15,15 @@
 //!   database file, and the [`Dialect`] impl, which delegates to the files below;
 //! - `sql.rs`: the statement text of a table, built once;
 //! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
+//! - `probe.rs`: the change feed (`PRAGMA data_version` on a connection of its own) that wakes
+//!   claimers when another broker or process commits;
 //! - `conn.rs`: one connection ([`DbConn`]), the process's writer lock, and the classification
 //!   of driver errors;
 //! - `values.rs`: [`Value`](crate::Value) to and from SQLite's values;
 //! - `version.rs`: the floor of the linked library.
 
 mod conn;
+mod probe;
 mod protocol;
 mod sql;
 mod values;
@@ -35,7 +38,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 
 use super::shared::Syntax;
-use super::{ConnOptions, DbConn, Dialect, TableSql};
+use super::{ChangeFeed, ConnOptions, DbConn, Dialect, TableSql, Watcher};
 use crate::error::{BrokerError, DbError};
 use crate::keys::KeyRegistry;
 use crate::table::{Form, TableSpec};
@@ -195,6 +198,21 @@ impl Dialect for Sqlite {
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         protocol::lease_renew(conn, spec, token, held)
+    }
+
+    fn change_feed(&self) -> ChangeFeed {
+        // Nobody else can reach an in-memory database.
+        match self.path {
+            Some(_) => ChangeFeed::Watcher,
+            None => ChangeFeed::Nothing,
+        }
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
+        match &self.path {
+            Some(path) => probe::open(path, self.busy),
+            None => Err(DbError::other("an in-memory database has no change feed")),
+        }
     }
 
     fn lease_ack_many(

@@ -1,0 +1,154 @@
+//! The change feed: `LISTEN` on a dedicated session, one channel per watched table
+//! ([`sql::channel`]). A publish notifies the channel (`pg_notify`, delivered at commit, so a
+//! woken claimer finds the row); the payload is `<rows>` or `<rows>:<broker>`.
+//!
+//! The broker's publish notifies in a statement of its own after its insert committed, not in
+//! the insert's transaction: a notifying transaction holds the server's notification queue
+//! lock through its commit's WAL flush, which made 4 concurrent publishers 2.4-5x slower in
+//! pgbench here, while a notification on its own costs one round trip and no flush
+//! (BENCHMARKS.md). The transactional publish must notify inside the application's
+//! transaction (at its commit, or never) and pays that lock.
+//!
+//! The session has TCP keepalives tighter than the pool's, so a listener whose server vanished
+//! without closing the socket is noticed in about 15 s, not minutes; a closed one at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::Client;
+
+use super::{conn, sql};
+use crate::dialect::{Change, Watcher};
+use crate::error::{DbError, DbErrorKind};
+
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_RETRIES: u32 = 5;
+
+/// Opens the listening session (with the pool's TLS settings).
+pub(super) fn open(
+    config: &postgres::Config,
+    tls: &conn::Connector,
+) -> Result<Box<dyn Watcher>, DbError> {
+    let mut config = config.clone();
+    config
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_RETRIES);
+    if config.get_application_name().is_none() {
+        config.application_name("sqlbroker-listen");
+    }
+    let client = conn::client(&config, tls)?;
+    Ok(Box::new(PgWatcher {
+        client,
+        tables: HashMap::new(),
+    }))
+}
+
+fn lost(e: postgres::Error) -> DbError {
+    DbError::new(DbErrorKind::ConnectionLost, conn::PgError(e))
+}
+
+/// The `<rows>[:<broker>]` payload of a notification.
+pub(super) fn payload(rows: usize, from: Option<u64>) -> String {
+    match from {
+        Some(from) => format!("{rows}:{from}"),
+        None => rows.to_string(),
+    }
+}
+
+/// Reads a payload; anything else (a bare `NOTIFY` by another tool) reads one row.
+pub(super) fn parse(payload: &str) -> (usize, Option<u64>) {
+    let (rows, from) = match payload.split_once(':') {
+        Some((rows, from)) => (rows, from.parse().ok()),
+        None => (payload, None),
+    };
+    (rows.parse().unwrap_or(1).max(1), from)
+}
+
+struct PgWatcher {
+    client: Client,
+    /// Table by channel.
+    tables: HashMap<String, String>,
+}
+
+impl Watcher for PgWatcher {
+    fn watch(&mut self, table: &str) -> Result<(), DbError> {
+        let channel = sql::channel(table);
+        self.client
+            .batch_execute(&sql::listen(&channel))
+            .map_err(lost)?;
+        self.tables.insert(channel, table.to_string());
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration, out: &mut Vec<Change>) -> Result<(), DbError> {
+        let mut got = Vec::new();
+        {
+            let mut notifications = self.client.notifications();
+            let first = notifications.timeout_iter(timeout).next().map_err(lost)?;
+            if let Some(n) = first {
+                got.push(n);
+                // The rest already received, without waiting.
+                let mut more = notifications.iter();
+                while let Some(n) = more.next().map_err(lost)? {
+                    got.push(n);
+                }
+            }
+        }
+        for n in got {
+            // Only channels this session listens on are delivered; anything else is ignored
+            // rather than read as "every table changed".
+            let Some(table) = self.tables.get(n.channel()) else {
+                continue;
+            };
+            let (rows, from) = parse(n.payload());
+            out.push(Change {
+                table: Some(table.clone()),
+                rows,
+                from,
+            });
+        }
+        if self.client.is_closed() {
+            return Err(DbError::new(
+                DbErrorKind::ConnectionLost,
+                "the listening session was closed",
+            ));
+        }
+        Ok(())
+    }
+
+    fn echoes(&self) -> bool {
+        true
+    }
+
+    fn announce(&mut self, table: &str, rows: usize, from: u64) -> Result<(), DbError> {
+        self.client
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&sql::channel(table), &payload(rows, Some(from))],
+            )
+            .map(drop)
+            .map_err(lost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads() {
+        assert_eq!(parse(&payload(3, Some(42))), (3, Some(42)));
+        assert_eq!(parse(&payload(1, None)), (1, None));
+        assert_eq!(
+            parse(""),
+            (1, None),
+            "a bare NOTIFY by another tool is one row"
+        );
+        assert_eq!(parse("x:y"), (1, None));
+        assert_eq!(parse("0"), (1, None));
+    }
+}
