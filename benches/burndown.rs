@@ -343,8 +343,9 @@ fn publish(broker: &Broker, t: &Table, n: u64, from: u64) {
 
 /// The library: a subscription as the cell says, `handlers` threads settling until `n` jobs are
 /// acked. `acked` counts them (read by the memory sampler). Returns jobs/s from `start` to the
-/// last ack.
-fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> f64 {
+/// last ack, and the share of the handler threads' time spent settling (`ack`, `ack_all`; the
+/// rest is waiting for deliveries).
+fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64) {
     let t = db.table(cell.form);
     acked.store(0, Ordering::Relaxed);
     let builder = db
@@ -356,6 +357,10 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> f64 {
     let sub = builder.start().expect("start subscription");
     let last = Mutex::new(start);
     let progress = AtomicU64::new(0);
+    let settling = AtomicU64::new(0);
+    let settled = |since: Instant| {
+        settling.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    };
     std::thread::scope(|s| {
         for _ in 0..cell.handlers {
             s.spawn(|| loop {
@@ -367,7 +372,9 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> f64 {
                         .next_delivery_timeout(Duration::from_millis(20))
                         .map(|d| {
                             black_box(d.payload());
+                            let t = Instant::now();
                             d.ack().expect("ack");
+                            settled(t);
                             1
                         }),
                     Settle::AckAll => sub.next_batch(100, Duration::from_millis(20)).map(|batch| {
@@ -375,9 +382,11 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> f64 {
                             black_box(d.payload());
                         }
                         let k = batch.len() as u64;
+                        let t = Instant::now();
                         for r in Delivery::ack_all(batch) {
                             r.expect("ack_all");
                         }
+                        settled(t);
                         k
                     }),
                 };
@@ -411,7 +420,9 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> f64 {
     let elapsed = last.into_inner().unwrap().duration_since(start);
     let done = acked.load(Ordering::Relaxed);
     sub.shutdown(Duration::from_secs(10)).expect("shutdown");
-    done as f64 / elapsed.as_secs_f64()
+    let share = settling.load(Ordering::Relaxed) as f64
+        / (elapsed.as_nanos() as f64 * cell.handlers as f64);
+    (done as f64 / elapsed.as_secs_f64(), share)
 }
 
 /// The raw side: `workers` threads, each on a connection of its own, running `form`'s protocol
@@ -483,12 +494,27 @@ struct Row {
     pgbench: Option<Runs>,
     /// Raw transactions retried after a deadlock (MySQL).
     retries: u64,
+    /// Per library run: the share of handler time spent settling.
+    settling: Vec<f64>,
+}
+
+impl Row {
+    /// The settling share of the best library run.
+    fn settling(&self) -> f64 {
+        let best = self.library.best();
+        self.library
+            .0
+            .iter()
+            .position(|r| *r == best)
+            .and_then(|i| self.settling.get(i).copied())
+            .unwrap_or(0.0)
+    }
 }
 
 fn print_header() {
     println!(
-        "{:<30} {:>7} {:>6} {:>11} {:>11} {:>6} {:>11} {:>7}   runs (library | raw | pgbench)",
-        "cell", "threads", "jobs", "library/s", "raw/s", "l/raw", "pgbench/s", "l/pgb"
+        "{:<30} {:>7} {:>6} {:>11} {:>7} {:>11} {:>6} {:>11} {:>7}   runs (library | raw | pgbench)",
+        "cell", "threads", "jobs", "library/s", "settle", "raw/s", "l/raw", "pgbench/s", "l/pgb"
     );
 }
 
@@ -502,11 +528,12 @@ fn print_row(r: &Row) {
         _ => ("-".into(), "-".into(), String::new()),
     };
     println!(
-        "{:<30} {:>7} {:>6} {:>11.0} {:>11.0} {:>6.2} {:>11} {:>7}   {} | {}{}",
+        "{:<30} {:>7} {:>6} {:>11.0} {:>6.0}% {:>11.0} {:>6.2} {:>11} {:>7}   {} | {}{}",
         r.id,
         r.cell.handlers,
         r.n,
         r.library.best(),
+        r.settling() * 100.0,
         r.raw.best(),
         r.library.best() / r.raw.best(),
         pgb,
@@ -539,7 +566,7 @@ fn run_cell(db: &dyn Db, cell: &Cell, set: &Settings, pgbench: Option<&mut PgBen
         Some(n) => n,
         None => {
             let pilot = ((cell.workers * cell.batch * 10) as u64).clamp(300, 8_000);
-            let slower = lib(pilot).min(raw(pilot));
+            let slower = lib(pilot).0.min(raw(pilot));
             ((slower * set.secs) as u64).clamp(1_000, 400_000) / 100 * 100
         }
     };
@@ -551,11 +578,14 @@ fn run_cell(db: &dyn Db, cell: &Cell, set: &Settings, pgbench: Option<&mut PgBen
         raw: Runs::default(),
         pgbench: None,
         retries: 0,
+        settling: Vec::new(),
     };
     RAW_RETRIES.store(0, Ordering::Relaxed);
     let mut pgbench = pgbench.and_then(|p| cell.pgbench().map(|s| (p, s)));
     for _ in 0..set.rounds {
-        row.library.0.push(lib(n));
+        let (rate, share) = lib(n);
+        row.library.0.push(rate);
+        row.settling.push(share);
         row.raw.0.push(raw(n));
         if let Some((p, (script, rows))) = pgbench.as_mut() {
             let runs = row.pgbench.get_or_insert_with(Runs::default);
@@ -614,9 +644,9 @@ fn scale_checks(db: &dyn Db, big: &Table, set: &Settings) {
         for _ in 0..set.rounds {
             db.clear(small);
             db.fill_fast(small, k);
-            l_small.0.push(library_run(db, &cell, k, &acked));
+            l_small.0.push(library_run(db, &cell, k, &acked).0);
             let before = db.count(big);
-            l_big.0.push(library_run(&big_db, &cell, k, &acked));
+            l_big.0.push(library_run(&big_db, &cell, k, &acked).0);
             db.clear(small);
             db.fill_fast(small, k);
             r_small.0.push(raw_run(db, Form::Lease, 4, 100, k));
@@ -661,37 +691,44 @@ fn scale_checks(db: &dyn Db, big: &Table, set: &Settings) {
         let stop = AtomicBool::new(false);
         let big_db = BigTable { db, big };
         let before = rss_mib();
+        let start = Instant::now();
+        // (jobs acked, RSS MiB, seconds since start), every 100 ms.
         let (rate, samples) = std::thread::scope(|s| {
             let sampler = s.spawn(|| {
-                let mut samples: Vec<(u64, f64)> = Vec::new();
+                let mut samples: Vec<(u64, f64, f64)> = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
-                    samples.push((acked.load(Ordering::Relaxed), rss_mib()));
+                    let t = start.elapsed().as_secs_f64();
+                    samples.push((acked.load(Ordering::Relaxed), rss_mib(), t));
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 samples
             });
-            let rate = library_run(&big_db, &cell, n, &acked);
+            let (rate, _) = library_run(&big_db, &cell, n, &acked);
             stop.store(true, Ordering::Relaxed);
             (rate, sampler.join().unwrap())
         });
         let peak = samples.iter().map(|s| s.1).fold(0.0, f64::max);
-        let at = |pct: u64| {
-            samples
-                .iter()
-                .find(|s| s.0 >= n * pct / 100)
-                .map_or(0.0, |s| s.1)
-        };
+        let at = |pct: u64| samples.iter().find(|s| s.0 >= n * pct / 100).copied();
+        let rss: Vec<String> = [10, 25, 50, 75, 90]
+            .iter()
+            .map(|&p| format!("{p}% {:.1}", at(p).map_or(0.0, |s| s.1)))
+            .collect();
         println!(
-            "  {rate:.0} jobs/s; RSS MiB: before {before:.1}, at 10% {:.1}, 25% {:.1}, 50% {:.1}, \
-             75% {:.1}, 90% {:.1}, after {:.1}; peak {peak:.1} ({} samples)",
-            at(10),
-            at(25),
-            at(50),
-            at(75),
-            at(90),
+            "  {rate:.0} jobs/s overall; RSS MiB: before {before:.1}, {}, after {:.1}; peak {peak:.1} \
+             ({} samples)",
+            rss.join(", "),
             rss_mib(),
             samples.len()
         );
+        let mut deciles = Vec::new();
+        let mut prev = (0u64, 0.0f64);
+        for p in 1..=10u64 {
+            if let Some((done, _, t)) = at(p * 10) {
+                deciles.push(format!("{:.0}", (done - prev.0) as f64 / (t - prev.1)));
+                prev = (done, t);
+            }
+        }
+        println!("  jobs/s per tenth of the burn-down: {}", deciles.join(" "));
     }
     db.clear(big);
 }
