@@ -187,6 +187,16 @@ impl Cell {
     }
 }
 
+/// Handler threads of the lease headline cells (`BURNDOWN_HEADLINE_HANDLERS`, default 32; the
+/// ids keep `h32`, the table's threads column shows the count).
+fn headline_handlers() -> usize {
+    std::env::var("BURNDOWN_HEADLINE_HANDLERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(32usize)
+        .clamp(1, 1024)
+}
+
 /// The matrix of one database. Row lock and server advisory claim one row per claim whatever
 /// the batch: batch 1 only.
 fn cells(row_lock: bool, advisory_batches: &[usize]) -> Vec<Cell> {
@@ -202,7 +212,7 @@ fn cells(row_lock: bool, advisory_batches: &[usize]) -> Vec<Cell> {
         }
     }
     out.push(Cell {
-        handlers: 32,
+        handlers: headline_handlers(),
         ..Cell::plain("lease_h32", Form::Lease, 4, 100)
     });
     out.push(Cell {
@@ -620,15 +630,16 @@ fn run_db(db: &dyn Db, cells: &[Cell], set: &Settings, mut pgbench: Option<PgBen
 fn scale_checks(db: &dyn Db, big: &Table, set: &Settings) {
     let name = db.name();
     let cell = Cell {
-        handlers: 32,
+        handlers: headline_handlers(),
         ..Cell::plain("lease_h32", Form::Lease, 4, 100)
     };
     let small = db.table(Form::Lease);
     let k = 10_000u64;
     if set.wants(&format!("{name}/scale")) {
         println!(
-            "\n{name}/scale: claim rate over the first {k} jobs, workers 4, batch 100, 32 handlers \
+            "\n{name}/scale: claim rate over the first {k} jobs, workers 4, batch 100, {} handlers \
              (load {})",
+            cell.handlers,
             load_average()
         );
         db.clear(big);
@@ -683,8 +694,9 @@ fn scale_checks(db: &dyn Db, big: &Table, set: &Settings) {
             rows.min(set.scale_rows)
         };
         println!(
-            "\n{name}/memory: burn-down of {n} jobs, workers 4, batch 100, 32 handlers, plain ack \
+            "\n{name}/memory: burn-down of {n} jobs, workers 4, batch 100, {} handlers, plain ack \
              (load {})",
+            cell.handlers,
             load_average()
         );
         let acked = AtomicU64::new(0);
@@ -696,12 +708,15 @@ fn scale_checks(db: &dyn Db, big: &Table, set: &Settings) {
         let (rate, samples) = std::thread::scope(|s| {
             let sampler = s.spawn(|| {
                 let mut samples: Vec<(u64, f64, f64)> = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
+                loop {
+                    let stopped = stop.load(Ordering::Relaxed);
                     let t = start.elapsed().as_secs_f64();
                     samples.push((acked.load(Ordering::Relaxed), rss_mib(), t));
+                    if stopped {
+                        break samples;
+                    }
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                samples
             });
             let (rate, _) = library_run(&big_db, &cell, n, &acked);
             stop.store(true, Ordering::Relaxed);
@@ -952,7 +967,9 @@ fn main() {
         load_average()
     );
     println!(
-        "columns: threads = handler threads; l/raw = library / raw; l/pgb = library / pgbench"
+        "columns: threads = handler threads; settle = share of the handler threads' time spent in \
+         ack/ack_all (best library run; the rest is waiting for deliveries); l/raw = library / raw; \
+         l/pgb = library / pgbench"
     );
     print_header();
     let mut all: Vec<Row> = Vec::new();
@@ -976,9 +993,9 @@ fn main() {
         load_average()
     );
     println!(
-        "| cell | handler threads | jobs per run | library jobs/s | raw jobs/s | **library / raw** | pgbench jobs/s | library / pgbench |"
+        "| cell | handler threads | jobs per run | library jobs/s | in settle | raw jobs/s | **library / raw** | pgbench jobs/s | library / pgbench |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &all {
         let (p, lp) = match &r.pgbench {
             Some(p) if p.best() > 0.0 => (
@@ -988,11 +1005,12 @@ fn main() {
             _ => ("".into(), "".into()),
         };
         println!(
-            "| {} | {} | {} | {:.0} | {:.0} | **{:.2}** | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0}% | {:.0} | **{:.2}** | {} | {} |",
             r.id,
             r.cell.handlers,
             r.n,
             r.library.best(),
+            r.settling() * 100.0,
             r.raw.best(),
             r.library.best() / r.raw.best(),
             p,
@@ -1018,6 +1036,9 @@ mod pg {
         broker: Broker,
         tables: Tables,
         admin: Mutex<Client>,
+        /// Diagnostic: raw lease acks of many rows as one `unnest` of two arrays instead of
+        /// the library's OR'd pairs.
+        array_ack: AtomicBool,
     }
 
     impl Db for Pg {
@@ -1111,11 +1132,18 @@ mod pg {
                         )));
                         slots *= 2;
                     }
+                    let array_ack = self.array_ack.load(Ordering::Relaxed).then(|| {
+                        prep(format!(
+                            "DELETE FROM \"{q}\" WHERE (\"id\", \"locked_until\") IN \
+                             (SELECT * FROM unnest($1::bigint[], $2::timestamptz[])) RETURNING \"id\""
+                        ))
+                    });
                     Box::new(Lease {
                         c,
                         claim,
                         ack,
                         ack_many,
+                        array_ack,
                         batch,
                     })
                 }
@@ -1181,6 +1209,7 @@ mod pg {
         claim: Statement,
         ack: Statement,
         ack_many: Vec<Statement>,
+        array_ack: Option<Statement>,
         batch: usize,
     }
 
@@ -1204,6 +1233,9 @@ mod pg {
                 .collect();
             if ids.len() == 1 {
                 assert_eq!(c.execute(&self.ack, &[&ids[0], &token]).unwrap(), 1);
+            } else if let Some(st) = &self.array_ack {
+                let tokens = vec![token; ids.len()];
+                assert_eq!(c.query(st, &[&ids, &tokens]).unwrap().len(), ids.len());
             } else {
                 let slots = size_class(ids.len());
                 let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(2 * slots);
@@ -1266,6 +1298,38 @@ mod pg {
         }
     }
 
+    /// `postgres/diag/lease_ack_sql`: the raw lease loop, 4 connections, batch 100, with the
+    /// ack of the 100 rows spelled as the library spells it (OR'd `(id, locked_until)` pairs,
+    /// padded to 128) against one `unnest` of two arrays, alternating.
+    fn ack_sql_diagnostic(pg: &Pg, set: &Settings) {
+        let id = "postgres/diag/lease_ack_sql/w4/b100";
+        if !set.wants(id) {
+            return;
+        }
+        let t = pg.table(Form::Lease);
+        let n = set.jobs.unwrap_or(20_000);
+        let (mut pairs, mut arrays) = (Runs::default(), Runs::default());
+        for _ in 0..set.rounds {
+            for (array, runs) in [(false, &mut pairs), (true, &mut arrays)] {
+                pg.clear(t);
+                publish(&pg.broker, t, n, 0);
+                pg.array_ack.store(array, Ordering::Relaxed);
+                runs.0.push(raw_run(pg, Form::Lease, 4, 100, n));
+            }
+        }
+        pg.array_ack.store(false, Ordering::Relaxed);
+        pg.clear(t);
+        println!(
+            "{id}: raw, {n} jobs: ack as OR'd pairs (library) {:.0} jobs/s ({}), as unnest of two \
+             arrays {:.0} jobs/s ({}): {:.2}x",
+            pairs.best(),
+            pairs.list(),
+            arrays.best(),
+            arrays.list(),
+            arrays.best() / pairs.best()
+        );
+    }
+
     pub fn run(set: &Settings) -> Vec<Row> {
         let url = std::env::var(VAR).unwrap_or_else(|_| DEFAULT_URL.to_string());
         let Some(broker) = broker("PostgreSQL", VAR, &url) else {
@@ -1284,6 +1348,7 @@ mod pg {
             broker,
             tables,
             admin: Mutex::new(admin),
+            array_ack: AtomicBool::new(false),
         };
         let _cleanup = OnDrop(|| {
             let mut c = pg.admin.lock().unwrap();
@@ -1300,6 +1365,7 @@ mod pg {
             None
         };
         let rows = run_db(&pg, &cells, set, pgbench);
+        ack_sql_diagnostic(&pg, set);
         if set.wants("postgres/scale") || set.wants("postgres/memory") {
             scale_checks(&pg, &pg.tables.big, set);
         }
