@@ -44,8 +44,10 @@
 //! the moment all threads are connected to the last thread's end.
 //!
 //! The job count per run is sized per cell: a short pilot of each side (which also warms up
-//! connections and caches) measures both rates; `N` = the slower rate x `BURNDOWN_SECS`
-//! (default 2), clamped to 1,000 .. 400,000. `BURNDOWN_JOBS` fixes `N` instead.
+//! connections and caches) measures both rates; `N` makes the slower side run about
+//! `BURNDOWN_SECS` (default 2) and the faster at least a quarter of that (the slower then runs
+//! at most four times as long), clamped to 2,000 .. 400,000. `BURNDOWN_JOBS` fixes `N`
+//! instead.
 //! `BURNDOWN_ROUNDS` (default 2) alternations are run; the table reports the **best** run of
 //! each side (the least disturbed by other work on the machine) and every run beside.
 //!
@@ -576,8 +578,12 @@ fn run_cell(db: &dyn Db, cell: &Cell, set: &Settings, pgbench: Option<&mut PgBen
         Some(n) => n,
         None => {
             let pilot = ((cell.workers * cell.batch * 10) as u64).clamp(300, 8_000);
-            let slower = lib(pilot).0.min(raw(pilot));
-            ((slower * set.secs) as u64).clamp(1_000, 400_000) / 100 * 100
+            let (l, r) = (lib(pilot).0, raw(pilot));
+            let (slower, faster) = (l.min(r), l.max(r));
+            // The slower side runs about `secs`, the faster at least a quarter of it (up to
+            // four times `secs` for the slower).
+            let n = (slower * set.secs).max((faster * set.secs / 4.0).min(slower * set.secs * 4.0));
+            (n as u64).clamp(2_000, 400_000) / 100 * 100
         }
     };
     let mut row = Row {
@@ -1725,12 +1731,12 @@ mod my {
                 if locked.flatten() != Some(1) {
                     continue;
                 }
-                c.exec_drop(&self.take, (now.clone(), id)).unwrap();
+                retry(c, |c| c.exec_drop(&self.take, (now.clone(), id)));
                 let took = c.affected_rows() == 1;
                 if took {
                     let row: Option<ClaimRow> = c.exec_first(&self.fetch, (id,)).unwrap();
                     black_box(row.expect("fetch"));
-                    c.exec_drop(&self.ack, (id,)).unwrap();
+                    retry(c, |c| c.exec_drop(&self.ack, (id,)));
                     assert_eq!(c.affected_rows(), 1);
                 }
                 let unlocked: Option<Option<i64>> = c.exec_first(&self.unlock, (&name,)).unwrap();
