@@ -87,6 +87,8 @@ const PUBLISH_CHUNK: u64 = 500;
 const STALL: Duration = Duration::from_secs(30);
 /// Raw transactions rolled back and retried after a deadlock or lock wait timeout (MySQL).
 static RAW_RETRIES: AtomicU64 = AtomicU64::new(0);
+/// Rows per `next_batch` of the last `ack_all` library run, x 100.
+static LAST_BATCH_MEAN: AtomicU64 = AtomicU64::new(0);
 /// Connections of the library's pool: more than any cell's deliveries that hold one.
 const POOL: u32 = 24;
 
@@ -370,6 +372,7 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64
     let last = Mutex::new(start);
     let progress = AtomicU64::new(0);
     let settling = AtomicU64::new(0);
+    let batches = AtomicU64::new(0);
     let settled = |since: Instant| {
         settling.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
     };
@@ -394,6 +397,7 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64
                             black_box(d.payload());
                         }
                         let k = batch.len() as u64;
+                        batches.fetch_add(1, Ordering::Relaxed);
                         let t = Instant::now();
                         for r in Delivery::ack_all(batch) {
                             r.expect("ack_all");
@@ -434,6 +438,9 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64
     sub.shutdown(Duration::from_secs(10)).expect("shutdown");
     let share = settling.load(Ordering::Relaxed) as f64
         / (elapsed.as_nanos() as f64 * cell.handlers as f64);
+    if let Some(mean) = (done * 100).checked_div(batches.load(Ordering::Relaxed)) {
+        LAST_BATCH_MEAN.store(mean, Ordering::Relaxed);
+    }
     (done as f64 / elapsed.as_secs_f64(), share)
 }
 
@@ -556,6 +563,13 @@ fn print_row(r: &Row) {
     );
     if r.retries > 0 {
         println!("{:<30} (raw: {} deadlocks retried)", "", r.retries);
+    }
+    if r.cell.settle == Settle::AckAll {
+        println!(
+            "{:<30} (library: {:.1} deliveries per next_batch(100) in the last run)",
+            "",
+            LAST_BATCH_MEAN.load(Ordering::Relaxed) as f64 / 100.0
+        );
     }
     let _ = std::io::stdout().flush();
 }
