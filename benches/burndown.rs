@@ -7,7 +7,7 @@
 //! same alternation and are printed beside.
 //!
 //! ```sh
-//! cargo bench --bench burndown                          # everything (~15 min on two cores)
+//! cargo bench --bench burndown                          # everything (~20-25 min on two cores)
 //! cargo bench --bench burndown -- postgres/lease        # cells whose id contains a filter
 //! BURNDOWN_SECS=5 BURNDOWN_ROUNDS=3 cargo bench --bench burndown -- mariadb/
 //! ```
