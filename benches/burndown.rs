@@ -347,7 +347,7 @@ fn publish(broker: &Broker, t: &Table, n: u64, from: u64) {
     let mut i = 0;
     while i < n {
         let k = PUBLISH_CHUNK.min(n - i);
-        let batch = (0..k)
+        let batch: Vec<Message> = (0..k)
             .map(|j| Message::new(PAYLOAD.to_vec()).set("k", format!("k-{}", from + i + j)))
             .collect();
         broker.publish_batch(t, batch).expect("publish batch");
@@ -417,7 +417,9 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64
                             *last.lock().unwrap() = now;
                         }
                     }
-                    Err(NextError::Timeout) => {
+                    Err(NextError::Closed) => panic!("subscription closed: {:?}", sub.last_error()),
+                    // Nothing in time (later versions also say `Empty`).
+                    Err(_) => {
                         let idle =
                             start.elapsed().as_millis() as u64 - progress.load(Ordering::Relaxed);
                         if idle > STALL.as_millis() as u64 && acked.load(Ordering::Relaxed) < n {
@@ -428,7 +430,6 @@ fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64
                             );
                         }
                     }
-                    Err(NextError::Closed) => panic!("subscription closed: {:?}", sub.last_error()),
                 }
             });
         }
