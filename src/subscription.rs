@@ -21,6 +21,9 @@ use crate::RetryPolicy;
 /// leave it to finish on its own.
 const JOIN_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long `next_batch` waits, after its first delivery, for the rest of a claim on its way.
+const BATCH_FILL: Duration = Duration::from_millis(10);
+
 /// How long `start` waits for the change feed to watch the table (a feed that cannot connect
 /// leaves the subscription to its poll).
 const FEED_START: Duration = Duration::from_secs(2);
@@ -420,18 +423,40 @@ impl Subscription {
     }
 
     /// Up to `max` deliveries: waits up to `timeout` for the first, then takes those ready
-    /// now without waiting. [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
+    /// now, and, while a claim is in progress or its rows are on their way, waits for them up
+    /// to 10 ms more (so a batch is one claim's rows, settled in one statement, rather than
+    /// part of one). [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
     /// the subscription is closed. Settle them one by one, or together with
     /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
     /// batch size (and `max_in_flight`) at least as large.
     pub fn next_batch(&self, max: usize, timeout: Duration) -> Result<Vec<Delivery>, NextError> {
         let first = self.next_delivery_timeout(timeout)?;
+        let filled_by = Instant::now() + BATCH_FILL;
         let mut batch = Vec::with_capacity(max.clamp(1, 1024));
         batch.push(first);
         while batch.len() < max {
             match self.try_next_delivery() {
                 Ok(d) => batch.push(d),
+                Err(NextError::Empty) => {
+                    // A claim in progress, or one whose rows are still being sent, is most of
+                    // a batch on its way: wait for it briefly rather than settle a part.
+                    let ctx = &self.ctx;
+                    let coming = ctx.claiming.load(Ordering::Acquire) > 0
+                        || ctx.sending.load(Ordering::Acquire) > 0;
+                    let left = filled_by.saturating_duration_since(Instant::now());
+                    if !coming || left.is_zero() {
+                        break;
+                    }
+                    match self.rx.recv_timeout(left.min(Duration::from_millis(1))) {
+                        Ok(d) => match self.fresh(d) {
+                            Some(d) => batch.push(d),
+                            None => break,
+                        },
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
                 Err(_) => break,
             }
         }
@@ -657,10 +682,12 @@ impl Subscription {
         let mut fresh = fresh.into_iter();
         let first = fresh.next();
         ctx.slots.enqueue(fresh.len());
+        ctx.sending.fetch_add(1, Ordering::AcqRel);
         for d in fresh {
             // The slot is the delivery's; a failed send drops it, which hands the row back.
             let _ = self.tx.send(d);
         }
+        ctx.sending.fetch_sub(1, Ordering::AcqRel);
         claimer::bury(ctx, dead);
         if ctx.stopped() {
             // Dropped before it was handed out: the row goes back unspent.

@@ -183,11 +183,13 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 }
                 let (fresh, dead) = sort(ctx, claimed, slots);
                 ctx.slots.enqueue(fresh.len());
+                ctx.sending.fetch_add(1, Ordering::AcqRel);
                 for d in fresh {
                     // The slot is the delivery's now; a failed send drops it, which hands the
                     // row back.
                     let _ = tx.send(d);
                 }
+                ctx.sending.fetch_sub(1, Ordering::AcqRel);
                 bury(ctx, dead);
                 if got == 0 {
                     let poll = ctx.opts.poll_interval;

@@ -222,6 +222,9 @@ pub(crate) struct Ctx {
     pub keys: Option<Arc<KeyRegistry>>,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
+    /// Claims whose rows are being sent into the channel right now (`next_batch` waits for
+    /// them, to settle a claim's rows in one statement).
+    pub sending: AtomicUsize,
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
@@ -252,6 +255,7 @@ impl Ctx {
             leases: LeaseBook::default(),
             keys,
             claiming: AtomicUsize::new(0),
+            sending: AtomicUsize::new(0),
             timer: None,
             events: None,
             last_error: Mutex::new(None),
