@@ -572,8 +572,9 @@ impl Subscription {
         Iter { sub: self }
     }
 
-    /// Claim workers inside a claim right now. A claim takes milliseconds: a count that stays
-    /// up points at a database that does not answer (or a lock a claim waits on).
+    /// Claim workers inside a claim right now (or, on MySQL, its idle readiness check). A claim
+    /// takes milliseconds: a count that stays up points at a database that does not answer (or
+    /// a lock a claim waits on).
     pub fn claiming(&self) -> usize {
         self.ctx.claiming.load(std::sync::atomic::Ordering::Relaxed)
     }

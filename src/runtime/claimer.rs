@@ -153,7 +153,13 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
-        if adaptive && polling && nothing_ready(ctx) {
+        if adaptive && polling && {
+            // A statement on the database like a claim: counted as one (`claiming`).
+            ctx.claiming.fetch_add(1, Ordering::Relaxed);
+            let idle = nothing_ready(ctx);
+            ctx.claiming.fetch_sub(1, Ordering::Relaxed);
+            idle
+        } {
             drop(slots);
             failures = 0;
             empty = empty.saturating_add(1);
