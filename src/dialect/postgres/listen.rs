@@ -37,9 +37,13 @@ pub(super) fn open(
         .keepalives_idle(KEEPALIVE_IDLE)
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_RETRIES);
-    if config.get_application_name().is_none() {
-        config.application_name("sqlbroker-listen");
-    }
+    // Named apart from the pool's sessions (the URL's name, with " listen" after it), so an
+    // operator, or a script ending the application's sessions, can tell the feed from them.
+    let name = match config.get_application_name() {
+        Some(app) => format!("{} listen", app.chars().take(55).collect::<String>()),
+        None => "sqlbroker-listen".to_string(),
+    };
+    config.application_name(&name);
     let client = conn::client(&config, tls)?;
     Ok(Box::new(PgWatcher {
         client,
