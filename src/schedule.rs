@@ -123,6 +123,7 @@ pub(crate) fn idle_poll(empty: u32, poll_interval: Duration) -> Duration {
 /// How often the SQLite change probe looks, `idle` after the last change it saw: every
 /// millisecond for a second, then every 2 ms for ten, then every 4 ms (250 probes a second
 /// while nothing changes; a change is seen 2 ms late on average).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn probe_every(idle: Duration) -> Duration {
     if idle < Duration::from_secs(1) {
         Duration::from_millis(1)

@@ -240,6 +240,7 @@ pub(crate) struct FifoSql {
 pub(crate) enum ChangeFeed {
     /// Nothing outside the broker can write (an in-memory SQLite database): its own wake-ups
     /// are enough.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Nothing,
     /// A [`Watcher`] on a dedicated connection ([`Dialect::watcher`]).
     Watcher,
@@ -562,6 +563,31 @@ pub(crate) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
     let last = ids.last().copied().unwrap_or_default();
     out.extend(ids.iter().map(|id| Value::Int(*id)));
     out.extend(std::iter::repeat(Value::Int(last)).take(slots.saturating_sub(ids.len())));
+}
+
+/// Runs the statement `sql(slots)` over `held` `(id, token)` pairs as parameters, padded to a
+/// size class with the last pair (a repeated pair changes nothing), and returns the ids of its
+/// rows: a grouped, token-fenced statement with `RETURNING` (PostgreSQL, SQLite).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn fenced_pairs(
+    conn: &mut dyn DbConn,
+    held: &[(i64, SystemTime)],
+    sql: impl Fn(usize) -> String,
+) -> Result<Vec<i64>, DbError> {
+    let Some(last) = held.last() else {
+        return Ok(Vec::new());
+    };
+    let slots = size_class(held.len());
+    let mut params = Vec::with_capacity(2 * slots);
+    for (id, tok) in held.iter().chain(std::iter::repeat(last)).take(slots) {
+        params.push(Value::Int(*id));
+        params.push(Value::Time(*tok));
+    }
+    let rows = conn.query(&sql(slots), &params)?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
 }
 
 /// The row lock claim in one statement: `claim` `(now, 1)`, the row it took.

@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_many_sql, renew_params, renew_sql};
-use crate::dialect::{size_class, DbConn};
+use crate::dialect::{fenced_pairs, DbConn};
 use crate::error::DbError;
 use crate::table::TableSpec;
 use crate::Value;
@@ -35,18 +35,5 @@ pub(super) fn lease_ack_many(
     spec: &TableSpec,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
-    let Some(last) = held.last() else {
-        return Ok(Vec::new());
-    };
-    let slots = size_class(held.len());
-    let mut params = Vec::with_capacity(2 * slots);
-    for (id, tok) in held.iter().chain(std::iter::repeat(last)).take(slots) {
-        params.push(Value::Int(*id));
-        params.push(Value::Time(*tok));
-    }
-    let rows = conn.query(&ack_many_sql(spec, slots), &params)?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| r.first().and_then(Value::as_i64))
-        .collect())
+    fenced_pairs(conn, held, |slots| ack_many_sql(spec, slots))
 }
