@@ -63,7 +63,7 @@
 //! `INSERT .. SELECT generate_series`), alternating; then a burn-down of the whole large table
 //! with the process's RSS (`VmRSS` of `/proc/self/status`) sampled every 100 ms.
 //!
-//! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
+//! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`: the raw side connects without TLS, so the library must too),
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that does not
 //! answer is skipped with a loud banner. SQLite runs on a file in the temp directory with the
 //! library's default pragmas (WAL, `synchronous = FULL`).
@@ -1050,7 +1050,7 @@ mod pg {
     use postgres::{Client, NoTls, Statement};
 
     const VAR: &str = "SQLBROKER_PG_URL";
-    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable";
 
     struct Pg {
         url: String,

@@ -21,7 +21,7 @@
 //! its first claim may race the timer's start, at most one claim per sample), times the cycles
 //! and shuts the subscription down. Tables have names of their own and are dropped at the end.
 //!
-//! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
+//! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`: the raw side connects without TLS, so the library must too) and
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). A server that does not
 //! answer is skipped with a loud message. SQLite runs on a file in the temp directory, with the
 //! pragmas the library sets by default (WAL, `synchronous = FULL`, a busy timeout).
@@ -694,7 +694,7 @@ mod pg {
     use postgres::types::ToSql;
     use postgres::{Client, NoTls, Row, Statement};
 
-    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable";
 
     fn p(n: usize) -> String {
         format!("${n}")
