@@ -54,6 +54,8 @@ struct Inner {
     listener: Option<Arc<Listener>>,
     /// This broker, in the notifications it sends (its own listener skips them).
     me: u64,
+    /// Publishes notify other brokers ([`BrokerBuilder::cross_process_wake`]).
+    cross_process: bool,
     statement_timeout: Duration,
 }
 
@@ -74,6 +76,7 @@ pub struct BrokerBuilder {
     pool_size: u32,
     connection_timeout: Duration,
     options: ConnOptions,
+    cross_process: bool,
 }
 
 impl std::fmt::Debug for BrokerBuilder {
@@ -85,6 +88,7 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("statement_timeout", &self.options.statement_timeout)
             .field("sqlite_durable", &self.options.sqlite_durable)
+            .field("cross_process_wake", &self.cross_process)
             .finish()
     }
 }
@@ -161,6 +165,18 @@ impl BrokerBuilder {
         self
     }
 
+    /// Whether this broker's publishes wake subscriptions of other brokers and processes at
+    /// once, and its subscriptions are woken by theirs. Default true: PostgreSQL sends a
+    /// `pg_notify` after each publish (one round trip more per publish, debounced under
+    /// bursts) and listens on a session of its own; SQLite probes `data_version`. False, for a
+    /// process whose publishers and subscribers share this broker: no notification, no
+    /// listener; its own subscriptions are still woken in the process, and rows from elsewhere
+    /// are found at the poll interval.
+    pub fn cross_process_wake(mut self, on: bool) -> Self {
+        self.cross_process = on;
+        self
+    }
+
     /// SQLite only: whether a commit is durable on power loss (`PRAGMA synchronous = FULL`,
     /// the default) or only on a crash of the process (`NORMAL`: faster commits in WAL mode;
     /// the database is never corrupted, but the last commits before a power cut may be lost,
@@ -198,7 +214,11 @@ impl BrokerBuilder {
         })?;
         let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
         let me = broker_id();
-        let listener = Listener::new(&dialect, me);
+        let listener = if self.cross_process {
+            Listener::new(&dialect, me)
+        } else {
+            None
+        };
         let broker = Broker {
             inner: Arc::new(Inner {
                 dialect,
@@ -208,6 +228,7 @@ impl BrokerBuilder {
                 renewer: Arc::default(),
                 listener,
                 me,
+                cross_process: self.cross_process,
                 statement_timeout: self.options.statement_timeout,
             }),
         };
@@ -265,6 +286,7 @@ impl Broker {
                 statement_timeout: Duration::from_secs(30),
                 sqlite_durable: true,
             },
+            cross_process: true,
         }
     }
 
@@ -469,7 +491,7 @@ impl Broker {
     /// The rows are in: a notification that fails is logged, and the poll finds them.
     pub(crate) fn announce(&self, q: &Queue, conn: &mut dyn crate::dialect::DbConn, rows: usize) {
         q.wake.notify(rows);
-        if q.wake.gate.defer(rows, Instant::now()) {
+        if !self.inner.cross_process || q.wake.gate.defer(rows, Instant::now()) {
             return;
         }
         if let Err(e) = q.dialect.announce(conn, &q.sql, rows, Some(self.inner.me)) {

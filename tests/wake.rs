@@ -295,3 +295,49 @@ fn postgres_a_debounced_burst_is_delivered_in_full() {
         }
     }
 }
+
+/// `cross_process_wake(false)`: the broker's publishes send no notification (a session listening
+/// on the table's channel hears nothing), while a default broker's do (the control, so the
+/// check can fail); its own subscriptions are still woken in the process at once.
+#[test]
+fn postgres_cross_process_wake_can_be_turned_off() {
+    let Some(live) = live(Db::Postgres) else {
+        return;
+    };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let mut ear = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+    ear.batch_execute(&format!("LISTEN \"sqlbroker_{}\"", t.name()))
+        .unwrap();
+    let heard = |ear: &mut postgres::Client| {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut n = ear.notifications();
+        let got = n.timeout_iter(Duration::from_secs(1)).next().unwrap();
+        got.is_some()
+    };
+
+    let quiet = sqlbroker::Broker::builder(&live.url)
+        .cross_process_wake(false)
+        .build()
+        .unwrap();
+    let sub = quiet
+        .subscription(&t)
+        .poll_interval(SLOW_POLL)
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    quiet.publish(&t, msg("quiet")).unwrap();
+    received(
+        &sub,
+        "quiet",
+        Duration::from_secs(2),
+        "not woken in its own process",
+    );
+    assert!(!heard(&mut ear), "a quiet broker's publish was announced");
+
+    live.broker.publish(&t, msg("loud")).unwrap();
+    assert!(
+        heard(&mut ear),
+        "the default broker's publish was not announced"
+    );
+    sub.close();
+}
