@@ -101,7 +101,10 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        // Under the lock the reconnect backoff waits with, then signalled: it ends at once.
+        let _tables = self.shared.tables.lock();
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.watched.notify_all();
     }
 }
 
@@ -154,10 +157,11 @@ fn run(shared: &Shared) {
             log::debug!("{} change feed: {e}", shared.dialect.database());
         }
         lost = true;
+        // Waits out the backoff on the condvar a dropped `Listener` signals, so a stop ends it
+        // at once; the flag is read under the lock it is set under (no lost wake-up).
         let until = Instant::now() + backoff(failures, RECONNECT_BASE, RECONNECT_CAP);
-        while !shared.stopped() && Instant::now() < until {
-            std::thread::sleep(TICK.min(until.saturating_duration_since(Instant::now())));
-        }
+        let mut t = shared.tables.lock();
+        while !shared.stopped() && !shared.watched.wait_until(&mut t, until).timed_out() {}
     }
 }
 
