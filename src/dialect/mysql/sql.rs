@@ -65,9 +65,14 @@ const MARK_CLASSES: u32 = 11;
 /// Renewal, step 1: `(id x slots)` -> `id, locked_until` of the held rows, locked; rows another
 /// transaction has locked are skipped (renewed next round), never waited for.
 pub(super) fn renew_lock_sql(spec: &TableSpec, slots: usize) -> String {
+    locking_read(spec, slots, "FOR UPDATE SKIP LOCKED")
+}
+
+/// `(id x slots)` -> `id, locked_until` of those rows, read with `lock`.
+fn locking_read(spec: &TableSpec, slots: usize, lock: &str) -> String {
     let s = &SYNTAX;
     format!(
-        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE SKIP LOCKED",
+        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) {lock}",
         placeholders(slots),
         id = s.q(&spec.id),
         lu = s.q(&spec.locked_until),
@@ -90,14 +95,7 @@ pub(super) fn renew_set_sql(spec: &TableSpec, slots: usize) -> String {
 /// Grouped ack, step 1: `(id x slots)` -> `id, locked_until` of the rows, locked (waiting for
 /// a lock, as a single ack would).
 pub(super) fn ack_lock_sql(spec: &TableSpec, slots: usize) -> String {
-    let s = &SYNTAX;
-    format!(
-        "SELECT {id}, {lu} FROM {t} WHERE {id} IN ({}) FOR UPDATE",
-        placeholders(slots),
-        id = s.q(&spec.id),
-        lu = s.q(&spec.locked_until),
-        t = s.q(&spec.name)
-    )
+    locking_read(spec, slots, "FOR UPDATE")
 }
 
 /// Grouped ack, step 2: `(id x slots)` deletes the rows kept (a table that keeps completed
