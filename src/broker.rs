@@ -11,6 +11,7 @@ use crate::error::{BrokerError, Result};
 use crate::message::Message;
 use crate::publish::{self, Within};
 use crate::runtime::listen::Listener;
+use crate::runtime::notifier::Notifier;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
@@ -52,8 +53,9 @@ struct Inner {
     renewer: Arc<Renewer>,
     /// The change feed, where the database has one (started with the first subscription).
     listener: Option<Arc<Listener>>,
-    /// This broker, in the notifications it sends (its own listener skips them).
-    me: u64,
+    /// Sends the publishes' notifications after their commits (PostgreSQL), naming this
+    /// broker in them (its own listener skips them).
+    notifier: Notifier,
     /// Publishes notify other brokers ([`BrokerBuilder::cross_process_wake`]).
     cross_process: bool,
     statement_timeout: Duration,
@@ -227,7 +229,7 @@ impl BrokerBuilder {
                 wakes: Default::default(),
                 renewer: Arc::default(),
                 listener,
-                me,
+                notifier: Notifier::new(me),
                 cross_process: self.cross_process,
                 statement_timeout: self.options.statement_timeout,
             }),
@@ -447,7 +449,8 @@ impl Broker {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
         let id = publish::one(&q.target(), &mut *conn, message)?;
-        self.announce(&q, &mut *conn, 1);
+        drop(conn);
+        self.announce(&q, 1);
         Ok(id)
     }
 
@@ -470,8 +473,9 @@ impl Broker {
         let done = publish::many(&q.target(), &mut *conn, messages, Within::Own, |rows| {
             q.insert_sql(rows)
         })?;
+        drop(conn);
         if done.rows > 0 {
-            self.announce(&q, &mut *conn, done.rows);
+            self.announce(&q, done.rows);
         }
         Ok(done)
     }
@@ -486,18 +490,19 @@ impl Broker {
     }
 
     /// `rows` rows of `q` committed: wakes that many idle workers of this broker, and tells
-    /// other brokers (PostgreSQL: a notification on the table's channel, skipped while an
-    /// earlier one of this broker's is on its way; see [`Gate`](crate::runtime::wake::Gate)).
-    /// The rows are in: a notification that fails is logged, and the poll finds them.
-    pub(crate) fn announce(&self, q: &Queue, conn: &mut dyn crate::dialect::DbConn, rows: usize) {
+    /// other brokers (PostgreSQL: a notification on the table's channel, sent by the notify
+    /// thread so the publish does not wait for it, and skipped while an earlier one of this
+    /// broker's is on its way; see [`Gate`](crate::runtime::wake::Gate)). The rows are in: a
+    /// notification that fails is logged, and the poll finds them.
+    pub(crate) fn announce(&self, q: &Arc<Queue>, rows: usize) {
         q.wake.notify(rows);
-        if !self.inner.cross_process || q.wake.gate.defer(rows, Instant::now()) {
+        if !self.inner.cross_process
+            || q.sql.notify.is_none()
+            || q.wake.gate.defer(rows, Instant::now())
+        {
             return;
         }
-        if let Err(e) = q.dialect.announce(conn, &q.sql, rows, Some(self.inner.me)) {
-            q.wake.gate.failed();
-            log::debug!("notifying a publish to table {}: {e}", q.spec.name);
-        }
+        self.inner.notifier.send(q, rows);
     }
 
     /// Dead-lettered rows of `table`, oldest first, at most `limit`.
@@ -518,11 +523,7 @@ impl Broker {
         let params = [Value::Time(now), Value::Int(id)];
         let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
         if n > 0 {
-            match q.conn("requeue") {
-                Ok(mut conn) => self.announce(&q, &mut *conn, 1),
-                // Other brokers find the row at their poll.
-                Err(_) => q.wake.notify(1),
-            }
+            self.announce(&q, 1);
         }
         Ok(n > 0)
     }

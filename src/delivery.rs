@@ -74,6 +74,9 @@ pub struct Delivery {
     handed_out: bool,
     /// When it was handed out (for the handler's time in [`Events`](crate::Events)).
     handed_at: Option<Instant>,
+    /// Its handler slot goes back when it drops; false once [`Delivery::ack_all`] has taken
+    /// the slot to give back with the rest of its batch.
+    owns_slot: bool,
     ctx: Arc<Ctx>,
 }
 
@@ -110,6 +113,7 @@ impl Delivery {
             deadline: None,
             handed_out: false,
             handed_at: None,
+            owns_slot: true,
             ctx,
         }
     }
@@ -355,8 +359,20 @@ impl Delivery {
                 out[i] = Some(d.ack());
             }
         }
-        // The rest drop here, their rows settled: their handler slots free.
+        // The rest drop here, their rows settled. Their handler slots go back together, so the
+        // claim they wake finds the whole batch free rather than the first slot of it.
+        let mut freed: Vec<(Arc<Ctx>, usize)> = Vec::new();
+        for d in batch.iter_mut().flatten() {
+            d.owns_slot = false;
+            match freed.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &d.ctx)) {
+                Some((_, n)) => *n += 1,
+                None => freed.push((d.ctx.clone(), 1)),
+            }
+        }
         drop(batch);
+        for (ctx, n) in freed {
+            ctx.slots.settled_many(n);
+        }
         out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
@@ -430,7 +446,6 @@ impl Delivery {
     }
 }
 
-/// Settles `hold` and wakes the claimers if the row went back into the queue.
 /// Settles `hold` and wakes the claimers if the row went back into the queue; tells the
 /// application's hooks.
 fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
@@ -601,7 +616,9 @@ impl Drop for Delivery {
                 form::hand_back(&self.ctx, self.id, hold, DROP_WAIT);
             }
         }
-        self.ctx.slots.settled();
+        if self.owns_slot {
+            self.ctx.slots.settled();
+        }
     }
 }
 

@@ -197,11 +197,7 @@ impl Broker {
         )?;
         if n > 0 {
             let rows = usize::try_from(n).unwrap_or(usize::MAX);
-            match q.conn("requeue all dead") {
-                Ok(mut conn) => self.announce(&q, &mut *conn, rows),
-                // Other brokers find the rows at their poll.
-                Err(_) => q.wake.notify(rows),
-            }
+            self.announce(&q, rows);
         }
         Ok(n)
     }

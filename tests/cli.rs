@@ -467,3 +467,27 @@ fn completed_list_and_prune(db: Db) {
     );
 }
 per_db!(completed_list_and_prune);
+
+/// A publish from the command line is announced to other processes before the tool exits: the
+/// broker's notify thread sends what it owes when the broker drops. A session listening on
+/// the table's channel hears it (a notify thread cut short by the exit would stay silent).
+#[test]
+fn postgres_cli_publish_is_announced_before_exit() {
+    use postgres::fallible_iterator::FallibleIterator;
+    let Some(l) = live(Db::Postgres) else { return };
+    let name = unique("cli_notify");
+    l.track(&name);
+    let desc = ["--table", name.as_str(), "--lease", "30"];
+    ok(&l.url, &[&["create-table"][..], &desc].concat(), "");
+    let mut ear = postgres::Client::connect(&l.url, postgres::NoTls).unwrap();
+    ear.batch_execute(&format!("LISTEN \"sqlbroker_{name}\""))
+        .unwrap();
+    ok(&l.url, &[&["publish"][..], &desc].concat(), "one\n");
+    let mut heard = ear.notifications();
+    let got = heard
+        .timeout_iter(Duration::from_secs(2))
+        .next()
+        .unwrap()
+        .expect("no notification of the tool's publish");
+    assert_eq!(got.channel(), format!("sqlbroker_{name}"));
+}

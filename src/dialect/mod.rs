@@ -180,7 +180,6 @@ pub(crate) struct TableSql {
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub any_ready: Option<String>,
     /// PostgreSQL: `(payload)` notifies the table's channel (see [`Dialect::announce`]).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub notify: Option<String>,
     /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above
     /// `after`, by id (keyset paging).

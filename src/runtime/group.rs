@@ -16,9 +16,12 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-/// Flushes that may run at once per group: while one commits, the next batch gathers and can
-/// start, so the database always has a commit in progress.
-const FLUSHERS: usize = 2;
+/// Flushes that may run at once per group. One: while it commits, the next batch gathers, and
+/// that batch is the whole of what arrived meanwhile. A second flush in flight splits the same
+/// arrivals into two statements and two commits: it measured 10-20% slower on PostgreSQL with
+/// 4 to 32 handlers (BENCHMARKS.md), where a flush costs CPU more than it waits for the disk,
+/// and the database merges the WAL flushes of overlapping commits anyway.
+const FLUSHERS: usize = 1;
 
 pub(crate) struct GroupCommit<I, R> {
     state: Mutex<State<I, R>>,

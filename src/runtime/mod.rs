@@ -4,7 +4,8 @@
 //!   wake-up its publishers ring.
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
 //! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread;
-//!   `listen`: the broker's change feed thread; `wake`: the wake-ups they ring.
+//!   `listen`: the broker's change feed thread; `notifier`: the thread that sends its
+//!   publishes' notifications; `wake`: the wake-ups they ring.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +22,7 @@ use crate::table::TableSpec;
 pub(crate) mod claimer;
 pub(crate) mod group;
 pub(crate) mod listen;
+pub(crate) mod notifier;
 pub(crate) mod pool;
 pub(crate) mod renewer;
 pub(crate) mod slots;

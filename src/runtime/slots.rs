@@ -2,10 +2,14 @@
 //! runs and never claims more rows than it holds; each delivery gives its slot back when it is
 //! settled or dropped. Rows waiting in the channel hold their slots (and their locks or leases).
 //!
-//! While rows are still queued for the handlers, a claim waits for half a batch of free slots
-//! rather than one: claiming one row after every settlement doubles the claims per row and, on
-//! SQLite, makes every claim collide with a settlement for the one write lock. With nothing
-//! queued (handlers idle) one free slot is enough, so latency does not suffer.
+//! While rows are still queued for the handlers, a claim waits for a whole batch of free slots
+//! (half a batch when the cap holds fewer than two batches, so a claim still overlaps the
+//! handling of the last one) rather than one: claiming a few rows after every settlement
+//! multiplies the claims per row, and a claim's cost is mostly per statement (on PostgreSQL it
+//! walks past every row leased and not yet settled); on SQLite every claim would also collide
+//! with a settlement for the one write lock. With nothing queued (handlers idle) one free slot
+//! is enough, so latency does not suffer. A batch settled at once gives its slots back at once
+//! ([`settled_many`](Slots::settled_many)), so the claim it wakes finds the whole batch free.
 
 use std::time::{Duration, Instant};
 
@@ -44,10 +48,15 @@ impl Slots {
         }
     }
 
-    /// Blocks until a slot is free (half of `max` while rows are queued), then takes up to
-    /// `max`. `None` once closed.
+    /// Blocks until a slot is free (a batch of `max`, or half of it, while rows are queued),
+    /// then takes up to `max`. `None` once closed.
     pub fn acquire(&self, max: usize) -> Option<usize> {
-        let want = max.div_ceil(2).clamp(1, self.capacity);
+        let max = max.max(1);
+        let want = if self.capacity >= 2 * max {
+            max
+        } else {
+            max.div_ceil(2).clamp(1, self.capacity)
+        };
         let mut st = self.state.lock();
         while !st.closed && (st.free == 0 || (st.queued > 0 && st.free < want)) {
             st.want = want;
@@ -97,11 +106,19 @@ impl Slots {
     /// in flight for `wait_idle`), not on every settlement: with many handlers, waking every
     /// claimer per ack costs more than the ack.
     pub fn settled(&self) {
+        self.settled_many(1);
+    }
+
+    /// `n` deliveries were settled together: their slots are free again, with one wake-up.
+    pub fn settled_many(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         let mut st = self.state.lock();
-        st.delivered = st.delivered.saturating_sub(1);
+        st.delivered = st.delivered.saturating_sub(n);
         let was = st.free;
-        st.free = (st.free + 1).min(self.capacity);
-        if was == 0 || st.free == st.want || st.delivered == 0 {
+        st.free = (st.free + n).min(self.capacity);
+        if was == 0 || (was < st.want && st.free >= st.want) || st.delivered == 0 {
             self.cv.notify_all();
         }
     }
@@ -240,5 +257,46 @@ mod tests {
         }
         s.release(1);
         assert_eq!(s.acquire(10), Some(1));
+    }
+
+    /// With room for two batches, a claim waits for a whole batch of free slots while rows are
+    /// queued (before: half a batch, so claims took about half as many rows as they could).
+    #[test]
+    fn waits_for_a_whole_batch_when_the_cap_holds_two() {
+        let s = Arc::new(Slots::new(20));
+        assert_eq!(s.acquire(10), Some(10));
+        assert_eq!(s.acquire(10), Some(10));
+        s.enqueue(20);
+        s.release(5);
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.acquire(10))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !t.is_finished(),
+            "claimed with half a batch free while rows were queued"
+        );
+        s.release(5);
+        assert_eq!(t.join().unwrap(), Some(10));
+    }
+
+    /// A batch settled together frees its slots at once: the claimer it wakes takes the whole
+    /// batch. (Settled one by one, the claimer woke at the first slot, with nothing queued,
+    /// and claimed only what was free by then.)
+    #[test]
+    fn a_batch_settled_together_frees_a_whole_claim() {
+        let s = Arc::new(Slots::new(8));
+        let mut claim = s.take(8).unwrap();
+        claim.hand_over(8);
+        drop(claim);
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.acquire(8))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        s.settled_many(8);
+        assert_eq!(t.join().unwrap(), Some(8));
+        assert_eq!(s.in_flight(), 0);
     }
 }
