@@ -51,6 +51,8 @@ pub(crate) struct Syntax {
     /// The server's current time in whole seconds, as the time columns hold it: one value for
     /// the whole statement. Only the ack of a table that keeps completed rows reads it.
     pub now: &'static str,
+    /// The `LIMIT` of a claim's scan, given the row count's placeholder.
+    pub claim_limit: fn(&str) -> String,
 }
 
 impl Syntax {
@@ -91,12 +93,12 @@ impl Syntax {
             self.ready(spec, &self.p(1))
         );
         let order = self.order(spec);
-        sql.claim = format!("{head} ORDER BY {order} LIMIT {}", self.p(2));
+        sql.claim = format!("{head} ORDER BY {order} {}", (self.claim_limit)(&self.p(2)));
         sql.claim_after = format!(
-            "{head} AND ({run_at}, {id}) > ({}, {}) ORDER BY {order} LIMIT {}",
+            "{head} AND ({run_at}, {id}) > ({}, {}) ORDER BY {order} {}",
             self.p(2),
             self.p(3),
-            self.p(4)
+            (self.claim_limit)(&self.p(4))
         );
     }
 

@@ -40,6 +40,7 @@ static SYNTAX: Syntax = Syntax {
     quote: |s| s.to_string(),
     param: |_| "?".into(),
     now: "NOW",
+    claim_limit: |p| format!("LIMIT {p}"),
 };
 
 impl Dialect for Scripted {

@@ -13,6 +13,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     param: |_| "?".to_string(),
     // The session's time zone is UTC (+00:00), like the times the library writes.
     now: "UTC_TIMESTAMP()",
+    claim_limit: |p| format!("LIMIT {p}"),
 };
 
 /// The longest name `GET_LOCK` accepts.

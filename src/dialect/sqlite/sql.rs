@@ -13,6 +13,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     param: |n| format!("?{n}"),
     // 'now' is one value for the whole statement.
     now: "CAST(strftime('%s', 'now') AS INTEGER)",
+    claim_limit: |p| format!("LIMIT {p}"),
 };
 
 /// Times are integer seconds since the Unix epoch.
