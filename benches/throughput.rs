@@ -734,12 +734,12 @@ mod pg {
             begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
             row_claim: prep(format!(
                 "SELECT \"id\", \"attempts\", \"payload\", \"k\" FROM \"{rl}\" WHERE \"dead_at\" IS NULL AND \
-                 \"run_at\" <= $1 ORDER BY \"run_at\", \"id\" LIMIT $2 FOR UPDATE SKIP LOCKED"
+                 \"run_at\" <= $1 ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) FOR UPDATE SKIP LOCKED"
             )),
             row_ack: prep(format!("DELETE FROM \"{rl}\" WHERE \"id\" = $1")),
             lease_claim: prep(format!(
                 "WITH c AS (SELECT \"id\" FROM \"{ls}\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
-                 (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT $2 \
+                 (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
                  FOR UPDATE SKIP LOCKED) \
                  UPDATE \"{ls}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 FROM c \
                  WHERE q.\"id\" = c.\"id\" RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\""
@@ -747,7 +747,7 @@ mod pg {
             lease_ack: prep(format!("DELETE FROM \"{ls}\" WHERE \"id\" = $1 AND \"locked_until\" = $2")),
             adv_candidates: prep(format!(
                 "SELECT \"id\", \"k\" FROM \"{ad}\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
-                 ORDER BY \"run_at\", \"id\" LIMIT $2"
+                 ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint)"
             )),
             adv_take: prep(format!(
                 "UPDATE \"{ad}\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \

@@ -382,6 +382,7 @@ impl Subscription {
         if let Some(d) = self.claim_here() {
             return Some(d);
         }
+        let _waiting = Waiting::new(&self.ctx);
         loop {
             match self.rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(d) => return self.fresh(d),
@@ -401,6 +402,7 @@ impl Subscription {
         if let Some(d) = self.claim_here() {
             return Ok(d);
         }
+        let _waiting = Waiting::new(&self.ctx);
         match self.rx.recv_timeout(timeout) {
             Ok(d) => self.fresh(d).ok_or(NextError::Closed),
             Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => Err(NextError::Closed),
@@ -653,15 +655,17 @@ impl Subscription {
     }
 
     /// With nothing queued, claims on the calling thread instead of waiting for a worker to
-    /// claim and send: one thread hand-off less per delivery, which is most of a cycle's cost
-    /// on SQLite. The first row is this caller's, the rest are queued for the others. Skipped
-    /// while a worker is claiming (its rows are on their way), when no connection is idle, and
-    /// after an empty claim until a publish or the poll interval; an error is left to the
-    /// workers, which retry and report it.
+    /// claim and send: two thread hand-offs less per delivery (the row to the handler, its slot
+    /// back to the worker), which are most of a cycle's cost on SQLite and with one-row claims.
+    /// The first row is this caller's, the rest are queued for the others. Skipped while the
+    /// claims in progress may bring a row for every handler waiting (this one included), when
+    /// no connection is idle, and after an empty claim until a publish or the poll interval; an
+    /// error is left to the workers, which retry and report it.
     fn claim_here(&self) -> Option<Delivery> {
         let ctx = &self.ctx;
+        let coming = ctx.claiming.load(Ordering::Acquire) * ctx.opts.batch;
         if !self.rx.is_empty()
-            || ctx.claiming.load(Ordering::Acquire) > 0
+            || coming > ctx.waiting.load(Ordering::Acquire)
             || ctx.queue.pool.state().idle_connections == 0
         {
             return None;
@@ -713,6 +717,22 @@ impl Subscription {
             // Not handed out: dropping it hands the row back unspent.
             drop(d);
         }
+    }
+}
+
+/// A handler thread waiting for a delivery, counted while it waits ([`Ctx::waiting`]).
+struct Waiting<'a>(&'a Ctx);
+
+impl<'a> Waiting<'a> {
+    fn new(ctx: &'a Ctx) -> Self {
+        ctx.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(ctx)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

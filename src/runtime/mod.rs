@@ -227,6 +227,8 @@ pub(crate) struct Ctx {
     /// Claims whose rows are being sent into the channel right now (`next_batch` waits for
     /// them, to settle a claim's rows in one statement).
     pub sending: AtomicUsize,
+    /// Handler threads waiting in the `next_delivery` family right now.
+    pub waiting: AtomicUsize,
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
@@ -258,6 +260,7 @@ impl Ctx {
             keys,
             claiming: AtomicUsize::new(0),
             sending: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             timer: None,
             events: None,
             last_error: Mutex::new(None),

@@ -17,7 +17,10 @@ use parking_lot::{Condvar, Mutex};
 
 pub(crate) struct Slots {
     state: Mutex<State>,
+    /// Claimers waiting for free slots.
     cv: Condvar,
+    /// `wait_idle` waiting for the last delivery to settle.
+    idle: Condvar,
     capacity: usize,
 }
 
@@ -28,8 +31,14 @@ struct State {
     delivered: usize,
     /// Claimed rows not yet handed to a handler.
     queued: usize,
-    /// Free slots a waiting claimer wants while rows are queued (half its batch).
+    /// Free slots a waiting claimer wants while rows are queued (its batch, or half of it).
     want: usize,
+    /// The most slots a waiting claimer takes (its batch).
+    batch: usize,
+    /// Claimers waiting in `acquire`, and those of them woken and not yet running: the free
+    /// slots beyond what the woken will take are what the next wake-up may promise.
+    waiting: usize,
+    woken: usize,
     closed: bool,
 }
 
@@ -41,9 +50,13 @@ impl Slots {
                 delivered: 0,
                 queued: 0,
                 want: 1,
+                batch: 1,
+                waiting: 0,
+                woken: 0,
                 closed: false,
             }),
             cv: Condvar::new(),
+            idle: Condvar::new(),
             capacity,
         }
     }
@@ -60,7 +73,11 @@ impl Slots {
         let mut st = self.state.lock();
         while !st.closed && (st.free == 0 || (st.queued > 0 && st.free < want)) {
             st.want = want;
+            st.batch = max;
+            st.waiting += 1;
             self.cv.wait(&mut st);
+            st.waiting -= 1;
+            st.woken = st.woken.saturating_sub(1);
         }
         if st.closed {
             return None;
@@ -93,7 +110,23 @@ impl Slots {
         }
         let mut st = self.state.lock();
         st.free = (st.free + n).min(self.capacity);
-        self.cv.notify_all();
+        self.wake(&mut st);
+    }
+
+    /// Wakes as many waiting claimers as the free slots can serve, each counted as taking a
+    /// whole batch, and no more: the claimers of a subscription all wait for the same thing,
+    /// so one woken for slots another takes first would only go back to sleep (with one-row
+    /// claims, every settlement used to wake them all).
+    fn wake(&self, st: &mut State) {
+        let enough = if st.queued > 0 { st.want } else { 1 };
+        let mut spare = st.free.saturating_sub(st.woken * st.batch);
+        while st.woken < st.waiting && spare >= enough {
+            if !self.cv.notify_one() {
+                break;
+            }
+            st.woken += 1;
+            spare = spare.saturating_sub(st.batch);
+        }
     }
 
     /// `n` taken slots now belong to deliveries.
@@ -101,10 +134,9 @@ impl Slots {
         self.state.lock().delivered += n;
     }
 
-    /// A delivery was settled or dropped: its slot is free again. Wakes the waiters only when
-    /// one may go on (the first free slot, the half batch a claimer waits for, or nothing left
-    /// in flight for `wait_idle`), not on every settlement: with many handlers, waking every
-    /// claimer per ack costs more than the ack.
+    /// A delivery was settled or dropped: its slot is free again. Wakes a claimer only when
+    /// one may go on that is not already woken ([`wake`](Slots::wake)), and `wait_idle` when
+    /// nothing is left in flight.
     pub fn settled(&self) {
         self.settled_many(1);
     }
@@ -116,10 +148,10 @@ impl Slots {
         }
         let mut st = self.state.lock();
         st.delivered = st.delivered.saturating_sub(n);
-        let was = st.free;
         st.free = (st.free + n).min(self.capacity);
-        if was == 0 || (was < st.want && st.free >= st.want) || st.delivered == 0 {
-            self.cv.notify_all();
+        self.wake(&mut st);
+        if st.delivered == 0 {
+            self.idle.notify_all();
         }
     }
 
@@ -133,7 +165,7 @@ impl Slots {
         let mut st = self.state.lock();
         st.queued = st.queued.saturating_sub(1);
         if st.queued == 0 {
-            self.cv.notify_all();
+            self.wake(&mut st);
         }
     }
 
@@ -141,6 +173,7 @@ impl Slots {
     pub fn close(&self) {
         self.state.lock().closed = true;
         self.cv.notify_all();
+        self.idle.notify_all();
     }
 
     /// Deliveries not yet settled (claimed rows, counting those waiting to be handed out; not
@@ -157,11 +190,11 @@ impl Slots {
         while st.delivered > 0 {
             match deadline {
                 Some(deadline) => {
-                    if self.cv.wait_until(&mut st, deadline).timed_out() {
+                    if self.idle.wait_until(&mut st, deadline).timed_out() {
                         return st.delivered == 0;
                     }
                 }
-                None => self.cv.wait(&mut st),
+                None => self.idle.wait(&mut st),
             }
         }
         true
@@ -298,5 +331,35 @@ mod tests {
         s.settled_many(8);
         assert_eq!(t.join().unwrap(), Some(8));
         assert_eq!(s.in_flight(), 0);
+    }
+
+    /// Each freed slot wakes a claimer of its own: two settlements in a row, before the first
+    /// claimer woken has run, still let two one-row claimers go on (a wake-up is promised to
+    /// one claimer per batch of free slots, not to all, and none is lost).
+    #[test]
+    fn each_freed_batch_wakes_one_claimer() {
+        let s = Arc::new(Slots::new(3));
+        let mut claim = s.take(3).unwrap();
+        claim.hand_over(3);
+        drop(claim);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for _ in 0..3 {
+            let (s, tx) = (s.clone(), tx.clone());
+            std::thread::spawn(move || tx.send(s.acquire(1)).unwrap());
+        }
+        while s.state.lock().waiting < 3 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        s.settled();
+        s.settled();
+        let wait = Duration::from_secs(5);
+        assert_eq!(rx.recv_timeout(wait).unwrap(), Some(1));
+        assert_eq!(rx.recv_timeout(wait).unwrap(), Some(1));
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "a third claimer went on with no slot free"
+        );
+        s.close();
+        assert_eq!(rx.recv_timeout(wait).unwrap(), None);
     }
 }
