@@ -29,7 +29,7 @@
 //! - row lock: `BEGIN`; claim 1 `FOR UPDATE SKIP LOCKED`; `DELETE`; `COMMIT`;
 //! - lease, batch `b`: the library's lease claim of `b` rows in one statement (MySQL: its claim
 //!   transaction), then one token-fenced delete of the rows claimed: the table's single ack for
-//!   one row, the library's grouped ack statement (`lease_ack_many`, padded to its size class)
+//!   one row, the library's grouped ack statement (`lease_ack_many`: the token and its ids)
 //!   for more;
 //! - advisory: candidates (the library's scan, `(batch x 4).max(32)`), try a key, take the row
 //!   under it, delete, unlock (SQLite: the keys in a process-wide set, up to `b` rows taken per
@@ -1046,7 +1046,6 @@ fn main() {
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;
-    use postgres::types::ToSql;
     use postgres::{Client, NoTls, Statement};
 
     const VAR: &str = "SQLBROKER_PG_URL";
@@ -1058,7 +1057,7 @@ mod pg {
         tables: Tables,
         admin: Mutex<Client>,
         /// Diagnostic: raw lease acks of many rows as one `unnest` of two arrays instead of
-        /// the library's OR'd pairs.
+        /// the library's token and id list.
         array_ack: AtomicBool,
     }
 
@@ -1137,25 +1136,11 @@ mod pg {
                     let ack = prep(format!(
                         "DELETE FROM \"{q}\" WHERE \"id\" = $1 AND \"locked_until\" = $2"
                     ));
-                    // The grouped ack (`ack_many_sql`) per size class up to the batch's.
-                    let mut ack_many = Vec::new();
-                    let mut slots = 1;
-                    while slots <= size_class(batch) {
-                        let held: Vec<String> = (0..slots)
-                            .map(|i| {
-                                format!(
-                                    "(\"id\" = ${} AND \"locked_until\" = ${})",
-                                    2 * i + 1,
-                                    2 * i + 2
-                                )
-                            })
-                            .collect();
-                        ack_many.push(prep(format!(
-                            "DELETE FROM \"{q}\" WHERE {} RETURNING \"id\"",
-                            held.join(" OR ")
-                        )));
-                        slots *= 2;
-                    }
+                    // The grouped ack (`ack_many_sql`) of one claim: its token, its ids.
+                    let ack_many = prep(format!(
+                        "DELETE FROM \"{q}\" WHERE (\"locked_until\" = $1 AND \"id\" = \
+                         ANY($2::text::bigint[])) RETURNING \"id\""
+                    ));
                     let array_ack = self.array_ack.load(Ordering::Relaxed).then(|| {
                         prep(format!(
                             "DELETE FROM \"{q}\" WHERE (\"id\", \"locked_until\") IN \
@@ -1232,7 +1217,7 @@ mod pg {
         c: Client,
         claim: Statement,
         ack: Statement,
-        ack_many: Vec<Statement>,
+        ack_many: Statement,
         array_ack: Option<Statement>,
         batch: usize,
     }
@@ -1261,14 +1246,10 @@ mod pg {
                 let tokens = vec![token; ids.len()];
                 assert_eq!(c.query(st, &[&ids, &tokens]).unwrap().len(), ids.len());
             } else {
-                let slots = size_class(ids.len());
-                let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(2 * slots);
-                for i in 0..slots {
-                    params.push(&ids[i.min(ids.len() - 1)]);
-                    params.push(&token);
-                }
-                let st = &self.ack_many[slots.trailing_zeros() as usize];
-                assert_eq!(c.query(st, &params).unwrap().len(), ids.len());
+                let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+                let list = format!("{{{}}}", list.join(","));
+                let rows = c.query(&self.ack_many, &[&token, &list]).unwrap();
+                assert_eq!(rows.len(), ids.len());
             }
             Some(ids.len() as u64)
         }
@@ -1323,8 +1304,8 @@ mod pg {
     }
 
     /// `postgres/diag/lease_ack_sql`: the raw lease loop, 4 connections, batch 100, with the
-    /// ack of the 100 rows spelled as the library spells it (OR'd `(id, locked_until)` pairs,
-    /// padded to 128) against one `unnest` of two arrays, alternating.
+    /// ack of the 100 rows spelled as the library spells it (the claim's token and its ids as a
+    /// text array) against one `unnest` of two binary arrays, alternating.
     fn ack_sql_diagnostic(pg: &Pg, set: &Settings) {
         let id = "postgres/diag/lease_ack_sql/w4/b100";
         if !set.wants(id) {
@@ -1344,8 +1325,8 @@ mod pg {
         pg.array_ack.store(false, Ordering::Relaxed);
         pg.clear(t);
         println!(
-            "{id}: raw, {n} jobs: ack as OR'd pairs (library) {:.0} jobs/s ({}), as unnest of two \
-             arrays {:.0} jobs/s ({}): {:.2}x",
+            "{id}: raw, {n} jobs: ack as token and id list (library) {:.0} jobs/s ({}), as unnest \
+             of two arrays {:.0} jobs/s ({}): {:.2}x",
             pairs.best(),
             pairs.list(),
             arrays.best(),

@@ -566,8 +566,8 @@ pub(crate) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
 
 /// Runs the statement `sql(slots)` over `held` `(id, token)` pairs as parameters, padded to a
 /// size class with the last pair (a repeated pair changes nothing), and returns the ids of its
-/// rows: a grouped, token-fenced statement with `RETURNING` (PostgreSQL, SQLite).
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+/// rows: a grouped, token-fenced statement with `RETURNING` (SQLite).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn fenced_pairs(
     conn: &mut dyn DbConn,
     held: &[(i64, SystemTime)],

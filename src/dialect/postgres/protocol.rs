@@ -5,8 +5,8 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_many_sql, renew_sql};
+use crate::dialect::size_class;
 use crate::dialect::DbConn;
-use crate::dialect::{fenced_pairs, size_class};
 use crate::error::DbError;
 use crate::table::TableSpec;
 use crate::Value;
@@ -39,11 +39,40 @@ pub(super) fn lease_renew(
         .collect())
 }
 
-/// One `DELETE .. RETURNING` of the rows still holding their tokens: the grouped ack.
+/// One `DELETE .. RETURNING` of the rows still holding their tokens: the grouped ack. The
+/// pairs are grouped by token (the rows of one claim share one), padded to a size class of
+/// groups with the last group (deleting a row twice changes nothing).
 pub(super) fn lease_ack_many(
     conn: &mut dyn DbConn,
     spec: &TableSpec,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
-    fenced_pairs(conn, held, |slots| ack_many_sql(spec, slots))
+    let mut groups: Vec<(SystemTime, String)> = Vec::new();
+    for (id, tok) in held {
+        match groups.iter_mut().find(|(t, _)| t == tok) {
+            Some((_, ids)) => {
+                ids.push(',');
+                ids.push_str(&id.to_string());
+            }
+            None => groups.push((*tok, id.to_string())),
+        }
+    }
+    let Some(last) = groups.last().cloned() else {
+        return Ok(Vec::new());
+    };
+    let slots = size_class(groups.len());
+    let mut params = Vec::with_capacity(2 * slots);
+    for (tok, ids) in groups
+        .into_iter()
+        .chain(std::iter::repeat(last))
+        .take(slots)
+    {
+        params.push(Value::Time(tok));
+        params.push(Value::Text(format!("{{{ids}}}")));
+    }
+    let rows = conn.query(&ack_many_sql(spec, slots), &params)?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
 }
