@@ -379,7 +379,7 @@ impl Subscription {
         if self.ctx.stopped() {
             return None;
         }
-        if let Some(d) = self.claim_here() {
+        if let Some(d) = self.claim_here(1).pop() {
             return Some(d);
         }
         let _waiting = Waiting::new(&self.ctx);
@@ -399,9 +399,14 @@ impl Subscription {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
-        if let Some(d) = self.claim_here() {
+        if let Some(d) = self.claim_here(1).pop() {
             return Ok(d);
         }
+        self.wait_one(timeout)
+    }
+
+    /// Waits up to `timeout` for a delivery from the channel.
+    fn wait_one(&self, timeout: Duration) -> Result<Delivery, NextError> {
         let _waiting = Waiting::new(&self.ctx);
         match self.rx.recv_timeout(timeout) {
             Ok(d) => self.fresh(d).ok_or(NextError::Closed),
@@ -433,7 +438,16 @@ impl Subscription {
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
     /// batch size (and `max_in_flight`) at least as large.
     pub fn next_batch(&self, max: usize, timeout: Duration) -> Result<Vec<Delivery>, NextError> {
-        let first = self.next_delivery_timeout(timeout)?;
+        if self.ctx.stopped() {
+            return Err(NextError::Closed);
+        }
+        // With nothing queued, a claim of this thread's own is the batch: no row waits for a
+        // hand-off.
+        let here = self.claim_here(max);
+        if !here.is_empty() {
+            return Ok(here);
+        }
+        let first = self.wait_one(timeout)?;
         let filled_by = Instant::now() + BATCH_FILL;
         let mut batch = Vec::with_capacity(max.clamp(1, 1024));
         batch.push(first);
@@ -657,48 +671,52 @@ impl Subscription {
     /// With nothing queued, claims on the calling thread instead of waiting for a worker to
     /// claim and send: two thread hand-offs less per delivery (the row to the handler, its slot
     /// back to the worker), which are most of a cycle's cost on SQLite and with one-row claims.
-    /// The first row is this caller's, the rest are queued for the others. Skipped while the
-    /// claims in progress may bring a row for every handler waiting (this one included), when
-    /// no connection is idle, and after an empty claim until a publish or the poll interval; an
-    /// error is left to the workers, which retry and report it.
-    fn claim_here(&self) -> Option<Delivery> {
+    /// The first `take` rows are this caller's, handed out; the rest are queued for the others.
+    /// Skipped while the claims in progress may bring enough rows for every caller waiting
+    /// (this one included), when no connection is idle, and after an empty claim until a
+    /// publish or the poll interval; an error is left to the workers, which retry and report
+    /// it.
+    fn claim_here(&self, take: usize) -> Vec<Delivery> {
         let ctx = &self.ctx;
+        let take = take.clamp(1, ctx.opts.batch);
         let coming = ctx.claiming.load(Ordering::Acquire) * ctx.opts.batch;
-        if !self.rx.is_empty()
-            || coming > ctx.waiting.load(Ordering::Acquire)
-            || ctx.queue.pool.state().idle_connections == 0
-        {
-            return None;
+        let wanted = (ctx.waiting.load(Ordering::Acquire) + 1) * take;
+        if !self.rx.is_empty() || coming >= wanted || ctx.queue.pool.state().idle_connections == 0 {
+            return Vec::new();
         }
         let seq = ctx.queue.wake.seq();
         if let Some((at, seen)) = *self.idle_here.lock() {
             if seen == seq && at.elapsed() < ctx.opts.poll_interval {
-                return None;
+                return Vec::new();
             }
         }
-        let slots = ctx.slots.try_take(ctx.opts.batch)?;
+        let Some(slots) = ctx.slots.try_take(ctx.opts.batch) else {
+            return Vec::new();
+        };
         ctx.claiming.fetch_add(1, Ordering::AcqRel);
         let started = Instant::now();
         let claimed = form::claim(ctx, slots.count());
         ctx.claiming.fetch_sub(1, Ordering::AcqRel);
         ctx.report_claim(&claimed, started.elapsed());
-        let (fresh, dead) = claimer::sort(ctx, claimed.ok()?, slots);
+        let Ok(claimed) = claimed else {
+            return Vec::new();
+        };
+        let (mut fresh, dead) = claimer::sort(ctx, claimed, slots);
         *self.idle_here.lock() = fresh.is_empty().then(|| (Instant::now(), seq));
-        let mut fresh = fresh.into_iter();
-        let first = fresh.next();
-        ctx.slots.enqueue(fresh.len());
+        let rest = fresh.split_off(take.min(fresh.len()));
+        ctx.slots.enqueue(rest.len());
         ctx.sending.fetch_add(1, Ordering::AcqRel);
-        for d in fresh {
+        for d in rest {
             // The slot is the delivery's; a failed send drops it, which hands the row back.
             let _ = self.tx.send(d);
         }
         ctx.sending.fetch_sub(1, Ordering::AcqRel);
         claimer::bury(ctx, dead);
         if ctx.stopped() {
-            // Dropped before it was handed out: the row goes back unspent.
-            return None;
+            // Dropped before they were handed out: the rows go back unspent.
+            return Vec::new();
         }
-        first.map(Delivery::hand_out)
+        fresh.into_iter().map(Delivery::hand_out).collect()
     }
 
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
