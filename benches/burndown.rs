@@ -1126,11 +1126,10 @@ mod pg {
                 }
                 Form::Lease => {
                     let claim = prep(format!(
-                        "WITH c AS (SELECT \"id\" FROM \"{q}\" WHERE {ready} AND \
+                        "UPDATE \"{q}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+                         WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"{q}\" WHERE {ready} AND \
                          (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" \
-                         {limit} FOR UPDATE SKIP LOCKED) \
-                         UPDATE \"{q}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
-                         FROM c WHERE q.\"id\" = c.\"id\" \
+                         {limit} FOR UPDATE SKIP LOCKED)) \
                          RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\""
                     ));
                     let ack = prep(format!(

@@ -738,11 +738,11 @@ mod pg {
             )),
             row_ack: prep(format!("DELETE FROM \"{rl}\" WHERE \"id\" = $1")),
             lease_claim: prep(format!(
-                "WITH c AS (SELECT \"id\" FROM \"{ls}\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
-                 (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
-                 FOR UPDATE SKIP LOCKED) \
-                 UPDATE \"{ls}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 FROM c \
-                 WHERE q.\"id\" = c.\"id\" RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\""
+                "UPDATE \"{ls}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+                 WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"{ls}\" WHERE \"dead_at\" IS NULL AND \
+                 \"run_at\" <= $1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \
+                 \"run_at\", \"id\" LIMIT (SELECT $2::bigint) FOR UPDATE SKIP LOCKED)) \
+                 RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\""
             )),
             lease_ack: prep(format!("DELETE FROM \"{ls}\" WHERE \"id\" = $1 AND \"locked_until\" = $2")),
             adv_candidates: prep(format!(

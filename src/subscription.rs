@@ -429,10 +429,11 @@ impl Subscription {
         }
     }
 
-    /// Up to `max` deliveries: waits up to `timeout` for the first, then takes those ready
-    /// now, and, while a claim is in progress or its rows are on their way, waits for them up
-    /// to 10 ms more (so a batch is one claim's rows, settled in one statement, rather than
-    /// part of one). [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
+    /// Up to `max` deliveries. With nothing queued, it claims on the calling thread and returns
+    /// that claim (no hand-off between threads). Otherwise it waits up to `timeout` for the
+    /// first, then takes those ready now, and, while a claim is in progress or its rows are on
+    /// their way, waits for them up to 10 ms more (so a batch is one claim's rows, settled in
+    /// one statement, rather than part of one). [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
     /// the subscription is closed. Settle them one by one, or together with
     /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a

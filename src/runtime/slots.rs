@@ -266,6 +266,21 @@ mod tests {
         assert_eq!(s.acquire(4), Some(4));
     }
 
+    /// A claimer in `acquire(max)`, checked to be still waiting 50 ms later.
+    fn blocked_claimer(
+        s: &Arc<Slots>,
+        max: usize,
+        why: &str,
+    ) -> std::thread::JoinHandle<Option<usize>> {
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.acquire(max))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "{why}");
+        t
+    }
+
     #[test]
     fn waits_for_half_a_batch_while_rows_are_queued() {
         let s = Arc::new(Slots::new(10));
@@ -273,14 +288,10 @@ mod tests {
         s.enqueue(10);
         s.dequeue();
         s.release(1);
-        let t = {
-            let s = s.clone();
-            std::thread::spawn(move || s.acquire(10))
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            !t.is_finished(),
-            "claimed with one free slot while nine rows were queued"
+        let t = blocked_claimer(
+            &s,
+            10,
+            "claimed with one free slot while nine rows were queued",
         );
         s.release(4);
         assert_eq!(t.join().unwrap(), Some(5));
@@ -301,14 +312,10 @@ mod tests {
         assert_eq!(s.acquire(10), Some(10));
         s.enqueue(20);
         s.release(5);
-        let t = {
-            let s = s.clone();
-            std::thread::spawn(move || s.acquire(10))
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            !t.is_finished(),
-            "claimed with half a batch free while rows were queued"
+        let t = blocked_claimer(
+            &s,
+            10,
+            "claimed with half a batch free while rows were queued",
         );
         s.release(5);
         assert_eq!(t.join().unwrap(), Some(10));
