@@ -230,7 +230,7 @@ fn under_key(
     match hold.holder {
         Holder::Process(held) => {
             let mut conn = q.conn_within(op, within)?;
-            let done = conn.execute(sql, &params);
+            let done = super::transient_retried(|| conn.execute(sql, &params));
             drop(held);
             done.map(drop).map_err(q.err(op))
         }
@@ -240,7 +240,7 @@ fn under_key(
             name,
             here,
         } => {
-            let done = conn.execute(sql, &params);
+            let done = super::transient_retried(|| conn.execute(sql, &params));
             if let Some(key_sql) = key_sql(ctx) {
                 if !keys.unlock(&mut *conn, &key_sql, &name) {
                     log::warn!(

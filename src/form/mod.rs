@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
-use crate::error::{DbError, Result};
+use crate::error::{DbError, DbErrorKind, Result};
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 use crate::table::Form;
@@ -125,6 +125,27 @@ pub(crate) fn settle(
     }
 }
 
+/// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if
+/// the database rolled it back as transient (chosen as a deadlock victim, or a lock wait that
+/// timed out). Under the row's key nobody else may take the row, so running it again is safe;
+/// on MySQL/MariaDB a settlement deadlocked with another session's claim now and then (their
+/// next-key locks), which failed the `ack` and ran the job again.
+pub(crate) fn transient_retried<T>(
+    mut run: impl FnMut() -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    let mut tries = 0u32;
+    loop {
+        match run() {
+            Err(e) if e.kind == DbErrorKind::Transient && tries < 2 => {
+                tries += 1;
+                log::debug!("a settlement was rolled back ({e}); running it again");
+                std::thread::sleep(Duration::from_millis(1 << tries));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Hands back a row that never reached a handler (claimed ahead, then the subscription
 /// closed): claimable again at once, its attempt not spent. Never panics; a connection in an
 /// unknown state is discarded.
@@ -162,4 +183,31 @@ fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError
         payload,
         it.collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A settlement rolled back as transient runs again, at most twice more; other errors are
+    /// not retried.
+    #[test]
+    fn transient_settlements_run_again() {
+        let failing = |kind: DbErrorKind, fails: u32| {
+            let mut calls = 0u32;
+            let done = transient_retried(|| {
+                calls += 1;
+                if calls <= fails {
+                    Err(DbError::new(kind, "deadlock"))
+                } else {
+                    Ok(calls)
+                }
+            });
+            (done.is_ok(), calls)
+        };
+        assert_eq!(failing(DbErrorKind::Transient, 2), (true, 3));
+        assert_eq!(failing(DbErrorKind::Transient, 3), (false, 3));
+        assert_eq!(failing(DbErrorKind::Other, 1), (false, 1));
+        assert_eq!(failing(DbErrorKind::ConnectionLost, 1), (false, 1));
+    }
 }
