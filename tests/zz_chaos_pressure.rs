@@ -849,8 +849,9 @@ fn paused_server(db: Db) {
         move || drop(b),
     );
     // The broker's own threads live on: its lease timer, and on PostgreSQL its change feed
-    // (`sqlbroker-listen`).
-    let broker_threads = if db == Db::Postgres { 2 } else { 1 };
+    // (`sqlbroker-listen`) and the thread that sends its publishes' notifications
+    // (`sqlbroker-notify`). All of them end with the broker (checked below).
+    let broker_threads = if db == Db::Postgres { 3 } else { 1 };
     let gone = common::wait_for(Duration::from_secs(20), || {
         our_threads() <= threads_before + broker_threads
     });

@@ -120,7 +120,8 @@ fn fenced_on(
         let mut params = leading.to_vec();
         params.push(Value::Int(id));
         params.push(Value::Time(*token));
-        match conn.execute(sql, &params) {
+        // Fenced by the token: running it again after a transient rollback is safe.
+        match super::transient_retried(|| conn.execute(sql, &params)) {
             Ok(0) => {}
             Ok(_) => return Ok(true),
             Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {

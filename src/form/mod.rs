@@ -127,9 +127,10 @@ pub(crate) fn settle(
 
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if
 /// the database rolled it back as transient (chosen as a deadlock victim, or a lock wait that
-/// timed out). Under the row's key nobody else may take the row, so running it again is safe;
-/// on MySQL/MariaDB a settlement deadlocked with another session's claim now and then (their
-/// next-key locks), which failed the `ack` and ran the job again.
+/// timed out). Under the row's key, or fenced by its lease token, nobody else may take the
+/// row, so running it again is safe; on MySQL/MariaDB a settlement deadlocked with another
+/// session's claim now and then (their next-key locks), which failed the `ack` and ran the
+/// job again.
 pub(crate) fn transient_retried<T>(
     mut run: impl FnMut() -> Result<T, DbError>,
 ) -> Result<T, DbError> {
