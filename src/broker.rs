@@ -170,11 +170,10 @@ impl BrokerBuilder {
     /// Whether this broker's publishes wake subscriptions of other brokers and processes at
     /// once, and its subscriptions are woken by theirs. Default true: PostgreSQL sends a
     /// `pg_notify` after each publish's commit from a thread of its own (the publish does not
-    /// wait for it; debounced under bursts) and listens on a session of its own; SQLite probes
-    /// `data_version`. False, for a
-    /// process whose publishers and subscribers share this broker: no notification, no
-    /// listener; its own subscriptions are still woken in the process, and rows from elsewhere
-    /// are found at the poll interval.
+    /// wait for it; at most one a millisecond) and listens on a session of its own; SQLite
+    /// probes `data_version`. False, for a process whose publishers and subscribers share this
+    /// broker: no notification, no listener; its own subscriptions are still woken in the
+    /// process, and rows from elsewhere are found at the poll interval.
     pub fn cross_process_wake(mut self, on: bool) -> Self {
         self.cross_process = on;
         self

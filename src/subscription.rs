@@ -429,12 +429,12 @@ impl Subscription {
         }
     }
 
-    /// Up to `max` deliveries. With nothing queued, it claims on the calling thread and returns
-    /// that claim (no hand-off between threads). Otherwise it waits up to `timeout` for the
-    /// first, then takes those ready now, and, while a claim is in progress or its rows are on
-    /// their way, waits for them up to 10 ms more (so a batch is one claim's rows, settled in
-    /// one statement, rather than part of one). [`NextError::Timeout`] if none arrived, [`NextError::Closed`] once
-    /// the subscription is closed. Settle them one by one, or together with
+    /// Up to `max` deliveries. With nothing queued, it claims on the calling thread (no
+    /// hand-off between threads); otherwise it waits up to `timeout` for the first. Then it
+    /// takes those ready now, and, while a claim is in progress or its rows are on their way,
+    /// waits for them up to 10 ms more (so a batch is one claim's rows, settled in one
+    /// statement, rather than part of one). [`NextError::Timeout`] if none arrived,
+    /// [`NextError::Closed`] once the subscription is closed. Settle them one by one, or together with
     /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
     /// batch size (and `max_in_flight`) at least as large.
@@ -442,16 +442,13 @@ impl Subscription {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
-        // With nothing queued, a claim of this thread's own is the batch: no row waits for a
-        // hand-off.
-        let here = self.claim_here(max);
-        if !here.is_empty() {
-            return Ok(here);
+        // With nothing queued, a claim of this thread's own starts the batch: no row waits for
+        // a hand-off.
+        let mut batch = self.claim_here(max);
+        if batch.is_empty() {
+            batch.push(self.wait_one(timeout)?);
         }
-        let first = self.wait_one(timeout)?;
         let filled_by = Instant::now() + BATCH_FILL;
-        let mut batch = Vec::with_capacity(max.clamp(1, 1024));
-        batch.push(first);
         while batch.len() < max {
             match self.try_next_delivery() {
                 Ok(d) => batch.push(d),
