@@ -266,6 +266,15 @@ mod tests {
         assert_eq!(s.acquire(4), Some(4));
     }
 
+    /// Waits (at most 5 s) until `n` claimers wait in `acquire`.
+    fn waiting(s: &Slots, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while s.state.lock().waiting < n {
+            assert!(Instant::now() < deadline, "{n} claimers never waited");
+            std::thread::yield_now();
+        }
+    }
+
     /// A claimer in `acquire(max)`, checked to be still waiting 50 ms later.
     fn blocked_claimer(
         s: &Arc<Slots>,
@@ -334,7 +343,7 @@ mod tests {
             let s = s.clone();
             std::thread::spawn(move || s.acquire(8))
         };
-        std::thread::sleep(Duration::from_millis(20));
+        waiting(&s, 1);
         s.settled_many(8);
         assert_eq!(t.join().unwrap(), Some(8));
         assert_eq!(s.in_flight(), 0);
@@ -354,9 +363,7 @@ mod tests {
             let (s, tx) = (s.clone(), tx.clone());
             std::thread::spawn(move || tx.send(s.acquire(1)).unwrap());
         }
-        while s.state.lock().waiting < 3 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        waiting(&s, 3);
         s.settled();
         s.settled();
         let wait = Duration::from_secs(5);
