@@ -621,11 +621,7 @@ pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLett
                 .and_then(|v| v.as_i64())
                 .unwrap_or_default()
                 .clamp(0, u32::MAX as i64) as u32;
-            let payload = match it.next() {
-                Some(Value::Bytes(b)) => b,
-                Some(Value::Text(s)) => s.into_bytes(),
-                _ => Vec::new(),
-            };
+            let payload = it.next().map(Value::into_payload).unwrap_or_default();
             let dead_at = it
                 .next()
                 .and_then(|v| v.as_time())

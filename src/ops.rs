@@ -257,11 +257,7 @@ impl Broker {
                 let mut it = row.into_iter();
                 let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
                 let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
-                let payload = match it.next() {
-                    Some(Value::Bytes(b)) => b,
-                    Some(Value::Text(s)) => s.into_bytes(),
-                    _ => Vec::new(),
-                };
+                let payload = it.next().map(Value::into_payload).unwrap_or_default();
                 let completed_at = it
                     .next()
                     .and_then(|v| v.as_time())

@@ -57,6 +57,16 @@ impl Value {
         }
     }
 
+    /// A row's payload column as bytes (text is taken as its UTF-8 bytes; anything else is
+    /// empty).
+    pub(crate) fn into_payload(self) -> Vec<u8> {
+        match self {
+            Value::Bytes(b) => b,
+            Value::Text(s) => s.into_bytes(),
+            _ => Vec::new(),
+        }
+    }
+
     /// True for [`Value::Null`].
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)

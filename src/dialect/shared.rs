@@ -509,6 +509,28 @@ impl Syntax {
         );
     }
 
+    /// [`TableSql::stats`] where aggregates take `FILTER` (PostgreSQL, SQLite): one scan, a
+    /// filtered count per state ([`stats_states`](Syntax::stats_states)), the statement's time
+    /// as the first parameter.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub fn stats_filtered(&self, spec: &TableSpec) -> String {
+        let st = self.stats_states(spec, "", &self.p(1));
+        let count = |cond: Option<&String>| {
+            cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
+        };
+        format!(
+            "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
+            count(Some(&st.ready)),
+            count(Some(&st.scheduled)),
+            count(st.held.as_ref()),
+            count(Some(&st.dead)),
+            self.q(&spec.run_at),
+            st.ready,
+            count(st.completed.as_ref()),
+            self.q(&spec.name)
+        )
+    }
+
     /// What [`Broker::stats`](crate::Broker::stats) counts: the conditions of each state,
     /// every column prefixed by `prefix` and `now` standing for the statement's time (each
     /// may appear several times: PostgreSQL and SQLite number their parameter, MySQL reads it

@@ -173,11 +173,7 @@ fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError
         .and_then(|v| v.as_i64())
         .ok_or_else(|| DbError::other("the id is not an integer"))?;
     let attempts = it.next().and_then(|v| v.as_i64()).unwrap_or(0);
-    let payload = match it.next() {
-        Some(Value::Bytes(b)) => b,
-        Some(Value::Text(s)) => s.into_bytes(),
-        _ => Vec::new(),
-    };
+    let payload = it.next().map(Value::into_payload).unwrap_or_default();
     Ok((
         id,
         attempts.clamp(0, u32::MAX as i64) as u32,

@@ -70,7 +70,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     let free = format!("({lu} IS NULL OR {lu} <= $1)");
-    sql.stats = stats_sql(spec);
+    sql.stats = s.stats_filtered(spec);
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
             sql.claim = format!(
@@ -154,27 +154,6 @@ pub(super) fn channel(table: &str) -> String {
 /// `LISTEN` on a channel ([`channel`] makes identifiers only).
 pub(super) fn listen(channel: &str) -> String {
     format!("LISTEN {}", quote_ident(channel))
-}
-
-/// [`TableSql::stats`]: one scan, a filtered aggregate per state
-/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
-fn stats_sql(spec: &TableSpec) -> String {
-    let s = &SYNTAX;
-    let st = s.stats_states(spec, "", "$1");
-    let count = |cond: Option<&String>| {
-        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
-    };
-    format!(
-        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
-        count(Some(&st.ready)),
-        count(Some(&st.scheduled)),
-        count(st.held.as_ref()),
-        count(Some(&st.dead)),
-        s.q(&spec.run_at),
-        st.ready,
-        count(st.completed.as_ref()),
-        s.q(&spec.name)
-    )
 }
 
 /// Id-list size classes of the FIFO lease take: 1, 2, 4 .. 1024, enough for the largest claim

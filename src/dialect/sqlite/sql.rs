@@ -51,7 +51,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let ready = s.ready(spec, "?1");
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
-    sql.stats = stats_sql(spec);
+    sql.stats = s.stats_filtered(spec);
     match spec.form {
         Form::RowLock => {}
         Form::Lease => {
@@ -84,27 +84,6 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql
-}
-
-/// [`TableSql::stats`]: one scan, a filtered aggregate per state
-/// ([`Syntax::stats_states`](crate::dialect::shared::Syntax::stats_states)).
-fn stats_sql(spec: &TableSpec) -> String {
-    let s = &SYNTAX;
-    let st = s.stats_states(spec, "", "?1");
-    let count = |cond: Option<&String>| {
-        cond.map_or_else(|| "0".into(), |c| format!("COUNT(*) FILTER (WHERE {c})"))
-    };
-    format!(
-        "SELECT {}, {}, {}, {}, MIN({}) FILTER (WHERE {}), {} FROM {}",
-        count(Some(&st.ready)),
-        count(Some(&st.scheduled)),
-        count(st.held.as_ref()),
-        count(Some(&st.dead)),
-        s.q(&spec.run_at),
-        st.ready,
-        count(st.completed.as_ref()),
-        s.q(&spec.name)
-    )
 }
 
 /// `CREATE TABLE IF NOT EXISTS` and its partial index.
