@@ -168,7 +168,11 @@ fn refusals_are_typed() {
 
 /// `stop` ends a thread asleep until a tick far away at once; the next tick's row is in the
 /// table, not due, as soon as the job starts; a job's name defaults to its expression. Fails if
-/// the sleep were not woken by the stop (`stop took`) or the tick not published ahead (`rows`).
+/// the sleep were not woken by the stop (`stop took`) or the tick not published ahead (`rows`),
+/// or if the tick's row were due now: a probe row published after it is claimed (so claims
+/// ran, and the first claim would have taken the older row first) and nothing else comes
+/// within several polls (`the new year's row was delivered`; tried by publishing the tick
+/// without its delay).
 #[test]
 fn stop_is_prompt_and_the_next_tick_is_published_at_start() {
     let live = common::live(Db::Sqlite).unwrap();
@@ -184,8 +188,34 @@ fn stop_is_prompt_and_the_next_tick_is_published_at_start() {
         "rows: {}",
         live.rows(&t)
     );
-    let sub = live.broker.subscription(&t).start().unwrap();
-    assert!(sub.try_next_delivery().is_err(), "next new year is due now");
+    // Not due: claims run (the probe, published after it and due now, is claimed) and take
+    // only the probe, in the first claim and in the polls after it.
+    let probe = live
+        .broker
+        .publish(&t, Message::new(b"probe".to_vec()).dedup_key("probe"))
+        .unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .poll_interval(Duration::from_millis(20))
+        .start()
+        .unwrap();
+    let first = common::next(&sub, Duration::from_secs(10));
+    assert_eq!(
+        (first.id(), first.payload()),
+        (probe, &b"probe"[..]),
+        "the new year's row was delivered before the probe"
+    );
+    first.ack().unwrap();
+    match sub.next_delivery_timeout(Duration::from_millis(500)) {
+        Err(sqlbroker::NextError::Timeout) => {}
+        Ok(d) => panic!(
+            "the new year's row was delivered now: {:?}",
+            String::from_utf8_lossy(d.payload())
+        ),
+        Err(e) => panic!("the subscription ended: {e}"),
+    }
+    assert_eq!(live.rows(&t), 1, "the new year's row is gone");
     sub.shutdown(Duration::from_secs(1)).unwrap();
     assert!(p.is_running());
     let began = Instant::now();
