@@ -103,15 +103,37 @@ fn requeue_after_max_attempts_is_delivered(db: Db, form: Form) {
 }
 per_db_form!(requeue_after_max_attempts_is_delivered);
 
-/// `shutdown(Duration::MAX)` ("wait as long as it takes") waits, it does not overflow a deadline.
+/// `shutdown(Duration::MAX)` ("wait as long as it takes") waits, it does not overflow a deadline:
+/// with a delivery in flight that its handler acks 300 ms later, it returns `Ok` only after the
+/// ack. Fails if it panicked (`panicked`), gave up at once (`Ok(Err(Unsettled))` in the match;
+/// tried by waiting zero instead of `grace` when the deadline overflows), or returned before
+/// the ack (`returned after`).
 #[test]
 fn shutdown_with_duration_max_does_not_panic() {
+    const ACK_AFTER: Duration = Duration::from_millis(300);
     let broker = Broker::connect("sqlite::memory:").unwrap();
     let t = sqlbroker::Table::new("jobs").lease(LEASE);
     broker.create_table(&t).unwrap();
+    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
     let sub = broker.subscription(&t).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    let started = std::time::Instant::now();
+    let handler = std::thread::spawn(move || {
+        std::thread::sleep(ACK_AFTER);
+        d.ack()
+    });
     let r = catch_unwind(AssertUnwindSafe(|| sub.shutdown(Duration::MAX)));
-    assert!(r.is_ok(), "shutdown(Duration::MAX) panicked");
+    let took = started.elapsed();
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("shutdown(Duration::MAX) did not wait for the delivery: {e:?}"),
+        Err(_) => panic!("shutdown(Duration::MAX) panicked"),
+    }
+    assert!(
+        took >= ACK_AFTER,
+        "shutdown(Duration::MAX) returned after {took:?}, before the delivery was settled"
+    );
+    handler.join().unwrap().unwrap();
 }
 
 /// `connection_timeout(Duration::MAX)` (the pool adds it to `Instant::now()`) and
