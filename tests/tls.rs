@@ -175,10 +175,12 @@ fn postgres_prefer_goes_plain_where_the_server_has_no_tls_and_require_fails_fast
     let Some(live) = common::live(Db::Postgres) else {
         return;
     };
-    // The server offers no TLS on its Unix socket.
+    // The server offers no TLS on its Unix socket. Missing: a failure with
+    // SQLBROKER_REQUIRE_SERVERS=1 (tried with a directory that has none), else a loud skip.
     let dir = "/var/run/postgresql";
-    if !std::path::Path::new(&format!("{dir}/.s.PGSQL.5432")).exists() {
-        eprintln!("SKIPPED: no PostgreSQL socket in {dir}");
+    let socket_file = format!("{dir}/.s.PGSQL.5432");
+    if !std::path::Path::new(&socket_file).exists() {
+        common::unmet(&format!("the PostgreSQL socket {socket_file} is missing"));
         return;
     }
     let socket = "postgres://postgres@%2Fvar%2Frun%2Fpostgresql/test";

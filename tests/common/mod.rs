@@ -597,6 +597,15 @@ pub fn cert_file(var: &str, default: &str) -> Option<String> {
     None
 }
 
+/// A test's precondition that the machine does not meet (`what` says which): a failure with
+/// `SQLBROKER_REQUIRE_SERVERS=1`, else a loud skip (the caller then returns).
+pub fn unmet(what: &str) {
+    if require_servers() {
+        panic!("SQLBROKER_REQUIRE_SERVERS=1 but {what}");
+    }
+    let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED: {what} !!!!!\n");
+}
+
 /// The root that verifies the PostgreSQL server's certificate: Debian's snakeoil certificate,
 /// which the packaged server uses with `ssl = on` (CN and DNS name `localhost`).
 pub fn pg_root_cert() -> Option<String> {
