@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Db, Live};
-use sqlbroker::{BrokerError, Form, RetryPolicy, Table};
+use sqlbroker::{BrokerError, Form, NextError, RetryPolicy, Table};
 
 const LIMIT: Duration = Duration::from_secs(1);
 
@@ -58,39 +58,84 @@ fn the_row_returns_while_the_handler_runs(db: Db, form: Form) {
 }
 per_db_form!(the_row_returns_while_the_handler_runs);
 
-/// On the last attempt the timeout dead-letters the row, saying why.
-fn the_last_attempt_times_out_into_a_dead_letter(db: Db) {
+/// On the last attempt the timeout dead-letters the row, saying why, in every form: a table
+/// of `max_attempts(2)` whose handler overruns both attempts. Attempt 1 is retried (no dead
+/// letter), attempt 2 is dead with "attempt 2 of max_attempts 2 failed: the handler timed out
+/// after 1s", the late settlement is refused and changes nothing, and the row is not
+/// delivered again (to the same subscription or a new one).
+///
+/// Fails if the timeout retried the last attempt instead (tried by ignoring `max_attempts` in
+/// the timeout's failure: every variant failed, row lock and advisory at `was not
+/// dead-lettered`, lease at the `(count, id, attempts)` check, as the next claim buried the
+/// row at attempt 3), or wrote another reason (`reason`).
+fn the_last_attempt_times_out_into_a_dead_letter(db: Db, form: Form) {
+    const MAX: u32 = 2;
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
-    let t =
-        live.create(common::describe(&name, Form::Lease, Duration::from_secs(30)).max_attempts(1));
+    let t = live.create(common::describe(&name, form, Duration::from_secs(30)).max_attempts(MAX));
     let id = live.broker.publish(&t, common::msg("slow", "a")).unwrap();
     let sub = live
         .broker
         .subscription(&t)
         .handler_timeout(LIMIT)
+        .retry_policy(quick_retry())
         .start()
         .unwrap();
+    for attempt in 1..MAX {
+        let d = common::next(&sub, Duration::from_secs(10));
+        assert_eq!((d.id(), d.attempt()), (id, attempt));
+        // The handler overruns: the timeout takes the delivery, and retries the row.
+        assert!(
+            common::wait_for(Duration::from_secs(10), || d.timed_out()),
+            "attempt {attempt} never timed out"
+        );
+        assert!(d.ack().unwrap_err().is_handler_timeout());
+        assert!(
+            live.broker.dead_letters(&t, 10).unwrap().is_empty(),
+            "attempt {attempt} of {MAX} was dead-lettered"
+        );
+    }
     let d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!((d.id(), d.attempt()), (id, MAX));
     let dead = common::wait_for(Duration::from_secs(10), || {
         !live.broker.dead_letters(&t, 10).unwrap().is_empty()
     });
     assert!(dead, "the timed-out last attempt was not dead-lettered");
+    assert!(d.timed_out());
     let letters = live.broker.dead_letters(&t, 10).unwrap();
-    assert_eq!(letters[0].id, id);
-    assert!(
-        letters[0].reason.contains("timed out"),
-        "reason: {}",
-        letters[0].reason
+    assert_eq!(
+        (letters.len(), letters[0].id, letters[0].attempts),
+        (1, id, MAX)
+    );
+    assert_eq!(
+        letters[0].reason,
+        format!("attempt {MAX} of max_attempts {MAX} failed: the handler timed out after {LIMIT:?}"),
+        "reason"
     );
     assert!(d.dead_letter("late").unwrap_err().is_handler_timeout());
     assert_eq!(
         live.broker.dead_letters(&t, 10).unwrap()[0].reason,
         letters[0].reason
     );
+    // Dead: not delivered again, by several polls of this subscription or a new one.
+    let other = live.broker.subscription(&t).start().unwrap();
+    for s in [&sub, &other] {
+        match s.next_delivery_timeout(Duration::from_millis(1500)) {
+            Err(NextError::Timeout) => {}
+            Ok(d) => panic!(
+                "the dead row was delivered again: {:?}, attempt {}",
+                d.id(),
+                d.attempt()
+            ),
+            Err(e) => panic!("the subscription ended: {e}"),
+        }
+    }
+    assert_eq!(live.rows_where(&t, "dead_at IS NOT NULL"), 1);
+    assert_eq!(live.rows(&t), 1);
     sub.shutdown(Duration::from_secs(5)).unwrap();
+    other.shutdown(Duration::from_secs(5)).unwrap();
 }
-per_db!(the_last_attempt_times_out_into_a_dead_letter);
+per_db_form!(the_last_attempt_times_out_into_a_dead_letter);
 
 fn ledger(live: &Live) -> String {
     let name = common::unique("ledger");
