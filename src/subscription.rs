@@ -133,7 +133,7 @@ impl<'a> SubscriptionBuilder<'a> {
     /// idle workers at once; so do publishes by other brokers and processes on PostgreSQL
     /// (`LISTEN/NOTIFY`) and on a SQLite file (a change probe), within milliseconds. On
     /// MySQL/MariaDB, which cannot notify, an idle worker polls after 5 ms once a claim found
-    /// rows, doubling up to this interval. Rows inserted by other tools with plain SQL are
+    /// rows (or a publish in this process woke it), doubling up to this interval. Rows inserted by other tools with plain SQL are
     /// always found within it.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;

@@ -138,6 +138,19 @@ fn is_schema(e: &BrokerError) -> bool {
     )
 }
 
+/// The empty claims counted after a wait: a wake-up (a publish or a returned row in this
+/// process) starts the fast polls again, as a claim that found rows does. Rows often come in
+/// runs, and the rows of this one may have been claimed by a handler's thread
+/// (`Subscription::claim_here`), which the workers' count would not see: without this, rows of
+/// the same run published by other processes waited for the poll interval.
+fn after_wait(empty: u32, polled: bool) -> u32 {
+    if polled {
+        empty
+    } else {
+        0
+    }
+}
+
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
@@ -167,6 +180,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 .queue
                 .wake
                 .wait(seen, idle_poll(empty, ctx.opts.poll_interval));
+            empty = after_wait(empty, polling);
             continue;
         }
         ctx.claiming.fetch_add(1, Ordering::Relaxed);
@@ -205,6 +219,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                         poll
                     };
                     polling = !ctx.queue.wake.wait(seen, wait);
+                    empty = after_wait(empty, polling);
                 } else {
                     polling = false;
                 }
