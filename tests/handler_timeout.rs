@@ -109,7 +109,9 @@ fn the_last_attempt_times_out_into_a_dead_letter(db: Db, form: Form) {
     );
     assert_eq!(
         letters[0].reason,
-        format!("attempt {MAX} of max_attempts {MAX} failed: the handler timed out after {LIMIT:?}"),
+        format!(
+            "attempt {MAX} of max_attempts {MAX} failed: the handler timed out after {LIMIT:?}"
+        ),
         "reason"
     );
     assert!(d.dead_letter("late").unwrap_err().is_handler_timeout());

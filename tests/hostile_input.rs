@@ -969,7 +969,12 @@ fn create_table_when_its_index_name_is_taken(db: Db) {
         return;
     }
     match r {
-        Err(e @ BrokerError::Database { kind: DbErrorKind::Other, .. }) => {
+        Err(
+            e @ BrokerError::Database {
+                kind: DbErrorKind::Other,
+                ..
+            },
+        ) => {
             assert!(
                 e.to_string().contains(&format!("{name}_ready")),
                 "{db:?}: the error does not name the taken name: {e}"
@@ -979,7 +984,10 @@ fn create_table_when_its_index_name_is_taken(db: Db) {
         other => panic!("{db:?}: created (or another error) over a taken index name: {other:?}"),
     }
     assert!(!live.table_exists(&name), "{db:?}: half-created table");
-    assert!(live.table_exists(&format!("{name}_ready")), "{db:?}: the other table is gone");
+    assert!(
+        live.table_exists(&format!("{name}_ready")),
+        "{db:?}: the other table is gone"
+    );
 }
 per_db!(create_table_when_its_index_name_is_taken);
 

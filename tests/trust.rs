@@ -424,9 +424,7 @@ fn a_lease_drop_does_not_wait_out_the_pool() {
     assert_eq!(
         live.rows_where(
             &lease,
-            &format!(
-                "id = {id} AND attempts = 1 AND locked_until IS NOT NULL AND dead_at IS NULL"
-            )
+            &format!("id = {id} AND attempts = 1 AND locked_until IS NOT NULL AND dead_at IS NULL")
         ),
         1,
         "the drop changed the row (it could get no connection)"
