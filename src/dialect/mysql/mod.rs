@@ -44,6 +44,7 @@ mod tls;
 mod values;
 mod version;
 
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use mysql::consts::CapabilityFlags;
@@ -72,11 +73,12 @@ pub(crate) use conn::TxConn;
 /// The engine with no server of its own: the SQL text and protocols, for publishing on the
 /// application's own transactions.
 pub(crate) fn sql_only() -> &'static dyn Dialect {
-    static ENGINE: std::sync::OnceLock<Mysql> = std::sync::OnceLock::new();
+    static ENGINE: OnceLock<Mysql> = OnceLock::new();
     ENGINE.get_or_init(|| Mysql {
         opts: Opts::default(),
         plain: None,
         db: String::new(),
+        collation: OnceLock::new(),
     })
 }
 
@@ -89,6 +91,9 @@ pub(super) struct Mysql {
     /// The URL's database: advisory lock names start with it, since `GET_LOCK` names are
     /// server-wide and keys belong to the database.
     db: String,
+    /// The server's byte-exact text collation, learned from the first session's `VERSION()`
+    /// (every DDL runs after a session was opened): MySQL and MariaDB spell it differently.
+    collation: OnceLock<&'static str>,
 }
 
 impl Mysql {
@@ -142,7 +147,19 @@ impl Mysql {
             opts: tls.builder.into(),
             plain: tls.fallback.map(Into::into),
             db,
+            collation: OnceLock::new(),
         })
+    }
+}
+
+impl Mysql {
+    /// The byte-exact text collation of the server; MySQL's spelling until a session has told
+    /// the flavor (DDL always runs after one has).
+    fn text_collation(&self) -> &'static str {
+        self.collation
+            .get()
+            .copied()
+            .unwrap_or(version::BYTE_EXACT[1])
     }
 }
 
@@ -160,14 +177,17 @@ impl Dialect for Mysql {
         if self.opts.get_ssl_opts().is_some() {
             tls::install_provider();
         }
-        match (conn::connect(&self.opts), &self.plain) {
+        let (conn, version) = match (conn::connect(&self.opts), &self.plain) {
             // `PREFERRED`: a session that cannot be encrypted is made in plain text.
             (Err(e), Some(plain)) if conn::is_tls_failure(&e) => {
                 log::info!("MySQL: no TLS session ({e}); ssl-mode=PREFERRED goes on without TLS");
                 conn::connect(plain)
             }
             (r, _) => r,
-        }
+        }?;
+        self.collation
+            .get_or_init(|| version::text_collation(&version));
+        Ok(conn)
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
@@ -179,11 +199,19 @@ impl Dialect for Mysql {
     }
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
-        sql::create_table(spec)
+        sql::create_table(spec, self.text_collation())
     }
 
     fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
-        sql::column_defs(spec)
+        sql::column_defs(spec, self.text_collation())
+    }
+
+    fn convert_columns(
+        &self,
+        spec: &TableSpec,
+        defs: &[&crate::schema::ColumnDef],
+    ) -> Option<String> {
+        Some(sql::convert_columns(spec, defs))
     }
 
     fn columns_query(&self) -> &'static str {
