@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::Db;
-use sqlbroker::{BrokerError, Form, Message, Table};
+use sqlbroker::{BrokerError, Form, Message};
 
 /// "é" precomposed (NFC) and decomposed (NFD: "e" and a combining acute accent).
 const NFC: &str = "caf\u{e9}";
