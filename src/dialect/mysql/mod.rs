@@ -10,8 +10,16 @@
 //! - Lease renewal: a locking select of the held ids, one update of those still holding their
 //!   token, commit; the ids kept are exactly those renewed ([`protocol::lease_renew`]).
 //! - Advisory: `GET_LOCK(name, 0)` on `<database>.<key>`, a name over 64 characters replaced by
-//!   its SHA-256 (lowercase hex). Locks belong to the session and end with it. The server
-//!   compares names case-insensitively, so keys differing only in case wait for each other.
+//!   its SHA-256 (lowercase hex). Locks belong to the session and end with it. MariaDB 10.11
+//!   compares names byte for byte (measured: `Abc`, `abc` and `Abc ` are three locks); MySQL
+//!   documents them as case-insensitive, so there keys differing only in case wait for each
+//!   other (less parallel, never less exclusive).
+//! - Text columns are `VARCHAR(255)` in a binary NO PAD collation (`utf8mb4_nopad_bin` on
+//!   MariaDB, `utf8mb4_0900_bin` on MySQL 8.0.17+, told apart by the first session's
+//!   `VERSION()`): dedup keys and group values compare byte for byte, as on PostgreSQL and
+//!   SQLite, not by the default collation (case-insensitive, padding trailing spaces). The
+//!   schema check refuses a dedup key or group column in another collation; `migrate`
+//!   converts it (`ALTER TABLE .. MODIFY COLUMN`, which copies the table).
 //! - Times are `DATETIME` in UTC, whole seconds, so a lease token compared by equality
 //!   survives the column exactly. Sessions run with `time_zone = '+00:00'` so the column's
 //!   `DEFAULT CURRENT_TIMESTAMP` is UTC too.
