@@ -377,6 +377,12 @@ impl Broker {
     /// cut short is finished by running it again. DDL takes locks: run it when the queue is
     /// quiet (on MySQL every statement also commits on its own).
     ///
+    /// MySQL/MariaDB: a dedup key or group column made by an earlier release, in the
+    /// database's default collation (case-insensitive, padding trailing spaces), is converted
+    /// to byte-exact text (`ALTER TABLE .. MODIFY COLUMN`, one statement for the table). That
+    /// **copies the table** and blocks its writes while it runs: on a large table, plan for
+    /// it. Until then the schema check refuses the table.
+    ///
     /// ```
     /// use sqlbroker::{Broker, Table};
     ///
@@ -403,9 +409,10 @@ impl Broker {
             .iter()
             .filter(|d| !found.iter().any(|(name, _)| name == &d.name))
             .collect();
+        let convert = crate::schema::to_convert(&defs, &found);
         let mut problems: Vec<String> = crate::schema::problems(&defs, &found)
             .into_iter()
-            .filter(|p| !p.ends_with("is missing"))
+            .filter(|p| !p.ends_with("is missing") && !p.ends_with(crate::schema::CONVERTIBLE))
             .collect();
         problems.extend(missing.iter().filter(|d| !d.addable).map(|d| {
             format!(
@@ -424,6 +431,16 @@ impl Broker {
             let sql = q.dialect.syntax().add_column(&q.spec, d);
             conn.batch(&sql).map_err(q.err("migrate"))?;
             done.push(format!("added column {}", d.name));
+        }
+        if let Some(sql) = q.dialect.convert_columns(&q.spec, &convert) {
+            if !convert.is_empty() {
+                conn.batch(&sql).map_err(q.err("migrate"))?;
+                done.extend(
+                    convert
+                        .iter()
+                        .map(|d| format!("converted column {} to byte-exact text", d.name)),
+                );
+            }
         }
         q.dialect
             .migrate_indexes(&mut *conn, &q.spec)

@@ -70,7 +70,8 @@ impl Message {
     /// The value must fit the column's described type, the same on every database: text in a
     /// text column, an integer in an integer column, a float (or an integer) in a float column,
     /// bytes in a binary column, `NULL` anywhere. A float column takes no NaN (SQLite would store
-    /// it as `NULL`, MySQL refuses it). Anything else is refused by `publish` with
+    /// it as `NULL`, MySQL refuses it) and no infinity (MySQL refuses it); -0.0 is written as
+    /// 0.0 (SQLite cannot keep the sign of a zero). Anything else is refused by `publish` with
     /// [`BrokerError::InvalidMessage`] before any SQL runs, rather than converted differently by
     /// each database.
     pub fn set(mut self, column: impl Into<String>, value: impl Into<Value>) -> Self {
@@ -145,7 +146,13 @@ impl Message {
                 .iter()
                 .position(|(c, _)| *c == col.name)
                 .map(|i| values.swap_remove(i).1);
-            out.push(v.unwrap_or(Value::Null));
+            out.push(match v {
+                // SQLite writes an integral REAL as an integer, which has no -0: every
+                // database gets 0.0, so a zero reads back the same everywhere (the pattern
+                // compares as `==` does, so it matches -0.0 too).
+                Some(Value::Float(0.0)) => Value::Float(0.0),
+                v => v.unwrap_or(Value::Null),
+            });
         }
         if spec.priority.is_some() {
             out.push(Value::Int(self.priority.unwrap_or(0).into()));
@@ -171,6 +178,9 @@ fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
                 return Err(
                     "NaN cannot be stored (SQLite stores it as NULL, MySQL refuses it)".into(),
                 );
+            }
+            if f.is_infinite() {
+                return Err("an infinity cannot be stored (MySQL refuses it)".into());
             }
             true
         }
@@ -231,13 +241,18 @@ mod tests {
             m().set("b", vec![0u8])
                 .set("s", "'; DROP TABLE t; --\0")
                 .set("i", i64::MIN)
-                .set("f", f64::INFINITY),
+                .set("f", f64::MAX),
         )
         .unwrap();
         assert_eq!(out.len(), 6);
         assert_eq!(out[2], Value::from("'; DROP TABLE t; --\0"));
         assert_eq!(out[3], Value::Int(i64::MIN));
-        assert_eq!(out[4], Value::Float(f64::INFINITY));
+        assert_eq!(out[4], Value::Float(f64::MAX));
+        // -0.0 is written as 0.0 (SQLite cannot keep the sign of a zero).
+        match params(m().set("f", -0.0)).unwrap()[4] {
+            Value::Float(f) => assert_eq!(f.to_bits(), 0.0f64.to_bits()),
+            ref other => panic!("{other:?}"),
+        }
         assert_eq!(out[5], Value::Bytes(vec![0]));
         params(m().set("f", 3)).unwrap(); // an integer in a float column
         params(m().set("s", Value::Null).set("i", Value::Null)).unwrap();
@@ -253,6 +268,9 @@ mod tests {
         assert!(refused(m().set("b", "txt")).contains("text does not fit a binary column"));
         assert!(refused(m().set("i", SystemTime::now())).contains("a time does not fit"));
         assert!(refused(m().set("f", f64::NAN)).contains("NaN"));
+        // MySQL cannot hold an infinity: refused on every database alike.
+        assert!(refused(m().set("f", f64::INFINITY)).contains("infinity"));
+        assert!(refused(m().set("f", f64::NEG_INFINITY)).contains("infinity"));
         // Role columns cannot be set, nor columns named in another case.
         for c in [
             "id", "payload", "attempts", "run_at", "dead_at", "S", "s\0", "s; --",

@@ -113,7 +113,9 @@ impl Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ColumnType {
-    /// Text (`TEXT`; `VARCHAR(255)` on MySQL so it can be indexed).
+    /// Text (`TEXT`; on MySQL/MariaDB `VARCHAR(255)` so it can be indexed, in a binary NO PAD
+    /// collation, so it compares byte for byte as on PostgreSQL and SQLite: values differing
+    /// in case, trailing spaces or Unicode normalisation are different values).
     Text,
     /// 64-bit integer.
     Int,
@@ -255,6 +257,11 @@ impl Table {
     /// clears its key (a dead letter no longer blocks new work; its key is gone from
     /// [`Broker::dead_letters`](crate::Broker::dead_letters) and from a requeued row). On
     /// MySQL a key is at most 255 characters.
+    ///
+    /// Keys compare byte for byte on every database: `"order-1"` and `"Order-1"`, `"k"` and
+    /// `"k "`, or `"é"` precomposed and decomposed are different keys (on MySQL/MariaDB the key
+    /// column has a binary NO PAD collation; a table made by an earlier release is converted
+    /// by [`Broker::migrate`](crate::Broker::migrate)).
     ///
     /// ```
     /// use sqlbroker::{Broker, Message, Table};

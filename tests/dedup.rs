@@ -164,3 +164,49 @@ fn a_key_needs_a_dedup_table() {
     }
     assert_eq!(live.rows(&t), 0);
 }
+
+/// A key is held through the whole life of its row: while the row is in a handler, while it
+/// waits for a retry, and through the retried attempt; only the ack frees it.
+fn a_key_is_held_in_work_and_while_retried(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = dedup_table(&live, form);
+    let dup_of = |body: &str| {
+        live.broker
+            .publish(&t, keyed(body, "job-1"))
+            .err()
+            .and_then(|e| e.duplicate_of())
+    };
+    let first = live.broker.publish(&t, keyed("1", "job-1")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), first);
+    // In work (leased, row-locked, or under its advisory key): still the holder.
+    assert_eq!(
+        dup_of("in work"),
+        Some(first),
+        "a key in work was given away"
+    );
+    d.retry_after(Duration::from_secs(1)).unwrap();
+    // Scheduled for a retry: still the holder.
+    assert_eq!(
+        dup_of("retrying"),
+        Some(first),
+        "a retried key was given away"
+    );
+    let d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!((d.id(), d.attempt()), (first, 2));
+    assert_eq!(
+        dup_of("second attempt"),
+        Some(first),
+        "a key in its second attempt was given away"
+    );
+    assert_eq!(live.rows(&t), 1);
+    d.ack().unwrap();
+    // Acked: the key makes a new row.
+    let second = live.broker.publish(&t, keyed("after", "job-1")).unwrap();
+    assert_ne!(second, first);
+    assert_eq!(live.rows(&t), 1);
+    sub.shutdown(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+per_db_form!(a_key_is_held_in_work_and_while_retried);

@@ -338,6 +338,19 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// database (or schema); no rows if there is no such table.
     fn columns_query(&self) -> &'static str;
 
+    /// The statement that converts `defs`, columns of a table made by an earlier release
+    /// whose text compares by a collation instead of byte for byte, to their definitions
+    /// (`migrate`). Only MySQL has such columns ([`ColumnDef::collations`]).
+    ///
+    /// [`ColumnDef::collations`]: crate::schema::ColumnDef::collations
+    fn convert_columns(
+        &self,
+        _spec: &TableSpec,
+        _defs: &[&crate::schema::ColumnDef],
+    ) -> Option<String> {
+        None
+    }
+
     /// Creates the indexes of `spec` that the table lacks (a migration, after its columns were
     /// added). Default: the `IF NOT EXISTS` statements `create_table` makes after the table.
     fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {

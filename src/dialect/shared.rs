@@ -204,6 +204,7 @@ impl Syntax {
             // `ADD COLUMN` fills existing rows: only a nullable column or one with a default.
             addable: !t.contains("PRIMARY KEY")
                 && (!t.contains("NOT NULL") || t.contains("DEFAULT")),
+            collations: &[],
         };
         let mut payload = def(&spec.payload, ty.payload);
         payload.accepts = vec![Family::Bytes, Family::Text];

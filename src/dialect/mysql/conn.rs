@@ -8,19 +8,21 @@ use crate::dialect::DbConn;
 use crate::error::{DbError, DbErrorKind};
 use crate::Value;
 
-/// Opens a session with the engine's options.
-pub(super) fn connect(opts: &Opts) -> Result<Box<dyn DbConn + Send>, DbError> {
+/// Opens a session with the engine's options; also returns the server's `VERSION()` (read
+/// with `max_allowed_packet`, in the same round trip), which tells MySQL from MariaDB.
+pub(super) fn connect(opts: &Opts) -> Result<(Box<dyn DbConn + Send>, String), DbError> {
     let fail = |e: mysql::Error| DbError::new(classify(&e), e);
     let mut conn = Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), e))?;
-    let max_packet = conn
-        .query_first::<u64, _>("SELECT @@max_allowed_packet")
+    let (max_packet, version) = conn
+        .query_first::<(u64, String), _>("SELECT @@max_allowed_packet, VERSION()")
         .map_err(fail)?
-        .unwrap_or(u64::MAX);
-    Ok(Box::new(MyConn {
+        .unwrap_or((u64::MAX, String::new()));
+    let conn = MyConn {
         conn,
         broken: false,
         max_packet,
-    }))
+    };
+    Ok((Box::new(conn), version))
 }
 
 /// One MySQL-protocol session.

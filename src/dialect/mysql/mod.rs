@@ -10,8 +10,16 @@
 //! - Lease renewal: a locking select of the held ids, one update of those still holding their
 //!   token, commit; the ids kept are exactly those renewed ([`protocol::lease_renew`]).
 //! - Advisory: `GET_LOCK(name, 0)` on `<database>.<key>`, a name over 64 characters replaced by
-//!   its SHA-256 (lowercase hex). Locks belong to the session and end with it. The server
-//!   compares names case-insensitively, so keys differing only in case wait for each other.
+//!   its SHA-256 (lowercase hex). Locks belong to the session and end with it. MariaDB 10.11
+//!   compares names byte for byte (measured: `Abc`, `abc` and `Abc ` are three locks); MySQL
+//!   documents them as case-insensitive, so there keys differing only in case wait for each
+//!   other (less parallel, never less exclusive).
+//! - Text columns are `VARCHAR(255)` in a binary NO PAD collation (`utf8mb4_nopad_bin` on
+//!   MariaDB, `utf8mb4_0900_bin` on MySQL 8.0.17+, told apart by the first session's
+//!   `VERSION()`): dedup keys and group values compare byte for byte, as on PostgreSQL and
+//!   SQLite, not by the default collation (case-insensitive, padding trailing spaces). The
+//!   schema check refuses a dedup key or group column in another collation; `migrate`
+//!   converts it (`ALTER TABLE .. MODIFY COLUMN`, which copies the table).
 //! - Times are `DATETIME` in UTC, whole seconds, so a lease token compared by equality
 //!   survives the column exactly. Sessions run with `time_zone = '+00:00'` so the column's
 //!   `DEFAULT CURRENT_TIMESTAMP` is UTC too.
@@ -44,6 +52,7 @@ mod tls;
 mod values;
 mod version;
 
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use mysql::consts::CapabilityFlags;
@@ -72,11 +81,12 @@ pub(crate) use conn::TxConn;
 /// The engine with no server of its own: the SQL text and protocols, for publishing on the
 /// application's own transactions.
 pub(crate) fn sql_only() -> &'static dyn Dialect {
-    static ENGINE: std::sync::OnceLock<Mysql> = std::sync::OnceLock::new();
+    static ENGINE: OnceLock<Mysql> = OnceLock::new();
     ENGINE.get_or_init(|| Mysql {
         opts: Opts::default(),
         plain: None,
         db: String::new(),
+        collation: OnceLock::new(),
     })
 }
 
@@ -89,6 +99,9 @@ pub(super) struct Mysql {
     /// The URL's database: advisory lock names start with it, since `GET_LOCK` names are
     /// server-wide and keys belong to the database.
     db: String,
+    /// The server's byte-exact text collation, learned from the first session's `VERSION()`
+    /// (every DDL runs after a session was opened): MySQL and MariaDB spell it differently.
+    collation: OnceLock<&'static str>,
 }
 
 impl Mysql {
@@ -142,7 +155,19 @@ impl Mysql {
             opts: tls.builder.into(),
             plain: tls.fallback.map(Into::into),
             db,
+            collation: OnceLock::new(),
         })
+    }
+}
+
+impl Mysql {
+    /// The byte-exact text collation of the server; MySQL's spelling until a session has told
+    /// the flavor (DDL always runs after one has).
+    fn text_collation(&self) -> &'static str {
+        self.collation
+            .get()
+            .copied()
+            .unwrap_or(version::BYTE_EXACT[1])
     }
 }
 
@@ -160,14 +185,17 @@ impl Dialect for Mysql {
         if self.opts.get_ssl_opts().is_some() {
             tls::install_provider();
         }
-        match (conn::connect(&self.opts), &self.plain) {
+        let (conn, version) = match (conn::connect(&self.opts), &self.plain) {
             // `PREFERRED`: a session that cannot be encrypted is made in plain text.
             (Err(e), Some(plain)) if conn::is_tls_failure(&e) => {
                 log::info!("MySQL: no TLS session ({e}); ssl-mode=PREFERRED goes on without TLS");
                 conn::connect(plain)
             }
             (r, _) => r,
-        }
+        }?;
+        self.collation
+            .get_or_init(|| version::text_collation(&version));
+        Ok(conn)
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
@@ -179,11 +207,19 @@ impl Dialect for Mysql {
     }
 
     fn create_table(&self, spec: &TableSpec) -> Vec<String> {
-        sql::create_table(spec)
+        sql::create_table(spec, self.text_collation())
     }
 
     fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
-        sql::column_defs(spec)
+        sql::column_defs(spec, self.text_collation())
+    }
+
+    fn convert_columns(
+        &self,
+        spec: &TableSpec,
+        defs: &[&crate::schema::ColumnDef],
+    ) -> Option<String> {
+        Some(sql::convert_columns(spec, defs))
     }
 
     fn columns_query(&self) -> &'static str {

@@ -4,6 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
+use super::version::BYTE_EXACT;
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::{FifoSql, TableSql};
 use crate::table::{Form, Isolation, TableSpec};
@@ -19,9 +20,13 @@ pub(super) const SYNTAX: Syntax = Syntax {
 /// The longest name `GET_LOCK` accepts.
 const MAX_LOCK_NAME: usize = 64;
 
-/// A dead-letter reason may be a long error report: `TEXT` stops at 64 KiB. Text columns are
-/// `VARCHAR(255)` so they can be indexed.
-const TYPES: ColumnTypes = ColumnTypes {
+/// MariaDB's column types. A dead-letter reason may be a long error report: `TEXT` stops at
+/// 64 KiB. Text columns are `VARCHAR(255)` so they can be indexed (1,020 bytes, under InnoDB's
+/// 3,072-byte key limit), in a binary NO PAD collation so they compare byte for byte
+/// ([`BYTE_EXACT`]): every text column, not only the dedup key and the group, so a column
+/// that later becomes a group needs no table copy, and the user's own SQL on them means what
+/// it means on PostgreSQL and SQLite.
+const MARIADB_TYPES: ColumnTypes = ColumnTypes {
     id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
     payload: "LONGBLOB NOT NULL",
     attempts: "INT NOT NULL DEFAULT 0",
@@ -29,11 +34,27 @@ const TYPES: ColumnTypes = ColumnTypes {
     time: "DATETIME NULL",
     reason: "MEDIUMTEXT NULL",
     priority: "SMALLINT NOT NULL DEFAULT 0",
-    text: "VARCHAR(255) NULL",
+    text: "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NULL",
     int: "BIGINT NULL",
     float: "DOUBLE NULL",
     bytes: "LONGBLOB NULL",
 };
+
+/// MySQL 8's column types: MariaDB's, text in MySQL's spelling of the collation.
+const MYSQL_TYPES: ColumnTypes = ColumnTypes {
+    text: "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin NULL",
+    ..MARIADB_TYPES
+};
+
+/// The column types of a server whose byte-exact collation is `collation`
+/// ([`text_collation`](super::version::text_collation)).
+fn types(collation: &str) -> &'static ColumnTypes {
+    if collation == BYTE_EXACT[0] {
+        &MARIADB_TYPES
+    } else {
+        &MYSQL_TYPES
+    }
+}
 
 pub(super) fn quote_ident(s: &str) -> String {
     format!("`{s}`")
@@ -278,15 +299,42 @@ fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
     }
 }
 
-/// `CREATE TABLE IF NOT EXISTS`, its index inline.
-/// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
-pub(super) const COLUMNS: &str =
-    "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
-         WHERE table_schema = DATABASE() AND table_name = ?";
+/// `(table name)` -> `(column name, type)` of the table's columns (the schema check). A text
+/// column's type carries its collation (`varchar collate utf8mb4_general_ci`), which the
+/// check compares with [`crate::schema::ColumnDef::collations`].
+pub(super) const COLUMNS: &str = "SELECT CAST(column_name AS CHAR), CAST(CONCAT(data_type, \
+     IFNULL(CONCAT(' collate ', collation_name), '')) AS CHAR) FROM information_schema.columns \
+     WHERE table_schema = DATABASE() AND table_name = ?";
 
-/// The columns a table needs (the schema check and `migrate`).
-pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
-    SYNTAX.column_list(spec, &TYPES)
+/// The columns a table needs (the schema check and `migrate`), text in `collation`. The
+/// columns whose values the library compares in SQL, the dedup key and the group, must
+/// compare byte for byte: the check refuses them in any other collation and `migrate`
+/// converts them ([`convert_columns`]). Other text columns are left as a table has them (the
+/// library never compares them; converting one copies the table).
+pub(super) fn column_defs(spec: &TableSpec, collation: &str) -> Vec<crate::schema::ColumnDef> {
+    let mut defs = SYNTAX.column_list(spec, types(collation));
+    let group = spec
+        .group
+        .and_then(|i| spec.columns.get(i))
+        .filter(|c| c.ty == crate::table::ColumnType::Text)
+        .map(|c| c.name.as_str());
+    for d in &mut defs {
+        if Some(d.name.as_str()) == spec.dedup_key.as_deref() || Some(d.name.as_str()) == group {
+            d.collations = BYTE_EXACT;
+        }
+    }
+    defs
+}
+
+/// `ALTER TABLE .. MODIFY COLUMN ..` of `defs`, one statement (one table copy) for them all:
+/// brings text columns made by an earlier release, in the database's default collation, to
+/// their byte-exact definition. Their indexes are rebuilt with them.
+pub(super) fn convert_columns(spec: &TableSpec, defs: &[&crate::schema::ColumnDef]) -> String {
+    let modify: Vec<String> = defs
+        .iter()
+        .map(|d| format!("MODIFY COLUMN {}", d.ddl))
+        .collect();
+    format!("ALTER TABLE {} {}", SYNTAX.q(&spec.name), modify.join(", "))
 }
 
 /// `(table name)` -> the names of the table's indexes (`migrate`).
@@ -347,9 +395,10 @@ pub(super) fn add_index(spec: &TableSpec, definition: &str) -> String {
     format!("ALTER TABLE {} ADD {definition}", SYNTAX.q(&spec.name))
 }
 
-pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
+/// `CREATE TABLE IF NOT EXISTS`, its indexes inline, text in `collation`.
+pub(super) fn create_table(spec: &TableSpec, collation: &str) -> Vec<String> {
     let s = &SYNTAX;
-    let mut cols = s.column_defs(spec, &TYPES);
+    let mut cols = s.column_defs(spec, types(collation));
     cols.extend(
         index_defs(spec)
             .into_iter()
@@ -581,7 +630,8 @@ mod tests {
                 "CREATE TABLE IF NOT EXISTS `jobs` (`id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
                  `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
                  `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `locked_until` DATETIME NULL, \
-                 `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, `k` VARCHAR(255) NULL, `n` BIGINT NULL, \
+                 `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, \
+                 `k` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin NULL, `n` BIGINT NULL, \
                  `f` DOUBLE NULL, `b` LONGBLOB NULL, INDEX `jobs_ready` (`dead_at`, `run_at`, `id`)) \
                  ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
             ]
@@ -716,7 +766,7 @@ mod tests {
             "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), \
              `locked_until` = NULL WHERE `id` IN (?, ?)"
         );
-        let ddl = create_table(&t.validate().unwrap());
+        let ddl = create_table(&t.validate().unwrap(), BYTE_EXACT[0]);
         assert!(
             ddl[0].contains("`completed_at` DATETIME NULL, INDEX `jobs_ready`"),
             "{}",
@@ -732,16 +782,83 @@ mod tests {
     #[test]
     fn dedup_ddl() {
         let spec = Table::new("mails").dedup().validate().unwrap();
-        let ddl = dialect().create_table(&spec);
-        assert!(ddl[0].contains(
-            "`dead_reason` MEDIUMTEXT NULL, `dedup_key` VARCHAR(255) NULL, INDEX `mails_ready` \
-             (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`))"
-        ));
+        // Byte-exact keys: a binary NO PAD collation, in each flavor's spelling (MariaDB's
+        // `utf8mb4_bin` still pads spaces; MySQL 8.0.17+ spells it `utf8mb4_0900_bin`).
+        for (collation, ddl) in [
+            (
+                "utf8mb4_nopad_bin",
+                create_table(&spec, "utf8mb4_nopad_bin"),
+            ),
+            ("utf8mb4_0900_bin", create_table(&spec, "utf8mb4_0900_bin")),
+            ("utf8mb4_0900_bin", dialect().create_table(&spec)),
+        ] {
+            assert_eq!(
+                ddl,
+                [format!(
+                    "CREATE TABLE IF NOT EXISTS `mails` (`id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                     `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
+                     `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `dead_at` DATETIME NULL, \
+                     `dead_reason` MEDIUMTEXT NULL, \
+                     `dedup_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL, \
+                     INDEX `mails_ready` (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`)) \
+                     ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                )]
+            );
+        }
         let sql = compile(Table::new("mails").dedup());
         assert_eq!(
             sql.insert_one,
             "INSERT INTO `mails` (`payload`, `run_at`, `dedup_key`) VALUES (?, ?, ?)"
         );
+    }
+
+    #[test]
+    fn compared_text_columns_and_their_conversion() {
+        let spec = Table::new("orders")
+            .text_column("note")
+            .int_column("n")
+            .group("customer")
+            .fifo()
+            .dedup()
+            .lease(Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        let defs = column_defs(&spec, "utf8mb4_nopad_bin");
+        let exact: Vec<&str> = defs
+            .iter()
+            .filter(|d| !d.collations.is_empty())
+            .map(|d| d.name.as_str())
+            .collect();
+        // The columns the library compares: the dedup key and the group, not other text.
+        assert_eq!(exact, ["dedup_key", "customer"]);
+        assert!(defs
+            .iter()
+            .filter(|d| !d.collations.is_empty())
+            .all(|d| d.collations == ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"]));
+        let note = defs.iter().find(|d| d.name == "note").unwrap();
+        assert_eq!(
+            note.ddl,
+            "`note` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NULL"
+        );
+        let convert: Vec<_> = defs.iter().filter(|d| !d.collations.is_empty()).collect();
+        assert_eq!(
+            convert_columns(&spec, &convert),
+            "ALTER TABLE `orders` MODIFY COLUMN `dedup_key` VARCHAR(255) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_nopad_bin NULL, MODIFY COLUMN `customer` VARCHAR(255) CHARACTER SET \
+             utf8mb4 COLLATE utf8mb4_nopad_bin NULL"
+        );
+        // A group column of another type has no collation to keep.
+        let ints = Table::new("o")
+            .int_column("g")
+            .group("g")
+            .fifo()
+            .validate()
+            .unwrap();
+        assert!(column_defs(&ints, "utf8mb4_0900_bin")
+            .iter()
+            .all(|d| d.collations.is_empty()));
+        // The schema check reads each column's collation with its type.
+        assert!(COLUMNS.contains("CONCAT(' collate ', collation_name)"));
     }
 
     #[test]

@@ -18,6 +18,22 @@ pub(super) fn check_server(conn: &mut dyn DbConn, form: Form) -> Result<(), Brok
     check_version(&shown, form)
 }
 
+/// The collations under which text compares byte for byte: binary and NO PAD, so keys that
+/// differ in case, accents, Unicode normalisation or trailing spaces are different keys, as on
+/// PostgreSQL and SQLite. The default utf8mb4 collations are case-insensitive, and
+/// `utf8mb4_bin` still pads trailing spaces.
+pub(super) const BYTE_EXACT: &[&str] = &["utf8mb4_nopad_bin", "utf8mb4_0900_bin"];
+
+/// The byte-exact collation the server at `shown` (its `VERSION()`) spells: MariaDB's
+/// `utf8mb4_nopad_bin` (10.2+), MySQL's `utf8mb4_0900_bin` (8.0.17+: an older MySQL 8 refuses
+/// the DDL with "Unknown collation", and has no byte-exact NO PAD text collation to offer).
+pub(super) fn text_collation(shown: &str) -> &'static str {
+    match server_version(shown) {
+        Some((Flavor::Mariadb, _)) => BYTE_EXACT[0],
+        _ => BYTE_EXACT[1],
+    }
+}
+
 /// MySQL or MariaDB: they share the protocol, not the version numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flavor {
@@ -115,6 +131,14 @@ mod tests {
             Some((Mariadb, (10, 5, 8)))
         );
         assert_eq!(server_version("nonsense"), None);
+        // Byte-exact text: each flavor's own spelling.
+        assert_eq!(
+            text_collation("10.11.6-MariaDB-0+deb12u1"),
+            "utf8mb4_nopad_bin"
+        );
+        assert_eq!(text_collation("5.5.5-10.6.0-MariaDB"), "utf8mb4_nopad_bin");
+        assert_eq!(text_collation("8.0.36"), "utf8mb4_0900_bin");
+        assert_eq!(text_collation("8.4.3"), "utf8mb4_0900_bin");
 
         for ok in [
             "8.0.1",
