@@ -598,6 +598,13 @@ impl Subscription {
         self.ctx.slots.in_flight()
     }
 
+    /// Lease acks of this table on this broker written by group commit so far: (statements,
+    /// acks). For tests that check acks arriving together share a statement; not a stable API.
+    #[doc(hidden)]
+    pub fn grouped_acks(&self) -> (u64, u64) {
+        self.ctx.queue.acks.stats()
+    }
+
     /// The last error the claim workers or the renewer met, until a claim succeeds again
     /// (a server that is down, a panic that closed the subscription), typed: match on it, or
     /// ask [`is_transient`](BrokerError::is_transient). Shared (`Arc`), since the subscription

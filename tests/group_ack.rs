@@ -1,6 +1,7 @@
-//! Grouped lease acks: acks that arrive together are written in one statement, and each still
-//! answers for its own row (its own `LeaseLost`); the explicit batch (`next_batch` +
-//! `Delivery::ack_all`) does the same in one call.
+//! Grouped lease acks: acks that arrive together are written in one statement (counted by the
+//! group itself, `Subscription::grouped_acks`), and each still answers for its own row (its own
+//! `LeaseLost`); the explicit batch (`next_batch` + `Delivery::ack_all`) does the same in one
+//! call.
 
 mod common;
 
@@ -115,3 +116,60 @@ fn concurrent_acks_each_answer_for_their_row(db: Db) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(concurrent_acks_each_answer_for_their_row);
+
+/// Acks arriving together share statements: rounds of [`HANDLERS`] handlers each hold one
+/// delivery, meet at a barrier and ack at once; every ack goes through the group (its count of
+/// acks written equals the acks made) and the group wrote them in at most half as many
+/// statements. A regression to one statement (one commit) per ack fails the second assertion;
+/// acks that bypass the group fail the first.
+fn acks_arriving_together_share_a_statement(db: Db) {
+    const HANDLERS: usize = 16;
+    const ROUNDS: usize = 4;
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let batch: Vec<Message> = (0..HANDLERS * ROUNDS)
+        .map(|i| common::msg(&format!("m{i}"), "a"))
+        .collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .workers(2)
+        .batch_size(HANDLERS)
+        .max_in_flight(HANDLERS * 2)
+        .start()
+        .unwrap();
+    let acked = AtomicUsize::new(0);
+    let barrier = std::sync::Barrier::new(HANDLERS);
+    std::thread::scope(|s| {
+        for _ in 0..HANDLERS {
+            s.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let d = sub
+                        .next_delivery_timeout(Duration::from_secs(10))
+                        .expect("a delivery for every handler of every round");
+                    // Every handler holds its delivery before any acks.
+                    barrier.wait();
+                    d.ack().expect("ack");
+                    acked.fetch_add(1, Ordering::SeqCst);
+                    // The round ends when every ack has returned.
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    let acks = HANDLERS * ROUNDS;
+    assert_eq!(acked.load(Ordering::SeqCst), acks);
+    assert_eq!(live.rows(&t), 0, "rows left after every ack returned Ok");
+    let (statements, grouped) = sub.grouped_acks();
+    eprintln!("{db:?}: {acks} concurrent acks in {statements} grouped statements");
+    // Fails when acks bypass the group.
+    assert_eq!(grouped, acks as u64, "acks not written by group commit");
+    // Fails with one statement per ack (measured: 3 statements per round of 16 on each database).
+    assert!(
+        statements <= (acks / 2) as u64,
+        "{acks} acks arriving together took {statements} statements: not grouped"
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(acks_arriving_together_share_a_statement);

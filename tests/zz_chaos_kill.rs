@@ -1,8 +1,16 @@
 //! Chaos, kill cycles: worker processes (this test binary, re-executed) consume a table while the
-//! harness SIGKILLs one of them at a random moment and starts a replacement, at least
-//! [`KILLS`] times per database x form; then the survivors stop gracefully and a last child
-//! drains the table. Every child writes a ledger line to its stdout when a handler starts a
-//! delivery, before it acks, and after the ack succeeded; the harness keeps them all and checks:
+//! harness SIGKILLs one of them and starts a replacement, [`KILLS`] times per database x form;
+//! then the survivors stop gracefully and a last child drains the table. Every child writes a
+//! ledger line to its stdout when a handler starts a delivery, before it acks, after the ack,
+//! and when a claim begins and ends (sampled); the harness keeps them all.
+//!
+//! Where kills land: 20-400 ms after the previous kill (and its replacement's spawn), a kill is
+//! aimed at one child chosen at random, at a claim, a handler and a settlement in turn: that
+//! child's ledger reader sends the SIGKILL the moment it reads the child's line entering the
+//! phase (or after [`AIM_FOR`]). Where each kill landed is then read from the killed child's own
+//! last lines, not assumed: a `START` with no `ACKING` after it is a handler, an `ACKING` with no
+//! `DONE` a settlement, a last claim mark `CLAIMING` a claim. At least [`MIN_PER_PHASE`] kills
+//! must land in each phase. The harness then checks:
 //!
 //! 1. no row is lost: every published id was acked (a `DONE`, or an ack begun by a child killed
 //!    before it could say so), and the table is empty at the end;
@@ -23,8 +31,8 @@
 //! as documented), so on SQLite advisory ONE child runs at a time.
 //!
 //! The cases run one after another (a static mutex), and the binary's `zz_` name runs it after
-//! the other test binaries. The figures are printed and written to
-//! `target/tmp/chaos-kill-<db>.md` for RELIABILITY.md.
+//! the other test binaries. The figures (kills per phase, the victims' ages) are printed and
+//! written to `target/tmp/chaos-kill-<db>.md` for RELIABILITY.md.
 
 mod common;
 
@@ -32,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -53,6 +61,13 @@ const MAX_ROWS: usize = 20_000;
 /// Rows of one advisory key: keys are `k0` .. `k31`, so equal keys meet.
 const KEYS: usize = 32;
 const DRAIN: Duration = Duration::from_secs(60);
+/// How often a child samples whether a claim is running.
+const CLAIM_SAMPLE: Duration = Duration::from_micros(100);
+/// Kills in each phase (claim, handler, settlement) per database x form, at least, by the
+/// killed children's own last reports.
+const MIN_PER_PHASE: usize = 4;
+/// The longest a kill waits for its victim to enter the phase aimed at; then it kills anyway.
+const AIM_FOR: Duration = Duration::from_secs(1);
 const STOP: Duration = Duration::from_secs(20);
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -127,8 +142,10 @@ fn emit(kind: &str, id: i64, attempt: u32, extra: &str) {
 
 /// The worker process: does nothing unless `SQLBROKER_CHAOS_KILL_CHILD` is set. Then it runs a
 /// subscription (2 claim workers, default batch) with 2 handler threads that record each
-/// delivery (`START`, `ACKING`, then `DONE` or `ACKERR`), sometimes sleep a few ms, and ack.
-/// It stops gracefully (close, then shutdown) when its stdin closes.
+/// delivery (`START`, `ACKING`, then `DONE` or `ACKERR`), sometimes sleep a few ms, and ack,
+/// and a monitor thread that records when claims begin and end (`CLAIMING` when
+/// `Subscription::claiming` rises from zero, `CLAIMED` when it is back to zero, sampled every
+/// [`CLAIM_SAMPLE`]). It stops gracefully (close, then shutdown) when its stdin closes.
 #[test]
 fn chaos_child_entry() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
@@ -148,6 +165,7 @@ fn chaos_child_entry() {
         .start()
         .expect("child: start");
     emit("READY", 0, 0, "");
+    let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for h in 0..2u64 {
             let sub = &sub;
@@ -168,9 +186,23 @@ fn chaos_child_entry() {
                 }
             });
         }
+        let (sub, stop) = (&sub, &stop);
+        let monitor = s.spawn(move || {
+            let mut was = false;
+            while !stop.load(Ordering::Relaxed) {
+                let now = sub.claiming() > 0;
+                if now != was {
+                    emit(if now { "CLAIMING" } else { "CLAIMED" }, 0, 0, "");
+                    was = now;
+                }
+                std::thread::sleep(CLAIM_SAMPLE);
+            }
+        });
         // Until the parent closes our stdin (or is gone).
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
+        stop.store(true, Ordering::Relaxed);
+        monitor.join().expect("child: claim monitor");
         sub.close();
     });
     sub.shutdown(Duration::from_secs(5))
@@ -189,6 +221,30 @@ enum Kind {
     Done,
     AckErr,
     Exit,
+    Claiming,
+    Claimed,
+}
+
+/// Where a kill is aimed, and where a killed child's last reports say it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Claim,
+    Handler,
+    Settlement,
+}
+
+impl Phase {
+    const ALL: [Phase; 3] = [Phase::Claim, Phase::Handler, Phase::Settlement];
+
+    /// The phase a ledger line says its thread just entered.
+    fn entered_by(kind: Kind) -> Option<Phase> {
+        match kind {
+            Kind::Claiming => Some(Phase::Claim),
+            Kind::Start => Some(Phase::Handler),
+            Kind::Acking => Some(Phase::Settlement),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +277,8 @@ fn parse(child: usize, line: &str) -> Option<Event> {
         "DONE" => Kind::Done,
         "ACKERR" => Kind::AckErr,
         "EXIT" => Kind::Exit,
+        "CLAIMING" => Kind::Claiming,
+        "CLAIMED" => Kind::Claimed,
         _ => return None,
     };
     Some(Event {
@@ -246,6 +304,37 @@ struct Worker {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     reader: Option<JoinHandle<()>>,
+    trigger: Arc<Trigger>,
+}
+
+/// An aimed kill: while `armed`, the child's ledger reader SIGKILLs the child as soon as it
+/// reads a line entering that phase (microseconds after the child wrote it), and notes when.
+#[derive(Default)]
+struct Trigger {
+    state: Mutex<Aim>,
+    fired: Condvar,
+}
+
+#[derive(Default)]
+struct Aim {
+    armed: Option<Phase>,
+    killed_at: Option<i64>,
+}
+
+impl Trigger {
+    /// SIGKILLs `pid` unless already done; the parent's clock at the signal. The child is not
+    /// reaped before the trigger is disarmed, so `pid` is still the child's.
+    fn fire(&self, aim: &mut Aim, pid: u32) -> i64 {
+        if let Some(at) = aim.killed_at {
+            return at;
+        }
+        let at = now_micros();
+        aim.killed_at = Some(at);
+        // SAFETY: kill(2) with a pid of our own unreaped child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        self.fired.notify_all();
+        at
+    }
 }
 
 impl Drop for Worker {
@@ -264,6 +353,10 @@ struct Run<'a> {
     form: Form,
     events: Arc<Mutex<Vec<Event>>>,
     ends: Vec<End>,
+    /// When each child was spawned (parent's clock).
+    spawned: Vec<i64>,
+    /// Each kill: its victim, and the phase aimed at.
+    kills: Vec<(usize, Phase)>,
     readers: Vec<JoinHandle<()>>,
     failures: Vec<String>,
 }
@@ -272,6 +365,7 @@ impl Run<'_> {
     fn spawn(&mut self) -> Worker {
         let tag = self.ends.len();
         self.ends.push(End::Running);
+        self.spawned.push(now_micros());
         let exe = std::env::current_exe().expect("current exe");
         let mut child = Command::new(exe)
             .args([
@@ -297,10 +391,18 @@ impl Run<'_> {
         let stdout = child.stdout.take().unwrap();
         let stdin = child.stdin.take();
         let events = self.events.clone();
+        let trigger = Arc::new(Trigger::default());
+        let (aimed, pid) = (trigger.clone(), child.id());
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
                 if let Some(e) = parse(tag, &line) {
+                    if let Some(phase) = Phase::entered_by(e.kind) {
+                        let mut aim = aimed.state.lock().unwrap();
+                        if aim.armed == Some(phase) {
+                            aimed.fire(&mut aim, pid);
+                        }
+                    }
                     events.lock().unwrap().push(e);
                 }
             }
@@ -310,14 +412,32 @@ impl Run<'_> {
             child: Some(child),
             stdin,
             reader: Some(reader),
+            trigger,
         }
     }
 
-    /// SIGKILL, reap, and check it was the signal that ended the child.
-    fn kill(&mut self, mut w: Worker) {
+    /// SIGKILL, aimed at `phase`: as soon as the child reports entering it, or after
+    /// [`AIM_FOR`]; then reap, and check it was the signal that ended the child.
+    fn kill(&mut self, mut w: Worker, phase: Phase) {
         let mut child = w.child.take().unwrap();
-        self.ends[w.tag] = End::Killed(now_micros());
-        child.kill().expect("kill a child");
+        let pid = child.id();
+        let at = {
+            let mut aim = w.trigger.state.lock().unwrap();
+            aim.armed = Some(phase);
+            let deadline = Instant::now() + AIM_FOR;
+            while aim.killed_at.is_none() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                aim = w.trigger.fired.wait_timeout(aim, left).unwrap().0;
+            }
+            let at = w.trigger.fire(&mut aim, pid);
+            aim.armed = None;
+            at
+        };
+        self.ends[w.tag] = End::Killed(at);
+        self.kills.push((w.tag, phase));
         let status = child.wait().expect("reap a child");
         use std::os::unix::process::ExitStatusExt;
         if status.signal() != Some(9) {
@@ -365,8 +485,14 @@ impl Run<'_> {
 
 struct Figures {
     kills: usize,
-    kills_mid_delivery: usize,
+    /// Kills whose victim's last reports put it in a claim, a handler, a settlement (one kill
+    /// may count in several: a child runs claims and two handlers at once).
+    in_phase: [usize; 3],
+    /// Kills whose victim's last reports put it in the phase aimed at.
+    aimed: usize,
     kills_before_ready: usize,
+    /// The victims' ages at their kill (since their spawn), ms: least, median, most.
+    ages_ms: [i64; 3],
     rows: usize,
     starts: usize,
     redeliveries: usize,
@@ -428,6 +554,8 @@ fn chaos_kill(live: &Live, form: Form) -> (Figures, Vec<String>) {
         form,
         events: Arc::new(Mutex::new(Vec::new())),
         ends: Vec::new(),
+        spawned: Vec::new(),
+        kills: Vec::new(),
         readers: Vec::new(),
         failures: Vec::new(),
     };
@@ -435,11 +563,13 @@ fn chaos_kill(live: &Live, form: Form) -> (Figures, Vec<String>) {
     let mut workers: Vec<Worker> = (0..parallel).map(|_| run.spawn()).collect();
     let mut kills = 0;
     while kills < KILLS {
+        // 20-400 ms after the last kill (and its replacement's spawn), a kill is aimed at a
+        // child chosen at random, at claims, handlers and settlements in turn.
         std::thread::sleep(Duration::from_millis(rng.range(20, 400)));
         let victim = rng.range(0, parallel as u64 - 1) as usize;
         // Kill first, then start the replacement: never more than `parallel` children.
         let w = workers.swap_remove(victim);
-        run.kill(w);
+        run.kill(w, Phase::ALL[kills % Phase::ALL.len()]);
         workers.push(run.spawn());
         kills += 1;
     }
@@ -472,8 +602,82 @@ fn chaos_kill(live: &Live, form: Form) -> (Figures, Vec<String>) {
     }
     let mut figures = check(form, &published, &events, &run.ends, &mut failures);
     figures.kills = kills;
+    figures.in_phase = [0; 3];
+    let at_kill = phases_at_kill(&events, &run.ends);
+    for at in at_kill.values() {
+        for (n, p) in figures.in_phase.iter_mut().zip(Phase::ALL) {
+            *n += usize::from(at.contains(&p));
+        }
+    }
+    figures.aimed = run
+        .kills
+        .iter()
+        .filter(|(tag, aim)| at_kill[tag].contains(aim))
+        .count();
+    // Fails when kills do not land where the suite says they do.
+    for (n, p) in figures.in_phase.iter().zip(Phase::ALL) {
+        if *n < MIN_PER_PHASE {
+            failures.push(format!(
+                "only {n} of {kills} kills landed in a {p:?} phase by the children's own \
+                 reports (at least {MIN_PER_PHASE} wanted)"
+            ));
+        }
+    }
+    let mut ages: Vec<i64> = run
+        .kills
+        .iter()
+        .map(|&(tag, _)| match run.ends[tag] {
+            End::Killed(at) => (at - run.spawned[tag]) / 1000,
+            _ => unreachable!("a killed child ends killed"),
+        })
+        .collect();
+    ages.sort_unstable();
+    figures.ages_ms = [ages[0], ages[ages.len() / 2], ages[ages.len() - 1]];
     figures.secs = began.elapsed().as_secs_f64();
     (figures, failures)
+}
+
+/// For each killed child, the phases its last ledger lines put it in when it died: a handler
+/// (a `START` with no `ACKING` after it), a settlement (an `ACKING` with no `DONE` or `ACKERR`
+/// after it), a claim (its last claim mark is `CLAIMING`). A line reaches the pipe whole or
+/// not at all, and what a child wrote before the kill is read after it, so these are the
+/// child's own account, in the order it wrote them.
+fn phases_at_kill(events: &[Event], ends: &[End]) -> BTreeMap<usize, Vec<Phase>> {
+    let mut out = BTreeMap::new();
+    for (child, end) in ends.iter().enumerate() {
+        if !matches!(end, End::Killed(_)) {
+            continue;
+        }
+        let (mut handling, mut settling) = (BTreeSet::new(), BTreeSet::new());
+        let mut claiming = false;
+        for e in events.iter().filter(|e| e.child == child) {
+            match e.kind {
+                Kind::Start => {
+                    handling.insert(e.id);
+                }
+                Kind::Acking => {
+                    handling.remove(&e.id);
+                    settling.insert(e.id);
+                }
+                Kind::Done | Kind::AckErr => {
+                    settling.remove(&e.id);
+                }
+                Kind::Claiming => claiming = true,
+                Kind::Claimed => claiming = false,
+                Kind::Ready | Kind::Exit => {}
+            }
+        }
+        let at: Vec<Phase> = [
+            (claiming, Phase::Claim),
+            (!handling.is_empty(), Phase::Handler),
+            (!settling.is_empty(), Phase::Settlement),
+        ]
+        .into_iter()
+        .filter_map(|(on, p)| on.then_some(p))
+        .collect();
+        out.insert(child, at);
+    }
+    out
 }
 
 /// The ledger checks (1-5 of the module docs). Failures name the id and its ledger lines.
@@ -488,7 +692,7 @@ fn check(
     let mut by_id: BTreeMap<i64, Vec<&Event>> = BTreeMap::new();
     for e in events {
         match e.kind {
-            Kind::Ready | Kind::Exit => {}
+            Kind::Ready | Kind::Exit | Kind::Claiming | Kind::Claimed => {}
             Kind::AckErr => {
                 failures.push(format!("an ack failed in a live child: {e}"));
                 by_id.entry(e.id).or_default().push(e);
@@ -638,16 +842,6 @@ fn check(
         }
     }
 
-    let kills_mid_delivery = ends
-        .iter()
-        .enumerate()
-        .filter(|(c, e)| {
-            matches!(e, End::Killed(_))
-                && events.iter().any(|s| {
-                    s.child == *c && s.kind == Kind::Start && has(*c, Kind::Done, s.id).is_none()
-                })
-        })
-        .count();
     let kills_before_ready = ends
         .iter()
         .enumerate()
@@ -664,8 +858,10 @@ fn check(
         .count();
     Figures {
         kills: 0,
-        kills_mid_delivery,
+        in_phase: [0; 3],
+        aimed: 0,
         kills_before_ready,
+        ages_ms: [0; 3],
         rows: published.len(),
         starts,
         redeliveries: starts - distinct,
@@ -691,20 +887,25 @@ fn run_db(db: Db, forms: &[Form]) {
     };
     let mut all = Vec::new();
     let mut report = String::from(
-        "| database | form | kills | kills mid-delivery | kills before ready | rows | \
-         deliveries started | redeliveries | highest attempt | lost | seconds |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| database | form | kills | in a claim | in a handler | in a settlement | in the phase \
+         aimed at | before ready | victim age ms (min/median/max) | rows | deliveries started | \
+         redeliveries | highest attempt | lost | seconds |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for &form in forms {
         let (f, failures) = chaos_kill(&live, form);
+        let [claim, handler, settlement] = f.in_phase;
+        let [young, median, old] = f.ages_ms;
         let line = format!(
-            "chaos kill: {} {}: {} kills ({} mid-delivery, {} before the child was ready), \
+            "chaos kill: {} {}: {} kills (by the children's reports: {claim} in a claim, \
+             {handler} in a handler, {settlement} in a settlement; {} kills landed in the phase \
+             aimed at; {} before the child was ready; victims {young}/{median}/{old} ms old), \
              {} rows, {} starts, {} redeliveries, highest attempt {}, {} lost, {} failures, \
              {:.1} s",
             db_name(db),
             form_name(form),
             f.kills,
-            f.kills_mid_delivery,
+            f.aimed,
             f.kills_before_ready,
             f.rows,
             f.starts,
@@ -716,11 +917,12 @@ fn run_db(db: Db, forms: &[Form]) {
         );
         let _ = writeln!(std::io::stderr(), "{line}");
         report.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
+            "| {} | {} | {} | {claim} | {handler} | {settlement} | {} | {} | \
+             {young}/{median}/{old} | {} | {} | {} | {} | {} | {:.1} |\n",
             db_name(db),
             form_name(form),
             f.kills,
-            f.kills_mid_delivery,
+            f.aimed,
             f.kills_before_ready,
             f.rows,
             f.starts,
@@ -875,6 +1077,23 @@ fn ledger_checks_catch_broken_behaviour() {
     assert!(fails(Form::AdvisoryLock, overlap)
         .iter()
         .any(|f| f.contains("held twice")));
+    // Where kills landed, by the killed child's own last lines (in the order written): child 0
+    // killed in a handler (row 1 started, no ACKING); then, with more lines, in a settlement
+    // and a claim; with every phase left again, in none. Stopped children are not counted.
+    let killed_in = |lines: Vec<Event>| phases_at_kill(&lines, &ends).remove(&0).unwrap();
+    let mut ledger = vec![ev(0, Start, 1, 1, 10, "a"), ev(1, Start, 2, 1, 11, "b")];
+    assert_eq!(killed_in(ledger.clone()), [Phase::Handler]);
+    assert!(!phases_at_kill(&ledger, &ends).contains_key(&1));
+    ledger.extend([
+        ev(0, Acking, 1, 1, 12, ""),
+        ev(0, Kind::Claiming, 0, 0, 13, ""),
+    ]);
+    assert_eq!(killed_in(ledger.clone()), [Phase::Claim, Phase::Settlement]);
+    ledger.extend([
+        ev(0, Done, 1, 1, 14, ""),
+        ev(0, Kind::Claimed, 0, 0, 15, ""),
+    ]);
+    assert_eq!(killed_in(ledger), []);
     // An ack that failed in a live child.
     let mut err = clean;
     err.push(ev(1, Kind::AckErr, 2, 1, 125, "LeaseLost"));

@@ -1,5 +1,5 @@
-//! Chaos, server restarts: a subscription in this process is consuming a table when the
-//! database server is restarted under it (PostgreSQL: `pg_ctlcluster .. restart`; MariaDB:
+//! Chaos, server restarts: a subscription in this process (row lock, lease and advisory forms in
+//! turn) is consuming a table when the database server is restarted under it (PostgreSQL: `pg_ctlcluster .. restart`; MariaDB:
 //! `mysqladmin shutdown`, then `mariadbd` started again). The subscription must go on by itself
 //! once the server is back, and every row must be finished:
 //!
@@ -12,9 +12,15 @@
 //!    acked twice;
 //! 4. every settlement that failed failed with a transient error (or `LeaseLost` in the lease
 //!    form): an outage is something to try again after;
-//! 5. row lock: every delivery reads attempt 1 (the outage rolls back; nothing here retries).
+//! 5. row lock: every delivery reads attempt 1 (the outage rolls back; nothing here retries);
+//! 6. the outage was seen, from the restart command to the table's end: a claim or settlement
+//!    failed, or took [`STALL`] or more (`Events` hooks; a pool waits for the server rather
+//!    than fail, so a lease subscription may see the outage only as a stall); and in the row
+//!    lock and advisory forms, a settlement failed (the deliveries in work held sessions the
+//!    restart ended). Else the server never went away under the subscription, and 1-3 proved
+//!    nothing about an outage.
 //!
-//! Failed settlements are counted and printed. The server is always brought back up, even when
+//! Failed settlements and claims are counted and printed. The server is always brought back up, even when
 //! the test fails (a guard with `Drop`).
 //!
 //! A restart disturbs every other user of the server, so it runs only with
@@ -31,7 +37,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{Db, Live};
-use sqlbroker::{Form, NextError};
+use sqlbroker::{ClaimFailed, ClaimedRows, Events, Form, NextError, Settled};
 
 /// Enough work (about 6 s for the two handlers) that most of it is left when the server is back.
 const ROWS: usize = 600;
@@ -194,6 +200,60 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
+/// A claim or settlement on the database that took this long was held up by the outage (they
+/// take milliseconds; a pool waits for the server to come back rather than fail at once).
+const STALL: Duration = Duration::from_millis(100);
+
+/// What the subscription's hooks report while `outage` is set (from the restart command to the
+/// table's end): failed claims (and their errors), and claims and settlements that stalled.
+#[derive(Default)]
+struct Outage {
+    on: AtomicBool,
+    claims_failed: AtomicUsize,
+    stalls: AtomicUsize,
+    longest_ms: AtomicUsize,
+    errors: Mutex<BTreeSet<String>>,
+}
+
+impl Outage {
+    fn took(&self, took: Duration) {
+        if self.on.load(Ordering::Relaxed) {
+            let ms = took.as_millis() as usize;
+            self.longest_ms.fetch_max(ms, Ordering::Relaxed);
+            if took >= STALL {
+                self.stalls.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Events for Outage {
+    fn claimed(&self, e: &ClaimedRows<'_>) {
+        self.took(e.took);
+    }
+    fn claim_failed(&self, e: &ClaimFailed<'_>) {
+        if self.on.load(Ordering::Relaxed) {
+            self.claims_failed.fetch_add(1, Ordering::Relaxed);
+            let mut errors = self.errors.lock().unwrap();
+            if errors.len() < 8 {
+                errors.insert(e.error.to_string());
+            }
+        }
+    }
+    fn acked(&self, e: &Settled<'_>) {
+        self.took(e.took);
+    }
+    fn retried(&self, e: &Settled<'_>) {
+        self.took(e.took);
+    }
+    fn dead_lettered(&self, e: &Settled<'_>) {
+        self.took(e.took);
+    }
+    fn lease_lost(&self, e: &Settled<'_>) {
+        self.took(e.took);
+    }
+}
+
 #[derive(Default)]
 struct Ledger {
     /// Successful acks per id.
@@ -215,10 +275,12 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
         let m = common::msg(&format!("restart {i}"), &format!("k{i}"));
         published.push(live.broker.publish(&t, m).expect("publish"));
     }
+    let seen = std::sync::Arc::new(Outage::default());
     let sub = live
         .broker
         .subscription(&t)
         .workers(2)
+        .events(seen.clone())
         .start()
         .expect("start");
     let ledger = Mutex::new(Ledger::default());
@@ -300,6 +362,7 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                 "chaos restart: restarting {db:?} ({})",
                 form.name()
             ));
+            seen.on.store(true, Ordering::Relaxed);
             if !server.restart() {
                 failures.push(format!("the restart command of {db:?} failed"));
             }
@@ -339,6 +402,10 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
             }
         }
     });
+    seen.on.store(false, Ordering::Relaxed);
+    let claims_failed = seen.claims_failed.load(Ordering::Relaxed);
+    let stalls = seen.stalls.load(Ordering::Relaxed);
+    let longest = seen.longest_ms.load(Ordering::Relaxed);
     if closed_early.load(Ordering::Relaxed) || sub.is_closed() {
         failures.push(format!(
             "the subscription closed itself (last error: {:?})",
@@ -372,14 +439,31 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
         }
     }
     let errors: usize = l.failed.values().map(Vec::len).sum();
+    // Fails when the server did not go away under the subscription: no claim or settlement
+    // failed or stalled from the restart command to the table's end.
+    if claims_failed + errors + stalls == 0 {
+        failures.push(format!(
+            "the outage was not seen: no claim or settlement failed or took {STALL:?} or more \
+             (longest {longest} ms)"
+        ));
+    }
+    // Row lock and advisory: the deliveries in work at the restart held their sessions, which
+    // the restart ended: their settlements fail.
+    if form != Form::Lease && errors == 0 {
+        failures.push(
+            "no settlement failed: the restart did not cut the sessions of the deliveries in work"
+                .into(),
+        );
+    }
     let db_name = match db {
         Db::Postgres => "PostgreSQL",
         _ => "MySQL(MariaDB)",
     };
     say(&format!(
         "chaos restart: {db_name} {}: outage {:.1} s, {ROWS} rows, {} deliveries, {after} acked \
-         after the restart, {errors} failed settlements ({unknown} of unknown outcome, row \
-         gone), {} failures, {:.1} s",
+         after the restart, {claims_failed} failed claims, {stalls} claims or settlements \
+         stalled (longest {longest} ms), {errors} failed settlements ({unknown} of unknown \
+         outcome, row gone), {} failures, {:.1} s",
         form.name(),
         outage.as_secs_f64(),
         l.deliveries,
@@ -387,7 +471,8 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
         began.elapsed().as_secs_f64()
     ));
     let row = format!(
-        "| {db_name} | {} | {:.1} | {ROWS} | {} | {after} | {errors} | {unknown} | {} |\n",
+        "| {db_name} | {} | {:.1} | {ROWS} | {} | {after} | {claims_failed} | {stalls} \
+         ({longest} ms) | {errors} | {unknown} | {} |\n",
         form.name(),
         outage.as_secs_f64(),
         l.deliveries,
@@ -400,6 +485,9 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
     }
     for e in &last_errors {
         say(&format!("  subscription last_error during the outage: {e}"));
+    }
+    for e in seen.errors.lock().unwrap().iter() {
+        say(&format!("  failed claim during the outage: {e}"));
     }
     (failures, row)
 }
@@ -424,9 +512,10 @@ fn restart_db(db: Db) {
     let mut all = Vec::new();
     let mut report = String::from(
         "| database | form | outage (s) | rows | deliveries | acked after the restart | \
-         failed settlements | of unknown outcome | failures |\n|---|---|---|---|---|---|---|---|---|\n",
+         failed claims | stalled claims or settlements (longest) | failed settlements | of \
+         unknown outcome | failures |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for form in [Form::RowLock, Form::Lease] {
+    for form in [Form::RowLock, Form::Lease, Form::AdvisoryLock] {
         let (failures, row) = restart_run(&live, server, form);
         report.push_str(&row);
         for f in &failures {

@@ -13,6 +13,7 @@
 //! result, so no caller waits for ever.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -34,6 +35,10 @@ const THIN: usize = 4;
 pub(crate) struct GroupCommit<I, R> {
     state: Mutex<State<I, R>>,
     max: usize,
+    /// Flushes run and items they wrote, ever: what tests read to see that concurrent callers
+    /// shared flushes ([`GroupCommit::stats`]).
+    flushes: AtomicU64,
+    items: AtomicU64,
 }
 
 struct State<I, R> {
@@ -72,7 +77,17 @@ impl<I, R: Clone> GroupCommit<I, R> {
                 last: 0,
             }),
             max: max.max(1),
+            flushes: AtomicU64::new(0),
+            items: AtomicU64::new(0),
         }
+    }
+
+    /// Flushes run so far, and the items they wrote.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.flushes.load(Ordering::Relaxed),
+            self.items.load(Ordering::Relaxed),
+        )
     }
 
     /// Writes `item` with others queued meanwhile; returns the result of the batch it was
@@ -128,6 +143,8 @@ impl<I, R: Clone> GroupCommit<I, R> {
         let (items, signals): (Vec<I>, Vec<Arc<Signal<R>>>) = st.queued.drain(..n).unzip();
         st.flushing += 1;
         st.last = n;
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.items.fetch_add(n as u64, Ordering::Relaxed);
         MutexGuard::unlocked(st, || {
             let result = catch_unwind(AssertUnwindSafe(|| flush(items)));
             let result = result.unwrap_or_else(|_| {
