@@ -276,6 +276,12 @@ impl Delivery {
     /// - [`BrokerError::HandlerTimeout`] once the handler timeout failed the delivery;
     /// - [`BrokerError::Database`]: the statement failed (row lock form: the transaction is
     ///   rolled back and the row is back as it was).
+    ///
+    /// One exception, lease form: a lost connection
+    /// ([`DbErrorKind::ConnectionLost`](crate::DbErrorKind::ConnectionLost)) after the ack was
+    /// tried again on a new connection and matched nothing: the first try may have committed
+    /// before its answer was lost, so the row is either gone or, if not, delivered again once
+    /// its lease ends.
     pub fn ack(self) -> Result<()> {
         self.settle(Outcome::Ack)
     }
@@ -283,7 +289,12 @@ impl Delivery {
     /// Acks many deliveries in one call, each result in the order given. Lease deliveries of
     /// one subscription are deleted in one statement and one commit (per 256); the others
     /// are acked one by one, as [`ack`](Delivery::ack) would. Each delivery's result is its
-    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out.
+    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out,
+    /// and, as `ack` reports it, a lost connection ([`DbErrorKind::ConnectionLost`]) for a row
+    /// the statement may have deleted before its answer was lost (the rows it certainly did
+    /// not delete are acked again alone).
+    ///
+    /// [`DbErrorKind::ConnectionLost`]: crate::DbErrorKind::ConnectionLost
     /// Take the batch with [`Subscription::next_batch`](crate::Subscription::next_batch).
     ///
     /// ```
