@@ -8,6 +8,11 @@
 //! 2. The deadline is the delivery token. The renewer thread rewrites it every half lease
 //!    (`UPDATE .. WHERE id = ? AND locked_until = <token held>`), one statement per table per
 //!    round where the database allows.
+//!    A renewal whose answer was lost may have committed: its token is tried too (next round,
+//!    settlement), but only if it was written before the held token's last second; later, a
+//!    claim of the expired row by another could write the very same token (whole seconds),
+//!    and matching it would settle that claim's lease. Such a renewal is forgotten: if it had
+//!    committed, the delivery learns its lease is lost.
 //! 3. Settlement names the token it holds: `.. WHERE id = ? AND locked_until = <token>`. Zero
 //!    rows changed is [`LeaseLost`](crate::BrokerError::LeaseLost), never a silent success.
 //! 4. A row handed back unhandled (the subscription closed with it queued) has its lease
