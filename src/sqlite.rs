@@ -6,9 +6,9 @@
 //! keys included. A deferred transaction that read before another connection published (and
 //! committed) cannot write on its old snapshot: the publish fails as a transient error
 //! (`SQLITE_BUSY`); begin the transaction IMMEDIATE, or try it again, and a held key is a
-//! `Duplicate` naming its holder. Subscribers see the row once the transaction commits: brokers on the same
-//! file, in this process or another, see the commit through their change probe within
-//! milliseconds.
+//! `Duplicate` naming its holder. Subscribers see the row once the transaction commits:
+//! brokers on the same file, in this process or another, see the commit through their change
+//! probe within milliseconds.
 //!
 //! ```
 //! use sqlbroker::{Broker, Message, Table};
