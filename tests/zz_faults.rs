@@ -206,7 +206,7 @@ fn deleting(live: &Live, name: &str) -> Vec<i64> {
 /// A transaction of the test's own holding row `id` of `t` locked: a settlement's statement
 /// on it waits, in its session, until the test kills that session or rolls this back.
 enum RowLocked {
-    Pg(postgres::Client),
+    Pg(Box<postgres::Client>),
     My(mysql::Conn),
 }
 
@@ -217,7 +217,7 @@ impl RowLocked {
             Db::Postgres => {
                 let mut c = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
                 c.batch_execute(&format!("BEGIN; {lock}")).unwrap();
-                RowLocked::Pg(c)
+                RowLocked::Pg(Box::new(c))
             }
             _ => {
                 use mysql::prelude::Queryable;
