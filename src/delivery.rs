@@ -1,6 +1,6 @@
 //! A claimed row in the application's hands.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -106,7 +106,7 @@ impl Delivery {
             held: Arc::new(Held {
                 hold: Mutex::new(Some(c.hold)),
                 timed_out: AtomicBool::new(false),
-                session: AtomicU64::new(0),
+                busy: Mutex::new(0),
             }),
             key,
             lease,
@@ -217,11 +217,13 @@ impl Delivery {
                       neither lease nor advisory_lock",
             });
         };
-        if self.deadline.is_some() && self.held.session.load(Ordering::Acquire) == 0 {
-            if let Some(id) = row.conn.session_id() {
-                self.held.session.store(id, Ordering::Release);
-            }
-        }
+        // The handler timeout may cancel what runs on the session until this call returns
+        // (the guard's drop, before the hold's: the session cannot reach a settlement or the
+        // pool while a cancel is being sent).
+        let _busy = match self.deadline {
+            Some(_) => row.conn.session_id().map(|id| Busy::enter(&self.held, id)),
+            None => None,
+        };
         let out = form::row_lock::in_transaction(&self.ctx, row, f)?;
         if self.held.timed_out.load(Ordering::Acquire) {
             // Past the deadline: whatever `f` did is undone with the failure.
@@ -274,6 +276,12 @@ impl Delivery {
     /// - [`BrokerError::HandlerTimeout`] once the handler timeout failed the delivery;
     /// - [`BrokerError::Database`]: the statement failed (row lock form: the transaction is
     ///   rolled back and the row is back as it was).
+    ///
+    /// One exception, lease form: a lost connection
+    /// ([`DbErrorKind::ConnectionLost`](crate::DbErrorKind::ConnectionLost)) after the ack was
+    /// tried again on a new connection and matched nothing: the first try may have committed
+    /// before its answer was lost, so the row is either gone or, if not, delivered again once
+    /// its lease ends.
     pub fn ack(self) -> Result<()> {
         self.settle(Outcome::Ack)
     }
@@ -281,7 +289,12 @@ impl Delivery {
     /// Acks many deliveries in one call, each result in the order given. Lease deliveries of
     /// one subscription are deleted in one statement and one commit (per 256); the others
     /// are acked one by one, as [`ack`](Delivery::ack) would. Each delivery's result is its
-    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out.
+    /// own: `LeaseLost` for a lease that was lost, `HandlerTimeout` for one that timed out,
+    /// and, as `ack` reports it, a lost connection ([`DbErrorKind::ConnectionLost`]) for a row
+    /// the statement may have deleted before its answer was lost (the rows it certainly did
+    /// not delete are acked again alone).
+    ///
+    /// [`DbErrorKind::ConnectionLost`]: crate::DbErrorKind::ConnectionLost
     /// Take the batch with [`Subscription::next_batch`](crate::Subscription::next_batch).
     ///
     /// ```
@@ -522,12 +535,35 @@ fn timeout_failure(ctx: &Ctx, attempt: u32) -> Outcome {
 }
 
 /// What a delivery shares with its handler timeout: the hold (taken by whichever of the two
-/// settles first), the timed-out flag, and the server session of a row lock delivery whose
-/// handler runs SQL (0 until known), whose statement the timeout cancels.
+/// settles first), the timed-out flag, and the server session a row lock delivery's handler
+/// runs SQL on right now (inside `in_delivery`; 0 otherwise), whose statement the timeout
+/// cancels.
+///
+/// `busy`'s lock is held while a cancel is sent and while the handler leaves `in_delivery`, so
+/// the two exclude each other: a cancel goes only to a session still running the handler's
+/// SQL, never to one that has moved on to the delivery's settlement or, back in the pool, to
+/// another delivery's claim, ack or publish.
 struct Held {
     hold: Mutex<Option<Hold>>,
     timed_out: AtomicBool,
-    session: AtomicU64,
+    busy: Mutex<u64>,
+}
+
+/// A handler inside `in_delivery` on a session: marks it cancellable until dropped (on return
+/// or unwind), waiting for a cancel being sent to finish.
+struct Busy<'a>(&'a Held);
+
+impl<'a> Busy<'a> {
+    fn enter(held: &'a Held, session: u64) -> Self {
+        *held.busy.lock() = session;
+        Busy(held)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock() = 0;
+    }
 }
 
 /// A delivery's handler timeout, run by the subscription's timer at the deadline.
@@ -553,7 +589,7 @@ impl Expiry {
                 .map_or(true, |at| at.elapsed() >= CANCEL_EVERY)
             {
                 self.cancelled = Some(Instant::now());
-                cancel(&ctx, held.session.load(Ordering::Acquire));
+                cancel(&ctx, &held);
             }
             return Some(BUSY_RECHECK);
         };
@@ -580,17 +616,26 @@ impl Expiry {
 
 /// Cancels the statement a row lock delivery's handler runs on its session, from another
 /// connection (the delivery's own is busy). Best effort: the timeout looks again soon.
-fn cancel(ctx: &Ctx, session: u64) {
+///
+/// The connection is taken first (waiting up to a second, during which the handler may leave
+/// `in_delivery`); then, under `busy`'s lock, the session is read again and the cancel sent
+/// only if the handler is still inside: the session cannot be released meanwhile.
+fn cancel(ctx: &Ctx, held: &Held) {
     let q = &ctx.queue;
-    let Some(sql) = (session != 0)
-        .then(|| q.dialect.cancel_statement(session))
-        .flatten()
-    else {
+    if *held.busy.lock() == 0 || q.dialect.cancel_statement(0).is_none() {
         return;
-    };
-    let done = q
-        .conn_within("cancel", CANCEL_EVERY)
-        .and_then(|mut conn| conn.batch(&sql).map_err(q.err("cancel")));
+    }
+    crate::runtime::pause_point("expiry.cancel", &q.spec.name);
+    let done = q.conn_within("cancel", CANCEL_EVERY).and_then(|mut conn| {
+        let busy = held.busy.lock();
+        match (*busy != 0)
+            .then(|| q.dialect.cancel_statement(*busy))
+            .flatten()
+        {
+            Some(sql) => conn.batch(&sql).map_err(q.err("cancel")),
+            None => Ok(()),
+        }
+    });
     if let Err(e) = done {
         log::warn!(
             "table {}: cancelling a timed-out handler's statement: {e}",

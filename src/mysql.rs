@@ -4,7 +4,11 @@
 //!
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
 //! keys included (a held key fails only its own insert: InnoDB rolls back the statement, not
-//! the application's transaction). Subscribers see the row once the transaction commits, at
+//! the application's transaction). At REPEATABLE READ a key committed by another session
+//! after the transaction's snapshot is a `Duplicate` naming that row too: the holder is read
+//! with a locking read, which sees past the snapshot and keeps a shared lock on the holder's
+//! row until the transaction ends (its ack waits for your commit or rollback). Subscribers
+//! see the row once the transaction commits, at
 //! their next poll (MySQL cannot notify: within milliseconds while rows keep arriving, within
 //! the poll interval, 250 ms by default, when idle).
 //!

@@ -4,7 +4,11 @@
 //! crate, at the version this crate depends on).
 //!
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
-//! keys included. Subscribers see the row once the transaction commits: the publish also
+//! keys included. At REPEATABLE READ or SERIALIZABLE, a key committed by another session after
+//! the transaction's snapshot cannot be read from it: the publish fails as a transient error
+//! (PostgreSQL's serialization failure; [`BrokerError::is_transient`](crate::BrokerError::is_transient)),
+//! the transaction is aborted, and the same publish in a new transaction names the holder as a
+//! `Duplicate`. Subscribers see the row once the transaction commits: the publish also
 //! notifies the table's channel (`pg_notify`), which PostgreSQL delivers at the commit (not at
 //! all on a rollback), so idle subscriptions in any process wake then.
 //!

@@ -79,6 +79,15 @@ pub(crate) fn lease_token(now: SystemTime, lease_secs: u64) -> SystemTime {
     later(ceil(now), Duration::from_secs(lease_secs))
 }
 
+/// True if a renewal at `now` of a lease that holds at least `held` writes a token no claim
+/// by another can write as well, so that a settlement may try it when the renewal's answer
+/// was lost. A claim writes `ceil(c) + lease` and finds the row only once `floor(c) >= held`;
+/// the renewal writes `ceil(now) + lease`: the two can be equal only if `ceil(now) >= held`
+/// (a renewal late in the lease's last second, or after it).
+pub(crate) fn renewal_is_ours(now: SystemTime, held: SystemTime) -> bool {
+    ceil(now) < held
+}
+
 /// Whole seconds of a lease duration: rounded up, at least one.
 pub(crate) fn lease_secs(d: Duration) -> u64 {
     let s = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
@@ -137,6 +146,23 @@ pub(crate) fn probe_every(idle: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lost renewal's token is kept only while no claim could write the same one: before
+    /// the second in which the held token expires.
+    #[test]
+    fn a_renewal_is_ours_only_before_the_held_tokens_second() {
+        let at = |s: f64| UNIX_EPOCH + Duration::from_secs_f64(s);
+        let held = at(100.0);
+        assert!(renewal_is_ours(at(98.5), held));
+        assert!(renewal_is_ours(at(99.0), held));
+        // ceil(99.2) = 100: a claim at 100.0 (floor 100 >= held) writes the same token.
+        assert!(!renewal_is_ours(at(99.2), held));
+        assert!(!renewal_is_ours(at(100.0), held));
+        assert!(!renewal_is_ours(at(100.4), held));
+        // The claim's side of it: a claim finds the row at 100.0 and writes ceil(100.0) + L,
+        // which the renewal at 99.2 wrote too.
+        assert_eq!(lease_token(at(99.2), 5), lease_token(at(100.0), 5));
+    }
 
     #[test]
     fn idle_poll_is_fast_after_rows_and_backs_off_to_the_poll_interval() {

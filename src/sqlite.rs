@@ -3,9 +3,12 @@
 //! `rusqlite` crate, at the version this crate depends on).
 //!
 //! The same validation and typed errors as [`Broker::publish`](crate::Broker::publish), dedup
-//! keys included. Subscribers see the row once the transaction commits: brokers on the same
-//! file, in this process or another, see the commit through their change probe within
-//! milliseconds.
+//! keys included. A deferred transaction that read before another connection published (and
+//! committed) cannot write on its old snapshot: the publish fails as a transient error
+//! (`SQLITE_BUSY`); begin the transaction IMMEDIATE, or try it again, and a held key is a
+//! `Duplicate` naming its holder. Subscribers see the row once the transaction commits:
+//! brokers on the same file, in this process or another, see the commit through their change
+//! probe within milliseconds.
 //!
 //! ```
 //! use sqlbroker::{Broker, Message, Table};

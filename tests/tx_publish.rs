@@ -133,3 +133,108 @@ fn refusals_leave_the_transaction_usable(db: Db) {
     assert_eq!(live.rows(&t), 2, "held and new, nothing else");
 }
 per_db!(refusals_leave_the_transaction_usable);
+
+/// Defect 5: the application's transaction took its snapshot (REPEATABLE READ, or SQLite's
+/// read transaction) before another session published a dedup key and committed; then the
+/// application publishes the same key in its transaction.
+///
+/// MySQL/MariaDB: `Duplicate` naming the other row. The insert sees the committed key, but the
+/// holder lookup read the transaction's old snapshot and found nothing, three times; before
+/// the fix the assertion "a key committed after the snapshot" failed with "the dedup key
+/// changed hands three times". PostgreSQL (REPEATABLE READ and SERIALIZABLE) and SQLite
+/// cannot see the holder from that snapshot at all: the publish fails as a transient error
+/// (a serialization failure; SQLite's stale snapshot), and the same publish in a new
+/// transaction is the `Duplicate`.
+fn a_key_committed_after_the_snapshot(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(Table::new(common::unique("t")).dedup());
+    let keyed = |k: &str| Message::new(b"x".to_vec()).dedup_key(k);
+    let count = format!("SELECT COUNT(*) FROM {}", t.name());
+    let levels: &[&str] = match db {
+        Db::Postgres => &["REPEATABLE READ", "SERIALIZABLE"],
+        Db::Mysql => &["REPEATABLE READ"],
+        Db::Sqlite => &["DEFERRED"],
+    };
+    for (i, level) in levels.iter().enumerate() {
+        let key = format!("key-{i}");
+        let (holder, in_tx) = match db {
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let mut conn = mysql::Conn::new(mysql::Opts::from_url(&live.url).unwrap()).unwrap();
+                let opts = mysql::TxOpts::default()
+                    .set_isolation_level(Some(mysql::IsolationLevel::RepeatableRead));
+                let mut tx = conn.start_transaction(opts).unwrap();
+                let _: Option<i64> = tx.query_first(&count).unwrap(); // the snapshot
+                let holder = live.broker.publish(&t, keyed(&key)).unwrap();
+                let r = sqlbroker::mysql::publish(&mut tx, &t, keyed(&key));
+                tx.commit().unwrap();
+                (holder, r)
+            }
+            Db::Postgres => {
+                let mut client = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+                let mut tx = client
+                    .build_transaction()
+                    .isolation_level(if *level == "SERIALIZABLE" {
+                        postgres::IsolationLevel::Serializable
+                    } else {
+                        postgres::IsolationLevel::RepeatableRead
+                    })
+                    .start()
+                    .unwrap();
+                tx.query_one(&count, &[]).unwrap(); // the snapshot
+                let holder = live.broker.publish(&t, keyed(&key)).unwrap();
+                let r = sqlbroker::postgres::publish(&mut tx, &t, keyed(&key));
+                drop(tx);
+                (holder, r)
+            }
+            Db::Sqlite => {
+                let path = live.url.strip_prefix("sqlite:").unwrap();
+                let mut conn = rusqlite::Connection::open(path).unwrap();
+                conn.busy_timeout(Duration::from_secs(5)).unwrap();
+                let tx = conn.transaction().unwrap();
+                let _: i64 = tx.query_row(&count, [], |r| r.get(0)).unwrap(); // the snapshot
+                let holder = live.broker.publish(&t, keyed(&key)).unwrap();
+                let r = sqlbroker::sqlite::publish(&tx, &t, keyed(&key));
+                drop(tx);
+                (holder, r)
+            }
+        };
+        match db {
+            Db::Mysql => assert_eq!(
+                in_tx.as_ref().map_err(BrokerError::duplicate_of),
+                Err(Some(holder)),
+                "{db:?} {level}: a key committed after the snapshot: {in_tx:?}"
+            ),
+            _ => {
+                let e = in_tx.expect_err("a publish over a held key made a row");
+                assert!(e.is_transient(), "{db:?} {level}: not transient: {e:?}");
+                // Tried again in a new transaction: the duplicate, named.
+                let again = match db {
+                    Db::Postgres => {
+                        let mut c = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+                        let mut tx = c.transaction().unwrap();
+                        sqlbroker::postgres::publish(&mut tx, &t, keyed(&key))
+                    }
+                    _ => {
+                        let path = live.url.strip_prefix("sqlite:").unwrap();
+                        let mut c = rusqlite::Connection::open(path).unwrap();
+                        let tx = c.transaction().unwrap();
+                        sqlbroker::sqlite::publish(&tx, &t, keyed(&key))
+                    }
+                };
+                assert_eq!(
+                    again.as_ref().map_err(BrokerError::duplicate_of),
+                    Err(Some(holder)),
+                    "{db:?} {level}: {again:?}"
+                );
+            }
+        }
+        assert_eq!(
+            live.rows_where(&t, &format!("dedup_key = '{key}'")),
+            1,
+            "{db:?} {level}"
+        );
+    }
+}
+
+per_db!(a_key_committed_after_the_snapshot);

@@ -1,5 +1,6 @@
 //! Faults: the database ends the session that holds a delivery (`pg_terminate_backend`,
-//! MySQL/MariaDB `KILL`). The settlement then fails with a transient error (connection lost),
+//! MySQL/MariaDB `KILL`), or the one running a lease delivery's settlement (see
+//! `killed_during_lease_settlement`). The settlement then fails with a transient error (connection lost),
 //! and the database has returned the row: row lock with no attempt spent (the transaction was
 //! rolled back), advisory with its key released by the session's end.
 //!
@@ -181,6 +182,180 @@ fn killed_sessions_return_their_rows() {
         for form in [Form::RowLock, Form::AdvisoryLock] {
             killed_session(&live, form);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A lease settlement whose session is killed
+
+/// The sessions of the test database running a `DELETE` on table `name` right now.
+fn deleting(live: &Live, name: &str) -> Vec<i64> {
+    let sql = match live.db {
+        Db::Postgres => format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND state = 'active' AND query LIKE 'DELETE FROM \"{name}\"%'"
+        ),
+        _ => format!(
+            "SELECT ID FROM information_schema.processlist WHERE DB = DATABASE() \
+             AND INFO LIKE 'DELETE FROM `{name}`%'"
+        ),
+    };
+    live.ints(&sql).into_iter().flatten().collect()
+}
+
+/// A transaction of the test's own holding row `id` of `t` locked: a settlement's statement
+/// on it waits, in its session, until the test kills that session or rolls this back.
+enum RowLocked {
+    Pg(Box<postgres::Client>),
+    My(mysql::Conn),
+}
+
+impl RowLocked {
+    fn new(live: &Live, t: &Table, id: i64) -> RowLocked {
+        let lock = format!("SELECT id FROM {} WHERE id = {id} FOR UPDATE", t.name());
+        match live.db {
+            Db::Postgres => {
+                let mut c = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+                c.batch_execute(&format!("BEGIN; {lock}")).unwrap();
+                RowLocked::Pg(Box::new(c))
+            }
+            _ => {
+                use mysql::prelude::Queryable;
+                let mut c = mysql::Conn::new(mysql::Opts::from_url(&live.url).unwrap()).unwrap();
+                c.query_drop("START TRANSACTION").unwrap();
+                c.query_drop(&lock).unwrap();
+                RowLocked::My(c)
+            }
+        }
+    }
+
+    fn release(self) {
+        match self {
+            RowLocked::Pg(mut c) => c.batch_execute("ROLLBACK").unwrap(),
+            RowLocked::My(mut c) => {
+                mysql::prelude::Queryable::query_drop(&mut c, "ROLLBACK").unwrap()
+            }
+        }
+    }
+}
+
+/// A lease delivery's ack whose session is killed while its `DELETE` runs (waiting on a row
+/// lock the test holds, so the kill lands inside the statement, not before or after it).
+///
+/// `kills = 1`: the ack is tried once more on a new session (fenced by the token, so running
+/// it twice is safe), which succeeds once the lock is released: `Ok`, and the row is gone.
+/// Every session killed (the grouped statement's, then the fenced retry's two): the ack
+/// fails as a lost connection (it may have committed, as far as the library can tell); the
+/// state says it did not: the row is still there, leased, and comes back once its lease ends
+/// (attempt 2). Break the ack's retry alone on a new session after its grouped statement lost
+/// its connection (`lease::ack_alone`), and the first case's assertion "the ack failed after
+/// one killed session" fails; have a settlement whose sessions were all lost report the lease
+/// lost, and the second case's "expected a lost connection" fails.
+fn killed_during_lease_settlement(live: &Live, kill_every_session: bool) {
+    // Long enough that the row cannot be claimed again before its state is read.
+    let lease = Duration::from_secs(5);
+    let t = live.table(Form::Lease, lease);
+    let id = live
+        .broker
+        .publish(&t, Message::new(b"fault".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!((d.id(), d.attempt()), (id, 1));
+    let locked = RowLocked::new(live, &t, id);
+    let (tx, acked) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(d.ack());
+    });
+    let mut killed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut locked = Some(locked);
+    let outcome = loop {
+        if let Ok(r) = acked.try_recv() {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{:?}: the ack neither ended nor waited on the row (killed {killed:?})",
+            live.db
+        );
+        let sessions = deleting(live, t.name());
+        match sessions.first() {
+            Some(&session) if kill_every_session || killed.is_empty() => {
+                kill_session(live, session);
+                killed.push(session);
+                if !kill_every_session {
+                    locked.take().unwrap().release();
+                }
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    if let Some(locked) = locked.take() {
+        locked.release();
+    }
+    let db = live.db;
+    if kill_every_session {
+        let e = outcome.expect_err("an ack whose every session was killed succeeded");
+        assert!(
+            matches!(
+                e,
+                BrokerError::Database {
+                    kind: DbErrorKind::ConnectionLost,
+                    ..
+                }
+            ),
+            "{db:?}: expected a lost connection: {e:?}"
+        );
+        assert_eq!(killed.len(), 3, "{db:?}: sessions killed {killed:?}");
+        // It did not commit: the row is there, leased, its attempt spent.
+        assert_eq!(
+            live.rows_where(
+                &t,
+                &format!("id = {id} AND locked_until IS NOT NULL AND attempts = 1")
+            ),
+            1,
+            "{db:?}: the row is not there, leased"
+        );
+        // Back once its lease ends.
+        let again = next(&sub, lease + Duration::from_secs(5));
+        assert_eq!((again.id(), again.attempt()), (id, 2), "{db:?}");
+        again.ack().unwrap();
+    } else {
+        assert!(
+            outcome.is_ok(),
+            "{db:?}: the ack failed after one killed session: {outcome:?}"
+        );
+        assert_eq!(killed.len(), 1, "{db:?}");
+    }
+    assert_eq!(live.rows(&t), 0, "{db:?}");
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    eprintln!(
+        "{db:?} lease: killed {} session(s) of an ack during its DELETE: {}",
+        killed.len(),
+        if kill_every_session {
+            "lost connection, row back after its lease"
+        } else {
+            "acked on a new session"
+        }
+    );
+}
+
+/// SQLite has no server session to kill: its lease settlements are covered by the injected
+/// lost answers of the crate's own tests (`runtime::races`).
+#[test]
+fn lease_settlements_survive_or_report_killed_sessions() {
+    let _serial = serial();
+    let mut dbs = vec![Db::Postgres];
+    if cfg!(feature = "mysql") {
+        dbs.push(Db::Mysql);
+    }
+    for db in dbs {
+        let Some(live) = common::live(db) else {
+            continue;
+        };
+        killed_during_lease_settlement(&live, false);
+        killed_during_lease_settlement(&live, true);
     }
 }
 

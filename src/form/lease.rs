@@ -8,6 +8,11 @@
 //! 2. The deadline is the delivery token. The renewer thread rewrites it every half lease
 //!    (`UPDATE .. WHERE id = ? AND locked_until = <token held>`), one statement per table per
 //!    round where the database allows.
+//!    A renewal whose answer was lost may have committed: its token is tried too (next round,
+//!    settlement), but only if it was written before the held token's last second; later, a
+//!    claim of the expired row by another could write the very same token (whole seconds),
+//!    and matching it would settle that claim's lease. Such a renewal is forgotten: if it had
+//!    committed, the delivery learns its lease is lost.
 //! 3. Settlement names the token it holds: `.. WHERE id = ? AND locked_until = <token>`. Zero
 //!    rows changed is [`LeaseLost`](crate::BrokerError::LeaseLost), never a silent success.
 //! 4. A row handed back unhandled (the subscription closed with it queued) has its lease
@@ -184,17 +189,32 @@ fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bo
         .run((id, tokens.clone()), &flush, &Err(DbErrorKind::Other))
     {
         Ok(deleted) => Ok(deleted.contains(&id)),
-        Err(kind) => match fenced_on(ctx, id, &tokens, "ack", &q.sql.ack, &[], within) {
-            Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
-                kind,
-                "the connection was lost during a grouped ack: it may have committed",
-            ))),
-            r => r,
-        },
+        Err(kind) => ack_alone(ctx, id, &tokens, kind, within),
     };
     drop(state);
     ctx.leases.remove(cell);
     done
+}
+
+/// The ack of one row after the grouped statement that held it failed with `kind`: fenced,
+/// alone. If that matches nothing after the group lost its connection, the group may have
+/// deleted the row before its answer was lost: that stands (a lost connection, "may have
+/// committed"), not `LeaseLost`, which would say the row is another claim's.
+fn ack_alone(
+    ctx: &Ctx,
+    id: i64,
+    tokens: &[SystemTime],
+    kind: DbErrorKind,
+    within: Duration,
+) -> Result<bool> {
+    let q = &ctx.queue;
+    match fenced_on(ctx, id, tokens, "ack", &q.sql.ack, &[], within) {
+        Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
+            kind,
+            "the connection was lost during a grouped ack: it may have committed",
+        ))),
+        r => r,
+    }
 }
 
 /// Acks many deliveries of one subscription in one statement per [`ACK_GROUP_MAX`] (the
@@ -204,7 +224,6 @@ pub(crate) fn ack_all(
     batch: &[(i64, Arc<LeaseCell>)],
     within: Duration,
 ) -> Vec<Result<()>> {
-    let q = &ctx.queue;
     let mut states: Vec<_> = batch.iter().map(|(_, cell)| cell.lock()).collect();
     let items: Vec<(i64, Vec<SystemTime>)> = batch
         .iter()
@@ -220,7 +239,7 @@ pub(crate) fn ack_all(
         for (id, tokens) in chunk {
             let held = match &written {
                 Ok(deleted) => Ok(deleted.contains(id)),
-                Err(_) => fenced_on(ctx, *id, tokens, "ack", &q.sql.ack, &[], within),
+                Err(kind) => ack_alone(ctx, *id, tokens, *kind, within),
             };
             out.push(held.and_then(|held| if held { Ok(()) } else { Err(lost(ctx, *id)) }));
         }
@@ -241,25 +260,21 @@ pub(crate) fn ack_many(ctx: &Ctx, items: &[(i64, Vec<SystemTime>)], within: Dura
     let mut conn = q
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
-    let deleted = match items {
+    let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || match items {
         [(id, tokens)] if tokens.len() == 1 => {
             let params = [Value::Int(*id), Value::Time(tokens[0])];
-            match conn.execute(&q.sql.ack, &params) {
-                Ok(0) => vec![],
-                Ok(_) => vec![*id],
-                Err(e) => return Err(e.kind),
-            }
+            let n = conn.execute(&q.sql.ack, &params)?;
+            Ok(if n == 0 { vec![] } else { vec![*id] })
         }
         _ => {
             let pairs: Vec<(i64, SystemTime)> = items
                 .iter()
                 .flat_map(|(id, tokens)| tokens.iter().map(move |t| (*id, *t)))
                 .collect();
-            q.dialect
-                .lease_ack_many(&mut *conn, &q.spec, &pairs)
-                .map_err(|e| e.kind)?
+            q.dialect.lease_ack_many(&mut *conn, &q.spec, &pairs)
         }
-    };
+    })
+    .map_err(|e| e.kind)?;
     Ok(Arc::new(deleted.into_iter().collect()))
 }
 

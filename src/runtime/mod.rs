@@ -33,6 +33,24 @@ pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};
 
+/// Fault-injection points of the crate's live tests (`testing`): the statement a point wraps
+/// runs as is outside `cfg(test)`.
+#[cfg(not(test))]
+mod faults {
+    #[inline(always)]
+    pub(crate) fn injected<T>(_point: &'static str, _table: &str, run: impl FnOnce() -> T) -> T {
+        run()
+    }
+
+    #[inline(always)]
+    pub(crate) fn pause_point(_point: &'static str, _table: &str) {}
+}
+pub(crate) use faults::{injected, pause_point};
+#[cfg(test)]
+use testing as faults;
+#[cfg(test)]
+mod races;
+
 use renewer::LeaseBook;
 use slots::Slots;
 use wake::Wake;

@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::Ctx;
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, DbErrorKind};
-use crate::schedule::{lease_token, renew_every};
+use crate::schedule::{lease_token, renew_every, renewal_is_ours};
 
 /// Rows renewed per statement (two parameters each).
 const RENEW_CHUNK: usize = 500;
@@ -286,7 +286,8 @@ fn renew_chunk(
         return true;
     }
     let q = &ctx.queue;
-    let token = lease_token(SystemTime::now(), q.spec.lease_secs);
+    let now = SystemTime::now();
+    let token = lease_token(now, q.spec.lease_secs);
     // A lease extended by hand past this round's deadline needs no renewal yet.
     let mut pairs: Vec<(i64, SystemTime)> = Vec::with_capacity(chunk.len());
     for (cell, state) in chunk.iter() {
@@ -299,7 +300,10 @@ fn renew_chunk(
     if pairs.is_empty() {
         return true;
     }
-    match q.dialect.lease_renew(conn, &q.spec, token, &pairs) {
+    let renewed = crate::runtime::injected("lease.renew", &q.spec.name, || {
+        q.dialect.lease_renew(conn, &q.spec, token, &pairs)
+    });
+    match renewed {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();
             let mut all = true;
@@ -323,9 +327,17 @@ fn renew_chunk(
         }
         Err(e) => {
             // A lost connection cannot tell whether the renewal committed: the row holds the
-            // old token or the new one, and the next round and the settlement try both.
+            // old token or the new one, and the next round and the settlement try both. Only
+            // while the new token is one no other claim can write too: a renewal in the held
+            // token's last second (or later) writes what a claim of the expired row by another
+            // would write in that second, and a settlement matching it would settle the other's
+            // lease. Such a renewal is forgotten: had it committed, this delivery learns that its
+            // lease is lost (`LeaseLost`) and the row returns when the renewal's lease ends.
             if e.kind == DbErrorKind::ConnectionLost {
                 for (_, state) in chunk.iter_mut() {
+                    if !renewal_is_ours(now, state.token) {
+                        continue;
+                    }
                     if state.unsure.len() >= MAX_UNSURE {
                         state.unsure.remove(0);
                     }

@@ -183,3 +183,128 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         handler_timeout: None,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection for the crate's live tests (`runtime::races`): one-shot faults and pauses at
+// named points of the runtime, armed per table so tests running in parallel do not meet each
+// other's. Outside `cfg(test)` the points are no-ops (`runtime::faults`).
+
+/// What an armed point does to the statement it wraps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The statement does not run; the caller sees a lost connection.
+    Fail,
+    /// The statement runs (and commits); its answer is lost: the caller sees a lost connection.
+    LoseAnswer,
+}
+
+type Armed = Vec<(&'static str, String, Fault)>;
+static FAULTS: Mutex<Armed> = Mutex::new(Vec::new());
+
+type Pauses = Vec<(
+    &'static str,
+    String,
+    crossbeam_channel::Sender<()>,
+    crossbeam_channel::Receiver<()>,
+)>;
+static PAUSES: Mutex<Pauses> = Mutex::new(Vec::new());
+
+/// The next statement at `point` on `table` meets `fault` (once).
+pub(crate) fn arm(point: &'static str, table: &str, fault: Fault) {
+    FAULTS.lock().push((point, table.to_string(), fault));
+}
+
+/// Runs `run` unless a fault is armed at `point` for `table` (see [`Fault`]).
+pub(crate) fn injected<T>(
+    point: &'static str,
+    table: &str,
+    run: impl FnOnce() -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    let fault = {
+        let mut armed = FAULTS.lock();
+        let at = armed.iter().position(|(p, t, _)| *p == point && t == table);
+        at.map(|i| armed.remove(i).2)
+    };
+    let lost = || {
+        Err(DbError::new(
+            crate::error::DbErrorKind::ConnectionLost,
+            format!("injected: the connection was lost at {point}"),
+        ))
+    };
+    match fault {
+        None => run(),
+        Some(Fault::Fail) => lost(),
+        Some(Fault::LoseAnswer) => {
+            let _ = run();
+            lost()
+        }
+    }
+}
+
+/// A pause armed at a point: the runtime reaching it is announced on `reached`, and it waits
+/// there (at most 20 s) until `resume` is sent or dropped.
+pub(crate) struct Paused {
+    pub reached: crossbeam_channel::Receiver<()>,
+    pub resume: crossbeam_channel::Sender<()>,
+}
+
+/// The next time the runtime reaches `point` on `table`, it stops there (once).
+pub(crate) fn pause_at(point: &'static str, table: &str) -> Paused {
+    let (reached_tx, reached) = crossbeam_channel::bounded(1);
+    let (resume, resume_rx) = crossbeam_channel::bounded(1);
+    PAUSES
+        .lock()
+        .push((point, table.to_string(), reached_tx, resume_rx));
+    Paused { reached, resume }
+}
+
+/// Where the runtime stops if a pause is armed at `point` for `table`.
+pub(crate) fn pause_point(point: &'static str, table: &str) {
+    let armed = {
+        let mut pauses = PAUSES.lock();
+        let at = pauses
+            .iter()
+            .position(|(p, t, ..)| *p == point && t == table);
+        at.map(|i| pauses.remove(i))
+    };
+    if let Some((_, _, reached, resume)) = armed {
+        let _ = reached.send(());
+        let _ = resume.recv_timeout(Duration::from_secs(20));
+    }
+}
+
+/// The URL of a live database for the crate's own live tests (`"sqlite"`: a fresh file), or
+/// `None` (after a loud message) when its server is not reachable and
+/// `SQLBROKER_REQUIRE_SERVERS=1` is not set.
+pub(crate) fn live_url(db: &str) -> Option<String> {
+    let url = match db {
+        "sqlite" => {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join("sqlbroker-unit");
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let file = dir.join(format!("races-{}-{n}.db", std::process::id()));
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+            }
+            return Some(format!("sqlite:{}", file.display()));
+        }
+        "postgres" => std::env::var("SQLBROKER_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        _ => std::env::var("SQLBROKER_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+    };
+    match crate::Broker::builder(&url)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(_) => Some(url),
+        Err(e) if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+            panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db} at {url} is not reachable: {e}")
+        }
+        Err(e) => {
+            eprintln!("\n!!!!! SKIPPED: {db} at {url} is not reachable ({e}) !!!!!\n");
+            None
+        }
+    }
+}

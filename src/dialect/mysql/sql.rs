@@ -186,6 +186,15 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         "SELECT 1 FROM {t} WHERE {ready} AND {free} LIMIT 1"
     ));
     sql.stats = stats_sql(spec);
+    if spec.dedup_key.is_some() {
+        // A locking read: it reads the latest committed holder. A plain one, inside an
+        // application's REPEATABLE READ transaction (`sqlbroker::mysql::publish`), reads the
+        // transaction's snapshot, taken perhaps before the holder's insert committed (which
+        // the insert itself saw): the key would seem free and then held, again and again.
+        // `LOCK IN SHARE MODE` is spelled the same on MySQL 8 and MariaDB; the shared lock is
+        // the one the failed insert already took on the holder's index entry.
+        sql.dedup_holder.push_str(" LOCK IN SHARE MODE");
+    }
     match spec.form {
         Form::RowLock => {
             sql.claim =
@@ -776,6 +785,15 @@ mod tests {
             ddl[0].contains("INDEX `jobs_completed` (`completed_at`)"),
             "{}",
             ddl[0]
+        );
+    }
+
+    #[test]
+    fn dedup_holder_is_a_locking_read() {
+        let sql = compile(Table::new("mails").dedup());
+        assert_eq!(
+            sql.dedup_holder,
+            "SELECT `id` FROM `mails` WHERE `dedup_key` = ? LOCK IN SHARE MODE"
         );
     }
 

@@ -1,0 +1,529 @@
+//! Live tests of races and lost answers the servers cannot be made to produce on cue: the
+//! runtime is paused or its statement's answer dropped at a named point (`testing`), against
+//! the real databases (SQLite, and the servers at `SQLBROKER_PG_URL` / `SQLBROKER_MYSQL_URL`,
+//! skipped loudly when unreachable unless `SQLBROKER_REQUIRE_SERVERS=1`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::testing::{self, live_url, Fault};
+use super::{renewer, Ctx};
+use crate::dialect::DbConn;
+use crate::schedule::{ceil, lease_token};
+use crate::{Broker, BrokerError, DbErrorKind, Delivery, Message, Table, Value};
+
+/// A table name no other test uses.
+fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{}_{n}", std::process::id())
+}
+
+/// Creates `t` on `broker` and drops it when the guard goes.
+struct Made {
+    broker: Broker,
+    name: String,
+}
+
+fn create(broker: &Broker, t: &Table) -> Made {
+    broker.create_table(t).expect("create table");
+    Made {
+        broker: broker.clone(),
+        name: t.name().to_string(),
+    }
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        if self.broker.database() == "SQLite" {
+            return;
+        }
+        let q = self.broker.queue(&Table::new(self.name.as_str())).unwrap();
+        let sql = format!(
+            "DROP TABLE IF EXISTS {}",
+            (q.dialect.syntax().quote)(&self.name)
+        );
+        if let Ok(mut conn) = q.pool.get() {
+            let _ = conn.batch(&sql);
+        }
+    }
+}
+
+/// The first column of the first row `sql` returns, as an integer.
+fn int(conn: &mut dyn DbConn, sql: &str) -> i64 {
+    let rows = conn.query(sql, &[]).expect(sql);
+    match rows.first().and_then(|r| r.first()) {
+        Some(Value::Int(n)) => *n,
+        Some(Value::Text(s)) => s.parse().expect(sql),
+        other => panic!("{sql}: {other:?}"),
+    }
+}
+
+/// Rows in `t`, counted directly.
+fn rows(broker: &Broker, t: &Table) -> i64 {
+    let q = broker.queue(t).unwrap();
+    let mut conn = q.pool.get().unwrap();
+    let sql = format!(
+        "SELECT COUNT(*) FROM {}",
+        (q.dialect.syntax().quote)(t.name())
+    );
+    int(&mut *conn, &sql)
+}
+
+/// A subscription context of `t` with no threads (no claimer, no renewer): the test claims,
+/// renews and settles by hand, each step when it says.
+fn bare_ctx(broker: &Broker, t: &Table) -> Arc<Ctx> {
+    let q = broker.queue(t).unwrap();
+    Arc::new(Ctx::new(q, testing::options(8), None, None))
+}
+
+/// Up to `n` rows claimed on `ctx`, as handed-out deliveries (lease form).
+fn claim(ctx: &Arc<Ctx>, n: usize) -> Vec<Delivery> {
+    crate::form::lease::claim(ctx, n)
+        .expect("claim")
+        .into_iter()
+        .map(|c| Delivery::new(ctx.clone(), c).hand_out())
+        .collect()
+}
+
+/// Waits (at most 10 s) until `cond` holds for the time now.
+fn wait_until(what: &str, cond: impl Fn(SystemTime) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond(SystemTime::now()) {
+        assert!(Instant::now() < deadline, "waited 10 s for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn millis_into_second(t: SystemTime) -> u32 {
+    t.duration_since(UNIX_EPOCH).unwrap().subsec_millis()
+}
+
+fn is_lost_connection(r: &crate::Result<()>) -> bool {
+    matches!(
+        r,
+        Err(BrokerError::Database {
+            kind: DbErrorKind::ConnectionLost,
+            ..
+        })
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defect 3: a renewal whose answer was lost must not let its delivery settle another's lease.
+
+/// A delivery's lease expires; its renewer, late, tries a renewal whose answer is lost (it did
+/// not commit); in the same second another broker claims the expired row, writing the token
+/// that renewal would have written. The stale delivery must not renew or ack the other's
+/// lease. Before the fix it kept the renewal's token as one its row might hold: the assertion
+/// "the stale holder's renewal matched the other claim's lease" failed (and, that skipped, its
+/// ack deleted the other's row and returned `Ok`).
+fn a_late_lost_renewal_never_matches_another_claim(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    // Another process's broker: a pool and a lease book of its own.
+    let other = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_late")).lease(Duration::from_secs(1));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    let theirs_ctx = bare_ctx(&other, &t);
+    for _ in 0..5 {
+        broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+        let stale = claim(&ctx, 1).pop().expect("the row");
+        let held = stale.lease_deadline().unwrap();
+        // Past the held token, early in a second: the renewal and the claim share it.
+        wait_until("the lease to expire", |now| {
+            now >= held && millis_into_second(now) < 300
+        });
+        let before = SystemTime::now();
+        testing::arm("lease.renew", t.name(), Fault::Fail);
+        assert!(!renewer::round(&ctx), "{db}: a failed renewal succeeded");
+        let theirs = claim(&theirs_ctx, 1).pop();
+        let after = SystemTime::now();
+        let theirs = theirs.expect("precondition: the expired row was not claimable");
+        if ceil(before) != ceil(after) {
+            // A second ended in between: the tokens differ. Once more.
+            theirs.ack().unwrap();
+            drop(stale);
+            continue;
+        }
+        // The other claim holds the very token the lost renewal would have written.
+        let token = lease_token(before, 1);
+        assert_eq!(theirs.lease_deadline(), Some(token), "{db}: precondition");
+        assert!(
+            !renewer::round(&ctx),
+            "{db}: the stale holder's renewal matched the other claim's lease"
+        );
+        let acked = stale.ack();
+        assert!(
+            matches!(acked, Err(BrokerError::LeaseLost { .. })),
+            "{db}: the stale holder's ack matched the other claim's lease: {acked:?}"
+        );
+        // The other holder's row is there, with its lease: its own ack matches it.
+        assert_eq!(rows(&broker, &t), 1, "{db}");
+        assert_eq!(theirs.lease_deadline(), Some(token), "{db}");
+        theirs.ack().unwrap();
+        assert_eq!(rows(&broker, &t), 0, "{db}");
+        return;
+    }
+    panic!("{db}: precondition: the renewal and the claim never fell in one second");
+}
+
+#[test]
+fn a_late_lost_renewal_never_matches_another_claim_sqlite() {
+    a_late_lost_renewal_never_matches_another_claim("sqlite");
+}
+
+#[test]
+fn a_late_lost_renewal_never_matches_another_claim_postgres() {
+    a_late_lost_renewal_never_matches_another_claim("postgres");
+}
+
+#[test]
+fn a_late_lost_renewal_never_matches_another_claim_mysql() {
+    a_late_lost_renewal_never_matches_another_claim("mysql");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Untested promise: a renewal whose answer was lost, in time.
+
+/// A renewal whose answer is lost after it committed, in the lease's first second: the
+/// delivery does not know its new token, but keeps it as one its row may hold. Once the old
+/// token has passed, another broker finds nothing to claim (the row holds the renewal's
+/// token), and the delivery's ack matches it. Break it by trying only the held token at
+/// settlement: the assertion "the ack lost a lease its renewal had taken" fails.
+fn a_lost_renewal_that_committed_keeps_the_lease(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let other = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_kept")).lease(Duration::from_secs(2));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    let d = claim(&ctx, 1).pop().expect("the row");
+    let held = d.lease_deadline().unwrap();
+    // In the second after the claim's: the renewal writes a token one second later.
+    let start = held - Duration::from_secs(2);
+    wait_until("the second after the claim", |now| {
+        now >= start + Duration::from_millis(20)
+    });
+    let before = SystemTime::now();
+    testing::arm("lease.renew", t.name(), Fault::LoseAnswer);
+    assert!(!renewer::round(&ctx), "{db}: a lost answer was a success");
+    assert!(
+        ceil(before) < held && ceil(SystemTime::now()) == ceil(before),
+        "{db}: precondition: the renewal ran late"
+    );
+    // The delivery knows only its old token.
+    assert_eq!(
+        d.lease_deadline(),
+        Some(held),
+        "{db}: the lost answer was read"
+    );
+    wait_until("the old token to pass", |now| {
+        now >= held + Duration::from_millis(20)
+    });
+    let theirs = bare_ctx(&other, &t);
+    assert!(
+        claim(&theirs, 1).is_empty(),
+        "{db}: the row was claimable: the renewal did not commit"
+    );
+    let acked = d.ack();
+    assert!(
+        acked.is_ok(),
+        "{db}: the ack lost a lease its renewal had taken: {acked:?}"
+    );
+    assert_eq!(rows(&broker, &t), 0, "{db}");
+}
+
+/// A renewal whose answer is lost before it ran: the row holds the old token. The next round
+/// renews the lease (fenced by both tokens), and the ack matches. Break it by taking the lost
+/// renewal for a success: the assertion "a renewal that did not run moved the delivery's
+/// token" fails.
+fn a_lost_renewal_that_did_not_run_keeps_the_lease(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_lost")).lease(Duration::from_secs(30));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    let d = claim(&ctx, 1).pop().expect("the row");
+    let held = d.lease_deadline().unwrap();
+    // In a later second than the claim's: a renewal writes a later token.
+    let start = held - Duration::from_secs(30);
+    wait_until("the second after the claim", |now| {
+        now >= start + Duration::from_millis(20)
+    });
+    testing::arm("lease.renew", t.name(), Fault::Fail);
+    assert!(!renewer::round(&ctx), "{db}: a failed renewal succeeded");
+    assert_eq!(
+        d.lease_deadline(),
+        Some(held),
+        "{db}: a renewal that did not run moved the delivery's token"
+    );
+    assert!(renewer::round(&ctx), "{db}: the next round did not renew");
+    assert!(d.lease_deadline().unwrap() > held, "{db}");
+    d.ack().unwrap();
+    assert_eq!(rows(&broker, &t), 0, "{db}");
+}
+
+#[test]
+fn lost_renewal_committed_sqlite() {
+    a_lost_renewal_that_committed_keeps_the_lease("sqlite");
+}
+
+#[test]
+fn lost_renewal_committed_postgres() {
+    a_lost_renewal_that_committed_keeps_the_lease("postgres");
+}
+
+#[test]
+fn lost_renewal_committed_mysql() {
+    a_lost_renewal_that_committed_keeps_the_lease("mysql");
+}
+
+#[test]
+fn lost_renewal_not_run_sqlite() {
+    a_lost_renewal_that_did_not_run_keeps_the_lease("sqlite");
+}
+
+#[test]
+fn lost_renewal_not_run_postgres() {
+    a_lost_renewal_that_did_not_run_keeps_the_lease("postgres");
+}
+
+#[test]
+fn lost_renewal_not_run_mysql() {
+    a_lost_renewal_that_did_not_run_keeps_the_lease("mysql");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defect 4: `ack_all` after its statement's answer was lost.
+
+/// The grouped ack of a batch commits and its answer is lost: each delivery's result must say
+/// what a single `ack` says then (a lost connection: it may have committed), not `LeaseLost`.
+/// Before the fix the per-row fallback matched nothing and the assertion "reported LeaseLost
+/// for a row its own statement deleted" failed. When the statement did not run, the rows are
+/// acked one by one and each result is `Ok`.
+fn ack_all_after_a_lost_answer(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_ackall")).lease(Duration::from_secs(30));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    let batch = |n: usize| {
+        for i in 0..n {
+            broker.publish(&t, Message::new(vec![i as u8])).unwrap();
+        }
+        let ds = claim(&ctx, n);
+        assert_eq!(ds.len(), n, "{db}: precondition");
+        ds
+    };
+
+    testing::arm("lease.ack_many", t.name(), Fault::LoseAnswer);
+    for r in Delivery::ack_all(batch(3)) {
+        assert!(
+            is_lost_connection(&r),
+            "{db}: reported {r:?} for a row its own statement deleted"
+        );
+    }
+    assert_eq!(rows(&broker, &t), 0, "{db}: the statement committed");
+
+    testing::arm("lease.ack_many", t.name(), Fault::Fail);
+    for r in Delivery::ack_all(batch(3)) {
+        assert!(r.is_ok(), "{db}: {r:?}");
+    }
+    assert_eq!(rows(&broker, &t), 0, "{db}: acked alone");
+
+    // The single ack says the same (the answer `ack_all` follows).
+    testing::arm("lease.ack_many", t.name(), Fault::LoseAnswer);
+    let r = batch(1).pop().unwrap().ack();
+    assert!(is_lost_connection(&r), "{db}: {r:?}");
+    assert_eq!(rows(&broker, &t), 0, "{db}");
+}
+
+#[test]
+fn ack_all_after_a_lost_answer_sqlite() {
+    ack_all_after_a_lost_answer("sqlite");
+}
+
+#[test]
+fn ack_all_after_a_lost_answer_postgres() {
+    ack_all_after_a_lost_answer("postgres");
+}
+
+#[test]
+fn ack_all_after_a_lost_answer_mysql() {
+    ack_all_after_a_lost_answer("mysql");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defect 2: a handler timeout's cancel must not reach the next user of the delivery's session.
+
+/// A statement that runs for `secs` on `conn` and says whether it ran to its end (`Err`: it
+/// was cancelled, or MySQL's `SLEEP` was interrupted and returned 1).
+fn sleep_on(db: &str, conn: &mut dyn DbConn, secs: f64) -> Result<(), String> {
+    if db == "postgres" {
+        conn.batch(&format!("SELECT pg_sleep({secs})"))
+            .map_err(|e| e.source.to_string())
+    } else {
+        match conn.query(&format!("SELECT SLEEP({secs})"), &[]) {
+            Ok(rows) if rows.first().and_then(|r| r.first()) == Some(&Value::Int(0)) => Ok(()),
+            Ok(rows) => Err(format!("SLEEP was interrupted: {rows:?}")),
+            Err(e) => Err(e.source.to_string()),
+        }
+    }
+}
+
+/// A sleep of `secs` inside a row lock delivery, on its session, whose id goes to `session`
+/// first.
+fn sleep_in_delivery(
+    db: &str,
+    d: &mut crate::Delivery,
+    secs: f64,
+    session: crossbeam_channel::Sender<u64>,
+) -> crate::Result<()> {
+    let ran = if db == "postgres" {
+        crate::postgres::in_delivery(d, |c| {
+            let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[])?.get(0);
+            let _ = session.send(pid as u64);
+            c.batch_execute(&format!("SELECT pg_sleep({secs})"))
+        })?
+        .map_err(|e| e.to_string())
+    } else {
+        use mysql::prelude::Queryable;
+        crate::mysql::in_delivery(d, |c| {
+            let id: u64 = c.query_first("SELECT CONNECTION_ID()")?.unwrap_or(0);
+            let _ = session.send(id);
+            c.query_drop(format!("SELECT SLEEP({secs})"))
+        })?
+        .map_err(|e| e.to_string())
+    };
+    ran.expect("the handler's statements");
+    Ok(())
+}
+
+/// The session that runs `sql` right now (PostgreSQL and MySQL/MariaDB), counted.
+fn running(db: &str, conn: &mut dyn DbConn, session: u64, like: &str) -> bool {
+    let sql = if db == "postgres" {
+        format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {session} AND state = 'active' \
+             AND query LIKE '{like}%'"
+        )
+    } else {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.processlist WHERE ID = {session} \
+             AND INFO LIKE '{like}%'"
+        )
+    };
+    int(conn, &sql) == 1
+}
+
+/// The handler timeout decides to cancel the statement its handler runs, and is held (the
+/// pause) before it sends the cancel. Meanwhile the handler's statement ends, the delivery
+/// settles, and its session goes back to the pool, where another user runs a long statement
+/// on it. Then the timeout goes on: it must not cancel that statement. Before the fix it sent
+/// `pg_cancel_backend` / `KILL QUERY` to the session id it had read, and the assertion
+/// "another user's statement on the delivery's old session was cancelled" failed.
+fn cancel_stays_with_its_delivery(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::builder(&url).pool_size(4).build().unwrap();
+    let t = Table::new(unique("races_cancel"));
+    let _made = create(&broker, &t);
+    let id = broker.publish(&t, Message::new(b"slow".to_vec())).unwrap();
+    let paused = testing::pause_at("expiry.cancel", t.name());
+    let sub = broker
+        .subscription(&t)
+        .handler_timeout(Duration::from_millis(300))
+        .start()
+        .unwrap();
+    let mut d = sub.next_delivery_timeout(Duration::from_secs(10)).unwrap();
+    let (session_tx, session_rx) = crossbeam_channel::bounded(1);
+    let db2 = db.to_string();
+    let handler = std::thread::spawn(move || {
+        let ran = sleep_in_delivery(&db2, &mut d, 1.5, session_tx);
+        (ran, d.ack())
+    });
+    let session = session_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the handler's session");
+    paused
+        .reached
+        .recv_timeout(Duration::from_secs(10))
+        .expect("precondition: the handler timeout did not decide to cancel");
+    let (ran, acked) = handler.join().unwrap();
+    // The handler learns of its timeout; its settlement wrote the failure (a retry).
+    assert!(
+        matches!(ran, Err(BrokerError::HandlerTimeout { .. })),
+        "{db}: {ran:?}"
+    );
+    assert!(
+        matches!(acked, Err(BrokerError::HandlerTimeout { .. })),
+        "{db}: {acked:?}"
+    );
+    sub.close();
+    // Its session is back in the pool: find it there (holding the others meanwhile).
+    let q = broker.queue(&t).unwrap();
+    let mut others = Vec::new();
+    let mut reused = None;
+    while reused.is_none() {
+        assert!(
+            others.len() < 4,
+            "{db}: session {session} is not in the pool"
+        );
+        let mut conn = q.pool.get().expect("a pooled connection");
+        if conn.session_id() == Some(session) {
+            reused = Some(conn);
+        } else {
+            others.push(conn);
+        }
+    }
+    let mut reused = reused.unwrap();
+    let mut watch = others.pop().unwrap_or_else(|| q.pool.get().unwrap());
+    drop(others);
+    let db2 = db.to_string();
+    let other_user = std::thread::spawn(move || sleep_on(&db2, &mut *reused, 2.0));
+    let started = Instant::now();
+    let sleep = if db == "postgres" {
+        "SELECT pg_sleep"
+    } else {
+        "SELECT SLEEP"
+    };
+    while !running(db, &mut *watch, session, sleep) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{db}: precondition: the other user's statement never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(watch);
+    // The timeout goes on now, its cancel decided 1.2 s ago.
+    paused.resume.send(()).unwrap();
+    let other = other_user.join().unwrap();
+    assert_eq!(
+        other,
+        Ok(()),
+        "{db}: another user's statement on the delivery's old session was cancelled"
+    );
+    // The timeout's failure was written once: the row is back for attempt 2.
+    let mut conn = q.pool.get().unwrap();
+    let attempts = int(
+        &mut *conn,
+        &format!(
+            "SELECT attempts FROM {} WHERE id = {id}",
+            (q.dialect.syntax().quote)(t.name())
+        ),
+    );
+    assert_eq!(attempts, 1, "{db}");
+}
+
+#[test]
+fn cancel_stays_with_its_delivery_postgres() {
+    cancel_stays_with_its_delivery("postgres");
+}
+
+#[test]
+fn cancel_stays_with_its_delivery_mysql() {
+    cancel_stays_with_its_delivery("mysql");
+}
