@@ -838,6 +838,18 @@ mod tests {
         assert_eq!(s.group, Some(0));
         assert_eq!(s.columns[0].name, "customer");
         assert!(invalid(&Table::new("o").fifo()).contains("group column"));
+        // A template that reads the group column alone (or no column) covers the group.
+        let reads = |t: &str| {
+            let spec = Table::new("o")
+                .group("customer")
+                .text_column("k")
+                .advisory_lock(t)
+                .validate()
+                .unwrap();
+            spec.key.unwrap().reads_only(spec.group.unwrap())
+        };
+        assert!(reads("o-{customer}") && reads("{customer}/{customer}") && reads("all"));
+        assert!(!reads("o-{k}") && !reads("{customer}-{k}"));
         assert!(invalid(&Table::new("o").max_attempts(0)).contains("at least 1"));
         assert_eq!(
             Table::new("o")

@@ -566,6 +566,49 @@ mod tests {
         );
     }
 
+    /// Advisory FIFO: candidates are heads (the group's smallest unfinished id, or no group);
+    /// the take checks the head again through a derived table that its `LIMIT` materialises
+    /// (MySQL 8 refuses a subquery on the updated table otherwise: error 1093), the group
+    /// bound twice after `(now, id)`.
+    #[test]
+    fn advisory_fifo_sql() {
+        let sql = compile(
+            Table::new("orders")
+                .group("customer")
+                .fifo()
+                .advisory_lock("orders-{customer}"),
+        );
+        let head = "(q.`customer` IS NULL OR q.`id` = (SELECT p.`id` FROM `orders` p \
+                    WHERE p.`customer` = q.`customer` AND p.`dead_at` IS NULL ORDER BY p.`id` LIMIT 1))";
+        assert_eq!(
+            sql.claim,
+            format!(
+                "SELECT `id`, `run_at`, `customer` FROM `orders` q WHERE `dead_at` IS NULL AND `run_at` <= ? \
+                 AND {head} ORDER BY `run_at`, `id` LIMIT ?"
+            )
+        );
+        assert_eq!(
+            sql.claim_after,
+            format!(
+                "SELECT `id`, `run_at`, `customer` FROM `orders` q WHERE `dead_at` IS NULL AND `run_at` <= ? \
+                 AND {head} AND (`run_at`, `id`) > (?, ?) ORDER BY `run_at`, `id` LIMIT ?"
+            )
+        );
+        assert_eq!(
+            sql.take,
+            "UPDATE `orders` SET `attempts` = `attempts` + 1 WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` = ? \
+             AND (? IS NULL OR `id` = (SELECT h.`id` FROM (SELECT p.`id` FROM `orders` p \
+             WHERE p.`customer` = ? AND p.`dead_at` IS NULL ORDER BY p.`id` LIMIT 1) h))"
+        );
+        // The statements without FIFO stay as they were.
+        let plain = compile(
+            Table::new("orders")
+                .text_column("customer")
+                .advisory_lock("{customer}"),
+        );
+        assert!(!plain.claim.contains(" q ") && !plain.take.contains("SELECT"));
+    }
+
     #[test]
     fn advisory_sql() {
         let sql = compile(
