@@ -57,8 +57,8 @@ impl Kind {
 }
 
 /// Runs a test body for each database x [`Kind`] the database has, named `<name>::<db>_<kind>`.
-/// `$($sqlite_advisory)?`: also SQLite's advisory kinds (left out where a test needs two
-/// processes: SQLite keys live in one process).
+/// With `one_process_sqlite_keys`, without SQLite's advisory kinds: for a test of two
+/// processes, since SQLite's keys live in one process (documented: one process per file).
 macro_rules! per_db_fifo {
     ($body:ident) => {
         per_db_fifo!(@ $body, sqlite_advisory_by_group, sqlite_advisory_by_row);
