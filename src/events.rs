@@ -65,6 +65,9 @@ pub struct ClaimedRows<'a> {
     pub table: &'a str,
     /// Rows taken.
     pub rows: usize,
+    /// Their ids, as the claim returned them: the hook runs before any of them reaches a
+    /// handler, so it can time each row from its claim.
+    pub ids: &'a [i64],
     /// How long the claim took.
     pub took: Duration,
 }

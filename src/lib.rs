@@ -196,7 +196,7 @@
 //! | row lock | `FOR UPDATE SKIP LOCKED` | `FOR UPDATE SKIP LOCKED`, `READ COMMITTED` | refused: [`BrokerError::Unsupported`] |
 //! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then one update of the found rows, one transaction | one `UPDATE .. RETURNING` |
 //! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
-//! | FIFO groups ([`Table::fifo`]) | row lock, lease: a transaction-scoped advisory lock on the group | row lock, lease: the group's rows locked `NOWAIT` | lease: one writer at a time |
+//! | FIFO groups ([`Table::fifo`]) | row lock, lease: a transaction-scoped advisory lock on the group; advisory: the group's key held with the delivery | row lock, lease: the group's rows locked `NOWAIT`; advisory: the group's `GET_LOCK` held with the delivery | lease: one writer at a time; advisory: the group's key in the process |
 //!
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
 //! [`BrokerError::ServerTooOld`].

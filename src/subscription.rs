@@ -234,9 +234,6 @@ impl<'a> SubscriptionBuilder<'a> {
         let queue = self.queue?;
         let form = queue.spec.form;
         queue.dialect.check_form(form)?;
-        if queue.spec.fifo {
-            queue.dialect.check_fifo(form)?;
-        }
         // Connection-holding forms: every delivery in flight holds a pooled connection, so
         // `max_in_flight` of them must leave one for publishes, settlements and claims, or a
         // handler that publishes waits out the pool's timeout.

@@ -328,7 +328,9 @@ impl Table {
 
     /// Advisory lock form: rows are held by a database advisory lock on the key `template`
     /// renders from the row, `{column}` standing for a column's value (`{{` and `}}` for braces).
-    /// Rows with equal keys are worked one at a time.
+    /// Rows with equal keys are worked one at a time. With [`Table::fifo`], a template that
+    /// reads only the group column makes the key the group's lock; see there for other
+    /// templates.
     pub fn advisory_lock(mut self, template: impl Into<String>) -> Self {
         self.advisory = Some(template.into());
         self
@@ -402,8 +404,16 @@ impl Table {
     ///   with a publish into it not yet committed, is skipped this round;
     /// - SQLite's one writer makes each claim atomic.
     ///
-    /// Forms: row lock and lease (PostgreSQL, MySQL/MariaDB), lease (SQLite). The advisory
-    /// lock form is refused ([`BrokerError::Unsupported`]): its claim takes rows by key.
+    /// - in the advisory lock form, the row's key is held for the delivery and a claim takes
+    ///   only heads: a key rendered from the group column alone (`"orders-{customer}"`, the
+    ///   natural choice) is the group's lock; any other template gets a second, per-group
+    ///   key (`sqlbroker-fifo:<table>:<group>`) held with the row's, so the key template
+    ///   still serialises what it names while the group keeps its order. A crash ends the
+    ///   session and frees both: the head is claimable again at once.
+    ///
+    /// Forms: every form the database has (row lock, lease and advisory lock on PostgreSQL and
+    /// MySQL/MariaDB; lease and advisory lock on SQLite, whose keys live in the process: one
+    /// process per database file).
     ///
     /// [`Broker::create_table`](crate::Broker::create_table) adds the index the head check
     /// reads: `<table>_group (group, id)` over unfinished rows on PostgreSQL and SQLite (and,
@@ -732,6 +742,15 @@ impl KeyTemplate {
         Ok(KeyTemplate { parts })
     }
 
+    /// True if rows with equal values in user column `col` always render equal keys: the
+    /// template reads no other column. A FIFO group column with this property needs no key
+    /// of its own (form/advisory.rs).
+    pub fn reads_only(&self, col: usize) -> bool {
+        self.parts
+            .iter()
+            .all(|p| !matches!(p, KeyPart::Col(c) if *c != col))
+    }
+
     /// The key of a row whose user columns hold `values`.
     pub fn render(&self, values: &[crate::Value]) -> String {
         let mut out = String::new();
@@ -826,6 +845,18 @@ mod tests {
         assert_eq!(s.group, Some(0));
         assert_eq!(s.columns[0].name, "customer");
         assert!(invalid(&Table::new("o").fifo()).contains("group column"));
+        // A template that reads the group column alone (or no column) covers the group.
+        let reads = |t: &str| {
+            let spec = Table::new("o")
+                .group("customer")
+                .text_column("k")
+                .advisory_lock(t)
+                .validate()
+                .unwrap();
+            spec.key.unwrap().reads_only(spec.group.unwrap())
+        };
+        assert!(reads("o-{customer}") && reads("{customer}/{customer}") && reads("all"));
+        assert!(!reads("o-{k}") && !reads("{customer}-{k}"));
         assert!(invalid(&Table::new("o").max_attempts(0)).contains("at least 1"));
         assert_eq!(
             Table::new("o")

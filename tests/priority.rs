@@ -41,6 +41,61 @@ fn high_priority_goes_first(db: Db, form: Form) {
 }
 per_db_claim_form!(high_priority_goes_first);
 
+/// Rows of equal priority go by due time, not by id: published with delays in an order other
+/// than their ids', then all made due by moving every `run_at` back by the same hour (so their
+/// order stays), they are delivered earliest due first; a lower priority row due before them
+/// all comes last. The advisory form has no priorities: its rows are all of one priority, and
+/// the same due-time order holds. Fails (the order assertion) if the claims' `ORDER BY` drops
+/// `run_at` between the priority and the id.
+fn equal_priorities_go_by_due_time(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    let described = common::describe(&name, form, Duration::from_secs(30));
+    let advisory = form == Form::AdvisoryLock;
+    let t = live.create(if advisory {
+        described
+    } else {
+        described.priorities()
+    });
+    let publish = |body: &str, delay: u64, priority: i16| {
+        let mut m = Message::new(body.as_bytes().to_vec())
+            .set("k", body)
+            .deliver_after(Duration::from_secs(delay));
+        if !advisory {
+            m = m.priority(priority);
+        }
+        live.broker.publish(&t, m).unwrap()
+    };
+    // Ids in publish order: third, first, second by due time.
+    publish("due 30s", 30, 1);
+    publish("due 10s", 10, 1);
+    publish("due 20s", 20, 1);
+    if !advisory {
+        publish("low, due first", 0, 0);
+    }
+    let back = match db {
+        Db::Postgres => "run_at - interval '1 hour'",
+        Db::Mysql => "run_at - INTERVAL 1 HOUR",
+        Db::Sqlite => "run_at - 3600",
+    };
+    live.exec(&format!("UPDATE {} SET run_at = {back}", t.name()));
+    let sub = live.broker.subscription(&t).batch_size(1).start().unwrap();
+    let mut order = Vec::new();
+    let expected: &[&str] = if advisory {
+        &["due 10s", "due 20s", "due 30s"]
+    } else {
+        &["due 10s", "due 20s", "due 30s", "low, due first"]
+    };
+    for _ in 0..expected.len() {
+        let d = common::next(&sub, Duration::from_secs(10));
+        order.push(String::from_utf8(d.payload().to_vec()).unwrap());
+        d.ack().unwrap();
+    }
+    assert_eq!(order, expected, "equal priorities out of due-time order");
+    sub.close();
+}
+per_db_form!(equal_priorities_go_by_due_time);
+
 /// Priority orders the groups' heads, never the rows of one group.
 fn priority_does_not_reorder_a_fifo_group(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };

@@ -141,7 +141,8 @@ pub(crate) struct TableSql {
     /// FIFO claims in several statements (MySQL): see [`FifoSql`].
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub fifo: Option<FifoSql>,
-    /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt.
+    /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt; in a
+    /// FIFO table only if it is still its group's head (MySQL: `(now, id, group, group)`).
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
     pub take: String,
     /// `(id)` -> the row.
@@ -294,20 +295,6 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// Refuses a form the engine cannot do, before any connection is made.
     fn check_form(&self, _form: Form) -> Result<(), BrokerError> {
-        Ok(())
-    }
-
-    /// Refuses FIFO groups in a form whose claim has no group guard on this engine. Default:
-    /// every form but the advisory lock form, whose claim takes rows by key, not by group.
-    fn check_fifo(&self, form: Form) -> Result<(), BrokerError> {
-        if form == Form::AdvisoryLock {
-            return Err(BrokerError::Unsupported {
-                database: self.database(),
-                what: "FIFO groups in the advisory lock form".into(),
-                why: "its claim takes rows by key, not by group; use the lease form (or row lock) \
-                      for FIFO groups",
-            });
-        }
         Ok(())
     }
 
@@ -477,14 +464,16 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         Ok(made.iter().filter_map(|r| r.first()?.as_i64()).collect())
     }
 
-    /// Advisory: takes row `id` if it is still claimable, counting its attempt; returns it.
-    /// Default: `take` returns the row.
+    /// Advisory: takes row `id` if it is still claimable (in a FIFO table: still the head of
+    /// its group, whose value is `group`), counting its attempt; returns it.
+    /// Default: `take` `(now, id)` returns the row.
     fn advisory_take(
         &self,
         conn: &mut dyn DbConn,
         sql: &TableSql,
         now: SystemTime,
         id: i64,
+        _group: Option<&Value>,
     ) -> Result<Option<Vec<Value>>, DbError> {
         Ok(conn
             .query(&sql.take, &[Value::Time(now), Value::Int(id)])?

@@ -82,16 +82,19 @@ impl Syntax {
     /// The advisory claim's candidates, which lock nothing: `claim` `(now, limit)` the first
     /// page, `claim_after` `(now, run_at, id, limit)` the page after the row `(run_at, id)`,
     /// each row `id, run_at, <user columns>` (what a key is rendered from, and the cursor).
-    pub fn advisory_candidates(&self, spec: &TableSpec, sql: &mut TableSql) {
+    /// `head`: a FIFO table's condition that the row aliased `q` is the head of its group
+    /// (it uses no parameter).
+    pub fn advisory_candidates(&self, spec: &TableSpec, sql: &mut TableSql, head: Option<&str>) {
         let (t, id, run_at) = (self.q(&spec.name), self.q(&spec.id), self.q(&spec.run_at));
         let mut cols = format!("{id}, {run_at}");
         for c in &spec.columns {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
-        let head = format!(
-            "SELECT {cols} FROM {t} WHERE {}",
-            self.ready(spec, &self.p(1))
-        );
+        let ready = self.ready(spec, &self.p(1));
+        let head = match head {
+            Some(h) => format!("SELECT {cols} FROM {t} q WHERE {ready} AND {h}"),
+            None => format!("SELECT {cols} FROM {t} WHERE {ready}"),
+        };
         let order = self.order(spec);
         sql.claim = format!("{head} ORDER BY {order} {}", (self.claim_limit)(&self.p(2)));
         sql.claim_after = format!(
@@ -291,9 +294,9 @@ impl Syntax {
     /// FIFO: the conditions that the row aliased `q` is the head of its group (no unfinished
     /// row of the group is older) and, in the lease form, that no row of its group is leased
     /// (a row published earlier but committed after a later one may be the head while the later
-    /// one is in work). `now` is the claim's time parameter. A row whose group is `NULL` is a
-    /// group of its own. Reads the indexes `(group, id)` and `(group, locked_until)` over the
-    /// unfinished rows.
+    /// one is in work). `now` is the claim's time parameter (unused in the other forms). A row
+    /// whose group is `NULL` is a group of its own. Reads the indexes `(group, id)` and
+    /// `(group, locked_until)` over the unfinished rows.
     // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn fifo_head(&self, spec: &TableSpec, group: &str, now: &str) -> String {

@@ -26,6 +26,29 @@
 //!
 //! PostgreSQL advisory locks belong to the session: use a direct connection or a session-mode
 //! pooler. SQLite keys live in the process: two processes on one file may deliver a row twice.
+//!
+//! FIFO groups. A row in work leaves no mark in its row here (no transaction stays open, no
+//! lease is written): what shows it is a key held by a live session. So every row of a group
+//! is worked under one key of the group, which only one session can hold:
+//! 1. Candidates are heads only: rows with no unfinished row of their group older (smaller id).
+//!    A head in work is still unfinished, so the rows behind it are not candidates at all.
+//! 2. The group's key: the row's own key when the template reads no column but the group
+//!    (`"orders-{customer}"`: equal groups render equal keys, so the key *is* the group's
+//!    lock); otherwise a second key, `sqlbroker-fifo:<table>:<group>`, tried first, then the
+//!    row's key. Both are tried without waiting; a group whose key is held elsewhere is
+//!    skipped. A `NULL` group is a group of its own and gets no group key.
+//! 3. The take re-checks, in its one statement under the keys, that the row is still claimable
+//!    and still its group's head: a row of the group committed or requeued after the
+//!    candidates were read, with a smaller id, is taken first next time.
+//! 4. Settlement runs under the keys, then unlocks them (the group key last).
+//!
+//! Why this is safe: whoever works a row of a group holds the group's key from before its take
+//! until after its settlement commits, so two rows of one group are never in work at once, on
+//! any broker or process that shares the keys; and a take only succeeds on the row that is its
+//! group's head at that moment. A row committed out of id order behind a row in work waits for
+//! the key (it may run after that row, never beside it). A crash ends the session, the
+//! database frees both keys, and the head, unfinished with its attempt spent, is the first
+//! row of its group claimed again: the group is never stuck.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -38,7 +61,8 @@ use crate::runtime::{Ctx, PooledConn};
 use crate::schedule::claim_now;
 use crate::Value;
 
-/// A held key: its text, and what holds it.
+/// A held key: the row's key's text, and what holds it (and, in a FIFO table whose template
+/// reads other columns than the group, the group's key).
 pub(crate) struct KeyHold {
     pub key: String,
     holder: Holder,
@@ -48,15 +72,42 @@ pub(crate) struct KeyHold {
 #[allow(clippy::large_enum_variant)]
 enum Holder {
     /// In the process's registry (SQLite); given back when dropped.
-    Process(ProcessKey),
-    /// By a server session: the connection goes with the delivery. `here` marks the key held
-    /// by this broker (none if the previous holder's mark was still being cleared).
+    Process(Vec<ProcessKey>),
+    /// By a server session: the connection goes with the delivery. `names` are the lock names
+    /// held, in the order taken; `here` marks them held by this broker (a key whose previous
+    /// holder's mark was still being cleared has none).
     Session {
         conn: PooledConn,
         keys: SessionKeys,
-        name: String,
-        here: Option<ProcessKey>,
+        names: Vec<String>,
+        here: Vec<ProcessKey>,
     },
+}
+
+/// The prefix of a FIFO group's own key ([`keys_of`]).
+const GROUP_KEY: &str = "sqlbroker-fifo:";
+
+/// The keys a candidate row is taken under, in the order they are tried: in a FIFO table whose
+/// key template reads another column than the group, the group's key first (`NULL` groups
+/// have none), then the row's key. A group key equal to the row's key is taken once.
+fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
+    let spec = ctx.spec();
+    let mut keys = Vec::with_capacity(2);
+    if let (Some(_), Some(col), Some(template)) = (spec.fifo_group(), spec.group, &spec.key) {
+        match user_values.get(col) {
+            None | Some(Value::Null) => {}
+            Some(_) if template.reads_only(col) => {}
+            Some(v) => {
+                let mut key = format!("{GROUP_KEY}{}:", spec.name);
+                v.render_into(&mut key);
+                if key != row_key {
+                    keys.push(key);
+                }
+            }
+        }
+    }
+    keys.push(row_key.to_string());
+    keys
 }
 
 /// The most candidate rows one claim reads. Rows of keys in work stay ready, so a claim pages
@@ -121,16 +172,33 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                 continue;
             };
             after = Some((run_at.clone(), id));
-            let key = template.render(&row[2..]);
-            if !tried.insert(key.clone()) {
+            let user = &row[2..];
+            let key = template.render(user);
+            let keys = keys_of(ctx, &key, user);
+            if keys.iter().any(|k| tried.contains(k)) {
                 continue;
             }
+            let group = q
+                .spec
+                .fifo_group()
+                .and(q.spec.group)
+                .map(|g| user.get(g).unwrap_or(&Value::Null));
             match (&ctx.keys, key_sql(ctx)) {
                 (Some(registry), _) => {
-                    let Some(held) = registry.try_take(&key) else {
+                    let mut held = Vec::with_capacity(keys.len());
+                    for k in &keys {
+                        match registry.try_take(k) {
+                            Some(h) => held.push(h),
+                            None => break,
+                        }
+                    }
+                    if held.len() < keys.len() {
+                        // The key refused is in work here; those taken go back as `held` drops.
+                        tried.insert(keys[held.len()].clone());
                         continue;
-                    };
-                    match take(ctx, &mut *conn, now, id) {
+                    }
+                    tried.extend(keys);
+                    match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
                             let hold = Hold::Advisory(KeyHold {
                                 key,
@@ -141,32 +209,47 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                                 Err(e) => return partial(out, e),
                             }
                         }
-                        // Settled meanwhile: the key goes back as `held` drops.
+                        // Settled meanwhile: the keys go back as `held` drops.
                         Ok(None) => {}
                         Err(e) => return partial(out, e),
                     }
                 }
                 (None, Some(sql)) => {
-                    if q.held_here.is_held(&key) {
+                    if let Some(k) = keys.iter().find(|k| q.held_here.is_held(k)) {
                         // One of this broker's deliveries has it: the server would refuse.
+                        tried.insert(k.clone());
                         continue;
                     }
-                    let name = q.dialect.key_name(&key);
-                    let mut keys = SessionKeys::default();
-                    match keys.lock(&mut *conn, &sql, &name) {
-                        Ok(true) => {}
-                        Ok(false) => continue,
-                        // The session's keys are unknown: it is discarded, never pooled.
-                        Err(e) => return Err(q.err("claim")(e)),
+                    let names: Vec<String> = keys.iter().map(|k| q.dialect.key_name(k)).collect();
+                    let mut session = SessionKeys::default();
+                    let mut taken = 0;
+                    for name in &names {
+                        match session.lock(&mut *conn, &sql, name) {
+                            Ok(true) => taken += 1,
+                            Ok(false) => break,
+                            // The session's keys are unknown: it is discarded, never pooled.
+                            Err(e) => return Err(q.err("claim")(e)),
+                        }
                     }
-                    match take(ctx, &mut *conn, now, id) {
+                    if taken < names.len() {
+                        tried.insert(keys[taken].clone());
+                        if !unlock_all(ctx, &mut *conn, &mut session, &names[..taken]) {
+                            return Ok(Vec::new());
+                        }
+                        continue;
+                    }
+                    tried.extend(keys.iter().cloned());
+                    match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
-                            // The connection holds the key: it goes with the delivery.
-                            let here = q.held_here.try_take(&key);
+                            // The connection holds the keys: it goes with the delivery.
+                            let here = keys
+                                .iter()
+                                .filter_map(|k| q.held_here.try_take(k))
+                                .collect();
                             let holder = Holder::Session {
                                 conn,
-                                keys,
-                                name,
+                                keys: session,
+                                names,
                                 here,
                             };
                             let hold = Hold::Advisory(KeyHold { key, holder });
@@ -175,13 +258,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                                 .map_err(q.err("claim"));
                         }
                         Ok(None) => {
-                            if !keys.unlock(&mut *conn, &sql, &name) {
-                                // The session may still hold the key: it stays marked broken
-                                // and is discarded; this claim ends here.
-                                log::warn!(
-                                    "table {}: unlocking key {key:?} failed; discarding the session",
-                                    q.spec.name
-                                );
+                            if !unlock_all(ctx, &mut *conn, &mut session, &names) {
                                 return Ok(Vec::new());
                             }
                         }
@@ -202,19 +279,39 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
 /// A taken row, and why a value of it could not be read.
 type Taken = (Vec<Value>, Option<String>);
 
-/// Takes row `id` under its key if it is still claimable, counting its attempt.
+/// Takes row `id` under its keys if it is still claimable (FIFO: still the head of `group`),
+/// counting its attempt.
 fn take(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
     now: SystemTime,
     id: i64,
+    group: Option<&Value>,
 ) -> Result<Option<Taken>, DbError> {
     let q = &ctx.queue;
-    let row = q.dialect.advisory_take(conn, &q.sql, now, id)?;
+    let row = q.dialect.advisory_take(conn, &q.sql, now, id, group)?;
     Ok(row.map(|row| (row, unreadable_rows(conn, 1).pop().flatten())))
 }
 
-/// Runs `sql` (`leading` parameters, then the id) under the key, then unlocks it.
+/// Unlocks `names` on the claim's session, the last taken first; false (after a warning) if the
+/// session may still hold one: it stays marked broken, is discarded, and the claim ends.
+fn unlock_all(ctx: &Ctx, conn: &mut dyn DbConn, keys: &mut SessionKeys, names: &[String]) -> bool {
+    let Some(sql) = key_sql(ctx) else {
+        return false;
+    };
+    for name in names.iter().rev() {
+        if !keys.unlock(conn, &sql, name) {
+            log::warn!(
+                "table {}: unlocking key {name:?} failed; discarding the session",
+                ctx.spec().name
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them.
 fn under_key(
     ctx: &Ctx,
     id: i64,
@@ -237,19 +334,11 @@ fn under_key(
         Holder::Session {
             mut conn,
             mut keys,
-            name,
+            names,
             here,
         } => {
             let done = super::transient_retried(|| conn.execute(sql, &params));
-            if let Some(key_sql) = key_sql(ctx) {
-                if !keys.unlock(&mut *conn, &key_sql, &name) {
-                    log::warn!(
-                        "table {}: unlocking key {:?} failed; discarding the session",
-                        q.spec.name,
-                        hold.key
-                    );
-                }
-            }
+            unlock_all(ctx, &mut *conn, &mut keys, &names);
             drop(here);
             done.map(drop).map_err(q.err(op))
         }

@@ -303,6 +303,7 @@ impl Ctx {
             Ok(rows) => events.claimed(&crate::events::ClaimedRows {
                 table,
                 rows: rows.len(),
+                ids: &rows.iter().map(|c| c.id).collect::<Vec<_>>(),
                 took,
             }),
             Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),

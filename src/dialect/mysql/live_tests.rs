@@ -302,7 +302,10 @@ fn advisory_keys_are_per_session_and_take_fetches() {
             Value::Text("k1".into()),
         ],
     );
-    let row = d.advisory_take(&mut *a, &sql, now, id).unwrap().unwrap();
+    let row = d
+        .advisory_take(&mut *a, &sql, now, id, None)
+        .unwrap()
+        .unwrap();
     assert_eq!(
         row,
         [
@@ -318,7 +321,7 @@ fn advisory_keys_are_per_session_and_take_fetches() {
         &[Value::Time(now), Value::Text("r".into()), Value::Int(id)],
     )
     .unwrap();
-    assert_eq!(d.advisory_take(&mut *a, &sql, now, id).unwrap(), None);
+    assert_eq!(d.advisory_take(&mut *a, &sql, now, id, None).unwrap(), None);
 }
 
 #[test]

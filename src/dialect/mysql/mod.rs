@@ -321,8 +321,9 @@ impl Dialect for Mysql {
         sql: &TableSql,
         now: SystemTime,
         id: i64,
+        group: Option<&Value>,
     ) -> Result<Option<Vec<Value>>, DbError> {
-        protocol::advisory_take(conn, sql, now, id)
+        protocol::advisory_take(conn, sql, now, id, group)
     }
 
     fn key_name(&self, key: &str) -> String {

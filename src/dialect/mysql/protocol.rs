@@ -118,15 +118,20 @@ fn fenced_many(
     })
 }
 
-/// `take` has no `RETURNING` here: run it `(now, id)`, and if it matched the row (it always
-/// changes it, counting the attempt), fetch the row as it now is.
+/// `take` has no `RETURNING` here: run it `(now, id)` (FIFO: `(now, id, group, group)`), and if
+/// it matched the row (it always changes it, counting the attempt), fetch the row as it now is.
 pub(super) fn advisory_take(
     conn: &mut dyn DbConn,
     sql: &TableSql,
     now: SystemTime,
     id: i64,
+    group: Option<&Value>,
 ) -> Result<Option<Vec<Value>>, DbError> {
-    if conn.execute(&sql.take, &[Value::Time(now), Value::Int(id)])? == 0 {
+    let mut params = vec![Value::Time(now), Value::Int(id)];
+    if let Some(g) = group {
+        params.extend([g.clone(), g.clone()]);
+    }
+    if conn.execute(&sql.take, &params)? == 0 {
         return Ok(None);
     }
     Ok(conn

@@ -211,8 +211,15 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
                 .collect();
         }
         Form::AdvisoryLock => {
-            s.advisory_candidates(spec, &mut sql);
+            // FIFO: only heads are candidates, and the take checks again, under the keys,
+            // that the row is still its group's head (see form/advisory.rs).
+            let group = spec.fifo_group();
+            let head = group.map(|g| advisory_head(spec, g));
+            s.advisory_candidates(spec, &mut sql, head.as_deref());
             sql.take = format!("UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?");
+            if let Some(g) = group {
+                sql.take.push_str(&advisory_take_head(spec, g));
+            }
             sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
             sql.key_unlock = Some("SELECT RELEASE_LOCK(?)".into());
         }
@@ -306,6 +313,40 @@ fn fifo(spec: &TableSpec, group: &str) -> FifoSql {
         ),
         group_at: crate::dialect::ROW_USER_COLUMNS + spec.group.unwrap_or_default(),
     }
+}
+
+/// Advisory FIFO candidates: the row aliased `q` is its group's head (its smallest unfinished
+/// id, as [`fifo`] reads it), or has no group.
+fn advisory_head(spec: &TableSpec, group: &str) -> String {
+    let s = &SYNTAX;
+    let (t, id, g, dead) = (
+        s.q(&spec.name),
+        s.q(&spec.id),
+        s.q(group),
+        s.q(&spec.dead_at),
+    );
+    format!(
+        "(q.{g} IS NULL OR q.{id} = (SELECT p.{id} FROM {t} p WHERE p.{g} = q.{g} \
+         AND p.{dead} IS NULL ORDER BY p.{id} LIMIT 1))"
+    )
+}
+
+/// Advisory FIFO take, appended to `take`: `(group, group)`, the row is its group's head. MySQL
+/// refuses a subquery on the table an `UPDATE` changes (error 1093) unless it reads a derived
+/// table that is materialised, which its `LIMIT` makes sure of; the group comes as a parameter
+/// since MariaDB and MySQL before 8.0.14 have no correlated derived tables.
+fn advisory_take_head(spec: &TableSpec, group: &str) -> String {
+    let s = &SYNTAX;
+    let (t, id, g, dead) = (
+        s.q(&spec.name),
+        s.q(&spec.id),
+        s.q(group),
+        s.q(&spec.dead_at),
+    );
+    format!(
+        " AND (? IS NULL OR {id} = (SELECT h.{id} FROM (SELECT p.{id} FROM {t} p \
+         WHERE p.{g} = ? AND p.{dead} IS NULL ORDER BY p.{id} LIMIT 1) h))"
+    )
 }
 
 /// `(table name)` -> `(column name, type)` of the table's columns (the schema check). A text
@@ -581,6 +622,49 @@ mod tests {
             ack_many_sql(&spec, 2),
             "DELETE FROM `thumbs` WHERE `id` IN (?, ?)"
         );
+    }
+
+    /// Advisory FIFO: candidates are heads (the group's smallest unfinished id, or no group);
+    /// the take checks the head again through a derived table that its `LIMIT` materialises
+    /// (MySQL 8 refuses a subquery on the updated table otherwise: error 1093), the group
+    /// bound twice after `(now, id)`.
+    #[test]
+    fn advisory_fifo_sql() {
+        let sql = compile(
+            Table::new("orders")
+                .group("customer")
+                .fifo()
+                .advisory_lock("orders-{customer}"),
+        );
+        let head = "(q.`customer` IS NULL OR q.`id` = (SELECT p.`id` FROM `orders` p \
+                    WHERE p.`customer` = q.`customer` AND p.`dead_at` IS NULL ORDER BY p.`id` LIMIT 1))";
+        assert_eq!(
+            sql.claim,
+            format!(
+                "SELECT `id`, `run_at`, `customer` FROM `orders` q WHERE `dead_at` IS NULL AND `run_at` <= ? \
+                 AND {head} ORDER BY `run_at`, `id` LIMIT ?"
+            )
+        );
+        assert_eq!(
+            sql.claim_after,
+            format!(
+                "SELECT `id`, `run_at`, `customer` FROM `orders` q WHERE `dead_at` IS NULL AND `run_at` <= ? \
+                 AND {head} AND (`run_at`, `id`) > (?, ?) ORDER BY `run_at`, `id` LIMIT ?"
+            )
+        );
+        assert_eq!(
+            sql.take,
+            "UPDATE `orders` SET `attempts` = `attempts` + 1 WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` = ? \
+             AND (? IS NULL OR `id` = (SELECT h.`id` FROM (SELECT p.`id` FROM `orders` p \
+             WHERE p.`customer` = ? AND p.`dead_at` IS NULL ORDER BY p.`id` LIMIT 1) h))"
+        );
+        // The statements without FIFO stay as they were.
+        let plain = compile(
+            Table::new("orders")
+                .text_column("customer")
+                .advisory_lock("{customer}"),
+        );
+        assert!(!plain.claim.contains(" q ") && !plain.take.contains("SELECT"));
     }
 
     #[test]

@@ -121,11 +121,20 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
                 })
                 .collect();
         }
-        (Form::AdvisoryLock, _) => {
-            s.advisory_candidates(spec, &mut sql);
-            sql.take = format!(
-                "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = $2 RETURNING {row}"
-            );
+        (Form::AdvisoryLock, group) => {
+            // FIFO: only heads are candidates, and the take checks again, under the keys,
+            // that the row is still its group's head (see form/advisory.rs).
+            let head = group.map(|g| s.fifo_head(spec, g, "$1"));
+            s.advisory_candidates(spec, &mut sql, head.as_deref());
+            sql.take = match &head {
+                Some(head) => format!(
+                    "UPDATE {t} AS q SET {att} = q.{att} + 1 WHERE {ready} AND q.{id} = $2 \
+                     AND {head} RETURNING {row}"
+                ),
+                None => format!(
+                    "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = $2 RETURNING {row}"
+                ),
+            };
             sql.key_lock = Some("SELECT pg_try_advisory_lock(hashtextextended($1, 0))::int".into());
             sql.key_unlock = Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int".into());
         }

@@ -77,10 +77,19 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             ));
         }
         Form::AdvisoryLock => {
-            s.advisory_candidates(spec, &mut sql);
-            sql.take = format!(
-                "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?2 RETURNING {row}"
-            );
+            // FIFO: only heads are candidates, and the take checks again, under the keys,
+            // that the row is still its group's head (see form/advisory.rs).
+            let head = spec.fifo_group().map(|g| s.fifo_head(spec, g, "?1"));
+            s.advisory_candidates(spec, &mut sql, head.as_deref());
+            sql.take = match &head {
+                Some(head) => format!(
+                    "UPDATE {t} AS q SET {att} = q.{att} + 1 WHERE {ready} AND q.{id} = ?2 \
+                     AND {head} RETURNING {row}"
+                ),
+                None => format!(
+                    "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = ?2 RETURNING {row}"
+                ),
+            };
         }
     }
     sql
