@@ -244,6 +244,8 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (nightly, `--cfg docsrs`): label each feature-gated item with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod broker;
 mod delivery;
