@@ -1155,10 +1155,10 @@ mod my {
                 let slots = rows.len().next_power_of_two();
                 let mut params = vec![token.clone()];
                 params.extend(rows.iter().map(|r| mysql::Value::Int(r.0)));
-                params.extend(
-                    std::iter::repeat(mysql::Value::Int(rows[rows.len() - 1].0))
-                        .take(slots - rows.len()),
-                );
+                params.extend(std::iter::repeat_n(
+                    mysql::Value::Int(rows[rows.len() - 1].0),
+                    slots - rows.len(),
+                ));
                 conn.exec_drop(
                     &sql.lease_mark[slots.trailing_zeros() as usize],
                     Params::Positional(params),

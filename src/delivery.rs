@@ -245,7 +245,7 @@ impl Delivery {
     /// until it times out (their rows are held until settled).
     pub fn lease_held(&self) -> bool {
         let now = SystemTime::now();
-        !self.timed_out() && self.lease_deadline().map_or(true, |until| until > now)
+        !self.timed_out() && self.lease_deadline().is_none_or(|until| until > now)
     }
 
     /// Lease form: pushes the lease's deadline to at least `by` from now (whole seconds,
@@ -584,10 +584,7 @@ impl Expiry {
         let (ctx, held) = (self.ctx.upgrade()?, self.held.upgrade()?);
         held.timed_out.store(true, Ordering::Release);
         let Some(mut slot) = held.hold.try_lock() else {
-            if self
-                .cancelled
-                .map_or(true, |at| at.elapsed() >= CANCEL_EVERY)
-            {
+            if self.cancelled.is_none_or(|at| at.elapsed() >= CANCEL_EVERY) {
                 self.cancelled = Some(Instant::now());
                 cancel(&ctx, &held);
             }

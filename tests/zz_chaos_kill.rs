@@ -831,7 +831,7 @@ fn check(
                 let released_after = has(s1.child, Kind::Acking, s1.id)
                     .map(|a| a.micros)
                     .or_else(|| killed_at(s1.child));
-                if !released_after.is_some_and(|at| at < s2.micros) {
+                if released_after.is_none_or(|at| at >= s2.micros) {
                     failures.push(format!(
                         "key {key:?} held twice at once: {s1} ({:?}) then {s2} before it was \
                          released",

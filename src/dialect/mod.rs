@@ -563,7 +563,10 @@ pub(crate) fn size_class(n: usize) -> usize {
 pub(crate) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
     let last = ids.last().copied().unwrap_or_default();
     out.extend(ids.iter().map(|id| Value::Int(*id)));
-    out.extend(std::iter::repeat_n(Value::Int(last), slots.saturating_sub(ids.len())));
+    out.extend(std::iter::repeat_n(
+        Value::Int(last),
+        slots.saturating_sub(ids.len()),
+    ));
 }
 
 /// Runs the statement `sql(slots)` over `held` `(id, token)` pairs as parameters, padded to a
