@@ -457,11 +457,11 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE `emails` SET `run_at` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+            "UPDATE `emails` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `emails` SET `dead_at` = ?, `dead_reason` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+            "UPDATE `emails` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
         );
         assert_eq!(
             sql.insert_one,
@@ -477,7 +477,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_list,
-            "SELECT `id`, `attempts`, `payload`, `dead_at`, `dead_reason`, `to` FROM `emails` \
+            "SELECT `id`, `attempts`, `payload`, `dead_at`, `dead_reason`, `last_error`, `errors`, `to` FROM `emails` \
              WHERE `dead_at` IS NOT NULL ORDER BY `dead_at`, `id` LIMIT ?"
         );
         assert_eq!(
@@ -537,11 +537,11 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE `thumbs` SET `run_at` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+            "UPDATE `thumbs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+            "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.unclaim,
@@ -549,7 +549,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `attempts` = 0, `run_at` = ? \
+            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `cancel_requested` = 0, `attempts` = 0, `run_at` = ? \
              WHERE `id` = ? AND `dead_at` IS NOT NULL"
         );
         let spec = Table::new("thumbs")
@@ -603,11 +603,11 @@ mod tests {
         assert_eq!(sql.ack, "DELETE FROM `payments` WHERE `id` = ?");
         assert_eq!(
             sql.retry,
-            "UPDATE `payments` SET `run_at` = ? WHERE `id` = ?"
+            "UPDATE `payments` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `payments` SET `dead_at` = ?, `dead_reason` = ? WHERE `id` = ?"
+            "UPDATE `payments` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ? WHERE `id` = ?"
         );
         assert_eq!(sql.key_lock.as_deref(), Some("SELECT GET_LOCK(?, 0)"));
         assert_eq!(sql.key_unlock.as_deref(), Some("SELECT RELEASE_LOCK(?)"));
@@ -631,6 +631,8 @@ mod tests {
                  `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
                  `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `locked_until` DATETIME NULL, \
                  `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, \
+                 `last_error` MEDIUMTEXT NULL, `errors` INT NOT NULL DEFAULT 0, \
+                 `cancel_requested` INT NOT NULL DEFAULT 0, \
                  `k` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin NULL, `n` BIGINT NULL, \
                  `f` DOUBLE NULL, `b` LONGBLOB NULL, INDEX `jobs_ready` (`dead_at`, `run_at`, `id`)) \
                  ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -798,7 +800,8 @@ mod tests {
                     "CREATE TABLE IF NOT EXISTS `mails` (`id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
                      `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
                      `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `dead_at` DATETIME NULL, \
-                     `dead_reason` MEDIUMTEXT NULL, \
+                     `dead_reason` MEDIUMTEXT NULL, `last_error` MEDIUMTEXT NULL, \
+                     `errors` INT NOT NULL DEFAULT 0, \
                      `dedup_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL, \
                      INDEX `mails_ready` (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`)) \
                      ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"

@@ -185,12 +185,12 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE \"jobs\" SET \"run_at\" = ?1, \"locked_until\" = NULL WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
+            "UPDATE \"jobs\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END, \"locked_until\" = NULL WHERE \"id\" = ?4 AND \"locked_until\" = ?5"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"locked_until\" = NULL \
-             WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+            "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"last_error\" = COALESCE(?3, \"last_error\"), \"errors\" = \"errors\" + ?4, \"locked_until\" = NULL \
+             WHERE \"id\" = ?5 AND \"locked_until\" = ?6"
         );
         assert_eq!(
             sql.extend,
@@ -207,17 +207,17 @@ mod tests {
         );
         assert_eq!(
             sql.dead_list,
-            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"k\" FROM \"jobs\" \
              WHERE \"dead_at\" IS NOT NULL ORDER BY \"dead_at\", \"id\" LIMIT ?1"
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"cancel_requested\" = 0, \"attempts\" = 0, \"run_at\" = ?1 \
              WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
         );
         assert_eq!(
             sql.dead_page,
-            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"k\" FROM \"jobs\" \
              WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT ?2"
         );
         assert_eq!(
@@ -226,7 +226,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue_range,
-            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"cancel_requested\" = 0, \"attempts\" = 0, \
              \"run_at\" = ?1 WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?2 AND \"id\" <= ?3"
         );
         assert_eq!(
@@ -268,7 +268,7 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2"
+            "UPDATE \"pay\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = ?4"
         );
         assert!(sql.key_lock.is_none());
     }
@@ -308,7 +308,7 @@ mod tests {
             [
                 "CREATE TABLE IF NOT EXISTS \"jobs\" (\"id\" INTEGER PRIMARY KEY AUTOINCREMENT, \"payload\" BLOB NOT NULL, \
                  \"attempts\" INTEGER NOT NULL DEFAULT 0, \"run_at\" INTEGER NOT NULL, \"locked_until\" INTEGER, \
-                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"n\" INTEGER)",
+                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"n\" INTEGER)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
             ]
         );
@@ -365,11 +365,11 @@ mod tests {
         // Dead-lettering frees the key.
         assert_eq!(
             sql.dead,
-            "UPDATE \"mails\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"dedup_key\" = NULL, \
-             \"locked_until\" = NULL WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+            "UPDATE \"mails\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"last_error\" = COALESCE(?3, \"last_error\"), \"errors\" = \"errors\" + ?4, \"dedup_key\" = NULL, \
+             \"locked_until\" = NULL WHERE \"id\" = ?5 AND \"locked_until\" = ?6"
         );
         let ddl = create_table(&spec);
-        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"dedup_key\" TEXT)"));
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"dedup_key\" TEXT)"));
         assert_eq!(
             ddl[2],
             "CREATE UNIQUE INDEX IF NOT EXISTS \"mails_dedup\" ON \"mails\" (\"dedup_key\")"
