@@ -875,4 +875,70 @@ mod tests {
             .claim
             .contains("ORDER BY `priority` DESC, `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"));
     }
+
+    /// Job lookup and cancel, pinned per form: the lookup's columns, the in-flight page, the
+    /// removal (deleted, or kept completed and cancelled), the lease and advisory requests,
+    /// the row lock's wait and probe, and a retry that ends a cancelled row.
+    #[test]
+    fn jobs_and_cancel_sql() {
+        let tables = [
+            Table::new("jobs")
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+            Table::new("pay").text_column("k").advisory_lock("a-{k}"),
+            Table::new("rows")
+                .text_column("k")
+                .keep_completed(Duration::from_secs(60)),
+        ];
+        let want: [[&str; 8]; 3] = [
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `locked_until` > ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "DELETE FROM `jobs` WHERE `id` = ? AND (`locked_until` IS NULL OR `locked_until` <= ?)",
+                "UPDATE `jobs` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL AND `locked_until` > ?",
+                "",
+                "",
+                "",
+                "UPDATE `jobs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?",
+            ],
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "DELETE FROM `pay` WHERE `id` = ?",
+                "UPDATE `pay` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL",
+                "UPDATE `pay` SET `cancel_requested` = 0 WHERE `id` = ?",
+                "",
+                "",
+                "UPDATE `pay` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?",
+            ],
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "UPDATE `rows` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), `dead_reason` = 'cancelled' WHERE `id` = ? AND `completed_at` IS NULL",
+                "",
+                "",
+                "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE",
+                "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE SKIP LOCKED",
+                "UPDATE `rows` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?",
+            ],
+        ];
+        for (t, want) in tables.into_iter().zip(want) {
+            let sql = compile(t);
+            let page = sql.jobs_page[2]
+                .as_ref()
+                .map(|p| p.0.clone())
+                .unwrap_or_default();
+            let got = [
+                sql.job.as_str(),
+                page.as_str(),
+                &sql.cancel_remove,
+                &sql.cancel_mark,
+                &sql.cancel_unmark,
+                &sql.cancel_lock,
+                &sql.probe_lock,
+                &sql.retry,
+            ];
+            assert_eq!(got, want);
+        }
+    }
 }
