@@ -622,6 +622,10 @@ pub struct DeadLetter {
     pub dead_at: SystemTime,
     /// The reason given to [`Delivery::dead_letter`](crate::Delivery::dead_letter).
     pub reason: String,
+    /// The text of the row's last failure, if it had one ([`Job::last_error`](crate::Job::last_error)).
+    pub last_error: Option<String>,
+    /// Failures the row recorded ([`Job::errors`](crate::Job::errors)).
+    pub errors: u32,
     /// The table's own columns, by name.
     pub values: Vec<(String, Value)>,
 }
@@ -647,6 +651,15 @@ pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLett
                 Some(Value::Text(s)) => s,
                 _ => String::new(),
             };
+            let last_error = match it.next() {
+                Some(Value::Text(s)) => Some(s),
+                _ => None,
+            };
+            let errors = it
+                .next()
+                .and_then(|v| v.as_i64())
+                .unwrap_or_default()
+                .clamp(0, u32::MAX as i64) as u32;
             let values = names.iter().cloned().zip(it).collect();
             DeadLetter {
                 id,
@@ -654,6 +667,8 @@ pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLett
                 payload,
                 dead_at,
                 reason,
+                last_error,
+                errors,
                 values,
             }
         })
@@ -661,6 +676,13 @@ pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLett
 }
 
 impl DeadLetter {
+    /// The text of the row's last failure (at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX)
+    /// characters), if it failed before it was dead-lettered: the reason says why it ended,
+    /// this what went wrong last.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
     /// The value of a column of the table's description.
     pub fn get(&self, column: &str) -> Option<&Value> {
         self.values

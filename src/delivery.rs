@@ -15,6 +15,11 @@ use crate::runtime::Ctx;
 use crate::schedule::{drop_delay, due_at};
 use crate::{Result, Value};
 
+/// The error a delivery dropped unsettled leaves on its row (and, on its last attempt, in
+/// its dead-letter reason: "attempt N of max_attempts M failed: <this>").
+const DROPPED: &str =
+    "the delivery was dropped unsettled (a panic, or a handler that did not settle it)";
+
 /// How often a handler timeout looks again at a delivery whose handler is busy on it (inside
 /// `in_delivery`), and how often it cancels the statement running there.
 const BUSY_RECHECK: Duration = Duration::from_millis(100);
@@ -230,6 +235,27 @@ impl Delivery {
             return Err(self.timeout_error());
         }
         Ok(out)
+    }
+
+    /// Whether [`Broker::cancel`](crate::Broker::cancel) asked that this job not run again:
+    /// then any end but an ack is its last (a retry or failure finishes it as cancelled), so
+    /// a handler may stop early. Reads the row (one statement, only when called; the lease
+    /// renewal does not carry it). Lease and advisory lock forms; the row lock form's row
+    /// cannot be marked while its delivery holds it: `Ok(false)` there, without a statement.
+    pub fn cancel_requested(&self) -> Result<bool> {
+        let q = &self.ctx.queue;
+        if q.spec.form == crate::table::Form::RowLock {
+            return Ok(false);
+        }
+        let rows = q.retrying("cancel requested", |conn| {
+            conn.query(&q.sql.job, &[Value::Int(self.id)])
+        })?;
+        // `job` columns: the cancel request is the eleventh.
+        Ok(rows
+            .first()
+            .and_then(|r| r.get(10))
+            .and_then(Value::as_i64)
+            .is_some_and(|v| v != 0))
     }
 
     /// Lease form: the deadline the delivery's lease holds as far as this process knows (it
@@ -462,7 +488,7 @@ impl Delivery {
 /// Settles `hold` and wakes the claimers if the row went back into the queue; tells the
 /// application's hooks.
 fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
-    let returned = !matches!(outcome, Outcome::Ack | Outcome::Dead(_));
+    let returned = outcome.returns();
     let (started, kind) = (Instant::now(), outcome.op());
     #[cfg(feature = "tracing")]
     let _span = tracing::debug_span!(
@@ -473,9 +499,9 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
         outcome = kind
     )
     .entered();
-    let reason = match (&ctx.events, &outcome) {
-        (Some(_), Outcome::Dead(reason)) => Some(reason.clone()),
-        _ => None,
+    let reason = match &ctx.events {
+        Some(_) => outcome.dead_reason().map(str::to_string),
+        None => None,
     };
     let r = form::settle(ctx, row.id, hold, outcome, within);
     if returned {
@@ -518,10 +544,20 @@ fn retry_or_dead(ctx: &Ctx, attempt: u32, delay: Duration, what: &str) -> Outcom
     }
 }
 
+/// A failed attempt, retried after `delay` (or dead-lettered on the table's last attempt),
+/// its `error` kept on the row as its last error.
+fn failed_after(ctx: &Ctx, attempt: u32, delay: Duration, error: String) -> Outcome {
+    match retry_or_dead(ctx, attempt, delay, &format!("failed: {error}")) {
+        Outcome::Retry(at) => Outcome::Failed(at, error),
+        Outcome::Dead(reason) => Outcome::DeadFailed(reason, error),
+        other => other,
+    }
+}
+
 /// A failed attempt by the subscription's retry policy.
 fn failure(ctx: &Ctx, attempt: u32, error: &dyn std::fmt::Display) -> Outcome {
     let delay = ctx.opts.retry.delay(attempt);
-    retry_or_dead(ctx, attempt, delay, &format!("failed: {error}"))
+    failed_after(ctx, attempt, delay, error.to_string())
 }
 
 /// The failure a handler timeout writes.
@@ -598,9 +634,10 @@ impl Expiry {
         log::warn!(
             "table {table}: row {id}: the handler ran past its timeout of {:?}; {}",
             self.limit,
-            match &outcome {
-                Outcome::Dead(_) => "dead-lettered",
-                _ => "failed, to be retried",
+            if outcome.returns() {
+                "failed, to be retried"
+            } else {
+                "dead-lettered"
             }
         );
         let within = ctx.queue.pool.connection_timeout();
@@ -645,8 +682,9 @@ impl Drop for Delivery {
     fn drop(&mut self) {
         if let (Some(hold), _) = self.take() {
             if self.handed_out {
-                let what = "was dropped unsettled";
-                let outcome = self.retry_outcome(drop_delay(self.attempt), what);
+                let error = DROPPED.to_string();
+                let outcome =
+                    failed_after(&self.ctx, self.attempt, drop_delay(self.attempt), error);
                 if let Err(e) = settle_hold(&self.ctx, &self.row(), hold, outcome, DROP_WAIT) {
                     log::warn!(
                         "table {}: row {} was dropped unsettled: {e}",

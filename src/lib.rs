@@ -253,6 +253,7 @@ mod dialect;
 mod error;
 mod events;
 mod form;
+mod jobs;
 #[cfg(feature = "serde")]
 mod json;
 mod keys;
@@ -279,6 +280,7 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
+pub use jobs::{Job, JobState, LAST_ERROR_MAX};
 pub use message::Message;
 pub use ops::{Completed, QueueStats};
 #[cfg(feature = "cron")]

@@ -72,9 +72,18 @@ pub enum Role {
     Priority,
     /// When the row was acked, tables with [`Table::keep_completed`] only (`completed_at`).
     CompletedAt,
+    /// The text of the row's last failure (`last_error`, `NULL` until one): what
+    /// [`Delivery::fail`](crate::Delivery::fail), a handler timeout or a dropped delivery
+    /// reported, at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX) characters.
+    LastError,
+    /// How many failures the row has recorded (`errors`, integer, 0 at first).
+    Errors,
+    /// Lease and advisory forms: [`Broker::cancel`](crate::Broker::cancel) asked for the row
+    /// in work not to run again (`cancel_requested`, integer, 0 or 1).
+    CancelRequested,
 }
 
-const ROLES: [Role; 10] = [
+const ROLES: [Role; 13] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -85,6 +94,9 @@ const ROLES: [Role; 10] = [
     Role::DedupKey,
     Role::Priority,
     Role::CompletedAt,
+    Role::LastError,
+    Role::Errors,
+    Role::CancelRequested,
 ];
 
 impl Role {
@@ -101,6 +113,9 @@ impl Role {
             Role::DedupKey => "dedup_key",
             Role::Priority => "priority",
             Role::CompletedAt => "completed_at",
+            Role::LastError => "last_error",
+            Role::Errors => "errors",
+            Role::CancelRequested => "cancel_requested",
         }
     }
 
@@ -181,7 +196,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 10],
+    renames: [Option<String>; 13],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -511,6 +526,7 @@ impl Table {
                 || (*role == Role::DedupKey && !self.dedup)
                 || (*role == Role::Priority && !self.priorities)
                 || (*role == Role::CompletedAt && self.keep_completed.is_none())
+                || (*role == Role::CancelRequested && form == Form::RowLock)
             {
                 continue;
             }
@@ -566,6 +582,9 @@ impl Table {
             dedup_key: self.dedup.then(|| roles[7].clone()),
             priority: self.priorities.then(|| roles[8].clone()),
             completed_at: self.keep_completed.map(|_| roles[9].clone()),
+            last_error: roles[10].clone(),
+            errors: roles[11].clone(),
+            cancel_requested: roles[12].clone(),
             retention_secs: self
                 .keep_completed
                 .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
@@ -630,6 +649,12 @@ pub(crate) struct TableSpec {
     pub priority: Option<String>,
     /// The completion time column, tables with [`Table::keep_completed`] only.
     pub completed_at: Option<String>,
+    /// The last failure's text.
+    pub last_error: String,
+    /// The count of failures.
+    pub errors: String,
+    /// The cancel request of a row in work (lease, advisory lock).
+    pub cancel_requested: String,
     /// How long completed rows are kept (tables with [`Table::keep_completed`]).
     pub retention_secs: u64,
     pub columns: Vec<Column>,
@@ -958,7 +983,9 @@ mod tests {
             let mut names: Vec<String> = roles
                 .into_iter()
                 .enumerate()
-                .filter(|(i, _)| lease || ROLES[*i] != Role::LockedUntil)
+                .filter(|(i, _)| {
+                    lease || !matches!(ROLES[*i], Role::LockedUntil | Role::CancelRequested)
+                })
                 // No table here has dedup keys, priorities or kept completed rows: their roles
                 // are not checked.
                 .filter(|(i, _)| {

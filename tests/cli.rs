@@ -491,3 +491,98 @@ fn postgres_cli_publish_is_announced_before_exit() {
         .expect("no notification of the tool's publish");
     assert_eq!(got.channel(), format!("sqlbroker_{name}"));
 }
+
+/// `job` prints a job's state, failures and last error (text and `--json`), `cancel` removes
+/// a queued job (exit 1 for one already gone), and `dead list` shows the last error.
+fn job_cancel_and_last_errors(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli");
+    let table = l.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let desc = ["--table", name.as_str(), "--lease", "30", "--column", "k"];
+    let args = |head: &[&str], tail: &[&str]| -> Vec<String> {
+        head.iter()
+            .chain(desc.iter())
+            .chain(tail.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run_args = |head: &[&str], tail: &[&str]| {
+        let a = args(head, tail);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        run(Some(&url), &a, "")
+    };
+    let failing = l
+        .broker
+        .publish(&table, common::msg("failing", "x"))
+        .unwrap();
+    let queued = l
+        .broker
+        .publish(&table, common::msg("queued", "y"))
+        .unwrap();
+    let sub = l
+        .broker
+        .subscription(&table)
+        .batch_size(1)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), failing);
+    d.fail("disk full").unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+
+    let id = failing.to_string();
+    let o = run_args(&["job"], &[&id]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    // Fails if `job` does not show the error history.
+    for line in [
+        "state: scheduled",
+        "errors: 1",
+        "last_error: disk full",
+        "k: x",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    }
+    let o = run_args(&["job"], &[&id, "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert_eq!(json["id"], failing);
+    assert_eq!(json["state"], "scheduled");
+    assert_eq!(json["errors"], 1);
+    assert_eq!(json["last_error"], "disk full");
+    assert_eq!(json["values"]["k"], "x");
+
+    let q = queued.to_string();
+    let o = run_args(&["cancel"], &[&q]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), format!("cancelled job {queued}"));
+    assert!(l.broker.job(&table, queued).unwrap().is_none());
+    // Gone now: exit 1, with the reason.
+    let o = run_args(&["cancel"], &[&q]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no live or dead job"), "{}", stderr(&o));
+    let o = run_args(&["job"], &[&q]);
+    assert_eq!(o.status.code(), Some(1));
+
+    // Dead-lettered after its failure: `dead list` shows the reason and the last error.
+    l.exec(&format!(
+        "UPDATE {name} SET dead_at = run_at, dead_reason = 'gave up' WHERE id = {failing}"
+    ));
+    let o = run_args(&["dead", "list"], &[]);
+    let text = stdout(&o);
+    assert!(text.contains("LAST_ERROR"), "{text}");
+    let row = text
+        .lines()
+        .find(|r| r.starts_with(&id))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("gave up") && row.contains("disk full"),
+        "{row}"
+    );
+}
+per_db!(job_cancel_and_last_errors);

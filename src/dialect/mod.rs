@@ -149,11 +149,15 @@ pub(crate) struct TableSql {
     pub fetch: String,
     /// Row lock, advisory: `(id)`; lease: `(id, token)`. Deletes the row.
     pub ack: String,
-    /// Row lock: `(run_at, id)`, counting the attempt; advisory: `(run_at, id)`;
-    /// lease: `(run_at, id, token)`, clearing the lease.
+    /// Row lock: `(run_at, error, failures, id)`, counting the attempt; advisory: `(run_at,
+    /// error, failures, id)`; lease: `(run_at, error, failures, id, token)`, clearing the
+    /// lease. `error` (text, or `NULL` to keep the last one) goes to `last_error`, `failures`
+    /// (0 or 1) is added to `errors`. Lease and advisory: a row whose cancel was requested is
+    /// finished as cancelled instead ([`shared::Syntax::cancelled_case`]).
     pub retry: String,
-    /// Row lock: `(now, reason, id)`, counting the attempt; advisory: `(now, reason, id)`;
-    /// lease: `(now, reason, id, token)`, clearing the lease.
+    /// Row lock: `(now, reason, error, failures, id)`, counting the attempt; advisory: `(now,
+    /// reason, error, failures, id)`; lease: `(now, reason, error, failures, id, token)`,
+    /// clearing the lease.
     pub dead: String,
     /// Hands back a row no handler saw, giving back the attempt its claim counted. Lease:
     /// `(id, token)`, clearing the lease; advisory: `(id)`, run under the row's key.
@@ -170,7 +174,8 @@ pub(crate) struct TableSql {
     /// Tables with dedup keys, where the database has `ON CONFLICT`: `insert_one` that skips a
     /// row whose key is held, returning the new id if it made one.
     pub insert_dedup_one: String,
-    /// `(limit)` -> `id, attempts, payload, dead_at, dead_reason, <user columns>`, oldest first.
+    /// `(limit)` -> `id, attempts, payload, dead_at, dead_reason, last_error, errors, <user
+    /// columns>`, oldest first.
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
@@ -210,6 +215,27 @@ pub(crate) struct TableSql {
     /// Tables that keep completed rows: `(cutoff, after, upto)` deletes the rows completed
     /// before `cutoff` with ids in `(after, upto]`.
     pub completed_prune_range: String,
+    /// `(id)` -> the row in the [`shared::Syntax::job_columns`] layout.
+    pub job: String,
+    /// Per job state (scheduled, ready, in flight, dead, completed; `None`: no such rows in
+    /// this table), `(now x n, after, limit)` -> the `job` columns of the rows in that state
+    /// with ids above `after`, by id; and `n`. Row lock and advisory forms: in flight reads
+    /// the ready rows (their work leaves no mark in the row).
+    pub jobs_page: Vec<Option<(String, usize)>>,
+    /// Cancel of a row not in work: `(id)`, lease `(id, now)`: deletes it or, on a table that
+    /// keeps completed rows, keeps it completed and cancelled; a completed row, or a leased
+    /// one, is left alone.
+    pub cancel_remove: String,
+    /// Lease `(id, now)`: marks a live, leased row's cancel request; advisory `(id)`: a live
+    /// row's. Empty in the row lock form.
+    pub cancel_mark: String,
+    /// Advisory `(id)`: withdraws a cancel request (a cancel that could not finish).
+    pub cancel_unmark: String,
+    /// Row lock `(id)` -> the row, locked, waiting for the delivery that holds it.
+    pub cancel_lock: String,
+    /// Row lock `(id)` -> the row if no other session has it locked, locked (a probe, rolled
+    /// back at once).
+    pub probe_lock: String,
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups

@@ -8,6 +8,11 @@ use crate::dialect::TableSql;
 use crate::schema::{family, ColumnDef, Family};
 use crate::table::{ColumnType, Form, TableSpec};
 
+/// The dead-letter reason of a job cancelled ([`Broker::cancel`](crate::Broker::cancel)): a
+/// row kept as completed and cancelled, or a row in work whose retry the request turned into
+/// its end.
+pub(crate) const CANCELLED: &str = "cancelled";
+
 /// The column types a database's `CREATE TABLE` uses for each role and user column type.
 pub(crate) struct ColumnTypes {
     pub id: &'static str,
@@ -222,6 +227,12 @@ impl Syntax {
         }
         cols.push(def(&spec.dead_at, ty.time));
         cols.push(def(&spec.dead_reason, ty.reason));
+        // Error history and cancel requests: nullable or defaulted, so `migrate` adds them.
+        cols.push(def(&spec.last_error, ty.reason));
+        cols.push(def(&spec.errors, ty.attempts));
+        if spec.form != Form::RowLock {
+            cols.push(def(&spec.cancel_requested, ty.attempts));
+        }
         if let Some(p) = &spec.priority {
             cols.push(def(p, ty.priority));
         }
@@ -347,6 +358,150 @@ impl Syntax {
         Some(set)
     }
 
+    /// The `SET` items by which a retry of a row whose cancel was requested
+    /// ([`TableSql::cancel_mark`]) finishes it instead, at the server's time: dead-lettered
+    /// with the reason [`CANCELLED`] and, on a table that keeps completed rows, completed too
+    /// (its dedup key freed). A row with no request keeps every value. Lease and advisory
+    /// forms (a row lock's row cannot be marked while it is in work).
+    pub fn cancelled_case(&self, spec: &TableSpec) -> String {
+        let cr = self.q(&spec.cancel_requested);
+        let now = self.now;
+        let when = |col: &str, then: &str| {
+            let col = self.q(col);
+            format!("{col} = CASE WHEN {cr} <> 0 THEN {then} ELSE {col} END")
+        };
+        let mut items = vec![
+            when(&spec.dead_at, now),
+            when(&spec.dead_reason, &format!("'{CANCELLED}'")),
+        ];
+        if let Some(c) = &spec.completed_at {
+            items.push(when(c, now));
+        }
+        if let Some(k) = &spec.dedup_key {
+            items.push(when(k, "NULL"));
+        }
+        items.join(", ")
+    }
+
+    /// The columns of a job as [`TableSql::job`] returns them: `id, attempts, payload,
+    /// run_at, dead_at, dead_reason, last_error, errors, locked_until (NULL outside the lease
+    /// form), completed_at (NULL on a table that does not keep completed rows),
+    /// cancel_requested (0 in the row lock form), <user columns>`.
+    pub fn job_columns(&self, spec: &TableSpec, prefix: &str) -> String {
+        let q = |c: &str| format!("{prefix}{}", self.q(c));
+        let mut cols = vec![
+            q(&spec.id),
+            q(&spec.attempts),
+            q(&spec.payload),
+            q(&spec.run_at),
+            q(&spec.dead_at),
+            q(&spec.dead_reason),
+            q(&spec.last_error),
+            q(&spec.errors),
+            if spec.form == Form::Lease {
+                q(&spec.locked_until)
+            } else {
+                "NULL".into()
+            },
+            spec.completed_at.as_deref().map_or("NULL".into(), q),
+            if spec.form == Form::RowLock {
+                "0".into()
+            } else {
+                q(&spec.cancel_requested)
+            },
+        ];
+        cols.extend(spec.columns.iter().map(|c| q(&c.name)));
+        cols.join(", ")
+    }
+
+    /// The statements of job lookup and cancel ([`TableSql::job`] .. [`TableSql::cancel_lock`]).
+    pub fn cancel_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let (t, id) = (self.q(&spec.name), self.q(&spec.id));
+        let p = |n| self.p(n);
+        sql.job = format!(
+            "SELECT {} FROM {t} WHERE {id} = {}",
+            self.job_columns(spec, ""),
+            p(1)
+        );
+        // Pages by state: `now` is bound once per use (`?` cannot be numbered), then the
+        // cursor and the limit.
+        let marker = "\u{1}now\u{1}";
+        let st = self.stats_states(spec, "", marker);
+        let conds = [
+            Some(st.scheduled),
+            Some(st.ready.clone()),
+            Some(st.held.unwrap_or(st.ready)),
+            Some(st.dead),
+            st.completed,
+        ];
+        sql.jobs_page = conds
+            .into_iter()
+            .map(|cond| {
+                let cond = cond?;
+                let mut out = String::new();
+                let mut n = 0;
+                for (i, part) in cond.split(marker).enumerate() {
+                    if i > 0 {
+                        n += 1;
+                        out.push_str(&p(n));
+                    }
+                    out.push_str(part);
+                }
+                Some((
+                    format!(
+                        "SELECT {} FROM {t} WHERE {out} AND {id} > {} ORDER BY {id} LIMIT {}",
+                        self.job_columns(spec, ""),
+                        p(n + 1),
+                        p(n + 2)
+                    ),
+                    n,
+                ))
+            })
+            .collect();
+        // Cancel of a row not in work: deleted or, on a table that keeps completed rows, kept
+        // as completed and cancelled; never a completed row, never a leased one.
+        let lease_free = if spec.form == Form::Lease {
+            let lu = self.q(&spec.locked_until);
+            format!(" AND ({lu} IS NULL OR {lu} <= {})", p(2))
+        } else {
+            String::new()
+        };
+        sql.cancel_remove = match (&spec.completed_at, self.complete_set(spec)) {
+            (Some(c), Some(finish)) => format!(
+                "UPDATE {t} SET {finish}, {} = '{CANCELLED}' WHERE {id} = {} AND {} IS NULL{lease_free}",
+                self.q(&spec.dead_reason),
+                p(1),
+                self.q(c)
+            ),
+            _ => format!("DELETE FROM {t} WHERE {id} = {}{lease_free}", p(1)),
+        };
+        let (cr, dead) = (self.q(&spec.cancel_requested), self.q(&spec.dead_at));
+        match spec.form {
+            Form::RowLock => {
+                sql.cancel_lock = format!("SELECT {id} FROM {t} WHERE {id} = {} FOR UPDATE", p(1));
+                sql.probe_lock = format!(
+                    "SELECT {id} FROM {t} WHERE {id} = {} FOR UPDATE SKIP LOCKED",
+                    p(1)
+                );
+            }
+            Form::Lease => {
+                let lu = self.q(&spec.locked_until);
+                sql.cancel_mark = format!(
+                    "UPDATE {t} SET {cr} = 1 WHERE {id} = {} AND {dead} IS NULL AND {lu} > {}",
+                    p(1),
+                    p(2)
+                );
+            }
+            Form::AdvisoryLock => {
+                sql.cancel_mark = format!(
+                    "UPDATE {t} SET {cr} = 1 WHERE {id} = {} AND {dead} IS NULL",
+                    p(1)
+                );
+                sql.cancel_unmark = format!("UPDATE {t} SET {cr} = 0 WHERE {id} = {}", p(1));
+            }
+        }
+    }
+
     /// Fills the statements every database spells alike.
     pub fn common(&self, spec: &TableSpec, sql: &mut TableSql) {
         let t = self.q(&spec.name);
@@ -379,35 +534,52 @@ impl Syntax {
             sql.dedup_holder = format!("SELECT {id} FROM {t} WHERE {} = {}", self.q(k), p(1));
             sql.insert_dedup_one = self.insert_dedup(spec, 1);
         }
+        // A failure's text and count, written by the statement that retries or dead-letters
+        // the row (no round trip of its own): parameters 2 and 3 of a retry, 3 and 4 of a dead
+        // letter (the text, `NULL` to keep the last one; 1 to count a failure, else 0).
+        let (le, errs) = (self.q(&spec.last_error), self.q(&spec.errors));
+        let failed = format!(
+            "{le} = COALESCE({}, {le}), {errs} = {errs} + {}",
+            p(2),
+            p(3)
+        );
+        let dead_failed = format!(
+            "{le} = COALESCE({}, {le}), {errs} = {errs} + {}",
+            p(3),
+            p(4)
+        );
+        // A retry of a row whose cancel was requested while it was in work finishes it as
+        // cancelled instead ([`Syntax::cancelled_case`]).
+        let cancelled = self.cancelled_case(spec);
         match spec.form {
             Form::RowLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
                 sql.retry = format!(
-                    "UPDATE {t} SET {run_at} = {}, {att} = {att} + 1 WHERE {id} = {}",
+                    "UPDATE {t} SET {run_at} = {}, {failed}, {att} = {att} + 1 WHERE {id} = {}",
                     p(1),
-                    p(2)
+                    p(4)
                 );
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key}, {att} = {att} + 1 WHERE {id} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {dead_failed}{free_key}, {att} = {att} + 1 WHERE {id} = {}",
                     p(1),
                     p(2),
-                    p(3)
+                    p(5)
                 );
             }
             Form::Lease => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {} AND {lu} = {}", p(1), p(2));
                 sql.retry = format!(
-                    "UPDATE {t} SET {run_at} = {}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    "UPDATE {t} SET {run_at} = {}, {failed}, {cancelled}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
                     p(1),
-                    p(2),
-                    p(3)
+                    p(4),
+                    p(5)
                 );
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {dead_failed}{free_key}, {lu} = NULL WHERE {id} = {} AND {lu} = {}",
                     p(1),
                     p(2),
-                    p(3),
-                    p(4)
+                    p(5),
+                    p(6)
                 );
                 sql.unclaim = format!(
                     "UPDATE {t} SET {lu} = NULL, {att} = {att} - 1 WHERE {id} = {} AND {lu} = {}",
@@ -423,16 +595,21 @@ impl Syntax {
             }
             Form::AdvisoryLock => {
                 sql.ack = format!("DELETE FROM {t} WHERE {id} = {}", p(1));
-                sql.retry = format!("UPDATE {t} SET {run_at} = {} WHERE {id} = {}", p(1), p(2));
+                sql.retry = format!(
+                    "UPDATE {t} SET {run_at} = {}, {failed}, {cancelled} WHERE {id} = {}",
+                    p(1),
+                    p(4)
+                );
                 sql.dead = format!(
-                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key} WHERE {id} = {}",
+                    "UPDATE {t} SET {dead_at} = {}, {reason} = {}, {dead_failed}{free_key} WHERE {id} = {}",
                     p(1),
                     p(2),
-                    p(3)
+                    p(5)
                 );
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
+        self.cancel_statements(spec, sql);
         if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
             let c = self.q(c);
             sql.ack = match spec.form {
@@ -466,7 +643,7 @@ impl Syntax {
             );
         }
         let mut cols = format!(
-            "{id}, {att}, {}, {dead_at}, {reason}",
+            "{id}, {att}, {}, {dead_at}, {reason}, {le}, {errs}",
             self.q(&spec.payload)
         );
         for c in &spec.columns {
@@ -476,10 +653,10 @@ impl Syntax {
             "SELECT {cols} FROM {t} WHERE {is_dead} ORDER BY {dead_at}, {id} LIMIT {}",
             p(1)
         );
-        let clear_lease = if spec.form == Form::Lease {
-            format!(", {lu} = NULL")
-        } else {
-            String::new()
+        let clear_lease = match spec.form {
+            Form::Lease => format!(", {lu} = NULL, {} = 0", self.q(&spec.cancel_requested)),
+            Form::AdvisoryLock => format!(", {} = 0", self.q(&spec.cancel_requested)),
+            Form::RowLock => String::new(),
         };
         sql.dead_requeue = format!(
             "UPDATE {t} SET {dead_at} = NULL, {reason} = NULL{clear_lease}, {att} = 0, {run_at} = {} \

@@ -66,36 +66,73 @@ pub(crate) enum Hold {
 /// How a delivery is settled.
 pub(crate) enum Outcome {
     Ack,
+    /// Back in the queue at the time given, no failure recorded.
     Retry(SystemTime),
+    /// Dead-lettered with the reason given, no failure recorded.
     Dead(String),
+    /// A failure: back in the queue at the time given, its error text kept on the row
+    /// (`last_error`, bounded to [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX)) and counted.
+    Failed(SystemTime, String),
+    /// A failure of the last attempt: dead-lettered with the reason (first) and the error
+    /// kept and counted as [`Outcome::Failed`] does.
+    DeadFailed(String, String),
 }
 
 impl Outcome {
     pub fn op(&self) -> &'static str {
         match self {
             Outcome::Ack => "ack",
-            Outcome::Retry(_) => "retry",
-            Outcome::Dead(_) => "dead letter",
+            Outcome::Retry(_) | Outcome::Failed(..) => "retry",
+            Outcome::Dead(_) | Outcome::DeadFailed(..) => "dead letter",
         }
     }
 
-    /// The parameters of the form's statement before the id (and after it, the lease token).
-    pub fn leading_params(&self, now: SystemTime) -> Vec<Value> {
+    /// True if the row goes back into the queue.
+    pub fn returns(&self) -> bool {
+        matches!(self, Outcome::Retry(_) | Outcome::Failed(..))
+    }
+
+    /// The dead letter's reason.
+    pub fn dead_reason(&self) -> Option<&str> {
         match self {
-            Outcome::Ack => vec![],
-            Outcome::Retry(at) => vec![Value::Time(*at)],
-            Outcome::Dead(reason) => vec![
+            Outcome::Dead(reason) | Outcome::DeadFailed(reason, _) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// The parameters of the form's statement before the id (and after it, the lease token):
+    /// the time, the reason (dead letters), then the error text (`NULL`: none) and the
+    /// failures it counts.
+    pub fn leading_params(&self, now: SystemTime) -> Vec<Value> {
+        let error = |e: Option<&String>| match e {
+            Some(e) => [
+                Value::Text(crate::jobs::bound_error(e).to_string()),
+                Value::Int(1),
+            ],
+            None => [Value::Null, Value::Int(0)],
+        };
+        let dead = |reason: &String, e| {
+            let mut v = vec![
                 Value::Time(crate::schedule::floor(now)),
                 Value::Text(reason.clone()),
-            ],
+            ];
+            v.extend(error(e));
+            v
+        };
+        match self {
+            Outcome::Ack => vec![],
+            Outcome::Retry(at) => [vec![Value::Time(*at)], error(None).to_vec()].concat(),
+            Outcome::Failed(at, e) => [vec![Value::Time(*at)], error(Some(e)).to_vec()].concat(),
+            Outcome::Dead(reason) => dead(reason, None),
+            Outcome::DeadFailed(reason, e) => dead(reason, Some(e)),
         }
     }
 
     pub fn sql<'a>(&self, sql: &'a crate::dialect::TableSql) -> &'a str {
         match self {
             Outcome::Ack => &sql.ack,
-            Outcome::Retry(_) => &sql.retry,
-            Outcome::Dead(_) => &sql.dead,
+            Outcome::Retry(_) | Outcome::Failed(..) => &sql.retry,
+            Outcome::Dead(_) | Outcome::DeadFailed(..) => &sql.dead,
         }
     }
 }

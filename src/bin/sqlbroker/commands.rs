@@ -10,6 +10,10 @@ use crate::{
     Cli, Command, CompletedCommand, DeadCommand, DeadPick, PageArgs, PublishArgs, StatusArgs,
 };
 
+mod jobs;
+
+use jobs::{cancel, job};
+
 type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
 
 /// Messages per `publish_batch` (one statement, or a few, each).
@@ -43,6 +47,8 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             }
         }
         Command::Publish(args) => publish(&broker, args),
+        Command::Job(args) => job(&broker, args),
+        Command::Cancel(args) => cancel(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {
             let n = broker.prune_completed(&args.table())?;
@@ -131,15 +137,25 @@ fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
     let table = args.table.table();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let page = broker.dead_letters_after(&table, args.after, limit)?;
-    let mut rows = vec![["ID", "ATTEMPTS", "DEAD_AT", "REASON", "PAYLOAD"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "ID",
+        "ATTEMPTS",
+        "DEAD_AT",
+        "REASON",
+        "ERRORS",
+        "LAST_ERROR",
+        "PAYLOAD",
+    ]
+    .map(String::from)
+    .to_vec()];
     for d in &page {
         rows.push(vec![
             d.id.to_string(),
             d.attempts.to_string(),
             utc(d.dead_at),
             preview(d.reason.as_bytes()),
+            d.errors.to_string(),
+            d.last_error().map_or("-".into(), |e| preview(e.as_bytes())),
             preview(&d.payload),
         ]);
     }

@@ -8,6 +8,8 @@
 //! sqlbroker completed prune --table jobs --lease 30 --keep-completed 604800
 //! sqlbroker create-table --table jobs --lease 30 --column kind
 //! printf 'a\nb\n' | sqlbroker publish --table jobs --lease 30 --set kind=import
+//! sqlbroker job --table jobs --lease 30 17 --json
+//! sqlbroker cancel --table jobs --lease 30 17
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. The table is described by flags that mirror
@@ -66,6 +68,36 @@ enum Command {
     /// Publish one message per line of standard input (the line without its line ending is
     /// the payload; empty lines are empty payloads).
     Publish(PublishArgs),
+    /// One job by id: its state, attempts, failures and last error, times and values.
+    Job(JobArgs),
+    /// Cancel a job: one not in work is removed (kept completed and cancelled on a table that
+    /// keeps completed rows); one in work finishes its attempt and is not retried. Exit 1 if
+    /// no live or dead job has that id.
+    Cancel(CancelArgs),
+}
+
+/// A job of a table, by id.
+#[derive(Debug, Args)]
+struct JobArgs {
+    #[command(flatten)]
+    table: TableArgs,
+
+    /// The job's id.
+    id: i64,
+
+    /// Print JSON (one object) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A job to cancel.
+#[derive(Debug, Args)]
+struct CancelArgs {
+    #[command(flatten)]
+    table: TableArgs,
+
+    /// The job's id.
+    id: i64,
 }
 
 #[derive(Debug, Subcommand)]

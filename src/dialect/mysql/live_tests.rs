@@ -318,7 +318,13 @@ fn advisory_keys_are_per_session_and_take_fetches() {
     // Dead rows are not taken.
     a.execute(
         &sql.dead,
-        &[Value::Time(now), Value::Text("r".into()), Value::Int(id)],
+        &[
+            Value::Time(now),
+            Value::Text("r".into()),
+            Value::Null,
+            Value::Int(0),
+            Value::Int(id),
+        ],
     )
     .unwrap();
     assert_eq!(d.advisory_take(&mut *a, &sql, now, id, None).unwrap(), None);

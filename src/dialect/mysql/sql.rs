@@ -507,11 +507,11 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE `emails` SET `run_at` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+            "UPDATE `emails` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `emails` SET `dead_at` = ?, `dead_reason` = ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
+            "UPDATE `emails` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?"
         );
         assert_eq!(
             sql.insert_one,
@@ -527,7 +527,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_list,
-            "SELECT `id`, `attempts`, `payload`, `dead_at`, `dead_reason`, `to` FROM `emails` \
+            "SELECT `id`, `attempts`, `payload`, `dead_at`, `dead_reason`, `last_error`, `errors`, `to` FROM `emails` \
              WHERE `dead_at` IS NOT NULL ORDER BY `dead_at`, `id` LIMIT ?"
         );
         assert_eq!(
@@ -587,11 +587,11 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE `thumbs` SET `run_at` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+            "UPDATE `thumbs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
+            "UPDATE `thumbs` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.unclaim,
@@ -599,7 +599,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `attempts` = 0, `run_at` = ? \
+            "UPDATE `thumbs` SET `dead_at` = NULL, `dead_reason` = NULL, `locked_until` = NULL, `cancel_requested` = 0, `attempts` = 0, `run_at` = ? \
              WHERE `id` = ? AND `dead_at` IS NOT NULL"
         );
         let spec = Table::new("thumbs")
@@ -696,11 +696,11 @@ mod tests {
         assert_eq!(sql.ack, "DELETE FROM `payments` WHERE `id` = ?");
         assert_eq!(
             sql.retry,
-            "UPDATE `payments` SET `run_at` = ? WHERE `id` = ?"
+            "UPDATE `payments` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE `payments` SET `dead_at` = ?, `dead_reason` = ? WHERE `id` = ?"
+            "UPDATE `payments` SET `dead_at` = ?, `dead_reason` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ? WHERE `id` = ?"
         );
         assert_eq!(sql.key_lock.as_deref(), Some("SELECT GET_LOCK(?, 0)"));
         assert_eq!(sql.key_unlock.as_deref(), Some("SELECT RELEASE_LOCK(?)"));
@@ -724,6 +724,8 @@ mod tests {
                  `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
                  `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `locked_until` DATETIME NULL, \
                  `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, \
+                 `last_error` MEDIUMTEXT NULL, `errors` INT NOT NULL DEFAULT 0, \
+                 `cancel_requested` INT NOT NULL DEFAULT 0, \
                  `k` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin NULL, `n` BIGINT NULL, \
                  `f` DOUBLE NULL, `b` LONGBLOB NULL, INDEX `jobs_ready` (`dead_at`, `run_at`, `id`)) \
                  ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -900,7 +902,8 @@ mod tests {
                     "CREATE TABLE IF NOT EXISTS `mails` (`id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
                      `payload` LONGBLOB NOT NULL, `attempts` INT NOT NULL DEFAULT 0, \
                      `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `dead_at` DATETIME NULL, \
-                     `dead_reason` MEDIUMTEXT NULL, \
+                     `dead_reason` MEDIUMTEXT NULL, `last_error` MEDIUMTEXT NULL, \
+                     `errors` INT NOT NULL DEFAULT 0, \
                      `dedup_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL, \
                      INDEX `mails_ready` (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`)) \
                      ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -973,5 +976,71 @@ mod tests {
         assert!(compile(Table::new("jobs").priorities())
             .claim
             .contains("ORDER BY `priority` DESC, `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"));
+    }
+
+    /// Job lookup and cancel, pinned per form: the lookup's columns, the in-flight page, the
+    /// removal (deleted, or kept completed and cancelled), the lease and advisory requests,
+    /// the row lock's wait and probe, and a retry that ends a cancelled row.
+    #[test]
+    fn jobs_and_cancel_sql() {
+        let tables = [
+            Table::new("jobs")
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+            Table::new("pay").text_column("k").advisory_lock("a-{k}"),
+            Table::new("rows")
+                .text_column("k")
+                .keep_completed(Duration::from_secs(60)),
+        ];
+        let want: [[&str; 8]; 3] = [
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `locked_until` > ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "DELETE FROM `jobs` WHERE `id` = ? AND (`locked_until` IS NULL OR `locked_until` <= ?)",
+                "UPDATE `jobs` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL AND `locked_until` > ?",
+                "",
+                "",
+                "",
+                "UPDATE `jobs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?",
+            ],
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "DELETE FROM `pay` WHERE `id` = ?",
+                "UPDATE `pay` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL",
+                "UPDATE `pay` SET `cancel_requested` = 0 WHERE `id` = ?",
+                "",
+                "",
+                "UPDATE `pay` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?",
+            ],
+            [
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "UPDATE `rows` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), `dead_reason` = 'cancelled' WHERE `id` = ? AND `completed_at` IS NULL",
+                "",
+                "",
+                "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE",
+                "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE SKIP LOCKED",
+                "UPDATE `rows` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `attempts` = `attempts` + 1 WHERE `id` = ?",
+            ],
+        ];
+        for (t, want) in tables.into_iter().zip(want) {
+            let sql = compile(t);
+            let page = sql.jobs_page[2]
+                .as_ref()
+                .map(|p| p.0.clone())
+                .unwrap_or_default();
+            let got = [
+                sql.job.as_str(),
+                page.as_str(),
+                &sql.cancel_remove,
+                &sql.cancel_mark,
+                &sql.cancel_unmark,
+                &sql.cancel_lock,
+                &sql.probe_lock,
+                &sql.retry,
+            ];
+            assert_eq!(got, want);
+        }
     }
 }

@@ -194,12 +194,12 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE \"jobs\" SET \"run_at\" = ?1, \"locked_until\" = NULL WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
+            "UPDATE \"jobs\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END, \"locked_until\" = NULL WHERE \"id\" = ?4 AND \"locked_until\" = ?5"
         );
         assert_eq!(
             sql.dead,
-            "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"locked_until\" = NULL \
-             WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+            "UPDATE \"jobs\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"last_error\" = COALESCE(?3, \"last_error\"), \"errors\" = \"errors\" + ?4, \"locked_until\" = NULL \
+             WHERE \"id\" = ?5 AND \"locked_until\" = ?6"
         );
         assert_eq!(
             sql.extend,
@@ -216,17 +216,17 @@ mod tests {
         );
         assert_eq!(
             sql.dead_list,
-            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"k\" FROM \"jobs\" \
              WHERE \"dead_at\" IS NOT NULL ORDER BY \"dead_at\", \"id\" LIMIT ?1"
         );
         assert_eq!(
             sql.dead_requeue,
-            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \"run_at\" = ?1 \
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"cancel_requested\" = 0, \"attempts\" = 0, \"run_at\" = ?1 \
              WHERE \"id\" = ?2 AND \"dead_at\" IS NOT NULL"
         );
         assert_eq!(
             sql.dead_page,
-            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"k\" FROM \"jobs\" \
+            "SELECT \"id\", \"attempts\", \"payload\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"k\" FROM \"jobs\" \
              WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?1 ORDER BY \"id\" LIMIT ?2"
         );
         assert_eq!(
@@ -235,7 +235,7 @@ mod tests {
         );
         assert_eq!(
             sql.dead_requeue_range,
-            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"attempts\" = 0, \
+            "UPDATE \"jobs\" SET \"dead_at\" = NULL, \"dead_reason\" = NULL, \"locked_until\" = NULL, \"cancel_requested\" = 0, \"attempts\" = 0, \
              \"run_at\" = ?1 WHERE \"dead_at\" IS NOT NULL AND \"id\" > ?2 AND \"id\" <= ?3"
         );
         assert_eq!(
@@ -277,7 +277,7 @@ mod tests {
         );
         assert_eq!(
             sql.retry,
-            "UPDATE \"pay\" SET \"run_at\" = ?1 WHERE \"id\" = ?2"
+            "UPDATE \"pay\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = ?4"
         );
         assert!(sql.key_lock.is_none());
     }
@@ -317,7 +317,7 @@ mod tests {
             [
                 "CREATE TABLE IF NOT EXISTS \"jobs\" (\"id\" INTEGER PRIMARY KEY AUTOINCREMENT, \"payload\" BLOB NOT NULL, \
                  \"attempts\" INTEGER NOT NULL DEFAULT 0, \"run_at\" INTEGER NOT NULL, \"locked_until\" INTEGER, \
-                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"n\" INTEGER)",
+                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"n\" INTEGER)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
             ]
         );
@@ -374,11 +374,11 @@ mod tests {
         // Dead-lettering frees the key.
         assert_eq!(
             sql.dead,
-            "UPDATE \"mails\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"dedup_key\" = NULL, \
-             \"locked_until\" = NULL WHERE \"id\" = ?3 AND \"locked_until\" = ?4"
+            "UPDATE \"mails\" SET \"dead_at\" = ?1, \"dead_reason\" = ?2, \"last_error\" = COALESCE(?3, \"last_error\"), \"errors\" = \"errors\" + ?4, \"dedup_key\" = NULL, \
+             \"locked_until\" = NULL WHERE \"id\" = ?5 AND \"locked_until\" = ?6"
         );
         let ddl = create_table(&spec);
-        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"dedup_key\" TEXT)"));
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"dedup_key\" TEXT)"));
         assert_eq!(
             ddl[2],
             "CREATE UNIQUE INDEX IF NOT EXISTS \"mails_dedup\" ON \"mails\" (\"dedup_key\")"
@@ -407,5 +407,71 @@ mod tests {
             "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"priority\" DESC, \"run_at\", \"id\") \
              WHERE \"dead_at\" IS NULL"
         );
+    }
+
+    /// Job lookup and cancel, pinned per form: the lookup's columns, the in-flight page, the
+    /// removal (deleted, or kept completed and cancelled), the lease and advisory requests,
+    /// the row lock's wait and probe, and a retry that ends a cancelled row.
+    #[test]
+    fn jobs_and_cancel_sql() {
+        let tables = [
+            Table::new("jobs")
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+            Table::new("pay").text_column("k").advisory_lock("a-{k}"),
+            Table::new("rows")
+                .text_column("k")
+                .keep_completed(Duration::from_secs(60)),
+        ];
+        let want: [[&str; 8]; 3] = [
+            [
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"k\" FROM \"jobs\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"locked_until\" > ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?2)",
+                "UPDATE \"jobs\" SET \"cancel_requested\" = 1 WHERE \"id\" = ?1 AND \"dead_at\" IS NULL AND \"locked_until\" > ?2",
+                "",
+                "",
+                "",
+                "UPDATE \"jobs\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END, \"locked_until\" = NULL WHERE \"id\" = ?4 AND \"locked_until\" = ?5",
+            ],
+            [
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"k\" FROM \"pay\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"k\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "DELETE FROM \"pay\" WHERE \"id\" = ?1",
+                "UPDATE \"pay\" SET \"cancel_requested\" = 1 WHERE \"id\" = ?1 AND \"dead_at\" IS NULL",
+                "UPDATE \"pay\" SET \"cancel_requested\" = 0 WHERE \"id\" = ?1",
+                "",
+                "",
+                "UPDATE \"pay\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = ?4",
+            ],
+            [
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"k\" FROM \"rows\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"k\" FROM \"rows\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "UPDATE \"rows\" SET \"dead_at\" = CAST(strftime('%s', 'now') AS INTEGER), \"completed_at\" = CAST(strftime('%s', 'now') AS INTEGER), \"dead_reason\" = 'cancelled' WHERE \"id\" = ?1 AND \"completed_at\" IS NULL",
+                "",
+                "",
+                "SELECT \"id\" FROM \"rows\" WHERE \"id\" = ?1 FOR UPDATE",
+                "SELECT \"id\" FROM \"rows\" WHERE \"id\" = ?1 FOR UPDATE SKIP LOCKED",
+                "UPDATE \"rows\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = ?4",
+            ],
+        ];
+        for (t, want) in tables.into_iter().zip(want) {
+            let sql = compile(t);
+            let page = sql.jobs_page[2]
+                .as_ref()
+                .map(|p| p.0.clone())
+                .unwrap_or_default();
+            let got = [
+                sql.job.as_str(),
+                page.as_str(),
+                &sql.cancel_remove,
+                &sql.cancel_mark,
+                &sql.cancel_unmark,
+                &sql.cancel_lock,
+                &sql.probe_lock,
+                &sql.retry,
+            ];
+            assert_eq!(got, want);
+        }
     }
 }

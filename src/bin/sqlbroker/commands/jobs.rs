@@ -1,0 +1,102 @@
+//! `job` and `cancel`: one job by id, for operators.
+
+use std::time::SystemTime;
+
+use sqlbroker::{Broker, Value};
+
+use super::{preview, say, utc, Result};
+use crate::{CancelArgs, JobArgs};
+
+/// `job`: one job, as text (one `field: value` line each) or as one JSON object.
+pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
+    let table = args.table.table();
+    let Some(j) = broker.job(&table, args.id)? else {
+        return Err(format!("table {}: no job has id {}", table.name(), args.id).into());
+    };
+    let time = |t: Option<SystemTime>| t.map(utc);
+    if args.json {
+        let values: serde_json::Map<String, serde_json::Value> = j
+            .values()
+            .iter()
+            .map(|(c, v)| (c.clone(), json_value(v)))
+            .collect();
+        let out = serde_json::json!({
+            "table": table.name(),
+            "id": j.id(),
+            "state": j.state().name(),
+            "attempts": j.attempts(),
+            "errors": j.errors(),
+            "last_error": j.last_error(),
+            "dead_reason": j.dead_reason(),
+            "due_at": utc(j.due_at()),
+            "finished_at": time(j.finished_at()),
+            "lease_until": time(j.lease_until()),
+            "cancel_requested": j.cancel_requested(),
+            "payload": String::from_utf8_lossy(j.payload()),
+            "values": values,
+        });
+        return say(format_args!("{out}\n"));
+    }
+    let dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
+    let mut lines = vec![
+        ("id", j.id().to_string()),
+        ("state", j.state().name().to_string()),
+        ("attempts", j.attempts().to_string()),
+        ("errors", j.errors().to_string()),
+        ("last_error", dash(j.last_error().map(str::to_string))),
+        ("dead_reason", dash(j.dead_reason().map(str::to_string))),
+        ("due_at", utc(j.due_at())),
+        ("finished_at", dash(time(j.finished_at()))),
+        ("lease_until", dash(time(j.lease_until()))),
+        ("cancel_requested", j.cancel_requested().to_string()),
+        ("payload", preview(j.payload())),
+    ];
+    for (c, v) in j.values() {
+        lines.push((c.as_str(), text_value(v)));
+    }
+    let mut out = String::new();
+    for (k, v) in lines {
+        out.push_str(&format!("{k}: {v}\n"));
+    }
+    say(format_args!("{out}"))
+}
+
+/// A column's value in JSON: numbers as numbers, text as text, bytes as lossy UTF-8.
+fn json_value(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Int(n) => (*n).into(),
+        Value::Float(f) => (*f).into(),
+        Value::Text(s) => s.clone().into(),
+        other => text_value(other).into(),
+    }
+}
+
+/// A column's value as text (`NULL` for SQL null).
+fn text_value(v: &Value) -> String {
+    match v {
+        Value::Null => "NULL".into(),
+        Value::Int(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Text(s) => s.clone(),
+        Value::Bytes(b) => preview(b),
+        Value::Time(t) => utc(*t),
+        #[allow(unreachable_patterns)]
+        other => format!("{other:?}"),
+    }
+}
+
+/// `cancel`: says what became of the job; exit 1 if there was none to cancel.
+pub(super) fn cancel(broker: &Broker, args: &CancelArgs) -> Result {
+    let table = args.table.table();
+    if broker.cancel(&table, args.id)? {
+        say(format_args!("cancelled job {}\n", args.id))
+    } else {
+        Err(format!(
+            "table {}: no live or dead job has id {} (unknown, or finished)",
+            table.name(),
+            args.id
+        )
+        .into())
+    }
+}

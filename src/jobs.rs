@@ -1,0 +1,638 @@
+//! One job at a time, for operators: lookup by id ([`Broker::job`]), pages of jobs by state
+//! ([`Broker::jobs`]) and cancel ([`Broker::cancel`]), with what each form can see of a row in
+//! work; and the bound on the error text a failure keeps on its row.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::broker::Broker;
+use crate::dialect::shared::CANCELLED;
+use crate::dialect::DbConn;
+#[cfg(doc)]
+use crate::error::BrokerError;
+use crate::error::{DbError, DbErrorKind, Result};
+use crate::keys::{KeySql, SessionKeys};
+use crate::runtime::Queue;
+use crate::schedule::claim_now;
+use crate::table::{Form, Table};
+use crate::Value;
+
+/// The most characters of an error a failure keeps on its row (`last_error`): longer texts are
+/// cut there, on a character boundary. NUL characters, which PostgreSQL text cannot hold, are
+/// kept as U+FFFD.
+pub const LAST_ERROR_MAX: usize = 1_000;
+
+/// `error` as a row keeps it: at most [`LAST_ERROR_MAX`] characters, no NUL.
+pub(crate) fn bound_error(error: &str) -> String {
+    let cut = match error.char_indices().nth(LAST_ERROR_MAX) {
+        Some((at, _)) => &error[..at],
+        None => error,
+    };
+    cut.replace('\0', "\u{FFFD}")
+}
+
+/// Where a job is in its life ([`Job::state`]).
+///
+/// What [`InFlight`](JobState::InFlight) can see depends on the form, because only the lease
+/// form marks a row in work in the row itself:
+///
+/// | form | a job is in flight when |
+/// |---|---|
+/// | lease | its lease has not expired (`locked_until` in the future) |
+/// | row lock | it is due and another session holds its row lock (a `FOR UPDATE SKIP LOCKED` probe of the row, in a transaction rolled back at once) |
+/// | advisory lock | it is due and its key is held by a session (a try-lock of the key released at once; SQLite: this process's keys): **this row or another row of the same key**, which the database cannot tell apart |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JobState {
+    /// Waiting for its due time (published with a delay, or retried with one).
+    Scheduled,
+    /// Due: the next claim may take it.
+    Ready,
+    /// A handler has it (see the table above for what each form can see).
+    InFlight,
+    /// Dead-lettered: out of the queue until requeued.
+    Dead,
+    /// Acked and kept ([`Table::keep_completed`]).
+    Completed,
+}
+
+impl JobState {
+    /// The states in the order [`TableSql::jobs_page`](crate::dialect::TableSql) lists them.
+    fn index(self) -> usize {
+        match self {
+            JobState::Scheduled => 0,
+            JobState::Ready => 1,
+            JobState::InFlight => 2,
+            JobState::Dead => 3,
+            JobState::Completed => 4,
+        }
+    }
+
+    /// A short lowercase name (`scheduled`, `ready`, `in flight`, `dead`, `completed`).
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Ready => "ready",
+            JobState::InFlight => "in flight",
+            JobState::Dead => "dead",
+            JobState::Completed => "completed",
+        }
+    }
+}
+
+/// One job as [`Broker::job`] read it: a snapshot, its state as the form can tell it.
+///
+/// ```
+/// use sqlbroker::{Broker, JobState, Message, Table};
+/// use std::time::Duration;
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let jobs = Table::new("jobs").text_column("kind").lease(Duration::from_secs(30));
+/// broker.create_table(&jobs)?;
+/// let id = broker.publish(&jobs, Message::new(b"hi".to_vec()).set("kind", "greet"))?;
+/// let sub = broker.subscription(&jobs).start()?;
+/// sub.next_delivery().unwrap().fail("smtp: 421 try again later")?;
+///
+/// let job = broker.job(&jobs, id)?.expect("still there");
+/// assert_eq!(job.state(), JobState::Scheduled); // retried after the policy's delay
+/// assert_eq!((job.attempts(), job.errors()), (1, 1));
+/// assert_eq!(job.last_error(), Some("smtp: 421 try again later"));
+/// assert_eq!(job.get("kind").and_then(|v| v.as_str()), Some("greet"));
+/// assert!(broker.job(&jobs, id + 1)?.is_none());
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    id: i64,
+    state: JobState,
+    attempts: u32,
+    errors: u32,
+    last_error: Option<String>,
+    dead_reason: Option<String>,
+    payload: Vec<u8>,
+    due_at: SystemTime,
+    finished_at: Option<SystemTime>,
+    lease_until: Option<SystemTime>,
+    cancel_requested: bool,
+    values: Vec<(String, Value)>,
+}
+
+impl Job {
+    /// The row's id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Where it is ([`JobState`]).
+    pub fn state(&self) -> JobState {
+        self.state
+    }
+
+    /// Attempts spent so far (the lease and advisory forms count one at claim, the row lock
+    /// form when an attempt is retried or dead-lettered).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Failures recorded: [`Delivery::fail`](crate::Delivery::fail), the runner's failed or
+    /// panicking handlers, handler timeouts and deliveries dropped unsettled. A plain
+    /// [`retry`](crate::Delivery::retry) or [`dead_letter`](crate::Delivery::dead_letter) is
+    /// not a failure; a crash leaves none (it spends an attempt in the lease and advisory
+    /// forms).
+    pub fn errors(&self) -> u32 {
+        self.errors
+    }
+
+    /// The last failure's text (at most [`LAST_ERROR_MAX`] characters); `None` before the
+    /// first. Kept through a dead letter and a requeue.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// Why it was dead-lettered (dead jobs; `"cancelled"` for a job cancelled in work, or
+    /// kept completed and cancelled).
+    pub fn dead_reason(&self) -> Option<&str> {
+        self.dead_reason.as_deref()
+    }
+
+    /// The body.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The value of a column of the table's description.
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v)
+    }
+
+    /// The table's own columns, by name.
+    pub fn values(&self) -> &[(String, Value)] {
+        &self.values
+    }
+
+    /// When it is (or was) due: `run_at`, whole seconds, as the publish or the last retry
+    /// wrote it from its host's clock. The table records no publish time of its own: for a
+    /// job never retried, this is when it was published plus its delay.
+    pub fn due_at(&self) -> SystemTime {
+        self.due_at
+    }
+
+    /// When it was dead-lettered or completed (`dead_at`: the database server's clock for a
+    /// completion or cancel, the settling host's for a dead letter); `None` while it is live.
+    pub fn finished_at(&self) -> Option<SystemTime> {
+        self.finished_at
+    }
+
+    /// Lease form: the lease's deadline (`locked_until`; in the past once it expired).
+    pub fn lease_until(&self) -> Option<SystemTime> {
+        self.lease_until
+    }
+
+    /// Lease and advisory forms: [`Broker::cancel`] asked that this job, in work, not run
+    /// again.
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_requested
+    }
+}
+
+/// A job of the `job_columns` layout, its state not yet told apart where the form needs a
+/// probe (`Ready` stands for "due and live").
+fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
+    let mut it = row.into_iter();
+    let mut next = || it.next().unwrap_or(Value::Null);
+    let int = |v: Value| v.as_i64().unwrap_or_default();
+    let text = |v: Value| match v {
+        Value::Text(s) => Some(s),
+        _ => None,
+    };
+    let id = int(next());
+    let attempts = int(next()).clamp(0, u32::MAX as i64) as u32;
+    let payload = next().into_payload();
+    let due_at = next().as_time().unwrap_or(SystemTime::UNIX_EPOCH);
+    let finished_at = next().as_time();
+    let dead_reason = text(next());
+    let last_error = text(next());
+    let errors = int(next()).clamp(0, u32::MAX as i64) as u32;
+    let lease_until = next().as_time();
+    let completed = next().as_time().is_some();
+    let cancel_requested = int(next()) != 0;
+    let values = q
+        .spec
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .zip(it)
+        .collect();
+    let state = if completed {
+        JobState::Completed
+    } else if finished_at.is_some() {
+        JobState::Dead
+    } else if lease_until.is_some_and(|t| t > now) {
+        JobState::InFlight
+    } else if due_at > now {
+        JobState::Scheduled
+    } else {
+        JobState::Ready
+    };
+    Job {
+        id,
+        state,
+        attempts,
+        errors,
+        last_error,
+        dead_reason,
+        payload,
+        due_at,
+        finished_at,
+        lease_until,
+        cancel_requested,
+        values,
+    }
+}
+
+/// Tells the due, live jobs of a row lock or advisory table apart: `InFlight` where the
+/// form's probe finds the row (row lock) or its key (advisory) held elsewhere.
+fn probe(q: &Queue, jobs: &mut [Job]) -> Result<()> {
+    let due: Vec<usize> = (0..jobs.len())
+        .filter(|i| jobs[*i].state == JobState::Ready)
+        .collect();
+    if due.is_empty() {
+        return Ok(());
+    }
+    match q.spec.form {
+        Form::Lease => Ok(()),
+        Form::RowLock => {
+            let mut conn = q.conn("job")?;
+            // Broken from `BEGIN` until the rollback: never pooled mid-transaction.
+            conn.mark_broken();
+            let run = |conn: &mut dyn DbConn| -> Result<Vec<bool>, DbError> {
+                for stmt in &q.sql.begin {
+                    conn.batch(stmt)?;
+                }
+                due.iter()
+                    .map(|i| {
+                        let free = conn.query(&q.sql.probe_lock, &[Value::Int(jobs[*i].id)])?;
+                        Ok(free.is_empty())
+                    })
+                    .collect()
+            };
+            let held = run(&mut *conn);
+            conn.rollback_or_discard();
+            for (i, held) in due.iter().zip(held.map_err(q.err("job"))?) {
+                // A probe that found nothing: locked elsewhere, or gone since the read.
+                if held {
+                    jobs[*i].state = JobState::InFlight;
+                }
+            }
+            Ok(())
+        }
+        Form::AdvisoryLock => {
+            let Some(template) = &q.spec.key else {
+                return Ok(());
+            };
+            let mut held_keys = std::collections::HashMap::new();
+            for i in due {
+                let values: Vec<Value> = jobs[i].values.iter().map(|(_, v)| v.clone()).collect();
+                let key = template.render(&values);
+                let held = match held_keys.get(&key) {
+                    Some(h) => *h,
+                    None => {
+                        let h = key_held(q, &key)?;
+                        held_keys.insert(key, h);
+                        h
+                    }
+                };
+                if held {
+                    jobs[i].state = JobState::InFlight;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// True if a session (or, SQLite, this process) holds `key`: tried without waiting, and let
+/// go at once if taken.
+fn key_held(q: &Queue, key: &str) -> Result<bool> {
+    if let Some(registry) = q.dialect.process_keys() {
+        return Ok(registry.is_held(key));
+    }
+    if q.held_here.is_held(key) {
+        return Ok(true);
+    }
+    let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
+    else {
+        return Ok(false);
+    };
+    let sql = KeySql { lock, unlock };
+    let name = q.dialect.key_name(key);
+    let mut conn = q.conn("job")?;
+    let mut keys = SessionKeys::default();
+    let taken = keys.lock(&mut *conn, &sql, &name).map_err(q.err("job"))?;
+    if taken {
+        // A failed unlock leaves the session marked broken: the pool discards it.
+        keys.unlock(&mut *conn, &sql, &name);
+    }
+    Ok(!taken)
+}
+
+/// The table exists with every column its description needs (else a clear
+/// [`BrokerError::Schema`], before any statement meets a missing table or column).
+fn checked(q: &Queue) -> Result<()> {
+    let mut conn = q.conn("schema check")?;
+    q.check_schema(&mut *conn)
+}
+
+impl Broker {
+    /// The job `id` of `table`, or `None` if no row has that id (acked and deleted, purged,
+    /// cancelled, or never there). One statement; in the row lock and advisory forms a due
+    /// job is probed to tell [`Ready`](JobState::Ready) from
+    /// [`InFlight`](JobState::InFlight) ([`JobState`] says how, per form).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Schema`] if the table does not exist, or lacks a column its description
+    /// names (a table made by an earlier release: [`Broker::migrate`]);
+    /// [`BrokerError::InvalidTable`] for an invalid description.
+    pub fn job(&self, table: &Table, id: i64) -> Result<Option<Job>> {
+        let q = self.queue(table)?;
+        checked(&q)?;
+        let now = claim_now(SystemTime::now());
+        let rows = q.retrying("job", |conn| conn.query(&q.sql.job, &[Value::Int(id)]))?;
+        let mut jobs: Vec<Job> = rows.into_iter().map(|r| job_row(&q, r, now)).collect();
+        probe(&q, &mut jobs)?;
+        Ok(jobs.pop())
+    }
+
+    /// A page of the jobs of `table` in `state`: those with an id above `after` (`None`: from
+    /// the first), at most `limit`, lowest id first (keyset paging: pass the last id of a page
+    /// as `after` to read the next; a page shorter than `limit` is the last). Each is as
+    /// [`Broker::job`] would read it.
+    ///
+    /// Row lock and advisory forms: a row in work leaves no mark in the row, so
+    /// [`Ready`](JobState::Ready) and [`InFlight`](JobState::InFlight) page the same rows (due
+    /// and live), each probed for its [`state`](Job::state): filter on it. A table that does
+    /// not keep completed rows has no [`Completed`](JobState::Completed) page (empty).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobState, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// for i in 0..5u8 {
+    ///     broker.publish(&jobs, Message::new(vec![i]))?;
+    /// }
+    /// let (mut after, mut seen) = (None, 0);
+    /// loop {
+    ///     let page = broker.jobs(&jobs, JobState::Ready, after, 2)?;
+    ///     seen += page.len();
+    ///     match page.last() {
+    ///         Some(last) if page.len() == 2 => after = Some(last.id()),
+    ///         _ => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, 5);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn jobs(
+        &self,
+        table: &Table,
+        state: JobState,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Job>> {
+        let q = self.queue(table)?;
+        checked(&q)?;
+        let Some(Some((sql, nows))) = q.sql.jobs_page.get(state.index()) else {
+            return Ok(Vec::new());
+        };
+        let now = claim_now(SystemTime::now());
+        let mut params = vec![Value::Time(now); *nows];
+        params.push(Value::Int(after.unwrap_or(i64::MIN)));
+        params.push(Value::Int(limit.min(i64::MAX as usize) as i64));
+        let rows = q.retrying("jobs", |conn| conn.query(sql, &params))?;
+        let mut jobs: Vec<Job> = rows.into_iter().map(|r| job_row(&q, r, now)).collect();
+        probe(&q, &mut jobs)?;
+        Ok(jobs)
+    }
+
+    /// Cancels the job `id`: `true` when it will not run again, `false` if no live or dead
+    /// job has that id (unknown, acked, completed: nothing is changed).
+    ///
+    /// A job that is not in work (ready, scheduled, or dead) is deleted, or, on a table that
+    /// keeps completed rows ([`Table::keep_completed`]), kept as completed and cancelled
+    /// (`completed_at` and `dead_at` now, `dead_reason` `"cancelled"`). A job in work finishes
+    /// its current attempt: an ack completes it as usual; any other end (a retry, a failure,
+    /// a handler timeout, a dropped delivery, a dead letter) is its last. Per form:
+    ///
+    /// - **lease**: the request is written on the row (`cancel_requested`) and the retry
+    ///   statement of that delivery finishes the row as cancelled instead (a dead letter with
+    ///   reason `"cancelled"`, or completed and cancelled where completed rows are kept). The
+    ///   handler can ask [`Delivery::cancel_requested`](crate::Delivery::cancel_requested).
+    ///   If the process dies before it settles, the row comes back when its lease expires:
+    ///   cancel it again then.
+    /// - **row lock**: its row is locked by the delivery's transaction, so no one can write it
+    ///   meanwhile: cancel waits for that delivery to settle (at most the broker's
+    ///   [`statement_timeout`](crate::BrokerBuilder::statement_timeout), then a transient
+    ///   [`BrokerError::Database`] and nothing changed), then removes the row if it is still
+    ///   there. The handler sees nothing.
+    /// - **advisory lock**: the request is written on the row (the handler can ask, and its
+    ///   retry ends the row as in the lease form), then cancel waits for the row's key (at
+    ///   most the statement timeout; the request is then withdrawn, and the error is a
+    ///   transient [`BrokerError::Database`]) and removes the row under it.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Schema`] if the table does not exist or lacks a column of its
+    /// description ([`Broker::migrate`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let id = broker.publish(&jobs, Message::new(b"never mind".to_vec()))?;
+    /// assert!(broker.cancel(&jobs, id)?);
+    /// assert!(broker.job(&jobs, id)?.is_none());
+    /// assert!(!broker.cancel(&jobs, id)?); // gone already
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn cancel(&self, table: &Table, id: i64) -> Result<bool> {
+        let q = self.queue(table)?;
+        checked(&q)?;
+        match q.spec.form {
+            Form::Lease => cancel_lease(&q, id),
+            Form::RowLock => cancel_row_lock(&q, id),
+            Form::AdvisoryLock => cancel_advisory(&q, id),
+        }
+    }
+}
+
+/// Lease: removes the row if it is not leased, else marks it; between the two a lease may
+/// begin or end, so the pair runs again (a few times at most: each round sees a state change).
+fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
+    for _ in 0..8 {
+        let now = claim_now(SystemTime::now());
+        let params = [Value::Int(id), Value::Time(now)];
+        if q.retrying("cancel", |c| c.execute(&q.sql.cancel_remove, &params))? > 0 {
+            return Ok(true);
+        }
+        if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? > 0 {
+            return Ok(true);
+        }
+        let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
+        match rows.into_iter().next().map(|r| job_row(q, r, now)) {
+            None => return Ok(false),
+            Some(j) if j.state == JobState::Completed => return Ok(false),
+            Some(_) => {}
+        }
+    }
+    Err(q.err("cancel")(DbError::new(
+        DbErrorKind::Transient,
+        "the job kept changing between being leased and not: try again",
+    )))
+}
+
+/// Row lock: waits for the row's lock (its delivery settles), then removes it.
+fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
+    let mut conn = q.conn("cancel")?;
+    conn.mark_broken();
+    let run = |conn: &mut dyn DbConn| -> Result<u64, DbError> {
+        for stmt in &q.sql.begin {
+            conn.batch(stmt)?;
+        }
+        if conn
+            .query(&q.sql.cancel_lock, &[Value::Int(id)])?
+            .is_empty()
+        {
+            return Ok(0);
+        }
+        conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])
+    };
+    match run(&mut *conn) {
+        Ok(n) => {
+            conn.batch("COMMIT").map_err(q.err("cancel"))?;
+            conn.set_broken(false);
+            Ok(n > 0)
+        }
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(q.err("cancel")(e))
+        }
+    }
+}
+
+/// Advisory: marks the row, waits for its key, removes the row under it.
+fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
+    let now = claim_now(SystemTime::now());
+    let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
+    let Some(job) = rows.into_iter().next().map(|r| job_row(q, r, now)) else {
+        return Ok(false);
+    };
+    if job.state == JobState::Completed {
+        return Ok(false);
+    }
+    let Some(template) = &q.spec.key else {
+        return Ok(false);
+    };
+    let values: Vec<Value> = job.values.iter().map(|(_, v)| v.clone()).collect();
+    let key = template.render(&values);
+    let params = [Value::Int(id)];
+    q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))?;
+    let deadline = Instant::now() + q.statement_timeout;
+    let removed = with_key(q, &key, deadline, |conn| {
+        if conn.execute(&q.sql.cancel_remove, &params)? > 0 {
+            return Ok(true);
+        }
+        // Not removed: gone (acked), or completed: by an ack, or cancelled by its retry.
+        let row = conn.query(&q.sql.job, &params)?.into_iter().next();
+        Ok(row.is_some_and(|r| {
+            let j = job_row(q, r, now);
+            j.dead_reason.as_deref() == Some(CANCELLED)
+        }))
+    });
+    match removed {
+        Ok(Some(done)) => Ok(done),
+        Ok(None) => {
+            // The key stayed held: withdraw the request, so nothing changed.
+            q.retrying("cancel", |c| c.execute(&q.sql.cancel_unmark, &params))?;
+            Err(q.err("cancel")(DbError::new(
+                DbErrorKind::Transient,
+                format!(
+                    "the job's key {key:?} stayed held for {:?}: its delivery did not settle",
+                    q.statement_timeout
+                ),
+            )))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's
+/// registry), trying for it every 20 ms until `deadline`; `None` if it stayed held.
+fn with_key<T>(
+    q: &Queue,
+    key: &str,
+    deadline: Instant,
+    f: impl Fn(&mut dyn DbConn) -> Result<T, DbError>,
+) -> Result<Option<T>> {
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    if let Some(registry) = q.dialect.process_keys() {
+        loop {
+            if let Some(_held) = registry.try_take(key) {
+                let mut conn = q.conn("cancel")?;
+                return f(&mut *conn).map(Some).map_err(q.err("cancel"));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            pause();
+        }
+    }
+    let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
+    else {
+        return Ok(None);
+    };
+    let sql = KeySql { lock, unlock };
+    let name = q.dialect.key_name(key);
+    let mut conn = q.conn("cancel")?;
+    let mut keys = SessionKeys::default();
+    loop {
+        if !q.held_here.is_held(key)
+            && keys
+                .lock(&mut *conn, &sql, &name)
+                .map_err(q.err("cancel"))?
+        {
+            let out = f(&mut *conn);
+            keys.unlock(&mut *conn, &sql, &name);
+            return out.map(Some).map_err(q.err("cancel"));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        pause();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_bounded_on_a_char_boundary() {
+        assert_eq!(bound_error("short"), "short");
+        let long = "é".repeat(LAST_ERROR_MAX + 5);
+        let cut = bound_error(&long);
+        assert_eq!(cut.chars().count(), LAST_ERROR_MAX);
+        assert_eq!(cut.len(), 2 * LAST_ERROR_MAX);
+        assert_eq!(bound_error("a\0b"), "a\u{FFFD}b");
+        let exact = "x".repeat(LAST_ERROR_MAX);
+        assert_eq!(bound_error(&exact), exact);
+    }
+}

@@ -1,0 +1,160 @@
+//! `Broker::cancel`: a job not in work (ready, scheduled, dead) is removed or kept completed
+//! and cancelled; a job in work finishes its attempt: a failure does not retry it, an ack
+//! completes it; unknown and finished jobs answer `false` and change nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{live, msg, next, wait_for, Db, Live};
+use sqlbroker::{Delivery, Form, JobState, RetryPolicy, Subscription, Table};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn subscribe(l: &Live, t: &Table) -> Subscription {
+    l.broker
+        .subscription(t)
+        .batch_size(1)
+        .max_in_flight(1)
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+        ))
+        .start()
+        .unwrap()
+}
+
+/// Ready, scheduled and dead jobs are removed; unknown ids and acked jobs are `false`.
+fn cancel_jobs_not_in_work(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let dead = b.publish(&t, msg("dead", "d")).unwrap();
+    let sub = subscribe(&l, &t);
+    next(&sub, WAIT).dead_letter("bad").unwrap();
+    let acked = b.publish(&t, msg("acked", "e")).unwrap();
+    next(&sub, WAIT).ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    let ready = b.publish(&t, msg("ready", "a")).unwrap();
+    let later = b
+        .publish(
+            &t,
+            msg("later", "b").deliver_after(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    let keep = b.publish(&t, msg("keep", "c")).unwrap();
+    for id in [ready, later, dead] {
+        // Fails if a job not in work is not removed.
+        assert!(b.cancel(&t, id).unwrap(), "job {id}");
+        assert!(b.job(&t, id).unwrap().is_none(), "job {id}");
+    }
+    for id in [ready, acked, keep + 1000] {
+        assert!(!b.cancel(&t, id).unwrap(), "job {id}");
+    }
+    // Nothing else changed.
+    assert_eq!(l.rows(&t), 1);
+    assert_eq!(b.job(&t, keep).unwrap().unwrap().state(), JobState::Ready);
+    let sub = subscribe(&l, &t);
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), keep);
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_jobs_not_in_work);
+
+/// On a table that keeps completed rows, a cancelled job is kept completed and cancelled; a
+/// completed one is `false` and stays as it was.
+fn cancel_keeps_completed_rows(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        common::describe(&common::unique("t"), form, Duration::from_secs(30))
+            .keep_completed(Duration::from_secs(3600)),
+    );
+    let b = &l.broker;
+    let done = b.publish(&t, msg("done", "a")).unwrap();
+    let sub = subscribe(&l, &t);
+    next(&sub, WAIT).ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    let queued = b.publish(&t, msg("queued", "b")).unwrap();
+    assert!(b.cancel(&t, queued).unwrap());
+    let j = b.job(&t, queued).unwrap().unwrap();
+    // Fails if the cancelled row is deleted (or left live) on a table that keeps completed rows.
+    assert_eq!(j.state(), JobState::Completed);
+    assert_eq!(j.dead_reason(), Some("cancelled"));
+    assert!(!b.cancel(&t, done).unwrap());
+    let j = b.job(&t, done).unwrap().unwrap();
+    assert_eq!((j.state(), j.dead_reason()), (JobState::Completed, None));
+}
+per_db_form!(cancel_keeps_completed_rows);
+
+/// Cancels `d`'s job from another thread while `d` is in work, then settles `d` with
+/// `settle`; returns what cancel said. Lease and advisory: the request is seen by the handler
+/// before it settles; row lock: cancel waits for the row, so the settlement comes first or
+/// while it waits, either way before it answers.
+fn cancel_in_work(l: &Live, t: &Table, d: Delivery, settle: impl FnOnce(Delivery)) -> bool {
+    let (b, t2, id) = (l.broker.clone(), t.clone(), d.id());
+    let cancel = std::thread::spawn(move || b.cancel(&t2, id));
+    if l.broker.job(t, id).unwrap().unwrap().state() == JobState::InFlight
+        && t.form() != Form::RowLock
+    {
+        // Fails if the handler cannot see the request.
+        assert!(
+            wait_for(WAIT, || d.cancel_requested().unwrap()),
+            "the request never reached the handler"
+        );
+    } else {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    settle(d);
+    cancel.join().unwrap().unwrap()
+}
+
+/// A job cancelled in work whose handler then fails is not retried.
+fn cancel_in_work_then_fail(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let id = l.broker.publish(&t, msg("work", "a")).unwrap();
+    let sub = subscribe(&l, &t);
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), id);
+    let said = cancel_in_work(&l, &t, d, |d| d.fail("boom").unwrap());
+    assert!(said, "cancel of a job in work that then failed said false");
+    // Fails if the failure retried the row: it would be delivered again within a second.
+    assert!(
+        sub.next_delivery_timeout(Duration::from_secs(3)).is_err(),
+        "the cancelled job ran again"
+    );
+    match l.broker.job(&t, id).unwrap() {
+        // Lease: the retry statement ended it as a dead letter "cancelled".
+        Some(j) => {
+            assert_eq!(form, Form::Lease, "{j:?}");
+            assert_eq!(
+                (j.state(), j.dead_reason()),
+                (JobState::Dead, Some("cancelled"))
+            );
+            assert_eq!(j.last_error(), Some("boom"));
+        }
+        // Row lock and advisory: cancel removed it once the delivery let it go.
+        None => assert_ne!(form, Form::Lease),
+    }
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_in_work_then_fail);
+
+/// A job cancelled in work whose handler then acks is completed (here: deleted), never run
+/// again.
+fn cancel_in_work_then_ack(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let id = l.broker.publish(&t, msg("work", "a")).unwrap();
+    let sub = subscribe(&l, &t);
+    let d = next(&sub, WAIT);
+    let said = cancel_in_work(&l, &t, d, |d| d.ack().unwrap());
+    // Lease: the request was written while it was in work (true: it will not run again);
+    // row lock and advisory: cancel found it acked (false: finished, nothing to cancel).
+    assert_eq!(said, form == Form::Lease);
+    assert!(l.broker.job(&t, id).unwrap().is_none());
+    assert!(sub.next_delivery_timeout(Duration::from_secs(2)).is_err());
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_in_work_then_ack);

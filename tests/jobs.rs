@@ -1,0 +1,217 @@
+//! Error history and job lookup: a failure keeps its text (bounded) and count on the row, shown
+//! by `Broker::job`, `Broker::jobs` and the dead letters; a job's state as each form can tell
+//! it; and a table made before these columns existed is migrated and then keeps errors.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{live, msg, next, Db};
+use sqlbroker::{BrokerError, Form, JobState, RetryPolicy, LAST_ERROR_MAX};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn quick_retries() -> RetryPolicy {
+    RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(1))
+}
+
+/// `fail` keeps its text and counts it; a plain `retry` keeps both; a long error is cut to
+/// `LAST_ERROR_MAX` characters on a character boundary; a dropped delivery leaves its own
+/// text; a dead letter keeps its reason and the last error.
+fn failures_keep_their_last_error(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let id = b.publish(&t, msg("poison", "a")).unwrap();
+    let fresh = b.job(&t, id).unwrap().expect("published");
+    assert_eq!((fresh.errors(), fresh.last_error()), (0, None));
+    let sub = b
+        .subscription(&t)
+        .batch_size(1)
+        .max_in_flight(1)
+        .retry_policy(quick_retries())
+        .start()
+        .unwrap();
+
+    next(&sub, WAIT).fail("smtp: 421 try later").unwrap();
+    let j = b.job(&t, id).unwrap().unwrap();
+    // Fails if the retry statement does not write the error (or count it).
+    assert_eq!(
+        (j.errors(), j.last_error()),
+        (1, Some("smtp: 421 try later"))
+    );
+
+    next(&sub, WAIT).retry().unwrap();
+    let j = b.job(&t, id).unwrap().unwrap();
+    // Fails if a plain retry clears or counts the last error.
+    assert_eq!(
+        (j.errors(), j.last_error()),
+        (1, Some("smtp: 421 try later"))
+    );
+
+    let long = "é".repeat(LAST_ERROR_MAX + 7);
+    next(&sub, WAIT).fail(&long).unwrap();
+    let j = b.job(&t, id).unwrap().unwrap();
+    let kept = j.last_error().unwrap();
+    // Fails if the error is not bounded (or is cut inside a character).
+    assert_eq!(kept.chars().count(), LAST_ERROR_MAX);
+    assert!(long.starts_with(kept));
+    assert_eq!(j.errors(), 2);
+
+    drop(next(&sub, WAIT));
+    let j = b.job(&t, id).unwrap().unwrap();
+    assert_eq!(j.errors(), 3);
+    assert!(
+        j.last_error().unwrap().contains("dropped unsettled"),
+        "{:?}",
+        j.last_error()
+    );
+
+    // The drop's delay is a second; the dead letter keeps the last error beside its reason.
+    next(&sub, WAIT).dead_letter("gave up").unwrap();
+    let dead = b.dead_letters(&t, 10).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, "gave up");
+    assert!(dead[0].last_error().unwrap().contains("dropped unsettled"));
+    assert_eq!(dead[0].errors, 3);
+    let j = b.job(&t, id).unwrap().unwrap();
+    assert_eq!(j.state(), JobState::Dead);
+    assert_eq!(j.dead_reason(), Some("gave up"));
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(failures_keep_their_last_error);
+
+/// A job's state as the form tells it: scheduled, ready, in flight (lease: leased; row lock:
+/// its row locked by the delivery; advisory: its key held), dead; unknown ids are `None`; pages
+/// by state page by id.
+fn job_states_and_pages(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let busy = b.publish(&t, msg("busy", "a")).unwrap();
+    let sub = b
+        .subscription(&t)
+        .batch_size(1)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), busy);
+    let ready = b.publish(&t, msg("ready", "b")).unwrap();
+    let later = b
+        .publish(
+            &t,
+            msg("later", "c").deliver_after(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    // Looked up from another broker, as an operator's tool in another process would: the
+    // server's locks (and SQLite's process keys) are what it sees.
+    let other = l.connect();
+    let state = |id| other.job(&t, id).unwrap().map(|j| j.state());
+    // Fails if the form's probe does not see the row in work.
+    assert_eq!(state(busy), Some(JobState::InFlight));
+    // Fails if the probe takes a free row (or key) for one in work.
+    assert_eq!(state(ready), Some(JobState::Ready));
+    assert_eq!(state(later), Some(JobState::Scheduled));
+    assert_eq!(state(later + 1000), None);
+    let job = b.job(&t, ready).unwrap().unwrap();
+    assert_eq!(job.payload(), b"ready");
+    assert_eq!(job.get("k").and_then(|v| v.as_str()), Some("b"));
+
+    let page = |s| -> Vec<(i64, JobState)> {
+        other
+            .jobs(&t, s, None, 10)
+            .unwrap()
+            .iter()
+            .map(|j| (j.id(), j.state()))
+            .collect()
+    };
+    assert_eq!(page(JobState::Scheduled), [(later, JobState::Scheduled)]);
+    let due = [(busy, JobState::InFlight), (ready, JobState::Ready)];
+    if form == Form::Lease {
+        assert_eq!(page(JobState::InFlight), [due[0]]);
+        assert_eq!(page(JobState::Ready), [due[1]]);
+    } else {
+        // Row lock and advisory: both pages read the due rows, each with its probed state.
+        assert_eq!(page(JobState::InFlight), due);
+        assert_eq!(page(JobState::Ready), due);
+    }
+    assert!(page(JobState::Completed).is_empty());
+    // Keyset paging: after the first due row, the second.
+    let rest = b.jobs(&t, JobState::Ready, Some(busy), 10).unwrap();
+    assert_eq!(rest.iter().map(|j| j.id()).collect::<Vec<_>>(), [ready]);
+
+    d.dead_letter("no").unwrap();
+    assert_eq!(state(busy), Some(JobState::Dead));
+    assert_eq!(page(JobState::Dead), [(busy, JobState::Dead)]);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(job_states_and_pages);
+
+/// A table made by the previous release (the same table without `last_error`, `errors` and,
+/// outside the row lock form, `cancel_requested`) is refused with the missing columns named,
+/// migrated with its rows, and then keeps errors.
+fn migrate_adds_the_error_history(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let mut gone = vec!["last_error", "errors"];
+    if form != Form::RowLock {
+        gone.push("cancel_requested");
+    }
+    for c in &gone {
+        l.exec(&format!("ALTER TABLE {} DROP COLUMN {c}", t.name()));
+    }
+    // The broker of the test compiled the table before: a new one, as a new process would.
+    let b = l.connect();
+    let id = b.publish(&t, msg("old", "a")).unwrap();
+    match b.subscription(&t).start() {
+        // Fails if a table without the columns is accepted.
+        Err(BrokerError::Schema { problems, .. }) => {
+            let want: Vec<String> = gone
+                .iter()
+                .map(|c| format!("column {c} is missing"))
+                .collect();
+            assert_eq!(problems, want);
+        }
+        other => panic!("the old table was accepted: {other:?}"),
+    }
+    assert!(matches!(b.job(&t, id), Err(BrokerError::Schema { .. })));
+    let done = b.migrate(&t).unwrap();
+    let want: Vec<String> = gone.iter().map(|c| format!("added column {c}")).collect();
+    assert_eq!(done, want);
+    let sub = b
+        .subscription(&t)
+        .retry_policy(quick_retries())
+        .start()
+        .unwrap();
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), id);
+    d.fail("after migrate").unwrap();
+    let j = b.job(&t, id).unwrap().unwrap();
+    assert_eq!((j.errors(), j.last_error()), (1, Some("after migrate")));
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(migrate_adds_the_error_history);
+
+/// An unknown table is a schema error, not a driver error about a missing relation.
+fn an_unknown_table_is_a_clear_error(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = common::describe(
+        &common::unique("nope"),
+        Form::Lease,
+        Duration::from_secs(30),
+    );
+    for r in [
+        l.broker.job(&t, 1).map(drop),
+        l.broker.cancel(&t, 1).map(drop),
+        l.broker.jobs(&t, JobState::Ready, None, 1).map(drop),
+    ] {
+        match r {
+            Err(BrokerError::Schema { problems, .. }) => {
+                assert!(problems[0].contains("does not exist"), "{problems:?}")
+            }
+            other => panic!("expected a schema error, got {other:?}"),
+        }
+    }
+}
+per_db!(an_unknown_table_is_a_clear_error);
