@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use crate::error::{BrokerError, Result};
 
+pub(crate) mod record;
+
 /// How a claimed row is held while its handler runs. Chosen by the [`Table`] description.
 ///
 /// ```
