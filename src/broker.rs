@@ -442,7 +442,9 @@ impl Broker {
     /// The description given is recorded as the table's ([`Broker::open_table`]), replacing
     /// the record it had, or giving a table made by an earlier release its first; the pause
     /// flag is kept. Brokers that checked the old description keep it until they are made
-    /// again: stop the workers of the old description first.
+    /// again: stop the workers of the old description first. A description in another form
+    /// than the record (or, for a table with no record, its columns: a `locked_until` column
+    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form.
     pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
         let q = self.compiled(table)?;
         let mut conn = q.conn("migrate")?;
@@ -452,6 +454,9 @@ impl Broker {
             self.create_table(table)?;
             return Ok(vec![format!("created table {}", q.spec.name)]);
         }
+        drop(conn);
+        crate::registry::check_migration(&q, table)?;
+        let mut conn = q.conn("migrate")?;
         let defs = q.dialect.column_defs(&q.spec);
         let missing: Vec<_> = defs
             .iter()

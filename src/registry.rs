@@ -113,23 +113,11 @@ pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
     let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("table check"))?;
     let problems = match found {
         Some(row) => table.differences(&described(&q.spec.name, &row)?),
-        None => {
-            let columns = q.columns(&mut *conn)?;
-            if columns.is_empty() {
-                return Ok(());
-            }
-            let leased = table.locked_until_column();
-            let has_lease = columns.iter().any(|(c, _)| *c == leased);
-            match q.spec.form {
-                Form::Lease => Vec::new(),
-                form if has_lease => vec![format!(
-                    "the table has no record, and its {leased} column makes it a lease table, \
-                     described as {}",
-                    form.name()
-                )],
-                _ => Vec::new(),
-            }
-        }
+        None => match unrecorded(q, &mut *conn, table)? {
+            Some(problems) => problems,
+            // No table yet.
+            None => return Ok(()),
+        },
     };
     if !problems.is_empty() {
         return Err(BrokerError::Schema {
@@ -139,6 +127,55 @@ pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
     }
     q.described.store(true, Ordering::Release);
     Ok(())
+}
+
+/// The problems of `table` as the description of a table with no record, by its columns (a
+/// `locked_until` column means a lease table); `None` if the table does not exist.
+fn unrecorded(q: &Queue, conn: &mut dyn DbConn, table: &Table) -> Result<Option<Vec<String>>> {
+    let columns = q.columns(conn)?;
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    let leased = table.locked_until_column();
+    let has_lease = columns.iter().any(|(c, _)| *c == leased);
+    Ok(Some(match q.spec.form {
+        Form::Lease => Vec::new(),
+        form if has_lease => vec![format!(
+            "the table has no record, and its {leased} column makes it a lease table, \
+             described as {}",
+            form.name()
+        )],
+        _ => Vec::new(),
+    }))
+}
+
+/// Refuses a migration that would change the table's form: against its record, or, with
+/// none, its columns. Another form's description of a table with rows in work would run
+/// them twice; a form is chosen when a table is made.
+pub(crate) fn check_migration(q: &Queue, table: &Table) -> Result<()> {
+    let mut conn = q.conn("migrate")?;
+    let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("migrate"))?;
+    let problems = match found {
+        Some(row) => {
+            let recorded = described(&q.spec.name, &row)?;
+            if recorded.form() == table.form() {
+                return Ok(());
+            }
+            vec![format!(
+                "recorded as {}, described as {}: migrate does not change a table's form",
+                recorded.form_words(),
+                table.form_words()
+            )]
+        }
+        None => unrecorded(q, &mut *conn, table)?.unwrap_or_default(),
+    };
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(BrokerError::Schema {
+        table: q.spec.name.clone(),
+        problems,
+    })
 }
 
 /// Makes the registry if it is not there. Two brokers making it at once may collide on
@@ -226,8 +263,8 @@ impl Broker {
             reason,
         })?;
         let mut conn = self.pooled("open table", name)?;
-        let row = read(self.dialect(), &mut *conn, name)
-            .map_err(|e| e.during("open table", name))?;
+        let row =
+            read(self.dialect(), &mut *conn, name).map_err(|e| e.during("open table", name))?;
         let Some(row) = row else {
             return Err(BrokerError::UnknownTable {
                 table: name.to_string(),
@@ -340,7 +377,10 @@ impl Broker {
             .conn(op)
             .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
         {
-            log::warn!("table {}: telling other brokers of the {op}: {e}", q.spec.name);
+            log::warn!(
+                "table {}: telling other brokers of the {op}: {e}",
+                q.spec.name
+            );
         }
         Ok(())
     }

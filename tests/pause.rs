@@ -98,7 +98,10 @@ fn a_pause_in_another_process_stops_claims_until_resumed(db: Db, form: Form) {
     let first = sub
         .next_delivery_timeout(POLL + MARGIN)
         .unwrap_or_else(|e| panic!("not resumed within {:?}: {e}", POLL + MARGIN));
-    println!("{db:?} {form:?}: first row {:?} after the resume", resumed.elapsed());
+    println!(
+        "{db:?} {form:?}: first row {:?} after the resume",
+        resumed.elapsed()
+    );
     let mut got = vec![first.payload().to_vec()];
     first.ack().unwrap();
     for _ in 0..2 {

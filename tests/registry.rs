@@ -69,8 +69,9 @@ per_db_form!(a_table_described_in_another_form_is_refused);
 
 /// Issue 16's defect, for a table with no record (made by the previous release): a lease
 /// table opened as `Table::new(same)` ran one row in two subscriptions. Its `locked_until`
-/// column now refuses the row lock description; `migrate` gives it its record, after which
-/// the record refuses it. A row lock table with no record is accepted as row lock.
+/// column now refuses the row lock description (by publish, start and migrate); `migrate`
+/// gives it its record, after which the record refuses it (migrate too: a table keeps its
+/// form). A row lock table with no record is accepted as row lock.
 ///
 /// Fails (`a lease table was accepted as row lock`) without the column inference: tried by
 /// treating a table with no record as always matching.
@@ -88,8 +89,10 @@ fn a_lease_table_without_a_record_refuses_row_lock(db: Db) {
     let problems = schema_problems(published);
     assert_eq!(
         problems,
-        ["the table has no record, and its locked_until column makes it a lease table, \
-          described as row lock"]
+        [
+            "the table has no record, and its locked_until column makes it a lease table, \
+          described as row lock"
+        ]
     );
     assert_eq!(
         schema_problems(fresh.subscription(&plain).start()),
@@ -101,12 +104,23 @@ fn a_lease_table_without_a_record_refuses_row_lock(db: Db) {
         Err(BrokerError::UnknownTable { .. })
     ));
 
-    // The previous release's table gets its record from migrate.
+    // Nor may migrate record it as row lock ...
+    assert_eq!(schema_problems(fresh.migrate(&plain)), problems);
+    // ... but the previous release's table gets its record from migrate.
     assert!(fresh.migrate(&t).unwrap().is_empty());
     assert_eq!(fresh.open_table(t.name()).unwrap(), t);
     assert_eq!(
         schema_problems(live.connect().publish(&plain, common::msg("x", "a"))),
         ["recorded as lease 30s, described as row lock"]
+    );
+    assert_eq!(
+        schema_problems(live.connect().migrate(&plain)),
+        ["recorded as lease 30s, described as row lock: migrate does not change a table's form"]
+    );
+    assert_eq!(
+        fresh.open_table(t.name()).unwrap(),
+        t,
+        "a refused migrate changed the record"
     );
 
     // A row lock table with no record: accepted as row lock.
@@ -185,7 +199,10 @@ fn unknown_names_and_newer_records_are_refused(db: Db) {
 
     // A table with no record: pause refused, and no record made by it.
     let t = live.table(Form::Lease, LEASE);
-    let unrecorded = format!("SELECT COUNT(*) FROM sqlbroker_tables WHERE name = '{}'", t.name());
+    let unrecorded = format!(
+        "SELECT COUNT(*) FROM sqlbroker_tables WHERE name = '{}'",
+        t.name()
+    );
     live.exec(&format!(
         "DELETE FROM sqlbroker_tables WHERE name = '{}'",
         t.name()
@@ -208,7 +225,10 @@ fn unknown_names_and_newer_records_are_refused(db: Db) {
         schema_problems(fresh.publish(&n, Message::new(b"x".to_vec()).set("k", "a"))),
     ] {
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].contains("newer sqlbroker (record format 2"), "{problems:?}");
+        assert!(
+            problems[0].contains("newer sqlbroker (record format 2"),
+            "{problems:?}"
+        );
     }
     assert_eq!(live.rows(&n), 0);
     assert!(fresh

@@ -377,7 +377,9 @@ mod tests {
             rows_per_claim: 1,
             ..Script::default()
         });
-        script.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+        script
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let mut opts = options(4);
         opts.poll_interval = Duration::from_millis(50);
         let ctx = ctx(&script, Form::Lease, opts);
@@ -397,8 +399,13 @@ mod tests {
         );
         // ... or made per claim: one read per 50 ms poll for 500 ms.
         let paused_reads = reads(&script);
-        assert!((4..=12).contains(&paused_reads), "{paused_reads} reads in 500 ms");
-        script.paused.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (4..=12).contains(&paused_reads),
+            "{paused_reads} reads in 500 ms"
+        );
+        script
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         let resumed = std::time::Instant::now();
         while script.claims.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             assert!(

@@ -196,7 +196,11 @@ impl Table {
             }
         };
         let opt = |v: Option<String>| v.unwrap_or_else(|| "unset".into());
-        field("the group column", opt(self.group.clone()), opt(recorded.group.clone()));
+        field(
+            "the group column",
+            opt(self.group.clone()),
+            opt(recorded.group.clone()),
+        );
         field("fifo", self.fifo.to_string(), recorded.fifo.to_string());
         field(
             "isolation",
@@ -273,9 +277,13 @@ mod tests {
 
     #[test]
     fn unreadable_records_are_refused() {
-        assert!(Table::from_record("{").unwrap_err().contains("does not read"));
+        assert!(Table::from_record("{")
+            .unwrap_err()
+            .contains("does not read"));
         let bad_type = r#"{"name":"t","form":"row lock","columns":[{"name":"c","type":"date"}]}"#;
-        assert!(Table::from_record(bad_type).unwrap_err().contains("\"date\""));
+        assert!(Table::from_record(bad_type)
+            .unwrap_err()
+            .contains("\"date\""));
         let bad_role = r#"{"name":"t","form":"row lock","columns":[],"renames":{"x":"y"}}"#;
         assert!(Table::from_record(bad_role).unwrap_err().contains("role"));
     }
@@ -284,7 +292,9 @@ mod tests {
     /// named in words.
     #[test]
     fn differences_are_named() {
-        let lease = Table::new("jobs").text_column("k").lease(Duration::from_secs(30));
+        let lease = Table::new("jobs")
+            .text_column("k")
+            .lease(Duration::from_secs(30));
         let plain = Table::new("jobs").text_column("k");
         assert_eq!(
             plain.differences(&lease),

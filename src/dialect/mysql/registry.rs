@@ -41,8 +41,13 @@ mod tests {
             "ON DUPLICATE KEY UPDATE format = VALUES(format), description = VALUES(description), \
              updated_at = VALUES(updated_at)"
         ));
-        assert!(!REGISTRY.upsert.contains("paused ="), "a migrate must keep a pause");
-        assert!(REGISTRY.insert_new.starts_with("INSERT IGNORE INTO sqlbroker_tables"));
+        assert!(
+            !REGISTRY.upsert.contains("paused ="),
+            "a migrate must keep a pause"
+        );
+        assert!(REGISTRY
+            .insert_new
+            .starts_with("INSERT IGNORE INTO sqlbroker_tables"));
         assert_eq!(
             REGISTRY.set_paused,
             "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?"

@@ -38,8 +38,13 @@ mod tests {
              description = excluded.description, updated_at = excluded.updated_at"
         ));
         assert!(REGISTRY.upsert.contains("VALUES ($1, $2, $3, $4)"));
-        assert!(!REGISTRY.upsert.contains("paused ="), "a migrate must keep a pause");
-        assert!(REGISTRY.insert_new.ends_with("ON CONFLICT (name) DO NOTHING"));
+        assert!(
+            !REGISTRY.upsert.contains("paused ="),
+            "a migrate must keep a pause"
+        );
+        assert!(REGISTRY
+            .insert_new
+            .ends_with("ON CONFLICT (name) DO NOTHING"));
         assert_eq!(
             REGISTRY.set_paused,
             "UPDATE sqlbroker_tables SET paused = $1, updated_at = $2 WHERE name = $3"

@@ -36,8 +36,13 @@ mod tests {
             "ON CONFLICT (name) DO UPDATE SET format = excluded.format, \
              description = excluded.description, updated_at = excluded.updated_at"
         ));
-        assert!(!REGISTRY.upsert.contains("paused ="), "a migrate must keep a pause");
-        assert!(REGISTRY.insert_new.ends_with("ON CONFLICT (name) DO NOTHING"));
+        assert!(
+            !REGISTRY.upsert.contains("paused ="),
+            "a migrate must keep a pause"
+        );
+        assert!(REGISTRY
+            .insert_new
+            .ends_with("ON CONFLICT (name) DO NOTHING"));
         assert_eq!(
             REGISTRY.set_paused,
             "UPDATE sqlbroker_tables SET paused = ?1, updated_at = ?2 WHERE name = ?3"
