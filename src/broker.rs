@@ -297,8 +297,37 @@ impl Broker {
         self.inner.dialect.database()
     }
 
-    /// The table's validated description and SQL, built once per description.
+    /// The table's validated description and SQL, built once per description, and checked
+    /// against the table's record (or, with none, its columns) once per description
+    /// ([`registry::verify`](crate::registry::verify)): every use of a table but its
+    /// creation and migration comes through here.
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
+        let q = self.compiled(table)?;
+        if !q.described.load(std::sync::atomic::Ordering::Acquire) {
+            crate::registry::verify(&q, table)?;
+        }
+        Ok(q)
+    }
+
+    /// The database's dialect.
+    pub(crate) fn dialect(&self) -> &dyn Dialect {
+        &*self.inner.dialect
+    }
+
+    /// A pooled connection for `op`, not tied to one table's queue (`table` names the table
+    /// in its error, if any).
+    pub(crate) fn pooled(&self, op: &'static str, table: &str) -> Result<pool::PooledConn> {
+        self.inner.pool.get().map_err(|source| BrokerError::Pool {
+            op,
+            table: table.to_string(),
+            timeout: self.inner.pool.connection_timeout(),
+            source: source.into(),
+        })
+    }
+
+    /// The table's validated description and SQL, built once per description, unchecked
+    /// against its record (`create_table`, `migrate`).
+    pub(crate) fn compiled(&self, table: &Table) -> Result<Arc<Queue>> {
         if let Some(q) = self.inner.queues.lock().get(table) {
             return Ok(q.clone());
         }
@@ -336,16 +365,27 @@ impl Broker {
     /// A table of that name that already exists is left as it is, and checked: if it lacks a
     /// described column, or has one of a type the statements cannot use,
     /// [`BrokerError::Schema`] names each problem ([`Broker::migrate`] adds missing columns).
+    ///
+    /// The description is recorded in the database (the registry table `sqlbroker_tables`,
+    /// made on first use), where [`Broker::open_table`] reads it back in any process. A new
+    /// table replaces the record of a table of that name dropped earlier; an existing table
+    /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
+    /// each difference ([`Broker::migrate`] records a changed description).
     pub fn create_table(&self, table: &Table) -> Result<()> {
-        let q = self.queue(table)?;
-        {
+        let q = self.compiled(table)?;
+        let existed = {
             // A table that exists is checked before any DDL: an index over a column it lacks
             // would fail half-way (and, on SQLite, a rolled-back index build was seen to leave
             // the next one incomplete).
             let mut conn = q.conn("schema check")?;
-            if !q.columns(&mut *conn)?.is_empty() {
+            let existed = !q.columns(&mut *conn)?.is_empty();
+            if existed {
                 q.check_schema(&mut *conn)?;
             }
+            existed
+        };
+        if existed {
+            crate::registry::verify(&q, table)?;
         }
         let statements = q.dialect.create_table(&q.spec);
         q.retrying("create table", |conn| {
@@ -362,8 +402,11 @@ impl Broker {
             }
             done
         })?;
-        let mut conn = q.conn("schema check")?;
-        q.check_schema(&mut *conn)
+        {
+            let mut conn = q.conn("schema check")?;
+            q.check_schema(&mut *conn)?;
+        }
+        crate::registry::record(&q, table, !existed)
     }
 
     /// Brings a table made by an earlier version (or described with fewer options) up to its
@@ -395,8 +438,15 @@ impl Broker {
     /// assert!(broker.migrate(&jobs)?.is_empty());
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
+    ///
+    /// The description given is recorded as the table's ([`Broker::open_table`]), replacing
+    /// the record it had, or giving a table made by an earlier release its first; the pause
+    /// flag is kept. Brokers that checked the old description keep it until they are made
+    /// again: stop the workers of the old description first. A description in another form
+    /// than the record (or, for a table with no record, its columns: a `locked_until` column
+    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form.
     pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
-        let q = self.queue(table)?;
+        let q = self.compiled(table)?;
         let mut conn = q.conn("migrate")?;
         let found = q.columns(&mut *conn)?;
         if found.is_empty() {
@@ -404,6 +454,9 @@ impl Broker {
             self.create_table(table)?;
             return Ok(vec![format!("created table {}", q.spec.name)]);
         }
+        drop(conn);
+        crate::registry::check_migration(&q, table)?;
+        let mut conn = q.conn("migrate")?;
         let defs = q.dialect.column_defs(&q.spec);
         let missing: Vec<_> = defs
             .iter()
@@ -446,6 +499,8 @@ impl Broker {
             .migrate_indexes(&mut *conn, &q.spec)
             .map_err(q.err("migrate"))?;
         q.check_schema(&mut *conn)?;
+        drop(conn);
+        crate::registry::record(&q, table, true)?;
         Ok(done)
     }
 

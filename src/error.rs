@@ -219,6 +219,21 @@ pub enum BrokerError {
         /// What is wrong, one line each ("column priority is missing").
         problems: Vec<String>,
     },
+    /// No description of the table is recorded in the database: [`Broker::open_table`] of a
+    /// name that [`Broker::create_table`] or [`Broker::migrate`] never described (a table
+    /// made by an earlier release gets its record from `migrate`), or
+    /// [`Broker::pause`] / [`Broker::resume`] of such a table. Nothing was changed.
+    ///
+    /// [`Broker::open_table`]: crate::Broker::open_table
+    /// [`Broker::create_table`]: crate::Broker::create_table
+    /// [`Broker::migrate`]: crate::Broker::migrate
+    /// [`Broker::pause`]: crate::Broker::pause
+    /// [`Broker::resume`]: crate::Broker::resume
+    #[error("no description of table {table} is recorded (Broker::create_table or Broker::migrate records one)")]
+    UnknownTable {
+        /// The table's name.
+        table: String,
+    },
     /// An option given to a builder is out of its range; nothing was started.
     #[error("invalid option {option}: {reason}")]
     InvalidOption {

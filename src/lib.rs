@@ -266,6 +266,7 @@ mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod publish;
+mod registry;
 mod retry;
 mod runtime;
 mod schedule;
@@ -285,6 +286,7 @@ pub use message::Message;
 pub use ops::{Completed, QueueStats};
 #[cfg(feature = "cron")]
 pub use periodic::{Periodic, PeriodicBuilder};
+pub use registry::RecordedTable;
 pub use retry::RetryPolicy;
 pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};

@@ -80,6 +80,9 @@ pub struct QueueStats {
     /// How long the oldest ready row has been due (`now - run_at`, whole seconds); `None` when
     /// no row is ready. Row lock and advisory lock forms: rows in work included.
     pub oldest_ready_age: Option<Duration>,
+    /// The table is paused ([`Broker::pause`]): its subscriptions claim nothing until it is
+    /// resumed. False for a table with no recorded description.
+    pub paused: bool,
 }
 
 impl QueueStats {
@@ -96,7 +99,8 @@ impl QueueStats {
 
 impl Broker {
     /// The table's rows by state: ready, scheduled, in flight (lease form only), dead, and
-    /// the age of the oldest ready row. One statement (a scan of the table, filtered
+    /// the age of the oldest ready row, and whether it is paused (a second statement, on the
+    /// registry). One statement for the counts (a scan of the table, filtered
     /// aggregates: `COUNT(*) FILTER (..)` on PostgreSQL and SQLite, `COUNT(CASE ..)` on
     /// MySQL), no locks taken. See [`QueueStats`] for exactly what each count holds per form.
     ///
@@ -128,6 +132,7 @@ impl Broker {
                 .max(0) as u64
         };
         let oldest = row.get(4).and_then(Value::as_time);
+        let paused = self.recorded_pause(&q)?;
         Ok(QueueStats {
             form: q.spec.form,
             ready: count(0),
@@ -136,6 +141,7 @@ impl Broker {
             dead: count(3),
             completed: q.spec.completed_at.is_some().then(|| count(5)),
             oldest_ready_age: oldest.map(|t| now.duration_since(t).unwrap_or_default()),
+            paused,
         })
     }
 

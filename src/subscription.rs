@@ -686,6 +686,10 @@ impl Subscription {
         if !self.rx.is_empty() || coming >= wanted || ctx.queue.pool.state().idle_connections == 0 {
             return Vec::new();
         }
+        // A paused table, or a pause flag due for a read: left to the workers.
+        if !ctx.queue.wake.pause.running(ctx.opts.poll_interval) {
+            return Vec::new();
+        }
         let seq = ctx.queue.wake.seq();
         if let Some((at, seen)) = *self.idle_here.lock() {
             if seen == seq && at.elapsed() < ctx.opts.poll_interval {

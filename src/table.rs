@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use crate::error::{BrokerError, Result};
 
+pub(crate) mod record;
+
 /// How a claimed row is held while its handler runs. Chosen by the [`Table`] description.
 ///
 /// ```
@@ -487,6 +489,21 @@ impl Table {
     /// The table's name as given.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The columns of the user's, in description order, with their types: what a tool needs
+    /// to type the values it is given for a table it opened by name
+    /// ([`Broker::open_table`](crate::Broker::open_table)).
+    ///
+    /// ```
+    /// use sqlbroker::{ColumnType, Table};
+    ///
+    /// let t = Table::new("jobs").text_column("kind").int_column("tries");
+    /// let cols: Vec<_> = t.columns().collect();
+    /// assert_eq!(cols, [("kind", ColumnType::Text), ("tries", ColumnType::Int)]);
+    /// ```
+    pub fn columns(&self) -> impl Iterator<Item = (&str, ColumnType)> + '_ {
+        self.columns.iter().map(|(n, t)| (n.as_str(), *t))
     }
 
     /// The form the description chooses.

@@ -70,7 +70,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 12] = [
+    let cases: [(&[&str], &[&str]); 14] = [
         (
             &[],
             &[
@@ -82,8 +82,12 @@ fn every_command_has_help_naming_its_options() {
                 "create-table",
                 "migrate",
                 "publish",
+                "pause",
+                "resume",
             ],
         ),
+        (&["pause"], &["--table"]),
+        (&["resume"], &["--table"]),
         (
             &["migrate"],
             &["--table", "--lease", "--column", "--priorities", "--dedup"],
@@ -265,13 +269,24 @@ fn create_publish_and_dead_letters(db: Db) {
     let out = ok_with(&["migrate", "--priorities"], "");
     assert!(out.contains("up to date"), "{out}");
 
-    let out = ok_with(&["publish", "--set", "k=cli"], "alpha\nbeta\n\ngamma\r\n");
+    // From here the table's name alone: its recorded description (with priorities now).
+    let only = |args: &[&str], stdin: &str| {
+        let mut args = args.to_vec();
+        args.extend(["--table", name.as_str()]);
+        ok(&url, &args, stdin)
+    };
+    let out = only(&["publish", "--set", "k=cli"], "alpha\nbeta\n\ngamma\r\n");
     assert_eq!(out.trim(), "published 4 messages");
 
     // The rows, read through the library: one per line, in order, with the column set.
-    let table = Table::new(name.as_str())
-        .text_column("k")
-        .lease(Duration::from_secs(30));
+    let table = l.broker.open_table(&name).unwrap();
+    assert_eq!(
+        table,
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+            .priorities()
+    );
     let sub = l
         .broker
         .subscription(&table)
@@ -298,7 +313,7 @@ fn create_publish_and_dead_letters(db: Db) {
     }
     sub.shutdown(Duration::from_secs(5)).unwrap();
 
-    let json = ok_with(&["status", "--json"], "");
+    let json = only(&["status", "--json"], "");
     let head = format!(
         "[{{\"table\":\"{name}\",\"form\":\"lease\",\"ready\":3,\"scheduled\":0,\"in_flight\":0,\
          \"dead\":1,\"completed\":null,\"oldest_ready_secs\":"
@@ -306,12 +321,12 @@ fn create_publish_and_dead_letters(db: Db) {
     let secs = json
         .trim()
         .strip_prefix(&head)
-        .and_then(|r| r.strip_suffix("}]"));
+        .and_then(|r| r.strip_suffix(",\"paused\":false}]"));
     let secs: u64 = secs
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{json}"));
     assert!(secs < 60, "{json}");
-    let text = ok_with(&["status"], "");
+    let text = only(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
         row[..7],
@@ -320,7 +335,7 @@ fn create_publish_and_dead_letters(db: Db) {
     );
 
     // dead list: the dead row, and only it.
-    let list = ok_with(&["dead", "list"], "");
+    let list = only(&["dead", "list"], "");
     let listed: Vec<i64> = list
         .lines()
         .skip(1)
@@ -330,7 +345,7 @@ fn create_publish_and_dead_letters(db: Db) {
     assert!(list.contains("bad beta") && list.contains("beta"), "{list}");
 
     // requeue by id: live again, attempts reset; a second time finds no dead row: exit 1.
-    let out = ok_with(&["dead", "requeue", "--id", &dead.to_string()], "");
+    let out = only(&["dead", "requeue", "--id", &dead.to_string()], "");
     assert_eq!(out.trim(), "requeued 1 dead-lettered rows");
     assert_eq!(
         l.rows_where(
@@ -339,8 +354,8 @@ fn create_publish_and_dead_letters(db: Db) {
         ),
         1
     );
-    let args = with(&["dead", "requeue", "--id", &dead.to_string()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let dead_id = dead.to_string();
+    let args = ["dead", "requeue", "--id", &dead_id, "--table", &name];
     let again = run(Some(&url), &args, "");
     assert_eq!(again.status.code(), Some(1));
     assert_eq!(
@@ -350,7 +365,7 @@ fn create_publish_and_dead_letters(db: Db) {
 
     // purge --all: the dead rows go, the live ones stay.
     kill_row(&l, &name, ids[3]);
-    let out = ok_with(&["dead", "purge", "--all"], "");
+    let out = only(&["dead", "purge", "--all"], "");
     assert_eq!(out.trim(), "purged 1 dead-lettered rows");
     let left: Vec<i64> = l
         .ints(&format!(
@@ -363,6 +378,129 @@ fn create_publish_and_dead_letters(db: Db) {
     assert_eq!(l.rows(&table), 3);
 }
 per_db!(create_publish_and_dead_letters);
+
+/// Runs `args` until it exits 0, at most three times: listing every recorded table of a
+/// shared server races with tests of other processes dropping theirs (exit 1 for a table
+/// dropped between the listing and its counts).
+fn ok_listing(url: &str, args: &[&str]) -> String {
+    for _ in 0..2 {
+        let o = run(Some(url), args, "");
+        if o.status.code() == Some(0) {
+            return stdout(&o);
+        }
+    }
+    ok(url, args, "")
+}
+
+/// `status` with only a URL lists every recorded table with its pause flag; `pause` and
+/// `resume` take a name only; a description by flags that disagrees with the record, and a
+/// name with no record, exit 1 with the library's error; `publish` says "1 message".
+///
+/// Fails (`status lists`) when `status` needs `--table` or ignores the registry, and
+/// (`paused`) when the flag is not shown: tried with `"paused": false` written always.
+fn status_pause_and_recorded_tables(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let (a, b) = (unique("cla"), unique("clb"));
+    l.track(&a);
+    l.track(&b);
+    ok(
+        &url,
+        &[
+            "create-table",
+            "--table",
+            &a,
+            "--lease",
+            "30",
+            "--column",
+            "k",
+        ],
+        "",
+    );
+    ok(
+        &url,
+        &[
+            "create-table",
+            "--table",
+            &b,
+            "--column",
+            "k",
+            "--advisory-lock",
+            "b-{k}",
+        ],
+        "",
+    );
+    let out = ok(&url, &["publish", "--table", &a, "--set", "k=x"], "one\n");
+    assert_eq!(out.trim(), "published 1 message");
+    assert_eq!(
+        ok(&url, &["pause", "--table", &a], "").trim(),
+        format!("table {a} is paused")
+    );
+
+    let text = ok_listing(&url, &["status"]);
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|line| line.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("status lists no {name}:\n{text}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(
+        row(&a)[..3],
+        [a.clone(), "lease".into(), "1".into()],
+        "{text}"
+    );
+    assert_eq!(
+        row(&a).last().map(String::as_str),
+        Some("yes"),
+        "paused: {text}"
+    );
+    assert_eq!(
+        row(&b)[1..3],
+        ["advisory".to_string(), "lock".into()],
+        "{text}"
+    );
+    assert_eq!(row(&b).last().map(String::as_str), Some("no"), "{text}");
+
+    let json = ok_listing(&url, &["status", "--json"]);
+    let all: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let find = |name: &str| {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["table"] == name)
+            .unwrap_or_else(|| panic!("status --json lists no {name}: {json}"))
+            .clone()
+    };
+    assert_eq!(find(&a)["paused"], true, "paused: {json}");
+    assert_eq!(find(&a)["ready"], 1);
+    assert_eq!(find(&b)["paused"], false);
+    assert_eq!(find(&b)["form"], "advisory lock");
+
+    ok(&url, &["resume", "--table", &a], "");
+    let json = ok(&url, &["status", "--table", &a, "--json"], "");
+    assert!(json.contains("\"paused\":false"), "{json}");
+
+    // Another description than the record: refused, naming the difference.
+    let o = run(Some(&url), &["status", "--table", &a, "--column", "k"], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recorded as lease 30s, described as row lock"),
+        "{}",
+        stderr(&o)
+    );
+    // No record: exit 1, nothing paused.
+    let nope = unique("nope");
+    let o = run(Some(&url), &["pause", "--table", &nope], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("no description of table {nope} is recorded")),
+        "{}",
+        stderr(&o)
+    );
+}
+per_db!(status_pause_and_recorded_tables);
 
 /// A table that keeps completed rows: `completed list` shows them, `completed prune` deletes
 /// only those past the retention; a table that does not keep them is refused (exit 1).
@@ -453,7 +591,7 @@ fn completed_list_and_prune(db: Db) {
     assert_eq!(left, [done[1]]);
     assert_eq!(l.rows(&table), 2, "the live row stays");
 
-    // Described without --keep-completed: refused, exit 1.
+    // Described without --keep-completed: refused by the table's record, exit 1.
     let o = run(
         Some(&url),
         &["completed", "list", "--table", &name, "--lease", "30"],
@@ -461,7 +599,7 @@ fn completed_list_and_prune(db: Db) {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("does not keep completed rows"),
+        stderr(&o).contains("keep_completed is recorded as 60s, described as unset"),
         "{}",
         stderr(&o)
     );

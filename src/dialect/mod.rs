@@ -238,6 +238,29 @@ pub(crate) struct TableSql {
     pub probe_lock: String,
 }
 
+/// The statements of the table registry, `sqlbroker_tables`: one row per table that
+/// `create_table` or `migrate` described, with its description as JSON
+/// ([`crate::registry`]). The same for every table, so constants of each dialect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegistrySql {
+    /// Makes the registry if it does not exist: `name` (primary key, byte-exact), `format`
+    /// (the record's format version), `description` (JSON), `paused` (0 or 1), `updated_at`.
+    pub create: &'static str,
+    /// `(name, format, description, now)`: records a description, replacing the table's
+    /// record if it has one (its `paused` flag is kept).
+    pub upsert: &'static str,
+    /// `(name, format, description, now)`: records a description unless the table has one.
+    pub insert_new: &'static str,
+    /// `(name)` -> `format, description, paused` of the table's record.
+    pub read: &'static str,
+    /// `(name)` -> `paused` of the table's record (a subscription's pause check).
+    pub paused: &'static str,
+    /// `()` -> `name, format, description, paused` of every record, by name.
+    pub list: &'static str,
+    /// `(paused, now, name)`: sets the pause flag; changes no row if there is no record.
+    pub set_paused: &'static str,
+}
+
 /// FIFO claims where one statement cannot both pick group heads and guard their groups
 /// (MySQL/MariaDB: a locking scan reads newer rows than its own subquery, and keeps locks on
 /// rows it rejects through a secondary index). Heads are read without locks, locked by
@@ -375,6 +398,9 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// How the database spells identifiers and parameters.
     fn syntax(&self) -> &'static shared::Syntax;
+
+    /// The statements of the table registry.
+    fn registry(&self) -> &'static RegistrySql;
 
     /// Inserts `rows` rows in one statement, parameters as `insert_one` repeated.
     fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
@@ -546,6 +572,13 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         _rows: usize,
         _from: Option<u64>,
     ) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    /// Tells other brokers' change feeds, on `conn`, that the table's pause flag changed, so
+    /// their workers read it again at once ([`crate::registry`]). Default: nothing (they read
+    /// it within their poll interval).
+    fn announce_pause(&self, _conn: &mut dyn DbConn, _sql: &TableSql) -> Result<(), DbError> {
         Ok(())
     }
 }

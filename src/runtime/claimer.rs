@@ -99,6 +99,36 @@ fn nothing_ready(ctx: &Ctx) -> bool {
     }
 }
 
+/// True if the table is paused ([`Broker::pause`](crate::Broker::pause)): the flag as this
+/// broker last read it, read again from the registry once per poll interval (one worker
+/// reads it for all). A read that fails keeps the last value.
+fn paused(ctx: &Ctx) -> bool {
+    let flag = &ctx.queue.wake.pause;
+    if let Some(paused) = flag.cached(ctx.opts.poll_interval) {
+        return paused;
+    }
+    let Ok(Some(mut conn)) = ctx.claim_conn() else {
+        return flag.last();
+    };
+    match crate::registry::read_paused(&ctx.queue, &mut *conn) {
+        Ok(paused) => {
+            if paused != flag.last() {
+                log::info!(
+                    "table {} is {}",
+                    ctx.spec().name,
+                    if paused { "paused" } else { "resumed" }
+                );
+            }
+            flag.set(paused);
+            paused
+        }
+        Err(e) => {
+            log::debug!("table {}: reading the pause flag: {e}", ctx.spec().name);
+            flag.last()
+        }
+    }
+}
+
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
 /// and the rows to dead-letter instead (with why). Dead letters are written after the
 /// deliveries are on their way ([`bury`]).
@@ -166,6 +196,15 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
+        if paused(ctx) {
+            // Claims nothing until resumed; deliveries in hand go on. The flag is read again
+            // after a poll interval, or at once after a resume (`PauseFlag::stale`).
+            drop(slots);
+            failures = 0;
+            ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
+            polling = true;
+            continue;
+        }
         if adaptive && polling && {
             // A statement on the database like a claim: counted as one (`claiming`).
             ctx.claiming.fetch_add(1, Ordering::Relaxed);
@@ -328,5 +367,72 @@ mod tests {
         );
         // One per 50 ms poll for 500 ms; never the fast polls (no rows were ever found).
         assert!((4..=12).contains(&polls), "{polls} polls in 500 ms");
+    }
+
+    /// A paused table's worker claims nothing, reads the registry's flag about once per poll
+    /// interval (not once per claim), and claims again once the flag is cleared.
+    #[test]
+    fn a_paused_table_is_not_claimed_and_its_flag_is_read_once_per_poll() {
+        let script = Arc::new(Script {
+            rows_per_claim: 1,
+            ..Script::default()
+        });
+        script
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut opts = options(4);
+        opts.poll_interval = Duration::from_millis(50);
+        let ctx = ctx(&script, Form::Lease, opts);
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let (alive, _exited) = crossbeam_channel::bounded::<()>(0);
+        let worker = {
+            let (ctx, rx) = (ctx.clone(), rx.clone());
+            std::thread::spawn(move || run(ctx, tx, rx, alive))
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        let reads = |s: &Script| s.log.lock().iter().filter(|q| *q == "paused").count();
+        // Fails if the pause check is removed (the worker claims) ...
+        assert_eq!(
+            script.claims.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "a paused table was claimed"
+        );
+        // ... or made per claim: one read per 50 ms poll for 500 ms.
+        let paused_reads = reads(&script);
+        assert!(
+            (4..=12).contains(&paused_reads),
+            "{paused_reads} reads in 500 ms"
+        );
+        script
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let resumed = std::time::Instant::now();
+        while script.claims.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(2),
+                "no claim after the flag was cleared"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Claiming back to back (each claim finds a row, handed back as the test drops it),
+        // the flag is read once per poll, not once per claim.
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(300) {
+            if let Ok(d) = rx.recv_timeout(Duration::from_millis(10)) {
+                drop(d);
+            }
+        }
+        ctx.stop();
+        worker.join().unwrap();
+        let took = started.elapsed();
+        let claims = script.claims.load(std::sync::atomic::Ordering::SeqCst);
+        let running_reads = reads(&script) - paused_reads;
+        assert!(claims >= 50, "{claims} claims in {took:?}");
+        // Fails if the flag is read per claim (`cached` with a zero interval).
+        let polls = (took.as_millis() / 50) as usize;
+        assert!(
+            running_reads <= polls + 2,
+            "{running_reads} flag reads in {took:?} of {claims} claims"
+        );
     }
 }

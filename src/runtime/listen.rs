@@ -12,6 +12,8 @@
 //! - The thread also sends the notifications the publishes of its broker skipped ([`Gate`]):
 //!   when the one they waited for comes back, or when it has not within [`Gate::STALE`].
 //! - A change announced by this broker itself wakes nobody here: its publish already did.
+//! - A change of zero rows is a pause or resume: every worker of the table reads the pause
+//!   flag again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -213,7 +215,11 @@ fn serve(shared: &Shared, w: &mut dyn Watcher, reconnected: bool) -> Result<(), 
                 if table.is_some() {
                     owed(shared, w, name, &wake.gate, now, false)?;
                 }
-                if from != Some(shared.me) {
+                if rows == 0 {
+                    // A pause or resume (`Broker::pause`): the workers read the flag again.
+                    wake.pause.stale();
+                    wake.notify_all();
+                } else if from != Some(shared.me) {
                     wake.notify(rows);
                 }
             }

@@ -73,6 +73,8 @@ pub(crate) struct Queue {
     /// Server advisory form: the keys this broker's sessions hold on this table (a claim
     /// skips them without asking the server).
     pub held_here: Arc<KeyRegistry>,
+    /// The description was checked against the table's record (or columns): done once.
+    pub described: AtomicBool,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -102,6 +104,7 @@ impl Queue {
             inserts: Mutex::default(),
             acks: AckGroup::new(ACK_GROUP_MAX),
             held_here: Arc::default(),
+            described: AtomicBool::new(false),
         }
     }
 

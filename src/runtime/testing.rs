@@ -32,6 +32,8 @@ pub(crate) struct Script {
     pub panic_on_query: bool,
     /// The table has the idle poll's readiness check (`any_ready`, which finds nothing).
     pub any_ready: bool,
+    /// The registry's pause flag of the table, as its `paused` query reads it.
+    pub paused: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) struct Scripted(pub Arc<Script>);
@@ -41,6 +43,16 @@ static SYNTAX: Syntax = Syntax {
     param: |_| "?".into(),
     now: "NOW",
     claim_limit: |p| format!("LIMIT {p}"),
+};
+
+static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
+    create: "registry create",
+    upsert: "registry upsert",
+    insert_new: "registry insert",
+    read: "registry read",
+    paused: "paused",
+    list: "registry list",
+    set_paused: "registry set paused",
 };
 
 impl Dialect for Scripted {
@@ -77,6 +89,9 @@ impl Dialect for Scripted {
     }
     fn syntax(&self) -> &'static Syntax {
         &SYNTAX
+    }
+    fn registry(&self) -> &'static crate::dialect::RegistrySql {
+        &REGISTRY
     }
     fn max_params(&self) -> usize {
         100
@@ -139,6 +154,10 @@ impl DbConn for Conn {
         self.script.log.lock().push(sql.to_string());
         if self.script.panic_on_query {
             panic!("scripted query panic");
+        }
+        if sql == REGISTRY.paused {
+            let paused = self.script.paused.load(Ordering::SeqCst);
+            return Ok(vec![vec![Value::Int(paused.into())]]);
         }
         Ok(Vec::new())
     }

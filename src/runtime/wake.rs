@@ -18,6 +18,8 @@ pub(crate) struct Wake {
     cv: Condvar,
     /// Debounces this table's cross-process notifications (PostgreSQL).
     pub gate: Gate,
+    /// The table's pause flag as this broker last read it.
+    pub pause: PauseFlag,
 }
 
 #[derive(Default)]
@@ -89,6 +91,63 @@ impl Wake {
     #[cfg(test)]
     pub fn waiting(&self) -> usize {
         self.state.lock().waiting
+    }
+}
+
+/// A table's pause flag ([`Broker::pause`](crate::Broker::pause)) as this broker's claimers
+/// last read it from the registry: read again at most once per poll interval, whichever
+/// worker of whichever subscription finds it due, so claims pay nothing per claim. A wake-up
+/// while paused, this broker's own pause or resume, and a pause notification from another
+/// broker (PostgreSQL) make it due at once.
+#[derive(Default)]
+pub(crate) struct PauseFlag {
+    state: Mutex<PauseState>,
+}
+
+#[derive(Default)]
+struct PauseState {
+    paused: bool,
+    /// When it was last read (or set); `None`: read it before the next claim.
+    read_at: Option<Instant>,
+}
+
+impl PauseFlag {
+    /// The flag if it was read less than `every` ago; `None` if it is due for a read, which
+    /// the caller makes (the flag counts as read now, so other workers do not read it too).
+    pub fn cached(&self, every: Duration) -> Option<bool> {
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        match s.read_at {
+            Some(at) if now.duration_since(at) < every => Some(s.paused),
+            _ => {
+                s.read_at = Some(now);
+                None
+            }
+        }
+    }
+
+    /// True if the flag was read less than `every` ago and the table was not paused: a
+    /// handler thread's own claim goes ahead only then (it leaves reads to the workers).
+    pub fn running(&self, every: Duration) -> bool {
+        let s = self.state.lock();
+        !s.paused && s.read_at.is_some_and(|at| at.elapsed() < every)
+    }
+
+    /// The flag as last read, fresh or not.
+    pub fn last(&self) -> bool {
+        self.state.lock().paused
+    }
+
+    /// The flag as just read from the registry.
+    pub fn set(&self, paused: bool) {
+        let mut s = self.state.lock();
+        s.paused = paused;
+        s.read_at = Some(Instant::now());
+    }
+
+    /// Reads the flag again before the next claim.
+    pub fn stale(&self) {
+        self.state.lock().read_at = None;
     }
 }
 

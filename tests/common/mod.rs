@@ -262,6 +262,9 @@ impl Drop for Live {
                     if let Err(e) = try_exec(self.db, &self.url, &sql) {
                         eprintln!("warning: could not drop test table {t}: {e}");
                     }
+                    // Its record in the shared registry (if the registry is there at all).
+                    let record = format!("DELETE FROM sqlbroker_tables WHERE name = '{t}'");
+                    let _ = try_exec(self.db, &self.url, &record);
                 }
             }
         }

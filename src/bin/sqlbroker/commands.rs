@@ -4,10 +4,12 @@ use std::error::Error;
 use std::io::{BufRead, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlbroker::{Broker, ColumnType, Message, QueueStats, Value};
+use serde::Serialize;
+use sqlbroker::{Broker, ColumnType, Message, QueueStats, Table, Value};
 
 use crate::{
-    Cli, Command, CompletedCommand, DeadCommand, DeadPick, PageArgs, PublishArgs, StatusArgs,
+    Cli, Command, CompletedCommand, DeadCommand, DeadPick, NameArgs, PageArgs, PublishArgs,
+    StatusArgs,
 };
 
 mod jobs;
@@ -38,7 +40,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             say(format_args!("table {} is there\n", table.name()))
         }
         Command::Migrate(args) => {
-            let table = args.table();
+            let table = args.open(&broker)?;
             let done = broker.migrate(&table)?;
             if done.is_empty() {
                 say(format_args!("table {} is up to date\n", table.name()))
@@ -51,9 +53,11 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Cancel(args) => cancel(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {
-            let n = broker.prune_completed(&args.table())?;
+            let n = broker.prune_completed(&args.open(&broker)?)?;
             say(format_args!("pruned {n} completed rows\n"))
         }
+        Command::Pause(args) => pause(&broker, args, true),
+        Command::Resume(args) => pause(&broker, args, false),
     };
     match done {
         // A reader that went away (`| head`) is not a failure.
@@ -72,11 +76,39 @@ fn say(args: std::fmt::Arguments<'_>) -> Result {
     Ok(())
 }
 
+/// `pause` (`on`) or `resume` a recorded table.
+fn pause(broker: &Broker, args: &NameArgs, on: bool) -> Result {
+    let table = broker.open_table(&args.table)?;
+    if on {
+        broker.pause(&table)?;
+        say(format_args!("table {} is paused\n", table.name()))
+    } else {
+        broker.resume(&table)?;
+        say(format_args!("table {} is resumed\n", table.name()))
+    }
+}
+
 fn status(broker: &Broker, args: &StatusArgs) -> Result {
+    let every = args.tables.is_empty();
+    let tables: Vec<Table> = if every {
+        broker.tables()?.into_iter().map(|r| r.table).collect()
+    } else {
+        let open = |name: &String| args.desc.open(broker, name);
+        args.tables.iter().map(open).collect::<Result<_, _>>()?
+    };
     let mut all = Vec::new();
-    for name in &args.tables {
-        let table = args.desc.table(name);
-        all.push((table.name().to_string(), broker.stats(&table)?));
+    let mut failed = Vec::new();
+    for table in &tables {
+        match broker.stats(table) {
+            Ok(stats) => all.push((table.name().to_string(), stats)),
+            // Listing every table: one that fails (dropped since it was recorded, say) is
+            // told on stderr, the others are listed, and the exit code says so.
+            Err(e) if every => {
+                eprintln!("sqlbroker: {e}");
+                failed.push(table.name().to_string());
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let out = if args.json {
         status_json(&all)
@@ -90,6 +122,7 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
             "DEAD",
             "COMPLETED",
             "OLDEST_READY",
+            "PAUSED",
         ]
         .map(String::from)
         .to_vec()];
@@ -103,38 +136,56 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
                 s.dead.to_string(),
                 s.completed.map_or("-".into(), |n| n.to_string()),
                 s.oldest_ready_age.map_or("-".into(), age),
+                if s.paused { "yes" } else { "no" }.to_string(),
             ]);
         }
         columns(&rows)
     };
-    say(format_args!("{out}"))
+    say(format_args!("{out}"))?;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("no counts for table {}", failed.join(", ")).into())
+    }
 }
 
-/// One JSON object per table, in an array. Table names are identifiers and form names plain
-/// words: nothing to escape.
+/// One table of `status --json`; fields in this order, `null` where the form does not count.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    table: &'a str,
+    form: &'static str,
+    ready: u64,
+    scheduled: u64,
+    in_flight: Option<u64>,
+    dead: u64,
+    completed: Option<u64>,
+    oldest_ready_secs: Option<u64>,
+    paused: bool,
+}
+
+/// One JSON object per table, in an array, on one line.
 fn status_json(all: &[(String, QueueStats)]) -> String {
-    let null = |v: Option<u64>| v.map_or("null".into(), |n| n.to_string());
-    let objects: Vec<String> = all
+    let objects: Vec<StatusJson<'_>> = all
         .iter()
-        .map(|(name, s)| {
-            format!(
-                "{{\"table\":\"{name}\",\"form\":\"{}\",\"ready\":{},\"scheduled\":{},\
-                 \"in_flight\":{},\"dead\":{},\"completed\":{},\"oldest_ready_secs\":{}}}",
-                s.form.name(),
-                s.ready,
-                s.scheduled,
-                null(s.in_flight),
-                s.dead,
-                null(s.completed),
-                null(s.oldest_ready_age.map(|d| d.as_secs())),
-            )
+        .map(|(name, s)| StatusJson {
+            table: name,
+            form: s.form.name(),
+            ready: s.ready,
+            scheduled: s.scheduled,
+            in_flight: s.in_flight,
+            dead: s.dead,
+            completed: s.completed,
+            oldest_ready_secs: s.oldest_ready_age.map(|d| d.as_secs()),
+            paused: s.paused,
         })
         .collect();
-    format!("[{}]\n", objects.join(","))
+    // Strings, numbers and nulls always serialise.
+    let json = serde_json::to_string(&objects).unwrap_or_default();
+    format!("{json}\n")
 }
 
 fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let page = broker.dead_letters_after(&table, args.after, limit)?;
     let mut rows = vec![[
@@ -170,7 +221,7 @@ fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
 }
 
 fn completed_list(broker: &Broker, args: &PageArgs) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let page = broker.completed_after(&table, args.after, limit)?;
     let mut rows = vec![["ID", "ATTEMPTS", "COMPLETED_AT", "PAYLOAD"]
@@ -204,7 +255,7 @@ enum Pick {
 }
 
 fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     let verb = match pick {
         Pick::Requeue => "requeued",
         Pick::Purge => "purged",
@@ -243,16 +294,15 @@ fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
 }
 
 fn publish(broker: &Broker, args: &PublishArgs) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     let mut values = Vec::new();
     for (column, text) in &args.set {
-        let ty = args
-            .table
-            .desc
-            .columns
-            .iter()
+        // Typed as the table's recorded column; a column it does not have is refused by
+        // publish (as text here).
+        let ty = table
+            .columns()
             .find(|(c, _)| c == column)
-            .map_or(ColumnType::Text, |(_, ty)| *ty);
+            .map_or(ColumnType::Text, |(_, ty)| ty);
         values.push((column.clone(), typed(column, text, ty)?));
     }
     let message = |payload: Vec<u8>| {
@@ -294,12 +344,13 @@ fn publish(broker: &Broker, args: &PublishArgs) -> Result {
     if !batch.is_empty() {
         flush(&mut batch)?;
     }
+    let messages = if rows == 1 { "message" } else { "messages" };
     if duplicates > 0 {
         say(format_args!(
-            "published {rows} messages; {duplicates} skipped as duplicates\n"
+            "published {rows} {messages}; {duplicates} skipped as duplicates\n"
         ))
     } else {
-        say(format_args!("published {rows} messages\n"))
+        say(format_args!("published {rows} {messages}\n"))
     }
 }
 

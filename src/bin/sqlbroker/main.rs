@@ -1,21 +1,27 @@
 //! `sqlbroker`: the operator's command line tool (cargo feature `cli`).
 //!
 //! ```text
-//! sqlbroker --url postgres://postgres@127.0.0.1/app status --table jobs --lease 30
-//! sqlbroker dead list --table jobs --lease 30 --limit 20
-//! sqlbroker dead requeue --table jobs --lease 30 --id 17 --id 18
-//! sqlbroker dead purge --table jobs --lease 30 --all
-//! sqlbroker completed prune --table jobs --lease 30 --keep-completed 604800
 //! sqlbroker create-table --table jobs --lease 30 --column kind
-//! printf 'a\nb\n' | sqlbroker publish --table jobs --lease 30 --set kind=import
-//! sqlbroker job --table jobs --lease 30 17 --json
-//! sqlbroker cancel --table jobs --lease 30 17
+//! sqlbroker --url postgres://postgres@127.0.0.1/app status
+//! sqlbroker status --table jobs --json
+//! sqlbroker pause --table jobs
+//! sqlbroker resume --table jobs
+//! sqlbroker dead list --table jobs --limit 20
+//! sqlbroker dead requeue --table jobs --id 17 --id 18
+//! sqlbroker dead purge --table jobs --all
+//! sqlbroker completed prune --table jobs
+//! printf 'a\nb\n' | sqlbroker publish --table jobs --set kind=import
+//! sqlbroker job --table jobs 17 --json
+//! sqlbroker cancel --table jobs 17
 //! ```
 //!
-//! The URL comes from `--url` or `DATABASE_URL`. The table is described by flags that mirror
-//! [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`, `--column`, `--fifo`,
-//! `--priorities`, `--dedup`, `--keep-completed`); describe it as the application does, since the form decides what
-//! `status` can count and which columns `create-table` makes.
+//! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
+//! table by flags that mirror [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`,
+//! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`), and record the
+//! description in the database; every other command takes the table's name only and reads
+//! its description from there (`Broker::open_table`). Those flags are still accepted by the
+//! other commands: the description they make is checked against the record, and refused if
+//! it differs. `status` with no `--table` lists every recorded table.
 //!
 //! Exit codes: 0 done; 1 the operation failed (database, connection, a row not found);
 //! 2 usage (a bad or missing argument). Errors are printed as `sqlbroker: <error>` on stderr.
@@ -29,7 +35,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use sqlbroker::{ColumnType, Table};
 
 /// Operate sqlbroker queue tables on PostgreSQL, MySQL/MariaDB and SQLite: counts by state,
-/// dead letters, table creation and publishing.
+/// pause and resume, dead letters, table creation and publishing.
 ///
 /// Exit codes: 0 done, 1 the operation failed, 2 usage error.
 #[derive(Debug, Parser)]
@@ -74,6 +80,11 @@ enum Command {
     /// keeps completed rows); one in work finishes its attempt and is not retried. Exit 1 if
     /// no live or dead job has that id.
     Cancel(CancelArgs),
+    /// Pause a table: its subscriptions, in every process, stop claiming within a poll
+    /// interval (deliveries in hand finish), until `resume`.
+    Pause(NameArgs),
+    /// Resume a paused table: its subscriptions claim again.
+    Resume(NameArgs),
 }
 
 /// A job of a table, by id.
@@ -98,6 +109,14 @@ struct CancelArgs {
 
     /// The job's id.
     id: i64,
+}
+
+/// A recorded table, by name.
+#[derive(Debug, Args)]
+struct NameArgs {
+    /// The table's name.
+    #[arg(long, short, value_name = "NAME")]
+    table: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,6 +171,26 @@ struct Description {
 }
 
 impl Description {
+    /// True if no flag describes the table: commands then read its recorded description.
+    fn is_empty(&self) -> bool {
+        self.lease.is_none()
+            && self.advisory_lock.is_none()
+            && self.columns.is_empty()
+            && self.fifo.is_none()
+            && !self.priorities
+            && !self.dedup
+            && self.keep_completed.is_none()
+    }
+
+    /// The table named `name`: the one the flags describe, or, with none, its record.
+    fn open(&self, broker: &sqlbroker::Broker, name: &str) -> sqlbroker::Result<Table> {
+        if self.is_empty() {
+            broker.open_table(name)
+        } else {
+            Ok(self.table(name))
+        }
+    }
+
     fn table(&self, name: &str) -> Table {
         let mut t = Table::new(name);
         for (c, ty) in &self.columns {
@@ -191,15 +230,21 @@ struct TableArgs {
 }
 
 impl TableArgs {
+    /// The table as the flags describe it (`create-table`).
     fn table(&self) -> Table {
         self.desc.table(&self.table)
+    }
+
+    /// The table as the flags describe it, or, with none, as recorded.
+    fn open(&self, broker: &sqlbroker::Broker) -> sqlbroker::Result<Table> {
+        self.desc.open(broker, &self.table)
     }
 }
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// A table's name; repeat for several tables described alike.
-    #[arg(long = "table", short, value_name = "NAME", required = true)]
+    /// A table's name; repeat for several. None: every recorded table.
+    #[arg(long = "table", short, value_name = "NAME")]
     tables: Vec<String>,
 
     #[command(flatten)]

@@ -47,6 +47,7 @@ mod conn;
 #[cfg(test)]
 mod live_tests;
 mod protocol;
+mod registry;
 mod sql;
 mod tls;
 mod values;
@@ -238,6 +239,10 @@ impl Dialect for Mysql {
             }
         }
         Ok(())
+    }
+
+    fn registry(&self) -> &'static crate::dialect::RegistrySql {
+        &registry::REGISTRY
     }
 
     fn syntax(&self) -> &'static Syntax {

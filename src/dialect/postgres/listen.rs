@@ -63,8 +63,15 @@ pub(super) fn payload(rows: usize, from: Option<u64>) -> String {
     }
 }
 
+/// The payload `Broker::pause` and `resume` send: the table's pause flag changed (read as
+/// zero rows, which the listener takes as "read the flag again").
+pub(super) const PAUSE: &str = "pause";
+
 /// Reads a payload; anything else (a bare `NOTIFY` by another tool) reads one row.
 pub(super) fn parse(payload: &str) -> (usize, Option<u64>) {
+    if payload == PAUSE {
+        return (0, None);
+    }
     let (rows, from) = match payload.split_once(':') {
         Some((rows, from)) => (rows, from.parse().ok()),
         None => (payload, None),
@@ -154,5 +161,8 @@ mod tests {
         );
         assert_eq!(parse("x:y"), (1, None));
         assert_eq!(parse("0"), (1, None));
+        // Only the pause payload reads zero rows.
+        assert_eq!(parse(PAUSE), (0, None));
+        assert_eq!(parse("Pause"), (1, None));
     }
 }

@@ -28,6 +28,7 @@ mod listen;
 #[cfg(test)]
 mod live_tests;
 mod protocol;
+mod registry;
 mod sql;
 mod tls;
 mod values;
@@ -128,6 +129,10 @@ impl Dialect for Postgres {
         sql::COLUMNS
     }
 
+    fn registry(&self) -> &'static crate::dialect::RegistrySql {
+        &registry::REGISTRY
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }
@@ -164,6 +169,15 @@ impl Dialect for Postgres {
         match &sql.notify {
             Some(notify) => conn
                 .execute(notify, &[Value::Text(listen::payload(rows, from))])
+                .map(drop),
+            None => Ok(()),
+        }
+    }
+
+    fn announce_pause(&self, conn: &mut dyn DbConn, sql: &TableSql) -> Result<(), DbError> {
+        match &sql.notify {
+            Some(notify) => conn
+                .execute(notify, &[Value::Text(listen::PAUSE.into())])
                 .map(drop),
             None => Ok(()),
         }

@@ -25,6 +25,7 @@
 mod conn;
 mod probe;
 mod protocol;
+mod registry;
 mod sql;
 mod values;
 mod version;
@@ -176,6 +177,10 @@ impl Dialect for Sqlite {
 
     fn columns_query(&self) -> &'static str {
         sql::COLUMNS
+    }
+
+    fn registry(&self) -> &'static crate::dialect::RegistrySql {
+        &registry::REGISTRY
     }
 
     fn syntax(&self) -> &'static Syntax {

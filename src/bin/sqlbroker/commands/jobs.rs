@@ -9,7 +9,7 @@ use crate::{CancelArgs, JobArgs};
 
 /// `job`: one job, as text (one `field: value` line each) or as one JSON object.
 pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     let Some(j) = broker.job(&table, args.id)? else {
         return Err(format!("table {}: no job has id {}", table.name(), args.id).into());
     };
@@ -88,7 +88,7 @@ fn text_value(v: &Value) -> String {
 
 /// `cancel`: says what became of the job; exit 1 if there was none to cancel.
 pub(super) fn cancel(broker: &Broker, args: &CancelArgs) -> Result {
-    let table = args.table.table();
+    let table = args.table.open(broker)?;
     if broker.cancel(&table, args.id)? {
         say(format_args!("cancelled job {}\n", args.id))
     } else {

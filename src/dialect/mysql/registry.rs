@@ -1,0 +1,60 @@
+//! MySQL/MariaDB statements of the table registry (`sqlbroker_tables`, see
+//! [`RegistrySql`](crate::dialect::RegistrySql)). The name is ASCII in a binary collation
+//! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
+//! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
+
+use crate::dialect::RegistrySql;
+
+pub(super) const REGISTRY: RegistrySql = RegistrySql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
+             name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
+             format INT NOT NULL, \
+             description MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL, \
+             paused SMALLINT NOT NULL DEFAULT 0, \
+             updated_at DATETIME NOT NULL) ENGINE=InnoDB",
+    // `VALUES(col)`: MariaDB's spelling, and MySQL 8's (deprecated there since 8.0.20, still
+    // served); the row alias MySQL prefers instead is not MariaDB syntax.
+    upsert: "INSERT INTO sqlbroker_tables (name, format, description, updated_at) \
+             VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE \
+             format = VALUES(format), description = VALUES(description), \
+             updated_at = VALUES(updated_at)",
+    insert_new: "INSERT IGNORE INTO sqlbroker_tables (name, format, description, updated_at) \
+                 VALUES (?, ?, ?, ?)",
+    read: "SELECT format, description, paused FROM sqlbroker_tables WHERE name = ?",
+    paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?",
+    list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
+    set_paused: "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?",
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_sql() {
+        assert!(REGISTRY.create.starts_with(
+            "CREATE TABLE IF NOT EXISTS sqlbroker_tables (name VARCHAR(64) CHARACTER SET ascii \
+             COLLATE ascii_bin NOT NULL PRIMARY KEY, "
+        ));
+        assert!(REGISTRY.create.ends_with("ENGINE=InnoDB"));
+        assert!(REGISTRY.upsert.ends_with(
+            "ON DUPLICATE KEY UPDATE format = VALUES(format), description = VALUES(description), \
+             updated_at = VALUES(updated_at)"
+        ));
+        assert!(
+            !REGISTRY.upsert.contains("paused ="),
+            "a migrate must keep a pause"
+        );
+        assert!(REGISTRY
+            .insert_new
+            .starts_with("INSERT IGNORE INTO sqlbroker_tables"));
+        assert_eq!(
+            REGISTRY.set_paused,
+            "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?"
+        );
+        assert_eq!(
+            REGISTRY.paused,
+            "SELECT paused FROM sqlbroker_tables WHERE name = ?"
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! SQLite statements of the table registry (`sqlbroker_tables`, see
+//! [`RegistrySql`](crate::dialect::RegistrySql)). `name` is `TEXT` in SQLite's default
+//! `BINARY` collation: compared byte for byte.
+
+use crate::dialect::RegistrySql;
+
+pub(super) const REGISTRY: RegistrySql = RegistrySql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
+             name TEXT NOT NULL PRIMARY KEY, \
+             format INTEGER NOT NULL, \
+             description TEXT NOT NULL, \
+             paused INTEGER NOT NULL DEFAULT 0, \
+             updated_at INTEGER NOT NULL)",
+    upsert: "INSERT INTO sqlbroker_tables (name, format, description, updated_at) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET \
+             format = excluded.format, description = excluded.description, \
+             updated_at = excluded.updated_at",
+    insert_new: "INSERT INTO sqlbroker_tables (name, format, description, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING",
+    read: "SELECT format, description, paused FROM sqlbroker_tables WHERE name = ?1",
+    paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?1",
+    list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
+    set_paused: "UPDATE sqlbroker_tables SET paused = ?1, updated_at = ?2 WHERE name = ?3",
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_sql() {
+        assert!(REGISTRY.create.starts_with(
+            "CREATE TABLE IF NOT EXISTS sqlbroker_tables (name TEXT NOT NULL PRIMARY KEY, "
+        ));
+        assert!(REGISTRY.upsert.ends_with(
+            "ON CONFLICT (name) DO UPDATE SET format = excluded.format, \
+             description = excluded.description, updated_at = excluded.updated_at"
+        ));
+        assert!(
+            !REGISTRY.upsert.contains("paused ="),
+            "a migrate must keep a pause"
+        );
+        assert!(REGISTRY
+            .insert_new
+            .ends_with("ON CONFLICT (name) DO NOTHING"));
+        assert_eq!(
+            REGISTRY.set_paused,
+            "UPDATE sqlbroker_tables SET paused = ?1, updated_at = ?2 WHERE name = ?3"
+        );
+        assert_eq!(
+            REGISTRY.paused,
+            "SELECT paused FROM sqlbroker_tables WHERE name = ?1"
+        );
+    }
+}

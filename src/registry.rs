@@ -1,0 +1,392 @@
+//! Self-describing tables: the registry table `sqlbroker_tables` holds, per queue table, the
+//! description [`Broker::create_table`] or [`Broker::migrate`] was given (as JSON, with a
+//! format version) and its pause flag.
+//!
+//! - [`Broker::open_table`] reads a description back, in any process, so workers, tools and
+//!   the command line need not repeat it.
+//! - Every other use of a [`Table`] (publish, subscriptions, stats, dead letters) is checked
+//!   against the record once per broker and description (the broker's per-table cache): a
+//!   description that disagrees is refused with [`BrokerError::Schema`] naming each
+//!   difference, so two descriptions of one table never run one row twice. A table with no
+//!   record (made by an earlier release, never migrated) is checked against its columns: a
+//!   `locked_until` column means a lease table.
+//! - [`Broker::pause`] and [`Broker::resume`] set the flag; subscriptions read it at most once
+//!   per poll interval ([`PauseFlag`](crate::runtime::wake::PauseFlag)), and PostgreSQL tells
+//!   other brokers at once on the table's notification channel.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use crate::broker::Broker;
+use crate::dialect::{DbConn, Dialect};
+use crate::error::{BrokerError, DbError, Result};
+use crate::runtime::Queue;
+use crate::table::{record::FORMAT, Form, Table};
+use crate::Value;
+
+/// The registry table's name.
+pub(crate) const REGISTRY_TABLE: &str = "sqlbroker_tables";
+
+/// A table's row in the registry.
+struct Row {
+    format: i64,
+    description: String,
+    paused: bool,
+}
+
+/// True if the registry table exists (a read of it failed: was it missing?).
+fn exists(dialect: &dyn Dialect, conn: &mut dyn DbConn) -> Result<bool, DbError> {
+    let name = [Value::Text(REGISTRY_TABLE.into())];
+    Ok(!conn.query(dialect.columns_query(), &name)?.is_empty())
+}
+
+/// Runs a read of the registry; a registry that does not exist reads as no rows.
+fn read_rows(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+) -> Result<Vec<Vec<Value>>, DbError> {
+    match conn.query(sql, params) {
+        Ok(rows) => Ok(rows),
+        Err(e) => match exists(dialect, conn) {
+            Ok(false) => Ok(Vec::new()),
+            _ => Err(e),
+        },
+    }
+}
+
+fn flag(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_i64).unwrap_or(0) != 0
+}
+
+fn read(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<Option<Row>, DbError> {
+    let sql = dialect.registry().read;
+    let rows = read_rows(dialect, conn, sql, &[Value::Text(name.into())])?;
+    Ok(rows.into_iter().next().map(|r| Row {
+        format: r.first().and_then(Value::as_i64).unwrap_or(0),
+        description: match r.get(1) {
+            Some(Value::Text(s)) => s.clone(),
+            Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        },
+        paused: flag(r.get(2)),
+    }))
+}
+
+/// The table's pause flag in the registry (false with no record): a subscription's check.
+pub(crate) fn read_paused(q: &Queue, conn: &mut dyn DbConn) -> Result<bool, DbError> {
+    let sql = q.dialect.registry().paused;
+    let rows = read_rows(&*q.dialect, conn, sql, &[Value::Text(q.spec.name.clone())])?;
+    Ok(flag(rows.first().and_then(|r| r.first())))
+}
+
+/// The description a row holds, or [`BrokerError::Schema`] for a record this release cannot
+/// read (a newer format, or not its JSON).
+fn described(name: &str, row: &Row) -> Result<Table> {
+    let bad = |problem: String| BrokerError::Schema {
+        table: name.to_string(),
+        problems: vec![problem],
+    };
+    if row.format > FORMAT {
+        return Err(bad(format!(
+            "the table's record was written by a newer sqlbroker (record format {}; this \
+             release reads format {FORMAT} and older): upgrade sqlbroker",
+            row.format
+        )));
+    }
+    let table = Table::from_record(&row.description).map_err(|e| bad(format!("record: {e}")))?;
+    if table.name() != name {
+        return Err(bad(format!(
+            "the record describes table {:?}",
+            table.name()
+        )));
+    }
+    Ok(table)
+}
+
+/// Checks `table` against its record, or, with no record, against its columns; on success
+/// the queue remembers it (no more checks for this description on this broker). A table
+/// that does not exist yet passes unremembered: the statements report it.
+pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
+    let mut conn = q.conn("table check")?;
+    let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("table check"))?;
+    let problems = match found {
+        Some(row) => table.differences(&described(&q.spec.name, &row)?),
+        None => match unrecorded(q, &mut *conn, table)? {
+            Some(problems) => problems,
+            // No table yet.
+            None => return Ok(()),
+        },
+    };
+    if !problems.is_empty() {
+        return Err(BrokerError::Schema {
+            table: q.spec.name.clone(),
+            problems,
+        });
+    }
+    q.described.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// The problems of `table` as the description of a table with no record, by its columns (a
+/// `locked_until` column means a lease table); `None` if the table does not exist.
+fn unrecorded(q: &Queue, conn: &mut dyn DbConn, table: &Table) -> Result<Option<Vec<String>>> {
+    let columns = q.columns(conn)?;
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    let leased = table.locked_until_column();
+    let has_lease = columns.iter().any(|(c, _)| *c == leased);
+    Ok(Some(match q.spec.form {
+        Form::Lease => Vec::new(),
+        form if has_lease => vec![format!(
+            "the table has no record, and its {leased} column makes it a lease table, \
+             described as {}",
+            form.name()
+        )],
+        _ => Vec::new(),
+    }))
+}
+
+/// Refuses a migration that would change the table's form: against its record, or, with
+/// none, its columns. Another form's description of a table with rows in work would run
+/// them twice; a form is chosen when a table is made.
+pub(crate) fn check_migration(q: &Queue, table: &Table) -> Result<()> {
+    let mut conn = q.conn("migrate")?;
+    let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("migrate"))?;
+    let problems = match found {
+        Some(row) => {
+            let recorded = described(&q.spec.name, &row)?;
+            if recorded.form() == table.form() {
+                return Ok(());
+            }
+            vec![format!(
+                "recorded as {}, described as {}: migrate does not change a table's form",
+                recorded.form_words(),
+                table.form_words()
+            )]
+        }
+        None => unrecorded(q, &mut *conn, table)?.unwrap_or_default(),
+    };
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(BrokerError::Schema {
+        table: q.spec.name.clone(),
+        problems,
+    })
+}
+
+/// Makes the registry if it is not there. Two brokers making it at once may collide on
+/// PostgreSQL (`CREATE TABLE IF NOT EXISTS` is not atomic there): then it is there.
+fn ensure(q: &Queue, conn: &mut dyn DbConn) -> Result<(), DbError> {
+    match conn.batch(q.dialect.registry().create) {
+        Ok(()) => Ok(()),
+        Err(e) => match exists(&*q.dialect, conn) {
+            Ok(true) => Ok(()),
+            _ => Err(e),
+        },
+    }
+}
+
+/// Records `table` as the description of its table (`create_table`, `migrate`): replacing a
+/// record it has if `replace`, else only where it has none. The pause flag is kept.
+pub(crate) fn record(q: &Queue, table: &Table, replace: bool) -> Result<()> {
+    q.retrying("record table", |conn| {
+        ensure(q, conn)?;
+        let sql = match replace {
+            true => q.dialect.registry().upsert,
+            false => q.dialect.registry().insert_new,
+        };
+        let params = [
+            Value::Text(q.spec.name.clone()),
+            Value::Int(FORMAT),
+            Value::Text(table.to_record()),
+            Value::Time(SystemTime::now()),
+        ];
+        conn.execute(sql, &params).map(drop)
+    })?;
+    q.described.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// A recorded table, as [`Broker::tables`] lists it.
+///
+/// ```
+/// use sqlbroker::{Broker, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// broker.create_table(&Table::new("mails").lease(std::time::Duration::from_secs(30)))?;
+/// let all = broker.tables()?;
+/// assert_eq!(all[0].table.name(), "mails");
+/// assert!(!all[0].paused);
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordedTable {
+    /// The description recorded for it.
+    pub table: Table,
+    /// Whether it is paused ([`Broker::pause`]).
+    pub paused: bool,
+}
+
+impl Broker {
+    /// The description of table `name` recorded by [`create_table`](Broker::create_table) or
+    /// [`migrate`](Broker::migrate), in this process or any other: what a worker, a tool or a
+    /// second service uses instead of describing the table again.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if no description of `name` is recorded (a table made
+    /// by an earlier release gets one from `migrate`); [`BrokerError::Schema`] if the record
+    /// was written by a newer release of sqlbroker, in a format this one does not read.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Form, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// broker.create_table(&Table::new("jobs").text_column("kind").lease(Duration::from_secs(30)))?;
+    ///
+    /// // Elsewhere (another process, the command line): no description repeated.
+    /// let jobs = broker.open_table("jobs")?;
+    /// assert_eq!(jobs.form(), Form::Lease);
+    /// broker.publish(&jobs, Message::new(b"hi".to_vec()).set("kind", "greeting"))?;
+    /// assert!(broker.open_table("nope").is_err());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn open_table(&self, name: &str) -> Result<Table> {
+        crate::table::check_ident(name, 48).map_err(|reason| BrokerError::InvalidTable {
+            table: name.to_string(),
+            reason,
+        })?;
+        let mut conn = self.pooled("open table", name)?;
+        let row =
+            read(self.dialect(), &mut *conn, name).map_err(|e| e.during("open table", name))?;
+        let Some(row) = row else {
+            return Err(BrokerError::UnknownTable {
+                table: name.to_string(),
+            });
+        };
+        let table = described(name, &row)?;
+        table.validate()?;
+        Ok(table)
+    }
+
+    /// Every recorded table, by name, with its description and pause flag (the command
+    /// line's `status` lists them). Records this release cannot read are left out, with a
+    /// warning in the log.
+    pub fn tables(&self) -> Result<Vec<RecordedTable>> {
+        let sql = self.dialect().registry().list;
+        let mut conn = self.pooled("list tables", "")?;
+        let rows = read_rows(self.dialect(), &mut *conn, sql, &[])
+            .map_err(|e| e.during("list tables", ""))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let Some(name) = r.first().and_then(|v| v.as_str()).map(str::to_owned) else {
+                continue;
+            };
+            let row = Row {
+                format: r.get(1).and_then(Value::as_i64).unwrap_or(0),
+                description: r.get(2).and_then(|v| v.as_str()).unwrap_or("").to_owned(),
+                paused: flag(r.get(3)),
+            };
+            match described(&name, &row) {
+                Ok(table) => out.push(RecordedTable {
+                    table,
+                    paused: row.paused,
+                }),
+                Err(e) => log::warn!("{e}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pauses the table: every subscription on it, in any process, stops claiming within
+    /// one poll interval (at once in this broker, and in other brokers on PostgreSQL, whose
+    /// change feed carries the news), until [`resume`](Broker::resume). Deliveries in hand
+    /// finish and settle as usual, and publishes go on. Recorded in the table's registry
+    /// row: a subscription started later, or in a process started later, stays paused too.
+    /// Pausing a paused table changes nothing. [`QueueStats::paused`](crate::QueueStats::paused)
+    /// tells.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if the table has no recorded description
+    /// ([`Broker::migrate`] records one); nothing is changed then.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.pause(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"waits".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
+    /// assert!(broker.stats(&jobs)?.paused);
+    /// broker.resume(&jobs)?;
+    /// sub.next_delivery_timeout(Duration::from_secs(5)).unwrap().ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn pause(&self, table: &Table) -> Result<()> {
+        self.set_paused(table, true)
+    }
+
+    /// Resumes a paused table ([`pause`](Broker::pause)): its subscriptions claim again
+    /// within one poll interval (at once in this broker, and on PostgreSQL in others).
+    /// Resuming a table that is not paused changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if the table has no recorded description.
+    pub fn resume(&self, table: &Table) -> Result<()> {
+        self.set_paused(table, false)
+    }
+
+    fn set_paused(&self, table: &Table, paused: bool) -> Result<()> {
+        let q = self.queue(table)?;
+        let sql = q.dialect.registry().set_paused;
+        let params = [
+            Value::Int(paused.into()),
+            Value::Time(SystemTime::now()),
+            Value::Text(q.spec.name.clone()),
+        ];
+        let op = if paused { "pause" } else { "resume" };
+        let changed = q.retrying(op, |conn| match conn.execute(sql, &params) {
+            Ok(n) => Ok(n),
+            // No registry at all: no record either.
+            Err(e) => match exists(&*q.dialect, conn) {
+                Ok(false) => Ok(0),
+                _ => Err(e),
+            },
+        })?;
+        if changed == 0 {
+            return Err(BrokerError::UnknownTable {
+                table: q.spec.name.clone(),
+            });
+        }
+        q.wake.pause.set(paused);
+        q.wake.notify_all();
+        // Other brokers' feeds: a notification lost here is made up by their poll.
+        if let Err(e) = q
+            .conn(op)
+            .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
+        {
+            log::warn!(
+                "table {}: telling other brokers of the {op}: {e}",
+                q.spec.name
+            );
+        }
+        Ok(())
+    }
+
+    /// The table's pause flag as recorded (false with no record), for stats.
+    pub(crate) fn recorded_pause(&self, q: &Queue) -> Result<bool> {
+        q.retrying("stats", |conn| read_paused(q, conn))
+    }
+}

@@ -1,0 +1,323 @@
+//! A table description as the registry records it: JSON through a private serde mirror, so
+//! [`Table`]'s own shape stays free, and the differences between two descriptions in words.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ColumnType, Form, Isolation, Role, Table, ROLES};
+
+/// The record's format version this release writes and reads. A record of a newer format is
+/// refused ([`crate::registry`]); a change that older releases could misread bumps it.
+pub(crate) const FORMAT: i64 = 1;
+
+/// The JSON shape of a description. Field names are part of the record format.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    name: String,
+    /// The form, for people and tools reading the registry; derived from `lease` and
+    /// `advisory_lock` on reading.
+    form: String,
+    columns: Vec<RecordColumn>,
+    /// Role renames: the role's default column name -> the column used.
+    #[serde(default)]
+    renames: BTreeMap<String, String>,
+    #[serde(default)]
+    lease: Option<Duration>,
+    #[serde(default)]
+    advisory_lock: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    fifo: bool,
+    #[serde(default)]
+    isolation: Option<String>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    dedup: bool,
+    #[serde(default)]
+    priorities: bool,
+    #[serde(default)]
+    keep_completed: Option<Duration>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RecordColumn {
+    name: String,
+    #[serde(rename = "type")]
+    ty: String,
+}
+
+fn type_name(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Text => "text",
+        ColumnType::Int => "int",
+        ColumnType::Float => "float",
+        ColumnType::Bytes => "bytes",
+    }
+}
+
+fn isolation_name(i: Isolation) -> &'static str {
+    match i {
+        Isolation::ReadCommitted => "read committed",
+        Isolation::RepeatableRead => "repeatable read",
+        Isolation::Serializable => "serializable",
+    }
+}
+
+impl Table {
+    /// The description as the registry's JSON.
+    pub(crate) fn to_record(&self) -> String {
+        let renames = ROLES
+            .iter()
+            .filter_map(|r| {
+                let to = self.renames[r.index()].as_ref()?;
+                Some((r.default_name().to_string(), to.clone()))
+            })
+            .collect();
+        let record = Record {
+            name: self.name.clone(),
+            form: self.form().name().to_string(),
+            columns: self
+                .columns
+                .iter()
+                .map(|(name, ty)| RecordColumn {
+                    name: name.clone(),
+                    ty: type_name(*ty).into(),
+                })
+                .collect(),
+            renames,
+            lease: self.lease,
+            advisory_lock: self.advisory.clone(),
+            group: self.group.clone(),
+            fifo: self.fifo,
+            isolation: self.isolation.map(|i| isolation_name(i).into()),
+            max_attempts: self.max_attempts,
+            dedup: self.dedup,
+            priorities: self.priorities,
+            keep_completed: self.keep_completed,
+        };
+        // A struct of strings, numbers and maps with string keys always serialises.
+        serde_json::to_string(&record).unwrap_or_default()
+    }
+
+    /// The description a record holds, or what is wrong with the record.
+    pub(crate) fn from_record(json: &str) -> Result<Table, String> {
+        let r: Record =
+            serde_json::from_str(json).map_err(|e| format!("the record does not read: {e}"))?;
+        let mut t = Table::new(r.name);
+        for c in r.columns {
+            let ty = match c.ty.as_str() {
+                "text" => ColumnType::Text,
+                "int" => ColumnType::Int,
+                "float" => ColumnType::Float,
+                "bytes" => ColumnType::Bytes,
+                other => return Err(format!("column {} has an unknown type {other:?}", c.name)),
+            };
+            t.columns.push((c.name, ty));
+        }
+        for (role, to) in r.renames {
+            let Some(role) = ROLES.iter().find(|x| x.default_name() == role) else {
+                return Err(format!("unknown column role {role:?}"));
+            };
+            t.renames[role.index()] = Some(to);
+        }
+        t.lease = r.lease;
+        t.advisory = r.advisory_lock;
+        t.group = r.group;
+        t.fifo = r.fifo;
+        t.isolation = match r.isolation.as_deref() {
+            None => None,
+            Some("read committed") => Some(Isolation::ReadCommitted),
+            Some("repeatable read") => Some(Isolation::RepeatableRead),
+            Some("serializable") => Some(Isolation::Serializable),
+            Some(other) => return Err(format!("unknown isolation level {other:?}")),
+        };
+        t.max_attempts = r.max_attempts;
+        t.dedup = r.dedup;
+        t.priorities = r.priorities;
+        t.keep_completed = r.keep_completed;
+        Ok(t)
+    }
+
+    /// The form in words, with what sets it: `row lock`, `lease 30s`,
+    /// `advisory lock "accounts-{account}"`.
+    pub(crate) fn form_words(&self) -> String {
+        match (self.form(), self.lease, &self.advisory) {
+            (Form::Lease, Some(d), _) => format!("lease {d:?}"),
+            (Form::AdvisoryLock, _, Some(t)) => format!("advisory lock {t:?}"),
+            (form, _, _) => form.name().to_string(),
+        }
+    }
+
+    /// How `self` (a description in code) differs from `recorded`, one line each; empty when
+    /// they describe the same table. Columns compare by name and type, in any order.
+    pub(crate) fn differences(&self, recorded: &Table) -> Vec<String> {
+        let mut out = Vec::new();
+        let (form, was) = (self.form_words(), recorded.form_words());
+        if form != was {
+            out.push(format!("recorded as {was}, described as {form}"));
+        }
+        for (name, ty) in &recorded.columns {
+            match self.columns.iter().find(|(n, _)| n == name) {
+                None => out.push(format!(
+                    "column {name} ({}) is recorded, not described",
+                    type_name(*ty)
+                )),
+                Some((_, t)) if t != ty => out.push(format!(
+                    "column {name} is recorded as {}, described as {}",
+                    type_name(*ty),
+                    type_name(*t)
+                )),
+                Some(_) => {}
+            }
+        }
+        for (name, ty) in &self.columns {
+            if !recorded.columns.iter().any(|(n, _)| n == name) {
+                out.push(format!(
+                    "column {name} ({}) is described, not recorded",
+                    type_name(*ty)
+                ));
+            }
+        }
+        for role in ROLES {
+            let (now, then) = (self.role_name(role), recorded.role_name(role));
+            if now != then {
+                out.push(format!(
+                    "the {role:?} column is recorded as {then}, described as {now}"
+                ));
+            }
+        }
+        let mut field = |what: &str, now: String, then: String| {
+            if now != then {
+                out.push(format!("{what} is recorded as {then}, described as {now}"));
+            }
+        };
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "unset".into());
+        field(
+            "the group column",
+            opt(self.group.clone()),
+            opt(recorded.group.clone()),
+        );
+        field("fifo", self.fifo.to_string(), recorded.fifo.to_string());
+        field(
+            "isolation",
+            opt(self.isolation.map(|i| isolation_name(i).into())),
+            opt(recorded.isolation.map(|i| isolation_name(i).into())),
+        );
+        field(
+            "max_attempts",
+            opt(self.max_attempts.map(|n| n.to_string())),
+            opt(recorded.max_attempts.map(|n| n.to_string())),
+        );
+        field("dedup", self.dedup.to_string(), recorded.dedup.to_string());
+        field(
+            "priorities",
+            self.priorities.to_string(),
+            recorded.priorities.to_string(),
+        );
+        field(
+            "keep_completed",
+            opt(self.keep_completed.map(|d| format!("{d:?}"))),
+            opt(recorded.keep_completed.map(|d| format!("{d:?}"))),
+        );
+        out
+    }
+
+    /// The column that holds the lease deadline, under its role name.
+    pub(crate) fn locked_until_column(&self) -> String {
+        self.role_name(Role::LockedUntil)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> Table {
+        Table::new("orders")
+            .text_column("account")
+            .int_column("n")
+            .float_column("f")
+            .bytes_column("b")
+            .group("customer")
+            .fifo()
+            .rename(Role::Payload, "body")
+            .rename(Role::DeadReason, "why")
+            .lease(Duration::from_millis(1500))
+            .isolation(Isolation::RepeatableRead)
+            .max_attempts(7)
+            .dedup()
+            .priorities()
+            .keep_completed(Duration::from_secs(86_400))
+    }
+
+    /// Every option survives the record: the table read back is equal to the one written.
+    /// (Fails if a field is left out of the mirror, e.g. `max_attempts`.)
+    #[test]
+    fn a_description_reads_back_equal() {
+        for t in [
+            full(),
+            Table::new("plain"),
+            Table::new("keyed")
+                .text_column("k")
+                .advisory_lock("acc-{k}\u{e9}{{}}"),
+            Table::new("iso").isolation(Isolation::Serializable),
+        ] {
+            let json = t.to_record();
+            assert_eq!(Table::from_record(&json).unwrap(), t, "{json}");
+            assert!(t.differences(&t).is_empty());
+        }
+        let json = full().to_record();
+        assert!(json.contains("\"form\":\"lease\""), "{json}");
+        assert!(json.contains("\"renames\":{\"dead_reason\":\"why\",\"payload\":\"body\"}"));
+    }
+
+    #[test]
+    fn unreadable_records_are_refused() {
+        assert!(Table::from_record("{")
+            .unwrap_err()
+            .contains("does not read"));
+        let bad_type = r#"{"name":"t","form":"row lock","columns":[{"name":"c","type":"date"}]}"#;
+        assert!(Table::from_record(bad_type)
+            .unwrap_err()
+            .contains("\"date\""));
+        let bad_role = r#"{"name":"t","form":"row lock","columns":[],"renames":{"x":"y"}}"#;
+        assert!(Table::from_record(bad_role).unwrap_err().contains("role"));
+    }
+
+    /// The defect of issue 16: a lease table opened as `Table::new(same)`. Each difference is
+    /// named in words.
+    #[test]
+    fn differences_are_named() {
+        let lease = Table::new("jobs")
+            .text_column("k")
+            .lease(Duration::from_secs(30));
+        let plain = Table::new("jobs").text_column("k");
+        assert_eq!(
+            plain.differences(&lease),
+            ["recorded as lease 30s, described as row lock"]
+        );
+        let other = Table::new("jobs")
+            .int_column("k")
+            .text_column("extra")
+            .lease(Duration::from_secs(30))
+            .max_attempts(3)
+            .rename(Role::Payload, "body");
+        assert_eq!(
+            other.differences(&lease),
+            [
+                "column k is recorded as text, described as int",
+                "column extra (text) is described, not recorded",
+                "the Payload column is recorded as payload, described as body",
+                "max_attempts is recorded as unset, described as 3",
+            ]
+        );
+        // Column order does not matter.
+        let a = Table::new("t").text_column("x").int_column("y");
+        let b = Table::new("t").int_column("y").text_column("x");
+        assert!(a.differences(&b).is_empty());
+    }
+}
