@@ -258,6 +258,7 @@ mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod ops;
+mod outcome;
 #[cfg(feature = "cron")]
 mod periodic;
 #[cfg(feature = "postgres")]
@@ -279,6 +280,7 @@ pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
 pub use message::Message;
 pub use ops::{Completed, QueueStats};
+pub use outcome::Outcome;
 #[cfg(feature = "cron")]
 pub use periodic::{Periodic, PeriodicBuilder};
 pub use retry::RetryPolicy;

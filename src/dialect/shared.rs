@@ -42,6 +42,9 @@ pub(crate) struct StatsStates {
     pub completed: Option<String>,
 }
 
+/// The `dead_reason` a cancelled row keeps on a table that keeps completed rows.
+pub(crate) const CANCELLED: &str = "cancelled";
+
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
     /// Quotes a validated identifier.
@@ -430,16 +433,19 @@ impl Syntax {
                 sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
             }
         }
+        // A cancel ends the row as the ack does (deleted, or kept completed), the reason saying
+        // why it is finished; the row lock form counts the attempt, as its dead letter does.
+        sql.cancel_held = sql.ack.clone();
         if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
             let c = self.q(c);
-            sql.ack = match spec.form {
-                Form::Lease => format!(
-                    "UPDATE {t} SET {finish} WHERE {id} = {} AND {lu} = {}",
-                    p(1),
-                    p(2)
-                ),
-                _ => format!("UPDATE {t} SET {finish} WHERE {id} = {}", p(1)),
+            let (fence, counted) = match spec.form {
+                Form::Lease => (format!("{id} = {} AND {lu} = {}", p(1), p(2)), String::new()),
+                Form::RowLock => (format!("{id} = {}", p(1)), format!(", {att} = {att} + 1")),
+                Form::AdvisoryLock => (format!("{id} = {}", p(1)), String::new()),
             };
+            sql.ack = format!("UPDATE {t} SET {finish} WHERE {fence}");
+            sql.cancel_held =
+                format!("UPDATE {t} SET {finish}, {reason} = '{CANCELLED}'{counted} WHERE {fence}");
             let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
             for col in &spec.columns {
                 cols.push_str(&format!(", {}", self.q(&col.name)));

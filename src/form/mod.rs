@@ -68,6 +68,9 @@ pub(crate) enum Outcome {
     Ack,
     Retry(SystemTime),
     Dead(String),
+    /// No further attempts: the row ends as an ack ends it, marked cancelled where completed
+    /// rows are kept.
+    Cancel,
 }
 
 impl Outcome {
@@ -76,13 +79,14 @@ impl Outcome {
             Outcome::Ack => "ack",
             Outcome::Retry(_) => "retry",
             Outcome::Dead(_) => "dead letter",
+            Outcome::Cancel => "cancel",
         }
     }
 
     /// The parameters of the form's statement before the id (and after it, the lease token).
     pub fn leading_params(&self, now: SystemTime) -> Vec<Value> {
         match self {
-            Outcome::Ack => vec![],
+            Outcome::Ack | Outcome::Cancel => vec![],
             Outcome::Retry(at) => vec![Value::Time(*at)],
             Outcome::Dead(reason) => vec![
                 Value::Time(crate::schedule::floor(now)),
@@ -96,6 +100,7 @@ impl Outcome {
             Outcome::Ack => &sql.ack,
             Outcome::Retry(_) => &sql.retry,
             Outcome::Dead(_) => &sql.dead,
+            Outcome::Cancel => &sql.cancel_held,
         }
     }
 }
