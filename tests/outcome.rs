@@ -18,7 +18,10 @@ const SNOOZE: Duration = Duration::from_secs(2);
 
 /// The attempts column of row `id`, read directly.
 fn attempts(live: &common::Live, t: &Table, id: i64) -> i64 {
-    live.int(&format!("SELECT attempts FROM {} WHERE id = {id}", t.name()))
+    live.int(&format!(
+        "SELECT attempts FROM {} WHERE id = {id}",
+        t.name()
+    ))
 }
 
 /// Four rows, one per outcome; a `run` handler returns `Ok(())`, `Ok(DeadLetter)`,
@@ -27,9 +30,9 @@ fn attempts(live: &common::Live, t: &Table, id: i64) -> i64 {
 /// snoozed one is scheduled with its attempt counted, and comes back no sooner than 2 s later
 /// as attempt 2. `Ran` counts each outcome once.
 ///
-/// Fails when an outcome is settled as another: e.g. with `Outcome::Cancel` settled as a retry
-/// the assertion on `live.rows(&t)` (2) fails, with `RetryAfter` settled as an ack the
-/// `scheduled` count fails, with `DeadLetter` ignored (acked) the `dead_letters` one.
+/// Fails when an outcome is settled as another: with `Outcome::Cancel` settled as a retry (3
+/// rows left), or `RetryAfter` or `DeadLetter` settled as an ack (1 row left), the assertion on
+/// `live.rows(&t)` (the dead and the snoozed row, 2) fails.
 fn run_outcomes_settle_rows(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(form, LEASE);
@@ -68,9 +71,13 @@ fn run_outcomes_settle_rows(db: Db, form: Form) {
     drop(sub);
 
     // Acked and cancelled: deleted.
-    assert_eq!(live.rows(&t), 2, "the acked or cancelled row is still there");
+    assert_eq!(live.rows(&t), 2, "not the dead and the snoozed row left");
     let left = live.ints(&format!("SELECT id FROM {} ORDER BY id", t.name()));
-    assert_eq!(left, [Some(dead), Some(snooze)], "acked {ack}, cancelled {cancel}");
+    assert_eq!(
+        left,
+        [Some(dead), Some(snooze)],
+        "acked {ack}, cancelled {cancel}"
+    );
     // Dead, with the handler's reason and the attempt counted.
     let dl = live.broker.dead_letters(&t, 10).unwrap();
     assert_eq!(dl.len(), 1);
@@ -80,7 +87,11 @@ fn run_outcomes_settle_rows(db: Db, form: Form) {
     );
     // Snoozed: scheduled, its attempt counted.
     let stats = live.broker.stats(&t).unwrap();
-    assert_eq!((stats.ready, stats.scheduled, stats.dead), (0, 1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.ready, stats.scheduled, stats.dead),
+        (0, 1, 1),
+        "{stats:?}"
+    );
     assert_eq!(attempts(&live, &t, snooze), 1, "the snooze was not counted");
 
     let sub = live.broker.subscription(&t).start().unwrap();
@@ -98,13 +109,13 @@ per_db_form!(run_outcomes_settle_rows);
 /// the reason "cancelled", its attempt counted; out of the dead letters and never claimed
 /// again. One row cancelled by a `run` handler's `Outcome::Cancel`, one by `Delivery::cancel`.
 ///
-/// Fails if the cancel deleted the row (the `cancelled` count is 0), or left it unfinished
-/// (it is delivered again: the `Timeout` assertion), or wrote it as a dead letter (the
-/// `dead_letters` assertion).
+/// Fails if the cancel deleted the row, or settled it as a retry (the `cancelled` count is 0
+/// or 1, not 2).
 fn cancel_keeps_completed_rows(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
-    let t = live.create(common::describe(&name, form, LEASE).keep_completed(Duration::from_secs(600)));
+    let t =
+        live.create(common::describe(&name, form, LEASE).keep_completed(Duration::from_secs(600)));
     let by_run = live.broker.publish(&t, common::msg("a", "a")).unwrap();
     let sub = live.broker.subscription(&t).start().unwrap();
     let ran = sub.run(1, |d| {
@@ -128,7 +139,11 @@ fn cancel_keeps_completed_rows(db: Db, form: Form) {
     assert_eq!(cancelled, 2, "not both kept completed and cancelled");
     assert!(live.broker.dead_letters(&t, 10).unwrap().is_empty());
     let stats = live.broker.stats(&t).unwrap();
-    assert_eq!((stats.ready, stats.dead, stats.completed), (0, 0, Some(2)), "{stats:?}");
+    assert_eq!(
+        (stats.ready, stats.dead, stats.completed),
+        (0, 0, Some(2)),
+        "{stats:?}"
+    );
     assert_eq!(
         sub.next_delivery_timeout(Duration::from_millis(600)).err(),
         Some(NextError::Timeout),
@@ -165,7 +180,10 @@ fn failing_for_ever_dies_at_attempt_25(db: Db, form: Form) {
             dead
         });
         let ran = sub.run(1, |d| Err::<(), _>(format!("boom #{}", d.attempt())));
-        assert!(watcher.join().unwrap(), "the failing row was never dead-lettered");
+        assert!(
+            watcher.join().unwrap(),
+            "the failing row was never dead-lettered"
+        );
         ran
     });
     assert_eq!((ran.failed, ran.acked), (25, 0), "{ran:?}");
@@ -182,8 +200,8 @@ per_db_form!(failing_for_ever_dies_at_attempt_25);
 /// `max_attempts(u32::MAX)` asks for no limit: a row claimed at attempt 26 (its attempts set
 /// directly) is delivered, not dead-lettered by the claim.
 ///
-/// Fails if `u32::MAX` were a cap like any other or the default applied (the claim would
-/// dead-letter the row: `next` times out).
+/// Fails if the default applied instead (the claim dead-letters the row: the first `next`
+/// times out).
 fn unlimited_on_request(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
@@ -205,8 +223,8 @@ per_db_form!(unlimited_on_request);
 /// `Delivery::retry` and a delivery dropped unsettled wait the subscription's retry policy
 /// (here 3 s, no jitter): the row is scheduled, not ready, and comes back no sooner.
 ///
-/// Fails with `retry` due at once (the old behaviour: the `scheduled` count is 0 and the row is
-/// ready), or with the drop's own fixed delay (1 s: back too soon).
+/// Fails with `retry` due at once (the old behaviour: the `(ready, scheduled)` assertion sees
+/// `(1, 0)`), or with the drop's old fixed delay (1 s: the "back after" assertion, 2 s).
 fn retry_and_drop_wait_the_policy(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(form, LEASE);
@@ -231,7 +249,10 @@ fn retry_and_drop_wait_the_policy(db: Db, form: Form) {
         let d = next(&sub, WAIT);
         let away = at.elapsed();
         assert_eq!((d.id(), d.attempt()), (id, 2), "{what}");
-        assert!(away >= Duration::from_secs(3), "{what}: back after {away:?}");
+        assert!(
+            away >= Duration::from_secs(3),
+            "{what}: back after {away:?}"
+        );
         d.ack().unwrap();
     }
     sub.shutdown(Duration::from_secs(5)).unwrap();
@@ -242,7 +263,7 @@ per_db_form!(retry_and_drop_wait_the_policy);
 /// cancel is `LeaseLost` and changes nothing (the row stays, leased by the new holder, whose
 /// own cancel then deletes it).
 ///
-/// Fails if the cancel were not fenced (the late cancel succeeds and deletes the row).
+/// Fails if the cancel were not fenced (the late cancel returns `Ok`: the `LeaseLost` match).
 fn late_lease_cancel_is_lease_lost(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(Form::Lease, Duration::from_secs(1));

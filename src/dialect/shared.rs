@@ -439,7 +439,10 @@ impl Syntax {
         if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
             let c = self.q(c);
             let (fence, counted) = match spec.form {
-                Form::Lease => (format!("{id} = {} AND {lu} = {}", p(1), p(2)), String::new()),
+                Form::Lease => (
+                    format!("{id} = {} AND {lu} = {}", p(1), p(2)),
+                    String::new(),
+                ),
                 Form::RowLock => (format!("{id} = {}", p(1)), format!(", {att} = {att} + 1")),
                 Form::AdvisoryLock => (format!("{id} = {}", p(1)), String::new()),
             };

@@ -881,7 +881,10 @@ mod tests {
         let keep = |t: Table| t.dedup().keep_completed(Duration::from_secs(60));
         let lease = |t: Table| t.lease(Duration::from_secs(30));
         let advisory = |t: Table| t.text_column("k").advisory_lock("k-{k}");
-        assert_eq!(compile(Table::new("jobs")).cancel_held, "DELETE FROM `jobs` WHERE `id` = ?");
+        assert_eq!(
+            compile(Table::new("jobs")).cancel_held,
+            "DELETE FROM `jobs` WHERE `id` = ?"
+        );
         assert_eq!(
             compile(lease(Table::new("jobs"))).cancel_held,
             "DELETE FROM `jobs` WHERE `id` = ? AND `locked_until` = ?"
