@@ -28,8 +28,9 @@ const DROP_WAIT: Duration = Duration::from_secs(1);
 /// A claimed row, held for its handler until it is settled.
 ///
 /// Settle it with exactly one of [`ack`](Delivery::ack), [`retry`](Delivery::retry),
-/// [`retry_after`](Delivery::retry_after) or [`dead_letter`](Delivery::dead_letter); each consumes
-/// the delivery.
+/// [`retry_after`](Delivery::retry_after), [`fail`](Delivery::fail),
+/// [`dead_letter`](Delivery::dead_letter) or [`cancel`](Delivery::cancel); each consumes the
+/// delivery.
 ///
 /// Dropping it unsettled (a handler that panicked, or forgot) counts as a failed attempt, in
 /// every form: the row is retried after the subscription's

@@ -140,9 +140,11 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
-    /// How a failed delivery waits before its next attempt ([`Delivery::fail`], and the errors
-    /// and panics of [`Subscription::run`]). Default: [`RetryPolicy::default`] (1 s, doubling,
-    /// at most 10 minutes, with jitter).
+    /// How a delivery retried without a delay of its own waits before its next attempt:
+    /// [`Delivery::retry`], [`Delivery::fail`], the errors and panics of
+    /// [`Subscription::run`], a delivery dropped unsettled, a handler timeout. Default:
+    /// [`RetryPolicy::default`] (1 s, doubling, at most 10 minutes, with jitter).
+    /// [`Delivery::retry_after`] and [`Outcome::RetryAfter`] keep their own delay.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
