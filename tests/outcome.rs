@@ -291,3 +291,42 @@ fn late_lease_cancel_is_lease_lost(db: Db) {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(late_lease_cancel_is_lease_lost);
+
+/// Counts the settlements the hooks report, by kind.
+#[derive(Default)]
+struct Hooks(Mutex<Vec<&'static str>>);
+
+impl sqlbroker::Events for Hooks {
+    fn acked(&self, _: &sqlbroker::Settled<'_>) {
+        self.0.lock().unwrap().push("acked");
+    }
+    fn retried(&self, _: &sqlbroker::Settled<'_>) {
+        self.0.lock().unwrap().push("retried");
+    }
+    fn dead_lettered(&self, _: &sqlbroker::Settled<'_>) {
+        self.0.lock().unwrap().push("dead");
+    }
+    fn cancelled(&self, _: &sqlbroker::Settled<'_>) {
+        self.0.lock().unwrap().push("cancelled");
+    }
+}
+
+/// A cancel is reported to the `Events` hooks as a cancel, once, and nothing else.
+///
+/// Fails if it were reported as a dead letter (the hooks saw `["dead"]`).
+fn cancel_is_reported_as_such(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, LEASE);
+    live.broker.publish(&t, common::msg("c", "c")).unwrap();
+    let hooks = std::sync::Arc::new(Hooks::default());
+    let sub = live
+        .broker
+        .subscription(&t)
+        .events(hooks.clone())
+        .start()
+        .unwrap();
+    next(&sub, WAIT).cancel().unwrap();
+    assert_eq!(*hooks.0.lock().unwrap(), ["cancelled"]);
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_is_reported_as_such);
