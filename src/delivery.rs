@@ -12,7 +12,7 @@ use crate::events::Settled;
 use crate::form::{self, Claimed, Hold, Outcome};
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
-use crate::schedule::{drop_delay, due_at};
+use crate::schedule::due_at;
 use crate::{Result, Value};
 
 /// The error a delivery dropped unsettled leaves on its row (and, on its last attempt, in
@@ -33,13 +33,16 @@ const DROP_WAIT: Duration = Duration::from_secs(1);
 /// A claimed row, held for its handler until it is settled.
 ///
 /// Settle it with exactly one of [`ack`](Delivery::ack), [`retry`](Delivery::retry),
-/// [`retry_after`](Delivery::retry_after) or [`dead_letter`](Delivery::dead_letter); each consumes
-/// the delivery.
+/// [`retry_after`](Delivery::retry_after), [`fail`](Delivery::fail),
+/// [`dead_letter`](Delivery::dead_letter) or [`cancel`](Delivery::cancel); each consumes the
+/// delivery.
 ///
 /// Dropping it unsettled (a handler that panicked, or forgot) counts as a failed attempt, in
-/// every form: the row is retried after a short delay (1 s after the first attempt, doubling, at
-/// most a minute), or dead-lettered once the table's
-/// [`max_attempts`](crate::Table::max_attempts) are spent, so a poison row cannot loop. The drop
+/// every form: the row is retried after the subscription's
+/// [`RetryPolicy`](crate::RetryPolicy) delay (by default 1 s after the first attempt, doubling,
+/// at most 10 minutes, jittered), or dead-lettered once the table's
+/// [`max_attempts`](crate::Table::max_attempts) are spent (25 unless the table says otherwise),
+/// so a poison row cannot loop. The drop
 /// never panics and waits at most about a second for a connection; if the row cannot be
 /// written then, the database returns it as a crash would (lease: when the lease expires).
 ///
@@ -415,10 +418,14 @@ impl Delivery {
         out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
-    /// Back into the queue for another attempt, due now (see
-    /// [`retry_after`](Delivery::retry_after) for the last attempt).
+    /// Back into the queue for another attempt after the subscription's
+    /// [`RetryPolicy`](crate::RetryPolicy) delay for this attempt (by default 1 s after the
+    /// first, doubling, at most 10 minutes, jittered), or dead-lettered on the table's last
+    /// attempt, as [`retry_after`](Delivery::retry_after). For an attempt due at once, ask for
+    /// it: `retry_after(Duration::ZERO)`.
     pub fn retry(self) -> Result<()> {
-        self.retry_after(Duration::ZERO)
+        let delay = self.ctx.opts.retry.delay(self.attempt);
+        self.retry_after(delay)
     }
 
     /// Back into the queue for another attempt, not claimed before `delay` from now (rounded up
@@ -450,6 +457,39 @@ impl Delivery {
     /// [`Broker::requeue_dead`](crate::Broker::requeue_dead) puts it back.
     pub fn dead_letter(self, reason: impl Into<String>) -> Result<()> {
         self.settle(Outcome::Dead(reason.into()))
+    }
+
+    /// No further attempts, whatever the attempts left: the row is deleted, or, on a table that
+    /// keeps completed rows ([`Table::keep_completed`](crate::Table::keep_completed)), kept as
+    /// completed and cancelled (`completed_at` and `dead_at` the server's time, `dead_reason`
+    /// `"cancelled"`), where the completed rows list it and no dead-letter tool touches it.
+    /// A handler of [`Subscription::run`](crate::Subscription::run) says the same by returning
+    /// [`Outcome::Cancel`](crate::Outcome::Cancel).
+    ///
+    /// Settled as every outcome in its form: lease, fenced by the token (`LeaseLost` if the
+    /// lease was lost, changing nothing); row lock, in the delivery's transaction, after the
+    /// handler's own SQL is rolled back (as a dead letter does); advisory, under the row's key.
+    ///
+    /// # Errors
+    ///
+    /// As [`ack`](Delivery::ack).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let t = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// broker.publish(&t, Message::new(b"obsolete".to_vec()))?;
+    /// let sub = broker.subscription(&t).start()?;
+    /// sub.next_delivery().unwrap().cancel()?;
+    /// assert_eq!(broker.stats(&t)?.ready, 0);
+    /// assert!(broker.dead_letters(&t, 10)?.is_empty());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn cancel(self) -> Result<()> {
+        self.settle(Outcome::Cancel)
     }
 
     /// Settles with `outcome`, unless the handler timeout has failed the delivery: then with
@@ -519,6 +559,7 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
         match (&r, kind) {
             (Ok(()), "ack") => events.acked(&e),
             (Ok(()), "retry") => events.retried(&e),
+            (Ok(()), "cancel") => events.cancelled(&e),
             (Ok(()), _) => events.dead_lettered(&e),
             (Err(err), _) if err.is_lease_lost() => events.lease_lost(&e),
             (Err(_), _) => {}
@@ -682,9 +723,7 @@ impl Drop for Delivery {
     fn drop(&mut self) {
         if let (Some(hold), _) = self.take() {
             if self.handed_out {
-                let error = DROPPED.to_string();
-                let outcome =
-                    failed_after(&self.ctx, self.attempt, drop_delay(self.attempt), error);
+                let outcome = failure(&self.ctx, self.attempt, &DROPPED);
                 if let Err(e) = settle_hold(&self.ctx, &self.row(), hold, outcome, DROP_WAIT) {
                     log::warn!(
                         "table {}: row {} was dropped unsettled: {e}",

@@ -53,6 +53,9 @@ pub trait Events: Send + Sync {
     fn retried(&self, _event: &Settled<'_>) {}
     /// A delivery was dead-lettered (`reason` says why).
     fn dead_lettered(&self, _event: &Settled<'_>) {}
+    /// A delivery was cancelled ([`Delivery::cancel`](crate::Delivery::cancel), or a handler's
+    /// [`Outcome::Cancel`](crate::Outcome::Cancel)): no further attempts.
+    fn cancelled(&self, _event: &Settled<'_>) {}
     /// A lease settlement found the lease gone (`LeaseLost`).
     fn lease_lost(&self, _event: &Settled<'_>) {}
 }

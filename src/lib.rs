@@ -46,7 +46,12 @@
 //! claimed ahead and handed back unhandled (by [`close`](Subscription::close),
 //! [`shutdown`](Subscription::shutdown) or a dropped subscription) spends nothing. A delivery
 //! dropped unsettled by a live process (a panicking handler) is a failed attempt in every form,
-//! retried after a short delay, so [`Table::max_attempts`] ends a poison row. A crash of the
+//! retried after the subscription's [`RetryPolicy`] delay (as [`Delivery::retry`],
+//! [`Delivery::fail`], a handler's `Err` and a handler timeout: by default 1 s, doubling, at
+//! most 10 minutes, jittered), so [`Table::max_attempts`] (25 unless the table says
+//! otherwise) ends a poison row. A [`Subscription::run`] handler says what happened by
+//! returning `Ok(())` or an [`Outcome`]: acked, dead-lettered, retried after a delay, or
+//! cancelled. A crash of the
 //! whole process spends nothing in the row lock form: work that may kill its process belongs
 //! in the lease form, where the claim counts the attempt.
 //!
@@ -173,7 +178,7 @@
 //! ## Observability
 //!
 //! - [`Events`] (on [`SubscriptionBuilder::events`]): a hook per claim, failed claim, ack,
-//!   retry, dead letter and lost lease, with the handler's time and the database's, to feed
+//!   retry, dead letter, cancel and lost lease, with the handler's time and the database's, to feed
 //!   Prometheus or OpenTelemetry.
 //! - [`Subscription::last_error`]: the last claim or renewal error, typed;
 //!   [`Subscription::claiming`] and [`Subscription::in_flight`].
@@ -261,6 +266,7 @@ mod message;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod ops;
+mod outcome;
 #[cfg(feature = "cron")]
 mod periodic;
 #[cfg(feature = "postgres")]
@@ -284,6 +290,7 @@ pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
 pub use jobs::{Job, JobState, LAST_ERROR_MAX};
 pub use message::Message;
 pub use ops::{Completed, QueueStats};
+pub use outcome::Outcome;
 #[cfg(feature = "cron")]
 pub use periodic::{Periodic, PeriodicBuilder};
 pub use registry::RecordedTable;

@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
-/// How long a failed delivery ([`Delivery::fail`](crate::Delivery::fail), or an error or a
-/// panic in [`Subscription::run`](crate::Subscription::run)) waits before its next attempt:
-/// exponential backoff with jitter, capped. Once the table's
-/// [`max_attempts`](crate::Table::max_attempts) are spent the row is dead-lettered with the
-/// error's text instead. [`Delivery::retry_after`](crate::Delivery::retry_after) still sets
-/// its own delay.
+/// How long a delivery retried without a delay of its own waits before its next attempt:
+/// exponential backoff with jitter, capped. That is every retry path but an explicit delay:
+/// [`Delivery::retry`](crate::Delivery::retry), [`Delivery::fail`](crate::Delivery::fail), an
+/// error or a panic in [`Subscription::run`](crate::Subscription::run), a delivery dropped
+/// unsettled, and a handler timeout. Once the table's
+/// [`max_attempts`](crate::Table::max_attempts) (25 by default) are spent the row is
+/// dead-lettered with the error's text instead.
+/// [`Delivery::retry_after`](crate::Delivery::retry_after) and
+/// [`Outcome::RetryAfter`](crate::Outcome::RetryAfter) set their own delay. Set it per
+/// subscription with
+/// [`SubscriptionBuilder::retry_policy`](crate::SubscriptionBuilder::retry_policy).
 ///
 /// The delay after attempt `n` is `base x 2^(n-1)`, capped at `cap`, then jittered into its
 /// upper half (`[d/2, d]`), so rows that failed together do not all come back together.

@@ -109,13 +109,6 @@ pub(crate) fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration 
     base.saturating_mul(factor).min(cap)
 }
 
-/// How long a row whose delivery was dropped unsettled waits before its next attempt: 1 s after
-/// the first attempt, doubling, at most a minute. Long enough that a poison row does not spin
-/// its workers, short enough that a one-off failure costs little.
-pub(crate) fn drop_delay(attempt: u32) -> Duration {
-    backoff(attempt, Duration::from_secs(1), Duration::from_secs(60))
-}
-
 /// The first wait of an idle claim worker after a claim that found rows, where the database
 /// has no change feed (MySQL/MariaDB): rows that keep arriving from other processes are seen
 /// within milliseconds.
@@ -280,7 +273,5 @@ mod tests {
         let got: Vec<_> = (1..=9).map(|n| backoff(n, b, cap).as_millis()).collect();
         assert_eq!(got, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         assert_eq!(backoff(1000, b, cap), cap);
-        let drops: Vec<_> = [1, 2, 3, 6, 7, 100].map(|a| drop_delay(a).as_secs()).into();
-        assert_eq!(drops, [1, 2, 4, 32, 60, 60]);
     }
 }

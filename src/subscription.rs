@@ -15,7 +15,7 @@ use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
 use crate::runtime::{claimer, Ctx, Queue, SubOptions};
 use crate::table::Form;
-use crate::RetryPolicy;
+use crate::{Outcome, RetryPolicy};
 
 /// How long `close` and drop wait for a claim worker beyond the statement timeout before they
 /// leave it to finish on its own.
@@ -140,9 +140,11 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
-    /// How a failed delivery waits before its next attempt ([`Delivery::fail`], and the errors
-    /// and panics of [`Subscription::run`]). Default: [`RetryPolicy::default`] (1 s, doubling,
-    /// at most 10 minutes, with jitter).
+    /// How a delivery retried without a delay of its own waits before its next attempt:
+    /// [`Delivery::retry`], [`Delivery::fail`], the errors and panics of
+    /// [`Subscription::run`], a delivery dropped unsettled, a handler timeout. Default:
+    /// [`RetryPolicy::default`] (1 s, doubling, at most 10 minutes, with jitter).
+    /// [`Delivery::retry_after`] and [`Outcome::RetryAfter`] keep their own delay.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -479,10 +481,13 @@ impl Subscription {
     /// has finished; what it did, counted. For the common loop: [`next_delivery`] stays for a
     /// loop of one's own.
     ///
-    /// Each delivery is acked when `handler` returns `Ok`; failed
-    /// ([`Delivery::fail`]: the [`retry_policy`](SubscriptionBuilder::retry_policy), then a
-    /// dead letter with the error's text once the attempts are spent) when it returns `Err`
-    /// or panics. A panic never ends the thread, and the row is never lost.
+    /// Each delivery is settled by what `handler` returns: `Ok(())` (or `Ok(Outcome::Ack)`)
+    /// acks it; `Ok(`[`Outcome`]`)` dead-letters, retries after a delay or cancels it as the
+    /// outcome says; `Err` or a panic fails it ([`Delivery::fail`]: the
+    /// [`retry_policy`](SubscriptionBuilder::retry_policy), then a dead letter with the
+    /// error's text once the attempts are spent). A panic never ends the thread, and the row is
+    /// never lost. (A closure that only ever returns `Err` names its `Ok` type:
+    /// `Err::<(), _>(e)`.)
     ///
     /// Stop it with [`close`](Subscription::close) from another thread, or from a handler (it
     /// may capture a reference to the subscription); then [`shutdown`](Subscription::shutdown)
@@ -507,10 +512,11 @@ impl Subscription {
     /// assert_eq!(ran.acked, 1);
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
-    pub fn run<E, F>(&self, threads: usize, handler: F) -> Ran
+    pub fn run<O, E, F>(&self, threads: usize, handler: F) -> Ran
     where
+        O: Into<Outcome>,
         E: std::fmt::Display,
-        F: Fn(&Delivery) -> std::result::Result<(), E> + Sync,
+        F: Fn(&Delivery) -> std::result::Result<O, E> + Sync,
     {
         let ran = parking_lot::Mutex::new(Ran::default());
         let (handler, ran_ref) = (&handler, &ran);
@@ -533,10 +539,11 @@ impl Subscription {
     }
 
     /// One runner thread: handle and settle until the subscription is closed.
-    fn run_one<E, F>(&self, handler: &F, ran: &parking_lot::Mutex<Ran>)
+    fn run_one<O, E, F>(&self, handler: &F, ran: &parking_lot::Mutex<Ran>)
     where
+        O: Into<Outcome>,
         E: std::fmt::Display,
-        F: Fn(&Delivery) -> std::result::Result<(), E>,
+        F: Fn(&Delivery) -> std::result::Result<O, E>,
     {
         while let Some(d) = self.next_delivery() {
             #[cfg(feature = "tracing")]
@@ -549,10 +556,7 @@ impl Subscription {
             .entered();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
             let settled = match outcome {
-                Ok(Ok(())) => {
-                    ran.lock().acked += 1;
-                    d.ack()
-                }
+                Ok(Ok(said)) => settle_as(d, said.into(), ran),
                 Ok(Err(e)) => {
                     ran.lock().failed += 1;
                     d.fail(e)
@@ -744,6 +748,28 @@ impl Subscription {
     }
 }
 
+/// Settles `d` as its handler said, counting the outcome.
+fn settle_as(d: Delivery, said: Outcome, ran: &parking_lot::Mutex<Ran>) -> Result<()> {
+    match said {
+        Outcome::Ack => {
+            ran.lock().acked += 1;
+            d.ack()
+        }
+        Outcome::DeadLetter(reason) => {
+            ran.lock().dead_lettered += 1;
+            d.dead_letter(reason)
+        }
+        Outcome::RetryAfter(delay) => {
+            ran.lock().retried += 1;
+            d.retry_after(delay)
+        }
+        Outcome::Cancel => {
+            ran.lock().cancelled += 1;
+            d.cancel()
+        }
+    }
+}
+
 /// A handler thread waiting for a delivery, counted while it waits ([`Ctx::waiting`]).
 struct Waiting<'a>(&'a Ctx);
 
@@ -781,8 +807,15 @@ impl std::fmt::Debug for Subscription {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Ran {
-    /// Deliveries whose handler returned `Ok`, acked.
+    /// Deliveries whose handler returned `Ok(())` or `Ok(Outcome::Ack)`, acked.
     pub acked: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered.
+    pub dead_lettered: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
+    /// delay (dead-lettered instead on the last attempt).
+    pub retried: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::Cancel)`, cancelled.
+    pub cancelled: usize,
     /// Deliveries whose handler returned `Err`, failed by the retry policy.
     pub failed: usize,
     /// Deliveries whose handler panicked, failed by the retry policy.
@@ -791,7 +824,7 @@ pub struct Ran {
     pub unsettled: usize,
     /// Deliveries whose handler ran past the
     /// [`handler_timeout`](SubscriptionBuilder::handler_timeout): failed by the timeout (also
-    /// counted as acked, failed or panicked by what the handler returned late).
+    /// counted by what the handler returned late).
     pub timed_out: usize,
 }
 

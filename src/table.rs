@@ -211,6 +211,11 @@ pub struct Table {
 }
 
 impl Table {
+    /// The attempts a row gets when the description does not say
+    /// ([`max_attempts`](Table::max_attempts)): 25, as River's, about three days of the
+    /// default [`RetryPolicy`](crate::RetryPolicy) (1 s doubling to 10 minutes).
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
+
     /// A table named `name` with the default role columns and no columns of the user's.
     /// The name is an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 48 characters), quoted in SQL,
     /// so it is case-sensitive.
@@ -476,11 +481,24 @@ impl Table {
         self
     }
 
-    /// The most attempts a row gets; unset, unlimited. A handler's `retry` of the last attempt
-    /// dead-letters the row instead, and a row claimed past the cap (its attempts spent by
-    /// crashes or dropped deliveries, in the lease and advisory forms) is dead-lettered by the
-    /// claim instead of delivered, so a message that kills its process cannot do so forever.
-    /// At least 1.
+    /// The most attempts a row gets: [`DEFAULT_MAX_ATTEMPTS`](Table::DEFAULT_MAX_ATTEMPTS)
+    /// (25) unless set here. A retry or failure of the last attempt (a handler's `retry`,
+    /// `fail`, an `Err` or a panic in [`Subscription::run`](crate::Subscription::run), a
+    /// dropped delivery, a handler timeout) dead-letters the row instead, with a reason that
+    /// names the attempt ("attempt 25 of max_attempts 25 failed: ..."); and a row claimed past
+    /// the cap (its attempts spent by crashes or dropped deliveries, in the lease and advisory
+    /// forms) is dead-lettered by the claim instead of delivered, so a message that kills its
+    /// process cannot do so forever. At least 1; `u32::MAX` means no limit (the row retries
+    /// until it succeeds, as every table did before the default was finite).
+    ///
+    /// ```
+    /// use sqlbroker::Table;
+    ///
+    /// let default = Table::new("jobs"); // 25 attempts
+    /// let patient = Table::new("imports").max_attempts(100);
+    /// let forever = Table::new("pings").max_attempts(u32::MAX); // no limit
+    /// # let _ = (default, patient, forever);
+    /// ```
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
         self
@@ -619,7 +637,10 @@ impl Table {
             group,
             fifo: self.fifo,
             isolation: self.isolation.unwrap_or(Isolation::ReadCommitted),
-            max_attempts: self.max_attempts,
+            max_attempts: match self.max_attempts.unwrap_or(Table::DEFAULT_MAX_ATTEMPTS) {
+                u32::MAX => None,
+                n => Some(n),
+            },
         })
     }
 }
@@ -683,6 +704,7 @@ pub(crate) struct TableSpec {
     pub fifo: bool,
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub isolation: Isolation,
+    /// `None`: no limit (asked for with `max_attempts(u32::MAX)`); unset is the default.
     pub max_attempts: Option<u32>,
 }
 
@@ -908,6 +930,11 @@ mod tests {
                 .max_attempts,
             Some(3)
         );
+        // Unset: the finite default; `u32::MAX`: no limit.
+        let max = |t: Table| t.validate().unwrap().max_attempts;
+        assert_eq!(max(Table::new("o")), Some(Table::DEFAULT_MAX_ATTEMPTS));
+        assert_eq!(Table::DEFAULT_MAX_ATTEMPTS, 25);
+        assert_eq!(max(Table::new("o").max_attempts(u32::MAX)), None);
         // locked_until is only checked in the lease form.
         Table::new("o")
             .rename(Role::LockedUntil, "bad name")

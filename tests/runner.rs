@@ -77,7 +77,9 @@ fn failing_handler_reaches_its_dead_letter(db: Db, form: Form) {
         });
         sub.run(1, |d| {
             seen.lock().unwrap().push((d.attempt(), Instant::now()));
-            Err(format!("nope #{}", d.attempt()))
+            // A handler that never returns `Ok` names its `Ok` type (`run` takes any
+            // `Into<Outcome>`).
+            Err::<(), _>(format!("nope #{}", d.attempt()))
         })
     });
     assert_eq!((ran.failed, ran.acked), (3, 0));

@@ -159,6 +159,11 @@ pub(crate) struct TableSql {
     /// reason, error, failures, id)`; lease: `(now, reason, error, failures, id, token)`,
     /// clearing the lease.
     pub dead: String,
+    /// Cancels a held row for good (a delivery's [`cancel`](crate::Delivery::cancel)): deletes
+    /// it, or on a table that keeps completed rows marks it completed and finished with the
+    /// reason [`CANCELLED`](shared::CANCELLED) (row lock: counting the attempt). Row lock,
+    /// advisory: `(id)`; lease: `(id, token)`.
+    pub cancel_held: String,
     /// Hands back a row no handler saw, giving back the attempt its claim counted. Lease:
     /// `(id, token)`, clearing the lease; advisory: `(id)`, run under the row's key.
     pub unclaim: String,

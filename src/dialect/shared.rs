@@ -8,9 +8,9 @@ use crate::dialect::TableSql;
 use crate::schema::{family, ColumnDef, Family};
 use crate::table::{ColumnType, Form, TableSpec};
 
-/// The dead-letter reason of a job cancelled ([`Broker::cancel`](crate::Broker::cancel)): a
-/// row kept as completed and cancelled, or a row in work whose retry the request turned into
-/// its end.
+/// The `dead_reason` of a cancelled job ([`Broker::cancel`](crate::Broker::cancel),
+/// [`Delivery::cancel`](crate::Delivery::cancel)): a row kept as completed and cancelled, or a
+/// row in work whose retry the request turned into its end.
 pub(crate) const CANCELLED: &str = "cancelled";
 
 /// The column types a database's `CREATE TABLE` uses for each role and user column type.
@@ -610,16 +610,22 @@ impl Syntax {
             }
         }
         self.cancel_statements(spec, sql);
+        // A cancel ends the row as the ack does (deleted, or kept completed), the reason saying
+        // why it is finished; the row lock form counts the attempt, as its dead letter does.
+        sql.cancel_held = sql.ack.clone();
         if let (Some(c), Some(finish)) = (&spec.completed_at, self.complete_set(spec)) {
             let c = self.q(c);
-            sql.ack = match spec.form {
-                Form::Lease => format!(
-                    "UPDATE {t} SET {finish} WHERE {id} = {} AND {lu} = {}",
-                    p(1),
-                    p(2)
+            let (fence, counted) = match spec.form {
+                Form::Lease => (
+                    format!("{id} = {} AND {lu} = {}", p(1), p(2)),
+                    String::new(),
                 ),
-                _ => format!("UPDATE {t} SET {finish} WHERE {id} = {}", p(1)),
+                Form::RowLock => (format!("{id} = {}", p(1)), format!(", {att} = {att} + 1")),
+                Form::AdvisoryLock => (format!("{id} = {}", p(1)), String::new()),
             };
+            sql.ack = format!("UPDATE {t} SET {finish} WHERE {fence}");
+            sql.cancel_held =
+                format!("UPDATE {t} SET {finish}, {reason} = '{CANCELLED}'{counted} WHERE {fence}");
             let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));
             for col in &spec.columns {
                 cols.push_str(&format!(", {}", self.q(&col.name)));

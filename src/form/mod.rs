@@ -76,6 +76,9 @@ pub(crate) enum Outcome {
     /// A failure of the last attempt: dead-lettered with the reason (first) and the error
     /// kept and counted as [`Outcome::Failed`] does.
     DeadFailed(String, String),
+    /// No further attempts: the row ends as an ack ends it, marked cancelled where completed
+    /// rows are kept.
+    Cancel,
 }
 
 impl Outcome {
@@ -84,6 +87,7 @@ impl Outcome {
             Outcome::Ack => "ack",
             Outcome::Retry(_) | Outcome::Failed(..) => "retry",
             Outcome::Dead(_) | Outcome::DeadFailed(..) => "dead letter",
+            Outcome::Cancel => "cancel",
         }
     }
 
@@ -120,7 +124,7 @@ impl Outcome {
             v
         };
         match self {
-            Outcome::Ack => vec![],
+            Outcome::Ack | Outcome::Cancel => vec![],
             Outcome::Retry(at) => [vec![Value::Time(*at)], error(None).to_vec()].concat(),
             Outcome::Failed(at, e) => [vec![Value::Time(*at)], error(Some(e)).to_vec()].concat(),
             Outcome::Dead(reason) => dead(reason, None),
@@ -133,6 +137,7 @@ impl Outcome {
             Outcome::Ack => &sql.ack,
             Outcome::Retry(_) | Outcome::Failed(..) => &sql.retry,
             Outcome::Dead(_) | Outcome::DeadFailed(..) => &sql.dead,
+            Outcome::Cancel => &sql.cancel_held,
         }
     }
 }

@@ -1043,4 +1043,46 @@ mod tests {
             assert_eq!(got, want);
         }
     }
+
+    /// The cancel settlement of each form: deleted as the ack deletes; on a table that keeps
+    /// completed rows, completed and finished with the reason "cancelled" (row lock: the
+    /// attempt counted, as its dead letter counts it), fenced by the token in the lease form.
+    #[test]
+    fn cancel_sql() {
+        let keep = |t: Table| t.dedup().keep_completed(Duration::from_secs(60));
+        let lease = |t: Table| t.lease(Duration::from_secs(30));
+        let advisory = |t: Table| t.text_column("k").advisory_lock("k-{k}");
+        assert_eq!(
+            compile(Table::new("jobs")).cancel_held,
+            "DELETE FROM `jobs` WHERE `id` = ?"
+        );
+        assert_eq!(
+            compile(lease(Table::new("jobs"))).cancel_held,
+            "DELETE FROM `jobs` WHERE `id` = ? AND `locked_until` = ?"
+        );
+        assert_eq!(
+            compile(advisory(Table::new("jobs"))).cancel_held,
+            "DELETE FROM `jobs` WHERE `id` = ?"
+        );
+        let now = "UTC_TIMESTAMP()";
+        let set = format!("`dead_at` = {now}, `completed_at` = {now}, `dedup_key` = NULL");
+        assert_eq!(
+            compile(keep(Table::new("jobs"))).cancel_held,
+            format!(
+                "UPDATE `jobs` SET {set}, `dead_reason` = 'cancelled', `attempts` = `attempts` + 1 \
+                 WHERE `id` = ?"
+            )
+        );
+        assert_eq!(
+            compile(keep(lease(Table::new("jobs")))).cancel_held,
+            format!(
+                "UPDATE `jobs` SET {set}, `locked_until` = NULL, `dead_reason` = 'cancelled' \
+                 WHERE `id` = ? AND `locked_until` = ?"
+            )
+        );
+        assert_eq!(
+            compile(keep(advisory(Table::new("jobs")))).cancel_held,
+            format!("UPDATE `jobs` SET {set}, `dead_reason` = 'cancelled' WHERE `id` = ?")
+        );
+    }
 }
