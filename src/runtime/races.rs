@@ -23,14 +23,14 @@ fn unique(prefix: &str) -> String {
 /// Creates `t` on `broker` and drops it when the guard goes.
 struct Made {
     broker: Broker,
-    name: String,
+    table: Table,
 }
 
 fn create(broker: &Broker, t: &Table) -> Made {
     broker.create_table(t).expect("create table");
     Made {
         broker: broker.clone(),
-        name: t.name().to_string(),
+        table: t.clone(),
     }
 }
 
@@ -39,13 +39,14 @@ impl Drop for Made {
         if self.broker.database() == "SQLite" {
             return;
         }
-        let q = self.broker.queue(&Table::new(self.name.as_str())).unwrap();
-        let sql = format!(
-            "DROP TABLE IF EXISTS {}",
-            (q.dialect.syntax().quote)(&self.name)
-        );
+        let q = self.broker.queue(&self.table).unwrap();
+        let name = self.table.name();
+        let quoted = (q.dialect.syntax().quote)(name);
         if let Ok(mut conn) = q.pool.get() {
-            let _ = conn.batch(&sql);
+            let _ = conn.batch(&format!("DROP TABLE IF EXISTS {quoted}"));
+            let _ = conn.batch(&format!(
+                "DELETE FROM sqlbroker_tables WHERE name = '{name}'"
+            ));
         }
     }
 }
