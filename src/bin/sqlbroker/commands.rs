@@ -96,16 +96,16 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         let open = |name: &String| args.desc.open(broker, name);
         args.tables.iter().map(open).collect::<Result<_, _>>()?
     };
+    // Listing every table: one whose counts fail (a table dropped by hand since it was
+    // recorded, say) is listed without counts and its error told on stderr; the listing
+    // itself succeeded. A table named on the command line that fails is the command's error.
     let mut all = Vec::new();
-    let mut failed = Vec::new();
     for table in &tables {
         match broker.stats(table) {
-            Ok(stats) => all.push((table.name().to_string(), stats)),
-            // Listing every table: one that fails (dropped since it was recorded, say) is
-            // told on stderr, the others are listed, and the exit code says so.
+            Ok(stats) => all.push((table, Ok(stats))),
             Err(e) if every => {
                 eprintln!("sqlbroker: {e}");
-                failed.push(table.name().to_string());
+                all.push((table, Err(e.to_string())));
             }
             Err(e) => return Err(e.into()),
         }
@@ -126,57 +126,63 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         ]
         .map(String::from)
         .to_vec()];
-        for (name, s) in &all {
-            rows.push(vec![
-                name.clone(),
-                s.form.name().to_string(),
-                s.ready.to_string(),
-                s.scheduled.to_string(),
-                s.in_flight.map_or("-".into(), |n| n.to_string()),
-                s.dead.to_string(),
-                s.completed.map_or("-".into(), |n| n.to_string()),
-                s.oldest_ready_age.map_or("-".into(), age),
-                if s.paused { "yes" } else { "no" }.to_string(),
-            ]);
+        let dash = || "-".to_string();
+        for (table, stats) in &all {
+            let mut row = vec![table.name().to_string(), table.form().name().to_string()];
+            row.extend(match stats {
+                Ok(s) => [
+                    s.ready.to_string(),
+                    s.scheduled.to_string(),
+                    s.in_flight.map_or_else(dash, |n| n.to_string()),
+                    s.dead.to_string(),
+                    s.completed.map_or_else(dash, |n| n.to_string()),
+                    s.oldest_ready_age.map_or_else(dash, age),
+                    if s.paused { "yes" } else { "no" }.to_string(),
+                ],
+                Err(_) => std::array::from_fn(|_| dash()),
+            });
+            rows.push(row);
         }
         columns(&rows)
     };
-    say(format_args!("{out}"))?;
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("no counts for table {}", failed.join(", ")).into())
-    }
+    say(format_args!("{out}"))
 }
 
-/// One table of `status --json`; fields in this order, `null` where the form does not count.
+/// One table of `status --json`; fields in this order, `null` where the form does not count
+/// (or, with `error`, where the counts failed).
 #[derive(Serialize)]
 struct StatusJson<'a> {
     table: &'a str,
     form: &'static str,
-    ready: u64,
-    scheduled: u64,
+    ready: Option<u64>,
+    scheduled: Option<u64>,
     in_flight: Option<u64>,
-    dead: u64,
+    dead: Option<u64>,
     completed: Option<u64>,
     oldest_ready_secs: Option<u64>,
-    paused: bool,
+    paused: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
 }
 
 /// One JSON object per table, in an array, on one line.
-fn status_json(all: &[(String, QueueStats)]) -> String {
+fn status_json(all: &[(&Table, std::result::Result<QueueStats, String>)]) -> String {
     let objects: Vec<StatusJson<'_>> = all
         .iter()
-        .map(|(name, s)| StatusJson {
-            table: name,
-            form: s.form.name(),
-            ready: s.ready,
-            scheduled: s.scheduled,
-            in_flight: s.in_flight,
-            dead: s.dead,
-            completed: s.completed,
-            oldest_ready_secs: s.oldest_ready_age.map(|d| d.as_secs()),
-            paused: s.paused,
+        .map(|(table, stats)| {
+            let s = stats.as_ref().ok();
+            StatusJson {
+                table: table.name(),
+                form: table.form().name(),
+                ready: s.map(|s| s.ready),
+                scheduled: s.map(|s| s.scheduled),
+                in_flight: s.and_then(|s| s.in_flight),
+                dead: s.map(|s| s.dead),
+                completed: s.and_then(|s| s.completed),
+                oldest_ready_secs: s.and_then(|s| s.oldest_ready_age.map(|d| d.as_secs())),
+                paused: s.map(|s| s.paused),
+                error: stats.as_ref().err().map(String::as_str),
+            }
         })
         .collect();
     // Strings, numbers and nulls always serialise.
