@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::slots::Taken;
+use super::wake::PauseCheck;
 use super::Ctx;
 use crate::delivery::Delivery;
 use crate::dialect::{ChangeFeed, DbConn};
@@ -99,34 +100,46 @@ fn nothing_ready(ctx: &Ctx) -> bool {
     }
 }
 
-/// True if the table is paused ([`Broker::pause`](crate::Broker::pause)): the flag as this
-/// broker last read it, read again from the registry once per poll interval (one worker
-/// reads it for all). A read that fails keeps the last value.
-fn paused(ctx: &Ctx) -> bool {
+/// How long to claim nothing for if the table is paused ([`Broker::pause`](crate::Broker::pause)),
+/// `None` if it is not: the flag as this broker last read it, read again from the registry once
+/// per poll interval (one worker reads it for all, the others wait a moment for it). A read
+/// that fails keeps the last value.
+fn paused(ctx: &Ctx) -> Option<Duration> {
+    let poll = ctx.opts.poll_interval;
+    let paused = read_pause(ctx);
+    match paused {
+        PauseCheck::Fresh(false) => None,
+        PauseCheck::Fresh(true) | PauseCheck::Read => Some(poll),
+        PauseCheck::Reading => Some(poll.min(Duration::from_millis(5))),
+    }
+}
+
+/// The pause flag, read from the registry if it is this worker's turn (then `Fresh`).
+fn read_pause(ctx: &Ctx) -> PauseCheck {
     let flag = &ctx.queue.wake.pause;
-    if let Some(paused) = flag.cached(ctx.opts.poll_interval) {
-        return paused;
+    match flag.check(ctx.opts.poll_interval) {
+        PauseCheck::Read => {}
+        other => return other,
     }
     let Ok(Some(mut conn)) = ctx.claim_conn() else {
-        return flag.last();
+        return PauseCheck::Fresh(flag.unread());
     };
-    match crate::registry::read_paused(&ctx.queue, &mut *conn) {
+    PauseCheck::Fresh(match crate::registry::read_paused(&ctx.queue, &mut *conn) {
         Ok(paused) => {
-            if paused != flag.last() {
+            if paused != flag.set(paused) {
                 log::info!(
                     "table {} is {}",
                     ctx.spec().name,
                     if paused { "paused" } else { "resumed" }
                 );
             }
-            flag.set(paused);
             paused
         }
         Err(e) => {
             log::debug!("table {}: reading the pause flag: {e}", ctx.spec().name);
-            flag.last()
+            flag.unread()
         }
-    }
+    })
 }
 
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
@@ -196,12 +209,12 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             break;
         }
         let seen = ctx.queue.wake.seq();
-        if paused(ctx) {
+        if let Some(wait) = paused(ctx) {
             // Claims nothing until resumed; deliveries in hand go on. The flag is read again
             // after a poll interval, or at once after a resume (`PauseFlag::stale`).
             drop(slots);
             failures = 0;
-            ctx.queue.wake.wait(seen, ctx.opts.poll_interval);
+            ctx.queue.wake.wait(seen, wait);
             polling = true;
             continue;
         }

@@ -109,40 +109,62 @@ struct PauseState {
     paused: bool,
     /// When it was last read (or set); `None`: read it before the next claim.
     read_at: Option<Instant>,
+    /// A worker is reading it: nobody claims on the old value meanwhile.
+    reading: bool,
+}
+
+/// What [`PauseFlag::check`] tells a claim worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PauseCheck {
+    /// Read less than a poll interval ago: paused or not.
+    Fresh(bool),
+    /// Due: this worker reads it and reports with [`PauseFlag::set`] or
+    /// [`PauseFlag::unread`].
+    Read,
+    /// Another worker is reading it: claim nothing until it has.
+    Reading,
 }
 
 impl PauseFlag {
-    /// The flag if it was read less than `every` ago; `None` if it is due for a read, which
-    /// the caller makes (the flag counts as read now, so other workers do not read it too).
-    pub fn cached(&self, every: Duration) -> Option<bool> {
+    /// The flag if it was read less than `every` ago; otherwise the caller is the one to read
+    /// it (so other workers do not read it too), or another worker already is. A worker that
+    /// claimed on the old value while a read was under way could claim just after a pause.
+    pub fn check(&self, every: Duration) -> PauseCheck {
         let mut s = self.state.lock();
-        let now = Instant::now();
+        if s.reading {
+            return PauseCheck::Reading;
+        }
         match s.read_at {
-            Some(at) if now.duration_since(at) < every => Some(s.paused),
+            Some(at) if at.elapsed() < every => PauseCheck::Fresh(s.paused),
             _ => {
-                s.read_at = Some(now);
-                None
+                s.reading = true;
+                PauseCheck::Read
             }
         }
     }
 
-    /// True if the flag was read less than `every` ago and the table was not paused: a
-    /// handler thread's own claim goes ahead only then (it leaves reads to the workers).
+    /// True if the flag was read less than `every` ago, no read is under way, and the table
+    /// was not paused: a handler thread's own claim goes ahead only then (it leaves reads to
+    /// the workers).
     pub fn running(&self, every: Duration) -> bool {
         let s = self.state.lock();
-        !s.paused && s.read_at.is_some_and(|at| at.elapsed() < every)
+        !s.paused && !s.reading && s.read_at.is_some_and(|at| at.elapsed() < every)
     }
 
-    /// The flag as last read, fresh or not.
-    pub fn last(&self) -> bool {
-        self.state.lock().paused
-    }
-
-    /// The flag as just read from the registry.
-    pub fn set(&self, paused: bool) {
+    /// The flag as just read from the registry; the value it had before.
+    pub fn set(&self, paused: bool) -> bool {
         let mut s = self.state.lock();
-        s.paused = paused;
         s.read_at = Some(Instant::now());
+        s.reading = false;
+        std::mem::replace(&mut s.paused, paused)
+    }
+
+    /// A read that failed: the last value stands for another interval.
+    pub fn unread(&self) -> bool {
+        let mut s = self.state.lock();
+        s.read_at = Some(Instant::now());
+        s.reading = false;
+        s.paused
     }
 
     /// Reads the flag again before the next claim.
@@ -357,5 +379,34 @@ mod tests {
         g.arm(false);
         assert!(!g.defer(1, t0 + ms(202)));
         assert!(!g.defer(1, t0 + ms(202)));
+    }
+
+    /// While one worker reads the pause flag, nobody claims on its old value: the handler
+    /// threads' own claims (`running`) and the other workers (`Reading`) wait for the read.
+    /// Fails with the flag marked read before the read was made (a claim on the old value
+    /// right after a pause in another process: seen as `delivered while paused` on MariaDB).
+    #[test]
+    fn nobody_claims_on_the_old_flag_while_it_is_read() {
+        let every = Duration::from_secs(60);
+        let flag = PauseFlag::default();
+        assert_eq!(flag.check(every), PauseCheck::Read);
+        assert!(
+            !flag.running(every),
+            "a handler claimed while the flag was read"
+        );
+        assert_eq!(flag.check(every), PauseCheck::Reading);
+        assert!(!flag.set(false));
+        assert_eq!(flag.check(every), PauseCheck::Fresh(false));
+        assert!(flag.running(every));
+        flag.stale();
+        assert_eq!(flag.check(every), PauseCheck::Read);
+        assert!(!flag.running(every));
+        assert!(!flag.unread(), "a failed read keeps the last value");
+        assert_eq!(flag.check(every), PauseCheck::Fresh(false));
+        flag.stale();
+        assert_eq!(flag.check(every), PauseCheck::Read);
+        assert!(!flag.set(true));
+        assert_eq!(flag.check(every), PauseCheck::Fresh(true));
+        assert!(!flag.running(every));
     }
 }
