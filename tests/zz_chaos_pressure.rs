@@ -192,6 +192,9 @@ fn pool_exhaustion(db: Db) {
     let lease = live.table(Form::Lease, Duration::from_secs(30));
     // A table no subscription reads: the target of the publishes.
     let target = live.table(Form::RowLock, Duration::ZERO);
+    // The broker checks a table against its record on first use (one statement): done here,
+    // while the pool has connections, so the publishes below meet the exhausted pool itself.
+    broker.stats(&target).unwrap();
 
     // The lease subscription starts while the pool still has connections (its start checks the
     // server on one); its table is empty.
@@ -703,7 +706,13 @@ fn paused_server(db: Db) {
         .pool_size(8)
         .build()
         .unwrap();
-    let t = live.table(Form::Lease, Duration::from_secs(30));
+    // A table per subscription: a broker reads a table's pause flag on one worker while its
+    // other workers wait for that read, so each subscription's worker is stuck in its own
+    // statement (a claim, or its table's pause read).
+    let tables: Vec<_> = (0..3)
+        .map(|_| live.table(Form::Lease, Duration::from_secs(30)))
+        .collect();
+    let t = tables[0].clone();
     // Publishes at once, so the pool holds idle connections beside those the claim workers
     // take: paused too, they are what a publish during the pause may be handed.
     let spare = live.table(Form::RowLock, Duration::ZERO);
@@ -718,8 +727,9 @@ fn paused_server(db: Db) {
     for p in fill {
         p.within(Duration::from_secs(20)).0.unwrap();
     }
-    let subs: Vec<Arc<Subscription>> = (0..3)
-        .map(|_| {
+    let subs: Vec<Arc<Subscription>> = tables
+        .iter()
+        .map(|t| {
             let (b, t) = (broker.clone(), t.clone());
             start("start a subscription", move || {
                 b.subscription(&t)

@@ -121,25 +121,32 @@ fn read_pause(ctx: &Ctx) -> PauseCheck {
         PauseCheck::Read => {}
         other => return other,
     }
-    let Ok(Some(mut conn)) = ctx.claim_conn() else {
-        return PauseCheck::Fresh(flag.unread());
-    };
-    PauseCheck::Fresh(match crate::registry::read_paused(&ctx.queue, &mut *conn) {
-        Ok(paused) => {
-            if paused != flag.set(paused) {
-                log::info!(
-                    "table {} is {}",
-                    ctx.spec().name,
-                    if paused { "paused" } else { "resumed" }
-                );
-            }
-            paused
+    // A statement on the database like a claim (its connection checked out and pinged
+    // included): counted as one (`claiming`).
+    ctx.claiming.fetch_add(1, Ordering::Relaxed);
+    let read = match ctx.claim_conn() {
+        Ok(Some(mut conn)) => {
+            crate::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
         }
+        Ok(None) => Err("the subscription is closing".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    ctx.claiming.fetch_sub(1, Ordering::Relaxed);
+    let read = match read {
+        Ok(paused) => paused,
         Err(e) => {
             log::debug!("table {}: reading the pause flag: {e}", ctx.spec().name);
-            flag.unread()
+            return PauseCheck::Fresh(flag.unread());
         }
-    })
+    };
+    if read != flag.set(read) {
+        log::info!(
+            "table {} is {}",
+            ctx.spec().name,
+            if read { "paused" } else { "resumed" }
+        );
+    }
+    PauseCheck::Fresh(read)
 }
 
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
