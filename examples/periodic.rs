@@ -33,8 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .periodic(&reports, "*/2 * * * * *", report)
         .name("report")
         .start()?;
+    // The other process opens the table by name: its description is recorded in the database.
+    let reports_in_b = b.open_table("example_reports")?;
     let in_b = b
-        .periodic(&reports, "*/2 * * * * *", report)
+        .periodic(&reports_in_b, "*/2 * * * * *", report)
         .name("report")
         .start()?;
 

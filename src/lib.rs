@@ -63,7 +63,33 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! Keys and group values compare byte for byte on every database (case, trailing spaces and
+//! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
+//! collation), and values mean the same on each: a message is one message everywhere.
+//!
 //! ## Operating a queue
+//!
+//! [`Broker::create_table`] and [`Broker::migrate`] record a table's description in the
+//! database; [`Broker::open_table`] reads it back by name in any process, and a description
+//! that disagrees with the record is refused ([`BrokerError::Schema`]). [`Broker::job`] looks a
+//! job up by id ([`Job`]: its [`JobState`], attempts, last error, values, times) and
+//! [`Broker::jobs`] pages jobs by state; a failed attempt keeps its error text on the row.
+//! [`Broker::cancel`] stops a job for good; [`Broker::pause`] and [`Broker::resume`] stop and
+//! restart a table's claims in every process.
+//!
+//! ```
+//! use sqlbroker::{Broker, JobState, Message, Table};
+//! use std::time::Duration;
+//!
+//! let broker = Broker::connect("sqlite::memory:")?;
+//! broker.create_table(&Table::new("mails").lease(Duration::from_secs(30)))?;
+//! let mails = broker.open_table("mails")?; // as recorded: the lease form
+//! let id = broker.publish(&mails, Message::new(b"hi".to_vec()))?;
+//! assert_eq!(broker.job(&mails, id)?.map(|j| j.state()), Some(JobState::Ready));
+//! assert!(broker.cancel(&mails, id)?); // queued: removed, never runs
+//! assert!(broker.job(&mails, id)?.is_none());
+//! # Ok::<(), sqlbroker::BrokerError>(())
+//! ```
 //!
 //! [`Broker::stats`] counts a table's rows by state in one statement ([`QueueStats`]: ready,
 //! scheduled, in flight where the form marks it, dead, the oldest ready row's age).
@@ -73,8 +99,9 @@
 //! [`Table::keep_completed`] keeps acked rows with their completion time:
 //! [`Broker::completed_after`] lists them, [`Broker::prune_completed`] deletes those past the
 //! retention. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
-//! shell: `status`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
-//! `publish`.
+//! shell, naming a table alone: `status` (every recorded table), `job`, `cancel`, `pause`,
+//! `resume`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
+//! `migrate`, `publish`.
 //!
 //! ## Periodic jobs
 //!
@@ -251,6 +278,11 @@
 #![warn(missing_docs)]
 // docs.rs (nightly, `--cfg docsrs`): label each feature-gated item with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README's code blocks compile (and run, unless marked) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod broker;
 mod delivery;
