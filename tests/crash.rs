@@ -18,22 +18,7 @@ use sqlbroker::{Broker, Form, Message, NextError, Table};
 const CHILD_ENV: &str = "SQLBROKER_CRASH_CHILD";
 const LEASE: Duration = Duration::from_secs(2);
 
-fn form_name(form: Form) -> &'static str {
-    match form {
-        Form::RowLock => "row_lock",
-        Form::Lease => "lease",
-        _ => "advisory",
-    }
-}
-
-fn form_from(name: &str) -> Form {
-    match name {
-        "row_lock" => Form::RowLock,
-        "lease" => Form::Lease,
-        "advisory" => Form::AdvisoryLock,
-        other => panic!("unknown form {other:?}"),
-    }
-}
+use common::{form_from, form_name};
 
 /// The table both processes describe: the same builder on both sides.
 fn crash_table(name: &str, form: Form) -> Table {

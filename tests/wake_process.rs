@@ -42,22 +42,7 @@ const ROWS: usize = 12;
 /// into its doubling).
 const QUIET: Duration = Duration::from_millis(100);
 
-fn form_name(form: Form) -> &'static str {
-    match form {
-        Form::RowLock => "row_lock",
-        Form::Lease => "lease",
-        _ => "advisory",
-    }
-}
-
-fn form_from(name: &str) -> Form {
-    match name {
-        "row_lock" => Form::RowLock,
-        "lease" => Form::Lease,
-        "advisory" => Form::AdvisoryLock,
-        other => panic!("unknown form {other:?}"),
-    }
-}
+use common::{form_from, form_name};
 
 fn micros_now() -> u128 {
     SystemTime::now()

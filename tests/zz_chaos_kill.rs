@@ -111,22 +111,7 @@ impl Rng {
     }
 }
 
-fn form_name(form: Form) -> &'static str {
-    match form {
-        Form::RowLock => "row_lock",
-        Form::Lease => "lease",
-        _ => "advisory",
-    }
-}
-
-fn form_from(name: &str) -> Form {
-    match name {
-        "row_lock" => Form::RowLock,
-        "lease" => Form::Lease,
-        "advisory" => Form::AdvisoryLock,
-        other => panic!("unknown form {other:?}"),
-    }
-}
+use common::{form_from, form_name};
 
 // ---------------------------------------------------------------------------------------------
 // The child.

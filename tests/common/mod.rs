@@ -278,6 +278,25 @@ pub struct Child {
     lines: crossbeam_channel::Receiver<String>,
 }
 
+/// A form's name as a child process reads it back ([`form_from`]).
+pub fn form_name(form: Form) -> &'static str {
+    match form {
+        Form::RowLock => "row_lock",
+        Form::Lease => "lease",
+        _ => "advisory",
+    }
+}
+
+/// The form [`form_name`] named.
+pub fn form_from(name: &str) -> Form {
+    match name {
+        "row_lock" => Form::RowLock,
+        "lease" => Form::Lease,
+        "advisory" => Form::AdvisoryLock,
+        other => panic!("unknown form {other:?}"),
+    }
+}
+
 /// Starts [`Child`] `entry`; its stdin stays open (a child blocking on it holds on until it is
 /// killed or the parent goes).
 pub fn spawn_child(entry: &str, env: &str, value: &str) -> Child {
