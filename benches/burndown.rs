@@ -3,7 +3,7 @@
 //! and once by a hand-written loop running the same protocol with the same SQL on the same
 //! number of connections, alternating (library, raw, library, raw, ..). Each cell prints both
 //! rates in jobs/s and their ratio. On PostgreSQL the hand-written pgbench scripts of
-//! `/work/shared/bench` (the figures the performance targets are measured against) run in the
+//! `benches/pgbench` (the figures the performance targets are measured against) run in the
 //! same alternation and are printed beside.
 //!
 //! ```sh
@@ -52,7 +52,7 @@
 //! each side (the least disturbed by other work on the machine) and every run beside.
 //!
 //! pgbench (PostgreSQL cells with a matching script, `BURNDOWN_PGBENCH_DIR`, default
-//! `/work/shared/bench`): the scripts and their schema are rewritten to a table of their own
+//! `benches/pgbench` in this repository): the scripts and their schema are rewritten to a table of their own
 //! (`burndown_jobs_<pid>`, so nothing else using `jobs` is disturbed), reloaded (400,000 rows)
 //! before every run, `pgbench -n -f <script> -c <w> -j <w> -T <BURNDOWN_PGBENCH_SECS, default 3>`;
 //! jobs/s = tps x rows per script. The table is dropped at the end.
@@ -120,7 +120,7 @@ impl Settings {
             rounds: var("BURNDOWN_ROUNDS").unwrap_or(2usize).max(1),
             pgbench_secs: var("BURNDOWN_PGBENCH_SECS").unwrap_or(3),
             pgbench_dir: std::env::var("BURNDOWN_PGBENCH_DIR")
-                .unwrap_or_else(|_| "/work/shared/bench".into()),
+                .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/benches/pgbench").into()),
             scale_rows: var("BURNDOWN_SCALE_ROWS").unwrap_or(1_000_000),
         }
     }

@@ -402,7 +402,7 @@ fn close_returns_unconsumed_rows(db: Db, form: Form) {
     let ids: HashSet<i64> = got.iter().map(Delivery::id).collect();
     assert_eq!(ids.len(), 5);
     // Rows claimed ahead and handed back by `close` never reached a handler: they spend
-    // nothing, in every form (SPEC, Attempts).
+    // nothing, in every form (the attempts rules in the crate docs).
     let first = got.iter().filter(|d| d.attempt() == 1).count();
     assert_eq!(first, 5, "a row handed back by close spent an attempt");
     for d in got {
@@ -798,7 +798,7 @@ fn shutdown_waits_for_handed_out_deliveries(db: Db, form: Form) {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(live.rows(&t), 3);
     // Lease and advisory count the attempt at claim: a claim of the new row by the shut-down
-    // subscription reads 1. (The rows claimed ahead and handed back are not checked here: SPEC
+    // subscription reads 1. (The rows claimed ahead and handed back are not checked here: the contract
     // says they spend nothing, which `close_returns_unconsumed_rows` is about.)
     assert_eq!(
         live.rows_where(&t, &format!("id = {after} AND attempts = 0")),

@@ -10,7 +10,7 @@ use sqlbroker::{Broker, Form, Message};
 
 const LEASE: Duration = Duration::from_secs(30);
 
-/// SPEC: "Rows with equal keys are worked one at a time ... while other accounts' rows run in
+/// The advisory form's promise: "Rows with equal keys are worked one at a time ... while other accounts' rows run in
 /// parallel." A key with more ready rows than one page of advisory candidates (40 by default)
 /// at the head of the queue must not hide the other keys' rows: the claim pages past them.
 fn advisory_busy_key_starves_other_keys(db: Db) {

@@ -16,7 +16,7 @@
 //!    before it could say so), and the table is empty at the end;
 //! 2. no row is acked twice (an ack deletes the row) and no ack fails in a live child;
 //! 3. a row is started again only after the child that held it was killed without acking it;
-//! 4. attempts as SPEC.md says: row lock: a crash spends nothing, so every delivery reads 1;
+//! 4. attempts as the crate docs say: row lock: a crash spends nothing, so every delivery reads 1;
 //!    lease and advisory: each redelivery reads more than the previous start of that row, and
 //!    no more than one plus the children that had ended by then (each can spend one attempt of
 //!    a row at most);
@@ -24,7 +24,7 @@
 //!    holder of that key began its ack, or was killed).
 //!
 //! A row claimed ahead by a child (waiting in its channel, never handed to a handler) spends an
-//! attempt in the lease and advisory forms when the child is killed: SPEC.md allows that for a
+//! attempt in the lease and advisory forms when the child is killed: the contract allows that for a
 //! crash, so the harness does not expect `attempt == number of starts`.
 //!
 //! SQLite advisory keys live in the process (two processes on one file may deliver a row twice,
