@@ -111,7 +111,7 @@ pub enum BrokerError {
         reason: String,
     },
     /// A statement failed on the database.
-    #[error("{op}{} failed ({kind:?}): {source}", on_table(.table))]
+    #[error("{op}{} failed ({kind}): {source}", on_table(.table))]
     Database {
         /// What we were doing (`claim`, `ack`, `publish`, ...).
         op: &'static str,
@@ -288,6 +288,19 @@ pub enum DbErrorKind {
     Other,
 }
 
+/// Words, not the variant's name: an error's message reads as a sentence
+/// ("ack on table jobs failed (connection lost): ..").
+impl std::fmt::Display for DbErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DbErrorKind::Transient => "transient: try again",
+            DbErrorKind::ConnectionLost => "connection lost",
+            DbErrorKind::Schema => "the table does not match",
+            DbErrorKind::Other => "database error",
+        })
+    }
+}
+
 impl BrokerError {
     /// True when trying the same thing again later may succeed: transient database errors,
     /// lost connections, a first connection that could not reach the server, and pool
@@ -404,4 +417,24 @@ pub enum NextError {
     /// The subscription is closed and every delivery it claimed has been handed out.
     #[error("subscription closed")]
     Closed,
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::*;
+
+    /// A database error reads as a sentence: the kind in words, not its variant's name.
+    #[test]
+    fn a_database_error_reads_as_a_sentence() {
+        let e = BrokerError::Database {
+            op: "ack",
+            table: "jobs".into(),
+            kind: DbErrorKind::ConnectionLost,
+            source: "server closed the connection".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "ack on table jobs failed (connection lost): server closed the connection"
+        );
+    }
 }
