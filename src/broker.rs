@@ -426,6 +426,13 @@ impl Broker {
     /// **copies the table** and blocks its writes while it runs: on a large table, plan for
     /// it. Until then the schema check refuses the table.
     ///
+    /// The publish time (`created_at`, [`Job::published_at`](crate::Job::published_at)) is
+    /// added with no value for the rows already there (their publish time is unknown, and the
+    /// migration's would be a wrong one), then given its server-clock default on PostgreSQL
+    /// and MySQL/MariaDB (on MySQL a second statement: a migration cut between the two leaves
+    /// the column without it). SQLite cannot add a column with that default: rows published
+    /// into a table it migrated read no publish time either.
+    ///
     /// ```
     /// use sqlbroker::{Broker, Table};
     ///
@@ -481,8 +488,9 @@ impl Broker {
         }
         let mut done = Vec::new();
         for d in missing {
-            let sql = q.dialect.syntax().add_column(&q.spec, d);
-            conn.batch(&sql).map_err(q.err("migrate"))?;
+            for sql in q.dialect.syntax().add_column(&q.spec, d) {
+                conn.batch(&sql).map_err(q.err("migrate"))?;
+            }
             done.push(format!("added column {}", d.name));
         }
         if let Some(sql) = q.dialect.convert_columns(&q.spec, &convert) {

@@ -110,6 +110,7 @@ pub struct Job {
     dead_reason: Option<String>,
     payload: Vec<u8>,
     due_at: SystemTime,
+    published_at: Option<SystemTime>,
     finished_at: Option<SystemTime>,
     lease_until: Option<SystemTime>,
     cancel_requested: bool,
@@ -173,10 +174,20 @@ impl Job {
     }
 
     /// When it is (or was) due: `run_at`, whole seconds, as the publish or the last retry
-    /// wrote it from its host's clock. The table records no publish time of its own: for a
-    /// job never retried, this is when it was published plus its delay.
+    /// wrote it from its host's clock: for a job never retried, when it was published plus
+    /// its delay.
     pub fn due_at(&self) -> SystemTime {
         self.due_at
+    }
+
+    /// When it was published: `created_at`, whole seconds, the database server's clock at the
+    /// insert (the column's default, so the publishing host's clock plays no part). `None` for
+    /// a row the table cannot date: one published before [`Broker::migrate`] added the column
+    /// to a table made by an earlier release, and on SQLite any row published into such a
+    /// migrated table (SQLite cannot add the column with its default; a table made by
+    /// [`Broker::create_table`] has it).
+    pub fn published_at(&self) -> Option<SystemTime> {
+        self.published_at
     }
 
     /// When it was dead-lettered or completed (`dead_at`: the database server's clock for a
@@ -218,6 +229,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let lease_until = next().as_time();
     let completed = next().as_time().is_some();
     let cancel_requested = int(next()) != 0;
+    let published_at = next().as_time();
     let values = q
         .spec
         .columns
@@ -245,6 +257,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         dead_reason,
         payload,
         due_at,
+        published_at,
         finished_at,
         lease_until,
         cancel_requested,

@@ -56,6 +56,10 @@ pub(crate) struct ColumnDef {
     pub ddl: String,
     pub accepts: Vec<Family>,
     pub addable: bool,
+    /// The statements by which `migrate` adds the column when `ALTER TABLE .. ADD COLUMN
+    /// <ddl>` is not the way (empty: it is): `created_at`, whose rows already there must read
+    /// `NULL` rather than the migration's time.
+    pub add: Vec<String>,
     /// MySQL's dedup key and group: the byte-exact collations. A type as the database reports
     /// it ends with ` collate <name>` when the column has one.
     pub collations: &'static [&'static str],
@@ -166,6 +170,7 @@ mod tests {
             ddl: String::new(),
             accepts: vec![Family::Text],
             addable: true,
+            add: Vec::new(),
             collations: &["utf8mb4_nopad_bin", "utf8mb4_0900_bin"],
         };
         let free = ColumnDef {
@@ -220,6 +225,7 @@ mod tests {
             ddl: String::new(),
             accepts: vec![f],
             addable: true,
+            add: Vec::new(),
             collations: &[],
         };
         let needed = [

@@ -83,9 +83,12 @@ pub enum Role {
     /// Lease and advisory forms: [`Broker::cancel`](crate::Broker::cancel) asked for the row
     /// in work not to run again (`cancel_requested`, integer, 0 or 1).
     CancelRequested,
+    /// When the row was published (`created_at`): filled by the database with the server's
+    /// clock at insert (a column default, so inserts name no such column), whole seconds.
+    CreatedAt,
 }
 
-const ROLES: [Role; 13] = [
+const ROLES: [Role; 14] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -99,6 +102,7 @@ const ROLES: [Role; 13] = [
     Role::LastError,
     Role::Errors,
     Role::CancelRequested,
+    Role::CreatedAt,
 ];
 
 impl Role {
@@ -118,6 +122,7 @@ impl Role {
             Role::LastError => "last_error",
             Role::Errors => "errors",
             Role::CancelRequested => "cancel_requested",
+            Role::CreatedAt => "created_at",
         }
     }
 
@@ -198,7 +203,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 13],
+    renames: [Option<String>; 14],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -620,6 +625,7 @@ impl Table {
             last_error: roles[10].clone(),
             errors: roles[11].clone(),
             cancel_requested: roles[12].clone(),
+            created_at: roles[13].clone(),
             retention_secs: self
                 .keep_completed
                 .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
@@ -693,6 +699,8 @@ pub(crate) struct TableSpec {
     pub errors: String,
     /// The cancel request of a row in work (lease, advisory lock).
     pub cancel_requested: String,
+    /// The publish time, the server's clock (every table).
+    pub created_at: String,
     /// How long completed rows are kept (tables with [`Table::keep_completed`]).
     pub retention_secs: u64,
     pub columns: Vec<Column>,

@@ -198,17 +198,17 @@ fn migrate_brings_an_old_table_to_byte_exact_text(db: Db) {
         "{before:?}"
     );
     let check = live.broker.subscription(&t).start().map(drop);
-    // The previous release had no error history nor cancel requests: every database names
-    // those columns first.
-    let added = ["last_error", "errors", "cancel_requested"];
+    // The previous release had no error history, cancel requests nor publish time: every
+    // database names those columns first.
+    let added = ["last_error", "errors", "cancel_requested", "created_at"];
     let check = match check {
         Err(BrokerError::Schema { problems, .. }) => {
             let missing: Vec<String> = added
                 .iter()
                 .map(|c| format!("column {c} is missing"))
                 .collect();
-            assert_eq!(problems[..3], missing[..], "{problems:?}");
-            let rest = problems[3..].to_vec();
+            assert_eq!(problems[..added.len()], missing[..], "{problems:?}");
+            let rest = problems[added.len()..].to_vec();
             if rest.is_empty() {
                 Ok(())
             } else {

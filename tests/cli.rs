@@ -701,12 +701,19 @@ fn job_cancel_and_last_errors(db: Db) {
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
     }
+    // Fails if `job` leaves out the publish time (or shows none for a new table's row).
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("published_at: ") && l != "published_at: -"),
+        "{text}"
+    );
     let o = run_args(&["job"], &[&id, "--json"]);
     let json: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
     assert_eq!(json["id"], failing);
     assert_eq!(json["state"], "scheduled");
     assert_eq!(json["errors"], 1);
     assert_eq!(json["last_error"], "disk full");
+    assert!(json["published_at"].is_string(), "{json}");
     assert_eq!(json["values"]["k"], "x");
 
     let q = queued.to_string();

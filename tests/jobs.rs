@@ -1,10 +1,11 @@
 //! Error history and job lookup: a failure keeps its text (bounded) and count on the row, shown
 //! by `Broker::job`, `Broker::jobs` and the dead letters; a job's state as each form can tell
-//! it; and a table made before these columns existed is migrated and then keeps errors.
+//! it; the publish time, the server's; and a table made before these columns existed is
+//! migrated and then keeps errors.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{live, msg, next, Db};
 use sqlbroker::{BrokerError, Form, JobState, RetryPolicy, LAST_ERROR_MAX};
@@ -148,9 +149,47 @@ fn job_states_and_pages(db: Db, form: Form) {
 }
 per_db_form!(job_states_and_pages);
 
-/// A table made by the previous release (the same table without `last_error`, `errors` and,
-/// outside the row lock form, `cancel_requested`) is refused with the missing columns named,
-/// migrated with its rows, and then keeps errors.
+/// The publish time: the server's clock at the insert, by the column's default, whole seconds.
+/// A delayed job is due after it was published.
+fn jobs_know_when_they_were_published(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let before = secs(SystemTime::now());
+    let now = b.publish(&t, msg("now", "a")).unwrap();
+    let later = b
+        .publish(
+            &t,
+            msg("later", "b").deliver_after(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    let after = secs(SystemTime::now());
+    for id in [now, later] {
+        let j = b.job(&t, id).unwrap().unwrap();
+        // Fails if the column has no default (`created_at` stays NULL): "published at the
+        // server's clock".
+        let p = j.published_at().expect("published at the server's clock");
+        // The servers share this host's clock; a few seconds allow for rounding.
+        let p = secs(p);
+        assert!(
+            p + 5 >= before && p <= after + 5,
+            "published at {p}, between {before} and {after} on this host"
+        );
+    }
+    let j = b.job(&t, later).unwrap().unwrap();
+    assert!(
+        j.due_at() > j.published_at().unwrap() + Duration::from_secs(3000),
+        "{j:?}"
+    );
+}
+per_db_form!(jobs_know_when_they_were_published);
+
+/// A table made by the previous release (the same table without `last_error`, `errors`,
+/// `created_at` and, outside the row lock form, `cancel_requested`) is refused with the missing
+/// columns named, migrated with its rows, and then keeps errors. A row published before the
+/// migration has no publish time; one published after has the server's, except on SQLite,
+/// whose `ADD COLUMN` cannot carry the default.
 fn migrate_adds_the_error_history(db: Db, form: Form) {
     let Some(l) = live(db) else { return };
     let t = l.table(form, Duration::from_secs(30));
@@ -158,6 +197,7 @@ fn migrate_adds_the_error_history(db: Db, form: Form) {
     if form != Form::RowLock {
         gone.push("cancel_requested");
     }
+    gone.push("created_at");
     for c in &gone {
         l.exec(&format!("ALTER TABLE {} DROP COLUMN {c}", t.name()));
     }
@@ -189,6 +229,12 @@ fn migrate_adds_the_error_history(db: Db, form: Form) {
     d.fail("after migrate").unwrap();
     let j = b.job(&t, id).unwrap().unwrap();
     assert_eq!((j.errors(), j.last_error()), (1, Some("after migrate")));
+    // Fails if the migration dates the rows already there (with its own time).
+    assert_eq!(j.published_at(), None);
+    let new = b.publish(&t, msg("new", "b")).unwrap();
+    let j = b.job(&t, new).unwrap().unwrap();
+    // Fails if the migrated column has no default on PostgreSQL or MySQL.
+    assert_eq!(j.published_at().is_some(), db != Db::Sqlite, "{j:?}");
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db_form!(migrate_adds_the_error_history);

@@ -93,7 +93,7 @@ fn a_mistyped_column_is_named(db: Db) {
         "CREATE TABLE {name} (id {id}, payload TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, \
          run_at TEXT NOT NULL, locked_until {time}, dead_at TEXT, dead_reason TEXT, \
          last_error TEXT, errors INTEGER NOT NULL DEFAULT 0, \
-         cancel_requested INTEGER NOT NULL DEFAULT 0)"
+         cancel_requested INTEGER NOT NULL DEFAULT 0, created_at {time})"
     ));
     let t = Table::new(&name).lease(Duration::from_secs(30));
     let problems = schema_problems(live.broker.subscription(&t).start());

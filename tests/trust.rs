@@ -294,7 +294,7 @@ fn postgres_renewal_on_timestamp_columns() {
         "CREATE TABLE \"{name}\" (id BIGSERIAL PRIMARY KEY, payload BYTEA NOT NULL, \
          attempts INT NOT NULL DEFAULT 0, run_at TIMESTAMP NOT NULL, locked_until TIMESTAMP, \
          dead_at TIMESTAMP, dead_reason TEXT, last_error TEXT, errors INT NOT NULL DEFAULT 0, \
-         cancel_requested INT NOT NULL DEFAULT 0, k TEXT)"
+         cancel_requested INT NOT NULL DEFAULT 0, created_at TIMESTAMP, k TEXT)"
     ));
     let sep = if live.url.contains('?') { '&' } else { '?' };
     let url = format!("{}{sep}options=-c%20TimeZone%3DAsia%2FTokyo", live.url);

@@ -24,6 +24,15 @@ pub(crate) struct ColumnTypes {
     pub reason: &'static str,
     /// The priority column (tables with priorities).
     pub priority: &'static str,
+    /// `created_at` in `CREATE TABLE`: a time column the server's clock fills at insert by
+    /// its default, so an insert names no such column.
+    pub created_at: &'static str,
+    /// `(quoted table, quoted column)` -> the statements by which `migrate` adds `created_at`
+    /// to a table made by an earlier release: without a default first, so the rows already
+    /// there read `NULL` (their publish time is unknown; the migration's time would be a
+    /// wrong one), then with the default for the rows published after, where the database
+    /// allows it.
+    pub add_created_at: fn(&str, &str) -> Vec<String>,
     pub text: &'static str,
     pub int: &'static str,
     pub float: &'static str,
@@ -198,9 +207,17 @@ impl Syntax {
             .collect()
     }
 
-    /// `ALTER TABLE <table> ADD COLUMN <definition>` (a migration).
-    pub fn add_column(&self, spec: &TableSpec, def: &ColumnDef) -> String {
-        format!("ALTER TABLE {} ADD COLUMN {}", self.q(&spec.name), def.ddl)
+    /// `ALTER TABLE <table> ADD COLUMN <definition>`, or the column's own statements
+    /// ([`ColumnDef::add`]): a migration.
+    pub fn add_column(&self, spec: &TableSpec, def: &ColumnDef) -> Vec<String> {
+        if !def.add.is_empty() {
+            return def.add.clone();
+        }
+        vec![format!(
+            "ALTER TABLE {} ADD COLUMN {}",
+            self.q(&spec.name),
+            def.ddl
+        )]
     }
 
     /// The columns `spec` needs, in `CREATE TABLE` order, with what the schema check accepts.
@@ -212,6 +229,7 @@ impl Syntax {
             // `ADD COLUMN` fills existing rows: only a nullable column or one with a default.
             addable: !t.contains("PRIMARY KEY")
                 && (!t.contains("NOT NULL") || t.contains("DEFAULT")),
+            add: Vec::new(),
             collations: &[],
         };
         let mut payload = def(&spec.payload, ty.payload);
@@ -233,6 +251,9 @@ impl Syntax {
         if spec.form != Form::RowLock {
             cols.push(def(&spec.cancel_requested, ty.attempts));
         }
+        let mut created = def(&spec.created_at, ty.created_at);
+        created.add = (ty.add_created_at)(&self.q(&spec.name), &self.q(&spec.created_at));
+        cols.push(created);
         if let Some(p) = &spec.priority {
             cols.push(def(p, ty.priority));
         }
@@ -386,7 +407,7 @@ impl Syntax {
     /// The columns of a job as [`TableSql::job`] returns them: `id, attempts, payload,
     /// run_at, dead_at, dead_reason, last_error, errors, locked_until (NULL outside the lease
     /// form), completed_at (NULL on a table that does not keep completed rows),
-    /// cancel_requested (0 in the row lock form), <user columns>`.
+    /// cancel_requested (0 in the row lock form), created_at, <user columns>`.
     pub fn job_columns(&self, spec: &TableSpec, prefix: &str) -> String {
         let q = |c: &str| format!("{prefix}{}", self.q(c));
         let mut cols = vec![
@@ -409,6 +430,7 @@ impl Syntax {
             } else {
                 q(&spec.cancel_requested)
             },
+            q(&spec.created_at),
         ];
         cols.extend(spec.columns.iter().map(|c| q(&c.name)));
         cols.join(", ")

@@ -34,6 +34,9 @@ const MARIADB_TYPES: ColumnTypes = ColumnTypes {
     time: "DATETIME NULL",
     reason: "MEDIUMTEXT NULL",
     priority: "SMALLINT NOT NULL DEFAULT 0",
+    // UTC: sessions run with `time_zone = '+00:00'`, as for `run_at`.
+    created_at: "DATETIME NULL DEFAULT CURRENT_TIMESTAMP",
+    add_created_at,
     text: "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NULL",
     int: "BIGINT NULL",
     float: "DOUBLE NULL",
@@ -54,6 +57,20 @@ fn types(collation: &str) -> &'static ColumnTypes {
     } else {
         &MYSQL_TYPES
     }
+}
+
+/// `migrate`'s `created_at`: added without a default, so the rows already there read `NULL`,
+/// then given it (`MODIFY COLUMN` changes the default only, leaving the values; `ALTER COLUMN
+/// .. SET DEFAULT` takes no `CURRENT_TIMESTAMP` on MySQL). MySQL cannot name a column in the
+/// statement that adds it: two statements.
+fn add_created_at(t: &str, c: &str) -> Vec<String> {
+    vec![
+        format!("ALTER TABLE {t} ADD COLUMN {c} DATETIME NULL"),
+        format!(
+            "ALTER TABLE {t} MODIFY COLUMN {c} {}",
+            MARIADB_TYPES.created_at
+        ),
+    ]
 }
 
 pub(super) fn quote_ident(s: &str) -> String {
@@ -472,6 +489,21 @@ mod tests {
     use crate::Table;
     use crate::Value;
 
+    /// `migrate` adds `created_at` with no value for the rows there, the default after.
+    #[test]
+    fn migrate_adds_created_at() {
+        let spec = Table::new("jobs").validate().unwrap();
+        let defs = column_defs(&spec, BYTE_EXACT[0]);
+        let d = defs.iter().find(|d| d.name == "created_at").unwrap();
+        assert_eq!(
+            SYNTAX.add_column(&spec, d),
+            [
+                "ALTER TABLE `jobs` ADD COLUMN `created_at` DATETIME NULL",
+                "ALTER TABLE `jobs` MODIFY COLUMN `created_at` DATETIME NULL DEFAULT CURRENT_TIMESTAMP"
+            ]
+        );
+    }
+
     fn dialect() -> Mysql {
         Mysql::from_url("mysql://u@h/db", &crate::dialect::test_options()).unwrap()
     }
@@ -726,6 +758,7 @@ mod tests {
                  `dead_at` DATETIME NULL, `dead_reason` MEDIUMTEXT NULL, \
                  `last_error` MEDIUMTEXT NULL, `errors` INT NOT NULL DEFAULT 0, \
                  `cancel_requested` INT NOT NULL DEFAULT 0, \
+                 `created_at` DATETIME NULL DEFAULT CURRENT_TIMESTAMP, \
                  `k` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin NULL, `n` BIGINT NULL, \
                  `f` DOUBLE NULL, `b` LONGBLOB NULL, INDEX `jobs_ready` (`dead_at`, `run_at`, `id`)) \
                  ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -904,6 +937,7 @@ mod tests {
                      `run_at` DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, `dead_at` DATETIME NULL, \
                      `dead_reason` MEDIUMTEXT NULL, `last_error` MEDIUMTEXT NULL, \
                      `errors` INT NOT NULL DEFAULT 0, \
+                     `created_at` DATETIME NULL DEFAULT CURRENT_TIMESTAMP, \
                      `dedup_key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL, \
                      INDEX `mails_ready` (`dead_at`, `run_at`, `id`), UNIQUE KEY `mails_dedup` (`dedup_key`)) \
                      ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
@@ -994,8 +1028,8 @@ mod tests {
         ];
         let want: [[&str; 8]; 3] = [
             [
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `id` = ?",
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `locked_until` > ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `created_at`, `k` FROM `jobs` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `created_at`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `locked_until` > ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "DELETE FROM `jobs` WHERE `id` = ? AND (`locked_until` IS NULL OR `locked_until` <= ?)",
                 "UPDATE `jobs` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL AND `locked_until` > ?",
                 "",
@@ -1004,8 +1038,8 @@ mod tests {
                 "UPDATE `jobs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?",
             ],
             [
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `id` = ?",
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `k` FROM `pay` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `created_at`, `k` FROM `pay` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `created_at`, `k` FROM `pay` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "DELETE FROM `pay` WHERE `id` = ?",
                 "UPDATE `pay` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL",
                 "UPDATE `pay` SET `cancel_requested` = 0 WHERE `id` = ?",
@@ -1014,8 +1048,8 @@ mod tests {
                 "UPDATE `pay` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?",
             ],
             [
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `id` = ?",
-                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `k` FROM `rows` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `created_at`, `k` FROM `rows` WHERE `id` = ?",
+                "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `created_at`, `k` FROM `rows` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "UPDATE `rows` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), `dead_reason` = 'cancelled' WHERE `id` = ? AND `completed_at` IS NULL",
                 "",
                 "",

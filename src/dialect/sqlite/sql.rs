@@ -25,11 +25,22 @@ const TYPES: ColumnTypes = ColumnTypes {
     time: "INTEGER",
     reason: "TEXT",
     priority: "INTEGER NOT NULL DEFAULT 0",
+    // Unix seconds, as every time column here holds them.
+    created_at: "INTEGER DEFAULT (CAST(strftime('%s', 'now') AS INTEGER))",
+    add_created_at,
     text: "TEXT",
     int: "INTEGER",
     float: "REAL",
     bytes: "BLOB",
 };
+
+/// `migrate`'s `created_at`: nullable and without a default, since SQLite's `ADD COLUMN` refuses
+/// a default that is not a constant. Rows published into such a table have no publish time
+/// (`NULL`, [`Job::published_at`](crate::Job::published_at) `None`); a table made by
+/// `create_table` has the default.
+fn add_created_at(t: &str, c: &str) -> Vec<String> {
+    vec![format!("ALTER TABLE {t} ADD COLUMN {c} INTEGER")]
+}
 
 fn quote_ident(s: &str) -> String {
     format!("\"{s}\"")
@@ -158,6 +169,18 @@ mod tests {
     use crate::dialect::sqlite::Sqlite;
     use crate::dialect::Dialect;
     use crate::Table;
+
+    /// `migrate` adds `created_at` without its default (`ADD COLUMN` takes only constants).
+    #[test]
+    fn migrate_adds_created_at() {
+        let spec = Table::new("jobs").validate().unwrap();
+        let defs = column_defs(&spec);
+        let d = defs.iter().find(|d| d.name == "created_at").unwrap();
+        assert_eq!(
+            SYNTAX.add_column(&spec, d),
+            ["ALTER TABLE \"jobs\" ADD COLUMN \"created_at\" INTEGER"]
+        );
+    }
 
     fn compile(t: Table) -> TableSql {
         Sqlite::from_url("sqlite::memory:", &crate::dialect::test_options())
@@ -317,7 +340,8 @@ mod tests {
             [
                 "CREATE TABLE IF NOT EXISTS \"jobs\" (\"id\" INTEGER PRIMARY KEY AUTOINCREMENT, \"payload\" BLOB NOT NULL, \
                  \"attempts\" INTEGER NOT NULL DEFAULT 0, \"run_at\" INTEGER NOT NULL, \"locked_until\" INTEGER, \
-                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"n\" INTEGER)",
+                 \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \
+                 \"created_at\" INTEGER DEFAULT (CAST(strftime('%s', 'now') AS INTEGER)), \"n\" INTEGER)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
             ]
         );
@@ -378,7 +402,7 @@ mod tests {
              \"locked_until\" = NULL WHERE \"id\" = ?5 AND \"locked_until\" = ?6"
         );
         let ddl = create_table(&spec);
-        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"dedup_key\" TEXT)"));
+        assert!(ddl[0].ends_with("\"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \"created_at\" INTEGER DEFAULT (CAST(strftime('%s', 'now') AS INTEGER)), \"dedup_key\" TEXT)"));
         assert_eq!(
             ddl[2],
             "CREATE UNIQUE INDEX IF NOT EXISTS \"mails_dedup\" ON \"mails\" (\"dedup_key\")"
@@ -425,8 +449,8 @@ mod tests {
         ];
         let want: [[&str; 8]; 3] = [
             [
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"k\" FROM \"jobs\" WHERE \"id\" = ?1",
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"locked_until\" > ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"jobs\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"locked_until\" > ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
                 "DELETE FROM \"jobs\" WHERE \"id\" = ?1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?2)",
                 "UPDATE \"jobs\" SET \"cancel_requested\" = 1 WHERE \"id\" = ?1 AND \"dead_at\" IS NULL AND \"locked_until\" > ?2",
                 "",
@@ -435,8 +459,8 @@ mod tests {
                 "UPDATE \"jobs\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END, \"locked_until\" = NULL WHERE \"id\" = ?4 AND \"locked_until\" = ?5",
             ],
             [
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"k\" FROM \"pay\" WHERE \"id\" = ?1",
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"k\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"pay\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
                 "DELETE FROM \"pay\" WHERE \"id\" = ?1",
                 "UPDATE \"pay\" SET \"cancel_requested\" = 1 WHERE \"id\" = ?1 AND \"dead_at\" IS NULL",
                 "UPDATE \"pay\" SET \"cancel_requested\" = 0 WHERE \"id\" = ?1",
@@ -445,8 +469,8 @@ mod tests {
                 "UPDATE \"pay\" SET \"run_at\" = ?1, \"last_error\" = COALESCE(?2, \"last_error\"), \"errors\" = \"errors\" + ?3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = ?4",
             ],
             [
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"k\" FROM \"rows\" WHERE \"id\" = ?1",
-                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"k\" FROM \"rows\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"created_at\", \"k\" FROM \"rows\" WHERE \"id\" = ?1",
+                "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"created_at\", \"k\" FROM \"rows\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \"id\" > ?2 ORDER BY \"id\" LIMIT ?3",
                 "UPDATE \"rows\" SET \"dead_at\" = CAST(strftime('%s', 'now') AS INTEGER), \"completed_at\" = CAST(strftime('%s', 'now') AS INTEGER), \"dead_reason\" = 'cancelled' WHERE \"id\" = ?1 AND \"completed_at\" IS NULL",
                 "",
                 "",
