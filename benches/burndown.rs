@@ -1357,7 +1357,9 @@ mod pg {
         let _cleanup = OnDrop(|| {
             let mut c = pg.admin.lock().unwrap();
             for t in pg.tables.names() {
-                let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS \"{t}\""));
+                let _ = c.batch_execute(&format!(
+                    "DROP TABLE IF EXISTS \"{t}\"; DELETE FROM sqlbroker_tables WHERE name = '{t}'"
+                ));
             }
         });
         println!("== postgres (load {})", load_average());
@@ -1787,6 +1789,8 @@ mod my {
             let mut c = my.admin.lock().unwrap();
             for t in my.tables.names() {
                 let _ = c.query_drop(format!("DROP TABLE IF EXISTS `{t}`"));
+                // The library recorded the table's description when it made it.
+                let _ = c.query_drop(format!("DELETE FROM sqlbroker_tables WHERE name = '{t}'"));
             }
         });
         println!("== {name} {version} (load {})", load_average());

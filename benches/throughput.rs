@@ -916,7 +916,9 @@ mod pg {
         let _cleanup = OnDrop(|| {
             if let Ok(mut client) = connect(&url) {
                 for t in tables.names() {
-                    let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS \"{t}\""));
+                    let _ = client.batch_execute(&format!(
+                        "DROP TABLE IF EXISTS \"{t}\"; DELETE FROM sqlbroker_tables WHERE name = '{t}'"
+                    ));
                 }
             }
         });
@@ -1245,6 +1247,9 @@ mod my {
             if let Ok(mut conn) = connect(&url) {
                 for t in tables.names() {
                     let _ = conn.query_drop(format!("DROP TABLE IF EXISTS `{t}`"));
+                    // The library recorded the table's description when it made it.
+                    let _ =
+                        conn.query_drop(format!("DELETE FROM sqlbroker_tables WHERE name = '{t}'"));
                 }
             }
         });
