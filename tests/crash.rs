@@ -31,17 +31,12 @@ fn crash_table(name: &str, form: Form) -> Table {
 /// and blocks holding the delivery until it is killed (or its stdin closes: the parent is gone).
 #[test]
 fn crash_child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
         return;
     };
-    let mut parts = spec.splitn(3, '\t');
-    let (form, name, url) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
+    let (name, url) = (name.as_str(), url.as_str());
     let broker = Broker::connect(url).expect("child: connect");
-    let t = crash_table(name, form_from(form));
+    let t = crash_table(name, form_from(&form));
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

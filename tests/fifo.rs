@@ -549,15 +549,11 @@ const CRASH_LEASE: Duration = Duration::from_secs(2);
 #[test]
 fn fifo_crash_child_entry() {
     use std::io::Write;
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((kind, name, url)) = common::child_spec(CHILD_ENV) else {
         return;
     };
-    let mut parts = spec.splitn(3, '\t');
-    let (kind, name, url) = (
-        Kind::from_name(parts.next().unwrap()),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
+    let (name, url) = (name.as_str(), url.as_str());
+    let kind = Kind::from_name(kind.as_str());
     let broker = Broker::connect(url).expect("child: connect");
     let sub = broker
         .subscription(&describe(name, kind, CRASH_LEASE))

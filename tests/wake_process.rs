@@ -56,17 +56,12 @@ fn micros_now() -> u128 {
 /// `PUBLISHED <n> <unix micros just after the commit>`; it ends when its stdin closes.
 #[test]
 fn wake_child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
         return;
     };
-    let mut parts = spec.splitn(3, '\t');
-    let (form, name, url) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
+    let (name, url) = (name.as_str(), url.as_str());
     let broker = Broker::connect(url).expect("child: connect");
-    let t = common::describe(name, form_from(form), LEASE);
+    let t = common::describe(name, form_from(&form), LEASE);
     let mut out = std::io::stdout();
     writeln!(out, "\nCHILD {}", std::process::id()).unwrap();
     out.flush().unwrap();

@@ -133,17 +133,12 @@ fn emit(kind: &str, id: i64, attempt: u32, extra: &str) {
 /// [`CLAIM_SAMPLE`]). It stops gracefully (close, then shutdown) when its stdin closes.
 #[test]
 fn chaos_child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
         return;
     };
-    let mut parts = spec.splitn(3, '\t');
-    let (form, name, url) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
+    let (name, url) = (name.as_str(), url.as_str());
     let broker = Broker::connect(url).expect("child: connect");
-    let t = common::describe(name, form_from(form), LEASE);
+    let t = common::describe(name, form_from(&form), LEASE);
     let sub = broker
         .subscription(&t)
         .workers(2)

@@ -278,6 +278,14 @@ pub struct Child {
     lines: crossbeam_channel::Receiver<String>,
 }
 
+/// The `<kind>\t<table>\t<url>` a child process was started with (in `env`); `None` when
+/// this process is not that child.
+pub fn child_spec(env: &str) -> Option<(String, String, String)> {
+    let spec = std::env::var(env).ok()?;
+    let mut parts = spec.splitn(3, '\t').map(str::to_owned);
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
 /// A form's name as a child process reads it back ([`form_from`]).
 pub fn form_name(form: Form) -> &'static str {
     match form {
