@@ -60,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sub.close(); // every order handled
         }
         Ok::<(), std::io::Error>(()) // Ok acks: the customer's next order becomes claimable
-    });
+    })?;
     sub.shutdown(Duration::from_secs(5))?;
 
     for (customer, seqs) in done.lock().iter() {

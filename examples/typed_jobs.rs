@@ -53,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sub.close();
         }
         outcome // Ok acks; Err fails the delivery by the retry policy
-    });
+    })?;
     println!("{} acked, {} failed", ran.acked, ran.failed);
     sub.shutdown(Duration::from_secs(5))?;
 

@@ -95,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sub.close(); // --once: the 500 are sent
         }
         Ok::<(), std::io::Error>(())
-    });
+    })?;
     stopping.store(true, Ordering::SeqCst);
     if let Some(p) = producer {
         p.join().expect("producer");

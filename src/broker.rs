@@ -522,13 +522,16 @@ impl Broker {
     ///   message is invalid (a value for a column the table does not describe);
     /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
     ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
+    ///   description);
     /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
     ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
     ///   cannot tell whether the insert committed: publish is not retried for you.
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
-        let id = publish::one(&q.target(), &mut *conn, message)?;
+        let id = publish::one(&q.target(), &mut *conn, message)
+            .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);
         self.announce(&q, 1);
         Ok(id)
@@ -552,7 +555,8 @@ impl Broker {
         let mut conn = q.conn("publish")?;
         let done = publish::many(&q.target(), &mut *conn, messages, Within::Own, |rows| {
             q.insert_sql(rows)
-        })?;
+        })
+        .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);
         if done.rows > 0 {
             self.announce(&q, done.rows);

@@ -415,6 +415,8 @@ pub enum NextError {
     #[error("no delivery ready now")]
     Empty,
     /// The subscription is closed and every delivery it claimed has been handed out.
+    /// [`Subscription::closed_by`](crate::Subscription::closed_by) gives the error that closed
+    /// it, if one did.
     #[error("subscription closed")]
     Closed,
 }

@@ -47,7 +47,7 @@ use std::time::Duration;
 ///         Some("obsolete") => Outcome::Cancel,
 ///         _ => ().into(), // or Outcome::Ack
 ///     })
-/// });
+/// })?;
 /// assert_eq!(
 ///     (ran.acked, ran.dead_lettered, ran.retried, ran.cancelled),
 ///     (1, 1, 1, 1)

@@ -373,7 +373,9 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// Blocks until a delivery arrives; `None` once the subscription is closed.
+    /// Blocks until a delivery arrives; `None` once the subscription is closed, by
+    /// [`close`](Subscription::close) or by an error: [`closed_by`](Subscription::closed_by)
+    /// tells which.
     pub fn next_delivery(&self) -> Option<Delivery> {
         if self.ctx.stopped() {
             return None;
@@ -493,6 +495,13 @@ impl Subscription {
     /// may capture a reference to the subscription); then [`shutdown`](Subscription::shutdown)
     /// as usual.
     ///
+    /// `threads` is the number of handlers running at once, from 1 to 1,024; another count is
+    /// refused with [`BrokerError::InvalidOption`] and nothing runs. It is independent of the
+    /// builder's [`workers`](SubscriptionBuilder::workers), the threads that claim rows and
+    /// hand them over: run threads also claim for themselves when nothing is waiting, so a
+    /// few workers serve many run threads (how many rows wait in between is
+    /// [`max_in_flight`](SubscriptionBuilder::max_in_flight)).
+    ///
     /// [`next_delivery`]: Subscription::next_delivery
     ///
     /// ```
@@ -508,20 +517,26 @@ impl Subscription {
     ///     assert_eq!(d.payload(), b"hello");
     ///     sub.close(); // one job is all this example has
     ///     Ok::<(), std::io::Error>(())
-    /// });
+    /// })?;
     /// assert_eq!(ran.acked, 1);
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
-    pub fn run<O, E, F>(&self, threads: usize, handler: F) -> Ran
+    pub fn run<O, E, F>(&self, threads: usize, handler: F) -> Result<Ran>
     where
         O: Into<Outcome>,
         E: std::fmt::Display,
         F: Fn(&Delivery) -> std::result::Result<O, E> + Sync,
     {
+        if !(1..=MAX_RUN_THREADS).contains(&threads) {
+            return Err(BrokerError::InvalidOption {
+                option: "run",
+                reason: format!("from 1 to {MAX_RUN_THREADS} threads, not {threads}"),
+            });
+        }
         let ran = parking_lot::Mutex::new(Ran::default());
         let (handler, ran_ref) = (&handler, &ran);
         std::thread::scope(|scope| {
-            for i in 0..threads.clamp(1, 1024) {
+            for i in 0..threads {
                 let name = format!("sqlbroker-run-{}-{i}", self.ctx.spec().name);
                 let spawned = std::thread::Builder::new()
                     .name(name)
@@ -535,7 +550,7 @@ impl Subscription {
                 }
             }
         });
-        ran.into_inner()
+        Ok(ran.into_inner())
     }
 
     /// One runner thread: handle and settle until the subscription is closed.
@@ -604,6 +619,16 @@ impl Subscription {
     #[doc(hidden)]
     pub fn grouped_acks(&self) -> (u64, u64) {
         self.ctx.queue.acks.stats()
+    }
+
+    /// The error that closed the subscription, if an error did: a table whose columns no
+    /// longer match, a claim worker that panicked. `None` while it is open and after a plain
+    /// [`close`](Subscription::close) or [`shutdown`](Subscription::shutdown). Ask it when
+    /// [`next_delivery`](Subscription::next_delivery) returns `None` (or the others return
+    /// [`NextError::Closed`]) to tell a failure from a close: unlike
+    /// [`last_error`](Subscription::last_error), it is never cleared.
+    pub fn closed_by(&self) -> Option<Arc<BrokerError>> {
+        self.ctx.closed_by()
     }
 
     /// The last error the claim workers or the renewer met, until a claim succeeds again
@@ -802,6 +827,9 @@ impl std::fmt::Debug for Subscription {
             .finish()
     }
 }
+
+/// The most threads [`Subscription::run`] starts.
+const MAX_RUN_THREADS: usize = 1024;
 
 /// What [`Subscription::run`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

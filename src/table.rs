@@ -396,7 +396,8 @@ impl Table {
     }
 
     /// Names the group column (a text column, added if not described yet) for
-    /// [`Table::fifo`].
+    /// [`Table::fifo`], which it needs: a group column without `fifo()` is refused by
+    /// validation (it would be a plain column that groups nothing).
     pub fn group(mut self, column: impl Into<String>) -> Self {
         let column = column.into();
         if !self.columns.iter().any(|(c, _)| *c == column) {
@@ -607,6 +608,13 @@ impl Table {
         if self.fifo && group.is_none() {
             return Err(bad(
                 "a FIFO table needs a group column (Table::group)".into()
+            ));
+        }
+        if group.is_some() && !self.fifo {
+            return Err(bad(
+                "a group column does nothing without fifo(): add .fifo() for \
+                 FIFO groups, or describe a plain column with .text_column()"
+                    .into(),
             ));
         }
         let lease_secs = self.lease.map(crate::schedule::lease_secs).unwrap_or(0);
@@ -917,10 +925,12 @@ mod tests {
         assert_eq!(s.group, Some(0));
         assert_eq!(s.columns[0].name, "customer");
         assert!(invalid(&Table::new("o").fifo()).contains("group column"));
+        assert!(invalid(&Table::new("o").group("customer")).contains("without fifo()"));
         // A template that reads the group column alone (or no column) covers the group.
         let reads = |t: &str| {
             let spec = Table::new("o")
                 .group("customer")
+                .fifo()
                 .text_column("k")
                 .advisory_lock(t)
                 .validate()
@@ -1067,7 +1077,7 @@ mod tests {
                     return false;
                 }
             }
-            !(fifo && group.is_none()) && max_attempts != Some(0)
+            fifo == group.is_some() && max_attempts != Some(0)
         }
 
         #[derive(Debug, Clone, PartialEq)]

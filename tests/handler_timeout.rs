@@ -247,15 +247,17 @@ fn the_runner_counts_timed_out_handlers() {
         ))
         .start()
         .unwrap();
-    let ran = sub.run(1, |d| {
-        let told = common::wait_for(Duration::from_secs(10), || d.timed_out());
-        sub.close();
-        if told {
-            Ok(())
-        } else {
-            Err("never told of the timeout")
-        }
-    });
+    let ran = sub
+        .run(1, |d| {
+            let told = common::wait_for(Duration::from_secs(10), || d.timed_out());
+            sub.close();
+            if told {
+                Ok(())
+            } else {
+                Err("never told of the timeout")
+            }
+        })
+        .unwrap();
     assert_eq!((ran.acked, ran.timed_out, ran.failed), (1, 1, 0), "{ran:?}");
     assert_eq!(live.rows(&t), 1, "the late ack removed the row");
 }

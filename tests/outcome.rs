@@ -47,21 +47,23 @@ fn run_outcomes_settle_rows(db: Db, form: Form) {
     let handled = AtomicUsize::new(0);
     let snoozed_at = Mutex::new(None);
     let deadline = Instant::now() + WAIT;
-    let ran = sub.run(1, |d| {
-        if handled.fetch_add(1, Ordering::SeqCst) + 1 == 4 || Instant::now() > deadline {
-            sub.close();
-        }
-        let said = match d.get("k").and_then(|v| v.as_str()) {
-            Some("dead") => Outcome::DeadLetter("bad payload".into()),
-            Some("snooze") => {
-                *snoozed_at.lock().unwrap() = Some(Instant::now());
-                Outcome::RetryAfter(SNOOZE)
+    let ran = sub
+        .run(1, |d| {
+            if handled.fetch_add(1, Ordering::SeqCst) + 1 == 4 || Instant::now() > deadline {
+                sub.close();
             }
-            Some("cancel") => Outcome::Cancel,
-            _ => ().into(),
-        };
-        Ok::<_, String>(said)
-    });
+            let said = match d.get("k").and_then(|v| v.as_str()) {
+                Some("dead") => Outcome::DeadLetter("bad payload".into()),
+                Some("snooze") => {
+                    *snoozed_at.lock().unwrap() = Some(Instant::now());
+                    Outcome::RetryAfter(SNOOZE)
+                }
+                Some("cancel") => Outcome::Cancel,
+                _ => ().into(),
+            };
+            Ok::<_, String>(said)
+        })
+        .unwrap();
     assert_eq!(
         (ran.acked, ran.dead_lettered, ran.retried, ran.cancelled),
         (1, 1, 1, 1),
@@ -118,11 +120,13 @@ fn cancel_keeps_completed_rows(db: Db, form: Form) {
         live.create(common::describe(&name, form, LEASE).keep_completed(Duration::from_secs(600)));
     let by_run = live.broker.publish(&t, common::msg("a", "a")).unwrap();
     let sub = live.broker.subscription(&t).start().unwrap();
-    let ran = sub.run(1, |d| {
-        sub.close();
-        assert_eq!(d.id(), by_run);
-        Ok::<_, String>(Outcome::Cancel)
-    });
+    let ran = sub
+        .run(1, |d| {
+            sub.close();
+            assert_eq!(d.id(), by_run);
+            Ok::<_, String>(Outcome::Cancel)
+        })
+        .unwrap();
     assert_eq!((ran.cancelled, ran.unsettled), (1, 0), "{ran:?}");
     drop(sub);
     let direct = live.broker.publish(&t, common::msg("b", "b")).unwrap();
@@ -179,7 +183,9 @@ fn failing_for_ever_dies_at_attempt_25(db: Db, form: Form) {
             sub.close();
             dead
         });
-        let ran = sub.run(1, |d| Err::<(), _>(format!("boom #{}", d.attempt())));
+        let ran = sub
+            .run(1, |d| Err::<(), _>(format!("boom #{}", d.attempt())))
+            .unwrap();
         assert!(
             watcher.join().unwrap(),
             "the failing row was never dead-lettered"

@@ -32,18 +32,20 @@ fn runner_survives_a_panicking_handler(db: Db, form: Form) {
     let acks = AtomicUsize::new(0);
     let boom_attempts = Mutex::new(Vec::new());
     let deadline = Instant::now() + Duration::from_secs(30);
-    let ran = sub.run(2, |d| {
-        if d.payload() == b"boom" {
-            boom_attempts.lock().unwrap().push(d.attempt());
-            if d.attempt() == 1 {
-                panic!("boom");
+    let ran = sub
+        .run(2, |d| {
+            if d.payload() == b"boom" {
+                boom_attempts.lock().unwrap().push(d.attempt());
+                if d.attempt() == 1 {
+                    panic!("boom");
+                }
             }
-        }
-        if acks.fetch_add(1, Ordering::SeqCst) + 1 == 4 || Instant::now() > deadline {
-            sub.close();
-        }
-        Ok::<(), String>(())
-    });
+            if acks.fetch_add(1, Ordering::SeqCst) + 1 == 4 || Instant::now() > deadline {
+                sub.close();
+            }
+            Ok::<(), String>(())
+        })
+        .unwrap();
     assert_eq!((ran.acked, ran.panicked, ran.failed), (4, 1, 0), "{ran:?}");
     assert_eq!(*boom_attempts.lock().unwrap(), [1, 2]);
     assert_eq!(live.rows(&t), 0);
@@ -81,6 +83,7 @@ fn failing_handler_reaches_its_dead_letter(db: Db, form: Form) {
             // `Into<Outcome>`).
             Err::<(), _>(format!("nope #{}", d.attempt()))
         })
+        .unwrap()
     });
     assert_eq!((ran.failed, ran.acked), (3, 0));
     let seen = seen.lock().unwrap();
@@ -109,3 +112,34 @@ fn failing_handler_reaches_its_dead_letter(db: Db, form: Form) {
     );
 }
 per_db_form!(failing_handler_reaches_its_dead_letter);
+
+/// `run` with no threads, or more than 1,024, is refused with `InvalidOption` and handles
+/// nothing: the published row stays ready for a run with a sound count.
+fn run_refuses_a_bad_thread_count(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    live.broker
+        .publish(&t, Message::new(b"x".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    for threads in [0, 1025] {
+        let err = sub
+            .run(threads, |_| Ok::<(), String>(()))
+            .expect_err("a bad thread count was run");
+        assert!(
+            matches!(
+                err,
+                sqlbroker::BrokerError::InvalidOption { option: "run", .. }
+            ),
+            "{err}"
+        );
+    }
+    let ran = sub
+        .run(1, |_| {
+            sub.close();
+            Ok::<(), String>(())
+        })
+        .unwrap();
+    assert_eq!(ran.acked, 1, "{ran:?}");
+}
+per_db_form!(run_refuses_a_bad_thread_count);

@@ -135,7 +135,9 @@ fn a_claim_that_cannot_heal_closes_the_subscription(db: Db) {
     ));
     let closed = common::wait_for(Duration::from_secs(10), || sub.is_closed());
     assert!(closed, "still retrying: {:?}", sub.last_error());
-    let e = sub.last_error().expect("the reason");
+    // The iterator's end, and the reason reachable from it.
+    assert!(sub.next_delivery().is_none());
+    let e = sub.closed_by().expect("the reason the subscription closed");
     assert!(
         matches!(
             &*e,
@@ -149,3 +151,46 @@ fn a_claim_that_cannot_heal_closes_the_subscription(db: Db) {
     assert!(!e.is_transient());
 }
 per_db!(a_claim_that_cannot_heal_closes_the_subscription);
+
+/// A plain close has no reason: `closed_by` stays `None`, though an earlier error may linger
+/// in `last_error`.
+fn a_plain_close_has_no_reason(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let sub = live.broker.subscription(&t).start().unwrap();
+    assert!(sub.closed_by().is_none());
+    sub.close();
+    assert!(sub.next_delivery().is_none());
+    assert!(sub.closed_by().is_none(), "{:?}", sub.closed_by());
+}
+per_db!(a_plain_close_has_no_reason);
+
+/// A publish to a table never made says what to do, as a subscription does, instead of the
+/// driver's words; one and batch alike.
+fn a_publish_before_create_table_says_so(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = Table::new(common::unique("never_made").as_str()).lease(Duration::from_secs(30));
+    let says = |r: Result<(), BrokerError>| match r {
+        Err(BrokerError::Schema { problems, .. }) => {
+            assert!(
+                problems[0].contains("create_table makes it"),
+                "{problems:?}"
+            )
+        }
+        other => panic!("not a schema error: {other:?}"),
+    };
+    says(
+        live.broker
+            .publish(&t, Message::new(b"x".to_vec()))
+            .map(drop),
+    );
+    says(
+        live.broker
+            .publish_batch(
+                &t,
+                [Message::new(b"x".to_vec()), Message::new(b"y".to_vec())],
+            )
+            .map(drop),
+    );
+}
+per_db!(a_publish_before_create_table_says_so);

@@ -271,27 +271,68 @@ fn huge_lease_is_not_a_panic(db: Db) {
 per_db!(huge_lease_is_not_a_panic);
 
 /// A database error names its cause in its message (what `Display` and `last_error` show), not
-/// just that there was one: here, a table that was never created.
+/// just that there was one: here, a payload column renamed behind the library's back.
 fn database_errors_name_their_cause(db: Db) {
     let Some(live) = common::live(db) else { return };
-    let t = Table::new(common::unique("never_created"));
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    live.exec(&format!(
+        "ALTER TABLE {} RENAME COLUMN payload TO body",
+        t.name()
+    ));
     let e = live
         .broker
         .publish(&t, Message::new(b"x".to_vec()))
-        .expect_err("published into no table");
+        .expect_err("published into no column");
     assert!(matches!(e, BrokerError::Database { .. }), "{e:?}");
     let shown = e.to_string();
     let cause = match db {
-        Db::Postgres => "does not exist",
-        Db::Mysql => "doesn't exist",
-        Db::Sqlite => "no such table",
+        Db::Postgres => "column \"payload\" of relation",
+        Db::Mysql => "Unknown column 'payload'",
+        Db::Sqlite => "no column named payload",
     };
     assert!(
         shown.contains(cause),
         "the message hides the cause: {shown:?}"
     );
+    assert!(
+        !shown.contains("MySqlError {"),
+        "the driver's wrapping: {shown:?}"
+    );
 }
 per_db!(database_errors_name_their_cause);
+
+/// A database that cannot be opened will not open on a retry either: a permanent connect error
+/// that names what is missing (PostgreSQL and MariaDB: a database that does not exist; SQLite:
+/// a file in a folder that does not exist, which SQLite cannot create).
+fn a_database_that_cannot_be_opened_is_permanent(db: Db) {
+    let Some(url) = common::url(db) else { return };
+    let (bad, named) = match db {
+        Db::Sqlite => {
+            let dir = std::env::temp_dir().join(common::unique("no_such_folder"));
+            let file = dir.join("q.db");
+            (
+                format!("sqlite:{}", file.display()),
+                format!("the folder {} does not exist", dir.display()),
+            )
+        }
+        _ => {
+            let (server, _) = url.rsplit_once('/').expect("a database in the URL");
+            (
+                format!("{server}/no_such_db_sqlbroker"),
+                "no_such_db_sqlbroker".to_string(),
+            )
+        }
+    };
+    let e = Broker::builder(&bad)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .map(drop)
+        .expect_err("opened a database that is not there");
+    assert!(matches!(e, BrokerError::Connect { .. }), "{e:?}");
+    assert!(!e.is_transient(), "a retry cannot help: {e}");
+    assert!(e.to_string().contains(&named), "{e}");
+}
+per_db!(a_database_that_cannot_be_opened_is_permanent);
 
 /// A server that is not there: `build` fails at once (not after the pool's timeout) with a
 /// connect error that says so and is transient; URLs we cannot read are `InvalidUrl`.

@@ -45,11 +45,10 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        ctx.set_error(BrokerError::Panic {
+        ctx.fail(BrokerError::Panic {
             thread: format!("a claim worker of table {}", ctx.spec().name),
             message: msg,
         });
-        ctx.stop();
     }
     while let Ok(d) = rx.try_recv() {
         drop(d);
@@ -289,8 +288,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 // ever. (A missing table may be created again, and is retried.)
                 drop(slots);
                 log::error!("{e}; the subscription closes");
-                ctx.set_error(e);
-                ctx.stop();
+                ctx.fail(e);
             }
             Err(e) => {
                 drop(slots);

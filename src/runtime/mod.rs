@@ -19,6 +19,9 @@ use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
+/// What a check of a table that does not exist says.
+const NO_TABLE: &str = "the table does not exist (Broker::create_table makes it)";
+
 pub(crate) mod claimer;
 pub(crate) mod group;
 pub(crate) mod listen;
@@ -192,7 +195,7 @@ impl Queue {
     pub fn check_schema(&self, conn: &mut dyn DbConn) -> Result<()> {
         let found = self.columns(conn)?;
         let problems = if found.is_empty() {
-            vec!["the table does not exist (Broker::create_table makes it)".to_string()]
+            vec![NO_TABLE.to_string()]
         } else {
             crate::schema::problems(&self.dialect.column_defs(&self.spec), &found)
         };
@@ -203,6 +206,27 @@ impl Queue {
             table: self.spec.name.clone(),
             problems,
         })
+    }
+
+    /// `e`, a statement's failure, as [`BrokerError::Schema`] if the table does not exist (a
+    /// publish before `create_table`): the driver's own words ("relation does not exist",
+    /// error 1146, "no such table") differ by database and do not say what to do. Asked only
+    /// after a failure the database reported, on the same connection.
+    pub fn explain_failure(&self, conn: &mut dyn DbConn, e: BrokerError) -> BrokerError {
+        let reported = matches!(
+            e,
+            BrokerError::Database {
+                kind: DbErrorKind::Other | DbErrorKind::Schema,
+                ..
+            }
+        );
+        if reported && self.columns(conn).is_ok_and(|found| found.is_empty()) {
+            return BrokerError::Schema {
+                table: self.spec.name.clone(),
+                problems: vec![NO_TABLE.to_string()],
+            };
+        }
+        e
     }
 
     /// Where a publish on this table writes.
@@ -255,6 +279,8 @@ pub(crate) struct Ctx {
     /// The application's hooks.
     pub events: Option<Arc<dyn crate::Events>>,
     last_error: Mutex<Option<Arc<BrokerError>>>,
+    /// The error that closed the subscription, if one did (kept, unlike `last_error`).
+    closed_by: std::sync::OnceLock<Arc<BrokerError>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
     /// Keeps the broker's lease timer alive while this subscription or its deliveries live,
@@ -285,6 +311,7 @@ impl Ctx {
             timer: None,
             events: None,
             last_error: Mutex::new(None),
+            closed_by: std::sync::OnceLock::new(),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
             _listener: listener,
@@ -374,6 +401,19 @@ impl Ctx {
 
     pub fn set_error(&self, e: BrokerError) {
         *self.last_error.lock() = Some(Arc::new(e));
+    }
+
+    /// Closes the subscription because of `e`: it stays the [`Ctx::closed_by`] reason.
+    pub fn fail(&self, e: BrokerError) {
+        let e = Arc::new(e);
+        *self.last_error.lock() = Some(e.clone());
+        let _ = self.closed_by.set(e);
+        self.stop();
+    }
+
+    /// The error that closed the subscription; `None` while open or after a plain close.
+    pub fn closed_by(&self) -> Option<Arc<BrokerError>> {
+        self.closed_by.get().cloned()
     }
 
     pub fn clear_error(&self) {

@@ -11,8 +11,9 @@ use crate::Value;
 /// Opens a session with the engine's options; also returns the server's `VERSION()` (read
 /// with `max_allowed_packet`, in the same round trip), which tells MySQL from MariaDB.
 pub(super) fn connect(opts: &Opts) -> Result<(Box<dyn DbConn + Send>, String), DbError> {
-    let fail = |e: mysql::Error| DbError::new(classify(&e), e);
-    let mut conn = Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), e))?;
+    let fail = |e: mysql::Error| DbError::new(classify(&e), Driver(e));
+    let mut conn =
+        Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), Driver(e)))?;
     let (max_packet, version) = conn
         .query_first::<(u64, String), _>("SELECT @@max_allowed_packet, VERSION()")
         .map_err(fail)?
@@ -23,6 +24,38 @@ pub(super) fn connect(opts: &Opts) -> Result<(Box<dyn DbConn + Send>, String), D
         max_packet,
     };
     Ok((Box::new(conn), version))
+}
+
+/// The driver's error, shown as the server or the socket said it: the driver's own `Display`
+/// wraps each kind in its variant's name (`MySqlError { ERROR 1146 .. }`). The driver's error
+/// stays reachable as the `source()`.
+#[derive(Debug)]
+pub(super) struct Driver(pub mysql::Error);
+
+impl std::fmt::Display for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            mysql::Error::IoError(e) => write!(f, "{e}"),
+            mysql::Error::CodecError(e) => write!(f, "{e}"),
+            mysql::Error::MySqlError(e) => write!(f, "{e}"),
+            mysql::Error::DriverError(e) => write!(f, "{e}"),
+            mysql::Error::UrlError(e) => write!(f, "{e}"),
+            #[cfg(feature = "tls")]
+            mysql::Error::TlsError(e) => write!(f, "{e}"),
+            other => write!(f, "{other}"),
+        }
+    }
+}
+
+impl std::error::Error for Driver {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// The driver's error inside one of ours, if it is one.
+fn driver(e: &DbError) -> Option<&mysql::Error> {
+    e.source.downcast_ref::<Driver>().map(|d| &d.0)
 }
 
 /// One MySQL-protocol session.
@@ -49,18 +82,13 @@ fn wire_size(values: &[Value]) -> u64 {
 
 /// True for a duplicate-key error (1062): a unique index refused the row.
 pub(super) fn is_duplicate_key(e: &DbError) -> bool {
-    matches!(
-        e.source.downcast_ref::<mysql::Error>(),
-        Some(mysql::Error::MySqlError(se)) if se.code == 1062
-    )
+    matches!(driver(e), Some(mysql::Error::MySqlError(se)) if se.code == 1062)
 }
 
 /// True if a connection attempt failed for want of TLS: the server has none, or the handshake
 /// (a certificate that did not verify, no common protocol) failed.
 pub(super) fn is_tls_failure(e: &DbError) -> bool {
-    e.source
-        .downcast_ref::<mysql::Error>()
-        .is_some_and(tls_failed)
+    driver(e).is_some_and(tls_failed)
 }
 
 fn tls_failed(e: &mysql::Error) -> bool {
@@ -136,7 +164,7 @@ impl MyConn {
         if kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
-        DbError::new(kind, e)
+        DbError::new(kind, Driver(e))
     }
 }
 
@@ -195,19 +223,19 @@ impl DbConn for TxConn<'_, '_> {
         let p = params(values)?;
         match self.0.exec_drop(sql, p) {
             Ok(()) => Ok(self.0.affected_rows()),
-            Err(e) => Err(DbError::new(classify(&e), e)),
+            Err(e) => Err(DbError::new(classify(&e), Driver(e))),
         }
     }
 
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let p = params(values)?;
-        run_query(self.0, sql, p).map_err(|e| DbError::new(classify(&e), e))
+        run_query(self.0, sql, p).map_err(|e| DbError::new(classify(&e), Driver(e)))
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
         self.0
             .query_drop(sql)
-            .map_err(|e| DbError::new(classify(&e), e))
+            .map_err(|e| DbError::new(classify(&e), Driver(e)))
     }
 
     fn last_insert_id(&self) -> Option<i64> {
@@ -269,6 +297,25 @@ impl DbConn for MyConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's error reads as the server said it, without the driver's variant name, and
+    /// the driver's error is still the source.
+    #[test]
+    fn a_server_error_reads_as_the_server_said_it() {
+        let e = DbError::new(
+            DbErrorKind::Other,
+            Driver(mysql::Error::MySqlError(mysql::MySqlError {
+                state: "42S02".into(),
+                message: "Table 'test.nope' doesn't exist".into(),
+                code: 1146,
+            })),
+        );
+        assert_eq!(
+            e.to_string(),
+            "ERROR 1146 (42S02): Table 'test.nope' doesn't exist"
+        );
+        assert!(driver(&e).is_some());
+    }
 
     #[test]
     fn errors() {

@@ -19,7 +19,7 @@ use crate::Value;
 /// file, a busy timeout everywhere.
 pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError> {
     let conn = match &engine.path {
-        Some(p) => Connection::open(p),
+        Some(p) => Connection::open(p).map_err(|e| opening(p, e))?,
         None if engine.opened.swap(true, Ordering::AcqRel) => {
             return Err(DbError::new(
                 DbErrorKind::ConnectionLost,
@@ -27,9 +27,8 @@ pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError
                  with it: connect a new broker",
             ));
         }
-        None => Connection::open_in_memory(),
-    }
-    .map_err(classify)?;
+        None => Connection::open_in_memory().map_err(classify)?,
+    };
     conn.busy_timeout(engine.busy).map_err(classify)?;
     // No double-quoted string literals: every identifier we write is double-quoted, and with
     // SQLite's legacy default a column that is gone reads as a string of its own name instead
@@ -54,6 +53,26 @@ pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError
         busy: engine.busy,
         broken: false,
     }))
+}
+
+/// A database file that cannot be opened (a folder that does not exist, no permission) will
+/// not open on a retry either: a permanent error, naming the file, not a transient one.
+fn opening(path: &std::path::Path, e: rusqlite::Error) -> DbError {
+    let mut failed = classify(e);
+    if failed.kind == DbErrorKind::ConnectionLost {
+        failed.kind = DbErrorKind::Other;
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => DbError::new(
+            DbErrorKind::Other,
+            format!(
+                "cannot open the database file {}: the folder {} does not exist",
+                path.display(),
+                dir.display()
+            ),
+        ),
+        _ => failed,
+    }
 }
 
 /// One SQLite connection.
