@@ -727,7 +727,7 @@ pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLett
                 .and_then(|v| v.as_i64())
                 .unwrap_or_default()
                 .clamp(0, u32::MAX as i64) as u32;
-            let values = names.iter().cloned().zip(it).collect();
+            let values = names.iter().cloned().zip(q.spec.typed_values(it)).collect();
             DeadLetter {
                 id,
                 attempts,

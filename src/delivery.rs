@@ -110,7 +110,7 @@ impl Delivery {
             id: c.id,
             attempt: c.attempt,
             payload: c.payload,
-            values: c.values,
+            values: ctx.spec().typed_values(c.values),
             held: Arc::new(Held {
                 hold: Mutex::new(Some(c.hold)),
                 timed_out: AtomicBool::new(false),

@@ -235,7 +235,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         .columns
         .iter()
         .map(|c| c.name.clone())
-        .zip(it)
+        .zip(q.spec.typed_values(it))
         .collect();
     let state = if completed {
         JobState::Completed

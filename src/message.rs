@@ -1,6 +1,6 @@
 //! What a producer publishes.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::table::TableSpec;
 use crate::ColumnType;
@@ -24,6 +24,8 @@ pub struct Message {
     payload: Vec<u8>,
     values: Vec<(String, Value)>,
     delay: Duration,
+    /// Set by [`Message::deliver_at`]: due then, not `delay` from the publish.
+    at: Option<SystemTime>,
     dedup_key: Option<String>,
     priority: Option<i16>,
 }
@@ -35,6 +37,7 @@ impl Message {
             payload: payload.into(),
             values: Vec::new(),
             delay: Duration::ZERO,
+            at: None,
             dedup_key: None,
             priority: None,
         }
@@ -88,7 +91,32 @@ impl Message {
     /// claimed before then.
     pub fn deliver_after(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self.at = None;
         self
+    }
+
+    /// Makes the message due at `time` (rounded up to the next whole second, and saturating
+    /// at 9999-12-31 UTC); it is not claimed before then. A time already past makes it due
+    /// at once, in its turn: it does not go ahead of older rows that are due. The last of
+    /// `deliver_at` and [`deliver_after`](Message::deliver_after) counts.
+    ///
+    /// ```
+    /// use sqlbroker::Message;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let tomorrow = SystemTime::now() + Duration::from_secs(86_400);
+    /// let m = Message::new(b"reminder".to_vec()).deliver_at(tomorrow);
+    /// assert_eq!(m.due(), Some(tomorrow));
+    /// ```
+    pub fn deliver_at(mut self, time: SystemTime) -> Self {
+        self.at = Some(time);
+        self.delay = Duration::ZERO;
+        self
+    }
+
+    /// The time set with [`Message::deliver_at`], if any.
+    pub fn due(&self) -> Option<SystemTime> {
+        self.at
     }
 
     /// The body.
@@ -96,7 +124,8 @@ impl Message {
         &self.payload
     }
 
-    /// The delay set with [`Message::deliver_after`].
+    /// The delay set with [`Message::deliver_after`] (zero after
+    /// [`deliver_at`](Message::deliver_at)).
     pub fn delay(&self) -> Duration {
         self.delay
     }
@@ -139,7 +168,11 @@ impl Message {
             fits(v, spec.columns[i].ty).map_err(|why| bad(format!("column {c:?}: {why}")))?;
         }
         out.push(Value::Bytes(self.payload));
-        out.push(Value::Time(crate::schedule::due_at(now, self.delay)));
+        let delay = match self.at {
+            Some(t) => t.duration_since(now).unwrap_or(Duration::ZERO),
+            None => self.delay,
+        };
+        out.push(Value::Time(crate::schedule::due_at(now, delay)));
         let mut values = self.values;
         for col in &spec.columns {
             let v = values
@@ -151,6 +184,9 @@ impl Message {
                 // database gets 0.0, so a zero reads back the same everywhere (the pattern
                 // compares as `==` does, so it matches -0.0 too).
                 Some(Value::Float(0.0)) => Value::Float(0.0),
+                // Whole seconds everywhere: MySQL's `DATETIME` would round a fraction, the
+                // others keep it.
+                Some(Value::Time(t)) => Value::Time(crate::schedule::floor(t)),
                 v => v.unwrap_or(Value::Null),
             });
         }
@@ -185,6 +221,17 @@ fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
             true
         }
         (Value::Bytes(_), ColumnType::Bytes) => true,
+        (Value::Time(t), ColumnType::Time) => {
+            let secs = crate::schedule::epoch_secs(*t);
+            if !(0..=crate::schedule::LATEST_SECS).contains(&secs) {
+                return Err(
+                    "a time outside 1970-01-01 to 9999-12-31 UTC cannot be stored (MySQL's \
+                     DATETIME range, kept on every database)"
+                        .into(),
+                );
+            }
+            true
+        }
         _ => false,
     };
     if ok {
@@ -203,6 +250,7 @@ fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
             ColumnType::Int => "an integer",
             ColumnType::Float => "a float",
             ColumnType::Bytes => "a binary",
+            ColumnType::Time => "a time",
         };
         Err(format!("{what} does not fit {column} column"))
     }

@@ -273,7 +273,7 @@ impl Broker {
                     attempts: attempts.clamp(0, u32::MAX as i64) as u32,
                     payload,
                     completed_at,
-                    values: names.iter().cloned().zip(it).collect(),
+                    values: names.iter().cloned().zip(q.spec.typed_values(it)).collect(),
                 }
             })
             .collect())

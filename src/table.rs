@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{BrokerError, Result};
+use crate::Value;
 
 pub(crate) mod record;
 
@@ -145,6 +146,11 @@ pub enum ColumnType {
     Float,
     /// Binary.
     Bytes,
+    /// A point in time, to the whole second (a published [`Value::Time`](crate::Value::Time)
+    /// is truncated to its second), from 1970-01-01 to 9999-12-31 UTC: `TIMESTAMPTZ` on
+    /// PostgreSQL, `DATETIME` holding UTC on MySQL/MariaDB, `INTEGER` seconds since the Unix
+    /// epoch on SQLite. Read back as a [`Value::Time`](crate::Value::Time) on every database.
+    Time,
 }
 
 /// Transaction isolation for the claim transactions of the row lock form (and the MySQL lease
@@ -387,6 +393,11 @@ impl Table {
     /// Adds a binary column of the user's.
     pub fn bytes_column(self, name: impl Into<String>) -> Self {
         self.column(name, ColumnType::Bytes)
+    }
+
+    /// Adds a time column of the user's ([`ColumnType::Time`]).
+    pub fn time_column(self, name: impl Into<String>) -> Self {
+        self.column(name, ColumnType::Time)
     }
 
     /// Uses the column `name` for `role`, so an existing table can be used as it is.
@@ -729,6 +740,21 @@ impl TableSpec {
         self.columns.iter().position(|c| c.name == name)
     }
 
+    /// The user columns' values of a row as the description types them: SQLite keeps a time
+    /// as integer seconds, which reads back as a time here, as it does on the others.
+    pub fn typed_values(&self, values: impl IntoIterator<Item = Value>) -> Vec<Value> {
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match (self.columns.get(i).map(|c| c.ty), v) {
+                (Some(ColumnType::Time), Value::Int(secs)) => {
+                    Value::Time(crate::schedule::from_epoch_secs(secs))
+                }
+                (_, v) => v,
+            })
+            .collect()
+    }
+
     /// Values an insert binds per row: payload, run_at, the user columns, the priority, the
     /// dedup key.
     pub fn insert_width(&self) -> usize {
@@ -1021,6 +1047,7 @@ mod tests {
                 Just(ColumnType::Int),
                 Just(ColumnType::Float),
                 Just(ColumnType::Bytes),
+                Just(ColumnType::Time),
             ]
         }
 

@@ -269,6 +269,7 @@ impl Syntax {
                 ColumnType::Int => ty.int,
                 ColumnType::Float => ty.float,
                 ColumnType::Bytes => ty.bytes,
+                ColumnType::Time => ty.time,
             };
             cols.push(def(&c.name, t));
         }

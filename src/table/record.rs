@@ -56,6 +56,7 @@ fn type_name(ty: ColumnType) -> &'static str {
         ColumnType::Int => "int",
         ColumnType::Float => "float",
         ColumnType::Bytes => "bytes",
+        ColumnType::Time => "time",
     }
 }
 
@@ -114,6 +115,7 @@ impl Table {
                 "int" => ColumnType::Int,
                 "float" => ColumnType::Float,
                 "bytes" => ColumnType::Bytes,
+                "time" => ColumnType::Time,
                 other => return Err(format!("column {} has an unknown type {other:?}", c.name)),
             };
             t.columns.push((c.name, ty));

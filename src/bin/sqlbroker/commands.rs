@@ -367,6 +367,10 @@ fn typed(column: &str, text: &str, ty: ColumnType) -> Result<Value> {
         ColumnType::Int => Value::Int(text.parse().map_err(|_| bad("an integer"))?),
         ColumnType::Float => Value::Float(text.parse().map_err(|_| bad("a number"))?),
         ColumnType::Bytes => Value::Bytes(text.as_bytes().to_vec()),
+        ColumnType::Time => Value::Time(
+            humantime::parse_rfc3339_weak(text)
+                .map_err(|_| bad("a time (2026-12-01T09:30:00Z)"))?,
+        ),
         _ => Value::Text(text.to_string()),
     })
 }
@@ -430,29 +434,18 @@ fn age(d: Duration) -> String {
     }
 }
 
-/// A time as `YYYY-MM-DDTHH:MM:SSZ`.
+/// A time as `YYYY-MM-DDTHH:MM:SSZ` (seconds since the epoch for a time before 1970 or after
+/// 9999, which only a hand-edited row holds).
 fn utc(t: SystemTime) -> String {
     let secs = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_secs() as i64,
         Err(e) => -(e.duration().as_secs() as i64),
     };
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days to a civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3_600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    if (0..=253_402_300_799).contains(&secs) {
+        humantime::format_rfc3339_seconds(t).to_string()
+    } else {
+        format!("{secs}s since 1970")
+    }
 }
 
 #[cfg(test)]

@@ -308,6 +308,7 @@ fn parse_column(s: &str) -> Result<(String, ColumnType), String> {
         "int" => ColumnType::Int,
         "float" => ColumnType::Float,
         "bytes" => ColumnType::Bytes,
+        "time" => ColumnType::Time,
         other => return Err(format!("unknown type {other:?}: text, int, float or bytes")),
     };
     if name.is_empty() {
