@@ -1,20 +1,20 @@
 //! The quickstart: a job queue on SQLite, no server needed.
 //!
-//! Publishes a batch of jobs, works them on four handler threads, retries the ones that fail
-//! once, dead-letters the one that always fails, and prints what happened.
+//! Publishes a batch of jobs, works them on four handler threads, retries the one that fails
+//! once, dead-letters the one that can never succeed, and prints what happened.
 //!
 //! Run it with `cargo run --example quickstart`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use sqlbroker::{Broker, Message, Table};
+use sqlbroker::{Broker, Message, Outcome, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("sqlbroker-quickstart-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    // An SQLite file (`sqlite::memory:` keeps the queue in memory, for tests).
     let url = format!("sqlite:{}", dir.join("jobs.db").display());
     let broker = Broker::connect(&url)?;
 
@@ -34,56 +34,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     broker.publish_batch(&jobs, messages)?;
     println!("published {} jobs to {url}", kinds.len());
 
-    let sub = Arc::new(broker.subscription(&jobs).workers(2).start()?);
-    let log = Arc::new(Mutex::new(BTreeMap::<String, Vec<String>>::new()));
+    let sub = broker.subscription(&jobs).start()?;
+    let log = Mutex::new(Vec::new());
+    let finished = AtomicUsize::new(0);
+    // Four handler threads. `Ok` acks; `Err` fails the job (retried by the retry policy, one
+    // second first); an `Outcome` says what else to do.
+    let ran = sub.run(4, |d| {
+        let kind = d.get("kind").and_then(|v| v.as_str()).unwrap_or("?");
+        let body = String::from_utf8_lossy(d.payload());
+        log.lock()
+            .unwrap()
+            .push(format!("{body} ({kind}), attempt {}", d.attempt()));
+        let outcome = match (kind, d.attempt()) {
+            ("poison", _) => Outcome::DeadLetter("cannot be processed".into()),
+            ("flaky", 1) => return Err("the first attempt fails"),
+            _ => Outcome::Ack,
+        };
+        if finished.fetch_add(1, Ordering::SeqCst) + 1 == kinds.len() {
+            sub.close(); // every job acked or dead-lettered: the example is done
+        }
+        Ok(outcome)
+    })?;
+    sub.shutdown(Duration::from_secs(5))?;
 
-    let handlers: Vec<_> = (0..4)
-        .map(|h| {
-            let (sub, log) = (sub.clone(), log.clone());
-            std::thread::spawn(move || -> sqlbroker::Result<()> {
-                loop {
-                    let d = match sub.next_delivery_timeout(Duration::from_millis(1500)) {
-                        Ok(d) => d,
-                        Err(_) => return Ok(()), // idle for 1.5 s, or closed
-                    };
-                    let body = String::from_utf8_lossy(d.payload()).into_owned();
-                    let kind = d
-                        .get("kind")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("?")
-                        .to_string();
-                    let outcome = match (kind.as_str(), d.attempt()) {
-                        ("poison", _) => {
-                            d.dead_letter("cannot be processed")?;
-                            "dead-lettered".to_string()
-                        }
-                        ("flaky", 1) => {
-                            d.retry()?;
-                            "failed, retrying".to_string()
-                        }
-                        (_, n) => {
-                            d.ack()?;
-                            format!("done on attempt {n}")
-                        }
-                    };
-                    log.lock()
-                        .entry(body)
-                        .or_default()
-                        .push(format!("{kind}: {outcome} (handler {h})"));
-                }
-            })
-        })
-        .collect();
-    for h in handlers {
-        h.join().expect("handler thread")?;
+    for line in log.lock().unwrap().iter() {
+        println!("{line}");
     }
-    if let Ok(sub) = Arc::try_unwrap(sub) {
-        sub.shutdown(Duration::from_secs(5))?;
-    }
-
-    for (job, events) in log.lock().iter() {
-        println!("{job}: {}", events.join("; "));
-    }
+    println!(
+        "{} acked, {} failed and retried, {} dead-lettered",
+        ran.acked, ran.failed, ran.dead_lettered
+    );
     for dead in broker.dead_letters(&jobs, 10)? {
         println!(
             "dead letter: row {} ({}) after {} attempt(s)",

@@ -97,17 +97,36 @@ impl std::fmt::Debug for BrokerBuilder {
 
 /// `url` with the password of its user info (`user:password@`) replaced by `***`.
 fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => match rest[..at].split_once(':') {
+                    Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+                    None => head.to_string(),
+                },
+                None => head.to_string(),
+            }
+        }
+        None => head.to_string(),
+    };
+    // A password may come as a parameter too (`?password=..`, as libpq reads it).
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
     }
+    out
 }
 
 impl BrokerBuilder {
@@ -676,7 +695,7 @@ impl std::fmt::Debug for Broker {
 /// assert_eq!((dead[0].payload.as_slice(), dead[0].reason.as_str()), (&b"bad"[..], "cannot parse"));
 /// # Ok::<(), sqlbroker::BrokerError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadLetter {
     /// The row's id.
@@ -695,6 +714,21 @@ pub struct DeadLetter {
     pub errors: u32,
     /// The table's own columns, by name.
     pub values: Vec<(String, Value)>,
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetter")
+            .field("id", &self.id)
+            .field("attempts", &self.attempts)
+            .field("payload", &crate::value::Payload(&self.payload))
+            .field("dead_at", &self.dead_at)
+            .field("reason", &self.reason)
+            .field("last_error", &self.last_error)
+            .field("errors", &self.errors)
+            .field("values", &self.values)
+            .finish()
+    }
 }
 
 /// Dead letters from rows of the `dead_list` layout.
@@ -769,7 +803,34 @@ mod tests {
         );
         assert_eq!(super::redact("mysql://root@h/test"), "mysql://root@h/test");
         assert_eq!(super::redact("sqlite:/tmp/a@b.db"), "sqlite:/tmp/a@b.db");
+        assert_eq!(
+            super::redact("postgres://app@db/q?sslmode=require&password=s3cret"),
+            "postgres://app@db/q?sslmode=require&password=***"
+        );
+        assert_eq!(
+            super::redact("postgres://app:pw@h1:5432,h2:5433/q?target_session_attrs=read-write"),
+            "postgres://app:***@h1:5432,h2:5433/q?target_session_attrs=read-write"
+        );
         let b = crate::Broker::builder("postgres://u:pw@h/db");
         assert!(!format!("{b:?}").contains("pw"));
+    }
+
+    /// A dead letter's payload shows as a byte string, not a list of numbers.
+    #[test]
+    fn a_dead_letter_shows_its_payload_as_bytes() {
+        let d = super::DeadLetter {
+            id: 7,
+            attempts: 1,
+            payload: b"{\"a\":1}".to_vec(),
+            dead_at: std::time::UNIX_EPOCH,
+            reason: "bad".into(),
+            last_error: None,
+            errors: 0,
+            values: Vec::new(),
+        };
+        assert!(
+            format!("{d:?}").contains(r#"payload: b"{\"a\":1}""#),
+            "{d:?}"
+        );
     }
 }

@@ -100,7 +100,7 @@ impl JobState {
 /// assert!(broker.job(&jobs, id + 1)?.is_none());
 /// # Ok::<(), sqlbroker::BrokerError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Job {
     id: i64,
     state: JobState,
@@ -115,6 +115,26 @@ pub struct Job {
     lease_until: Option<SystemTime>,
     cancel_requested: bool,
     values: Vec<(String, Value)>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("id", &self.id)
+            .field("state", &self.state)
+            .field("attempts", &self.attempts)
+            .field("errors", &self.errors)
+            .field("last_error", &self.last_error)
+            .field("dead_reason", &self.dead_reason)
+            .field("payload", &crate::value::Payload(&self.payload))
+            .field("due_at", &self.due_at)
+            .field("published_at", &self.published_at)
+            .field("finished_at", &self.finished_at)
+            .field("lease_until", &self.lease_until)
+            .field("cancel_requested", &self.cancel_requested)
+            .field("values", &self.values)
+            .finish()
+    }
 }
 
 impl Job {

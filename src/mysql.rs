@@ -13,8 +13,9 @@
 //! the poll interval, 250 ms by default, when idle).
 //!
 //! ```no_run
-//! use mysql::prelude::Queryable;
+//! use sqlbroker::mysql::driver as mysql; // the `mysql` crate, re-exported
 //! use sqlbroker::{Message, Table};
+//! use mysql::prelude::Queryable;
 //!
 //! let mut conn = mysql::Conn::new(mysql::Opts::from_url("mysql://root@127.0.0.1/test")?)?;
 //! let emails = Table::new("emails").text_column("to");
@@ -24,6 +25,10 @@
 //! tx.commit()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+/// The `mysql` crate, at the version these functions take: an application need not name the
+/// exact version in its own `Cargo.toml`.
+pub use ::mysql as driver;
 
 use crate::dialect::mysql::{sql_only, TxConn};
 use crate::{Message, Published, Result, Table};

@@ -308,7 +308,7 @@ impl Broker {
 }
 
 /// A completed row a table keeps ([`Broker::completed_after`]).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Completed {
     /// The row's id.
@@ -322,6 +322,18 @@ pub struct Completed {
     pub completed_at: SystemTime,
     /// The table's own columns, by name.
     pub values: Vec<(String, Value)>,
+}
+
+impl std::fmt::Debug for Completed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completed")
+            .field("id", &self.id)
+            .field("attempts", &self.attempts)
+            .field("payload", &crate::value::Payload(&self.payload))
+            .field("completed_at", &self.completed_at)
+            .field("values", &self.values)
+            .finish()
+    }
 }
 
 impl Completed {

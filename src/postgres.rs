@@ -15,7 +15,9 @@
 //! ```no_run
 //! use sqlbroker::{Message, Table};
 //!
-//! let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+//! use sqlbroker::postgres::driver::{Client, NoTls}; // the `postgres` crate, re-exported
+//!
+//! let mut client = Client::connect("postgres://postgres@127.0.0.1/test", NoTls)?;
 //! let emails = Table::new("emails").text_column("to");
 //! let mut tx = client.transaction()?;
 //! tx.execute("UPDATE accounts SET welcomed = true WHERE id = $1", &[&42i64])?;
@@ -23,6 +25,10 @@
 //! tx.commit()?; // the account update and the job, together
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+/// The `postgres` crate, at the version these functions take: an application need not name
+/// the exact version in its own `Cargo.toml`.
+pub use ::postgres as driver;
 
 use crate::dialect::postgres::{sql_only, TxConn};
 use crate::{Message, Published, Result, Table};

@@ -20,7 +20,8 @@
 //! let emails = Table::new("emails").text_column("to").lease(std::time::Duration::from_secs(30));
 //! broker.create_table(&emails)?;
 //!
-//! let mut conn = rusqlite::Connection::open(&file)?;
+//! // The `rusqlite` crate, re-exported at the version `publish` takes.
+//! let mut conn = sqlbroker::sqlite::driver::Connection::open(&file)?;
 //! let tx = conn.transaction()?;
 //! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
 //! drop(tx); // rolled back: no job
@@ -32,6 +33,10 @@
 //! # std::fs::remove_dir_all(&dir)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+/// The `rusqlite` crate, at the version these functions take: an application need not name
+/// the exact version in its own `Cargo.toml`.
+pub use ::rusqlite as driver;
 
 use crate::dialect::sqlite::{sql_only, TxConn};
 use crate::{Message, Published, Result, Table};

@@ -123,6 +123,26 @@ impl Value {
     }
 }
 
+/// A payload in `Debug` output: a byte string as Rust writes one (`b"hello\n"`), cut after
+/// [`Payload::SHOWN`] bytes with the full length, rather than a list of numbers.
+pub(crate) struct Payload<'a>(pub &'a [u8]);
+
+impl Payload<'_> {
+    /// Bytes shown before the cut.
+    const SHOWN: usize = 64;
+}
+
+impl std::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = &self.0[..self.0.len().min(Self::SHOWN)];
+        write!(f, "b\"{}\"", shown.escape_ascii())?;
+        if shown.len() < self.0.len() {
+            write!(f, "... ({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
 impl From<&str> for Value {
     fn from(v: &str) -> Self {
         Value::Text(v.to_string())
@@ -202,5 +222,24 @@ impl From<SystemTime> for Value {
 impl<T: Into<Value>> From<Option<T>> for Value {
     fn from(v: Option<T>) -> Self {
         v.map_or(Value::Null, Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A payload shows as a byte string, escaped, and a long one is cut with its length.
+    #[test]
+    fn a_payload_shows_as_a_byte_string() {
+        assert_eq!(
+            format!("{:?}", Payload(b"hi \"x\"\n\xff")),
+            r#"b"hi \"x\"\n\xff""#
+        );
+        let long = vec![b'a'; 100];
+        assert_eq!(
+            format!("{:?}", Payload(&long)),
+            format!("b\"{}\"... (100 bytes)", "a".repeat(64))
+        );
     }
 }
