@@ -13,12 +13,20 @@
 
 use std::time::Duration;
 
+use sqlbroker::postgres::driver as postgres; // the driver, at the version sqlbroker takes
 use sqlbroker::{Broker, Message, RetryPolicy, Table};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
+    if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+        return Err(format!(
+            "this example is PostgreSQL's (its transactions are the postgres crate's): \
+             give a postgres:// URL, not {url}"
+        )
+        .into());
+    }
     let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
     client.batch_execute(
         "DROP TABLE IF EXISTS example_users; \
