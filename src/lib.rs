@@ -285,6 +285,7 @@
 struct ReadmeDoctests;
 
 mod broker;
+mod ddl;
 mod delivery;
 mod dialect;
 mod error;
@@ -316,6 +317,7 @@ mod table;
 mod value;
 
 pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
+pub use ddl::Database;
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};

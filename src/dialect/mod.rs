@@ -392,13 +392,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// Creates the indexes of `spec` that the table lacks (a migration, after its columns were
-    /// added). Default: the `IF NOT EXISTS` statements `create_table` makes after the table.
-    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
-        for stmt in self.create_table(spec).iter().skip(1) {
-            conn.batch(stmt)?;
-        }
-        Ok(())
+    /// The statements that create the indexes of `spec` the table lacks (a migration runs
+    /// them after adding its columns). Default: the `IF NOT EXISTS` statements `create_table`
+    /// makes after the table.
+    fn missing_indexes(
+        &self,
+        _conn: &mut dyn DbConn,
+        spec: &TableSpec,
+    ) -> Result<Vec<String>, DbError> {
+        Ok(self.create_table(spec).into_iter().skip(1).collect())
     }
 
     /// How the database spells identifiers and parameters.

@@ -192,7 +192,10 @@ impl Queue {
     pub fn check_schema(&self, conn: &mut dyn DbConn) -> Result<()> {
         let found = self.columns(conn)?;
         let problems = if found.is_empty() {
-            vec!["the table does not exist (Broker::create_table makes it)".to_string()]
+            vec![
+                "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)"
+                    .to_string(),
+            ]
         } else {
             crate::schema::problems(&self.dialect.column_defs(&self.spec), &found)
         };

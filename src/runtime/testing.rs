@@ -43,6 +43,7 @@ static SYNTAX: Syntax = Syntax {
     param: |_| "?".into(),
     now: "NOW",
     claim_limit: |p| format!("LIMIT {p}"),
+    literal: crate::dialect::shared::standard_literal,
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {

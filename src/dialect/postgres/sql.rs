@@ -13,6 +13,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // start, which a row lock delivery opened at its claim).
     now: "date_trunc('second', statement_timestamp())",
     claim_limit,
+    literal: crate::dialect::shared::standard_literal,
 };
 
 /// A claim's `LIMIT`, with the row count behind a sub-select: the planner cannot see it, so

@@ -14,6 +14,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // 'now' is one value for the whole statement.
     now: "CAST(strftime('%s', 'now') AS INTEGER)",
     claim_limit: |p| format!("LIMIT {p}"),
+    literal: crate::dialect::shared::standard_literal,
 };
 
 /// Times are integer seconds since the Unix epoch.
