@@ -392,15 +392,45 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
+    /// `(table name)` -> the names of the table's indexes, for [`Dialect::missing_indexes`].
+    /// Default: none (every index statement is kept).
+    fn index_names_query(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The statements that create the indexes of `spec` the table lacks (a migration runs
-    /// them after adding its columns). Default: the `IF NOT EXISTS` statements `create_table`
-    /// makes after the table.
+    /// them after adding its columns). Default: the `CREATE .. INDEX IF NOT EXISTS <name> ON`
+    /// statements `create_table` makes after the table, less those of indexes the table has
+    /// ([`Dialect::index_names_query`]), and its other statements (checks of the names) if
+    /// any index is left to make.
     fn missing_indexes(
         &self,
-        _conn: &mut dyn DbConn,
+        conn: &mut dyn DbConn,
         spec: &TableSpec,
     ) -> Result<Vec<String>, DbError> {
-        Ok(self.create_table(spec).into_iter().skip(1).collect())
+        let mut have = Vec::new();
+        if let Some(sql) = self.index_names_query() {
+            for row in conn.query(sql, &[Value::Text(spec.name.clone())])? {
+                if let Some(name) = row.first().and_then(Value::as_str) {
+                    have.push(format!("INDEX IF NOT EXISTS {} ON ", self.syntax().q(name)));
+                }
+            }
+        }
+        let after_table: Vec<String> = self.create_table(spec).into_iter().skip(1).collect();
+        let is_index =
+            |stmt: &str| stmt.starts_with("CREATE ") && stmt.contains(" INDEX IF NOT EXISTS ");
+        let missing: Vec<String> = after_table
+            .iter()
+            .filter(|stmt| is_index(stmt) && !have.iter().any(|h| stmt.contains(h.as_str())))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        Ok(after_table
+            .into_iter()
+            .filter(|stmt| !is_index(stmt) || missing.contains(stmt))
+            .collect())
     }
 
     /// How the database spells identifiers and parameters.

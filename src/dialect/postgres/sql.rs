@@ -213,6 +213,10 @@ pub(super) const COLUMNS: &str =
     "SELECT column_name::text, data_type::text FROM information_schema.columns \
          WHERE table_schema = current_schema() AND table_name = $1";
 
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str =
+    "SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1";
+
 /// The columns a table needs (the schema check and `migrate`).
 pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
     SYNTAX.column_list(spec, &TYPES)

@@ -111,6 +111,9 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 /// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
 pub(super) const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1)";
 
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str = "SELECT name FROM pragma_index_list(?1)";
+
 /// The columns a table needs (the schema check and `migrate`).
 pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
     SYNTAX.column_list(spec, &TYPES)
