@@ -803,6 +803,7 @@ mod tests {
         }
 
         /// A server that is not reachable skips the test, loudly, unless CI requires servers.
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
         fn skip(db: &str, url: &str) {
             if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") {
                 panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db} at {url} is not reachable");
