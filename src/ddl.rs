@@ -338,10 +338,24 @@ mod tests {
         let t = Table::new("t").advisory_lock("a'b\\c-{k}").text_column("k");
         let sql = t.ddl(Database::Mariadb).unwrap();
         let insert = sql.last().unwrap();
-        assert!(insert.contains("CONVERT(X'"), "{insert}");
         assert!(!insert.contains('\\'), "{insert}");
+        let hex = insert
+            .split_once("CONVERT(X'")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .map(|(hex, _)| hex)
+            .expect(insert);
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), t.to_record());
         assert!(sql[0].contains("utf8mb4_nopad_bin"), "{}", sql[0]);
-        assert!(Table::new("t").ddl(Database::Mysql).unwrap()[0].contains("utf8mb4_0900_bin"));
+        let mysql = Table::new("t").text_column("k").ddl(Database::Mysql);
+        assert!(mysql.unwrap()[0].contains("utf8mb4_0900_bin"));
+        // Without a backslash: quotes doubled.
+        let quoted = Table::new("t").advisory_lock("a'b-{k}").text_column("k");
+        let insert = quoted.ddl(Database::Mysql).unwrap().pop().unwrap();
+        assert!(insert.contains(r#""advisory_lock":"a''b-{k}""#), "{insert}");
         let plain = Table::new("it's").ddl(Database::Mysql);
         assert!(plain.is_err(), "not an identifier");
     }
