@@ -335,6 +335,21 @@ fn migrate_output_brings_an_older_table_up(db: Db) {
     // A broker of its own: the first one remembers nothing of the refusal, but start clean.
     let broker = Broker::builder(&url).manage_schema(false).build().unwrap();
     assert!(broker.migration_sql(&new).unwrap().is_empty());
+    // The recorded table by name alone: the new description's whole DDL.
+    let recorded = run(BIN, &["schema", "--url", &url, "--table", &name], "");
+    assert_eq!(
+        recorded
+            .lines()
+            .filter(|l| !l.starts_with("--"))
+            .collect::<Vec<_>>(),
+        broker
+            .create_table_sql(&new)
+            .unwrap()
+            .iter()
+            .map(|s| format!("{s};"))
+            .collect::<Vec<_>>()
+    );
+    assert!(recorded.contains("_dedup"), "{recorded}");
     assert_eq!(broker.open_table(&name).unwrap(), new);
     broker
         .publish(&new, msg("low", "a").dedup_key("x"))
