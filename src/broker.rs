@@ -59,6 +59,8 @@ struct Inner {
     /// Publishes notify other brokers ([`BrokerBuilder::cross_process_wake`]).
     cross_process: bool,
     statement_timeout: Duration,
+    /// `create_table` and `migrate` run DDL ([`BrokerBuilder::manage_schema`]).
+    manage_schema: bool,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -79,6 +81,7 @@ pub struct BrokerBuilder {
     connection_timeout: Duration,
     options: ConnOptions,
     cross_process: bool,
+    manage_schema: bool,
 }
 
 impl std::fmt::Debug for BrokerBuilder {
@@ -91,6 +94,7 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("statement_timeout", &self.options.statement_timeout)
             .field("sqlite_durable", &self.options.sqlite_durable)
             .field("cross_process_wake", &self.cross_process)
+            .field("manage_schema", &self.manage_schema)
             .finish()
     }
 }
@@ -198,6 +202,44 @@ impl BrokerBuilder {
         self
     }
 
+    /// Whether this broker makes and migrates tables (default true), or leaves the schema to
+    /// the application's migration tool and runs no DDL at all (false): for a database user
+    /// without DDL rights, or a schema kept under migrations.
+    ///
+    /// With false, [`Broker::create_table`] and [`Broker::migrate`] are refused with
+    /// [`BrokerError::DdlRefused`] before anything is sent; apply the statements of
+    /// [`Table::ddl`] (or `sqlbroker schema`) instead, and of [`Broker::migration_sql`] for a
+    /// change. Every other use of a table checks it once per description, as always against
+    /// its record in `sqlbroker_tables` (which those statements write) and also against its
+    /// columns ([`BrokerError::Schema`] names what is missing). Nothing else the library does
+    /// runs DDL: publishes, claims, settlements, pause and resume (an `UPDATE` of the
+    /// registry row), and the PostgreSQL wake-ups (`pg_notify` and `LISTEN`, no trigger) are
+    /// plain statements; SQLite's `PRAGMA`s set the connection, not the schema.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, BrokerError, Database, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let file = std::env::temp_dir().join(format!("sqlbroker-ddl-doc-{}.db", std::process::id()));
+    /// let url = format!("sqlite:{}", file.display());
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// // The migration tool's part (here by hand), as a user that may run DDL:
+    /// let migrations = jobs.ddl(Database::Sqlite)?.join(";\n");
+    /// rusqlite::Connection::open(&file).unwrap().execute_batch(&migrations).unwrap();
+    ///
+    /// // The service's part:
+    /// let broker = Broker::builder(&url).manage_schema(false).build()?;
+    /// assert!(matches!(broker.create_table(&jobs), Err(BrokerError::DdlRefused { .. })));
+    /// broker.publish(&jobs, Message::new(b"hi".to_vec()))?;
+    /// # drop(broker);
+    /// # let _ = std::fs::remove_file(&file);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn manage_schema(mut self, on: bool) -> Self {
+        self.manage_schema = on;
+        self
+    }
+
     /// SQLite only: whether a commit is durable on power loss (`PRAGMA synchronous = FULL`,
     /// the default) or only on a crash of the process (`NORMAL`: faster commits in WAL mode;
     /// the database is never corrupted, but the last commits before a power cut may be lost,
@@ -251,6 +293,7 @@ impl BrokerBuilder {
                 notifier: Notifier::new(me),
                 cross_process: self.cross_process,
                 statement_timeout: self.options.statement_timeout,
+                manage_schema: self.manage_schema,
             }),
         };
         broker
@@ -308,6 +351,7 @@ impl Broker {
                 sqlite_durable: true,
             },
             cross_process: true,
+            manage_schema: true,
         }
     }
 
@@ -323,9 +367,25 @@ impl Broker {
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
         let q = self.compiled(table)?;
         if !q.described.load(std::sync::atomic::Ordering::Acquire) {
+            if !self.inner.manage_schema {
+                // Made by the application's migrations: its columns are checked too.
+                let mut conn = q.conn("schema check")?;
+                q.check_schema(&mut *conn)?;
+            }
             crate::registry::verify(&q, table)?;
         }
         Ok(q)
+    }
+
+    /// [`BrokerError::DdlRefused`] on a broker that does not manage the schema.
+    fn may_run_ddl(&self, op: &'static str, table: &Table) -> Result<()> {
+        if self.inner.manage_schema {
+            return Ok(());
+        }
+        Err(BrokerError::DdlRefused {
+            op,
+            table: table.name().to_string(),
+        })
     }
 
     /// The database's dialect.
@@ -390,7 +450,14 @@ impl Broker {
     /// table replaces the record of a table of that name dropped earlier; an existing table
     /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
     /// each difference ([`Broker::migrate`] records a changed description).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::DdlRefused`] on a broker built with
+    /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent
+    /// ([`Table::ddl`] gives the statements to apply instead).
     pub fn create_table(&self, table: &Table) -> Result<()> {
+        self.may_run_ddl("create_table", table)?;
         let q = self.compiled(table)?;
         let existed = {
             // A table that exists is checked before any DDL: an index over a column it lacks
@@ -471,7 +538,12 @@ impl Broker {
     /// again: stop the workers of the old description first. A description in another form
     /// than the record (or, for a table with no record, its columns: a `locked_until` column
     /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form.
+    ///
+    /// [`BrokerError::DdlRefused`] on a broker built with
+    /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent;
+    /// [`Broker::migration_sql`] gives the statements this would run, for a migration tool.
     pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
+        self.may_run_ddl("migrate", table)?;
         let q = self.compiled(table)?;
         let mut conn = q.conn("migrate")?;
         let found = q.columns(&mut *conn)?;
@@ -483,52 +555,14 @@ impl Broker {
         drop(conn);
         crate::registry::check_migration(&q, table)?;
         let mut conn = q.conn("migrate")?;
-        let defs = q.dialect.column_defs(&q.spec);
-        let missing: Vec<_> = defs
-            .iter()
-            .filter(|d| !found.iter().any(|(name, _)| name == &d.name))
-            .collect();
-        let convert = crate::schema::to_convert(&defs, &found);
-        let mut problems: Vec<String> = crate::schema::problems(&defs, &found)
-            .into_iter()
-            .filter(|p| !p.ends_with("is missing") && !p.ends_with(crate::schema::CONVERTIBLE))
-            .collect();
-        problems.extend(missing.iter().filter(|d| !d.addable).map(|d| {
-            format!(
-                "column {} is missing and existing rows cannot be given a value for it",
-                d.name
-            )
-        }));
-        if !problems.is_empty() {
-            return Err(BrokerError::Schema {
-                table: q.spec.name.clone(),
-                problems,
-            });
+        let plan = crate::ddl::plan(&q, &mut *conn, &found)?;
+        for sql in &plan.statements {
+            conn.batch(sql).map_err(q.err("migrate"))?;
         }
-        let mut done = Vec::new();
-        for d in missing {
-            for sql in q.dialect.syntax().add_column(&q.spec, d) {
-                conn.batch(&sql).map_err(q.err("migrate"))?;
-            }
-            done.push(format!("added column {}", d.name));
-        }
-        if let Some(sql) = q.dialect.convert_columns(&q.spec, &convert) {
-            if !convert.is_empty() {
-                conn.batch(&sql).map_err(q.err("migrate"))?;
-                done.extend(
-                    convert
-                        .iter()
-                        .map(|d| format!("converted column {} to byte-exact text", d.name)),
-                );
-            }
-        }
-        q.dialect
-            .migrate_indexes(&mut *conn, &q.spec)
-            .map_err(q.err("migrate"))?;
         q.check_schema(&mut *conn)?;
         drop(conn);
         crate::registry::record(&q, table, true)?;
-        Ok(done)
+        Ok(plan.done)
     }
 
     /// Publishes one message and returns the new row's id; it is due at once unless it was

@@ -234,6 +234,24 @@ pub enum BrokerError {
         /// The table's name.
         table: String,
     },
+    /// [`Broker::create_table`] or [`Broker::migrate`] on a broker built with
+    /// [`BrokerBuilder::manage_schema(false)`](crate::BrokerBuilder::manage_schema): it runs no
+    /// DDL. Nothing was sent to the database. [`Table::ddl`] and [`Broker::migration_sql`]
+    /// give the statements to apply instead (the command line: `sqlbroker schema`).
+    ///
+    /// [`Broker::create_table`]: crate::Broker::create_table
+    /// [`Broker::migrate`]: crate::Broker::migrate
+    /// [`Broker::migration_sql`]: crate::Broker::migration_sql
+    /// [`Table::ddl`]: crate::Table::ddl
+    #[error(
+        "{op} of table {table} refused: this broker does not manage the schema          (manage_schema(false)) and runs no DDL; apply the SQL of Table::ddl or          Broker::migration_sql (`sqlbroker schema`) with your migration tool"
+    )]
+    DdlRefused {
+        /// `create_table` or `migrate`.
+        op: &'static str,
+        /// The table.
+        table: String,
+    },
     /// An option given to a builder is out of its range; nothing was started.
     #[error("invalid option {option}: {reason}")]
     InvalidOption {

@@ -101,7 +101,17 @@
 //! retention. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
 //! shell, naming a table alone: `status` (every recorded table), `job`, `cancel`, `pause`,
 //! `resume`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
-//! `migrate`, `publish`.
+//! `migrate`, `publish`, `schema`.
+//!
+//! ## Schema under the application's migrations
+//!
+//! [`Table::ddl`] returns the statements [`Broker::create_table`] runs (table, indexes, the
+//! registry table and the description's record) for a [`Database`], with no connection;
+//! [`Broker::migration_sql`] is a dry run of [`Broker::migrate`]. A migration tool keeps them
+//! (`sqlbroker schema` prints them as a script), and a broker built with
+//! [`BrokerBuilder::manage_schema(false)`](BrokerBuilder::manage_schema) runs no DDL: its
+//! `create_table` and `migrate` are [`BrokerError::DdlRefused`], and a database user with
+//! `SELECT, INSERT, UPDATE, DELETE` on the tables and `sqlbroker_tables` is enough.
 //!
 //! ## Periodic jobs
 //!
@@ -285,6 +295,7 @@
 struct ReadmeDoctests;
 
 mod broker;
+mod ddl;
 mod delivery;
 mod dialect;
 mod error;
@@ -316,6 +327,7 @@ mod table;
 mod value;
 
 pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
+pub use ddl::Database;
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
 pub use events::{ClaimFailed, ClaimedRows, Events, Settled};

@@ -178,6 +178,17 @@ pub(crate) fn check_migration(q: &Queue, table: &Table) -> Result<()> {
     })
 }
 
+/// True if `table` is, exactly, its table's recorded description (a dry-run migration then
+/// has no record to write).
+pub(crate) fn is_recorded(q: &Queue, table: &Table) -> Result<bool> {
+    let mut conn = q.conn("table check")?;
+    let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("table check"))?;
+    match found {
+        Some(row) => Ok(described(&q.spec.name, &row)? == *table),
+        None => Ok(false),
+    }
+}
+
 /// Makes the registry if it is not there. Two brokers making it at once may collide on
 /// PostgreSQL (`CREATE TABLE IF NOT EXISTS` is not atomic there): then it is there.
 fn ensure(q: &Queue, conn: &mut dyn DbConn) -> Result<(), DbError> {

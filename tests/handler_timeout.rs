@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Db, Live};
+use common::Db;
 use sqlbroker::{BrokerError, Form, NextError, RetryPolicy, Table};
 
 const LIMIT: Duration = Duration::from_secs(1);
@@ -139,7 +139,8 @@ fn the_last_attempt_times_out_into_a_dead_letter(db: Db, form: Form) {
 }
 per_db_form!(the_last_attempt_times_out_into_a_dead_letter);
 
-fn ledger(live: &Live) -> String {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn ledger(live: &common::Live) -> String {
     let name = common::unique("ledger");
     live.track(&name);
     live.exec(&format!(
@@ -148,6 +149,7 @@ fn ledger(live: &Live) -> String {
     name
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 /// Row lock form: the handler's own write is undone with the failure, and a statement it runs
 /// past the deadline is cancelled on the server (it would sleep 30 s).
 fn the_timeout_undoes_and_cancels_the_handlers_sql(db: Db) {
@@ -177,19 +179,22 @@ fn the_timeout_undoes_and_cancels_the_handlers_sql(db: Db) {
     };
     let insert = insert.replace("{led}", &led);
     let slept = match db {
+        #[cfg(feature = "postgres")]
         Db::Postgres => {
             sqlbroker::postgres::in_delivery(&mut d, |c| c.batch_execute(&insert))
                 .unwrap()
                 .unwrap();
             sqlbroker::postgres::in_delivery(&mut d, |c| c.batch_execute(sleep)).map(|_| ())
         }
-        _ => {
+        #[cfg(feature = "mysql")]
+        Db::Mysql => {
             use mysql::prelude::Queryable;
             sqlbroker::mysql::in_delivery(&mut d, |c| c.query_drop(&insert))
                 .unwrap()
                 .unwrap();
             sqlbroker::mysql::in_delivery(&mut d, |c| c.query_drop(sleep)).map(|_| ())
         }
+        other => unreachable!("{other:?}: row lock deliveries are the servers'"),
     };
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -217,7 +222,9 @@ fn the_timeout_undoes_and_cancels_the_handlers_sql(db: Db) {
     other.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod the_timeout_undoes_and_cancels_the_handlers_sql {
+    #[cfg(feature = "postgres")]
     #[test]
     fn postgres() {
         super::the_timeout_undoes_and_cancels_the_handlers_sql(super::Db::Postgres)

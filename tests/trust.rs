@@ -200,15 +200,20 @@ fn publish_behind_a_waiting_ddl_is_bounded(db: Db) {
 // SQLite: no row lock form, no DDL lock queue.
 cases!(publish_behind_a_waiting_ddl_is_bounded: postgres(Db::Postgres), mysql(Db::Mysql));
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 /// A transaction held open on a row of `t`, from a session of its own; rolled back on drop.
 enum RowLocker {
+    #[cfg(feature = "postgres")]
     Pg(Box<postgres::Client>),
+    #[cfg(feature = "mysql")]
     My(mysql::Conn),
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl RowLocker {
     fn lock(live: &common::Live, t: &Table, id: i64) -> RowLocker {
         match live.db {
+            #[cfg(feature = "postgres")]
             Db::Postgres => {
                 let mut c = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
                 c.batch_execute(&format!(
@@ -218,7 +223,8 @@ impl RowLocker {
                 .unwrap();
                 RowLocker::Pg(Box::new(c))
             }
-            _ => {
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
                 use mysql::prelude::Queryable;
                 let mut c = mysql::Conn::new(mysql::Opts::from_url(&live.url).unwrap()).unwrap();
                 c.query_drop("START TRANSACTION").unwrap();
@@ -229,24 +235,31 @@ impl RowLocker {
                 .unwrap();
                 RowLocker::My(c)
             }
+            other => unreachable!("{other:?} has no row locks"),
         }
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl Drop for RowLocker {
     fn drop(&mut self) {
         match self {
+            #[cfg(feature = "postgres")]
             RowLocker::Pg(c) => {
                 let _ = c.batch_execute("ROLLBACK");
             }
+            #[cfg(feature = "mysql")]
             RowLocker::My(c) => {
                 use mysql::prelude::Queryable;
                 let _ = c.query_drop("ROLLBACK");
             }
+            #[allow(unreachable_patterns)]
+            _ => {}
         }
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 /// Defect 7: a renewal round must not wait on a row a user's transaction has locked, nor hold
 /// the other deliveries' leases meanwhile. Before: the round blocked on the locked row holding
 /// every cell, so the other delivery's ack waited for the user's transaction (seconds here).
@@ -278,6 +291,7 @@ fn renewal_skips_a_locked_row(db: Db) {
     sub.close();
 }
 // SQLite: no row locks to skip.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 cases!(renewal_skips_a_locked_row: postgres(Db::Postgres), mysql(Db::Mysql));
 
 /// Defect 8: a PostgreSQL lease table whose time columns are `timestamp` (no time zone), used

@@ -97,6 +97,7 @@ fn sqlite_advisory_another_broker_wakes() {
 
 /// The transactional publish notifies at the application's commit, not before, and not at all
 /// on a rollback.
+#[cfg(feature = "postgres")]
 #[test]
 fn postgres_transactional_publish_wakes_at_commit() {
     let Some(live) = live(Db::Postgres) else {
@@ -299,6 +300,7 @@ fn postgres_a_debounced_burst_is_delivered_in_full() {
 /// `cross_process_wake(false)`: the broker's publishes send no notification (a session listening
 /// on the table's channel hears nothing), while a default broker's do (the control, so the
 /// check can fail); its own subscriptions are still woken in the process at once.
+#[cfg(feature = "postgres")]
 #[test]
 fn postgres_cross_process_wake_can_be_turned_off() {
     let Some(live) = live(Db::Postgres) else {

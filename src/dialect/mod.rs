@@ -392,13 +392,45 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// Creates the indexes of `spec` that the table lacks (a migration, after its columns were
-    /// added). Default: the `IF NOT EXISTS` statements `create_table` makes after the table.
-    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
-        for stmt in self.create_table(spec).iter().skip(1) {
-            conn.batch(stmt)?;
+    /// `(table name)` -> the names of the table's indexes, for [`Dialect::missing_indexes`].
+    /// Default: none (every index statement is kept).
+    fn index_names_query(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The statements that create the indexes of `spec` the table lacks (a migration runs
+    /// them after adding its columns). Default: the `CREATE .. INDEX IF NOT EXISTS <name> ON`
+    /// statements `create_table` makes after the table, less those of indexes the table has
+    /// ([`Dialect::index_names_query`]), and its other statements (checks of the names) if
+    /// any index is left to make.
+    fn missing_indexes(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+    ) -> Result<Vec<String>, DbError> {
+        let mut have = Vec::new();
+        if let Some(sql) = self.index_names_query() {
+            for row in conn.query(sql, &[Value::Text(spec.name.clone())])? {
+                if let Some(name) = row.first().and_then(Value::as_str) {
+                    have.push(format!("INDEX IF NOT EXISTS {} ON ", self.syntax().q(name)));
+                }
+            }
         }
-        Ok(())
+        let after_table: Vec<String> = self.create_table(spec).into_iter().skip(1).collect();
+        let is_index =
+            |stmt: &str| stmt.starts_with("CREATE ") && stmt.contains(" INDEX IF NOT EXISTS ");
+        let missing: Vec<String> = after_table
+            .iter()
+            .filter(|stmt| is_index(stmt) && !have.iter().any(|h| stmt.contains(h.as_str())))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        Ok(after_table
+            .into_iter()
+            .filter(|stmt| !is_index(stmt) || missing.contains(stmt))
+            .collect())
     }
 
     /// How the database spells identifiers and parameters.
@@ -771,6 +803,7 @@ mod tests {
         }
 
         /// A server that is not reachable skips the test, loudly, unless CI requires servers.
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
         fn skip(db: &str, url: &str) {
             if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") {
                 panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db} at {url} is not reachable");

@@ -67,6 +67,15 @@ pub(crate) struct Syntax {
     pub now: &'static str,
     /// The `LIMIT` of a claim's scan, given the row count's placeholder.
     pub claim_limit: fn(&str) -> String,
+    /// A string literal holding `s` exactly: the registry record in the printed schema
+    /// ([`crate::ddl`]), where statements carry their values inline.
+    pub literal: fn(&str) -> String,
+}
+
+/// `s` as a standard SQL string literal: quotes doubled, nothing else special (PostgreSQL
+/// with `standard_conforming_strings`, its default since 9.1, and SQLite).
+pub(crate) fn standard_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 impl Syntax {

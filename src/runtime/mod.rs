@@ -20,7 +20,8 @@ use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 /// What a check of a table that does not exist says.
-const NO_TABLE: &str = "the table does not exist (Broker::create_table makes it)";
+const NO_TABLE: &str =
+    "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)";
 
 pub(crate) mod claimer;
 pub(crate) mod group;

@@ -171,16 +171,19 @@ fn a_late_lost_renewal_never_matches_another_claim(db: &str) {
     panic!("{db}: precondition: the renewal and the claim never fell in one second");
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn a_late_lost_renewal_never_matches_another_claim_sqlite() {
     a_late_lost_renewal_never_matches_another_claim("sqlite");
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn a_late_lost_renewal_never_matches_another_claim_postgres() {
     a_late_lost_renewal_never_matches_another_claim("postgres");
 }
 
+#[cfg(feature = "mysql")]
 #[test]
 fn a_late_lost_renewal_never_matches_another_claim_mysql() {
     a_late_lost_renewal_never_matches_another_claim("mysql");
@@ -269,31 +272,37 @@ fn a_lost_renewal_that_did_not_run_keeps_the_lease(db: &str) {
     assert_eq!(rows(&broker, &t), 0, "{db}");
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn lost_renewal_committed_sqlite() {
     a_lost_renewal_that_committed_keeps_the_lease("sqlite");
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn lost_renewal_committed_postgres() {
     a_lost_renewal_that_committed_keeps_the_lease("postgres");
 }
 
+#[cfg(feature = "mysql")]
 #[test]
 fn lost_renewal_committed_mysql() {
     a_lost_renewal_that_committed_keeps_the_lease("mysql");
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn lost_renewal_not_run_sqlite() {
     a_lost_renewal_that_did_not_run_keeps_the_lease("sqlite");
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn lost_renewal_not_run_postgres() {
     a_lost_renewal_that_did_not_run_keeps_the_lease("postgres");
 }
 
+#[cfg(feature = "mysql")]
 #[test]
 fn lost_renewal_not_run_mysql() {
     a_lost_renewal_that_did_not_run_keeps_the_lease("mysql");
@@ -344,16 +353,19 @@ fn ack_all_after_a_lost_answer(db: &str) {
     assert_eq!(rows(&broker, &t), 0, "{db}");
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn ack_all_after_a_lost_answer_sqlite() {
     ack_all_after_a_lost_answer("sqlite");
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn ack_all_after_a_lost_answer_postgres() {
     ack_all_after_a_lost_answer("postgres");
 }
 
+#[cfg(feature = "mysql")]
 #[test]
 fn ack_all_after_a_lost_answer_mysql() {
     ack_all_after_a_lost_answer("mysql");
@@ -362,6 +374,7 @@ fn ack_all_after_a_lost_answer_mysql() {
 // ---------------------------------------------------------------------------------------------
 // Defect 2: a handler timeout's cancel must not reach the next user of the delivery's session.
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 /// A statement that runs for `secs` on `conn` and says whether it ran to its end (`Err`: it
 /// was cancelled, or MySQL's `SLEEP` was interrupted and returned 1).
 fn sleep_on(db: &str, conn: &mut dyn DbConn, secs: f64) -> Result<(), String> {
@@ -377,6 +390,7 @@ fn sleep_on(db: &str, conn: &mut dyn DbConn, secs: f64) -> Result<(), String> {
     }
 }
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 /// A sleep of `secs` inside a row lock delivery, on its session, whose id goes to `session`
 /// first.
 fn sleep_in_delivery(
@@ -405,6 +419,7 @@ fn sleep_in_delivery(
     Ok(())
 }
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 /// The session that runs `sql` right now (PostgreSQL and MySQL/MariaDB), counted.
 fn running(db: &str, conn: &mut dyn DbConn, session: u64, like: &str) -> bool {
     let sql = if db == "postgres" {
@@ -421,6 +436,7 @@ fn running(db: &str, conn: &mut dyn DbConn, session: u64, like: &str) -> bool {
     int(conn, &sql) == 1
 }
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 /// The handler timeout decides to cancel the statement its handler runs, and is held (the
 /// pause) before it sends the cancel. Meanwhile the handler's statement ends, the delivery
 /// settles, and its session goes back to the pool, where another user runs a long statement
@@ -519,11 +535,13 @@ fn cancel_stays_with_its_delivery(db: &str) {
     assert_eq!(attempts, 1, "{db}");
 }
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 #[test]
 fn cancel_stays_with_its_delivery_postgres() {
     cancel_stays_with_its_delivery("postgres");
 }
 
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 #[test]
 fn cancel_stays_with_its_delivery_mysql() {
     cancel_stays_with_its_delivery("mysql");

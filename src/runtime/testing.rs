@@ -43,6 +43,7 @@ static SYNTAX: Syntax = Syntax {
     param: |_| "?".into(),
     now: "NOW",
     claim_limit: |p| format!("LIMIT {p}"),
+    literal: crate::dialect::shared::standard_literal,
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
@@ -262,12 +263,14 @@ pub(crate) fn injected<T>(
 
 /// A pause armed at a point: the runtime reaching it is announced on `reached`, and it waits
 /// there (at most 20 s) until `resume` is sent or dropped.
+#[cfg_attr(not(all(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) struct Paused {
     pub reached: crossbeam_channel::Receiver<()>,
     pub resume: crossbeam_channel::Sender<()>,
 }
 
 /// The next time the runtime reaches `point` on `table`, it stops there (once).
+#[cfg_attr(not(all(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn pause_at(point: &'static str, table: &str) -> Paused {
     let (reached_tx, reached) = crossbeam_channel::bounded(1);
     let (resume, resume_rx) = crossbeam_channel::bounded(1);

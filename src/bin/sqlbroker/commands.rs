@@ -13,6 +13,7 @@ use crate::{
 };
 
 mod jobs;
+pub(crate) mod schema;
 
 use jobs::{cancel, job};
 
@@ -25,6 +26,10 @@ const PUBLISH_BATCH: usize = 1_000;
 const PREVIEW: usize = 60;
 
 pub(crate) fn run(cli: &Cli, url: &str) -> Result {
+    // `schema` may need no database: it connects, if at all, on its own.
+    if let Command::Schema(args) = &cli.command {
+        return schema::run(cli, url, args);
+    }
     let broker = Broker::builder(url)
         .pool_size(2)
         .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
@@ -58,6 +63,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
+        Command::Schema(_) => unreachable!("schema returned above"),
     };
     match done {
         // A reader that went away (`| head`) is not a failure.

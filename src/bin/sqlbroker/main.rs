@@ -13,6 +13,8 @@
 //! printf 'a\nb\n' | sqlbroker publish --table jobs --set kind=import
 //! sqlbroker job --table jobs 17 --json
 //! sqlbroker cancel --table jobs 17
+//! sqlbroker schema --dialect postgres --table jobs --lease 30 --dedup > V1__jobs.sql
+//! sqlbroker schema --table jobs --lease 30 --dedup --priorities --migrate > V2__jobs.sql
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
@@ -85,6 +87,10 @@ enum Command {
     Pause(NameArgs),
     /// Resume a paused table: its subscriptions claim again.
     Resume(NameArgs),
+    /// Print the SQL of a table for a migration tool, running nothing: what create-table
+    /// runs (with --dialect, no database needed), or with --migrate what migrate would run
+    /// on the table as it is now.
+    Schema(commands::schema::SchemaArgs),
 }
 
 /// A job of a table, by id.
@@ -326,7 +332,8 @@ fn parse_set(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Some(url) = cli.url.clone() else {
+    let url = cli.url.clone();
+    let Some(url) = url.or_else(|| commands::schema::offline(&cli.command)) else {
         Cli::command()
             .error(
                 clap::error::ErrorKind::MissingRequiredArgument,

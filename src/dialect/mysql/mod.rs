@@ -91,6 +91,21 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
     })
 }
 
+/// The engine with no server, for the printed schema ([`crate::ddl`]): text in MariaDB's
+/// byte-exact collation if `mariadb`, else MySQL 8's.
+pub(crate) fn offline(mariadb: bool) -> &'static dyn Dialect {
+    static MARIADB: OnceLock<Mysql> = OnceLock::new();
+    if !mariadb {
+        return sql_only();
+    }
+    MARIADB.get_or_init(|| Mysql {
+        opts: Opts::default(),
+        plain: None,
+        db: String::new(),
+        collation: OnceLock::from(version::BYTE_EXACT[0]),
+    })
+}
+
 /// The MySQL-protocol engine for one server and database.
 pub(super) struct Mysql {
     opts: Opts,
@@ -227,18 +242,21 @@ impl Dialect for Mysql {
         sql::COLUMNS
     }
 
-    fn migrate_indexes(&self, conn: &mut dyn DbConn, spec: &TableSpec) -> Result<(), DbError> {
+    fn missing_indexes(
+        &self,
+        conn: &mut dyn DbConn,
+        spec: &TableSpec,
+    ) -> Result<Vec<String>, DbError> {
         let have: Vec<String> = conn
             .query(sql::INDEXES, &[Value::Text(spec.name.clone())])?
             .into_iter()
             .filter_map(|r| r.into_iter().next()?.as_str().map(str::to_string))
             .collect();
-        for (name, definition) in sql::index_defs(spec) {
-            if !have.iter().any(|h| h.eq_ignore_ascii_case(&name)) {
-                conn.batch(&sql::add_index(spec, &definition))?;
-            }
-        }
-        Ok(())
+        Ok(sql::index_defs(spec)
+            .into_iter()
+            .filter(|(name, _)| !have.iter().any(|h| h.eq_ignore_ascii_case(name)))
+            .map(|(_, definition)| sql::add_index(spec, &definition))
+            .collect())
     }
 
     fn registry(&self) -> &'static crate::dialect::RegistrySql {

@@ -15,7 +15,19 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // The session's time zone is UTC (+00:00), like the times the library writes.
     now: "UTC_TIMESTAMP()",
     claim_limit: |p| format!("LIMIT {p}"),
+    literal: text_literal,
 };
+
+/// `s` as a MySQL string literal that reads the same whatever the session's `sql_mode`: a
+/// backslash is an escape unless `NO_BACKSLASH_ESCAPES` is set, so text holding one is written
+/// in hexadecimal (`CONVERT(X'..' USING utf8mb4)`); other text with its quotes doubled.
+fn text_literal(s: &str) -> String {
+    if !s.contains('\\') {
+        return crate::dialect::shared::standard_literal(s);
+    }
+    let hex: String = s.bytes().map(|b| format!("{b:02X}")).collect();
+    format!("CONVERT(X'{hex}' USING utf8mb4)")
+}
 
 /// The longest name `GET_LOCK` accepts.
 const MAX_LOCK_NAME: usize = 64;

@@ -137,7 +137,7 @@ pub(super) fn install_provider() {
     });
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tls"))]
 mod tests {
     use super::*;
     use mysql::Opts;
@@ -150,7 +150,6 @@ mod tests {
         (a.builder.into(), a.fallback.map(Into::into))
     }
 
-    #[cfg(feature = "tls")]
     #[test]
     fn modes_amend_the_crate_options() {
         let (o, fb) = applied("mysql://u@h/db?ssl-mode=VERIFY_CA&root_cert_path=%2Fca.pem");

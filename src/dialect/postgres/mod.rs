@@ -129,6 +129,10 @@ impl Dialect for Postgres {
         sql::COLUMNS
     }
 
+    fn index_names_query(&self) -> Option<&'static str> {
+        Some(sql::INDEXES)
+    }
+
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
         &registry::REGISTRY
     }

@@ -13,6 +13,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // start, which a row lock delivery opened at its claim).
     now: "date_trunc('second', statement_timestamp())",
     claim_limit,
+    literal: crate::dialect::shared::standard_literal,
 };
 
 /// A claim's `LIMIT`, with the row count behind a sub-select: the planner cannot see it, so
@@ -211,6 +212,10 @@ fn fifo_locked_heads(spec: &TableSpec, group: &str, ready: &str) -> String {
 pub(super) const COLUMNS: &str =
     "SELECT column_name::text, data_type::text FROM information_schema.columns \
          WHERE table_schema = current_schema() AND table_name = $1";
+
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str =
+    "SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1";
 
 /// The columns a table needs (the schema check and `migrate`).
 pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {

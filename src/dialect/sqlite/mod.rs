@@ -179,6 +179,10 @@ impl Dialect for Sqlite {
         sql::COLUMNS
     }
 
+    fn index_names_query(&self) -> Option<&'static str> {
+        Some(sql::INDEXES)
+    }
+
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
         &registry::REGISTRY
     }

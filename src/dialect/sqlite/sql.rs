@@ -14,6 +14,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // 'now' is one value for the whole statement.
     now: "CAST(strftime('%s', 'now') AS INTEGER)",
     claim_limit: |p| format!("LIMIT {p}"),
+    literal: crate::dialect::shared::standard_literal,
 };
 
 /// Times are integer seconds since the Unix epoch.
@@ -109,6 +110,9 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 /// `CREATE TABLE IF NOT EXISTS` and its partial index.
 /// `(table name)` -> `(column name, type)` of the table's columns (the schema check).
 pub(super) const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1)";
+
+/// `(table name)` -> the names of the table's indexes (`migrate`).
+pub(super) const INDEXES: &str = "SELECT name FROM pragma_index_list(?1)";
 
 /// The columns a table needs (the schema check and `migrate`).
 pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {

@@ -1,0 +1,362 @@
+//! The schema as SQL text, for migration tools and for database users without DDL rights:
+//! [`Table::ddl`] (no database needed), [`Broker::create_table_sql`] and
+//! [`Broker::migration_sql`] return the statements [`Broker::create_table`] and
+//! [`Broker::migrate`] run, built by the same code, with the registry record's values written
+//! inline. A broker built with [`BrokerBuilder::manage_schema(false)`] then uses the table
+//! without running any DDL of its own.
+//!
+//! [`BrokerBuilder::manage_schema(false)`]: crate::BrokerBuilder::manage_schema
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::broker::Broker;
+use crate::dialect::shared::Syntax;
+use crate::dialect::{DbConn, Dialect};
+use crate::error::{BrokerError, Result};
+use crate::runtime::Queue;
+use crate::table::{record::FORMAT, Table};
+
+/// A database (and flavour) whose SQL [`Table::ddl`] writes, without connecting.
+///
+/// Parsed from `postgres` (or `postgresql`), `mysql`, `mariadb` and `sqlite`. MySQL and
+/// MariaDB differ in the byte-exact collation of text columns (`utf8mb4_0900_bin`, MySQL
+/// 8.0.17+, against `utf8mb4_nopad_bin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Database {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8.0.17 or newer.
+    Mysql,
+    /// MariaDB 10.6 or newer.
+    Mariadb,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Database {
+    /// The engine that writes this database's SQL, if its cargo feature is built.
+    fn engine(self) -> Result<&'static dyn Dialect> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Database::Postgres => Ok(crate::dialect::postgres::sql_only()),
+            #[cfg(feature = "mysql")]
+            Database::Mysql => Ok(crate::dialect::mysql::offline(false)),
+            #[cfg(feature = "mysql")]
+            Database::Mariadb => Ok(crate::dialect::mysql::offline(true)),
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite => Ok(crate::dialect::sqlite::sql_only()),
+            #[allow(unreachable_patterns)]
+            other => Err(BrokerError::InvalidOption {
+                option: "database",
+                reason: format!("support for {other} is not compiled in (cargo feature)"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Database::Postgres => "PostgreSQL",
+            Database::Mysql => "MySQL",
+            Database::Mariadb => "MariaDB",
+            Database::Sqlite => "SQLite",
+        })
+    }
+}
+
+impl FromStr for Database {
+    type Err = BrokerError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Ok(Database::Postgres),
+            "mysql" => Ok(Database::Mysql),
+            "mariadb" => Ok(Database::Mariadb),
+            "sqlite" => Ok(Database::Sqlite),
+            _ => Err(BrokerError::InvalidOption {
+                option: "database",
+                reason: format!("unknown database {s:?}: postgres, mysql, mariadb or sqlite"),
+            }),
+        }
+    }
+}
+
+impl Table {
+    /// The statements [`Broker::create_table`] runs for this table on `database`: the table
+    /// and its indexes, then the registry table `sqlbroker_tables` and this description's
+    /// record (values inline), in order and without terminating `;`. Every statement is
+    /// idempotent (`IF NOT EXISTS`, an upsert of the record), so a migration tool may keep
+    /// them as they are; applied, they make a table that a broker built with
+    /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema) uses as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for an invalid description;
+    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built.
+    ///
+    /// ```
+    /// use sqlbroker::{Database, Table};
+    /// use std::time::Duration;
+    ///
+    /// let jobs = Table::new("jobs").dedup().lease(Duration::from_secs(30));
+    /// let sql = jobs.ddl(Database::Sqlite)?;
+    /// assert!(sql[0].starts_with("CREATE TABLE IF NOT EXISTS \"jobs\""));
+    /// assert!(sql.iter().any(|s| s.starts_with("CREATE UNIQUE INDEX IF NOT EXISTS \"jobs_dedup\"")));
+    /// assert!(sql.last().unwrap().starts_with("INSERT INTO sqlbroker_tables"));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn ddl(&self, database: Database) -> Result<Vec<String>> {
+        create_sql(database.engine()?, self)
+    }
+}
+
+/// `create_table`'s statements on `dialect`, then the registry and the record.
+fn create_sql(dialect: &dyn Dialect, table: &Table) -> Result<Vec<String>> {
+    let spec = table.validate()?;
+    let mut out = dialect.create_table(&spec);
+    out.extend(record_sql(dialect, table));
+    Ok(out)
+}
+
+/// The registry table if it is missing, and `table`'s record (replacing one it had; the pause
+/// flag is kept): the statements [`crate::registry::record`] runs, its parameters written
+/// inline.
+fn record_sql(dialect: &dyn Dialect, table: &Table) -> [String; 2] {
+    let registry = dialect.registry();
+    let syntax = dialect.syntax();
+    let values = [
+        (syntax.literal)(table.name()),
+        FORMAT.to_string(),
+        (syntax.literal)(&table.to_record()),
+        syntax.now.to_string(),
+    ];
+    [
+        registry.create.to_string(),
+        inline(syntax, registry.upsert, &values),
+    ]
+}
+
+/// `sql` with its placeholders, each used once and in order, replaced by `values`. Only the
+/// statement's own text is searched: a value holding a placeholder's spelling stays as it is.
+fn inline(syntax: &Syntax, sql: &str, values: &[String]) -> String {
+    let mut out = String::with_capacity(sql.len() + values.iter().map(String::len).sum::<usize>());
+    let mut rest = sql;
+    for (i, value) in values.iter().enumerate() {
+        let p = syntax.p(i + 1);
+        let Some(at) = rest.find(&p) else { break };
+        out.push_str(&rest[..at]);
+        out.push_str(value);
+        rest = &rest[at + p.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a migration of an existing table runs (`statements`, in order) and what it tells
+/// (`done`, one line each).
+pub(crate) struct Migration {
+    pub statements: Vec<String>,
+    pub done: Vec<String>,
+}
+
+/// The migration of `q`'s table, whose columns are `found` (not empty): the missing columns,
+/// the MySQL text columns to convert to byte-exact collations, then the missing indexes.
+/// [`BrokerError::Schema`] for what a migration cannot fix (a column existing rows cannot be
+/// given, a column of a type the statements cannot use); nothing runs then.
+pub(crate) fn plan(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    found: &[(String, String)],
+) -> Result<Migration> {
+    let defs = q.dialect.column_defs(&q.spec);
+    let missing: Vec<_> = defs
+        .iter()
+        .filter(|d| !found.iter().any(|(name, _)| name == &d.name))
+        .collect();
+    let convert = crate::schema::to_convert(&defs, found);
+    let mut problems: Vec<String> = crate::schema::problems(&defs, found)
+        .into_iter()
+        .filter(|p| !p.ends_with("is missing") && !p.ends_with(crate::schema::CONVERTIBLE))
+        .collect();
+    problems.extend(missing.iter().filter(|d| !d.addable).map(|d| {
+        format!(
+            "column {} is missing and existing rows cannot be given a value for it",
+            d.name
+        )
+    }));
+    if !problems.is_empty() {
+        return Err(BrokerError::Schema {
+            table: q.spec.name.clone(),
+            problems,
+        });
+    }
+    let mut m = Migration {
+        statements: Vec::new(),
+        done: Vec::new(),
+    };
+    for d in missing {
+        m.statements
+            .extend(q.dialect.syntax().add_column(&q.spec, d));
+        m.done.push(format!("added column {}", d.name));
+    }
+    if !convert.is_empty() {
+        if let Some(sql) = q.dialect.convert_columns(&q.spec, &convert) {
+            m.statements.push(sql);
+            m.done.extend(
+                convert
+                    .iter()
+                    .map(|d| format!("converted column {} to byte-exact text", d.name)),
+            );
+        }
+    }
+    m.statements.extend(
+        q.dialect
+            .missing_indexes(conn, &q.spec)
+            .map_err(q.err("migrate"))?,
+    );
+    Ok(m)
+}
+
+impl Broker {
+    /// The statements [`create_table`](Broker::create_table) runs for `table` on this
+    /// broker's database, as [`Table::ddl`] writes them (on MySQL/MariaDB in the server's
+    /// own byte-exact collation). Runs nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for an invalid description.
+    pub fn create_table_sql(&self, table: &Table) -> Result<Vec<String>> {
+        create_sql(self.dialect(), table)
+    }
+
+    /// What [`migrate`](Broker::migrate) would run on `table` now, without running it: a
+    /// dry run, reading the table's columns, indexes and record. For a table that does not
+    /// exist, [`create_table_sql`](Broker::create_table_sql); for one that lacks columns or
+    /// indexes, the statements that add them (and, on MySQL/MariaDB, convert compared text
+    /// to byte-exact collations), then the registry and the new record; for a table whose
+    /// record differs only, the record; nothing for a table up to date. Works on a broker
+    /// that does not [manage the schema](crate::BrokerBuilder::manage_schema).
+    ///
+    /// # Errors
+    ///
+    /// As [`migrate`](Broker::migrate): [`BrokerError::Schema`] for what a migration cannot
+    /// fix (another form than the record's, a missing column existing rows cannot be given, a
+    /// column of a type the statements cannot use).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// broker.create_table(&Table::new("jobs"))?;
+    /// let sql = broker.migration_sql(&Table::new("jobs").priorities())?;
+    /// assert_eq!(sql[0], "ALTER TABLE \"jobs\" ADD COLUMN \"priority\" INTEGER NOT NULL DEFAULT 0");
+    /// assert!(broker.migration_sql(&Table::new("jobs"))?.is_empty());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn migration_sql(&self, table: &Table) -> Result<Vec<String>> {
+        let q = self.compiled(table)?;
+        let found = {
+            let mut conn = q.conn("migration sql")?;
+            q.columns(&mut *conn)?
+        };
+        if found.is_empty() {
+            return self.create_table_sql(table);
+        }
+        crate::registry::check_migration(&q, table)?;
+        let mut conn = q.conn("migration sql")?;
+        let mut out = plan(&q, &mut *conn, &found)?.statements;
+        drop(conn);
+        if !out.is_empty() || !crate::registry::is_recorded(&q, table)? {
+            out.extend(record_sql(self.dialect(), table));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn syntax(param: fn(usize) -> String) -> Syntax {
+        Syntax {
+            quote: |s| s.to_string(),
+            param,
+            now: "NOW()",
+            claim_limit: |p| p.to_string(),
+            literal: crate::dialect::shared::standard_literal,
+        }
+    }
+
+    /// Values go where their placeholders are, and a value that spells a later placeholder
+    /// is not mistaken for it.
+    #[test]
+    fn placeholders_are_replaced_in_order_in_the_statement_only() {
+        let values = ["'a?$2?2'".to_string(), "7".into(), "NOW()".into()];
+        for (param, sql) in [
+            (
+                (|_| "?".to_string()) as fn(usize) -> String,
+                "INSERT INTO r VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE x = VALUES(x)",
+            ),
+            (
+                |n| format!("${n}"),
+                "INSERT INTO r VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            ),
+            (
+                |n| format!("?{n}"),
+                "INSERT INTO r VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            ),
+        ] {
+            let out = inline(&syntax(param), sql, &values);
+            assert!(
+                out.starts_with("INSERT INTO r VALUES ('a?$2?2', 7, NOW()) ON "),
+                "{out}"
+            );
+        }
+    }
+
+    #[test]
+    fn databases_by_name() {
+        assert_eq!(
+            "PostgreSQL".parse::<Database>().unwrap(),
+            Database::Postgres
+        );
+        assert_eq!("mariadb".parse::<Database>().unwrap(), Database::Mariadb);
+        assert!(matches!(
+            "oracle".parse::<Database>(),
+            Err(BrokerError::InvalidOption { .. })
+        ));
+    }
+
+    /// The record a printed schema inserts reads back as the description, quotes and
+    /// backslashes included (MySQL's hexadecimal form; standard quoting elsewhere).
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_literals_survive_any_sql_mode() {
+        let t = Table::new("t").advisory_lock("a'b\\c-{k}").text_column("k");
+        let sql = t.ddl(Database::Mariadb).unwrap();
+        let insert = sql.last().unwrap();
+        assert!(!insert.contains('\\'), "{insert}");
+        let hex = insert
+            .split_once("CONVERT(X'")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .map(|(hex, _)| hex)
+            .expect(insert);
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), t.to_record());
+        assert!(sql[0].contains("utf8mb4_nopad_bin"), "{}", sql[0]);
+        let mysql = Table::new("t").text_column("k").ddl(Database::Mysql);
+        assert!(mysql.unwrap()[0].contains("utf8mb4_0900_bin"));
+        // Without a backslash: quotes doubled.
+        let quoted = Table::new("t").advisory_lock("a'b-{k}").text_column("k");
+        let insert = quoted.ddl(Database::Mysql).unwrap().pop().unwrap();
+        assert!(insert.contains(r#""advisory_lock":"a''b-{k}""#), "{insert}");
+        let plain = Table::new("it's").ddl(Database::Mysql);
+        assert!(plain.is_err(), "not an identifier");
+    }
+}
