@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::dialect::DbConn;
+use crate::conn::DbConn;
 use crate::error::DbError;
 use crate::Value;
 

@@ -295,6 +295,7 @@
 struct ReadmeDoctests;
 
 mod broker;
+mod conn;
 mod ddl;
 mod delivery;
 mod dialect;
