@@ -287,6 +287,20 @@ struct ReadmeDoctests;
 mod broker;
 mod delivery;
 mod dialect;
+#[cfg(any(
+    feature = "diesel-postgres",
+    feature = "diesel-mysql",
+    feature = "diesel-sqlite"
+))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "diesel-postgres",
+        feature = "diesel-mysql",
+        feature = "diesel-sqlite"
+    )))
+)]
+pub mod diesel;
 mod error;
 mod events;
 mod form;

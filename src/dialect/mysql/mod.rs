@@ -44,6 +44,8 @@
 //! - `live_tests.rs`: checks against a live server.
 
 mod conn;
+#[cfg(feature = "diesel-mysql")]
+pub(crate) mod diesel;
 #[cfg(test)]
 mod live_tests;
 mod protocol;

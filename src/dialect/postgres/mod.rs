@@ -24,6 +24,8 @@
 //! - `version.rs`: the version floors of each form.
 
 mod conn;
+#[cfg(feature = "diesel-postgres")]
+pub(crate) mod diesel;
 mod listen;
 #[cfg(test)]
 mod live_tests;

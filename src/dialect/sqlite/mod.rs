@@ -23,6 +23,8 @@
 //! - `version.rs`: the floor of the linked library.
 
 mod conn;
+#[cfg(feature = "diesel-sqlite")]
+pub(crate) mod diesel;
 mod probe;
 mod protocol;
 mod registry;

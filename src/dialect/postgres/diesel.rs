@@ -1,0 +1,120 @@
+//! The application's Diesel `PgConnection` as a [`DbConn`] (feature `diesel-postgres`), for
+//! publishing in its transaction: the statements of `sql.rs`, each [`Value`] bound with the
+//! PostgreSQL type it has in the `postgres` driver's hands (`values.rs`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ::diesel::connection::SimpleConnection;
+use ::diesel::pg::data_types::PgTimestamp;
+use ::diesel::pg::{Pg, PgConnection, PgTypeMetadata};
+use ::diesel::serialize::{self, IsNull, Output, ToSql};
+use ::diesel::sql_types::{self, BigInt, Binary, Double, HasSqlType, Nullable, Text, Timestamptz};
+use ::diesel::RunQueryDsl;
+
+use crate::dialect::diesel::{classify, rows, Id, Phrases, Query};
+use crate::dialect::DbConn;
+use crate::error::DbError;
+use crate::Value;
+
+/// The application's connection, inside its transaction. Never pooled: broken or not is the
+/// application's business.
+pub(crate) struct DieselConn<'a>(&'a mut PgConnection);
+
+impl<'a> DieselConn<'a> {
+    pub(crate) fn new(conn: &'a mut PgConnection) -> Self {
+        DieselConn(conn)
+    }
+}
+
+/// What PostgreSQL's messages say where Diesel keeps no SQLSTATE: a deadlock, `lock_timeout`
+/// and `statement_timeout` (the statement was rolled back); an undefined column, a type the
+/// statement cannot assign or compare (as `conn.rs` classifies the driver's codes).
+const PHRASES: Phrases = Phrases {
+    transient: &[
+        "deadlock detected",
+        "canceling statement due to lock timeout",
+        "canceling statement due to statement timeout",
+    ],
+    schema: &["does not exist", "is of type", "operator does not exist"],
+};
+
+pub(crate) fn fail(e: ::diesel::result::Error) -> DbError {
+    classify(e, &PHRASES)
+}
+
+/// `sql` with `params` bound.
+fn bound<'f>(sql: &str, params: &'f [Value]) -> Query<'f, Pg> {
+    let mut q = ::diesel::sql_query(sql).into_boxed::<Pg>();
+    for v in params {
+        q = match v {
+            Value::Null => q.bind::<Nullable<Unknown>, _>(None::<Untyped>),
+            Value::Int(i) => q.bind::<BigInt, _>(*i),
+            Value::Float(f) => q.bind::<Double, _>(*f),
+            Value::Text(s) => q.bind::<Text, _>(s.as_str()),
+            Value::Bytes(b) => q.bind::<Binary, _>(b.as_slice()),
+            Value::Time(t) => q.bind::<Timestamptz, _>(timestamp(*t)),
+        };
+    }
+    q
+}
+
+/// Microseconds since 2000-01-01 UTC, PostgreSQL's timestamp.
+fn timestamp(t: SystemTime) -> PgTimestamp {
+    const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+    let unix_micros = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_micros() as i64,
+        Err(e) => -(e.duration().as_micros() as i64),
+    };
+    PgTimestamp(unix_micros - PG_EPOCH_MICROS)
+}
+
+/// A parameter of no stated type (OID 0): the server infers it from where it goes, as it does
+/// for the `postgres` driver's parameters. Only `NULL` is sent so: it has no bytes whose
+/// format could disagree with the inferred type, and a typed `NULL` (text, say) would not be
+/// assigned to a column of another type.
+#[derive(Debug, Clone, Copy)]
+struct Unknown;
+
+impl sql_types::SqlType for Unknown {
+    type IsNull = sql_types::is_nullable::NotNull;
+}
+
+impl sql_types::SingleValue for Unknown {}
+
+impl HasSqlType<Unknown> for Pg {
+    fn metadata(_: &mut Self::MetadataLookup) -> PgTypeMetadata {
+        PgTypeMetadata::new(0, 0)
+    }
+}
+
+/// The value of an [`Unknown`] parameter, only ever bound as `None` (SQL `NULL`).
+#[derive(Debug)]
+struct Untyped;
+
+impl ToSql<Unknown, Pg> for Untyped {
+    fn to_sql<'b>(&'b self, _: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        Ok(IsNull::Yes)
+    }
+}
+
+impl DbConn for DieselConn<'_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let n = bound(sql, params).execute(self.0).map_err(fail)?;
+        Ok(n as u64)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let ids: Vec<Id> = bound(sql, params).load(self.0).map_err(fail)?;
+        Ok(rows(ids))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.0.batch_execute(sql).map_err(fail)
+    }
+
+    fn is_broken(&self) -> bool {
+        false
+    }
+
+    fn set_broken(&mut self, _: bool) {}
+}
