@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use common::{Db, Live};
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, MysqlConnection, PgConnection, SqliteConnection};
-use sqlbroker::{BrokerError, Form, Message, Published, Table};
+use sqlbroker::{BrokerError, Form, Message, Published, Table, Value};
 
 fn msg(body: &str) -> Message {
     Message::new(body.as_bytes().to_vec()).set("k", "a")
@@ -114,10 +114,16 @@ fn drain(live: &Live, t: &Table, n: usize) -> Vec<String> {
     bodies
 }
 
-/// Rolled back: no row; committed: the rows, with their values, delivered.
+/// Rolled back: no row; committed: the rows, delivered, each value as written (every column
+/// type, `NULL`s, the due time).
 fn the_job_exists_iff_the_transaction_commits(db: Db) {
     let Some(live) = common::live(db) else { return };
-    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let t = live.create(
+        common::describe(&common::unique("t"), Form::Lease, Duration::from_secs(30))
+            .int_column("n")
+            .float_column("f")
+            .bytes_column("b"),
+    );
     let mut conn = connect(&live);
     conn.in_tx(false, |tx| {
         assert!(tx.publish(&t, msg("rolled back")).unwrap() > 0);
@@ -125,19 +131,59 @@ fn the_job_exists_iff_the_transaction_commits(db: Db) {
         assert_eq!((made.rows, made.duplicates), (2, 0));
     });
     assert_eq!(live.rows(&t), 0, "a rolled-back publish left a row");
-    let id = conn.in_tx(true, |tx| {
-        let id = tx.publish(&t, msg("one")).unwrap();
-        tx.batch(&t, vec![msg("two"), msg("three")]).unwrap();
+    let typed = msg("one")
+        .set("n", 7i64)
+        .set("f", 2.5f64)
+        .set("b", vec![1u8, 0, 255]);
+    let (one, nulls, later) = conn.in_tx(true, |tx| {
+        let one = tx.publish(&t, typed).unwrap();
+        let nulls = tx.publish(&t, Message::new(b"nulls".to_vec())).unwrap();
+        let later = tx
+            .publish(&t, msg("later").deliver_after(Duration::from_secs(3600)))
+            .unwrap();
+        let made = tx.batch(&t, vec![msg("two"), msg("three")]).unwrap();
+        assert_eq!((made.rows, made.duplicates), (2, 0));
         assert_eq!(live.rows(&t), 0, "a publish was visible before the commit");
-        id
+        (one, nulls, later)
     });
-    assert_eq!(live.rows(&t), 3);
-    // The id returned is the row's, and the values and due time were bound as written.
-    assert_eq!(
-        live.rows_where(&t, &format!("id = {id} AND k = 'a' AND attempts = 0")),
-        1
+    assert_eq!(live.rows(&t), 5);
+    let now = SystemTime::now();
+    let job = |id| {
+        live.broker
+            .job(&t, id)
+            .unwrap()
+            .expect("the id returned is the row's")
+    };
+    let one = job(one);
+    assert_eq!(one.payload(), b"one");
+    let want = [
+        ("k", Value::Text("a".into())),
+        ("n", Value::Int(7)),
+        ("f", Value::Float(2.5)),
+        ("b", Value::Bytes(vec![1, 0, 255])),
+    ];
+    for (column, value) in &want {
+        assert_eq!(one.get(column), Some(value), "column {column}");
+    }
+    let near = |t: SystemTime| {
+        t.duration_since(now)
+            .or_else(|e| Ok::<_, ()>(e.duration()))
+            .unwrap()
+            < Duration::from_secs(60)
+    };
+    assert!(near(one.due_at()), "due at {:?}, now {now:?}", one.due_at());
+    let published = one.published_at().expect("published_at");
+    assert!(near(published), "published at {published:?}, now {now:?}");
+    let nulls = job(nulls);
+    for (column, _) in &want {
+        assert_eq!(nulls.get(column), Some(&Value::Null), "column {column}");
+    }
+    let due = job(later).due_at();
+    assert!(
+        due > now + Duration::from_secs(3500),
+        "a job delayed an hour is due at {due:?}, now {now:?}"
     );
-    assert_eq!(drain(&live, &t, 3), ["one", "three", "two"]);
+    assert_eq!(drain(&live, &t, 4), ["nulls", "one", "three", "two"]);
 }
 per_db!(the_job_exists_iff_the_transaction_commits);
 
@@ -235,7 +281,8 @@ per_db!(outside_a_transaction_a_publish_commits_on_its_own);
 /// application's transaction commits, not before. PostgreSQL and SQLite subscriptions poll
 /// every 30 s here, so only the notification (delivered at the commit) or the change probe
 /// can bring the row within 2 s; MySQL/MariaDB cannot notify, and its worker finds the row at
-/// its next poll (the default 250 ms).
+/// its next poll (the default 250 ms). The worker waits on a thread of its own: on SQLite its
+/// claim waits for the write lock the application's transaction holds.
 fn a_worker_is_woken_by_the_commit(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(Form::Lease, Duration::from_secs(30));
@@ -247,21 +294,32 @@ fn a_worker_is_woken_by_the_commit(db: Db) {
     let sub = other.subscription(&t).poll_interval(poll).start().unwrap();
     std::thread::sleep(Duration::from_millis(300)); // idle: its first claim found nothing
     let mut conn = connect(&live);
-    conn.in_tx(true, |tx| {
-        tx.publish(&t, msg("in-tx")).unwrap();
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            let got = sub.next_delivery_timeout(Duration::from_secs(10));
+            let at = Instant::now();
+            let d = got.unwrap_or_else(|e| panic!("{db:?}: no delivery within 10 s: {e}"));
+            assert_eq!(d.payload(), b"in-tx");
+            d.ack().unwrap();
+            at
+        });
+        let committing = conn.in_tx(true, |tx| {
+            tx.publish(&t, msg("in-tx")).unwrap();
+            std::thread::sleep(Duration::from_millis(600));
+            Instant::now()
+        });
+        let committed = Instant::now();
+        let delivered = worker.join().unwrap();
         assert!(
-            sub.next_delivery_timeout(Duration::from_millis(600))
-                .is_err(),
-            "a row was delivered before its transaction committed"
+            delivered > committing,
+            "{db:?}: a row was delivered before its transaction committed"
+        );
+        let after = delivered.saturating_duration_since(committed);
+        assert!(
+            after < Duration::from_secs(2),
+            "{db:?}: the commit reached the idle worker only after {after:?}"
         );
     });
-    let start = std::time::Instant::now();
-    let d = sub
-        .next_delivery_timeout(Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("{db:?}: the commit did not reach the idle worker: {e}"));
-    assert_eq!(d.payload(), b"in-tx");
-    d.ack().unwrap();
-    eprintln!("{db:?}: delivered {:?} after the commit", start.elapsed());
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(a_worker_is_woken_by_the_commit);
