@@ -8,14 +8,14 @@
 //! The same statements, validation and typed errors as the transactional publish of each
 //! driver's module ([`postgres`](crate::postgres), [`mysql`](crate::mysql),
 //! [`sqlite`](crate::sqlite)), dedup keys included: a held key is
-//! [`BrokerError::Duplicate`](crate::BrokerError::Duplicate) naming its holder, and a batch
+//! [`BrokerError::Duplicate`] naming its holder, and a batch
 //! skips held keys ([`Published::duplicates`]). What differs by database:
 //!
 //! - PostgreSQL: the publish also notifies the table's channel (`pg_notify`), which
 //!   PostgreSQL delivers at the commit (not at all on a rollback), so idle subscriptions in
 //!   any process wake then. At REPEATABLE READ or SERIALIZABLE, a key committed by another
 //!   session after the transaction's snapshot cannot be read from it: the publish fails as a
-//!   transient error ([`BrokerError::is_transient`](crate::BrokerError::is_transient)), and
+//!   transient error ([`BrokerError::is_transient`]), and
 //!   the same publish in a new transaction names the holder as a `Duplicate`.
 //! - MySQL/MariaDB: a key committed after a REPEATABLE READ snapshot is a `Duplicate` naming
 //!   that row too (the holder is read with a locking read). Subscribers see the row once the

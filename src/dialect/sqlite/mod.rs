@@ -19,6 +19,8 @@
 //!   claimers when another broker or process commits;
 //! - `conn.rs`: one connection ([`DbConn`]), the process's writer lock, and the classification
 //!   of driver errors;
+//! - `diesel.rs`: the application's Diesel `SqliteConnection` as a [`DbConn`], for
+//!   publishing in its transaction (feature `diesel-sqlite`);
 //! - `values.rs`: [`Value`](crate::Value) to and from SQLite's values;
 //! - `version.rs`: the floor of the linked library.
 
