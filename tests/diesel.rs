@@ -89,6 +89,16 @@ impl Tx<'_> {
         }
     }
 
+    /// Runs `sql` as it is (a read that takes the transaction's snapshot, a setting).
+    fn exec(&mut self, sql: &str) {
+        match self {
+            Tx::Pg(c) => c.batch_execute(sql),
+            Tx::My(c) => c.batch_execute(sql),
+            Tx::Lite(c) => c.batch_execute(sql),
+        }
+        .unwrap()
+    }
+
     fn batch(&mut self, t: &Table, ms: Vec<Message>) -> Result<Published, BrokerError> {
         match self {
             Tx::Pg(c) => sqlbroker::diesel::publish_batch(*c, t, ms),
@@ -323,3 +333,49 @@ fn a_worker_is_woken_by_the_commit(db: Db) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(a_worker_is_woken_by_the_commit);
+
+/// The application's transaction took its snapshot (PostgreSQL REPEATABLE READ, MariaDB's
+/// default REPEATABLE READ, SQLite's deferred read) before another session published a dedup
+/// key and committed; then it publishes the same key. As the other transactional publishes:
+/// MySQL/MariaDB names the holder as a `Duplicate` (a locking read sees past the snapshot);
+/// PostgreSQL and SQLite cannot see it from that snapshot, and fail as a transient error, and
+/// the same publish in a new transaction is the `Duplicate`.
+fn a_key_committed_after_the_snapshot(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(Table::new(common::unique("t")).dedup());
+    let keyed = || Message::new(b"x".to_vec()).dedup_key("k");
+    let mut conn = connect(&live);
+    if db == Db::Mysql {
+        conn.bare()
+            .exec("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    }
+    let mut holder = None;
+    let in_tx = conn.in_tx(false, |tx| {
+        if db == Db::Postgres {
+            tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+        }
+        tx.exec(&format!("SELECT COUNT(*) FROM {}", t.name())); // the snapshot
+        holder = Some(live.broker.publish(&t, keyed()).unwrap());
+        tx.publish(&t, keyed())
+    });
+    let holder = holder.unwrap();
+    match db {
+        Db::Mysql => assert_eq!(
+            in_tx.as_ref().map_err(BrokerError::duplicate_of),
+            Err(Some(holder)),
+            "a key committed after the snapshot: {in_tx:?}"
+        ),
+        _ => {
+            let e = in_tx.expect_err("a publish over a held key made a row");
+            assert!(e.is_transient(), "{db:?}: not transient: {e:?}");
+            let again = conn.in_tx(false, |tx| tx.publish(&t, keyed()));
+            assert_eq!(
+                again.as_ref().map_err(BrokerError::duplicate_of),
+                Err(Some(holder)),
+                "{db:?}: in a new transaction: {again:?}"
+            );
+        }
+    }
+    assert_eq!(live.rows(&t), 1);
+}
+per_db!(a_key_committed_after_the_snapshot);
