@@ -48,15 +48,16 @@ pub(crate) fn rows(ids: Vec<Id>) -> Vec<Vec<Value>> {
         .collect()
 }
 
-/// Phrases of a database's error messages that tell a kind Diesel does not name (it keeps
-/// few error codes: PostgreSQL's SQLSTATE and SQLite's result code are reduced to its
-/// [`DatabaseErrorKind`]).
+/// What a database's error messages tell of kinds Diesel does not name (it keeps few error
+/// codes: PostgreSQL's SQLSTATE and SQLite's result code are reduced to its
+/// [`DatabaseErrorKind`]). The servers' English messages: a PostgreSQL server whose
+/// `lc_messages` translates them has these errors classified `Other`.
 pub(crate) struct Phrases {
     /// The statement or its transaction was rolled back and may be tried again (a deadlock,
     /// a lock wait or statement timeout, SQLite's busy database).
-    pub transient: &'static [&'static str],
+    pub transient: fn(&str) -> bool,
     /// A column the statement needs is missing, or of a type it cannot use.
-    pub schema: &'static [&'static str],
+    pub schema: fn(&str) -> bool,
 }
 
 /// A Diesel error as the queue logic classifies errors.
@@ -69,10 +70,9 @@ pub(crate) fn classify(e: Error, phrases: &Phrases) -> DbError {
             }
             _ => {
                 let message = info.message();
-                let has = |list: &[&str]| list.iter().any(|p| message.contains(p));
-                if has(phrases.transient) {
+                if (phrases.transient)(message) {
                     DbErrorKind::Transient
-                } else if has(phrases.schema) {
+                } else if (phrases.schema)(message) {
                     DbErrorKind::Schema
                 } else {
                     DbErrorKind::Other

@@ -35,8 +35,8 @@ impl<'a> DieselConn<'a> {
 /// statement was rolled back; a deadlock, 1213, is Diesel's serialization failure); an unknown
 /// column (1054).
 const PHRASES: Phrases = Phrases {
-    transient: &["Lock wait timeout exceeded"],
-    schema: &["Unknown column"],
+    transient: |m| m.starts_with("Lock wait timeout exceeded"),
+    schema: |m| m.starts_with("Unknown column"),
 };
 
 pub(crate) fn fail(e: ::diesel::result::Error) -> DbError {
@@ -107,4 +107,55 @@ impl DbConn for DieselConn<'_> {
     }
 
     fn set_broken(&mut self, _: bool) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use ::diesel::result::{DatabaseErrorKind, Error};
+
+    use super::*;
+    use crate::error::DbErrorKind;
+
+    #[test]
+    fn errors_are_classified_as_the_drivers_codes_are() {
+        use DatabaseErrorKind::{SerializationFailure, UniqueViolation, Unknown};
+        let cases = [
+            (
+                SerializationFailure,
+                "Deadlock found",
+                DbErrorKind::Transient,
+            ),
+            (
+                Unknown,
+                "Lock wait timeout exceeded; try restarting transaction",
+                DbErrorKind::Transient,
+            ),
+            (
+                Unknown,
+                "Unknown column 'n' in 'field list'",
+                DbErrorKind::Schema,
+            ),
+            (
+                Unknown,
+                "Table 'test.jobs' doesn't exist",
+                DbErrorKind::Other,
+            ),
+            (
+                UniqueViolation,
+                "Duplicate entry 'x' for key 'k'",
+                DbErrorKind::Other,
+            ),
+        ];
+        for (diesel, message, want) in cases {
+            let unique = matches!(diesel, UniqueViolation);
+            let e = fail(Error::DatabaseError(diesel, Box::new(message.to_string())));
+            assert_eq!(e.kind, want, "{message}");
+            // A held dedup key is told apart from other failures (the insert skips it).
+            assert_eq!(
+                super::super::conn::is_duplicate_key(&e),
+                unique,
+                "{message}"
+            );
+        }
+    }
 }

@@ -28,14 +28,21 @@ impl<'a> DieselConn<'a> {
 
 /// What PostgreSQL's messages say where Diesel keeps no SQLSTATE: a deadlock, `lock_timeout`
 /// and `statement_timeout` (the statement was rolled back); an undefined column, a type the
-/// statement cannot assign or compare (as `conn.rs` classifies the driver's codes).
+/// statement cannot assign, an undefined function or operator (as `conn.rs` classifies the
+/// driver's codes; an undefined table stays `Other` there and here).
 const PHRASES: Phrases = Phrases {
-    transient: &[
-        "deadlock detected",
-        "canceling statement due to lock timeout",
-        "canceling statement due to statement timeout",
-    ],
-    schema: &["does not exist", "is of type", "operator does not exist"],
+    transient: |m| {
+        m.starts_with("deadlock detected")
+            || m.starts_with("canceling statement due to lock timeout")
+            || m.starts_with("canceling statement due to statement timeout")
+    },
+    schema: |m| {
+        let undefined = |what: &str| m.starts_with(what) && m.ends_with(" does not exist");
+        undefined("column ")
+            || undefined("function ")
+            || m.starts_with("operator does not exist")
+            || m.contains(" is of type ")
+    },
 };
 
 pub(crate) fn fail(e: ::diesel::result::Error) -> DbError {
@@ -117,4 +124,92 @@ impl DbConn for DieselConn<'_> {
     }
 
     fn set_broken(&mut self, _: bool) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ::diesel::result::{DatabaseErrorKind, Error};
+
+    use super::*;
+    use crate::error::DbErrorKind;
+
+    fn kind(diesel: DatabaseErrorKind, message: &str) -> DbErrorKind {
+        fail(Error::DatabaseError(diesel, Box::new(message.to_string()))).kind
+    }
+
+    #[test]
+    fn errors_are_classified_as_the_drivers_codes_are() {
+        use DatabaseErrorKind::{
+            ClosedConnection, NotNullViolation, SerializationFailure, Unknown,
+        };
+        let cases = [
+            (
+                SerializationFailure,
+                "could not serialize access",
+                DbErrorKind::Transient,
+            ),
+            (Unknown, "deadlock detected", DbErrorKind::Transient),
+            (
+                Unknown,
+                "canceling statement due to lock timeout",
+                DbErrorKind::Transient,
+            ),
+            (
+                Unknown,
+                "canceling statement due to statement timeout",
+                DbErrorKind::Transient,
+            ),
+            (
+                ClosedConnection,
+                "server closed the connection",
+                DbErrorKind::ConnectionLost,
+            ),
+            (Unknown, "column \"n\" does not exist", DbErrorKind::Schema),
+            (
+                Unknown,
+                "column \"n\" is of type bigint but expression is of type text",
+                DbErrorKind::Schema,
+            ),
+            (
+                Unknown,
+                "operator does not exist: text = bigint",
+                DbErrorKind::Schema,
+            ),
+            (
+                Unknown,
+                "function f(bigint) does not exist",
+                DbErrorKind::Schema,
+            ),
+            (
+                Unknown,
+                "relation \"jobs\" does not exist",
+                DbErrorKind::Other,
+            ),
+            (
+                NotNullViolation,
+                "null value in column \"payload\" violates not-null constraint",
+                DbErrorKind::Other,
+            ),
+        ];
+        for (diesel, message, want) in cases {
+            assert_eq!(kind(diesel, message), want, "{message}");
+        }
+    }
+
+    #[test]
+    fn times_count_from_2000() {
+        let y2k = UNIX_EPOCH + Duration::from_secs(946_684_800);
+        assert_eq!(timestamp(y2k).0, 0);
+        assert_eq!(
+            timestamp(y2k + Duration::from_micros(1_500_000)).0,
+            1_500_000
+        );
+        assert_eq!(timestamp(UNIX_EPOCH).0, -946_684_800_000_000);
+        assert_eq!(
+            timestamp(UNIX_EPOCH - Duration::from_secs(1)).0,
+            -946_684_801_000_000
+        );
+    }
 }

@@ -29,8 +29,8 @@ impl<'a> DieselConn<'a> {
 /// `SQLITE_LOCKED` (another connection holds the write lock, or the transaction's snapshot is
 /// stale); a missing column (as `conn.rs` classifies rusqlite's errors).
 const PHRASES: Phrases = Phrases {
-    transient: &["database is locked", "database table is locked"],
-    schema: &["no such column"],
+    transient: |m| m.starts_with("database is locked") || m.starts_with("database table is locked"),
+    schema: |m| m.starts_with("no such column"),
 };
 
 pub(crate) fn fail(e: ::diesel::result::Error) -> DbError {
@@ -73,4 +73,32 @@ impl DbConn for DieselConn<'_> {
     }
 
     fn set_broken(&mut self, _: bool) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use ::diesel::result::{DatabaseErrorKind, Error};
+
+    use super::*;
+    use crate::error::DbErrorKind;
+
+    #[test]
+    fn errors_are_classified_as_the_drivers_codes_are() {
+        use DatabaseErrorKind::{UniqueViolation, Unknown};
+        let cases = [
+            (Unknown, "database is locked", DbErrorKind::Transient),
+            (Unknown, "database table is locked", DbErrorKind::Transient),
+            (Unknown, "no such column: n", DbErrorKind::Schema),
+            (Unknown, "no such table: jobs", DbErrorKind::Other),
+            (
+                UniqueViolation,
+                "UNIQUE constraint failed: t.k",
+                DbErrorKind::Other,
+            ),
+        ];
+        for (diesel, message, want) in cases {
+            let e = fail(Error::DatabaseError(diesel, Box::new(message.to_string())));
+            assert_eq!(e.kind, want, "{message}");
+        }
+    }
 }
