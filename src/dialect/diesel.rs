@@ -79,7 +79,8 @@ pub(crate) fn classify(e: Error, phrases: &Phrases) -> DbError {
                 }
             }
         },
-        Error::BrokenTransactionManager => DbErrorKind::ConnectionLost,
+        // Diesel's own errors (a broken transaction manager, a value that did not convert):
+        // trying again on this connection will not help.
         _ => DbErrorKind::Other,
     };
     DbError::new(kind, e)
