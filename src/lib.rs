@@ -206,6 +206,7 @@
 //! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `publish`; no library API |
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
+//! | `diesel` | off | publishing inside the application's own Diesel transaction: `sqlbroker::diesel` module; `diesel-postgres`, `diesel-mysql`, `diesel-sqlite` one backend each (the first two link libpq and libmysqlclient) |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
 //! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
@@ -299,6 +300,20 @@ mod conn;
 mod ddl;
 mod delivery;
 mod dialect;
+#[cfg(any(
+    feature = "diesel-postgres",
+    feature = "diesel-mysql",
+    feature = "diesel-sqlite"
+))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "diesel-postgres",
+        feature = "diesel-mysql",
+        feature = "diesel-sqlite"
+    )))
+)]
+pub mod diesel;
 mod error;
 mod events;
 mod form;

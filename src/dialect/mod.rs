@@ -23,6 +23,12 @@ use crate::error::{BrokerError, DbError};
 use crate::table::{Form, TableSpec};
 use crate::Value;
 
+#[cfg(any(
+    feature = "diesel-postgres",
+    feature = "diesel-mysql",
+    feature = "diesel-sqlite"
+))]
+pub(crate) mod diesel;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]

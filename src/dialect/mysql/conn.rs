@@ -82,6 +82,10 @@ fn wire_size(values: &[Value]) -> u64 {
 
 /// True for a duplicate-key error (1062): a unique index refused the row.
 pub(super) fn is_duplicate_key(e: &DbError) -> bool {
+    #[cfg(feature = "diesel-mysql")]
+    if crate::dialect::diesel::is_unique_violation(e) {
+        return true;
+    }
     matches!(driver(e), Some(mysql::Error::MySqlError(se)) if se.code == 1062)
 }
 

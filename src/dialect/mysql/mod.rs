@@ -38,12 +38,16 @@
 //! - `protocol.rs`: the lease claim, lease renewal and advisory take, each more than one
 //!   statement;
 //! - `conn.rs`: one session ([`DbConn`]) and the classification of driver errors;
+//! - `diesel.rs`: the application's Diesel `MysqlConnection` as a [`DbConn`], for
+//!   publishing in its transaction (feature `diesel-mysql`);
 //! - `tls.rs`: the URL's `ssl-mode` on top of the driver's own TLS options;
 //! - `values.rs`: [`Value`]s to and from the driver's values (`DATETIME` in UTC);
 //! - `version.rs`: the server's flavor and version, and the floors;
 //! - `live_tests.rs`: checks against a live server.
 
 mod conn;
+#[cfg(feature = "diesel-mysql")]
+pub(crate) mod diesel;
 #[cfg(test)]
 mod live_tests;
 mod protocol;

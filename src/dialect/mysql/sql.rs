@@ -172,6 +172,11 @@ pub(super) const SESSION_ISOLATION: &str = "SET SESSION TRANSACTION ISOLATION LE
 /// Renewal and grouped acks run at the session's READ COMMITTED.
 pub(super) const RENEW_BEGIN: [&str; 1] = ["START TRANSACTION"];
 
+/// The id the session's last insert assigned, where the client library does not report it
+/// (Diesel's connection).
+#[cfg(feature = "diesel-mysql")]
+pub(super) const LAST_INSERT_ID: &str = "SELECT LAST_INSERT_ID()";
+
 /// Opens a claim transaction at `level`: the session's own level needs no `SET TRANSACTION`.
 fn begin(level: Isolation) -> Vec<String> {
     let start = "START TRANSACTION".to_string();

@@ -26,6 +26,13 @@ pub(super) fn to_mysql(v: &Value) -> Result<mysql::Value, DbError> {
 /// A time as a `DATETIME` parameter in UTC, whole seconds (rounded down, as the queue's times
 /// already are).
 fn datetime_value(t: SystemTime) -> Result<mysql::Value, DbError> {
+    let (y, m, d, h, mi, s) = datetime_parts(t)?;
+    Ok(mysql::Value::Date(y, m, d, h, mi, s, 0))
+}
+
+/// A time as the fields of a `DATETIME` in UTC (year, month, day, hour, minute, second), whole
+/// seconds; an error outside its years 1..9999.
+pub(super) fn datetime_parts(t: SystemTime) -> Result<(u16, u8, u8, u8, u8, u8), DbError> {
     let secs = epoch_secs(t);
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     let rem = secs.rem_euclid(86_400);
@@ -37,14 +44,13 @@ fn datetime_value(t: SystemTime) -> Result<mysql::Value, DbError> {
                 "{secs} s from the epoch is outside DATETIME's years 1..9999"
             ))
         })?;
-    Ok(mysql::Value::Date(
+    Ok((
         year,
         m as u8,
         d as u8,
         (rem / 3600) as u8,
         (rem % 3600 / 60) as u8,
         (rem % 60) as u8,
-        0,
     ))
 }
 

@@ -18,12 +18,16 @@
 //!   another broker publishes;
 //! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
 //!   errors;
+//! - `diesel.rs`: the application's Diesel `PgConnection` as a [`DbConn`], for
+//!   publishing in its transaction (feature `diesel-postgres`);
 //! - `live_tests.rs`: checks of the SQL against a live server (the claims' plans);
 //! - `tls.rs`: the URL's `sslmode` and `sslrootcert`, and the rustls connector (feature `tls`);
 //! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
 //! - `version.rs`: the version floors of each form.
 
 mod conn;
+#[cfg(feature = "diesel-postgres")]
+pub(crate) mod diesel;
 mod listen;
 #[cfg(test)]
 mod live_tests;

@@ -19,10 +19,14 @@
 //!   claimers when another broker or process commits;
 //! - `conn.rs`: one connection ([`DbConn`]), the process's writer lock, and the classification
 //!   of driver errors;
+//! - `diesel.rs`: the application's Diesel `SqliteConnection` as a [`DbConn`], for
+//!   publishing in its transaction (feature `diesel-sqlite`);
 //! - `values.rs`: [`Value`](crate::Value) to and from SQLite's values;
 //! - `version.rs`: the floor of the linked library.
 
 mod conn;
+#[cfg(feature = "diesel-sqlite")]
+pub(crate) mod diesel;
 mod probe;
 mod protocol;
 mod registry;
