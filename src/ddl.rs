@@ -287,6 +287,7 @@ mod tests {
             now: "NOW()",
             claim_limit: |p| p.to_string(),
             literal: crate::dialect::shared::standard_literal,
+            stamps_created: false,
         }
     }
 

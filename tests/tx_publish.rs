@@ -19,6 +19,10 @@ fn in_tx(live: &Live, commit: bool, f: impl FnOnce(&mut dyn FnMut(TxOp) -> Got))
     match live.db {
         Db::Postgres => {
             let mut client = postgres::Client::connect(&live.url, postgres::NoTls).unwrap();
+            // The application's session need not be in UTC.
+            client
+                .batch_execute("SET TIME ZONE 'Asia/Kolkata'")
+                .unwrap();
             let mut tx = client.transaction().unwrap();
             f(&mut |op| op.run_pg(&mut tx));
             if commit {
@@ -27,6 +31,8 @@ fn in_tx(live: &Live, commit: bool, f: impl FnOnce(&mut dyn FnMut(TxOp) -> Got))
         }
         Db::Mysql => {
             let mut conn = mysql::Conn::new(mysql::Opts::from_url(&live.url).unwrap()).unwrap();
+            // The application's session need not be in UTC.
+            mysql::prelude::Queryable::query_drop(&mut conn, "SET time_zone = '+05:30'").unwrap();
             let mut tx = conn.start_transaction(mysql::TxOpts::default()).unwrap();
             f(&mut |op| op.run_my(&mut tx));
             if commit {
@@ -238,3 +244,25 @@ fn a_key_committed_after_the_snapshot(db: Db) {
 }
 
 per_db!(a_key_committed_after_the_snapshot);
+
+/// The publish time of a job published on the application's session is the server's clock in
+/// UTC, whatever time zone that session runs in (`in_tx` sets +05:30 on the servers): the
+/// job's `published_at` is within a minute of now, not hours off.
+fn the_publish_time_is_utc_whatever_the_session_zone(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    in_tx(&live, true, |run| {
+        run(TxOp::One(&t, msg("zoned"))).unwrap();
+    });
+    let jobs = live
+        .broker
+        .jobs(&t, sqlbroker::JobState::Ready, None, 10)
+        .unwrap();
+    let published = jobs[0].published_at().expect("a publish time");
+    let now = std::time::SystemTime::now();
+    let off = now
+        .duration_since(published)
+        .unwrap_or_else(|e| e.duration());
+    assert!(off < Duration::from_secs(60), "published_at is {off:?} off");
+}
+per_db!(the_publish_time_is_utc_whatever_the_session_zone);

@@ -70,6 +70,11 @@ pub(crate) struct Syntax {
     /// A string literal holding `s` exactly: the registry record in the printed schema
     /// ([`crate::ddl`]), where statements carry their values inline.
     pub literal: fn(&str) -> String,
+    /// Inserts write the publish time (`created_at`) as [`Syntax::now`] themselves instead of
+    /// leaving it to the column's default: MySQL's `CURRENT_TIMESTAMP` default is in the
+    /// session's time zone, and a transactional publish runs on the application's session,
+    /// whose zone may not be UTC.
+    pub stamps_created: bool,
 }
 
 /// `s` as a standard SQL string literal: quotes doubled, nothing else special (PostgreSQL
@@ -161,6 +166,9 @@ impl Syntax {
         for role in [&spec.priority, &spec.dedup_key].into_iter().flatten() {
             s.push_str(&format!(", {}", self.q(role)));
         }
+        if self.stamps_created {
+            s.push_str(&format!(", {}", self.q(&spec.created_at)));
+        }
         s.push_str(") VALUES ");
         s
     }
@@ -179,6 +187,10 @@ impl Syntax {
                     s.push_str(", ");
                 }
                 s.push_str(&self.p(r * width + c + 1));
+            }
+            if self.stamps_created {
+                s.push_str(", ");
+                s.push_str(self.now);
             }
             s.push(')');
         }

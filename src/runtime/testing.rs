@@ -44,6 +44,7 @@ static SYNTAX: Syntax = Syntax {
     now: "NOW",
     claim_limit: |p| format!("LIMIT {p}"),
     literal: crate::dialect::shared::standard_literal,
+    stamps_created: false,
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {

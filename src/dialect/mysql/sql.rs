@@ -16,6 +16,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     now: "UTC_TIMESTAMP()",
     claim_limit: |p| format!("LIMIT {p}"),
     literal: text_literal,
+    stamps_created: true,
 };
 
 /// `s` as a MySQL string literal that reads the same whatever the session's `sql_mode`: a
@@ -564,7 +565,7 @@ mod tests {
         );
         assert_eq!(
             sql.insert_one,
-            "INSERT INTO `emails` (`payload`, `run_at`, `to`) VALUES (?, ?, ?)"
+            "INSERT INTO `emails` (`payload`, `run_at`, `to`, `created_at`) VALUES (?, ?, ?, UTC_TIMESTAMP())"
         );
         assert_eq!(
             sql.insert_id, None,
@@ -785,7 +786,7 @@ mod tests {
         assert!(!d.create_table(&row_lock)[0].contains("locked_until"));
         assert_eq!(
             d.insert_many(&spec, 2),
-            "INSERT INTO `jobs` (`payload`, `run_at`, `k`, `n`, `f`, `b`) VALUES (?, ?, ?, ?, ?, ?), (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO `jobs` (`payload`, `run_at`, `k`, `n`, `f`, `b`, `created_at`) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP()), (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP())"
         );
         assert_eq!(d.max_params(), 65_535);
     }
@@ -964,7 +965,7 @@ mod tests {
         let sql = compile(Table::new("mails").dedup());
         assert_eq!(
             sql.insert_one,
-            "INSERT INTO `mails` (`payload`, `run_at`, `dedup_key`) VALUES (?, ?, ?)"
+            "INSERT INTO `mails` (`payload`, `run_at`, `dedup_key`, `created_at`) VALUES (?, ?, ?, UTC_TIMESTAMP())"
         );
     }
 

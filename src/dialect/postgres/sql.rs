@@ -14,6 +14,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     now: "date_trunc('second', statement_timestamp())",
     claim_limit,
     literal: crate::dialect::shared::standard_literal,
+    stamps_created: false,
 };
 
 /// A claim's `LIMIT`, with the row count behind a sub-select: the planner cannot see it, so

@@ -15,6 +15,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     now: "CAST(strftime('%s', 'now') AS INTEGER)",
     claim_limit: |p| format!("LIMIT {p}"),
     literal: crate::dialect::shared::standard_literal,
+    stamps_created: false,
 };
 
 /// Times are integer seconds since the Unix epoch.
