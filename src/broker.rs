@@ -176,6 +176,17 @@ impl BrokerBuilder {
     /// process, and rows from elsewhere are found at the poll interval.
     pub fn cross_process_wake(mut self, on: bool) -> Self {
         self.cross_process = on;
+        self.options.cross_process = on;
+        self
+    }
+
+    /// PostgreSQL only: where the change feed's `LISTEN` session connects, when the broker's
+    /// URL goes through a pooler that has no sessions to listen on (a PgBouncer in transaction
+    /// pooling, `pool_mode=transaction` in the URL): a direct URL to the same database, for
+    /// one long-lived session. Default: the broker's URL. The publishes still notify through
+    /// the broker's URL (a notification is delivered at commit, whatever the pooling).
+    pub fn listen_url(mut self, url: &str) -> Self {
+        self.options.listen_url = Some(url.to_string());
         self
     }
 
@@ -287,6 +298,8 @@ impl Broker {
             options: ConnOptions {
                 statement_timeout: Duration::from_secs(30),
                 sqlite_durable: true,
+                cross_process: true,
+                listen_url: None,
             },
             cross_process: true,
         }
