@@ -18,8 +18,8 @@
 //! 4. asynchronous replication: only the window is lost: a published job never delivered, or
 //!    an acked job delivered again, had its publish or ack return less than [`WINDOW`] before
 //!    the kill; and something was lost (else the cut proved nothing);
-//! 5. the change feed moved: after the failover, another broker's publish wakes an idle
-//!    subscription (poll interval 60 s) of the broker that lived through it within 5 s.
+//! 5. the change feed moved: the broker's listening session is on the new primary, and
+//!    another broker's publish wakes an idle subscription (poll interval 60 s) within 5 s.
 //!
 //! Skipped (loudly) without the PostgreSQL server binaries, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1`.
@@ -290,7 +290,21 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
         }
     }
 
-    // 5: the change feed of the broker that lived through the failover.
+    // 5: the change feed of the broker that lived through the failover listens on the new
+    // primary (its session is named `sqlbroker-listen`; a feed that did not come back would
+    // leave the workers polling quickly, which a wake-up alone does not tell apart).
+    let listening = |c: &mut postgres::Client| {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sqlbroker-listen'",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+    };
+    assert!(
+        common::wait_for(BOUND, || listening(&mut direct) == 1),
+        "{what}: the change feed is not listening on the new primary"
+    );
     let t = common::describe(&common::unique("fo"), Form::Lease, Duration::from_secs(5));
     broker.create_table(&t).unwrap();
     let sub = broker
