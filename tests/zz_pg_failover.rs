@@ -119,7 +119,12 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
     let mut threads = Vec::new();
     let mut subs = Vec::new();
     for (i, t) in tables.iter().enumerate() {
-        let (b, t2, l, on) = (broker.clone(), t.clone(), ledger.clone(), publishing.clone());
+        let (b, t2, l, on) = (
+            broker.clone(),
+            t.clone(),
+            ledger.clone(),
+            publishing.clone(),
+        );
         threads.push(std::thread::spawn(move || {
             let mut n = 0u64;
             while on.load(Ordering::Relaxed) {
@@ -172,7 +177,10 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
         .args(["-STOP", &walsender])
         .status()
         .unwrap();
-    assert!(frozen.success(), "{what}: could not stop the walsender {walsender}");
+    assert!(
+        frozen.success(),
+        "{what}: could not stop the walsender {walsender}"
+    );
     std::thread::sleep(CUT);
     let killed = Instant::now();
     s.kill9(&primary);
@@ -221,15 +229,23 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
             promoted - killed
         );
         for (name, took) in [("publish", publish), ("ack", ack)] {
-            let took = took.unwrap_or_else(|| panic!("{what}, {form:?}: no {name} after the failover"));
-            assert!(took <= BOUND, "{what}, {form:?}: the first {name} took {took:?}");
+            let took =
+                took.unwrap_or_else(|| panic!("{what}, {form:?}: no {name} after the failover"));
+            assert!(
+                took <= BOUND,
+                "{what}, {form:?}: the first {name} took {took:?}"
+            );
         }
         let published: BTreeMap<u64, Instant> = evs
             .iter()
             .filter(|e| e.2 == Ev::PubOk)
             .map(|e| (e.1, e.3))
             .collect();
-        let acked: BTreeSet<u64> = evs.iter().filter(|e| e.2 == Ev::AckOk).map(|e| e.1).collect();
+        let acked: BTreeSet<u64> = evs
+            .iter()
+            .filter(|e| e.2 == Ev::AckOk)
+            .map(|e| e.1)
+            .collect();
         assert!(
             evs.iter().any(|e| e.2 == Ev::AckOk && e.3 < killed),
             "{what}, {form:?}: nothing was acked before the kill: the test proved nothing"
@@ -268,10 +284,18 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
             came_back.len()
         );
         if sync {
-            assert!(lost.is_empty(), "{what}, {form:?}: published and lost: {lost:?}");
+            let ids = |v: &[(u64, Instant)]| v.iter().take(5).map(|j| j.0).collect::<Vec<_>>();
+            assert!(
+                lost.is_empty(),
+                "{what}, {form:?}: {} published and lost (first: {:?})",
+                lost.len(),
+                ids(&lost)
+            );
             assert!(
                 came_back.is_empty(),
-                "{what}, {form:?}: acked, then delivered again: {came_back:?}"
+                "{what}, {form:?}: {} acked, then delivered again (first: {:?})",
+                came_back.len(),
+                ids(&came_back)
             );
         } else {
             assert!(
