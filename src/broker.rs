@@ -91,6 +91,10 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("statement_timeout", &self.options.statement_timeout)
             .field("sqlite_durable", &self.options.sqlite_durable)
             .field("cross_process_wake", &self.cross_process)
+            .field(
+                "listen_url",
+                &self.options.listen_url.as_deref().map(redact),
+            )
             .finish()
     }
 }
@@ -269,12 +273,26 @@ impl Broker {
     /// `sslrootcert=<file>|system`; MySQL's `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`
     /// and the `mysql` crate's options (`root_cert_path`, ...). See the crate docs.
     ///
+    /// PostgreSQL, more than one server: every host of a primary and its standbys, with
+    /// `target_session_attrs=read-write` so that sessions go to the writable one and follow a
+    /// promoted standby (`postgres://app@db1:5432,db2:5432/jobs?target_session_attrs=read-write`,
+    /// or the key-value form `host=db1,db2 port=5432,5432 dbname=jobs ..`). Behind PgBouncer's
+    /// transaction pooling, say `pool_mode=transaction` (default `session`): statements are
+    /// then sent unnamed and the timeouts set per transaction; the advisory form is refused, and
+    /// the change feed needs [`BrokerBuilder::listen_url`].
+    ///
     /// ```no_run
     /// use sqlbroker::Broker;
     ///
     /// let pg = Broker::connect(
     ///     "postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
     /// )?;
+    /// let failover = Broker::connect(
+    ///     "postgres://app@db1:5432,db2:5432/jobs?target_session_attrs=read-write",
+    /// )?;
+    /// let pooled = Broker::builder("postgres://app@pgbouncer:6432/jobs?pool_mode=transaction")
+    ///     .listen_url("postgres://app@db1:5432/jobs")
+    ///     .build()?;
     /// let my = Broker::connect(
     ///     "mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem",
     /// )?;
