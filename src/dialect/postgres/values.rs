@@ -121,31 +121,6 @@ fn utc_text(t: SystemTime) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn text_format() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_613_996_123_456);
-        assert_eq!(utc_text(t), "2025-12-01 18:33:16.123456+00");
-        assert_eq!(
-            utc_text(SystemTime::UNIX_EPOCH),
-            "1970-01-01 00:00:00.000000+00"
-        );
-        let before = SystemTime::UNIX_EPOCH - Duration::from_micros(1);
-        assert_eq!(utc_text(before), "1969-12-31 23:59:59.999999+00");
-        assert_eq!(
-            utc_text(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29 00:00:00.000000+00"
-        );
-        assert_eq!(text(&Value::Bytes(vec![0, 255])).unwrap(), "\\x00ff");
-        assert_eq!(text(&Value::Float(0.1)).unwrap(), "0.1");
-        assert_eq!(text(&Value::Null), None);
-    }
-}
-
 impl<'a> FromSql<'a> for Value {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, BoxError> {
         Ok(match *ty {
@@ -178,5 +153,30 @@ impl<'a> FromSql<'a> for Value {
                 | Type::TIMESTAMPTZ
                 | Type::TIMESTAMP
         ) || <&str as FromSql>::accepts(ty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn text_format() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_613_996_123_456);
+        assert_eq!(utc_text(t), "2025-12-01 18:33:16.123456+00");
+        assert_eq!(
+            utc_text(SystemTime::UNIX_EPOCH),
+            "1970-01-01 00:00:00.000000+00"
+        );
+        let before = SystemTime::UNIX_EPOCH - Duration::from_micros(1);
+        assert_eq!(utc_text(before), "1969-12-31 23:59:59.999999+00");
+        assert_eq!(
+            utc_text(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29 00:00:00.000000+00"
+        );
+        assert_eq!(text(&Value::Bytes(vec![0, 255])).unwrap(), "\\x00ff");
+        assert_eq!(text(&Value::Float(0.1)).unwrap(), "0.1");
+        assert_eq!(text(&Value::Null), None);
     }
 }
