@@ -116,7 +116,7 @@ fn settings(options: &str) -> Vec<(String, String)> {
         let parsed = pair.and_then(|p| p.split_once('=')).filter(|(n, _)| {
             !n.is_empty()
                 && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
         });
         match parsed {
             Some((n, v)) => out.push((n.replace('-', "_"), v.to_string())),
