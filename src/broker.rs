@@ -157,7 +157,9 @@ impl BrokerBuilder {
 
     /// The longest one statement may wait on the database, lock waits included. Default 30 s,
     /// from 1 s to a day. Every wait is bounded by it: PostgreSQL sessions run with
-    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them); MySQL and
+    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them), sent at
+    /// connect, or `SET` after connecting where a pooler refuses or drops them, or `SET LOCAL`
+    /// in each transaction with `pool_mode=transaction`; MySQL and
     /// MariaDB sessions with `lock_wait_timeout` and `innodb_lock_wait_timeout`, and their
     /// sockets time out 10 s later; SQLite waits this long for the write lock.
     /// [`Subscription::close`](crate::Subscription::close) and

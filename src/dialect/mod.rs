@@ -776,6 +776,54 @@ mod tests {
             Err(BrokerError::InvalidUrl { .. })
         ));
         assert!(matches!(open("", &o), Err(BrokerError::InvalidUrl { .. })));
+        #[cfg(feature = "postgres")]
+        {
+            // The key-value form is PostgreSQL's, and its `pool_mode` is read (nothing connects).
+            let kv = "host=a,b port=1,2 user=u dbname=d sslmode=disable pool_mode=transaction";
+            assert!(matches!(
+                open(kv, &o),
+                Err(BrokerError::InvalidOption {
+                    option: "listen_url",
+                    ..
+                })
+            ));
+            let quiet = ConnOptions {
+                cross_process: false,
+                ..test_options()
+            };
+            assert!(open(kv, &quiet).is_ok());
+            assert!(matches!(
+                open("postgres://u@h/d?pool_mode=statement", &o),
+                Err(BrokerError::InvalidUrl { .. })
+            ));
+            let direct = ConnOptions {
+                listen_url: Some("postgres://u@h/d".into()),
+                ..test_options()
+            };
+            assert!(open("postgres://u@h:6432/d?pool_mode=transaction", &direct).is_ok());
+            let pooled = ConnOptions {
+                listen_url: Some("postgres://u@h/d?pool_mode=transaction".into()),
+                ..test_options()
+            };
+            assert!(matches!(
+                open("postgres://u@h:6432/d?pool_mode=transaction", &pooled),
+                Err(BrokerError::InvalidOption { .. })
+            ));
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            let direct = ConnOptions {
+                listen_url: Some("postgres://u@h/d".into()),
+                ..test_options()
+            };
+            assert!(matches!(
+                open("sqlite::memory:", &direct),
+                Err(BrokerError::InvalidOption {
+                    option: "listen_url",
+                    ..
+                })
+            ));
+        }
     }
 
     /// The session settings every connection gets from [`ConnOptions`], read back from live

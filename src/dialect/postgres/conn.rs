@@ -566,7 +566,17 @@ impl DbConn for PgConn {
                 self.client.batch_execute(sql)
             }
             TxControl::Other if self.in_tx => self.client.batch_execute(sql),
-            TxControl::Other => self.in_transaction(|c| c.batch_execute(sql)),
+            // One round trip: the simple protocol runs the whole text, and stops at an error
+            // (the transaction is then rolled back).
+            TxControl::Other => {
+                let r = self
+                    .client
+                    .batch_execute(&format!("{}; {sql}; COMMIT", begin_local(&self.setup)));
+                if r.is_err() {
+                    let _ = self.client.batch_execute("ROLLBACK");
+                }
+                r
+            }
         };
         r.map_err(|e| self.fail(e))
     }
