@@ -39,6 +39,7 @@ pub(crate) fn is_key_value(url: &str) -> bool {
 /// [`take_params`] for the key-value form: the words `name=value` named in `names` removed,
 /// the rest kept as written. A quoted value (`key='a b'`) is not split: libpq's quoting is
 /// left to the driver, and such a word is never one of ours.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn take_kv_params(url: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
     let mut kept = Vec::new();
     let mut taken = Vec::new();
