@@ -13,7 +13,9 @@
 //!    the change feed listens, through the pooler in session pooling and on the direct
 //!    `listen_url` in transaction pooling;
 //! 4. transaction pooling refuses, with permanent errors, what needs a session: the advisory
-//!    form (`Unsupported`) and a change feed without `listen_url` (`InvalidOption`).
+//!    form (`Unsupported`) and a change feed without `listen_url` (`InvalidOption`);
+//! 5. transaction pooling the URL does not declare: a statement prepared on one server session
+//!    is run on another, and the error (permanent) says to set `pool_mode=transaction`.
 //!
 //! Skipped (loudly) without the PostgreSQL server binaries or pgbouncer, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1`.
@@ -186,6 +188,28 @@ fn pgbouncer_session_and_transaction_pooling() {
         let other = build(&url, None).unwrap();
         wakes(&broker, &other, what);
     }
+
+    // 5: transaction pooling the URL does not declare: a broker's statements are prepared on
+    // one server session; another client's open transaction then holds that session, and the
+    // broker's next statement runs on another, which does not have them.
+    let undeclared = Broker::builder(&through(TRANSACTION, ""))
+        .cross_process_wake(false)
+        .build()
+        .unwrap();
+    let t = table(Form::Lease);
+    undeclared.create_table(&t).unwrap();
+    undeclared.publish(&t, common::msg("u", "k")).unwrap();
+    let mut holder = postgres::Client::connect(&through(TRANSACTION, ""), postgres::NoTls).unwrap();
+    let mut held = holder.transaction().unwrap();
+    held.batch_execute("SELECT 1").unwrap();
+    let e = undeclared
+        .publish(&t, common::msg("u", "k"))
+        .expect_err("undeclared transaction pooling: a statement prepared on another session ran");
+    assert!(
+        e.to_string().contains("pool_mode=transaction") && !e.is_transient(),
+        "undeclared transaction pooling: {e}"
+    );
+    held.rollback().unwrap();
 
     let what = "transaction pooling";
     let url = through(TRANSACTION, "&pool_mode=transaction");

@@ -310,7 +310,41 @@ impl PgConn {
         if kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
+        if !self.pooled() && lost_statement(&e) {
+            // Our named statements live on a server session we no longer have: a transaction
+            // pooler the URL did not declare. The session's cache is wrong: discard it.
+            self.broken = true;
+            return DbError::new(kind, UndeclaredPooler(PgError(e)));
+        }
         DbError::new(kind, PgError(e))
+    }
+}
+
+/// A prepared statement of ours missing, or its name taken, on the server.
+fn lost_statement(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+    })
+}
+
+/// A lost prepared statement, with its likely cause named.
+#[derive(Debug)]
+struct UndeclaredPooler(PgError);
+
+impl std::fmt::Display for UndeclaredPooler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the server session changed under this connection, as behind a PgBouncer in \
+             transaction pooling; say pool_mode=transaction in the URL",
+            self.0
+        )
+    }
+}
+
+impl StdError for UndeclaredPooler {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.0)
     }
 }
 
