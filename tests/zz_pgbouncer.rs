@@ -15,7 +15,9 @@
 //! 4. transaction pooling refuses, with permanent errors, what needs a session: the advisory
 //!    form (`Unsupported`) and a change feed without `listen_url` (`InvalidOption`);
 //! 5. transaction pooling the URL does not declare: a statement prepared on one server session
-//!    is run on another, and the error (permanent) says to set `pool_mode=transaction`.
+//!    is run on another, and the error (permanent) says to set `pool_mode=transaction`;
+//! 6. transaction pooling: a row lock handler's statement past its `handler_timeout` is
+//!    cancelled on the server session the delivery's transaction holds.
 //!
 //! Skipped (loudly) without the PostgreSQL server binaries or pgbouncer, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1`.
@@ -145,6 +147,34 @@ fn wakes(broker: &Broker, other: &Broker, what: &str) {
     sub.shutdown(Duration::from_secs(10)).unwrap();
 }
 
+/// 6 (transaction pooling): a row lock handler's statement past its `handler_timeout` (1 s) is
+/// cancelled on the server session its transaction holds (the statement timeout is 30 s here).
+fn handler_timeout_cancels(url: &str, direct_url: &str) {
+    let broker = Broker::builder(url).listen_url(direct_url).build().unwrap();
+    let t = table(Form::RowLock);
+    broker.create_table(&t).unwrap();
+    broker.publish(&t, common::msg("slow", "k")).unwrap();
+    let sub = broker
+        .subscription(&t)
+        .handler_timeout(Duration::from_secs(1))
+        .start()
+        .unwrap();
+    let mut d = common::next(&sub, Duration::from_secs(10));
+    sub.close();
+    let start = Instant::now();
+    let slept =
+        sqlbroker::postgres::in_delivery(&mut d, |c| c.batch_execute("SELECT pg_sleep(30)"));
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "transaction pooling: the handler's statement ran {took:?} past its 1 s timeout"
+    );
+    assert!(
+        matches!(slept, Err(BrokerError::HandlerTimeout { .. })),
+        "transaction pooling: in_delivery past the deadline gave {slept:?}"
+    );
+}
+
 fn build(url: &str, listen: Option<&str>) -> Result<Broker, BrokerError> {
     let mut b = Broker::builder(url)
         .statement_timeout(Duration::from_secs(1))
@@ -238,6 +268,7 @@ fn pgbouncer_session_and_transaction_pooling() {
         other => panic!("{what}: the advisory form: {:?}", other.map(drop)),
     }
     timeout_holds(&broker, &direct_url, what);
+    handler_timeout_cancels(&url, &direct_url);
     let other = build(&url, Some(&direct_url)).unwrap();
     wakes(&broker, &other, what);
     // No wake-up: the feed off, the rest runs.

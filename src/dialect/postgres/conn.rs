@@ -539,8 +539,16 @@ impl DbConn for PgConn {
 
     fn session_id(&mut self) -> Option<u64> {
         if self.pooled() {
-            // The server session changes with each transaction: its pid is not ours to cancel.
-            return None;
+            // The server session changes with each transaction: its pid is ours to cancel only
+            // while our transaction holds it (a row lock delivery's), asked afresh each time.
+            if !self.in_tx {
+                return None;
+            }
+            let rows = self.client.simple_query(super::sql::BACKEND_PID).ok()?;
+            return rows.iter().find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+                _ => None,
+            });
         }
         if self.pid.is_none() {
             let row = self.client.query_one(super::sql::BACKEND_PID, &[]).ok()?;
