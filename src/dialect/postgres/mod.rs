@@ -7,7 +7,10 @@
 //! - Advisory: `pg_try_advisory_lock(hashtextextended(key, 0))`, session scope: the advisory form
 //!   needs a direct connection or a session-mode pooler (a transaction-mode PgBouncer breaks it).
 //! - Floors: 9.5 for `SKIP LOCKED`, 11 for `hashtextextended`.
-//! - Statements are prepared once per connection and cached with it.
+//! - Statements are prepared once per connection and cached with it; behind a transaction
+//!   pooler (`pool_mode=transaction` in the URL) they are sent unnamed instead (`conn.rs`).
+//! - The URL may name several hosts (`target_session_attrs=read-write` picks the primary) and
+//!   may be in the key-value form (`host=a,b port=1,2 ..`): the driver reads both.
 //!
 //! Files, one concern each (the MySQL and SQLite dialects are laid out alike):
 //! - `mod.rs`: the engine ([`Postgres`]), its URL and session settings, and the [`Dialect`]
@@ -16,8 +19,8 @@
 //! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
 //! - `listen.rs`: the change feed (`LISTEN` on a dedicated session) that wakes claimers when
 //!   another broker publishes;
-//! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
-//!   errors;
+//! - `conn.rs`: one session ([`DbConn`]), its statement cache, how its settings reach a server
+//!   behind a pooler, and the classification of driver errors;
 //! - `live_tests.rs`: checks of the SQL against a live server (the claims' plans);
 //! - `tls.rs`: the URL's `sslmode` and `sslrootcert`, and the rustls connector (feature `tls`);
 //! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
