@@ -95,6 +95,10 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("sqlite_durable", &self.options.sqlite_durable)
             .field("cross_process_wake", &self.cross_process)
             .field("manage_schema", &self.manage_schema)
+            .field(
+                "listen_url",
+                &self.options.listen_url.as_deref().map(redact),
+            )
             .finish()
     }
 }
@@ -176,7 +180,9 @@ impl BrokerBuilder {
 
     /// The longest one statement may wait on the database, lock waits included. Default 30 s,
     /// from 1 s to a day. Every wait is bounded by it: PostgreSQL sessions run with
-    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them); MySQL and
+    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them), sent at
+    /// connect, or `SET` after connecting where a pooler refuses or drops them, or `SET LOCAL`
+    /// in each transaction with `pool_mode=transaction`; MySQL and
     /// MariaDB sessions with `lock_wait_timeout` and `innodb_lock_wait_timeout`, and their
     /// sockets time out 10 s later; SQLite waits this long for the write lock.
     /// [`Subscription::close`](crate::Subscription::close) and
@@ -199,6 +205,17 @@ impl BrokerBuilder {
     /// process, and rows from elsewhere are found at the poll interval.
     pub fn cross_process_wake(mut self, on: bool) -> Self {
         self.cross_process = on;
+        self.options.cross_process = on;
+        self
+    }
+
+    /// PostgreSQL only: where the change feed's `LISTEN` session connects, when the broker's
+    /// URL goes through a pooler that has no sessions to listen on (a PgBouncer in transaction
+    /// pooling, `pool_mode=transaction` in the URL): a direct URL to the same database, for
+    /// one long-lived session. Default: the broker's URL. The publishes still notify through
+    /// the broker's URL (a notification is delivered at commit, whatever the pooling).
+    pub fn listen_url(mut self, url: &str) -> Self {
+        self.options.listen_url = Some(url.to_string());
         self
     }
 
@@ -320,12 +337,26 @@ impl Broker {
     /// `sslrootcert=<file>|system`; MySQL's `ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|VERIFY_IDENTITY`
     /// and the `mysql` crate's options (`root_cert_path`, ...). See the crate docs.
     ///
+    /// PostgreSQL, more than one server: every host of a primary and its standbys, with
+    /// `target_session_attrs=read-write` so that sessions go to the writable one and follow a
+    /// promoted standby (`postgres://app@db1:5432,db2:5432/jobs?target_session_attrs=read-write`,
+    /// or the key-value form `host=db1,db2 port=5432,5432 dbname=jobs ..`). Behind PgBouncer's
+    /// transaction pooling, say `pool_mode=transaction` (default `session`): statements are
+    /// then sent unnamed and the timeouts set per transaction; the advisory form is refused, and
+    /// the change feed needs [`BrokerBuilder::listen_url`].
+    ///
     /// ```no_run
     /// use sqlbroker::Broker;
     ///
     /// let pg = Broker::connect(
     ///     "postgres://app@db.example.com/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
     /// )?;
+    /// let failover = Broker::connect(
+    ///     "postgres://app@db1:5432,db2:5432/jobs?target_session_attrs=read-write",
+    /// )?;
+    /// let pooled = Broker::builder("postgres://app@pgbouncer:6432/jobs?pool_mode=transaction")
+    ///     .listen_url("postgres://app@db1:5432/jobs")
+    ///     .build()?;
     /// let my = Broker::connect(
     ///     "mysql://app:pw@db.example.com/jobs?ssl-mode=VERIFY_IDENTITY&root_cert_path=/etc/ssl/db-ca.pem",
     /// )?;
@@ -349,6 +380,8 @@ impl Broker {
             options: ConnOptions {
                 statement_timeout: Duration::from_secs(30),
                 sqlite_durable: true,
+                cross_process: true,
+                listen_url: None,
             },
             cross_process: true,
             manage_schema: true,

@@ -272,7 +272,13 @@
 //! ## Caveats
 //!
 //! - PostgreSQL advisory locks belong to the session: the advisory form needs a direct
-//!   connection or a session-mode pooler (PgBouncer in transaction mode breaks it).
+//!   connection or a session-mode pooler; behind PgBouncer's transaction pooling
+//!   (`pool_mode=transaction` in the URL) it is refused, and the change feed needs
+//!   [`BrokerBuilder::listen_url`] (a direct URL) or `cross_process_wake(false)`.
+//! - PostgreSQL failover: give every host with `target_session_attrs=read-write`
+//!   (`postgres://app@db1,db2/jobs?target_session_attrs=read-write`, or the key-value form
+//!   `host=db1,db2 port=5432,5432 ..`); sessions go to the writable host, and follow a promoted
+//!   standby by themselves.
 //! - SQLite keeps advisory keys in the process: two processes on one database file do not see
 //!   each other's keys, so a row may then be delivered twice.
 //! - An advisory claim reads at most 10,000 ready rows: rows of a free key queued behind more

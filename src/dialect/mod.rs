@@ -660,6 +660,11 @@ pub(crate) struct ConnOptions {
     pub statement_timeout: Duration,
     /// SQLite: `synchronous = FULL` (a commit survives power loss) rather than `NORMAL`.
     pub sqlite_durable: bool,
+    /// Whether the broker listens for other brokers' publishes (`cross_process_wake`).
+    pub cross_process: bool,
+    /// PostgreSQL: where the change feed's `LISTEN` session connects, when not through the
+    /// broker's URL (a transaction-pooling PgBouncer has no sessions to listen on).
+    pub listen_url: Option<String>,
 }
 
 /// Picks the engine from the URL's scheme.
@@ -670,6 +675,19 @@ pub(crate) fn open(url: &str, opts: &ConnOptions) -> Result<Arc<dyn Dialect>, Br
         .next()
         .unwrap_or_default()
         .to_ascii_lowercase();
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    let scheme = if url::is_key_value(url) {
+        // PostgreSQL's key-value form (`host=a,b port=5432,5433 dbname=jobs`).
+        "postgres".to_string()
+    } else {
+        scheme
+    };
+    if opts.listen_url.is_some() && !matches!(scheme.as_str(), "postgres" | "postgresql") {
+        return Err(BrokerError::InvalidOption {
+            option: "listen_url",
+            reason: "PostgreSQL only: the other databases have no LISTEN session".into(),
+        });
+    }
     match scheme.as_str() {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::from_url(url, opts)?)),
@@ -711,6 +729,8 @@ pub(crate) fn test_options() -> ConnOptions {
     ConnOptions {
         statement_timeout: Duration::from_secs(30),
         sqlite_durable: true,
+        cross_process: true,
+        listen_url: None,
     }
 }
 
@@ -738,6 +758,54 @@ mod tests {
             Err(BrokerError::InvalidUrl { .. })
         ));
         assert!(matches!(open("", &o), Err(BrokerError::InvalidUrl { .. })));
+        #[cfg(feature = "postgres")]
+        {
+            // The key-value form is PostgreSQL's, and its `pool_mode` is read (nothing connects).
+            let kv = "host=a,b port=1,2 user=u dbname=d sslmode=disable pool_mode=transaction";
+            assert!(matches!(
+                open(kv, &o),
+                Err(BrokerError::InvalidOption {
+                    option: "listen_url",
+                    ..
+                })
+            ));
+            let quiet = ConnOptions {
+                cross_process: false,
+                ..test_options()
+            };
+            assert!(open(kv, &quiet).is_ok());
+            assert!(matches!(
+                open("postgres://u@h/d?pool_mode=statement", &o),
+                Err(BrokerError::InvalidUrl { .. })
+            ));
+            let direct = ConnOptions {
+                listen_url: Some("postgres://u@h/d".into()),
+                ..test_options()
+            };
+            assert!(open("postgres://u@h:6432/d?pool_mode=transaction", &direct).is_ok());
+            let pooled = ConnOptions {
+                listen_url: Some("postgres://u@h/d?pool_mode=transaction".into()),
+                ..test_options()
+            };
+            assert!(matches!(
+                open("postgres://u@h:6432/d?pool_mode=transaction", &pooled),
+                Err(BrokerError::InvalidOption { .. })
+            ));
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            let direct = ConnOptions {
+                listen_url: Some("postgres://u@h/d".into()),
+                ..test_options()
+            };
+            assert!(matches!(
+                open("sqlite::memory:", &direct),
+                Err(BrokerError::InvalidOption {
+                    option: "listen_url",
+                    ..
+                })
+            ));
+        }
     }
 
     /// The session settings every connection gets from [`ConnOptions`], read back from live
@@ -749,6 +817,8 @@ mod tests {
             ConnOptions {
                 statement_timeout: Duration::from_secs(secs),
                 sqlite_durable: durable,
+                cross_process: true,
+                listen_url: None,
             }
         }
 

@@ -27,6 +27,40 @@ pub(crate) fn take_params(url: &str, names: &[&str]) -> (String, Vec<(String, St
     (url, taken)
 }
 
+/// True for PostgreSQL's key-value form (`host=a,b port=5432,5433 dbname=jobs`), which has no
+/// scheme: its first word is `key=value`.
+pub(crate) fn is_key_value(url: &str) -> bool {
+    let first = url.split_whitespace().next().unwrap_or_default();
+    first.split_once('=').is_some_and(|(k, _)| {
+        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// [`take_params`] for the key-value form: the words `name=value` named in `names` removed,
+/// the rest kept as written. A quoted value (`key='a b'`) is not split: libpq's quoting is
+/// left to the driver, and such a word is never one of ours.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn take_kv_params(url: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    let mut quoted = false;
+    for word in url.split(' ').filter(|w| !w.is_empty()) {
+        let ours = (!quoted)
+            .then(|| word.split_once('='))
+            .flatten()
+            .filter(|(k, v)| names.contains(k) && !v.starts_with('\''));
+        match ours {
+            Some((k, v)) => taken.push((k.to_string(), v.to_string())),
+            None => kept.push(word),
+        }
+        // An odd number of quotes opens (or closes) a quoted value.
+        if word.matches('\'').count() % 2 == 1 {
+            quoted = !quoted;
+        }
+    }
+    (kept.join(" "), taken)
+}
+
 /// `%XX` escapes decoded (`+` is left as it is, as the drivers read URLs); a malformed escape
 /// is kept as written.
 fn percent_decode(s: &str) -> String {
@@ -61,5 +95,24 @@ mod tests {
         assert!(taken.is_empty());
         assert_eq!(percent_decode("a%2"), "a%2");
         assert_eq!(percent_decode("a+b%zz"), "a+b%zz");
+    }
+
+    #[test]
+    fn key_value_form() {
+        assert!(is_key_value("host=a,b port=1,2 dbname=x"));
+        assert!(!is_key_value("postgres://h/db?x=1"));
+        assert!(!is_key_value("sqlite::memory:"));
+        let (rest, taken) = take_kv_params(
+            "host=a,b sslmode=disable application_name='x pool_mode=y' pool_mode=transaction",
+            &["sslmode", "pool_mode"],
+        );
+        assert_eq!(rest, "host=a,b application_name='x pool_mode=y'");
+        assert_eq!(
+            taken,
+            [
+                ("sslmode".to_string(), "disable".to_string()),
+                ("pool_mode".to_string(), "transaction".to_string())
+            ]
+        );
     }
 }

@@ -1,11 +1,22 @@
 //! One PostgreSQL session as a [`DbConn`], its per-connection statement cache, and how a
 //! driver error is classified.
+//!
+//! Poolers (PgBouncer): the session settings (`lock_timeout`, `statement_timeout`) travel in
+//! the startup packet's `options`, which PgBouncer refuses by default ("unsupported startup
+//! parameter: options") or drops (`ignore_startup_parameters = options`). Either is noticed
+//! on the first session, and sessions are then opened without them and `SET` after connecting
+//! (session pooling keeps a server session per client). With `pool_mode=transaction` in the
+//! URL, a client's statements may run on a different server session per transaction: nothing
+//! is set for a session, the settings are made by `SET LOCAL` in each transaction (a statement
+//! outside one runs in one of its own: three round trips instead of one), and statements are
+//! sent unnamed (`query_typed`, parameters as text the server types), never prepared by name.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use postgres::error::SqlState;
-use postgres::types::ToSql;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls, Statement};
 
 use crate::dialect::DbConn;
@@ -43,24 +54,172 @@ impl Connector {
     }
 }
 
+/// How the broker's sessions reach the server (the URL's `pool_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pooling {
+    /// A direct connection, or a pooler that keeps a server session per client session
+    /// (PgBouncer's session pooling).
+    Session,
+    /// PgBouncer's transaction pooling: a server session per transaction.
+    Transaction,
+}
+
+/// How sessions are set up, shared by all of an engine's sessions.
+pub(super) struct Setup {
+    pub(super) pooling: Pooling,
+    /// The startup packet's `options` (`-c name=value ..`).
+    options: String,
+    /// `SET name = 'value'; ..`: the startup options' settings, for a session opened without
+    /// them.
+    set: String,
+    /// `SET LOCAL name = 'value'; ..`: the same, for one transaction.
+    set_local: String,
+    /// The startup options were refused or ignored (a pooler): sessions are opened without
+    /// them and `set` after connecting.
+    options_refused: AtomicBool,
+    /// The first session has shown whether the startup options take effect.
+    options_checked: AtomicBool,
+}
+
+impl Setup {
+    /// The setup of sessions whose startup `options` are `options` (`-c name=value ..`).
+    pub(super) fn new(pooling: Pooling, options: &str) -> Self {
+        let settings = settings(options);
+        let statements = |set: &str| {
+            settings
+                .iter()
+                .map(|(n, v)| format!("{set} {n} = '{}'", v.replace('\'', "''")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        Setup {
+            pooling,
+            options: options.to_string(),
+            set: statements("SET"),
+            set_local: statements("SET LOCAL"),
+            options_refused: AtomicBool::new(false),
+            options_checked: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The `(name, value)` settings of startup options: `-c name=value`, `-cname=value` and
+/// `--name=value`. Anything else is left out (and logged): it cannot be `SET`.
+fn settings(options: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut words = options.split_whitespace();
+    while let Some(w) = words.next() {
+        let pair = match w {
+            "-c" => words.next(),
+            _ => w.strip_prefix("--").or_else(|| w.strip_prefix("-c")),
+        };
+        let parsed = pair.and_then(|p| p.split_once('=')).filter(|(n, _)| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        });
+        match parsed {
+            Some((n, v)) => out.push((n.replace('-', "_"), v.to_string())),
+            None => log::warn!("PostgreSQL: startup option {w:?} cannot be SET through a pooler"),
+        }
+    }
+    out
+}
+
 /// Opens a session with the engine's settings.
 pub(super) fn connect(
     config: &postgres::Config,
     tls: &Connector,
+    setup: &std::sync::Arc<Setup>,
 ) -> Result<Box<dyn DbConn + Send>, DbError> {
-    let client = client(config, tls)?;
+    let client = client(config, tls, setup)?;
     Ok(Box::new(PgConn {
         client,
         statements: HashMap::new(),
         broken: false,
         unreadable: Vec::new(),
         pid: None,
+        setup: setup.clone(),
+        in_tx: false,
     }))
 }
 
-/// Opens a driver session with the engine's TLS settings (the pool's sessions and the change
-/// feed's).
-pub(super) fn client(config: &postgres::Config, tls: &Connector) -> Result<Client, DbError> {
+/// Opens a driver session with the engine's TLS and session settings (the pool's sessions
+/// and the change feed's): through the startup options, or, where they are refused or
+/// ignored, by `SET` after connecting (session pooling); in transaction pooling, neither.
+pub(super) fn client(
+    config: &postgres::Config,
+    tls: &Connector,
+    setup: &Setup,
+) -> Result<Client, DbError> {
+    let options = setup.options.as_str();
+    if setup.pooling == Pooling::Transaction || options.is_empty() {
+        // A transaction pooler shares server sessions between clients: the settings are made
+        // per transaction (`SET LOCAL`), never for a session.
+        return connect_tls(config, tls);
+    }
+    if !setup.options_refused.load(Ordering::Relaxed) {
+        let mut with_options = config.clone();
+        with_options.options(options);
+        match connect_tls(&with_options, tls) {
+            Ok(mut client) => {
+                if setup.options_checked.swap(true, Ordering::Relaxed) {
+                    return Ok(client);
+                }
+                // Once: a pooler may drop the options without a word
+                // (`ignore_startup_parameters = options`).
+                let from_client = client
+                    .query(super::sql::CLIENT_SETTINGS, &[])
+                    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))?
+                    .iter()
+                    .filter_map(|r| r.try_get::<_, String>(0).ok())
+                    .collect::<Vec<_>>();
+                let applied = settings(options)
+                    .iter()
+                    .all(|(n, _)| from_client.iter().any(|c| c == n));
+                if applied {
+                    return Ok(client);
+                }
+                log::info!(
+                    "PostgreSQL: the startup options were ignored (a pooler?); sessions are \
+                     set up by SET after connecting"
+                );
+                setup.options_refused.store(true, Ordering::Relaxed);
+                return set(client, setup);
+            }
+            Err(e) if options_refused(&e) => {
+                log::info!(
+                    "PostgreSQL: the startup options were refused ({}); sessions are set up \
+                     by SET after connecting",
+                    e
+                );
+                setup.options_refused.store(true, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    set(connect_tls(config, tls)?, setup)
+}
+
+/// The session settings by `SET`.
+fn set(mut client: Client, setup: &Setup) -> Result<Client, DbError> {
+    if !setup.set.is_empty() {
+        client
+            .batch_execute(&setup.set)
+            .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))?;
+    }
+    Ok(client)
+}
+
+/// A pooler's refusal of the startup packet's `options` (PgBouncer: "unsupported startup
+/// parameter: options").
+fn options_refused(e: &DbError) -> bool {
+    e.to_string()
+        .contains("unsupported startup parameter: options")
+}
+
+/// Opens a driver session with the engine's TLS settings.
+fn connect_tls(config: &postgres::Config, tls: &Connector) -> Result<Client, DbError> {
     match tls {
         Connector::Plain => config.connect(NoTls),
         #[cfg(feature = "tls")]
@@ -90,6 +249,9 @@ struct PgConn {
     unreadable: Vec<(usize, String)>,
     /// The backend's pid, once asked.
     pid: Option<u64>,
+    setup: std::sync::Arc<Setup>,
+    /// Transaction pooling: a transaction this session opened is open.
+    in_tx: bool,
 }
 
 impl PgConn {
@@ -106,12 +268,83 @@ impl PgConn {
         Ok(st)
     }
 
+    fn pooled(&self) -> bool {
+        self.setup.pooling == Pooling::Transaction
+    }
+
+    /// Transaction pooling: runs `f` in the open transaction, or in one of its own with the
+    /// session settings made for it.
+    fn in_transaction<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, postgres::Error> {
+        if self.in_tx {
+            return f(&mut self.client);
+        }
+        self.client.batch_execute(&begin_local(&self.setup))?;
+        match f(&mut self.client) {
+            Ok(v) => self.client.batch_execute("COMMIT").map(|()| v),
+            Err(e) => {
+                let _ = self.client.batch_execute("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    /// Transaction pooling: one statement, unnamed, its parameters as text the server types
+    /// (a named statement would live on a server session the next transaction may not get).
+    fn unnamed(
+        &mut self,
+        sql: &str,
+        values: &[Value],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+            .iter()
+            .map(|v| (v as &(dyn ToSql + Sync), Type::UNKNOWN))
+            .collect();
+        self.in_transaction(|c| c.query_typed(sql, &typed))
+    }
+
     fn fail(&mut self, e: postgres::Error) -> DbError {
         let kind = classify(&e, self.client.is_closed());
         if kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
+        if !self.pooled() && lost_statement(&e) {
+            // Our named statements live on a server session we no longer have: a transaction
+            // pooler the URL did not declare. The session's cache is wrong: discard it.
+            self.broken = true;
+            return DbError::new(kind, UndeclaredPooler(PgError(e)));
+        }
         DbError::new(kind, PgError(e))
+    }
+}
+
+/// A prepared statement of ours missing, or its name taken, on the server.
+fn lost_statement(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+    })
+}
+
+/// A lost prepared statement, with its likely cause named.
+#[derive(Debug)]
+struct UndeclaredPooler(PgError);
+
+impl std::fmt::Display for UndeclaredPooler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the server session changed under this connection, as behind a PgBouncer in \
+             transaction pooling; say pool_mode=transaction in the URL",
+            self.0
+        )
+    }
+}
+
+impl StdError for UndeclaredPooler {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.0)
     }
 }
 
@@ -151,6 +384,10 @@ impl StdError for PgError {
 fn classify_connect(e: &postgres::Error) -> DbErrorKind {
     if let Some(db) = e.as_db_error() {
         let code = db.code();
+        // A pooler refusing a startup parameter refuses it at every attempt.
+        if db.message().starts_with("unsupported startup parameter") {
+            return DbErrorKind::Other;
+        }
         return if *code == SqlState::CANNOT_CONNECT_NOW
             || *code == SqlState::TOO_MANY_CONNECTIONS
             || *code == SqlState::ADMIN_SHUTDOWN
@@ -205,6 +442,40 @@ fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
         // No SQLSTATE: an I/O error, or a value that did not convert.
         None if e.source().is_some_and(|s| s.is::<std::io::Error>()) => DbErrorKind::ConnectionLost,
         None => DbErrorKind::Other,
+    }
+}
+
+/// `BEGIN` with the session settings made for the transaction.
+fn begin_local(setup: &Setup) -> String {
+    if setup.set_local.is_empty() {
+        "BEGIN".into()
+    } else {
+        format!("BEGIN; {}", setup.set_local)
+    }
+}
+
+/// What a batch does to the transaction (transaction pooling tracks it).
+#[derive(Debug, PartialEq, Eq)]
+enum TxControl {
+    Begin,
+    End,
+    Other,
+}
+
+fn tx_control(sql: &str) -> TxControl {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(2)
+        .map(|w| w.trim_end_matches(';').to_ascii_uppercase())
+        .collect();
+    match (
+        words.first().map(String::as_str),
+        words.get(1).map(String::as_str),
+    ) {
+        (Some("BEGIN"), _) | (Some("START"), Some("TRANSACTION")) => TxControl::Begin,
+        (Some("ROLLBACK" | "ABORT"), Some("TO")) => TxControl::Other,
+        (Some("COMMIT" | "END" | "ROLLBACK" | "ABORT"), _) => TxControl::End,
+        _ => TxControl::Other,
     }
 }
 
@@ -267,6 +538,18 @@ impl DbConn for PgConn {
     }
 
     fn session_id(&mut self) -> Option<u64> {
+        if self.pooled() {
+            // The server session changes with each transaction: its pid is ours to cancel only
+            // while our transaction holds it (a row lock delivery's), asked afresh each time.
+            if !self.in_tx {
+                return None;
+            }
+            let rows = self.client.simple_query(super::sql::BACKEND_PID).ok()?;
+            return rows.iter().find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+                _ => None,
+            });
+        }
         if self.pid.is_none() {
             let row = self.client.query_one(super::sql::BACKEND_PID, &[]).ok()?;
             self.pid = u64::try_from(row.get::<_, i32>(0)).ok();
@@ -275,6 +558,21 @@ impl DbConn for PgConn {
     }
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        if self.pooled() {
+            // `query_typed` returns rows, not the count: a statement without `RETURNING`
+            // reads 0 rows changed through the count of its rows.
+            return self
+                .in_transaction(|c| {
+                    let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+                        .iter()
+                        .map(|v| (v as &(dyn ToSql + Sync), Type::UNKNOWN))
+                        .collect();
+                    let mut it = c.query_typed_raw(sql, typed)?;
+                    while postgres::fallible_iterator::FallibleIterator::next(&mut it)?.is_some() {}
+                    Ok(it.rows_affected().unwrap_or(0))
+                })
+                .map_err(|e| self.fail(e));
+        }
         let r = self
             .prepared(sql)
             .and_then(|st| self.client.execute(&st, &params(values)));
@@ -282,16 +580,47 @@ impl DbConn for PgConn {
     }
 
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
-        let r = self
-            .prepared(sql)
-            .and_then(|st| self.client.query(&st, &params(values)));
+        let r = if self.pooled() {
+            self.unnamed(sql, values)
+        } else {
+            self.prepared(sql)
+                .and_then(|st| self.client.query(&st, &params(values)))
+        };
         let rows = r.map_err(|e| self.fail(e))?;
         self.unreadable.clear();
         Ok(decode(rows, &mut self.unreadable))
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.client.batch_execute(sql).map_err(|e| self.fail(e))
+        if !self.pooled() {
+            return self.client.batch_execute(sql).map_err(|e| self.fail(e));
+        }
+        let r = match tx_control(sql) {
+            TxControl::Begin => {
+                let r = self
+                    .client
+                    .batch_execute(&format!("{sql}; {}", self.setup.set_local));
+                self.in_tx = r.is_ok();
+                r
+            }
+            TxControl::End => {
+                self.in_tx = false;
+                self.client.batch_execute(sql)
+            }
+            TxControl::Other if self.in_tx => self.client.batch_execute(sql),
+            // One round trip: the simple protocol runs the whole text, and stops at an error
+            // (the transaction is then rolled back).
+            TxControl::Other => {
+                let r = self
+                    .client
+                    .batch_execute(&format!("{}; {sql}; COMMIT", begin_local(&self.setup)));
+                if r.is_err() {
+                    let _ = self.client.batch_execute("ROLLBACK");
+                }
+                r
+            }
+        };
+        r.map_err(|e| self.fail(e))
     }
 
     fn is_broken(&self) -> bool {
@@ -304,5 +633,47 @@ impl DbConn for PgConn {
 
     fn take_unreadable(&mut self) -> Vec<(usize, String)> {
         std::mem::take(&mut self.unreadable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_options_as_settings() {
+        assert_eq!(
+            settings("-c lock_timeout=5000 -cstatement_timeout=5000 --search-path=a,b"),
+            [
+                ("lock_timeout".to_string(), "5000".to_string()),
+                ("statement_timeout".to_string(), "5000".to_string()),
+                ("search_path".to_string(), "a,b".to_string())
+            ]
+        );
+        assert!(settings("-x -c bad;name=1").is_empty());
+        let setup = Setup::new(Pooling::Transaction, "-c lock_timeout=5000 -c a.b=it's");
+        assert_eq!(setup.set, "SET lock_timeout = '5000'; SET a.b = 'it''s'");
+        assert_eq!(
+            begin_local(&setup),
+            "BEGIN; SET LOCAL lock_timeout = '5000'; SET LOCAL a.b = 'it''s'"
+        );
+    }
+
+    #[test]
+    fn transaction_control_is_tracked() {
+        assert_eq!(
+            tx_control("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            TxControl::Begin
+        );
+        assert_eq!(tx_control("begin"), TxControl::Begin);
+        assert_eq!(tx_control("START TRANSACTION"), TxControl::Begin);
+        assert_eq!(tx_control("COMMIT"), TxControl::End);
+        assert_eq!(tx_control("ROLLBACK"), TxControl::End);
+        assert_eq!(
+            tx_control("ROLLBACK TO SAVEPOINT sqlbroker_work"),
+            TxControl::Other
+        );
+        assert_eq!(tx_control("SAVEPOINT sqlbroker_work"), TxControl::Other);
+        assert_eq!(tx_control("SELECT 1"), TxControl::Other);
     }
 }

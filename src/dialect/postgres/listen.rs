@@ -30,6 +30,7 @@ const KEEPALIVE_RETRIES: u32 = 5;
 pub(super) fn open(
     config: &postgres::Config,
     tls: &conn::Connector,
+    setup: &conn::Setup,
 ) -> Result<Box<dyn Watcher>, DbError> {
     let mut config = config.clone();
     config
@@ -44,7 +45,7 @@ pub(super) fn open(
         None => "sqlbroker-listen".to_string(),
     };
     config.application_name(&name);
-    let client = conn::client(&config, tls)?;
+    let client = conn::client(&config, tls, setup)?;
     Ok(Box::new(PgWatcher {
         client,
         tables: HashMap::new(),

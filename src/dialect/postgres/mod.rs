@@ -7,7 +7,10 @@
 //! - Advisory: `pg_try_advisory_lock(hashtextextended(key, 0))`, session scope: the advisory form
 //!   needs a direct connection or a session-mode pooler (a transaction-mode PgBouncer breaks it).
 //! - Floors: 9.5 for `SKIP LOCKED`, 11 for `hashtextextended`.
-//! - Statements are prepared once per connection and cached with it.
+//! - Statements are prepared once per connection and cached with it; behind a transaction
+//!   pooler (`pool_mode=transaction` in the URL) they are sent unnamed instead (`conn.rs`).
+//! - The URL may name several hosts (`target_session_attrs=read-write` picks the primary) and
+//!   may be in the key-value form (`host=a,b port=1,2 ..`): the driver reads both.
 //!
 //! Files, one concern each (the MySQL and SQLite dialects are laid out alike):
 //! - `mod.rs`: the engine ([`Postgres`]), its URL and session settings, and the [`Dialect`]
@@ -16,8 +19,8 @@
 //! - `protocol.rs`: the lease renewal, one statement over a variable number of leases;
 //! - `listen.rs`: the change feed (`LISTEN` on a dedicated session) that wakes claimers when
 //!   another broker publishes;
-//! - `conn.rs`: one session ([`DbConn`]), its statement cache, and the classification of driver
-//!   errors;
+//! - `conn.rs`: one session ([`DbConn`]), its statement cache, how its settings reach a server
+//!   behind a pooler, and the classification of driver errors;
 //! - `diesel.rs`: the application's Diesel `PgConnection` as a [`DbConn`], for
 //!   publishing in its transaction (feature `diesel-postgres`);
 //! - `live_tests.rs`: checks of the SQL against a live server (the claims' plans);
@@ -56,43 +59,134 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
     ENGINE.get_or_init(|| Postgres {
         config: postgres::Config::new(),
         tls: conn::Connector::Plain,
+        setup: std::sync::Arc::new(conn::Setup::new(conn::Pooling::Session, "")),
+        listen: None,
     })
 }
 
 /// The PostgreSQL engine for one server and database.
 pub(super) struct Postgres {
+    /// The URL's settings but its `options` (the session settings, in `setup`).
     config: postgres::Config,
     tls: conn::Connector,
+    /// How sessions are set up: the pooling, and the settings to `SET` where the startup
+    /// options are refused.
+    setup: std::sync::Arc<conn::Setup>,
+    /// The change feed's own server (`listen_url`), when not the URL's.
+    listen: Option<(
+        postgres::Config,
+        conn::Connector,
+        std::sync::Arc<conn::Setup>,
+    )>,
 }
+
+/// The URL parameter naming the pooling between the broker and the server.
+const POOL_MODE: &str = "pool_mode";
 
 impl Postgres {
     /// The URL's settings, plus `lock_timeout` and `statement_timeout` in the startup options
     /// (no round trip) unless the URL's `options` set them. TLS as the URL's `sslmode` says
-    /// (see `tls.rs`; default `prefer`, as libpq).
+    /// (see `tls.rs`; default `prefer`, as libpq). `pool_mode=transaction` (a PgBouncer in
+    /// transaction pooling) is read here: see `conn.rs`.
     pub(super) fn from_url(url: &str, opts: &ConnOptions) -> Result<Self, BrokerError> {
-        let (url, tls) = tls::from_url(url)?;
-        let mut config = postgres::Config::from_str(&url).map_err(|e| BrokerError::InvalidUrl {
-            reason: format!("{e}"),
-        })?;
-        config.ssl_mode(tls.driver_mode());
-        let ms = opts.statement_timeout.as_millis();
-        let mut options = config.get_options().unwrap_or_default().to_string();
-        for name in ["lock_timeout", "statement_timeout"] {
-            if !options.contains(name) {
-                options.push_str(&format!(" -c {name}={ms}"));
+        let (config, tls, pooling, options) = parse(url, opts)?;
+        let setup = conn::Setup::new(pooling, &options);
+        let listen = match &opts.listen_url {
+            Some(listen) => {
+                let (config, tls, pooling, options) = parse(listen, opts)?;
+                if pooling == conn::Pooling::Transaction {
+                    return Err(BrokerError::InvalidOption {
+                        option: "listen_url",
+                        reason: "LISTEN needs a session of its own: give a direct URL (or one \
+                                 through session pooling), not pool_mode=transaction"
+                            .into(),
+                    });
+                }
+                let setup = conn::Setup::new(pooling, &options);
+                Some((
+                    config,
+                    conn::Connector::new(&tls)?,
+                    std::sync::Arc::new(setup),
+                ))
             }
-        }
-        config.options(options.trim());
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
-        // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours.
-        config.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
+            None if pooling == conn::Pooling::Transaction && opts.cross_process => {
+                return Err(BrokerError::InvalidOption {
+                    option: "listen_url",
+                    reason: "pool_mode=transaction: the change feed's LISTEN needs a session, \
+                             which transaction pooling does not keep; give a direct URL to the \
+                             server with BrokerBuilder::listen_url, or turn the feed off with \
+                             cross_process_wake(false) (other brokers' rows are then found at \
+                             the poll interval)"
+                        .into(),
+                });
+            }
+            None => None,
+        };
         Ok(Postgres {
             config,
             tls: conn::Connector::new(&tls)?,
+            setup: std::sync::Arc::new(setup),
+            listen,
         })
     }
+}
+
+/// One URL (`postgres://..` or the key-value form) as the driver's settings, its TLS
+/// settings, its pooling, and the startup options: the URL's `options` with the broker's
+/// session settings added (kept apart from the driver's settings, which cannot unset them,
+/// for a session opened without them).
+fn parse(
+    url: &str,
+    opts: &ConnOptions,
+) -> Result<(postgres::Config, tls::Settings, conn::Pooling, String), BrokerError> {
+    let (url, tls) = tls::from_url(url)?;
+    let names = [POOL_MODE, "options"];
+    let (url, taken) = if super::url::is_key_value(&url) {
+        super::url::take_kv_params(&url, &names)
+    } else {
+        super::url::take_params(&url, &names)
+    };
+    let mut pooling = conn::Pooling::Session;
+    let mut options = String::new();
+    for (name, value) in taken {
+        if name == "options" {
+            options = value;
+            continue;
+        }
+        pooling = match value.as_str() {
+            "session" => conn::Pooling::Session,
+            "transaction" => conn::Pooling::Transaction,
+            other => {
+                return Err(BrokerError::InvalidUrl {
+                    reason: format!(
+                        "unknown pool_mode {other:?}: expected session (a direct connection or \
+                         session pooling) or transaction (PgBouncer's transaction pooling)"
+                    ),
+                })
+            }
+        };
+    }
+    let mut config = postgres::Config::from_str(&url).map_err(|e| BrokerError::InvalidUrl {
+        reason: format!("{e}"),
+    })?;
+    config.ssl_mode(tls.driver_mode());
+    if let Some(quoted) = config.get_options() {
+        // The key-value form's quoted `options='..'`, which only the driver reads.
+        options = quoted.to_string();
+    }
+    let ms = opts.statement_timeout.as_millis();
+    for name in ["lock_timeout", "statement_timeout"] {
+        if !options.contains(name) {
+            options.push_str(&format!(" -c {name}={ms}"));
+        }
+    }
+    let options = options.trim().to_string();
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours.
+    config.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
+    Ok((config, tls, pooling, options))
 }
 
 /// Connect timeout unless the URL sets `connect_timeout`.
@@ -110,10 +204,19 @@ impl Dialect for Postgres {
     }
 
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
-        conn::connect(&self.config, &self.tls)
+        conn::connect(&self.config, &self.tls, &self.setup)
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
+        if form == Form::AdvisoryLock && self.setup.pooling == conn::Pooling::Transaction {
+            return Err(BrokerError::Unsupported {
+                database: "PostgreSQL",
+                what: "the advisory lock form with pool_mode=transaction".into(),
+                why: "its locks belong to a server session, which transaction pooling shares \
+                      between clients: connect this broker directly or through session \
+                      pooling, or use the lease or row lock form",
+            });
+        }
         version::check_server(conn, form)
     }
 
@@ -164,7 +267,10 @@ impl Dialect for Postgres {
     }
 
     fn watcher(&self) -> Result<Box<dyn Watcher>, DbError> {
-        listen::open(&self.config, &self.tls)
+        match &self.listen {
+            Some((config, tls, setup)) => listen::open(config, tls, setup),
+            None => listen::open(&self.config, &self.tls, &self.setup),
+        }
     }
 
     fn announce(

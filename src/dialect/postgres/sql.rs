@@ -61,6 +61,9 @@ fn quote_ident(s: &str) -> String {
 /// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
 pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
+/// The settings the session's startup packet set (a pooler may have dropped them).
+pub(super) const CLIENT_SETTINGS: &str = "SELECT name FROM pg_settings WHERE source = 'client'";
+
 /// Cancels the statement backend `pid` runs (the transaction stays open, aborted).
 pub(super) fn cancel(pid: u64) -> String {
     format!("SELECT pg_cancel_backend({pid})")

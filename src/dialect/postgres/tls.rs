@@ -23,7 +23,7 @@
 
 use std::path::PathBuf;
 
-use crate::dialect::url::take_params;
+use crate::dialect::url::{is_key_value, take_kv_params, take_params};
 use crate::error::BrokerError;
 
 /// The URL's `sslmode`.
@@ -83,7 +83,12 @@ impl Settings {
 /// Takes the TLS parameters out of `url`: the rest of the URL, for the driver, and the settings.
 pub(super) fn from_url(url: &str) -> Result<(String, Settings), BrokerError> {
     let bad = |reason: String| BrokerError::InvalidUrl { reason };
-    let (rest, taken) = take_params(url, &["sslmode", "sslrootcert", "sslcert", "sslkey"]);
+    let names = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+    let (rest, taken) = if is_key_value(url) {
+        take_kv_params(url, &names)
+    } else {
+        take_params(url, &names)
+    };
     let mut settings = Settings {
         mode: SslMode::Prefer,
         roots: None,

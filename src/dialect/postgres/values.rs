@@ -5,7 +5,7 @@ use std::error::Error as StdError;
 use std::time::SystemTime;
 
 use bytes::BytesMut;
-use postgres::types::{FromSql, IsNull, ToSql, Type};
+use postgres::types::{Format, FromSql, IsNull, ToSql, Type};
 
 use crate::Value;
 
@@ -13,6 +13,17 @@ type BoxError = Box<dyn StdError + Sync + Send>;
 
 impl ToSql for Value {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
+        if *ty == Type::UNKNOWN {
+            // An unnamed statement's parameter, sent untyped: as text the server reads by the
+            // type it gives the parameter.
+            return Ok(match text(self) {
+                Some(t) => {
+                    out.extend_from_slice(t.as_bytes());
+                    IsNull::No
+                }
+                None => IsNull::Yes,
+            });
+        }
         match self {
             Value::Null => Ok(IsNull::Yes),
             Value::Int(i) => match *ty {
@@ -47,7 +58,67 @@ impl ToSql for Value {
         true
     }
 
+    fn encode_format(&self, ty: &Type) -> Format {
+        if *ty == Type::UNKNOWN {
+            Format::Text
+        } else {
+            Format::Binary
+        }
+    }
+
     postgres::types::to_sql_checked!();
+}
+
+/// A value in PostgreSQL's text input format; `None` for `NULL`. Times are UTC with the
+/// offset written, in microseconds (what the binary format carries): a `timestamp` column
+/// reads the same wall-clock time as from the binary format.
+fn text(v: &Value) -> Option<String> {
+    Some(match v {
+        Value::Null => return None,
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) if f.is_nan() => "NaN".into(),
+        Value::Float(f) if f.is_infinite() => {
+            if *f > 0.0 { "Infinity" } else { "-Infinity" }.into()
+        }
+        Value::Float(f) => format!("{f:?}"),
+        Value::Text(s) => s.clone(),
+        Value::Bytes(b) => {
+            let mut s = String::with_capacity(2 + 2 * b.len());
+            s.push_str("\\x");
+            for byte in b {
+                s.push_str(&format!("{byte:02x}"));
+            }
+            s
+        }
+        Value::Time(t) => utc_text(*t),
+    })
+}
+
+/// `YYYY-MM-DD HH:MM:SS.ffffff+00` for a time (microseconds, rounded down).
+fn utc_text(t: SystemTime) -> String {
+    let micros: i128 = match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => d.as_micros() as i128,
+        Err(e) => -(e.duration().as_micros() as i128),
+    };
+    let secs = micros.div_euclid(1_000_000) as i64;
+    let frac = micros.rem_euclid(1_000_000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{frac:06}+00",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 impl<'a> FromSql<'a> for Value {
@@ -82,5 +153,30 @@ impl<'a> FromSql<'a> for Value {
                 | Type::TIMESTAMPTZ
                 | Type::TIMESTAMP
         ) || <&str as FromSql>::accepts(ty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn text_format() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_613_996_123_456);
+        assert_eq!(utc_text(t), "2025-12-01 18:33:16.123456+00");
+        assert_eq!(
+            utc_text(SystemTime::UNIX_EPOCH),
+            "1970-01-01 00:00:00.000000+00"
+        );
+        let before = SystemTime::UNIX_EPOCH - Duration::from_micros(1);
+        assert_eq!(utc_text(before), "1969-12-31 23:59:59.999999+00");
+        assert_eq!(
+            utc_text(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29 00:00:00.000000+00"
+        );
+        assert_eq!(text(&Value::Bytes(vec![0, 255])).unwrap(), "\\x00ff");
+        assert_eq!(text(&Value::Float(0.1)).unwrap(), "0.1");
+        assert_eq!(text(&Value::Null), None);
     }
 }
