@@ -12,6 +12,8 @@ use crate::{
     StatusArgs,
 };
 
+#[cfg(feature = "dashboard")]
+pub(crate) mod dashboard;
 mod jobs;
 
 use jobs::{cancel, job};
@@ -25,6 +27,10 @@ const PUBLISH_BATCH: usize = 1_000;
 const PREVIEW: usize = 60;
 
 pub(crate) fn run(cli: &Cli, url: &str) -> Result {
+    #[cfg(feature = "dashboard")]
+    if let Command::Dashboard(args) = &cli.command {
+        return dashboard::run(cli, url, args);
+    }
     let broker = Broker::builder(url)
         .pool_size(2)
         .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
@@ -58,6 +64,8 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
+        #[cfg(feature = "dashboard")]
+        Command::Dashboard(_) => unreachable!("served above"),
     };
     match done {
         // A reader that went away (`| head`) is not a failure.

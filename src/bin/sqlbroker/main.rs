@@ -13,6 +13,7 @@
 //! printf 'a\nb\n' | sqlbroker publish --table jobs --set kind=import
 //! sqlbroker job --table jobs 17 --json
 //! sqlbroker cancel --table jobs 17
+//! sqlbroker dashboard --listen 127.0.0.1:8640      # cargo feature `dashboard`
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
@@ -85,6 +86,10 @@ enum Command {
     Pause(NameArgs),
     /// Resume a paused table: its subscriptions claim again.
     Resume(NameArgs),
+    /// Serve a web dashboard of the tables (counts, jobs, dead letters, actions) and a
+    /// Prometheus `/metrics` page (cargo feature `dashboard`).
+    #[cfg(feature = "dashboard")]
+    Dashboard(commands::dashboard::DashboardArgs),
 }
 
 /// A job of a table, by id.
