@@ -54,12 +54,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
             }
         }
         paused.push((t.clone(), u8::from(s.paused).to_string()));
-        oldest.push((
-            t,
-            s.oldest_ready_age
-                .map_or(0, |d| d.as_secs())
-                .to_string(),
-        ));
+        oldest.push((t, s.oldest_ready_age.map_or(0, |d| d.as_secs()).to_string()));
     }
     family(
         "sqlbroker_queue_jobs",

@@ -194,7 +194,10 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
             (chart::svg(e, ctx.sampler.every()))
         }
     };
-    Reply::html(if failing { 503 } else { 200 }, layout(Some(ctx), "Tables", body))
+    Reply::html(
+        if failing { 503 } else { 200 },
+        layout(Some(ctx), "Tables", body),
+    )
 }
 
 fn pause_button(ctx: &Ctx, e: &Entry, back: &str) -> Markup {
@@ -211,7 +214,10 @@ fn pause_button(ctx: &Ctx, e: &Entry, back: &str) -> Markup {
 /// state, by id (keyset paging: `after` is the last id of the previous page).
 pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
     let name = table.name();
-    let state = rq.param("state").and_then(state_from).unwrap_or(JobState::Ready);
+    let state = rq
+        .param("state")
+        .and_then(state_from)
+        .unwrap_or(JobState::Ready);
     let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
     let entry = ctx.sampler.entry(name);
     let listed = ctx.broker.jobs(table, state, after, PAGE);
@@ -277,7 +283,10 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         }
     };
     let title = format!("Table {name}");
-    Reply::html(if failed { 503 } else { 200 }, layout(Some(ctx), &title, body))
+    Reply::html(
+        if failed { 503 } else { 200 },
+        layout(Some(ctx), &title, body),
+    )
 }
 
 /// One page of jobs. Row lock and advisory tables page the same due rows for ready and in
@@ -477,7 +486,13 @@ mod tests {
         assert!(html.contains("...&lt;"), "{html}");
         let long = "é".repeat(PAYLOAD_SHOWN);
         let html = payload(long.as_bytes()).into_string();
-        assert!(html.contains(&format!("{} more bytes", PAYLOAD_SHOWN)), "{html}");
-        assert!(!html.contains("hex"), "a cut character is not binary: {html}");
+        assert!(
+            html.contains(&format!("{} more bytes", PAYLOAD_SHOWN)),
+            "{html}"
+        );
+        assert!(
+            !html.contains("hex"),
+            "a cut character is not binary: {html}"
+        );
     }
 }

@@ -123,7 +123,12 @@ impl Sampler {
             return match self.broker.tables() {
                 Ok(all) => (all.into_iter().map(|r| r.table).collect(), None, true),
                 Err(e) => {
-                    let known = self.lock().tables.values().map(|e| e.table.clone()).collect();
+                    let known = self
+                        .lock()
+                        .tables
+                        .values()
+                        .map(|e| e.table.clone())
+                        .collect();
                     (known, Some(crate::chain(&e)), false)
                 }
             };
@@ -131,7 +136,10 @@ impl Sampler {
         let mut out = Vec::new();
         let mut errors = Vec::new();
         for name in &self.named {
-            match self.known(name).map_or_else(|| self.broker.open_table(name), Ok) {
+            match self
+                .known(name)
+                .map_or_else(|| self.broker.open_table(name), Ok)
+            {
                 Ok(t) => out.push(t),
                 Err(e) => errors.push(crate::chain(&e)),
             }

@@ -191,7 +191,11 @@ pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
 }
 
 fn forbidden(why: &str) -> Reply {
-    Reply::text(403, "text/plain; charset=utf-8", format!("forbidden: {why}\n"))
+    Reply::text(
+        403,
+        "text/plain; charset=utf-8",
+        format!("forbidden: {why}\n"),
+    )
 }
 
 fn not_found(what: &str) -> Reply {
@@ -201,7 +205,9 @@ fn not_found(what: &str) -> Reply {
 /// The host part of a `Host` header (`[::1]:80` -> `[::1]`, `localhost:8640` -> `localhost`).
 fn host_name(host: &str) -> &str {
     if host.starts_with('[') {
-        return host.split_once(']').map_or(host, |(h, _)| &host[..=h.len()]);
+        return host
+            .split_once(']')
+            .map_or(host, |(h, _)| &host[..=h.len()]);
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
@@ -263,10 +269,12 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
                 Err(r) => r,
             }
         }
-        (_, ["tables", _, _]) => {
-            Reply::text(405, "text/plain; charset=utf-8", "actions are POST only\n".into())
-                .with("Allow", "POST".into())
-        }
+        (_, ["tables", _, _]) => Reply::text(
+            405,
+            "text/plain; charset=utf-8",
+            "actions are POST only\n".into(),
+        )
+        .with("Allow", "POST".into()),
         (Method::Get | Method::Head, ["login"]) => pages::overview(ctx, rq),
         _ => not_found("no such page"),
     }
@@ -338,9 +346,7 @@ fn table(ctx: &Ctx, name: &str) -> Result<Table, Reply> {
         Err(sqlbroker::BrokerError::UnknownTable { .. }) => {
             Err(not_found("no recorded table has that name"))
         }
-        Err(e @ sqlbroker::BrokerError::InvalidTable { .. }) => {
-            Err(not_found(&crate::chain(&e)))
-        }
+        Err(e @ sqlbroker::BrokerError::InvalidTable { .. }) => Err(not_found(&crate::chain(&e))),
         Err(e) => Err(Reply::html(
             503,
             pages::message("Database error", &crate::chain(&e)),
@@ -387,12 +393,7 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
     ctx.sampler.refresh(table);
     let message = match done {
         Ok(m) => m,
-        Err(e) => {
-            return Reply::html(
-                503,
-                pages::message("The action failed", &crate::chain(&e)),
-            )
-        }
+        Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
     };
     let back = field(form, "back")
         .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\'))
