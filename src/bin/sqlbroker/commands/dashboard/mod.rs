@@ -16,8 +16,12 @@
 //! - state changes only on POST, each carrying the process's CSRF token and, when the browser
 //!   sends one, a same-origin `Origin`; a GET never changes anything;
 //! - `--read-only` hides the actions and refuses their POSTs;
-//! - every socket read and write times out ([`IO_TIMEOUT`]), request bodies are capped, and
-//!   a slow client holds one worker at most.
+//! - a slow client holds no worker: `tiny_http` reads each request on a thread of its own
+//!   connection, a form's body included (a POST is accepted only with a `Content-Length` of
+//!   at most 1 KiB, which `tiny_http` reads before it hands the request over), so the
+//!   workers only ever wait for the database (each statement bounded by the broker's
+//!   statement timeout, each connection checkout by its connect timeout); the pages are a
+//!   few tens of KiB, which the socket buffers hold.
 
 mod chart;
 mod metrics;
@@ -34,9 +38,6 @@ use sqlbroker::Broker;
 use super::Result;
 use crate::Cli;
 use sampler::Sampler;
-
-/// Every socket read and write of a client connection gives up after this long.
-pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The environment variable that may hold the token.
 pub(crate) const TOKEN_ENV: &str = "SQLBROKER_DASHBOARD_TOKEN";
@@ -111,7 +112,7 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
     sampler.start()?;
     sampler.wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
 
-    let listener = bind(addr)?;
+    let listener = TcpListener::bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
     let server = tiny_http::Server::from_listener(listener, None)
         .map_err(|e| format!("listening on {addr}: {e}"))?;
@@ -134,17 +135,25 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
         workers.push(
             std::thread::Builder::new()
                 .name(format!("sqlbroker-dashboard-{n}"))
-                .spawn(move || {
-                    while let Ok(rq) = server.recv() {
-                        web::handle(&ctx, rq);
+                .spawn(move || loop {
+                    match server.recv() {
+                        Ok(rq) => web::handle(&ctx, rq),
+                        // The accept loop ended (the socket failed): wake the others.
+                        Err(e) => {
+                            server.unblock();
+                            return e.to_string();
+                        }
                     }
                 })?,
         );
     }
+    let mut why = String::from("a worker panicked");
     for w in workers {
-        let _ = w.join();
+        if let Ok(e) = w.join() {
+            why = e;
+        }
     }
-    Ok(())
+    Err(format!("the dashboard stopped serving: {why}").into())
 }
 
 /// `--listen` as one socket address (a name resolves to its first address).
@@ -154,19 +163,4 @@ fn listen_addr(listen: &str) -> Result<SocketAddr> {
         .map_err(|e| format!("--listen {listen}: {e}"))?
         .next()
         .ok_or_else(|| format!("--listen {listen}: no address").into())
-}
-
-/// A listening socket whose accepted connections inherit read and write timeouts
-/// ([`IO_TIMEOUT`]): a client that stops sending or reading is dropped.
-fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.set_read_timeout(Some(IO_TIMEOUT))?;
-    socket.set_write_timeout(Some(IO_TIMEOUT))?;
-    socket
-        .bind(&addr.into())
-        .map_err(|e| format!("listening on {addr}: {e}"))?;
-    socket.listen(128)?;
-    Ok(socket.into())
 }

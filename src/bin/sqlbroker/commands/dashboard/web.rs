@@ -3,7 +3,6 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::io::Read;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use maud::Markup;
@@ -12,8 +11,10 @@ use tiny_http::{Header, Method, Request, Response};
 
 use super::{metrics, pages, Ctx};
 
-/// The largest request body read (the forms send a few short fields).
-const MAX_BODY: u64 = 16 * 1024;
+/// The largest request body accepted (the forms send a few short fields): `tiny_http` reads
+/// a body this small on its connection's thread before the request reaches a worker, so a
+/// worker never waits for a client's bytes.
+const MAX_BODY: usize = 1024;
 
 /// The cookie the login form sets.
 const TOKEN_COOKIE: &str = "sqlbroker_dashboard_token";
@@ -138,26 +139,26 @@ pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
             .collect(),
         headers: request.headers().to_vec(),
     };
-    let body = if rq.method == Method::Post {
-        let mut body = Vec::new();
-        match request
-            .as_reader()
-            .take(MAX_BODY + 1)
-            .read_to_end(&mut body)
-        {
-            Ok(n) if n as u64 <= MAX_BODY => Some(body),
-            _ => None,
-        }
-    } else {
-        Some(Vec::new())
-    };
-    let reply = match body {
-        Some(body) => route(ctx, &rq, &body),
-        None => Reply::text(
+    // A body not in memory yet (over 1 KiB, chunked, or after `100-continue`) is refused; the
+    // reply goes out on a thread of its own, because `tiny_http` drains an unread body when
+    // the request is dropped, for as long as the client takes to send it.
+    let in_memory = !(rq.header("transfer-encoding").is_some() || rq.header("expect").is_some())
+        && request.body_length().unwrap_or(0) <= MAX_BODY;
+    if !in_memory {
+        let refuse = Reply::text(
             413,
             "text/plain; charset=utf-8",
-            "request body too large or unreadable\n".into(),
-        ),
+            format!("a request body may have at most {MAX_BODY} bytes, with a Content-Length\n"),
+        );
+        let _ = std::thread::Builder::new()
+            .name("sqlbroker-dashboard-refuse".into())
+            .spawn(move || send(request, refuse));
+        return;
+    }
+    let mut body = Vec::new();
+    let reply = match request.as_reader().read_to_end(&mut body) {
+        Ok(_) => route(ctx, &rq, &body),
+        Err(e) => Reply::text(400, "text/plain; charset=utf-8", format!("{e}\n")),
     };
     log::debug!(
         "{} {} -> {} in {:?}",
@@ -166,6 +167,11 @@ pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
         reply.status,
         started.elapsed()
     );
+    send(request, reply);
+}
+
+/// Sends `reply` with the headers every answer carries.
+fn send(request: Request, reply: Reply) {
     let mut response = Response::from_data(reply.body).with_status_code(reply.status);
     let mut headers = vec![
         ("Content-Type", reply.content_type.to_string()),
