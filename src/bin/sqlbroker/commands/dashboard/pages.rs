@@ -220,7 +220,25 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         .unwrap_or(JobState::Ready);
     let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
     let entry = ctx.sampler.entry(name);
-    let listed = ctx.broker.jobs(table, state, after, PAGE);
+    // A state the last count found empty is not listed (unless asked): listing it would scan
+    // the table by id for nothing.
+    let empty_at = entry.as_ref().and_then(|e| {
+        let p = e.last()?;
+        let s = &p.stats;
+        let n = match state {
+            JobState::Scheduled => Some(s.scheduled),
+            JobState::Dead => Some(s.dead),
+            JobState::Completed => s.completed,
+            // Row lock and advisory forms count rows in work as ready.
+            JobState::InFlight => s.in_flight.or(Some(s.ready)),
+            _ => Some(s.ready),
+        };
+        (n == Some(0) && rq.param("scan") != Some("1")).then_some(p.at)
+    });
+    let listed = match empty_at {
+        Some(_) => Ok(Vec::new()),
+        None => ctx.broker.jobs(table, state, after, PAGE),
+    };
     let here = match after {
         Some(a) => format!("/tables/{name}?state={}&after={a}", state_slug(state)),
         None => format!("/tables/{name}?state={}", state_slug(state)),
@@ -262,6 +280,11 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         }
         @match &listed {
             Err(e) => p.err { "Listing the jobs failed: " (crate::chain(e)) },
+            Ok(_) if empty_at.is_some() => p.muted {
+                "No " (state.name()) " jobs at the last count, "
+                (empty_at.map(ago).unwrap_or_default()) " ago. "
+                a href={ "/tables/" (name) "?state=" (state_slug(state)) "&scan=1" } { "list now" }
+            },
             Ok(jobs) => {
                 (job_list(ctx, name, state, jobs, &here))
                 p {
