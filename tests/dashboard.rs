@@ -706,6 +706,40 @@ fn database_goes_away(db: Db) {
     assert_eq!(listing.status, 200, "{}", listing.body);
 }
 
+/// The dead letters' index (PostgreSQL, SQLite: `<table>_dead`, partial on dead rows) comes
+/// with `create_table`, and `migrate` adds it to a table that lacks it. MySQL has no partial
+/// index: its dead pages read the ready index (a unit test pins that SQL).
+fn dead_index_is_made_and_migrated(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("ddead"))
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let index = format!("{}_dead", t.name());
+    let count = match db {
+        Db::Postgres => format!("SELECT COUNT(*) FROM pg_indexes WHERE indexname = '{index}'"),
+        _ => format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{index}'"),
+    };
+    assert_eq!(l.int(&count), 1, "made by create_table");
+    l.exec(&format!("DROP INDEX \"{index}\""));
+    assert_eq!(l.int(&count), 0);
+    l.broker.migrate(&t).unwrap();
+    assert_eq!(l.int(&count), 1, "added by migrate");
+}
+
+mod dead_index_is_made_and_migrated {
+    use super::*;
+    #[test]
+    fn sqlite() {
+        super::dead_index_is_made_and_migrated(Db::Sqlite)
+    }
+    #[test]
+    fn postgres() {
+        super::dead_index_is_made_and_migrated(Db::Postgres)
+    }
+}
+
 macro_rules! per_db {
     ($($body:ident),*) => {$(
         mod $body {
