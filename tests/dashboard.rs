@@ -478,12 +478,23 @@ fn token(db: Db) {
     );
     let name = t.name();
     // Off loopback without a token: refused, exit 1.
-    let out = Command::new(BIN)
+    let mut refused = Command::new(BIN)
         .args(["dashboard", "--listen", "0.0.0.0:0", "--table", name])
         .env("DATABASE_URL", &l.url)
         .env_remove("SQLBROKER_DASHBOARD_TOKEN")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let exited = wait_for(Duration::from_secs(20), || {
+        refused.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        let _ = refused.kill();
+        let _ = refused.wait();
+        panic!("the dashboard started on 0.0.0.0 without a token");
+    }
+    let out = refused.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("without a token"),
