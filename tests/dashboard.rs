@@ -730,7 +730,9 @@ fn dead_index_is_made_and_migrated(db: Db) {
     let index = format!("{}_dead", t.name());
     let count = match db {
         Db::Postgres => format!("SELECT COUNT(*) FROM pg_indexes WHERE indexname = '{index}'"),
-        _ => format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{index}'"),
+        _ => {
+            format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{index}'")
+        }
     };
     assert_eq!(l.int(&count), 1, "made by create_table");
     l.exec(&format!("DROP INDEX \"{index}\""));
