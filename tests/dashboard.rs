@@ -717,6 +717,103 @@ fn database_goes_away(db: Db) {
     assert_eq!(listing.status, 200, "{}", listing.body);
 }
 
+/// `dashboard --help` names every option and the token's environment variable.
+#[test]
+fn help_names_every_option() {
+    let out = Command::new(BIN)
+        .args(["dashboard", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for word in [
+        "--listen",
+        "127.0.0.1:8640",
+        "--token",
+        "SQLBROKER_DASHBOARD_TOKEN",
+        "--read-only",
+        "--table",
+        "--sample",
+        "--threads",
+    ] {
+        assert!(help.contains(word), "{word} in {help}");
+    }
+}
+
+/// Row lock and advisory tables: rows in work are counted as ready (in flight `-`), and the
+/// in-flight listing shows the job a delivery holds, probed, and not the free one (SQLite
+/// advisory: the holder's keys are in its own process, so the dashboard lists it as ready).
+fn other_forms(db: Db, form: sqlbroker::Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let held = b
+        .publish(&t, Message::new(b"held".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), held);
+    let free = b
+        .publish(&t, Message::new(b"free".to_vec()).set("k", "b"))
+        .unwrap();
+    let name = t.name();
+    let dash = start(&l.url, &["--table", name], &[]);
+    let home = dash.get("/");
+    assert_eq!(home.status, 200, "{}", home.body);
+    assert_eq!(count_cell(&home.body, name, "ready").as_deref(), Some("2"));
+    assert_eq!(
+        count_cell(&home.body, name, "in_flight").as_deref(),
+        Some("-")
+    );
+    // SQLite keeps advisory keys in the process that holds them: the dashboard, another
+    // process, sees the held job as ready (as documented).
+    let (busy, idle) = if db == Db::Sqlite {
+        ("ready", "in_flight")
+    } else {
+        ("in_flight", "ready")
+    };
+    let page = dash.get(&format!("/tables/{name}?state={busy}")).body;
+    assert!(page.contains(&format!("/jobs/{held}\"")), "{page}");
+    let page = dash
+        .get(&format!("/tables/{name}?state={idle}&scan=1"))
+        .body;
+    assert!(!page.contains(&format!("/jobs/{held}\"")), "{page}");
+    let page = dash.get(&format!("/tables/{name}?state=ready")).body;
+    assert!(page.contains(&format!("/jobs/{free}\"")), "{page}");
+    if db != Db::Sqlite {
+        assert!(!page.contains(&format!("/jobs/{held}\"")), "{page}");
+        let job = dash.get(&format!("/tables/{name}/jobs/{held}")).body;
+        assert!(job.contains("<td>in flight"), "{job}");
+    }
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+mod other_forms {
+    use super::*;
+    use sqlbroker::Form;
+    #[test]
+    fn sqlite_advisory() {
+        super::other_forms(Db::Sqlite, Form::AdvisoryLock)
+    }
+    #[test]
+    fn postgres_row_lock() {
+        super::other_forms(Db::Postgres, Form::RowLock)
+    }
+    #[test]
+    fn postgres_advisory() {
+        super::other_forms(Db::Postgres, Form::AdvisoryLock)
+    }
+    #[test]
+    fn mysql_row_lock() {
+        super::other_forms(Db::Mysql, Form::RowLock)
+    }
+    #[test]
+    fn mysql_advisory() {
+        super::other_forms(Db::Mysql, Form::AdvisoryLock)
+    }
+}
+
 /// The dead letters' index (PostgreSQL, SQLite: `<table>_dead`, partial on dead rows) comes
 /// with `create_table`, and `migrate` adds it to a table that lacks it. MySQL has no partial
 /// index: its dead pages read the ready index (a unit test pins that SQL).
