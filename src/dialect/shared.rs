@@ -342,6 +342,8 @@ impl Syntax {
                 ));
             }
         }
+        // Last, so the statements before keep their places.
+        ddl.push(self.dead_index(spec));
         ddl
     }
 
@@ -380,6 +382,26 @@ impl Syntax {
             self.q(&spec.name),
             self.order(spec),
             self.q(&spec.dead_at)
+        )
+    }
+
+    /// `CREATE INDEX IF NOT EXISTS <table>_dead ON <table> (id) WHERE dead_at IS NOT NULL`
+    /// (`AND completed_at IS NULL` on a table that keeps completed rows): the dead letters by
+    /// id, so their pages (`dead_page`, `jobs_page`) and the batches of requeue and purge
+    /// read them without scanning the live rows before them (PostgreSQL, SQLite; MySQL reads
+    /// the ready index, which `dead_at` leads).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub fn dead_index(&self, spec: &TableSpec) -> String {
+        let dead = format!("{} IS NOT NULL", self.q(&spec.dead_at));
+        let cond = match &spec.completed_at {
+            Some(c) => format!("{dead} AND {} IS NULL", self.q(c)),
+            None => dead,
+        };
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {cond}",
+            self.q(&format!("{}_dead", spec.name)),
+            self.q(&spec.name),
+            self.q(&spec.id)
         )
     }
 

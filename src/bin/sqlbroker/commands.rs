@@ -12,6 +12,8 @@ use crate::{
     StatusArgs,
 };
 
+#[cfg(feature = "dashboard")]
+pub(crate) mod dashboard;
 mod jobs;
 pub(crate) mod schema;
 
@@ -29,6 +31,10 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     // `schema` may need no database: it connects, if at all, on its own.
     if let Command::Schema(args) = &cli.command {
         return schema::run(cli, url, args);
+    }
+    #[cfg(feature = "dashboard")]
+    if let Command::Dashboard(args) = &cli.command {
+        return dashboard::run(cli, url, args);
     }
     let broker = Broker::builder(url)
         .pool_size(2)
@@ -64,6 +70,8 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
         Command::Schema(_) => unreachable!("schema returned above"),
+        #[cfg(feature = "dashboard")]
+        Command::Dashboard(_) => unreachable!("served above"),
     };
     match done {
         // A reader that went away (`| head`) is not a failure.

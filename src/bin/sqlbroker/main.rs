@@ -15,6 +15,7 @@
 //! sqlbroker cancel --table jobs 17
 //! sqlbroker schema --dialect postgres --table jobs --lease 30 --dedup > V1__jobs.sql
 //! sqlbroker schema --table jobs --lease 30 --dedup --priorities --migrate > V2__jobs.sql
+//! sqlbroker dashboard --listen 127.0.0.1:8640      # cargo feature `dashboard`
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
@@ -91,6 +92,10 @@ enum Command {
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
     Schema(commands::schema::SchemaArgs),
+    /// Serve a web dashboard of the tables (counts, jobs, dead letters, actions) and a
+    /// Prometheus `/metrics` page (cargo feature `dashboard`).
+    #[cfg(feature = "dashboard")]
+    Dashboard(commands::dashboard::DashboardArgs),
 }
 
 /// A job of a table, by id.

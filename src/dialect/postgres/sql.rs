@@ -488,6 +488,7 @@ mod tests {
                  DEFAULT date_trunc('second', now()), \"dead_at\" TIMESTAMPTZ, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \
                  \"created_at\" TIMESTAMPTZ DEFAULT date_trunc('second', statement_timestamp()), \"k\" TEXT)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
+                "CREATE INDEX IF NOT EXISTS \"jobs_dead\" ON \"jobs\" (\"id\") WHERE \"dead_at\" IS NOT NULL",
                 "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('\"jobs_ready\"') \
                  AND indrelid = to_regclass('\"jobs\"')) THEN RAISE EXCEPTION 'the name jobs_ready is taken by \
                  another relation: the ready index of table jobs cannot be made'; END IF; END $$",

@@ -348,6 +348,7 @@ mod tests {
                  \"dead_at\" INTEGER, \"dead_reason\" TEXT, \"last_error\" TEXT, \"errors\" INTEGER NOT NULL DEFAULT 0, \"cancel_requested\" INTEGER NOT NULL DEFAULT 0, \
                  \"created_at\" INTEGER DEFAULT (CAST(strftime('%s', 'now') AS INTEGER)), \"n\" INTEGER)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
+                "CREATE INDEX IF NOT EXISTS \"jobs_dead\" ON \"jobs\" (\"id\") WHERE \"dead_at\" IS NOT NULL",
             ]
         );
         let t = crate::schedule::from_epoch_secs(10);

@@ -1,0 +1,103 @@
+//! `/metrics`: the last counts of every table in the Prometheus text exposition format
+//! (version 0.0.4), for a scraper outside the application's process. Gauges only: the
+//! values are counts of rows as the database holds them.
+
+use std::fmt::Write;
+use std::time::UNIX_EPOCH;
+
+use super::sampler::Sampler;
+
+/// A label value as the format wants it: backslash, double quote and line feed escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+pub(crate) fn render(sampler: &Sampler) -> String {
+    let (entries, list_error) = sampler.snapshot();
+    let mut out = String::new();
+    let mut family = |name: &str, help: &str, rows: Vec<(String, String)>| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (labels, value) in rows {
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {value}");
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {value}");
+            }
+        }
+    };
+    let mut jobs = Vec::new();
+    let (mut paused, mut oldest, mut up, mut at, mut took) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for e in &entries {
+        let t = format!("table=\"{}\"", label(e.table.name()));
+        up.push((t.clone(), u8::from(e.error.is_none()).to_string()));
+        if let Some((when, d)) = e.counted {
+            let secs = when.duration_since(UNIX_EPOCH).unwrap_or_default();
+            at.push((t.clone(), format!("{:.3}", secs.as_secs_f64())));
+            took.push((t.clone(), format!("{:.6}", d.as_secs_f64())));
+        }
+        let Some(p) = e.last() else { continue };
+        let s = &p.stats;
+        let states = [
+            ("ready", Some(s.ready)),
+            ("scheduled", Some(s.scheduled)),
+            ("in_flight", s.in_flight),
+            ("dead", Some(s.dead)),
+            ("completed", s.completed),
+        ];
+        for (state, n) in states {
+            if let Some(n) = n {
+                jobs.push((format!("{t},state=\"{state}\""), n.to_string()));
+            }
+        }
+        paused.push((t.clone(), u8::from(s.paused).to_string()));
+        oldest.push((t, s.oldest_ready_age.map_or(0, |d| d.as_secs()).to_string()));
+    }
+    family(
+        "sqlbroker_queue_jobs",
+        "Rows of a queue table by state (ready, scheduled, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
+        jobs,
+    );
+    family(
+        "sqlbroker_queue_paused",
+        "1 if the table is paused, else 0.",
+        paused,
+    );
+    family(
+        "sqlbroker_queue_oldest_ready_age_seconds",
+        "How long the oldest ready row has been due (0: none ready).",
+        oldest,
+    );
+    family(
+        "sqlbroker_queue_count_ok",
+        "1 if the last count of the table succeeded, 0 if it failed (the other values are then the last good count).",
+        up,
+    );
+    family(
+        "sqlbroker_queue_counted_timestamp_seconds",
+        "When the table was last counted (Unix time).",
+        at,
+    );
+    family(
+        "sqlbroker_queue_count_duration_seconds",
+        "How long the last count of the table took.",
+        took,
+    );
+    family(
+        "sqlbroker_dashboard_list_ok",
+        "1 if the last listing of the tables succeeded, else 0.",
+        vec![(String::new(), u8::from(list_error.is_none()).to_string())],
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(super::label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,179 @@
+//! `sqlbroker dashboard`: a web dashboard of the queue tables and a Prometheus `/metrics`
+//! page (cargo feature `dashboard`).
+//!
+//! A blocking HTTP server (`tiny_http`) answered by a small pool of worker threads; pages
+//! are rendered on the server with `maud`, which escapes every value it inserts unless told
+//! otherwise (nothing from the database is ever inserted unescaped); the chart is SVG drawn
+//! on the server; no script, no external resource (a Content-Security-Policy forbids both).
+//!
+//! Safety model:
+//! - it binds loopback unless told otherwise; a non-loopback `--listen` needs a token
+//!   (`--token` or `SQLBROKER_DASHBOARD_TOKEN`) and refuses to start without one;
+//! - with a token, every request needs it: `Authorization: Bearer <token>`, or the cookie the
+//!   login form sets;
+//! - on loopback, a request whose `Host` is not a loopback name is refused (a DNS rebinding
+//!   page cannot drive it);
+//! - state changes only on POST, each carrying the process's CSRF token and, when the browser
+//!   sends one, a same-origin `Origin`; a GET never changes anything;
+//! - `--read-only` hides the actions and refuses their POSTs;
+//! - a slow client holds no worker: `tiny_http` reads each request on a thread of its own
+//!   connection, a form's body included (a POST is accepted only with a `Content-Length` of
+//!   at most 1 KiB, which `tiny_http` reads before it hands the request over), so the
+//!   workers only ever wait for the database (each statement bounded by the broker's
+//!   statement timeout, each connection checkout by its connect timeout); the pages are a
+//!   few tens of KiB, which the socket buffers hold.
+
+mod chart;
+mod metrics;
+mod pages;
+mod sampler;
+mod web;
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlbroker::Broker;
+
+use super::Result;
+use crate::Cli;
+use sampler::Sampler;
+
+/// The environment variable that may hold the token.
+pub(crate) const TOKEN_ENV: &str = "SQLBROKER_DASHBOARD_TOKEN";
+
+/// Serve a web dashboard of the tables and a Prometheus /metrics page.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DashboardArgs {
+    /// The address to listen on (port 0: any free port; the address is printed). A
+    /// non-loopback address needs a token.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8640")]
+    listen: String,
+
+    /// Require this token: `Authorization: Bearer <token>`, or the cookie the login page
+    /// sets. Required to listen on a non-loopback address.
+    #[arg(long, env = TOKEN_ENV, hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+
+    /// Show only: no actions (requeue, purge, cancel, pause, resume) are offered or accepted.
+    #[arg(long)]
+    read_only: bool,
+
+    /// A table to show; repeat for several. None: every recorded table.
+    #[arg(long = "table", short, value_name = "NAME")]
+    tables: Vec<String>,
+
+    /// Seconds between two counts of every table (the chart's resolution; the pages and
+    /// /metrics show the last count).
+    #[arg(long, value_name = "SECS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    sample: u64,
+
+    /// Worker threads answering requests (a slow client holds one at most).
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    threads: u64,
+}
+
+/// What every request handler shares.
+pub(crate) struct Ctx {
+    pub broker: Broker,
+    pub sampler: Arc<Sampler>,
+    pub token: Option<String>,
+    pub read_only: bool,
+    /// The token every form carries (random per process).
+    pub csrf: String,
+    /// Listening on loopback: only loopback `Host` names are served.
+    pub loopback: bool,
+}
+
+pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
+    let addr = listen_addr(&args.listen)?;
+    let token = args.token.clone().filter(|t| !t.is_empty());
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(format!(
+            "refusing to listen on {addr}, which is not a loopback address, without a token: \
+             give --token or set {TOKEN_ENV}"
+        )
+        .into());
+    }
+    let threads = usize::try_from(args.threads).unwrap_or(4);
+    // Short waits: a page on a database that went away says so in seconds.
+    let broker = Broker::builder(url)
+        .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
+        .connection_timeout(Duration::from_secs(cli.connect_timeout.clamp(1, 5)))
+        .statement_timeout(Duration::from_secs(10))
+        .build()?;
+    let sampler = Sampler::new(
+        broker.clone(),
+        args.tables.clone(),
+        Duration::from_secs(args.sample),
+    );
+    sampler.start()?;
+    sampler.wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
+
+    let listener = bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    let server = tiny_http::Server::from_listener(listener, None)
+        .map_err(|e| format!("listening on {addr}: {e}"))?;
+    let ctx = Arc::new(Ctx {
+        broker,
+        sampler,
+        token,
+        read_only: args.read_only,
+        csrf: web::random_token(),
+        loopback: addr.ip().is_loopback(),
+    });
+    crate::commands::say(format_args!(
+        "sqlbroker dashboard: listening on http://{bound}/{}\n",
+        if args.read_only { " (read-only)" } else { "" }
+    ))?;
+    let server = Arc::new(server);
+    let mut workers = Vec::new();
+    for n in 0..threads {
+        let (server, ctx) = (Arc::clone(&server), Arc::clone(&ctx));
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("sqlbroker-dashboard-{n}"))
+                .spawn(move || loop {
+                    match server.recv() {
+                        Ok(rq) => web::handle(&ctx, rq),
+                        // The accept loop ended (the socket failed): wake the others.
+                        Err(e) => {
+                            server.unblock();
+                            return e.to_string();
+                        }
+                    }
+                })?,
+        );
+    }
+    let mut why = String::from("a worker panicked");
+    for w in workers {
+        if let Ok(e) = w.join() {
+            why = e;
+        }
+    }
+    Err(format!("the dashboard stopped serving: {why}").into())
+}
+
+/// `--listen` as one socket address (a name resolves to its first address).
+fn listen_addr(listen: &str) -> Result<SocketAddr> {
+    listen
+        .to_socket_addrs()
+        .map_err(|e| format!("--listen {listen}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--listen {listen}: no address").into())
+}
+
+/// The listening socket, with `TCP_NODELAY`, which the connections it accepts inherit:
+/// `tiny_http` writes a response's head and body separately, and Nagle's algorithm would
+/// hold the body back for the client's delayed acknowledgement (40 ms a page).
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(128)?;
+    Ok(socket.into())
+}

@@ -1,0 +1,521 @@
+//! The pages, rendered with `maud`: every `(value)` it inserts is HTML-escaped, so nothing
+//! read from the database (payloads, errors, reasons, column values) can become markup. The
+//! one `PreEscaped` is the style sheet below, a constant.
+
+use std::time::SystemTime;
+
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+use sqlbroker::{Job, JobState, Table, Value};
+
+use super::sampler::Entry;
+use super::web::{state_from, state_slug, Reply, Rq, PAGE};
+use super::{chart, Ctx};
+use crate::commands::{age, preview, utc};
+
+/// The most payload bytes a job's page shows.
+const PAYLOAD_SHOWN: usize = 4096;
+
+/// The most characters of an error or reason a listing shows (a job's page shows all).
+const SNIPPET: usize = 120;
+
+const STYLE: &str = "
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:baseline}
+header a{color:#fff;text-decoration:none;font-weight:600}
+header .ro{color:#f5c26b}
+main{padding:1em 1.2em;max-width:1200px}
+h1{font-size:1.3em;margin:.2em 0 .6em}
+h2{font-size:1.1em;margin:1.2em 0 .4em}
+table{border-collapse:collapse;background:#fff;margin-bottom:1em}
+th,td{padding:.3em .7em;border-bottom:1px solid #e3e6eb;text-align:left;vertical-align:top}
+th{background:#eef0f4;font-weight:600}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.err{background:#fde8e8;border:1px solid #f3b4b4;color:#8a1c1c;padding:.5em .8em;margin:.5em 0}
+.done{background:#e6f6ea;border:1px solid #a9dcb5;color:#1f5f31;padding:.5em .8em;margin:.5em 0}
+.paused{background:#f5c26b;color:#3d2a00;border-radius:3px;padding:0 .4em;font-size:.85em}
+.muted{color:#6b7280}
+form.inline{display:inline}
+button{font:inherit;padding:.1em .6em;cursor:pointer}
+button.danger{color:#8a1c1c}
+pre{background:#fff;border:1px solid #e3e6eb;padding:.6em;white-space:pre-wrap;word-break:break-all;max-width:100%}
+nav.tabs a{margin-right:1em}
+nav.tabs a.on{font-weight:700;text-decoration:none;color:#1d2330}
+svg text{font:11px system-ui,sans-serif;fill:#6b7280}
+";
+
+/// The frame of every page.
+fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " - sqlbroker" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    a href="/" { "sqlbroker" }
+                    a href="/metrics" { "metrics" }
+                    @if ctx.is_some_and(|c| c.read_only) { span.ro { "read-only" } }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// A page with a heading and one sentence (errors, not found).
+pub(crate) fn message(title: &str, text: &str) -> Markup {
+    layout(None, title, html! { h1 { (title) } p.err { (text) } })
+}
+
+/// The token form (token mode).
+pub(crate) fn login(problem: Option<&str>) -> Markup {
+    layout(
+        None,
+        "Log in",
+        html! {
+            h1 { "Log in" }
+            @if let Some(p) = problem { p.err { (p) } }
+            form method="post" action="/login" {
+                label { "Token " input type="password" name="token" autofocus; }
+                " " button type="submit" { "Log in" }
+            }
+        },
+    )
+}
+
+/// A POST button for an action on `table`; nothing in read-only mode.
+fn action(
+    ctx: &Ctx,
+    table: &str,
+    verb: &str,
+    label: &str,
+    fields: &[(&str, String)],
+    back: &str,
+) -> Markup {
+    if ctx.read_only {
+        return html! {};
+    }
+    let danger = matches!(verb, "purge" | "cancel");
+    html! {
+        form.inline method="post" action={ "/tables/" (table) "/" (verb) } {
+            input type="hidden" name="csrf" value=(ctx.csrf);
+            input type="hidden" name="back" value=(back);
+            @for (k, v) in fields { input type="hidden" name=(k) value=(v); }
+            button type="submit" class=[danger.then_some("danger")] { (label) }
+        }
+    }
+}
+
+fn done_note(rq: &Rq) -> Markup {
+    html! { @if let Some(d) = rq.param("done") { p.done { (d) } } }
+}
+
+fn ago(t: SystemTime) -> String {
+    age(SystemTime::now().duration_since(t).unwrap_or_default())
+}
+
+fn opt(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// The counts of one table as table cells, linked to its listings.
+fn count_cells(e: &Entry) -> Markup {
+    let name = e.table.name();
+    let Some(p) = e.last() else {
+        return html! { td colspan="7" .muted { "not counted yet" } };
+    };
+    let s = &p.stats;
+    let link = |state: &str, n: String| {
+        html! { td.n { a href={ "/tables/" (name) "?state=" (state) } { (n) } } }
+    };
+    html! {
+        (link("ready", s.ready.to_string()))
+        (link("scheduled", s.scheduled.to_string()))
+        (link("in_flight", opt(s.in_flight)))
+        (link("dead", s.dead.to_string()))
+        (link("completed", opt(s.completed)))
+        td.n { (s.oldest_ready_age.map_or_else(|| "-".into(), age)) }
+        td { @if s.paused { span.paused { "paused" } } @else { "no" } }
+    }
+}
+
+/// When the counts were read, and how long that took.
+fn counted(e: &Entry) -> Markup {
+    html! {
+        @if let Some((at, took)) = e.counted {
+            span.muted { (ago(at)) " ago, " (took.as_millis()) " ms" }
+        }
+    }
+}
+
+/// `/`: every table with its counts, errors and chart.
+pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
+    let (entries, list_error) = ctx.sampler.snapshot();
+    let failing = list_error.is_some() || entries.iter().any(|e| e.error.is_some());
+    let body = html! {
+        h1 { "Queue tables" }
+        (done_note(rq))
+        @if let Some(e) = &list_error { p.err { "Listing the tables failed: " (e) } }
+        @if entries.is_empty() && list_error.is_none() {
+            p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
+        }
+        table {
+            tr {
+                th { "table" } th { "form" } th { "ready" } th { "scheduled" } th { "in flight" }
+                th { "dead" } th { "completed" } th { "oldest ready" } th { "paused" }
+                th { "counted" } th { "" }
+            }
+            @for e in &entries {
+                tr {
+                    td { a href={ "/tables/" (e.table.name()) } { (e.table.name()) } }
+                    td { (e.table.form().name()) }
+                    (count_cells(e))
+                    td { (counted(e)) }
+                    td { (pause_button(ctx, e, "/")) }
+                }
+                @if let Some(err) = &e.error {
+                    tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (err) } } }
+                }
+            }
+        }
+        p.muted {
+            "Counted every " (ctx.sampler.every().as_secs()) " s in the background (Broker::stats: one \
+             scan per table); an action recounts its table at once. Row lock and advisory lock \
+             tables count rows in work as ready (in flight: -)."
+        }
+        h2 { "Throughput and failures" }
+        p.muted { (chart::legend()) }
+        @for e in &entries {
+            h2 { a href={ "/tables/" (e.table.name()) } { (e.table.name()) } }
+            (chart::svg(e, ctx.sampler.every()))
+        }
+    };
+    Reply::html(
+        if failing { 503 } else { 200 },
+        layout(Some(ctx), "Tables", body),
+    )
+}
+
+fn pause_button(ctx: &Ctx, e: &Entry, back: &str) -> Markup {
+    let paused = e.last().is_some_and(|p| p.stats.paused);
+    let name = e.table.name();
+    if paused {
+        action(ctx, name, "resume", "resume", &[], back)
+    } else {
+        action(ctx, name, "pause", "pause", &[], back)
+    }
+}
+
+/// `/tables/<name>?state=..&after=..`: the table's counts and one page of its jobs in a
+/// state, by id (keyset paging: `after` is the last id of the previous page).
+pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
+    let name = table.name();
+    let state = rq
+        .param("state")
+        .and_then(state_from)
+        .unwrap_or(JobState::Ready);
+    let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
+    let entry = ctx.sampler.entry(name);
+    // A state the last count found empty is not listed (unless asked): listing it would scan
+    // the table by id for nothing.
+    let empty_at = entry.as_ref().and_then(|e| {
+        let p = e.last()?;
+        let s = &p.stats;
+        let n = match state {
+            JobState::Scheduled => Some(s.scheduled),
+            JobState::Dead => Some(s.dead),
+            JobState::Completed => s.completed,
+            // Row lock and advisory forms count rows in work as ready.
+            JobState::InFlight => s.in_flight.or(Some(s.ready)),
+            _ => Some(s.ready),
+        };
+        (n == Some(0) && rq.param("scan") != Some("1")).then_some(p.at)
+    });
+    let listed = match empty_at {
+        Some(_) => Ok(Vec::new()),
+        None => ctx.broker.jobs(table, state, after, PAGE),
+    };
+    let here = match after {
+        Some(a) => format!("/tables/{name}?state={}&after={a}", state_slug(state)),
+        None => format!("/tables/{name}?state={}", state_slug(state)),
+    };
+    let states = [
+        JobState::Ready,
+        JobState::Scheduled,
+        JobState::InFlight,
+        JobState::Dead,
+        JobState::Completed,
+    ];
+    let failed = listed.is_err() || entry.as_ref().is_some_and(|e| e.error.is_some());
+    let body = html! {
+        h1 { "Table " (name) }
+        (done_note(rq))
+        p.muted { (table.form().name()) " form" }
+        @if let Some(e) = &entry {
+            @if let Some(err) = &e.error { p.err { "Counting failed: " (err) } }
+            table {
+                tr {
+                    th { "ready" } th { "scheduled" } th { "in flight" } th { "dead" }
+                    th { "completed" } th { "oldest ready" } th { "paused" } th { "counted" }
+                }
+                tr { (count_cells(e)) td { (counted(e)) } }
+            }
+            p { (pause_button(ctx, e, &here)) }
+        }
+        nav.tabs {
+            @for s in states {
+                a class=[(s == state).then_some("on")] href={ "/tables/" (name) "?state=" (state_slug(s)) } { (s.name()) }
+            }
+        }
+        @if state == JobState::Dead {
+            p {
+                (action(ctx, name, "requeue", "requeue all dead letters", &[("all", "1".into())], &here))
+                " "
+                (action(ctx, name, "purge", "purge all dead letters", &[("all", "1".into())], &here))
+            }
+        }
+        @match &listed {
+            Err(e) => p.err { "Listing the jobs failed: " (crate::chain(e)) },
+            Ok(_) if empty_at.is_some() => p.muted {
+                "No " (state.name()) " jobs at the last count, "
+                (empty_at.map(ago).unwrap_or_default()) " ago. "
+                a href={ "/tables/" (name) "?state=" (state_slug(state)) "&scan=1" } { "list now" }
+            },
+            Ok(jobs) => {
+                (job_list(ctx, name, state, jobs, &here))
+                p {
+                    @if after.is_some() {
+                        a href={ "/tables/" (name) "?state=" (state_slug(state)) } { "first page" } " "
+                    }
+                    @if jobs.len() == PAGE {
+                        @if let Some(last) = jobs.last() {
+                            a href={ "/tables/" (name) "?state=" (state_slug(state)) "&after=" (last.id()) } { "next page" }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(e) = &entry {
+            h2 { "Throughput and failures" }
+            p.muted { (chart::legend()) }
+            (chart::svg(e, ctx.sampler.every()))
+        }
+    };
+    let title = format!("Table {name}");
+    Reply::html(
+        if failed { 503 } else { 200 },
+        layout(Some(ctx), &title, body),
+    )
+}
+
+/// One page of jobs. Row lock and advisory tables page the same due rows for ready and in
+/// flight; each job's probed state is shown and only the asked one listed.
+fn job_list(ctx: &Ctx, name: &str, state: JobState, jobs: &[Job], back: &str) -> Markup {
+    let shown: Vec<&Job> = jobs.iter().filter(|j| j.state() == state).collect();
+    html! {
+        @if shown.is_empty() {
+            p.muted { "No " (state.name()) " jobs" @if jobs.len() == PAGE { " on this page" } "." }
+        } @else {
+            table {
+                tr {
+                    th { "id" } th { "state" } th { "attempts" } th { "errors" } th { "due" }
+                    th { @if state == JobState::Dead { "reason / last error" } @else { "last error" } }
+                    th { "payload" } th { "" }
+                }
+                @for j in shown {
+                    tr {
+                        td.n { a href={ "/tables/" (name) "/jobs/" (j.id()) } { (j.id()) } }
+                        td { (j.state().name()) }
+                        td.n { (j.attempts()) }
+                        td.n { (j.errors()) }
+                        td { (utc(j.due_at())) }
+                        td {
+                            @if let Some(r) = j.dead_reason() { strong { (snippet(r)) } br; }
+                            @if let Some(e) = j.last_error() { span.muted { (snippet(e)) } }
+                        }
+                        td { code { (preview(j.payload())) } }
+                        td { (job_actions(ctx, name, j, back)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn snippet(s: &str) -> String {
+    preview_chars(s, SNIPPET)
+}
+
+fn preview_chars(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
+fn job_actions(ctx: &Ctx, name: &str, j: &Job, back: &str) -> Markup {
+    let id = [("id", j.id().to_string())];
+    html! {
+        @match j.state() {
+            JobState::Dead => {
+                (action(ctx, name, "requeue", "requeue", &id, back)) " "
+                (action(ctx, name, "purge", "purge", &id, back))
+            }
+            JobState::Completed => {}
+            _ => (action(ctx, name, "cancel", "cancel", &id, back)),
+        }
+    }
+}
+
+/// `/tables/<name>/jobs/<id>`: one job, its payload shown safely, and what its row tells of
+/// its history.
+pub(crate) fn job(ctx: &Ctx, rq: &Rq, table: &Table, id: i64) -> Reply {
+    let name = table.name();
+    let here = format!("/tables/{name}/jobs/{id}");
+    let found = ctx.broker.job(table, id);
+    let (status, body) = match &found {
+        Err(e) => (
+            503,
+            html! { h1 { "Job " (id) " of " (name) } p.err { "Reading the job failed: " (crate::chain(e)) } },
+        ),
+        Ok(None) => (
+            404,
+            html! {
+                h1 { "Job " (id) " of " (name) }
+                (done_note(rq))
+                p { "No row has this id: acked and deleted, purged, cancelled, or never there." }
+                p { a href={ "/tables/" (name) } { "back to " (name) } }
+            },
+        ),
+        Ok(Some(j)) => (200, job_body(ctx, rq, name, j, &here)),
+    };
+    let title = format!("Job {id} of {name}");
+    Reply::html(status, layout(Some(ctx), &title, body))
+}
+
+fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
+    let time = |t: Option<SystemTime>| t.map_or_else(|| "-".into(), utc);
+    html! {
+        h1 { "Job " (j.id()) " of " a href={ "/tables/" (name) } { (name) } }
+        (done_note(rq))
+        p { (job_actions(ctx, name, j, here)) }
+        table {
+            tr { th { "state" } td { (j.state().name()) @if j.cancel_requested() { " (cancel requested)" } } }
+            tr { th { "attempts" } td { (j.attempts()) } }
+            tr { th { "errors" } td { (j.errors()) } }
+            tr { th { "dead reason" } td { (j.dead_reason().unwrap_or("-")) } }
+            tr { th { "last error" } td { pre { (j.last_error().unwrap_or("-")) } } }
+            @for (c, v) in j.values() {
+                tr { th { (c) } td { (value(v)) } }
+            }
+        }
+        h2 { "History" }
+        table {
+            tr { th { "published" } td { (time(j.published_at())) } }
+            tr { th { "due" } td { (utc(j.due_at())) } }
+            @if let Some(t) = j.lease_until() {
+                tr { th { "lease until" } td { (utc(t)) } }
+            }
+            tr {
+                th { "tried" }
+                td { (j.attempts()) " attempts, " (j.errors()) " failed"
+                     @if let Some(e) = j.last_error() { ", last: " (snippet(e)) } }
+            }
+            tr {
+                th { @match j.state() { JobState::Completed => "completed", JobState::Dead => "dead-lettered", _ => "finished" } }
+                td { (time(j.finished_at())) @if let Some(r) = j.dead_reason() { " (" (r) ")" } }
+            }
+        }
+        h2 { "Payload (" (j.payload().len()) " bytes)" }
+        (payload(j.payload()))
+    }
+}
+
+/// A column's value as text.
+fn value(v: &Value) -> Markup {
+    match v {
+        Value::Null => html! { span.muted { "NULL" } },
+        Value::Int(n) => html! { (n) },
+        Value::Float(f) => html! { (f) },
+        Value::Text(s) => html! { (s) },
+        Value::Bytes(b) => payload(b),
+        Value::Time(t) => html! { (utc(*t)) },
+        #[allow(unreachable_patterns)]
+        other => html! { (format!("{other:?}")) },
+    }
+}
+
+/// A payload: as text when it is UTF-8 without control characters other than line breaks
+/// and tabs, else as a hex dump; at most [`PAYLOAD_SHOWN`] bytes.
+fn payload(bytes: &[u8]) -> Markup {
+    let shown = &bytes[..bytes.len().min(PAYLOAD_SHOWN)];
+    let text = match std::str::from_utf8(shown) {
+        Ok(t) => Some(t),
+        // A character cut by the limit: the part before it.
+        Err(e) if e.error_len().is_none() && shown.len() < bytes.len() => {
+            std::str::from_utf8(&shown[..e.valid_up_to()]).ok()
+        }
+        Err(_) => None,
+    }
+    .filter(|t| {
+        !t.chars()
+            .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    });
+    let rest = bytes.len() - shown.len();
+    html! {
+        @match text {
+            Some(t) => pre.payload { (t) },
+            None => pre.payload.hex { (hex_dump(shown)) },
+        }
+        @if rest > 0 { p.muted { "... " (rest) " more bytes not shown" } }
+    }
+}
+
+/// 16 bytes a line: offset, hex, printable ASCII.
+fn hex_dump(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for (i, line) in bytes.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
+        let ascii: String = line
+            .iter()
+            .map(|&b| {
+                if b.is_ascii_graphic() || b == b' ' {
+                    b as char
+                } else {
+                    '.'
+                }
+            })
+            .collect();
+        out.push_str(&format!("{:08x}  {:<47}  {ascii}\n", i * 16, hex.join(" ")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_are_escaped_cut_and_hex_when_binary() {
+        let html = payload(b"<script>alert(1)</script>").into_string();
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(!html.contains("<script>"), "{html}");
+        let html = payload(&[0, 1, 0xff, b'<']).into_string();
+        assert!(html.contains("00 01 ff 3c"), "{html}");
+        assert!(html.contains("...&lt;"), "{html}");
+        let long = "é".repeat(PAYLOAD_SHOWN);
+        let html = payload(long.as_bytes()).into_string();
+        assert!(
+            html.contains(&format!("{} more bytes", PAYLOAD_SHOWN)),
+            "{html}"
+        );
+        assert!(
+            !html.contains("hex"),
+            "a cut character is not binary: {html}"
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! The counts behind the pages: one background thread reads `Broker::stats` of every table
+//! every few seconds (at most a fifth of the time: a round that takes 2 s waits 8 s before
+//! the next) and keeps the last [`HISTORY`] samples per table. Pages and `/metrics`
+//! read this memory, so they answer in the same time whatever the size of a table, and a
+//! table of millions of rows is counted once per interval, not once per request; an action
+//! recounts its table at once ([`Sampler::refresh`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use sqlbroker::{Broker, QueueStats, Table};
+
+/// Samples kept per table (with the default 5 s interval, ten minutes).
+pub(crate) const HISTORY: usize = 120;
+
+/// One count of a table's rows.
+#[derive(Clone, Debug)]
+pub(crate) struct Point {
+    pub at: SystemTime,
+    pub stats: QueueStats,
+}
+
+/// What the dashboard knows of one table.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub table: Table,
+    /// The last successful counts, oldest first.
+    pub history: VecDeque<Point>,
+    /// The last count's error, if the last count failed (cleared by the next success).
+    pub error: Option<String>,
+    /// When the table was last counted (successfully or not), and how long it took.
+    pub counted: Option<(SystemTime, Duration)>,
+}
+
+impl Entry {
+    /// The latest successful counts.
+    pub fn last(&self) -> Option<&Point> {
+        self.history.back()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    tables: BTreeMap<String, Entry>,
+    /// Listing the recorded tables (or opening the named ones) failed.
+    list_error: Option<String>,
+    rounds: u64,
+}
+
+/// The shared sample store and its thread's controls.
+pub(crate) struct Sampler {
+    broker: Broker,
+    /// Tables named on the command line; empty: every recorded table.
+    named: Vec<String>,
+    every: Duration,
+    inner: Mutex<Inner>,
+    round_done: Condvar,
+}
+
+impl Sampler {
+    pub fn new(broker: Broker, named: Vec<String>, every: Duration) -> Arc<Self> {
+        Arc::new(Sampler {
+            broker,
+            named,
+            every,
+            inner: Mutex::new(Inner::default()),
+            round_done: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the sampling thread (it runs for the life of the process).
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("sqlbroker-dashboard-sampler".into())
+            .spawn(move || loop {
+                let started = Instant::now();
+                me.round();
+                // Counting big tables takes a fifth of the time at most.
+                let took = started.elapsed();
+                std::thread::sleep(me.every.max(took * 4).saturating_sub(took));
+            })
+            .map(drop)
+    }
+
+    /// Waits until the first round is done, at most `limit`.
+    pub fn wait_first(&self, limit: Duration) {
+        let guard = self.lock();
+        let _ = self
+            .round_done
+            .wait_timeout_while(guard, limit, |i| i.rounds == 0);
+    }
+
+    /// The interval between two counts.
+    pub fn every(&self) -> Duration {
+        self.every
+    }
+
+    /// One round: the table list, then each table's counts (no lock held across SQL).
+    fn round(&self) {
+        let (tables, list_error, complete) = self.list();
+        let names: Vec<String> = tables.iter().map(|t| t.name().to_string()).collect();
+        for table in tables {
+            self.count(table);
+        }
+        let mut inner = self.lock();
+        if complete {
+            inner.tables.retain(|name, _| names.contains(name));
+        }
+        inner.list_error = list_error;
+        inner.rounds += 1;
+        drop(inner);
+        self.round_done.notify_all();
+    }
+
+    /// The tables to show (the named ones, or every recorded table), the error that kept
+    /// some from the list, and whether the list is complete (a failed listing keeps the
+    /// tables known so far).
+    fn list(&self) -> (Vec<Table>, Option<String>, bool) {
+        if self.named.is_empty() {
+            return match self.broker.tables() {
+                Ok(all) => (all.into_iter().map(|r| r.table).collect(), None, true),
+                Err(e) => {
+                    let known = self
+                        .lock()
+                        .tables
+                        .values()
+                        .map(|e| e.table.clone())
+                        .collect();
+                    (known, Some(crate::chain(&e)), false)
+                }
+            };
+        }
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        for name in &self.named {
+            match self
+                .known(name)
+                .map_or_else(|| self.broker.open_table(name), Ok)
+            {
+                Ok(t) => out.push(t),
+                Err(e) => errors.push(crate::chain(&e)),
+            }
+        }
+        let error = (!errors.is_empty()).then(|| errors.join("; "));
+        (out, error, true)
+    }
+
+    /// Counts one table now and records the result.
+    pub fn count(&self, table: Table) {
+        let started = Instant::now();
+        let stats = self.broker.stats(&table);
+        let took = started.elapsed();
+        let now = SystemTime::now();
+        let mut inner = self.lock();
+        let entry = inner
+            .tables
+            .entry(table.name().to_string())
+            .or_insert_with(|| Entry {
+                table: table.clone(),
+                history: VecDeque::new(),
+                error: None,
+                counted: None,
+            });
+        entry.table = table;
+        entry.counted = Some((now, took));
+        match stats {
+            Ok(stats) => {
+                entry.error = None;
+                if entry.history.len() == HISTORY {
+                    entry.history.pop_front();
+                }
+                entry.history.push_back(Point { at: now, stats });
+            }
+            Err(e) => entry.error = Some(crate::chain(&e)),
+        }
+    }
+
+    /// Recounts `name` now (after an action), if it is a table the dashboard shows.
+    pub fn refresh(&self, table: &Table) {
+        self.count(table.clone());
+    }
+
+    /// The description of a table the dashboard shows.
+    pub fn known(&self, name: &str) -> Option<Table> {
+        self.lock().tables.get(name).map(|e| e.table.clone())
+    }
+
+    /// A copy of every table's entry, by name, and the listing's error.
+    pub fn snapshot(&self) -> (Vec<Entry>, Option<String>) {
+        let inner = self.lock();
+        (
+            inner.tables.values().cloned().collect(),
+            inner.list_error.clone(),
+        )
+    }
+
+    /// A copy of one table's entry.
+    pub fn entry(&self, name: &str) -> Option<Entry> {
+        self.lock().tables.get(name).cloned()
+    }
+}

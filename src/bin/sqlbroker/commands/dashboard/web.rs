@@ -1,0 +1,451 @@
+//! One request: the checks every request passes (host, token), the routes, and the actions
+//! (POST only, with the CSRF token and a same-origin `Origin`).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use maud::Markup;
+use sqlbroker::{JobState, Table};
+use tiny_http::{Header, Method, Request, Response};
+
+use super::{metrics, pages, Ctx};
+
+/// The largest request body accepted (the forms send a few short fields): `tiny_http` reads
+/// a body this small on its connection's thread before the request reaches a worker, so a
+/// worker never waits for a client's bytes.
+const MAX_BODY: usize = 1024;
+
+/// The cookie the login form sets.
+const TOKEN_COOKIE: &str = "sqlbroker_dashboard_token";
+
+/// Jobs per page of a table's listing.
+pub(crate) const PAGE: usize = 50;
+
+/// A random token: two SipHash outputs keyed by the standard library's per-process random
+/// keys (seeded by the operating system), over the time and the process id.
+pub(crate) fn random_token() -> String {
+    let mut out = String::new();
+    for salt in 0..2u64 {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        h.write_u32(std::process::id());
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+/// Equal without an early exit (a token compare must not tell how much matched).
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// A response on its way out.
+pub(crate) struct Reply {
+    status: u16,
+    content_type: &'static str,
+    body: Vec<u8>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    pub fn html(status: u16, page: Markup) -> Reply {
+        Reply {
+            status,
+            content_type: "text/html; charset=utf-8",
+            body: page.into_string().into_bytes(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn text(status: u16, content_type: &'static str, body: String) -> Reply {
+        Reply {
+            status,
+            content_type,
+            body: body.into_bytes(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn redirect(to: String) -> Reply {
+        let mut r = Reply::text(303, "text/plain; charset=utf-8", format!("see {to}\n"));
+        r.headers.push(("Location", to));
+        r
+    }
+
+    fn with(mut self, name: &'static str, value: String) -> Reply {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// What a handler knows of the request.
+pub(crate) struct Rq {
+    pub method: Method,
+    pub path: String,
+    pub query: Vec<(String, String)>,
+    headers: Vec<Header>,
+}
+
+impl Rq {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
+            .map(|h| h.value.as_str())
+    }
+
+    pub fn param(&self, name: &str) -> Option<&str> {
+        field(&self.query, name)
+    }
+
+    fn cookie(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .filter(|h| h.field.as_str().as_str().eq_ignore_ascii_case("cookie"))
+            .flat_map(|h| h.value.as_str().split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    }
+}
+
+/// The first value of a form or query field.
+pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Answers one request; never panics the worker on a bad request or a lost client.
+pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
+    let started = Instant::now();
+    let (path, query) = match request.url().split_once('?') {
+        Some((p, q)) => (p.to_string(), q.to_string()),
+        None => (request.url().to_string(), String::new()),
+    };
+    let rq = Rq {
+        method: request.method().clone(),
+        path,
+        query: form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect(),
+        headers: request.headers().to_vec(),
+    };
+    // A body not in memory yet (over 1 KiB, chunked, or after `100-continue`) is refused; the
+    // reply goes out on a thread of its own, because `tiny_http` drains an unread body when
+    // the request is dropped, for as long as the client takes to send it.
+    let in_memory = !(rq.header("transfer-encoding").is_some() || rq.header("expect").is_some())
+        && request.body_length().unwrap_or(0) <= MAX_BODY;
+    if !in_memory {
+        let refuse = Reply::text(
+            413,
+            "text/plain; charset=utf-8",
+            format!("a request body may have at most {MAX_BODY} bytes, with a Content-Length\n"),
+        );
+        let _ = std::thread::Builder::new()
+            .name("sqlbroker-dashboard-refuse".into())
+            .spawn(move || send(request, refuse));
+        return;
+    }
+    let mut body = Vec::new();
+    let reply = match request.as_reader().read_to_end(&mut body) {
+        Ok(_) => route(ctx, &rq, &body),
+        Err(e) => Reply::text(400, "text/plain; charset=utf-8", format!("{e}\n")),
+    };
+    log::debug!(
+        "{} {} -> {} in {:?}",
+        rq.method,
+        rq.path,
+        reply.status,
+        started.elapsed()
+    );
+    send(request, reply);
+}
+
+/// Sends `reply` with the headers every answer carries.
+fn send(request: Request, reply: Reply) {
+    let mut response = Response::from_data(reply.body).with_status_code(reply.status);
+    let mut headers = vec![
+        ("Content-Type", reply.content_type.to_string()),
+        ("Cache-Control", "no-store".into()),
+        ("X-Content-Type-Options", "nosniff".into()),
+        ("X-Frame-Options", "DENY".into()),
+        ("Referrer-Policy", "same-origin".into()),
+        (
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+                .into(),
+        ),
+    ];
+    headers.extend(reply.headers);
+    for (name, value) in headers {
+        if let Ok(h) = Header::from_bytes(name.as_bytes(), value.as_bytes()) {
+            response.add_header(h);
+        }
+    }
+    // A client gone away is its own business.
+    let _ = request.respond(response);
+}
+
+fn forbidden(why: &str) -> Reply {
+    Reply::text(
+        403,
+        "text/plain; charset=utf-8",
+        format!("forbidden: {why}\n"),
+    )
+}
+
+fn not_found(what: &str) -> Reply {
+    Reply::html(404, pages::message("Not found", what))
+}
+
+/// The host part of a `Host` header (`[::1]:80` -> `[::1]`, `localhost:8640` -> `localhost`).
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split_once(']')
+            .map_or(host, |(h, _)| &host[..=h.len()]);
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
+    // DNS rebinding: a page of another site resolving its name to 127.0.0.1 sends its own
+    // name as Host.
+    if ctx.loopback {
+        let host = rq.header("host").map(host_name);
+        let ok = host.is_some_and(|h| {
+            h.eq_ignore_ascii_case("localhost")
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+                || h == "[::1]"
+        });
+        if !ok {
+            return forbidden("the Host header is not a loopback name");
+        }
+    }
+    let form: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+    if let Some(token) = &ctx.token {
+        if rq.path == "/login" {
+            return login(ctx, rq, &form, token);
+        }
+        let bearer = rq
+            .header("authorization")
+            .and_then(|a| a.strip_prefix("Bearer "));
+        let given = bearer.or_else(|| rq.cookie(TOKEN_COOKIE));
+        if !given.is_some_and(|g| same(g.trim(), token)) {
+            return Reply::html(401, pages::login(None))
+                .with("WWW-Authenticate", "Bearer realm=\"sqlbroker\"".into());
+        }
+    }
+    let parts: Vec<&str> = rq.path.split('/').filter(|p| !p.is_empty()).collect();
+    match (&rq.method, parts.as_slice()) {
+        (Method::Get | Method::Head, []) => pages::overview(ctx, rq),
+        (Method::Get | Method::Head, ["metrics"]) => Reply::text(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics::render(&ctx.sampler),
+        ),
+        (Method::Get | Method::Head, ["tables", name]) => match table(ctx, name) {
+            Ok(t) => pages::table(ctx, rq, &t),
+            Err(r) => r,
+        },
+        (Method::Get | Method::Head, ["tables", name, "jobs", id]) => {
+            match (table(ctx, name), id.parse::<i64>()) {
+                (Ok(t), Ok(id)) => pages::job(ctx, rq, &t, id),
+                (Err(r), _) => r,
+                (_, Err(_)) => not_found("a job id is a number"),
+            }
+        }
+        (Method::Post, ["tables", name, action]) => {
+            if let Err(r) = post_allowed(ctx, rq, &form) {
+                return r;
+            }
+            match table(ctx, name) {
+                Ok(t) => act(ctx, &t, action, &form),
+                Err(r) => r,
+            }
+        }
+        (_, ["tables", _, _]) => Reply::text(
+            405,
+            "text/plain; charset=utf-8",
+            "actions are POST only\n".into(),
+        )
+        .with("Allow", "POST".into()),
+        (Method::Get | Method::Head, ["login"]) => pages::overview(ctx, rq),
+        _ => not_found("no such page"),
+    }
+}
+
+/// The login form (token mode): a POST with the right token sets the cookie.
+fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
+    if rq.method != Method::Post {
+        return Reply::html(200, pages::login(None));
+    }
+    if let Err(r) = same_origin(rq) {
+        return r;
+    }
+    match field(form, "token") {
+        Some(given) if same(given.trim(), token) => {
+            let _ = ctx;
+            Reply::redirect("/".into()).with(
+                "Set-Cookie",
+                format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"),
+            )
+        }
+        _ => Reply::html(401, pages::login(Some("wrong token"))),
+    }
+}
+
+/// A POST from a page of another origin is refused: browsers send `Origin` on every POST
+/// (and `Sec-Fetch-Site`); tools that send neither pass on to the CSRF token check.
+fn same_origin(rq: &Rq) -> Result<(), Reply> {
+    let host = rq.header("host").unwrap_or("");
+    if let Some(origin) = rq.header("origin") {
+        let ok = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| o.eq_ignore_ascii_case(host));
+        if !ok {
+            return Err(forbidden("the request comes from another origin"));
+        }
+    }
+    if rq
+        .header("sec-fetch-site")
+        .is_some_and(|s| s == "cross-site" || s == "same-site")
+    {
+        return Err(forbidden("the request comes from another site"));
+    }
+    Ok(())
+}
+
+/// An action may run: not read-only, same origin, the CSRF token given.
+fn post_allowed(ctx: &Ctx, rq: &Rq, form: &[(String, String)]) -> Result<(), Reply> {
+    if ctx.read_only {
+        return Err(forbidden("the dashboard is read-only"));
+    }
+    same_origin(rq)?;
+    if !field(form, "csrf").is_some_and(|c| same(c, &ctx.csrf)) {
+        return Err(forbidden(
+            "the form's CSRF token is missing or wrong (reload the page)",
+        ));
+    }
+    Ok(())
+}
+
+/// The table `name`: one the dashboard shows, or a recorded one.
+fn table(ctx: &Ctx, name: &str) -> Result<Table, Reply> {
+    if let Some(t) = ctx.sampler.known(name) {
+        return Ok(t);
+    }
+    match ctx.broker.open_table(name) {
+        Ok(t) => Ok(t),
+        Err(sqlbroker::BrokerError::UnknownTable { .. }) => {
+            Err(not_found("no recorded table has that name"))
+        }
+        Err(e @ sqlbroker::BrokerError::InvalidTable { .. }) => Err(not_found(&crate::chain(&e))),
+        Err(e) => Err(Reply::html(
+            503,
+            pages::message("Database error", &crate::chain(&e)),
+        )),
+    }
+}
+
+/// Runs an action, recounts the table, and sends the browser back where it came from with
+/// what happened.
+fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Reply {
+    let b = &ctx.broker;
+    let id = field(form, "id").and_then(|s| s.trim().parse::<i64>().ok());
+    let all = field(form, "all") == Some("1");
+    let done: Result<String, sqlbroker::BrokerError> = match (action, id, all) {
+        ("pause", _, _) => b.pause(table).map(|()| "paused".into()),
+        ("resume", _, _) => b.resume(table).map(|()| "resumed".into()),
+        ("requeue", _, true) => b
+            .requeue_all_dead(table)
+            .map(|n| format!("requeued {n} dead letters")),
+        ("purge", _, true) => b
+            .purge_all_dead(table)
+            .map(|n| format!("purged {n} dead letters")),
+        ("requeue", Some(id), false) => b.requeue_dead(table, id).map(|found| match found {
+            true => format!("requeued job {id}"),
+            false => format!("job {id} is not a dead letter"),
+        }),
+        ("purge", Some(id), false) => b.purge_dead(table, id).map(|found| match found {
+            true => format!("purged job {id}"),
+            false => format!("job {id} is not a dead letter"),
+        }),
+        ("cancel", Some(id), _) => b.cancel(table, id).map(|found| match found {
+            true => format!("cancelled job {id}"),
+            false => format!("no live or dead job {id} to cancel"),
+        }),
+        ("requeue" | "purge" | "cancel", _, _) => {
+            return Reply::text(
+                400,
+                "text/plain; charset=utf-8",
+                "the action needs a job id (id=N) or all=1\n".into(),
+            )
+        }
+        _ => return not_found("no such action"),
+    };
+    ctx.sampler.refresh(table);
+    let message = match done {
+        Ok(m) => m,
+        Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
+    };
+    let back = field(form, "back")
+        .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\'))
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("/tables/{}", table.name()));
+    let sep = if back.contains('?') { '&' } else { '?' };
+    let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
+    Reply::redirect(format!("{back}{sep}done={note}"))
+}
+
+/// A state's name in URLs (`in_flight`), and back.
+pub(crate) fn state_slug(s: JobState) -> &'static str {
+    match s {
+        JobState::Scheduled => "scheduled",
+        JobState::InFlight => "in_flight",
+        JobState::Dead => "dead",
+        JobState::Completed => "completed",
+        _ => "ready",
+    }
+}
+
+pub(crate) fn state_from(slug: &str) -> Option<JobState> {
+    Some(match slug {
+        "ready" => JobState::Ready,
+        "scheduled" => JobState::Scheduled,
+        "in_flight" => JobState::InFlight,
+        "dead" => JobState::Dead,
+        "completed" => JobState::Completed,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_tokens() {
+        assert_eq!(host_name("localhost:8640"), "localhost");
+        assert_eq!(host_name("[::1]:8640"), "[::1]");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        assert!(same("abc", "abc"));
+        assert!(!same("abc", "abd"));
+        assert!(!same("abc", "abcd"));
+        let (a, b) = (random_token(), random_token());
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,346 @@
+//! The dashboard in a real browser: headless Chromium, driven over WebDriver by
+//! `chromedriver`, loads `sqlbroker dashboard` over a live database, reads the rendered
+//! counts and a dead letter's reason, clicks the button that requeues it, sees the result,
+//! and saves a screenshot (`$CARGO_TARGET_TMPDIR/dashboard-<db>.png`; the README's is the
+//! PostgreSQL one). Skips when `chromium` or `chromedriver` is missing, unless
+//! `SQLBROKER_REQUIRE_SERVERS=1` (`.ci/run` installs both).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use common::{live, next, wait_for, Db};
+use serde_json::{json, Value};
+use sqlbroker::{JobState, Message, Table};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqlbroker");
+
+/// chromedriver's port (the dashboard's own port is ephemeral).
+const DRIVER_PORT_BASE: u16 = 18641;
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The path of `program` on `PATH`.
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
+
+/// Chromium and chromedriver, or `None` (skip) when either is missing.
+fn browser() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    match (which("chromium"), which("chromedriver")) {
+        (Some(c), Some(d)) => Some((c, d)),
+        _ if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+            panic!("SQLBROKER_REQUIRE_SERVERS=1 but chromium or chromedriver is missing (apt-get install chromium chromium-driver)")
+        }
+        _ => {
+            eprintln!(
+                "\n!!!!! SKIPPED: the browser test: chromium or chromedriver is missing !!!!!\n"
+            );
+            None
+        }
+    }
+}
+
+/// A WebDriver session.
+struct Session {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Session {
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}{path}", self.base);
+        let rq = self.agent.request(method, &url);
+        let r = match body {
+            Some(b) => rq.send_json(b),
+            None => rq.call(),
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(ureq::Error::Status(code, r)) => {
+                panic!(
+                    "WebDriver {method} {path}: {code} {}",
+                    r.into_string().unwrap_or_default()
+                )
+            }
+            Err(e) => panic!("WebDriver {method} {path}: {e}"),
+        };
+        let v: Value = r.into_json().unwrap();
+        v["value"].clone()
+    }
+
+    fn go(&self, url: &str) {
+        self.call("POST", "/url", Some(json!({ "url": url })));
+    }
+
+    fn url(&self) -> String {
+        self.call("GET", "/url", None)
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// The element `css` selects (its WebDriver id).
+    fn find(&self, using: &str, selector: &str) -> String {
+        let v = self.call(
+            "POST",
+            "/element",
+            Some(json!({ "using": using, "value": selector })),
+        );
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {selector}: {v}"))
+            .to_string()
+    }
+
+    fn text(&self, element: &str) -> String {
+        self.call("GET", &format!("/element/{element}/text"), None)
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn body_text(&self) -> String {
+        let body = self.find("css selector", "body");
+        self.text(&body)
+    }
+
+    fn click(&self, element: &str) {
+        self.call(
+            "POST",
+            &format!("/element/{element}/click"),
+            Some(json!({})),
+        );
+    }
+
+    fn screenshot(&self) -> Vec<u8> {
+        let b64 = self.call("GET", "/screenshot", None);
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap()
+    }
+}
+
+fn browse(db: Db, driver_port: u16) {
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let Some(l) = live(db) else { return };
+    let b = &l.broker;
+    let t = l.create(
+        Table::new(common::unique("orders"))
+            .text_column("customer")
+            .lease(Duration::from_secs(30))
+            .keep_completed(Duration::from_secs(3600)),
+    );
+    let name = t.name().to_string();
+    let publish = |body: &str, customer: &str| {
+        b.publish(
+            &t,
+            Message::new(body.as_bytes().to_vec()).set("customer", customer),
+        )
+        .unwrap()
+    };
+    // Two dead letters first (the lowest ids), then work to do.
+    let dead = publish("{\"order\":17,\"email\":\"ann@example.com\"}", "ann");
+    let other = publish("{\"order\":18,\"email\":\"bob@example.com\"}", "bob");
+    let sub = b.subscription(&t).max_in_flight(2).start().unwrap();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(20));
+        if d.id() == dead {
+            d.dead_letter("smtp: 550 mailbox unavailable").unwrap();
+        } else {
+            d.dead_letter("invalid address").unwrap();
+        }
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    for i in 0..40 {
+        publish(
+            &format!("{{\"order\":{}}}", 100 + i),
+            ["ann", "bob", "eve"][i % 3],
+        );
+    }
+    b.publish(
+        &t,
+        Message::new(b"{\"order\":99}".to_vec())
+            .set("customer", "zed")
+            .deliver_after(Duration::from_secs(3600)),
+    )
+    .unwrap();
+
+    let mut dash = Command::new(BIN)
+        .args([
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--sample",
+            "1",
+            "--table",
+            &name,
+        ])
+        .env("DATABASE_URL", &l.url)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dash.stdout.take().unwrap());
+    let _dash = Killed(dash);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .expect("the dashboard's address")
+        .trim()
+        .trim_end_matches('/')
+        .to_string();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+
+    // Some work done while the dashboard counts, for the chart: 30 acks over ~4 s.
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    for _ in 0..30 {
+        next(&sub, Duration::from_secs(20)).ack().unwrap();
+        std::thread::sleep(Duration::from_millis(130));
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let _driver = Killed(
+        Command::new(chromedriver)
+            .arg(format!("--port={driver_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let driver = format!("http://127.0.0.1:{driver_port}");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build();
+    assert!(
+        wait_for(Duration::from_secs(20), || agent
+            .get(&format!("{driver}/status"))
+            .call()
+            .is_ok()),
+        "chromedriver did not start"
+    );
+    let profile = std::env::temp_dir().join(common::unique("chromium-profile"));
+    std::fs::create_dir_all(&profile).unwrap();
+    let caps = json!({ "capabilities": { "alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--window-size=1100,900",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    }}});
+    let created: Value = agent
+        .post(&format!("{driver}/session"))
+        .send_json(caps)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let id = created["value"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let s = Session {
+        base: format!("{driver}/session/{id}"),
+        agent: agent.clone(),
+    };
+
+    // The overview, as rendered: counts by state.
+    s.go(&format!("{base}/"));
+    let cell = |state: &str| {
+        let e = s.find(
+            "css selector",
+            &format!("a[href='/tables/{name}?state={state}']"),
+        );
+        s.text(&e)
+    };
+    assert_eq!(cell("ready"), "10");
+    assert_eq!(cell("scheduled"), "1");
+    assert_eq!(cell("dead"), "2");
+    assert_eq!(cell("completed"), "30");
+    assert!(s.body_text().contains("Throughput and failures"));
+    let shot = s.screenshot();
+    assert_eq!(&shot[1..4], b"PNG");
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "dashboard-{}.png",
+        format!("{db:?}").to_lowercase()
+    ));
+    std::fs::write(&file, &shot).unwrap();
+    eprintln!("screenshot: {}", file.display());
+
+    // The dead letters, with their reasons; requeue one by its button.
+    let link = s.find(
+        "css selector",
+        &format!("a[href='/tables/{name}?state=dead']"),
+    );
+    s.click(&link);
+    let text = s.body_text();
+    assert!(text.contains("smtp: 550 mailbox unavailable"), "{text}");
+    assert!(text.contains("invalid address"), "{text}");
+    let button = s.find(
+        "xpath",
+        &format!("//form[@action='/tables/{name}/requeue'][input[@name='id' and @value='{dead}']]/button"),
+    );
+    s.click(&button);
+    assert!(
+        wait_for(Duration::from_secs(10), || s.url().contains("done=")),
+        "the action's redirect: {}",
+        s.url()
+    );
+    let text = s.body_text();
+    assert!(text.contains(&format!("requeued job {dead}")), "{text}");
+    assert!(!text.contains("smtp: 550 mailbox unavailable"), "{text}");
+    assert!(text.contains("invalid address"), "{text}");
+    assert_eq!(
+        b.job(&t, dead).unwrap().map(|j| j.state()),
+        Some(JobState::Ready)
+    );
+    assert_eq!(
+        b.job(&t, other).unwrap().map(|j| j.state()),
+        Some(JobState::Dead)
+    );
+    // The overview shows it at once (the action recounted the table).
+    s.go(&format!("{base}/"));
+    assert_eq!(cell("dead"), "1");
+    assert_eq!(cell("ready"), "11");
+
+    s.call("DELETE", "", None);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[test]
+fn postgres() {
+    browse(Db::Postgres, DRIVER_PORT_BASE);
+}
+
+#[test]
+fn mysql() {
+    browse(Db::Mysql, DRIVER_PORT_BASE + 1);
+}
+
+#[test]
+fn sqlite() {
+    browse(Db::Sqlite, DRIVER_PORT_BASE + 2);
+}
