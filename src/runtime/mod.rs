@@ -20,6 +20,7 @@ use crate::keys::KeyRegistry;
 use crate::table::TableSpec;
 
 pub(crate) mod claimer;
+pub(crate) mod deferred;
 pub(crate) mod group;
 pub(crate) mod listen;
 pub(crate) mod notifier;
@@ -254,6 +255,9 @@ pub(crate) struct Ctx {
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
     pub events: Option<Arc<dyn crate::Events>>,
+    /// Deferred acks ([`AckMode::Deferred`](crate::AckMode::Deferred)): queued, written by
+    /// a thread of the subscription.
+    pub deferred: Option<deferred::DeferredAcks>,
     last_error: Mutex<Option<Arc<BrokerError>>>,
     /// Cleared by `shutdown` after its grace: the renewer leaves this subscription.
     renewing: AtomicBool,
@@ -284,6 +288,7 @@ impl Ctx {
             waiting: AtomicUsize::new(0),
             timer: None,
             events: None,
+            deferred: None,
             last_error: Mutex::new(None),
             renewing: AtomicBool::new(true),
             _renewer: renewer,
@@ -311,6 +316,20 @@ impl Ctx {
             }),
             Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
         }
+    }
+
+    /// With deferred acks.
+    pub fn with_deferred(mut self, deferred: deferred::DeferredAcks) -> Self {
+        self.deferred = Some(deferred);
+        self
+    }
+
+    /// Writes the deferred acks queued so far, waiting at most `timeout`; false if some were
+    /// still unwritten then. True at once without deferred acks.
+    pub fn flush_acks(&self, timeout: Duration) -> bool {
+        self.deferred
+            .as_ref()
+            .is_none_or(|d| d.flush_within(timeout))
     }
 
     /// With the timer that runs handler timeouts.
