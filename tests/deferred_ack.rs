@@ -88,11 +88,9 @@ fn shutdown_and_drop_write_the_queue(db: Db) {
     for _ in 0..3 {
         common::next(&sub, Duration::from_secs(10)).ack().unwrap();
     }
-    assert_eq!(
-        live.rows(&t),
-        6,
-        "{db:?}: precondition: nothing written yet"
-    );
+    // Long enough for a write that did not wait for its bound (10 s) to have committed.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(live.rows(&t), 6, "{db:?}: written before its bound");
     let started = Instant::now();
     sub.shutdown(Duration::from_secs(5)).unwrap();
     assert_eq!(
@@ -257,6 +255,8 @@ fn a_crash_before_the_write_redelivers(db: Db) {
         .trim()
         .parse()
         .unwrap();
+    // Long enough for a write that did not wait for its bound (10 s) to have committed.
+    std::thread::sleep(Duration::from_millis(500));
     child.kill();
     assert_eq!(
         live.rows(&t),
