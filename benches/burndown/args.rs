@@ -57,6 +57,19 @@ pub(crate) enum Settle {
     Ack,
     /// `next_batch(100, ..)` + `Delivery::ack_all`.
     AckAll,
+    /// `next_delivery_timeout` + `ack`, one by one, with `AckMode::Deferred`
+    /// ([`defer_within`]); the clock runs until `close` has written the last ack.
+    Deferred,
+}
+
+/// The bound of the deferred-ack cells (`BURNDOWN_DEFER_MS`, default 10 ms).
+pub(crate) fn defer_within() -> std::time::Duration {
+    let ms = std::env::var("BURNDOWN_DEFER_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(10u64)
+        .clamp(1, 10_000);
+    std::time::Duration::from_millis(ms)
 }
 
 #[derive(Clone, Copy)]
@@ -127,6 +140,15 @@ pub(crate) fn cells(row_lock: bool, advisory_batches: &[usize]) -> Vec<Cell> {
     out.push(Cell {
         settle: Settle::AckAll,
         ..Cell::plain("lease_all", Form::Lease, 4, 100)
+    });
+    out.push(Cell {
+        handlers: headline_handlers(),
+        settle: Settle::Deferred,
+        ..Cell::plain("lease_d32", Form::Lease, 4, 100)
+    });
+    out.push(Cell {
+        settle: Settle::Deferred,
+        ..Cell::plain("lease_d", Form::Lease, 4, 100)
     });
     for &b in advisory_batches {
         for w in [1, 4, 8] {

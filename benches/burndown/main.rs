@@ -22,6 +22,13 @@
 //!   `ack` (grouped by the library's group commit).
 //! - `lease_all`: the explicit batch path, `workers(4).batch_size(100)`, 4 handler threads each
 //!   taking `next_batch(100, ..)` and settling it with `Delivery::ack_all`.
+//! - `lease_d32`, `lease_d`: as `lease_h32` and `lease/w4/b100` (32 and 4 handler threads,
+//!   plain `ack`), with `AckMode::Deferred { within: BURNDOWN_DEFER_MS, default 10 ms }`: the
+//!   clock runs until `Subscription::close` has written the last queued ack.
+//!
+//! Under each cell a line gives the client CPU per job in microseconds of every run of each
+//! side: this process's `getrusage` (user + system, all threads) over the run, divided by its
+//! jobs (the library run includes starting and shutting down its subscription).
 //!
 //! The raw side: `w` threads, one connection each (opened and prepared before the clock starts),
 //! each looping the protocol until the table is empty:

@@ -37,6 +37,9 @@ pub(crate) struct Row {
     pub(crate) retries: u64,
     /// Per library run: the share of handler time spent settling.
     pub(crate) settling: Vec<f64>,
+    /// Client CPU per job (us) of each library run and each raw run: this process's
+    /// `getrusage` over the run divided by its jobs.
+    pub(crate) cpu: (Vec<f64>, Vec<f64>),
 }
 
 impl Row {
@@ -82,6 +85,18 @@ pub(crate) fn print_row(r: &Row) {
         r.library.list(),
         r.raw.list(),
         pgruns
+    );
+    let us = |v: &[f64]| {
+        v.iter()
+            .map(|c| format!("{c:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "{:<30} (client CPU per job, us: library {} | raw {})",
+        "",
+        us(&r.cpu.0),
+        us(&r.cpu.1)
     );
     if r.retries > 0 {
         println!("{:<30} (raw: {} deadlocks retried)", "", r.retries);

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlbroker::{Broker, Delivery, Message, NextError, Table};
+use sqlbroker::{AckMode, Broker, Delivery, Message, NextError, Table};
 
-use crate::args::{Cell, Form, Settle};
+use crate::args::{defer_within, Cell, Form, Settle};
 use crate::{LAST_BATCH_MEAN, PAYLOAD, PUBLISH_CHUNK, STALL};
 
 /// One database: the broker, its three tables, and the raw side's connections.
@@ -60,11 +60,16 @@ pub(crate) fn publish(broker: &Broker, t: &Table, n: u64, from: u64) {
 pub(crate) fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -> (f64, f64) {
     let t = db.table(cell.form);
     acked.store(0, Ordering::Relaxed);
-    let builder = db
+    let mut builder = db
         .broker()
         .subscription(t)
         .workers(cell.workers)
         .batch_size(cell.batch);
+    if cell.settle == Settle::Deferred {
+        builder = builder.ack_mode(AckMode::Deferred {
+            within: defer_within(),
+        });
+    }
     let start = Instant::now();
     let sub = builder.start().expect("start subscription");
     let last = Mutex::new(start);
@@ -81,7 +86,7 @@ pub(crate) fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -
                     break;
                 }
                 let got = match cell.settle {
-                    Settle::Ack => sub
+                    Settle::Ack | Settle::Deferred => sub
                         .next_delivery_timeout(Duration::from_millis(20))
                         .map(|d| {
                             black_box(d.payload());
@@ -132,7 +137,12 @@ pub(crate) fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -
             });
         }
     });
-    let elapsed = last.into_inner().unwrap().duration_since(start);
+    let mut elapsed = last.into_inner().unwrap().duration_since(start);
+    if cell.settle == Settle::Deferred {
+        // Deferred acks: the run ends when the last of them is written.
+        sub.close();
+        elapsed = start.elapsed();
+    }
     let done = acked.load(Ordering::Relaxed);
     sub.shutdown(Duration::from_secs(10)).expect("shutdown");
     let share = settling.load(Ordering::Relaxed) as f64
