@@ -2,8 +2,8 @@
 // own, then worked by one worker process with its tuned settings until every job is done and
 // the worker stopped (its batched completions written). Prints `graphile <jobs> <jobs/s>`.
 //
-// Environment: PEER_PG_URL, JOBS (default 60000), CONCURRENCY (32), LOCAL_QUEUE (500),
-// COMPLETE_DELAY (0: completions of one tick batched; -1 turns batching off), POLL_MS (2000).
+// Environment: PEER_PG_URL, JOBS (default 60000), CONCURRENCY (32), LOCAL_QUEUE (2000),
+// COMPLETE_DELAY (10 ms of completions batched; -1 turns batching off), POLL_MS (2000).
 import { Logger, run, runMigrations } from "graphile-worker";
 import pg from "pg";
 
@@ -11,8 +11,8 @@ const env = (k, d) => (process.env[k] === undefined ? d : process.env[k]);
 const connectionString = env("PEER_PG_URL", "postgres://postgres@127.0.0.1:5432/test");
 const jobs = Number(env("JOBS", "60000"));
 const concurrency = Number(env("CONCURRENCY", "32"));
-const localQueue = Number(env("LOCAL_QUEUE", "500"));
-const completeDelay = Number(env("COMPLETE_DELAY", "0"));
+const localQueue = Number(env("LOCAL_QUEUE", "2000"));
+const completeDelay = Number(env("COMPLETE_DELAY", "10"));
 const pollInterval = Number(env("POLL_MS", "2000"));
 const schema = `sqlbroker_peer_${process.pid}`;
 

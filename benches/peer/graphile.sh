@@ -16,8 +16,10 @@
 # scratch folder (PEER_DIR, default $TMPDIR/sqlbroker-peer-graphile), not into the repository.
 # Its settings (its performance guide's batching options; each can be overridden):
 #   CONCURRENCY=32      concurrent jobs (as the library's 32 handlers)
-#   LOCAL_QUEUE=500     jobs fetched and locked per fetch (localQueue.size)
-#   COMPLETE_DELAY=0    completions batched per tick (completeJobBatchDelay; -1 = off)
+#   LOCAL_QUEUE=2000    jobs fetched and locked per fetch (localQueue.size)
+#   COMPLETE_DELAY=10   completions batched over 10 ms (completeJobBatchDelay; -1 = off)
+# (the best of a sweep here: concurrency 16/32/64, localQueue 100-4000, delay 0/10/50 ms;
+# BENCHMARKS.md has it)
 #   POLL_MS=2000        pollInterval (jobs are all queued before it starts; LISTEN wakes it)
 # Server: SQLBROKER_PG_URL (default postgres://postgres@127.0.0.1:5432/test). Needs `node`
 # (20 or later) and `npm`; skips with a message when they are missing.
@@ -49,7 +51,7 @@ CELLS="postgres/lease_h32/ postgres/lease_d32/ postgres/lease_all/"
 RESULTS=$(mktemp)
 trap 'rm -f "$RESULTS"' EXIT
 echo "graphile-worker $VERSION (node $(node --version)): concurrency ${CONCURRENCY:-32}," \
-    "localQueue.size ${LOCAL_QUEUE:-500}, completeJobBatchDelay ${COMPLETE_DELAY:-0}," \
+    "localQueue.size ${LOCAL_QUEUE:-2000}, completeJobBatchDelay ${COMPLETE_DELAY:-10}," \
     "pollInterval ${POLL_MS:-2000}; $JOBS jobs per run; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
     # Library cells: `<cell> <threads> <jobs> <library/s> <settle> <raw/s> <l/raw> <pgbench/s> ..`
@@ -58,21 +60,27 @@ for round in $(seq 1 "$ROUNDS"); do
         cargo bench --bench burndown -- $CELLS 2>/dev/null |
         awk -v r="$round" '$1 ~ /^postgres\/lease_(h32|d32|all)\// {
             split($1, id, "/"); print r, id[2], $4; print r, "raw_" id[2], $6
-            if ($8 != "-") print r, "pgbench", $8 }' | tee -a "$RESULTS"
+            if ($8 != "-") print r, "pgbench_" id[2], $8 }' | tee -a "$RESULTS"
     rate=$(cd "$DIR" && PEER_PG_URL=$PG_URL JOBS=$JOBS node graphile-run.mjs | awk '$1 == "graphile" { print $3 }')
     echo "$round graphile $rate" | tee -a "$RESULTS"
 done
 
 echo
-echo "best of $ROUNDS rounds, jobs/s, and each / graphile-worker (best over best):"
+echo "best of $ROUNDS rounds, jobs/s; each library path / graphile-worker and / pgbench and"
+echo "the raw loop of its own cell (best over best):"
 awk '{ if ($3 > best[$2]) best[$2] = $3 }
     END {
         g = best["graphile"]
-        n = split("lease_h32 lease_d32 lease_all raw_lease_all pgbench graphile", k, " ")
-        for (i = 1; i <= n; i++) if (k[i] in best)
-            printf "%-16s %9.0f   %5.2fx graphile-worker   %5.2fx pgbench\n", k[i], best[k[i]],
-                best[k[i]] / g, (best["pgbench"] > 0 ? best[k[i]] / best["pgbench"] : 0)
+        printf "%-10s %9s %9s %9s %9s %9s %9s\n", "path", "library", "graphile", "l/graph",
+            "pgbench", "l/pgb", "l/raw"
+        n = split("lease_h32 lease_d32 lease_all", k, " ")
+        for (i = 1; i <= n; i++) if (k[i] in best) {
+            p = best["pgbench_" k[i]]; r = best["raw_" k[i]]
+            printf "%-10s %9.0f %9.0f %8.2fx %9.0f %8.2fx %8.2fx\n", k[i], best[k[i]], g,
+                best[k[i]] / g, p, (p > 0 ? best[k[i]] / p : 0), (r > 0 ? best[k[i]] / r : 0)
+        }
     }' "$RESULTS"
 echo "lease_h32: plain ack(), durable; lease_d32: plain ack(), AckMode::Deferred; lease_all:"
-echo "next_batch + ack_all; raw_lease_all: the library's statements by hand in Rust (4 connections);"
-echo "pgbench: the lease protocol by hand (benches/pgbench/pg-lease100.sql, 4 clients)."
+echo "next_batch + ack_all (32, 32 and 4 handler threads; 4 claim workers, batch 100). pgbench:"
+echo "the lease protocol by hand (benches/pgbench/pg-lease100.sql, 4 clients) run beside each"
+echo "cell; raw: the library's own statements by hand in Rust (4 connections)."
