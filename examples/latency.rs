@@ -235,7 +235,12 @@ fn measure_process(
 ) -> (Vec<Duration>, Vec<Duration>) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().expect("current exe"))
-        .args(["--child", url, table.name(), &a.poll.as_millis().to_string()])
+        .args([
+            "--child",
+            url,
+            table.name(),
+            &a.poll.as_millis().to_string(),
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the child process");

@@ -38,7 +38,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 mkdir -p "$DIR"
-if [ "$(cd "$DIR" && node -p "require('graphile-worker/package.json').version" 2>/dev/null)" != "$VERSION" ]; then
+if [ "$(cd "$DIR" && node -p "require('./node_modules/graphile-worker/package.json').version" 2>/dev/null)" != "$VERSION" ]; then
     echo "installing graphile-worker@$VERSION and pg into $DIR"
     (cd "$DIR" && npm install --no-audit --no-fund --loglevel=error "graphile-worker@$VERSION" pg >/dev/null)
 fi
