@@ -254,7 +254,8 @@
 //!   broker always; on other brokers and processes through PostgreSQL `LISTEN/NOTIFY` (one
 //!   dedicated session per broker, reconnected with backoff; a reconnection wakes every
 //!   worker) and a SQLite file's change probe (`PRAGMA data_version`). MySQL/MariaDB cannot
-//!   notify: an idle worker polls after 5 ms once rows were found, doubling up to
+//!   notify: an idle worker polls every 2 ms for 50 ms once rows were found, then after
+//!   5 ms, doubling up to
 //!   [`poll_interval`](SubscriptionBuilder::poll_interval). Every subscription still polls at
 //!   that interval, so rows inserted by other tools with plain SQL are found.
 //!

@@ -171,8 +171,9 @@ impl<'a> SubscriptionBuilder<'a> {
     /// 250 ms; from 1 ms to an hour. Publishes through the same [`Broker`](crate::Broker) wake
     /// idle workers at once; so do publishes by other brokers and processes on PostgreSQL
     /// (`LISTEN/NOTIFY`) and on a SQLite file (a change probe), within milliseconds. On
-    /// MySQL/MariaDB, which cannot notify, an idle worker polls after 5 ms once a claim found
-    /// rows (or a publish in this process woke it), doubling up to this interval. Rows inserted by other tools with plain SQL are
+    /// MySQL/MariaDB, which cannot notify, an idle worker polls every 2 ms for 50 ms once a
+    /// claim found rows (or a publish in this process woke it), then after 5 ms, doubling up
+    /// to this interval. Rows inserted by other tools with plain SQL are
     /// always found within it.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
