@@ -8,7 +8,8 @@ use crate::BrokerError;
 /// What a subscription reports as it works ([`SubscriptionBuilder::events`]). Every method
 /// has a no-op default: implement those you need.
 ///
-/// They run on the library's threads (claim workers, the handler timeout's timer) and on the
+/// They run on the library's threads (claim workers, the handler timeout's timer, the deferred
+/// acks' writer) and on the
 /// handler's own thread inside a settlement, after the database answered: keep them quick
 /// (count, observe a histogram) and never block on I/O.
 ///
