@@ -117,6 +117,7 @@ per_db!(shutdown_and_drop_write_the_queue);
 struct Seen {
     failed: Mutex<Vec<(i64, String)>>,
     acked: Mutex<Vec<i64>>,
+    lost: Mutex<Vec<i64>>,
 }
 
 impl Events for Seen {
@@ -129,7 +130,58 @@ impl Events for Seen {
     fn acked(&self, e: &Settled<'_>) {
         self.acked.lock().unwrap().push(e.id);
     }
+    fn lease_lost(&self, e: &Settled<'_>) {
+        self.lost.lock().unwrap().push(e.id);
+    }
 }
+
+/// A lease that moves on (another claim's) between `ack()` and the write: the write leaves
+/// that row alone and reports `Events::lease_lost` for it; the other rows of the same write
+/// are acked and reported so.
+fn a_lease_lost_before_the_write_is_reported(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, LEASE);
+    let msgs: Vec<Message> = (0..3).map(|i| common::msg(&format!("m{i}"), "a")).collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    let seen = Arc::new(Seen::default());
+    let sub = live
+        .broker
+        .subscription(&t)
+        .batch_size(3)
+        .events(seen.clone())
+        .ack_mode(deferred(Duration::from_secs(10)))
+        .start()
+        .unwrap();
+    let ds: Vec<_> = (0..3)
+        .map(|_| common::next(&sub, Duration::from_secs(10)))
+        .collect();
+    let stolen = ds[1].id();
+    for d in ds {
+        d.ack().unwrap();
+    }
+    let later = match db {
+        Db::Postgres => "locked_until + interval '1 second'",
+        Db::Mysql => "locked_until + INTERVAL 1 SECOND",
+        Db::Sqlite => "locked_until + 1",
+    };
+    live.exec(&format!(
+        "UPDATE {} SET locked_until = {later} WHERE id = {stolen}",
+        t.name()
+    ));
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        live.ints(&format!("SELECT id FROM {}", t.name())),
+        [Some(stolen)],
+        "{db:?}: the write deleted a row whose lease moved on, or left a row it held"
+    );
+    assert_eq!(
+        *seen.lost.lock().unwrap(),
+        [stolen],
+        "{db:?}: lease_lost events"
+    );
+    assert_eq!(seen.acked.lock().unwrap().len(), 2, "{db:?}: acked events");
+}
+per_db!(a_lease_lost_before_the_write_is_reported);
 
 /// Makes every delete on `t` fail (a trigger), as a database refusing the ack would.
 fn refuse_deletes(live: &common::Live, t: &Table) {
