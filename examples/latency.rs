@@ -19,6 +19,11 @@
 //! (default `postgres://postgres@127.0.0.1:5432/test`), `SQLBROKER_MYSQL_URL` (default
 //! `mysql://root@127.0.0.1:3306/test`); SQLite uses a fresh file in the temp directory. A
 //! server that does not answer is skipped. The lease form; each case's table is dropped after.
+//!
+//! (c) "another process": the subscription runs in a child process (this example started
+//! again with `--child`), which prints the wall-clock time of each delivery; the latency is
+//! that time minus the wall-clock time the parent started the row's `publish` (one machine,
+//! one clock). This is what two services see: no state of the publisher's process is shared.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +68,10 @@ fn args() -> Args {
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--child") {
+        return child(&argv[2], &argv[3], argv[4].parse().expect("poll ms"));
+    }
     let a = args();
     if a.idle.is_some() {
         println!("| database | idle subscription: process CPU |\n|---|---|");
@@ -127,29 +136,29 @@ fn main() {
             sub.close();
             drop_table(db, &url, &name);
         }
-        for other in [false, true] {
+        for case in 0..3u8 {
             if a.idle.is_some() {
                 break;
             }
-            let name = format!("latency_{}_{}", std::process::id(), u8::from(other));
+            let name = format!("latency_{}_{case}", std::process::id());
             let table = Table::new(&name).lease(Duration::from_secs(30));
             publisher.create_table(&table).expect("create table");
-            let subscriber = if other {
-                Broker::connect(&url).expect("second broker")
-            } else {
-                publisher.clone()
+            let (publish, latency) = match case {
+                0 => measure(&publisher, &publisher, &table, &a),
+                1 => measure(
+                    &publisher,
+                    &Broker::connect(&url).expect("second broker"),
+                    &table,
+                    &a,
+                ),
+                _ => measure_process(&publisher, &url, &table, &a),
             };
-            let (publish, latency) = measure(&publisher, &subscriber, &table, &a);
             let after: Vec<Duration> = latency
                 .iter()
                 .zip(&publish)
                 .map(|(l, p)| l.saturating_sub(*p))
                 .collect();
-            let label = if other {
-                "another broker"
-            } else {
-                "the same broker"
-            };
+            let label = ["the same broker", "another broker", "another process"][case as usize];
             println!(
                 "| {} | {label} | {} | {} | {} | {} | {} | {} | {} |",
                 publisher.database(),
@@ -214,6 +223,88 @@ fn measure(
         sub.close();
         (publish, latency)
     })
+}
+
+/// As [`measure`], with the subscription in a child process (`--child`): the latency runs from
+/// the wall-clock time `publish` started to the wall-clock time the child printed for it.
+fn measure_process(
+    publisher: &Broker,
+    url: &str,
+    table: &Table,
+    a: &Args,
+) -> (Vec<Duration>, Vec<Duration>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().expect("current exe"))
+        .args([
+            "--child",
+            url,
+            table.name(),
+            &a.poll.as_millis().to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the child process");
+    let (tx, rx) = crossbeam_channel::unbounded::<String>();
+    let out = child.stdout.take().expect("child stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(30));
+    assert_eq!(line.as_deref(), Ok("READY"), "the child did not start");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut publish = Vec::with_capacity(a.rows);
+    let mut latency = Vec::with_capacity(a.rows);
+    for i in 0..a.rows {
+        std::thread::sleep(a.gap);
+        let (wall, start) = (unix_nanos(), Instant::now());
+        publisher
+            .publish(table, Message::new(format!("{i}")))
+            .expect("publish");
+        publish.push(start.elapsed());
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("no delivery within 10 s");
+        let (id, at) = line.split_once(' ').expect("`<payload> <nanos>`");
+        assert_eq!(id, i.to_string(), "the child delivered another row");
+        let at: u128 = at.parse().expect("nanos");
+        latency.push(Duration::from_nanos(at.saturating_sub(wall) as u64));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (publish, latency)
+}
+
+/// The child of [`measure_process`]: subscribes to `table` on its own broker, prints `READY`,
+/// then `<payload> <unix nanos>` as each delivery arrives (and acks it), until killed.
+fn child(url: &str, table: &str, poll_ms: u64) {
+    use std::io::Write;
+    let broker = Broker::connect(url).expect("child: connect");
+    let table = Table::new(table).lease(Duration::from_secs(30));
+    let sub = broker
+        .subscription(&table)
+        .poll_interval(Duration::from_millis(poll_ms))
+        .start()
+        .expect("child: start");
+    let mut out = std::io::stdout();
+    writeln!(out, "READY").unwrap();
+    out.flush().unwrap();
+    while let Some(d) = sub.next_delivery() {
+        let at = unix_nanos();
+        writeln!(out, "{} {at}", String::from_utf8_lossy(d.payload())).unwrap();
+        out.flush().unwrap();
+        d.ack().expect("child: ack");
+    }
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// CPU time this process used so far, user and system (Linux; zero elsewhere).

@@ -10,6 +10,7 @@ use crate::dialect::DbConn;
 use crate::error::BrokerError;
 use crate::events::Settled;
 use crate::form::{self, Claimed, Hold, Outcome};
+use crate::runtime::deferred::Pending;
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 use crate::schedule::due_at;
@@ -311,8 +312,42 @@ impl Delivery {
     /// tried again on a new connection and matched nothing: the first try may have committed
     /// before its answer was lost, so the row is either gone or, if not, delivered again once
     /// its lease ends.
+    ///
+    /// With [`AckMode::Deferred`](crate::AckMode::Deferred), a lease delivery's `ack()`
+    /// returns `Ok` once the row is queued for the subscription's next write, before its
+    /// commit; what that write meets goes to [`Events`](crate::Events) (see the mode).
     pub fn ack(self) -> Result<()> {
+        if self.defer() {
+            return Ok(());
+        }
         self.settle(Outcome::Ack)
+    }
+
+    /// Queues the ack for the subscription's ack thread (deferred acks, a lease delivery not
+    /// timed out); false if it must be written here.
+    fn defer(&self) -> bool {
+        let Some(deferred) = &self.ctx.deferred else {
+            return false;
+        };
+        let mut hold = self.held.hold.lock();
+        if self.held.timed_out.load(Ordering::Acquire) {
+            return false;
+        }
+        let cell = match &*hold {
+            Some(Hold::Lease(cell)) => cell.clone(),
+            _ => return false,
+        };
+        *hold = None;
+        drop(hold);
+        deferred.push(Pending {
+            ctx: self.ctx.clone(),
+            id: self.id,
+            attempt: self.attempt,
+            cell,
+            handed_at: self.handed_at,
+            at: Instant::now(),
+        });
+        true
     }
 
     /// Acks many deliveries in one call, each result in the order given. Lease deliveries of
@@ -566,6 +601,82 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
         }
     }
     r
+}
+
+/// Writes a batch of deferred acks of one subscription (its ack thread's flush): one
+/// statement per batch, as `ack_all`; tells the hooks about each row. A row whose ack could
+/// not be written is failed with that error as its last error, where the database takes that
+/// write (else it returns when its lease ends).
+pub(crate) fn write_deferred(batch: &[Pending]) {
+    let Some(first) = batch.first() else { return };
+    let ctx = &first.ctx;
+    let cells: Vec<(i64, Arc<LeaseCell>)> = batch.iter().map(|p| (p.id, p.cell.clone())).collect();
+    let within = ctx.queue.pool.connection_timeout();
+    let started = Instant::now();
+    let results = form::lease::ack_all(ctx, &cells, within);
+    let took = started.elapsed();
+    for (p, r) in batch.iter().zip(results) {
+        let e = Settled {
+            table: &ctx.spec().name,
+            id: p.id,
+            attempt: p.attempt,
+            handled_for: p.handed_at.map_or(Duration::ZERO, |h| p.at - h),
+            took,
+            reason: None,
+        };
+        match r {
+            Ok(()) => {
+                if let Some(events) = &ctx.events {
+                    events.acked(&e);
+                }
+            }
+            Err(err) if err.is_lease_lost() => {
+                log::warn!(
+                    "table {}: row {}: its deferred ack found the lease lost",
+                    e.table,
+                    p.id
+                );
+                if let Some(events) = &ctx.events {
+                    events.lease_lost(&e);
+                }
+            }
+            Err(err) => deferred_failed(ctx, p, err),
+        }
+    }
+}
+
+/// A deferred ack its write could not make: reported, and the row failed with the error.
+fn deferred_failed(ctx: &Ctx, p: &Pending, err: BrokerError) {
+    let table = &ctx.spec().name;
+    log::warn!(
+        "table {table}: row {}: its deferred ack could not be written; delivered again: {err}",
+        p.id
+    );
+    let outcome = failure(
+        ctx,
+        p.attempt,
+        &format_args!("its deferred ack could not be written: {err}"),
+    );
+    let row = Row {
+        id: p.id,
+        attempt: p.attempt,
+        handed_at: p.handed_at,
+    };
+    let hold = Hold::Lease(p.cell.clone());
+    if let Err(e) = settle_hold(ctx, &row, hold, outcome, DROP_WAIT) {
+        log::warn!(
+            "table {table}: row {}: returns when its lease ends: {e}",
+            p.id
+        );
+    }
+    if let Some(events) = &ctx.events {
+        events.ack_failed(&crate::events::AckFailed {
+            table,
+            id: p.id,
+            attempt: p.attempt,
+            error: &err,
+        });
+    }
 }
 
 /// Which delivery a settlement is for.

@@ -8,7 +8,8 @@ use crate::BrokerError;
 /// What a subscription reports as it works ([`SubscriptionBuilder::events`]). Every method
 /// has a no-op default: implement those you need.
 ///
-/// They run on the library's threads (claim workers, the handler timeout's timer) and on the
+/// They run on the library's threads (claim workers, the handler timeout's timer, the deferred
+/// acks' writer) and on the
 /// handler's own thread inside a settlement, after the database answered: keep them quick
 /// (count, observe a histogram) and never block on I/O.
 ///
@@ -58,6 +59,25 @@ pub trait Events: Send + Sync {
     fn cancelled(&self, _event: &Settled<'_>) {}
     /// A lease settlement found the lease gone (`LeaseLost`).
     fn lease_lost(&self, _event: &Settled<'_>) {}
+    /// A deferred ack ([`AckMode::Deferred`](crate::AckMode::Deferred)) could not be written:
+    /// its `ack()` had returned `Ok`, the row is delivered again (see the event).
+    fn ack_failed(&self, _event: &AckFailed<'_>) {}
+}
+
+/// A deferred ack that its flush could not write. The row keeps its last error (when the
+/// database takes that write) and is delivered again: after the retry policy's delay if that
+/// write went through, else once its lease ends.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AckFailed<'a> {
+    /// The table.
+    pub table: &'a str,
+    /// The row.
+    pub id: i64,
+    /// The delivery's attempt.
+    pub attempt: u32,
+    /// Why the flush failed.
+    pub error: &'a BrokerError,
 }
 
 /// A claim that took rows.

@@ -266,7 +266,8 @@
 //!   broker always; on other brokers and processes through PostgreSQL `LISTEN/NOTIFY` (one
 //!   dedicated session per broker, reconnected with backoff; a reconnection wakes every
 //!   worker) and a SQLite file's change probe (`PRAGMA data_version`). MySQL/MariaDB cannot
-//!   notify: an idle worker polls after 5 ms once rows were found, doubling up to
+//!   notify: an idle worker polls every 2 ms for 50 ms once rows were found, then after
+//!   5 ms, doubling up to
 //!   [`poll_interval`](SubscriptionBuilder::poll_interval). Every subscription still polls at
 //!   that interval, so rows inserted by other tools with plain SQL are found.
 //!
@@ -353,7 +354,7 @@ pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
 pub use ddl::Database;
 pub use delivery::Delivery;
 pub use error::{BrokerError, DbErrorKind, NextError, Result};
-pub use events::{ClaimFailed, ClaimedRows, Events, Settled};
+pub use events::{AckFailed, ClaimFailed, ClaimedRows, Events, Settled};
 pub use jobs::{Job, JobState, LAST_ERROR_MAX};
 pub use message::Message;
 pub use ops::{Completed, QueueStats};
@@ -362,6 +363,6 @@ pub use outcome::Outcome;
 pub use periodic::{Periodic, PeriodicBuilder};
 pub use registry::RecordedTable;
 pub use retry::RetryPolicy;
-pub use subscription::{Iter, Ran, Subscription, SubscriptionBuilder};
+pub use subscription::{AckMode, Iter, Ran, Subscription, SubscriptionBuilder};
 pub use table::{ColumnType, Form, Isolation, Role, Table};
 pub use value::Value;

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use crate::delivery::Delivery;
 use crate::error::{BrokerError, NextError, Result};
 use crate::form;
+use crate::runtime::deferred::DeferredAcks;
 use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
@@ -61,6 +62,42 @@ pub struct SubscriptionBuilder<'a> {
     retry: RetryPolicy,
     handler_timeout: Option<Duration>,
     events: Option<Arc<dyn crate::Events>>,
+    ack_mode: AckMode,
+}
+
+/// When [`Delivery::ack`] returns: after its commit (the default), or at once, its row written
+/// by the subscription shortly after ([`SubscriptionBuilder::ack_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AckMode {
+    /// `ack()` returns once the row's delete (or completion) has committed: `Ok` means the job
+    /// is done for good. Concurrent acks of a table share statements (group commit), but each
+    /// handler waits for its commit.
+    #[default]
+    Durable,
+    /// Lease form only. `ack()` queues the row and returns at once; a thread of the
+    /// subscription writes the queued rows, up to 256 per statement and commit, as soon as
+    /// 256 are queued or the oldest has waited `within` (from 1 ms to 10 s), plus the time of
+    /// the statement. Until then the row keeps its lease, renewed as usual.
+    ///
+    /// - A crash (or a lost connection) before the write: the row is delivered again when its
+    ///   lease ends, exactly as if the handler had crashed before its ack (at-least-once, as
+    ///   always: handlers must be idempotent).
+    /// - A write that fails: reported to [`Events::ack_failed`](crate::Events::ack_failed)
+    ///   and the log; the row is failed with that error as its
+    ///   `last_error` (delivered again after the retry policy's delay), or, if the database
+    ///   refuses that too, when its lease ends.
+    /// - A lease lost before the write: [`Events::lease_lost`](crate::Events::lease_lost), and
+    ///   the row is the other claim's.
+    /// - [`Subscription::close`], [`Subscription::shutdown`] and dropping the subscription
+    ///   write what is queued before they return (bounded by the statement timeout).
+    ///
+    /// `ack()` waits only while 1,024 acks are queued unwritten (the database is behind).
+    /// [`Delivery::ack_all`] and the other settlements stay durable.
+    Deferred {
+        /// The longest an ack waits in the queue before its write starts.
+        within: Duration,
+    },
 }
 
 impl std::fmt::Debug for SubscriptionBuilder<'_> {
@@ -78,6 +115,7 @@ impl std::fmt::Debug for SubscriptionBuilder<'_> {
             .field("retry_policy", &self.retry)
             .field("handler_timeout", &self.handler_timeout)
             .field("events", &self.events.is_some())
+            .field("ack_mode", &self.ack_mode)
             .finish()
     }
 }
@@ -100,6 +138,7 @@ impl<'a> SubscriptionBuilder<'a> {
             retry: RetryPolicy::default(),
             handler_timeout: None,
             events: None,
+            ack_mode: AckMode::Durable,
         }
     }
 
@@ -132,8 +171,9 @@ impl<'a> SubscriptionBuilder<'a> {
     /// 250 ms; from 1 ms to an hour. Publishes through the same [`Broker`](crate::Broker) wake
     /// idle workers at once; so do publishes by other brokers and processes on PostgreSQL
     /// (`LISTEN/NOTIFY`) and on a SQLite file (a change probe), within milliseconds. On
-    /// MySQL/MariaDB, which cannot notify, an idle worker polls after 5 ms once a claim found
-    /// rows (or a publish in this process woke it), doubling up to this interval. Rows inserted by other tools with plain SQL are
+    /// MySQL/MariaDB, which cannot notify, an idle worker polls every 2 ms for 50 ms once a
+    /// claim found rows (or a publish in this process woke it), then after 5 ms, doubling up
+    /// to this interval. Rows inserted by other tools with plain SQL are
     /// always found within it.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
@@ -186,6 +226,38 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
+    /// When [`Delivery::ack`] returns: [`AckMode::Durable`] (the default) after its commit;
+    /// [`AckMode::Deferred`] at once, the row written by the subscription within the mode's
+    /// bound, many rows per commit (lease form only; `start` refuses it on other forms with
+    /// [`BrokerError::InvalidOption`]).
+    ///
+    /// Pick `Deferred` for many handlers acking one job each where throughput matters and a
+    /// job run again after a crash costs nothing extra (handlers are idempotent anyway); keep
+    /// `Durable` where `Ok` from `ack()` must mean the row is gone (a reply sent after the ack,
+    /// a count of finished jobs). `next_batch` + [`Delivery::ack_all`] is durable and as fast.
+    ///
+    /// ```
+    /// use sqlbroker::{AckMode, Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let t = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// broker.publish(&t, Message::new(b"x".to_vec()))?;
+    /// let sub = broker
+    ///     .subscription(&t)
+    ///     .ack_mode(AckMode::Deferred { within: Duration::from_millis(20) })
+    ///     .start()?;
+    /// sub.next_delivery().unwrap().ack()?; // queued: returns before its commit
+    /// sub.shutdown(Duration::from_secs(5))?; // writes it
+    /// assert_eq!(broker.stats(&t)?.total(), 0);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn ack_mode(mut self, mode: AckMode) -> Self {
+        self.ack_mode = mode;
+        self
+    }
+
     /// Every option in its range.
     fn check(&self) -> Result<()> {
         let invalid = |option, reason: &str| {
@@ -212,6 +284,11 @@ impl<'a> SubscriptionBuilder<'a> {
                 "from 1 ms (shorter spins a core) to an hour",
             );
         }
+        if let AckMode::Deferred { within } = self.ack_mode {
+            if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&within) {
+                return invalid("ack_mode", "a deferred ack's bound is from 1 ms to 10 s");
+            }
+        }
         if self.handler_timeout == Some(Duration::ZERO) {
             return invalid(
                 "handler_timeout",
@@ -235,6 +312,14 @@ impl<'a> SubscriptionBuilder<'a> {
         self.check()?;
         let queue = self.queue?;
         let form = queue.spec.form;
+        if form != Form::Lease && self.ack_mode != AckMode::Durable {
+            return Err(BrokerError::InvalidOption {
+                option: "ack_mode",
+                reason: "deferred acks need a lease table: the row lock and advisory forms \
+                         hold their rows until the ack commits"
+                    .into(),
+            });
+        }
         queue.dialect.check_form(form)?;
         // Connection-holding forms: every delivery in flight holds a pooled connection, so
         // `max_in_flight` of them must leave one for publishes, settlements and claims, or a
@@ -285,6 +370,16 @@ impl<'a> SubscriptionBuilder<'a> {
             match Timer::start(name.clone()) {
                 Ok(timer) => ctx = ctx.with_timer(timer),
                 Err(source) => return Err(BrokerError::Thread { name, source }),
+            }
+        }
+        if let AckMode::Deferred { within } = self.ack_mode {
+            let flush = crate::delivery::write_deferred;
+            match DeferredAcks::start(&name, within, flush) {
+                Ok(d) => ctx = ctx.with_deferred(d),
+                Err(source) => {
+                    let name = format!("sqlbroker-ack-{name}");
+                    return Err(BrokerError::Thread { name, source });
+                }
             }
         }
         let ctx = Arc::new(ctx);
@@ -651,13 +746,31 @@ impl Subscription {
     /// Waits for the claim workers (each ends within one statement) at most the broker's
     /// statement timeout and a second; one stuck on a server that stopped answering is left to
     /// end on its own, and hands back what it claims then.
+    ///
+    /// With [`AckMode::Deferred`], also writes the acks queued so far (waiting at most the
+    /// statement timeout for them); acks of deliveries settled later are written by the
+    /// subscription's ack thread as usual.
     pub fn close(&self) {
         self.stop_until(Instant::now() + self.ctx.queue.statement_timeout + JOIN_MARGIN);
+        self.write_acks();
+    }
+
+    /// Writes the deferred acks queued so far, at most the statement timeout.
+    fn write_acks(&self) {
+        if !self.ctx.flush_acks(self.ctx.queue.statement_timeout) {
+            log::warn!(
+                "table {}: deferred acks still unwritten after the statement timeout; their \
+                 rows return when their leases end",
+                self.ctx.spec().name
+            );
+        }
     }
 
     /// Stops claiming, hands back the rows not handed out (as [`close`](Subscription::close)),
-    /// waits up to `grace` for the deliveries handed out to be settled, then stops renewing
-    /// this subscription's leases. Returns within `grace` plus the broker's statement timeout.
+    /// waits up to `grace` for the deliveries handed out to be settled, writes the deferred
+    /// acks queued ([`AckMode::Deferred`]), then stops renewing this subscription's leases.
+    /// Returns within `grace` plus the broker's statement timeout (deferred acks: plus one
+    /// more statement timeout for their write).
     ///
     /// [`BrokerError::Unsettled`] if deliveries were still unsettled after `grace`: their
     /// leases are no longer renewed (the rows return when they expire, and a late settlement
@@ -677,6 +790,9 @@ impl Subscription {
                 .wait_idle(d.saturating_duration_since(Instant::now())),
             None => self.ctx.slots.wait_idle(grace),
         };
+        // Deferred acks of the deliveries settled in the grace, written while their leases
+        // are still renewed.
+        self.write_acks();
         self.ctx.stop_renewing();
         if idle {
             return Ok(());

@@ -24,6 +24,7 @@ const NO_TABLE: &str =
     "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)";
 
 pub(crate) mod claimer;
+pub(crate) mod deferred;
 pub(crate) mod group;
 pub(crate) mod listen;
 pub(crate) mod notifier;
@@ -279,6 +280,9 @@ pub(crate) struct Ctx {
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
     pub events: Option<Arc<dyn crate::Events>>,
+    /// Deferred acks ([`AckMode::Deferred`](crate::AckMode::Deferred)): queued, written by
+    /// a thread of the subscription.
+    pub deferred: Option<deferred::DeferredAcks>,
     last_error: Mutex<Option<Arc<BrokerError>>>,
     /// The error that closed the subscription, if one did (kept, unlike `last_error`).
     closed_by: std::sync::OnceLock<Arc<BrokerError>>,
@@ -311,6 +315,7 @@ impl Ctx {
             waiting: AtomicUsize::new(0),
             timer: None,
             events: None,
+            deferred: None,
             last_error: Mutex::new(None),
             closed_by: std::sync::OnceLock::new(),
             renewing: AtomicBool::new(true),
@@ -339,6 +344,20 @@ impl Ctx {
             }),
             Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
         }
+    }
+
+    /// With deferred acks.
+    pub fn with_deferred(mut self, deferred: deferred::DeferredAcks) -> Self {
+        self.deferred = Some(deferred);
+        self
+    }
+
+    /// Writes the deferred acks queued so far, waiting at most `timeout`; false if some were
+    /// still unwritten then. True at once without deferred acks.
+    pub fn flush_acks(&self, timeout: Duration) -> bool {
+        self.deferred
+            .as_ref()
+            .is_none_or(|d| d.flush_within(timeout))
     }
 
     /// With the timer that runs handler timeouts.

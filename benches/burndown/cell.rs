@@ -1,0 +1,104 @@
+//! Running a cell (pilot, alternating rounds) and a database's cells.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::args::{Cell, Settings};
+use crate::pgbench::PgBench;
+use crate::report::{print_row, Row, Runs};
+use crate::sides::{library_run, publish, raw_run, Db};
+use crate::util::cpu_time;
+use crate::RAW_RETRIES;
+
+/// Runs one cell: pilots, then `rounds` alternations of library, raw (and pgbench).
+pub(crate) fn run_cell(
+    db: &dyn Db,
+    cell: &Cell,
+    set: &Settings,
+    pgbench: Option<&mut PgBench>,
+) -> Row {
+    let t = db.table(cell.form);
+    let acked = AtomicU64::new(0);
+    // Each side's rate and its client CPU per job (us; this process's CPU over the run).
+    let lib = |n: u64| {
+        db.clear(t);
+        publish(db.broker(), t, n, 0);
+        let cpu = cpu_time();
+        let (rate, share) = library_run(db, cell, n, &acked);
+        (rate, share, per_job(cpu, n))
+    };
+    let raw = |n: u64| {
+        db.clear(t);
+        publish(db.broker(), t, n, 0);
+        let cpu = cpu_time();
+        let rate = raw_run(db, cell.form, cell.workers, cell.batch, n);
+        (rate, per_job(cpu, n))
+    };
+    let n = match set.jobs {
+        Some(n) => n,
+        None => {
+            let pilot = ((cell.workers * cell.batch * 10) as u64).clamp(300, 8_000);
+            let (l, r) = (lib(pilot).0, raw(pilot).0);
+            let (slower, faster) = (l.min(r), l.max(r));
+            // The slower side runs about `secs`, the faster at least a quarter of it (up to
+            // four times `secs` for the slower).
+            let n = (slower * set.secs).max((faster * set.secs / 4.0).min(slower * set.secs * 4.0));
+            (n as u64).clamp(2_000, 400_000) / 100 * 100
+        }
+    };
+    let mut row = Row {
+        id: cell.id(db.name()),
+        cell: *cell,
+        n,
+        library: Runs::default(),
+        raw: Runs::default(),
+        pgbench: None,
+        retries: 0,
+        settling: Vec::new(),
+        cpu: (Vec::new(), Vec::new()),
+    };
+    RAW_RETRIES.store(0, Ordering::Relaxed);
+    let mut pgbench = pgbench.and_then(|p| cell.pgbench().map(|s| (p, s)));
+    for _ in 0..set.rounds {
+        let (rate, share, cpu) = lib(n);
+        row.library.0.push(rate);
+        row.settling.push(share);
+        row.cpu.0.push(cpu);
+        let (rate, cpu) = raw(n);
+        row.raw.0.push(rate);
+        row.cpu.1.push(cpu);
+        if let Some((p, (script, rows))) = pgbench.as_mut() {
+            let runs = row.pgbench.get_or_insert_with(Runs::default);
+            match p.run(script, cell.workers, set.pgbench_secs, *rows) {
+                Ok(rate) => runs.0.push(rate),
+                Err(e) => eprintln!("pgbench {script}: {e}"),
+            }
+        }
+    }
+    db.clear(t);
+    row.retries = RAW_RETRIES.load(Ordering::Relaxed);
+    print_row(&row);
+    row
+}
+
+/// Runs every wanted cell of `db`, then (PostgreSQL) the scale and memory checks.
+pub(crate) fn run_db(
+    db: &dyn Db,
+    cells: &[Cell],
+    set: &Settings,
+    mut pgbench: Option<PgBench>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for cell in cells {
+        let id = cell.id(db.name());
+        if !set.wants(&id) {
+            continue;
+        }
+        rows.push(run_cell(db, cell, set, pgbench.as_mut()));
+    }
+    rows
+}
+
+/// Microseconds of this process's CPU since `since` (a [`cpu_time`] reading) per job of `n`.
+fn per_job(since: std::time::Duration, n: u64) -> f64 {
+    (cpu_time() - since).as_secs_f64() * 1e6 / n.max(1) as f64
+}
