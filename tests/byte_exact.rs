@@ -189,14 +189,27 @@ fn migrate_brings_an_old_table_to_byte_exact_text(db: Db) {
         .group("g")
         .fifo()
         .dedup();
-    let first = live.broker.publish(&t, keyed("order-1")).unwrap();
-    // The old table as it was: only MySQL's collation makes "Order-1" a duplicate.
-    let before = live.broker.publish(&t, keyed("Order-1"));
+    // The old table as the previous release wrote it (by hand: this release's inserts also
+    // write the publish time, a column the old table lacks): only MySQL's collation makes
+    // "Order-1" a duplicate of "order-1".
+    let (payload, now, ignore, or_skip) = match db {
+        Db::Postgres => ("'\\x00'::bytea", "now()", "", " ON CONFLICT DO NOTHING"),
+        Db::Mysql => ("x'00'", "UTC_TIMESTAMP()", " IGNORE", ""),
+        Db::Sqlite => ("x'00'", "0", "", " ON CONFLICT DO NOTHING"),
+    };
+    for key in ["order-1", "Order-1"] {
+        live.exec(&format!(
+            "INSERT{ignore} INTO {name} (payload, run_at, k, dedup_key) \
+             VALUES ({payload}, {now}, 'a', '{key}'){or_skip}"
+        ));
+    }
+    let held = live.rows_where(&t, "dedup_key IS NOT NULL");
     assert_eq!(
-        before.as_ref().err().and_then(BrokerError::duplicate_of),
-        (db == Db::Mysql).then_some(first),
-        "{before:?}"
+        held,
+        if db == Db::Mysql { 1 } else { 2 },
+        "rows the two keys made"
     );
+    let first = live.int(&format!("SELECT MIN(id) FROM {name}"));
     let check = live.broker.subscription(&t).start().map(drop);
     // The previous release had no error history, cancel requests nor publish time: every
     // database names those columns first.
