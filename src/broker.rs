@@ -400,11 +400,6 @@ impl Broker {
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
         let q = self.compiled(table)?;
         if !q.described.load(std::sync::atomic::Ordering::Acquire) {
-            if !self.inner.manage_schema {
-                // Made by the application's migrations: its columns are checked too.
-                let mut conn = q.conn("schema check")?;
-                q.check_schema(&mut *conn)?;
-            }
             crate::registry::verify(&q, table)?;
         }
         Ok(q)

@@ -105,9 +105,11 @@ fn described(name: &str, row: &Row) -> Result<Table> {
     Ok(table)
 }
 
-/// Checks `table` against its record, or, with no record, against its columns; on success
-/// the queue remembers it (no more checks for this description on this broker). A table
-/// that does not exist yet passes unremembered: the statements report it.
+/// Checks `table` against its record (or, with no record, against what its columns say of
+/// its form), then its columns against the description: a table made by an earlier release,
+/// or by the application's own migrations, that lacks a column is refused by every use alike,
+/// naming it, on every database, rather than at the first statement that needs it. On
+/// success the queue remembers it (no more checks for this description on this broker).
 pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
     let mut conn = q.conn("table check")?;
     let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("table check"))?;
@@ -115,7 +117,8 @@ pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
         Some(row) => table.differences(&described(&q.spec.name, &row)?),
         None => match unrecorded(q, &mut *conn, table)? {
             Some(problems) => problems,
-            // No table yet.
+            // No table yet: passes unremembered, and the statements report it (a publish
+            // as "the table does not exist", a pause as an unknown table).
             None => return Ok(()),
         },
     };
@@ -125,6 +128,7 @@ pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
             problems,
         });
     }
+    q.check_schema(&mut *conn)?;
     q.described.store(true, Ordering::Release);
     Ok(())
 }

@@ -203,18 +203,31 @@ fn migrate_adds_the_error_history(db: Db, form: Form) {
     }
     // The broker of the test compiled the table before: a new one, as a new process would.
     let b = l.connect();
-    let id = b.publish(&t, msg("old", "a")).unwrap();
-    match b.subscription(&t).start() {
-        // Fails if a table without the columns is accepted.
-        Err(BrokerError::Schema { problems, .. }) => {
-            let want: Vec<String> = gone
-                .iter()
-                .map(|c| format!("column {c} is missing"))
-                .collect();
-            assert_eq!(problems, want);
+    let want: Vec<String> = gone
+        .iter()
+        .map(|c| format!("column {c} is missing"))
+        .collect();
+    // Fails if a table without the columns is accepted, by a publish or a subscription.
+    for refused in [
+        b.publish(&t, msg("new", "a")).map(drop),
+        b.subscription(&t).start().map(drop),
+    ] {
+        match refused {
+            Err(BrokerError::Schema { problems, .. }) => assert_eq!(problems, want),
+            other => panic!("the old table was accepted: {other:?}"),
         }
-        other => panic!("the old table was accepted: {other:?}"),
     }
+    // A row the previous release published (by hand: this release refuses the old table).
+    let (payload, now) = match db {
+        Db::Postgres => ("'\\x00'::bytea", "now()"),
+        Db::Mysql => ("x'00'", "UTC_TIMESTAMP()"),
+        Db::Sqlite => ("x'00'", "0"),
+    };
+    l.exec(&format!(
+        "INSERT INTO {} (payload, run_at, k) VALUES ({payload}, {now}, 'a')",
+        t.name()
+    ));
+    let id = l.int(&format!("SELECT MAX(id) FROM {}", t.name()));
     assert!(matches!(b.job(&t, id), Err(BrokerError::Schema { .. })));
     let done = b.migrate(&t).unwrap();
     let want: Vec<String> = gone.iter().map(|c| format!("added column {c}")).collect();
