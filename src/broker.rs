@@ -530,6 +530,7 @@ impl Broker {
         let mut conn = q.conn("publish")?;
         let id = publish::one(&q.target(), &mut *conn, message)?;
         drop(conn);
+        q.meters.published(1);
         self.announce(&q, 1);
         Ok(id)
     }
@@ -554,6 +555,7 @@ impl Broker {
             q.insert_sql(rows)
         })?;
         drop(conn);
+        q.meters.published(done.rows);
         if done.rows > 0 {
             self.announce(&q, done.rows);
         }

@@ -295,6 +295,7 @@ mod jobs;
 mod json;
 mod keys;
 mod message;
+mod meters;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod ops;
