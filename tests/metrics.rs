@@ -104,7 +104,8 @@ fn every_outcome_is_counted(db: Db, form: Form) {
     let t = live.table(form, Duration::from_secs(30));
     let seen = Seen::new(t.name());
     let lease = form == Form::Lease;
-    let mut bodies = vec!["ack", "retry", "fail", "dead", "cancel"];
+    // `all`: two acked together (`Delivery::ack_all`).
+    let mut bodies = vec!["ack", "retry", "fail", "dead", "cancel", "all", "all"];
     if lease {
         bodies.push("lost");
     }
@@ -132,11 +133,12 @@ fn every_outcome_is_counted(db: Db, form: Form) {
         .handler_timeout(LIMIT)
         .retry_policy(RetryPolicy::exponential(hour, hour).without_jitter())
         // The row lock and server advisory forms hold a connection per row: room for the one
-        // held past its timeout and the next.
-        .max_in_flight(2)
+        // held past its timeout, the two acked together and the next.
+        .max_in_flight(4)
         .start()
         .unwrap();
     let mut late: Option<Delivery> = None;
+    let mut together = Vec::new();
     for _ in 0..rows {
         let d = common::next(&sub, Duration::from_secs(10));
         match d.payload() {
@@ -159,8 +161,13 @@ fn every_outcome_is_counted(db: Db, form: Form) {
                 assert!(d.ack().unwrap_err().is_lease_lost());
             }
             b"timeout" => late = Some(d),
+            b"all" => together.push(d),
             other => panic!("{other:?}"),
         }
+    }
+    assert_eq!(seen.gauge("sqlbroker_jobs_in_flight"), Some(3.0));
+    for r in Delivery::ack_all(together) {
+        r.unwrap();
     }
     // Every other row settled: the one held is the only one in flight.
     assert_eq!(seen.gauge("sqlbroker_jobs_in_flight"), Some(1.0));
@@ -182,7 +189,7 @@ fn every_outcome_is_counted(db: Db, form: Form) {
     for (name, want) in [
         ("sqlbroker_jobs_published_total", rows),
         ("sqlbroker_jobs_claimed_total", rows),
-        ("sqlbroker_jobs_acked_total", 1),
+        ("sqlbroker_jobs_acked_total", 3),
         // retry, fail, timeout
         ("sqlbroker_jobs_retried_total", 3),
         // fail, timeout
@@ -196,7 +203,9 @@ fn every_outcome_is_counted(db: Db, form: Form) {
     ] {
         assert_eq!(seen.counter(name), Some(want), "{name}");
     }
-    // One sample per settlement of a handed-out delivery (the late ack wrote nothing).
+    // The handler's time of each handed-out delivery settled (the late ack wrote nothing);
+    // the database's time of each settling statement (the lease form acks the two together
+    // in one).
     let settled = rows as usize;
     let handler = seen.samples("sqlbroker_handler_duration_seconds");
     assert_eq!(handler.len(), settled, "{handler:?}");
@@ -207,7 +216,7 @@ fn every_outcome_is_counted(db: Db, form: Form) {
     );
     assert_eq!(
         seen.samples("sqlbroker_settle_duration_seconds").len(),
-        settled
+        settled - usize::from(lease)
     );
     assert!(!seen.samples("sqlbroker_claim_duration_seconds").is_empty());
     sub.close();
