@@ -241,7 +241,7 @@
 //! | `sqlbroker_jobs_claimed_total` | counter | `table` | rows claimed (those dead-lettered at claim too) |
 //! | `sqlbroker_jobs_acked_total` | counter | `table` | deliveries acked |
 //! | `sqlbroker_jobs_retried_total` | counter | `table` | deliveries put back for another attempt: `retry`, `retry_after`, and failed attempts that were not the last |
-//! | `sqlbroker_jobs_failed_total` | counter | `table` | failed attempts: `fail`, a handler's `Err` in `run`, a delivery dropped unsettled, a handler timeout (each also counted as retried or dead-lettered) |
+//! | `sqlbroker_jobs_failed_total` | counter | `table` | failed attempts: `fail`, a handler's `Err` or panic in `run`, a delivery dropped unsettled, a handler timeout (each also counted as retried or dead-lettered) |
 //! | `sqlbroker_jobs_dead_lettered_total` | counter | `table` | dead letters: `dead_letter`, a last attempt that failed, a row dead-lettered at claim |
 //! | `sqlbroker_jobs_cancelled_total` | counter | `table` | deliveries cancelled (`cancel`, `Outcome::Cancel`) |
 //! | `sqlbroker_leases_lost_total` | counter | `table` | lease settlements that found the lease gone (`LeaseLost`: nothing changed) |
