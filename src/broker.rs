@@ -614,6 +614,7 @@ impl Broker {
         let id = publish::one(&q.target(), &mut *conn, message)
             .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);
+        q.meters.published(1);
         self.announce(&q, 1);
         Ok(id)
     }
@@ -639,6 +640,7 @@ impl Broker {
         })
         .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);
+        q.meters.published(done.rows);
         if done.rows > 0 {
             self.announce(&q, done.rows);
         }

@@ -107,6 +107,7 @@ impl Delivery {
             Hold::Lease(cell) => Some(cell.clone()),
             _ => None,
         };
+        ctx.queue.meters.opened();
         Delivery {
             id: c.id,
             attempt: c.attempt,
@@ -409,7 +410,15 @@ impl Delivery {
             let within = ctx.queue.pool.connection_timeout();
             let started = Instant::now();
             let results = form::lease::ack_all(ctx, &cells, within);
+            ctx.queue.meters.settle_took(started.elapsed());
             for ((i, _, _), r) in group.iter().zip(results) {
+                let handed_at = batch[*i].handed_at;
+                ctx.queue.meters.settled(
+                    crate::meters::Settle::Ack,
+                    handed_at.map(|at| started - at),
+                    r.is_ok(),
+                    r.as_ref().is_err_and(BrokerError::is_lease_lost),
+                );
                 if let Some(events) = &ctx.events {
                     let d = &batch[*i];
                     let e = Settled {
@@ -539,6 +548,7 @@ impl Delivery {
             };
         };
         let outcome = if timed_out {
+            self.ctx.queue.meters.handler_timeout();
             timeout_failure(&self.ctx, self.attempt)
         } else {
             outcome
@@ -564,7 +574,7 @@ impl Delivery {
 /// application's hooks.
 fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
     let returned = outcome.returns();
-    let (started, kind) = (Instant::now(), outcome.op());
+    let (started, kind, meter) = (Instant::now(), outcome.op(), outcome.meter());
     #[cfg(feature = "tracing")]
     let _span = tracing::debug_span!(
         "sqlbroker.settle",
@@ -582,6 +592,10 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
     if returned {
         ctx.queue.wake.notify(1);
     }
+    let meters = &ctx.queue.meters;
+    meters.settle_took(started.elapsed());
+    let lost = r.as_ref().is_err_and(BrokerError::is_lease_lost);
+    meters.settled(meter, row.handed_at.map(|at| started - at), r.is_ok(), lost);
     if let Some(events) = &ctx.events {
         let e = Settled {
             table: &ctx.spec().name,
@@ -780,6 +794,7 @@ impl Expiry {
         };
         let hold = slot.take()?;
         drop(slot);
+        ctx.queue.meters.handler_timeout();
         let outcome = timeout_failure(&ctx, self.row.attempt);
         let id = self.row.id;
         let table = &ctx.spec().name;
@@ -849,6 +864,7 @@ impl Drop for Delivery {
         if self.owns_slot {
             self.ctx.slots.settled();
         }
+        self.ctx.queue.meters.closed();
     }
 }
 

@@ -208,6 +208,7 @@
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
 //! | `diesel` | off | publishing inside the application's own Diesel transaction: `sqlbroker::diesel` module; `diesel-postgres`, `diesel-mysql`, `diesel-sqlite` one backend each (the first two link libpq and libmysqlclient) |
+//! | `metrics` | off | counters, histograms and a gauge per table through the `metrics` facade ([Metrics](#metrics)); no library API |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
 //! should just work; it costs a build of ring (a C compiler, as the bundled SQLite already
@@ -219,6 +220,7 @@
 //! - [`Events`] (on [`SubscriptionBuilder::events`]): a hook per claim, failed claim, ack,
 //!   retry, dead letter, cancel and lost lease, with the handler's time and the database's, to feed
 //!   Prometheus or OpenTelemetry.
+//! - The `metrics` feature: the same, counted per table with no wiring ([Metrics](#metrics)).
 //! - [`Subscription::last_error`]: the last claim or renewal error, typed;
 //!   [`Subscription::claiming`] and [`Subscription::in_flight`].
 //! - Logging through `log` (no logger is installed by the library). What each level says:
@@ -232,6 +234,39 @@
 //!   - `info`: a connection that went on without TLS under `sslmode=prefer`;
 //!   - `debug`: routine events: a deadlock or lock timeout retried, a lease not renewed this
 //!     round, a statement tried again on a new connection.
+//!
+//! ## Metrics
+//!
+//! With the `metrics` feature, every broker and subscription reports through the
+//! [`metrics`](https://docs.rs/metrics/0.24) crate's facade, with no wiring: the application
+//! installs the recorder of its choice (`metrics-exporter-prometheus`, StatsD, OpenTelemetry,
+//! ...); the library installs none, and without a recorder each report is a no-op. Each
+//! table's handles are resolved once, when a broker first uses the table (its first publish or
+//! subscription), so install the recorder before that; the hot path then adds to a handle (no
+//! label formatting, no lookup). Without the feature nothing of it is compiled in. The names
+//! follow Prometheus's conventions (base units, `_total` counters), every one labelled with the
+//! `table`; the facade's types stay out of this crate's API.
+//!
+//! | name | type | labels | meaning |
+//! |---|---|---|---|
+//! | `sqlbroker_jobs_published_total` | counter | `table` | rows written by `publish`, `publish_batch` and the transactional publishes (counted when written: one inside a transaction that then rolls back still counts) |
+//! | `sqlbroker_jobs_claimed_total` | counter | `table` | rows claimed (those dead-lettered at claim too) |
+//! | `sqlbroker_jobs_acked_total` | counter | `table` | deliveries acked |
+//! | `sqlbroker_jobs_retried_total` | counter | `table` | deliveries put back for another attempt: `retry`, `retry_after`, and failed attempts that were not the last |
+//! | `sqlbroker_jobs_failed_total` | counter | `table` | failed attempts: `fail`, a handler's `Err` or panic in `run`, a delivery dropped unsettled, a handler timeout (each also counted as retried or dead-lettered) |
+//! | `sqlbroker_jobs_dead_lettered_total` | counter | `table` | dead letters: `dead_letter`, a last attempt that failed, a row dead-lettered at claim |
+//! | `sqlbroker_jobs_cancelled_total` | counter | `table` | deliveries cancelled (`cancel`, `Outcome::Cancel`) |
+//! | `sqlbroker_leases_lost_total` | counter | `table` | lease settlements that found the lease gone (`LeaseLost`: nothing changed) |
+//! | `sqlbroker_handler_timeouts_total` | counter | `table` | deliveries failed by the subscription's handler timeout |
+//! | `sqlbroker_claim_errors_total` | counter | `table` | claims that failed (the worker tries again with a backoff) |
+//! | `sqlbroker_settle_errors_total` | counter | `table` | settlements that failed otherwise (database or pool errors) |
+//! | `sqlbroker_handler_duration_seconds` | histogram | `table` | from handing a delivery out to its settlement, for each settled delivery a handler had |
+//! | `sqlbroker_claim_duration_seconds` | histogram | `table` | each claim's time on the database (claims that found nothing included; failed ones are counted above instead) |
+//! | `sqlbroker_settle_duration_seconds` | histogram | `table` | each settlement's time on the database (an `ack_all` of lease rows: once per statement) |
+//! | `sqlbroker_jobs_in_flight` | gauge | `table` | rows this process claimed and has not settled or handed back yet (waiting for a handler or in one) |
+//!
+//! Queue wait (from a row's due time to its claim) is not reported yet: the claim does not read
+//! the due time back. [`QueueStats::oldest_ready_age`] gives the queue's age meanwhile.
 //!
 //! ## Support matrix
 //!
@@ -330,6 +365,7 @@ mod jobs;
 mod json;
 mod keys;
 mod message;
+mod meters;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod ops;

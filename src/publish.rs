@@ -140,6 +140,8 @@ pub(crate) fn many(
 pub(crate) struct Compiled {
     pub spec: TableSpec,
     pub sql: TableSql,
+    /// Counts the transactional publishes (the `metrics` feature).
+    pub meters: crate::meters::Meters,
 }
 
 /// `table` validated and compiled for `dialect`, once per process and description.
@@ -153,7 +155,8 @@ pub(crate) fn compiled(dialect: &dyn Dialect, table: &Table) -> Result<Arc<Compi
     }
     let spec = table.validate()?;
     let sql = dialect.compile(&spec);
-    let c = Arc::new(Compiled { spec, sql });
+    let meters = crate::meters::Meters::new(&spec.name);
+    let c = Arc::new(Compiled { spec, sql, meters });
     Ok(cache.lock().entry(key).or_insert(c).clone())
 }
 
@@ -175,6 +178,7 @@ pub(crate) fn in_transaction(
     dialect
         .announce(conn, t.sql, 1, None)
         .map_err(|e| t.err(e))?;
+    c.meters.published(1);
     Ok(id)
 }
 
@@ -198,5 +202,6 @@ pub(crate) fn batch_in_transaction(
             .announce(conn, t.sql, done.rows, None)
             .map_err(|e| t.err(e))?;
     }
+    c.meters.published(done.rows);
     Ok(done)
 }

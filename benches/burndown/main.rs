@@ -10,6 +10,7 @@
 //! cargo bench --bench burndown                          # everything (~20-25 min on two cores)
 //! cargo bench --bench burndown -- postgres/lease        # cells whose id contains a filter
 //! BURNDOWN_SECS=5 BURNDOWN_ROUNDS=3 cargo bench --bench burndown -- mariadb/
+//! cargo bench --bench burndown --features metrics -- sqlite/   # with a recorder installed
 //! ```
 //!
 //! Cell ids read `<db>/<form>/w<workers>/b<batch>`:
@@ -125,6 +126,16 @@ pub(crate) const POOL: u32 = 24;
 
 fn main() {
     let set = Settings::from_env();
+    // With the `metrics` feature, a recorder that keeps every value (atomic counters, lock-free
+    // histogram buckets, as exporters do), so the library's reports cost what they would in an
+    // application: the feature's price is this build's library / raw against one without it.
+    #[cfg(feature = "metrics")]
+    {
+        metrics_util::debugging::DebuggingRecorder::new()
+            .install()
+            .expect("the bench's recorder");
+        println!("metrics: on, a DebuggingRecorder installed");
+    }
     println!(
         "burn-down: best of {} alternating runs per side; jobs per run {}; load average {}",
         set.rounds,

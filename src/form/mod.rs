@@ -91,6 +91,19 @@ impl Outcome {
         }
     }
 
+    /// How the `metrics` feature counts it.
+    pub fn meter(&self) -> crate::meters::Settle {
+        use crate::meters::Settle;
+        match self {
+            Outcome::Ack => Settle::Ack,
+            Outcome::Retry(_) => Settle::Retry { failed: false },
+            Outcome::Failed(..) => Settle::Retry { failed: true },
+            Outcome::Dead(_) => Settle::Dead { failed: false },
+            Outcome::DeadFailed(..) => Settle::Dead { failed: true },
+            Outcome::Cancel => Settle::Cancel,
+        }
+    }
+
     /// True if the row goes back into the queue.
     pub fn returns(&self) -> bool {
         matches!(self, Outcome::Retry(_) | Outcome::Failed(..))

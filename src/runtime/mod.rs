@@ -80,6 +80,8 @@ pub(crate) struct Queue {
     pub held_here: Arc<KeyRegistry>,
     /// The description was checked against the table's record (or columns): done once.
     pub described: AtomicBool,
+    /// The table's metrics (the `metrics` feature; nothing without it).
+    pub meters: crate::meters::Meters,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -100,6 +102,7 @@ impl Queue {
         statement_timeout: Duration,
     ) -> Self {
         Queue {
+            meters: crate::meters::Meters::new(&spec.name),
             spec,
             sql,
             dialect,
@@ -332,6 +335,10 @@ impl Ctx {
 
     /// Reports a claim's outcome to the application's hooks.
     pub fn report_claim(&self, r: &Result<Vec<crate::form::Claimed>>, took: Duration) {
+        match r {
+            Ok(rows) => self.queue.meters.claimed(rows.len(), took),
+            Err(_) => self.queue.meters.claim_failed(),
+        }
         let Some(events) = &self.events else { return };
         let table = self.spec().name.as_str();
         match r {
