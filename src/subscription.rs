@@ -256,6 +256,7 @@ impl<'a> SubscriptionBuilder<'a> {
         {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut *conn, form)?;
+            queue.dialect.check_cluster(&queue.spec)?;
             queue.check_schema(&mut *conn)?;
         }
         // The change feed watches the table before the first claim, so a publish by another

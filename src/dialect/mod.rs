@@ -366,6 +366,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Checks the server's version against the floors of `form` (`ServerTooOld`).
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError>;
 
+    /// Learns, on the broker's first connection, what the server is part of (MySQL: a
+    /// MariaDB Galera cluster), for [`Dialect::check_cluster`].
+    fn inspect(&self, _conn: &mut dyn DbConn) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    /// Refuses a subscription on `spec` whose guarantee would not hold across the nodes of
+    /// the cluster [`Dialect::inspect`] found (`ClusterUnsafe`).
+    fn check_cluster(&self, _spec: &TableSpec) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
     /// Builds the statements of a table.
     fn compile(&self, spec: &TableSpec) -> TableSql;
 
@@ -678,6 +690,8 @@ pub(crate) struct ConnOptions {
     pub statement_timeout: Duration,
     /// SQLite: `synchronous = FULL` (a commit survives power loss) rather than `NORMAL`.
     pub sqlite_durable: bool,
+    /// MariaDB Galera: every broker writes through one node, so node-local locks hold.
+    pub galera_single_writer: bool,
 }
 
 /// Picks the engine from the URL's scheme.
@@ -729,6 +743,7 @@ pub(crate) fn test_options() -> ConnOptions {
     ConnOptions {
         statement_timeout: Duration::from_secs(30),
         sqlite_durable: true,
+        galera_single_writer: false,
     }
 }
 
@@ -767,6 +782,7 @@ mod tests {
             ConnOptions {
                 statement_timeout: Duration::from_secs(secs),
                 sqlite_durable: durable,
+                galera_single_writer: false,
             }
         }
 
