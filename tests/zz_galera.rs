@@ -323,6 +323,29 @@ impl Cluster {
             .sum()
     }
 
+    /// The rows of `jobs` (by payload) as node `i` has them: id, attempts, lease, dead.
+    fn dump(&self, i: usize, table: &str, jobs: &[usize]) -> String {
+        let Ok(opts) = mysql::Opts::from_url(&self.url(i)) else {
+            return String::new();
+        };
+        let Ok(mut c) = mysql::Conn::new(opts) else {
+            return format!("node {} down", i + 1);
+        };
+        let list: Vec<String> = jobs.iter().map(|j| format!("'{j}'")).collect();
+        let rows: Vec<(i64, i64, Option<String>, Option<String>, Option<String>)> = c
+            .query(format!(
+                "SELECT id, attempts, CAST(locked_until AS CHAR), CAST(dead_at AS CHAR), \
+                 CAST(run_at AS CHAR) FROM `{table}` WHERE payload IN ({})",
+                list.join(",")
+            ))
+            .unwrap_or_default();
+        format!(
+            "node {}: {rows:?} (now {:?})",
+            i + 1,
+            std::time::SystemTime::now()
+        )
+    }
+
     /// Rows of `table` seen by node `i` once it has applied everything committed before.
     fn rows(&self, i: usize, table: &str) -> i64 {
         let opts = mysql::Opts::from_url(&self.url(i)).expect("url");
@@ -699,7 +722,15 @@ fn ledger(cluster: &mut Cluster, kind: Kind, nodes: [usize; 3]) -> String {
     // Nothing lost.
     let done: HashSet<usize> = recs.iter().filter(|r| r.acked).map(|r| r.job).collect();
     let lost: Vec<usize> = ok.iter().copied().filter(|j| !done.contains(j)).collect();
-    assert!(lost.is_empty(), "{label}: jobs lost: {lost:?}");
+    if !lost.is_empty() {
+        let seen: Vec<String> = recs
+            .iter()
+            .filter(|r| lost.contains(&r.job))
+            .map(|r| format!("job {} on broker {} ack {:?}", r.job, r.broker, r.error))
+            .collect();
+        let rows: Vec<String> = (0..3).map(|i| cluster.dump(i, t.name(), &lost)).collect();
+        panic!("{label}: jobs lost: {lost:?}; deliveries {seen:?}; rows per node {rows:?}");
+    }
     // Every duplicate explained: per job, in the order the deliveries started, every delivery
     // but the last has an ack that did not return success, and the last one's did.
     let mut by_job: BTreeMap<usize, Vec<&Rec>> = BTreeMap::new();
