@@ -40,7 +40,8 @@ impl Sharded {
             h ^= u64::from(*b);
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
-        (h % self.shards.len() as u64) as usize
+        // The high bits pick the shard (FNV's low bits mix poorly modulo small numbers).
+        ((u128::from(h) * self.shards.len() as u128) >> 64) as usize
     }
 
     /// Publishes `m` on the shard of `routing_key` (the FIFO group; messages with a dedup
@@ -89,9 +90,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let queue = Sharded { shards, table };
 
-    // Six customers, four orders each, interleaved. The dedup key starts with the customer,
+    // Nine customers, four orders each, interleaved. The dedup key starts with the customer,
     // so it is routed with the group: a repeated order meets the first on its shard.
-    let customers = ["ann", "bob", "cy", "dee", "eve", "fay"];
+    let customers = [
+        "alice", "bruno", "chen", "dana", "emil", "farah", "gita", "hugo", "ines",
+    ];
     let mut published = 0;
     for seq in 1..=4i64 {
         for c in customers {
