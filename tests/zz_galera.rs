@@ -243,7 +243,7 @@ impl Cluster {
         let position = text
             .lines()
             .filter_map(|l| l.split("Recovered position: ").nth(1))
-            .last()
+            .next_back()
             .map(|p| p.trim().to_string());
         let mut cmd = Command::new(&self.tools.mariadbd);
         cmd.arg(format!(
@@ -335,7 +335,8 @@ impl Cluster {
             return format!("node {} down", i + 1);
         };
         let list: Vec<String> = jobs.iter().map(|j| format!("'{j}'")).collect();
-        let rows: Vec<(i64, i64, Option<String>, Option<String>, Option<String>)> = c
+        type Row = (i64, i64, Option<String>, Option<String>, Option<String>);
+        let rows: Vec<Row> = c
             .query(format!(
                 "SELECT id, attempts, CAST(locked_until AS CHAR), CAST(dead_at AS CHAR), \
                  CAST(run_at AS CHAR) FROM `{table}` WHERE payload IN ({})",
