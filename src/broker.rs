@@ -93,6 +93,7 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("statement_timeout", &self.options.statement_timeout)
             .field("sqlite_durable", &self.options.sqlite_durable)
+            .field("galera_single_writer", &self.options.galera_single_writer)
             .field("cross_process_wake", &self.cross_process)
             .field("manage_schema", &self.manage_schema)
             .field(
@@ -266,6 +267,34 @@ impl BrokerBuilder {
         self
     }
 
+    /// MariaDB Galera only: declares that every broker using this cluster (in every process)
+    /// sends its statements through one node, for instance a proxy's single-writer routing
+    /// or one node's address in every URL. Default false.
+    ///
+    /// At [`build`](BrokerBuilder::build) the broker asks a MySQL-protocol server whether it
+    /// is a Galera node (`wsrep_on`, `wsrep_cluster_size`). On a cluster, certification makes
+    /// two claims of one row on two nodes conflict at commit (the loser is rolled back with a
+    /// deadlock error and retried), so the lease form holds across nodes. Locks do not
+    /// replicate: a row lock, a `FOR UPDATE NOWAIT` group guard and a `GET_LOCK` key hold only
+    /// on the node that took them. So, unless this is declared, starting a subscription in
+    /// the row lock form, the advisory lock form or with [`Table::fifo`] groups fails with
+    /// [`BrokerError::ClusterUnsafe`]. Declare it only if it is true: brokers writing through
+    /// different nodes would then run one row, one key or one group twice at once. If the
+    /// writer node fails, point the brokers at another node only once the old one's sessions
+    /// are gone (it is down or out of the cluster), as with any failover. Elsewhere (a single
+    /// server, PostgreSQL, SQLite) it changes nothing.
+    ///
+    /// ```no_run
+    /// let broker = sqlbroker::Broker::builder("mysql://app:pw@galera-writer.example.com/jobs")
+    ///     .galera_single_writer(true)
+    ///     .build()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn galera_single_writer(mut self, declared: bool) -> Self {
+        self.options.galera_single_writer = declared;
+        self
+    }
+
     /// Parses the URL, opens one connection to prove the database is there, and builds the
     /// pool around it.
     ///
@@ -287,11 +316,14 @@ impl BrokerBuilder {
         let size = dialect
             .max_pool_size()
             .map_or(self.pool_size, |cap| cap.min(self.pool_size));
-        let first = dialect.connect().map_err(|e| BrokerError::Connect {
+        let mut first = dialect.connect().map_err(|e| BrokerError::Connect {
             database: dialect.database(),
             kind: e.kind,
             source: e.source,
         })?;
+        dialect
+            .inspect(&mut *first)
+            .map_err(|e| e.during("cluster check", ""))?;
         let pool = pool::build(dialect.clone(), size, self.connection_timeout, Some(first));
         let me = broker_id();
         let listener = if self.cross_process {
@@ -382,6 +414,7 @@ impl Broker {
                 sqlite_durable: true,
                 cross_process: true,
                 listen_url: None,
+                galera_single_writer: false,
             },
             cross_process: true,
             manage_schema: true,

@@ -55,6 +55,26 @@ pub enum BrokerError {
         /// Why not, and what to use instead.
         why: &'static str,
     },
+    /// A form or option whose guarantee would silently not hold across the nodes of a
+    /// multi-primary cluster (MariaDB Galera: node-local row locks, `GET_LOCK` keys and the
+    /// FIFO group guard), refused at [`Subscription`](crate::Subscription) start; nothing was
+    /// started. Permanent: the lease form holds across nodes, and
+    /// [`BrokerBuilder::galera_single_writer`](crate::BrokerBuilder::galera_single_writer)
+    /// declares that every broker writes through one node, where the others hold too.
+    #[error(
+        "{what} is refused on a {database} cluster of {nodes} nodes: {why}; if every broker \
+         writes through one node, declare it with BrokerBuilder::galera_single_writer(true)"
+    )]
+    ClusterUnsafe {
+        /// The cluster's kind (`MariaDB Galera`).
+        database: &'static str,
+        /// The form or option refused, and the table.
+        what: String,
+        /// The nodes in the cluster when the broker started.
+        nodes: u64,
+        /// What would not hold, and what holds instead.
+        why: &'static str,
+    },
     /// The table description is invalid; nothing was sent to the database.
     #[error("invalid table description {table:?}: {reason}")]
     InvalidTable {

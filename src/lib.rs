@@ -280,6 +280,13 @@
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
 //! [`BrokerError::ServerTooOld`].
 //!
+//! On a MariaDB Galera cluster (detected at [`BrokerBuilder::build`]) the lease form holds with
+//! brokers on different nodes (claims of one row conflict at commit, and the loser retries);
+//! row locks, `GET_LOCK` keys and the FIFO group guard are node-local, so the row lock form,
+//! the advisory lock form and FIFO groups are refused with [`BrokerError::ClusterUnsafe`]
+//! unless every broker writes through one node
+//! ([`BrokerBuilder::galera_single_writer`]).
+//!
 //! ## Guarantees
 //!
 //! - At-least-once: a row is delivered again if its handler's process dies, its delivery is

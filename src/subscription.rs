@@ -299,7 +299,10 @@ impl<'a> SubscriptionBuilder<'a> {
     }
 
     /// Validates the table, checks the form against the database (`Unsupported`), the server's
-    /// version (`ServerTooOld`) and, in the forms whose deliveries hold a connection, that the
+    /// version (`ServerTooOld`), on a MariaDB Galera cluster whether the form's guard holds
+    /// across nodes (`ClusterUnsafe`, see
+    /// [`BrokerBuilder::galera_single_writer`](crate::BrokerBuilder::galera_single_writer))
+    /// and, in the forms whose deliveries hold a connection, that the
     /// pool has one to spare beyond `max_in_flight` (`PoolTooSmall`), then starts the claim
     /// workers (and, for a lease table, the renewer).
     ///
@@ -341,6 +344,7 @@ impl<'a> SubscriptionBuilder<'a> {
         {
             let mut conn = queue.conn("start")?;
             queue.dialect.check_server(&mut *conn, form)?;
+            queue.dialect.check_cluster(&queue.spec)?;
             queue.check_schema(&mut *conn)?;
         }
         // The change feed watches the table before the first claim, so a publish by another

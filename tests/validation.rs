@@ -434,3 +434,35 @@ fn options_out_of_range_are_refused() {
         }
     }
 }
+
+/// Off a Galera cluster the single-writer declaration changes nothing: with it and without,
+/// every form the database has starts, FIFO groups included. Fails if the Galera refusal
+/// applied to a single server (tried on MariaDB: the row lock form refused there).
+fn single_writer_declaration_changes_nothing_off_galera(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let forms: &[Form] = if db == Db::Sqlite {
+        &[Form::Lease, Form::AdvisoryLock]
+    } else {
+        &[Form::RowLock, Form::Lease, Form::AdvisoryLock]
+    };
+    let mut tables = Vec::new();
+    for &form in forms {
+        tables.push(live.table(form, Duration::from_secs(30)));
+        let fifo = common::describe(&common::unique("gf"), form, Duration::from_secs(30));
+        tables.push(live.create(fifo.group("g").fifo()));
+    }
+    for declared in [false, true] {
+        let broker = Broker::builder(&live.url)
+            .galera_single_writer(declared)
+            .build()
+            .expect("connect");
+        for t in &tables {
+            let sub = broker
+                .subscription(t)
+                .start()
+                .unwrap_or_else(|e| panic!("{} (declared {declared}): {e}", t.name()));
+            sub.close();
+        }
+    }
+}
+per_db!(single_writer_declaration_changes_nothing_off_galera);

@@ -316,6 +316,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Checks the server's version against the floors of `form` (`ServerTooOld`).
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError>;
 
+    /// Learns, on the broker's first connection, what the server is part of (MySQL: a
+    /// MariaDB Galera cluster), for [`Dialect::check_cluster`].
+    fn inspect(&self, _conn: &mut dyn DbConn) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    /// Refuses a subscription on `spec` whose guarantee would not hold across the nodes of
+    /// the cluster [`Dialect::inspect`] found (`ClusterUnsafe`).
+    fn check_cluster(&self, _spec: &TableSpec) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
     /// Builds the statements of a table.
     fn compile(&self, spec: &TableSpec) -> TableSql;
 
@@ -665,6 +677,8 @@ pub(crate) struct ConnOptions {
     /// PostgreSQL: where the change feed's `LISTEN` session connects, when not through the
     /// broker's URL (a transaction-pooling PgBouncer has no sessions to listen on).
     pub listen_url: Option<String>,
+    /// MariaDB Galera: every broker writes through one node, so node-local locks hold.
+    pub galera_single_writer: bool,
 }
 
 /// Picks the engine from the URL's scheme.
@@ -731,6 +745,7 @@ pub(crate) fn test_options() -> ConnOptions {
         sqlite_durable: true,
         cross_process: true,
         listen_url: None,
+        galera_single_writer: false,
     }
 }
 
@@ -819,6 +834,7 @@ mod tests {
                 sqlite_durable: durable,
                 cross_process: true,
                 listen_url: None,
+                galera_single_writer: false,
             }
         }
 

@@ -140,6 +140,9 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
             // Deadlock (the transaction was rolled back), lock wait timeout (the statement was),
             // a `NOWAIT` read that met a lock (MySQL 8; MariaDB says 1205).
             1213 | 1205 | 3572 => DbErrorKind::Transient,
+            // A Galera node not (yet, or no longer) in the primary component: "WSREP has not
+            // yet prepared node for application use". The statement did nothing.
+            1047 => DbErrorKind::Transient,
             // A packet or value over `max_allowed_packet`: it will never fit.
             1153 | 1301 => DbErrorKind::Other,
             // Unknown column.
@@ -332,6 +335,7 @@ mod tests {
         };
         assert_eq!(classify(&server(1213)), DbErrorKind::Transient);
         assert_eq!(classify(&server(1205)), DbErrorKind::Transient);
+        assert_eq!(classify(&server(1047)), DbErrorKind::Transient);
         for code in [2006, 2013, 1927, 1053, 3169, 4031] {
             assert_eq!(
                 classify(&server(code)),

@@ -338,3 +338,26 @@ fn server_passes_its_floor() {
         d.check_server(&mut *c, form).unwrap();
     }
 }
+
+/// The shared server is one MariaDB without Galera: the probe says so, and every form may
+/// start there whatever the single-writer declaration.
+#[test]
+fn a_server_without_galera_is_a_single_server() {
+    let Some(d) = dialect() else { return };
+    let mut c = d.connect().unwrap();
+    assert_eq!(
+        super::galera::probe(&mut *c).unwrap(),
+        super::galera::Topology::Single
+    );
+    d.inspect(&mut *c).unwrap();
+    for t in [
+        Table::new("g1"),
+        Table::new("g2").text_column("k").advisory_lock("g2-{k}"),
+        Table::new("g3")
+            .group("g")
+            .fifo()
+            .lease(Duration::from_secs(30)),
+    ] {
+        d.check_cluster(&t.validate().unwrap()).unwrap();
+    }
+}

@@ -26,6 +26,10 @@
 //! - Affected rows: connections set `CLIENT_FOUND_ROWS`, so an `UPDATE` reports the rows its
 //!   `WHERE` matched, as PostgreSQL and SQLite do, not only those whose values changed. A fenced
 //!   settlement that matched its row is then never mistaken for a lost lease, whatever it writes.
+//! - MariaDB Galera: the broker's first session asks whether the server is a cluster node
+//!   (`wsrep_on`, `wsrep_cluster_size`); there the forms whose guard is a node-local lock are
+//!   refused unless one writer node is declared (`galera.rs`). Certification failures arrive
+//!   as deadlocks (1213), and a node not ready for queries answers 1047: both transient.
 //! - Floors: MySQL 8.0.1, MariaDB 10.6 (the first releases with `SKIP LOCKED`), for every form.
 //! - Statements are prepared once per connection and kept in the driver's per-connection cache.
 //!   Statements over a variable number of ids round the count up to a power of two (padding with
@@ -40,6 +44,7 @@
 //! - `conn.rs`: one session ([`DbConn`]) and the classification of driver errors;
 //! - `diesel.rs`: the application's Diesel `MysqlConnection` as a [`DbConn`], for
 //!   publishing in its transaction (feature `diesel-mysql`);
+//! - `galera.rs`: Galera detection and the forms refused across its nodes;
 //! - `tls.rs`: the URL's `ssl-mode` on top of the driver's own TLS options;
 //! - `values.rs`: [`Value`]s to and from the driver's values (`DATETIME` in UTC);
 //! - `version.rs`: the server's flavor and version, and the floors;
@@ -48,6 +53,7 @@
 mod conn;
 #[cfg(feature = "diesel-mysql")]
 pub(crate) mod diesel;
+mod galera;
 #[cfg(test)]
 mod live_tests;
 mod protocol;
@@ -92,6 +98,8 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
         plain: None,
         db: String::new(),
         collation: OnceLock::new(),
+        single_writer: false,
+        topology: OnceLock::new(),
     })
 }
 
@@ -122,6 +130,10 @@ pub(super) struct Mysql {
     /// The server's byte-exact text collation, learned from the first session's `VERSION()`
     /// (every DDL runs after a session was opened): MySQL and MariaDB spell it differently.
     collation: OnceLock<&'static str>,
+    /// Every broker writes through one node ([`ConnOptions::galera_single_writer`]).
+    single_writer: bool,
+    /// A single server or a Galera node, learned from the broker's first session.
+    topology: OnceLock<galera::Topology>,
 }
 
 impl Mysql {
@@ -176,6 +188,8 @@ impl Mysql {
             plain: tls.fallback.map(Into::into),
             db,
             collation: OnceLock::new(),
+            single_writer: conn.galera_single_writer,
+            topology: OnceLock::new(),
         })
     }
 }
@@ -220,6 +234,30 @@ impl Dialect for Mysql {
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
         version::check_server(conn, form)
+    }
+
+    fn inspect(&self, conn: &mut dyn DbConn) -> Result<(), DbError> {
+        let found = galera::probe(conn)?;
+        if let galera::Topology::Galera { nodes } = found {
+            log::info!(
+                "MariaDB Galera cluster of {nodes} nodes (single writer declared: {})",
+                self.single_writer
+            );
+        }
+        self.topology.get_or_init(|| found);
+        Ok(())
+    }
+
+    fn check_cluster(&self, spec: &TableSpec) -> Result<(), BrokerError> {
+        let topology = self
+            .topology
+            .get()
+            .copied()
+            .unwrap_or(galera::Topology::Single);
+        match galera::refusal(topology, self.single_writer, spec) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn compile(&self, spec: &TableSpec) -> TableSql {
