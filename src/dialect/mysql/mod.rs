@@ -115,6 +115,8 @@ pub(crate) fn offline(mariadb: bool) -> &'static dyn Dialect {
         plain: None,
         db: String::new(),
         collation: OnceLock::from(version::BYTE_EXACT[0]),
+        single_writer: false,
+        topology: OnceLock::new(),
     })
 }
 
