@@ -36,7 +36,7 @@
 //!
 //! - row lock: `BEGIN`; claim 1 `FOR UPDATE SKIP LOCKED`; `DELETE`; `COMMIT`;
 //! - lease, batch `b`: the library's lease claim of `b` rows in one statement (MySQL: its claim
-//!   transaction), then one token-fenced delete of the rows claimed: the table's single ack for
+//!   transaction; PostgreSQL: from a claim cursor as the library's, one per connection), then one token-fenced delete of the rows claimed: the table's single ack for
 //!   one row, the library's grouped ack statement (`lease_ack_many`: the token and its ids)
 //!   for more;
 //! - advisory: candidates (the library's scan, `(batch x 4).max(32)`), try a key, take the row
@@ -71,6 +71,10 @@
 //! `INSERT .. SELECT generate_series`), alternating; then a burn-down of the whole large table
 //! with the process's RSS (`VmRSS` of `/proc/self/status`) sampled every 100 ms.
 //!
+//! Backlog (`<db>/backlog`, run only when a filter names it): the lease headline configuration
+//! over a `BURNDOWN_BACKLOG_ROWS` (default 1,000,000) job burn-down, the rate of each tenth,
+//! against `BURNDOWN_BACKLOG_SHORT` (default 30,000) jobs, alternating (see `backlog.rs`).
+//!
 //! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`: the raw side connects without TLS, so the library must too),
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that does not
 //! answer is skipped with a loud banner. SQLite runs on a file in the temp directory with the
@@ -86,6 +90,7 @@ use std::time::{Duration, SystemTime};
 use sqlbroker::{Broker, Table};
 
 mod args;
+mod backlog;
 mod cell;
 #[cfg(feature = "mysql")]
 mod my;

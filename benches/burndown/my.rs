@@ -410,5 +410,9 @@ pub fn run(set: &Settings) -> Vec<Row> {
         }
     });
     println!("== {name} {version} (load {})", load_average());
-    run_db(&my, &cells(true, &[1]), set, None)
+    let rows = run_db(&my, &cells(true, &[1]), set, None);
+    if backlog::wanted(set, name) {
+        backlog::run(&my, &my.tables.big, set);
+    }
+    rows
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use postgres::{Client, NoTls, Statement};
+use std::time::Instant;
 
 const VAR: &str = "SQLBROKER_PG_URL";
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable";
@@ -62,6 +63,20 @@ impl Db for Pg {
         n as u64
     }
 
+    fn index_blocks(&self, t: &Table) -> Option<u64> {
+        let mut c = self.admin.lock().unwrap();
+        // This session's view of the statistics is a snapshot per transaction: drop it.
+        c.batch_execute("SELECT pg_stat_clear_snapshot()").ok()?;
+        let row = c
+            .query_opt(
+                "SELECT (idx_blks_hit + idx_blks_read)::bigint FROM pg_statio_user_indexes \
+                 WHERE indexrelname = $1",
+                &[&format!("{}_ready", t.name())],
+            )
+            .ok()??;
+        Some(row.get::<_, i64>(0) as u64)
+    }
+
     fn raw_on(&self, t: &Table, form: Form, batch: usize) -> Box<dyn RawConn + '_> {
         let mut c = Client::connect(&self.url, NoTls).expect("raw connection");
         let q = t.name();
@@ -80,13 +95,18 @@ impl Db for Pg {
                 Box::new(RowLock { c, claim, ack })
             }
             Form::Lease => {
-                let claim = prep(format!(
-                    "UPDATE \"{q}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
-                     WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"{q}\" WHERE {ready} AND \
-                     (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" \
-                     {limit} FOR UPDATE SKIP LOCKED)) \
-                     RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\""
-                ));
+                // The library's claims: from the head, and from its cursor (`claim_from`).
+                let claim_sql = |from: &str| {
+                    format!(
+                        "UPDATE \"{q}\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+                         WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"{q}\" WHERE {ready} AND \
+                         (\"locked_until\" IS NULL OR \"locked_until\" <= $1){from} ORDER BY \"run_at\", \"id\" \
+                         {limit} FOR UPDATE SKIP LOCKED)) \
+                         RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"k\", q.\"run_at\""
+                    )
+                };
+                let claim = prep(claim_sql(""));
+                let claim_from = prep(claim_sql(" AND (\"run_at\", \"id\") > ($4, $5)"));
                 let ack = prep(format!(
                     "DELETE FROM \"{q}\" WHERE \"id\" = $1 AND \"locked_until\" = $2"
                 ));
@@ -104,6 +124,8 @@ impl Db for Pg {
                 Box::new(Lease {
                     c,
                     claim,
+                    claim_from,
+                    cursor: RawCursor::default(),
                     ack,
                     ack_many,
                     array_ack,
@@ -168,6 +190,8 @@ impl RawConn for RowLock {
 struct Lease {
     c: Client,
     claim: Statement,
+    claim_from: Statement,
+    cursor: RawCursor,
     ack: Statement,
     ack_many: Statement,
     array_ack: Option<Statement>,
@@ -179,9 +203,23 @@ impl RawConn for Lease {
         let c = &mut self.c;
         let now = SystemTime::now();
         let token = lease_token(now);
-        let rows = c
-            .query(&self.claim, &[&floor(now), &(self.batch as i64), &token])
-            .unwrap();
+        let limit = self.batch as i64;
+        let rows = match self.cursor.start() {
+            Some((run_at, id)) => c
+                .query(
+                    &self.claim_from,
+                    &[&floor(now), &limit, &token, &run_at, &id],
+                )
+                .unwrap(),
+            None => c
+                .query(&self.claim, &[&floor(now), &limit, &token])
+                .unwrap(),
+        };
+        self.cursor.advance(
+            self.batch,
+            rows.iter()
+                .map(|r| (r.get::<_, SystemTime>(4), r.get::<_, i64>(0))),
+        );
         if rows.is_empty() {
             return None;
         }
@@ -204,6 +242,45 @@ impl RawConn for Lease {
             assert_eq!(rows.len(), ids.len());
         }
         Some(ids.len() as u64)
+    }
+}
+
+/// The library's claim cursor (`src/form/cursor.rs`), one per raw connection: claims start
+/// after the largest `(run_at, id)` claimed; from the head again after a claim that found fewer
+/// rows than asked, and at least once a second.
+struct RawCursor {
+    after: Option<(SystemTime, i64)>,
+    rescan_at: Instant,
+}
+
+impl Default for RawCursor {
+    fn default() -> Self {
+        RawCursor {
+            after: None,
+            rescan_at: Instant::now() + Duration::from_secs(1),
+        }
+    }
+}
+
+impl RawCursor {
+    fn start(&mut self) -> Option<(SystemTime, i64)> {
+        if Instant::now() >= self.rescan_at {
+            *self = RawCursor::default();
+        }
+        self.after
+    }
+
+    fn advance(&mut self, limit: usize, keys: impl Iterator<Item = (SystemTime, i64)>) {
+        let (mut taken, mut last) = (0, None);
+        for k in keys {
+            taken += 1;
+            last = last.max(Some(k));
+        }
+        if taken < limit {
+            *self = RawCursor::default();
+        } else {
+            self.after = self.after.max(last);
+        }
     }
 }
 
@@ -327,6 +404,9 @@ pub fn run(set: &Settings) -> Vec<Row> {
     ack_sql_diagnostic(&pg, set);
     if set.wants("postgres/scale") || set.wants("postgres/memory") {
         scale_checks(&pg, &pg.tables.big, set);
+    }
+    if backlog::wanted(set, "postgres") {
+        backlog::run(&pg, &pg.tables.big, set);
     }
     rows
 }

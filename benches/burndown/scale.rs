@@ -162,4 +162,7 @@ impl Db for BigTable<'_> {
     fn count(&self, t: &Table) -> u64 {
         self.db.count(t)
     }
+    fn index_blocks(&self, t: &Table) -> Option<u64> {
+        self.db.index_blocks(t)
+    }
 }

@@ -32,6 +32,10 @@ pub(crate) trait Db: Sync {
     fn count(&self, _t: &Table) -> u64 {
         0
     }
+    /// Blocks of `t`'s ready index read so far (the server's statistics, PostgreSQL), if known.
+    fn index_blocks(&self, _t: &Table) -> Option<u64> {
+        None
+    }
 }
 
 /// One raw connection running a protocol.

@@ -250,5 +250,9 @@ pub fn run(set: &Settings) -> Vec<Row> {
         keys: Mutex::default(),
     };
     println!("== sqlite (load {})", load_average());
-    run_db(&lite, &cells(false, &[1, 100]), set, None)
+    let rows = run_db(&lite, &cells(false, &[1, 100]), set, None);
+    if backlog::wanted(set, "sqlite") {
+        backlog::run(&lite, &lite.tables.big, set);
+    }
+    rows
 }

@@ -5,6 +5,9 @@
 //!    rows whose lease is empty or expired, count their attempts, commit at once (one statement
 //!    where the database allows; MySQL: a locking select and one update of the found rows in
 //!    one READ COMMITTED transaction). No transaction stays open and no connection is held.
+//!    PostgreSQL (no priorities, no FIFO groups): the claim reads on from the subscription's
+//!    cursor past the last row claimed ([`super::cursor`]); where it starts never changes
+//!    which rows a claim may take.
 //! 2. The deadline is the delivery token. The renewer thread rewrites it every half lease
 //!    (`UPDATE .. WHERE id = ? AND locked_until = <token held>`), one statement per table per
 //!    round where the database allows.
@@ -32,6 +35,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::cursor::Key;
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
@@ -47,10 +51,35 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     };
     let now = SystemTime::now();
     let token = lease_token(now, q.spec.lease_secs);
-    let rows = q
-        .dialect
-        .lease_claim(&mut *conn, &q.sql, claim_now(now), limit, token)
-        .map_err(q.err("claim"))?;
+    // Where the claim starts reading: after the cursor, where the table has one.
+    let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
+    let mut rows = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
+        (Some(from), Some((run_at, id))) => conn.query(
+            from,
+            &[
+                Value::Time(claim_now(now)),
+                Value::Int(limit as i64),
+                Value::Time(token),
+                Value::Time(run_at),
+                Value::Int(id),
+            ],
+        ),
+        _ => q
+            .dialect
+            .lease_claim(&mut *conn, &q.sql, claim_now(now), limit, token),
+    }
+    .map_err(q.err("claim"))?;
+    if let Some(start) = start {
+        // Each row's `run_at` comes last: the cursor's key, not a column of the delivery.
+        let keys: Vec<Option<Key>> = rows
+            .iter_mut()
+            .map(|r| {
+                let run_at = r.pop()?.as_system_time()?;
+                Some((run_at, r.first()?.as_i64()?))
+            })
+            .collect();
+        ctx.cursor.advance(start, limit, keys.into_iter().flatten());
+    }
     let unreadable = unreadable_rows(&mut *conn, rows.len());
     // Every row is checked before any is booked for renewal, so a row that fails to read leaves
     // no lease renewed for ever behind it (the claimed rows return when their leases expire).

@@ -12,6 +12,7 @@ use crate::table::Form;
 use crate::Value;
 
 pub(crate) mod advisory;
+pub(crate) mod cursor;
 pub(crate) mod lease;
 pub(crate) mod row_lock;
 

@@ -272,6 +272,8 @@ pub(crate) struct Ctx {
     stop: AtomicBool,
     pub leases: LeaseBook,
     pub keys: Option<Arc<KeyRegistry>>,
+    /// Where the lease claims start reading (tables whose dialect gives a `claim_from`).
+    pub cursor: crate::form::cursor::ClaimCursor,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
     /// Claims whose rows are being sent into the channel right now (`next_batch` waits for
@@ -313,6 +315,7 @@ impl Ctx {
             stop: AtomicBool::new(false),
             leases: LeaseBook::default(),
             keys,
+            cursor: Default::default(),
             claiming: AtomicUsize::new(0),
             sending: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),

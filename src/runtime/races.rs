@@ -546,3 +546,89 @@ fn cancel_stays_with_its_delivery_postgres() {
 fn cancel_stays_with_its_delivery_mysql() {
     cancel_stays_with_its_delivery("mysql");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 18: lease claims read on from a cursor (PostgreSQL), so a long backlog's dead index
+// entries behind it are not walked by every claim.
+
+/// Whole claims move the cursor to the last row claimed and the next claim reads on from there
+/// (PostgreSQL: a row that became due behind it waits for the next pass); a claim that finds
+/// fewer rows than asked sends the next claim back to the head. The other databases read from
+/// the head every time (no cursor), so the row due earlier is taken next.
+fn lease_claims_read_on_from_the_cursor(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_cursor")).lease(Duration::from_secs(30));
+    let _made = create(&broker, &t);
+    let msgs: Vec<Message> = (0..5).map(|_| Message::new(b"x".to_vec())).collect();
+    broker.publish_batch(&t, msgs).unwrap();
+    let ctx = bare_ctx(&broker, &t);
+    let ids = |n: usize| {
+        let mut ds = claim(&ctx, n);
+        ds.sort_by_key(Delivery::id);
+        let ids: Vec<i64> = ds.iter().map(Delivery::id).collect();
+        for d in ds {
+            d.ack().unwrap();
+        }
+        ids
+    };
+    let first = ids(2);
+    assert_eq!(first.len(), 2, "{db}");
+    let b = first[0];
+    let pg = db == "postgres";
+    let cursor = ctx.cursor.start().after.map(|k| k.1);
+    assert_eq!(
+        cursor,
+        pg.then_some(b + 1),
+        "{db}: the cursor after a whole claim"
+    );
+    // Row b + 3 becomes due a minute earlier: behind the cursor in claim order.
+    let q = broker.queue(&t).unwrap();
+    {
+        let syntax = q.dialect.syntax();
+        let sql = format!(
+            "UPDATE {} SET run_at = {} WHERE id = {}",
+            (syntax.quote)(t.name()),
+            (syntax.param)(1),
+            (syntax.param)(2)
+        );
+        let ago = Value::Time(SystemTime::now() - Duration::from_secs(60));
+        let mut conn = q.pool.get().unwrap();
+        assert_eq!(conn.execute(&sql, &[ago, Value::Int(b + 3)]).unwrap(), 1);
+    }
+    if pg {
+        // Read on from the cursor: the rows after it, not the one now due first.
+        assert_eq!(
+            ids(2),
+            [b + 2, b + 4],
+            "{db}: the claim did not read from the cursor"
+        );
+        // Nothing after the cursor: an empty claim, and the next one reads from the head.
+        assert_eq!(ids(5), Vec::<i64>::new(), "{db}");
+        assert_eq!(
+            ctx.cursor.start().after,
+            None,
+            "{db}: a short claim kept the cursor"
+        );
+        assert_eq!(ids(5), [b + 3], "{db}: the row behind the cursor");
+    } else {
+        assert_eq!(ids(2), [b + 2, b + 3], "{db}");
+        assert_eq!(ids(5), [b + 4], "{db}");
+        assert_eq!(ctx.cursor.start().after, None, "{db}");
+    }
+}
+
+#[test]
+fn lease_claims_read_on_from_the_cursor_postgres() {
+    lease_claims_read_on_from_the_cursor("postgres");
+}
+
+#[test]
+fn lease_claims_read_on_from_the_cursor_sqlite() {
+    lease_claims_read_on_from_the_cursor("sqlite");
+}
+
+#[test]
+fn lease_claims_read_on_from_the_cursor_mysql() {
+    lease_claims_read_on_from_the_cursor("mysql");
+}
