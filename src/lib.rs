@@ -263,10 +263,8 @@
 //! | `sqlbroker_handler_duration_seconds` | histogram | `table` | from handing a delivery out to its settlement, for each settled delivery a handler had |
 //! | `sqlbroker_claim_duration_seconds` | histogram | `table` | each claim's time on the database (claims that found nothing included; failed ones are counted above instead) |
 //! | `sqlbroker_settle_duration_seconds` | histogram | `table` | each settlement's time on the database (an `ack_all` of lease rows: once per statement) |
+//! | `sqlbroker_queue_wait_seconds` | histogram | `table` | from a row's due time to its claim, per claimed row: how long ready work waited (due times are whole seconds, so a row claimed at once reads 0 to 1 s) |
 //! | `sqlbroker_jobs_in_flight` | gauge | `table` | rows this process claimed and has not settled or handed back yet (waiting for a handler or in one) |
-//!
-//! Queue wait (from a row's due time to its claim) is not reported yet: the claim does not read
-//! the due time back. [`QueueStats::oldest_ready_age`] gives the queue's age meanwhile.
 //!
 //! ## Support matrix
 //!

@@ -54,6 +54,8 @@ mod off {
         #[inline(always)]
         pub fn claimed(&self, _rows: usize, _took: Duration) {}
         #[inline(always)]
+        pub fn waited(&self, _due: Option<std::time::SystemTime>, _now: std::time::SystemTime) {}
+        #[inline(always)]
         pub fn claim_failed(&self) {}
         #[inline(always)]
         pub fn settled(
@@ -99,6 +101,7 @@ mod on {
     pub(crate) const CLAIM: &str = "sqlbroker_claim_duration_seconds";
     pub(crate) const SETTLE: &str = "sqlbroker_settle_duration_seconds";
     pub(crate) const IN_FLIGHT: &str = "sqlbroker_jobs_in_flight";
+    pub(crate) const QUEUE_WAIT: &str = "sqlbroker_queue_wait_seconds";
 
     /// One table's handles, labelled `table`.
     pub(crate) struct Meters {
@@ -116,6 +119,7 @@ mod on {
         handler: Histogram,
         claim: Histogram,
         settle: Histogram,
+        queue_wait: Histogram,
         in_flight: Gauge,
     }
 
@@ -142,6 +146,7 @@ mod on {
                 handler: h(HANDLER),
                 claim: h(CLAIM),
                 settle: h(SETTLE),
+                queue_wait: h(QUEUE_WAIT),
                 in_flight: gauge!(IN_FLIGHT, "table" => t.clone()),
             }
         }
@@ -158,6 +163,16 @@ mod on {
             self.claim.record(took);
             if rows > 0 {
                 self.claimed.increment(rows as u64);
+            }
+        }
+
+        /// A claimed row's wait from its due time (whole seconds) to `now`, the claim; none
+        /// for a row whose due time did not read.
+        #[inline]
+        pub fn waited(&self, due: Option<std::time::SystemTime>, now: std::time::SystemTime) {
+            if let Some(due) = due {
+                self.queue_wait
+                    .record(now.duration_since(due).unwrap_or(Duration::ZERO));
             }
         }
 
@@ -251,7 +266,11 @@ mod on {
         for (name, help) in counters {
             describe_counter!(name, Unit::Count, help);
         }
-        let histograms: [(&'static str, &'static str); 3] = [
+        let histograms: [(&'static str, &'static str); 4] = [
+            (
+                QUEUE_WAIT,
+                "From a row's due time (whole seconds) to its claim: how long it waited ready.",
+            ),
             (HANDLER, "From handing a delivery out to its settlement."),
             (
                 CLAIM,

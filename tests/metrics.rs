@@ -219,6 +219,11 @@ fn every_outcome_is_counted(db: Db, form: Form) {
         settled - usize::from(lease)
     );
     assert!(!seen.samples("sqlbroker_claim_duration_seconds").is_empty());
+    // A queue wait per claimed row: each was due at its publish (whole seconds) and claimed
+    // within the test, so each waited from 0 to well under a minute.
+    let waits = seen.samples("sqlbroker_queue_wait_seconds");
+    assert_eq!(waits.len(), rows as usize, "{waits:?}");
+    assert!(waits.iter().all(|w| (0.0..60.0).contains(w)), "{waits:?}");
     sub.close();
 
     // A claim that fails (the table is gone) counts as a claim error.

@@ -12,7 +12,7 @@
 //! parameter.
 //!
 //! Row layout: every statement that returns a claimed row returns, in order,
-//! `id, attempts, payload, <user columns in description order>` ([`ROW_USER_COLUMNS`] is where
+//! `id, attempts, payload, <user columns in description order>, run_at` ([`ROW_USER_COLUMNS`] is where
 //! the user columns start).
 
 use std::sync::Arc;

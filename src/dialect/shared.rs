@@ -92,8 +92,9 @@ impl Syntax {
         (self.param)(n)
     }
 
-    /// `id, attempts, payload, <user columns>`, each prefixed by `prefix` (an alias and a dot,
-    /// or nothing).
+    /// `id, attempts, payload, <user columns>, run_at`, each prefixed by `prefix` (an alias and
+    /// a dot, or nothing): a claimed row, its due time last (the queue wait it measures, and
+    /// the PostgreSQL lease claim's cursor).
     pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
         let mut s = format!(
             "{prefix}{}, {prefix}{}, {prefix}{}",
@@ -104,6 +105,7 @@ impl Syntax {
         for c in &spec.columns {
             s.push_str(&format!(", {prefix}{}", self.q(&c.name)));
         }
+        s.push_str(&format!(", {prefix}{}", self.q(&spec.run_at)));
         s
     }
 

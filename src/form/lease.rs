@@ -53,7 +53,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     let token = lease_token(now, q.spec.lease_secs);
     // Where the claim starts reading: after the cursor, where the table has one.
     let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
-    let mut rows = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
+    let rows = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
         (Some(from), Some((run_at, id))) => conn.query(
             from,
             &[
@@ -70,11 +70,11 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
     }
     .map_err(q.err("claim"))?;
     if let Some(start) = start {
-        // Each row's `run_at` comes last: the cursor's key, not a column of the delivery.
+        // Each row's `run_at` comes last (`row_columns`): the cursor's key.
         let keys: Vec<Option<Key>> = rows
-            .iter_mut()
+            .iter()
             .map(|r| {
-                let run_at = r.pop()?.as_system_time()?;
+                let run_at = r.last()?.as_system_time()?;
                 Some((run_at, r.first()?.as_i64()?))
             })
             .collect();

@@ -22,6 +22,8 @@ pub(crate) struct Claimed {
     pub attempt: u32,
     pub payload: Vec<u8>,
     pub values: Vec<Value>,
+    /// When the row was due (`run_at`): the queue wait it measures.
+    pub due: Option<SystemTime>,
     pub hold: Hold,
     /// Why a value of the row could not be read: the row is dead-lettered with this reason
     /// instead of delivered (its attempt is counted; it would fail every claim again).
@@ -31,12 +33,13 @@ pub(crate) struct Claimed {
 impl Claimed {
     /// A claimed row from its columns; `unreadable` is what the connection reported for it.
     pub fn new(row: Vec<Value>, hold: Hold, unreadable: Option<String>) -> Result<Self, DbError> {
-        let (id, attempt, payload, values) = split_row(row)?;
+        let (id, attempt, payload, values, due) = split_row(row)?;
         Ok(Claimed {
             id,
             attempt,
             payload,
             values,
+            due,
             hold,
             unreadable,
         })
@@ -215,14 +218,18 @@ pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     ctx.queue.wake.notify(1);
 }
 
-/// Splits a claimed row (`id, attempts, payload, user columns`).
-fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError> {
-    if row.len() < ROW_USER_COLUMNS {
+/// A claimed row's parts: id, attempts, payload, user columns, due time.
+type RowParts = (i64, u32, Vec<u8>, Vec<Value>, Option<SystemTime>);
+
+/// Splits a claimed row (`id, attempts, payload, user columns, run_at`).
+fn split_row(mut row: Vec<Value>) -> Result<RowParts, DbError> {
+    if row.len() <= ROW_USER_COLUMNS {
         return Err(DbError::other(format!(
             "a claimed row has {} columns",
             row.len()
         )));
     }
+    let due = row.pop().and_then(|v| v.as_time());
     let mut it = row.into_iter();
     let id = it
         .next()
@@ -235,6 +242,7 @@ fn split_row(row: Vec<Value>) -> Result<(i64, u32, Vec<u8>, Vec<Value>), DbError
         attempts.clamp(0, u32::MAX as i64) as u32,
         payload,
         it.collect(),
+        due,
     ))
 }
 

@@ -339,7 +339,15 @@ impl Ctx {
     /// Reports a claim's outcome to the application's hooks.
     pub fn report_claim(&self, r: &Result<Vec<crate::form::Claimed>>, took: Duration) {
         match r {
-            Ok(rows) => self.queue.meters.claimed(rows.len(), took),
+            Ok(rows) => {
+                self.queue.meters.claimed(rows.len(), took);
+                if !rows.is_empty() {
+                    let now = std::time::SystemTime::now();
+                    for row in rows {
+                        self.queue.meters.waited(row.due, now);
+                    }
+                }
+            }
             Err(_) => self.queue.meters.claim_failed(),
         }
         let Some(events) = &self.events else { return };

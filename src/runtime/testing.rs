@@ -114,7 +114,12 @@ impl Dialect for Scripted {
         Ok((0..rows)
             .map(|i| {
                 let id = (n * 100 + i) as i64;
-                vec![Value::Int(id), Value::Int(1), Value::Bytes(Vec::new())]
+                vec![
+                    Value::Int(id),
+                    Value::Int(1),
+                    Value::Bytes(Vec::new()),
+                    Value::Time(SystemTime::UNIX_EPOCH),
+                ]
             })
             .collect())
     }

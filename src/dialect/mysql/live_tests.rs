@@ -95,7 +95,8 @@ fn values_survive_the_columns() {
     let id = insert(&mut *c, &sql, &vals);
     let row = &c.query(&sql.fetch, &[Value::Int(id)]).unwrap()[0];
     assert_eq!(row[..3], [Value::Int(id), Value::Int(0), vals[0].clone()]);
-    assert_eq!(row[3..], vals[2..]);
+    // The user columns, then the due time (last, `row_columns`).
+    assert_eq!(row[3..], [&vals[2..], &vals[1..2]].concat()[..]);
     let nulls = insert(
         &mut *c,
         &sql,
@@ -116,7 +117,8 @@ fn values_survive_the_columns() {
             Value::Null,
             Value::Null,
             Value::Null,
-            Value::Null
+            Value::Null,
+            Value::Time(due),
         ]
     );
     let at = c.query(
@@ -312,7 +314,8 @@ fn advisory_keys_are_per_session_and_take_fetches() {
             Value::Int(id),
             Value::Int(1),
             Value::Bytes(b"p".to_vec()),
-            Value::Text("k1".into())
+            Value::Text("k1".into()),
+            Value::Time(now),
         ]
     );
     // Dead rows are not taken.

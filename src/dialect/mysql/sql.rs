@@ -570,7 +570,7 @@ mod tests {
         assert_eq!(sql.begin_write, "START TRANSACTION");
         assert_eq!(
             sql.claim,
-            "SELECT `id`, `attempts`, `payload`, `to` FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+            "SELECT `id`, `attempts`, `payload`, `to`, `run_at` FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(sql.ack, "DELETE FROM `emails` WHERE `id` = ?");
@@ -605,7 +605,7 @@ mod tests {
         );
         assert_eq!(
             sql.fetch,
-            "SELECT `id`, `attempts`, `payload`, `to` FROM `emails` WHERE `id` = ?"
+            "SELECT `id`, `attempts`, `payload`, `to`, `run_at` FROM `emails` WHERE `id` = ?"
         );
         assert_eq!(
             sql.dead_list,
@@ -650,7 +650,7 @@ mod tests {
         assert_eq!(sql.begin, ["START TRANSACTION"]);
         assert_eq!(
             sql.claim,
-            "SELECT `id`, `attempts`, `payload`, `n` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+            "SELECT `id`, `attempts`, `payload`, `n`, `run_at` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(sql.lease_marks.len(), 11);
@@ -773,7 +773,7 @@ mod tests {
         );
         assert_eq!(
             sql.fetch,
-            "SELECT `id`, `attempts`, `payload`, `account` FROM `payments` WHERE `id` = ?"
+            "SELECT `id`, `attempts`, `payload`, `account`, `run_at` FROM `payments` WHERE `id` = ?"
         );
         assert_eq!(sql.ack, "DELETE FROM `payments` WHERE `id` = ?");
         assert_eq!(
@@ -894,7 +894,7 @@ mod tests {
         );
         assert_eq!(
             f.lock_one,
-            "SELECT `id`, `attempts`, `payload`, `customer` FROM `orders` WHERE `id` = ? AND \
+            "SELECT `id`, `attempts`, `payload`, `customer`, `run_at` FROM `orders` WHERE `id` = ? AND \
              `dead_at` IS NULL AND `run_at` <= ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(
@@ -914,7 +914,7 @@ mod tests {
         assert_eq!(
             f.lock_many[1],
             format!(
-                "SELECT `id`, `attempts`, `payload`, `customer` FROM `orders` WHERE `id` IN (?, ?) AND \
+                "SELECT `id`, `attempts`, `payload`, `customer`, `run_at` FROM `orders` WHERE `id` IN (?, ?) AND \
                  `dead_at` IS NULL AND `run_at` <= ? AND {free} ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );

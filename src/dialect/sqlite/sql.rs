@@ -205,7 +205,7 @@ mod tests {
             "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
              (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
-             RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+             RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"run_at\""
         );
         assert_eq!(
             sql.claim_one.as_deref(),
@@ -213,7 +213,7 @@ mod tests {
                 "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
                  (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
-                 RETURNING \"id\", \"attempts\", \"payload\", \"k\""
+                 RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"run_at\""
             )
         );
         assert_eq!(
@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(
             sql.take,
             "UPDATE \"pay\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
-             AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\""
+             AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"run_at\""
         );
         assert_eq!(
             sql.retry,
@@ -379,7 +379,7 @@ mod tests {
              (SELECT 1 FROM \"orders\" p WHERE p.\"customer\" = q.\"customer\" AND p.\"dead_at\" IS NULL AND \
              p.\"locked_until\" > ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2";
         let set = "UPDATE \"orders\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\"";
-        let row = "RETURNING \"id\", \"attempts\", \"payload\", \"customer\"";
+        let row = "RETURNING \"id\", \"attempts\", \"payload\", \"customer\", \"run_at\"";
         assert_eq!(sql.claim, format!("{set} IN ({candidates}) {row}"));
         assert_eq!(sql.claim_one, Some(format!("{set} = ({candidates}) {row}")));
     }
