@@ -203,7 +203,7 @@
 //! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
-//! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `publish`; no library API |
+//! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `job`, `cancel`, `pause`, `resume`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `migrate`, `schema`, `publish`; no library API |
 //! | `dashboard` | off | `sqlbroker dashboard` (implies `cli`): a web dashboard of the tables (counts, jobs by state, dead letters, actions) and a Prometheus `/metrics` page, on a blocking HTTP server (`tiny_http`, `maud`); no library API |
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
