@@ -372,8 +372,13 @@ fn key_held(q: &Queue, key: &str) -> Result<bool> {
 }
 
 /// The table exists with every column its description needs (else a clear
-/// [`BrokerError::Schema`], before any statement meets a missing table or column).
+/// [`BrokerError::Schema`], before any statement meets a missing table or column). A queue
+/// the broker remembers as checked ([`registry::verify`](crate::registry::verify) checked its
+/// columns) is not asked again: only a table that did not exist then is.
 fn checked(q: &Queue) -> Result<()> {
+    if q.described.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(());
+    }
     let mut conn = q.conn("schema check")?;
     q.check_schema(&mut *conn)
 }

@@ -217,7 +217,17 @@ fn browse(db: Db, driver_port: u16) {
         std::thread::sleep(Duration::from_millis(130));
     }
     sub.shutdown(Duration::from_secs(10)).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The sampler has counted the 30 acks (it counts every second).
+    let completed = format!("sqlbroker_queue_jobs{{table=\"{name}\",state=\"completed\"}} 30");
+    let metrics = format!("{base}/metrics");
+    assert!(
+        wait_for(Duration::from_secs(20), || ureq::get(&metrics)
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .is_some_and(|body| body.lines().any(|l| l == completed))),
+        "the dashboard never counted the acks"
+    );
 
     let _driver = Killed(
         Command::new(chromedriver)
