@@ -1,6 +1,6 @@
 //! MariaDB Galera, three nodes on this machine, built and torn down by the test itself
-//! (`mariadbd` processes of its own, datadirs in a scratch folder, client ports 33321-33323,
-//! group communication 34541-34543, IST 34551-34553, SST 34561-34563; rsync SST).
+//! (`mariadbd` processes of its own, datadirs in a scratch folder, client ports 23321-23323,
+//! group communication 24541-24543, IST 24551-24553, SST 24561-24563; rsync SST).
 //!
 //! 1. Detection and refusals: on the cluster, a subscription in the row lock form, the advisory
 //!    lock form or with FIFO groups is refused with `ClusterUnsafe`, the lease form starts; with
@@ -34,10 +34,13 @@ use std::time::{Duration, Instant};
 use mysql::prelude::Queryable;
 use sqlbroker::{Broker, BrokerError, DbErrorKind, Message, Subscription, Table};
 
-const CLIENT: u16 = 33321;
-const GCOMM: u16 = 34541;
-const IST: u16 = 34551;
-const SST: u16 = 34561;
+// Below the kernel's ephemeral range (32768-60999): a port from that range can be held by any
+// outgoing connection of the tests before it (one CI run lost node 3's rsync state transfer,
+// whose daemon listens on such a port, with both joiners starting at once).
+const CLIENT: u16 = 23321;
+const GCOMM: u16 = 24541;
+const IST: u16 = 24551;
+const SST: u16 = 24561;
 const UP: Duration = Duration::from_secs(120);
 /// Longer than the longest pause a node's death causes (9-14 s measured: the survivors wait
 /// for the dead node until they evict it): a lease that ran out during it would let a second
@@ -127,10 +130,12 @@ impl Cluster {
         chown(&c.root);
         c.start(0, true);
         c.wait_synced(0, 1);
+        // One joiner at a time: each takes its full state transfer from a synced donor.
         c.start(1, false);
+        c.wait_synced(1, 2);
         c.start(2, false);
-        c.wait_synced(1, 3);
         c.wait_synced(2, 3);
+        c.wait_synced(1, 3);
         say(&format!(
             "galera: three nodes up in {:.1}s",
             started.elapsed().as_secs_f64()
@@ -307,10 +312,17 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
         let log = std::fs::read_to_string(self.dir(i).join("err.log")).unwrap_or_default();
+        let errors: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("[ERROR]") || l.contains("WSREP_SST"))
+            .take(40)
+            .collect();
         let tail: Vec<&str> = log.lines().rev().take(30).collect();
         panic!(
-            "galera node {} not synced in a cluster of {size} within {UP:?}; its log ends:\n{}",
+            "galera node {} not synced in a cluster of {size} within {UP:?}; its errors:\n{}\n\
+             its log ends:\n{}",
             i + 1,
+            errors.join("\n"),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }

@@ -1,5 +1,5 @@
 //! PostgreSQL failover: a primary and a streaming standby of the test's own (`pg_basebackup
-//! -R`, ports 55421-55424), the broker given both hosts with `target_session_attrs=read-write`
+//! -R`, ports 25421-25424), the broker given both hosts with `target_session_attrs=read-write`
 //! (the URL form in one run, the key-value form in the other). Publishers and consumers run
 //! in every form (lease, row lock, advisory) at once; replication is cut (the walsender
 //! stopped) [`CUT`] before the primary is killed (SIGKILL, its backends first) and, [`DETECT`]
@@ -354,10 +354,10 @@ fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
 
 #[test]
 fn failover_with_synchronous_replication_loses_nothing() {
-    run(true, 55421, 55422, false);
+    run(true, 25421, 25422, false);
 }
 
 #[test]
 fn failover_with_asynchronous_replication_loses_only_the_window() {
-    run(false, 55423, 55424, true);
+    run(false, 25423, 25424, true);
 }

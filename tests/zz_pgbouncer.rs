@@ -1,4 +1,4 @@
-//! PgBouncer in front of a PostgreSQL cluster of the test's own (ports 55401-55413), in three
+//! PgBouncer in front of a PostgreSQL cluster of the test's own (ports 25401-25413), in three
 //! configurations: session pooling with PgBouncer's defaults (which refuse the startup
 //! parameter `options`), session pooling with `ignore_startup_parameters = options` (which
 //! drops it without a word), and transaction pooling (`pool_mode=transaction` in the URL).
@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use sqlbroker::{Broker, BrokerError, Form, Message, Table};
 
-const PG_PORT: u16 = 55401;
-const SESSION: u16 = 55411;
-const SESSION_IGNORING: u16 = 55412;
-const TRANSACTION: u16 = 55413;
+const PG_PORT: u16 = 25401;
+const SESSION: u16 = 25411;
+const SESSION_IGNORING: u16 = 25412;
+const TRANSACTION: u16 = 25413;
 const ROWS: usize = 25;
 
 fn through(port: u16, params: &str) -> String {
