@@ -860,6 +860,9 @@ fn db_name(db: Db) -> &'static str {
 }
 
 fn run_db(db: Db, forms: &[Form]) {
+    if !common::slow_suite("the chaos kill suite") {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(live) = common::live(db) else {
         eprintln!("\n!!!!! SKIPPED: chaos kill on {db:?}: the server is not reachable !!!!!\n");

@@ -177,6 +177,9 @@ fn our_threads() -> usize {
 // 1. Pool exhaustion
 
 fn pool_exhaustion(db: Db) {
+    if !common::slow_suite("the chaos pressure suite") {
+        return;
+    }
     let _serial = serial();
     let Some(live) = common::live(db) else {
         return;
@@ -344,6 +347,9 @@ fn held_by_new_claim(live: &Live, t: &Table, id: i64) -> bool {
 }
 
 fn lease_overrun(db: Db) {
+    if !common::slow_suite("the chaos pressure suite") {
+        return;
+    }
     let _serial = serial();
     let Some(live) = common::live(db) else {
         return;
@@ -677,6 +683,9 @@ const GRACE: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_secs(2);
 
 fn paused_server(db: Db) {
+    if !common::slow_suite("the chaos pressure suite") {
+        return;
+    }
     let _serial = serial();
     let Some(live) = common::live(db) else {
         return;

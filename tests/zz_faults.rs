@@ -170,6 +170,9 @@ fn killed_session(live: &Live, form: Form) {
 
 #[test]
 fn killed_sessions_return_their_rows() {
+    if !common::slow_suite("the fault suite") {
+        return;
+    }
     let _serial = serial();
     let mut dbs = vec![Db::Postgres];
     if cfg!(feature = "mysql") {
@@ -345,6 +348,9 @@ fn killed_during_lease_settlement(live: &Live, kill_every_session: bool) {
 /// lost answers of the crate's own tests (`runtime::races`).
 #[test]
 fn lease_settlements_survive_or_report_killed_sessions() {
+    if !common::slow_suite("the fault suite") {
+        return;
+    }
     let _serial = serial();
     let mut dbs = vec![Db::Postgres];
     if cfg!(feature = "mysql") {
@@ -697,6 +703,9 @@ fn stale_pool(db: Db) {
 
 #[test]
 fn stale_pooled_connections_are_replaced() {
+    if !common::slow_suite("the fault suite") {
+        return;
+    }
     let _serial = serial();
     let mut dbs = vec![Db::Postgres];
     if cfg!(feature = "mysql") {

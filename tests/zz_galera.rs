@@ -19,6 +19,8 @@
 //!    it was in work; acks through the nodes that stayed up failed only as `LeaseLost`; the table is empty on every node; FIFO groups ran one row at a time in
 //!    publish order. The recovery times are printed.
 //!
+//! A slow suite (about two minutes): it runs with `SQLBROKER_SLOW_TESTS=1` or
+//! `SQLBROKER_REQUIRE_SERVERS=1`, and says loudly that it was skipped otherwise.
 //! Skipped loudly when galera, `mariadbd`, `mariadb-install-db` or `rsync` is missing, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1` (then it fails; `.ci/run` installs them).
 #![cfg(feature = "mysql")]
@@ -104,6 +106,12 @@ impl Cluster {
     /// The cluster, up with three synced nodes; `None` when the tools are missing and servers
     /// are not required.
     fn build() -> Option<Cluster> {
+        let slow = std::env::var("SQLBROKER_SLOW_TESTS").is_ok_and(|v| v == "1");
+        if !slow && !require() {
+            say("\n!!!!! SKIPPED: the Galera tests: a slow suite; set SQLBROKER_SLOW_TESTS=1 to run \
+                 them (.ci/run runs them) !!!!!\n");
+            return None;
+        }
         let tools = match tools() {
             Ok(t) => t,
             Err(why) if require() => panic!("SQLBROKER_REQUIRE_SERVERS=1 but {why}"),

@@ -66,6 +66,9 @@ fn record(ledger: &Ledger, form: usize, job: u64, ev: Ev) {
 }
 
 fn run(sync: bool, primary_port: u16, standby_port: u16, key_value: bool) {
+    if !common::slow_suite("the PostgreSQL failover suite") {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let what = if sync { "synchronous" } else { "asynchronous" };
     let mut s = match pgserver::Scratch::new(&format!("failover-{what}"), false) {

@@ -187,6 +187,9 @@ fn build(url: &str, listen: Option<&str>) -> Result<Broker, BrokerError> {
 
 #[test]
 fn pgbouncer_session_and_transaction_pooling() {
+    if !common::slow_suite("the PgBouncer suite") {
+        return;
+    }
     let started = Instant::now();
     let mut s = match pgserver::Scratch::new("pgbouncer", true) {
         Ok(s) => s,

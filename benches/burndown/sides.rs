@@ -85,60 +85,69 @@ pub(crate) fn library_run(db: &dyn Db, cell: &Cell, n: u64, acked: &AtomicU64) -
     };
     std::thread::scope(|s| {
         for _ in 0..cell.handlers {
-            s.spawn(|| loop {
-                if acked.load(Ordering::Relaxed) >= n {
-                    break;
-                }
-                let got = match cell.settle {
-                    Settle::Ack | Settle::Deferred => sub
-                        .next_delivery_timeout(Duration::from_millis(20))
-                        .map(|d| {
-                            black_box(d.payload());
-                            let t = Instant::now();
-                            d.ack().expect("ack");
-                            settled(t);
-                            1
-                        }),
-                    Settle::AckAll => sub.next_batch(100, Duration::from_millis(20)).map(|batch| {
-                        for d in &batch {
-                            black_box(d.payload());
-                        }
-                        let k = batch.len() as u64;
-                        batches.fetch_add(1, Ordering::Relaxed);
-                        let t = Instant::now();
-                        for r in Delivery::ack_all(batch) {
-                            r.expect("ack_all");
-                        }
-                        settled(t);
-                        k
-                    }),
-                };
-                match got {
-                    Ok(k) => {
-                        let now = Instant::now();
-                        progress.store(
-                            now.duration_since(start).as_millis() as u64,
-                            Ordering::Relaxed,
-                        );
-                        if acked.fetch_add(k, Ordering::AcqRel) + k >= n {
-                            *last.lock().unwrap() = now;
-                        }
+            // Named, as the raw side's threads are, so a profile tells the sides apart.
+            let handler = std::thread::Builder::new().name("lib-handler".into());
+            handler
+                .spawn_scoped(s, || loop {
+                    if acked.load(Ordering::Relaxed) >= n {
+                        break;
                     }
-                    Err(NextError::Closed) => panic!("subscription closed: {:?}", sub.last_error()),
-                    // Nothing in time (later versions also say `Empty`).
-                    Err(_) => {
-                        let idle =
-                            start.elapsed().as_millis() as u64 - progress.load(Ordering::Relaxed);
-                        if idle > STALL.as_millis() as u64 && acked.load(Ordering::Relaxed) < n {
-                            panic!(
+                    let got = match cell.settle {
+                        Settle::Ack | Settle::Deferred => sub
+                            .next_delivery_timeout(Duration::from_millis(20))
+                            .map(|d| {
+                                black_box(d.payload());
+                                let t = Instant::now();
+                                d.ack().expect("ack");
+                                settled(t);
+                                1
+                            }),
+                        Settle::AckAll => {
+                            sub.next_batch(100, Duration::from_millis(20)).map(|batch| {
+                                for d in &batch {
+                                    black_box(d.payload());
+                                }
+                                let k = batch.len() as u64;
+                                batches.fetch_add(1, Ordering::Relaxed);
+                                let t = Instant::now();
+                                for r in Delivery::ack_all(batch) {
+                                    r.expect("ack_all");
+                                }
+                                settled(t);
+                                k
+                            })
+                        }
+                    };
+                    match got {
+                        Ok(k) => {
+                            let now = Instant::now();
+                            progress.store(
+                                now.duration_since(start).as_millis() as u64,
+                                Ordering::Relaxed,
+                            );
+                            if acked.fetch_add(k, Ordering::AcqRel) + k >= n {
+                                *last.lock().unwrap() = now;
+                            }
+                        }
+                        Err(NextError::Closed) => {
+                            panic!("subscription closed: {:?}", sub.last_error())
+                        }
+                        // Nothing in time (later versions also say `Empty`).
+                        Err(_) => {
+                            let idle = start.elapsed().as_millis() as u64
+                                - progress.load(Ordering::Relaxed);
+                            if idle > STALL.as_millis() as u64 && acked.load(Ordering::Relaxed) < n
+                            {
+                                panic!(
                                 "no delivery for {STALL:?} after {} of {n} acks; last error: {:?}",
                                 acked.load(Ordering::Relaxed),
                                 sub.last_error()
                             );
+                            }
                         }
                     }
-                }
-            });
+                })
+                .expect("spawn a handler");
         }
     });
     let mut elapsed = last.into_inner().unwrap().duration_since(start);
@@ -165,7 +174,8 @@ pub(crate) fn raw_run(db: &dyn Db, form: Form, workers: usize, batch: usize, n: 
     let stuck = AtomicBool::new(false);
     let start = std::thread::scope(|s| {
         for _ in 0..workers {
-            s.spawn(|| {
+            let raw = std::thread::Builder::new().name("raw".into());
+            raw.spawn_scoped(s, || {
                 let mut conn = db.raw(form, batch);
                 ready.wait();
                 let mut since = Instant::now();
@@ -183,7 +193,8 @@ pub(crate) fn raw_run(db: &dyn Db, form: Form, workers: usize, batch: usize, n: 
                         }
                     }
                 }
-            });
+            })
+            .expect("spawn a raw thread");
         }
         ready.wait();
         Instant::now()

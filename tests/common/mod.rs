@@ -627,6 +627,23 @@ pub fn cert_file(var: &str, default: &str) -> Option<String> {
     None
 }
 
+/// Whether a slow suite runs (one that kills or restarts servers, or builds clusters of its
+/// own: minutes each): with `SQLBROKER_SLOW_TESTS=1` or `SQLBROKER_REQUIRE_SERVERS=1`
+/// (`.ci/run` sets it), so a plain `cargo test` stays short. Otherwise a loud skip naming
+/// `what`; the caller then returns.
+pub fn slow_suite(what: &str) -> bool {
+    let on = |var: &str| std::env::var(var).is_ok_and(|v| v == "1");
+    if on("SQLBROKER_SLOW_TESTS") || require_servers() {
+        return true;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!!!! SKIPPED: {what}: a slow suite; set SQLBROKER_SLOW_TESTS=1 to run it \
+         (.ci/run runs it) !!!!!\n"
+    );
+    false
+}
+
 /// A test's precondition that the machine does not meet (`what` says which): a failure with
 /// `SQLBROKER_REQUIRE_SERVERS=1`, else a loud skip (the caller then returns).
 pub fn unmet(what: &str) {
