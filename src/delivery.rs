@@ -383,17 +383,20 @@ impl Delivery {
     pub fn ack_all(batch: impl IntoIterator<Item = Delivery>) -> Vec<Result<()>> {
         let batch: Vec<Delivery> = batch.into_iter().collect();
         let mut out: Vec<Option<Result<()>>> = (0..batch.len()).map(|_| None).collect();
-        // Lease deliveries, by subscription: (its context, [(index, id, cell)]).
-        type Leases<'a> = Vec<(&'a Arc<Ctx>, Vec<(usize, i64, Arc<LeaseCell>)>)>;
+        // Lease deliveries, by subscription: (its context, their indexes, their (id, cell)).
+        type Leases<'a> = Vec<(&'a Arc<Ctx>, Vec<usize>, Vec<(i64, Arc<LeaseCell>)>)>;
         let mut leases: Leases<'_> = Vec::new();
         let mut singles = Vec::new();
         for (i, d) in batch.iter().enumerate() {
             let (hold, timed_out) = d.take();
             match hold {
                 Some(Hold::Lease(cell)) if !timed_out => {
-                    match leases.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &d.ctx)) {
-                        Some((_, v)) => v.push((i, d.id, cell)),
-                        None => leases.push((&d.ctx, vec![(i, d.id, cell)])),
+                    match leases.iter_mut().find(|(c, _, _)| Arc::ptr_eq(c, &d.ctx)) {
+                        Some((_, at, cells)) => {
+                            at.push(i);
+                            cells.push((d.id, cell));
+                        }
+                        None => leases.push((&d.ctx, vec![i], vec![(d.id, cell)])),
                     }
                 }
                 // Back in place: `ack` settles it (and answers for a timeout) as usual.
@@ -404,14 +407,12 @@ impl Delivery {
                 None => singles.push(i),
             }
         }
-        for (ctx, group) in &leases {
-            let cells: Vec<(i64, Arc<LeaseCell>)> =
-                group.iter().map(|(_, id, c)| (*id, c.clone())).collect();
+        for (ctx, at, cells) in &leases {
             let within = ctx.queue.pool.connection_timeout();
             let started = Instant::now();
-            let results = form::lease::ack_all(ctx, &cells, within);
+            let results = form::lease::ack_all(ctx, cells, within);
             ctx.queue.meters.settle_took(started.elapsed());
-            for ((i, _, _), r) in group.iter().zip(results) {
+            for (i, r) in at.iter().zip(results) {
                 let handed_at = batch[*i].handed_at;
                 ctx.queue.meters.settled(
                     crate::meters::Settle::Ack,

@@ -549,10 +549,13 @@ impl Subscription {
             batch.push(self.wait_one(timeout)?);
         }
         let filled_by = Instant::now() + BATCH_FILL;
-        while batch.len() < max {
-            match self.try_next_delivery() {
-                Ok(d) => batch.push(d),
-                Err(NextError::Empty) => {
+        // The rest of the batch is taken off the channel first and handed out together (one
+        // update of the handler slots for all of them, not one per row).
+        let mut taken = Vec::with_capacity(max - batch.len());
+        while batch.len() + taken.len() < max && !self.ctx.stopped() {
+            match self.rx.try_recv() {
+                Ok(d) => taken.push(d),
+                Err(TryRecvError::Empty) => {
                     // A claim in progress, or one whose rows are still being sent, is most of
                     // a batch on its way: wait for it briefly rather than settle a part.
                     let ctx = &self.ctx;
@@ -563,16 +566,21 @@ impl Subscription {
                         break;
                     }
                     match self.rx.recv_timeout(left.min(Duration::from_millis(1))) {
-                        Ok(d) => match self.fresh(d) {
-                            Some(d) => batch.push(d),
-                            None => break,
-                        },
+                        Ok(d) => taken.push(d),
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
                 }
-                Err(_) => break,
+                Err(TryRecvError::Disconnected) => break,
             }
+        }
+        self.ctx.slots.dequeue_many(taken.len());
+        if self.ctx.stopped() {
+            // Not handed out: dropping them hands their rows back unspent.
+            drop(taken);
+            self.drain();
+        } else {
+            batch.extend(taken.into_iter().map(Delivery::hand_out));
         }
         Ok(batch)
     }

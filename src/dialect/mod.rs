@@ -196,6 +196,40 @@ pub(crate) struct TableSql {
     /// Row lock `(id)` -> the row if no other session has it locked, locked (a probe, rolled
     /// back at once).
     pub probe_lock: String,
+    /// The grouped lease ack ([`Dialect::lease_ack_many`]) by size class, built on first use.
+    pub ack_many: BySize,
+}
+
+/// Statement texts by size class, each built once and kept: a grouped statement of a
+/// hundred rows takes tens of thousands of instructions to format, which a batch ack paid
+/// on every call.
+#[derive(Default)]
+pub(crate) struct BySize(parking_lot::Mutex<Vec<(usize, Arc<str>)>>);
+
+impl BySize {
+    /// The text for `size`, built by `build` the first time it is asked for.
+    pub fn get(&self, size: usize, build: impl FnOnce() -> String) -> Arc<str> {
+        let mut texts = self.0.lock();
+        if let Some((_, sql)) = texts.iter().find(|(n, _)| *n == size) {
+            return sql.clone();
+        }
+        let sql: Arc<str> = build().into();
+        texts.push((size, sql.clone()));
+        sql
+    }
+}
+
+/// A copy starts empty: the texts are rebuilt on demand.
+impl Clone for BySize {
+    fn clone(&self) -> Self {
+        BySize::default()
+    }
+}
+
+impl std::fmt::Debug for BySize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BySize")
+    }
 }
 
 /// The statements of the table registry, `sqlbroker_tables`: one row per table that
@@ -476,6 +510,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         &self,
         conn: &mut dyn DbConn,
         spec: &TableSpec,
+        sql: &TableSql,
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError>;
 
@@ -639,7 +674,7 @@ pub(crate) fn id_params(ids: &[i64], slots: usize, out: &mut Vec<Value>) {
 pub(crate) fn fenced_pairs(
     conn: &mut dyn DbConn,
     held: &[(i64, SystemTime)],
-    sql: impl Fn(usize) -> String,
+    sql: impl Fn(usize) -> Arc<str>,
 ) -> Result<Vec<i64>, DbError> {
     let Some(last) = held.last() else {
         return Ok(Vec::new());

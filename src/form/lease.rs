@@ -93,9 +93,9 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
         .collect();
     let ids =
         ids.ok_or_else(|| q.err("claim")(DbError::other("a claimed row has no integer id")))?;
+    let cells = ctx.leases.insert_all(&ids, token);
     let mut out = Vec::with_capacity(rows.len());
-    for ((row, id), unreadable) in rows.into_iter().zip(ids).zip(unreadable) {
-        let cell = ctx.leases.insert(id, token);
+    for ((row, cell), unreadable) in rows.into_iter().zip(cells).zip(unreadable) {
         // The claim counted this attempt.
         out.push(Claimed::new(row, Hold::Lease(cell), unreadable).map_err(q.err("claim"))?);
     }
@@ -248,60 +248,65 @@ fn ack_alone(
 
 /// Acks many deliveries of one subscription in one statement per [`ACK_GROUP_MAX`] (the
 /// explicit batch, [`Delivery::ack_all`](crate::Delivery::ack_all)); each result in order.
+/// Per row it only reads the tokens under the cell's lock: the statement's pairs are built
+/// from them directly, and the book is updated once for the batch.
 pub(crate) fn ack_all(
     ctx: &Ctx,
     batch: &[(i64, Arc<LeaseCell>)],
     within: Duration,
 ) -> Vec<Result<()>> {
     let mut states: Vec<_> = batch.iter().map(|(_, cell)| cell.lock()).collect();
-    let items: Vec<(i64, Vec<SystemTime>)> = batch
-        .iter()
-        .zip(states.iter_mut())
-        .map(|((id, _), state)| {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut pairs = Vec::new();
+    for (rows, held) in batch
+        .chunks(ACK_GROUP_MAX)
+        .zip(states.chunks_mut(ACK_GROUP_MAX))
+    {
+        pairs.clear();
+        for ((id, _), state) in rows.iter().zip(held.iter_mut()) {
             state.done = true;
-            (*id, tokens_of(state))
-        })
-        .collect();
-    let mut out = Vec::with_capacity(items.len());
-    for chunk in items.chunks(ACK_GROUP_MAX) {
-        let written = ack_many(ctx, chunk, within);
-        for (id, tokens) in chunk {
+            pairs.push((*id, state.token));
+            pairs.extend(state.unsure.iter().map(|t| (*id, *t)));
+        }
+        let written = write_pairs(ctx, &pairs, within);
+        for ((id, _), state) in rows.iter().zip(held.iter()) {
             let held = match &written {
                 Ok(deleted) => Ok(deleted.contains(id)),
-                Err(kind) => ack_alone(ctx, *id, tokens, *kind, within),
+                Err(kind) => ack_alone(ctx, *id, &tokens_of(state), *kind, within),
             };
             out.push(held.and_then(|held| if held { Ok(()) } else { Err(lost(ctx, *id)) }));
         }
     }
     drop(states);
-    for (_, cell) in batch {
-        ctx.leases.remove(cell);
-    }
+    ctx.leases.remove_all(batch.iter().map(|(_, cell)| &**cell));
     out
 }
 
 /// Deletes the rows of `items` still holding one of their tokens, in one statement; the ids
-/// deleted, or the kind of error the statement met. One item with one token runs the table's
-/// single ack, the cheapest statement for it.
+/// deleted, or the kind of error the statement met.
 pub(crate) fn ack_many(ctx: &Ctx, items: &[(i64, Vec<SystemTime>)], within: Duration) -> AckBatch {
+    let pairs: Vec<(i64, SystemTime)> = items
+        .iter()
+        .flat_map(|(id, tokens)| tokens.iter().map(move |t| (*id, *t)))
+        .collect();
+    write_pairs(ctx, &pairs, within)
+}
+
+/// Deletes the rows of `pairs` (`(id, token)`) that still hold the token, in one statement;
+/// one pair runs the table's single ack, the cheapest statement for it.
+fn write_pairs(ctx: &Ctx, pairs: &[(i64, SystemTime)], within: Duration) -> AckBatch {
     let q = &ctx.queue;
     // No connection in time: nothing ran; each caller tries alone.
     let mut conn = q
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
-    let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || match items {
-        [(id, tokens)] if tokens.len() == 1 => {
-            let params = [Value::Int(*id), Value::Time(tokens[0])];
+    let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || match pairs {
+        [(id, token)] => {
+            let params = [Value::Int(*id), Value::Time(*token)];
             let n = conn.execute(&q.sql.ack, &params)?;
             Ok(if n == 0 { vec![] } else { vec![*id] })
         }
-        _ => {
-            let pairs: Vec<(i64, SystemTime)> = items
-                .iter()
-                .flat_map(|(id, tokens)| tokens.iter().map(move |t| (*id, *t)))
-                .collect();
-            q.dialect.lease_ack_many(&mut *conn, &q.spec, &pairs)
-        }
+        _ => q.dialect.lease_ack_many(&mut *conn, &q.spec, &q.sql, pairs),
     })
     .map_err(|e| e.kind)?;
     Ok(Arc::new(deleted.into_iter().collect()))

@@ -65,23 +65,42 @@ pub(crate) struct LeaseBook {
 }
 
 impl LeaseBook {
-    pub fn insert(&self, id: i64, token: SystemTime) -> Arc<LeaseCell> {
-        let serial = self.next.fetch_add(1, Ordering::Relaxed);
-        let cell = Arc::new(LeaseCell {
-            id,
-            serial,
-            state: Mutex::new(LeaseState {
-                token,
-                unsure: Vec::new(),
-                done: false,
-            }),
-        });
-        self.cells.lock().insert(serial, cell.clone());
-        cell
+    /// A cell per id, all with `token`, booked under one lock (a claim's rows).
+    pub fn insert_all(&self, ids: &[i64], token: SystemTime) -> Vec<Arc<LeaseCell>> {
+        let first = self.next.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        let cells: Vec<Arc<LeaseCell>> = ids
+            .iter()
+            .zip(first..)
+            .map(|(&id, serial)| {
+                Arc::new(LeaseCell {
+                    id,
+                    serial,
+                    state: Mutex::new(LeaseState {
+                        token,
+                        unsure: Vec::new(),
+                        done: false,
+                    }),
+                })
+            })
+            .collect();
+        let mut book = self.cells.lock();
+        book.reserve(cells.len());
+        for cell in &cells {
+            book.insert(cell.serial, cell.clone());
+        }
+        cells
     }
 
     pub fn remove(&self, cell: &LeaseCell) {
         self.cells.lock().remove(&cell.serial);
+    }
+
+    /// [`remove`](LeaseBook::remove) of many under one lock (a batch settled together).
+    pub fn remove_all<'a>(&self, cells: impl IntoIterator<Item = &'a LeaseCell>) {
+        let mut book = self.cells.lock();
+        for cell in cells {
+            book.remove(&cell.serial);
+        }
     }
 
     fn snapshot(&self) -> Vec<Arc<LeaseCell>> {
@@ -368,14 +387,14 @@ mod tests {
             ..Script::default()
         });
         let ctx = ctx(&script, Form::Lease, options(1));
-        let _cell = ctx.leases.insert(7, SystemTime::now());
+        let _cell = ctx.leases.insert_all(&[7], SystemTime::now());
         assert!(!guarded_round(&ctx), "a panicked round reported success");
         assert!(ctx.last_error().unwrap().to_string().contains("panicked"));
 
         // The thread goes on: a healthy subscription registered beside it is renewed.
         let healthy = Arc::new(Script::default());
         let ok = ctx_with_lease(&healthy, 1);
-        let _cell = ok.leases.insert(8, SystemTime::now());
+        let _cell = ok.leases.insert_all(&[8], SystemTime::now());
         let renewer = Renewer::default();
         renewer.register(&ctx).unwrap();
         renewer.register(&ok).unwrap();

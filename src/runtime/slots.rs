@@ -162,8 +162,16 @@ impl Slots {
 
     /// A queued row was handed to a handler.
     pub fn dequeue(&self) {
+        self.dequeue_many(1);
+    }
+
+    /// `n` queued rows were handed to a handler together.
+    pub fn dequeue_many(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         let mut st = self.state.lock();
-        st.queued = st.queued.saturating_sub(1);
+        st.queued = st.queued.saturating_sub(n);
         if st.queued == 0 {
             self.wake(&mut st);
         }

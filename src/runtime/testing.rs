@@ -140,6 +140,7 @@ impl Dialect for Scripted {
         &self,
         _: &mut dyn DbConn,
         _: &TableSpec,
+        _: &TableSql,
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
         self.0.log.lock().push(format!("ack {}", held.len()));

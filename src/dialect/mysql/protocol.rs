@@ -6,7 +6,7 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_lock_sql, ack_many_sql, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
-use crate::dialect::{id_params, in_transaction, size_class, DbConn, FifoSql, TableSql};
+use crate::dialect::{id_params, in_transaction, size_class, BySize, DbConn, FifoSql, TableSql};
 use crate::error::{DbError, DbErrorKind};
 use crate::schedule::epoch_secs;
 use crate::table::TableSpec;
@@ -65,13 +65,14 @@ pub(super) fn lease_renew(
 pub(super) fn lease_ack_many(
     conn: &mut dyn DbConn,
     spec: &TableSpec,
+    texts: &BySize,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
     fenced_many(conn, spec, held, ack_lock_sql, |conn, kept| {
         let slots = size_class(kept.len());
         let mut params = Vec::with_capacity(slots);
         id_params(kept, slots, &mut params);
-        conn.execute(&ack_many_sql(spec, slots), &params)
+        conn.execute(&texts.get(slots, || ack_many_sql(spec, slots)), &params)
     })
 }
 

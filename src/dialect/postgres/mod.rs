@@ -301,8 +301,9 @@ impl Dialect for Postgres {
         &self,
         conn: &mut dyn DbConn,
         spec: &TableSpec,
+        sql: &TableSql,
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
-        protocol::lease_ack_many(conn, spec, held)
+        protocol::lease_ack_many(conn, spec, &sql.ack_many, held)
     }
 }

@@ -5,8 +5,8 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_many_sql, renew_sql};
-use crate::dialect::size_class;
 use crate::dialect::DbConn;
+use crate::dialect::{size_class, BySize};
 use crate::error::DbError;
 use crate::table::TableSpec;
 use crate::Value;
@@ -45,17 +45,22 @@ pub(super) fn lease_renew(
 pub(super) fn lease_ack_many(
     conn: &mut dyn DbConn,
     spec: &TableSpec,
+    texts: &BySize,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
+    use std::fmt::Write;
+    // Each token with its ids as an array literal, `{1,2,3}`.
     let mut groups: Vec<(SystemTime, String)> = Vec::new();
     for (id, tok) in held {
         match groups.iter_mut().find(|(t, _)| t == tok) {
             Some((_, ids)) => {
-                ids.push(',');
-                ids.push_str(&id.to_string());
+                let _ = write!(ids, ",{id}");
             }
-            None => groups.push((*tok, id.to_string())),
+            None => groups.push((*tok, format!("{{{id}"))),
         }
+    }
+    for (_, ids) in &mut groups {
+        ids.push('}');
     }
     let Some(last) = groups.last().cloned() else {
         return Ok(Vec::new());
@@ -68,9 +73,10 @@ pub(super) fn lease_ack_many(
         .take(slots)
     {
         params.push(Value::Time(tok));
-        params.push(Value::Text(format!("{{{ids}}}")));
+        params.push(Value::Text(ids));
     }
-    let rows = conn.query(&ack_many_sql(spec, slots), &params)?;
+    let sql = texts.get(slots, || ack_many_sql(spec, slots));
+    let rows = conn.query(&sql, &params)?;
     Ok(rows
         .iter()
         .filter_map(|r| r.first().and_then(Value::as_i64))

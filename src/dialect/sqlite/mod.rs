@@ -232,9 +232,10 @@ impl Dialect for Sqlite {
         &self,
         conn: &mut dyn DbConn,
         spec: &TableSpec,
+        sql: &TableSql,
         held: &[(i64, SystemTime)],
     ) -> Result<Vec<i64>, DbError> {
-        protocol::lease_ack_many(conn, spec, held)
+        protocol::lease_ack_many(conn, spec, &sql.ack_many, held)
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_many_sql, renew_params, renew_sql};
-use crate::dialect::{fenced_pairs, DbConn};
+use crate::dialect::{fenced_pairs, BySize, DbConn};
 use crate::error::DbError;
 use crate::table::TableSpec;
 use crate::Value;
@@ -33,7 +33,10 @@ pub(super) fn lease_renew(
 pub(super) fn lease_ack_many(
     conn: &mut dyn DbConn,
     spec: &TableSpec,
+    texts: &BySize,
     held: &[(i64, SystemTime)],
 ) -> Result<Vec<i64>, DbError> {
-    fenced_pairs(conn, held, |slots| ack_many_sql(spec, slots))
+    fenced_pairs(conn, held, |slots| {
+        texts.get(slots, || ack_many_sql(spec, slots))
+    })
 }
