@@ -47,6 +47,13 @@ pub(crate) trait DbConn {
     fn ping(&mut self) -> Result<(), DbError> {
         self.batch("SELECT 1")
     }
+    /// No lock wait of the next statements past `until` (`None`: the statement timeout again),
+    /// where the connection can bound it at no cost (SQLite: its busy timeout and the
+    /// process's writer lock, set locally). True if it did; false where it would cost a round
+    /// trip (the servers), and then nothing changed.
+    fn limit_waits(&mut self, _until: Option<std::time::Instant>) -> bool {
+        false
+    }
     /// Values the last `query` could not read, as `(row, reason)`; those cells read `NULL`.
     /// Only PostgreSQL has column types a [`Value`] cannot hold.
     fn take_unreadable(&mut self) -> Vec<(usize, String)> {

@@ -294,7 +294,10 @@
 //!   idempotent, e.g. keyed by [`Delivery::id`].
 //! - Every wait is bounded: statements by
 //!   [`BrokerBuilder::statement_timeout`], connections by the pool's timeout, and
-//!   [`Subscription::shutdown`] by its grace plus one statement timeout.
+//!   [`Subscription::shutdown`] by its grace plus one statement timeout;
+//!   [`Subscription::next_delivery_timeout`] and [`Subscription::next_batch`] return within
+//!   their timeout plus a few milliseconds even while another session holds a lock their claim
+//!   would wait on (see [`Subscription::next_batch`]).
 //! - Concurrent claimers, in one process or many, never hold the same row at once (SQLite
 //!   advisory: within one process only).
 //! - Lease settlements are fenced by the token: a late settlement after the lease was lost

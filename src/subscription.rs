@@ -479,7 +479,7 @@ impl Subscription {
         if self.ctx.stopped() {
             return None;
         }
-        if let Some(d) = self.claim_here(1).pop() {
+        if let Some(d) = self.claim_here(1, None).pop() {
             return Some(d);
         }
         let _waiting = Waiting::new(&self.ctx);
@@ -495,14 +495,19 @@ impl Subscription {
 
     /// Waits up to `timeout`: [`NextError::Timeout`] if nothing arrived,
     /// [`NextError::Closed`] once the subscription is closed.
+    ///
+    /// Returns within `timeout` plus a few milliseconds (the statement that got its lock just
+    /// in time, and thread scheduling), even while another session or process holds a lock a
+    /// claim waits on: see [`next_batch`](Subscription::next_batch) for how.
     pub fn next_delivery_timeout(&self, timeout: Duration) -> Result<Delivery, NextError> {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
-        if let Some(d) = self.claim_here(1).pop() {
+        let bound = Bound::of(timeout);
+        if let Some(d) = self.claim_here(1, bound).pop() {
             return Ok(d);
         }
-        self.wait_one(timeout)
+        self.wait_one(Bound::left(bound, timeout))
     }
 
     /// Waits up to `timeout` for a delivery from the channel.
@@ -517,7 +522,9 @@ impl Subscription {
     }
 
     /// A delivery that is ready now, without waiting: [`NextError::Empty`] if none is,
-    /// [`NextError::Closed`] once the subscription is closed.
+    /// [`NextError::Closed`] once the subscription is closed. It never claims (so never waits
+    /// on the database, or on a lock another session holds): it takes what the claim workers
+    /// have queued.
     pub fn try_next_delivery(&self) -> Result<Delivery, NextError> {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
@@ -538,17 +545,36 @@ impl Subscription {
     /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
     /// batch size (and `max_in_flight`) at least as large.
+    ///
+    /// Returns within `timeout` plus a few milliseconds (the statement that got its lock just
+    /// in time, and thread scheduling), even while another session or process holds a lock a
+    /// claim waits on (SQLite's write lock, a table lock on a server), and the 10 ms above
+    /// never extend it. The claim on the calling thread is bounded by the time left:
+    ///
+    /// - SQLite: it waits for the write lock (SQLite's busy timeout, and this process's
+    ///   writer lock) only until the timeout, then gives up, having taken nothing, and wakes a
+    ///   claim worker to wait for the lock instead;
+    /// - PostgreSQL and MySQL/MariaDB: a lock timeout per claim would cost a round trip, so
+    ///   the calling thread claims only when `timeout` is at least the broker's
+    ///   [`statement_timeout`](crate::BrokerBuilder::statement_timeout), which bounds every
+    ///   claim (one round trip more is the slack then); with a shorter timeout it wakes a claim
+    ///   worker instead and waits for its rows (a URL whose `options` set a longer
+    ///   `lock_timeout` than the statement timeout loosens this bound).
     pub fn next_batch(&self, max: usize, timeout: Duration) -> Result<Vec<Delivery>, NextError> {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
+        let bound = Bound::of(timeout);
         // With nothing queued, a claim of this thread's own starts the batch: no row waits for
         // a hand-off.
-        let mut batch = self.claim_here(max);
+        let mut batch = self.claim_here(max, bound);
         if batch.is_empty() {
-            batch.push(self.wait_one(timeout)?);
+            batch.push(self.wait_one(Bound::left(bound, timeout))?);
         }
-        let filled_by = Instant::now() + BATCH_FILL;
+        let filled_by = match bound {
+            Some(b) => b.by.min(Instant::now() + BATCH_FILL),
+            None => Instant::now() + BATCH_FILL,
+        };
         // The rest of the batch is taken off the channel first and handed out together (one
         // update of the handler slots for all of them, not one per row).
         let mut taken = Vec::with_capacity(max - batch.len());
@@ -835,7 +861,13 @@ impl Subscription {
     /// (this one included), when no connection is idle, and after an empty claim until a
     /// publish or the poll interval; an error is left to the workers, which retry and report
     /// it.
-    fn claim_here(&self, take: usize) -> Vec<Delivery> {
+    ///
+    /// `bound`, the caller's timeout: the claim gives up at its deadline where the database
+    /// lets a claim's lock waits be limited at no cost (SQLite), having taken nothing, and
+    /// a worker waits for the lock instead; where it
+    /// does not (the servers), a timeout shorter than the statement timeout hands the claim
+    /// to a worker instead (a wake-up), since a blocked statement could outlast it.
+    fn claim_here(&self, take: usize, bound: Option<Bound>) -> Vec<Delivery> {
         let ctx = &self.ctx;
         let take = take.clamp(1, ctx.opts.batch);
         let coming = ctx.claiming.load(Ordering::Acquire) * ctx.opts.batch;
@@ -853,14 +885,36 @@ impl Subscription {
                 return Vec::new();
             }
         }
+        let by = match bound {
+            Some(b)
+                if b.timeout < ctx.queue.statement_timeout
+                    && !ctx.queue.dialect.bounds_claim_waits() =>
+            {
+                // A worker claims instead; no other hand-off before a publish or the poll
+                // interval (a worker that finds rows claims again until it finds none).
+                ctx.queue.wake.notify(1);
+                *self.idle_here.lock() = Some((Instant::now(), ctx.queue.wake.seq()));
+                return Vec::new();
+            }
+            Some(b) => Some(b.by),
+            None => None,
+        };
         let Some(slots) = ctx.slots.try_take(ctx.opts.batch) else {
             return Vec::new();
         };
         ctx.claiming.fetch_add(1, Ordering::AcqRel);
         let started = Instant::now();
-        let claimed = form::claim(ctx, slots.count());
+        let claimed = form::claim(ctx, slots.count(), by);
         ctx.claiming.fetch_sub(1, Ordering::AcqRel);
-        ctx.report_claim(&claimed, started.elapsed());
+        let gave_up = by.is_some()
+            && ctx.queue.dialect.bounds_claim_waits()
+            && claimed.as_ref().is_err_and(|e| e.is_transient());
+        if gave_up {
+            // No failure: a worker waits for the lock instead (and reports what it meets).
+            ctx.queue.wake.notify(1);
+        } else {
+            ctx.report_claim(&claimed, started.elapsed());
+        }
         let Ok(claimed) = claimed else {
             return Vec::new();
         };
@@ -920,6 +974,25 @@ fn settle_as(d: Delivery, said: Outcome, ran: &parking_lot::Mutex<Ran>) -> Resul
             ran.lock().cancelled += 1;
             d.cancel()
         }
+    }
+}
+
+/// A caller's timeout and its deadline (`None` where the deadline overflows: unbounded).
+#[derive(Clone, Copy)]
+struct Bound {
+    by: Instant,
+    timeout: Duration,
+}
+
+impl Bound {
+    fn of(timeout: Duration) -> Option<Bound> {
+        let by = Instant::now().checked_add(timeout)?;
+        Some(Bound { by, timeout })
+    }
+
+    /// The time left of `bound`, or all of `timeout` without one.
+    fn left(bound: Option<Bound>, timeout: Duration) -> Duration {
+        bound.map_or(timeout, |b| b.by.saturating_duration_since(Instant::now()))
     }
 }
 

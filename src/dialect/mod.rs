@@ -588,6 +588,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
+    /// Whether a claim's lock waits can be bounded per claim at no cost
+    /// ([`DbConn::limit_waits`]): then a handler's thread with a timeout claims for itself
+    /// within the time left. Default false (the servers: a lock timeout per claim costs a
+    /// round trip), and such a thread claims only if its timeout covers the statement timeout.
+    fn bounds_claim_waits(&self) -> bool {
+        false
+    }
+
     /// How another process's publish reaches idle claim workers. Default: polling.
     fn change_feed(&self) -> ChangeFeed {
         ChangeFeed::Poll

@@ -51,7 +51,7 @@
 //! row of its group claimed again: the group is never stuck.
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::DbConn;
@@ -123,12 +123,12 @@ fn key_sql(ctx: &Ctx) -> Option<KeySql<'_>> {
     })
 }
 
-pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
+pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(template) = &q.spec.key else {
         return Ok(Vec::new());
     };
-    let Some(mut conn) = ctx.claim_conn()? else {
+    let Some(mut conn) = ctx.claim_conn(by)? else {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
@@ -247,7 +247,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
                                 .filter_map(|k| q.held_here.try_take(k))
                                 .collect();
                             let holder = Holder::Session {
-                                conn,
+                                conn: conn.into_inner(),
                                 keys: session,
                                 names,
                                 here,

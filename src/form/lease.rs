@@ -33,7 +33,7 @@
 //! spent.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::cursor::Key;
 use super::{unreadable_rows, Claimed, Hold, Outcome};
@@ -44,9 +44,9 @@ use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 use crate::schedule::{claim_now, lease_token};
 use crate::Value;
 
-pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
+pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let Some(mut conn) = ctx.claim_conn()? else {
+    let Some(mut conn) = ctx.claim_conn(by)? else {
         return Ok(Vec::new());
     };
     let now = SystemTime::now();

@@ -2,7 +2,7 @@
 //! its protocol and the invariant it relies on.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{DbError, DbErrorKind, Result};
@@ -159,12 +159,14 @@ impl Outcome {
     }
 }
 
-/// Claims up to `limit` rows in the table's form.
-pub(crate) fn claim(ctx: &Ctx, limit: usize) -> Result<Vec<Claimed>> {
+/// Claims up to `limit` rows in the table's form; a handler's thread passes its deadline `by`
+/// ([`Ctx::claim_conn`]: no connection past it, and where the database allows it at no
+/// cost, no lock wait past it either: the claim fails instead, having taken nothing).
+pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     match ctx.spec().form {
-        Form::RowLock => row_lock::claim(ctx),
-        Form::Lease => lease::claim(ctx, limit),
-        Form::AdvisoryLock => advisory::claim(ctx, limit),
+        Form::RowLock => row_lock::claim(ctx, by),
+        Form::Lease => lease::claim(ctx, limit, by),
+        Form::AdvisoryLock => advisory::claim(ctx, limit, by),
     }
 }
 

@@ -26,7 +26,7 @@
 //! Cost: one connection per in-flight delivery for the whole handler, and a long transaction
 //! holds back PostgreSQL's vacuum horizon while it runs.
 
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{savepoint, DbConn};
@@ -35,9 +35,9 @@ use crate::runtime::{Ctx, PooledConn};
 use crate::schedule::claim_now;
 use crate::Value;
 
-pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
+pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let Some(mut conn) = ctx.claim_conn()? else {
+    let Some(mut conn) = ctx.claim_conn(by)? else {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
@@ -66,6 +66,7 @@ pub(crate) fn claim(ctx: &Ctx) -> Result<Vec<Claimed>> {
         *a = a.saturating_add(1);
     }
     // The connection goes with the delivery, still marked broken while its transaction is open.
+    let conn = conn.into_inner();
     let hold = Hold::RowLock(RowHold { conn, work: false });
     let taken = Claimed::new(row, hold, unreadable);
     taken.map(|c| vec![c]).map_err(q.err("claim"))
@@ -173,7 +174,8 @@ mod tests {
             ..Script::default()
         });
         let ctx = ctx(&script, Form::RowLock, options(1));
-        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| super::claim(&ctx)));
+        let unwound =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| super::claim(&ctx, None)));
         assert!(unwound.is_err());
         assert_eq!(script.connects.load(Ordering::SeqCst), 1);
         assert_eq!(script.log.lock().first().map(String::as_str), Some("BEGIN"));

@@ -86,7 +86,7 @@ fn nothing_ready(ctx: &Ctx) -> bool {
     let Some(sql) = &ctx.queue.sql.any_ready else {
         return false;
     };
-    let Ok(Some(mut conn)) = ctx.claim_conn() else {
+    let Ok(Some(mut conn)) = ctx.claim_conn(None) else {
         return false;
     };
     let now = Value::Time(claim_now(SystemTime::now()));
@@ -123,7 +123,7 @@ fn read_pause(ctx: &Ctx) -> PauseCheck {
     // A statement on the database like a claim (its connection checked out and pinged
     // included): counted as one (`claiming`).
     ctx.claiming.fetch_add(1, Ordering::Relaxed);
-    let read = match ctx.claim_conn() {
+    let read = match ctx.claim_conn(None) {
         Ok(Some(mut conn)) => {
             crate::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
         }
@@ -245,7 +245,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         let started = std::time::Instant::now();
         #[cfg(feature = "tracing")]
         let span = tracing::debug_span!("sqlbroker.claim", table = %ctx.spec().name).entered();
-        let claimed = form::claim(ctx, slots.count());
+        let claimed = form::claim(ctx, slots.count(), None);
         #[cfg(feature = "tracing")]
         drop(span);
         ctx.claiming.fetch_sub(1, Ordering::Relaxed);

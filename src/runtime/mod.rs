@@ -264,6 +264,51 @@ pub(crate) struct SubOptions {
     pub handler_timeout: Option<Duration>,
 }
 
+/// A claim's pooled connection. One whose lock waits were limited for a bounded claim
+/// ([`Ctx::claim_conn`]) gets the statement timeout back when it is dropped or taken, before
+/// anything else runs on it.
+pub(crate) struct ClaimConn {
+    /// `None` only once taken by [`ClaimConn::into_inner`].
+    conn: Option<PooledConn>,
+    limited: bool,
+}
+
+impl ClaimConn {
+    /// The connection itself, its waits restored (the row lock form keeps it for the delivery).
+    pub fn into_inner(mut self) -> PooledConn {
+        let mut conn = self.conn.take().expect("a claim connection is taken once");
+        if self.limited {
+            conn.limit_waits(None);
+        }
+        conn
+    }
+}
+
+impl std::ops::Deref for ClaimConn {
+    type Target = pool::Tracked;
+    fn deref(&self) -> &pool::Tracked {
+        self.conn
+            .as_ref()
+            .expect("a claim connection is taken once")
+    }
+}
+
+impl std::ops::DerefMut for ClaimConn {
+    fn deref_mut(&mut self) -> &mut pool::Tracked {
+        self.conn
+            .as_mut()
+            .expect("a claim connection is taken once")
+    }
+}
+
+impl Drop for ClaimConn {
+    fn drop(&mut self) {
+        if let (true, Some(conn)) = (self.limited, self.conn.as_mut()) {
+            conn.limit_waits(None);
+        }
+    }
+}
+
 /// What one subscription's threads and deliveries share.
 pub(crate) struct Ctx {
     pub queue: Arc<Queue>,
@@ -411,8 +456,29 @@ impl Ctx {
     /// A connection for a claim, or `None` once the subscription stops: waits in short steps so
     /// a stopped subscription never starts a claim (which would spend an attempt on rows it
     /// then returns), and `close` or drop joins its workers promptly.
-    pub fn claim_conn(&self) -> Result<Option<PooledConn>> {
+    ///
+    /// With a deadline `by` (a handler's thread, bounded by its caller's timeout), it waits for
+    /// a connection only until then (`None` past it), and no statement of the claim waits for
+    /// a lock past it where the connection can bound that at no cost ([`DbConn::limit_waits`]).
+    pub fn claim_conn(&self, by: Option<Instant>) -> Result<Option<ClaimConn>> {
         let pool = &self.queue.pool;
+        if let Some(by) = by {
+            if self.stopped() {
+                return Ok(None);
+            }
+            let Ok(mut conn) = pool.get_timeout(by.saturating_duration_since(Instant::now()))
+            else {
+                return Ok(None);
+            };
+            // A deadline past the statement timeout changes nothing (the common case of a
+            // long timeout pays nothing).
+            let left = by.saturating_duration_since(Instant::now());
+            let limited = left < self.queue.statement_timeout && conn.limit_waits(Some(by));
+            return Ok(Some(ClaimConn {
+                conn: Some(conn),
+                limited,
+            }));
+        }
         let deadline = Instant::now() + pool.connection_timeout();
         loop {
             if self.stopped() {
@@ -423,7 +489,12 @@ impl Ctx {
                     drop(conn);
                     return Ok(None);
                 }
-                Ok(conn) => return Ok(Some(conn)),
+                Ok(conn) => {
+                    return Ok(Some(ClaimConn {
+                        conn: Some(conn),
+                        limited: false,
+                    }))
+                }
                 Err(e) if Instant::now() >= deadline => {
                     return Err(BrokerError::Pool {
                         op: "claim",

@@ -124,4 +124,7 @@ impl DbConn for Tracked {
     fn session_id(&mut self) -> Option<u64> {
         self.conn.session_id()
     }
+    fn limit_waits(&mut self, until: Option<Instant>) -> bool {
+        self.conn.limit_waits(until)
+    }
 }

@@ -81,7 +81,7 @@ fn bare_ctx(broker: &Broker, t: &Table) -> Arc<Ctx> {
 
 /// Up to `n` rows claimed on `ctx`, as handed-out deliveries (lease form).
 fn claim(ctx: &Arc<Ctx>, n: usize) -> Vec<Delivery> {
-    crate::form::lease::claim(ctx, n)
+    crate::form::lease::claim(ctx, n, None)
         .expect("claim")
         .into_iter()
         .map(|c| Delivery::new(ctx.clone(), c).hand_out())

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use rusqlite::config::DbConfig;
@@ -51,6 +51,7 @@ pub(super) fn connect(engine: &Sqlite) -> Result<Box<dyn DbConn + Send>, DbError
         conn,
         writer: engine.writer.clone(),
         busy: engine.busy,
+        until: None,
         broken: false,
     }))
 }
@@ -79,7 +80,11 @@ fn opening(path: &std::path::Path, e: rusqlite::Error) -> DbError {
 struct SqliteConn {
     conn: Connection,
     writer: Arc<Mutex<()>>,
+    /// The broker's statement timeout: the longest a statement waits for the write lock.
     busy: Duration,
+    /// No lock wait past this (a claim bounded by its caller's timeout,
+    /// [`DbConn::limit_waits`]): each statement's busy timeout is the time left.
+    until: Option<Instant>,
     broken: bool,
 }
 
@@ -97,6 +102,22 @@ pub(super) fn classify(e: rusqlite::Error) -> DbError {
 }
 
 impl SqliteConn {
+    /// How long the next statement may wait for the write lock: the statement timeout, or
+    /// the time left before `until` (then SQLite's busy timeout is set to it, no I/O).
+    fn wait(&mut self) -> Duration {
+        let Some(until) = self.until else {
+            return self.busy;
+        };
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .min(self.busy);
+        if let Err(e) = self.conn.busy_timeout(left) {
+            // Cannot fail on an open connection; the longer wait would stand.
+            log::debug!("setting the busy timeout: {e}");
+        }
+        left
+    }
+
     fn fail(&mut self, e: rusqlite::Error) -> DbError {
         let e = classify(e);
         self.broken |= e.kind == DbErrorKind::ConnectionLost;
@@ -179,17 +200,19 @@ impl DbConn for TxConn<'_, '_> {
 
 impl DbConn for SqliteConn {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let wait = self.wait();
         let r = self.conn.prepare_cached(sql).and_then(|mut st| {
-            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
+            let _writing = write_guard(&self.conn, &st, &self.writer, wait)?;
             st.execute(params_from_iter(params.iter()))
         });
         r.map(|n| n as u64).map_err(|e| self.fail(e))
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        let wait = self.wait();
         let r = (|| {
             let mut st = self.conn.prepare_cached(sql)?;
-            let _writing = write_guard(&self.conn, &st, &self.writer, self.busy)?;
+            let _writing = write_guard(&self.conn, &st, &self.writer, wait)?;
             read_rows(&mut st, params)
         })();
         r.map_err(|e| self.fail(e))
@@ -205,6 +228,18 @@ impl DbConn for SqliteConn {
 
     fn set_broken(&mut self, broken: bool) {
         self.broken = broken;
+    }
+
+    /// Each statement until then waits only the time left ([`SqliteConn::wait`]); `None`
+    /// gives SQLite its busy timeout back. No I/O either way.
+    fn limit_waits(&mut self, until: Option<Instant>) -> bool {
+        if until.is_none() && self.until.is_some() {
+            if let Err(e) = self.conn.busy_timeout(self.busy) {
+                log::debug!("restoring the busy timeout: {e}");
+            }
+        }
+        self.until = until;
+        true
     }
 
     /// A file on this host does not go stale.

@@ -213,6 +213,11 @@ impl Dialect for Sqlite {
         protocol::lease_renew(conn, spec, token, held)
     }
 
+    /// The busy timeout is a field of the connection: set for one claim without I/O.
+    fn bounds_claim_waits(&self) -> bool {
+        true
+    }
+
     fn change_feed(&self) -> ChangeFeed {
         // Nobody else can reach an in-memory database.
         match self.path {
