@@ -395,6 +395,7 @@ impl<'a> SubscriptionBuilder<'a> {
             rx: rx.clone(),
             tx: tx.clone(),
             idle_here: parking_lot::Mutex::new(None),
+            filling: parking_lot::Mutex::new(()),
             ctx: ctx.clone(),
             exited,
             waited: AtomicBool::new(false),
@@ -463,6 +464,10 @@ pub struct Subscription {
     /// When a claim on a handler's thread last found nothing, and the wake-up count then: no
     /// other is tried before a publish or the poll interval (the workers poll meanwhile).
     idle_here: parking_lot::Mutex<Option<(Instant, u64)>>,
+    /// Held by the `next_batch` call filling its batch from the channel: one fills at a time,
+    /// so a claim's rows (sent one by one) make one batch rather than a part for every thread
+    /// waiting, each part settled by a statement of its own and freeing a part of a claim.
+    filling: parking_lot::Mutex<()>,
     ctx: Arc<Ctx>,
     /// Disconnected once every claim worker has ended.
     exited: Receiver<()>,
@@ -540,7 +545,9 @@ impl Subscription {
     /// hand-off between threads); otherwise it waits up to `timeout` for the first. Then it
     /// takes those ready now, and, while a claim is in progress or its rows are on their way,
     /// waits for them up to 10 ms more (so a batch is one claim's rows, settled in one
-    /// statement, rather than part of one). [`NextError::Timeout`] if none arrived,
+    /// statement, rather than part of one). Calls on several threads fill their batches one
+    /// at a time, so a claim's rows reach one caller together rather than a few to each.
+    /// [`NextError::Timeout`] if none arrived,
     /// [`NextError::Closed`] once the subscription is closed. Settle them one by one, or together with
     /// [`Delivery::ack_all`] (one statement for a lease table). A claim takes up to
     /// [`batch_size`](SubscriptionBuilder::batch_size) rows, so a batch this large needs a
@@ -568,6 +575,18 @@ impl Subscription {
         // With nothing queued, a claim of this thread's own starts the batch: no row waits for
         // a hand-off.
         let mut batch = self.claim_here(max, bound);
+        let _filling = match bound {
+            Some(b) => self.filling.try_lock_until(b.by),
+            None => Some(self.filling.lock()),
+        };
+        if _filling.is_none() && batch.is_empty() {
+            // Another call was filling its batch for all of the time given.
+            return Err(if self.ctx.stopped() {
+                NextError::Closed
+            } else {
+                NextError::Timeout
+            });
+        }
         if batch.is_empty() {
             batch.push(self.wait_one(Bound::left(bound, timeout))?);
         }

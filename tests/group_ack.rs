@@ -173,3 +173,67 @@ fn acks_arriving_together_share_a_statement(db: Db) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(acks_arriving_together_share_a_statement);
+
+/// One claim's rows make one batch when several threads wait in `next_batch`: the claim
+/// worker sends them one by one, and without the subscription's fill lock each waiting thread
+/// could take a part (each part then settled by a statement of its own). Four threads wait on
+/// an idle subscription; five times, one publish of 100 rows wakes its one worker, which
+/// claims them all; every batch returned must hold 100.
+///
+/// Fails (`batches [..]`, e.g. `[1, 99, ..]`: the rows split among the threads) with the fill
+/// lock removed from `Subscription::next_batch` (tried: a split in most runs of the three).
+fn a_claim_makes_one_batch_among_waiting_threads(db: Db) {
+    const ROUNDS: usize = 5;
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let sub = live
+        .broker
+        .subscription(&t)
+        .workers(1)
+        .batch_size(100)
+        .max_in_flight(400)
+        .start()
+        .unwrap();
+    let waiting = AtomicUsize::new(0);
+    let acked = AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let batches = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            let (sub, waiting, acked, done, batches) = (&sub, &waiting, &acked, &done, &batches);
+            s.spawn(move || {
+                waiting.fetch_add(1, Ordering::SeqCst);
+                while !done.load(Ordering::SeqCst) {
+                    if let Ok(batch) = sub.next_batch(100, Duration::from_millis(200)) {
+                        let n = batch.len();
+                        batches.lock().unwrap().push(n);
+                        for r in Delivery::ack_all(batch) {
+                            r.unwrap();
+                        }
+                        acked.fetch_add(n, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        assert!(common::wait_for(Duration::from_secs(5), || {
+            waiting.load(Ordering::SeqCst) == 4
+        }));
+        for round in 1..=ROUNDS {
+            // The threads are in their waits (and their first claims found nothing).
+            std::thread::sleep(Duration::from_millis(100));
+            let msgs: Vec<Message> = (0..100)
+                .map(|i| Message::new(format!("m{i}").into_bytes()).set("k", "x"))
+                .collect();
+            live.broker.publish_batch(&t, msgs).unwrap();
+            assert!(common::wait_for(Duration::from_secs(10), || {
+                acked.load(Ordering::SeqCst) == 100 * round
+            }));
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    let batches = batches.into_inner().unwrap();
+    assert_eq!(batches, vec![100; ROUNDS], "batches {batches:?}");
+    assert_eq!(live.rows(&t), 0, "every row acked");
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(a_claim_makes_one_batch_among_waiting_threads);
