@@ -351,6 +351,7 @@
 struct ReadmeDoctests;
 
 mod broker;
+mod claimer;
 mod conn;
 mod ddl;
 mod delivery;

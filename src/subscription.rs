@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
+use crate::claimer;
 use crate::delivery::Delivery;
 use crate::error::{BrokerError, NextError, Result};
 use crate::form;
@@ -14,7 +15,7 @@ use crate::runtime::deferred::DeferredAcks;
 use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
-use crate::runtime::{claimer, Ctx, Queue, SubOptions};
+use crate::runtime::{Ctx, Queue, SubOptions};
 use crate::table::Form;
 use crate::{Outcome, RetryPolicy};
 
@@ -932,7 +933,7 @@ impl Subscription {
             // No failure: a worker waits for the lock instead (and reports what it meets).
             ctx.queue.wake.notify(1);
         } else {
-            ctx.report_claim(&claimed, started.elapsed());
+            claimer::report(ctx, &claimed, started.elapsed());
         }
         let Ok(claimed) = claimed else {
             return Vec::new();

@@ -76,7 +76,7 @@ pub(crate) struct TableSql {
     pub claim_after: String,
     /// Lease, PostgreSQL tables without priorities or FIFO groups: `(now, limit, token,
     /// run_at, id)`, the claim of the rows after `(run_at, id)` in claim order (the
-    /// subscription's [cursor](crate::form::cursor)). Where it is set, `claim` and this claim
+    /// subscription's [cursor](crate::runtime::cursor)). Where it is set, `claim` and this claim
     /// return each row's `run_at` after its columns.
     pub claim_from: Option<String>,
     /// Lease: the claim of at most one row, where the database runs another spelling faster

@@ -35,10 +35,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::cursor::Key;
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
+use crate::runtime::cursor::Key;
 use crate::runtime::renewer::{LeaseCell, LeaseState};
 use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 use crate::schedule::{claim_now, lease_token};

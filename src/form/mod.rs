@@ -12,8 +12,9 @@ use crate::table::Form;
 use crate::Value;
 
 pub(crate) mod advisory;
-pub(crate) mod cursor;
 pub(crate) mod lease;
+#[cfg(test)]
+mod races;
 pub(crate) mod row_lock;
 
 /// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).

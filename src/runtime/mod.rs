@@ -23,7 +23,7 @@ use crate::table::TableSpec;
 const NO_TABLE: &str =
     "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)";
 
-pub(crate) mod claimer;
+pub(crate) mod cursor;
 pub(crate) mod deferred;
 pub(crate) mod group;
 pub(crate) mod listen;
@@ -53,8 +53,6 @@ mod faults {
 pub(crate) use faults::{injected, pause_point};
 #[cfg(test)]
 use testing as faults;
-#[cfg(test)]
-mod races;
 
 use renewer::LeaseBook;
 use slots::Slots;
@@ -318,7 +316,7 @@ pub(crate) struct Ctx {
     pub leases: LeaseBook,
     pub keys: Option<Arc<KeyRegistry>>,
     /// Where the lease claims start reading (tables whose dialect gives a `claim_from`).
-    pub cursor: crate::form::cursor::ClaimCursor,
+    pub cursor: cursor::ClaimCursor,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,
     /// Claims whose rows are being sent into the channel right now (`next_batch` waits for
@@ -379,34 +377,6 @@ impl Ctx {
     pub fn with_events(mut self, events: Option<Arc<dyn crate::Events>>) -> Self {
         self.events = events;
         self
-    }
-
-    /// Reports a claim's outcome to the application's hooks.
-    pub fn report_claim(&self, r: &Result<Vec<crate::form::Claimed>>, took: Duration) {
-        match r {
-            Ok(rows) => {
-                self.queue.meters.claimed(rows.len(), took);
-                if !rows.is_empty() {
-                    let now = std::time::SystemTime::now();
-                    for row in rows {
-                        self.queue.meters.waited(row.due, now);
-                    }
-                }
-            }
-            Err(_) => self.queue.meters.claim_failed(),
-        }
-        let Some(events) = &self.events else { return };
-        let table = self.spec().name.as_str();
-        match r {
-            Ok(rows) if rows.is_empty() => {}
-            Ok(rows) => events.claimed(&crate::events::ClaimedRows {
-                table,
-                rows: rows.len(),
-                ids: &rows.iter().map(|c| c.id).collect::<Vec<_>>(),
-                took,
-            }),
-            Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
-        }
     }
 
     /// With deferred acks.

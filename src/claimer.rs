@@ -13,6 +13,10 @@
 //! retried with a doubling backoff and its error kept for
 //! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
 //! subscription with an error.
+//!
+//! It lives above `form` and `runtime` rather than in `runtime`: it runs the forms' claims, and
+//! the forms build on the runtime (its context, pool and lease book), so the runtime imports
+//! neither.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -21,13 +25,13 @@ use std::time::{Duration, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::slots::Taken;
-use super::wake::PauseCheck;
-use super::Ctx;
 use crate::delivery::Delivery;
 use crate::dialect::{ChangeFeed, DbConn};
 use crate::error::BrokerError;
 use crate::form::{self, Claimed};
+use crate::runtime::slots::Taken;
+use crate::runtime::wake::PauseCheck;
+use crate::runtime::Ctx;
 use crate::schedule::{backoff, claim_now, idle_poll};
 use crate::Value;
 
@@ -52,6 +56,34 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _
     }
     while let Ok(d) = rx.try_recv() {
         drop(d);
+    }
+}
+
+/// Reports a claim's outcome to the application's hooks.
+pub(crate) fn report(ctx: &Ctx, r: &crate::Result<Vec<Claimed>>, took: Duration) {
+    match r {
+        Ok(rows) => {
+            ctx.queue.meters.claimed(rows.len(), took);
+            if !rows.is_empty() {
+                let now = std::time::SystemTime::now();
+                for row in rows {
+                    ctx.queue.meters.waited(row.due, now);
+                }
+            }
+        }
+        Err(_) => ctx.queue.meters.claim_failed(),
+    }
+    let Some(events) = &ctx.events else { return };
+    let table = ctx.spec().name.as_str();
+    match r {
+        Ok(rows) if rows.is_empty() => {}
+        Ok(rows) => events.claimed(&crate::events::ClaimedRows {
+            table,
+            rows: rows.len(),
+            ids: &rows.iter().map(|c| c.id).collect::<Vec<_>>(),
+            took,
+        }),
+        Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
     }
 }
 
@@ -249,7 +281,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         #[cfg(feature = "tracing")]
         drop(span);
         ctx.claiming.fetch_sub(1, Ordering::Relaxed);
-        ctx.report_claim(&claimed, started.elapsed());
+        report(ctx, &claimed, started.elapsed());
         match claimed {
             Ok(claimed) => {
                 failures = 0;

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::testing::{self, live_url, Fault};
-use super::{renewer, Ctx};
 use crate::dialect::DbConn;
+use crate::runtime::testing::{self, live_url, Fault};
+use crate::runtime::{renewer, Ctx};
 use crate::schedule::{ceil, lease_token};
 use crate::{Broker, BrokerError, DbErrorKind, Delivery, Message, Table, Value};
 
