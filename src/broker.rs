@@ -573,6 +573,12 @@ impl Broker {
     /// **copies the table** and blocks its writes while it runs: on a large table, plan for
     /// it. Until then the schema check refuses the table.
     ///
+    /// Priorities added to a table change its claim order, so the ready index (`<table>_ready`)
+    /// is dropped and built again in the new order (`priority DESC, run_at, id`): without it
+    /// every claim would sort the whole backlog. Building it reads the table and blocks its
+    /// writes meanwhile (PostgreSQL, SQLite; MySQL/MariaDB rebuild it in place), so on a large
+    /// table run it while the queue is quiet.
+    ///
     /// The publish time (`created_at`, [`Job::published_at`](crate::Job::published_at)) is
     /// added with no value for the rows already there (their publish time is unknown, and the
     /// migration's would be a wrong one), then given its server-clock default on PostgreSQL
@@ -588,7 +594,10 @@ impl Broker {
     /// // A later version of the service wants priorities and dedup keys on the same table.
     /// let jobs = Table::new("jobs").priorities().dedup();
     /// let done = broker.migrate(&jobs)?;
-    /// assert_eq!(done, ["added column priority", "added column dedup_key"]);
+    /// assert_eq!(
+    ///     done,
+    ///     ["added column priority", "added column dedup_key", "rebuilt index jobs_ready in priority order"]
+    /// );
     /// assert!(broker.migrate(&jobs)?.is_empty());
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```

@@ -193,6 +193,9 @@ pub(crate) fn plan(
             problems,
         });
     }
+    let adds_priority = missing
+        .iter()
+        .any(|d| q.spec.priority.as_deref() == Some(d.name.as_str()));
     let mut m = Migration {
         statements: Vec::new(),
         done: Vec::new(),
@@ -212,11 +215,23 @@ pub(crate) fn plan(
             );
         }
     }
-    m.statements.extend(
-        q.dialect
-            .missing_indexes(conn, &q.spec)
-            .map_err(q.err("migrate"))?,
-    );
+    let missing_indexes = q
+        .dialect
+        .missing_indexes(conn, &q.spec)
+        .map_err(q.err("migrate"))?;
+    let ready = format!("{}_ready", q.spec.name);
+    let named = q.dialect.syntax().q(&ready);
+    let creates_ready = |s: &String| {
+        s.contains(&format!("INDEX {named} "))
+            || s.contains(&format!("INDEX IF NOT EXISTS {named} "))
+    };
+    // Priorities added: the ready index (found by name) is in the old claim order.
+    if adds_priority && !missing_indexes.iter().any(creates_ready) {
+        m.statements.extend(q.dialect.rebuild_ready_index(&q.spec));
+        m.done
+            .push(format!("rebuilt index {ready} in priority order"));
+    }
+    m.statements.extend(missing_indexes);
     Ok(m)
 }
 

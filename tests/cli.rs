@@ -265,7 +265,10 @@ fn create_publish_and_dead_letters(db: Db) {
         stderr(&refused)
     );
     let out = ok_with(&["migrate", "--priorities"], "");
-    assert_eq!(out.trim(), "added column priority");
+    assert_eq!(
+        out.trim(),
+        format!("added column priority\nrebuilt index {name}_ready in priority order")
+    );
     let out = ok_with(&["migrate", "--priorities"], "");
     assert!(out.contains("up to date"), "{out}");
 

@@ -17,8 +17,9 @@ fn schema_problems(r: Result<impl std::fmt::Debug, BrokerError>) -> Vec<String> 
 }
 
 /// An earlier version's table (no priorities, no dedup keys) is refused by a description that
-/// has them, until `migrate` adds the columns and the dedup index (and records the new
-/// description).
+/// has them, until `migrate` adds the columns and the dedup index, rebuilds the ready index in
+/// the new claim order (priority first), and records the new description. Fails without the
+/// rebuild (`ready_by_priority`: 0, tried).
 fn migrate_adds_what_an_older_table_lacks(db: Db) {
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
@@ -47,8 +48,36 @@ fn migrate_adds_what_an_older_table_lacks(db: Db) {
         ["column priority is missing", "column dedup_key is missing"]
     );
 
+    // The ready index found by name is in the old claim order: without a rebuild every claim
+    // would sort the backlog by priority.
+    let ready_by_priority = || {
+        live.int(&match db {
+            Db::Postgres => format!(
+                "SELECT COUNT(*) FROM pg_indexes WHERE indexname = '{name}_ready' \
+                 AND indexdef LIKE '%priority DESC, run_at, id%'"
+            ),
+            Db::Mysql => format!(
+                "SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = \
+                 DATABASE() AND table_name = '{name}' AND index_name = '{name}_ready' \
+                 AND column_name = 'priority' AND seq_in_index = 2"
+            ),
+            Db::Sqlite => format!(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = '{name}_ready' \
+                 AND sql LIKE '%\"priority\" DESC, \"run_at\", \"id\"%'"
+            ),
+        })
+    };
+    assert_eq!(ready_by_priority(), 0);
     let done = live.broker.migrate(&new).unwrap();
-    assert_eq!(done, ["added column priority", "added column dedup_key"]);
+    assert_eq!(
+        done,
+        [
+            "added column priority",
+            "added column dedup_key",
+            &format!("rebuilt index {name}_ready in priority order")
+        ]
+    );
+    assert_eq!(ready_by_priority(), 1, "the ready index is in claim order");
     assert!(
         live.broker.migrate(&new).unwrap().is_empty(),
         "not idempotent"

@@ -434,6 +434,20 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             .collect())
     }
 
+    /// Drops the ready index and creates it again in the table's claim order: a migration
+    /// that adds priorities changes that order, and an index by name alone would stay
+    /// `(run_at, id)`, so every claim would sort the whole backlog. PostgreSQL, SQLite.
+    fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
+        let s = self.syntax();
+        vec![
+            format!(
+                "DROP INDEX IF EXISTS {}",
+                s.q(&format!("{}_ready", spec.name))
+            ),
+            s.ready_index(spec),
+        ]
+    }
+
     /// How the database spells identifiers and parameters.
     fn syntax(&self) -> &'static shared::Syntax;
 

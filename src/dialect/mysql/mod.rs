@@ -307,6 +307,11 @@ impl Dialect for Mysql {
         &registry::REGISTRY
     }
 
+    /// One `ALTER TABLE`: the index is dropped and added again with the table's claim order.
+    fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
+        vec![sql::rebuild_ready_index(spec)]
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }
