@@ -922,7 +922,8 @@ fn mysql_payload_over_max_allowed_packet_is_not_transient() {
     assert!(e.to_string().contains("max_allowed_packet"), "{e}");
 }
 
-/// `create_table` when another table already has the name of its index `<name>_ready`. Tables
+/// `create_table` when another table already has the name of one of its indexes
+/// (`<name>_ready`, `<name>_dead`). Tables
 /// and indexes share one namespace on SQLite and PostgreSQL: there it used to half-write on
 /// SQLite (the table made, then the index failed) and, on PostgreSQL, succeed silently with no
 /// ready index (`IF NOT EXISTS` matched the other table). Now it fails with the database's
@@ -932,13 +933,22 @@ fn mysql_payload_over_max_allowed_packet_is_not_transient() {
 /// Fails if the refusal were half-written (`half-created table`; tried on SQLite by running
 /// the DDL outside a transaction), if PostgreSQL's `IF NOT EXISTS` let it through (`created
 /// .. over a taken index name`; tried by dropping the check that follows the index), or if
-/// MySQL made the table without its index (`ready index`; tried by renaming the index).
+/// MySQL made the table without its index (`ready index`; tried by renaming the index), and
+/// with the dead-letter index's name taken on PostgreSQL (`created .. over a taken index
+/// name`; tried: the check listing the ready index only, as it did).
 fn create_table_when_its_index_name_is_taken(db: Db) {
+    for suffix in ["_ready", "_dead"] {
+        an_index_name_is_taken(db, suffix);
+    }
+}
+
+fn an_index_name_is_taken(db: Db, suffix: &str) {
     let Some(live) = common::live(db) else { return };
     let name = common::unique("ix");
+    let taken = format!("{name}{suffix}");
     live.track(&name);
-    live.track(&format!("{name}_ready"));
-    live.exec(&format!("CREATE TABLE {name}_ready (x INT)"));
+    live.track(&taken);
+    live.exec(&format!("CREATE TABLE {taken} (x INT)"));
     let r = live
         .broker
         .create_table(&Table::new(name.as_str()).lease(LEASE));
@@ -959,7 +969,7 @@ fn create_table_when_its_index_name_is_taken(db: Db) {
             },
         ) => {
             assert!(
-                e.to_string().contains(&format!("{name}_ready")),
+                e.to_string().contains(&taken),
                 "{db:?}: the error does not name the taken name: {e}"
             );
             assert!(!e.is_transient(), "{db:?}: {e}");
@@ -967,10 +977,7 @@ fn create_table_when_its_index_name_is_taken(db: Db) {
         other => panic!("{db:?}: created (or another error) over a taken index name: {other:?}"),
     }
     assert!(!live.table_exists(&name), "{db:?}: half-created table");
-    assert!(
-        live.table_exists(&format!("{name}_ready")),
-        "{db:?}: the other table is gone"
-    );
+    assert!(live.table_exists(&taken), "{db:?}: the other table is gone");
 }
 per_db!(create_table_when_its_index_name_is_taken);
 

@@ -239,14 +239,26 @@ pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
 
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
-    let index = format!("{}_ready", spec.name);
+    // `CREATE INDEX IF NOT EXISTS` is satisfied by any relation of that name (tables and
+    // indexes share one namespace): each index made above must be the table's own.
+    let names: Vec<String> = ddl
+        .iter()
+        .filter_map(|stmt| {
+            let rest = stmt
+                .strip_prefix("CREATE INDEX IF NOT EXISTS ")
+                .or_else(|| stmt.strip_prefix("CREATE UNIQUE INDEX IF NOT EXISTS "))?;
+            let quoted = &rest[..rest.find(" ON ")?];
+            Some(format!("'{}'", quoted.replace('\'', "''")))
+        })
+        .collect();
     ddl.push(format!(
-        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('{}') \
-         AND indrelid = to_regclass('{}')) THEN RAISE EXCEPTION 'the name {index} is taken by \
-         another relation: the ready index of table {} cannot be made'; END IF; END $$",
-        SYNTAX.q(&index),
-        SYNTAX.q(&spec.name),
-        spec.name
+        "DO $$ DECLARE n text; BEGIN FOREACH n IN ARRAY ARRAY[{}] LOOP IF NOT EXISTS \
+         (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(n) AND indrelid = \
+         to_regclass('{}')) THEN RAISE EXCEPTION 'the name % is taken by another relation: an \
+         index of table {} cannot be made', n; END IF; END LOOP; END $$",
+        names.join(", "),
+        SYNTAX.q(&spec.name).replace('\'', "''"),
+        spec.name.replace('\'', "''")
     ));
     ddl
 }
@@ -528,9 +540,10 @@ mod tests {
                  \"created_at\" TIMESTAMPTZ DEFAULT date_trunc('second', statement_timestamp()), \"k\" TEXT)",
                 "CREATE INDEX IF NOT EXISTS \"jobs_ready\" ON \"jobs\" (\"run_at\", \"id\") WHERE \"dead_at\" IS NULL",
                 "CREATE INDEX IF NOT EXISTS \"jobs_dead\" ON \"jobs\" (\"id\") WHERE \"dead_at\" IS NOT NULL",
-                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('\"jobs_ready\"') \
-                 AND indrelid = to_regclass('\"jobs\"')) THEN RAISE EXCEPTION 'the name jobs_ready is taken by \
-                 another relation: the ready index of table jobs cannot be made'; END IF; END $$",
+                "DO $$ DECLARE n text; BEGIN FOREACH n IN ARRAY ARRAY['\"jobs_ready\"', '\"jobs_dead\"'] LOOP \
+                 IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(n) AND indrelid = \
+                 to_regclass('\"jobs\"')) THEN RAISE EXCEPTION 'the name % is taken by another relation: an \
+                 index of table jobs cannot be made', n; END IF; END LOOP; END $$",
             ]
         );
     }
