@@ -467,8 +467,9 @@ fn refusals(db: Db) {
     );
 }
 
-/// With a token every request needs it (a bearer header or the login cookie); off loopback
-/// a token is required to start at all.
+/// With a token every request needs it (a bearer header or the login cookie, which carries a
+/// session id, not the token); off loopback a token is required to start at all; logging out
+/// ends the session.
 fn token(db: Db) {
     let Some(l) = live(db) else { return };
     let t = l.create(
@@ -527,6 +528,10 @@ fn token(db: Db) {
     assert_eq!(login.status, 303, "{}", login.body);
     let cookie = login.cookie.expect("a cookie");
     assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    assert!(
+        !cookie.contains(secret),
+        "the cookie carries a session id, not the token: {cookie}"
+    );
     let pair = cookie.split(';').next().unwrap().to_string();
     let page = dash.get_with("/", &[("Cookie", &pair)]);
     assert_eq!(page.status, 200);
@@ -546,6 +551,17 @@ fn token(db: Db) {
     );
     assert_eq!(r.status, 303, "{}", r.body);
     assert!(l.broker.stats(&t).unwrap().paused);
+    // A made-up session opens nothing; logging out ends the real one.
+    let made_up = dash.get_with("/", &[("Cookie", "sqlbroker_dashboard_session=00ff")]);
+    assert_eq!(made_up.status, 401);
+    assert_eq!(dash.get_with("/logout", &[("Cookie", &pair)]).status, 405);
+    let out = dash.post_with(
+        "/logout",
+        &[],
+        &[("Cookie", &pair), ("Origin", &dash.base.clone())],
+    );
+    assert_eq!(out.status, 303, "{}", out.body);
+    assert_eq!(dash.get_with("/", &[("Cookie", &pair)]).status, 401);
 }
 
 /// Clients that send half a request hold no worker: with one worker, the pages still answer.

@@ -27,6 +27,7 @@ mod chart;
 mod metrics;
 mod pages;
 mod sampler;
+mod session;
 mod web;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -80,6 +81,8 @@ pub(crate) struct Ctx {
     pub broker: Broker,
     pub sampler: Arc<Sampler>,
     pub token: Option<String>,
+    /// Logins of the token mode: the cookie carries a session id, not the token.
+    pub sessions: session::Sessions,
     pub read_only: bool,
     /// The token every form carries (random per process).
     pub csrf: String,
@@ -121,7 +124,8 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
         sampler,
         token,
         read_only: args.read_only,
-        csrf: web::random_token(),
+        sessions: session::Sessions::default(),
+        csrf: session::random_id(),
         loopback: addr.ip().is_loopback(),
     });
     crate::commands::say(format_args!(

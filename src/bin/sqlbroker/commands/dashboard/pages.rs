@@ -59,6 +59,9 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
                     a href="/" { "sqlbroker" }
                     a href="/metrics" { "metrics" }
                     @if ctx.is_some_and(|c| c.read_only) { span.ro { "read-only" } }
+                    @if ctx.is_some_and(|c| c.token.is_some()) {
+                        form method="post" action="/logout" { button type="submit" { "log out" } }
+                    }
                 }
                 main { (body) }
             }

@@ -1,9 +1,7 @@
 //! One request: the checks every request passes (host, token), the routes, and the actions
 //! (POST only, with the CSRF token and a same-origin `Origin`).
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use maud::Markup;
 use sqlbroker::{JobState, Table};
@@ -16,30 +14,11 @@ use super::{metrics, pages, Ctx};
 /// worker never waits for a client's bytes.
 const MAX_BODY: usize = 1024;
 
-/// The cookie the login form sets.
-const TOKEN_COOKIE: &str = "sqlbroker_dashboard_token";
+/// The cookie the login form sets: a session id ([`session`](super::session)).
+const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
 
 /// Jobs per page of a table's listing.
 pub(crate) const PAGE: usize = 50;
-
-/// A random token: two SipHash outputs keyed by the standard library's per-process random
-/// keys (seeded by the operating system), over the time and the process id.
-pub(crate) fn random_token() -> String {
-    let mut out = String::new();
-    for salt in 0..2u64 {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(salt);
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos(),
-        );
-        h.write_u32(std::process::id());
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out
-}
 
 /// Equal without an early exit (a token compare must not tell how much matched).
 fn same(a: &str, b: &str) -> bool {
@@ -238,11 +217,17 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
         if rq.path == "/login" {
             return login(ctx, rq, &form, token);
         }
+        if rq.path == "/logout" {
+            return logout(ctx, rq);
+        }
         let bearer = rq
             .header("authorization")
-            .and_then(|a| a.strip_prefix("Bearer "));
-        let given = bearer.or_else(|| rq.cookie(TOKEN_COOKIE));
-        if !given.is_some_and(|g| same(g.trim(), token)) {
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .is_some_and(|g| same(g.trim(), token));
+        let session = rq
+            .cookie(SESSION_COOKIE)
+            .is_some_and(|id| ctx.sessions.valid(id.trim()));
+        if !bearer && !session {
             return Reply::html(401, pages::login(None))
                 .with("WWW-Authenticate", "Bearer realm=\"sqlbroker\"".into());
         }
@@ -286,7 +271,8 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
     }
 }
 
-/// The login form (token mode): a POST with the right token sets the cookie.
+/// The login form (token mode): a POST with the right token opens a session, whose id the
+/// cookie carries.
 fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
     if rq.method != Method::Post {
         return Reply::html(200, pages::login(None));
@@ -295,15 +281,38 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
         return r;
     }
     match field(form, "token") {
-        Some(given) if same(given.trim(), token) => {
-            let _ = ctx;
-            Reply::redirect("/".into()).with(
-                "Set-Cookie",
-                format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"),
-            )
-        }
+        Some(given) if same(given.trim(), token) => Reply::redirect("/".into()).with(
+            "Set-Cookie",
+            format!(
+                "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+                ctx.sessions.open(),
+                super::session::LIFETIME.as_secs()
+            ),
+        ),
         _ => Reply::html(401, pages::login(Some("wrong token"))),
     }
+}
+
+/// Ends the session (POST only, same origin) and clears the cookie.
+fn logout(ctx: &Ctx, rq: &Rq) -> Reply {
+    if rq.method != Method::Post {
+        return Reply::text(
+            405,
+            "text/plain; charset=utf-8",
+            "logout is POST only\n".into(),
+        )
+        .with("Allow", "POST".into());
+    }
+    if let Err(r) = same_origin(rq) {
+        return r;
+    }
+    if let Some(id) = rq.cookie(SESSION_COOKIE) {
+        ctx.sessions.close(id.trim());
+    }
+    Reply::redirect("/login".into()).with(
+        "Set-Cookie",
+        format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+    )
 }
 
 /// A POST from a page of another origin is refused: browsers send `Origin` on every POST
@@ -444,8 +453,5 @@ mod tests {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
-        let (a, b) = (random_token(), random_token());
-        assert_eq!(a.len(), 32);
-        assert_ne!(a, b);
     }
 }
