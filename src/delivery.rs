@@ -17,7 +17,7 @@ use crate::schedule::due_at;
 use crate::{Result, Value};
 
 /// The error a delivery dropped unsettled leaves on its row (and, on its last attempt, in
-/// its dead-letter reason: "attempt N of max_attempts M failed: <this>").
+/// its dead-letter reason: `"attempt N of max_attempts M failed: <this>"`).
 const DROPPED: &str =
     "the delivery was dropped unsettled (a panic, or a handler that did not settle it)";
 
@@ -281,7 +281,7 @@ impl Delivery {
 
     /// Lease form: pushes the lease's deadline to at least `by` from now (whole seconds,
     /// rounded up), for a known long step; fenced by the token like every settlement, so a
-    /// lost lease gives [`BrokerError::LeaseLost`](crate::BrokerError::LeaseLost) and changes
+    /// lost lease gives [`BrokerError::LeaseLost`] and changes
     /// nothing. Returns the new deadline. The renewer keeps renewing as usual once the
     /// deadline comes closer than a renewal would put it. Other forms: `Ok(None)`.
     pub fn extend(&self, by: Duration) -> Result<Option<SystemTime>> {

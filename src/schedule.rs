@@ -47,7 +47,7 @@ pub(crate) fn ceil(t: SystemTime) -> SystemTime {
 }
 
 /// When a row published or retried at `now` with `delay` becomes due.
-/// Delays past [`LATEST`] saturate there rather than overflow.
+/// Delays past [`LATEST_SECS`] saturate there rather than overflow.
 pub(crate) fn due_at(now: SystemTime, delay: Duration) -> SystemTime {
     if delay.is_zero() {
         floor(now)

@@ -146,10 +146,10 @@ pub enum ColumnType {
     Float,
     /// Binary.
     Bytes,
-    /// A point in time, to the whole second (a published [`Value::Time`](crate::Value::Time)
+    /// A point in time, to the whole second (a published [`Value::Time`]
     /// is truncated to its second), from 1970-01-01 to 9999-12-31 UTC: `TIMESTAMPTZ` on
     /// PostgreSQL, `DATETIME` holding UTC on MySQL/MariaDB, `INTEGER` seconds since the Unix
-    /// epoch on SQLite. Read back as a [`Value::Time`](crate::Value::Time) on every database.
+    /// epoch on SQLite. Read back as a [`Value::Time`] on every database.
     Time,
 }
 

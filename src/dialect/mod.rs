@@ -7,7 +7,7 @@
 //! connection) and never a driver type.
 //!
 //! SQL is built once per table, when the table is first used, from a validated
-//! [`TableSpec`](crate::table::TableSpec): identifiers are checked against
+//! [`TableSpec`]: identifiers are checked against
 //! `[A-Za-z_][A-Za-z0-9_]*` before they are quoted here, and every value travels as a bound
 //! parameter.
 //!

@@ -6,7 +6,7 @@
 //!    where the database allows; MySQL: a locking select and one update of the found rows in
 //!    one READ COMMITTED transaction). No transaction stays open and no connection is held.
 //!    PostgreSQL (no priorities, no FIFO groups): the claim reads on from the subscription's
-//!    cursor past the last row claimed ([`super::cursor`]); where it starts never changes
+//!    cursor past the last row claimed ([cursor](crate::runtime::cursor)); where it starts never changes
 //!    which rows a claim may take.
 //! 2. The deadline is the delivery token. The renewer thread rewrites it every half lease
 //!    (`UPDATE .. WHERE id = ? AND locked_until = <token held>`), one statement per table per

@@ -1,5 +1,5 @@
 //! MySQL/MariaDB statements of the table registry (`sqlbroker_tables`, see
-//! [`RegistrySql`](crate::dialect::RegistrySql)). The name is ASCII in a binary collation
+//! [`RegistrySql`]). The name is ASCII in a binary collation
 //! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
 //! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
 

@@ -25,7 +25,7 @@
 //!   publishing in its transaction (feature `diesel-postgres`);
 //! - `live_tests.rs`: checks of the SQL against a live server (the claims' plans);
 //! - `tls.rs`: the URL's `sslmode` and `sslrootcert`, and the rustls connector (feature `tls`);
-//! - `values.rs`: [`Value`](crate::Value) to and from PostgreSQL's types;
+//! - `values.rs`: [`Value`] to and from PostgreSQL's types;
 //! - `version.rs`: the version floors of each form.
 
 mod conn;

@@ -1,5 +1,5 @@
 //! PostgreSQL statements of the table registry (`sqlbroker_tables`, see
-//! [`RegistrySql`](crate::dialect::RegistrySql)).
+//! [`RegistrySql`]).
 
 use crate::dialect::RegistrySql;
 

@@ -1,6 +1,6 @@
 //! The change feed: `PRAGMA data_version` on a connection of its own, which changes whenever
 //! another connection (of this process or another) commits to the file. SQLite cannot push, so
-//! the probe polls, on the schedule of [`probe_every`](crate::schedule::probe_every): every
+//! the probe polls, on the schedule of [`probe_every`]: every
 //! millisecond while changes keep coming, backing off to every few milliseconds when idle. A
 //! probe reads the WAL index in shared memory and touches no page: a few microseconds each.
 

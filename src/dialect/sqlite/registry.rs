@@ -1,5 +1,5 @@
 //! SQLite statements of the table registry (`sqlbroker_tables`, see
-//! [`RegistrySql`](crate::dialect::RegistrySql)). `name` is `TEXT` in SQLite's default
+//! [`RegistrySql`]). `name` is `TEXT` in SQLite's default
 //! `BINARY` collation: compared byte for byte.
 
 use crate::dialect::RegistrySql;
