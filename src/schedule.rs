@@ -134,11 +134,14 @@ pub(crate) fn idle_poll(empty: u32, poll_interval: Duration) -> Duration {
 }
 
 /// How often the SQLite change probe looks, `idle` after the last change it saw: every
-/// millisecond for a second, then every 2 ms for ten, then every 4 ms (250 probes a second
-/// while nothing changes; a change is seen 2 ms late on average).
+/// 250 us for 100 ms (a queue in use: a publish is seen an eighth of a millisecond late on
+/// average), then every millisecond for a second, then every 2 ms for ten, then every 4 ms
+/// (250 probes a second while nothing changes; a change is seen 2 ms late on average).
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn probe_every(idle: Duration) -> Duration {
-    if idle < Duration::from_secs(1) {
+    if idle < Duration::from_millis(100) {
+        Duration::from_micros(250)
+    } else if idle < Duration::from_secs(1) {
         Duration::from_millis(1)
     } else if idle < Duration::from_secs(10) {
         Duration::from_millis(2)
@@ -211,7 +214,9 @@ mod tests {
     #[test]
     fn the_probe_backs_off_when_idle() {
         let ms = Duration::from_millis;
-        assert_eq!(probe_every(ms(0)), ms(1));
+        assert_eq!(probe_every(ms(0)), Duration::from_micros(250));
+        assert_eq!(probe_every(ms(99)), Duration::from_micros(250));
+        assert_eq!(probe_every(ms(100)), ms(1));
         assert_eq!(probe_every(ms(999)), ms(1));
         assert_eq!(probe_every(ms(1000)), ms(2));
         assert_eq!(probe_every(ms(10_000)), ms(4));
