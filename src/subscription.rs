@@ -572,15 +572,26 @@ impl Subscription {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
+        // At least one, as ever.
+        let max = max.max(1);
         let bound = Bound::of(timeout);
         // With nothing queued, a claim of this thread's own starts the batch: no row waits for
         // a hand-off.
         let mut batch = self.claim_here(max, bound);
-        let _filling = match bound {
-            Some(b) => self.filling.try_lock_until(b.by),
-            None => Some(self.filling.lock()),
+        if batch.len() >= max {
+            return Ok(batch);
+        }
+        // One call fills from the channel at a time. A call that claimed rows itself does not
+        // wait for another's fill: it tops its batch up only if no other call is filling.
+        let _filling = match (batch.is_empty(), bound) {
+            (false, _) => self.filling.try_lock(),
+            (true, Some(b)) => self.filling.try_lock_until(b.by),
+            (true, None) => Some(self.filling.lock()),
         };
-        if _filling.is_none() && batch.is_empty() {
+        if _filling.is_none() {
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
             // Another call was filling its batch for all of the time given.
             return Err(if self.ctx.stopped() {
                 NextError::Closed
@@ -597,7 +608,7 @@ impl Subscription {
         };
         // The rest of the batch is taken off the channel first and handed out together (one
         // update of the handler slots for all of them, not one per row).
-        let mut taken = Vec::with_capacity(max - batch.len());
+        let mut taken = Vec::with_capacity(max.saturating_sub(batch.len()));
         while batch.len() + taken.len() < max && !self.ctx.stopped() {
             match self.rx.try_recv() {
                 Ok(d) => taken.push(d),
