@@ -285,6 +285,10 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
         .expect("start");
     let ledger = Mutex::new(Ledger::default());
     let (stop, back) = (AtomicBool::new(false), AtomicBool::new(false));
+    // Set around the restart command: a handler holding a delivery keeps it until the command
+    // has cut the sessions, so some delivery is surely in work across the restart.
+    let hold = AtomicBool::new(false);
+    let in_hand = AtomicUsize::new(0);
     let acked_after = AtomicUsize::new(0);
     let closed_early = AtomicBool::new(false);
     let mut failures = Vec::new();
@@ -294,6 +298,7 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
     std::thread::scope(|s| {
         for h in 0..2u64 {
             let (sub, ledger, stop, back) = (&sub, &ledger, &stop, &back);
+            let (hold, in_hand) = (&hold, &in_hand);
             let (acked_after, closed_early) = (&acked_after, &closed_early);
             s.spawn(move || {
                 let mut n = h;
@@ -315,9 +320,14 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                                 .push(format!("row {id} delivered with attempt {attempt} (row lock: the outage must spend nothing)"));
                         }
                     }
+                    in_hand.fetch_add(1, Ordering::SeqCst);
                     n += 1;
                     std::thread::sleep(Duration::from_millis(10 + n * 7 % 21));
+                    while hold.load(Ordering::SeqCst) && !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                     let r = d.ack();
+                    in_hand.fetch_sub(1, Ordering::SeqCst);
                     let mut l = ledger.lock().unwrap();
                     match r {
                         Ok(()) => {
@@ -363,7 +373,21 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                 form.name()
             ));
             seen.on.store(true, Ordering::Relaxed);
-            if !server.restart() {
+            // Row lock and advisory: a delivery in work across the restart (the check on
+            // settlements below needs one: without the hold, a restart between two deliveries
+            // cut no delivery's session). Lease deliveries hold no session: their handlers go
+            // on settling, and meet the outage.
+            if form != Form::Lease {
+                hold.store(true, Ordering::SeqCst);
+                if !common::wait_for(Duration::from_secs(5), || {
+                    in_hand.load(Ordering::SeqCst) > 0
+                }) {
+                    failures.push("no delivery was in work when the restart began".into());
+                }
+            }
+            let restarted = server.restart();
+            hold.store(false, Ordering::SeqCst);
+            if !restarted {
                 failures.push(format!("the restart command of {db:?} failed"));
             }
             // Note the subscription's view of the outage while waiting.
