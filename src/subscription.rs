@@ -583,12 +583,12 @@ impl Subscription {
         }
         // One call fills from the channel at a time. A call that claimed rows itself does not
         // wait for another's fill: it tops its batch up only if no other call is filling.
-        let _filling = match (batch.is_empty(), bound) {
+        let filling = match (batch.is_empty(), bound) {
             (false, _) => self.filling.try_lock(),
             (true, Some(b)) => self.filling.try_lock_until(b.by),
             (true, None) => Some(self.filling.lock()),
         };
-        if _filling.is_none() {
+        let Some(_filling) = filling else {
             if !batch.is_empty() {
                 return Ok(batch);
             }
@@ -598,7 +598,7 @@ impl Subscription {
             } else {
                 NextError::Timeout
             });
-        }
+        };
         if batch.is_empty() {
             batch.push(self.wait_one(Bound::left(bound, timeout))?);
         }

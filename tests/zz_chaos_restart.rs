@@ -323,9 +323,10 @@ fn restart_run(live: &Live, server: Server, form: Form) -> (Vec<String>, String)
                     in_hand.fetch_add(1, Ordering::SeqCst);
                     n += 1;
                     std::thread::sleep(Duration::from_millis(10 + n * 7 % 21));
-                    while hold.load(Ordering::SeqCst) && !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    // Held until the restart command returns (bounded by its wait).
+                    common::wait_for(UP, || {
+                        !hold.load(Ordering::SeqCst) || stop.load(Ordering::Relaxed)
+                    });
                     let r = d.ack();
                     in_hand.fetch_sub(1, Ordering::SeqCst);
                     let mut l = ledger.lock().unwrap();
