@@ -16,10 +16,12 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use common::Db;
-use sqlbroker::{Broker, Form, NextError, Subscription};
+use sqlbroker::{Broker, ClaimedRows, Events, Form, NextError, Subscription};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// What the calls may take beyond their timeout (the bound the docs state is "a few
@@ -97,32 +99,33 @@ fn within(call: &str, took: Duration, limit: Duration) {
 /// and a subscription whose one worker sleeps (poll interval an hour) once its first claim
 /// found nothing. A broker each: their wake-ups stay apart.
 fn idle_subscription(live: &common::Live, t: &sqlbroker::Table) -> (Broker, Subscription) {
+    idle_subscription_with(live, t, None)
+}
+
+fn idle_subscription_with(
+    live: &common::Live,
+    t: &sqlbroker::Table,
+    events: Option<Arc<dyn Events>>,
+) -> (Broker, Subscription) {
     let broker = Broker::builder(&live.url)
         .statement_timeout(STATEMENT_TIMEOUT)
         .cross_process_wake(false)
         .build()
         .unwrap();
-    let sub = broker
+    let mut sub = broker
         .subscription(t)
         .workers(1)
-        .poll_interval(Duration::from_secs(3600))
-        .start()
-        .unwrap();
+        .poll_interval(Duration::from_secs(3600));
+    if let Some(events) = events {
+        sub = sub.events(events);
+    }
+    let sub = sub.start().unwrap();
+    assert!(common::wait_for(Duration::from_secs(5), || sub.claiming() == 0));
     (broker, sub)
 }
 
-fn a_claim_blocked_on_a_lock_does_not_outlast_the_timeout(db: Db, form: Form) {
-    let Some(live) = common::live(db) else { return };
-    let t = live.table(form, Duration::from_secs(30));
-    // One subscription per bounded call, so each call finds its subscription idle (no claim
-    // in progress, no empty claim of its own remembered).
-    let (_b1, batched) = idle_subscription(&live, &t);
-    let (_b2, single) = idle_subscription(&live, &t);
-    for sub in [&batched, &single] {
-        assert!(common::wait_for(Duration::from_secs(5), || sub.claiming() == 0));
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    // Ready rows, inserted behind the library's back (no wake-up), then the lock.
+/// `ROWS` ready rows (keys `a`, `b`, `c`), inserted behind the library's back: no wake-up.
+fn insert_ready(live: &common::Live, db: Db, t: &sqlbroker::Table) {
     let now = match db {
         // Due a second ago: claims compare with whole seconds.
         Db::Postgres => "now() - interval '1 second'",
@@ -139,6 +142,18 @@ fn a_claim_blocked_on_a_lock_does_not_outlast_the_timeout(db: Db, form: Form) {
             t.name()
         ));
     }
+}
+
+fn a_claim_blocked_on_a_lock_does_not_outlast_the_timeout(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    // One subscription per bounded call, so each call finds its subscription idle (no claim
+    // in progress, no empty claim of its own remembered).
+    let (_b1, batched) = idle_subscription(&live, &t);
+    let (_b2, single) = idle_subscription(&live, &t);
+    std::thread::sleep(Duration::from_millis(200));
+    // Ready rows, then the lock.
+    insert_ready(&live, db, &t);
     let locker = Locker::lock(db, &live.url, t.name());
 
     let started = Instant::now();
@@ -194,3 +209,47 @@ fn a_claim_blocked_on_a_lock_does_not_outlast_the_timeout(db: Db, form: Form) {
     }
 }
 per_db_form!(a_claim_blocked_on_a_lock_does_not_outlast_the_timeout);
+
+/// Records the thread of every claim that took rows.
+#[derive(Default)]
+struct ClaimThreads(Mutex<Vec<ThreadId>>);
+
+impl Events for ClaimThreads {
+    fn claimed(&self, _: &ClaimedRows<'_>) {
+        self.0.lock().unwrap().push(std::thread::current().id());
+    }
+}
+
+/// Where the claim can be bounded at no cost, a call with a timeout shorter than the statement
+/// timeout claims on its own thread (no hand-off to a worker): SQLite (its busy timeout), and
+/// PostgreSQL's row lock form (the table's lock taken without waiting). Elsewhere a blocked
+/// statement could outlast the timeout, so a claim worker claims. Fails if either side
+/// changes: the handler's thread must (or must not) be the one that claimed.
+fn a_short_timeout_claims_on_the_calling_thread_where_the_claim_is_bounded(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    let threads = Arc::new(ClaimThreads::default());
+    let (_b, sub) = idle_subscription_with(&live, &t, Some(threads.clone()));
+    std::thread::sleep(Duration::from_millis(200));
+    insert_ready(&live, db, &t);
+    let d = sub
+        .next_delivery_timeout(TIMEOUT)
+        .unwrap_or_else(|e| panic!("no delivery within {TIMEOUT:?}: {e}"));
+    let here = std::thread::current().id();
+    let claimers = threads.0.lock().unwrap().clone();
+    let bounded = db == Db::Sqlite || (db == Db::Postgres && form == Form::RowLock);
+    assert_eq!(
+        claimers.first() == Some(&here),
+        bounded,
+        "{db:?} {form:?}: the first claim ran on {} thread (claims on {claimers:?}, the handler's \
+         is {here:?})",
+        if claimers.first() == Some(&here) {
+            "the handler's"
+        } else {
+            "a worker's"
+        },
+    );
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(a_short_timeout_claims_on_the_calling_thread_where_the_claim_is_bounded);

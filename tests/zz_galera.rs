@@ -16,8 +16,10 @@
 //!    delivery's ack returned Ok, or lost its connection (it may have committed: the table
 //!    says it did); a job delivered more than once was delivered again only after a delivery
 //!    whose ack did not return success (at-least-once), and never while another delivery of
-//!    it was in work; acks through the nodes that stayed up failed only as `LeaseLost`; the table is empty on every node; FIFO groups ran one row at a time in
-//!    publish order. The recovery times are printed.
+//!    it was in work; acks through the nodes that stayed up failed only as `LeaseLost`, or with
+//!    the transient error of a node out of the primary component (the cluster's refusal, not
+//!    the broker's failure); the table is empty on every node; FIFO groups ran one row at a
+//!    time in publish order. The recovery times are printed.
 //!
 //! A slow suite (about two minutes): it runs with `SQLBROKER_SLOW_TESTS=1` or
 //! `SQLBROKER_REQUIRE_SERVERS=1`, and says loudly that it was skipped otherwise.
@@ -584,6 +586,18 @@ struct Rec {
     maybe: bool,
     /// The ack's error, if it failed, and whether it was `LeaseLost`.
     error: Option<(String, bool)>,
+    /// The ack failed because its node was out of the primary component (a transient error
+    /// naming it): the cluster refused the write, the broker did not fail it.
+    out_of_primary: bool,
+}
+
+/// A transient error that says the node was not in the primary component: 1047 ("WSREP has
+/// not yet prepared node for application use"), or a commit refused with "Not connected to
+/// Primary Component". Anything else, a certification conflict included, is not.
+fn out_of_primary(e: &BrokerError) -> bool {
+    let text = e.to_string();
+    e.is_transient()
+        && (text.contains("Primary Component") || text.contains("WSREP has not yet prepared"))
 }
 
 #[derive(Default)]
@@ -650,6 +664,7 @@ fn handle(ledger: &Ledger, sub: &Subscription, who: usize, stop: &AtomicBool, fi
                     ..
                 })
             ),
+            out_of_primary: result.as_ref().err().is_some_and(out_of_primary),
             error: result.err().map(|e| (e.to_string(), e.is_lease_lost())),
         });
     }
@@ -813,10 +828,17 @@ fn ledger(cluster: &mut Cluster, kind: Kind, nodes: [usize; 3]) -> String {
         "{label}: a job was in work twice at once (job, broker, attempt): {overlaps:?}"
     );
     // Acks through nodes that stayed up failed only as lease losses (a lease that ran out
-    // during a stall of the cluster): a certification conflict is retried, not reported.
+    // during a stall of the cluster), or as the transient error of a node the cluster had put
+    // out of its primary component for a moment (seen once in CI on a loaded machine: the
+    // surviving pair lost quorum while node 3 was away, and the cluster refused every write):
+    // a certification conflict is retried, not reported.
+    let refused = recs
+        .iter()
+        .filter(|r| nodes[r.broker] != 2 && r.out_of_primary)
+        .count();
     let survivors_failed: Vec<&str> = recs
         .iter()
-        .filter(|r| nodes[r.broker] != 2)
+        .filter(|r| nodes[r.broker] != 2 && !r.out_of_primary)
         .filter_map(|r| r.error.as_ref())
         .filter(|(_, lease_lost)| !lease_lost)
         .map(|(e, _)| e.as_str())
@@ -886,7 +908,8 @@ fn ledger(cluster: &mut Cluster, kind: Kind, nodes: [usize; 3]) -> String {
     format!(
         "galera ledger {label}: {} jobs ({} publishes uncertain), {} deliveries, {duplicates} \
          duplicates (all after an ack that failed; {lease_losses} acks found their lease lost, {maybe_committed} lost their \
-         connection), rejoin (restart to synced) {:.1}s by {transfer}, node 3's \
+         connection, {refused} were refused by a surviving node out of the primary \
+         component), rejoin (restart to synced) {:.1}s by {transfer}, node 3's \
          broker acking again {} after the kill, longest pause between acks after the kill \
          {:.2}s, certification conflicts on nodes 1-2: {conflicts}",
         ok.len(),

@@ -143,6 +143,11 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
             // A Galera node not (yet, or no longer) in the primary component: "WSREP has not
             // yet prepared node for application use". The statement did nothing.
             1047 => DbErrorKind::Transient,
+            // A commit on a Galera node that left the primary component while the statement
+            // ran ("Got error during COMMIT ... provider status: Not connected to Primary
+            // Component"): the node rolled the transaction back; it may be tried again once the
+            // node is back in a primary component. Other 1180s are left as they are.
+            1180 if se.message.contains("Primary Component") => DbErrorKind::Transient,
             // A packet or value over `max_allowed_packet`: it will never fit.
             1153 | 1301 => DbErrorKind::Other,
             // Unknown column.
@@ -336,6 +341,24 @@ mod tests {
         assert_eq!(classify(&server(1213)), DbErrorKind::Transient);
         assert_eq!(classify(&server(1205)), DbErrorKind::Transient);
         assert_eq!(classify(&server(1047)), DbErrorKind::Transient);
+        let commit = |message: &str| {
+            mysql::Error::MySqlError(mysql::MySqlError {
+                state: "HY000".into(),
+                message: message.into(),
+                code: 1180,
+            })
+        };
+        assert_eq!(
+            classify(&commit(
+                "Error while appending streaming replication fragment(provider status: Not \
+                 connected to Primary Component)"
+            )),
+            DbErrorKind::Transient
+        );
+        assert_eq!(
+            classify(&commit("Got error 5 during COMMIT")),
+            DbErrorKind::Other
+        );
         for code in [2006, 2013, 1927, 1053, 3169, 4031] {
             assert_eq!(
                 classify(&server(code)),

@@ -29,7 +29,8 @@
 //! - MariaDB Galera: the broker's first session asks whether the server is a cluster node
 //!   (`wsrep_on`, `wsrep_cluster_size`); there the forms whose guard is a node-local lock are
 //!   refused unless one writer node is declared (`galera.rs`). Certification failures arrive
-//!   as deadlocks (1213), and a node not ready for queries answers 1047: both transient.
+//!   as deadlocks (1213), a node not ready for queries answers 1047, and a commit on a node that
+//!   left the primary component meanwhile fails with 1180 naming it: all transient.
 //! - Floors: MySQL 8.0.1, MariaDB 10.6 (the first releases with `SKIP LOCKED`), for every form.
 //! - Statements are prepared once per connection and kept in the driver's per-connection cache.
 //!   Statements over a variable number of ids round the count up to a power of two (padding with
