@@ -562,11 +562,8 @@ impl Subscription {
     /// - SQLite: it waits for the write lock (SQLite's busy timeout, and this process's
     ///   writer lock) only until the timeout, then gives up, having taken nothing, and wakes a
     ///   claim worker to wait for the lock instead;
-    /// - PostgreSQL, row lock form: the claim's transaction opens with the table's lock taken
-    ///   without waiting (in the same round trip), so its statements wait for no lock; a
-    ///   table locked by DDL fails that at once, and a claim worker waits for the lock instead;
-    /// - PostgreSQL's other forms and MySQL/MariaDB: a lock timeout per claim would cost a
-    ///   round trip, so the calling thread claims only when `timeout` is at least the broker's
+    /// - PostgreSQL and MySQL/MariaDB: a lock timeout per claim would cost a round trip, so
+    ///   the calling thread claims only when `timeout` is at least the broker's
     ///   [`statement_timeout`](crate::BrokerBuilder::statement_timeout), which bounds every
     ///   claim (one round trip more is the slack then); with a shorter timeout it wakes a claim
     ///   worker instead and waits for its rows (a URL whose `options` set a longer
@@ -896,12 +893,11 @@ impl Subscription {
     /// publish or the poll interval; an error is left to the workers, which retry and report
     /// it.
     ///
-    /// `bound`, the caller's timeout: the claim gives up at its deadline where a claim's lock
-    /// waits can be limited at no cost (SQLite; PostgreSQL's row lock form, which takes the
-    /// table's lock without waiting), having taken nothing, and a worker waits for the lock
-    /// instead; where they cannot (the other server forms), a timeout shorter than the
-    /// statement timeout hands the claim to a worker instead (a wake-up), since a blocked
-    /// statement could outlast it.
+    /// `bound`, the caller's timeout: the claim gives up at its deadline where the database
+    /// lets a claim's lock waits be limited at no cost (SQLite), having taken nothing, and
+    /// a worker waits for the lock instead; where it
+    /// does not (the servers), a timeout shorter than the statement timeout hands the claim
+    /// to a worker instead (a wake-up), since a blocked statement could outlast it.
     fn claim_here(&self, take: usize, bound: Option<Bound>) -> Vec<Delivery> {
         let ctx = &self.ctx;
         let take = take.clamp(1, ctx.opts.batch);
@@ -922,7 +918,8 @@ impl Subscription {
         }
         let by = match bound {
             Some(b)
-                if b.timeout < ctx.queue.statement_timeout && !ctx.queue.bounds_claim_waits() =>
+                if b.timeout < ctx.queue.statement_timeout
+                    && !ctx.queue.dialect.bounds_claim_waits() =>
             {
                 // A worker claims instead; no other hand-off before a publish or the poll
                 // interval (a worker that finds rows claims again until it finds none).
@@ -941,7 +938,7 @@ impl Subscription {
         let claimed = form::claim(ctx, slots.count(), by);
         ctx.claiming.fetch_sub(1, Ordering::AcqRel);
         let gave_up = by.is_some()
-            && ctx.queue.bounds_claim_waits()
+            && ctx.queue.dialect.bounds_claim_waits()
             && claimed.as_ref().is_err_and(|e| e.is_transient());
         if gave_up {
             // No failure: a worker waits for the lock instead (and reports what it meets).

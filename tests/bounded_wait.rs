@@ -221,10 +221,9 @@ impl Events for ClaimThreads {
 }
 
 /// Where the claim can be bounded at no cost, a call with a timeout shorter than the statement
-/// timeout claims on its own thread (no hand-off to a worker): SQLite (its busy timeout), and
-/// PostgreSQL's row lock form (the table's lock taken without waiting). Elsewhere a blocked
-/// statement could outlast the timeout, so a claim worker claims. Fails if either side
-/// changes: the handler's thread must (or must not) be the one that claimed.
+/// timeout claims on its own thread (no hand-off to a worker): SQLite (its busy timeout). On
+/// the servers a blocked statement could outlast the timeout, so a claim worker claims. Fails
+/// if either side changes: the handler's thread must (or must not) be the one that claimed.
 fn a_short_timeout_claims_on_the_calling_thread_where_the_claim_is_bounded(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(form, Duration::from_secs(30));
@@ -237,7 +236,7 @@ fn a_short_timeout_claims_on_the_calling_thread_where_the_claim_is_bounded(db: D
         .unwrap_or_else(|e| panic!("no delivery within {TIMEOUT:?}: {e}"));
     let here = std::thread::current().id();
     let claimers = threads.0.lock().unwrap().clone();
-    let bounded = db == Db::Sqlite || (db == Db::Postgres && form == Form::RowLock);
+    let bounded = db == Db::Sqlite;
     assert_eq!(
         claimers.first() == Some(&here),
         bounded,

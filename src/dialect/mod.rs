@@ -60,13 +60,6 @@ pub(crate) mod savepoint {
 pub(crate) struct TableSql {
     /// Opens a claim transaction at the table's isolation level.
     pub begin: Vec<String>,
-    /// Opens a claim transaction bounded by its caller's deadline (a handler's thread with a
-    /// short timeout): `begin`, then the table's lock taken without waiting, in the same round
-    /// trip, so no statement of the claim waits for a lock (PostgreSQL row lock: a claim's
-    /// only waits are for the table's lock, behind DDL). A lock held elsewhere fails the claim
-    /// at once as transient, and a worker claims instead. Empty: the form cannot bound its
-    /// claim at no cost.
-    pub begin_bounded: Vec<String>,
     /// Opens a write transaction (batch publish, renewal loops).
     pub begin_write: String,
     /// `(payload, run_at, user columns..)`: one row.
@@ -612,8 +605,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Whether a claim's lock waits can be bounded per claim at no cost
     /// ([`DbConn::limit_waits`]): then a handler's thread with a timeout claims for itself
     /// within the time left. Default false (the servers: a lock timeout per claim costs a
-    /// round trip), and such a thread claims only if its timeout covers the statement timeout,
-    /// unless the form bounds its own claim ([`TableSql::begin_bounded`]).
+    /// round trip), and such a thread claims only if its timeout covers the statement timeout.
     fn bounds_claim_waits(&self) -> bool {
         false
     }

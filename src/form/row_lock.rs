@@ -46,12 +46,7 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     // handing it out mid-transaction. (MySQL: `SET TRANSACTION` applies to the session's next
     // transaction, so a half-opened one must not reach the next user either.)
     conn.mark_broken();
-    let begin = if conn.bounded() && !q.sql.begin_bounded.is_empty() {
-        &q.sql.begin_bounded
-    } else {
-        &q.sql.begin
-    };
-    for stmt in begin {
+    for stmt in &q.sql.begin {
         conn.batch(stmt).map_err(q.err("claim"))?;
     }
     let row = match q.dialect.row_lock_claim(&mut *conn, &q.sql, now) {

@@ -114,13 +114,6 @@ impl Queue {
         }
     }
 
-    /// A claim on a handler's thread can be bounded by its caller's deadline at no cost: the
-    /// connection limits its lock waits ([`Dialect::bounds_claim_waits`]), or the form opens
-    /// its claim with the table's lock taken without waiting ([`TableSql::begin_bounded`]).
-    pub fn bounds_claim_waits(&self) -> bool {
-        self.dialect.bounds_claim_waits() || !self.sql.begin_bounded.is_empty()
-    }
-
     /// The insert of `rows` rows, built once per size (the last few sizes are kept).
     pub fn insert_sql(&self, rows: usize) -> Arc<str> {
         let mut cache = self.inserts.lock();
@@ -276,17 +269,9 @@ pub(crate) struct ClaimConn {
     /// `None` only once taken by [`ClaimConn::into_inner`].
     conn: Option<PooledConn>,
     limited: bool,
-    /// The claim has a deadline before the statement timeout would end it.
-    bounded: bool,
 }
 
 impl ClaimConn {
-    /// The claim must not wait for a lock past its caller's deadline (see
-    /// [`TableSql::begin_bounded`]).
-    pub fn bounded(&self) -> bool {
-        self.bounded
-    }
-
     /// The connection itself, its waits restored (the row lock form keeps it for the delivery).
     pub fn into_inner(mut self) -> PooledConn {
         let mut conn = self.conn.take().expect("a claim connection is taken once");
@@ -458,12 +443,10 @@ impl Ctx {
             // A deadline past the statement timeout changes nothing (the common case of a
             // long timeout pays nothing).
             let left = by.saturating_duration_since(Instant::now());
-            let bounded = left < self.queue.statement_timeout;
-            let limited = bounded && conn.limit_waits(Some(by));
+            let limited = left < self.queue.statement_timeout && conn.limit_waits(Some(by));
             return Ok(Some(ClaimConn {
                 conn: Some(conn),
                 limited,
-                bounded,
             }));
         }
         let deadline = Instant::now() + pool.connection_timeout();
@@ -480,7 +463,6 @@ impl Ctx {
                     return Ok(Some(ClaimConn {
                         conn: Some(conn),
                         limited: false,
-                        bounded: false,
                     }))
                 }
                 Err(e) if Instant::now() >= deadline => {

@@ -69,18 +69,6 @@ pub(super) fn cancel(pid: u64) -> String {
     format!("SELECT pg_cancel_backend({pid})")
 }
 
-/// `begin` with the table's `ROW SHARE` lock (what `SELECT .. FOR UPDATE` takes) taken at once
-/// or not at all, in the same batch: with it held, a `SKIP LOCKED` claim waits for no lock.
-/// It conflicts only with `EXCLUSIVE` and `ACCESS EXCLUSIVE` (DDL), held or queued.
-fn bounded_begin(begin: &[String], table: &str) -> Vec<String> {
-    let (last, rest) = begin.split_last().expect("a claim transaction opens");
-    let mut out = rest.to_vec();
-    out.push(format!(
-        "{last}; LOCK TABLE {table} IN ROW SHARE MODE NOWAIT"
-    ));
-    out
-}
-
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
@@ -101,17 +89,14 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.stats = s.stats_filtered(spec);
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
-            sql.begin_bounded = bounded_begin(&sql.begin, &t);
             sql.claim = format!(
                 "SELECT {row} FROM {t} WHERE {ready} ORDER BY {order} {} FOR UPDATE SKIP LOCKED",
                 claim_limit("$2")
             );
         }
         (Form::RowLock, Some(g)) => {
-            sql.begin_bounded = bounded_begin(&sql.begin, &t);
             // The group's transaction-scoped lock is held until the delivery's transaction
-            // ends: no other claim takes a row of the group meanwhile (its groups' locks are
-            // tried without waiting).
+            // ends: no other claim takes a row of the group meanwhile.
             sql.claim = format!(
                 "SELECT {row} FROM {t} WHERE {id} = ({}) AND {ready} FOR UPDATE SKIP LOCKED",
                 fifo_locked_heads(spec, g, &ready)
@@ -353,10 +338,6 @@ mod tests {
         let sql = compile(Table::new("emails").text_column("to"));
         assert_eq!(sql.begin, ["BEGIN ISOLATION LEVEL READ COMMITTED"]);
         assert_eq!(
-            sql.begin_bounded,
-            ["BEGIN ISOLATION LEVEL READ COMMITTED; LOCK TABLE \"emails\" IN ROW SHARE MODE NOWAIT"]
-        );
-        assert_eq!(
             sql.claim,
             "SELECT \"id\", \"attempts\", \"payload\", \"to\", \"run_at\" FROM \"emails\" WHERE \"dead_at\" IS NULL AND \
              \"run_at\" <= $1 ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) FOR UPDATE SKIP LOCKED"
@@ -593,8 +574,6 @@ mod tests {
              p.\"dead_at\" IS NULL AND p.\"locked_until\" > $1)";
         let lease = compile(t.clone().lease(Duration::from_secs(30)));
         assert_eq!(lease.begin, ["BEGIN ISOLATION LEVEL READ COMMITTED"]);
-        // Only the row lock form bounds its claim by taking the table's lock at once.
-        assert!(lease.begin_bounded.is_empty());
         assert_eq!(
             lease.claim,
             format!("{heads} AND {free} AND {older} AND {leased} {locked}")
