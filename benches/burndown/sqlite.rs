@@ -50,13 +50,15 @@ impl Db for Lite {
         let c = open(&self.path);
         let q = t.name();
         let ready = "\"dead_at\" IS NULL AND \"run_at\" <= ?1";
+        // `LIMIT ?2 + 0`, as the library writes it: SQLite compiles a statement with a bare
+        // `LIMIT ?` again at every execution.
         let row = "\"id\", \"attempts\", \"payload\", \"k\"";
         match form {
             Form::RowLock => panic!("SQLite has no row lock form"),
             Form::Lease => {
                 let candidates = format!(
                     "SELECT \"id\" FROM \"{q}\" WHERE {ready} AND (\"locked_until\" IS NULL OR \
-                     \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2"
+                     \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0"
                 );
                 // The library's `claim_one` for one row, `claim` for more.
                 let cmp = if batch == 1 { "=" } else { "IN" };
@@ -94,7 +96,7 @@ impl Db for Lite {
                 keys: &self.keys,
                 candidates: format!(
                     "SELECT \"id\", \"run_at\", \"k\" FROM \"{q}\" WHERE {ready} \
-                     ORDER BY \"run_at\", \"id\" LIMIT ?2"
+                     ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0"
                 ),
                 take: format!(
                     "UPDATE \"{q}\" SET \"attempts\" = \"attempts\" + 1 WHERE {ready} AND \
