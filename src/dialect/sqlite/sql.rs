@@ -203,7 +203,9 @@ mod tests {
     /// `SYNTAX.claim_limit`).
     #[test]
     fn claims_are_not_compiled_again_per_execution() {
-        let lease = Table::new("jobs").text_column("k").lease(Duration::from_secs(30));
+        let lease = Table::new("jobs")
+            .text_column("k")
+            .lease(Duration::from_secs(30));
         let fifo = lease.clone().group("k").fifo();
         let advisory = Table::new("pay").text_column("k").advisory_lock("a-{k}");
         for t in [lease, fifo, advisory] {
