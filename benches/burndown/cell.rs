@@ -6,7 +6,7 @@ use crate::args::{Cell, Settings};
 use crate::pgbench::PgBench;
 use crate::report::{print_row, Row, Runs};
 use crate::sides::{library_run, publish, raw_run, Db};
-use crate::util::cpu_time;
+use crate::util::{usage, Usage};
 use crate::RAW_RETRIES;
 
 /// Runs one cell: pilots, then `rounds` alternations of library, raw (and pgbench).
@@ -18,20 +18,20 @@ pub(crate) fn run_cell(
 ) -> Row {
     let t = db.table(cell.form);
     let acked = AtomicU64::new(0);
-    // Each side's rate and its client CPU per job (us; this process's CPU over the run).
+    // Each side's rate and its client use per job (this process's, over the run).
     let lib = |n: u64| {
         db.clear(t);
         publish(db.broker(), t, n, 0);
-        let cpu = cpu_time();
+        let since = usage();
         let (rate, share) = library_run(db, cell, n, &acked);
-        (rate, share, per_job(cpu, n))
+        (rate, share, per_job(since, n))
     };
     let raw = |n: u64| {
         db.clear(t);
         publish(db.broker(), t, n, 0);
-        let cpu = cpu_time();
+        let since = usage();
         let rate = raw_run(db, cell.form, cell.workers, cell.batch, n);
-        (rate, per_job(cpu, n))
+        (rate, per_job(since, n))
     };
     let n = match set.jobs {
         Some(n) => n,
@@ -55,17 +55,20 @@ pub(crate) fn run_cell(
         retries: 0,
         settling: Vec::new(),
         cpu: (Vec::new(), Vec::new()),
+        switches: (Vec::new(), Vec::new()),
     };
     RAW_RETRIES.store(0, Ordering::Relaxed);
     let mut pgbench = pgbench.and_then(|p| cell.pgbench().map(|s| (p, s)));
     for _ in 0..set.rounds {
-        let (rate, share, cpu) = lib(n);
+        let (rate, share, (cpu, switches)) = lib(n);
         row.library.0.push(rate);
         row.settling.push(share);
         row.cpu.0.push(cpu);
-        let (rate, cpu) = raw(n);
+        row.switches.0.push(switches);
+        let (rate, (cpu, switches)) = raw(n);
         row.raw.0.push(rate);
         row.cpu.1.push(cpu);
+        row.switches.1.push(switches);
         if let Some((p, (script, rows))) = pgbench.as_mut() {
             let runs = row.pgbench.get_or_insert_with(Runs::default);
             match p.run(script, cell.workers, set.pgbench_secs, *rows) {
@@ -98,7 +101,12 @@ pub(crate) fn run_db(
     rows
 }
 
-/// Microseconds of this process's CPU since `since` (a [`cpu_time`] reading) per job of `n`.
-fn per_job(since: std::time::Duration, n: u64) -> f64 {
-    (cpu_time() - since).as_secs_f64() * 1e6 / n.max(1) as f64
+/// This process's CPU (microseconds) and context switches since `since`, per job of `n`.
+fn per_job(since: Usage, n: u64) -> (f64, f64) {
+    let now = usage();
+    let n = n.max(1) as f64;
+    (
+        (now.cpu - since.cpu).as_secs_f64() * 1e6 / n,
+        now.switches.saturating_sub(since.switches) as f64 / n,
+    )
 }

@@ -29,7 +29,9 @@
 //!
 //! Under each cell a line gives the client CPU per job in microseconds of every run of each
 //! side: this process's `getrusage` (user + system, all threads) over the run, divided by its
-//! jobs (the library run includes starting and shutting down its subscription).
+//! jobs (the library run includes starting and shutting down its subscription); and its
+//! context switches per job (voluntary and involuntary, all threads), where hand-offs between
+//! threads show.
 //!
 //! The raw side: `w` threads, one connection each (opened and prepared before the clock starts),
 //! each looping the protocol until the table is empty:

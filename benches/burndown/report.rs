@@ -40,6 +40,8 @@ pub(crate) struct Row {
     /// Client CPU per job (us) of each library run and each raw run: this process's
     /// `getrusage` over the run divided by its jobs.
     pub(crate) cpu: (Vec<f64>, Vec<f64>),
+    /// Context switches per job of each library run and each raw run (the same `getrusage`).
+    pub(crate) switches: (Vec<f64>, Vec<f64>),
 }
 
 impl Row {
@@ -93,10 +95,13 @@ pub(crate) fn print_row(r: &Row) {
             .join(" ")
     };
     println!(
-        "{:<30} (client CPU per job, us: library {} | raw {})",
+        "{:<30} (client CPU per job, us: library {} | raw {}; context switches per job: \
+         library {} | raw {})",
         "",
         us(&r.cpu.0),
-        us(&r.cpu.1)
+        us(&r.cpu.1),
+        us(&r.switches.0),
+        us(&r.switches.1)
     );
     if r.retries > 0 {
         println!("{:<30} (raw: {} deadlocks retried)", "", r.retries);

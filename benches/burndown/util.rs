@@ -80,11 +80,23 @@ impl<F: FnMut()> Drop for OnDrop<F> {
     }
 }
 
-/// CPU time this process has used so far (user + system, every thread): `getrusage`.
-pub(crate) fn cpu_time() -> Duration {
+/// What this process has used so far, every thread summed: `getrusage`.
+#[derive(Clone, Copy)]
+pub(crate) struct Usage {
+    /// CPU time, user + system.
+    pub(crate) cpu: Duration,
+    /// Context switches, voluntary (a thread that blocks: a wake-up to come) and involuntary
+    /// (preempted). Hand-offs between threads show here; callgrind cannot see them.
+    pub(crate) switches: u64,
+}
+
+pub(crate) fn usage() -> Usage {
     // SAFETY: `getrusage` writes into the zeroed struct it is given.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
-    tv(u.ru_utime) + tv(u.ru_stime)
+    Usage {
+        cpu: tv(u.ru_utime) + tv(u.ru_stime),
+        switches: (u.ru_nvcsw + u.ru_nivcsw) as u64,
+    }
 }
