@@ -453,9 +453,10 @@ mod sqlite {
         adv_table: String,
         insert_one: String,
         insert_batch: String,
-        /// Lease claim as the library spells it: `id IN (SELECT .. LIMIT ?2)`.
+        /// Lease claim as the library spells it: `id IN (SELECT .. LIMIT ?2 + 0)` (SQLite
+        /// compiles a statement with a bare `LIMIT ?` again at every execution).
         lease_claim: String,
-        /// The same claim with `id = (SELECT .. LIMIT ?2)`: only right for a limit of 1.
+        /// The same claim with `id = (SELECT .. LIMIT ?2 + 0)`: only right for a limit of 1.
         lease_claim_eq: String,
         lease_ack: String,
         adv_candidates: String,
@@ -469,7 +470,7 @@ mod sqlite {
             format!(
                 "UPDATE \"{ls}\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" {cmp} \
                  (SELECT \"id\" FROM \"{ls}\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
-                 (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2) \
+                 (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0) \
                  RETURNING \"id\", \"attempts\", \"payload\", \"k\""
             )
         };
@@ -482,7 +483,7 @@ mod sqlite {
             lease_ack: format!("DELETE FROM \"{ls}\" WHERE \"id\" = ?1 AND \"locked_until\" = ?2"),
             adv_candidates: format!(
                 "SELECT \"id\", \"k\" FROM \"{ad}\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
-                 ORDER BY \"run_at\", \"id\" LIMIT ?2"
+                 ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0"
             ),
             adv_take: format!(
                 "UPDATE \"{ad}\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
