@@ -337,6 +337,15 @@ impl Cluster {
         );
     }
 
+    /// The lines of node `i`'s error log.
+    fn log_lines(&self, i: usize) -> Vec<String> {
+        std::fs::read_to_string(self.dir(i).join("err.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Certification failures plus brute-force aborts on node `i` since it started.
     fn conflicts(&self, i: usize) -> u64 {
         ["wsrep_local_cert_failures", "wsrep_local_bf_aborts"]
@@ -682,6 +691,7 @@ fn ledger(cluster: &mut Cluster, kind: Kind, nodes: [usize; 3]) -> String {
         .collect();
     brokers[0].create_table(&t).expect("create table");
     let conflicts_before: u64 = (0..2).map(|i| cluster.conflicts(i)).sum();
+    let logged_before: Vec<usize> = (0..2).map(|i| cluster.log_lines(i).len()).collect();
     let ledger = Arc::new(Ledger::default());
     let stop = Arc::new(AtomicBool::new(false));
     let subs: Vec<Arc<Subscription>> = brokers
@@ -905,13 +915,53 @@ fn ledger(cluster: &mut Cluster, kind: Kind, nodes: [usize; 3]) -> String {
         );
     }
     let conflicts: u64 = (0..2).map(|i| cluster.conflicts(i)).sum::<u64>() - conflicts_before;
+    // What the surviving nodes said of their membership during the run: a view that is not
+    // primary means the pair lost quorum (seen in CI; why is what these lines are for).
+    let membership: Vec<String> = (0..2)
+        .flat_map(|i| {
+            cluster
+                .log_lines(i)
+                .into_iter()
+                .skip(logged_before[i])
+                .filter(|l| {
+                    [
+                        "primary = ",
+                        "NON-PRIMARY",
+                        "NON_PRIM",
+                        "suspect",
+                        "inactive",
+                        "evict",
+                        "partitioned",
+                    ]
+                    .iter()
+                    .any(|m| l.contains(m))
+                })
+                .map(move |l| format!("node {}: {l}", i + 1))
+        })
+        .collect();
+    let non_primary = membership
+        .iter()
+        .filter(|l| l.contains("primary = no") || l.contains("Received NON-PRIMARY"))
+        .count();
+    if non_primary > 0 {
+        say(&format!(
+            "galera {label}: the surviving nodes logged {non_primary} non-primary views:\n{}",
+            membership
+                .iter()
+                .take(40)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
     format!(
         "galera ledger {label}: {} jobs ({} publishes uncertain), {} deliveries, {duplicates} \
          duplicates (all after an ack that failed; {lease_losses} acks found their lease lost, {maybe_committed} lost their \
          connection, {refused} were refused by a surviving node out of the primary \
          component), rejoin (restart to synced) {:.1}s by {transfer}, node 3's \
          broker acking again {} after the kill, longest pause between acks after the kill \
-         {:.2}s, certification conflicts on nodes 1-2: {conflicts}",
+         {:.2}s, certification conflicts on nodes 1-2: {conflicts}, non-primary views logged by \
+         nodes 1-2: {non_primary}",
         ok.len(),
         uncertain.len(),
         recs.len(),
