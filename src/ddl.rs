@@ -215,23 +215,20 @@ pub(crate) fn plan(
             );
         }
     }
-    let missing_indexes = q
+    let have = q
         .dialect
-        .missing_indexes(conn, &q.spec)
+        .index_names(conn, &q.spec.name)
         .map_err(q.err("migrate"))?;
     let ready = format!("{}_ready", q.spec.name);
-    let named = q.dialect.syntax().q(&ready);
-    let creates_ready = |s: &String| {
-        s.contains(&format!("INDEX {named} "))
-            || s.contains(&format!("INDEX IF NOT EXISTS {named} "))
-    };
-    // Priorities added: the ready index (found by name) is in the old claim order.
-    if adds_priority && !missing_indexes.iter().any(creates_ready) {
+    // Priorities added: a ready index the table has (found by name, so not made again) is in
+    // the old claim order. (Names compare without case: MySQL's do, and the others' are ours.)
+    if adds_priority && have.iter().any(|h| h.eq_ignore_ascii_case(&ready)) {
         m.statements.extend(q.dialect.rebuild_ready_index(&q.spec));
         m.done
             .push(format!("rebuilt index {ready} in priority order"));
     }
-    m.statements.extend(missing_indexes);
+    m.statements
+        .extend(q.dialect.missing_indexes(&q.spec, &have));
     Ok(m)
 }
 

@@ -393,30 +393,36 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// `(table name)` -> the names of the table's indexes, for [`Dialect::missing_indexes`].
-    /// Default: none (every index statement is kept).
+    /// `(table name)` -> the names of the table's indexes, for [`Dialect::index_names`].
+    /// Default: none.
     fn index_names_query(&self) -> Option<&'static str> {
         None
     }
 
-    /// The statements that create the indexes of `spec` the table lacks (a migration runs
-    /// them after adding its columns). Default: the `CREATE .. INDEX IF NOT EXISTS <name> ON`
-    /// statements `create_table` makes after the table, less those of indexes the table has
-    /// ([`Dialect::index_names_query`]), and its other statements (checks of the names) if
-    /// any index is left to make.
-    fn missing_indexes(
-        &self,
-        conn: &mut dyn DbConn,
-        spec: &TableSpec,
-    ) -> Result<Vec<String>, DbError> {
-        let mut have = Vec::new();
-        if let Some(sql) = self.index_names_query() {
-            for row in conn.query(sql, &[Value::Text(spec.name.clone())])? {
-                if let Some(name) = row.first().and_then(Value::as_str) {
-                    have.push(format!("INDEX IF NOT EXISTS {} ON ", self.syntax().q(name)));
-                }
-            }
-        }
+    /// The names of the indexes table `name` has (a migration makes those it lacks, and
+    /// rebuilds the ready index it has when priorities are added). Default: from
+    /// [`Dialect::index_names_query`]; none without one.
+    fn index_names(&self, conn: &mut dyn DbConn, name: &str) -> Result<Vec<String>, DbError> {
+        let Some(sql) = self.index_names_query() else {
+            return Ok(Vec::new());
+        };
+        Ok(conn
+            .query(sql, &[Value::Text(name.to_string())])?
+            .into_iter()
+            .filter_map(|r| r.into_iter().next()?.as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// The statements that create the indexes of `spec` a table with the indexes `have`
+    /// ([`Dialect::index_names`]) lacks (a migration runs them after adding its columns).
+    /// Default: the `CREATE .. INDEX IF NOT EXISTS <name> ON` statements `create_table` makes
+    /// after the table, less those of indexes in `have`, and its other statements (checks of
+    /// the names) if any index is left to make.
+    fn missing_indexes(&self, spec: &TableSpec, have: &[String]) -> Vec<String> {
+        let have: Vec<String> = have
+            .iter()
+            .map(|name| format!("INDEX IF NOT EXISTS {} ON ", self.syntax().q(name)))
+            .collect();
         let after_table: Vec<String> = self.create_table(spec).into_iter().skip(1).collect();
         let is_index =
             |stmt: &str| stmt.starts_with("CREATE ") && stmt.contains(" INDEX IF NOT EXISTS ");
@@ -426,12 +432,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             .cloned()
             .collect();
         if missing.is_empty() {
-            return Ok(missing);
+            return missing;
         }
-        Ok(after_table
+        after_table
             .into_iter()
             .filter(|stmt| !is_index(stmt) || missing.contains(stmt))
-            .collect())
+            .collect()
     }
 
     /// Drops the ready index and creates it again in the table's claim order: a migration

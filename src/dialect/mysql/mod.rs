@@ -287,21 +287,18 @@ impl Dialect for Mysql {
         sql::COLUMNS
     }
 
-    fn missing_indexes(
-        &self,
-        conn: &mut dyn DbConn,
-        spec: &TableSpec,
-    ) -> Result<Vec<String>, DbError> {
-        let have: Vec<String> = conn
-            .query(sql::INDEXES, &[Value::Text(spec.name.clone())])?
-            .into_iter()
-            .filter_map(|r| r.into_iter().next()?.as_str().map(str::to_string))
-            .collect();
-        Ok(sql::index_defs(spec)
+    fn index_names_query(&self) -> Option<&'static str> {
+        Some(sql::INDEXES)
+    }
+
+    /// MySQL has no `CREATE INDEX IF NOT EXISTS` (MySQL 8): only the missing ones are made,
+    /// each with `ALTER TABLE .. ADD INDEX`. Index names compare without case, as MySQL does.
+    fn missing_indexes(&self, spec: &TableSpec, have: &[String]) -> Vec<String> {
+        sql::index_defs(spec)
             .into_iter()
             .filter(|(name, _)| !have.iter().any(|h| h.eq_ignore_ascii_case(name)))
             .map(|(_, definition)| sql::add_index(spec, &definition))
-            .collect())
+            .collect()
     }
 
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
