@@ -121,6 +121,10 @@ fn idle_subscription_with(
     }
     let sub = sub.start().unwrap();
     assert!(common::wait_for(Duration::from_secs(5), || sub.claiming() == 0));
+    // A sleep, not a condition: `claiming() == 0` also holds before the worker's first claim
+    // has begun, and an empty claim reports nothing (no event, no count) when it ends. Rows
+    // inserted before that claim would be the worker's.
+    std::thread::sleep(Duration::from_millis(200));
     (broker, sub)
 }
 
@@ -151,7 +155,6 @@ fn a_claim_blocked_on_a_lock_does_not_outlast_the_timeout(db: Db, form: Form) {
     // in progress, no empty claim of its own remembered).
     let (_b1, batched) = idle_subscription(&live, &t);
     let (_b2, single) = idle_subscription(&live, &t);
-    std::thread::sleep(Duration::from_millis(200));
     // Ready rows, then the lock.
     insert_ready(&live, db, &t);
     let locker = Locker::lock(db, &live.url, t.name());
@@ -229,7 +232,6 @@ fn a_short_timeout_claims_on_the_calling_thread_where_the_claim_is_bounded(db: D
     let t = live.table(form, Duration::from_secs(30));
     let threads = Arc::new(ClaimThreads::default());
     let (_b, sub) = idle_subscription_with(&live, &t, Some(threads.clone()));
-    std::thread::sleep(Duration::from_millis(200));
     insert_ready(&live, db, &t);
     let d = sub
         .next_delivery_timeout(TIMEOUT)
