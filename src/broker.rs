@@ -433,7 +433,7 @@ impl Broker {
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
         let q = self.compiled(table)?;
         if !q.described.load(std::sync::atomic::Ordering::Acquire) {
-            crate::registry::verify(&q, table)?;
+            crate::registry::verify(&q, table, self.inner.manage_schema)?;
         }
         Ok(q)
     }
@@ -510,7 +510,10 @@ impl Broker {
     /// made on first use), where [`Broker::open_table`] reads it back in any process. A new
     /// table replaces the record of a table of that name dropped earlier; an existing table
     /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
-    /// each difference ([`Broker::migrate`] records a changed description).
+    /// each difference ([`Broker::migrate`] records a changed description), and an existing
+    /// table with no record is given `table` as its record. A table keeps one description:
+    /// of several services that create one new table at the same moment with different
+    /// descriptions, one records its own and the others get [`BrokerError::Schema`].
     ///
     /// # Errors
     ///
@@ -520,6 +523,9 @@ impl Broker {
     pub fn create_table(&self, table: &Table) -> Result<()> {
         self.may_run_ddl("create_table", table)?;
         let q = self.compiled(table)?;
+        // The record before the table: one found while the table is missing is a dropped
+        // table's (see `registry::record_created`).
+        let before = crate::registry::before_create(&q)?;
         let existed = {
             // A table that exists is checked before any DDL: an index over a column it lacks
             // would fail half-way (and, on SQLite, a rolled-back index build was seen to leave
@@ -532,7 +538,8 @@ impl Broker {
             existed
         };
         if existed {
-            crate::registry::verify(&q, table)?;
+            // Checked against its record, or given this description as its first.
+            crate::registry::verify(&q, table, true)?;
         }
         let statements = q.dialect.create_table(&q.spec);
         q.retrying("create table", |conn| {
@@ -553,7 +560,10 @@ impl Broker {
             let mut conn = q.conn("schema check")?;
             q.check_schema(&mut *conn)?;
         }
-        crate::registry::record(&q, table, !existed)
+        if existed {
+            return Ok(());
+        }
+        crate::registry::record_created(&q, table, before)
     }
 
     /// Brings a table made by an earlier version (or described with fewer options) up to its
@@ -631,7 +641,7 @@ impl Broker {
         }
         q.check_schema(&mut *conn)?;
         drop(conn);
-        crate::registry::record(&q, table, true)?;
+        crate::registry::record(&q, table)?;
         Ok(plan.done)
     }
 

@@ -187,25 +187,55 @@ pub(crate) fn sort(
     ctx: &Arc<Ctx>,
     claimed: Vec<Claimed>,
     mut slots: Taken<'_>,
-) -> (Vec<Delivery>, Vec<(Claimed, String)>) {
+) -> (Vec<Delivery>, Vec<(Claimed, Unrun)>) {
     // Each claimed row's slot is its delivery's from here; the rest go back.
     slots.hand_over(claimed.len());
     drop(slots);
     let mut fresh = Vec::with_capacity(claimed.len());
     let mut dead = Vec::new();
     for c in claimed {
+        if c.cancel_requested {
+            dead.push((c, Unrun::Cancelled));
+            continue;
+        }
         match undeliverable(ctx, &c) {
-            Some(reason) => dead.push((c, reason)),
+            Some(reason) => dead.push((c, Unrun::Dead(reason))),
             None => fresh.push(Delivery::new(ctx.clone(), c)),
         }
     }
     (fresh, dead)
 }
 
-/// Dead-letters the undeliverable rows of a claim.
-pub(crate) fn bury(ctx: &Arc<Ctx>, dead: Vec<(Claimed, String)>) {
-    for (c, reason) in dead {
-        dead_letter(ctx, c, reason);
+/// Why a claimed row is settled at once instead of delivered.
+pub(crate) enum Unrun {
+    /// Dead-lettered, for this reason ([`undeliverable`]).
+    Dead(String),
+    /// Its cancel was requested while an earlier claim held it: ended as that claim's retry
+    /// would have ended it (dead-lettered as `"cancelled"`, or completed and cancelled where
+    /// completed rows are kept), so it never runs again.
+    Cancelled,
+}
+
+/// Settles the rows of a claim that are not delivered.
+pub(crate) fn bury(ctx: &Arc<Ctx>, dead: Vec<(Claimed, Unrun)>) {
+    for (c, why) in dead {
+        match why {
+            Unrun::Dead(reason) => dead_letter(ctx, c, reason),
+            Unrun::Cancelled => end_cancelled(ctx, c),
+        }
+    }
+}
+
+/// Ends a claimed row whose cancel was requested: the retry statement finishes a marked row
+/// as cancelled ([`Syntax::cancelled_case`](crate::dialect::shared::Syntax::cancelled_case)).
+fn end_cancelled(ctx: &Arc<Ctx>, c: Claimed) {
+    let id = c.id;
+    log::info!(
+        "table {}: row {id} ended at claim: its cancel was requested while an earlier claim held it",
+        ctx.spec().name
+    );
+    if let Err(e) = Delivery::new(ctx.clone(), c).end_cancelled() {
+        log::warn!("table {}: ending cancelled row {id}: {e}", ctx.spec().name);
     }
 }
 

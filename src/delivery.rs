@@ -483,6 +483,13 @@ impl Delivery {
         self.settle(outcome)
     }
 
+    /// Ends a claimed row whose cancel was requested while an earlier claim held it: the
+    /// lease and advisory forms' retry statement finishes a marked row as cancelled whatever
+    /// its attempts, so the row is settled by that statement, due now.
+    pub(crate) fn end_cancelled(self) -> Result<()> {
+        self.settle(Outcome::Retry(SystemTime::now()))
+    }
+
     /// A retry after `delay`, or the dead letter if this was the last attempt.
     fn retry_outcome(&self, delay: Duration, what: &str) -> Outcome {
         retry_or_dead(&self.ctx, self.attempt, delay, what)

@@ -8,8 +8,13 @@
 //!   against the record once per broker and description (the broker's per-table cache): a
 //!   description that disagrees is refused with [`BrokerError::Schema`] naming each
 //!   difference, so two descriptions of one table never run one row twice. A table with no
-//!   record (made by an earlier release, never migrated) is checked against its columns: a
-//!   `locked_until` column means a lease table.
+//!   record (made from `Table::ddl` by a tool that skipped the record, by an earlier release,
+//!   or whose record was deleted) is checked against its columns (a `locked_until` column
+//!   means a lease table, a `cancel_requested` column without it an advisory lock table), then
+//!   given the description as its record, so the first description used is the one kept.
+//!   Every first record is written only where the row read is still as read (an insert where
+//!   there is none, an update of a dropped table's record that matches it exactly), then read
+//!   back: of brokers recording at once, exactly one description wins.
 //! - [`Broker::pause`] and [`Broker::resume`] set the flag; subscriptions read it at most once
 //!   per poll interval ([`PauseFlag`](crate::runtime::wake::PauseFlag)), and PostgreSQL tells
 //!   other brokers at once on the table's notification channel.
@@ -32,6 +37,8 @@ struct Row {
     format: i64,
     description: String,
     paused: bool,
+    /// As read (the stale-record replacement matches it exactly); `Null` where not read.
+    updated_at: Value,
 }
 
 /// True if the registry table exists (a read of it failed: was it missing?).
@@ -71,6 +78,7 @@ fn read(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<Opti
             _ => String::new(),
         },
         paused: flag(r.get(2)),
+        updated_at: r.get(3).cloned().unwrap_or(Value::Null),
     }))
 }
 
@@ -105,49 +113,164 @@ fn described(name: &str, row: &Row) -> Result<Table> {
     Ok(table)
 }
 
-/// Checks `table` against its record (or, with no record, against what its columns say of
-/// its form), then its columns against the description: a table made by an earlier release,
-/// or by the application's own migrations, that lacks a column is refused by every use alike,
-/// naming it, on every database, rather than at the first statement that needs it. On
-/// success the queue remembers it (no more checks for this description on this broker).
-pub(crate) fn verify(q: &Queue, table: &Table) -> Result<()> {
+/// Checks `table` against its record, then its columns against the description: a table made
+/// by an earlier release, or by the application's own migrations, that lacks a column is
+/// refused by every use alike, naming it, on every database, rather than at the first
+/// statement that needs it. On success the queue remembers it (no more checks for this
+/// description on this broker).
+///
+/// A table with no record (made from [`Table::ddl`] by a tool that skipped the record, by an
+/// earlier release, or whose record was deleted) is checked against what its columns say of
+/// its form, then **given this description as its record** ([`adopt`]): the first description
+/// used is the one every other broker is held to, so two descriptions of one table never run
+/// one row twice. `may_make_registry`: the broker may create the registry table (it manages
+/// the schema); without it a missing registry is refused with what to apply.
+pub(crate) fn verify(q: &Queue, table: &Table, may_make_registry: bool) -> Result<()> {
     let mut conn = q.conn("table check")?;
     let found = read(&*q.dialect, &mut *conn, &q.spec.name).map_err(q.err("table check"))?;
     let problems = match found {
         Some(row) => table.differences(&described(&q.spec.name, &row)?),
         None => match unrecorded(q, &mut *conn, table)? {
-            Some(problems) => problems,
             // No table yet: passes unremembered, and the statements report it (a publish
             // as "the table does not exist", a pause as an unknown table).
             None => return Ok(()),
+            Some(problems) if !problems.is_empty() => problems,
+            Some(_) => {
+                // Columns first: a table that cannot run this description is not given it.
+                q.check_schema(&mut *conn)?;
+                adopt(q, &mut *conn, table, None, may_make_registry)?
+            }
         },
     };
-    if !problems.is_empty() {
-        return Err(BrokerError::Schema {
-            table: q.spec.name.clone(),
-            problems,
-        });
-    }
+    refuse(q, problems)?;
     q.check_schema(&mut *conn)?;
     q.described.store(true, Ordering::Release);
     Ok(())
 }
 
-/// The problems of `table` as the description of a table with no record, by its columns (a
-/// `locked_until` column means a lease table); `None` if the table does not exist.
+fn refuse(q: &Queue, problems: Vec<String>) -> Result<()> {
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(BrokerError::Schema {
+        table: q.spec.name.clone(),
+        problems,
+    })
+}
+
+/// Records `table` as the description of its table, which has none (`stale`: `None`), or
+/// whose record was left by a dropped table of that name (`stale`: that record, as read
+/// before the table was found missing), then reads the record back: the problems of `table`
+/// against whichever description won. Every writer of a first record goes through here, and
+/// the write succeeds only where the row read is still there unchanged (an insert where there
+/// is none, an update matching the stale row's text and time), so of any number of brokers
+/// recording at once exactly one description is kept and the others are told the
+/// differences.
+fn adopt(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    table: &Table,
+    stale: Option<&Row>,
+    may_make_registry: bool,
+) -> Result<Vec<String>> {
+    let registry = q.dialect.registry();
+    let now = SystemTime::now();
+    let write = |conn: &mut dyn DbConn| -> Result<u64, DbError> {
+        match stale {
+            None => conn.execute(
+                registry.insert_new,
+                &[
+                    Value::Text(q.spec.name.clone()),
+                    Value::Int(FORMAT),
+                    Value::Text(table.to_record()),
+                    Value::Time(now),
+                ],
+            ),
+            Some(row) => {
+                // A later time than the stale row's, so a replacement never leaves the very
+                // row another creator's update still matches (whole seconds on MySQL and
+                // SQLite).
+                let at = match row.updated_at.as_time() {
+                    Some(t) => now.max(t + std::time::Duration::from_secs(1)),
+                    None => now,
+                };
+                conn.execute(
+                    registry.replace_stale,
+                    &[
+                        Value::Int(FORMAT),
+                        Value::Text(table.to_record()),
+                        Value::Time(at),
+                        Value::Text(q.spec.name.clone()),
+                        Value::Text(row.description.clone()),
+                        row.updated_at.clone(),
+                    ],
+                )
+            }
+        }
+    };
+    let written = match write(conn) {
+        Ok(n) => n,
+        Err(e) => match exists(&*q.dialect, conn) {
+            Ok(false) if may_make_registry => {
+                ensure(q, conn).map_err(q.err("record table"))?;
+                write(conn).map_err(q.err("record table"))?
+            }
+            Ok(false) => {
+                return Err(BrokerError::Schema {
+                    table: q.spec.name.clone(),
+                    problems: vec![format!(
+                        "the table has no record, and there is no registry table {REGISTRY_TABLE} \
+                         to give it one: apply the record statements of Table::ddl (or \
+                         Broker::migration_sql) with your migration tool"
+                    )],
+                })
+            }
+            _ => return Err(q.err("record table")(e)),
+        },
+    };
+    let found = read(&*q.dialect, conn, &q.spec.name).map_err(q.err("table check"))?;
+    let Some(row) = found else {
+        // Recorded and gone at once: a record deleted by hand meanwhile.
+        return Ok(vec![
+            "the table's record was deleted while it was being written: try again".into(),
+        ]);
+    };
+    let recorded = described(&q.spec.name, &row)?;
+    let problems = table.differences(&recorded);
+    if written == 0 && !problems.is_empty() {
+        log::info!(
+            "table {}: another broker recorded its description first",
+            q.spec.name
+        );
+    }
+    Ok(problems)
+}
+
+/// The problems of `table` as the description of a table with no record, by its columns: a
+/// `locked_until` column means a lease table, a `cancel_requested` column without one an
+/// advisory lock table; `None` if the table does not exist.
 fn unrecorded(q: &Queue, conn: &mut dyn DbConn, table: &Table) -> Result<Option<Vec<String>>> {
     let columns = q.columns(conn)?;
     if columns.is_empty() {
         return Ok(None);
     }
+    let has = |name: &str| columns.iter().any(|(c, _)| c == name);
     let leased = table.locked_until_column();
-    let has_lease = columns.iter().any(|(c, _)| *c == leased);
-    Ok(Some(match q.spec.form {
-        Form::Lease => Vec::new(),
-        form if has_lease => vec![format!(
-            "the table has no record, and its {leased} column makes it a lease table, \
+    let marked = table.cancel_requested_column();
+    let made_as = if has(&leased) {
+        Some((Form::Lease, leased))
+    } else if has(&marked) {
+        Some((Form::AdvisoryLock, marked))
+    } else {
+        None
+    };
+    Ok(Some(match made_as {
+        Some((form, column)) if form != q.spec.form => vec![format!(
+            "the table has no record, and its {column} column makes it {} {} table, \
              described as {}",
-            form.name()
+            if form == Form::Lease { "a" } else { "an" },
+            form.name(),
+            q.spec.form.name()
         )],
         _ => Vec::new(),
     }))
@@ -205,23 +328,47 @@ fn ensure(q: &Queue, conn: &mut dyn DbConn) -> Result<(), DbError> {
     }
 }
 
-/// Records `table` as the description of its table (`create_table`, `migrate`): replacing a
-/// record it has if `replace`, else only where it has none. The pause flag is kept.
-pub(crate) fn record(q: &Queue, table: &Table, replace: bool) -> Result<()> {
+/// Records `table` as the description of its table (`migrate`), replacing the record it had;
+/// the pause flag is kept.
+pub(crate) fn record(q: &Queue, table: &Table) -> Result<()> {
     q.retrying("record table", |conn| {
         ensure(q, conn)?;
-        let sql = match replace {
-            true => q.dialect.registry().upsert,
-            false => q.dialect.registry().insert_new,
-        };
         let params = [
             Value::Text(q.spec.name.clone()),
             Value::Int(FORMAT),
             Value::Text(table.to_record()),
             Value::Time(SystemTime::now()),
         ];
-        conn.execute(sql, &params).map(drop)
+        conn.execute(q.dialect.registry().upsert, &params).map(drop)
     })?;
+    q.described.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// What `create_table` read of the registry before it looked for the table: the record a
+/// table of that name has, if any. Read first, so that a record found while the table is
+/// missing is known to be a dropped table's: every writer of a first record writes it only
+/// once the table exists.
+pub(crate) struct BeforeCreate(Option<Row>);
+
+/// Makes the registry if it is missing and reads the table's record (`create_table`, before
+/// it looks for the table).
+pub(crate) fn before_create(q: &Queue) -> Result<BeforeCreate> {
+    q.retrying("record table", |conn| {
+        ensure(q, conn)?;
+        read(&*q.dialect, conn, &q.spec.name)
+    })
+    .map(BeforeCreate)
+}
+
+/// Records `table` as the description of the table `create_table` just made (it was missing
+/// when looked for after `before`): its first record, or in place of a dropped table's. If
+/// another broker made the table at the same moment with another description and recorded it
+/// first, [`BrokerError::Schema`] names the differences, and this broker does not use it.
+pub(crate) fn record_created(q: &Queue, table: &Table, before: BeforeCreate) -> Result<()> {
+    let mut conn = q.conn("record table")?;
+    let problems = adopt(q, &mut *conn, table, before.0.as_ref(), true)?;
+    refuse(q, problems)?;
     q.described.store(true, Ordering::Release);
     Ok(())
 }
@@ -307,6 +454,7 @@ impl Broker {
                 format: r.get(1).and_then(Value::as_i64).unwrap_or(0),
                 description: r.get(2).and_then(|v| v.as_str()).unwrap_or("").to_owned(),
                 paused: flag(r.get(3)),
+                updated_at: Value::Null,
             };
             match described(&name, &row) {
                 Ok(table) => out.push(RecordedTable {

@@ -158,3 +158,143 @@ fn cancel_in_work_then_ack(db: Db, form: Form) {
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db_form!(cancel_in_work_then_ack);
+
+/// A row claimed ahead into a subscription's buffer, cancelled there, then handed back
+/// unhandled (the subscription shuts down): no other subscription runs it, and cancel said
+/// `true`. Lease: the mark is honoured by the hand-back, which ends the row as cancelled;
+/// row lock and advisory: cancel waits for the row (its lock, its key), which the hand-back
+/// lets go, and removes it.
+///
+/// Fails (`the handed-back cancelled job ran`) on the lease form when the unclaim statement
+/// ignores the mark (tried: the old unclaim, `SET locked_until = NULL, attempts = attempts - 1`).
+fn cancel_holds_for_a_row_handed_back(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let first = l.broker.publish(&t, msg("first", "a")).unwrap();
+    let ahead = l.broker.publish(&t, msg("ahead", "b")).unwrap();
+    // Two rows in one claim: the second waits in the buffer while the first is in hand.
+    let other = l.connect();
+    let sub = other
+        .subscription(&t)
+        .batch_size(2)
+        .max_in_flight(2)
+        .start()
+        .unwrap();
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), first);
+    assert!(
+        wait_for(WAIT, || l.broker.job(&t, ahead).unwrap().unwrap().state()
+            == JobState::InFlight),
+        "the second row was not claimed ahead"
+    );
+    let broker = l.connect();
+    let table = t.clone();
+    let cancel = std::thread::spawn(move || broker.cancel(&table, ahead));
+    if form == Form::Lease {
+        // The lease form's cancel marks the row and returns at once.
+        assert!(cancel.join().unwrap().unwrap(), "cancel said false");
+        d.ack().unwrap();
+        sub.shutdown(Duration::from_secs(5)).unwrap();
+    } else {
+        // Row lock and advisory: cancel waits for the buffer to let the row go.
+        std::thread::sleep(Duration::from_millis(300));
+        d.ack().unwrap();
+        sub.shutdown(Duration::from_secs(5)).unwrap();
+        assert!(cancel.join().unwrap().unwrap(), "cancel said false");
+    }
+    let next_sub = subscribe(&l, &t);
+    assert!(
+        next_sub
+            .next_delivery_timeout(Duration::from_secs(3))
+            .is_err(),
+        "the handed-back cancelled job ran"
+    );
+    match l.broker.job(&t, ahead).unwrap() {
+        Some(j) => {
+            assert_eq!(form, Form::Lease, "{j:?}");
+            assert_eq!(
+                (j.state(), j.dead_reason()),
+                (JobState::Dead, Some("cancelled"))
+            );
+        }
+        None => assert_ne!(form, Form::Lease, "the lease form keeps the cancelled row"),
+    }
+    next_sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_holds_for_a_row_handed_back);
+
+/// A row whose cancel was requested while a claim held it, and whose holder never settled
+/// (its process died: the lease expired, the key's session ended), is never delivered by
+/// the next claim: the claim ends it as cancelled. The mark is written by hand here, as a
+/// cancel of the held row wrote it, and the lease cleared, as its expiry would.
+///
+/// Fails (`a claim delivered a cancelled job`) when claims ignore the mark (tried: `sort`
+/// without the `cancel_requested` branch).
+fn a_claim_never_runs_a_cancelled_row(l: &Live, form: Form) {
+    let t = l.table(form, Duration::from_secs(30));
+    let marked = l.broker.publish(&t, msg("cancelled", "a")).unwrap();
+    let lease = if form == Form::Lease {
+        ", locked_until = NULL, attempts = 1"
+    } else {
+        ""
+    };
+    l.exec(&format!(
+        "UPDATE {} SET cancel_requested = 1{lease} WHERE id = {marked}",
+        t.name()
+    ));
+    let plain = l.broker.publish(&t, msg("plain", "b")).unwrap();
+    let sub = subscribe(l, &t);
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), plain, "a claim delivered a cancelled job");
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_secs(2)).is_err(),
+        "a claim delivered a cancelled job"
+    );
+    assert!(
+        wait_for(WAIT, || l
+            .broker
+            .job(&t, marked)
+            .unwrap()
+            .is_some_and(|j| j.state() == JobState::Dead)),
+        "the cancelled row was not ended"
+    );
+    let j = l.broker.job(&t, marked).unwrap().unwrap();
+    assert_eq!(j.dead_reason(), Some("cancelled"));
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+mod a_claim_never_runs_a_cancelled_row {
+    use super::*;
+    fn run(db: Db, form: Form) {
+        if let Some(l) = live(db) {
+            super::a_claim_never_runs_a_cancelled_row(&l, form);
+        }
+    }
+    #[test]
+    fn sqlite_lease() {
+        run(Db::Sqlite, Form::Lease)
+    }
+    #[test]
+    fn sqlite_advisory() {
+        run(Db::Sqlite, Form::AdvisoryLock)
+    }
+    #[test]
+    fn postgres_lease() {
+        run(Db::Postgres, Form::Lease)
+    }
+    #[test]
+    fn postgres_advisory() {
+        run(Db::Postgres, Form::AdvisoryLock)
+    }
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_lease() {
+        run(Db::Mysql, Form::Lease)
+    }
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_advisory() {
+        run(Db::Mysql, Form::AdvisoryLock)
+    }
+}

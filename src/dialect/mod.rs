@@ -245,8 +245,12 @@ pub(crate) struct RegistrySql {
     pub upsert: &'static str,
     /// `(name, format, description, now)`: records a description unless the table has one.
     pub insert_new: &'static str,
-    /// `(name)` -> `format, description, paused` of the table's record.
+    /// `(name)` -> `format, description, paused, updated_at` of the table's record.
     pub read: &'static str,
+    /// `(format, description, now, name, stale description, stale updated_at)`: replaces a
+    /// record left by a dropped table, only if it is still exactly the one read (a creator
+    /// of the new table that replaced it first wins; see [`crate::registry`]).
+    pub replace_stale: &'static str,
     /// `(name)` -> `paused` of the table's record (a subscription's pause check).
     pub paused: &'static str,
     /// `()` -> `name, format, description, paused` of every record, by name.

@@ -92,9 +92,11 @@ impl Syntax {
         (self.param)(n)
     }
 
-    /// `id, attempts, payload, <user columns>, run_at`, each prefixed by `prefix` (an alias and
-    /// a dot, or nothing): a claimed row, its due time last (the queue wait it measures, and
-    /// the PostgreSQL lease claim's cursor).
+    /// `id, attempts, payload, <user columns>[, cancel_requested], run_at`, each prefixed by
+    /// `prefix` (an alias and a dot, or nothing): a claimed row, its due time last (the queue
+    /// wait it measures, and the PostgreSQL lease claim's cursor). The lease and advisory
+    /// forms read the cancel request too: a claim that finds one ends the row instead of
+    /// running it ([`Claimed::cancel_requested`](crate::form::Claimed::cancel_requested)).
     pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
         let mut s = format!(
             "{prefix}{}, {prefix}{}, {prefix}{}",
@@ -104,6 +106,9 @@ impl Syntax {
         );
         for c in &spec.columns {
             s.push_str(&format!(", {prefix}{}", self.q(&c.name)));
+        }
+        if spec.form != Form::RowLock {
+            s.push_str(&format!(", {prefix}{}", self.q(&spec.cancel_requested)));
         }
         s.push_str(&format!(", {prefix}{}", self.q(&spec.run_at)));
         s
@@ -649,8 +654,10 @@ impl Syntax {
                     p(5),
                     p(6)
                 );
+                // A row handed back whose cancel was requested meanwhile ends as cancelled, as
+                // its retry would: no other claim runs it.
                 sql.unclaim = format!(
-                    "UPDATE {t} SET {lu} = NULL, {att} = {att} - 1 WHERE {id} = {} AND {lu} = {}",
+                    "UPDATE {t} SET {lu} = NULL, {att} = {att} - 1, {cancelled} WHERE {id} = {} AND {lu} = {}",
                     p(1),
                     p(2)
                 );
@@ -674,7 +681,10 @@ impl Syntax {
                     p(2),
                     p(5)
                 );
-                sql.unclaim = format!("UPDATE {t} SET {att} = {att} - 1 WHERE {id} = {}", p(1));
+                sql.unclaim = format!(
+                    "UPDATE {t} SET {att} = {att} - 1, {cancelled} WHERE {id} = {}",
+                    p(1)
+                );
             }
         }
         self.cancel_statements(spec, sql);

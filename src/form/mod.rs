@@ -29,12 +29,19 @@ pub(crate) struct Claimed {
     /// Why a value of the row could not be read: the row is dead-lettered with this reason
     /// instead of delivered (its attempt is counted; it would fail every claim again).
     pub unreadable: Option<String>,
+    /// Lease and advisory forms: [`Broker::cancel`](crate::Broker::cancel) marked the row
+    /// while an earlier claim held it (a process that died with it, or a delivery handed
+    /// back). The claim ends it as cancelled instead of delivering it: a cancel that said the
+    /// job will not run again holds whatever became of the claim it marked.
+    pub cancel_requested: bool,
 }
 
 impl Claimed {
     /// A claimed row from its columns; `unreadable` is what the connection reported for it.
     pub fn new(row: Vec<Value>, hold: Hold, unreadable: Option<String>) -> Result<Self, DbError> {
-        let (id, attempt, payload, values, due) = split_row(row)?;
+        // The lease and advisory forms' rows carry the cancel request before the due time.
+        let flagged = !matches!(hold, Hold::RowLock(_));
+        let (id, attempt, payload, values, cancel_requested, due) = split_row(row, flagged)?;
         Ok(Claimed {
             id,
             attempt,
@@ -43,6 +50,7 @@ impl Claimed {
             due,
             hold,
             unreadable,
+            cancel_requested,
         })
     }
 }
@@ -221,18 +229,20 @@ pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     ctx.queue.wake.notify(1);
 }
 
-/// A claimed row's parts: id, attempts, payload, user columns, due time.
-type RowParts = (i64, u32, Vec<u8>, Vec<Value>, Option<SystemTime>);
+/// A claimed row's parts: id, attempts, payload, user columns, cancel request, due time.
+type RowParts = (i64, u32, Vec<u8>, Vec<Value>, bool, Option<SystemTime>);
 
-/// Splits a claimed row (`id, attempts, payload, user columns, run_at`).
-fn split_row(mut row: Vec<Value>) -> Result<RowParts, DbError> {
-    if row.len() <= ROW_USER_COLUMNS {
+/// Splits a claimed row (`id, attempts, payload, user columns[, cancel_requested], run_at`;
+/// `flagged`: with the cancel request).
+fn split_row(mut row: Vec<Value>, flagged: bool) -> Result<RowParts, DbError> {
+    if row.len() <= ROW_USER_COLUMNS + usize::from(flagged) {
         return Err(DbError::other(format!(
             "a claimed row has {} columns",
             row.len()
         )));
     }
     let due = row.pop().and_then(|v| v.as_time());
+    let cancel_requested = flagged && row.pop().and_then(|v| v.as_i64()).is_some_and(|v| v != 0);
     let mut it = row.into_iter();
     let id = it
         .next()
@@ -245,6 +255,7 @@ fn split_row(mut row: Vec<Value>) -> Result<RowParts, DbError> {
         attempts.clamp(0, u32::MAX as i64) as u32,
         payload,
         it.collect(),
+        cancel_requested,
         due,
     ))
 }

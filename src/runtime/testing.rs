@@ -52,6 +52,7 @@ static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
     upsert: "registry upsert",
     insert_new: "registry insert",
     read: "registry read",
+    replace_stale: "registry replace stale",
     paused: "paused",
     list: "registry list",
     set_paused: "registry set paused",
@@ -118,6 +119,8 @@ impl Dialect for Scripted {
                     Value::Int(id),
                     Value::Int(1),
                     Value::Bytes(Vec::new()),
+                    // The cancel request (lease rows carry it before the due time).
+                    Value::Int(0),
                     Value::Time(SystemTime::UNIX_EPOCH),
                 ]
             })

@@ -232,6 +232,12 @@ impl Table {
     pub(crate) fn locked_until_column(&self) -> String {
         self.role_name(Role::LockedUntil)
     }
+
+    /// The column that holds a cancel request (lease and advisory tables), under its role
+    /// name.
+    pub(crate) fn cancel_requested_column(&self) -> String {
+        self.role_name(Role::CancelRequested)
+    }
 }
 
 #[cfg(test)]

@@ -95,8 +95,11 @@ fn values_survive_the_columns() {
     let id = insert(&mut *c, &sql, &vals);
     let row = &c.query(&sql.fetch, &[Value::Int(id)]).unwrap()[0];
     assert_eq!(row[..3], [Value::Int(id), Value::Int(0), vals[0].clone()]);
-    // The user columns, then the due time (last, `row_columns`).
-    assert_eq!(row[3..], [&vals[2..], &vals[1..2]].concat()[..]);
+    // The user columns, the cancel request, then the due time (last, `row_columns`).
+    assert_eq!(
+        row[3..],
+        [&vals[2..], &[Value::Int(0)], &vals[1..2]].concat()[..]
+    );
     let nulls = insert(
         &mut *c,
         &sql,
@@ -118,6 +121,7 @@ fn values_survive_the_columns() {
             Value::Null,
             Value::Null,
             Value::Null,
+            Value::Int(0),
             Value::Time(due),
         ]
     );
@@ -315,6 +319,7 @@ fn advisory_keys_are_per_session_and_take_fetches() {
             Value::Int(1),
             Value::Bytes(b"p".to_vec()),
             Value::Text("k1".into()),
+            Value::Int(0),
             Value::Time(now),
         ]
     );

@@ -20,7 +20,9 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
              updated_at = VALUES(updated_at)",
     insert_new: "INSERT IGNORE INTO sqlbroker_tables (name, format, description, updated_at) \
                  VALUES (?, ?, ?, ?)",
-    read: "SELECT format, description, paused FROM sqlbroker_tables WHERE name = ?",
+    read: "SELECT format, description, paused, updated_at FROM sqlbroker_tables WHERE name = ?",
+    replace_stale: "UPDATE sqlbroker_tables SET format = ?, description = ?, updated_at = ? \
+                    WHERE name = ? AND description = ? AND updated_at = ?",
     paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?",

@@ -677,7 +677,7 @@ mod tests {
         assert_eq!(sql.begin, ["START TRANSACTION"]);
         assert_eq!(
             sql.claim,
-            "SELECT `id`, `attempts`, `payload`, `n`, `run_at` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
+            "SELECT `id`, `attempts`, `payload`, `n`, `cancel_requested`, `run_at` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(sql.lease_marks.len(), 11);
@@ -704,7 +704,7 @@ mod tests {
         );
         assert_eq!(
             sql.unclaim,
-            "UPDATE `thumbs` SET `locked_until` = NULL, `attempts` = `attempts` - 1 WHERE `id` = ? AND `locked_until` = ?"
+            "UPDATE `thumbs` SET `locked_until` = NULL, `attempts` = `attempts` - 1, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ? AND `locked_until` = ?"
         );
         assert_eq!(
             sql.dead_requeue,
@@ -800,7 +800,7 @@ mod tests {
         );
         assert_eq!(
             sql.fetch,
-            "SELECT `id`, `attempts`, `payload`, `account`, `run_at` FROM `payments` WHERE `id` = ?"
+            "SELECT `id`, `attempts`, `payload`, `account`, `cancel_requested`, `run_at` FROM `payments` WHERE `id` = ?"
         );
         assert_eq!(sql.ack, "DELETE FROM `payments` WHERE `id` = ?");
         assert_eq!(
@@ -941,7 +941,7 @@ mod tests {
         assert_eq!(
             f.lock_many[1],
             format!(
-                "SELECT `id`, `attempts`, `payload`, `customer`, `run_at` FROM `orders` WHERE `id` IN (?, ?) AND \
+                "SELECT `id`, `attempts`, `payload`, `customer`, `cancel_requested`, `run_at` FROM `orders` WHERE `id` IN (?, ?) AND \
                  `dead_at` IS NULL AND `run_at` <= ? AND {free} ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );

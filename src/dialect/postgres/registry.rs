@@ -16,7 +16,9 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
              updated_at = excluded.updated_at",
     insert_new: "INSERT INTO sqlbroker_tables (name, format, description, updated_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
-    read: "SELECT format, description, paused FROM sqlbroker_tables WHERE name = $1",
+    read: "SELECT format, description, paused, updated_at FROM sqlbroker_tables WHERE name = $1",
+    replace_stale: "UPDATE sqlbroker_tables SET format = $1, description = $2, updated_at = $3 \
+                    WHERE name = $4 AND description = $5 AND updated_at = $6",
     paused: "SELECT paused FROM sqlbroker_tables WHERE name = $1",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = $1, updated_at = $2 WHERE name = $3",

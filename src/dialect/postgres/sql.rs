@@ -373,7 +373,7 @@ mod tests {
             "UPDATE \"thumbs\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
              WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
-             FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"run_at\""
+             FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"cancel_requested\", q.\"run_at\""
         );
         // The cursor's claim: the same, from after `(run_at, id)` in the ready index's order.
         assert_eq!(
@@ -383,7 +383,7 @@ mod tests {
                  WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= $1) AND (\"run_at\", \"id\") > ($4, $5) \
                  ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
-                 FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"run_at\""
+                 FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"cancel_requested\", q.\"run_at\""
             )
         );
         // Priorities and FIFO groups: claims read from the head.
@@ -395,7 +395,7 @@ mod tests {
         assert_eq!(prio.claim_from, None);
         assert!(prio
             .claim
-            .ends_with("RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"run_at\""));
+            .ends_with("RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"cancel_requested\", q.\"run_at\""));
         let fifo = compile(
             Table::new("thumbs")
                 .lease(Duration::from_secs(30))
@@ -407,7 +407,7 @@ mod tests {
             sql.ack,
             "DELETE FROM \"thumbs\" WHERE \"id\" = $1 AND \"locked_until\" = $2"
         );
-        assert_eq!(sql.unclaim, "UPDATE \"thumbs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = $1 AND \"locked_until\" = $2");
+        assert_eq!(sql.unclaim, "UPDATE \"thumbs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN date_trunc('second', statement_timestamp()) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = $1 AND \"locked_until\" = $2");
         let ready = "\"dead_at\" IS NULL AND \"run_at\" <= $1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $1)";
         assert_eq!(
             sql.stats,
@@ -455,7 +455,7 @@ mod tests {
         assert_eq!(
             sql.take,
             "UPDATE \"payments\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
-             AND \"id\" = $2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"run_at\""
+             AND \"id\" = $2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"cancel_requested\", \"run_at\""
         );
         assert_eq!(
             sql.claim_after,
@@ -585,7 +585,7 @@ mod tests {
                 "WITH r AS (SELECT \"id\" FROM \"orders\" q WHERE \"id\" IN ($3, $4) AND \"dead_at\" IS NULL \
                  AND \"run_at\" <= $1 AND {free} AND {older} AND {leased} FOR UPDATE SKIP LOCKED) \
                  UPDATE \"orders\" AS u SET \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
-                 WHERE u.\"id\" = r.\"id\" RETURNING u.\"id\", u.\"attempts\", u.\"payload\", u.\"customer\", u.\"run_at\""
+                 WHERE u.\"id\" = r.\"id\" RETURNING u.\"id\", u.\"attempts\", u.\"payload\", u.\"customer\", u.\"cancel_requested\", u.\"run_at\""
             )
         );
         assert!(compile(Table::new("x").lease(Duration::from_secs(1)))

@@ -250,7 +250,7 @@ mod tests {
             "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
              (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0) \
-             RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"run_at\""
+             RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"cancel_requested\", \"run_at\""
         );
         assert_eq!(
             sql.claim_one.as_deref(),
@@ -258,7 +258,7 @@ mod tests {
                 "UPDATE \"jobs\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
                  (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0) \
-                 RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"run_at\""
+                 RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"cancel_requested\", \"run_at\""
             )
         );
         assert_eq!(
@@ -278,7 +278,7 @@ mod tests {
             sql.extend,
             "UPDATE \"jobs\" SET \"locked_until\" = ?1 WHERE \"id\" = ?2 AND \"locked_until\" = ?3"
         );
-        assert_eq!(sql.unclaim, "UPDATE \"jobs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1 WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
+        assert_eq!(sql.unclaim, "UPDATE \"jobs\" SET \"locked_until\" = NULL, \"attempts\" = \"attempts\" - 1, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN CAST(strftime('%s', 'now') AS INTEGER) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = ?1 AND \"locked_until\" = ?2");
         assert_eq!(
             sql.insert_one,
             "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\") VALUES (?1, ?2, ?3)"
@@ -346,7 +346,7 @@ mod tests {
         assert_eq!(
             sql.take,
             "UPDATE \"pay\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 \
-             AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"run_at\""
+             AND \"id\" = ?2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"cancel_requested\", \"run_at\""
         );
         assert_eq!(
             sql.retry,
@@ -424,7 +424,7 @@ mod tests {
              (SELECT 1 FROM \"orders\" p WHERE p.\"customer\" = q.\"customer\" AND p.\"dead_at\" IS NULL AND \
              p.\"locked_until\" > ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0";
         let set = "UPDATE \"orders\" SET \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\"";
-        let row = "RETURNING \"id\", \"attempts\", \"payload\", \"customer\", \"run_at\"";
+        let row = "RETURNING \"id\", \"attempts\", \"payload\", \"customer\", \"cancel_requested\", \"run_at\"";
         assert_eq!(sql.claim, format!("{set} IN ({candidates}) {row}"));
         assert_eq!(sql.claim_one, Some(format!("{set} = ({candidates}) {row}")));
     }
