@@ -836,8 +836,8 @@ per_db!(stored_text_is_printed_escaped);
 /// which needs a record) says the file does not exist, exit 1, and makes no file; only
 /// `create-table` and `migrate` make one.
 ///
-/// Fails (`made typo.db`) when the tool opens the path as it is (tried: `status` made the file
-/// and printed nothing, exit 0).
+/// Fails (the exit code: `left: Some(0)` for `status`) when the tool opens the path as it is
+/// (tried: `status` made the file and printed nothing, exit 0); `made typo.db` guards the rest.
 #[test]
 fn a_missing_sqlite_file_is_refused_not_made() {
     let dir = std::env::temp_dir()
