@@ -614,6 +614,14 @@ mod tests {
         assert_eq!(preview(b"a\nb\xff"), "a\\nb\u{fffd}");
         assert_eq!(preview("x".repeat(70).as_bytes()).len(), PREVIEW + 3);
         assert_eq!(
+            escape("\x1b]0;t\x07\r\n\u{202e}\u{2028}\u{85}\x7f ok"),
+            "\\u{1b}]0;t\\u{7}\\r\\n\\u{202e}\\u{2028}\\u{85}\\u{7f} ok"
+        );
+        assert_eq!(
+            json(&["\x1b\u{7f}\u{9b}\u{202e}\u{2066}\u{2029}é"]),
+            r#"["\u001b\u007f\u009b\u202e\u2066\u2029é"]"#
+        );
+        assert_eq!(
             columns(&[
                 vec!["A".into(), "BB".into(), "C".into()],
                 vec!["long".into(), "x".into(), "".into()]
