@@ -350,7 +350,7 @@ fn create_publish_and_dead_letters(db: Db) {
 
     // requeue by id: live again, attempts reset; a second time finds no dead row: exit 1.
     let out = only(&["dead", "requeue", "--id", &dead.to_string()], "");
-    assert_eq!(out.trim(), "requeued 1 dead-lettered rows");
+    assert_eq!(out.trim(), "requeued 1 dead-lettered row");
     assert_eq!(
         l.rows_where(
             &table,
@@ -370,7 +370,7 @@ fn create_publish_and_dead_letters(db: Db) {
     // purge --all: the dead rows go, the live ones stay.
     kill_row(&l, &name, ids[3]);
     let out = only(&["dead", "purge", "--all"], "");
-    assert_eq!(out.trim(), "purged 1 dead-lettered rows");
+    assert_eq!(out.trim(), "purged 1 dead-lettered row");
     let left: Vec<i64> = l
         .ints(&format!(
             "SELECT id FROM {name} WHERE dead_at IS NULL ORDER BY id"
@@ -596,7 +596,7 @@ fn completed_list_and_prune(db: Db) {
     ));
     assert_eq!(
         ok_with(&["completed", "prune"], "").trim(),
-        "pruned 1 completed rows"
+        "pruned 1 completed row"
     );
     let left: Vec<i64> = l
         .ints(&format!(
@@ -748,3 +748,319 @@ fn job_cancel_and_last_errors(db: Db) {
     );
 }
 per_db!(job_cancel_and_last_errors);
+
+/// Text a remote party can write (a handler's error made of an SMTP reply, a payload, a text
+/// column): it sets the terminal title (OSC), forges a line (CR LF), reorders the line (a
+/// bidi override) and breaks it (U+2028, NEL), with DEL besides.
+const HOSTILE: &str = "\x1b]0;pwned\x07\r\nstate: completed\u{202e}x\u{2028}y\u{85}z\x7f";
+
+/// What must not reach the terminal raw: ESC, BEL, CR, DEL, and the UTF-8 of U+202E, U+2028,
+/// U+0085.
+fn assert_no_raw_controls(what: &str, out: &[u8]) {
+    let text = String::from_utf8_lossy(out);
+    for bad in [
+        "\x1b", "\x07", "\r", "\x7f", "\u{202e}", "\u{2028}", "\u{85}",
+    ] {
+        assert!(!text.contains(bad), "{what} prints {bad:?} raw: {text:?}");
+    }
+    assert!(
+        !text.lines().any(|l| l.trim() == "state: completed"),
+        "{what} prints a forged line: {text}"
+    );
+}
+
+/// `job`, `job --json`, `dead list` and `dead list --json` print stored text escaped: the
+/// last error, the dead reason, the payload and a text column holding [`HOSTILE`]; the JSON
+/// still reads back as the very text.
+///
+/// Fails (`job prints "\u{1b}" raw`) when `job` prints `last_error` as stored (tried), and
+/// (`job --json prints "\u{202e}" raw`) when JSON is serde_json's alone (tried).
+fn stored_text_is_printed_escaped(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli_esc");
+    let table = l.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let id = l
+        .broker
+        .publish(&table, common::msg(HOSTILE, HOSTILE))
+        .unwrap();
+    l.exec(&format!(
+        "UPDATE {name} SET last_error = '{HOSTILE}', dead_reason = '{HOSTILE}', errors = 1, \
+         dead_at = run_at WHERE id = {id}"
+    ));
+    let id = id.to_string();
+    let base = ["--table", name.as_str()];
+    for (what, args) in [
+        ("job", vec!["job", &id]),
+        ("job --json", vec!["job", &id, "--json"]),
+        ("dead list", vec!["dead", "list"]),
+        ("dead list --json", vec!["dead", "list", "--json"]),
+    ] {
+        let args: Vec<&str> = args.into_iter().chain(base).collect();
+        let o = run(Some(&url), &args, "");
+        assert_eq!(o.status.code(), Some(0), "{what}: {}", stderr(&o));
+        assert_no_raw_controls(what, &o.stdout);
+        assert_no_raw_controls(what, &o.stderr);
+        if what.ends_with("--json") {
+            let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+            let one = if json.is_array() { &json[0] } else { &json };
+            assert_eq!(one["last_error"], HOSTILE, "{json}");
+            assert_eq!(one["dead_reason"], HOSTILE, "{json}");
+            assert_eq!(one["payload"], HOSTILE, "{json}");
+            assert_eq!(one["values"]["k"], HOSTILE, "{json}");
+        } else {
+            // Escaped, not dropped: the text is there, as Rust writes escapes.
+            let text = stdout(&o);
+            assert!(
+                text.contains(r"\u{1b}]0;pwned\u{7}\r\nstate: completed\u{202e}x"),
+                "{text}"
+            );
+        }
+    }
+    // `job` on its own lines: one `state:` line, the job's own.
+    let o = run(Some(&url), &["job", &id, "--table", &name], "");
+    let states: Vec<&str> = std::str::from_utf8(&o.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("state:"))
+        .collect();
+    assert_eq!(states, ["state: dead"]);
+}
+per_db!(stored_text_is_printed_escaped);
+
+/// A mistyped SQLite path: every command that only reads (and the ones that act on a table,
+/// which needs a record) says the file does not exist, exit 1, and makes no file; only
+/// `create-table` and `migrate` make one.
+///
+/// Fails (the exit code: `left: Some(0)` for `status`) when the tool opens the path as it is
+/// (tried: `status` made the file and printed nothing, exit 0); `made typo.db` guards the rest.
+#[test]
+fn a_missing_sqlite_file_is_refused_not_made() {
+    let dir = std::env::temp_dir()
+        .join("sqlbroker-tests")
+        .join(unique("typo"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("typo.db");
+    let path = file.display().to_string();
+    for url in [
+        format!("sqlite:{path}"),
+        format!("sqlite://{path}"),
+        format!("SQLITE:{path}"),
+    ] {
+        for args in [
+            &["status"][..],
+            &["status", "--table", "jobs"],
+            &["job", "--table", "jobs", "1"],
+            &["dead", "list", "--table", "jobs"],
+            &["completed", "list", "--table", "jobs"],
+            &["cancel", "--table", "jobs", "1"],
+            &["pause", "--table", "jobs"],
+            &["publish", "--table", "jobs"],
+            &["schema", "--table", "jobs"],
+            &["schema", "--dialect", "sqlite", "--table", "jobs"],
+            &["dashboard", "--listen", "127.0.0.1:0"],
+        ] {
+            // A build without the dashboard refuses the command itself (exit 2).
+            if args[0] == "dashboard" && !cfg!(feature = "dashboard") {
+                continue;
+            }
+            let o = run_within(Some(&url), args, "", Duration::from_secs(20));
+            assert_eq!(o.status.code(), Some(1), "{url} {args:?}: {}", stderr(&o));
+            assert_eq!(
+                stderr(&o).lines().last().unwrap_or_default(),
+                format!(
+                    "sqlbroker: the SQLite database file {path} does not exist (check the path \
+                     in --url or DATABASE_URL; create-table or migrate makes a new one)"
+                ),
+                "{url} {args:?}"
+            );
+            assert!(!file.exists(), "{url} {args:?} made typo.db");
+        }
+    }
+    // In memory: nothing to look for.
+    let o = run(Some("sqlite::memory:"), &["status"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The commands that make tables make the file.
+    let url = format!("sqlite:{path}");
+    ok(
+        &url,
+        &["create-table", "--table", "jobs", "--lease", "30"],
+        "",
+    );
+    assert!(file.exists());
+    ok(&url, &["status"], "");
+    let other = dir.join("other.db");
+    ok(
+        &format!("sqlite:{}", other.display()),
+        &["migrate", "--table", "jobs", "--lease", "30"],
+        "",
+    );
+    assert!(other.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Durations as `humantime` spells them (and plain seconds), ids positionally or as `--id`
+/// alike, counts in the singular for one.
+///
+/// Fails (`--lease 30s`) when durations are parsed as integers (tried: "invalid digit"),
+/// (`dead requeue 17`) when only `--id` is taken, (`requeued 1 dead-lettered row`) with the
+/// old plural.
+fn durations_ids_and_counts(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cli_dur");
+    l.track(&name);
+    let t = ["--table", name.as_str()];
+    ok(
+        &url,
+        &[
+            &[
+                "create-table",
+                "--lease",
+                "1m 30s",
+                "--keep-completed",
+                "2h",
+            ][..],
+            &t,
+        ]
+        .concat(),
+        "",
+    );
+    let table = l.broker.open_table(&name).unwrap();
+    assert_eq!(
+        table,
+        Table::new(name.as_str())
+            .lease(Duration::from_secs(90))
+            .keep_completed(Duration::from_secs(7_200)),
+        "--lease 1m 30s, --keep-completed 2h"
+    );
+    // Plain seconds still work, and mean the same.
+    ok(
+        &url,
+        &[
+            &["status", "--lease", "90", "--keep-completed", "7200"][..],
+            &t,
+        ]
+        .concat(),
+        "",
+    );
+    let out = ok(
+        &url,
+        &[&["publish", "--delay", "10m"][..], &t].concat(),
+        "a\nb\nc\n",
+    );
+    assert_eq!(out.trim(), "published 3 messages");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&url, &[&["status", "--json"][..], &t].concat(), "")).unwrap();
+    assert_eq!(json[0]["scheduled"], 3, "--delay 10m: {json}");
+    let ids: Vec<i64> = l
+        .ints(&format!("SELECT id FROM {name} ORDER BY id"))
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    let [a, b, c] = [ids[0], ids[1], ids[2]].map(|i| i.to_string());
+    // job: positionally and as --id, the same; both at once is a usage error.
+    let positional = ok(&url, &[&["job", a.as_str()][..], &t].concat(), "");
+    let flag = ok(&url, &[&["job", "--id", a.as_str()][..], &t].concat(), "");
+    assert_eq!(positional, flag);
+    let o = run(
+        Some(&url),
+        &[&["job", a.as_str(), "--id", a.as_str()][..], &t].concat(),
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let out = ok(
+        &url,
+        &[&["cancel", "--id", c.as_str()][..], &t].concat(),
+        "",
+    );
+    assert_eq!(out.trim(), format!("cancelled job {c}"));
+    // dead requeue/purge: positionally, as --id, or both; one row is "1 ... row".
+    kill_row(&l, &name, ids[0]);
+    kill_row(&l, &name, ids[1]);
+    let out = ok(
+        &url,
+        &[&["dead", "requeue", a.as_str()][..], &t].concat(),
+        "",
+    );
+    assert_eq!(out.trim(), "requeued 1 dead-lettered row");
+    kill_row(&l, &name, ids[0]);
+    let out = ok(
+        &url,
+        &[&["dead", "purge", a.as_str(), "--id", b.as_str()][..], &t].concat(),
+        "",
+    );
+    assert_eq!(out.trim(), "purged 2 dead-lettered rows");
+    let o = run(
+        Some(&url),
+        &[&["dead", "list", "--json"][..], &t].concat(),
+        "",
+    );
+    assert_eq!(stdout(&o).trim(), "[]");
+    assert_eq!(stderr(&o).trim(), "0 dead-lettered rows listed");
+}
+per_db!(durations_ids_and_counts);
+
+/// Each cause of an error is told once: MySQL's driver error is not repeated in its
+/// `MySqlError { .. }` wrapping, PostgreSQL's server message is not followed by "db error".
+///
+/// Fails (`told once`) with the old chain (tried: "..: ERROR 1049 (42000): Unknown database
+/// 'nodb': MySqlError { ERROR 1049 (42000): Unknown database 'nodb' }").
+#[test]
+fn errors_tell_each_cause_once() {
+    for (db, told) in [
+        (Db::Mysql, "Unknown database"),
+        (Db::Postgres, "does not exist"),
+    ] {
+        let Some(l) = live(db) else { continue };
+        let missing = unique("nodb");
+        let url = match l.url.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{missing}"),
+            None => unreachable!("{}", l.url),
+        };
+        let o = run(Some(&url), &["status"], "");
+        assert_eq!(o.status.code(), Some(1));
+        let err = stderr(&o);
+        assert_eq!(err.matches(told).count(), 1, "{db:?}: told once: {err}");
+        assert!(err.contains(&missing), "{err}");
+        assert!(
+            !err.contains("MySqlError") && !err.contains("db error"),
+            "{err}"
+        );
+    }
+}
+
+/// `dashboard` in a build without the `dashboard` feature names the feature and how to build
+/// it, instead of clap's "unrecognized subcommand" (exit 2, a usage error). Run with
+/// `cargo test --no-default-features --features cli,sqlite --test cli dashboard_`.
+///
+/// Fails (`names the feature`) without the hidden subcommand (tried).
+#[cfg(not(feature = "dashboard"))]
+#[test]
+fn dashboard_without_the_feature_says_how_to_get_it() {
+    let o = run(
+        Some("sqlite::memory:"),
+        &["dashboard", "--listen", "127.0.0.1:0"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("built without the `dashboard` feature")
+            && err.contains("--features dashboard"),
+        "names the feature: {err}"
+    );
+}
+
+/// With the feature, `dashboard` is a command of its own (its help names its options).
+#[cfg(feature = "dashboard")]
+#[test]
+fn dashboard_with_the_feature_is_a_command() {
+    let o = run(None, &["dashboard", "--help"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("--listen"), "{}", stdout(&o));
+}

@@ -399,3 +399,143 @@ on_every_database!(
     printed_sql_makes_a_table_the_ddl_less_broker_uses,
     migrate_output_brings_an_older_table_up,
 );
+
+/// Runs the tool with no `DATABASE_URL`: (exit code, stdout, stderr).
+fn run_status(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sqlbroker");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The statements of a script, without its comments.
+fn statements(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .map(String::from)
+        .collect()
+}
+
+/// `schema --dialect D --table NAME` with a URL prints the recorded table's DDL (its columns,
+/// its form), in D's SQL, the server's own when D is the URL's database; with no URL and no
+/// flags it says, in the script and on stderr, that it prints a bare description; flags that
+/// disagree with the record are refused.
+///
+/// Fails (`the recorded table`) when `--dialect` ignores the URL and prints the bare row lock
+/// table (tried: the old `schema`), and (`says bare`) without the note.
+fn schema_with_a_dialect_prints_the_recorded_table(db: Db) {
+    let Some(live) = live(db) else { return };
+    let name = unique("nu_orders");
+    let recorded = live.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+            .dedup(),
+    );
+    let url = live.url.clone();
+    let own = dialect(&live);
+    let broker = Broker::builder(&url).manage_schema(false).build().unwrap();
+    let out = run(
+        BIN,
+        &["schema", "--url", &url, "--dialect", own, "--table", &name],
+        "",
+    );
+    let want: Vec<String> = broker
+        .create_table_sql(&recorded)
+        .unwrap()
+        .iter()
+        .map(|s| format!("{s};"))
+        .collect();
+    assert_eq!(statements(&out), want, "the recorded table: {out}");
+    assert!(
+        out.contains("-- The table as recorded in the database."),
+        "{out}"
+    );
+    // Another database's SQL of the same recorded table.
+    let other = if db == Db::Postgres {
+        "sqlite"
+    } else {
+        "postgres"
+    };
+    let out = run(
+        BIN,
+        &[
+            "schema",
+            "--url",
+            &url,
+            "--dialect",
+            other,
+            "--table",
+            &name,
+        ],
+        "",
+    );
+    let want: Vec<String> = recorded
+        .ddl(other.parse().unwrap())
+        .unwrap()
+        .iter()
+        .map(|s| format!("{s};"))
+        .collect();
+    assert_eq!(
+        statements(&out),
+        want,
+        "the recorded table in {other}: {out}"
+    );
+
+    // No URL, no flags: a bare description, said so.
+    let (code, out, err) = run_status(&["schema", "--dialect", own, "--table", &name]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap_or_default()
+            .contains("bare description"),
+        "says bare: {out}"
+    );
+    assert!(err.contains("bare description"), "says bare: {err}");
+    assert_eq!(
+        statements(&out),
+        Table::new(name.as_str())
+            .ddl(own.parse().unwrap())
+            .unwrap()
+            .iter()
+            .map(|s| format!("{s};"))
+            .collect::<Vec<_>>()
+    );
+    // No URL, flags: the flags' table, said so in the script, nothing on stderr.
+    let (code, out, err) = run_status(&[
+        "schema",
+        "--dialect",
+        own,
+        "--table",
+        &name,
+        "--lease",
+        "30",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("the table as the flags describe it, not as recorded"),
+        "{out}"
+    );
+    assert_eq!(err, "");
+    // A URL and flags that disagree with the record: refused.
+    let (code, _, err) = run_status(&[
+        "schema",
+        "--url",
+        &url,
+        "--dialect",
+        own,
+        "--table",
+        &name,
+        "--lease",
+        "30",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("recorded with another description"), "{err}");
+}
+per_db!(schema_with_a_dialect_prints_the_recorded_table);

@@ -1,6 +1,7 @@
 //! What each command does, on the library's public API only.
 
 use std::error::Error;
+use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -8,8 +9,8 @@ use serde::Serialize;
 use sqlbroker::{Broker, ColumnType, Message, QueueStats, Table, Value};
 
 use crate::{
-    Cli, Command, CompletedCommand, DeadCommand, DeadPick, NameArgs, PageArgs, PublishArgs,
-    StatusArgs,
+    Cli, Command, CompletedCommand, DeadCommand, DeadListArgs, DeadPick, NameArgs, PageArgs,
+    PublishArgs, StatusArgs,
 };
 
 #[cfg(feature = "dashboard")]
@@ -17,7 +18,7 @@ pub(crate) mod dashboard;
 mod jobs;
 pub(crate) mod schema;
 
-use jobs::{cancel, job};
+use jobs::{cancel, job, json_value};
 
 type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
 
@@ -28,6 +29,11 @@ const PUBLISH_BATCH: usize = 1_000;
 const PREVIEW: usize = 60;
 
 pub(crate) fn run(cli: &Cli, url: &str) -> Result {
+    // Only the commands that make tables may make the database file: to any other, a
+    // mistyped SQLite path would be an empty queue (the dashboard included).
+    if !matches!(cli.command, Command::CreateTable(_) | Command::Migrate(_)) {
+        existing_database(url)?;
+    }
     // `schema` may need no database: it connects, if at all, on its own.
     if let Command::Schema(args) = &cli.command {
         return schema::run(cli, url, args);
@@ -56,6 +62,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             if done.is_empty() {
                 say(format_args!("table {} is up to date\n", table.name()))
             } else {
+                let done: Vec<String> = done.iter().map(|d| escape(d)).collect();
                 say(format_args!("{}\n", done.join("\n")))
             }
         }
@@ -65,18 +72,52 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {
             let n = broker.prune_completed(&args.open(&broker)?)?;
-            say(format_args!("pruned {n} completed rows\n"))
+            say(format_args!("pruned {}\n", count(n, "completed row")))
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
         Command::Schema(_) => unreachable!("schema returned above"),
-        #[cfg(feature = "dashboard")]
-        Command::Dashboard(_) => unreachable!("served above"),
+        Command::Dashboard(_) => unreachable!("served above, or refused by main"),
     };
     match done {
         // A reader that went away (`| head`) is not a failure.
         Err(e) if is_broken_pipe(&*e) => Ok(()),
         r => r,
+    }
+}
+
+/// The SQLite database file a URL names, as the library reads it (`sqlite:PATH`,
+/// `sqlite://PATH`, the scheme in any case; the rest is the file's path, taken literally);
+/// `None` for an in-memory database or another database.
+fn sqlite_file(url: &str) -> Option<&str> {
+    let (scheme, rest) = url.split_once(':')?;
+    if !scheme.eq_ignore_ascii_case("sqlite") {
+        return None;
+    }
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    (!rest.is_empty() && rest != ":memory:").then_some(rest)
+}
+
+/// Refuses an SQLite URL whose file does not exist (opening it would create it, empty).
+fn existing_database(url: &str) -> Result {
+    match sqlite_file(url) {
+        Some(path) if !std::path::Path::new(path).exists() => Err(format!(
+            "the SQLite database file {} does not exist (check the path in --url or \
+             DATABASE_URL; create-table or migrate makes a new one)",
+            escape(path)
+        )
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// `n` and `what`, plural unless `n` is 1: "1 dead-lettered row", "2 dead-lettered rows".
+fn count(n: impl std::fmt::Display, what: &str) -> String {
+    let n = n.to_string();
+    if n == "1" {
+        format!("{n} {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 
@@ -118,8 +159,9 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         match broker.stats(table) {
             Ok(stats) => all.push((table, Ok(stats))),
             Err(e) if every => {
-                eprintln!("sqlbroker: {e}");
-                all.push((table, Err(e.to_string())));
+                let e = crate::chain(&e);
+                eprintln!("sqlbroker: {}", escape(&e));
+                all.push((table, Err(e)));
             }
             Err(e) => return Err(e.into()),
         }
@@ -142,7 +184,7 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         .to_vec()];
         let dash = || "-".to_string();
         for (table, stats) in &all {
-            let mut row = vec![table.name().to_string(), table.form().name().to_string()];
+            let mut row = vec![escape(table.name()), table.form().name().to_string()];
             row.extend(match stats {
                 Ok(s) => [
                     s.ready.to_string(),
@@ -199,15 +241,77 @@ fn status_json(all: &[(&Table, std::result::Result<QueueStats, String>)]) -> Str
             }
         })
         .collect();
-    // Strings, numbers and nulls always serialise.
-    let json = serde_json::to_string(&objects).unwrap_or_default();
-    format!("{json}\n")
+    format!("{}\n", json(&objects))
 }
 
-fn dead_list(broker: &Broker, args: &PageArgs) -> Result {
+/// Compact JSON that is safe on a terminal: serde_json escapes C0 controls, and this also
+/// escapes what it leaves raw, DEL, C1 controls, bidi overrides and U+2028/U+2029, as
+/// `\uXXXX`. Outside strings compact JSON is ASCII punctuation, so every such character is
+/// inside a string, where the escape means the same character.
+pub(crate) fn json(value: &impl Serialize) -> String {
+    // Strings, numbers, nulls and maps with string keys always serialise.
+    let text = serde_json::to_string(value).unwrap_or_default();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if unsafe_char(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One row of `dead list --json`: the fields of `job --json` a dead letter has.
+#[derive(Serialize)]
+struct DeadJson<'a> {
+    table: &'a str,
+    id: i64,
+    attempts: u32,
+    errors: u32,
+    last_error: Option<&'a str>,
+    dead_reason: &'a str,
+    dead_at: String,
+    payload: String,
+    values: serde_json::Map<String, serde_json::Value>,
+}
+
+fn dead_list(broker: &Broker, args: &DeadListArgs) -> Result {
+    let DeadListArgs {
+        page: args,
+        json: as_json,
+    } = args;
     let table = args.table.open(broker)?;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let page = broker.dead_letters_after(&table, args.after, limit)?;
+    if *as_json {
+        let rows: Vec<DeadJson<'_>> = page
+            .iter()
+            .map(|d| DeadJson {
+                table: table.name(),
+                id: d.id,
+                attempts: d.attempts,
+                errors: d.errors,
+                last_error: d.last_error(),
+                dead_reason: &d.reason,
+                dead_at: utc(d.dead_at),
+                payload: String::from_utf8_lossy(&d.payload).into_owned(),
+                values: d
+                    .values
+                    .iter()
+                    .map(|(c, v)| (c.clone(), json_value(v)))
+                    .collect(),
+            })
+            .collect();
+        say(format_args!("{}\n", json(&rows)))?;
+        page_end(
+            page.len(),
+            limit,
+            page.last().map(|d| d.id),
+            "dead-lettered",
+        );
+        return Ok(());
+    }
     let mut rows = vec![[
         "ID",
         "ATTEMPTS",
@@ -264,7 +368,7 @@ fn completed_list(broker: &Broker, args: &PageArgs) -> Result {
 fn page_end(listed: usize, limit: usize, last: Option<i64>, what: &str) {
     match last {
         Some(last) if listed == limit => eprintln!("more rows may follow: --after {last}"),
-        _ => eprintln!("{listed} {what} rows listed"),
+        _ => eprintln!("{} listed", count(listed, &format!("{what} row"))),
     }
 }
 
@@ -285,11 +389,11 @@ fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
             Pick::Requeue => broker.requeue_all_dead(&table)?,
             Pick::Purge => broker.purge_all_dead(&table)?,
         };
-        return say(format_args!("{verb} {n} dead-lettered rows\n"));
+        return say(format_args!("{verb} {}\n", count(n, "dead-lettered row")));
     }
     let mut missing = Vec::new();
     let mut done = 0;
-    for &id in &args.ids {
+    for id in args.ids() {
         let found = match pick {
             Pick::Requeue => broker.requeue_dead(&table, id)?,
             Pick::Purge => broker.purge_dead(&table, id)?,
@@ -300,7 +404,10 @@ fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
             missing.push(id.to_string());
         }
     }
-    say(format_args!("{verb} {done} dead-lettered rows\n"))?;
+    say(format_args!(
+        "{verb} {}\n",
+        count(done, "dead-lettered row")
+    ))?;
     if missing.is_empty() {
         Ok(())
     } else {
@@ -330,8 +437,8 @@ fn publish(broker: &Broker, args: &PublishArgs) -> Result {
         for (c, v) in &values {
             m = m.set(c.clone(), v.clone());
         }
-        if let Some(secs) = args.delay {
-            m = m.deliver_after(Duration::from_secs(secs));
+        if let Some(delay) = args.delay {
+            m = m.deliver_after(delay);
         }
         m
     };
@@ -418,9 +525,9 @@ fn columns(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// Bytes as text on one line: invalid UTF-8 replaced, control characters escaped, cut at
+/// Bytes as text on one line: invalid UTF-8 replaced, escaped as [`escape`] does, cut at
 /// [`PREVIEW`] characters.
-fn preview(bytes: &[u8]) -> String {
+pub(crate) fn preview(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let mut out = String::new();
     for (n, c) in text.chars().enumerate() {
@@ -428,13 +535,40 @@ fn preview(bytes: &[u8]) -> String {
             out.push_str("...");
             break;
         }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+        push_escaped(&mut out, c);
     }
     out
+}
+
+/// Stored text made safe to print on a terminal, on one line: control characters (C0, DEL,
+/// C1: ESC starts the sequences that set a title or erase lines, CR and LF forge lines), bidi
+/// overrides and isolates (which reorder what follows) and the line and paragraph separators
+/// U+2028/U+2029 are written as Rust escapes (`\u{1b}`, `\r`, `\n`, `\u{202e}`). Every
+/// command prints stored text (errors, reasons, payloads, values, names) through this.
+pub(crate) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        push_escaped(&mut out, c);
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    if unsafe_char(c) {
+        out.extend(c.escape_default());
+    } else {
+        out.push(c);
+    }
+}
+
+/// A character a terminal acts on or that reorders or breaks the line: see [`escape`].
+fn unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+                | '\u{2028}' | '\u{2029}'
+        )
 }
 
 /// `3s`, `2m05s`, `1h02m03s`, `3d04h`.
@@ -479,6 +613,14 @@ mod tests {
         assert_eq!(age(Duration::from_secs(273_600)), "3d04h");
         assert_eq!(preview(b"a\nb\xff"), "a\\nb\u{fffd}");
         assert_eq!(preview("x".repeat(70).as_bytes()).len(), PREVIEW + 3);
+        assert_eq!(
+            escape("\x1b]0;t\x07\r\n\u{202e}\u{2028}\u{85}\x7f ok"),
+            "\\u{1b}]0;t\\u{7}\\r\\n\\u{202e}\\u{2028}\\u{85}\\u{7f} ok"
+        );
+        assert_eq!(
+            json(&["\x1b\u{7f}\u{9b}\u{202e}\u{2066}\u{2029}é"]),
+            r#"["\u001b\u007f\u009b\u202e\u2066\u2029é"]"#
+        );
         assert_eq!(
             columns(&[
                 vec!["A".into(), "BB".into(), "C".into()],

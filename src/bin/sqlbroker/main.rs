@@ -1,20 +1,22 @@
 //! `sqlbroker`: the operator's command line tool (cargo feature `cli`).
 //!
 //! ```text
-//! sqlbroker create-table --table jobs --lease 30 --column kind
+//! sqlbroker create-table --table jobs --lease 30s --column kind
 //! sqlbroker --url postgres://postgres@127.0.0.1/app status
 //! sqlbroker status --table jobs --json
 //! sqlbroker pause --table jobs
 //! sqlbroker resume --table jobs
 //! sqlbroker dead list --table jobs --limit 20
-//! sqlbroker dead requeue --table jobs --id 17 --id 18
+//! sqlbroker dead list --table jobs --json
+//! sqlbroker dead requeue --table jobs 17 18       # or --id 17 --id 18
 //! sqlbroker dead purge --table jobs --all
 //! sqlbroker completed prune --table jobs
 //! printf 'a\nb\n' | sqlbroker publish --table jobs --set kind=import
-//! sqlbroker job --table jobs 17 --json
+//! sqlbroker job --table jobs 17 --json            # or --id 17
 //! sqlbroker cancel --table jobs 17
 //! sqlbroker schema --dialect postgres --table jobs --lease 30 --dedup > V1__jobs.sql
 //! sqlbroker schema --table jobs --lease 30 --dedup --priorities --migrate > V2__jobs.sql
+//! sqlbroker --url sqlite:app.db schema --table jobs   # the recorded table's DDL
 //! sqlbroker dashboard --listen 127.0.0.1:8640      # cargo feature `dashboard`
 //! ```
 //!
@@ -25,6 +27,13 @@
 //! its description from there (`Broker::open_table`). Those flags are still accepted by the
 //! other commands: the description they make is checked against the record, and refused if
 //! it differs. `status` with no `--table` lists every recorded table.
+//!
+//! Durations (`--lease`, `--keep-completed`, `--delay`, `--connect-timeout`) are whole
+//! seconds (`30`) or as `humantime` spells them (`30s`, `1m 30s`, `2h`). An id is given
+//! positionally or as `--id` alike. Only `create-table` and `migrate` create an SQLite
+//! database file; every other command refuses a file that does not exist (a mistyped path
+//! would otherwise be an empty queue). Stored text (errors, reasons, payloads, values) is
+//! printed with control characters, bidi overrides and line separators escaped, in JSON too.
 //!
 //! Exit codes: 0 done; 1 the operation failed (database, connection, a row not found);
 //! 2 usage (a bad or missing argument). Errors are printed as `sqlbroker: <error>` on stderr.
@@ -49,8 +58,10 @@ struct Cli {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     url: Option<String>,
 
-    /// Seconds to wait for a database connection before giving up.
-    #[arg(long, value_name = "SECS", default_value_t = 10, global = true)]
+    /// How long to wait for a database connection before giving up: seconds (10) or a
+    /// duration (10s, 1m), rounded up to whole seconds.
+    #[arg(long, value_name = "DURATION", default_value_t = 10, global = true,
+          value_parser = parse_secs)]
     connect_timeout: u64,
 
     #[command(subcommand)]
@@ -96,6 +107,44 @@ enum Command {
     /// Prometheus `/metrics` page (cargo feature `dashboard`).
     #[cfg(feature = "dashboard")]
     Dashboard(commands::dashboard::DashboardArgs),
+    /// Built without the `dashboard` feature: says so instead of "unrecognized subcommand".
+    #[cfg(not(feature = "dashboard"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Dashboard(NoDashboard),
+}
+
+/// Whatever `dashboard` was given, in a build without the feature.
+#[cfg(not(feature = "dashboard"))]
+#[derive(Debug, Args)]
+struct NoDashboard {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _rest: Vec<String>,
+}
+
+/// What a build without the `dashboard` feature says to `sqlbroker dashboard`.
+#[cfg(not(feature = "dashboard"))]
+const NO_DASHBOARD: &str = "this sqlbroker was built without the `dashboard` feature; \
+    build it with `cargo install sqlbroker --features dashboard` \
+    (or `cargo run --features dashboard --bin sqlbroker -- dashboard`)";
+
+/// A job's id: positionally (`job --table jobs 17`) or as `--id 17`, not both.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("job_id").required(true).args(["id", "id_flag"])))]
+struct JobId {
+    /// The job's id (or --id ID).
+    #[arg(value_name = "ID")]
+    id: Option<i64>,
+
+    /// The job's id, as an option.
+    #[arg(long = "id", id = "id_flag", value_name = "ID")]
+    id_flag: Option<i64>,
+}
+
+impl JobId {
+    fn get(&self) -> i64 {
+        // clap requires exactly one of the two.
+        self.id.or(self.id_flag).unwrap_or_default()
+    }
 }
 
 /// A job of a table, by id.
@@ -104,8 +153,8 @@ struct JobArgs {
     #[command(flatten)]
     table: TableArgs,
 
-    /// The job's id.
-    id: i64,
+    #[command(flatten)]
+    id: JobId,
 
     /// Print JSON (one object) instead of text.
     #[arg(long)]
@@ -118,8 +167,8 @@ struct CancelArgs {
     #[command(flatten)]
     table: TableArgs,
 
-    /// The job's id.
-    id: i64,
+    #[command(flatten)]
+    id: JobId,
 }
 
 /// A recorded table, by name.
@@ -133,7 +182,7 @@ struct NameArgs {
 #[derive(Debug, Subcommand)]
 enum DeadCommand {
     /// List dead-lettered rows by id, one page at a time.
-    List(PageArgs),
+    List(DeadListArgs),
     /// Put dead-lettered rows back in the queue: due now, attempts reset.
     Requeue(DeadPick),
     /// Delete dead-lettered rows (a live row is never deleted).
@@ -151,9 +200,11 @@ enum CompletedCommand {
 /// How the table is described: the flags mirror the library's `Table` builder.
 #[derive(Debug, Clone, Args)]
 struct Description {
-    /// Lease form: the lease in whole seconds (the table has a locked_until column).
-    #[arg(long, value_name = "SECS", conflicts_with = "advisory_lock")]
-    lease: Option<u64>,
+    /// Lease form: the lease, seconds (30) or a duration (30s, 1m 30s), rounded up to whole
+    /// seconds (the table has a locked_until column).
+    #[arg(long, value_name = "DURATION", conflicts_with = "advisory_lock",
+          value_parser = parse_duration)]
+    lease: Option<Duration>,
 
     /// Advisory lock form: the key template, e.g. 'accounts-{account}'.
     #[arg(long, value_name = "TEMPLATE")]
@@ -176,9 +227,10 @@ struct Description {
     #[arg(long)]
     dedup: bool,
 
-    /// The table keeps acked rows for this many seconds (a completed_at column).
-    #[arg(long, value_name = "SECS")]
-    keep_completed: Option<u64>,
+    /// The table keeps acked rows this long (a completed_at column): seconds (3600) or a
+    /// duration (1h, 7days).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    keep_completed: Option<Duration>,
 }
 
 impl Description {
@@ -210,8 +262,8 @@ impl Description {
         if let Some(g) = &self.fifo {
             t = t.group(g.clone()).fifo();
         }
-        if let Some(secs) = self.lease {
-            t = t.lease(Duration::from_secs(secs));
+        if let Some(lease) = self.lease {
+            t = t.lease(lease);
         }
         if let Some(template) = &self.advisory_lock {
             t = t.advisory_lock(template.clone());
@@ -222,8 +274,8 @@ impl Description {
         if self.dedup {
             t = t.dedup();
         }
-        if let Some(secs) = self.keep_completed {
-            t = t.keep_completed(Duration::from_secs(secs));
+        if let Some(retention) = self.keep_completed {
+            t = t.keep_completed(retention);
         }
         t
     }
@@ -282,19 +334,42 @@ struct PageArgs {
     limit: u64,
 }
 
+/// `dead list`: a page, as text or JSON.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["ids", "all"])))]
+struct DeadListArgs {
+    #[command(flatten)]
+    page: PageArgs,
+
+    /// Print JSON (an array with one object per row) instead of a text table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true)
+    .args(["ids", "id_flags", "all"])))]
 struct DeadPick {
     #[command(flatten)]
     table: TableArgs,
 
-    /// A dead-lettered row's id; repeat for several.
-    #[arg(long = "id", value_name = "ID")]
+    /// Dead-lettered rows' ids (or --id ID, repeated).
+    #[arg(value_name = "ID")]
     ids: Vec<i64>,
 
+    /// A dead-lettered row's id; repeat for several.
+    #[arg(long = "id", id = "id_flags", value_name = "ID")]
+    id_flags: Vec<i64>,
+
     /// Every dead-lettered row of the table (in batches of 1,000).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["ids", "id_flags"])]
     all: bool,
+}
+
+impl DeadPick {
+    /// The ids given, either way, in the order given (positional ones first).
+    fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.ids.iter().chain(&self.id_flags).copied()
+    }
 }
 
 #[derive(Debug, Args)]
@@ -307,9 +382,29 @@ struct PublishArgs {
     #[arg(long = "set", value_name = "COLUMN=VALUE", value_parser = parse_set)]
     set: Vec<(String, String)>,
 
-    /// Due this many seconds from now instead of at once.
-    #[arg(long, value_name = "SECS")]
-    delay: Option<u64>,
+    /// Due this long from now instead of at once: seconds (90) or a duration (1m 30s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    delay: Option<Duration>,
+}
+
+/// A duration as whole seconds (`30`, what these options took before) or as `humantime`
+/// spells it (`30s`, `1m 30s`, `500ms`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}): give seconds (30) or 30s, 1m 30s, 2h"))
+}
+
+/// [`parse_duration`] in whole seconds, rounded up.
+fn parse_secs(s: &str) -> Result<u64, String> {
+    let d = parse_duration(s)?;
+    Ok(d.as_secs() + u64::from(d.subsec_nanos() > 0))
 }
 
 fn parse_column(s: &str) -> Result<(String, ColumnType), String> {
@@ -337,6 +432,12 @@ fn parse_set(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(not(feature = "dashboard"))]
+    if let Command::Dashboard(_) = &cli.command {
+        Cli::command()
+            .error(clap::error::ErrorKind::InvalidSubcommand, NO_DASHBOARD)
+            .exit();
+    }
     let url = cli.url.clone();
     let Some(url) = url.or_else(|| commands::schema::offline(&cli.command)) else {
         Cli::command()
@@ -349,22 +450,31 @@ fn main() -> ExitCode {
     match commands::run(&cli, &url) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sqlbroker: {}", chain(&*e));
+            // An error may quote the database's text (a value, a name): escaped like the rest.
+            eprintln!("sqlbroker: {}", commands::escape(&chain(&*e)));
             ExitCode::from(1)
         }
     }
 }
 
 /// The error and the causes its message does not already tell (a driver's "error connecting
-/// to server" says why only in its source).
+/// to server" says why only in its source), each once. A cause is left out when the text has
+/// it, when it only wraps the cause before it (MySQL's `MySqlError { ERROR 1049 .. }` around
+/// the `ERROR 1049 ..` already told), or when it is a label whose own source the text
+/// already tells (PostgreSQL's "db error" around the server's message).
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
+    let mut before = text.clone();
     let mut cause = e.source();
     while let Some(c) = cause {
         let more = c.to_string();
-        if !text.contains(&more) {
+        let told = text.contains(&more)
+            || (!before.is_empty() && more.contains(&before))
+            || c.source().is_some_and(|s| text.contains(&s.to_string()));
+        if !told {
             text = format!("{text}: {more}");
         }
+        before = more;
         cause = c.source();
     }
     text

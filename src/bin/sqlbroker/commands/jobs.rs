@@ -4,14 +4,15 @@ use std::time::SystemTime;
 
 use sqlbroker::{Broker, Value};
 
-use super::{preview, say, utc, Result};
+use super::{escape, json, preview, say, utc, Result};
 use crate::{CancelArgs, JobArgs};
 
 /// `job`: one job, as text (one `field: value` line each) or as one JSON object.
 pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
     let table = args.table.open(broker)?;
-    let Some(j) = broker.job(&table, args.id)? else {
-        return Err(format!("table {}: no job has id {}", table.name(), args.id).into());
+    let id = args.id.get();
+    let Some(j) = broker.job(&table, id)? else {
+        return Err(format!("table {}: no job has id {id}", table.name()).into());
     };
     let time = |t: Option<SystemTime>| t.map(utc);
     if args.json {
@@ -36,7 +37,7 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
             "payload": String::from_utf8_lossy(j.payload()),
             "values": values,
         });
-        return say(format_args!("{out}\n"));
+        return say(format_args!("{}\n", json(&out)));
     }
     let dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
     let mut lines = vec![
@@ -44,8 +45,8 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("state", j.state().name().to_string()),
         ("attempts", j.attempts().to_string()),
         ("errors", j.errors().to_string()),
-        ("last_error", dash(j.last_error().map(str::to_string))),
-        ("dead_reason", dash(j.dead_reason().map(str::to_string))),
+        ("last_error", dash(j.last_error().map(escape))),
+        ("dead_reason", dash(j.dead_reason().map(escape))),
         ("published_at", dash(time(j.published_at()))),
         ("due_at", utc(j.due_at())),
         ("finished_at", dash(time(j.finished_at()))),
@@ -54,7 +55,7 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("payload", preview(j.payload())),
     ];
     for (c, v) in j.values() {
-        lines.push((c.as_str(), text_value(v)));
+        lines.push((c.as_str(), escape(&text_value(v))));
     }
     let mut out = String::new();
     for (k, v) in lines {
@@ -64,7 +65,7 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
 }
 
 /// A column's value in JSON: numbers as numbers, text as text, bytes as lossy UTF-8.
-fn json_value(v: &Value) -> serde_json::Value {
+pub(super) fn json_value(v: &Value) -> serde_json::Value {
     match v {
         Value::Null => serde_json::Value::Null,
         Value::Int(n) => (*n).into(),
@@ -74,7 +75,7 @@ fn json_value(v: &Value) -> serde_json::Value {
     }
 }
 
-/// A column's value as text (`NULL` for SQL null).
+/// A column's value as text (`NULL` for SQL null), unescaped but for bytes.
 fn text_value(v: &Value) -> String {
     match v {
         Value::Null => "NULL".into(),
@@ -91,13 +92,13 @@ fn text_value(v: &Value) -> String {
 /// `cancel`: says what became of the job; exit 1 if there was none to cancel.
 pub(super) fn cancel(broker: &Broker, args: &CancelArgs) -> Result {
     let table = args.table.open(broker)?;
-    if broker.cancel(&table, args.id)? {
-        say(format_args!("cancelled job {}\n", args.id))
+    let id = args.id.get();
+    if broker.cancel(&table, id)? {
+        say(format_args!("cancelled job {id}\n"))
     } else {
         Err(format!(
-            "table {}: no live or dead job has id {} (unknown, or finished)",
-            table.name(),
-            args.id
+            "table {}: no live or dead job has id {id} (unknown, or finished)",
+            table.name()
         )
         .into())
     }

@@ -17,9 +17,11 @@ pub(crate) struct SchemaArgs {
     #[command(flatten)]
     table: TableArgs,
 
-    /// Write this database's SQL without connecting: postgres, mysql (MySQL 8.0.17+),
-    /// mariadb or sqlite; the table is the one the flags describe. Without it, the database
-    /// of --url, and the table as the flags describe it or, with none, as recorded there.
+    /// Write this database's SQL: postgres, mysql (MySQL 8.0.17+), mariadb or sqlite. With a
+    /// URL (--url or DATABASE_URL) the table is read from there as below; with none, nothing
+    /// is connected to and the table is the one the flags describe (with no flags a bare row
+    /// lock table, which the output says). Without --dialect, the database of the URL.
+    /// Either way, with a URL: the table as the flags describe it or, with none, as recorded.
     #[arg(long, value_name = "DATABASE", value_parser = parse_database)]
     dialect: Option<Database>,
 
@@ -44,42 +46,80 @@ pub(crate) fn offline(command: &Command) -> Option<String> {
 
 pub(crate) fn run(cli: &Cli, url: &str, args: &SchemaArgs) -> Result {
     let name = &args.table.table;
-    let (what, database, statements) = match args.dialect {
-        Some(database) => {
-            let sql = args.table.table().ddl(database)?;
-            ("create-table", database.to_string(), sql)
+    let flags = !args.table.desc.is_empty();
+    if url.is_empty() {
+        // `--dialect` and no URL: nothing to read a record from.
+        let database = args
+            .dialect
+            .ok_or("no database: give --url or set DATABASE_URL")?;
+        let sql = args.table.table().ddl(database)?;
+        let source = if flags {
+            "No database was given (--url or DATABASE_URL): the table as the flags describe it, \
+             not as recorded."
+        } else {
+            eprintln!(
+                "sqlbroker: no database was given (--url or DATABASE_URL) and no flags describe \
+                 table {name}: printing a bare description (row lock, no columns of its own), \
+                 not the recorded table"
+            );
+            "No database was given (--url or DATABASE_URL) and no flags: a bare description \
+             (row lock, no columns of its own), not the recorded table."
+        };
+        let script = script(name, "create-table", &database.to_string(), source, &sql);
+        return say(format_args!("{script}"));
+    }
+    let broker = Broker::builder(url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
+        .manage_schema(false)
+        .build()?;
+    // The record, unless flags describe the table (then `open` uses them). Flags that
+    // disagree with a record would print a table `create-table` refuses to make there.
+    let table = args.table.open(&broker)?;
+    if flags && !args.migrate {
+        if let Ok(recorded) = broker.open_table(name) {
+            if recorded != table {
+                return Err(format!(
+                    "table {name} is recorded with another description than the flags make: \
+                     give no flags to print the recorded table's SQL, or --migrate for what \
+                     migrate would run to bring it to the flags' description"
+                )
+                .into());
+            }
         }
-        None => {
-            let broker = Broker::builder(url)
-                .pool_size(2)
-                .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
-                .manage_schema(false)
-                .build()?;
-            let table = args.table.open(&broker)?;
-            let sql = if args.migrate {
-                broker.migration_sql(&table)?
-            } else {
-                broker.create_table_sql(&table)?
-            };
-            let what = if args.migrate {
-                "migrate"
-            } else {
-                "create-table"
-            };
-            (what, broker.database().to_string(), sql)
+    }
+    let source = if flags {
+        "The table as the flags describe it."
+    } else {
+        "The table as recorded in the database."
+    };
+    let (what, database, sql) = match args.dialect {
+        _ if args.migrate => (
+            "migrate",
+            broker.database().to_string(),
+            broker.migration_sql(&table)?,
+        ),
+        // Another database than the URL's: the same table in that database's SQL.
+        Some(database) if database.to_string() != broker.database() => {
+            ("create-table", database.to_string(), table.ddl(database)?)
         }
+        _ => (
+            "create-table",
+            broker.database().to_string(),
+            broker.create_table_sql(&table)?,
+        ),
     };
     say(format_args!(
         "{}",
-        script(name, what, &database, &statements)
+        script(name, what, &database, source, &sql)
     ))
 }
 
-/// The statements as a script: a header comment, each statement ended by `;`, the registry's
-/// statements under a comment of their own.
-fn script(table: &str, what: &str, database: &str, statements: &[String]) -> String {
+/// The statements as a script: a header comment (what, where, which description), each
+/// statement ended by `;`, the registry's statements under a comment of their own.
+fn script(table: &str, what: &str, database: &str, source: &str, statements: &[String]) -> String {
     let mut out = format!(
-        "-- sqlbroker {}: what `{what}` runs for table {table} on {database}.\n",
+        "-- sqlbroker {}: what `{what}` runs for table {table} on {database}.\n-- {source}\n",
         env!("CARGO_PKG_VERSION")
     );
     if statements.is_empty() {
