@@ -317,6 +317,13 @@ pub enum DbErrorKind {
     Transient,
     /// The connection is gone (server shut down, session killed, network): the connection was
     /// discarded; a row-lock or advisory delivery on it has been returned by the database.
+    ///
+    /// Also a server that no longer takes writes: a primary turned standby or read-only by a
+    /// switchover (PostgreSQL SQLSTATE 25006 and "cannot execute .. during recovery"; MySQL and
+    /// MariaDB errors 1290 for `--read-only` / `--super-read-only`, 1792, 1836 and 1874). The
+    /// statement did nothing; the session is discarded, and with it every pooled session
+    /// opened before it, so the next ones connect again (PostgreSQL: through the URL's hosts,
+    /// where `target_session_attrs=read-write` picks the new primary).
     ConnectionLost,
     /// The table does not have what the statements need (a column missing, or of a type they
     /// cannot use): trying again will not help until the table is migrated
@@ -403,6 +410,18 @@ impl DbError {
         DbError::new(DbErrorKind::Other, msg.into())
     }
 
+    /// The server refused a write because it no longer takes any (a standby, or a primary set
+    /// read-only by a switchover): a lost connection, whose session and every pooled session
+    /// opened before it are to be discarded (see the pool).
+    pub fn refused_writes(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        DbError::new(DbErrorKind::ConnectionLost, RefusedWrites(source.into()))
+    }
+
+    /// True for [`DbError::refused_writes`].
+    pub fn is_refused_writes(&self) -> bool {
+        self.source.is::<RefusedWrites>()
+    }
+
     /// Wrap with what we were doing and on which table.
     pub fn during(self, op: &'static str, table: &str) -> BrokerError {
         BrokerError::Database {
@@ -423,6 +442,27 @@ impl std::fmt::Display for DbError {
 impl std::error::Error for DbError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.source)
+    }
+}
+
+/// A driver error meaning the server takes no writes, with what the broker does about it.
+#[derive(Debug)]
+struct RefusedWrites(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for RefusedWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the server takes no writes (a standby, or a primary set read-only); its \
+             sessions are discarded and new ones connected",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for RefusedWrites {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }
 

@@ -355,6 +355,12 @@ fn key_held(q: &Queue, key: &str) -> Result<bool> {
     if q.held_here.is_held(key) {
         return Ok(true);
     }
+    if let Some(xact) = q.dialect.key_xact_lock() {
+        let mut conn = q.conn("job")?;
+        let taken = under_xact_key(&mut *conn, xact, &q.dialect.key_name(key), |_| Ok(()))
+            .map_err(q.err("job"))?;
+        return Ok(taken.is_none());
+    }
     let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
     else {
         return Ok(false);
@@ -633,6 +639,23 @@ fn with_key<T>(
             pause();
         }
     }
+    if let Some(xact) = q.dialect.key_xact_lock() {
+        let name = q.dialect.key_name(key);
+        let mut conn = q.conn("cancel")?;
+        loop {
+            if !q.held_here.is_held(key) {
+                if let Some(out) =
+                    under_xact_key(&mut *conn, xact, &name, &f).map_err(q.err("cancel"))?
+                {
+                    return Ok(Some(out));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            pause();
+        }
+    }
     let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
     else {
         return Ok(None);
@@ -655,6 +678,42 @@ fn with_key<T>(
             return Ok(None);
         }
         pause();
+    }
+}
+
+/// Transaction pooling (PostgreSQL behind PgBouncer's `pool_mode=transaction`), where a
+/// session lock could be taken on one server session and its unlock run on another, leaving
+/// the key held for whichever client gets that session next: tries `name` with `xact` (a
+/// transaction-scoped lock, [`Dialect::key_xact_lock`](crate::dialect::Dialect)) and runs `f`
+/// under it, all in one transaction, so the key is let go with the transaction whatever
+/// happens. `None` if the key is held elsewhere (nothing ran, rolled back); else `f`'s writes
+/// commit.
+fn under_xact_key<T>(
+    conn: &mut dyn DbConn,
+    xact: &str,
+    name: &str,
+    f: impl Fn(&mut dyn DbConn) -> Result<T, DbError>,
+) -> Result<Option<T>, DbError> {
+    // Broken from `BEGIN` until the transaction ends: never pooled mid-transaction.
+    conn.mark_broken();
+    let run = |conn: &mut dyn DbConn| -> Result<Option<T>, DbError> {
+        conn.batch("BEGIN")?;
+        let taken = conn.query(xact, &[Value::Text(name.to_string())])?;
+        if !matches!(taken.first().and_then(|r| r.first()), Some(Value::Int(1))) {
+            return Ok(None);
+        }
+        f(conn).map(Some)
+    };
+    match run(conn) {
+        Ok(Some(out)) => {
+            conn.batch("COMMIT")?;
+            conn.set_broken(false);
+            Ok(Some(out))
+        }
+        other => {
+            conn.rollback_or_discard();
+            other
+        }
     }
 }
 

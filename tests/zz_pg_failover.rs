@@ -21,6 +21,13 @@
 //! 5. the change feed moved: the broker's listening session is on the new primary, and
 //!    another broker's publish wakes an idle subscription (poll interval 60 s) within 5 s.
 //!
+//! A switchover (ports 25425-25426) leaves the old primary up, read-only
+//! (`default_transaction_read_only = on`, reloaded), and then promotes the standby: every
+//! pooled session still reaches the old primary, where each write is refused (SQLSTATE 25006).
+//! Asserted: publishes and acks resume on the new primary within [`BOUND`] of the promotion,
+//! no publish or ack fails with a permanent error, the old primary is left with none of the
+//! broker's sessions (the pool's and the change feed's), and every table drains.
+//!
 //! Skipped (loudly) without the PostgreSQL server binaries, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1`.
 
@@ -363,4 +370,202 @@ fn failover_with_synchronous_replication_loses_nothing() {
 #[test]
 fn failover_with_asynchronous_replication_loses_only_the_window() {
     run(false, 25423, 25424, true);
+}
+
+/// The switchover: the old primary stays up read-only, the standby is promoted.
+#[test]
+fn switchover_leaving_the_old_primary_read_only() {
+    if !common::slow_suite("the PostgreSQL failover suite") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let what = "switchover";
+    let mut s = match pgserver::Scratch::new("switchover", false) {
+        Ok(s) => s,
+        Err(why) => return common::unmet(&why),
+    };
+    let (primary_port, standby_port) = (25425, 25426);
+    let primary = s.primary("primary", primary_port, "");
+    let standby = s.standby(&primary, "standby", standby_port);
+    assert!(
+        common::wait_for(Duration::from_secs(30), || s
+            .psql(&primary, "SELECT count(*) FROM pg_stat_replication")
+            == "1"),
+        "{what}: the standby never streamed"
+    );
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{primary_port},127.0.0.1:{standby_port}/postgres\
+         ?sslmode=disable&target_session_attrs=read-write"
+    );
+    let broker = Broker::builder(&url)
+        .statement_timeout(Duration::from_secs(5))
+        .connection_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|e| panic!("{what}: connect to {url}: {e}"));
+    let tables: Vec<Table> = FORMS
+        .iter()
+        .map(|f| {
+            let t = common::describe(&common::unique("so"), *f, Duration::from_secs(5));
+            broker.create_table(&t).unwrap();
+            t
+        })
+        .collect();
+    let ledger: Ledger = Arc::default();
+    // Errors that are neither transient nor a lease lost to the outage.
+    let permanent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let publishing = Arc::new(AtomicBool::new(true));
+    let consuming = Arc::new(AtomicBool::new(true));
+    let mut threads = Vec::new();
+    let mut subs = Vec::new();
+    let permanent_of = |e: &sqlbroker::BrokerError| !e.is_transient() && !e.is_lease_lost();
+    for (i, t) in tables.iter().enumerate() {
+        let (b, t2, l, on, bad) = (
+            broker.clone(),
+            t.clone(),
+            ledger.clone(),
+            publishing.clone(),
+            permanent.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while on.load(Ordering::Relaxed) {
+                n += 1;
+                let m = common::msg(&n.to_string(), &format!("k{}", n % 7));
+                let ev = match b.publish(&t2, m) {
+                    Ok(_) => Ev::PubOk,
+                    Err(e) => {
+                        if permanent_of(&e) {
+                            bad.lock().unwrap().push(format!("publish: {e}"));
+                        }
+                        Ev::PubErr
+                    }
+                };
+                record(&l, i, n, ev);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }));
+        let sub = Arc::new(broker.subscription(t).workers(2).start().unwrap());
+        subs.push(sub.clone());
+        for _ in 0..2 {
+            let (sub, l, on, bad) = (
+                sub.clone(),
+                ledger.clone(),
+                consuming.clone(),
+                permanent.clone(),
+            );
+            threads.push(std::thread::spawn(move || {
+                while on.load(Ordering::Relaxed) {
+                    let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(200)) else {
+                        continue;
+                    };
+                    let n: u64 = std::str::from_utf8(d.payload()).unwrap().parse().unwrap();
+                    record(&l, i, n, Ev::Delivered);
+                    let ev = match d.ack() {
+                        Ok(()) => Ev::AckOk,
+                        Err(e) => {
+                            if permanent_of(&e) {
+                                bad.lock().unwrap().push(format!("ack: {e}"));
+                            }
+                            Ev::AckErr
+                        }
+                    };
+                    record(&l, i, n, ev);
+                }
+            }));
+        }
+    }
+
+    std::thread::sleep(Duration::from_secs(3));
+    // The old primary takes no more writes (its sessions' next transactions are read-only)
+    // and stays up; once the standby has replayed all it wrote, it is promoted.
+    s.psql(
+        &primary,
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+    );
+    s.psql(&primary, "SELECT pg_reload_conf()");
+    let demoted = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    let written = s.psql(&primary, "SELECT pg_current_wal_lsn()");
+    assert!(
+        common::wait_for(Duration::from_secs(30), || s.psql(
+            &standby,
+            &format!("SELECT pg_last_wal_replay_lsn() >= '{written}'::pg_lsn")
+        ) == "t"),
+        "{what}: the standby did not catch up"
+    );
+    s.promote(&standby);
+    let promoted = Instant::now();
+    std::thread::sleep(Duration::from_secs(8));
+    publishing.store(false, Ordering::Relaxed);
+
+    let mut direct = postgres::Client::connect(&standby.url(), postgres::NoTls).unwrap();
+    let drained = common::wait_for(Duration::from_secs(60), || {
+        tables.iter().all(|t| {
+            direct
+                .query_one(&format!("SELECT count(*) FROM {}", t.name()), &[])
+                .is_ok_and(|r| r.get::<_, i64>(0) == 0)
+        })
+    });
+    consuming.store(false, Ordering::Relaxed);
+    for th in threads {
+        th.join().unwrap();
+    }
+    for sub in &subs {
+        assert!(!sub.is_closed(), "{what}: a subscription closed itself");
+    }
+    assert!(drained, "{what}: rows left on the new primary after 60 s");
+
+    let ledger = ledger.lock().unwrap().clone();
+    for (i, form) in FORMS.iter().enumerate() {
+        let first = |ev: Ev| {
+            ledger
+                .iter()
+                .filter(|e| e.0 == i && e.2 == ev && e.3 > promoted)
+                .map(|e| e.3 - promoted)
+                .min()
+        };
+        let failed = ledger
+            .iter()
+            .filter(|e| e.0 == i && matches!(e.2, Ev::PubErr | Ev::AckErr) && e.3 > demoted)
+            .count();
+        eprintln!(
+            "{what}, {form:?}: first publish {:?} and first ack {:?} after the promotion \
+             ({:?} after the old primary turned read-only); {failed} publishes or acks failed",
+            first(Ev::PubOk),
+            first(Ev::AckOk),
+            promoted - demoted
+        );
+        for (name, ev) in [("publish", Ev::PubOk), ("ack", Ev::AckOk)] {
+            let took = first(ev)
+                .unwrap_or_else(|| panic!("{what}, {form:?}: no {name} after the switchover"));
+            assert!(
+                took <= BOUND,
+                "{what}, {form:?}: the first {name} took {took:?}"
+            );
+        }
+    }
+    let permanent = permanent.lock().unwrap().clone();
+    assert!(
+        permanent.is_empty(),
+        "{what}: {} permanent errors, first: {:?}",
+        permanent.len(),
+        permanent.first()
+    );
+    // None of the broker's sessions is left on the old primary: the pool's were discarded
+    // (the refusing ones, and with them the idle ones), the change feed moved.
+    let on_old = || {
+        s.psql(
+            &primary,
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
+             AND pid <> pg_backend_pid()",
+        )
+    };
+    assert!(
+        common::wait_for(BOUND, || on_old() == "0"),
+        "{what}: {} of the broker's sessions still on the old primary",
+        on_old()
+    );
+    for sub in &subs {
+        sub.close();
+    }
 }

@@ -14,10 +14,16 @@
 //!    `listen_url` in transaction pooling;
 //! 4. transaction pooling refuses, with permanent errors, what needs a session: the advisory
 //!    form (`Unsupported`) and a change feed without `listen_url` (`InvalidOption`);
-//! 5. transaction pooling the URL does not declare: a statement prepared on one server session
-//!    is run on another, and the error (permanent) says to set `pool_mode=transaction`;
+//! 5. transaction pooling the URL does not declare is used as if declared once noticed (a
+//!    statement prepared on one server session run on another): that publish succeeds, the
+//!    lease and row lock forms run, and the advisory form is refused from then on;
 //! 6. transaction pooling: a row lock handler's statement past its `handler_timeout` is
-//!    cancelled on the server session the delivery's transaction holds.
+//!    cancelled on the server session the delivery's transaction holds;
+//! 7. transaction pooling, advisory table (its subscription on a direct broker): `job`, `jobs`
+//!    and `cancel` leave no advisory lock held on any server session (`pg_locks`, read on the
+//!    server), tell a row whose key a subscription holds as in flight, and the subscription
+//!    then gets every row of the key promptly. A PgBouncer of its own hands server sessions
+//!    round robin (`server_round_robin`), so consecutive transactions run on different ones.
 //!
 //! Skipped (loudly) without the PostgreSQL server binaries or pgbouncer, unless
 //! `SQLBROKER_REQUIRE_SERVERS=1`.
@@ -33,6 +39,7 @@ const PG_PORT: u16 = 25401;
 const SESSION: u16 = 25411;
 const SESSION_IGNORING: u16 = 25412;
 const TRANSACTION: u16 = 25413;
+const TRANSACTION_ROUND_ROBIN: u16 = 25414;
 const ROWS: usize = 25;
 
 fn through(port: u16, params: &str) -> String {
@@ -175,6 +182,100 @@ fn handler_timeout_cancels(url: &str, direct_url: &str) {
     );
 }
 
+/// Advisory locks held on the server, by any session.
+fn advisory_locks(direct: &mut postgres::Client) -> i64 {
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// 7: the operator calls on an advisory table through transaction pooling leave no key held.
+fn advisory_operator_calls(url: &str, direct_url: &str, direct: &mut postgres::Client) {
+    let what = "transaction pooling, advisory job/jobs/cancel";
+    // Several server sessions in PgBouncer's pool, each used in turn.
+    let mut warm: Vec<postgres::Client> = (0..4)
+        .map(|_| postgres::Client::connect(url, postgres::NoTls).unwrap())
+        .collect();
+    let mut held: Vec<postgres::Transaction<'_>> =
+        warm.iter_mut().map(|c| c.transaction().unwrap()).collect();
+    for tx in &mut held {
+        tx.batch_execute("SELECT 1").unwrap();
+    }
+    drop(held);
+    let broker = Broker::builder(&format!("{url}&pool_mode=transaction"))
+        .cross_process_wake(false)
+        .statement_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let direct_broker = Broker::builder(direct_url)
+        .cross_process_wake(false)
+        .build()
+        .unwrap();
+    let t = table(Form::AdvisoryLock);
+    broker.create_table(&t).unwrap();
+    let ids: Vec<i64> = (0..6)
+        .map(|i| {
+            broker
+                .publish(&t, common::msg(&format!("a{i}"), &format!("k{}", i % 2)))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(advisory_locks(direct), 0, "{what}: a lock before any call");
+    for id in &ids {
+        let job = broker.job(&t, *id).unwrap().expect("published");
+        assert_eq!(job.state(), sqlbroker::JobState::Ready, "{what}");
+    }
+    let page = broker
+        .jobs(&t, sqlbroker::JobState::Ready, None, 100)
+        .unwrap();
+    assert_eq!(page.len(), ids.len(), "{what}: a ready job is missing");
+    assert_eq!(
+        advisory_locks(direct),
+        0,
+        "{what}: job/jobs left advisory locks held on a server session"
+    );
+    assert!(broker.cancel(&t, ids[0]).unwrap(), "{what}: cancel");
+    assert!(
+        broker.job(&t, ids[0]).unwrap().is_none(),
+        "{what}: cancelled"
+    );
+    assert_eq!(
+        advisory_locks(direct),
+        0,
+        "{what}: cancel left an advisory lock held on a server session"
+    );
+    // A key a subscription holds: the probe sees it (the two scopes of one lock conflict).
+    let sub = direct_broker
+        .subscription(&t)
+        .workers(1)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    let job = broker.job(&t, d.id()).unwrap().expect("in work");
+    assert_eq!(
+        job.state(),
+        sqlbroker::JobState::InFlight,
+        "{what}: a job whose key is held"
+    );
+    d.ack().unwrap();
+    // The rest of both keys, promptly: no key is left held by a server session.
+    for _ in 0..ids.len() - 2 {
+        common::next(&sub, Duration::from_secs(5)).ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(advisory_locks(direct), 0, "{what}: a lock left at the end");
+    let left: i64 = direct
+        .query_one(&format!("SELECT count(*) FROM {}", t.name()), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "{what}: rows left");
+}
+
 fn build(url: &str, listen: Option<&str>) -> Result<Broker, BrokerError> {
     let mut b = Broker::builder(url)
         .statement_timeout(Duration::from_secs(1))
@@ -205,6 +306,13 @@ fn pgbouncer_session_and_transaction_pooling() {
         "ignore_startup_parameters = options",
     );
     s.bouncer("transaction", TRANSACTION, &pg, "transaction", "");
+    s.bouncer(
+        "round-robin",
+        TRANSACTION_ROUND_ROBIN,
+        &pg,
+        "transaction",
+        "server_round_robin = 1",
+    );
     let direct_url = pg.url();
     let mut direct = postgres::Client::connect(&direct_url, postgres::NoTls).unwrap();
 
@@ -224,7 +332,9 @@ fn pgbouncer_session_and_transaction_pooling() {
 
     // 5: transaction pooling the URL does not declare: a broker's statements are prepared on
     // one server session; another client's open transaction then holds that session, and the
-    // broker's next statement runs on another, which does not have them.
+    // broker's next statement runs on another, which does not have them. Noticed, the pooler
+    // is used as if declared: that statement runs again unnamed, and succeeds.
+    let what = "undeclared transaction pooling";
     let undeclared = Broker::builder(&through(TRANSACTION, ""))
         .cross_process_wake(false)
         .build()
@@ -235,14 +345,27 @@ fn pgbouncer_session_and_transaction_pooling() {
     let mut holder = postgres::Client::connect(&through(TRANSACTION, ""), postgres::NoTls).unwrap();
     let mut held = holder.transaction().unwrap();
     held.batch_execute("SELECT 1").unwrap();
-    let e = undeclared
+    undeclared
         .publish(&t, common::msg("u", "k"))
-        .expect_err("undeclared transaction pooling: a statement prepared on another session ran");
-    assert!(
-        e.to_string().contains("pool_mode=transaction") && !e.is_transient(),
-        "undeclared transaction pooling: {e}"
-    );
+        .unwrap_or_else(|e| panic!("{what}: noticed, and not used as declared: {e}"));
     held.rollback().unwrap();
+    let n: i64 = direct
+        .query_one(&format!("SELECT count(*) FROM {}", t.name()), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "{what}: a publish is missing");
+    direct
+        .batch_execute(&format!("DROP TABLE {}", t.name()))
+        .unwrap();
+    for form in [Form::Lease, Form::RowLock] {
+        runs(&undeclared, &mut direct, form, &format!("{what}, {form:?}"));
+    }
+    let t = table(Form::AdvisoryLock);
+    undeclared.create_table(&t).unwrap();
+    match undeclared.subscription(&t).start() {
+        Err(e @ BrokerError::Unsupported { .. }) => assert!(!e.is_transient()),
+        other => panic!("{what}: the advisory form: {:?}", other.map(drop)),
+    }
 
     let what = "transaction pooling";
     let url = through(TRANSACTION, "&pool_mode=transaction");
@@ -272,6 +395,11 @@ fn pgbouncer_session_and_transaction_pooling() {
     }
     timeout_holds(&broker, &direct_url, what);
     handler_timeout_cancels(&url, &direct_url);
+    advisory_operator_calls(
+        &through(TRANSACTION_ROUND_ROBIN, ""),
+        &direct_url,
+        &mut direct,
+    );
     let other = build(&url, Some(&direct_url)).unwrap();
     wakes(&broker, &other, what);
     // No wake-up: the feed off, the rest runs.

@@ -601,6 +601,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         key.to_string()
     }
 
+    /// Where a session's keys would not outlive one transaction's server session (PostgreSQL
+    /// behind transaction pooling): `(name)` -> 1 if taken until the transaction ends, 0 if
+    /// held elsewhere. The operator calls then probe and take keys with it inside one
+    /// transaction, so no key is left held on a server session another client gets. Default:
+    /// none (keys are taken for the session, [`TableSql::key_lock`]).
+    fn key_xact_lock(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The statement that cancels what the session `session` ([`DbConn::session_id`]) is
     /// running, run on another connection. Default: none.
     fn cancel_statement(&self, _session: u64) -> Option<String> {

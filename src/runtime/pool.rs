@@ -7,7 +7,13 @@
 //!   replaced instead of failing the next publish, settlement or renewal. A connection in
 //!   steady use is not pinged, so the hot path pays nothing.
 //! - Connections are recycled after [`IDLE_TIMEOUT`] idle and [`MAX_LIFETIME`] in all.
+//! - A server that refuses a write because it takes none ([`DbError::is_refused_writes`]: a
+//!   primary left up read-only by a switchover) condemns every connection opened before: the
+//!   others most likely reach the same server, where each write would fail in turn for up to
+//!   [`MAX_LIFETIME`]. They are discarded as they come back, the idle ones at the next checkout
+//!   (all at once), so the pool connects again (PostgreSQL: through the URL's hosts).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +36,17 @@ pub(crate) struct Manager {
     /// The connection the broker opened itself before the pool existed (to fail at once with
     /// the server's reason rather than retry until the pool's timeout): the pool's first.
     seed: Mutex<Option<Box<dyn DbConn + Send>>>,
+    refusals: Arc<Refusals>,
+}
+
+/// Writes refused by a server that takes none, counted: a connection opened before the last is
+/// condemned.
+#[derive(Default)]
+struct Refusals {
+    /// Refusals so far.
+    epoch: AtomicU64,
+    /// The epoch whose idle connections were drained.
+    drained: AtomicU64,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -44,10 +61,18 @@ impl r2d2::ManageConnection for Manager {
         Ok(Tracked {
             conn,
             used: Instant::now(),
+            born: self.refusals.epoch.load(Ordering::Acquire),
+            refusals: self.refusals.clone(),
         })
     }
 
     fn is_valid(&self, conn: &mut Tracked) -> Result<(), DbError> {
+        if conn.condemned() {
+            return Err(DbError::new(
+                crate::error::DbErrorKind::ConnectionLost,
+                "discarded: opened before a server refused a write because it takes none",
+            ));
+        }
         if conn.used.elapsed() < IDLE_CHECK {
             return Ok(());
         }
@@ -67,7 +92,8 @@ pub(crate) fn build(
     timeout: Duration,
     first: Option<Box<dyn DbConn + Send>>,
 ) -> Pool {
-    r2d2::Pool::builder()
+    let refusals = Arc::new(Refusals::default());
+    let inner = r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .test_on_check_out(true)
@@ -77,33 +103,110 @@ pub(crate) fn build(
         .build_unchecked(Manager {
             dialect,
             seed: Mutex::new(first),
-        })
+            refusals: refusals.clone(),
+        });
+    Pool { inner, refusals }
 }
 
-pub(crate) type Pool = r2d2::Pool<Manager>;
+/// The broker's pool: r2d2's, which drains the condemned idle connections at checkout.
+#[derive(Clone)]
+pub(crate) struct Pool {
+    inner: r2d2::Pool<Manager>,
+    refusals: Arc<Refusals>,
+}
+
+impl Pool {
+    /// A connection within the pool's timeout.
+    pub fn get(&self) -> Result<PooledConn, r2d2::Error> {
+        self.drain();
+        self.inner.get()
+    }
+
+    /// A connection within `timeout`.
+    pub fn get_timeout(&self, timeout: Duration) -> Result<PooledConn, r2d2::Error> {
+        self.drain();
+        self.inner.get_timeout(timeout)
+    }
+
+    pub fn connection_timeout(&self) -> Duration {
+        self.inner.connection_timeout()
+    }
+
+    pub fn max_size(&self) -> u32 {
+        self.inner.max_size()
+    }
+
+    pub fn state(&self) -> r2d2::State {
+        self.inner.state()
+    }
+
+    /// After a refused write, once: every idle connection is checked out (the condemned ones
+    /// fail the check and are closed) and the others are given back. One atomic load when
+    /// nothing was refused.
+    fn drain(&self) {
+        let epoch = self.refusals.epoch.load(Ordering::Acquire);
+        if self.refusals.drained.load(Ordering::Acquire) >= epoch
+            || self.refusals.drained.fetch_max(epoch, Ordering::AcqRel) >= epoch
+        {
+            return;
+        }
+        let mut kept = Vec::new();
+        while let Some(conn) = self.inner.try_get() {
+            kept.push(conn);
+        }
+        log::debug!(
+            "a server refused a write: connections opened before were discarded ({} kept)",
+            kept.len()
+        );
+    }
+}
+
 pub(crate) type PooledConn = r2d2::PooledConnection<Manager>;
 
-/// A connection and when it last ran a statement.
+/// A connection, when it last ran a statement, and the refusals counted when it was opened.
 pub(crate) struct Tracked {
     conn: Box<dyn DbConn + Send>,
     used: Instant,
+    born: u64,
+    refusals: Arc<Refusals>,
+}
+
+impl Tracked {
+    /// Opened before a server refused a write: most likely to the same server.
+    fn condemned(&self) -> bool {
+        self.born < self.refusals.epoch.load(Ordering::Acquire)
+    }
+
+    /// Counts a refused write (condemning every connection opened so far, this one too).
+    fn watch<T>(&mut self, r: Result<T, DbError>) -> Result<T, DbError> {
+        if let Err(e) = &r {
+            if e.is_refused_writes() {
+                self.refusals.epoch.fetch_add(1, Ordering::AcqRel);
+                self.conn.mark_broken();
+            }
+        }
+        r
+    }
 }
 
 impl DbConn for Tracked {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
         self.used = Instant::now();
-        self.conn.execute(sql, params)
+        let r = self.conn.execute(sql, params);
+        self.watch(r)
     }
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         self.used = Instant::now();
-        self.conn.query(sql, params)
+        let r = self.conn.query(sql, params);
+        self.watch(r)
     }
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
         self.used = Instant::now();
-        self.conn.batch(sql)
+        let r = self.conn.batch(sql);
+        self.watch(r)
     }
     fn is_broken(&self) -> bool {
-        self.conn.is_broken()
+        self.conn.is_broken() || self.condemned()
     }
     fn set_broken(&mut self, broken: bool) {
         self.conn.set_broken(broken)
@@ -113,7 +216,8 @@ impl DbConn for Tracked {
     }
     fn ping(&mut self) -> Result<(), DbError> {
         self.used = Instant::now();
-        self.conn.ping()
+        let r = self.conn.ping();
+        self.watch(r)
     }
     fn take_unreadable(&mut self) -> Vec<(usize, String)> {
         self.conn.take_unreadable()

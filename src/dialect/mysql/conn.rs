@@ -1,4 +1,9 @@
 //! One MySQL-protocol session as a [`DbConn`], and how a driver error is classified.
+//!
+//! A server that takes no writes (`--read-only` / `--super-read-only`: error 1290; a read-only
+//! transaction: 1792; InnoDB read-only: 1836, 1874) ends the session as a lost connection
+//! ([`DbError::refused_writes`]): after a switchover that leaves the old primary up read-only,
+//! only a new session reaches the new one (a moved address, a proxy).
 
 use mysql::prelude::Queryable;
 use mysql::{Conn, Opts, Params};
@@ -11,7 +16,7 @@ use crate::Value;
 /// Opens a session with the engine's options; also returns the server's `VERSION()` (read
 /// with `max_allowed_packet`, in the same round trip), which tells MySQL from MariaDB.
 pub(super) fn connect(opts: &Opts) -> Result<(Box<dyn DbConn + Send>, String), DbError> {
-    let fail = |e: mysql::Error| DbError::new(classify(&e), Driver(e));
+    let fail = db_error;
     let mut conn =
         Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), Driver(e)))?;
     let (max_packet, version) = conn
@@ -133,8 +138,35 @@ fn classify_connect(e: &mysql::Error) -> DbErrorKind {
     }
 }
 
+/// A driver error as ours, classified; a server that takes no writes is named as such.
+fn db_error(e: mysql::Error) -> DbError {
+    if refuses_writes(&e) {
+        return DbError::refused_writes(Driver(e));
+    }
+    DbError::new(classify(&e), Driver(e))
+}
+
+/// The server takes no writes: 1290 (ER_OPTION_PREVENTS_STATEMENT) for `--read-only` or
+/// `--super-read-only` (other options give it too: those are left as they are), 1792
+/// (ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: the broker never asks for a read-only
+/// transaction, so its session, or every session, was made read-only), 1836
+/// (ER_READ_ONLY_MODE) and 1874 (ER_INNODB_READ_ONLY).
+fn refuses_writes(e: &mysql::Error) -> bool {
+    match e {
+        mysql::Error::MySqlError(se) => match se.code {
+            1290 => se.message.contains("read-only") || se.message.contains("read_only"),
+            1792 | 1836 | 1874 => true,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// How a driver error should be treated.
 fn classify(e: &mysql::Error) -> DbErrorKind {
+    if refuses_writes(e) {
+        return DbErrorKind::ConnectionLost;
+    }
     match e {
         mysql::Error::MySqlError(se) => match se.code {
             // Deadlock (the transaction was rolled back), lock wait timeout (the statement was),
@@ -172,11 +204,11 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
 
 impl MyConn {
     fn fail(&mut self, e: mysql::Error) -> DbError {
-        let kind = classify(&e);
-        if kind == DbErrorKind::ConnectionLost {
+        let e = db_error(e);
+        if e.kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
-        DbError::new(kind, Driver(e))
+        e
     }
 }
 
@@ -235,19 +267,17 @@ impl DbConn for TxConn<'_, '_> {
         let p = params(values)?;
         match self.0.exec_drop(sql, p) {
             Ok(()) => Ok(self.0.affected_rows()),
-            Err(e) => Err(DbError::new(classify(&e), Driver(e))),
+            Err(e) => Err(db_error(e)),
         }
     }
 
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let p = params(values)?;
-        run_query(self.0, sql, p).map_err(|e| DbError::new(classify(&e), Driver(e)))
+        run_query(self.0, sql, p).map_err(db_error)
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.0
-            .query_drop(sql)
-            .map_err(|e| DbError::new(classify(&e), Driver(e)))
+        self.0.query_drop(sql).map_err(db_error)
     }
 
     fn last_insert_id(&self) -> Option<i64> {
@@ -367,6 +397,42 @@ mod tests {
             );
         }
         assert_eq!(classify(&server(1062)), DbErrorKind::Other);
+        // Issue 24 item 6: a server (or session) that takes no writes is a lost connection.
+        let said = |code, message: &str| {
+            mysql::Error::MySqlError(mysql::MySqlError {
+                state: "HY000".into(),
+                message: message.into(),
+                code,
+            })
+        };
+        for e in [
+            said(
+                1290,
+                "The MariaDB server is running with the --read-only option so it cannot \
+                 execute this statement",
+            ),
+            said(
+                1290,
+                "The MySQL server is running with the --super-read-only option so it cannot \
+                 execute this statement",
+            ),
+            said(1792, "Cannot execute statement in a READ ONLY transaction."),
+            said(1836, "Running in read-only mode"),
+            said(1874, "InnoDB is in read only mode."),
+        ] {
+            assert_eq!(classify(&e), DbErrorKind::ConnectionLost, "{e}");
+            let e = db_error(e);
+            assert!(e.is_refused_writes(), "{e}");
+            assert!(e.to_string().contains("takes no writes"), "{e}");
+        }
+        // 1290 for another option is the statement's own problem.
+        let secure = said(
+            1290,
+            "The MySQL server is running with the --secure-file-priv option so it cannot \
+             execute this statement",
+        );
+        assert_eq!(classify(&secure), DbErrorKind::Other);
+        assert!(!db_error(secure).is_refused_writes());
         let io = mysql::Error::IoError(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone"));
         assert_eq!(classify(&io), DbErrorKind::ConnectionLost);
         assert_eq!(

@@ -10,6 +10,17 @@
 //! is set for a session, the settings are made by `SET LOCAL` in each transaction (a statement
 //! outside one runs in one of its own: three round trips instead of one), and statements are
 //! sent unnamed (`query_typed`, parameters as text the server types), never prepared by name.
+//!
+//! Transaction pooling the URL does not declare shows itself when a statement prepared on one
+//! server session is run on another ("prepared statement .. does not exist"): from then on the
+//! engine is used as if it were declared (a warning says so, once), the statement is run again
+//! unnamed where no transaction of ours was open (it did nothing), and sessions opened before
+//! are discarded.
+//!
+//! A server that takes no writes (SQLSTATE 25006: a standby, or a primary set read-only by a
+//! switchover; "cannot execute .. during recovery") ends the session as a lost connection
+//! ([`DbError::refused_writes`]): `target_session_attrs` is read only at connect, so only a new
+//! session finds the new primary.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
@@ -66,7 +77,11 @@ pub(super) enum Pooling {
 
 /// How sessions are set up, shared by all of an engine's sessions.
 pub(super) struct Setup {
-    pub(super) pooling: Pooling,
+    /// The URL's `pool_mode`.
+    declared: Pooling,
+    /// Transaction pooling the URL did not declare was noticed: the engine is used as if it
+    /// were declared.
+    detected: AtomicBool,
     /// The startup packet's `options` (`-c name=value ..`).
     options: String,
     /// `SET name = 'value'; ..`: the startup options' settings, for a session opened without
@@ -93,13 +108,43 @@ impl Setup {
                 .join("; ")
         };
         Setup {
-            pooling,
+            declared: pooling,
+            detected: AtomicBool::new(false),
             options: options.to_string(),
             set: statements("SET"),
             set_local: statements("SET LOCAL"),
             options_refused: AtomicBool::new(false),
             options_checked: AtomicBool::new(false),
         }
+    }
+}
+
+impl Setup {
+    /// The pooling sessions are opened for: the URL's, or transaction pooling once noticed.
+    pub(super) fn pooling(&self) -> Pooling {
+        if self.detected.load(Ordering::Relaxed) {
+            Pooling::Transaction
+        } else {
+            self.declared
+        }
+    }
+
+    /// Transaction pooling was noticed (a statement of ours missing on the server session):
+    /// warns once, and sessions are opened for it from now on.
+    fn detect(&self, e: &postgres::Error) {
+        if self.declared == Pooling::Transaction || self.detected.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        log::warn!(
+            "PostgreSQL: {}: the server session changed under a connection, as behind a \
+             PgBouncer in transaction pooling; this broker now uses it as declared transaction \
+             pooling (statements unnamed, settings by SET LOCAL in each transaction, the \
+             advisory form refused). Say pool_mode=transaction in the URL to start so, and give \
+             BrokerBuilder::listen_url a direct URL: the change feed's LISTEN needs a session of \
+             its own, and through this pooler other brokers' publishes are found only at the \
+             poll interval",
+            PgError::text(e)
+        );
     }
 }
 
@@ -132,6 +177,7 @@ pub(super) fn connect(
     tls: &Connector,
     setup: &std::sync::Arc<Setup>,
 ) -> Result<Box<dyn DbConn + Send>, DbError> {
+    let mode = setup.pooling();
     let client = client(config, tls, setup)?;
     Ok(Box::new(PgConn {
         client,
@@ -140,6 +186,7 @@ pub(super) fn connect(
         unreadable: Vec::new(),
         pid: None,
         setup: setup.clone(),
+        mode,
         in_tx: false,
     }))
 }
@@ -153,7 +200,7 @@ pub(super) fn client(
     setup: &Setup,
 ) -> Result<Client, DbError> {
     let options = setup.options.as_str();
-    if setup.pooling == Pooling::Transaction || options.is_empty() {
+    if setup.pooling() == Pooling::Transaction || options.is_empty() {
         // A transaction pooler shares server sessions between clients: the settings are made
         // per transaction (`SET LOCAL`), never for a session.
         return connect_tls(config, tls);
@@ -250,7 +297,10 @@ struct PgConn {
     /// The backend's pid, once asked.
     pid: Option<u64>,
     setup: std::sync::Arc<Setup>,
-    /// Transaction pooling: a transaction this session opened is open.
+    /// The pooling this session runs its statements for: the engine's when it was opened, or
+    /// transaction pooling once that was noticed on it.
+    mode: Pooling,
+    /// A transaction this session opened is open.
     in_tx: bool,
 }
 
@@ -269,7 +319,43 @@ impl PgConn {
     }
 
     fn pooled(&self) -> bool {
-        self.setup.pooling == Pooling::Transaction
+        self.mode == Pooling::Transaction
+    }
+
+    /// Session pooling, and a statement of ours missing on the server (or its name taken):
+    /// the server session changed under this connection, as behind a transaction pooler the URL
+    /// did not declare. The engine is used as if it were declared from now on. Outside a
+    /// transaction of ours the statement did nothing: `Ok` means run it again unnamed (this
+    /// session runs as in transaction pooling from now on). In one, the transaction is lost
+    /// with the server session: a lost connection (the session is discarded).
+    fn undeclared_pooler(&mut self, e: postgres::Error) -> Result<(), DbError> {
+        self.setup.detect(&e);
+        if self.in_tx {
+            self.broken = true;
+            return Err(DbError::new(
+                DbErrorKind::ConnectionLost,
+                UndeclaredPooler(PgError(e)),
+            ));
+        }
+        self.mode = Pooling::Transaction;
+        // Prepared on server sessions this connection no longer has: closed when dropped.
+        self.statements.clear();
+        Ok(())
+    }
+
+    fn execute_unnamed(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        // `query_typed` returns rows, not the count: a statement without `RETURNING` would
+        // read 0 rows changed through the count of its rows.
+        self.in_transaction(|c| {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
+                .iter()
+                .map(|v| (v as &(dyn ToSql + Sync), Type::UNKNOWN))
+                .collect();
+            let mut it = c.query_typed_raw(sql, typed)?;
+            while postgres::fallible_iterator::FallibleIterator::next(&mut it)?.is_some() {}
+            Ok(it.rows_affected().unwrap_or(0))
+        })
+        .map_err(|e| self.fail(e))
     }
 
     /// Transaction pooling: runs `f` in the open transaction, or in one of its own with the
@@ -306,18 +392,32 @@ impl PgConn {
     }
 
     fn fail(&mut self, e: postgres::Error) -> DbError {
-        let kind = classify(&e, self.client.is_closed());
-        if kind == DbErrorKind::ConnectionLost {
+        let e = db_error(e, self.client.is_closed());
+        if e.kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
-        if !self.pooled() && lost_statement(&e) {
-            // Our named statements live on a server session we no longer have: a transaction
-            // pooler the URL did not declare. The session's cache is wrong: discard it.
-            self.broken = true;
-            return DbError::new(kind, UndeclaredPooler(PgError(e)));
-        }
-        DbError::new(kind, PgError(e))
+        e
     }
+}
+
+/// A driver error as ours, classified; a server that takes no writes is named as such.
+fn db_error(e: postgres::Error, closed: bool) -> DbError {
+    if refuses_writes(&e) {
+        return DbError::refused_writes(PgError(e));
+    }
+    DbError::new(classify(&e, closed), PgError(e))
+}
+
+/// The server takes no writes: a read-only transaction (SQLSTATE 25006, which a standby and a
+/// primary set read-only both give; the broker never asks for a read-only transaction), or a
+/// command a standby refuses ("cannot execute .. during recovery").
+fn refuses_writes(e: &postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| refuses_writes_state(db.code(), db.message()))
+}
+
+fn refuses_writes_state(c: &SqlState, message: &str) -> bool {
+    *c == SqlState::READ_ONLY_SQL_TRANSACTION || message.contains("during recovery")
 }
 
 /// A prepared statement of ours missing, or its name taken, on the server.
@@ -335,8 +435,9 @@ impl std::fmt::Display for UndeclaredPooler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: the server session changed under this connection, as behind a PgBouncer in \
-             transaction pooling; say pool_mode=transaction in the URL",
+            "{}: the server session changed under this connection's transaction, as behind a \
+             PgBouncer in transaction pooling; the broker uses it as such from now on (say \
+             pool_mode=transaction in the URL to start so)",
             self.0
         )
     }
@@ -352,6 +453,16 @@ impl StdError for UndeclaredPooler {
 /// error" and keeps the server's message in its source).
 #[derive(Debug)]
 pub(super) struct PgError(pub postgres::Error);
+
+impl PgError {
+    /// The text of a driver error, as [`PgError`] shows it.
+    fn text(e: &postgres::Error) -> String {
+        match e.as_db_error() {
+            Some(db) => format!("{db} (SQLSTATE {})", db.code().code()),
+            None => e.to_string(),
+        }
+    }
+}
 
 impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -409,39 +520,49 @@ fn classify(e: &postgres::Error, closed: bool) -> DbErrorKind {
     if closed || e.is_closed() {
         return DbErrorKind::ConnectionLost;
     }
-    match e.code() {
-        Some(c)
-            if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                || *c == SqlState::T_R_DEADLOCK_DETECTED =>
-        {
+    match e.as_db_error() {
+        Some(db) => classify_state(db.code(), db.message()),
+        // No SQLSTATE: an I/O error, or a value that did not convert.
+        None if e.source().is_some_and(|s| s.is::<std::io::Error>()) => DbErrorKind::ConnectionLost,
+        None => DbErrorKind::Other,
+    }
+}
+
+/// How the server's error `c` (with its message) should be treated.
+fn classify_state(c: &SqlState, message: &str) -> DbErrorKind {
+    if refuses_writes_state(c, message) {
+        return DbErrorKind::ConnectionLost;
+    }
+    match c {
+        c if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
             DbErrorKind::Transient
         }
         // `lock_timeout`, and `statement_timeout` (or a cancel): the statement was rolled back.
-        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
+        c if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
             DbErrorKind::Transient
         }
-        Some(c)
-            if *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::CRASH_SHUTDOWN
-                || *c == SqlState::CANNOT_CONNECT_NOW
-                || *c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
-                || c.code().starts_with("08") =>
+        // The server ends the session: shutdown, crash, not yet accepting, an idle timeout (in
+        // a transaction, or PostgreSQL 14's idle_session_timeout), its database dropped (also a
+        // standby's recovery conflict with a dropped database).
+        c if *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::CRASH_SHUTDOWN
+            || *c == SqlState::CANNOT_CONNECT_NOW
+            || *c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+            || *c == SqlState::IDLE_SESSION_TIMEOUT
+            || *c == SqlState::DATABASE_DROPPED
+            || c.code().starts_with("08") =>
         {
             DbErrorKind::ConnectionLost
         }
         // Undefined column, a type the statement cannot compare or assign, undefined function
         // (an operator over a column of another type).
-        Some(c)
-            if *c == SqlState::UNDEFINED_COLUMN
-                || *c == SqlState::DATATYPE_MISMATCH
-                || *c == SqlState::UNDEFINED_FUNCTION =>
+        c if *c == SqlState::UNDEFINED_COLUMN
+            || *c == SqlState::DATATYPE_MISMATCH
+            || *c == SqlState::UNDEFINED_FUNCTION =>
         {
             DbErrorKind::Schema
         }
-        Some(_) => DbErrorKind::Other,
-        // No SQLSTATE: an I/O error, or a value that did not convert.
-        None if e.source().is_some_and(|s| s.is::<std::io::Error>()) => DbErrorKind::ConnectionLost,
-        None => DbErrorKind::Other,
+        _ => DbErrorKind::Other,
     }
 }
 
@@ -504,7 +625,7 @@ fn decode(rows: Vec<postgres::Row>, unreadable: &mut Vec<(usize, String)>) -> Ve
 pub(crate) struct TxConn<'a, 'b>(pub &'a mut postgres::Transaction<'b>);
 
 fn wrap(e: postgres::Error) -> DbError {
-    DbError::new(classify(&e, false), PgError(e))
+    db_error(e, false)
 }
 
 impl DbConn for TxConn<'_, '_> {
@@ -559,32 +680,34 @@ impl DbConn for PgConn {
 
     fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
         if self.pooled() {
-            // `query_typed` returns rows, not the count: a statement without `RETURNING`
-            // reads 0 rows changed through the count of its rows.
-            return self
-                .in_transaction(|c| {
-                    let typed: Vec<(&(dyn ToSql + Sync), Type)> = values
-                        .iter()
-                        .map(|v| (v as &(dyn ToSql + Sync), Type::UNKNOWN))
-                        .collect();
-                    let mut it = c.query_typed_raw(sql, typed)?;
-                    while postgres::fallible_iterator::FallibleIterator::next(&mut it)?.is_some() {}
-                    Ok(it.rows_affected().unwrap_or(0))
-                })
-                .map_err(|e| self.fail(e));
+            return self.execute_unnamed(sql, values);
         }
         let r = self
             .prepared(sql)
             .and_then(|st| self.client.execute(&st, &params(values)));
-        r.map_err(|e| self.fail(e))
+        match r {
+            Err(e) if lost_statement(&e) => {
+                self.undeclared_pooler(e)?;
+                self.execute_unnamed(sql, values)
+            }
+            r => r.map_err(|e| self.fail(e)),
+        }
     }
 
     fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let r = if self.pooled() {
             self.unnamed(sql, values)
         } else {
-            self.prepared(sql)
+            match self
+                .prepared(sql)
                 .and_then(|st| self.client.query(&st, &params(values)))
+            {
+                Err(e) if lost_statement(&e) => {
+                    self.undeclared_pooler(e)?;
+                    self.unnamed(sql, values)
+                }
+                r => r,
+            }
         };
         let rows = r.map_err(|e| self.fail(e))?;
         self.unreadable.clear();
@@ -593,7 +716,13 @@ impl DbConn for PgConn {
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
         if !self.pooled() {
-            return self.client.batch_execute(sql).map_err(|e| self.fail(e));
+            let r = self.client.batch_execute(sql);
+            match tx_control(sql) {
+                TxControl::Begin => self.in_tx = r.is_ok(),
+                TxControl::End => self.in_tx = false,
+                TxControl::Other => {}
+            }
+            return r.map_err(|e| self.fail(e));
         }
         let r = match tx_control(sql) {
             TxControl::Begin => {
@@ -624,7 +753,11 @@ impl DbConn for PgConn {
     }
 
     fn is_broken(&self) -> bool {
-        self.broken || self.client.is_closed()
+        // A session opened for session pooling where transaction pooling was since noticed:
+        // its statement cache and settings belong to server sessions it may not have.
+        self.broken
+            || self.client.is_closed()
+            || (self.mode == Pooling::Session && self.setup.pooling() == Pooling::Transaction)
     }
 
     fn set_broken(&mut self, broken: bool) {
@@ -657,6 +790,47 @@ mod tests {
             begin_local(&setup),
             "BEGIN; SET LOCAL lock_timeout = '5000'; SET LOCAL a.b = 'it''s'"
         );
+    }
+
+    /// Issue 24 item 6: a server that takes no writes is a lost connection (transient, the
+    /// session discarded), not a permanent error; other errors keep their kinds.
+    #[test]
+    fn a_server_that_takes_no_writes_is_a_lost_connection() {
+        let read_only = "cannot execute INSERT in a read-only transaction";
+        assert_eq!(
+            classify_state(&SqlState::READ_ONLY_SQL_TRANSACTION, read_only),
+            DbErrorKind::ConnectionLost
+        );
+        assert!(refuses_writes_state(
+            &SqlState::READ_ONLY_SQL_TRANSACTION,
+            read_only
+        ));
+        // A standby's refusals of commands it cannot run (PreventCommandDuringRecovery).
+        let recovery = "cannot execute pg_notify() during recovery";
+        assert!(refuses_writes_state(
+            &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            recovery
+        ));
+        assert_eq!(
+            classify_state(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, recovery),
+            DbErrorKind::ConnectionLost
+        );
+        for (c, kind) in [
+            (SqlState::IDLE_SESSION_TIMEOUT, DbErrorKind::ConnectionLost),
+            (SqlState::DATABASE_DROPPED, DbErrorKind::ConnectionLost),
+            (SqlState::ADMIN_SHUTDOWN, DbErrorKind::ConnectionLost),
+            // A recovery conflict cancels the statement: tried again, on the same session.
+            (SqlState::T_R_SERIALIZATION_FAILURE, DbErrorKind::Transient),
+            (SqlState::UNIQUE_VIOLATION, DbErrorKind::Other),
+            (SqlState::UNDEFINED_COLUMN, DbErrorKind::Schema),
+        ] {
+            assert_eq!(classify_state(&c, "x"), kind, "{}", c.code());
+            assert!(!refuses_writes_state(&c, "x"), "{}", c.code());
+        }
+        let e = DbError::refused_writes("cannot execute INSERT in a read-only transaction");
+        assert!(e.is_refused_writes() && e.kind == DbErrorKind::ConnectionLost);
+        assert!(e.during("publish", "jobs").is_transient());
+        assert!(!DbError::new(DbErrorKind::ConnectionLost, "gone").is_refused_writes());
     }
 
     #[test]

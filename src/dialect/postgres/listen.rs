@@ -11,9 +11,14 @@
 //!
 //! The session has TCP keepalives tighter than the pool's, so a listener whose server vanished
 //! without closing the socket is noticed in about 15 s, not minutes; a closed one at once.
+//!
+//! With `target_session_attrs=read-write` the session asks every [`WRITABLE_CHECK`] whether its
+//! server still takes writes: after a switchover that leaves the old primary up read-only it
+//! would go on listening there while the publishes notify the new primary. It then ends as a
+//! lost connection, and the feed connects again through the URL's hosts.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
@@ -25,6 +30,8 @@ use crate::error::{DbError, DbErrorKind};
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_RETRIES: u32 = 5;
+/// How often a listener that needs a primary asks whether its server still is one.
+const WRITABLE_CHECK: Duration = Duration::from_secs(5);
 
 /// Opens the listening session (with the pool's TLS settings).
 pub(super) fn open(
@@ -46,9 +53,12 @@ pub(super) fn open(
     };
     config.application_name(&name);
     let client = conn::client(&config, tls, setup)?;
+    let primary =
+        config.get_target_session_attrs() == postgres::config::TargetSessionAttrs::ReadWrite;
     Ok(Box::new(PgWatcher {
         client,
         tables: HashMap::new(),
+        writable_checked: primary.then(Instant::now),
     }))
 }
 
@@ -84,6 +94,36 @@ struct PgWatcher {
     client: Client,
     /// Table by channel.
     tables: HashMap<String, String>,
+    /// `target_session_attrs=read-write`: when the server last said it takes writes.
+    writable_checked: Option<Instant>,
+}
+
+impl PgWatcher {
+    /// Every [`WRITABLE_CHECK`], where the URL asks for a primary: an error if the server no
+    /// longer takes writes (`transaction_read_only`, as the driver asks at connect).
+    fn check_writable(&mut self) -> Result<(), DbError> {
+        let Some(at) = self.writable_checked else {
+            return Ok(());
+        };
+        if at.elapsed() < WRITABLE_CHECK {
+            return Ok(());
+        }
+        let read_only = self
+            .client
+            .simple_query("SHOW transaction_read_only")
+            .map_err(lost)?
+            .iter()
+            .any(|m| matches!(m, postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("on")));
+        if read_only {
+            return Err(DbError::new(
+                DbErrorKind::ConnectionLost,
+                "the listening session's server no longer takes writes (a switchover?): \
+                 listening again through the URL's hosts",
+            ));
+        }
+        self.writable_checked = Some(Instant::now());
+        Ok(())
+    }
 }
 
 impl Watcher for PgWatcher {
@@ -129,7 +169,7 @@ impl Watcher for PgWatcher {
                 "the listening session was closed",
             ));
         }
-        Ok(())
+        self.check_writable()
     }
 
     fn echoes(&self) -> bool {

@@ -203,15 +203,21 @@ impl Dialect for Postgres {
         Some(sql::cancel(session))
     }
 
+    fn key_xact_lock(&self) -> Option<&'static str> {
+        (self.setup.pooling() == conn::Pooling::Transaction).then_some(sql::KEY_XACT_LOCK)
+    }
+
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         conn::connect(&self.config, &self.tls, &self.setup)
     }
 
     fn check_server(&self, conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {
-        if form == Form::AdvisoryLock && self.setup.pooling == conn::Pooling::Transaction {
+        if form == Form::AdvisoryLock && self.setup.pooling() == conn::Pooling::Transaction {
             return Err(BrokerError::Unsupported {
                 database: "PostgreSQL",
-                what: "the advisory lock form with pool_mode=transaction".into(),
+                what: "the advisory lock form through transaction pooling (pool_mode=transaction, \
+                       or noticed)"
+                    .into(),
                 why: "its locks belong to a server session, which transaction pooling shares \
                       between clients: connect this broker directly or through session \
                       pooling, or use the lease or row lock form",

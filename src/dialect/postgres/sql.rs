@@ -61,6 +61,12 @@ fn quote_ident(s: &str) -> String {
 /// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
 pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
+/// An advisory key taken until the transaction ends (the operator calls through transaction
+/// pooling): `(name)` -> 1 if taken, 0 if held elsewhere. A key a subscription holds with the
+/// session lock of `key_lock` conflicts with it: the same lock, whatever its scope.
+pub(super) const KEY_XACT_LOCK: &str =
+    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))::int";
+
 /// The settings the session's startup packet set (a pooler may have dropped them).
 pub(super) const CLIENT_SETTINGS: &str = "SELECT name FROM pg_settings WHERE source = 'client'";
 
