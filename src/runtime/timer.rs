@@ -24,10 +24,19 @@ pub(crate) struct Timer {
 
 impl Timer {
     pub fn start(name: String) -> std::io::Result<Timer> {
+        Timer::start_with_clock(name, Instant::now)
+    }
+
+    /// A timer that reads the time from `now`: the system's clock in production; a clock the
+    /// test moves by hand in tests, so what is due does not depend on how busy the machine is.
+    fn start_with_clock(
+        name: String,
+        now: impl Fn() -> Instant + Send + 'static,
+    ) -> std::io::Result<Timer> {
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(&rx))?;
+            .spawn(move || run(&rx, now))?;
         Ok(Timer { tx })
     }
 
@@ -54,10 +63,10 @@ impl Queue {
         self.due.push(Reverse((at, self.next_key)));
     }
 
-    /// The earliest task whose deadline has passed.
-    fn pop_due(&mut self) -> Option<Task> {
+    /// The earliest task whose deadline is `now` or has passed (ties in the order added).
+    fn pop_due(&mut self, now: Instant) -> Option<Task> {
         while let Some(&Reverse((at, key))) = self.due.peek() {
-            if at > Instant::now() {
+            if at > now {
                 return None;
             }
             self.due.pop();
@@ -69,11 +78,11 @@ impl Queue {
     }
 }
 
-fn run(rx: &Receiver<(Instant, Task)>) {
+fn run(rx: &Receiver<(Instant, Task)>, now: impl Fn() -> Instant) {
     let mut queue = Queue::default();
     loop {
         let received = match queue.due.peek() {
-            Some(Reverse((at, _))) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+            Some(Reverse((at, _))) => rx.recv_timeout(at.saturating_duration_since(now())),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match received {
@@ -81,9 +90,9 @@ fn run(rx: &Receiver<(Instant, Task)>) {
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        while let Some(mut task) = queue.pop_due() {
+        while let Some(mut task) = queue.pop_due(now()) {
             match catch_unwind(AssertUnwindSafe(&mut task)) {
-                Ok(Some(again)) => queue.add(Instant::now() + again, task),
+                Ok(Some(again)) => queue.add(now() + again, task),
                 Ok(None) => {}
                 Err(_) => log::error!("a timer task panicked; it was dropped"),
             }
@@ -95,50 +104,86 @@ fn run(rx: &Receiver<(Instant, Task)>) {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
-    /// Tasks run at their deadlines in deadline order, a task asking to run again does, and a
-    /// panicking task does not stop the thread.
+    /// Tasks run at their deadlines (not before), in deadline order when several are due at
+    /// once, a task asking to run again does after the delay it asked for, and a panicking task
+    /// does not stop the thread. The timer reads a clock the test moves, and each step waits
+    /// for a marker task due at the new time, which runs after every task due by then (ties run
+    /// in the order added): nothing here depends on how fast the machine is.
     #[test]
     fn runs_tasks_in_deadline_order_and_survives_a_panic() {
-        let timer = Timer::start("sqlbroker-timer-test".into()).unwrap();
+        let t0 = Instant::now();
+        let clock = Arc::new(Mutex::new(t0));
+        let read = clock.clone();
+        let timer =
+            Timer::start_with_clock("sqlbroker-timer-test".into(), move || *read.lock().unwrap())
+                .unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
-        let now = Instant::now();
-        timer.at(now, Box::new(|| panic!("boom")));
-        for (name, after_ms) in [("late", 300), ("early", 100)] {
+        let ms = Duration::from_millis;
+        timer.at(t0, Box::new(|| panic!("boom")));
+        // Added latest first, so running in the order added would fail.
+        for (name, after) in [("late", 300), ("middle", 200), ("early", 100)] {
             let tx = tx.clone();
             timer.at(
-                now + Duration::from_millis(after_ms),
+                t0 + ms(after),
                 Box::new(move || {
-                    let _ = tx.send((name, Instant::now()));
+                    let _ = tx.send(name);
                     None
                 }),
             );
         }
         let runs = Arc::new(AtomicUsize::new(0));
         let r = runs.clone();
-        let tx2 = tx.clone();
         timer.at(
-            now,
+            t0,
             Box::new(move || {
                 if r.fetch_add(1, Ordering::SeqCst) < 2 {
-                    Some(Duration::from_millis(10))
+                    Some(ms(10))
                 } else {
-                    let _ = tx2.send(("again", Instant::now()));
+                    let _ = tx.send("again");
                     None
                 }
             }),
         );
-        let mut got = Vec::new();
-        for _ in 0..3 {
-            got.push(
-                rx.recv_timeout(Duration::from_secs(5))
-                    .expect("a task did not run"),
+        // Moves the clock to `t0 + after`, waits until the timer has run everything due by
+        // then, and returns the names sent meanwhile.
+        let step = |after: u64| -> Vec<&str> {
+            let to = t0 + ms(after);
+            *clock.lock().unwrap() = to;
+            let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+            timer.at(
+                to,
+                Box::new(move || {
+                    let _ = done_tx.send(());
+                    None
+                }),
             );
-        }
-        let names: Vec<&str> = got.iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["again", "early", "late"]);
-        assert!(got[1].1 >= now + Duration::from_millis(100), "ran early");
+            done_rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the timer thread did not run a task that was due");
+            rx.try_iter().collect()
+        };
+        assert!(step(0).is_empty());
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the due task did not run once"
+        );
+        assert!(step(9).is_empty());
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "ran again before its delay");
+        assert!(step(10).is_empty());
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "did not run again after its delay"
+        );
+        assert_eq!(step(20), ["again"]);
         assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert!(step(99).is_empty(), "a task ran before its deadline");
+        assert_eq!(step(100), ["early"]);
+        assert_eq!(step(1000), ["middle", "late"], "not in deadline order");
+        assert!(step(5000).is_empty());
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "a finished task ran again");
     }
 }
