@@ -154,12 +154,21 @@ impl Table {
         }
     }
 
+    /// The form as it runs: a lease in the whole seconds it is written with.
+    fn effective_form(&self) -> (Form, u64, Option<&str>) {
+        let lease = self.lease.map_or(0, crate::schedule::lease_secs);
+        (self.form(), lease, self.advisory.as_deref())
+    }
+
     /// How `self` (a description in code) differs from `recorded`, one line each; empty when
-    /// they describe the same table. Columns compare by name and type, in any order.
+    /// they describe the same table. Columns compare by name and type, in any order; options
+    /// compare by what they make the queue do, so a description that spells a default out
+    /// (`max_attempts(25)`, `READ COMMITTED`) or a lease or retention that rounds to the same
+    /// whole seconds is the same table.
     pub(crate) fn differences(&self, recorded: &Table) -> Vec<String> {
         let mut out = Vec::new();
-        let (form, was) = (self.form_words(), recorded.form_words());
-        if form != was {
+        if self.effective_form() != recorded.effective_form() {
+            let (form, was) = (self.form_words(), recorded.form_words());
             out.push(format!("recorded as {was}, described as {form}"));
         }
         for (name, ty) in &recorded.columns {
@@ -192,36 +201,59 @@ impl Table {
                 ));
             }
         }
-        let mut field = |what: &str, now: String, then: String| {
-            if now != then {
+        // An option compared as it runs (`same`), shown as given where the two differ.
+        let mut option = |what: &str, same: bool, now: String, then: String| {
+            if !same {
                 out.push(format!("{what} is recorded as {then}, described as {now}"));
             }
         };
         let opt = |v: Option<String>| v.unwrap_or_else(|| "unset".into());
-        field(
+        option(
             "the group column",
+            self.group == recorded.group,
             opt(self.group.clone()),
             opt(recorded.group.clone()),
         );
-        field("fifo", self.fifo.to_string(), recorded.fifo.to_string());
-        field(
+        option(
+            "fifo",
+            self.fifo == recorded.fifo,
+            self.fifo.to_string(),
+            recorded.fifo.to_string(),
+        );
+        let isolation = |t: &Table| t.isolation.unwrap_or(Isolation::ReadCommitted);
+        option(
             "isolation",
+            isolation(self) == isolation(recorded),
             opt(self.isolation.map(|i| isolation_name(i).into())),
             opt(recorded.isolation.map(|i| isolation_name(i).into())),
         );
-        field(
+        let attempts = |t: &Table| t.max_attempts.unwrap_or(Table::DEFAULT_MAX_ATTEMPTS);
+        option(
             "max_attempts",
+            attempts(self) == attempts(recorded),
             opt(self.max_attempts.map(|n| n.to_string())),
             opt(recorded.max_attempts.map(|n| n.to_string())),
         );
-        field("dedup", self.dedup.to_string(), recorded.dedup.to_string());
-        field(
+        option(
+            "dedup",
+            self.dedup == recorded.dedup,
+            self.dedup.to_string(),
+            recorded.dedup.to_string(),
+        );
+        option(
             "priorities",
+            self.priorities == recorded.priorities,
             self.priorities.to_string(),
             recorded.priorities.to_string(),
         );
-        field(
+        // Kept for whole seconds, rounded up (`TableSpec::retention_secs`).
+        let kept = |t: &Table| {
+            t.keep_completed
+                .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+        };
+        option(
             "keep_completed",
+            kept(self) == kept(recorded),
             opt(self.keep_completed.map(|d| format!("{d:?}"))),
             opt(recorded.keep_completed.map(|d| format!("{d:?}"))),
         );
@@ -322,6 +354,58 @@ mod tests {
                 "the Payload column is recorded as payload, described as body",
                 "max_attempts is recorded as unset, described as 3",
             ]
+        );
+        // Options compare as they run: a default spelled out, or a lease or retention that
+        // rounds to the same whole seconds, is the same table.
+        let lease = |d| Table::new("jobs").lease(d);
+        let same = [
+            (
+                lease(Duration::from_secs(30)),
+                lease(Duration::from_millis(29_001)),
+            ),
+            (
+                lease(Duration::from_millis(1)),
+                lease(Duration::from_secs(1)),
+            ),
+            (
+                Table::new("jobs").max_attempts(Table::DEFAULT_MAX_ATTEMPTS),
+                Table::new("jobs"),
+            ),
+            (
+                Table::new("jobs").isolation(Isolation::ReadCommitted),
+                Table::new("jobs"),
+            ),
+            (
+                Table::new("jobs").keep_completed(Duration::from_millis(86_399_500)),
+                Table::new("jobs").keep_completed(Duration::from_secs(86_400)),
+            ),
+        ];
+        for (a, b) in same {
+            assert!(a.differences(&b).is_empty(), "{:?}", a.differences(&b));
+            assert!(b.differences(&a).is_empty(), "{:?}", b.differences(&a));
+        }
+        // ... and what runs differently still differs.
+        assert_eq!(
+            lease(Duration::from_millis(30_001)).differences(&lease(Duration::from_secs(30))),
+            ["recorded as lease 30s, described as lease 30.001s"]
+        );
+        assert_eq!(
+            Table::new("jobs")
+                .max_attempts(24)
+                .differences(&Table::new("jobs")),
+            ["max_attempts is recorded as unset, described as 24"]
+        );
+        assert_eq!(
+            Table::new("jobs")
+                .isolation(Isolation::Serializable)
+                .differences(&Table::new("jobs")),
+            ["isolation is recorded as unset, described as serializable"]
+        );
+        assert_eq!(
+            Table::new("j")
+                .keep_completed(Duration::from_millis(1_001))
+                .differences(&Table::new("j").keep_completed(Duration::from_secs(1))),
+            ["keep_completed is recorded as 1s, described as 1.001s"]
         );
         // Column order does not matter.
         let a = Table::new("t").text_column("x").int_column("y");
