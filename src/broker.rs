@@ -519,10 +519,16 @@ impl Broker {
     ///
     /// [`BrokerError::DdlRefused`] on a broker built with
     /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent
-    /// ([`Table::ddl`] gives the statements to apply instead).
+    /// ([`Table::ddl`] gives the statements to apply instead);
+    /// [`BrokerError::Unsupported`] for a form the database does not have, before anything is
+    /// sent: SQLite has no row locks (the default form), so a SQLite table is described with
+    /// [`Table::lease`] or [`Table::advisory_lock`].
     pub fn create_table(&self, table: &Table) -> Result<()> {
         self.may_run_ddl("create_table", table)?;
         let q = self.compiled(table)?;
+        // A form the database cannot run (row lock on SQLite) is refused before anything is
+        // made or recorded, rather than at the first subscription's start.
+        q.dialect.check_form(q.spec.form)?;
         // The record before the table: one found while the table is missing is a dropped
         // table's (see `registry::record_created`).
         let before = crate::registry::before_create(&q)?;
@@ -598,11 +604,13 @@ impl Broker {
     ///
     /// ```
     /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// broker.create_table(&Table::new("jobs"))?;
+    /// let lease = Duration::from_secs(30);
+    /// broker.create_table(&Table::new("jobs").lease(lease))?;
     /// // A later version of the service wants priorities and dedup keys on the same table.
-    /// let jobs = Table::new("jobs").priorities().dedup();
+    /// let jobs = Table::new("jobs").lease(lease).priorities().dedup();
     /// let done = broker.migrate(&jobs)?;
     /// assert_eq!(
     ///     done,
@@ -617,7 +625,10 @@ impl Broker {
     /// flag is kept. Brokers that checked the old description keep it until they are made
     /// again: stop the workers of the old description first. A description in another form
     /// than the record (or, for a table with no record, its columns: a `locked_until` column
-    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form.
+    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form (to
+    /// change it, create a table of another name and move the work there, or drop an empty
+    /// table and create it again). A form the database does not have is
+    /// [`BrokerError::Unsupported`], as in [`create_table`](Broker::create_table).
     ///
     /// [`BrokerError::DdlRefused`] on a broker built with
     /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent;
@@ -625,6 +636,7 @@ impl Broker {
     pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
         self.may_run_ddl("migrate", table)?;
         let q = self.compiled(table)?;
+        q.dialect.check_form(q.spec.form)?;
         let mut conn = q.conn("migrate")?;
         let found = q.columns(&mut *conn)?;
         if found.is_empty() {

@@ -95,7 +95,9 @@ impl Table {
     /// # Errors
     ///
     /// [`BrokerError::InvalidTable`] for an invalid description;
-    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built.
+    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built;
+    /// [`BrokerError::Unsupported`] for a form the database does not have (row lock on
+    /// SQLite).
     ///
     /// ```
     /// use sqlbroker::{Database, Table};
@@ -116,6 +118,9 @@ impl Table {
 /// `create_table`'s statements on `dialect`, then the registry and the record.
 fn create_sql(dialect: &dyn Dialect, table: &Table) -> Result<Vec<String>> {
     let spec = table.validate()?;
+    // Statements for a table no worker could run (row lock on SQLite) are refused, as
+    // `create_table` refuses to make it.
+    dialect.check_form(spec.form)?;
     let mut out = dialect.create_table(&spec);
     out.extend(record_sql(dialect, table));
     Ok(out)
@@ -239,7 +244,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`BrokerError::InvalidTable`] for an invalid description.
+    /// [`BrokerError::InvalidTable`] for an invalid description, [`BrokerError::Unsupported`]
+    /// for a form the database does not have (row lock on SQLite).
     pub fn create_table_sql(&self, table: &Table) -> Result<Vec<String>> {
         create_sql(self.dialect(), table)
     }
@@ -260,16 +266,19 @@ impl Broker {
     ///
     /// ```
     /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// broker.create_table(&Table::new("jobs"))?;
-    /// let sql = broker.migration_sql(&Table::new("jobs").priorities())?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let sql = broker.migration_sql(&jobs.clone().priorities())?;
     /// assert_eq!(sql[0], "ALTER TABLE \"jobs\" ADD COLUMN \"priority\" INTEGER NOT NULL DEFAULT 0");
-    /// assert!(broker.migration_sql(&Table::new("jobs"))?.is_empty());
+    /// assert!(broker.migration_sql(&jobs)?.is_empty());
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     pub fn migration_sql(&self, table: &Table) -> Result<Vec<String>> {
         let q = self.compiled(table)?;
+        q.dialect.check_form(q.spec.form)?;
         let found = {
             let mut conn = q.conn("migration sql")?;
             q.columns(&mut *conn)?

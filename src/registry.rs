@@ -289,7 +289,8 @@ pub(crate) fn check_migration(q: &Queue, table: &Table) -> Result<()> {
                 return Ok(());
             }
             vec![format!(
-                "recorded as {}, described as {}: migrate does not change a table's form",
+                "recorded as {}, described as {}: migrate does not change a table's form \
+                 ({CHANGE_FORM})",
                 recorded.form_words(),
                 table.form_words()
             )]
@@ -304,6 +305,11 @@ pub(crate) fn check_migration(q: &Queue, table: &Table) -> Result<()> {
         problems,
     })
 }
+
+/// How out of a refused change of form.
+const CHANGE_FORM: &str = "to change it, create a table of another name with the new \
+                           description and move the work there, or drop this one once it is \
+                           empty and create it again";
 
 /// True if `table` is, exactly, its table's recorded description (a dry-run migration then
 /// has no record to write).

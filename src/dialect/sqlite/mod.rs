@@ -157,7 +157,9 @@ impl Dialect for Sqlite {
             return Err(BrokerError::Unsupported {
                 database: "SQLite",
                 what: "the row lock form".into(),
-                why: "SQLite has no row locks; describe the table with .lease(..) or .advisory_lock(..)",
+                why: "SQLite has no row locks; its forms are lease and advisory lock: describe \
+                      the table with Table::lease(..) (or Table::advisory_lock(..) for per-key \
+                      order)",
             });
         }
         Ok(())
