@@ -123,30 +123,40 @@ fn check_good_description_still_works(live: &Live, broker: &Broker) {
     assert_eq!(live.rows(&t), 1);
 }
 
-/// A row lock table on SQLite is refused at `start()` with `Unsupported`.
+/// A row lock table on SQLite is refused where it is described (`create_table`, `migrate`)
+/// with `Unsupported` naming the forms it has, and nothing is made; the servers take it.
 #[test]
 fn sqlite_row_lock_is_unsupported() {
     let Some(live) = common::live(Db::Sqlite) else {
         return;
     };
-    let t = live.table(Form::RowLock, Duration::ZERO);
-    live.broker
-        .publish(&t, Message::new(b"x".to_vec()).set("k", "a"))
-        .unwrap();
-    match live.broker.subscription(&t).start() {
+    let t = common::describe(&common::unique("t"), Form::RowLock, Duration::ZERO);
+    let unsupported = |r: sqlbroker::Result<()>, what: &str| match r {
         Err(e @ BrokerError::Unsupported { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("SQLite") && msg.contains("row lock"), "{msg}");
+            assert!(
+                msg.contains("SQLite") && msg.contains("row lock") && msg.contains("Table::lease"),
+                "{what}: {msg}"
+            );
         }
-        Err(e) => panic!("expected Unsupported, got {e:?}"),
-        Ok(_) => panic!("a row lock subscription started on SQLite"),
-    }
-    // Its state, not just its count: a claim would have counted an attempt.
-    assert_eq!(
-        live.rows_where(&t, "attempts = 0 AND dead_at IS NULL"),
-        1,
-        "the refused subscription touched the row"
+        Err(e) => panic!("{what}: expected Unsupported, got {e:?}"),
+        Ok(()) => panic!("{what}: a row lock table was made on SQLite"),
+    };
+    // Refused where it is described, before anything is made or recorded.
+    unsupported(live.broker.create_table(&t), "create_table");
+    unsupported(live.broker.migrate(&t).map(drop), "migrate");
+    assert!(!live.table_exists(t.name()), "the refused table was made");
+    assert!(
+        live.broker.tables().unwrap().is_empty(),
+        "the refused table was recorded"
     );
+    // The servers still take the form.
+    for db in [Db::Postgres, Db::Mysql] {
+        if let Some(server) = common::live(db) {
+            let r = server.table(Form::RowLock, Duration::ZERO);
+            server.broker.publish(&r, common::msg("x", "a")).unwrap();
+        }
+    }
 }
 
 /// Runs `f`, turning a panic into a test failure that names `what`.
