@@ -133,7 +133,7 @@ macro_rules! publish_connection {
                 use crate::dialect::$dialect::{diesel as glue, sql_only};
                 nested(self, table, glue::fail, |conn| {
                     let mut conn = glue::DieselConn::new(conn);
-                    crate::publish::in_transaction(sql_only(), &mut conn, table, message)
+                    crate::publish::in_transaction(sql_only(), &mut conn, table, message, false)
                 })
             }
 
@@ -141,7 +141,13 @@ macro_rules! publish_connection {
                 use crate::dialect::$dialect::{diesel as glue, sql_only};
                 nested(self, table, glue::fail, |conn| {
                     let mut conn = glue::DieselConn::new(conn);
-                    crate::publish::batch_in_transaction(sql_only(), &mut conn, table, messages)
+                    crate::publish::batch_in_transaction(
+                        sql_only(),
+                        &mut conn,
+                        table,
+                        messages,
+                        false,
+                    )
                 })
             }
         }

@@ -477,15 +477,19 @@ impl Broker {
     ///   statement of that delivery finishes the row as cancelled instead (a dead letter with
     ///   reason `"cancelled"`, or completed and cancelled where completed rows are kept). The
     ///   handler can ask [`Delivery::cancel_requested`](crate::Delivery::cancel_requested).
-    ///   If the process dies before it settles, the row comes back when its lease expires:
-    ///   cancel it again then.
+    ///   A row claimed ahead into a subscription's buffer counts as in work: if that
+    ///   subscription hands it back unhandled (closed, shut down), the hand-back ends it as
+    ///   cancelled; if the process dies holding it, the claim that takes it once its lease
+    ///   expires ends it as cancelled instead of running it. Either way no handler starts it
+    ///   again.
     /// - **row lock**: its row is locked by the delivery's transaction, so no one can write it
     ///   meanwhile: cancel waits for that delivery to settle (at most the broker's
     ///   [`statement_timeout`](crate::BrokerBuilder::statement_timeout), then a transient
     ///   [`BrokerError::Database`] and nothing changed), then removes the row if it is still
     ///   there. The handler sees nothing.
-    /// - **advisory lock**: the request is written on the row (the handler can ask, and its
-    ///   retry ends the row as in the lease form), then cancel waits for the row's key (at
+    /// - **advisory lock**: the request is written on the row (the handler can ask, its
+    ///   retry ends the row as in the lease form, and a claim that finds the request ends the
+    ///   row instead of running it), then cancel waits for the row's key (at
     ///   most the statement timeout; the request is then withdrawn, and the error is a
     ///   transient [`BrokerError::Database`]) and removes the row under it.
     ///

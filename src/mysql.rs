@@ -35,7 +35,7 @@ use crate::{Message, Published, Result, Table};
 
 /// Publishes one message inside `tx`; its id. Rolled back with `tx`.
 pub fn publish(tx: &mut ::mysql::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message)
+    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -50,6 +50,7 @@ pub fn publish_batch(
         &mut TxConn(tx),
         table,
         messages.into_iter().collect(),
+        true,
     )
 }
 

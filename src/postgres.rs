@@ -39,7 +39,7 @@ pub fn publish(
     table: &Table,
     message: Message,
 ) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message)
+    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -54,6 +54,7 @@ pub fn publish_batch(
         &mut TxConn(tx),
         table,
         messages.into_iter().collect(),
+        true,
     )
 }
 

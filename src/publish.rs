@@ -142,6 +142,37 @@ pub(crate) struct Compiled {
     pub sql: TableSql,
     /// Counts the transactional publishes (the `metrics` feature).
     pub meters: crate::meters::Meters,
+    /// Checked against the table's record, once per process and description, as a broker's
+    /// publish is ([`crate::registry::verify`]).
+    pub described: std::sync::atomic::AtomicBool,
+}
+
+/// Refuses `table` if its record disagrees with it, as `Broker::publish` does: the first
+/// transactional publish of a description in this process reads the record in the caller's
+/// transaction (two statements), later ones nothing. `check`: false where the connection
+/// cannot read the record's columns (Diesel's, which loads ids only).
+fn check_record(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    c: &Compiled,
+    table: &Table,
+    check: bool,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    if !check || c.described.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    match crate::registry::problems_in_transaction(dialect, conn, table)? {
+        None => Ok(()),
+        Some(problems) if problems.is_empty() => {
+            c.described.store(true, Ordering::Release);
+            Ok(())
+        }
+        Some(problems) => Err(crate::BrokerError::Schema {
+            table: c.spec.name.clone(),
+            problems,
+        }),
+    }
 }
 
 /// `table` validated and compiled for `dialect`, once per process and description.
@@ -156,18 +187,26 @@ pub(crate) fn compiled(dialect: &dyn Dialect, table: &Table) -> Result<Arc<Compi
     let spec = table.validate()?;
     let sql = dialect.compile(&spec);
     let meters = crate::meters::Meters::new(&spec.name);
-    let c = Arc::new(Compiled { spec, sql, meters });
+    let c = Arc::new(Compiled {
+        spec,
+        sql,
+        meters,
+        described: Default::default(),
+    });
     Ok(cache.lock().entry(key).or_insert(c).clone())
 }
 
-/// Publishes one message inside the caller's transaction on `conn`.
+/// Publishes one message inside the caller's transaction on `conn` (`check`: against the
+/// table's record, see [`check_record`]).
 pub(crate) fn in_transaction(
     dialect: &dyn Dialect,
     conn: &mut dyn DbConn,
     table: &Table,
     message: Message,
+    check: bool,
 ) -> Result<i64> {
     let c = compiled(dialect, table)?;
+    check_record(dialect, conn, &c, table, check)?;
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,
@@ -182,14 +221,17 @@ pub(crate) fn in_transaction(
     Ok(id)
 }
 
-/// Publishes a batch inside the caller's transaction on `conn`.
+/// Publishes a batch inside the caller's transaction on `conn` (`check` as
+/// [`in_transaction`]'s).
 pub(crate) fn batch_in_transaction(
     dialect: &dyn Dialect,
     conn: &mut dyn DbConn,
     table: &Table,
     messages: Vec<Message>,
+    check: bool,
 ) -> Result<crate::Published> {
     let c = compiled(dialect, table)?;
+    check_record(dialect, conn, &c, table, check)?;
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,

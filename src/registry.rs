@@ -276,6 +276,27 @@ fn unrecorded(q: &Queue, conn: &mut dyn DbConn, table: &Table) -> Result<Option<
     }))
 }
 
+/// The problems of `table` against its record, read on `conn` inside a caller's own
+/// transaction (the transactional publishes): `None` if there is nothing to check against (no
+/// registry, or no record: nothing is written inside the caller's transaction, so such a
+/// table is checked again at the next publish). The registry's existence is asked first, so
+/// a missing registry never aborts the caller's transaction (PostgreSQL).
+pub(crate) fn problems_in_transaction(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    table: &Table,
+) -> Result<Option<Vec<String>>> {
+    let name = table.name();
+    let during = |e: DbError| e.during("table check", name);
+    if !exists(dialect, conn).map_err(during)? {
+        return Ok(None);
+    }
+    let Some(row) = read(dialect, conn, name).map_err(during)? else {
+        return Ok(None);
+    };
+    Ok(Some(table.differences(&described(name, &row)?)))
+}
+
 /// Refuses a migration that would change the table's form: against its record, or, with
 /// none, its columns. Another form's description of a table with rows in work would run
 /// them twice; a form is chosen when a table is made.

@@ -43,7 +43,7 @@ use crate::{Message, Published, Result, Table};
 
 /// Publishes one message inside `tx`; its id. Rolled back with `tx`.
 pub fn publish(tx: &rusqlite::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message)
+    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -58,5 +58,6 @@ pub fn publish_batch(
         &mut TxConn(tx),
         table,
         messages.into_iter().collect(),
+        true,
     )
 }

@@ -1069,7 +1069,10 @@ const MAX_RUN_THREADS: usize = 1024;
 pub struct Ran {
     /// Deliveries whose handler returned `Ok(())` or `Ok(Outcome::Ack)`, acked.
     pub acked: usize,
-    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered.
+    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered. Only
+    /// those: a row dead-lettered because its last attempt failed is counted by what ended
+    /// that attempt (`retried`, `failed`, `panicked`, `timed_out`), and the
+    /// `sqlbroker_jobs_dead_lettered_total` metric counts every dead letter.
     pub dead_lettered: usize,
     /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
     /// delay (dead-lettered instead on the last attempt).

@@ -282,7 +282,7 @@ fn an_unrecorded_table_keeps_the_first_description_used(db: Db) {
         .text_column("g")
         .lease(LEASE);
     for (first, second) in [(&fifo, &plain), (&plain, &fifo)] {
-        live.create(first.clone());
+        let _ = live.create(first.clone());
         live.exec(&format!(
             "DELETE FROM sqlbroker_tables WHERE name = '{name}'"
         ));
