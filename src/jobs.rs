@@ -109,6 +109,8 @@ pub struct Job {
     last_error: Option<String>,
     dead_reason: Option<String>,
     payload: Vec<u8>,
+    /// The payload's full length in bytes ([`Broker::jobs_preview`] reads a prefix).
+    payload_len: u64,
     due_at: SystemTime,
     published_at: Option<SystemTime>,
     finished_at: Option<SystemTime>,
@@ -127,6 +129,7 @@ impl std::fmt::Debug for Job {
             .field("last_error", &self.last_error)
             .field("dead_reason", &self.dead_reason)
             .field("payload", &crate::value::Payload(&self.payload))
+            .field("payload_len", &self.payload_len)
             .field("due_at", &self.due_at)
             .field("published_at", &self.published_at)
             .field("finished_at", &self.finished_at)
@@ -175,9 +178,16 @@ impl Job {
         self.dead_reason.as_deref()
     }
 
-    /// The body.
+    /// The body; from [`Broker::jobs_preview`], only its first bytes
+    /// ([`payload_len`](Job::payload_len) tells the whole length).
     pub fn payload(&self) -> &[u8] {
         &self.payload
+    }
+
+    /// The payload's full length in bytes: [`payload`](Job::payload)'s length, except in a
+    /// [`Broker::jobs_preview`] listing, which reads only a prefix.
+    pub fn payload_len(&self) -> u64 {
+        self.payload_len
     }
 
     /// The value of a column of the table's description.
@@ -241,6 +251,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let id = int(next());
     let attempts = int(next()).clamp(0, u32::MAX as i64) as u32;
     let payload = next().into_payload();
+    let payload_len = payload.len() as u64;
     let due_at = next().as_time().unwrap_or(SystemTime::UNIX_EPOCH);
     let finished_at = next().as_time();
     let dead_reason = text(next());
@@ -276,6 +287,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         last_error,
         dead_reason,
         payload,
+        payload_len,
         due_at,
         published_at,
         finished_at,
@@ -462,6 +474,74 @@ impl Broker {
         let mut jobs: Vec<Job> = rows.into_iter().map(|r| job_row(&q, r, now)).collect();
         probe(&q, &mut jobs)?;
         Ok(jobs)
+    }
+
+    /// A page of jobs as [`Broker::jobs`] lists them, for a listing that shows a little of
+    /// each: every payload cut by the database to its first `payload_prefix` bytes
+    /// ([`Job::payload_len`] has its full length), so a page of large payloads costs a few
+    /// bytes each; and no probe.
+    ///
+    /// Without a probe, the row lock and advisory forms cannot tell a due row in work from
+    /// one ready (their work leaves no mark in the row): every due, live row comes back
+    /// [`Ready`](JobState::Ready), which there means "due: ready or in work", and
+    /// [`InFlight`](JobState::InFlight) pages the same rows, also as `Ready`. The probe
+    /// [`Broker::jobs`] makes is left out on purpose: it takes each due row's lock
+    /// (`FOR UPDATE SKIP LOCKED`) or key, which the claimers want, for as long as the page
+    /// takes; [`Broker::job`] probes one row. The lease form sees its rows in work as it
+    /// does in [`Broker::jobs`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::jobs`].
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobState, Message, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs");
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(vec![b'x'; 1_000_000]))?;
+    ///
+    /// let page = broker.jobs_preview(&jobs, JobState::Ready, None, 50, 60)?;
+    /// assert_eq!(page[0].payload(), &[b'x'; 60][..]);
+    /// assert_eq!(page[0].payload_len(), 1_000_000);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn jobs_preview(
+        &self,
+        table: &Table,
+        state: JobState,
+        after: Option<i64>,
+        limit: usize,
+        payload_prefix: usize,
+    ) -> Result<Vec<Job>> {
+        let q = self.queue(table)?;
+        checked(&q)?;
+        let Some(Some((sql, nows))) = q.sql.jobs_preview.get(state.index()) else {
+            return Ok(Vec::new());
+        };
+        let now = claim_now(SystemTime::now());
+        // SUBSTR counts from 1 and reads at most an INT's worth.
+        let mut params = vec![Value::Int(payload_prefix.min(i32::MAX as usize) as i64)];
+        params.extend(std::iter::repeat_n(Value::Time(now), *nows));
+        params.push(Value::Int(after.unwrap_or(i64::MIN)));
+        params.push(Value::Int(limit.min(i64::MAX as usize) as i64));
+        let rows = q.retrying("jobs", |conn| conn.query(sql, &params))?;
+        Ok(rows
+            .into_iter()
+            .map(|mut row| {
+                let len = if row.is_empty() {
+                    Value::Null
+                } else {
+                    row.remove(0)
+                };
+                let mut job = job_row(&q, row, now);
+                job.payload_len = len
+                    .as_i64()
+                    .map_or(job.payload.len() as u64, |n| n.max(0) as u64);
+                job
+            })
+            .collect())
     }
 
     /// Cancels the job `id`: `true` when it will not run again, `false` if no live or dead

@@ -73,7 +73,8 @@
 //! database; [`Broker::open_table`] reads it back by name in any process, and a description
 //! that disagrees with the record is refused ([`BrokerError::Schema`]). [`Broker::job`] looks a
 //! job up by id ([`Job`]: its [`JobState`], attempts, last error, values, times) and
-//! [`Broker::jobs`] pages jobs by state; a failed attempt keeps its error text on the row.
+//! [`Broker::jobs`] pages jobs by state ([`Broker::jobs_preview`]: a payload prefix each, no
+//! probe, for listings); a failed attempt keeps its error text on the row.
 //! [`Broker::cancel`] stops a job for good; [`Broker::pause`] and [`Broker::resume`] stop and
 //! restart a table's claims in every process.
 //!
@@ -204,7 +205,7 @@
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
 //! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `job`, `cancel`, `pause`, `resume`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `migrate`, `schema`, `publish`; no library API |
-//! | `dashboard` | off | `sqlbroker dashboard` (implies `cli`): a web dashboard of the tables (counts, jobs by state, dead letters, actions) and a Prometheus `/metrics` page, on a blocking HTTP server (`tiny_http`, `maud`); no library API |
+//! | `dashboard` | off | `sqlbroker dashboard` (implies `cli`): a web dashboard of the tables (counts, jobs by state, dead letters, actions) and a Prometheus `/metrics` page, on a small bounded HTTP server (`mio` polling, `httparse`, `maud`; no async runtime); no library API |
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
 //! | `diesel` | off | publishing inside the application's own Diesel transaction: `sqlbroker::diesel` module; `diesel-postgres`, `diesel-mysql`, `diesel-sqlite` one backend each (the first two link libpq and libmysqlclient) |

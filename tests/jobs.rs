@@ -149,6 +149,73 @@ fn job_states_and_pages(db: Db, form: Form) {
 }
 per_db_form!(job_states_and_pages);
 
+/// A listing's preview: each payload cut by the database to its first bytes, its full length
+/// beside it, the other columns as `jobs` reads them; and no probe: in the row lock and
+/// advisory forms a due row in work is listed `Ready` ("due"), while `jobs` probes it
+/// `InFlight` (lease: its lease tells, as in `jobs`).
+fn job_previews_read_a_prefix_and_probe_nothing(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let busy = b
+        .publish(&t, sqlbroker::Message::new(big.clone()).set("k", "a"))
+        .unwrap();
+    let sub = b
+        .subscription(&t)
+        .batch_size(1)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), busy);
+    let small = b.publish(&t, msg("héllo", "b")).unwrap();
+    let other = l.connect();
+    let state = if form == Form::Lease {
+        JobState::InFlight
+    } else {
+        JobState::Ready
+    };
+    let page = other.jobs_preview(&t, state, None, 10, 60).unwrap();
+    let got = page.iter().find(|j| j.id() == busy).expect("the busy row");
+    // Fails if the whole payload is read (or the length is the prefix's).
+    assert_eq!(got.payload(), &big[..60]);
+    assert_eq!(got.payload_len(), big.len() as u64);
+    assert_eq!(got.get("k").and_then(|v| v.as_str()), Some("a"));
+    if form == Form::Lease {
+        assert_eq!(got.state(), JobState::InFlight);
+    } else {
+        // Fails if the listing probes: the probe sees the row (or its key) held.
+        assert_eq!(got.state(), JobState::Ready);
+        assert_eq!(
+            other.jobs(&t, JobState::Ready, None, 10).unwrap()[0].state(),
+            JobState::InFlight,
+            "the probe of `jobs` sees the delivery"
+        );
+    }
+    // A prefix longer than the payload is the payload; in bytes, not characters.
+    let ready = other
+        .jobs_preview(&t, JobState::Ready, Some(busy), 10, 2)
+        .unwrap();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(ready[0].id(), small);
+    assert_eq!(ready[0].payload(), &"héllo".as_bytes()[..2]);
+    assert_eq!(ready[0].payload_len(), "héllo".len() as u64);
+    let whole = other
+        .jobs_preview(&t, JobState::Ready, Some(busy), 10, 1000)
+        .unwrap();
+    assert_eq!(whole[0].payload(), "héllo".as_bytes());
+    // The single job's page reads it whole.
+    let one = other.job(&t, busy).unwrap().unwrap();
+    assert_eq!(
+        (one.payload().len() as u64, one.payload_len()),
+        (big.len() as u64, big.len() as u64)
+    );
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(job_previews_read_a_prefix_and_probe_nothing);
+
 /// The publish time: the server's clock at the insert, by the column's default, whole seconds.
 /// A delayed job is due after it was published.
 fn jobs_know_when_they_were_published(db: Db, form: Form) {

@@ -182,6 +182,10 @@ pub(crate) struct TableSql {
     /// with ids above `after`, by id; and `n`. Row lock and advisory forms: in flight reads
     /// the ready rows (their work leaves no mark in the row).
     pub jobs_page: Vec<Option<(String, usize)>>,
+    /// The pages of `jobs_page` for a listing ([`Broker::jobs_preview`](crate::Broker::jobs_preview)):
+    /// `(prefix, now x n, after, limit)` -> the payload's length in bytes, then the `job`
+    /// columns with only the payload's first `prefix` bytes; and `n`.
+    pub jobs_preview: Vec<Option<(String, usize)>>,
     /// Cancel of a row not in work: `(id)`, lease `(id, now)`: deletes it or, on a table that
     /// keeps completed rows, keeps it completed and cancelled; a completed row, or a leased
     /// one, is left alone.

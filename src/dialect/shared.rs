@@ -575,6 +575,55 @@ impl Syntax {
         }
     }
 
+    /// The pages of [`TableSql::jobs_preview`]: the pages of `jobs_page`, each row led by the
+    /// payload's full length and holding only its first bytes (`LENGTH` and `SUBSTR`, which
+    /// PostgreSQL's `bytea`, MySQL's `LONGBLOB` and SQLite's `BLOB` all count in bytes), so a
+    /// listing of large payloads reads a few bytes of each instead of all of them. The prefix
+    /// length is the first parameter: it comes first in the text, which MySQL's `?` follow.
+    pub fn preview_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let (t, id) = (self.q(&spec.name), self.q(&spec.id));
+        let p = |n| self.p(n);
+        let payload = self.q(&spec.payload);
+        let columns = self.job_columns(spec, "").replacen(
+            &payload,
+            &format!("SUBSTR({payload}, 1, {})", p(1)),
+            1,
+        );
+        let marker = "\u{1}now\u{1}";
+        let st = self.stats_states(spec, "", marker);
+        let conds = [
+            Some(st.scheduled),
+            Some(st.ready.clone()),
+            Some(st.held.unwrap_or(st.ready)),
+            Some(st.dead),
+            st.completed,
+        ];
+        sql.jobs_preview = conds
+            .into_iter()
+            .map(|cond| {
+                let cond = cond?;
+                let mut out = String::new();
+                let mut n = 0;
+                for (i, part) in cond.split(marker).enumerate() {
+                    if i > 0 {
+                        n += 1;
+                        out.push_str(&p(n + 1));
+                    }
+                    out.push_str(part);
+                }
+                Some((
+                    format!(
+                        "SELECT LENGTH({payload}), {columns} FROM {t} WHERE {out} AND {id} > {} \
+                         ORDER BY {id} LIMIT {}",
+                        p(n + 2),
+                        p(n + 3)
+                    ),
+                    n,
+                ))
+            })
+            .collect();
+    }
+
     /// Fills the statements every database spells alike.
     pub fn common(&self, spec: &TableSpec, sql: &mut TableSql) {
         let t = self.q(&spec.name);
@@ -688,6 +737,7 @@ impl Syntax {
             }
         }
         self.cancel_statements(spec, sql);
+        self.preview_statements(spec, sql);
         // A cancel ends the row as the ack does (deleted, or kept completed), the reason saying
         // why it is finished; the row lock form counts the attempt, as its dead letter does.
         sql.cancel_held = sql.ack.clone();

@@ -729,4 +729,27 @@ mod tests {
             format!("UPDATE \"jobs\" SET {set}, \"dead_reason\" = 'cancelled' WHERE \"id\" = $1")
         );
     }
+
+    /// A listing reads the payload's length and first bytes, never the payload itself, and
+    /// takes no lock (no `FOR UPDATE`).
+    #[test]
+    fn job_previews_read_a_prefix_and_the_length() {
+        let sql = compile(Table::new("jobs").text_column("k"));
+        let ready = &sql.jobs_preview[1].as_ref().unwrap();
+        assert_eq!(
+            ready.0,
+            "SELECT LENGTH(\"payload\"), \"id\", \"attempts\", SUBSTR(\"payload\", 1, $1), \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, 0, \"created_at\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $2 AND \"id\" > $3 ORDER BY \"id\" LIMIT $4"
+        );
+        assert_eq!(ready.1, 1);
+        let dead = &sql.jobs_preview[3].as_ref().unwrap().0;
+        assert_eq!(
+            dead,
+            "SELECT LENGTH(\"payload\"), \"id\", \"attempts\", SUBSTR(\"payload\", 1, $1), \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, 0, \"created_at\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NOT NULL AND \"id\" > $2 ORDER BY \"id\" LIMIT $3"
+        );
+        for page in sql.jobs_preview.iter().flatten() {
+            assert!(!page.0.contains("FOR UPDATE"), "{}", page.0);
+            assert_eq!(page.0.matches("\"payload\"").count(), 2, "{}", page.0);
+        }
+        assert!(sql.jobs_preview[4].is_none(), "no completed rows kept");
+    }
 }

@@ -1,7 +1,8 @@
 //! `sqlbroker dashboard`: a web dashboard of the queue tables and a Prometheus `/metrics`
 //! page (cargo feature `dashboard`).
 //!
-//! A blocking HTTP server (`tiny_http`) answered by a small pool of worker threads; pages
+//! A small bounded HTTP server ([`server`]: one polling thread holds every connection, a
+//! small pool of worker threads answers complete requests); pages
 //! are rendered on the server with `maud`, which escapes every value it inserts unless told
 //! otherwise (nothing from the database is ever inserted unescaped); the chart is SVG drawn
 //! on the server; no script, no external resource (a Content-Security-Policy forbids both).
@@ -15,18 +16,24 @@
 //!   page cannot drive it);
 //! - state changes only on POST, each carrying the process's CSRF token and, when the browser
 //!   sends one, a same-origin `Origin`; a GET never changes anything;
+//! - a page of another site cannot make the browser fetch a page (`Sec-Fetch-Site:
+//!   cross-site` is refused), and listings read each payload's first bytes only
+//!   (`Broker::jobs_preview`) and take no row lock or key;
+//! - `--table` restricts: any other table is not found, by GET or POST;
+//! - logins are limited per client address ([`session::Throttle`]);
 //! - `--read-only` hides the actions and refuses their POSTs;
-//! - a slow client holds no worker: `tiny_http` reads each request on a thread of its own
-//!   connection, a form's body included (a POST is accepted only with a `Content-Length` of
-//!   at most 1 KiB, which `tiny_http` reads before it hands the request over), so the
-//!   workers only ever wait for the database (each statement bounded by the broker's
-//!   statement timeout, each connection checkout by its connect timeout); the pages are a
-//!   few tens of KiB, which the socket buffers hold.
+//! - a slow client holds no thread: the server's one polling thread reads every request
+//!   whole (head at most 16 KiB within 10 s of the connection, body at most 1 KiB with a
+//!   `Content-Length`) before a worker sees it, and writes the answers; at most 512
+//!   connections are open (a new one closes the oldest still sending), so the workers only
+//!   ever wait for the database (each statement bounded by the broker's statement timeout,
+//!   each connection checkout by its connect timeout).
 
 mod chart;
 mod metrics;
 mod pages;
 mod sampler;
+mod server;
 mod session;
 mod web;
 
@@ -52,7 +59,8 @@ pub(crate) struct DashboardArgs {
     listen: String,
 
     /// Require this token: `Authorization: Bearer <token>`, or the cookie the login page
-    /// sets. Required to listen on a non-loopback address.
+    /// sets. Required to listen on a non-loopback address. Give it in the environment
+    /// variable: a token on the command line shows in the process list (a warning says so).
     #[arg(long, env = TOKEN_ENV, hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
 
@@ -60,7 +68,8 @@ pub(crate) struct DashboardArgs {
     #[arg(long)]
     read_only: bool,
 
-    /// A table to show; repeat for several. None: every recorded table.
+    /// A table to show; repeat for several. None: every recorded table. Any other table is
+    /// not found (not listed, not shown, no action, not in /metrics).
     #[arg(long = "table", short, value_name = "NAME")]
     tables: Vec<String>,
 
@@ -70,7 +79,8 @@ pub(crate) struct DashboardArgs {
           value_parser = clap::value_parser!(u64).range(1..=3_600))]
     sample: u64,
 
-    /// Worker threads answering requests (a slow client holds one at most).
+    /// Worker threads answering requests (they wait only for the database: a slow client
+    /// holds none).
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     threads: u64,
@@ -83,6 +93,11 @@ pub(crate) struct Ctx {
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.
     pub sessions: session::Sessions,
+    /// Wrong tokens by client address (logins refused past a few a minute).
+    pub logins: session::Throttle,
+    /// The tables `--table` named (empty: every recorded table): no other is shown or acted
+    /// on.
+    pub tables: Vec<String>,
     pub read_only: bool,
     /// The token every form carries (random per process).
     pub csrf: String,
@@ -93,6 +108,12 @@ pub(crate) struct Ctx {
 pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
     let addr = listen_addr(&args.listen)?;
     let token = args.token.clone().filter(|t| !t.is_empty());
+    if token_on_command_line(args.token.as_deref()) {
+        eprintln!(
+            "sqlbroker dashboard: warning: a token given with --token shows in the process \
+             list (ps, /proc/<pid>/cmdline) to every user of this host: set {TOKEN_ENV} instead"
+        );
+    }
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
             "refusing to listen on {addr}, which is not a loopback address, without a token: \
@@ -117,14 +138,14 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
 
     let listener = bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
-    let server = tiny_http::Server::from_listener(listener, None)
-        .map_err(|e| format!("listening on {addr}: {e}"))?;
     let ctx = Arc::new(Ctx {
         broker,
         sampler,
         token,
         read_only: args.read_only,
         sessions: session::Sessions::default(),
+        logins: session::Throttle::default(),
+        tables: args.tables.clone(),
         csrf: session::random_id(),
         loopback: addr.ip().is_loopback(),
     });
@@ -132,32 +153,20 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
         "sqlbroker dashboard: listening on http://{bound}/{}\n",
         if args.read_only { " (read-only)" } else { "" }
     ))?;
-    let server = Arc::new(server);
-    let mut workers = Vec::new();
-    for n in 0..threads {
-        let (server, ctx) = (Arc::clone(&server), Arc::clone(&ctx));
-        workers.push(
-            std::thread::Builder::new()
-                .name(format!("sqlbroker-dashboard-{n}"))
-                .spawn(move || loop {
-                    match server.recv() {
-                        Ok(rq) => web::handle(&ctx, rq),
-                        // The accept loop ended (the socket failed): wake the others.
-                        Err(e) => {
-                            server.unblock();
-                            return e.to_string();
-                        }
-                    }
-                })?,
-        );
-    }
-    let mut why = String::from("a worker panicked");
-    for w in workers {
-        if let Ok(e) = w.join() {
-            why = e;
-        }
-    }
-    Err(format!("the dashboard stopped serving: {why}").into())
+    let handler: Arc<server::Handler> = Arc::new(move |rq| web::handle(&ctx, rq));
+    let e = server::serve(listener, threads, handler);
+    Err(format!(
+        "the dashboard stopped serving: {}",
+        e.err()
+            .map_or_else(|| "no reason".into(), |e| e.to_string())
+    )
+    .into())
+}
+
+/// True if `token` came from `--token` rather than [`TOKEN_ENV`] (clap takes the command
+/// line's value over the environment's).
+fn token_on_command_line(token: Option<&str>) -> bool {
+    token.is_some_and(|t| std::env::var(TOKEN_ENV).map_or(true, |env| env != t))
 }
 
 /// `--listen` as one socket address (a name resolves to its first address).
@@ -169,9 +178,9 @@ fn listen_addr(listen: &str) -> Result<SocketAddr> {
         .ok_or_else(|| format!("--listen {listen}: no address").into())
 }
 
-/// The listening socket, with `TCP_NODELAY`, which the connections it accepts inherit:
-/// `tiny_http` writes a response's head and body separately, and Nagle's algorithm would
-/// hold the body back for the client's delayed acknowledgement (40 ms a page).
+/// The listening socket, with `TCP_NODELAY`, which the connections it accepts inherit (the
+/// server sets it on each as well): Nagle's algorithm would hold an answer's last segment
+/// back for the client's delayed acknowledgement (40 ms a page).
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;

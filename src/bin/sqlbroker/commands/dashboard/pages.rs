@@ -5,12 +5,16 @@
 use std::time::SystemTime;
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use sqlbroker::{Job, JobState, Table, Value};
+use sqlbroker::{Form, Job, JobState, Table, Value};
 
 use super::sampler::Entry;
 use super::web::{state_from, state_slug, Reply, Rq, PAGE};
 use super::{chart, Ctx};
 use crate::commands::{age, preview, utc};
+
+/// The payload bytes a listing reads of each job: enough for the preview's 60 characters of
+/// up to 4 bytes each, and one more character to tell that more follows.
+const PREVIEW_BYTES: usize = 4 * 61;
 
 /// The most payload bytes a job's page shows.
 const PAYLOAD_SHOWN: usize = 4096;
@@ -217,10 +221,15 @@ fn pause_button(ctx: &Ctx, e: &Entry, back: &str) -> Markup {
 /// state, by id (keyset paging: `after` is the last id of the previous page).
 pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
     let name = table.name();
-    let state = rq
-        .param("state")
-        .and_then(state_from)
-        .unwrap_or(JobState::Ready);
+    // Row lock and advisory forms: a listing does not probe (the probe would take the due
+    // rows' locks or keys, which the claimers want), so it cannot tell a due row in work from
+    // a ready one: both are listed as due, on the ready page.
+    let unprobed = table.form() != Form::Lease;
+    let state = match rq.param("state").and_then(state_from) {
+        Some(JobState::InFlight) if unprobed => JobState::Ready,
+        Some(s) => s,
+        None => JobState::Ready,
+    };
     let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
     let entry = ctx.sampler.entry(name);
     // A state the last count found empty is not listed (unless asked): listing it would scan
@@ -240,7 +249,9 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
     });
     let listed = match empty_at {
         Some(_) => Ok(Vec::new()),
-        None => ctx.broker.jobs(table, state, after, PAGE),
+        None => ctx
+            .broker
+            .jobs_preview(table, state, after, PAGE, PREVIEW_BYTES),
     };
     let here = match after {
         Some(a) => format!("/tables/{name}?state={}&after={a}", state_slug(state)),
@@ -271,7 +282,16 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         }
         nav.tabs {
             @for s in states {
-                a class=[(s == state).then_some("on")] href={ "/tables/" (name) "?state=" (state_slug(s)) } { (s.name()) }
+                @if !(unprobed && s == JobState::InFlight) {
+                    a class=[(s == state).then_some("on")] href={ "/tables/" (name) "?state=" (state_slug(s)) } { (state_label(s, unprobed)) }
+                }
+            }
+        }
+        @if unprobed && state == JobState::Ready {
+            p.muted {
+                "A " (table.form().name()) " table's row in work leaves no mark in the row: the due \
+                 rows are listed whether ready or in work (telling them apart would lock each \
+                 row or key, which the workers want). A job's own page tells its state."
             }
         }
         @if state == JobState::Dead {
@@ -289,7 +309,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                 a href={ "/tables/" (name) "?state=" (state_slug(state)) "&scan=1" } { "list now" }
             },
             Ok(jobs) => {
-                (job_list(ctx, name, state, jobs, &here))
+                (job_list(ctx, name, state, unprobed, jobs, &here))
                 p {
                     @if after.is_some() {
                         a href={ "/tables/" (name) "?state=" (state_slug(state)) } { "first page" } " "
@@ -315,13 +335,29 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
     )
 }
 
-/// One page of jobs. Row lock and advisory tables page the same due rows for ready and in
-/// flight; each job's probed state is shown and only the asked one listed.
-fn job_list(ctx: &Ctx, name: &str, state: JobState, jobs: &[Job], back: &str) -> Markup {
+/// A state's name in a listing: "due (ready or in work)" for the ready rows of a table
+/// whose listing cannot tell them apart (`unprobed`).
+fn state_label(state: JobState, unprobed: bool) -> &'static str {
+    match state {
+        JobState::Ready if unprobed => "due (ready or in work)",
+        s => s.name(),
+    }
+}
+
+/// One page of jobs, each payload's first characters and its length (read by the database:
+/// `Broker::jobs_preview`).
+fn job_list(
+    ctx: &Ctx,
+    name: &str,
+    state: JobState,
+    unprobed: bool,
+    jobs: &[Job],
+    back: &str,
+) -> Markup {
     let shown: Vec<&Job> = jobs.iter().filter(|j| j.state() == state).collect();
     html! {
         @if shown.is_empty() {
-            p.muted { "No " (state.name()) " jobs" @if jobs.len() == PAGE { " on this page" } "." }
+            p.muted { "No " (state_label(state, unprobed)) " jobs" @if jobs.len() == PAGE { " on this page" } "." }
         } @else {
             table {
                 tr {
@@ -332,7 +368,7 @@ fn job_list(ctx: &Ctx, name: &str, state: JobState, jobs: &[Job], back: &str) ->
                 @for j in shown {
                     tr {
                         td.n { a href={ "/tables/" (name) "/jobs/" (j.id()) } { (j.id()) } }
-                        td { (j.state().name()) }
+                        td { (state_label(j.state(), unprobed)) }
                         td.n { (j.attempts()) }
                         td.n { (j.errors()) }
                         td { (utc(j.due_at())) }
@@ -340,7 +376,7 @@ fn job_list(ctx: &Ctx, name: &str, state: JobState, jobs: &[Job], back: &str) ->
                             @if let Some(r) = j.dead_reason() { strong { (snippet(r)) } br; }
                             @if let Some(e) = j.last_error() { span.muted { (snippet(e)) } }
                         }
-                        td { code { (preview(j.payload())) } }
+                        td { code { (preview(j.payload())) } " " span.muted { "(" (j.payload_len()) " bytes)" } }
                         td { (job_actions(ctx, name, j, back)) }
                     }
                 }

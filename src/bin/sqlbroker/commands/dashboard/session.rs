@@ -3,6 +3,7 @@
 //! [`MAX`] are kept (the oldest goes first), so a flood of logins holds bounded memory.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -57,9 +58,95 @@ impl Sessions {
     }
 }
 
+/// Wrong tokens an address may send within [`LOCKOUT`] before its logins are refused.
+pub(crate) const FAILURES: u32 = 5;
+/// How long an address's failures count, and how long it is refused once it has
+/// [`FAILURES`] of them (from its first).
+pub(crate) const LOCKOUT: Duration = Duration::from_secs(60);
+/// The most addresses whose failures are kept: past it the oldest record goes, so a flood
+/// from many addresses holds bounded memory.
+const ADDRESSES: usize = 4_096;
+
+/// Failed logins by client address (IPv6: by its /64, which one host usually holds whole):
+/// [`FAILURES`] wrong tokens within [`LOCKOUT`] and that address's logins are refused (429)
+/// until the minute since its first failure is over, even with the right token, so guessing
+/// goes at five tries a minute.
+#[derive(Default)]
+pub(crate) struct Throttle(Mutex<HashMap<IpAddr, (u32, Instant)>>);
+
+fn client(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
+}
+
+impl Throttle {
+    /// `Some(wait)` if `ip` may not try now, for `wait` more.
+    pub fn refused(&self, ip: IpAddr) -> Option<Duration> {
+        let failures = self.0.lock();
+        let (n, first) = failures.get(&client(ip))?;
+        let left = LOCKOUT.checked_sub(first.elapsed())?;
+        (*n >= FAILURES).then_some(left)
+    }
+
+    /// Counts a wrong token from `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        let now = Instant::now();
+        let mut failures = self.0.lock();
+        if failures.len() >= ADDRESSES {
+            failures.retain(|_, (_, first)| now.duration_since(*first) < LOCKOUT);
+        }
+        if failures.len() >= ADDRESSES {
+            if let Some(oldest) = failures
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| *k)
+            {
+                failures.remove(&oldest);
+            }
+        }
+        let entry = failures.entry(client(ip)).or_insert((0, now));
+        if now.duration_since(entry.1) >= LOCKOUT {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrong_tokens_lock_an_address_out_and_the_table_is_bounded() {
+        let t = Throttle::default();
+        let a = IpAddr::from([10, 0, 0, 1]);
+        for _ in 0..FAILURES - 1 {
+            t.failed(a);
+            assert_eq!(t.refused(a), None);
+        }
+        t.failed(a);
+        assert!(t.refused(a).is_some_and(|w| w <= LOCKOUT));
+        assert_eq!(t.refused(IpAddr::from([10, 0, 0, 2])), None, "others pass");
+        // One host's /64 is one client.
+        let v6 =
+            |last: u16| IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, last));
+        for n in 0..FAILURES as u16 {
+            t.failed(v6(n));
+        }
+        assert!(t.refused(v6(999)).is_some());
+        for n in 0..(ADDRESSES as u32 + 10) {
+            t.failed(IpAddr::from(n.wrapping_add(0x0b00_0000).to_be_bytes()));
+        }
+        assert!(t.0.lock().len() <= ADDRESSES);
+    }
 
     #[test]
     fn sessions_open_check_and_close() {

@@ -1,18 +1,14 @@
 //! One request: the checks every request passes (host, token), the routes, and the actions
 //! (POST only, with the CSRF token and a same-origin `Origin`).
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use maud::Markup;
 use sqlbroker::{JobState, Table};
-use tiny_http::{Header, Method, Request, Response};
 
+use super::server::{self, Method, Request};
 use super::{metrics, pages, Ctx};
-
-/// The largest request body accepted (the forms send a few short fields): `tiny_http` reads
-/// a body this small on its connection's thread before the request reaches a worker, so a
-/// worker never waits for a client's bytes.
-const MAX_BODY: usize = 1024;
 
 /// The cookie the login form sets: a session id ([`session`](super::session)).
 const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
@@ -69,15 +65,17 @@ pub(crate) struct Rq {
     pub method: Method,
     pub path: String,
     pub query: Vec<(String, String)>,
-    headers: Vec<Header>,
+    headers: Vec<(String, String)>,
+    /// The client's address (the login attempts are counted by it).
+    peer: IpAddr,
 }
 
 impl Rq {
     fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
-            .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-            .map(|h| h.value.as_str())
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn param(&self, name: &str) -> Option<&str> {
@@ -87,8 +85,8 @@ impl Rq {
     fn cookie(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
-            .filter(|h| h.field.as_str().as_str().eq_ignore_ascii_case("cookie"))
-            .flat_map(|h| h.value.as_str().split(';'))
+            .filter(|(k, _)| k.eq_ignore_ascii_case("cookie"))
+            .flat_map(|(_, v)| v.split(';'))
             .filter_map(|c| c.trim().split_once('='))
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v)
@@ -103,42 +101,24 @@ pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'
         .map(|(_, v)| v.as_str())
 }
 
-/// Answers one request; never panics the worker on a bad request or a lost client.
-pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
+/// Answers one complete request (the server read it whole, its body at most
+/// [`server::MAX_BODY`] bytes): the response's bytes.
+pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
     let started = Instant::now();
-    let (path, query) = match request.url().split_once('?') {
+    let (path, query) = match request.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
-        None => (request.url().to_string(), String::new()),
+        None => (request.target.clone(), String::new()),
     };
     let rq = Rq {
-        method: request.method().clone(),
+        method: request.method,
         path,
         query: form_urlencoded::parse(query.as_bytes())
             .into_owned()
             .collect(),
-        headers: request.headers().to_vec(),
+        headers: request.headers,
+        peer: request.peer,
     };
-    // A body not in memory yet (over 1 KiB, chunked, or after `100-continue`) is refused; the
-    // reply goes out on a thread of its own, because `tiny_http` drains an unread body when
-    // the request is dropped, for as long as the client takes to send it.
-    let in_memory = !(rq.header("transfer-encoding").is_some() || rq.header("expect").is_some())
-        && request.body_length().unwrap_or(0) <= MAX_BODY;
-    if !in_memory {
-        let refuse = Reply::text(
-            413,
-            "text/plain; charset=utf-8",
-            format!("a request body may have at most {MAX_BODY} bytes, with a Content-Length\n"),
-        );
-        let _ = std::thread::Builder::new()
-            .name("sqlbroker-dashboard-refuse".into())
-            .spawn(move || send(request, refuse));
-        return;
-    }
-    let mut body = Vec::new();
-    let reply = match request.as_reader().read_to_end(&mut body) {
-        Ok(_) => route(ctx, &rq, &body),
-        Err(e) => Reply::text(400, "text/plain; charset=utf-8", format!("{e}\n")),
-    };
+    let reply = route(ctx, &rq, &request.body);
     log::debug!(
         "{} {} -> {} in {:?}",
         rq.method,
@@ -146,12 +126,11 @@ pub(crate) fn handle(ctx: &Ctx, mut request: Request) {
         reply.status,
         started.elapsed()
     );
-    send(request, reply);
+    send(reply, rq.method == Method::Head)
 }
 
-/// Sends `reply` with the headers every answer carries.
-fn send(request: Request, reply: Reply) {
-    let mut response = Response::from_data(reply.body).with_status_code(reply.status);
+/// The response's bytes, with the headers every answer carries.
+fn send(reply: Reply, head_only: bool) -> Vec<u8> {
     let mut headers = vec![
         ("Content-Type", reply.content_type.to_string()),
         ("Cache-Control", "no-store".into()),
@@ -166,13 +145,7 @@ fn send(request: Request, reply: Reply) {
         ),
     ];
     headers.extend(reply.headers);
-    for (name, value) in headers {
-        if let Ok(h) = Header::from_bytes(name.as_bytes(), value.as_bytes()) {
-            response.add_header(h);
-        }
-    }
-    // A client gone away is its own business.
-    let _ = request.respond(response);
+    server::response(reply.status, &headers, &reply.body, head_only)
 }
 
 fn forbidden(why: &str) -> Reply {
@@ -212,6 +185,20 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             return forbidden("the Host header is not a loopback name");
         }
     }
+    // A page of another site may make the browser fetch any URL (`<img src>`, a link): every
+    // page reads the database or what was counted of it, so a cross-site fetch is refused
+    // before any of that (the login form alone reads nothing). Browsers send the header;
+    // tools that send none pass.
+    if rq.path != "/login"
+        && rq
+            .header("sec-fetch-site")
+            .is_some_and(|s| s.trim().eq_ignore_ascii_case("cross-site"))
+    {
+        return forbidden(
+            "the request comes from a page of another site: open the dashboard's address \
+             directly (or from a bookmark)",
+        );
+    }
     let form: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
     if let Some(token) = &ctx.token {
         if rq.path == "/login" {
@@ -220,14 +207,27 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
         if rq.path == "/logout" {
             return logout(ctx, rq);
         }
-        let bearer = rq
-            .header("authorization")
-            .and_then(|a| a.strip_prefix("Bearer "))
-            .is_some_and(|g| same(g.trim(), token));
         let session = rq
             .cookie(SESSION_COOKIE)
             .is_some_and(|id| ctx.sessions.valid(id.trim()));
-        if !bearer && !session {
+        let bearer = rq
+            .header("authorization")
+            .and_then(|a| a.strip_prefix("Bearer "));
+        // A wrong bearer token counts as a wrong login, and an address locked out of the
+        // login form is locked out of bearer tokens too (no second way to guess).
+        let authorized = session
+            || match bearer {
+                None => false,
+                Some(_) if ctx.logins.refused(rq.peer).is_some() => {
+                    return too_many_logins(ctx, rq);
+                }
+                Some(g) if same(g.trim(), token) => true,
+                Some(_) => {
+                    ctx.logins.failed(rq.peer);
+                    false
+                }
+            };
+        if !authorized {
             return Reply::html(401, pages::login(None))
                 .with("WWW-Authenticate", "Bearer realm=\"sqlbroker\"".into());
         }
@@ -280,6 +280,9 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
     if let Err(r) = same_origin(rq) {
         return r;
     }
+    if ctx.logins.refused(rq.peer).is_some() {
+        return too_many_logins(ctx, rq);
+    }
     match field(form, "token") {
         Some(given) if same(given.trim(), token) => Reply::redirect("/".into()).with(
             "Set-Cookie",
@@ -289,8 +292,28 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
                 super::session::LIFETIME.as_secs()
             ),
         ),
-        _ => Reply::html(401, pages::login(Some("wrong token"))),
+        _ => {
+            ctx.logins.failed(rq.peer);
+            Reply::html(401, pages::login(Some("wrong token")))
+        }
     }
+}
+
+/// 429: this address sent too many wrong tokens lately ([`super::session::Throttle`]).
+fn too_many_logins(ctx: &Ctx, rq: &Rq) -> Reply {
+    let wait = ctx
+        .logins
+        .refused(rq.peer)
+        .unwrap_or_default()
+        .as_secs()
+        .max(1);
+    Reply::html(
+        429,
+        pages::login(Some(&format!(
+            "too many wrong tokens from this address: try again in {wait} s"
+        ))),
+    )
+    .with("Retry-After", wait.to_string())
 }
 
 /// Ends the session (POST only, same origin) and clears the cookie.
@@ -351,8 +374,12 @@ fn post_allowed(ctx: &Ctx, rq: &Rq, form: &[(String, String)]) -> Result<(), Rep
     Ok(())
 }
 
-/// The table `name`: one the dashboard shows, or a recorded one.
+/// The table `name`: one the dashboard shows, or a recorded one; with `--table`, only those
+/// named (any other is not found, as if it did not exist).
 fn table(ctx: &Ctx, name: &str) -> Result<Table, Reply> {
+    if !ctx.tables.is_empty() && !ctx.tables.iter().any(|t| t == name) {
+        return Err(not_found("no table of that name is shown here"));
+    }
     if let Some(t) = ctx.sampler.known(name) {
         return Ok(t);
     }
@@ -411,12 +438,22 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
         Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
     };
     let back = field(form, "back")
-        .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\'))
+        .filter(|b| safe_back(b))
         .map(str::to_string)
         .unwrap_or_else(|| format!("/tables/{}", table.name()));
     let sep = if back.contains('?') { '&' } else { '?' };
     let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
     Reply::redirect(format!("{back}{sep}done={note}"))
+}
+
+/// A path of this dashboard to send the browser back to: `/` and then only printable ASCII
+/// (no space, no control character: browsers drop a TAB or a line break from a URL, so
+/// `/<TAB>/evil.example` would become `//evil.example`, another site), not `//` (another
+/// host) and no backslash (which browsers read as `/`).
+fn safe_back(b: &str) -> bool {
+    b.starts_with('/')
+        && !b.starts_with("//")
+        && b.bytes().all(|c| c.is_ascii_graphic() && c != b'\\')
 }
 
 /// A state's name in URLs (`in_flight`), and back.
@@ -453,5 +490,26 @@ mod tests {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
+    }
+
+    #[test]
+    fn back_is_a_path_of_this_site() {
+        assert!(safe_back("/tables/jobs?state=dead&after=3"));
+        assert!(safe_back("/"));
+        for bad in [
+            "//evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r/x",
+            "/\\evil.example",
+            "/a b",
+            "/\u{7f}",
+            "/é",
+            "https://evil.example",
+            "evil",
+            "",
+        ] {
+            assert!(!safe_back(bad), "{bad:?}");
+        }
     }
 }
