@@ -549,8 +549,19 @@ impl Broker {
         }
         let statements = q.dialect.create_table(&q.spec);
         q.retrying("create table", |conn| {
+            // Another broker making the same table at the same moment can make this one's DDL
+            // fail (PostgreSQL: a duplicate `pg_type` row); the table is then there, and the
+            // record decides whose description it is.
+            let made_elsewhere = |conn: &mut dyn DbConn| {
+                let name = [Value::Text(q.spec.name.clone())];
+                conn.query(q.dialect.columns_query(), &name)
+                    .is_ok_and(|rows| !rows.is_empty())
+            };
             if let [one] = &statements[..] {
-                return conn.batch(one);
+                return match conn.batch(one) {
+                    Err(_) if made_elsewhere(conn) => Ok(()),
+                    done => done,
+                };
             }
             conn.batch(&q.sql.begin_write)?;
             let done = statements
@@ -559,6 +570,9 @@ impl Broker {
                 .and_then(|()| conn.batch("COMMIT"));
             if done.is_err() {
                 conn.rollback_or_discard();
+                if made_elsewhere(conn) {
+                    return Ok(());
+                }
             }
             done
         })?;

@@ -95,9 +95,7 @@ impl Table {
     /// # Errors
     ///
     /// [`BrokerError::InvalidTable`] for an invalid description;
-    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built;
-    /// [`BrokerError::Unsupported`] for a form the database does not have (row lock on
-    /// SQLite).
+    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built.
     ///
     /// ```
     /// use sqlbroker::{Database, Table};
@@ -118,9 +116,6 @@ impl Table {
 /// `create_table`'s statements on `dialect`, then the registry and the record.
 fn create_sql(dialect: &dyn Dialect, table: &Table) -> Result<Vec<String>> {
     let spec = table.validate()?;
-    // Statements for a table no worker could run (row lock on SQLite) are refused, as
-    // `create_table` refuses to make it.
-    dialect.check_form(spec.form)?;
     let mut out = dialect.create_table(&spec);
     out.extend(record_sql(dialect, table));
     Ok(out)
@@ -244,8 +239,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`BrokerError::InvalidTable`] for an invalid description, [`BrokerError::Unsupported`]
-    /// for a form the database does not have (row lock on SQLite).
+    /// [`BrokerError::InvalidTable`] for an invalid description.
     pub fn create_table_sql(&self, table: &Table) -> Result<Vec<String>> {
         create_sql(self.dialect(), table)
     }

@@ -300,7 +300,7 @@ impl Table {
     /// use sqlbroker::{Broker, Message, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let mails = Table::new("mails").dedup();
+    /// let mails = Table::new("mails").dedup().lease(std::time::Duration::from_secs(30));
     /// broker.create_table(&mails)?;
     /// let id = broker.publish(&mails, Message::new(b"hi".to_vec()).dedup_key("welcome-42"))?;
     /// let again = broker.publish(&mails, Message::new(b"hi".to_vec()).dedup_key("welcome-42"));

@@ -333,7 +333,8 @@ fn names_the_database_reserves_are_its_typed_error(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = match db {
         // SQLite reserves `sqlite_*` object names.
-        Db::Sqlite => Table::new(format!("sqlite_{}", common::unique("r"))),
+        Db::Sqlite => Table::new(format!("sqlite_{}", common::unique("r")))
+            .lease(std::time::Duration::from_secs(30)),
         // PostgreSQL's system columns.
         Db::Postgres => Table::new(common::unique("r")).text_column("ctid"),
         // InnoDB's hidden system columns (`DB_ROW_ID`, `DB_TRX_ID`, `DB_ROLL_PTR`), in any case.

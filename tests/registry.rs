@@ -105,8 +105,14 @@ fn a_lease_table_without_a_record_refuses_row_lock(db: Db) {
         Err(BrokerError::UnknownTable { .. })
     ));
 
-    // Nor may migrate record it as row lock ...
-    assert_eq!(schema_problems(fresh.migrate(&plain)), problems);
+    // Nor may migrate record it as row lock (SQLite: no row lock form at all) ...
+    match db {
+        Db::Sqlite => assert!(matches!(
+            fresh.migrate(&plain),
+            Err(BrokerError::Unsupported { .. })
+        )),
+        _ => assert_eq!(schema_problems(fresh.migrate(&plain)), problems),
+    }
     // ... but the previous release's table gets its record from migrate.
     assert!(fresh.migrate(&t).unwrap().is_empty());
     assert_eq!(fresh.open_table(t.name()).unwrap(), t);
@@ -114,17 +120,27 @@ fn a_lease_table_without_a_record_refuses_row_lock(db: Db) {
         schema_problems(live.connect().publish(&plain, common::msg("x", "a"))),
         ["recorded as lease 30s, described as row lock"]
     );
-    assert_eq!(
-        schema_problems(live.connect().migrate(&plain)),
-        ["recorded as lease 30s, described as row lock: migrate does not change a table's form"]
-    );
+    if db != Db::Sqlite {
+        let refused = schema_problems(live.connect().migrate(&plain));
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].starts_with(
+                "recorded as lease 30s, described as row lock: migrate does not change a \
+                 table's form"
+            ),
+            "{refused:?}"
+        );
+    }
     assert_eq!(
         fresh.open_table(t.name()).unwrap(),
         t,
         "a refused migrate changed the record"
     );
 
-    // A row lock table with no record: accepted as row lock.
+    // A row lock table with no record: accepted as row lock (the servers: SQLite has none).
+    if db == Db::Sqlite {
+        return;
+    }
     let r = live.table(Form::RowLock, LEASE);
     live.exec(&format!(
         "DELETE FROM sqlbroker_tables WHERE name = '{}'",
@@ -177,8 +193,8 @@ fn open_table_reads_back_every_option(db: Db, form: Form) {
 }
 per_db_form!(open_table_reads_back_every_option);
 
-/// Bad input changes nothing: an unknown name, a name that is no identifier, pause of a
-/// table with no record, and a record written by a newer release.
+/// Bad input changes nothing: an unknown name, a name that is no identifier, and a record
+/// written by a newer release; a pause of a table with no record records it first.
 ///
 /// Fails (`UnknownTable` expected) when a name with no record opens as a default
 /// description: tried with `open_table` returning `Table::new(name)` for no record.
@@ -198,7 +214,8 @@ fn unknown_names_and_newer_records_are_refused(db: Db) {
         Err(BrokerError::UnknownTable { .. })
     ));
 
-    // A table with no record: pause refused, and no record made by it.
+    // A table with no record: its first use (here a pause) gives it the description used as
+    // its record, then pauses it.
     let t = live.table(Form::Lease, LEASE);
     let unrecorded = format!(
         "SELECT COUNT(*) FROM sqlbroker_tables WHERE name = '{}'",
@@ -208,11 +225,9 @@ fn unknown_names_and_newer_records_are_refused(db: Db) {
         "DELETE FROM sqlbroker_tables WHERE name = '{}'",
         t.name()
     ));
-    assert!(matches!(
-        live.connect().pause(&t),
-        Err(BrokerError::UnknownTable { .. })
-    ));
-    assert_eq!(live.int(&unrecorded), 0);
+    live.connect().pause(&t).unwrap();
+    assert_eq!(live.int(&unrecorded), 1);
+    assert_eq!(live.connect().open_table(t.name()).unwrap(), t);
 
     // A record of a newer format: refused by open_table and by any use of the table.
     let n = live.table(Form::Lease, LEASE);
@@ -302,7 +317,7 @@ fn an_unrecorded_table_keeps_the_first_description_used(db: Db) {
             refused.is_err(),
             "a second description of an unrecorded table was accepted"
         );
-        assert!(schema_problems(refused).len() == 1);
+        assert!(!schema_problems(refused).is_empty());
         assert!(b.subscription(second).start().is_err());
         assert_eq!(live.rows(first), 1, "the refused publish wrote");
         live.exec(&format!("DROP TABLE {name}"));
