@@ -498,7 +498,7 @@ impl Broker {
     /// use sqlbroker::{Broker, JobState, Message, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let jobs = Table::new("jobs");
+    /// let jobs = Table::new("jobs").lease(std::time::Duration::from_secs(30));
     /// broker.create_table(&jobs)?;
     /// broker.publish(&jobs, Message::new(vec![b'x'; 1_000_000]))?;
     ///

@@ -282,8 +282,9 @@ per_db!(tables_lists_descriptions_and_pauses);
 /// description of it (here FIFO against not, and advisory against row lock) is then refused
 /// by every broker, whichever order they come in, and `open_table` reads the first.
 ///
-/// Fails (`a second description of an unrecorded table was accepted`) when `verify` does not
-/// record what it accepted: tried by skipping `adopt`.
+/// Fails when `verify` does not record what it accepted (tried by skipping `adopt`: the
+/// `open_table` after the first publish finds no record, `UnknownTable`); the second
+/// description's refusal is asserted after it.
 fn an_unrecorded_table_keeps_the_first_description_used(db: Db) {
     let Some(live) = common::live(db) else { return };
     let name = common::unique("t");
