@@ -361,7 +361,7 @@ impl BrokerBuilder {
 
 impl Broker {
     /// Connects with default options. The URL picks the database:
-    /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.1+ or
+    /// `postgres://user@host:5432/db`, `mysql://user:pass@host:3306/db` (MySQL 8.0.17+ or
     /// MariaDB 10.6+), `sqlite:path/to/file.db`, or `sqlite::memory:`.
     ///
     /// TLS (feature `tls`) as each ecosystem spells it: PostgreSQL's

@@ -137,25 +137,32 @@ fn nothing_ready(ctx: &Ctx) -> bool {
 /// that fails keeps the last value.
 fn paused(ctx: &Ctx) -> Option<Duration> {
     let poll = ctx.opts.poll_interval;
-    let paused = read_pause(ctx);
-    match paused {
-        PauseCheck::Fresh(false) => None,
-        PauseCheck::Fresh(true) | PauseCheck::Read => Some(poll),
-        PauseCheck::Reading => Some(poll.min(Duration::from_millis(5))),
+    match read_pause(ctx) {
+        Pause::Fresh(false) => None,
+        Pause::Fresh(true) => Some(poll),
+        Pause::Reading => Some(poll.min(Duration::from_millis(5))),
     }
 }
 
-/// The pause flag, read from the registry if it is this worker's turn (then `Fresh`).
-fn read_pause(ctx: &Ctx) -> PauseCheck {
-    let flag = &ctx.queue.wake.pause;
-    match flag.check(ctx.opts.poll_interval) {
-        PauseCheck::Read => {}
-        other => return other,
-    }
+/// What [`read_pause`] found.
+enum Pause {
+    /// Read, now or less than a poll interval ago.
+    Fresh(bool),
+    /// Another worker is reading it.
+    Reading,
+}
+
+/// The pause flag, read from the registry if it is this worker's turn.
+fn read_pause(ctx: &Ctx) -> Pause {
+    let read = match ctx.queue.wake.pause.check(ctx.opts.poll_interval) {
+        PauseCheck::Fresh(paused) => return Pause::Fresh(paused),
+        PauseCheck::Reading => return Pause::Reading,
+        PauseCheck::Read(read) => read,
+    };
     // A statement on the database like a claim (its connection checked out and pinged
     // included): counted as one (`claiming`).
     ctx.claiming.fetch_add(1, Ordering::Relaxed);
-    let read = match ctx.claim_conn(None) {
+    let found = match ctx.claim_conn(None) {
         Ok(Some(mut conn)) => {
             crate::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
         }
@@ -163,21 +170,22 @@ fn read_pause(ctx: &Ctx) -> PauseCheck {
         Err(e) => Err(e.to_string()),
     };
     ctx.claiming.fetch_sub(1, Ordering::Relaxed);
-    let read = match read {
+    let found = match found {
         Ok(paused) => paused,
         Err(e) => {
             log::debug!("table {}: reading the pause flag: {e}", ctx.spec().name);
-            return PauseCheck::Fresh(flag.unread());
+            return Pause::Fresh(read.failed());
         }
     };
-    if read != flag.set(read) {
+    let (before, now) = read.set(found);
+    if before != now {
         log::info!(
             "table {} is {}",
             ctx.spec().name,
-            if read { "paused" } else { "resumed" }
+            if now { "paused" } else { "resumed" }
         );
     }
-    PauseCheck::Fresh(read)
+    Pause::Fresh(now)
 }
 
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)

@@ -2,7 +2,7 @@
 //! ([`Broker::jobs`]) and cancel ([`Broker::cancel`]), with what each form can see of a row in
 //! work; and the bound on the error text a failure keeps on its row.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use crate::broker::Broker;
 use crate::dialect::shared::CANCELLED;
@@ -568,10 +568,11 @@ impl Broker {
     ///   [`BrokerError::Database`] and nothing changed), then removes the row if it is still
     ///   there. The handler sees nothing.
     /// - **advisory lock**: the request is written on the row (the handler can ask, its
-    ///   retry ends the row as in the lease form, and a claim that finds the request ends the
-    ///   row instead of running it), then cancel waits for the row's key (at
-    ///   most the statement timeout; the request is then withdrawn, and the error is a
-    ///   transient [`BrokerError::Database`]) and removes the row under it.
+    ///   retry and a hand-back end the row as in the lease form, and a claim that finds the
+    ///   request ends the row instead of running it); then, if the row's key is free, the row
+    ///   is removed under it at once. If the key is held (the row in work, claimed ahead, or
+    ///   another row of that key in work), cancel returns `true` without waiting and the
+    ///   request ends the row as above.
     ///
     /// # Errors
     ///
@@ -656,7 +657,9 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
     }
 }
 
-/// Advisory: marks the row, waits for its key, removes the row under it.
+/// Advisory: marks the row, then removes it under its key if the key is free; if the key is
+/// held (the row in work, or another row of that key), the mark stands and ends the row at
+/// its next claim, retry or hand-back, as in the lease form: nothing waits for a delivery.
 fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
     let now = claim_now(SystemTime::now());
     let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
@@ -672,9 +675,13 @@ fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
     let values: Vec<Value> = job.values.iter().map(|(_, v)| v.clone()).collect();
     let key = template.render(&values);
     let params = [Value::Int(id)];
-    q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))?;
-    let deadline = Instant::now() + q.statement_timeout;
-    let removed = with_key(q, &key, deadline, |conn| {
+    if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? == 0 {
+        // Not live: dead (never claimed, so no key is needed to remove it), or acked or
+        // completed since it was read (nothing removed).
+        let removed = q.retrying("cancel", |c| c.execute(&q.sql.cancel_remove, &params))?;
+        return Ok(removed > 0);
+    }
+    let removed = with_key(q, &key, |conn| {
         if conn.execute(&q.sql.cancel_remove, &params)? > 0 {
             return Ok(true);
         }
@@ -684,85 +691,47 @@ fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
             let j = job_row(q, r, now);
             j.dead_reason.as_deref() == Some(CANCELLED)
         }))
-    });
-    match removed {
-        Ok(Some(done)) => Ok(done),
-        Ok(None) => {
-            // The key stayed held: withdraw the request, so nothing changed.
-            q.retrying("cancel", |c| c.execute(&q.sql.cancel_unmark, &params))?;
-            Err(q.err("cancel")(DbError::new(
-                DbErrorKind::Transient,
-                format!(
-                    "the job's key {key:?} stayed held for {:?}: its delivery did not settle",
-                    q.statement_timeout
-                ),
-            )))
-        }
-        Err(e) => Err(e),
-    }
+    })?;
+    // Key held: the mark ends the row before any handler starts it again.
+    Ok(removed.unwrap_or(true))
 }
 
 /// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's
-/// registry), trying for it every 20 ms until `deadline`; `None` if it stayed held.
+/// registry) if it is free now; `None` if it is held.
 fn with_key<T>(
     q: &Queue,
     key: &str,
-    deadline: Instant,
     f: impl Fn(&mut dyn DbConn) -> Result<T, DbError>,
 ) -> Result<Option<T>> {
-    let pause = || std::thread::sleep(Duration::from_millis(20));
     if let Some(registry) = q.dialect.process_keys() {
-        loop {
-            if let Some(_held) = registry.try_take(key) {
-                let mut conn = q.conn("cancel")?;
-                return f(&mut *conn).map(Some).map_err(q.err("cancel"));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            pause();
-        }
-    }
-    if let Some(xact) = q.dialect.key_xact_lock() {
-        let name = q.dialect.key_name(key);
+        let Some(_held) = registry.try_take(key) else {
+            return Ok(None);
+        };
         let mut conn = q.conn("cancel")?;
-        loop {
-            if !q.held_here.is_held(key) {
-                if let Some(out) =
-                    under_xact_key(&mut *conn, xact, &name, &f).map_err(q.err("cancel"))?
-                {
-                    return Ok(Some(out));
-                }
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            pause();
-        }
+        return f(&mut *conn).map(Some).map_err(q.err("cancel"));
+    }
+    if q.held_here.is_held(key) {
+        // One of this broker's deliveries has it: the server would refuse.
+        return Ok(None);
+    }
+    let name = q.dialect.key_name(key);
+    if let Some(xact) = q.dialect.key_xact_lock() {
+        let mut conn = q.conn("cancel")?;
+        return under_xact_key(&mut *conn, xact, &name, &f).map_err(q.err("cancel"));
     }
     let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
     else {
         return Ok(None);
     };
     let sql = KeySql { lock, unlock };
-    let name = q.dialect.key_name(key);
     let mut conn = q.conn("cancel")?;
     let mut keys = SessionKeys::default();
-    loop {
-        if !q.held_here.is_held(key)
-            && keys
-                .lock(&mut *conn, &sql, &name)
-                .map_err(q.err("cancel"))?
-        {
-            let out = f(&mut *conn);
-            keys.unlock(&mut *conn, &sql, &name);
-            return out.map(Some).map_err(q.err("cancel"));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        pause();
+    if !keys.lock(&mut *conn, &sql, &name).map_err(q.err("cancel"))? {
+        return Ok(None);
     }
+    let out = f(&mut *conn);
+    keys.unlock(&mut *conn, &sql, &name);
+    out.map(Some).map_err(q.err("cancel"))
 }
 
 /// Transaction pooling (PostgreSQL behind PgBouncer's `pool_mode=transaction`), where a

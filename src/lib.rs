@@ -1,7 +1,7 @@
 //! # sqlbroker
 //!
 //! Turns an ordinary SQL table into a job queue / message inbox for **synchronous,
-//! thread-based** services, on PostgreSQL, MySQL 8.0.1+ / MariaDB 10.6+ and SQLite (embedded,
+//! thread-based** services, on PostgreSQL, MySQL 8.0.17+ / MariaDB 10.6+ and SQLite (embedded,
 //! no server). Blocking API, no async runtime to manage.
 //!
 //! Producers [`publish`](Broker::publish) rows; a [`Subscription`] claims rows on its own
@@ -200,7 +200,7 @@
 //! | feature | default | what |
 //! |---|---|---|
 //! | `postgres` | on | PostgreSQL (`postgres` crate) and [`postgres`] module |
-//! | `mysql` | on | MySQL 8.0.1+ / MariaDB 10.6+ (`mysql` crate) and [`mysql`] module |
+//! | `mysql` | on | MySQL 8.0.17+ / MariaDB 10.6+ (`mysql` crate) and [`mysql`] module |
 //! | `sqlite` | on | SQLite, bundled (`rusqlite`) and [`sqlite`] module |
 //! | `tls` | on | TLS to the servers through rustls with the ring provider: no OpenSSL to install, the same checks on every platform |
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
@@ -269,7 +269,7 @@
 //!
 //! ## Support matrix
 //!
-//! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.1+ / MariaDB 10.6+ | SQLite |
+//! | | PostgreSQL 9.5+ (advisory: 11+) | MySQL 8.0.17+ / MariaDB 10.6+ | SQLite |
 //! |---|---|---|---|
 //! | row lock | `FOR UPDATE SKIP LOCKED` | `FOR UPDATE SKIP LOCKED`, `READ COMMITTED` | refused: [`BrokerError::Unsupported`] |
 //! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then one update of the found rows, one transaction | one `UPDATE .. RETURNING` |

@@ -167,6 +167,23 @@ impl Message {
             };
             fits(v, spec.columns[i].ty).map_err(|why| bad(format!("column {c:?}: {why}")))?;
         }
+        for i in spec.required_columns() {
+            let name = &spec.columns[i].name;
+            if !self.values.iter().any(|(c, _)| c == name) {
+                let what = if spec.fifo_group() == Some(name.as_str()) {
+                    "the FIFO group column"
+                } else {
+                    "a column the advisory key template reads"
+                };
+                return Err(BrokerError::InvalidMessage {
+                    table: spec.name.clone(),
+                    reason: format!(
+                        "no value for {name:?}, {what} (set it; Value::Null on purpose \
+                         for no value)"
+                    ),
+                });
+            }
+        }
         out.push(Value::Bytes(self.payload));
         let delay = match self.at {
             Some(t) => t.duration_since(now).unwrap_or(Duration::ZERO),
@@ -279,6 +296,42 @@ mod tests {
             Err(BrokerError::InvalidMessage { reason, .. }) => reason,
             other => panic!("expected InvalidMessage, got {other:?}"),
         }
+    }
+
+    /// A message that leaves out a column the key template or the FIFO group reads is refused,
+    /// naming it; an explicit NULL is taken. Fails (`left out`) without the check in
+    /// `params_into`.
+    #[test]
+    fn key_and_group_columns_must_be_set() {
+        let advisory = Table::new("t")
+            .text_column("tenant")
+            .text_column("note")
+            .advisory_lock("acct-{tenant}")
+            .validate()
+            .unwrap();
+        let fifo = Table::new("t")
+            .text_column("customer")
+            .group("customer")
+            .fifo()
+            .validate()
+            .unwrap();
+        let run = |spec: &TableSpec, m: Message| {
+            let mut out = Vec::new();
+            m.params_into(spec, UNIX_EPOCH, &mut out)
+        };
+        let m = || Message::new(Vec::new());
+        for (spec, col) in [(&advisory, "tenant"), (&fifo, "customer")] {
+            match run(spec, m()) {
+                Err(BrokerError::InvalidMessage { reason, .. }) => {
+                    assert!(reason.contains(&format!("{col:?}")), "{reason}")
+                }
+                other => panic!("a message that left out {col:?} was {other:?}"),
+            }
+            run(spec, m().set(col, "a")).unwrap();
+            run(spec, m().set(col, Value::Null)).unwrap();
+        }
+        // A column no key or group reads may be left out.
+        run(&advisory, m().set("tenant", "a")).unwrap();
     }
 
     #[test]

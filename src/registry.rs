@@ -560,7 +560,7 @@ impl Broker {
                 table: q.spec.name.clone(),
             });
         }
-        q.wake.pause.set(paused);
+        q.wake.pause.own(paused);
         q.wake.notify_all();
         // Other brokers' feeds: a notification lost here is made up by their poll.
         if let Err(e) = q

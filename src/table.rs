@@ -364,6 +364,11 @@ impl Table {
     /// Rows with equal keys are worked one at a time. With [`Table::fifo`], a template that
     /// reads only the group column makes the key the group's lock; see there for other
     /// templates.
+    ///
+    /// A message must set every column the template reads: publish refuses one that leaves
+    /// such a column out ([`BrokerError::InvalidMessage`](crate::BrokerError::InvalidMessage)),
+    /// since every such row would share one key and run one at a time. A column set to
+    /// [`Value::Null`](crate::Value::Null) on purpose renders as empty text.
     pub fn advisory_lock(mut self, template: impl Into<String>) -> Self {
         self.advisory = Some(template.into());
         self
@@ -429,7 +434,9 @@ impl Table {
     ///   [`retry_after`](crate::Delivery::retry_after) delay too; a head that is not yet due
     ///   ([`Message::deliver_after`](crate::Message::deliver_after)) blocks its group likewise;
     /// - a dead-lettered head frees its group (the next row becomes the head);
-    /// - a row whose group value is `NULL` is a group of its own;
+    /// - a row whose group value is `NULL` is a group of its own; a message must set the
+    ///   group column (to [`Value::Null`](crate::Value::Null) for that, on purpose): publish
+    ///   refuses one that leaves it out, which would silently run out of order;
     /// - publish order is id order: two producers publishing to one group at once are ordered
     ///   by the ids the database gives them, and a row committed after a later one is not run
     ///   beside it (the group waits) but may run after it.
@@ -763,6 +770,17 @@ impl TableSpec {
             + usize::from(self.dedup_key.is_some())
     }
 
+    /// The user columns every message must set (indexes into `columns`): those the key
+    /// template reads and the FIFO group column. A message that left one out would share the
+    /// empty key, or lose its order, silently.
+    pub fn required_columns(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = self.key.iter().flat_map(KeyTemplate::columns).collect();
+        out.extend(self.group.filter(|_| self.fifo));
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// The group column of a FIFO table.
     pub fn fifo_group(&self) -> Option<&str> {
         self.group
@@ -858,6 +876,14 @@ impl KeyTemplate {
     }
 
     /// The key of a row whose user columns hold `values`.
+    /// The user columns the template reads (indexes into `columns`).
+    pub fn columns(&self) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            KeyPart::Col(i) => Some(*i),
+            KeyPart::Lit(_) => None,
+        })
+    }
+
     pub fn render(&self, values: &[crate::Value]) -> String {
         let mut out = String::new();
         for p in &self.parts {

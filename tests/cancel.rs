@@ -125,17 +125,17 @@ fn cancel_in_work_then_fail(db: Db, form: Form) {
         "the cancelled job ran again"
     );
     match l.broker.job(&t, id).unwrap() {
-        // Lease: the retry statement ended it as a dead letter "cancelled".
+        // Lease and advisory: the retry statement ended it as a dead letter "cancelled".
         Some(j) => {
-            assert_eq!(form, Form::Lease, "{j:?}");
+            assert_ne!(form, Form::RowLock, "{j:?}");
             assert_eq!(
                 (j.state(), j.dead_reason()),
                 (JobState::Dead, Some("cancelled"))
             );
             assert_eq!(j.last_error(), Some("boom"));
         }
-        // Row lock and advisory: cancel removed it once the delivery let it go.
-        None => assert_ne!(form, Form::Lease),
+        // Row lock: cancel removed it once the delivery let it go.
+        None => assert_eq!(form, Form::RowLock),
     }
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
@@ -150,9 +150,9 @@ fn cancel_in_work_then_ack(db: Db, form: Form) {
     let sub = subscribe(&l, &t);
     let d = next(&sub, WAIT);
     let said = cancel_in_work(&l, &t, d, |d| d.ack().unwrap());
-    // Lease: the request was written while it was in work (true: it will not run again);
-    // row lock and advisory: cancel found it acked (false: finished, nothing to cancel).
-    assert_eq!(said, form == Form::Lease);
+    // Lease and advisory: the request was written while it was in work (true: it will not
+    // run again); row lock: cancel found it acked (false: finished, nothing to cancel).
+    assert_eq!(said, form != Form::RowLock);
     assert!(l.broker.job(&t, id).unwrap().is_none());
     assert!(sub.next_delivery_timeout(Duration::from_secs(2)).is_err());
     sub.shutdown(Duration::from_secs(5)).unwrap();
@@ -161,14 +161,14 @@ per_db_form!(cancel_in_work_then_ack);
 
 /// A row claimed ahead into a subscription's buffer, cancelled there, then handed back
 /// unhandled (the subscription shuts down): no other subscription runs it, and cancel said
-/// `true`. Lease: the mark is honoured by the hand-back, which ends the row as cancelled;
-/// row lock and advisory: cancel waits for the row (its lock, its key), which the hand-back
-/// lets go, and removes it.
+/// `true`. Lease and advisory: the mark is honoured by the hand-back, which ends the row as
+/// cancelled; row lock: cancel waits for the row's lock, which the hand-back lets go, and
+/// removes it.
 ///
-/// Fails (`the hand-back left the cancelled row claimable`) on the lease form when the unclaim
-/// statement ignores the mark (tried: the old unclaim, `SET locked_until = NULL, attempts =
-/// attempts - 1`); the claim that then takes it ends it too (the next test), so no handler
-/// runs it even then.
+/// Fails (`the hand-back left the cancelled row claimable`) on the lease and advisory forms
+/// when the unclaim statement ignores the mark (tried: the old lease unclaim, `SET
+/// locked_until = NULL, attempts = attempts - 1`); the claim that then takes it ends it too
+/// (the next test), so no handler runs it even then.
 fn cancel_holds_for_a_row_handed_back(db: Db, form: Form) {
     let Some(l) = live(db) else { return };
     let t = l.table(form, Duration::from_secs(30));
@@ -192,30 +192,30 @@ fn cancel_holds_for_a_row_handed_back(db: Db, form: Form) {
     let broker = l.connect();
     let table = t.clone();
     let cancel = std::thread::spawn(move || broker.cancel(&table, ahead));
-    if form == Form::Lease {
-        // The lease form's cancel marks the row and returns at once.
+    if form != Form::RowLock {
+        // The lease and advisory forms' cancel marks the row and returns at once.
         assert!(cancel.join().unwrap().unwrap(), "cancel said false");
         d.ack().unwrap();
         sub.shutdown(Duration::from_secs(5)).unwrap();
     } else {
-        // Row lock and advisory: cancel waits for the buffer to let the row go.
+        // Row lock: cancel waits for the buffer to let the row go.
         std::thread::sleep(Duration::from_millis(300));
         d.ack().unwrap();
         sub.shutdown(Duration::from_secs(5)).unwrap();
         assert!(cancel.join().unwrap().unwrap(), "cancel said false");
     }
-    // Ended by the hand-back itself (lease) or removed by cancel (row lock, advisory), before
+    // Ended by the hand-back itself (lease, advisory) or removed by cancel (row lock), before
     // any other claim could look at it.
     match l.broker.job(&t, ahead).unwrap() {
         Some(j) => {
-            assert_eq!(form, Form::Lease, "{j:?}");
+            assert_ne!(form, Form::RowLock, "{j:?}");
             assert_eq!(
                 (j.state(), j.dead_reason()),
                 (JobState::Dead, Some("cancelled")),
                 "the hand-back left the cancelled row claimable"
             );
         }
-        None => assert_ne!(form, Form::Lease, "the lease form keeps the cancelled row"),
+        None => assert_eq!(form, Form::RowLock, "the hand-back deleted the cancelled row"),
     }
     let next_sub = subscribe(&l, &t);
     assert!(
@@ -301,5 +301,61 @@ mod a_claim_never_runs_a_cancelled_row {
     #[test]
     fn mysql_advisory() {
         run(Db::Mysql, Form::AdvisoryLock)
+    }
+}
+
+/// Advisory: a queued row whose key another row in work holds is cancelled at once (`true`,
+/// well within the statement timeout) and never runs: once the holder settles, the claim that
+/// finds the request ends the row as cancelled.
+///
+/// Fails (`cancel waited for another row's key`) when cancel waits for the key (tried: the
+/// old wait, which ran out the statement timeout and then failed blaming the delivery).
+fn cancel_of_a_row_whose_key_another_row_holds(l: &Live) {
+    let t = l.table(Form::AdvisoryLock, Duration::from_secs(30));
+    let holder = l.broker.publish(&t, msg("holder", "a")).unwrap();
+    let queued = l.broker.publish(&t, msg("queued", "a")).unwrap();
+    let sub = subscribe(l, &t);
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), holder);
+    let started = std::time::Instant::now();
+    let said = l.connect().cancel(&t, queued).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "cancel waited for another row's key: {:?}",
+        started.elapsed()
+    );
+    assert!(said, "cancel of a queued row said false");
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_secs(3)).is_err(),
+        "the cancelled job ran"
+    );
+    let j = l.broker.job(&t, queued).unwrap().expect("the cancelled row");
+    assert_eq!(
+        (j.state(), j.dead_reason()),
+        (JobState::Dead, Some("cancelled"))
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+mod cancel_of_a_row_whose_key_another_row_holds {
+    use super::*;
+    fn run(db: Db) {
+        if let Some(l) = live(db) {
+            super::cancel_of_a_row_whose_key_another_row_holds(&l);
+        }
+    }
+    #[test]
+    fn sqlite() {
+        run(Db::Sqlite)
+    }
+    #[test]
+    fn postgres() {
+        run(Db::Postgres)
+    }
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql() {
+        run(Db::Mysql)
     }
 }

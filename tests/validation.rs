@@ -476,3 +476,49 @@ fn single_writer_declaration_changes_nothing_off_galera(db: Db) {
     }
 }
 per_db!(single_writer_declaration_changes_nothing_off_galera);
+
+/// A message that leaves out a column the advisory key template or the FIFO group reads is
+/// refused (`InvalidMessage`, naming the column) and nothing is inserted, on every database and
+/// through `publish` and `publish_batch` alike; the same column set to NULL on purpose is taken.
+///
+/// Fails (`a message without its key column was published`) without the check in
+/// `Message::params_into`: every such row then shared the key `acct-` (or lost its order).
+fn messages_without_their_key_or_group_column_are_refused(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let advisory = live.create(
+        Table::new(common::unique("t"))
+            .text_column("tenant")
+            .text_column("note")
+            .advisory_lock("acct-{tenant}"),
+    );
+    let fifo = live.create(
+        Table::new(common::unique("t"))
+            .text_column("customer")
+            .group("customer")
+            .fifo()
+            .lease(Duration::from_secs(30)),
+    );
+    for (t, col) in [(&advisory, "tenant"), (&fifo, "customer")] {
+        let without = || Message::new(b"x".to_vec());
+        for r in [
+            live.broker.publish(t, without()).map(|_| ()),
+            live.broker
+                .publish_batch(t, vec![without().set(col, "a"), without()])
+                .map(|_| ()),
+        ] {
+            match r {
+                Err(BrokerError::InvalidMessage { reason, .. }) => {
+                    assert!(reason.contains(&format!("{col:?}")), "{reason}")
+                }
+                other => panic!("a message without its key column was published: {other:?}"),
+            }
+        }
+        assert_eq!(live.rows(t), 0, "a refused publish inserted rows");
+        live.broker
+            .publish(t, without().set(col, sqlbroker::Value::Null))
+            .unwrap();
+        live.broker.publish(t, without().set(col, "a")).unwrap();
+        assert_eq!(live.rows(t), 2);
+    }
+}
+per_db!(messages_without_their_key_or_group_column_are_refused);

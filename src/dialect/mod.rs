@@ -193,8 +193,6 @@ pub(crate) struct TableSql {
     /// Lease `(id, now)`: marks a live, leased row's cancel request; advisory `(id)`: a live
     /// row's. Empty in the row lock form.
     pub cancel_mark: String,
-    /// Advisory `(id)`: withdraws a cancel request (a cancel that could not finish).
-    pub cancel_unmark: String,
     /// Row lock `(id)` -> the row, locked, waiting for the delivery that holds it.
     pub cancel_lock: String,
     /// Row lock `(id)` -> the row if no other session has it locked, locked (a probe, rolled

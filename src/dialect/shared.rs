@@ -570,7 +570,6 @@ impl Syntax {
                     "UPDATE {t} SET {cr} = 1 WHERE {id} = {} AND {dead} IS NULL",
                     p(1)
                 );
-                sql.cancel_unmark = format!("UPDATE {t} SET {cr} = 0 WHERE {id} = {}", p(1));
             }
         }
     }

@@ -111,25 +111,64 @@ struct PauseState {
     read_at: Option<Instant>,
     /// A worker is reading it: nobody claims on the old value meanwhile.
     reading: bool,
+    /// Bumped by this broker's own pause or resume and by a notification: a read that began
+    /// before either may have seen the old value, so its result does not overwrite the flag.
+    epoch: u64,
 }
 
 /// What [`PauseFlag::check`] tells a claim worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PauseCheck {
+pub(crate) enum PauseCheck<'a> {
     /// Read less than a poll interval ago: paused or not.
     Fresh(bool),
-    /// Due: this worker reads it and reports with [`PauseFlag::set`] or
-    /// [`PauseFlag::unread`].
-    Read,
+    /// Due: this worker reads it and reports through the [`PauseRead`] (dropping it unreported,
+    /// a panic included, counts as a failed read, so no worker waits on it for ever).
+    Read(PauseRead<'a>),
     /// Another worker is reading it: claim nothing until it has.
     Reading,
+}
+
+/// One worker's read of the flag under way ([`PauseCheck::Read`]).
+pub(crate) struct PauseRead<'a> {
+    flag: &'a PauseFlag,
+    epoch: u64,
+    done: bool,
+}
+
+impl PauseRead<'_> {
+    /// The flag as just read from the registry; returns (before, now). A read that began before
+    /// this broker's own pause or resume (or a notification) leaves the newer value standing.
+    pub fn set(mut self, paused: bool) -> (bool, bool) {
+        self.done = true;
+        let mut s = self.flag.state.lock();
+        s.reading = false;
+        let before = s.paused;
+        if s.epoch == self.epoch {
+            s.read_at = Some(Instant::now());
+            s.paused = paused;
+        }
+        (before, s.paused)
+    }
+
+    /// A read that failed: the last value stands for another interval.
+    pub fn failed(mut self) -> bool {
+        self.done = true;
+        self.flag.unread()
+    }
+}
+
+impl Drop for PauseRead<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.flag.unread();
+        }
+    }
 }
 
 impl PauseFlag {
     /// The flag if it was read less than `every` ago; otherwise the caller is the one to read
     /// it (so other workers do not read it too), or another worker already is. A worker that
     /// claimed on the old value while a read was under way could claim just after a pause.
-    pub fn check(&self, every: Duration) -> PauseCheck {
+    pub fn check(&self, every: Duration) -> PauseCheck<'_> {
         let mut s = self.state.lock();
         if s.reading {
             return PauseCheck::Reading;
@@ -138,7 +177,11 @@ impl PauseFlag {
             Some(at) if at.elapsed() < every => PauseCheck::Fresh(s.paused),
             _ => {
                 s.reading = true;
-                PauseCheck::Read
+                PauseCheck::Read(PauseRead {
+                    flag: self,
+                    epoch: s.epoch,
+                    done: false,
+                })
             }
         }
     }
@@ -151,25 +194,29 @@ impl PauseFlag {
         !s.paused && !s.reading && s.read_at.is_some_and(|at| at.elapsed() < every)
     }
 
-    /// The flag as just read from the registry; the value it had before.
-    pub fn set(&self, paused: bool) -> bool {
+    /// This broker's own pause or resume, just written to the registry: it stands over any
+    /// read under way.
+    pub fn own(&self, paused: bool) {
         let mut s = self.state.lock();
+        s.epoch += 1;
         s.read_at = Some(Instant::now());
-        s.reading = false;
-        std::mem::replace(&mut s.paused, paused)
+        s.paused = paused;
     }
 
-    /// A read that failed: the last value stands for another interval.
-    pub fn unread(&self) -> bool {
+    /// A read that failed or never reported: the last value stands for another interval.
+    fn unread(&self) -> bool {
         let mut s = self.state.lock();
         s.read_at = Some(Instant::now());
         s.reading = false;
         s.paused
     }
 
-    /// Reads the flag again before the next claim.
+    /// Reads the flag again before the next claim (a notification: a read under way may have
+    /// missed what it announces).
     pub fn stale(&self) {
-        self.state.lock().read_at = None;
+        let mut s = self.state.lock();
+        s.epoch += 1;
+        s.read_at = None;
     }
 }
 
@@ -389,24 +436,78 @@ mod tests {
     fn nobody_claims_on_the_old_flag_while_it_is_read() {
         let every = Duration::from_secs(60);
         let flag = PauseFlag::default();
-        assert_eq!(flag.check(every), PauseCheck::Read);
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a new flag is not read first")
+        };
         assert!(
             !flag.running(every),
             "a handler claimed while the flag was read"
         );
-        assert_eq!(flag.check(every), PauseCheck::Reading);
-        assert!(!flag.set(false));
-        assert_eq!(flag.check(every), PauseCheck::Fresh(false));
+        assert!(matches!(flag.check(every), PauseCheck::Reading));
+        assert_eq!(read.set(false), (false, false));
+        assert!(matches!(flag.check(every), PauseCheck::Fresh(false)));
         assert!(flag.running(every));
         flag.stale();
-        assert_eq!(flag.check(every), PauseCheck::Read);
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a stale flag is not read again")
+        };
         assert!(!flag.running(every));
-        assert!(!flag.unread(), "a failed read keeps the last value");
-        assert_eq!(flag.check(every), PauseCheck::Fresh(false));
+        assert!(!read.failed(), "a failed read keeps the last value");
+        assert!(matches!(flag.check(every), PauseCheck::Fresh(false)));
         flag.stale();
-        assert_eq!(flag.check(every), PauseCheck::Read);
-        assert!(!flag.set(true));
-        assert_eq!(flag.check(every), PauseCheck::Fresh(true));
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a stale flag is not read again")
+        };
+        assert_eq!(read.set(true), (false, true));
+        assert!(matches!(flag.check(every), PauseCheck::Fresh(true)));
         assert!(!flag.running(every));
+    }
+
+    /// A read that began before this broker's own pause does not overwrite it with the older
+    /// value it read. Fails (`the stale read resumed the table`) with `set` ignoring the epoch.
+    #[test]
+    fn a_read_under_way_does_not_overwrite_a_pause_made_meanwhile() {
+        let every = Duration::from_secs(60);
+        let flag = PauseFlag::default();
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a new flag is not read first")
+        };
+        flag.own(true);
+        assert_eq!(read.set(false), (true, true));
+        assert!(
+            matches!(flag.check(every), PauseCheck::Fresh(true)),
+            "the stale read resumed the table"
+        );
+        // A notification while reading: the read's value does not stand, it is read again.
+        flag.own(false);
+        flag.stale();
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a stale flag is not read again")
+        };
+        flag.stale();
+        read.set(true);
+        assert!(
+            matches!(flag.check(every), PauseCheck::Read(_)),
+            "a read overtaken by a notification was taken as fresh"
+        );
+    }
+
+    /// A reader that panics leaves no read under way, so other workers go on. Fails (the
+    /// other worker is told `Reading` for ever) without `PauseRead`'s `Drop`.
+    #[test]
+    fn a_reader_that_panics_does_not_hold_every_worker() {
+        let every = Duration::from_secs(60);
+        let flag = PauseFlag::default();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let PauseCheck::Read(_read) = flag.check(every) else {
+                panic!("a new flag is not read first")
+            };
+            panic!("the driver panicked");
+        }));
+        assert!(caught.is_err());
+        assert!(
+            matches!(flag.check(every), PauseCheck::Fresh(false)),
+            "a panicked read left the flag being read"
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! MySQL 8.0.1+ and MariaDB 10.6+. All MySQL-protocol SQL and `mysql` driver calls live here.
+//! MySQL 8.0.17+ and MariaDB 10.6+. All MySQL-protocol SQL and `mysql` driver calls live here.
 //!
 //! - Row lock: `START TRANSACTION` at the session's READ COMMITTED, set once per connection (a
 //!   table naming another level adds a `SET TRANSACTION`): a locking read then locks the rows
@@ -31,7 +31,8 @@
 //!   refused unless one writer node is declared (`galera.rs`). Certification failures arrive
 //!   as deadlocks (1213), a node not ready for queries answers 1047, and a commit on a node that
 //!   left the primary component meanwhile fails with 1180 naming it: all transient.
-//! - Floors: MySQL 8.0.1, MariaDB 10.6 (the first releases with `SKIP LOCKED`), for every form.
+//! - Floors: MySQL 8.0.17 (its first byte-exact NO PAD collation; `SKIP LOCKED` came in 8.0.1),
+//!   MariaDB 10.6 (its first `SKIP LOCKED`), for every form.
 //! - Statements are prepared once per connection and kept in the driver's per-connection cache.
 //!   Statements over a variable number of ids round the count up to a power of two (padding with
 //!   the last id), so few distinct texts reach the cache.

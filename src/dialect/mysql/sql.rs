@@ -1106,13 +1106,12 @@ mod tests {
                 .text_column("k")
                 .keep_completed(Duration::from_secs(60)),
         ];
-        let want: [[&str; 8]; 3] = [
+        let want: [[&str; 7]; 3] = [
             [
                 "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `created_at`, `k` FROM `jobs` WHERE `id` = ?",
                 "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, `locked_until`, NULL, `cancel_requested`, `created_at`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `locked_until` > ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "DELETE FROM `jobs` WHERE `id` = ? AND (`locked_until` IS NULL OR `locked_until` <= ?)",
                 "UPDATE `jobs` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL AND `locked_until` > ?",
-                "",
                 "",
                 "",
                 "UPDATE `jobs` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END, `locked_until` = NULL WHERE `id` = ? AND `locked_until` = ?",
@@ -1122,7 +1121,6 @@ mod tests {
                 "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, `cancel_requested`, `created_at`, `k` FROM `pay` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "DELETE FROM `pay` WHERE `id` = ?",
                 "UPDATE `pay` SET `cancel_requested` = 1 WHERE `id` = ? AND `dead_at` IS NULL",
-                "UPDATE `pay` SET `cancel_requested` = 0 WHERE `id` = ?",
                 "",
                 "",
                 "UPDATE `pay` SET `run_at` = ?, `last_error` = COALESCE(?, `last_error`), `errors` = `errors` + ?, `dead_at` = CASE WHEN `cancel_requested` <> 0 THEN UTC_TIMESTAMP() ELSE `dead_at` END, `dead_reason` = CASE WHEN `cancel_requested` <> 0 THEN 'cancelled' ELSE `dead_reason` END WHERE `id` = ?",
@@ -1131,7 +1129,6 @@ mod tests {
                 "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `created_at`, `k` FROM `rows` WHERE `id` = ?",
                 "SELECT `id`, `attempts`, `payload`, `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, `completed_at`, 0, `created_at`, `k` FROM `rows` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `id` > ? ORDER BY `id` LIMIT ?",
                 "UPDATE `rows` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), `dead_reason` = 'cancelled' WHERE `id` = ? AND `completed_at` IS NULL",
-                "",
                 "",
                 "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE",
                 "SELECT `id` FROM `rows` WHERE `id` = ? FOR UPDATE SKIP LOCKED",
@@ -1149,7 +1146,6 @@ mod tests {
                 page.as_str(),
                 &sql.cancel_remove,
                 &sql.cancel_mark,
-                &sql.cancel_unmark,
                 &sql.cancel_lock,
                 &sql.probe_lock,
                 &sql.retry,

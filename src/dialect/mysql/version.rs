@@ -49,10 +49,12 @@ impl Flavor {
         }
     }
 
-    /// The oldest supported release: the first that skips locked rows.
+    /// The oldest supported release. MariaDB: the first that skips locked rows. MySQL: the
+    /// first with a byte-exact NO PAD text collation (`utf8mb4_0900_bin`, 8.0.17), which every
+    /// text column is made in (SKIP LOCKED came in 8.0.1).
     fn floor(self) -> ((u32, u32, u32), &'static str) {
         match self {
-            Flavor::Mysql => ((8, 0, 1), "8.0.1"),
+            Flavor::Mysql => ((8, 0, 17), "8.0.17"),
             Flavor::Mariadb => ((10, 6, 0), "10.6"),
         }
     }
@@ -79,10 +81,8 @@ fn server_version(s: &str) -> Option<(Flavor, (u32, u32, u32))> {
 /// support range is one, and the claims of row lock and lease need `SKIP LOCKED`.
 fn check_version(shown: &str, form: Form) -> Result<(), BrokerError> {
     let what = match form {
-        Form::AdvisoryLock => {
-            "the advisory lock form (supported from the first release with SKIP LOCKED)"
-        }
-        _ => "FOR UPDATE SKIP LOCKED",
+        Form::AdvisoryLock => "the advisory lock form (SKIP LOCKED and byte-exact text)",
+        _ => "SKIP LOCKED and byte-exact text",
     };
     let (flavor, version) = match server_version(shown) {
         Some(v) => v,
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(text_collation("8.4.3"), "utf8mb4_0900_bin");
 
         for ok in [
-            "8.0.1",
+            "8.0.17",
             "8.4.3",
             "9.1.0",
             "10.6.0-MariaDB-1:10.6.0+maria~focal",
@@ -153,11 +153,13 @@ mod tests {
             }
         }
         for (old, db, needed) in [
-            ("8.0.0", "MySQL", "8.0.1"),
-            ("5.7.44-log", "MySQL", "8.0.1"),
+            ("8.0.0", "MySQL", "8.0.17"),
+            ("8.0.1", "MySQL", "8.0.17"),
+            ("8.0.16", "MySQL", "8.0.17"),
+            ("5.7.44-log", "MySQL", "8.0.17"),
             ("10.5.22-MariaDB", "MariaDB", "10.6"),
             ("5.5.5-10.5.8-MariaDB-log", "MariaDB", "10.6"),
-            ("garbage", "MySQL", "8.0.1"),
+            ("garbage", "MySQL", "8.0.17"),
         ] {
             match check_version(old, Form::Lease) {
                 Err(BrokerError::ServerTooOld {

@@ -636,13 +636,12 @@ mod tests {
                 .text_column("k")
                 .keep_completed(Duration::from_secs(60)),
         ];
-        let want: [[&str; 8]; 3] = [
+        let want: [[&str; 7]; 3] = [
             [
                 "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"jobs\" WHERE \"id\" = $1",
                 "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", \"locked_until\", NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"locked_until\" > $1 AND \"id\" > $2 ORDER BY \"id\" LIMIT $3",
                 "DELETE FROM \"jobs\" WHERE \"id\" = $1 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $2)",
                 "UPDATE \"jobs\" SET \"cancel_requested\" = 1 WHERE \"id\" = $1 AND \"dead_at\" IS NULL AND \"locked_until\" > $2",
-                "",
                 "",
                 "",
                 "UPDATE \"jobs\" SET \"run_at\" = $1, \"last_error\" = COALESCE($2, \"last_error\"), \"errors\" = \"errors\" + $3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN date_trunc('second', statement_timestamp()) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END, \"locked_until\" = NULL WHERE \"id\" = $4 AND \"locked_until\" = $5",
@@ -652,7 +651,6 @@ mod tests {
                 "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, \"cancel_requested\", \"created_at\", \"k\" FROM \"pay\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \"id\" > $2 ORDER BY \"id\" LIMIT $3",
                 "DELETE FROM \"pay\" WHERE \"id\" = $1",
                 "UPDATE \"pay\" SET \"cancel_requested\" = 1 WHERE \"id\" = $1 AND \"dead_at\" IS NULL",
-                "UPDATE \"pay\" SET \"cancel_requested\" = 0 WHERE \"id\" = $1",
                 "",
                 "",
                 "UPDATE \"pay\" SET \"run_at\" = $1, \"last_error\" = COALESCE($2, \"last_error\"), \"errors\" = \"errors\" + $3, \"dead_at\" = CASE WHEN \"cancel_requested\" <> 0 THEN date_trunc('second', statement_timestamp()) ELSE \"dead_at\" END, \"dead_reason\" = CASE WHEN \"cancel_requested\" <> 0 THEN 'cancelled' ELSE \"dead_reason\" END WHERE \"id\" = $4",
@@ -661,7 +659,6 @@ mod tests {
                 "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"created_at\", \"k\" FROM \"rows\" WHERE \"id\" = $1",
                 "SELECT \"id\", \"attempts\", \"payload\", \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, \"completed_at\", 0, \"created_at\", \"k\" FROM \"rows\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \"id\" > $2 ORDER BY \"id\" LIMIT $3",
                 "UPDATE \"rows\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \"completed_at\" = date_trunc('second', statement_timestamp()), \"dead_reason\" = 'cancelled' WHERE \"id\" = $1 AND \"completed_at\" IS NULL",
-                "",
                 "",
                 "SELECT \"id\" FROM \"rows\" WHERE \"id\" = $1 FOR UPDATE",
                 "SELECT \"id\" FROM \"rows\" WHERE \"id\" = $1 FOR UPDATE SKIP LOCKED",
@@ -679,7 +676,6 @@ mod tests {
                 page.as_str(),
                 &sql.cancel_remove,
                 &sql.cancel_mark,
-                &sql.cancel_unmark,
                 &sql.cancel_lock,
                 &sql.probe_lock,
                 &sql.retry,
