@@ -726,7 +726,10 @@ fn with_key<T>(
     let sql = KeySql { lock, unlock };
     let mut conn = q.conn("cancel")?;
     let mut keys = SessionKeys::default();
-    if !keys.lock(&mut *conn, &sql, &name).map_err(q.err("cancel"))? {
+    if !keys
+        .lock(&mut *conn, &sql, &name)
+        .map_err(q.err("cancel"))?
+    {
         return Ok(None);
     }
     let out = f(&mut *conn);

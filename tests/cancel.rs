@@ -215,7 +215,11 @@ fn cancel_holds_for_a_row_handed_back(db: Db, form: Form) {
                 "the hand-back left the cancelled row claimable"
             );
         }
-        None => assert_eq!(form, Form::RowLock, "the hand-back deleted the cancelled row"),
+        None => assert_eq!(
+            form,
+            Form::RowLock,
+            "the hand-back deleted the cancelled row"
+        ),
     }
     let next_sub = subscribe(&l, &t);
     assert!(
@@ -330,7 +334,11 @@ fn cancel_of_a_row_whose_key_another_row_holds(l: &Live) {
         sub.next_delivery_timeout(Duration::from_secs(3)).is_err(),
         "the cancelled job ran"
     );
-    let j = l.broker.job(&t, queued).unwrap().expect("the cancelled row");
+    let j = l
+        .broker
+        .job(&t, queued)
+        .unwrap()
+        .expect("the cancelled row");
     assert_eq!(
         (j.state(), j.dead_reason()),
         (JobState::Dead, Some("cancelled"))
