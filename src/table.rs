@@ -366,9 +366,9 @@ impl Table {
     /// templates.
     ///
     /// A message must set every column the template reads: publish refuses one that leaves
-    /// such a column out ([`BrokerError::InvalidMessage`](crate::BrokerError::InvalidMessage)),
+    /// such a column out ([`BrokerError::InvalidMessage`]),
     /// since every such row would share one key and run one at a time. A column set to
-    /// [`Value::Null`](crate::Value::Null) on purpose renders as empty text.
+    /// [`Value::Null`] on purpose renders as empty text.
     pub fn advisory_lock(mut self, template: impl Into<String>) -> Self {
         self.advisory = Some(template.into());
         self
@@ -435,7 +435,7 @@ impl Table {
     ///   ([`Message::deliver_after`](crate::Message::deliver_after)) blocks its group likewise;
     /// - a dead-lettered head frees its group (the next row becomes the head);
     /// - a row whose group value is `NULL` is a group of its own; a message must set the
-    ///   group column (to [`Value::Null`](crate::Value::Null) for that, on purpose): publish
+    ///   group column (to [`Value::Null`] for that, on purpose): publish
     ///   refuses one that leaves it out, which would silently run out of order;
     /// - publish order is id order: two producers publishing to one group at once are ordered
     ///   by the ids the database gives them, and a row committed after a later one is not run
