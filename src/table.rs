@@ -434,9 +434,10 @@ impl Table {
     ///   [`retry_after`](crate::Delivery::retry_after) delay too; a head that is not yet due
     ///   ([`Message::deliver_after`](crate::Message::deliver_after)) blocks its group likewise;
     /// - a dead-lettered head frees its group (the next row becomes the head);
-    /// - a row whose group value is `NULL` is a group of its own; a message must set the
-    ///   group column (to [`Value::Null`] for that, on purpose): publish
-    ///   refuses one that leaves it out, which would silently run out of order;
+    /// - a row whose group value is `NULL` (a message that does not set the group column) is a
+    ///   group of its own: it runs beside every other row, in no order (where the advisory
+    ///   key template reads the group column, publish refuses such a message instead, see
+    ///   [`Table::advisory_lock`]);
     /// - publish order is id order: two producers publishing to one group at once are ordered
     ///   by the ids the database gives them, and a row committed after a later one is not run
     ///   beside it (the group waits) but may run after it.
@@ -771,11 +772,10 @@ impl TableSpec {
     }
 
     /// The user columns every message must set (indexes into `columns`): those the key
-    /// template reads and the FIFO group column. A message that left one out would share the
-    /// empty key, or lose its order, silently.
+    /// template reads. A message that left one out would share the key its literal parts make
+    /// (`accounts-`) with every other such message, and they would all run one at a time.
     pub fn required_columns(&self) -> Vec<usize> {
         let mut out: Vec<usize> = self.key.iter().flat_map(KeyTemplate::columns).collect();
-        out.extend(self.group.filter(|_| self.fifo));
         out.sort_unstable();
         out.dedup();
         out
