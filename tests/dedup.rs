@@ -37,7 +37,7 @@ fn a_held_key_is_a_duplicate(db: Db, form: Form) {
     assert_eq!(live.rows(&t), 1, "the duplicate made a row");
     for _ in 0..2 {
         live.broker
-            .publish(&t, Message::new(b"no key".to_vec()))
+            .publish(&t, Message::new(b"no key".to_vec()).set("k", "a"))
             .unwrap();
     }
     // Acked: the key is free at once.
@@ -83,7 +83,7 @@ fn batch_skips_duplicates(db: Db, form: Form) {
         keyed("2", "b"),
         keyed("3", "b"), // held by the message before it
         keyed("4", "c"),
-        Message::new(b"5".to_vec()),
+        Message::new(b"5".to_vec()).set("k", "a"),
     ];
     let done = live.broker.publish_batch(&t, batch).unwrap();
     assert_eq!((done.rows, done.duplicates), (3, 2));

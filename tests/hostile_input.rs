@@ -735,7 +735,9 @@ fn hostile_advisory_keys_lock_and_unlock(db: Db) {
             live.broker
                 .publish(
                     &t,
-                    Message::new(body.as_bytes().to_vec()).set("k", k.as_str()),
+                    Message::new(body.as_bytes().to_vec())
+                        .set("k", k.as_str())
+                        .set("b", Value::Null),
                 )
                 .unwrap();
         }
