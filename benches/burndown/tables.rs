@@ -20,6 +20,12 @@ pub(crate) struct Tables {
 impl Tables {
     pub(crate) fn create(broker: &Broker, prefix: &str) -> Tables {
         let plain = Table::new(unique(&format!("{prefix}_rl"))).text_column("k");
+        // SQLite has no row lock form: its row lock cells never run, the table is a lease one.
+        let plain = if broker.database() == "SQLite" {
+            plain.lease(LEASE)
+        } else {
+            plain
+        };
         let lease = Table::new(unique(&format!("{prefix}_ls")))
             .text_column("k")
             .lease(LEASE);
