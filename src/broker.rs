@@ -6,18 +6,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::dialect::{self, ConnOptions, DbConn, Dialect};
+use crate::dialect::{self, ConnOptions, Dialect};
 use crate::error::{BrokerError, Result};
-use crate::message::Message;
-use crate::publish::{self, Within};
+use crate::model::table::Table;
 use crate::runtime::listen::Listener;
 use crate::runtime::notifier::Notifier;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
-use crate::subscription::SubscriptionBuilder;
-use crate::table::Table;
-use crate::Value;
 
 /// A handle on one database: a pool of blocking connections, publishing, subscriptions.
 /// Cheap to clone; clones share the pool.
@@ -428,18 +424,18 @@ impl Broker {
 
     /// The table's validated description and SQL, built once per description, and checked
     /// against the table's record (or, with none, its columns) once per description
-    /// ([`registry::verify`](crate::registry::verify)): every use of a table but its
+    /// ([`registry::verify`](crate::runtime::registry::verify)): every use of a table but its
     /// creation and migration comes through here.
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
         let q = self.compiled(table)?;
         if !q.described.load(std::sync::atomic::Ordering::Acquire) {
-            crate::registry::verify(&q, table, self.inner.manage_schema)?;
+            crate::runtime::registry::verify(&q, table, self.inner.manage_schema)?;
         }
         Ok(q)
     }
 
     /// [`BrokerError::DdlRefused`] on a broker that does not manage the schema.
-    fn may_run_ddl(&self, op: &'static str, table: &Table) -> Result<()> {
+    pub(crate) fn may_run_ddl(&self, op: &'static str, table: &Table) -> Result<()> {
         if self.inner.manage_schema {
             return Ok(());
         }
@@ -447,6 +443,16 @@ impl Broker {
             op,
             table: table.name().to_string(),
         })
+    }
+
+    /// The broker's lease timer (subscriptions of lease tables renew through it).
+    pub(crate) fn renewer(&self) -> Arc<Renewer> {
+        self.inner.renewer.clone()
+    }
+
+    /// The change feed, where the database has one.
+    pub(crate) fn listener(&self) -> Option<Arc<Listener>> {
+        self.inner.listener.clone()
     }
 
     /// The database's dialect.
@@ -497,243 +503,6 @@ impl Broker {
             .clone())
     }
 
-    /// Creates the table with every column described, and the index the claims use, if it
-    /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
-    /// All or nothing where the database's DDL is transactional (PostgreSQL, SQLite); MySQL
-    /// makes the table and its index in one statement.
-    ///
-    /// A table of that name that already exists is left as it is, and checked: if it lacks a
-    /// described column, or has one of a type the statements cannot use,
-    /// [`BrokerError::Schema`] names each problem ([`Broker::migrate`] adds missing columns).
-    ///
-    /// The description is recorded in the database (the registry table `sqlbroker_tables`,
-    /// made on first use), where [`Broker::open_table`] reads it back in any process. A new
-    /// table replaces the record of a table of that name dropped earlier; an existing table
-    /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
-    /// each difference ([`Broker::migrate`] records a changed description), and an existing
-    /// table with no record is given `table` as its record. A table keeps one description:
-    /// of several services that create one new table at the same moment with different
-    /// descriptions, one records its own and the others get [`BrokerError::Schema`].
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError::DdlRefused`] on a broker built with
-    /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent
-    /// ([`Table::ddl`] gives the statements to apply instead);
-    /// [`BrokerError::Unsupported`] for a form the database does not have, before anything is
-    /// sent: SQLite has no row locks (the default form), so a SQLite table is described with
-    /// [`Table::lease`] or [`Table::advisory_lock`].
-    pub fn create_table(&self, table: &Table) -> Result<()> {
-        self.may_run_ddl("create_table", table)?;
-        let q = self.compiled(table)?;
-        // A form the database cannot run (row lock on SQLite) is refused before anything is
-        // made or recorded, rather than at the first subscription's start.
-        q.dialect.check_form(q.spec.form)?;
-        // The record before the table: one found while the table is missing is a dropped
-        // table's (see `registry::record_created`).
-        let before = crate::registry::before_create(&q)?;
-        let existed = {
-            // A table that exists is checked before any DDL: an index over a column it lacks
-            // would fail half-way (and, on SQLite, a rolled-back index build was seen to leave
-            // the next one incomplete).
-            let mut conn = q.conn("schema check")?;
-            let existed = !q.columns(&mut *conn)?.is_empty();
-            if existed {
-                q.check_schema(&mut *conn)?;
-            }
-            existed
-        };
-        if existed {
-            // Checked against its record, or given this description as its first.
-            crate::registry::verify(&q, table, true)?;
-        }
-        let statements = q.dialect.create_table(&q.spec);
-        q.retrying("create table", |conn| {
-            // Another broker making the same table at the same moment can make this one's DDL
-            // fail (PostgreSQL: a duplicate `pg_type` row); the table is then there, and the
-            // record decides whose description it is.
-            let made_elsewhere = |conn: &mut dyn DbConn| {
-                let name = [Value::Text(q.spec.name.clone())];
-                conn.query(q.dialect.columns_query(), &name)
-                    .is_ok_and(|rows| !rows.is_empty())
-            };
-            if let [one] = &statements[..] {
-                return match conn.batch(one) {
-                    Err(_) if made_elsewhere(conn) => Ok(()),
-                    done => done,
-                };
-            }
-            conn.batch(&q.sql.begin_write)?;
-            let done = statements
-                .iter()
-                .try_for_each(|stmt| conn.batch(stmt))
-                .and_then(|()| conn.batch("COMMIT"));
-            if done.is_err() {
-                conn.rollback_or_discard();
-                if made_elsewhere(conn) {
-                    return Ok(());
-                }
-            }
-            done
-        })?;
-        {
-            let mut conn = q.conn("schema check")?;
-            q.check_schema(&mut *conn)?;
-        }
-        if existed {
-            return Ok(());
-        }
-        crate::registry::record_created(&q, table, before)
-    }
-
-    /// Brings a table made by an earlier version (or described with fewer options) up to its
-    /// description: creates it if it does not exist, adds the missing columns (`ALTER TABLE ..
-    /// ADD COLUMN`) and indexes, then checks it as [`create_table`](Broker::create_table)
-    /// does. Returns what it did, one line each (nothing for a table already up to date).
-    ///
-    /// A missing column that existing rows cannot be given (`NOT NULL` with no default, such
-    /// as the payload) and a column of a type the statements cannot use are
-    /// [`BrokerError::Schema`], and nothing is changed. Each step is idempotent: a migration
-    /// cut short is finished by running it again. DDL takes locks: run it when the queue is
-    /// quiet (on MySQL every statement also commits on its own).
-    ///
-    /// MySQL/MariaDB: a dedup key or group column made by an earlier release, in the
-    /// database's default collation (case-insensitive, padding trailing spaces), is converted
-    /// to byte-exact text (`ALTER TABLE .. MODIFY COLUMN`, one statement for the table). That
-    /// **copies the table** and blocks its writes while it runs: on a large table, plan for
-    /// it. Until then the schema check refuses the table.
-    ///
-    /// Priorities added to a table change its claim order, so the ready index (`<table>_ready`)
-    /// is dropped and built again in the new order (`priority DESC, run_at, id`): without it
-    /// every claim would sort the whole backlog. Building it reads the table and blocks its
-    /// writes meanwhile (PostgreSQL, SQLite; MySQL/MariaDB rebuild it in place), so on a large
-    /// table run it while the queue is quiet.
-    ///
-    /// The publish time (`created_at`, [`Job::published_at`](crate::Job::published_at)) is
-    /// added with no value for the rows already there (their publish time is unknown, and the
-    /// migration's would be a wrong one), then given its server-clock default on PostgreSQL
-    /// and MySQL/MariaDB (on MySQL a second statement: a migration cut between the two leaves
-    /// the column without it). SQLite cannot add a column with that default: rows published
-    /// into a table it migrated read no publish time either.
-    ///
-    /// ```
-    /// use sqlbroker::{Broker, Table};
-    /// use std::time::Duration;
-    ///
-    /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let lease = Duration::from_secs(30);
-    /// broker.create_table(&Table::new("jobs").lease(lease))?;
-    /// // A later version of the service wants priorities and dedup keys on the same table.
-    /// let jobs = Table::new("jobs").lease(lease).priorities().dedup();
-    /// let done = broker.migrate(&jobs)?;
-    /// assert_eq!(
-    ///     done,
-    ///     ["added column priority", "added column dedup_key", "rebuilt index jobs_ready in priority order"]
-    /// );
-    /// assert!(broker.migrate(&jobs)?.is_empty());
-    /// # Ok::<(), sqlbroker::BrokerError>(())
-    /// ```
-    ///
-    /// The description given is recorded as the table's ([`Broker::open_table`]), replacing
-    /// the record it had, or giving a table made by an earlier release its first; the pause
-    /// flag is kept. Brokers that checked the old description keep it until they are made
-    /// again: stop the workers of the old description first. A description in another form
-    /// than the record (or, for a table with no record, its columns: a `locked_until` column
-    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form (to
-    /// change it, create a table of another name and move the work there, or drop an empty
-    /// table and create it again). A form the database does not have is
-    /// [`BrokerError::Unsupported`], as in [`create_table`](Broker::create_table).
-    ///
-    /// [`BrokerError::DdlRefused`] on a broker built with
-    /// [`manage_schema(false)`](BrokerBuilder::manage_schema), before anything is sent;
-    /// [`Broker::migration_sql`] gives the statements this would run, for a migration tool.
-    pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
-        self.may_run_ddl("migrate", table)?;
-        let q = self.compiled(table)?;
-        q.dialect.check_form(q.spec.form)?;
-        let mut conn = q.conn("migrate")?;
-        let found = q.columns(&mut *conn)?;
-        if found.is_empty() {
-            drop(conn);
-            self.create_table(table)?;
-            return Ok(vec![format!("created table {}", q.spec.name)]);
-        }
-        drop(conn);
-        crate::registry::check_migration(&q, table)?;
-        let mut conn = q.conn("migrate")?;
-        let plan = crate::ddl::plan(&q, &mut *conn, &found)?;
-        for sql in &plan.statements {
-            conn.batch(sql).map_err(q.err("migrate"))?;
-        }
-        q.check_schema(&mut *conn)?;
-        drop(conn);
-        crate::registry::record(&q, table)?;
-        Ok(plan.done)
-    }
-
-    /// Publishes one message and returns the new row's id; it is due at once unless it was
-    /// given a delay.
-    ///
-    /// # Errors
-    ///
-    /// Nothing is written on any error:
-    /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
-    ///   message is invalid (a value for a column the table does not describe);
-    /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
-    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
-    /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
-    ///   description);
-    /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
-    ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
-    ///   cannot tell whether the insert committed: publish is not retried for you.
-    pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
-        let q = self.queue(table)?;
-        let mut conn = q.conn("publish")?;
-        let id = publish::one(&q.target(), &mut *conn, message)
-            .map_err(|e| q.explain_failure(&mut *conn, e))?;
-        drop(conn);
-        q.meters.published(1);
-        self.announce(&q, 1);
-        Ok(id)
-    }
-
-    /// Publishes many messages with multi-row inserts (one statement unless the batch exceeds
-    /// the database's parameter limit; then several, in one transaction). All or nothing.
-    ///
-    /// On a table with dedup keys, a message whose key an unfinished row (or an earlier
-    /// message of the batch) holds is skipped: [`Published::duplicates`] counts them.
-    pub fn publish_batch(
-        &self,
-        table: &Table,
-        messages: impl IntoIterator<Item = Message>,
-    ) -> Result<Published> {
-        let messages: Vec<Message> = messages.into_iter().collect();
-        if messages.is_empty() {
-            return Ok(Published::default());
-        }
-        let q = self.queue(table)?;
-        let mut conn = q.conn("publish")?;
-        let done = publish::many(&q.target(), &mut *conn, messages, Within::Own, |rows| {
-            q.insert_sql(rows)
-        })
-        .map_err(|e| q.explain_failure(&mut *conn, e))?;
-        drop(conn);
-        q.meters.published(done.rows);
-        if done.rows > 0 {
-            self.announce(&q, done.rows);
-        }
-        Ok(done)
-    }
-
-    /// Starts describing a subscription to `table`.
-    pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
-        SubscriptionBuilder::new(
-            self.queue(table),
-            self.inner.renewer.clone(),
-            self.inner.listener.clone(),
-        )
-    }
-
     /// `rows` rows of `q` committed: wakes that many idle workers of this broker, and tells
     /// other brokers (PostgreSQL: a notification on the table's channel, sent by the notify
     /// thread so the publish does not wait for it, and skipped while an earlier one of this
@@ -748,29 +517,6 @@ impl Broker {
             return;
         }
         self.inner.notifier.send(q, rows);
-    }
-
-    /// Dead-lettered rows of `table`, oldest first, at most `limit`.
-    pub fn dead_letters(&self, table: &Table, limit: usize) -> Result<Vec<DeadLetter>> {
-        let q = self.queue(table)?;
-        let limit = [Value::Int(limit.min(i64::MAX as usize) as i64)];
-        let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_list, &limit))?;
-        Ok(dead_letter_rows(&q, rows))
-    }
-
-    /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
-    /// delivery reads attempt 1), so a row that ran out of [`Table::max_attempts`] gets them all
-    /// again. Returns false if no dead-lettered row has that id.
-    pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
-        let q = self.queue(table)?;
-        let now = crate::schedule::due_at(SystemTime::now(), Duration::ZERO);
-        // Only a dead row matches: running it twice changes nothing more.
-        let params = [Value::Time(now), Value::Int(id)];
-        let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
-        if n > 0 {
-            self.announce(&q, 1);
-        }
-        Ok(n > 0)
     }
 }
 
@@ -791,147 +537,11 @@ fn broker_id() -> u64 {
     mixed >> 11
 }
 
-/// What [`Broker::publish_batch`] did.
-///
-/// ```
-/// use sqlbroker::{Broker, Message, Table};
-///
-/// let broker = Broker::connect("sqlite::memory:")?;
-/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30)).dedup();
-/// broker.create_table(&t)?;
-/// let msgs = ["a", "b", "a"].map(|k| Message::new(k.as_bytes().to_vec()).dedup_key(k));
-/// let done = broker.publish_batch(&t, msgs)?;
-/// assert_eq!((done.rows, done.duplicates), (2, 1));
-/// # Ok::<(), sqlbroker::BrokerError>(())
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Published {
-    /// Rows made.
-    pub rows: usize,
-    /// Messages skipped because an unfinished row, or an earlier message of the batch, held
-    /// their dedup key (tables with [`Table::dedup`] only).
-    pub duplicates: usize,
-}
-
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
             .field("database", &self.database())
             .finish()
-    }
-}
-
-/// A dead-lettered row ([`Broker::dead_letters`]).
-///
-/// ```
-/// use sqlbroker::{Broker, Message, Table};
-///
-/// let broker = Broker::connect("sqlite::memory:")?;
-/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30));
-/// broker.create_table(&t)?;
-/// broker.publish(&t, Message::new(b"bad".to_vec()))?;
-/// let sub = broker.subscription(&t).start()?;
-/// sub.next_delivery().unwrap().dead_letter("cannot parse")?;
-/// let dead = broker.dead_letters(&t, 10)?;
-/// assert_eq!((dead[0].payload.as_slice(), dead[0].reason.as_str()), (&b"bad"[..], "cannot parse"));
-/// # Ok::<(), sqlbroker::BrokerError>(())
-/// ```
-#[derive(Clone, PartialEq)]
-#[non_exhaustive]
-pub struct DeadLetter {
-    /// The row's id.
-    pub id: i64,
-    /// Attempts the row used.
-    pub attempts: u32,
-    /// The body.
-    pub payload: Vec<u8>,
-    /// When it was dead-lettered (whole seconds).
-    pub dead_at: SystemTime,
-    /// The reason given to [`Delivery::dead_letter`](crate::Delivery::dead_letter).
-    pub reason: String,
-    /// The text of the row's last failure, if it had one ([`Job::last_error`](crate::Job::last_error)).
-    pub last_error: Option<String>,
-    /// Failures the row recorded ([`Job::errors`](crate::Job::errors)).
-    pub errors: u32,
-    /// The table's own columns, by name.
-    pub values: Vec<(String, Value)>,
-}
-
-impl std::fmt::Debug for DeadLetter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeadLetter")
-            .field("id", &self.id)
-            .field("attempts", &self.attempts)
-            .field("payload", &crate::value::Payload(&self.payload))
-            .field("dead_at", &self.dead_at)
-            .field("reason", &self.reason)
-            .field("last_error", &self.last_error)
-            .field("errors", &self.errors)
-            .field("values", &self.values)
-            .finish()
-    }
-}
-
-/// Dead letters from rows of the `dead_list` layout.
-pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLetter> {
-    let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
-    rows.into_iter()
-        .map(|row| {
-            let mut it = row.into_iter();
-            let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
-            let attempts = it
-                .next()
-                .and_then(|v| v.as_i64())
-                .unwrap_or_default()
-                .clamp(0, u32::MAX as i64) as u32;
-            let payload = it.next().map(Value::into_payload).unwrap_or_default();
-            let dead_at = it
-                .next()
-                .and_then(|v| v.as_time())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            let reason = match it.next() {
-                Some(Value::Text(s)) => s,
-                _ => String::new(),
-            };
-            let last_error = match it.next() {
-                Some(Value::Text(s)) => Some(s),
-                _ => None,
-            };
-            let errors = it
-                .next()
-                .and_then(|v| v.as_i64())
-                .unwrap_or_default()
-                .clamp(0, u32::MAX as i64) as u32;
-            let values = names.iter().cloned().zip(q.spec.typed_values(it)).collect();
-            DeadLetter {
-                id,
-                attempts,
-                payload,
-                dead_at,
-                reason,
-                last_error,
-                errors,
-                values,
-            }
-        })
-        .collect()
-}
-
-impl DeadLetter {
-    /// The text of the row's last failure (at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX)
-    /// characters), if it failed before it was dead-lettered: the reason says why it ended,
-    /// this what went wrong last.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
-    }
-
-    /// The value of a column of the table's description.
-    pub fn get(&self, column: &str) -> Option<&Value> {
-        self.values
-            .iter()
-            .find(|(c, _)| c == column)
-            .map(|(_, v)| v)
     }
 }
 
@@ -953,26 +563,7 @@ mod tests {
             super::redact("postgres://app:pw@h1:5432,h2:5433/q?target_session_attrs=read-write"),
             "postgres://app:***@h1:5432,h2:5433/q?target_session_attrs=read-write"
         );
-        let b = crate::Broker::builder("postgres://u:pw@h/db");
+        let b = crate::broker::Broker::builder("postgres://u:pw@h/db");
         assert!(!format!("{b:?}").contains("pw"));
-    }
-
-    /// A dead letter's payload shows as a byte string, not a list of numbers.
-    #[test]
-    fn a_dead_letter_shows_its_payload_as_bytes() {
-        let d = super::DeadLetter {
-            id: 7,
-            attempts: 1,
-            payload: b"{\"a\":1}".to_vec(),
-            dead_at: std::time::UNIX_EPOCH,
-            reason: "bad".into(),
-            last_error: None,
-            errors: 0,
-            values: Vec::new(),
-        };
-        assert!(
-            format!("{d:?}").contains(r#"payload: b"{\"a\":1}""#),
-            "{d:?}"
-        );
     }
 }

@@ -55,8 +55,12 @@
 use ::diesel::result::Error as DieselError;
 use ::diesel::Connection;
 
+use crate::error::BrokerError;
 use crate::error::DbError;
-use crate::{BrokerError, Message, Published, Result, Table};
+use crate::error::Result;
+use crate::model::table::Table;
+use crate::producing::message::Message;
+use crate::producing::publish::Published;
 
 /// A Diesel connection a job can be published on: `diesel::PgConnection`,
 /// `diesel::MysqlConnection` and `diesel::SqliteConnection`, each with its feature. Sealed:
@@ -133,7 +137,13 @@ macro_rules! publish_connection {
                 use crate::dialect::$dialect::{diesel as glue, sql_only};
                 nested(self, table, glue::fail, |conn| {
                     let mut conn = glue::DieselConn::new(conn);
-                    crate::publish::in_transaction(sql_only(), &mut conn, table, message, false)
+                    crate::producing::publish::in_transaction(
+                        sql_only(),
+                        &mut conn,
+                        table,
+                        message,
+                        false,
+                    )
                 })
             }
 
@@ -141,7 +151,7 @@ macro_rules! publish_connection {
                 use crate::dialect::$dialect::{diesel as glue, sql_only};
                 nested(self, table, glue::fail, |conn| {
                     let mut conn = glue::DieselConn::new(conn);
-                    crate::publish::batch_in_transaction(
+                    crate::producing::publish::batch_in_transaction(
                         sql_only(),
                         &mut conn,
                         table,

@@ -1,4 +1,5 @@
-//! The one error type of the crate.
+//! The one error type of the crate, and the bound on the error text a failure keeps on its
+//! row.
 
 use std::time::Duration;
 
@@ -499,9 +500,35 @@ pub enum NextError {
     Closed,
 }
 
+/// The most characters of an error a failure keeps on its row (`last_error`): longer texts are
+/// cut there, on a character boundary. NUL characters, which PostgreSQL text cannot hold, are
+/// kept as U+FFFD.
+pub const LAST_ERROR_MAX: usize = 1_000;
+
+/// `error` as a row keeps it: at most [`LAST_ERROR_MAX`] characters, no NUL.
+pub(crate) fn bound_error(error: &str) -> String {
+    let cut = match error.char_indices().nth(LAST_ERROR_MAX) {
+        Some((at, _)) => &error[..at],
+        None => error,
+    };
+    cut.replace('\0', "\u{FFFD}")
+}
+
 #[cfg(test)]
 mod display_tests {
     use super::*;
+
+    #[test]
+    fn errors_are_bounded_on_a_char_boundary() {
+        assert_eq!(bound_error("short"), "short");
+        let long = "é".repeat(LAST_ERROR_MAX + 5);
+        let cut = bound_error(&long);
+        assert_eq!(cut.chars().count(), LAST_ERROR_MAX);
+        assert_eq!(cut.len(), 2 * LAST_ERROR_MAX);
+        assert_eq!(bound_error("a\0b"), "a\u{FFFD}b");
+        let exact = "x".repeat(LAST_ERROR_MAX);
+        assert_eq!(bound_error(&exact), exact);
+    }
 
     /// A database error reads as a sentence: the kind in words, not its variant's name.
     #[test]

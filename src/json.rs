@@ -4,7 +4,13 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{BrokerError, Delivery, Message, Result};
+use crate::error::BrokerError;
+
+use crate::consuming::delivery::Delivery;
+
+use crate::producing::message::Message;
+
+use crate::error::Result;
 
 impl Message {
     /// A message whose payload is `value` as JSON (`serde_json`, compact).

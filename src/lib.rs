@@ -351,12 +351,9 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-mod broker;
-mod claimer;
-mod conn;
-mod ddl;
-mod delivery;
-mod dialect;
+// The rooms, from the top floor down (ARCHITECTURE.md): the public driver seams and the typed
+// jobs; the operator's calls; producing and consuming; the broker handle; the runtime; the
+// dialects; the model. A room uses only rooms below it.
 #[cfg(any(
     feature = "diesel-postgres",
     feature = "diesel-mysql",
@@ -371,48 +368,45 @@ mod dialect;
     )))
 )]
 pub mod diesel;
-mod error;
-mod events;
-mod form;
-mod jobs;
 #[cfg(feature = "serde")]
 mod json;
-mod keys;
-mod message;
-mod meters;
 #[cfg(feature = "mysql")]
 pub mod mysql;
-mod ops;
-mod outcome;
-#[cfg(feature = "cron")]
-mod periodic;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-mod publish;
-mod registry;
-mod retry;
-mod runtime;
-mod schedule;
-mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-mod subscription;
-mod table;
-mod value;
 
-pub use broker::{Broker, BrokerBuilder, DeadLetter, Published};
-pub use ddl::Database;
-pub use delivery::Delivery;
-pub use error::{BrokerError, DbErrorKind, NextError, Result};
-pub use events::{AckFailed, ClaimFailed, ClaimedRows, Events, Settled};
-pub use jobs::{Job, JobState, LAST_ERROR_MAX};
-pub use message::Message;
-pub use ops::{Completed, QueueStats};
-pub use outcome::Outcome;
+mod operating;
+#[cfg(test)]
+mod races;
+
+mod consuming;
+mod producing;
+
+mod broker;
+
+mod runtime;
+
+mod dialect;
+
+mod error;
+mod model;
+
+pub use broker::{Broker, BrokerBuilder};
+pub use consuming::delivery::Delivery;
+pub use consuming::outcome::Outcome;
+pub use consuming::subscription::{AckMode, Iter, Ran, Subscription, SubscriptionBuilder};
+pub use error::{BrokerError, DbErrorKind, NextError, Result, LAST_ERROR_MAX};
+pub use model::retry::RetryPolicy;
+pub use model::table::{ColumnType, Form, Isolation, Role, Table};
+pub use model::value::Value;
+pub use operating::ddl::Database;
+pub use operating::jobs::{Job, JobState};
+pub use operating::ops::{Completed, DeadLetter, QueueStats};
+pub use operating::tables::RecordedTable;
+pub use producing::message::Message;
 #[cfg(feature = "cron")]
-pub use periodic::{Periodic, PeriodicBuilder};
-pub use registry::RecordedTable;
-pub use retry::RetryPolicy;
-pub use subscription::{AckMode, Iter, Ran, Subscription, SubscriptionBuilder};
-pub use table::{ColumnType, Form, Isolation, Role, Table};
-pub use value::Value;
+pub use producing::periodic::{Periodic, PeriodicBuilder};
+pub use producing::publish::Published;
+pub use runtime::events::{AckFailed, ClaimFailed, ClaimedRows, Events, Settled};

@@ -31,11 +31,14 @@
 pub use ::mysql as driver;
 
 use crate::dialect::mysql::{sql_only, TxConn};
-use crate::{Message, Published, Result, Table};
+use crate::error::Result;
+use crate::model::table::Table;
+use crate::producing::message::Message;
+use crate::producing::publish::Published;
 
 /// Publishes one message inside `tx`; its id. Rolled back with `tx`.
 pub fn publish(tx: &mut ::mysql::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
+    crate::producing::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -45,7 +48,7 @@ pub fn publish_batch(
     table: &Table,
     messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(
+    crate::producing::publish::batch_in_transaction(
         sql_only(),
         &mut TxConn(tx),
         table,
@@ -64,7 +67,7 @@ pub fn publish_batch(
 /// transaction on it (or DDL, which commits implicitly) would end the delivery's.
 /// [`BrokerError::Unsupported`](crate::BrokerError) for a lease or advisory delivery.
 pub fn in_delivery<T, E>(
-    delivery: &mut crate::Delivery,
+    delivery: &mut crate::consuming::delivery::Delivery,
     f: impl FnOnce(&mut ::mysql::Conn) -> std::result::Result<T, E>,
 ) -> Result<std::result::Result<T, E>> {
     delivery.in_transaction(f)

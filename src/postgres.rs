@@ -31,7 +31,10 @@
 pub use ::postgres as driver;
 
 use crate::dialect::postgres::{sql_only, TxConn};
-use crate::{Message, Published, Result, Table};
+use crate::error::Result;
+use crate::model::table::Table;
+use crate::producing::message::Message;
+use crate::producing::publish::Published;
 
 /// Publishes one message inside `tx`; its id. Rolled back with `tx`.
 pub fn publish(
@@ -39,7 +42,7 @@ pub fn publish(
     table: &Table,
     message: Message,
 ) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
+    crate::producing::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -49,7 +52,7 @@ pub fn publish_batch(
     table: &Table,
     messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(
+    crate::producing::publish::batch_in_transaction(
         sql_only(),
         &mut TxConn(tx),
         table,
@@ -80,7 +83,7 @@ pub fn publish_batch(
 /// # fn d_id(i: i64) -> i64 { i }
 /// ```
 pub fn in_delivery<T, E>(
-    delivery: &mut crate::Delivery,
+    delivery: &mut crate::consuming::delivery::Delivery,
     f: impl FnOnce(&mut ::postgres::Client) -> std::result::Result<T, E>,
 ) -> Result<std::result::Result<T, E>> {
     delivery.in_transaction(f)

@@ -39,11 +39,14 @@
 pub use ::rusqlite as driver;
 
 use crate::dialect::sqlite::{sql_only, TxConn};
-use crate::{Message, Published, Result, Table};
+use crate::error::Result;
+use crate::model::table::Table;
+use crate::producing::message::Message;
+use crate::producing::publish::Published;
 
 /// Publishes one message inside `tx`; its id. Rolled back with `tx`.
 pub fn publish(tx: &rusqlite::Transaction<'_>, table: &Table, message: Message) -> Result<i64> {
-    crate::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
+    crate::producing::publish::in_transaction(sql_only(), &mut TxConn(tx), table, message, true)
 }
 
 /// Publishes many messages inside `tx` (see [`Broker::publish_batch`](crate::Broker::publish_batch)).
@@ -53,7 +56,7 @@ pub fn publish_batch(
     table: &Table,
     messages: impl IntoIterator<Item = Message>,
 ) -> Result<Published> {
-    crate::publish::batch_in_transaction(
+    crate::producing::publish::batch_in_transaction(
         sql_only(),
         &mut TxConn(tx),
         table,

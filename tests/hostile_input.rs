@@ -12,7 +12,7 @@
 //!   type for its column is `InvalidMessage` on every database.
 //! - Payloads of 0 bytes and 16 MiB round-trip (MariaDB: see `max_allowed_packet` below).
 //! - `proptest` fuzzes `Message` values against `publish` on an in-memory SQLite broker (the
-//!   description fuzzing lives in `src/table.rs`, which reaches the private validation).
+//!   description fuzzing lives in `src/model/table.rs`, which reaches the private validation).
 
 mod common;
 

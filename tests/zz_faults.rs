@@ -345,7 +345,7 @@ fn killed_during_lease_settlement(live: &Live, kill_every_session: bool) {
 }
 
 /// SQLite has no server session to kill: its lease settlements are covered by the injected
-/// lost answers of the crate's own tests (`runtime::races`).
+/// lost answers of the crate's own tests (`races`).
 #[test]
 fn lease_settlements_survive_or_report_killed_sessions() {
     if !common::slow_suite("the fault suite") {

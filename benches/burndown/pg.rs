@@ -245,7 +245,7 @@ impl RawConn for Lease {
     }
 }
 
-/// The library's claim cursor (`src/form/cursor.rs`), one per raw connection: claims start
+/// The library's claim cursor (`src/runtime/cursor.rs`), one per raw connection: claims start
 /// after the largest `(run_at, id)` claimed; from the head again after a claim that found fewer
 /// rows than asked, and at least once a second.
 struct RawCursor {

@@ -14,7 +14,7 @@ use ::diesel::row::{NamedRow, Row};
 use ::diesel::sql_types::{BigInt, Nullable};
 
 use crate::error::{DbError, DbErrorKind};
-use crate::Value;
+use crate::model::value::Value;
 
 /// A statement with its parameters bound.
 pub(crate) type Query<'f, DB> = BoxedSqlQuery<'f, DB, SqlQuery>;

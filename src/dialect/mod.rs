@@ -1,10 +1,11 @@
-//! The seam between the queue logic and each database.
+//! The seam between the queue logic and each database. Uses only the model and the errors:
+//! it knows nothing of the runtime, the broker, subscriptions or operator calls.
 //!
 //! Everything database-specific lives below this module, one folder per database and one file
 //! per concern (`sql`, `protocol`, `conn`, `values`, `version`): the SQL text, the driver
-//! calls, the version floors and the error classification. The queue logic
-//! (`form`, `runtime`, `broker`) sees only [`Dialect`] (per database) and [`DbConn`] (per
-//! connection) and never a driver type.
+//! calls, the version floors and the error classification. The queue logic above sees only
+//! [`Dialect`] (per database), [`DbConn`] (per connection, `conn`) and the advisory key
+//! bookkeeping (`keys`), never a driver type.
 //!
 //! SQL is built once per table, when the table is first used, from a validated
 //! [`TableSpec`]: identifiers are checked against
@@ -18,17 +19,19 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub(crate) use crate::conn::DbConn;
 use crate::error::{BrokerError, DbError};
-use crate::table::{Form, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
+pub(crate) use conn::DbConn;
 
+pub(crate) mod conn;
 #[cfg(any(
     feature = "diesel-postgres",
     feature = "diesel-mysql",
     feature = "diesel-sqlite"
 ))]
 pub(crate) mod diesel;
+pub(crate) mod keys;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -236,7 +239,7 @@ impl std::fmt::Debug for BySize {
 
 /// The statements of the table registry, `sqlbroker_tables`: one row per table that
 /// `create_table` or `migrate` described, with its description as JSON
-/// ([`crate::registry`]). The same for every table, so constants of each dialect.
+/// ([`crate::runtime::registry`]). The same for every table, so constants of each dialect.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RegistrySql {
     /// Makes the registry if it does not exist: `name` (primary key, byte-exact), `format`
@@ -251,7 +254,7 @@ pub(crate) struct RegistrySql {
     pub read: &'static str,
     /// `(format, description, now, name, stale description, stale updated_at)`: replaces a
     /// record left by a dropped table, only if it is still exactly the one read (a creator
-    /// of the new table that replaced it first wins; see [`crate::registry`]).
+    /// of the new table that replaced it first wins; see [`crate::runtime::registry`]).
     pub replace_stale: &'static str,
     /// `(name)` -> `paused` of the table's record (a subscription's pause check).
     pub paused: &'static str,
@@ -294,7 +297,7 @@ pub(crate) enum ChangeFeed {
     /// A [`Watcher`] on a dedicated connection ([`Dialect::watcher`]).
     Watcher,
     /// The database has none: idle claim workers poll, fast right after rows were found
-    /// ([`crate::schedule::idle_poll`]).
+    /// ([`crate::model::schedule::idle_poll`]).
     Poll,
 }
 
@@ -380,7 +383,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn create_table(&self, spec: &TableSpec) -> Vec<String>;
 
     /// The columns `spec` needs, with their definitions and the types that work.
-    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef>;
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef>;
 
     /// `(table name)` -> `(column name, type)` of each column of the table in the connection's
     /// database (or schema); no rows if there is no such table.
@@ -390,11 +393,11 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// whose text compares by a collation instead of byte for byte, to their definitions
     /// (`migrate`). Only MySQL has such columns ([`ColumnDef::collations`]).
     ///
-    /// [`ColumnDef::collations`]: crate::schema::ColumnDef::collations
+    /// [`ColumnDef::collations`]: crate::model::schema::ColumnDef::collations
     fn convert_columns(
         &self,
         _spec: &TableSpec,
-        _defs: &[&crate::schema::ColumnDef],
+        _defs: &[&crate::model::schema::ColumnDef],
     ) -> Option<String> {
         None
     }
@@ -619,7 +622,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// The in-process key registry, for engines with no server-side advisory locks.
-    fn process_keys(&self) -> Option<Arc<crate::keys::KeyRegistry>> {
+    fn process_keys(&self) -> Option<Arc<crate::dialect::keys::KeyRegistry>> {
         None
     }
 
@@ -658,7 +661,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// Tells other brokers' change feeds, on `conn`, that the table's pause flag changed, so
-    /// their workers read it again at once ([`crate::registry`]). Default: nothing (they read
+    /// their workers read it again at once ([`crate::runtime::registry`]). Default: nothing (they read
     /// it within their poll interval).
     fn announce_pause(&self, _conn: &mut dyn DbConn, _sql: &TableSql) -> Result<(), DbError> {
         Ok(())

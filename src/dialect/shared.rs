@@ -5,8 +5,8 @@
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
 use crate::dialect::TableSql;
-use crate::schema::{family, ColumnDef, Family};
-use crate::table::{ColumnType, Form, TableSpec};
+use crate::model::schema::{family, ColumnDef, Family};
+use crate::model::table::{ColumnType, Form, TableSpec};
 
 /// The `dead_reason` of a cancelled job ([`Broker::cancel`](crate::Broker::cancel),
 /// [`Delivery::cancel`](crate::Delivery::cancel)): a row kept as completed and cancelled, or a
@@ -68,7 +68,7 @@ pub(crate) struct Syntax {
     /// The `LIMIT` of a claim's scan, given the row count's placeholder.
     pub claim_limit: fn(&str) -> String,
     /// A string literal holding `s` exactly: the registry record in the printed schema
-    /// ([`crate::ddl`]), where statements carry their values inline.
+    /// ([`crate::operating::ddl`]), where statements carry their values inline.
     pub literal: fn(&str) -> String,
     /// Inserts write the publish time (`created_at`) as [`Syntax::now`] themselves instead of
     /// leaving it to the column's default: MySQL's `CURRENT_TIMESTAMP` default is in the
@@ -96,7 +96,7 @@ impl Syntax {
     /// `prefix` (an alias and a dot, or nothing): a claimed row, its due time last (the queue
     /// wait it measures, and the PostgreSQL lease claim's cursor). The lease and advisory
     /// forms read the cancel request too: a claim that finds one ends the row instead of
-    /// running it ([`Claimed::cancel_requested`](crate::form::Claimed::cancel_requested)).
+    /// running it ([`Claimed::cancel_requested`](crate::consuming::form::Claimed::cancel_requested)).
     pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
         let mut s = format!(
             "{prefix}{}, {prefix}{}, {prefix}{}",

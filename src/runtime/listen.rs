@@ -25,7 +25,7 @@ use parking_lot::{Condvar, Mutex};
 use super::wake::{Gate, Wake};
 use crate::dialect::{Change, ChangeFeed, Dialect, Watcher};
 use crate::error::DbError;
-use crate::schedule::backoff;
+use crate::model::schedule::backoff;
 
 /// The longest one wait of the feed: how soon the thread sees a stop, a new table to watch,
 /// and a stale notification to send.

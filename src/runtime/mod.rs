@@ -1,11 +1,14 @@
-//! The threads we own and the state they share.
+//! The runtime: the threads a broker owns and the state they share, per table and per
+//! subscription. Uses the dialects, the model and the errors; knows nothing of the broker,
+//! publishing, the forms or deliveries.
 //!
 //! - [`Queue`]: one table on one broker: its validated description, its SQL, the pool, and the
-//!   wake-up its publishers ring.
+//!   wake-up its publishers ring; `registry`: the table's record, checked on first use.
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
-//! - `claimer`: the claim worker threads; `renewer`: the broker's lease timer thread;
-//!   `listen`: the broker's change feed thread; `notifier`: the thread that sends its
-//!   publishes' notifications; `wake`: the wake-ups they ring.
+//! - `renewer`: the broker's lease timer thread; `listen`: the broker's change feed thread;
+//!   `notifier`: the thread that sends its publishes' notifications; `wake`: the wake-ups
+//!   they ring; `timer`, `deferred`: the handler timeouts and deferred acks.
+//! - `meters` and `events`: what happens, counted and reported.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
+use crate::dialect::keys::KeyRegistry;
 use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
-use crate::keys::KeyRegistry;
-use crate::table::TableSpec;
+use crate::model::table::TableSpec;
 
 /// What a check of a table that does not exist says.
 const NO_TABLE: &str =
@@ -25,10 +28,13 @@ const NO_TABLE: &str =
 
 pub(crate) mod cursor;
 pub(crate) mod deferred;
+pub(crate) mod events;
 pub(crate) mod group;
 pub(crate) mod listen;
+pub(crate) mod meters;
 pub(crate) mod notifier;
 pub(crate) mod pool;
+pub(crate) mod registry;
 pub(crate) mod renewer;
 pub(crate) mod slots;
 #[cfg(test)]
@@ -79,7 +85,7 @@ pub(crate) struct Queue {
     /// The description was checked against the table's record (or columns): done once.
     pub described: AtomicBool,
     /// The table's metrics (the `metrics` feature; nothing without it).
-    pub meters: crate::meters::Meters,
+    pub meters: crate::runtime::meters::Meters,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -100,7 +106,7 @@ impl Queue {
         statement_timeout: Duration,
     ) -> Self {
         Queue {
-            meters: crate::meters::Meters::new(&spec.name),
+            meters: crate::runtime::meters::Meters::new(&spec.name),
             spec,
             sql,
             dialect,
@@ -178,7 +184,7 @@ impl Queue {
     /// The table's columns as the database reports them, `(name, type)`; none if the table
     /// does not exist.
     pub fn columns(&self, conn: &mut dyn DbConn) -> Result<Vec<(String, String)>> {
-        let name = crate::Value::Text(self.spec.name.clone());
+        let name = crate::model::value::Value::Text(self.spec.name.clone());
         let rows = conn
             .query(self.dialect.columns_query(), &[name])
             .map_err(self.err("schema check"))?;
@@ -200,7 +206,7 @@ impl Queue {
         let problems = if found.is_empty() {
             vec![NO_TABLE.to_string()]
         } else {
-            crate::schema::problems(&self.dialect.column_defs(&self.spec), &found)
+            crate::model::schema::problems(&self.dialect.column_defs(&self.spec), &found)
         };
         if problems.is_empty() {
             return Ok(());
@@ -232,15 +238,6 @@ impl Queue {
         e
     }
 
-    /// Where a publish on this table writes.
-    pub fn target(&self) -> crate::publish::Target<'_> {
-        crate::publish::Target {
-            spec: &self.spec,
-            sql: &self.sql,
-            dialect: &*self.dialect,
-        }
-    }
-
     /// Wraps a driver error with the operation and this table.
     pub fn err(&self, op: &'static str) -> impl Fn(DbError) -> BrokerError + '_ {
         move |e| e.during(op, &self.spec.name)
@@ -257,7 +254,7 @@ pub(crate) struct SubOptions {
     /// Candidate rows an advisory claim reads to find keys that are free.
     pub advisory_scan: usize,
     /// The delay of a failed delivery ([`Delivery::fail`](crate::Delivery::fail)).
-    pub retry: crate::RetryPolicy,
+    pub retry: crate::model::retry::RetryPolicy,
     /// How long a handler may hold a delivery before it is failed for it.
     pub handler_timeout: Option<Duration>,
 }
@@ -327,7 +324,7 @@ pub(crate) struct Ctx {
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
-    pub events: Option<Arc<dyn crate::Events>>,
+    pub events: Option<Arc<dyn crate::runtime::events::Events>>,
     /// Deferred acks ([`AckMode::Deferred`](crate::AckMode::Deferred)): queued, written by
     /// a thread of the subscription.
     pub deferred: Option<deferred::DeferredAcks>,
@@ -374,7 +371,7 @@ impl Ctx {
     }
 
     /// With the application's hooks.
-    pub fn with_events(mut self, events: Option<Arc<dyn crate::Events>>) -> Self {
+    pub fn with_events(mut self, events: Option<Arc<dyn crate::runtime::events::Events>>) -> Self {
         self.events = events;
         self
     }

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 
 use crate::dialect::{DbConn, Dialect};
 use crate::error::DbError;
-use crate::Value;
+use crate::model::value::Value;
 
 /// A connection idle this long is pinged before reuse.
 pub(crate) const IDLE_CHECK: Duration = Duration::from_secs(1);

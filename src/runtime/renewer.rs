@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::Ctx;
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, DbErrorKind};
-use crate::schedule::{lease_token, renew_every, renewal_is_ours};
+use crate::model::schedule::{lease_token, renew_every, renewal_is_ours};
 
 /// Rows renewed per statement (two parameters each).
 const RENEW_CHUNK: usize = 500;
@@ -374,8 +374,8 @@ fn renew_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::table::Form;
     use crate::runtime::testing::{ctx, options, Script};
-    use crate::table::Form;
 
     /// Defect 9: a renewal round that panics is reported on its subscription and fails the
     /// round; it does not unwind the renewer thread (which renews every lease table of the

@@ -11,8 +11,8 @@ use super::{pool, Ctx, Queue, SubOptions};
 use crate::dialect::shared::Syntax;
 use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError};
-use crate::table::{Form, Table, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, Table, TableSpec};
+use crate::model::value::Value;
 
 /// What the scripted database does; shared by its connections.
 #[derive(Default)]
@@ -84,7 +84,7 @@ impl Dialect for Scripted {
     fn create_table(&self, _: &TableSpec) -> Vec<String> {
         Vec::new()
     }
-    fn column_defs(&self, _: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    fn column_defs(&self, _: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
         Vec::new()
     }
     fn columns_query(&self) -> &'static str {
@@ -209,13 +209,13 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         max_in_flight: batch,
         poll_interval: Duration::from_millis(10),
         advisory_scan: 32,
-        retry: crate::RetryPolicy::default(),
+        retry: crate::model::retry::RetryPolicy::default(),
         handler_timeout: None,
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fault injection for the crate's live tests (`runtime::races`): one-shot faults and pauses at
+// Fault injection for the crate's live tests (`races`): one-shot faults and pauses at
 // named points of the runtime, armed per table so tests running in parallel do not meet each
 // other's. Outside `cfg(test)` the points are no-ops (`runtime::faults`).
 
@@ -326,11 +326,17 @@ pub(crate) fn live_url(db: &str) -> Option<String> {
         _ => std::env::var("SQLBROKER_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
     };
-    match crate::Broker::builder(&url)
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-    {
-        Ok(_) => Some(url),
+    let opts = crate::dialect::ConnOptions {
+        statement_timeout: Duration::from_secs(5),
+        sqlite_durable: false,
+        cross_process: false,
+        listen_url: None,
+        galera_single_writer: false,
+    };
+    let reached = crate::dialect::open(&url, &opts)
+        .and_then(|d| d.connect().map(drop).map_err(|e| e.during("connect", "")));
+    match reached {
+        Ok(()) => Some(url),
         Err(e) if std::env::var("SQLBROKER_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
             panic!("SQLBROKER_REQUIRE_SERVERS=1 but {db} at {url} is not reachable: {e}")
         }

@@ -11,7 +11,7 @@ use mysql::{Conn, Opts, Params};
 use super::values::{from_mysql, to_mysql};
 use crate::dialect::DbConn;
 use crate::error::{DbError, DbErrorKind};
-use crate::Value;
+use crate::model::value::Value;
 
 /// Opens a session with the engine's options; also returns the server's `VERSION()` (read
 /// with `max_allowed_packet`, in the same round trip), which tells MySQL from MariaDB.

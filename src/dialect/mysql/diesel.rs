@@ -13,7 +13,7 @@ use super::values::datetime_parts;
 use crate::dialect::diesel::{classify, rows, Id, Phrases, Query};
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::Value;
+use crate::model::value::Value;
 
 /// The application's connection, inside its transaction, and the id its last single-row
 /// insert assigned. Never pooled: broken or not is the application's business.

@@ -23,8 +23,8 @@
 
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, DbError};
-use crate::table::{Form, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
 
 /// Whether Galera replication is on for the session's server (MariaDB; MySQL has no such
 /// variable, and `SHOW` then returns no row).
@@ -112,7 +112,7 @@ pub(super) fn refusal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Table;
+    use crate::model::table::Table;
     use std::time::Duration;
 
     fn spec(t: Table) -> TableSpec {

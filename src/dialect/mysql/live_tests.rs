@@ -9,9 +9,10 @@ use super::sql::quote_ident;
 use super::Mysql;
 use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::DbErrorKind;
-use crate::schedule::from_epoch_secs;
-use crate::table::{Form, TableSpec};
-use crate::{Table, Value};
+use crate::model::schedule::from_epoch_secs;
+use crate::model::table::Table;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
 
 fn dialect() -> Option<Mysql> {
     let url = std::env::var("SQLBROKER_MYSQL_URL")
@@ -141,7 +142,7 @@ fn lease_claim_renew_and_fence() {
     let s = Scratch::new(&d, |n| Table::new(n).lease(Duration::from_secs(5)));
     let sql = d.compile(&s.spec);
     let mut c = d.connect().unwrap();
-    let now = crate::schedule::floor(SystemTime::now());
+    let now = crate::model::schedule::floor(SystemTime::now());
     let ids: Vec<i64> = (0..3)
         .map(|_| {
             insert(
@@ -298,7 +299,7 @@ fn advisory_keys_are_per_session_and_take_fetches() {
         [[Value::Null]]
     );
 
-    let now = crate::schedule::floor(SystemTime::now());
+    let now = crate::model::schedule::floor(SystemTime::now());
     let id = insert(
         &mut *a,
         &sql,

@@ -74,8 +74,8 @@ use mysql::{Opts, OptsBuilder};
 use super::shared::Syntax;
 use super::{ConnOptions, DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError};
-use crate::table::{Form, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
 
 /// Prepared statements kept per connection: a table uses about a dozen, plus the insert and
 /// id-list variants of each size class.
@@ -105,7 +105,7 @@ pub(crate) fn sql_only() -> &'static dyn Dialect {
     })
 }
 
-/// The engine with no server, for the printed schema ([`crate::ddl`]): text in MariaDB's
+/// The engine with no server, for the printed schema ([`crate::operating::ddl`]): text in MariaDB's
 /// byte-exact collation if `mariadb`, else MySQL 8's.
 pub(crate) fn offline(mariadb: bool) -> &'static dyn Dialect {
     static MARIADB: OnceLock<Mysql> = OnceLock::new();
@@ -272,14 +272,14 @@ impl Dialect for Mysql {
         sql::create_table(spec, self.text_collation())
     }
 
-    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
         sql::column_defs(spec, self.text_collation())
     }
 
     fn convert_columns(
         &self,
         spec: &TableSpec,
-        defs: &[&crate::schema::ColumnDef],
+        defs: &[&crate::model::schema::ColumnDef],
     ) -> Option<String> {
         Some(sql::convert_columns(spec, defs))
     }

@@ -8,9 +8,9 @@ use std::time::SystemTime;
 use super::sql::{ack_lock_sql, ack_many_sql, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
 use crate::dialect::{id_params, in_transaction, size_class, BySize, DbConn, FifoSql, TableSql};
 use crate::error::{DbError, DbErrorKind};
-use crate::schedule::epoch_secs;
-use crate::table::TableSpec;
-use crate::Value;
+use crate::model::schedule::epoch_secs;
+use crate::model::table::TableSpec;
+use crate::model::value::Value;
 
 /// One transaction at the claim isolation: the locking select takes up to `limit` ready rows
 /// (`now, now, limit`), one `UPDATE .. WHERE id IN (..)` leases them all, commit. The found

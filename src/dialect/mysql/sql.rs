@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use super::version::BYTE_EXACT;
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::{FifoSql, TableSql};
-use crate::table::{Form, Isolation, TableSpec};
+use crate::model::table::{Form, Isolation, TableSpec};
 
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
@@ -408,7 +408,7 @@ fn advisory_take_head(spec: &TableSpec, group: &str) -> String {
 
 /// `(table name)` -> `(column name, type)` of the table's columns (the schema check). A text
 /// column's type carries its collation (`varchar collate utf8mb4_general_ci`), which the
-/// check compares with [`crate::schema::ColumnDef::collations`].
+/// check compares with [`crate::model::schema::ColumnDef::collations`].
 pub(super) const COLUMNS: &str = "SELECT CAST(column_name AS CHAR), CAST(CONCAT(data_type, \
      IFNULL(CONCAT(' collate ', collation_name), '')) AS CHAR) FROM information_schema.columns \
      WHERE table_schema = DATABASE() AND table_name = ?";
@@ -418,12 +418,15 @@ pub(super) const COLUMNS: &str = "SELECT CAST(column_name AS CHAR), CAST(CONCAT(
 /// compare byte for byte: the check refuses them in any other collation and `migrate`
 /// converts them ([`convert_columns`]). Other text columns are left as a table has them (the
 /// library never compares them; converting one copies the table).
-pub(super) fn column_defs(spec: &TableSpec, collation: &str) -> Vec<crate::schema::ColumnDef> {
+pub(super) fn column_defs(
+    spec: &TableSpec,
+    collation: &str,
+) -> Vec<crate::model::schema::ColumnDef> {
     let mut defs = SYNTAX.column_list(spec, types(collation));
     let group = spec
         .group
         .and_then(|i| spec.columns.get(i))
-        .filter(|c| c.ty == crate::table::ColumnType::Text)
+        .filter(|c| c.ty == crate::model::table::ColumnType::Text)
         .map(|c| c.name.as_str());
     for d in &mut defs {
         if Some(d.name.as_str()) == spec.dedup_key.as_deref() || Some(d.name.as_str()) == group {
@@ -436,7 +439,10 @@ pub(super) fn column_defs(spec: &TableSpec, collation: &str) -> Vec<crate::schem
 /// `ALTER TABLE .. MODIFY COLUMN ..` of `defs`, one statement (one table copy) for them all:
 /// brings text columns made by an earlier release, in the database's default collation, to
 /// their byte-exact definition. Their indexes are rebuilt with them.
-pub(super) fn convert_columns(spec: &TableSpec, defs: &[&crate::schema::ColumnDef]) -> String {
+pub(super) fn convert_columns(
+    spec: &TableSpec,
+    defs: &[&crate::model::schema::ColumnDef],
+) -> String {
     let modify: Vec<String> = defs
         .iter()
         .map(|d| format!("MODIFY COLUMN {}", d.ddl))
@@ -541,7 +547,10 @@ mod tests {
     /// `dead_at` (the same text on MySQL 8 as on MariaDB, where it runs live).
     #[test]
     fn the_ready_index_is_rebuilt_in_priority_order() {
-        let spec = crate::Table::new("jobs").priorities().validate().unwrap();
+        let spec = crate::model::table::Table::new("jobs")
+            .priorities()
+            .validate()
+            .unwrap();
         assert_eq!(
             super::rebuild_ready_index(&spec),
             "ALTER TABLE `jobs` DROP INDEX `jobs_ready`, ADD INDEX `jobs_ready` \
@@ -552,9 +561,9 @@ mod tests {
     use super::*;
     use crate::dialect::mysql::Mysql;
     use crate::dialect::Dialect;
-    use crate::table::Isolation;
-    use crate::Table;
-    use crate::Value;
+    use crate::model::table::Isolation;
+    use crate::model::table::Table;
+    use crate::model::value::Value;
 
     /// `migrate` adds `created_at` with no value for the rows there, the default after.
     #[test]

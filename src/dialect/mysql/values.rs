@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use mysql::consts::ColumnType as MyType;
 
 use crate::error::DbError;
-use crate::schedule::{epoch_secs, from_epoch_secs};
-use crate::Value;
+use crate::model::schedule::{epoch_secs, from_epoch_secs};
+use crate::model::value::Value;
 
 /// The character set number MySQL reports for binary strings (`BLOB`, `VARBINARY`).
 const BINARY_CHARSET: u16 = 63;

@@ -32,7 +32,7 @@ use postgres::{Client, NoTls, Statement};
 
 use crate::dialect::DbConn;
 use crate::error::{DbError, DbErrorKind};
-use crate::Value;
+use crate::model::value::Value;
 
 /// Prepared statements kept per connection before the cache is emptied: a table uses about a
 /// dozen, plus the insert and renewal variants of each size class.
@@ -51,7 +51,7 @@ pub(super) enum Connector {
 }
 
 impl Connector {
-    pub(super) fn new(settings: &super::tls::Settings) -> Result<Self, crate::BrokerError> {
+    pub(super) fn new(settings: &super::tls::Settings) -> Result<Self, crate::error::BrokerError> {
         if settings.mode == super::tls::SslMode::Disable {
             return Ok(Connector::Plain);
         }

@@ -14,7 +14,7 @@ use ::diesel::RunQueryDsl;
 use crate::dialect::diesel::{classify, rows, Id, Phrases, Query};
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::Value;
+use crate::model::value::Value;
 
 /// The application's connection, inside its transaction. Never pooled: broken or not is the
 /// application's business.

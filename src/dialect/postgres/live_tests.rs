@@ -5,7 +5,7 @@
 use postgres::{Client, NoTls};
 
 use super::sql::{compile, create_table};
-use crate::Table;
+use crate::model::table::Table;
 
 fn client() -> Option<Client> {
     let url = std::env::var("SQLBROKER_PG_URL")

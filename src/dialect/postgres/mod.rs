@@ -47,8 +47,8 @@ use std::time::{Duration, SystemTime};
 use super::shared::Syntax;
 use super::{ChangeFeed, ConnOptions, DbConn, Dialect, TableSql, Watcher};
 use crate::error::{BrokerError, DbError};
-use crate::table::{Form, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
 
 pub(crate) use conn::TxConn;
 
@@ -234,7 +234,7 @@ impl Dialect for Postgres {
         sql::create_table(spec)
     }
 
-    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
         sql::column_defs(spec)
     }
 

@@ -8,8 +8,8 @@ use super::sql::{ack_many_sql, renew_sql};
 use crate::dialect::DbConn;
 use crate::dialect::{size_class, BySize};
 use crate::error::DbError;
-use crate::table::TableSpec;
-use crate::Value;
+use crate::model::table::TableSpec;
+use crate::model::value::Value;
 
 /// One statement: lock the rows still holding their tokens, skipping rows another
 /// transaction has locked (they are tried again next round, not waited for), write the new

@@ -4,7 +4,7 @@
 
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::TableSql;
-use crate::table::{Form, TableSpec};
+use crate::model::table::{Form, TableSpec};
 
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
@@ -239,7 +239,7 @@ pub(super) const INDEXES: &str =
     "SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1";
 
 /// The columns a table needs (the schema check and `migrate`).
-pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
     SYNTAX.column_list(spec, &TYPES)
 }
 
@@ -318,7 +318,7 @@ mod tests {
     use super::*;
     use crate::dialect::postgres::Postgres;
     use crate::dialect::Dialect;
-    use crate::Table;
+    use crate::model::table::Table;
 
     /// `migrate` adds `created_at` with no value for the rows there, the default after.
     #[test]

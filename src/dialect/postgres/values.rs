@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use bytes::BytesMut;
 use postgres::types::{Format, FromSql, IsNull, ToSql, Type};
 
-use crate::Value;
+use crate::model::value::Value;
 
 type BoxError = Box<dyn StdError + Sync + Send>;
 

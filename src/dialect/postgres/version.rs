@@ -2,8 +2,8 @@
 
 use crate::dialect::DbConn;
 use crate::error::BrokerError;
-use crate::table::Form;
-use crate::Value;
+use crate::model::table::Form;
+use crate::model::value::Value;
 
 /// Reads the server's version and checks it against the floor of `form`.
 pub(super) fn check_server(conn: &mut dyn DbConn, form: Form) -> Result<(), BrokerError> {

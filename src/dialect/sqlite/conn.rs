@@ -13,7 +13,7 @@ use super::values::from_ref;
 use super::Sqlite;
 use crate::dialect::DbConn;
 use crate::error::{DbError, DbErrorKind};
-use crate::Value;
+use crate::model::value::Value;
 
 /// Opens a connection to the engine's database: WAL mode and the durability it asks for on a
 /// file, a busy timeout everywhere.

@@ -12,8 +12,8 @@ use ::diesel::RunQueryDsl;
 use crate::dialect::diesel::{classify, rows, Id, Phrases, Query};
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::schedule::epoch_secs;
-use crate::Value;
+use crate::model::schedule::epoch_secs;
+use crate::model::value::Value;
 
 /// The application's connection, inside its transaction. Never pooled: broken or not is the
 /// application's business.

@@ -44,9 +44,9 @@ use parking_lot::Mutex;
 
 use super::shared::Syntax;
 use super::{ChangeFeed, ConnOptions, DbConn, Dialect, TableSql, Watcher};
+use crate::dialect::keys::KeyRegistry;
 use crate::error::{BrokerError, DbError};
-use crate::keys::KeyRegistry;
-use crate::table::{Form, TableSpec};
+use crate::model::table::{Form, TableSpec};
 
 pub(crate) use conn::TxConn;
 
@@ -177,7 +177,7 @@ impl Dialect for Sqlite {
         sql::create_table(spec)
     }
 
-    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+    fn column_defs(&self, spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
         sql::column_defs(spec)
     }
 

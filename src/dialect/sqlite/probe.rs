@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags};
 use super::conn::classify;
 use crate::dialect::{Change, Watcher};
 use crate::error::DbError;
-use crate::schedule::probe_every;
+use crate::model::schedule::probe_every;
 
 /// Opens the probing connection on the database file.
 pub(super) fn open(path: &Path, busy: Duration) -> Result<Box<dyn Watcher>, DbError> {

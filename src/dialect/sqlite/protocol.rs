@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use super::sql::{ack_many_sql, renew_params, renew_sql};
 use crate::dialect::{fenced_pairs, BySize, DbConn};
 use crate::error::DbError;
-use crate::table::TableSpec;
-use crate::Value;
+use crate::model::table::TableSpec;
+use crate::model::value::Value;
 
 /// One `UPDATE .. RETURNING` of the rows still holding their tokens. SQLite has no row
 /// locks to wait on, and types `VALUES` by the values themselves.

@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use crate::dialect::shared::{ColumnTypes, Syntax};
 use crate::dialect::TableSql;
-use crate::table::{Form, TableSpec};
-use crate::Value;
+use crate::model::table::{Form, TableSpec};
+use crate::model::value::Value;
 
 pub(super) const SYNTAX: Syntax = Syntax {
     quote: quote_ident,
@@ -121,7 +121,7 @@ pub(super) const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1)";
 pub(super) const INDEXES: &str = "SELECT name FROM pragma_index_list(?1)";
 
 /// The columns a table needs (the schema check and `migrate`).
-pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::schema::ColumnDef> {
+pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnDef> {
     SYNTAX.column_list(spec, &TYPES)
 }
 
@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use crate::dialect::sqlite::Sqlite;
     use crate::dialect::Dialect;
-    use crate::Table;
+    use crate::model::table::Table;
 
     /// `migrate` adds `created_at` without its default (`ADD COLUMN` takes only constants).
     #[test]
@@ -396,7 +396,7 @@ mod tests {
                 "CREATE INDEX IF NOT EXISTS \"jobs_dead\" ON \"jobs\" (\"id\") WHERE \"dead_at\" IS NOT NULL",
             ]
         );
-        let t = crate::schedule::from_epoch_secs(10);
+        let t = crate::model::schedule::from_epoch_secs(10);
         let (sql, params) = (renew_sql(&spec, 2), renew_params(t, &[(1, t), (2, t)]));
         assert_eq!(
             sql,

@@ -2,8 +2,8 @@
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
-use crate::schedule::epoch_secs;
-use crate::Value;
+use crate::model::schedule::epoch_secs;
+use crate::model::value::Value;
 
 impl rusqlite::ToSql for Value {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {

@@ -30,6 +30,7 @@
 //!   each connection checkout by its connect timeout).
 
 mod chart;
+mod http;
 mod metrics;
 mod pages;
 mod sampler;

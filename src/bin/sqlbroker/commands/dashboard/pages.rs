@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use sqlbroker::{Form, Job, JobState, Table, Value};
 
+use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
-use super::web::{state_from, state_slug, Reply, Rq, PAGE};
 use super::{chart, Ctx};
 use crate::commands::{age, preview, utc};
 

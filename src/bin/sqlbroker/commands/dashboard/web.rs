@@ -1,104 +1,20 @@
 //! One request: the checks every request passes (host, token), the routes, and the actions
 //! (POST only, with the CSRF token and a same-origin `Origin`).
 
-use std::net::IpAddr;
 use std::time::Instant;
 
-use maud::Markup;
-use sqlbroker::{JobState, Table};
+use sqlbroker::Table;
 
+use super::http::{field, Reply, Rq};
 use super::server::{self, Method, Request};
 use super::{metrics, pages, Ctx};
 
 /// The cookie the login form sets: a session id ([`session`](super::session)).
 const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
 
-/// Jobs per page of a table's listing.
-pub(crate) const PAGE: usize = 50;
-
 /// Equal without an early exit (a token compare must not tell how much matched).
 fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
-}
-
-/// A response on its way out.
-pub(crate) struct Reply {
-    status: u16,
-    content_type: &'static str,
-    body: Vec<u8>,
-    headers: Vec<(&'static str, String)>,
-}
-
-impl Reply {
-    pub fn html(status: u16, page: Markup) -> Reply {
-        Reply {
-            status,
-            content_type: "text/html; charset=utf-8",
-            body: page.into_string().into_bytes(),
-            headers: Vec::new(),
-        }
-    }
-
-    fn text(status: u16, content_type: &'static str, body: String) -> Reply {
-        Reply {
-            status,
-            content_type,
-            body: body.into_bytes(),
-            headers: Vec::new(),
-        }
-    }
-
-    fn redirect(to: String) -> Reply {
-        let mut r = Reply::text(303, "text/plain; charset=utf-8", format!("see {to}\n"));
-        r.headers.push(("Location", to));
-        r
-    }
-
-    fn with(mut self, name: &'static str, value: String) -> Reply {
-        self.headers.push((name, value));
-        self
-    }
-}
-
-/// What a handler knows of the request.
-pub(crate) struct Rq {
-    pub method: Method,
-    pub path: String,
-    pub query: Vec<(String, String)>,
-    headers: Vec<(String, String)>,
-    /// The client's address (the login attempts are counted by it).
-    peer: IpAddr,
-}
-
-impl Rq {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn param(&self, name: &str) -> Option<&str> {
-        field(&self.query, name)
-    }
-
-    fn cookie(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case("cookie"))
-            .flat_map(|(_, v)| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v)
-    }
-}
-
-/// The first value of a form or query field.
-pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    fields
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
 }
 
 /// Answers one complete request (the server read it whole, its body at most
@@ -454,28 +370,6 @@ fn safe_back(b: &str) -> bool {
     b.starts_with('/')
         && !b.starts_with("//")
         && b.bytes().all(|c| c.is_ascii_graphic() && c != b'\\')
-}
-
-/// A state's name in URLs (`in_flight`), and back.
-pub(crate) fn state_slug(s: JobState) -> &'static str {
-    match s {
-        JobState::Scheduled => "scheduled",
-        JobState::InFlight => "in_flight",
-        JobState::Dead => "dead",
-        JobState::Completed => "completed",
-        _ => "ready",
-    }
-}
-
-pub(crate) fn state_from(slug: &str) -> Option<JobState> {
-    Some(match slug {
-        "ready" => JobState::Ready,
-        "scheduled" => JobState::Scheduled,
-        "in_flight" => JobState::InFlight,
-        "dead" => JobState::Dead,
-        "completed" => JobState::Completed,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! Publishing, shared by the broker (on a pooled connection) and the transactional publish of
-//! each driver's module (on the application's own transaction): parameters, dedup keys,
-//! batches split to the database's parameter limit.
+//! Publishing: [`Broker::publish`] and [`Broker::publish_batch`] (on a pooled connection) and
+//! the transactional publish the driver modules call (on the application's own transaction),
+//! sharing the parameters, dedup keys and batches split to the database's parameter limit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -8,11 +8,13 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
+use crate::broker::Broker;
 use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::{BrokerError, DbError, Result};
-use crate::message::Message;
-use crate::table::{Table, TableSpec};
-use crate::Value;
+use crate::model::table::{Table, TableSpec};
+use crate::model::value::Value;
+use crate::producing::message::Message;
+use crate::runtime::Queue;
 
 /// Where a publish writes: a table's validated description, its SQL, and its database.
 pub(crate) struct Target<'a> {
@@ -21,7 +23,16 @@ pub(crate) struct Target<'a> {
     pub dialect: &'a dyn Dialect,
 }
 
-impl Target<'_> {
+impl<'a> Target<'a> {
+    /// Where a publish on `q`'s table writes.
+    pub fn of(q: &'a Queue) -> Self {
+        Target {
+            spec: &q.spec,
+            sql: &q.sql,
+            dialect: &*q.dialect,
+        }
+    }
+
     fn err(&self, e: DbError) -> BrokerError {
         e.during("publish", &self.spec.name)
     }
@@ -87,10 +98,10 @@ pub(crate) fn many(
     messages: Vec<Message>,
     within: Within,
     insert: impl Fn(usize) -> Arc<str>,
-) -> Result<crate::Published> {
+) -> Result<crate::producing::publish::Published> {
     let count = messages.len();
     if count == 0 {
-        return Ok(crate::Published::default());
+        return Ok(crate::producing::publish::Published::default());
     }
     let width = t.spec.insert_width();
     let now = SystemTime::now();
@@ -130,7 +141,7 @@ pub(crate) fn many(
             }
         }
     };
-    Ok(crate::Published {
+    Ok(crate::producing::publish::Published {
         rows: made,
         duplicates: count - made,
     })
@@ -141,9 +152,9 @@ pub(crate) struct Compiled {
     pub spec: TableSpec,
     pub sql: TableSql,
     /// Counts the transactional publishes (the `metrics` feature).
-    pub meters: crate::meters::Meters,
+    pub meters: crate::runtime::meters::Meters,
     /// Checked against the table's record, once per process and description, as a broker's
-    /// publish is ([`crate::registry::verify`]).
+    /// publish is ([`crate::runtime::registry::verify`]).
     pub described: std::sync::atomic::AtomicBool,
 }
 
@@ -162,13 +173,13 @@ fn check_record(
     if !check || c.described.load(Ordering::Acquire) {
         return Ok(());
     }
-    match crate::registry::problems_in_transaction(dialect, conn, table)? {
+    match crate::runtime::registry::problems_in_transaction(dialect, conn, table)? {
         None => Ok(()),
         Some(problems) if problems.is_empty() => {
             c.described.store(true, Ordering::Release);
             Ok(())
         }
-        Some(problems) => Err(crate::BrokerError::Schema {
+        Some(problems) => Err(crate::error::BrokerError::Schema {
             table: c.spec.name.clone(),
             problems,
         }),
@@ -186,7 +197,7 @@ pub(crate) fn compiled(dialect: &dyn Dialect, table: &Table) -> Result<Arc<Compi
     }
     let spec = table.validate()?;
     let sql = dialect.compile(&spec);
-    let meters = crate::meters::Meters::new(&spec.name);
+    let meters = crate::runtime::meters::Meters::new(&spec.name);
     let c = Arc::new(Compiled {
         spec,
         sql,
@@ -229,7 +240,7 @@ pub(crate) fn batch_in_transaction(
     table: &Table,
     messages: Vec<Message>,
     check: bool,
-) -> Result<crate::Published> {
+) -> Result<crate::producing::publish::Published> {
     let c = compiled(dialect, table)?;
     check_record(dialect, conn, &c, table, check)?;
     let t = Target {
@@ -246,4 +257,83 @@ pub(crate) fn batch_in_transaction(
     }
     c.meters.published(done.rows);
     Ok(done)
+}
+
+/// What [`Broker::publish_batch`] did.
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30)).dedup();
+/// broker.create_table(&t)?;
+/// let msgs = ["a", "b", "a"].map(|k| Message::new(k.as_bytes().to_vec()).dedup_key(k));
+/// let done = broker.publish_batch(&t, msgs)?;
+/// assert_eq!((done.rows, done.duplicates), (2, 1));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Published {
+    /// Rows made.
+    pub rows: usize,
+    /// Messages skipped because an unfinished row, or an earlier message of the batch, held
+    /// their dedup key (tables with [`Table::dedup`] only).
+    pub duplicates: usize,
+}
+
+impl Broker {
+    /// Publishes one message and returns the new row's id; it is due at once unless it was
+    /// given a delay.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is written on any error:
+    /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
+    ///   message is invalid (a value for a column the table does not describe);
+    /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
+    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
+    ///   description);
+    /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
+    ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
+    ///   cannot tell whether the insert committed: publish is not retried for you.
+    pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
+        let q = self.queue(table)?;
+        let mut conn = q.conn("publish")?;
+        let id = one(&Target::of(&q), &mut *conn, message)
+            .map_err(|e| q.explain_failure(&mut *conn, e))?;
+        drop(conn);
+        q.meters.published(1);
+        self.announce(&q, 1);
+        Ok(id)
+    }
+
+    /// Publishes many messages with multi-row inserts (one statement unless the batch exceeds
+    /// the database's parameter limit; then several, in one transaction). All or nothing.
+    ///
+    /// On a table with dedup keys, a message whose key an unfinished row (or an earlier
+    /// message of the batch) holds is skipped: [`Published::duplicates`] counts them.
+    pub fn publish_batch(
+        &self,
+        table: &Table,
+        messages: impl IntoIterator<Item = Message>,
+    ) -> Result<Published> {
+        let messages: Vec<Message> = messages.into_iter().collect();
+        if messages.is_empty() {
+            return Ok(Published::default());
+        }
+        let q = self.queue(table)?;
+        let mut conn = q.conn("publish")?;
+        let done = many(&Target::of(&q), &mut *conn, messages, Within::Own, |rows| {
+            q.insert_sql(rows)
+        })
+        .map_err(|e| q.explain_failure(&mut *conn, e))?;
+        drop(conn);
+        q.meters.published(done.rows);
+        if done.rows > 0 {
+            self.announce(&q, done.rows);
+        }
+        Ok(done)
+    }
 }

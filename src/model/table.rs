@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{BrokerError, Result};
-use crate::Value;
+use crate::model::value::Value;
 
 pub(crate) mod record;
 
@@ -636,7 +636,10 @@ impl Table {
                     .into(),
             ));
         }
-        let lease_secs = self.lease.map(crate::schedule::lease_secs).unwrap_or(0);
+        let lease_secs = self
+            .lease
+            .map(crate::model::schedule::lease_secs)
+            .unwrap_or(0);
         Ok(TableSpec {
             name: self.name.clone(),
             id: roles[0].clone(),
@@ -756,7 +759,7 @@ impl TableSpec {
             .enumerate()
             .map(|(i, v)| match (self.columns.get(i).map(|c| c.ty), v) {
                 (Some(ColumnType::Time), Value::Int(secs)) => {
-                    Value::Time(crate::schedule::from_epoch_secs(secs))
+                    Value::Time(crate::model::schedule::from_epoch_secs(secs))
                 }
                 (_, v) => v,
             })
@@ -884,7 +887,7 @@ impl KeyTemplate {
         })
     }
 
-    pub fn render(&self, values: &[crate::Value]) -> String {
+    pub fn render(&self, values: &[crate::model::value::Value]) -> String {
         let mut out = String::new();
         for p in &self.parts {
             match p {
@@ -903,7 +906,7 @@ impl KeyTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Value;
+    use crate::model::value::Value;
 
     fn invalid(t: &Table) -> String {
         match t.validate() {

@@ -6,15 +6,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{DbError, DbErrorKind, Result};
+use crate::model::table::Form;
+use crate::model::value::Value;
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
-use crate::table::Form;
-use crate::Value;
 
 pub(crate) mod advisory;
 pub(crate) mod lease;
-#[cfg(test)]
-mod races;
 pub(crate) mod row_lock;
 
 /// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).
@@ -105,8 +103,8 @@ impl Outcome {
     }
 
     /// How the `metrics` feature counts it.
-    pub fn meter(&self) -> crate::meters::Settle {
-        use crate::meters::Settle;
+    pub fn meter(&self) -> crate::runtime::meters::Settle {
+        use crate::runtime::meters::Settle;
         match self {
             Outcome::Ack => Settle::Ack,
             Outcome::Retry(_) => Settle::Retry { failed: false },
@@ -136,14 +134,14 @@ impl Outcome {
     pub fn leading_params(&self, now: SystemTime) -> Vec<Value> {
         let error = |e: Option<&String>| match e {
             Some(e) => [
-                Value::Text(crate::jobs::bound_error(e).to_string()),
+                Value::Text(crate::error::bound_error(e).to_string()),
                 Value::Int(1),
             ],
             None => [Value::Null, Value::Int(0)],
         };
         let dead = |reason: &String, e| {
             let mut v = vec![
-                Value::Time(crate::schedule::floor(now)),
+                Value::Time(crate::model::schedule::floor(now)),
                 Value::Text(reason.clone()),
             ];
             v.extend(error(e));

@@ -4,7 +4,7 @@
 //! connection they are given (`keys`), so neither imports the other for it.
 
 use crate::error::DbError;
-use crate::Value;
+use crate::model::value::Value;
 
 /// One connection, as the queue logic sees it. Implementations mark themselves broken when the
 /// driver reports a lost connection, so the pool discards them.

@@ -1,18 +1,18 @@
-//! The operator's view of a queue: its counts by state ([`Broker::stats`]), dead-letter
-//! maintenance (paging, requeue and purge, by id or all) and the completed rows a table keeps
+//! The operator's view of a queue: its counts by state ([`Broker::stats`]), dead letters
+//! ([`Broker::dead_letters`]: listing, paging, requeue and purge, by id or all) and the completed rows a table keeps
 //! ([`Table::keep_completed`]: paging, pruning), in bounded batches, so a table of millions of
 //! rows is never locked by one long statement. The `sqlbroker` command line
 //! tool (`cli` feature) is built on these.
 
 use std::time::{Duration, SystemTime};
 
-use crate::broker::{dead_letter_rows, Broker, DeadLetter};
+use crate::broker::Broker;
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
+use crate::model::schedule;
+use crate::model::table::{Form, Table};
+use crate::model::value::Value;
 use crate::runtime::Queue;
-use crate::schedule;
-use crate::table::{Form, Table};
-use crate::Value;
 
 /// How many rows one statement of [`Broker::requeue_all_dead`], [`Broker::purge_all_dead`]
 /// and [`Broker::prune_completed`] changes at most.
@@ -98,6 +98,29 @@ impl QueueStats {
 }
 
 impl Broker {
+    /// Dead-lettered rows of `table`, oldest first, at most `limit`.
+    pub fn dead_letters(&self, table: &Table, limit: usize) -> Result<Vec<DeadLetter>> {
+        let q = self.queue(table)?;
+        let limit = [Value::Int(limit.min(i64::MAX as usize) as i64)];
+        let rows = q.retrying("dead letters", |conn| conn.query(&q.sql.dead_list, &limit))?;
+        Ok(dead_letter_rows(&q, rows))
+    }
+
+    /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
+    /// delivery reads attempt 1), so a row that ran out of [`Table::max_attempts`] gets them all
+    /// again. Returns false if no dead-lettered row has that id.
+    pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
+        let q = self.queue(table)?;
+        let now = crate::model::schedule::due_at(SystemTime::now(), Duration::ZERO);
+        // Only a dead row matches: running it twice changes nothing more.
+        let params = [Value::Time(now), Value::Int(id)];
+        let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
+        if n > 0 {
+            self.announce(&q, 1);
+        }
+        Ok(n > 0)
+    }
+
     /// The table's rows by state: ready, scheduled, in flight (lease form only), dead, and
     /// the age of the oldest ready row, and whether it is paused (a second statement, on the
     /// registry). One statement for the counts (a scan of the table, filtered
@@ -132,7 +155,7 @@ impl Broker {
                 .max(0) as u64
         };
         let oldest = row.get(4).and_then(Value::as_time);
-        let paused = self.recorded_pause(&q)?;
+        let paused = crate::runtime::registry::recorded_pause(&q)?;
         Ok(QueueStats {
             form: q.spec.form,
             ready: count(0),
@@ -329,7 +352,7 @@ impl std::fmt::Debug for Completed {
         f.debug_struct("Completed")
             .field("id", &self.id)
             .field("attempts", &self.attempts)
-            .field("payload", &crate::value::Payload(&self.payload))
+            .field("payload", &crate::model::value::Payload(&self.payload))
             .field("completed_at", &self.completed_at)
             .field("values", &self.values)
             .finish()
@@ -351,7 +374,7 @@ fn keeps_completed(q: &Queue) -> Result<()> {
     if q.spec.completed_at.is_some() {
         return Ok(());
     }
-    Err(crate::BrokerError::InvalidTable {
+    Err(crate::error::BrokerError::InvalidTable {
         table: q.spec.name.clone(),
         reason: "the table does not keep completed rows (Table::keep_completed)".into(),
     })
@@ -385,5 +408,140 @@ fn in_batches(
             Some(b) => after = b,
             None => return Ok(total),
         }
+    }
+}
+
+/// A dead-lettered row ([`Broker::dead_letters`]).
+///
+/// ```
+/// use sqlbroker::{Broker, Message, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// let t = Table::new("jobs").lease(std::time::Duration::from_secs(30));
+/// broker.create_table(&t)?;
+/// broker.publish(&t, Message::new(b"bad".to_vec()))?;
+/// let sub = broker.subscription(&t).start()?;
+/// sub.next_delivery().unwrap().dead_letter("cannot parse")?;
+/// let dead = broker.dead_letters(&t, 10)?;
+/// assert_eq!((dead[0].payload.as_slice(), dead[0].reason.as_str()), (&b"bad"[..], "cannot parse"));
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The row's id.
+    pub id: i64,
+    /// Attempts the row used.
+    pub attempts: u32,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// When it was dead-lettered (whole seconds).
+    pub dead_at: SystemTime,
+    /// The reason given to [`Delivery::dead_letter`](crate::Delivery::dead_letter).
+    pub reason: String,
+    /// The text of the row's last failure, if it had one ([`Job::last_error`](crate::Job::last_error)).
+    pub last_error: Option<String>,
+    /// Failures the row recorded ([`Job::errors`](crate::Job::errors)).
+    pub errors: u32,
+    /// The table's own columns, by name.
+    pub values: Vec<(String, Value)>,
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetter")
+            .field("id", &self.id)
+            .field("attempts", &self.attempts)
+            .field("payload", &crate::model::value::Payload(&self.payload))
+            .field("dead_at", &self.dead_at)
+            .field("reason", &self.reason)
+            .field("last_error", &self.last_error)
+            .field("errors", &self.errors)
+            .field("values", &self.values)
+            .finish()
+    }
+}
+
+/// Dead letters from rows of the `dead_list` layout.
+pub(crate) fn dead_letter_rows(q: &Queue, rows: Vec<Vec<Value>>) -> Vec<DeadLetter> {
+    let names: Vec<String> = q.spec.columns.iter().map(|c| c.name.clone()).collect();
+    rows.into_iter()
+        .map(|row| {
+            let mut it = row.into_iter();
+            let id = it.next().and_then(|v| v.as_i64()).unwrap_or_default();
+            let attempts = it
+                .next()
+                .and_then(|v| v.as_i64())
+                .unwrap_or_default()
+                .clamp(0, u32::MAX as i64) as u32;
+            let payload = it.next().map(Value::into_payload).unwrap_or_default();
+            let dead_at = it
+                .next()
+                .and_then(|v| v.as_time())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let reason = match it.next() {
+                Some(Value::Text(s)) => s,
+                _ => String::new(),
+            };
+            let last_error = match it.next() {
+                Some(Value::Text(s)) => Some(s),
+                _ => None,
+            };
+            let errors = it
+                .next()
+                .and_then(|v| v.as_i64())
+                .unwrap_or_default()
+                .clamp(0, u32::MAX as i64) as u32;
+            let values = names.iter().cloned().zip(q.spec.typed_values(it)).collect();
+            DeadLetter {
+                id,
+                attempts,
+                payload,
+                dead_at,
+                reason,
+                last_error,
+                errors,
+                values,
+            }
+        })
+        .collect()
+}
+
+impl DeadLetter {
+    /// The text of the row's last failure (at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX)
+    /// characters), if it failed before it was dead-lettered: the reason says why it ended,
+    /// this what went wrong last.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// The value of a column of the table's description.
+    pub fn get(&self, column: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A dead letter's payload shows as a byte string, not a list of numbers.
+    #[test]
+    fn a_dead_letter_shows_its_payload_as_bytes() {
+        let d = super::DeadLetter {
+            id: 7,
+            attempts: 1,
+            payload: b"{\"a\":1}".to_vec(),
+            dead_at: std::time::UNIX_EPOCH,
+            reason: "bad".into(),
+            last_error: None,
+            errors: 0,
+            values: Vec::new(),
+        };
+        assert!(
+            format!("{d:?}").contains(r#"payload: b"{\"a\":1}""#),
+            "{d:?}"
+        );
     }
 }

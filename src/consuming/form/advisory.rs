@@ -54,12 +54,12 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{unreadable_rows, Claimed, Hold, Outcome};
+use crate::dialect::keys::{KeySql, ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
-use crate::keys::{KeySql, ProcessKey, SessionKeys};
+use crate::model::schedule::claim_now;
+use crate::model::value::Value;
 use crate::runtime::{Ctx, PooledConn};
-use crate::schedule::claim_now;
-use crate::Value;
 
 /// A held key: the row's key's text, and what holds it (and, in a FIFO table whose template
 /// reads other columns than the group, the group's key).

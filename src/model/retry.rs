@@ -66,7 +66,7 @@ impl RetryPolicy {
 
     /// [`delay`](RetryPolicy::delay) with the random draw `u` in `[0, 1)` given.
     pub(crate) fn delay_with(&self, attempt: u32, u: f64) -> Duration {
-        let full = crate::schedule::backoff(attempt.max(1), self.base, self.cap);
+        let full = crate::model::schedule::backoff(attempt.max(1), self.base, self.cap);
         if !self.jitter {
             return full;
         }

@@ -1,4 +1,5 @@
-//! The schema as SQL text, for migration tools and for database users without DDL rights:
+//! Making and migrating tables ([`Broker::create_table`], [`Broker::migrate`]), and the schema
+//! as SQL text, for migration tools and for database users without DDL rights:
 //! [`Table::ddl`] (no database needed), [`Broker::create_table_sql`] and
 //! [`Broker::migration_sql`] return the statements [`Broker::create_table`] and
 //! [`Broker::migrate`] run, built by the same code, with the registry record's values written
@@ -14,8 +15,9 @@ use crate::broker::Broker;
 use crate::dialect::shared::Syntax;
 use crate::dialect::{DbConn, Dialect};
 use crate::error::{BrokerError, Result};
+use crate::model::table::{record::FORMAT, Table};
+use crate::model::value::Value;
 use crate::runtime::Queue;
-use crate::table::{record::FORMAT, Table};
 
 /// A database (and flavour) whose SQL [`Table::ddl`] writes, without connecting.
 ///
@@ -122,7 +124,7 @@ fn create_sql(dialect: &dyn Dialect, table: &Table) -> Result<Vec<String>> {
 }
 
 /// The registry table if it is missing, and `table`'s record (replacing one it had; the pause
-/// flag is kept): the statements [`crate::registry::record`] runs, its parameters written
+/// flag is kept): the statements [`crate::runtime::registry::record`] runs, its parameters written
 /// inline.
 fn record_sql(dialect: &dyn Dialect, table: &Table) -> [String; 2] {
     let registry = dialect.registry();
@@ -176,10 +178,10 @@ pub(crate) fn plan(
         .iter()
         .filter(|d| !found.iter().any(|(name, _)| name == &d.name))
         .collect();
-    let convert = crate::schema::to_convert(&defs, found);
-    let mut problems: Vec<String> = crate::schema::problems(&defs, found)
+    let convert = crate::model::schema::to_convert(&defs, found);
+    let mut problems: Vec<String> = crate::model::schema::problems(&defs, found)
         .into_iter()
-        .filter(|p| !p.ends_with("is missing") && !p.ends_with(crate::schema::CONVERTIBLE))
+        .filter(|p| !p.ends_with("is missing") && !p.ends_with(crate::model::schema::CONVERTIBLE))
         .collect();
     problems.extend(missing.iter().filter(|d| !d.addable).map(|d| {
         format!(
@@ -233,6 +235,180 @@ pub(crate) fn plan(
 }
 
 impl Broker {
+    /// Creates the table with every column described, and the index the claims use, if it
+    /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
+    /// All or nothing where the database's DDL is transactional (PostgreSQL, SQLite); MySQL
+    /// makes the table and its index in one statement.
+    ///
+    /// A table of that name that already exists is left as it is, and checked: if it lacks a
+    /// described column, or has one of a type the statements cannot use,
+    /// [`BrokerError::Schema`] names each problem ([`Broker::migrate`] adds missing columns).
+    ///
+    /// The description is recorded in the database (the registry table `sqlbroker_tables`,
+    /// made on first use), where [`Broker::open_table`] reads it back in any process. A new
+    /// table replaces the record of a table of that name dropped earlier; an existing table
+    /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
+    /// each difference ([`Broker::migrate`] records a changed description), and an existing
+    /// table with no record is given `table` as its record. A table keeps one description:
+    /// of several services that create one new table at the same moment with different
+    /// descriptions, one records its own and the others get [`BrokerError::Schema`].
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::DdlRefused`] on a broker built with
+    /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema), before anything is sent
+    /// ([`Table::ddl`] gives the statements to apply instead);
+    /// [`BrokerError::Unsupported`] for a form the database does not have, before anything is
+    /// sent: SQLite has no row locks (the default form), so a SQLite table is described with
+    /// [`Table::lease`] or [`Table::advisory_lock`].
+    pub fn create_table(&self, table: &Table) -> Result<()> {
+        self.may_run_ddl("create_table", table)?;
+        let q = self.compiled(table)?;
+        // A form the database cannot run (row lock on SQLite) is refused before anything is
+        // made or recorded, rather than at the first subscription's start.
+        q.dialect.check_form(q.spec.form)?;
+        // The record before the table: one found while the table is missing is a dropped
+        // table's (see `registry::record_created`).
+        let before = crate::runtime::registry::before_create(&q)?;
+        let existed = {
+            // A table that exists is checked before any DDL: an index over a column it lacks
+            // would fail half-way (and, on SQLite, a rolled-back index build was seen to leave
+            // the next one incomplete).
+            let mut conn = q.conn("schema check")?;
+            let existed = !q.columns(&mut *conn)?.is_empty();
+            if existed {
+                q.check_schema(&mut *conn)?;
+            }
+            existed
+        };
+        if existed {
+            // Checked against its record, or given this description as its first.
+            crate::runtime::registry::verify(&q, table, true)?;
+        }
+        let statements = q.dialect.create_table(&q.spec);
+        q.retrying("create table", |conn| {
+            // Another broker making the same table at the same moment can make this one's DDL
+            // fail (PostgreSQL: a duplicate `pg_type` row); the table is then there, and the
+            // record decides whose description it is.
+            let made_elsewhere = |conn: &mut dyn DbConn| {
+                let name = [Value::Text(q.spec.name.clone())];
+                conn.query(q.dialect.columns_query(), &name)
+                    .is_ok_and(|rows| !rows.is_empty())
+            };
+            if let [one] = &statements[..] {
+                return match conn.batch(one) {
+                    Err(_) if made_elsewhere(conn) => Ok(()),
+                    done => done,
+                };
+            }
+            conn.batch(&q.sql.begin_write)?;
+            let done = statements
+                .iter()
+                .try_for_each(|stmt| conn.batch(stmt))
+                .and_then(|()| conn.batch("COMMIT"));
+            if done.is_err() {
+                conn.rollback_or_discard();
+                if made_elsewhere(conn) {
+                    return Ok(());
+                }
+            }
+            done
+        })?;
+        {
+            let mut conn = q.conn("schema check")?;
+            q.check_schema(&mut *conn)?;
+        }
+        if existed {
+            return Ok(());
+        }
+        crate::runtime::registry::record_created(&q, table, before)
+    }
+
+    /// Brings a table made by an earlier version (or described with fewer options) up to its
+    /// description: creates it if it does not exist, adds the missing columns (`ALTER TABLE ..
+    /// ADD COLUMN`) and indexes, then checks it as [`create_table`](Broker::create_table)
+    /// does. Returns what it did, one line each (nothing for a table already up to date).
+    ///
+    /// A missing column that existing rows cannot be given (`NOT NULL` with no default, such
+    /// as the payload) and a column of a type the statements cannot use are
+    /// [`BrokerError::Schema`], and nothing is changed. Each step is idempotent: a migration
+    /// cut short is finished by running it again. DDL takes locks: run it when the queue is
+    /// quiet (on MySQL every statement also commits on its own).
+    ///
+    /// MySQL/MariaDB: a dedup key or group column made by an earlier release, in the
+    /// database's default collation (case-insensitive, padding trailing spaces), is converted
+    /// to byte-exact text (`ALTER TABLE .. MODIFY COLUMN`, one statement for the table). That
+    /// **copies the table** and blocks its writes while it runs: on a large table, plan for
+    /// it. Until then the schema check refuses the table.
+    ///
+    /// Priorities added to a table change its claim order, so the ready index (`<table>_ready`)
+    /// is dropped and built again in the new order (`priority DESC, run_at, id`): without it
+    /// every claim would sort the whole backlog. Building it reads the table and blocks its
+    /// writes meanwhile (PostgreSQL, SQLite; MySQL/MariaDB rebuild it in place), so on a large
+    /// table run it while the queue is quiet.
+    ///
+    /// The publish time (`created_at`, [`Job::published_at`](crate::Job::published_at)) is
+    /// added with no value for the rows already there (their publish time is unknown, and the
+    /// migration's would be a wrong one), then given its server-clock default on PostgreSQL
+    /// and MySQL/MariaDB (on MySQL a second statement: a migration cut between the two leaves
+    /// the column without it). SQLite cannot add a column with that default: rows published
+    /// into a table it migrated read no publish time either.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let lease = Duration::from_secs(30);
+    /// broker.create_table(&Table::new("jobs").lease(lease))?;
+    /// // A later version of the service wants priorities and dedup keys on the same table.
+    /// let jobs = Table::new("jobs").lease(lease).priorities().dedup();
+    /// let done = broker.migrate(&jobs)?;
+    /// assert_eq!(
+    ///     done,
+    ///     ["added column priority", "added column dedup_key", "rebuilt index jobs_ready in priority order"]
+    /// );
+    /// assert!(broker.migrate(&jobs)?.is_empty());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    ///
+    /// The description given is recorded as the table's ([`Broker::open_table`]), replacing
+    /// the record it had, or giving a table made by an earlier release its first; the pause
+    /// flag is kept. Brokers that checked the old description keep it until they are made
+    /// again: stop the workers of the old description first. A description in another form
+    /// than the record (or, for a table with no record, its columns: a `locked_until` column
+    /// is a lease table) is refused with [`BrokerError::Schema`]: a table keeps its form (to
+    /// change it, create a table of another name and move the work there, or drop an empty
+    /// table and create it again). A form the database does not have is
+    /// [`BrokerError::Unsupported`], as in [`create_table`](Broker::create_table).
+    ///
+    /// [`BrokerError::DdlRefused`] on a broker built with
+    /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema), before anything is sent;
+    /// [`Broker::migration_sql`] gives the statements this would run, for a migration tool.
+    pub fn migrate(&self, table: &Table) -> Result<Vec<String>> {
+        self.may_run_ddl("migrate", table)?;
+        let q = self.compiled(table)?;
+        q.dialect.check_form(q.spec.form)?;
+        let mut conn = q.conn("migrate")?;
+        let found = q.columns(&mut *conn)?;
+        if found.is_empty() {
+            drop(conn);
+            self.create_table(table)?;
+            return Ok(vec![format!("created table {}", q.spec.name)]);
+        }
+        drop(conn);
+        crate::runtime::registry::check_migration(&q, table)?;
+        let mut conn = q.conn("migrate")?;
+        let plan = crate::operating::ddl::plan(&q, &mut *conn, &found)?;
+        for sql in &plan.statements {
+            conn.batch(sql).map_err(q.err("migrate"))?;
+        }
+        q.check_schema(&mut *conn)?;
+        drop(conn);
+        crate::runtime::registry::record(&q, table)?;
+        Ok(plan.done)
+    }
+
     /// The statements [`create_table`](Broker::create_table) runs for `table` on this
     /// broker's database, as [`Table::ddl`] writes them (on MySQL/MariaDB in the server's
     /// own byte-exact collation). Runs nothing.
@@ -280,11 +456,11 @@ impl Broker {
         if found.is_empty() {
             return self.create_table_sql(table);
         }
-        crate::registry::check_migration(&q, table)?;
+        crate::runtime::registry::check_migration(&q, table)?;
         let mut conn = q.conn("migration sql")?;
         let mut out = plan(&q, &mut *conn, &found)?.statements;
         drop(conn);
-        if !out.is_empty() || !crate::registry::is_recorded(&q, table)? {
+        if !out.is_empty() || !crate::runtime::registry::is_recorded(&q, table)? {
             out.extend(record_sql(self.dialect(), table));
         }
         Ok(out)

@@ -6,15 +6,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
+use crate::consuming::form::{self, Claimed, Hold, Outcome};
 use crate::dialect::DbConn;
 use crate::error::BrokerError;
-use crate::events::Settled;
-use crate::form::{self, Claimed, Hold, Outcome};
+use crate::error::Result;
+use crate::model::schedule::due_at;
+use crate::model::value::Value;
 use crate::runtime::deferred::Pending;
+use crate::runtime::events::Settled;
 use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
-use crate::schedule::due_at;
-use crate::{Result, Value};
 
 /// The error a delivery dropped unsettled leaves on its row (and, on its last attempt, in
 /// its dead-letter reason: `"attempt N of max_attempts M failed: <this>"`).
@@ -249,7 +250,7 @@ impl Delivery {
     /// cannot be marked while its delivery holds it: `Ok(false)` there, without a statement.
     pub fn cancel_requested(&self) -> Result<bool> {
         let q = &self.ctx.queue;
-        if q.spec.form == crate::table::Form::RowLock {
+        if q.spec.form == crate::model::table::Form::RowLock {
             return Ok(false);
         }
         let rows = q.retrying("cancel requested", |conn| {
@@ -415,7 +416,7 @@ impl Delivery {
             for (i, r) in at.iter().zip(results) {
                 let handed_at = batch[*i].handed_at;
                 ctx.queue.meters.settled(
-                    crate::meters::Settle::Ack,
+                    crate::runtime::meters::Settle::Ack,
                     handed_at.map(|at| started - at),
                     r.is_ok(),
                     r.as_ref().is_err_and(BrokerError::is_lease_lost),
@@ -692,7 +693,7 @@ fn deferred_failed(ctx: &Ctx, p: &Pending, err: BrokerError) {
         );
     }
     if let Some(events) = &ctx.events {
-        events.ack_failed(&crate::events::AckFailed {
+        events.ack_failed(&crate::runtime::events::AckFailed {
             table,
             id: p.id,
             attempt: p.attempt,

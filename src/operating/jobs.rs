@@ -1,34 +1,20 @@
 //! One job at a time, for operators: lookup by id ([`Broker::job`]), pages of jobs by state
 //! ([`Broker::jobs`]) and cancel ([`Broker::cancel`]), with what each form can see of a row in
-//! work; and the bound on the error text a failure keeps on its row.
+//! work.
 
 use std::time::SystemTime;
 
 use crate::broker::Broker;
+use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::shared::CANCELLED;
 use crate::dialect::DbConn;
 #[cfg(doc)]
 use crate::error::BrokerError;
 use crate::error::{DbError, DbErrorKind, Result};
-use crate::keys::{KeySql, SessionKeys};
+use crate::model::schedule::claim_now;
+use crate::model::table::{Form, Table};
+use crate::model::value::Value;
 use crate::runtime::Queue;
-use crate::schedule::claim_now;
-use crate::table::{Form, Table};
-use crate::Value;
-
-/// The most characters of an error a failure keeps on its row (`last_error`): longer texts are
-/// cut there, on a character boundary. NUL characters, which PostgreSQL text cannot hold, are
-/// kept as U+FFFD.
-pub const LAST_ERROR_MAX: usize = 1_000;
-
-/// `error` as a row keeps it: at most [`LAST_ERROR_MAX`] characters, no NUL.
-pub(crate) fn bound_error(error: &str) -> String {
-    let cut = match error.char_indices().nth(LAST_ERROR_MAX) {
-        Some((at, _)) => &error[..at],
-        None => error,
-    };
-    cut.replace('\0', "\u{FFFD}")
-}
 
 /// Where a job is in its life ([`Job::state`]).
 ///
@@ -128,7 +114,7 @@ impl std::fmt::Debug for Job {
             .field("errors", &self.errors)
             .field("last_error", &self.last_error)
             .field("dead_reason", &self.dead_reason)
-            .field("payload", &crate::value::Payload(&self.payload))
+            .field("payload", &crate::model::value::Payload(&self.payload))
             .field("payload_len", &self.payload_len)
             .field("due_at", &self.due_at)
             .field("published_at", &self.published_at)
@@ -166,7 +152,7 @@ impl Job {
         self.errors
     }
 
-    /// The last failure's text (at most [`LAST_ERROR_MAX`] characters); `None` before the
+    /// The last failure's text (at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX) characters); `None` before the
     /// first. Kept through a dead letter and a requeue.
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
@@ -391,7 +377,7 @@ fn key_held(q: &Queue, key: &str) -> Result<bool> {
 
 /// The table exists with every column its description needs (else a clear
 /// [`BrokerError::Schema`], before any statement meets a missing table or column). A queue
-/// the broker remembers as checked ([`registry::verify`](crate::registry::verify) checked its
+/// the broker remembers as checked ([`registry::verify`](crate::runtime::registry::verify) checked its
 /// columns) is not asked again: only a table that did not exist then is.
 fn checked(q: &Queue) -> Result<()> {
     if q.described.load(std::sync::atomic::Ordering::Acquire) {
@@ -770,22 +756,5 @@ fn under_xact_key<T>(
             conn.rollback_or_discard();
             other
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_are_bounded_on_a_char_boundary() {
-        assert_eq!(bound_error("short"), "short");
-        let long = "é".repeat(LAST_ERROR_MAX + 5);
-        let cut = bound_error(&long);
-        assert_eq!(cut.chars().count(), LAST_ERROR_MAX);
-        assert_eq!(cut.len(), 2 * LAST_ERROR_MAX);
-        assert_eq!(bound_error("a\0b"), "a\u{FFFD}b");
-        let exact = "x".repeat(LAST_ERROR_MAX);
-        assert_eq!(bound_error(&exact), exact);
     }
 }

@@ -31,9 +31,9 @@ use std::time::{Instant, SystemTime};
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{savepoint, DbConn};
 use crate::error::{BrokerError, Result};
+use crate::model::schedule::claim_now;
+use crate::model::value::Value;
 use crate::runtime::{Ctx, PooledConn};
-use crate::schedule::claim_now;
-use crate::Value;
 
 pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
@@ -161,8 +161,8 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
+    use crate::model::table::Form;
     use crate::runtime::testing::{ctx, options, Script};
-    use crate::table::Form;
 
     /// Defect 9: a claim that unwinds between `BEGIN` and handing its connection to the
     /// delivery must not pool the connection mid-transaction (before: it went back to the pool

@@ -2,9 +2,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::table::TableSpec;
-use crate::ColumnType;
-use crate::{BrokerError, Result, Value};
+use crate::error::BrokerError;
+use crate::error::Result;
+use crate::model::table::ColumnType;
+use crate::model::table::TableSpec;
+use crate::model::value::Value;
 
 /// A message to publish: a binary payload, values for the table's own columns, and an optional
 /// delay before it becomes due.
@@ -184,7 +186,7 @@ impl Message {
             Some(t) => t.duration_since(now).unwrap_or(Duration::ZERO),
             None => self.delay,
         };
-        out.push(Value::Time(crate::schedule::due_at(now, delay)));
+        out.push(Value::Time(crate::model::schedule::due_at(now, delay)));
         let mut values = self.values;
         for col in &spec.columns {
             let v = values
@@ -198,7 +200,7 @@ impl Message {
                 Some(Value::Float(0.0)) => Value::Float(0.0),
                 // Whole seconds everywhere: MySQL's `DATETIME` would round a fraction, the
                 // others keep it.
-                Some(Value::Time(t)) => Value::Time(crate::schedule::floor(t)),
+                Some(Value::Time(t)) => Value::Time(crate::model::schedule::floor(t)),
                 v => v.unwrap_or(Value::Null),
             });
         }
@@ -234,8 +236,8 @@ fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
         }
         (Value::Bytes(_), ColumnType::Bytes) => true,
         (Value::Time(t), ColumnType::Time) => {
-            let secs = crate::schedule::epoch_secs(*t);
-            if !(0..=crate::schedule::LATEST_SECS).contains(&secs) {
+            let secs = crate::model::schedule::epoch_secs(*t);
+            if !(0..=crate::model::schedule::LATEST_SECS).contains(&secs) {
                 return Err(
                     "a time outside 1970-01-01 to 9999-12-31 UTC cannot be stored (MySQL's \
                      DATETIME range, kept on every database)"
@@ -271,7 +273,7 @@ fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Table;
+    use crate::model::table::Table;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     fn params(m: Message) -> Result<Vec<Value>> {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::BrokerError;
+use crate::error::BrokerError;
 
 /// What a subscription reports as it works ([`SubscriptionBuilder::events`]). Every method
 /// has a no-op default: implement those you need.

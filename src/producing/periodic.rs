@@ -11,7 +11,15 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::{Broker, BrokerError, Message, Result, Table};
+use crate::broker::Broker;
+
+use crate::error::BrokerError;
+
+use crate::producing::message::Message;
+
+use crate::error::Result;
+
+use crate::model::table::Table;
 
 /// The longest a dedup key may be on every database is 255 characters (MySQL); the name takes
 /// what `periodic:` and `:<epoch seconds>` leave, with room.
@@ -359,7 +367,7 @@ pub(crate) fn step(
 /// second), or at once if `tick` is not after `now`.
 ///
 /// A publish reads the clock again and makes a delayed row due at `ceil(publish time + delay)`
-/// ([`crate::schedule::due_at`]): `tick - now` would land on `tick + 1 s` as soon as the publish
+/// ([`crate::model::schedule::due_at`]): `tick - now` would land on `tick + 1 s` as soon as the publish
 /// runs a nanosecond after `now`. Aiming just past `tick - 1 s` lands on `tick` for a publish up
 /// to a second after `now` (later: a second late, never early).
 pub(crate) fn delay_to(tick: SystemTime, now: SystemTime) -> Duration {
@@ -376,7 +384,10 @@ pub(crate) fn delay_to(tick: SystemTime, now: SystemTime) -> Duration {
 
 /// The dedup key of `tick` for the schedule `name`.
 pub(crate) fn tick_key(name: &str, tick: SystemTime) -> String {
-    format!("periodic:{name}:{}", crate::schedule::epoch_secs(tick))
+    format!(
+        "periodic:{name}:{}",
+        crate::model::schedule::epoch_secs(tick)
+    )
 }
 
 /// The thread's state.
@@ -656,7 +667,7 @@ mod tests {
 
     #[test]
     fn a_row_published_ahead_is_due_at_its_tick() {
-        use crate::schedule::due_at;
+        use crate::model::schedule::due_at;
         for (tick, now_ms) in [
             (1010, 1_000_000),
             (1010, 1_009_000),

@@ -93,7 +93,7 @@ impl Value {
     pub(crate) fn as_time(&self) -> Option<SystemTime> {
         match self {
             Value::Time(t) => Some(*t),
-            Value::Int(i) => Some(crate::schedule::from_epoch_secs(*i)),
+            Value::Int(i) => Some(crate::model::schedule::from_epoch_secs(*i)),
             _ => None,
         }
     }
@@ -117,7 +117,7 @@ impl Value {
                 }
             }
             Value::Time(t) => {
-                let _ = write!(out, "{}", crate::schedule::epoch_secs(*t));
+                let _ = write!(out, "{}", crate::model::schedule::epoch_secs(*t));
             }
         }
     }

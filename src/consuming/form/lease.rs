@@ -38,11 +38,11 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
+use crate::model::schedule::{claim_now, lease_token};
+use crate::model::value::Value;
 use crate::runtime::cursor::Key;
 use crate::runtime::renewer::{LeaseCell, LeaseState};
 use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
-use crate::schedule::{claim_now, lease_token};
-use crate::Value;
 
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;

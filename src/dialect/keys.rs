@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::conn::DbConn;
+use crate::dialect::conn::DbConn;
 use crate::error::DbError;
-use crate::Value;
+use crate::model::value::Value;
 
 /// Keys in work in this process, for databases without server-side advisory locks.
 #[derive(Default)]

@@ -1,33 +1,31 @@
 //! Self-describing tables: the registry table `sqlbroker_tables` holds, per queue table, the
-//! description [`Broker::create_table`] or [`Broker::migrate`] was given (as JSON, with a
-//! format version) and its pause flag.
+//! description its creation or migration was given (as JSON, with a format version) and its
+//! pause flag. Here is how the record is read, checked and written, on a connection and a
+//! dialect; the operator's calls over it (open a table by name, list, pause) sit above.
 //!
-//! - [`Broker::open_table`] reads a description back, in any process, so workers, tools and
-//!   the command line need not repeat it.
-//! - Every other use of a [`Table`] (publish, subscriptions, stats, dead letters) is checked
-//!   against the record once per broker and description (the broker's per-table cache): a
-//!   description that disagrees is refused with [`BrokerError::Schema`] naming each
-//!   difference, so two descriptions of one table never run one row twice. A table with no
-//!   record (made from `Table::ddl` by a tool that skipped the record, by an earlier release,
-//!   or whose record was deleted) is checked against its columns (a `locked_until` column
-//!   means a lease table, a `cancel_requested` column without it an advisory lock table), then
-//!   given the description as its record, so the first description used is the one kept.
-//!   Every first record is written only where the row read is still as read (an insert where
-//!   there is none, an update of a dropped table's record that matches it exactly), then read
-//!   back: of brokers recording at once, exactly one description wins.
-//! - [`Broker::pause`] and [`Broker::resume`] set the flag; subscriptions read it at most once
-//!   per poll interval ([`PauseFlag`](crate::runtime::wake::PauseFlag)), and PostgreSQL tells
-//!   other brokers at once on the table's notification channel.
+//! - Every use of a table but its creation and migration (publish, subscriptions, stats, dead
+//!   letters) is checked against the record once per broker and description (the broker's
+//!   per-table cache): a description that disagrees is refused with [`BrokerError::Schema`]
+//!   naming each difference, so two descriptions of one table never run one row twice. A table
+//!   with no record (made from `Table::ddl` by a tool that skipped the record, by an earlier
+//!   release, or whose record was deleted) is checked against its columns (a `locked_until`
+//!   column means a lease table, a `cancel_requested` column without it an advisory lock
+//!   table), then given the description as its record, so the first description used is the
+//!   one kept. Every first record is written only where the row read is still as read (an
+//!   insert where there is none, an update of a dropped table's record that matches it
+//!   exactly), then read back: of brokers recording at once, exactly one description wins.
+//! - A pause or resume sets the flag; subscriptions read it at most once per poll interval
+//!   ([`PauseFlag`](crate::runtime::wake::PauseFlag)), and PostgreSQL tells other brokers at
+//!   once on the table's notification channel.
 
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use crate::broker::Broker;
 use crate::dialect::{DbConn, Dialect};
 use crate::error::{BrokerError, DbError, Result};
+use crate::model::table::{record::FORMAT, Form, Table};
+use crate::model::value::Value;
 use crate::runtime::Queue;
-use crate::table::{record::FORMAT, Form, Table};
-use crate::Value;
 
 /// The registry table's name.
 pub(crate) const REGISTRY_TABLE: &str = "sqlbroker_tables";
@@ -400,183 +398,80 @@ pub(crate) fn record_created(q: &Queue, table: &Table, before: BeforeCreate) -> 
     Ok(())
 }
 
-/// A recorded table, as [`Broker::tables`] lists it.
-///
-/// ```
-/// use sqlbroker::{Broker, Table};
-///
-/// let broker = Broker::connect("sqlite::memory:")?;
-/// broker.create_table(&Table::new("mails").lease(std::time::Duration::from_secs(30)))?;
-/// let all = broker.tables()?;
-/// assert_eq!(all[0].table.name(), "mails");
-/// assert!(!all[0].paused);
-/// # Ok::<(), sqlbroker::BrokerError>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RecordedTable {
-    /// The description recorded for it.
-    pub table: Table,
-    /// Whether it is paused ([`Broker::pause`]).
-    pub paused: bool,
+/// The description recorded for table `name` (see [`described`]); `None` without a record.
+pub(crate) fn open(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    name: &str,
+) -> Result<Option<Table>> {
+    let row = read(dialect, conn, name).map_err(|e| e.during("open table", name))?;
+    row.map(|row| described(name, &row)).transpose()
 }
 
-impl Broker {
-    /// The description of table `name` recorded by [`create_table`](Broker::create_table) or
-    /// [`migrate`](Broker::migrate), in this process or any other: what a worker, a tool or a
-    /// second service uses instead of describing the table again.
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError::UnknownTable`] if no description of `name` is recorded (a table made
-    /// by an earlier release gets one from `migrate`); [`BrokerError::Schema`] if the record
-    /// was written by a newer release of sqlbroker, in a format this one does not read.
-    ///
-    /// ```
-    /// use sqlbroker::{Broker, Form, Message, Table};
-    /// use std::time::Duration;
-    ///
-    /// let broker = Broker::connect("sqlite::memory:")?;
-    /// broker.create_table(&Table::new("jobs").text_column("kind").lease(Duration::from_secs(30)))?;
-    ///
-    /// // Elsewhere (another process, the command line): no description repeated.
-    /// let jobs = broker.open_table("jobs")?;
-    /// assert_eq!(jobs.form(), Form::Lease);
-    /// broker.publish(&jobs, Message::new(b"hi".to_vec()).set("kind", "greeting"))?;
-    /// assert!(broker.open_table("nope").is_err());
-    /// # Ok::<(), sqlbroker::BrokerError>(())
-    /// ```
-    pub fn open_table(&self, name: &str) -> Result<Table> {
-        crate::table::check_ident(name, 48).map_err(|reason| BrokerError::InvalidTable {
-            table: name.to_string(),
-            reason,
-        })?;
-        let mut conn = self.pooled("open table", name)?;
-        let row =
-            read(self.dialect(), &mut *conn, name).map_err(|e| e.during("open table", name))?;
-        let Some(row) = row else {
-            return Err(BrokerError::UnknownTable {
-                table: name.to_string(),
-            });
+/// Every record, by name: its description and pause flag. Records this release cannot read
+/// are left out, with a warning in the log.
+pub(crate) fn list(dialect: &dyn Dialect, conn: &mut dyn DbConn) -> Result<Vec<(Table, bool)>> {
+    let sql = dialect.registry().list;
+    let rows = read_rows(dialect, conn, sql, &[]).map_err(|e| e.during("list tables", ""))?;
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(name) = r.first().and_then(|v| v.as_str()).map(str::to_owned) else {
+            continue;
         };
-        let table = described(name, &row)?;
-        table.validate()?;
-        Ok(table)
-    }
-
-    /// Every recorded table, by name, with its description and pause flag (the command
-    /// line's `status` lists them). Records this release cannot read are left out, with a
-    /// warning in the log.
-    pub fn tables(&self) -> Result<Vec<RecordedTable>> {
-        let sql = self.dialect().registry().list;
-        let mut conn = self.pooled("list tables", "")?;
-        let rows = read_rows(self.dialect(), &mut *conn, sql, &[])
-            .map_err(|e| e.during("list tables", ""))?;
-        let mut out = Vec::new();
-        for r in rows {
-            let Some(name) = r.first().and_then(|v| v.as_str()).map(str::to_owned) else {
-                continue;
-            };
-            let row = Row {
-                format: r.get(1).and_then(Value::as_i64).unwrap_or(0),
-                description: r.get(2).and_then(|v| v.as_str()).unwrap_or("").to_owned(),
-                paused: flag(r.get(3)),
-                updated_at: Value::Null,
-            };
-            match described(&name, &row) {
-                Ok(table) => out.push(RecordedTable {
-                    table,
-                    paused: row.paused,
-                }),
-                Err(e) => log::warn!("{e}"),
-            }
+        let row = Row {
+            format: r.get(1).and_then(Value::as_i64).unwrap_or(0),
+            description: r.get(2).and_then(|v| v.as_str()).unwrap_or("").to_owned(),
+            paused: flag(r.get(3)),
+            updated_at: Value::Null,
+        };
+        match described(&name, &row) {
+            Ok(table) => out.push((table, row.paused)),
+            Err(e) => log::warn!("{e}"),
         }
-        Ok(out)
     }
+    Ok(out)
+}
 
-    /// Pauses the table: every subscription on it, in any process, stops claiming within
-    /// one poll interval (at once in this broker, and in other brokers on PostgreSQL, whose
-    /// change feed carries the news), until [`resume`](Broker::resume). Deliveries in hand
-    /// finish and settle as usual, and publishes go on. Recorded in the table's registry
-    /// row: a subscription started later, or in a process started later, stays paused too.
-    /// Pausing a paused table changes nothing. [`QueueStats::paused`](crate::QueueStats::paused)
-    /// tells.
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError::UnknownTable`] if the table has no recorded description
-    /// ([`Broker::migrate`] records one); nothing is changed then.
-    ///
-    /// ```
-    /// use sqlbroker::{Broker, Message, Table};
-    /// use std::time::Duration;
-    ///
-    /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
-    /// broker.create_table(&jobs)?;
-    /// broker.pause(&jobs)?;
-    /// broker.publish(&jobs, Message::new(b"waits".to_vec()))?;
-    /// let sub = broker.subscription(&jobs).start()?;
-    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
-    /// assert!(broker.stats(&jobs)?.paused);
-    /// broker.resume(&jobs)?;
-    /// sub.next_delivery_timeout(Duration::from_secs(5)).unwrap().ack()?;
-    /// # Ok::<(), sqlbroker::BrokerError>(())
-    /// ```
-    pub fn pause(&self, table: &Table) -> Result<()> {
-        self.set_paused(table, true)
+/// Sets the table's pause flag in its record, then tells this broker's claimers at once and
+/// other brokers through the change feed (PostgreSQL); [`BrokerError::UnknownTable`] without
+/// a record.
+pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
+    let sql = q.dialect.registry().set_paused;
+    let params = [
+        Value::Int(paused.into()),
+        Value::Time(SystemTime::now()),
+        Value::Text(q.spec.name.clone()),
+    ];
+    let op = if paused { "pause" } else { "resume" };
+    let changed = q.retrying(op, |conn| match conn.execute(sql, &params) {
+        Ok(n) => Ok(n),
+        // No registry at all: no record either.
+        Err(e) => match exists(&*q.dialect, conn) {
+            Ok(false) => Ok(0),
+            _ => Err(e),
+        },
+    })?;
+    if changed == 0 {
+        return Err(BrokerError::UnknownTable {
+            table: q.spec.name.clone(),
+        });
     }
+    q.wake.pause.own(paused);
+    q.wake.notify_all();
+    // Other brokers' feeds: a notification lost here is made up by their poll.
+    if let Err(e) = q
+        .conn(op)
+        .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
+    {
+        log::warn!(
+            "table {}: telling other brokers of the {op}: {e}",
+            q.spec.name
+        );
+    }
+    Ok(())
+}
 
-    /// Resumes a paused table ([`pause`](Broker::pause)): its subscriptions claim again
-    /// within one poll interval (at once in this broker, and on PostgreSQL in others).
-    /// Resuming a table that is not paused changes nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`BrokerError::UnknownTable`] if the table has no recorded description.
-    pub fn resume(&self, table: &Table) -> Result<()> {
-        self.set_paused(table, false)
-    }
-
-    fn set_paused(&self, table: &Table, paused: bool) -> Result<()> {
-        let q = self.queue(table)?;
-        let sql = q.dialect.registry().set_paused;
-        let params = [
-            Value::Int(paused.into()),
-            Value::Time(SystemTime::now()),
-            Value::Text(q.spec.name.clone()),
-        ];
-        let op = if paused { "pause" } else { "resume" };
-        let changed = q.retrying(op, |conn| match conn.execute(sql, &params) {
-            Ok(n) => Ok(n),
-            // No registry at all: no record either.
-            Err(e) => match exists(&*q.dialect, conn) {
-                Ok(false) => Ok(0),
-                _ => Err(e),
-            },
-        })?;
-        if changed == 0 {
-            return Err(BrokerError::UnknownTable {
-                table: q.spec.name.clone(),
-            });
-        }
-        q.wake.pause.own(paused);
-        q.wake.notify_all();
-        // Other brokers' feeds: a notification lost here is made up by their poll.
-        if let Err(e) = q
-            .conn(op)
-            .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
-        {
-            log::warn!(
-                "table {}: telling other brokers of the {op}: {e}",
-                q.spec.name
-            );
-        }
-        Ok(())
-    }
-
-    /// The table's pause flag as recorded (false with no record), for stats.
-    pub(crate) fn recorded_pause(&self, q: &Queue) -> Result<bool> {
-        q.retrying("stats", |conn| read_paused(q, conn))
-    }
+/// The table's pause flag as recorded (false with no record), for stats.
+pub(crate) fn recorded_pause(q: &Queue) -> Result<bool> {
+    q.retrying("stats", |conn| read_paused(q, conn))
 }

@@ -7,17 +7,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use crate::claimer;
-use crate::delivery::Delivery;
+use crate::broker::Broker;
+use crate::consuming::claimer;
+use crate::consuming::delivery::Delivery;
+use crate::consuming::form;
+use crate::consuming::outcome::Outcome;
 use crate::error::{BrokerError, NextError, Result};
-use crate::form;
+use crate::model::retry::RetryPolicy;
+use crate::model::table::{Form, Table};
 use crate::runtime::deferred::DeferredAcks;
 use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
 use crate::runtime::{Ctx, Queue, SubOptions};
-use crate::table::Form;
-use crate::{Outcome, RetryPolicy};
 
 /// How long `close` and drop wait for a claim worker beyond the statement timeout before they
 /// leave it to finish on its own.
@@ -62,7 +64,7 @@ pub struct SubscriptionBuilder<'a> {
     poll_interval: Duration,
     retry: RetryPolicy,
     handler_timeout: Option<Duration>,
-    events: Option<Arc<dyn crate::Events>>,
+    events: Option<Arc<dyn crate::runtime::events::Events>>,
     ack_mode: AckMode,
 }
 
@@ -169,7 +171,7 @@ impl<'a> SubscriptionBuilder<'a> {
     }
 
     /// How long an idle worker waits before it claims again when no wake-up arrives. Default
-    /// 250 ms; from 1 ms to an hour. Publishes through the same [`Broker`](crate::Broker) wake
+    /// 250 ms; from 1 ms to an hour. Publishes through the same [`Broker`] wake
     /// idle workers at once; so do publishes by other brokers and processes on PostgreSQL
     /// (`LISTEN/NOTIFY`) and on a SQLite file (a change probe), within milliseconds. On
     /// MySQL/MariaDB, which cannot notify, an idle worker polls every 2 ms for 50 ms once a
@@ -222,7 +224,7 @@ impl<'a> SubscriptionBuilder<'a> {
 
     /// Hooks the application's metrics to this subscription: claims, settlements and their
     /// durations ([`Events`](crate::Events)). Default: none.
-    pub fn events(mut self, events: Arc<dyn crate::Events>) -> Self {
+    pub fn events(mut self, events: Arc<dyn crate::runtime::events::Events>) -> Self {
         self.events = Some(events);
         self
     }
@@ -378,7 +380,7 @@ impl<'a> SubscriptionBuilder<'a> {
             }
         }
         if let AckMode::Deferred { within } = self.ack_mode {
-            let flush = crate::delivery::write_deferred;
+            let flush = crate::consuming::delivery::write_deferred;
             match DeferredAcks::start(&name, within, flush) {
                 Ok(d) => ctx = ctx.with_deferred(d),
                 Err(source) => {
@@ -1129,5 +1131,11 @@ impl<'a> IntoIterator for &'a Subscription {
 
     fn into_iter(self) -> Iter<'a> {
         self.iter()
+    }
+}
+impl Broker {
+    /// Starts describing a subscription to `table`.
+    pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
+        SubscriptionBuilder::new(self.queue(table), self.renewer(), self.listener())
     }
 }

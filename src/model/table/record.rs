@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{ColumnType, Form, Isolation, Role, Table, ROLES};
 
 /// The record's format version this release writes and reads. A record of a newer format is
-/// refused ([`crate::registry`]); a change that older releases could misread bumps it.
+/// refused ([`crate::runtime::registry`]); a change that older releases could misread bumps it.
 pub(crate) const FORMAT: i64 = 1;
 
 /// The JSON shape of a description. Field names are part of the record format.
@@ -156,7 +156,7 @@ impl Table {
 
     /// The form as it runs: a lease in the whole seconds it is written with.
     fn effective_form(&self) -> (Form, u64, Option<&str>) {
-        let lease = self.lease.map_or(0, crate::schedule::lease_secs);
+        let lease = self.lease.map_or(0, crate::model::schedule::lease_secs);
         (self.form(), lease, self.advisory.as_deref())
     }
 

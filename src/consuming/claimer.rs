@@ -25,15 +25,15 @@ use std::time::{Duration, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::delivery::Delivery;
+use crate::consuming::delivery::Delivery;
+use crate::consuming::form::{self, Claimed};
 use crate::dialect::{ChangeFeed, DbConn};
 use crate::error::BrokerError;
-use crate::form::{self, Claimed};
+use crate::model::schedule::{backoff, claim_now, idle_poll};
+use crate::model::value::Value;
 use crate::runtime::slots::Taken;
 use crate::runtime::wake::PauseCheck;
 use crate::runtime::Ctx;
-use crate::schedule::{backoff, claim_now, idle_poll};
-use crate::Value;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
@@ -60,7 +60,7 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _
 }
 
 /// Reports a claim's outcome to the application's hooks.
-pub(crate) fn report(ctx: &Ctx, r: &crate::Result<Vec<Claimed>>, took: Duration) {
+pub(crate) fn report(ctx: &Ctx, r: &crate::error::Result<Vec<Claimed>>, took: Duration) {
     match r {
         Ok(rows) => {
             ctx.queue.meters.claimed(rows.len(), took);
@@ -77,13 +77,15 @@ pub(crate) fn report(ctx: &Ctx, r: &crate::Result<Vec<Claimed>>, took: Duration)
     let table = ctx.spec().name.as_str();
     match r {
         Ok(rows) if rows.is_empty() => {}
-        Ok(rows) => events.claimed(&crate::events::ClaimedRows {
+        Ok(rows) => events.claimed(&crate::runtime::events::ClaimedRows {
             table,
             rows: rows.len(),
             ids: &rows.iter().map(|c| c.id).collect::<Vec<_>>(),
             took,
         }),
-        Err(error) => events.claim_failed(&crate::events::ClaimFailed { table, error, took }),
+        Err(error) => {
+            events.claim_failed(&crate::runtime::events::ClaimFailed { table, error, took })
+        }
     }
 }
 
@@ -164,7 +166,7 @@ fn read_pause(ctx: &Ctx) -> Pause {
     ctx.claiming.fetch_add(1, Ordering::Relaxed);
     let found = match ctx.claim_conn(None) {
         Ok(Some(mut conn)) => {
-            crate::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
+            crate::runtime::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
         }
         Ok(None) => Err("the subscription is closing".to_string()),
         Err(e) => Err(e.to_string()),
@@ -251,7 +253,7 @@ fn is_schema(e: &BrokerError) -> bool {
     matches!(
         e,
         BrokerError::Database {
-            kind: crate::DbErrorKind::Schema,
+            kind: crate::error::DbErrorKind::Schema,
             ..
         }
     )
@@ -381,8 +383,8 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::table::Form;
     use crate::runtime::testing::{ctx, options, Script};
-    use crate::table::Form;
 
     /// Defect 9: a claim worker that panics with deliveries queued hands them back (before:
     /// they stayed claimed, leases renewed, until the subscription was dropped).

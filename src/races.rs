@@ -7,11 +7,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::broker::Broker;
+use crate::consuming::delivery::Delivery;
 use crate::dialect::DbConn;
+use crate::error::BrokerError;
+use crate::error::DbErrorKind;
+use crate::model::schedule::{ceil, lease_token};
+use crate::model::table::Table;
+use crate::model::value::Value;
+use crate::producing::message::Message;
 use crate::runtime::testing::{self, live_url, Fault};
 use crate::runtime::{renewer, Ctx};
-use crate::schedule::{ceil, lease_token};
-use crate::{Broker, BrokerError, DbErrorKind, Delivery, Message, Table, Value};
 
 /// A table name no other test uses.
 fn unique(prefix: &str) -> String {
@@ -81,7 +87,7 @@ fn bare_ctx(broker: &Broker, t: &Table) -> Arc<Ctx> {
 
 /// Up to `n` rows claimed on `ctx`, as handed-out deliveries (lease form).
 fn claim(ctx: &Arc<Ctx>, n: usize) -> Vec<Delivery> {
-    crate::form::lease::claim(ctx, n, None)
+    crate::consuming::form::lease::claim(ctx, n, None)
         .expect("claim")
         .into_iter()
         .map(|c| Delivery::new(ctx.clone(), c).hand_out())
@@ -101,7 +107,7 @@ fn millis_into_second(t: SystemTime) -> u32 {
     t.duration_since(UNIX_EPOCH).unwrap().subsec_millis()
 }
 
-fn is_lost_connection(r: &crate::Result<()>) -> bool {
+fn is_lost_connection(r: &crate::error::Result<()>) -> bool {
     matches!(
         r,
         Err(BrokerError::Database {
@@ -395,10 +401,10 @@ fn sleep_on(db: &str, conn: &mut dyn DbConn, secs: f64) -> Result<(), String> {
 /// first.
 fn sleep_in_delivery(
     db: &str,
-    d: &mut crate::Delivery,
+    d: &mut crate::consuming::delivery::Delivery,
     secs: f64,
     session: crossbeam_channel::Sender<u64>,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let ran = if db == "postgres" {
         crate::postgres::in_delivery(d, |c| {
             let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[])?.get(0);

@@ -1,0 +1,132 @@
+//! The registry of tables, for operators: a table's recorded description by name
+//! ([`Broker::open_table`]), every recorded table ([`Broker::tables`]), and pausing
+//! ([`Broker::pause`], [`Broker::resume`]). What the record holds and how it is kept is the
+//! runtime's registry.
+
+use crate::broker::Broker;
+use crate::error::{BrokerError, Result};
+use crate::model::table::Table;
+use crate::runtime::registry;
+
+/// A recorded table, as [`Broker::tables`] lists it.
+///
+/// ```
+/// use sqlbroker::{Broker, Table};
+///
+/// let broker = Broker::connect("sqlite::memory:")?;
+/// broker.create_table(&Table::new("mails").lease(std::time::Duration::from_secs(30)))?;
+/// let all = broker.tables()?;
+/// assert_eq!(all[0].table.name(), "mails");
+/// assert!(!all[0].paused);
+/// # Ok::<(), sqlbroker::BrokerError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordedTable {
+    /// The description recorded for it.
+    pub table: Table,
+    /// Whether it is paused ([`Broker::pause`]).
+    pub paused: bool,
+}
+
+impl Broker {
+    /// The description of table `name` recorded by [`create_table`](Broker::create_table) or
+    /// [`migrate`](Broker::migrate), in this process or any other: what a worker, a tool or a
+    /// second service uses instead of describing the table again.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if no description of `name` is recorded (a table made
+    /// by an earlier release gets one from `migrate`); [`BrokerError::Schema`] if the record
+    /// was written by a newer release of sqlbroker, in a format this one does not read.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Form, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// broker.create_table(&Table::new("jobs").text_column("kind").lease(Duration::from_secs(30)))?;
+    ///
+    /// // Elsewhere (another process, the command line): no description repeated.
+    /// let jobs = broker.open_table("jobs")?;
+    /// assert_eq!(jobs.form(), Form::Lease);
+    /// broker.publish(&jobs, Message::new(b"hi".to_vec()).set("kind", "greeting"))?;
+    /// assert!(broker.open_table("nope").is_err());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn open_table(&self, name: &str) -> Result<Table> {
+        crate::model::table::check_ident(name, 48).map_err(|reason| BrokerError::InvalidTable {
+            table: name.to_string(),
+            reason,
+        })?;
+        let mut conn = self.pooled("open table", name)?;
+        let Some(table) = registry::open(self.dialect(), &mut *conn, name)? else {
+            return Err(BrokerError::UnknownTable {
+                table: name.to_string(),
+            });
+        };
+        table.validate()?;
+        Ok(table)
+    }
+
+    /// Every recorded table, by name, with its description and pause flag (the command
+    /// line's `status` lists them). Records this release cannot read are left out, with a
+    /// warning in the log.
+    pub fn tables(&self) -> Result<Vec<RecordedTable>> {
+        let mut conn = self.pooled("list tables", "")?;
+        let tables = registry::list(self.dialect(), &mut *conn)?;
+        Ok(tables
+            .into_iter()
+            .map(|(table, paused)| RecordedTable { table, paused })
+            .collect())
+    }
+
+    /// Pauses the table: every subscription on it, in any process, stops claiming within
+    /// one poll interval (at once in this broker, and in other brokers on PostgreSQL, whose
+    /// change feed carries the news), until [`resume`](Broker::resume). Deliveries in hand
+    /// finish and settle as usual, and publishes go on. Recorded in the table's registry
+    /// row: a subscription started later, or in a process started later, stays paused too.
+    /// Pausing a paused table changes nothing. [`QueueStats::paused`](crate::QueueStats::paused)
+    /// tells.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if the table has no recorded description
+    /// ([`Broker::migrate`] records one); nothing is changed then.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.pause(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"waits".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
+    /// assert!(broker.stats(&jobs)?.paused);
+    /// broker.resume(&jobs)?;
+    /// sub.next_delivery_timeout(Duration::from_secs(5)).unwrap().ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn pause(&self, table: &Table) -> Result<()> {
+        self.set_paused(table, true)
+    }
+
+    /// Resumes a paused table ([`pause`](Broker::pause)): its subscriptions claim again
+    /// within one poll interval (at once in this broker, and on PostgreSQL in others).
+    /// Resuming a table that is not paused changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::UnknownTable`] if the table has no recorded description.
+    pub fn resume(&self, table: &Table) -> Result<()> {
+        self.set_paused(table, false)
+    }
+
+    fn set_paused(&self, table: &Table, paused: bool) -> Result<()> {
+        let q = self.queue(table)?;
+        registry::set_paused(&q, paused)
+    }
+}
