@@ -33,7 +33,12 @@ fn floor(room: &str) -> Option<u8> {
 /// The room of a file under `src/`: its folder, or its own name directly in `src/`.
 fn room_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -84,7 +89,10 @@ fn rooms_name_only_rooms_below_them() {
     for file in files.iter().filter(|f| !f.starts_with(src.join("bin"))) {
         let room = room_of(&src, file);
         let Some(own) = floor(&room) else {
-            wrong.push(format!("{}: a room ARCHITECTURE.md does not name", file.display()));
+            wrong.push(format!(
+                "{}: a room ARCHITECTURE.md does not name",
+                file.display()
+            ));
             continue;
         };
         let text = std::fs::read_to_string(file).unwrap();
@@ -116,15 +124,25 @@ fn src_holds_at_most_twelve_files() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_file())
         .collect();
-    assert!(files.len() <= 12, "{} files in src/: {files:?}", files.len());
+    assert!(
+        files.len() <= 12,
+        "{} files in src/: {files:?}",
+        files.len()
+    );
 }
 
 #[test]
 fn the_checker_sees_names() {
     assert_eq!(named("use crate::runtime::Queue;"), ["runtime"]);
     assert_eq!(named("let b = crate::Broker::connect(u);"), ["lib"]);
-    assert_eq!(named("pub(crate) use crate::dialect::conn::DbConn;"), ["dialect"]);
-    assert_eq!(named("use crate::{a, b};"), ["{ (a grouped crate:: import)"]);
+    assert_eq!(
+        named("pub(crate) use crate::dialect::conn::DbConn;"),
+        ["dialect"]
+    );
+    assert_eq!(
+        named("use crate::{a, b};"),
+        ["{ (a grouped crate:: import)"]
+    );
     assert!(named("use std::collections::HashMap;").is_empty());
     assert!(named("let x = mycrate::runtime::y;").is_empty());
 }
