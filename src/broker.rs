@@ -1,4 +1,7 @@
-//! The broker: one database, its connection pool, and the tables used through it.
+//! The broker: one database, its connection pool, and the tables used through it. Uses the
+//! runtime, the dialects and the model. Its methods of each concern live with that concern,
+//! above it: publishing in `producing`, subscriptions in `consuming`, the operator's calls in
+//! `operating`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
