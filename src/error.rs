@@ -413,7 +413,8 @@ impl DbError {
 
     /// The server refused a write because it no longer takes any (a standby, or a primary set
     /// read-only by a switchover): a lost connection, whose session and every pooled session
-    /// opened before it are to be discarded (see the pool).
+    /// opened before it are to be discarded (see the pool). Only the servers refuse so.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub fn refused_writes(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         DbError::new(DbErrorKind::ConnectionLost, RefusedWrites(source.into()))
     }

@@ -42,6 +42,11 @@ enum Locker {
 }
 
 impl Locker {
+    // `table` is the servers' (SQLite's lock is on the whole file).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(unused_variables)
+    )]
     fn lock(db: Db, url: &str, table: &str) -> Locker {
         match db {
             #[cfg(feature = "postgres")]
