@@ -24,9 +24,11 @@ use common::Db;
 use sqlbroker::{Broker, ClaimedRows, Events, Form, NextError, Subscription};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
-/// What the calls may take beyond their timeout (the bound the docs state is "a few
-/// milliseconds"; this leaves room for two cores shared by many test processes).
-const SLACK: Duration = Duration::from_millis(50);
+/// What the calls may take beyond their timeout. The docs state "a few milliseconds"; on the
+/// servers the call is a `recv_timeout` on a channel, so anything past that is the scheduler:
+/// a CI run on two cores shared by many test binaries saw 64 ms past the timeout. The breakage
+/// this suite catches costs the statement timeout (5 s), far past this slack.
+const SLACK: Duration = Duration::from_millis(400);
 /// The broker's statement timeout: what a claim blocked on the lock would wait unbounded.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 const ROWS: usize = 3;
