@@ -404,7 +404,7 @@ pub use model::value::Value;
 pub use operating::ddl::Database;
 pub use operating::jobs::{Job, JobState};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
-pub use operating::tables::RecordedTable;
+pub use operating::tables::{ConcurrencyLimit, RecordedTable};
 pub use producing::message::Message;
 #[cfg(feature = "cron")]
 pub use producing::periodic::{Periodic, PeriodicBuilder};

@@ -58,9 +58,32 @@ pub(crate) mod savepoint {
     pub const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT sqlbroker_handler";
 }
 
+/// The lease claim of a table with concurrency limits ([`Table::concurrency_limit`]), in
+/// several statements run in one transaction that first locks the table's record
+/// ([`RegistrySql::limits_locked`]), so claims of the table take turns and each counts what the
+/// last committed. Parameters are listed as `(..)`.
+///
+/// [`Table::concurrency_limit`]: crate::Table::concurrency_limit
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LimitSql {
+    /// Opens the claim's transaction: READ COMMITTED, so each statement after the lock reads
+    /// what was committed before it was granted (SQLite: `BEGIN IMMEDIATE`, the one writer).
+    pub begin: Vec<String>,
+    /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
+    pub in_work: String,
+    /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
+    /// order, locking nothing.
+    pub candidates: String,
+    /// `(token, now, now, id)`: leases the row, counting its attempt, if it is still
+    /// claimable (then [`TableSql::fetch`] reads it).
+    pub take: String,
+}
+
 /// Statements of one table for one database, built once. Parameters are listed as `(..)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TableSql {
+    /// Lease tables with concurrency limits: their claim ([`LimitSql`]).
+    pub limited: Option<LimitSql>,
     /// Opens a claim transaction at the table's isolation level.
     pub begin: Vec<String>,
     /// Opens a write transaction (batch publish, renewal loops).
@@ -258,6 +281,12 @@ pub(crate) struct RegistrySql {
     pub replace_stale: &'static str,
     /// `(name)` -> `paused` of the table's record (a subscription's pause check).
     pub paused: &'static str,
+    /// `(name)` -> `description` of the table's record: the concurrency limits in force.
+    pub limits: &'static str,
+    /// `(name)` -> `description`, the record's row locked until the transaction ends (`FOR
+    /// UPDATE`; SQLite: plain, inside the one writer's transaction): the turn of a lease
+    /// claim of a table with concurrency limits.
+    pub limits_locked: &'static str,
     /// `()` -> `name, format, description, paused` of every record, by name.
     pub list: &'static str,
     /// `(paused, now, name)`: sets the pause flag; changes no row if there is no record.

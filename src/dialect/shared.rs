@@ -4,7 +4,7 @@
 //! so they suit positional (`?`), numbered (`?1`) and dollar (`$1`) placeholders alike. What
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
-use crate::dialect::TableSql;
+use crate::dialect::{LimitSql, TableSql};
 use crate::model::schema::{family, ColumnDef, Family};
 use crate::model::table::{ColumnType, Form, TableSpec};
 
@@ -138,6 +138,56 @@ impl Syntax {
             self.p(3),
             (self.claim_limit)(&self.p(4))
         );
+    }
+
+    /// The lease claim of a table with concurrency limits ([`LimitSql`]), its transaction
+    /// opened by `begin`.
+    pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>) -> LimitSql {
+        let (t, id, lu, att) = (
+            self.q(&spec.name),
+            self.q(&spec.id),
+            self.q(&spec.locked_until),
+            self.q(&spec.attempts),
+        );
+        let user: Vec<String> = spec.columns.iter().map(|c| self.q(&c.name)).collect();
+        let user = user.join(", ");
+        let with_user = |lead: &str| {
+            if user.is_empty() {
+                lead.to_string()
+            } else {
+                format!("{lead}, {user}")
+            }
+        };
+        let dead = self.q(&spec.dead_at);
+        let claimable = |a: usize, b: usize| {
+            format!(
+                "{} AND ({lu} IS NULL OR {lu} <= {})",
+                self.ready(spec, &self.p(a)),
+                self.p(b)
+            )
+        };
+        LimitSql {
+            begin,
+            // `1`: a table whose limits read no column still gets a row per row in work.
+            in_work: format!(
+                "SELECT {} FROM {t} WHERE {dead} IS NULL AND {lu} > {}",
+                with_user("1"),
+                self.p(1)
+            ),
+            candidates: format!(
+                "SELECT {} FROM {t} WHERE {} ORDER BY {} {}",
+                with_user(&id),
+                claimable(1, 2),
+                self.order(spec),
+                (self.claim_limit)(&self.p(3))
+            ),
+            take: format!(
+                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} = {}",
+                self.p(1),
+                claimable(2, 3),
+                self.p(4)
+            ),
+        }
     }
 
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.

@@ -219,6 +219,8 @@ pub struct Table {
     dedup: bool,
     priorities: bool,
     keep_completed: Option<Duration>,
+    /// Concurrency limits: key template and the most rows of one key in work at once.
+    limits: Vec<(String, u32)>,
 }
 
 impl Table {
@@ -226,6 +228,10 @@ impl Table {
     /// ([`max_attempts`](Table::max_attempts)): 25, as River's, about three days of the
     /// default [`RetryPolicy`](crate::RetryPolicy) (1 s doubling to 10 minutes).
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
+
+    /// The largest `max` of a [`concurrency_limit`](Table::concurrency_limit): a claim may try
+    /// each of a key's slots in turn.
+    pub const MAX_CONCURRENCY: u32 = 1000;
 
     /// A table named `name` with the default role columns and no columns of the user's.
     /// The name is an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 48 characters), quoted in SQL,
@@ -244,6 +250,7 @@ impl Table {
             dedup: false,
             priorities: false,
             keep_completed: None,
+            limits: Vec::new(),
         }
     }
 
@@ -371,6 +378,57 @@ impl Table {
     /// [`Value::Null`] on purpose renders as empty text.
     pub fn advisory_lock(mut self, template: impl Into<String>) -> Self {
         self.advisory = Some(template.into());
+        self
+    }
+
+    /// A concurrency limit: at most `max` rows whose rendered `key` is equal are **in work**
+    /// at once (claimed and not yet settled, rows claimed ahead into a subscription's buffer
+    /// included), across every broker and process sharing the table. `key` is a template over
+    /// the table's columns as in [`Table::advisory_lock`] (`"{tenant}"`, `"api-{account}"`);
+    /// the empty template `""` is one key for the whole table. Several limits combine: a row
+    /// is claimed only when every limit has room for it. A row over a limit waits, ready,
+    /// spending no attempt, and a claim passes it by for rows whose keys have room.
+    ///
+    /// The database enforces it, not each broker's count (see the README's "Flow control"):
+    /// lease form, claims of the table take turns under its record's row lock and count the
+    /// leased rows per key; advisory lock form, each key has `max` slot keys
+    /// (`sqlbroker-limit:<table>:<n>:<key>#<slot>`) and a row runs holding one besides its
+    /// own key; row lock form (PostgreSQL, MySQL/MariaDB), the same slot keys, held by the
+    /// delivery's session. A crash frees the slots with the rows: the lease's expiry, or the
+    /// session's end.
+    ///
+    /// `max` is `1..=`[`Table::MAX_CONCURRENCY`]; an operator changes it at run time with
+    /// [`Broker::set_concurrency_limit`](crate::Broker::set_concurrency_limit). A message must
+    /// set every column a limit's template reads (publish refuses it otherwise). Not with
+    /// [`Table::fifo`] yet ([`BrokerError::InvalidTable`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// // At most 2 calls per account at once, and 10 in all.
+    /// let calls = Table::new("partner_calls")
+    ///     .text_column("account")
+    ///     .concurrency_limit("{account}", 2)
+    ///     .concurrency_limit("", 10)
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&calls)?;
+    /// for _ in 0..3 {
+    ///     broker.publish(&calls, Message::new(b"call".to_vec()).set("account", "acme"))?;
+    /// }
+    /// let sub = broker.subscription(&calls).start()?;
+    /// let (a, b) = (sub.next_delivery().unwrap(), sub.next_delivery().unwrap());
+    /// // The third waits for one of the two to settle.
+    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
+    /// a.ack()?;
+    /// let c = sub.next_delivery_timeout(Duration::from_secs(5)).unwrap();
+    /// b.ack()?;
+    /// c.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn concurrency_limit(mut self, key: impl Into<String>, max: u32) -> Self {
+        self.limits.push((key.into(), max));
         self
     }
 
@@ -621,6 +679,7 @@ impl Table {
                     .into(),
             ));
         }
+        let limits = self.validate_limits(form).map_err(bad)?;
         if self.max_attempts == Some(0) {
             return Err(bad("max_attempts must be at least 1".into()));
         }
@@ -677,8 +736,57 @@ impl Table {
                 u32::MAX => None,
                 n => Some(n),
             },
+            limits,
         })
     }
+
+    /// The concurrency limits, checked: templates over the table's columns, each once, `max`
+    /// within bounds, no FIFO groups.
+    fn validate_limits(&self, form: Form) -> std::result::Result<Vec<LimitSpec>, String> {
+        if self.limits.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.fifo {
+            return Err("concurrency limits do not combine with FIFO groups yet".into());
+        }
+        if form == Form::RowLock {
+            return Err(
+                "concurrency limits are not in the row lock form yet: use the lease \
+                        or advisory lock form"
+                    .into(),
+            );
+        }
+        let mut out: Vec<LimitSpec> = Vec::with_capacity(self.limits.len());
+        for (key, max) in &self.limits {
+            if !(1..=Table::MAX_CONCURRENCY).contains(max) {
+                return Err(format!(
+                    "concurrency limit {key:?}: max must be 1..={} (pause a table to stop it), \
+                     not {max}",
+                    Table::MAX_CONCURRENCY
+                ));
+            }
+            if out.iter().any(|l| l.key == *key) {
+                return Err(format!("concurrency limit {key:?} is given twice"));
+            }
+            let template = KeyTemplate::parse_limit(key, &self.columns)?;
+            out.push(LimitSpec {
+                key: key.clone(),
+                template,
+                max: *max,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A validated concurrency limit.
+#[derive(Debug, Clone)]
+pub(crate) struct LimitSpec {
+    /// The template as given (the limit's name in the record and the operator's calls).
+    pub key: String,
+    pub template: KeyTemplate,
+    /// The described `max` (an operator's setting in the record overrides it).
+    pub max: u32,
 }
 
 /// Checks `s` against `[A-Za-z_][A-Za-z0-9_]*` and a length limit.
@@ -744,6 +852,8 @@ pub(crate) struct TableSpec {
     pub isolation: Isolation,
     /// `None`: no limit (asked for with `max_attempts(u32::MAX)`); unset is the default.
     pub max_attempts: Option<u32>,
+    /// The concurrency limits, in the order described.
+    pub limits: Vec<LimitSpec>,
 }
 
 impl TableSpec {
@@ -780,7 +890,10 @@ impl TableSpec {
     /// No allocation: publish asks it for every message (a column the template reads twice
     /// comes twice).
     pub fn required_columns(&self) -> impl Iterator<Item = usize> + '_ {
-        self.key.iter().flat_map(KeyTemplate::columns)
+        self.key
+            .iter()
+            .chain(self.limits.iter().map(|l| &l.template))
+            .flat_map(KeyTemplate::columns)
     }
 
     /// The group column of a FIFO table.
@@ -810,6 +923,12 @@ impl KeyTemplate {
         if t.is_empty() {
             return Err("the advisory lock template is empty".into());
         }
+        Self::parse_limit(t, columns)
+    }
+
+    /// A concurrency limit's template: as [`KeyTemplate::parse`], and the empty template is
+    /// one key for the whole table.
+    fn parse_limit(t: &str, columns: &[(String, ColumnType)]) -> std::result::Result<Self, String> {
         // A key is text on every database, and PostgreSQL text cannot hold a NUL: such a key
         // would fail every claim of the table, so the template is refused here instead.
         if t.contains('\0') {
@@ -877,7 +996,6 @@ impl KeyTemplate {
             .all(|p| !matches!(p, KeyPart::Col(c) if *c != col))
     }
 
-    /// The key of a row whose user columns hold `values`.
     /// The user columns the template reads (indexes into `columns`).
     pub fn columns(&self) -> impl Iterator<Item = usize> + '_ {
         self.parts.iter().filter_map(|p| match p {
@@ -886,6 +1004,7 @@ impl KeyTemplate {
         })
     }
 
+    /// The key of a row whose user columns hold `values`.
     pub fn render(&self, values: &[crate::model::value::Value]) -> String {
         let mut out = String::new();
         for p in &self.parts {

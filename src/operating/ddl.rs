@@ -15,7 +15,7 @@ use crate::broker::Broker;
 use crate::dialect::shared::Syntax;
 use crate::dialect::{DbConn, Dialect};
 use crate::error::{BrokerError, Result};
-use crate::model::table::{record::FORMAT, Table};
+use crate::model::table::Table;
 use crate::model::value::Value;
 use crate::runtime::Queue;
 
@@ -131,7 +131,7 @@ fn record_sql(dialect: &dyn Dialect, table: &Table) -> [String; 2] {
     let syntax = dialect.syntax();
     let values = [
         (syntax.literal)(table.name()),
-        FORMAT.to_string(),
+        table.record_format().to_string(),
         (syntax.literal)(&table.to_record()),
         syntax.now.to_string(),
     ];

@@ -29,6 +29,18 @@ pub struct RecordedTable {
     pub paused: bool,
 }
 
+/// A concurrency limit in force ([`Broker::concurrency_limits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConcurrencyLimit {
+    /// The key template, as described (`""`: the whole table).
+    pub key: String,
+    /// The `max` the description gives.
+    pub described: u32,
+    /// The `max` in force: an operator's setting, else the described one; `None`: lifted.
+    pub max: Option<u32>,
+}
+
 impl Broker {
     /// The description of table `name` recorded by [`create_table`](Broker::create_table) or
     /// [`migrate`](Broker::migrate), in this process or any other: what a worker, a tool or a
@@ -123,6 +135,60 @@ impl Broker {
     /// [`BrokerError::UnknownTable`] if the table has no recorded description.
     pub fn resume(&self, table: &Table) -> Result<()> {
         self.set_paused(table, false)
+    }
+
+    /// Sets the `max` of the table's concurrency limit `key` (its template as described,
+    /// [`Table::concurrency_limit`]) to `max`, or lifts it (`None`), at run time: recorded in
+    /// the table's record, which every claim of the table reads, so every subscription in any
+    /// process follows from its next claim. Rows already in work beyond a lowered max finish;
+    /// no more start until the key is under it. A later [`migrate`](Broker::migrate) records
+    /// the description again, and with it the described maxes.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] if `max` is outside `1..=`[`Table::MAX_CONCURRENCY`]
+    /// or the table has no limit `key`; [`BrokerError::UnknownTable`] without a record.
+    /// Nothing is changed then.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let calls = Table::new("calls")
+    ///     .text_column("account")
+    ///     .concurrency_limit("{account}", 2)
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&calls)?;
+    /// broker.set_concurrency_limit(&calls, "{account}", Some(5))?;
+    /// assert_eq!(broker.concurrency_limits(&calls)?[0].max, Some(5));
+    /// broker.set_concurrency_limit(&calls, "{account}", None)?; // lifted
+    /// assert!(broker.set_concurrency_limit(&calls, "{other}", Some(1)).is_err());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn set_concurrency_limit(&self, table: &Table, key: &str, max: Option<u32>) -> Result<()> {
+        let q = self.queue(table)?;
+        registry::set_limit(&q, key, max)
+    }
+
+    /// The table's concurrency limits in force: each key template with the `max` its record
+    /// holds (an operator's setting, else the described one; `None`: lifted). Empty for a
+    /// table without limits.
+    pub fn concurrency_limits(&self, table: &Table) -> Result<Vec<ConcurrencyLimit>> {
+        let q = self.queue(table)?;
+        let maxes = q.retrying("limits", |conn| {
+            q.limits.read(&q.spec, conn, q.dialect.registry().limits)
+        })?;
+        Ok(q.spec
+            .limits
+            .iter()
+            .zip(maxes.iter())
+            .map(|(l, max)| ConcurrencyLimit {
+                key: l.key.clone(),
+                described: l.max,
+                max: *max,
+            })
+            .collect())
     }
 
     fn set_paused(&self, table: &Table, paused: bool) -> Result<()> {

@@ -30,6 +30,7 @@ pub(crate) mod cursor;
 pub(crate) mod deferred;
 pub(crate) mod events;
 pub(crate) mod group;
+pub(crate) mod limits;
 pub(crate) mod listen;
 pub(crate) mod meters;
 pub(crate) mod notifier;
@@ -86,6 +87,8 @@ pub(crate) struct Queue {
     pub described: AtomicBool,
     /// The table's metrics (the `metrics` feature; nothing without it).
     pub meters: crate::runtime::meters::Meters,
+    /// Tables with concurrency limits: the maxes in force, by the record's text.
+    pub limits: crate::runtime::limits::LimitsInForce,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -117,6 +120,7 @@ impl Queue {
             acks: AckGroup::new(ACK_GROUP_MAX),
             held_here: Arc::default(),
             described: AtomicBool::new(false),
+            limits: Default::default(),
         }
     }
 

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use crate::dialect::{DbConn, Dialect};
-use crate::error::{BrokerError, DbError, Result};
+use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::model::table::{record::FORMAT, Form, Table};
 use crate::model::value::Value;
 use crate::runtime::Queue;
@@ -179,7 +179,7 @@ fn adopt(
                 registry.insert_new,
                 &[
                     Value::Text(q.spec.name.clone()),
-                    Value::Int(FORMAT),
+                    Value::Int(table.record_format()),
                     Value::Text(table.to_record()),
                     Value::Time(now),
                 ],
@@ -195,7 +195,7 @@ fn adopt(
                 conn.execute(
                     registry.replace_stale,
                     &[
-                        Value::Int(FORMAT),
+                        Value::Int(table.record_format()),
                         Value::Text(table.to_record()),
                         Value::Time(at),
                         Value::Text(q.spec.name.clone()),
@@ -360,7 +360,7 @@ pub(crate) fn record(q: &Queue, table: &Table) -> Result<()> {
         ensure(q, conn)?;
         let params = [
             Value::Text(q.spec.name.clone()),
-            Value::Int(FORMAT),
+            Value::Int(table.record_format()),
             Value::Text(table.to_record()),
             Value::Time(SystemTime::now()),
         ];
@@ -469,6 +469,60 @@ pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Records an operator's setting of the concurrency limit `key` of the table (`None`: lifted)
+/// in its record, which every claim of the table reads: followed by each broker's next claim.
+/// The record is rewritten only where it is still the one read (a compare and swap on its
+/// text and time), and read again if another writer came first.
+pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
+    let bad = |reason: String| BrokerError::InvalidOption {
+        option: "set_concurrency_limit",
+        reason,
+    };
+    if let Some(m) = max {
+        if !(1..=Table::MAX_CONCURRENCY).contains(&m) {
+            return Err(bad(format!(
+                "max must be 1..={} (None lifts the limit; pause stops the table), not {m}",
+                Table::MAX_CONCURRENCY
+            )));
+        }
+    }
+    for _ in 0..10 {
+        let Some(row) = q.retrying("set limit", |conn| read(&*q.dialect, conn, &q.spec.name))?
+        else {
+            return Err(BrokerError::UnknownTable {
+                table: q.spec.name.clone(),
+            });
+        };
+        // A record this release cannot read is refused, not rewritten.
+        let _ = described(&q.spec.name, &row)?;
+        let text =
+            crate::model::table::record::with_limit_set(&row.description, key, max).map_err(bad)?;
+        // A later time than the row's, as `adopt` writes: whole seconds on MySQL and SQLite.
+        let now = SystemTime::now();
+        let at = match row.updated_at.as_time() {
+            Some(t) => now.max(t + std::time::Duration::from_secs(1)),
+            None => now,
+        };
+        let params = [
+            Value::Int(row.format.max(FORMAT)),
+            Value::Text(text),
+            Value::Time(at),
+            Value::Text(q.spec.name.clone()),
+            Value::Text(row.description.clone()),
+            row.updated_at.clone(),
+        ];
+        let sql = q.dialect.registry().replace_stale;
+        if q.retrying("set limit", |conn| conn.execute(sql, &params))? > 0 {
+            q.wake.notify_all();
+            return Ok(());
+        }
+    }
+    Err(q.err("set limit")(DbError::new(
+        DbErrorKind::Transient,
+        "the record kept changing under ten tries",
+    )))
 }
 
 /// The table's pause flag as recorded (false with no record), for stats.

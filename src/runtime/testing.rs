@@ -54,6 +54,8 @@ static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
     read: "registry read",
     replace_stale: "registry replace stale",
     paused: "paused",
+    limits: "limits",
+    limits_locked: "limits locked",
     list: "registry list",
     set_paused: "registry set paused",
 };

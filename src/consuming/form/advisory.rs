@@ -59,6 +59,7 @@ use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
 use crate::model::schedule::claim_now;
 use crate::model::value::Value;
+use crate::runtime::limits::InWork;
 use crate::runtime::{Ctx, PooledConn};
 
 /// A held key: the row's key's text, and what holds it (and, in a FIFO table whose template
@@ -132,6 +133,15 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
+    // Concurrency limits: the maxes in force, read from the record on each claim.
+    let maxes = match q.spec.limits.is_empty() {
+        true => None,
+        false => Some(
+            q.limits
+                .read(&q.spec, &mut *conn, q.dialect.registry().limits)
+                .map_err(q.err("claim"))?,
+        ),
+    };
     let mut tried = HashSet::new();
     let mut out = Vec::new();
     let mut page = ctx.opts.advisory_scan.min(SCAN_LIMIT);
@@ -178,6 +188,14 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
             if keys.iter().any(|k| tried.contains(k)) {
                 continue;
             }
+            let limit_keys = InWork::keys(&q.spec, user);
+            if limit_keys
+                .iter()
+                .enumerate()
+                .any(|(i, k)| tried.contains(&full_marker(i, k)))
+            {
+                continue;
+            }
             let group = q
                 .spec
                 .fifo_group()
@@ -196,6 +214,18 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         // The key refused is in work here; those taken go back as `held` drops.
                         tried.insert(keys[held.len()].clone());
                         continue;
+                    }
+                    let slots = take_slots(ctx, maxes.as_deref(), &limit_keys, |k| {
+                        Ok(registry.try_take(k))
+                    });
+                    match slots {
+                        Ok(Ok(slots)) => held.extend(slots),
+                        Ok(Err(full)) => {
+                            // The row's keys go back as `held` drops.
+                            tried.insert(full);
+                            continue;
+                        }
+                        Err(e) => return partial(out, e),
                     }
                     tried.extend(keys);
                     match take(ctx, &mut *conn, now, id, group) {
@@ -238,6 +268,23 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         }
                         continue;
                     }
+                    let mut names = names;
+                    let slots = take_slots(ctx, maxes.as_deref(), &limit_keys, |k| {
+                        let name = q.dialect.key_name(k);
+                        Ok(session.lock(&mut *conn, &sql, &name)?.then_some(name))
+                    });
+                    match slots {
+                        Ok(Ok(slots)) => names.extend(slots),
+                        Ok(Err(full)) => {
+                            tried.insert(full);
+                            if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                                return Ok(Vec::new());
+                            }
+                            continue;
+                        }
+                        // The session's keys are unknown: it is discarded, never pooled.
+                        Err(e) => return Err(q.err("claim")(e)),
+                    }
                     tried.extend(keys.iter().cloned());
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
@@ -274,6 +321,47 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
         }
         page = (page * 2).min(SCAN_LIMIT - scanned);
     }
+}
+
+/// The mark in a claim's `tried` set of a concurrency limit's key with no free slot: every
+/// later row of that key is passed by. (Starts with a NUL, which no lock key holds.)
+fn full_marker(limit: usize, key: &str) -> String {
+    format!("\0{limit}:{key}")
+}
+
+/// Takes one free slot of each concurrency limit for a row of `limit_keys` with `try_one`
+/// (`Some`: taken), trying the slots of a key in turn: `Err(marker)` of the first limit whose
+/// key has none free (the slots taken go back with the holds returned or dropped by the
+/// caller: a process key as it drops, a session's by its unlock). A lifted limit takes none.
+///
+/// A key's slots are `sqlbroker-limit:<table>:<limit>:<key>#<slot>` for `slot` below the max
+/// in force: whoever holds one is one of at most `max` rows of the key in work.
+fn take_slots<H>(
+    ctx: &Ctx,
+    maxes: Option<&[Option<u32>]>,
+    limit_keys: &[String],
+    mut try_one: impl FnMut(&str) -> Result<Option<H>, DbError>,
+) -> Result<Result<Vec<H>, String>, DbError> {
+    let Some(maxes) = maxes else {
+        return Ok(Ok(Vec::new()));
+    };
+    let mut held = Vec::with_capacity(limit_keys.len());
+    for (i, (key, max)) in limit_keys.iter().zip(maxes).enumerate() {
+        let Some(max) = max else { continue };
+        let mut got = None;
+        for slot in 0..*max {
+            let name = format!("sqlbroker-limit:{}:{i}:{key}#{slot}", ctx.spec().name);
+            if let Some(h) = try_one(&name)? {
+                got = Some(h);
+                break;
+            }
+        }
+        match got {
+            Some(h) => held.push(h),
+            None => return Ok(Err(full_marker(i, key))),
+        }
+    }
+    Ok(Ok(held))
 }
 
 /// A taken row, and why a value of it could not be read.

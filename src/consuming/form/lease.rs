@@ -51,6 +51,11 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     };
     let now = SystemTime::now();
     let token = lease_token(now, q.spec.lease_secs);
+    if let Some(limited) = &q.sql.limited {
+        let rows = claim_limited(ctx, limited, &mut *conn, limit, claim_now(now), token)
+            .map_err(q.err("claim"))?;
+        return book(ctx, &mut *conn, rows, token);
+    }
     // Where the claim starts reading: after the cursor, where the table has one.
     let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
     let rows = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
@@ -80,7 +85,18 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
             .collect();
         ctx.cursor.advance(start, limit, keys.into_iter().flatten());
     }
-    let unreadable = unreadable_rows(&mut *conn, rows.len());
+    book(ctx, &mut *conn, rows, token)
+}
+
+/// The claimed `rows` as deliveries, their leases booked for renewal.
+fn book(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    rows: Vec<Vec<Value>>,
+    token: SystemTime,
+) -> Result<Vec<Claimed>> {
+    let q = &ctx.queue;
+    let unreadable = unreadable_rows(conn, rows.len());
     // Every row is checked before any is booked for renewal, so a row that fails to read leaves
     // no lease renewed for ever behind it (the claimed rows return when their leases expire).
     let ids: Option<Vec<i64>> = rows
@@ -100,6 +116,83 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
         out.push(Claimed::new(row, Hold::Lease(cell), unreadable).map_err(q.err("claim"))?);
     }
     Ok(out)
+}
+
+/// The most candidate rows a claim of a table with concurrency limits reads: rows of keys at
+/// their limit stay ready, so a claim reads past them (its page growing fourfold from a few
+/// times its batch) to reach keys with room; past this many it gives up until the next round.
+const LIMIT_SCAN: usize = 10_000;
+
+/// The lease claim of a table with concurrency limits, in one transaction that first locks
+/// the table's record: claims of the table take turns, so the rows in work it counts (every
+/// unfinished row whose lease has not expired) are exactly those the claims before it left.
+/// It reads the maxes in force from the record it locked, then takes candidates in claim
+/// order whose every key has room, one at a time, and reads them back.
+///
+/// A crash of a holder costs what the lease form's crash costs: its rows count as in work
+/// until their leases expire, the moment they are claimable again.
+fn claim_limited(
+    ctx: &Ctx,
+    sql: &crate::dialect::LimitSql,
+    conn: &mut dyn DbConn,
+    limit: usize,
+    now: SystemTime,
+    token: SystemTime,
+) -> Result<Vec<Vec<Value>>, DbError> {
+    use crate::runtime::limits::InWork;
+    let q = &ctx.queue;
+    let spec = &q.spec;
+    crate::dialect::in_transaction(conn, &sql.begin, |conn| {
+        let maxes = q
+            .limits
+            .read(spec, conn, q.dialect.registry().limits_locked)?;
+        let mut work = InWork::new(spec);
+        for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
+            work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
+        }
+        let mut taken = Vec::with_capacity(limit);
+        let mut seen = 0;
+        let mut page = (limit * 4).clamp(64, LIMIT_SCAN);
+        'scan: while !work.table_full(spec, &maxes) {
+            let rows = conn.query(
+                &sql.candidates,
+                &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
+            )?;
+            for row in rows.iter().skip(seen) {
+                let Some(id) = row.first().and_then(Value::as_i64) else {
+                    continue;
+                };
+                let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
+                if !work.has_room(&maxes, &keys) {
+                    continue;
+                }
+                let params = [
+                    Value::Time(token),
+                    Value::Time(now),
+                    Value::Time(now),
+                    Value::Int(id),
+                ];
+                if conn.execute(&sql.take, &params)? == 0 {
+                    continue;
+                }
+                work.add(&keys);
+                taken.push(id);
+                if taken.len() >= limit || work.table_full(spec, &maxes) {
+                    break 'scan;
+                }
+            }
+            if rows.len() < page || page >= LIMIT_SCAN {
+                break;
+            }
+            seen = rows.len();
+            page = (page * 4).min(LIMIT_SCAN);
+        }
+        let mut out = Vec::with_capacity(taken.len());
+        for id in taken {
+            out.extend(conn.query(&q.sql.fetch, &[Value::Int(id)])?);
+        }
+        Ok(out)
+    })
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.

@@ -24,6 +24,8 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     replace_stale: "UPDATE sqlbroker_tables SET format = ?, description = ?, updated_at = ? \
                     WHERE name = ? AND description = ? AND updated_at = ?",
     paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?",
+    limits: "SELECT description FROM sqlbroker_tables WHERE name = ?",
+    limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = ? FOR UPDATE",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?",
 };

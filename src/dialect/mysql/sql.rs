@@ -260,6 +260,9 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     dead_by_ready_index(spec, &mut sql);
+    if spec.form == Form::Lease && !spec.limits.is_empty() {
+        sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted)));
+    }
     sql
 }
 

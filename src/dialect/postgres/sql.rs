@@ -173,6 +173,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql.notify = Some(format!("SELECT pg_notify('{}', $1)", channel(&spec.name)));
+    if spec.form == Form::Lease && !spec.limits.is_empty() {
+        sql.limited =
+            Some(SYNTAX.limit_sql(spec, vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()]));
+    }
     sql
 }
 

@@ -21,6 +21,8 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     replace_stale: "UPDATE sqlbroker_tables SET format = ?1, description = ?2, updated_at = ?3 \
                     WHERE name = ?4 AND description = ?5 AND updated_at = ?6",
     paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?1",
+    limits: "SELECT description FROM sqlbroker_tables WHERE name = ?1",
+    limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = ?1",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = ?1, updated_at = ?2 WHERE name = ?3",
 };

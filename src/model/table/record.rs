@@ -8,9 +8,54 @@ use serde::{Deserialize, Serialize};
 
 use super::{ColumnType, Form, Isolation, Role, Table, ROLES};
 
-/// The record's format version this release writes and reads. A record of a newer format is
-/// refused ([`crate::runtime::registry`]); a change that older releases could misread bumps it.
-pub(crate) const FORMAT: i64 = 1;
+/// The record's format version this release reads, and writes for a table with concurrency
+/// limits. A record of a newer format is refused ([`crate::runtime::registry`]); a change that
+/// older releases could misread bumps it.
+pub(crate) const FORMAT: i64 = 2;
+
+/// The format of a record without concurrency limits: what releases before them read, so a
+/// table that uses none stays readable by them.
+const FORMAT_PLAIN: i64 = 1;
+
+/// The limits in force by a record's text: each described limit's key and `max`, an operator's
+/// setting overriding the described one (`None`: lifted). A record that does not read has
+/// none (the registry's checks report it elsewhere).
+pub(crate) fn limits_in_force(json: &str) -> Vec<(String, Option<u32>)> {
+    let Ok(r) = serde_json::from_str::<Record>(json) else {
+        return Vec::new();
+    };
+    r.concurrency_limits
+        .into_iter()
+        .map(|l| {
+            let max = r.limits_set.get(&l.key).copied().unwrap_or(Some(l.max));
+            (l.key, max)
+        })
+        .collect()
+}
+
+/// `json` with the operator's setting of limit `key` (`None`: lifted), or why it cannot take
+/// one: the record does not read, or describes no such limit.
+pub(crate) fn with_limit_set(json: &str, key: &str, max: Option<u32>) -> Result<String, String> {
+    let mut r: Record =
+        serde_json::from_str(json).map_err(|e| format!("the record does not read: {e}"))?;
+    if !r.concurrency_limits.iter().any(|l| l.key == key) {
+        let known: Vec<String> = r
+            .concurrency_limits
+            .iter()
+            .map(|l| format!("{:?}", l.key))
+            .collect();
+        return Err(format!(
+            "the table has no concurrency limit {key:?} (its limits: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    }
+    r.limits_set.insert(key.to_string(), max);
+    serde_json::to_string(&r).map_err(|e| e.to_string())
+}
 
 /// The JSON shape of a description. Field names are part of the record format.
 #[derive(Debug, Serialize, Deserialize)]
@@ -41,6 +86,19 @@ struct Record {
     priorities: bool,
     #[serde(default)]
     keep_completed: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    concurrency_limits: Vec<RecordLimit>,
+    /// Operators' settings of the limits' `max` ([`crate::Broker::set_concurrency_limit`]):
+    /// key -> the max in force, `null` for a limit lifted. Not part of the description: two
+    /// descriptions compare without it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    limits_set: BTreeMap<String, Option<u32>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RecordLimit {
+    key: String,
+    max: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,6 +157,15 @@ impl Table {
             dedup: self.dedup,
             priorities: self.priorities,
             keep_completed: self.keep_completed,
+            concurrency_limits: self
+                .limits
+                .iter()
+                .map(|(key, max)| RecordLimit {
+                    key: key.clone(),
+                    max: *max,
+                })
+                .collect(),
+            limits_set: BTreeMap::new(),
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -141,7 +208,21 @@ impl Table {
         t.dedup = r.dedup;
         t.priorities = r.priorities;
         t.keep_completed = r.keep_completed;
+        t.limits = r
+            .concurrency_limits
+            .into_iter()
+            .map(|l| (l.key, l.max))
+            .collect();
         Ok(t)
+    }
+
+    /// The format version of this description's record.
+    pub(crate) fn record_format(&self) -> i64 {
+        if self.limits.is_empty() {
+            FORMAT_PLAIN
+        } else {
+            FORMAT
+        }
     }
 
     /// The form in words, with what sets it: `row lock`, `lease 30s`,
@@ -256,6 +337,25 @@ impl Table {
             kept(self) == kept(recorded),
             opt(self.keep_completed.map(|d| format!("{d:?}"))),
             opt(recorded.keep_completed.map(|d| format!("{d:?}"))),
+        );
+        // Limits compare as a set: the order they are given in changes nothing.
+        let limits = |t: &Table| {
+            let mut l = t.limits.clone();
+            l.sort();
+            l
+        };
+        let words = |l: Vec<(String, u32)>| {
+            if l.is_empty() {
+                return "none".to_string();
+            }
+            let l: Vec<String> = l.iter().map(|(k, m)| format!("{k:?} max {m}")).collect();
+            l.join(", ")
+        };
+        option(
+            "concurrency limits",
+            limits(self) == limits(recorded),
+            words(limits(self)),
+            words(limits(recorded)),
         );
         out
     }

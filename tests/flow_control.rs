@@ -1,0 +1,271 @@
+//! Concurrency limits (`Table::concurrency_limit`), on every database, in the forms that have
+//! them (lease, advisory lock): never exceeded across three brokers with four handlers each,
+//! counted from each row's claim (the `claimed` hook, which runs before any row of the claim
+//! reaches a handler, rows claimed ahead into a buffer included) until just before its ack;
+//! and a `max` changed at run time is followed by running subscriptions.
+//!
+//! Fails (`in work at once`, `a second row ran beside the first`) with the room check made to
+//! always pass (tried: both forms, every database).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{next, unique, Db, Live};
+use sqlbroker::{BrokerError, ClaimedRows, Events, Form, Message, Table};
+
+const TENANTS: [&str; 4] = ["a", "b", "c", "d"];
+const PER_TENANT: usize = 6;
+const PER_KEY: u32 = 2;
+const IN_ALL: u32 = 5;
+
+/// A table of `form` with a tenant column `k` and a column `u` unique per message (the
+/// advisory form's own key reads it, so its one-row-per-key lock never stands in for the
+/// limits), limited to `PER_KEY` per tenant and `IN_ALL` in all.
+fn limited(l: &Live, form: Form) -> Table {
+    let name = unique("fc");
+    let t = Table::new(&name)
+        .text_column("k")
+        .text_column("u")
+        .concurrency_limit("{k}", PER_KEY)
+        .concurrency_limit("", IN_ALL);
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        _ => t.advisory_lock(format!("{name}-{{u}}")),
+    };
+    l.create(t)
+}
+
+fn message(k: &str, n: usize) -> Message {
+    Message::new(format!("{k}{n}").into_bytes())
+        .set("k", k)
+        .set("u", format!("{k}{n}"))
+}
+
+/// Rows in work per tenant and in all, from their claims, and the most seen at once.
+#[derive(Default)]
+struct Count {
+    keys: HashMap<i64, String>,
+    now: HashMap<String, u32>,
+    all: u32,
+    most: HashMap<String, u32>,
+    most_all: u32,
+}
+
+struct Watch(Arc<Mutex<Count>>);
+
+impl Events for Watch {
+    fn claimed(&self, e: &ClaimedRows<'_>) {
+        let mut c = self.0.lock().unwrap();
+        for id in e.ids {
+            let k = c.keys.get(id).cloned().unwrap_or_default();
+            let n = {
+                let n = c.now.entry(k.clone()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            let most = c.most.entry(k).or_insert(0);
+            *most = (*most).max(n);
+            c.all += 1;
+            c.most_all = c.most_all.max(c.all);
+        }
+    }
+}
+
+fn limits_hold_across_brokers(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = limited(&l, form);
+    let count = Arc::new(Mutex::new(Count::default()));
+    for k in TENANTS {
+        for n in 0..PER_TENANT {
+            let id = l.broker.publish(&t, message(k, n)).unwrap();
+            count.lock().unwrap().keys.insert(id, k.to_string());
+        }
+    }
+    let total = TENANTS.len() * PER_TENANT;
+    let done = Arc::new(Mutex::new(0usize));
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            let broker = l.connect();
+            let (t, count, done) = (&t, count.clone(), done.clone());
+            s.spawn(move || {
+                let sub = broker
+                    .subscription(t)
+                    .workers(4)
+                    .events(Arc::new(Watch(count.clone())))
+                    .start()
+                    .unwrap();
+                std::thread::scope(|s| {
+                    for _ in 0..4 {
+                        let (sub, count, done) = (&sub, count.clone(), done.clone());
+                        s.spawn(move || loop {
+                            if *done.lock().unwrap() >= total {
+                                return;
+                            }
+                            let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(200))
+                            else {
+                                continue;
+                            };
+                            std::thread::sleep(Duration::from_millis(40));
+                            {
+                                let mut c = count.lock().unwrap();
+                                let k = c.keys.get(&d.id()).cloned().unwrap_or_default();
+                                *c.now.get_mut(&k).unwrap() -= 1;
+                                c.all -= 1;
+                            }
+                            d.ack().unwrap();
+                            *done.lock().unwrap() += 1;
+                        });
+                    }
+                });
+                sub.shutdown(Duration::from_secs(10)).unwrap();
+            });
+        }
+        // Bounded: every row is acked within a minute, or the test fails below.
+        assert!(common::wait_for(Duration::from_secs(60), || *done
+            .lock()
+            .unwrap()
+            >= total));
+    });
+    let c = count.lock().unwrap();
+    for k in TENANTS {
+        let most = c.most.get(k).copied().unwrap_or(0);
+        assert!(
+            most <= PER_KEY,
+            "{most} rows of tenant {k} in work at once, limit {PER_KEY}"
+        );
+    }
+    assert!(
+        c.most_all <= IN_ALL,
+        "{} rows in work at once, limit {IN_ALL}",
+        c.most_all
+    );
+    assert_eq!(l.rows(&t), 0, "every row acked");
+}
+
+/// A limit of 1 in all holds the second row back; raised to 3 at run time, the running
+/// subscription takes the rest without a restart; a max out of range or an unknown limit is
+/// refused and changes nothing.
+fn a_max_changed_at_run_time_is_followed(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let name = unique("fc");
+    let t = Table::new(&name)
+        .text_column("k")
+        .text_column("u")
+        .concurrency_limit("", 1);
+    let t = l.create(match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        _ => t.advisory_lock(format!("{name}-{{u}}")),
+    });
+    for n in 0..3 {
+        l.broker.publish(&t, message("a", n)).unwrap();
+    }
+    // Room for three in flight (the server advisory form holds a connection per delivery and
+    // claims one row per claim per worker), so only the limit holds the second back.
+    let sub = l
+        .broker
+        .subscription(&t)
+        .workers(3)
+        .max_in_flight(3)
+        .start()
+        .unwrap();
+    let first = next(&sub, Duration::from_secs(10));
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "a second row ran beside the first, limit 1"
+    );
+    for bad in [Some(0), Some(sqlbroker::Table::MAX_CONCURRENCY + 1)] {
+        assert!(matches!(
+            l.broker.set_concurrency_limit(&t, "", bad),
+            Err(BrokerError::InvalidOption { .. })
+        ));
+    }
+    assert!(matches!(
+        l.broker.set_concurrency_limit(&t, "{k}", Some(2)),
+        Err(BrokerError::InvalidOption { .. })
+    ));
+    assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, Some(1));
+    l.broker.set_concurrency_limit(&t, "", Some(3)).unwrap();
+    assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, Some(3));
+    // Within a poll interval (the claim worker's next round), with the first still held.
+    let second = next(&sub, Duration::from_secs(10));
+    let third = next(&sub, Duration::from_secs(10));
+    for d in [first, second, third] {
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&t), 0);
+}
+
+macro_rules! per_db_limited_form {
+    ($body:ident) => {
+        mod $body {
+            use super::*;
+            #[test]
+            fn sqlite_lease() {
+                super::$body(Db::Sqlite, Form::Lease)
+            }
+            #[test]
+            fn sqlite_advisory() {
+                super::$body(Db::Sqlite, Form::AdvisoryLock)
+            }
+            #[test]
+            fn postgres_lease() {
+                super::$body(Db::Postgres, Form::Lease)
+            }
+            #[test]
+            fn postgres_advisory() {
+                super::$body(Db::Postgres, Form::AdvisoryLock)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_lease() {
+                super::$body(Db::Mysql, Form::Lease)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_advisory() {
+                super::$body(Db::Mysql, Form::AdvisoryLock)
+            }
+        }
+    };
+}
+
+per_db_limited_form!(limits_hold_across_brokers);
+per_db_limited_form!(a_max_changed_at_run_time_is_followed);
+
+/// Descriptions the limits refuse, with a typed error, before any SQL.
+#[test]
+fn bad_limits_are_refused() {
+    let b = sqlbroker::Broker::connect("sqlite::memory:").unwrap();
+    let lease = || {
+        Table::new("t")
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+    };
+    for t in [
+        lease().concurrency_limit("{k}", 0),
+        lease().concurrency_limit("{k}", Table::MAX_CONCURRENCY + 1),
+        lease().concurrency_limit("{nope}", 2),
+        lease()
+            .concurrency_limit("{k}", 2)
+            .concurrency_limit("{k}", 3),
+        lease().group("k").fifo().concurrency_limit("{k}", 2),
+        Table::new("t").text_column("k").concurrency_limit("{k}", 2),
+    ] {
+        assert!(
+            matches!(b.create_table(&t), Err(BrokerError::InvalidTable { .. })),
+            "{t:?}"
+        );
+    }
+    // A message without the column a limit reads is refused.
+    let t = lease().concurrency_limit("{k}", 2);
+    b.create_table(&t).unwrap();
+    assert!(matches!(
+        b.publish(&t, Message::new(b"x".to_vec())),
+        Err(BrokerError::InvalidMessage { .. })
+    ));
+}
