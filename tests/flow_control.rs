@@ -1,5 +1,4 @@
-//! Concurrency limits (`Table::concurrency_limit`), on every database, in the forms that have
-//! them (lease, advisory lock): never exceeded across three brokers with four handlers each,
+//! Concurrency limits (`Table::concurrency_limit`), on every database x form: never exceeded across three brokers with four handlers each,
 //! counted from each row's claim (the `claimed` hook, which runs before any row of the claim
 //! reaches a handler, rows claimed ahead into a buffer included) until just before its ack;
 //! and a `max` changed at run time is followed by running subscriptions.
@@ -33,7 +32,8 @@ fn limited(l: &Live, form: Form) -> Table {
         .concurrency_limit("", IN_ALL);
     let t = match form {
         Form::Lease => t.lease(Duration::from_secs(30)),
-        _ => t.advisory_lock(format!("{name}-{{u}}")),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
     };
     l.create(t)
 }
@@ -157,7 +157,8 @@ fn a_max_changed_at_run_time_is_followed(db: Db, form: Form) {
         .concurrency_limit("", 1);
     let t = l.create(match form {
         Form::Lease => t.lease(Duration::from_secs(30)),
-        _ => t.advisory_lock(format!("{name}-{{u}}")),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
     });
     for n in 0..3 {
         l.broker.publish(&t, message("a", n)).unwrap();
@@ -200,6 +201,102 @@ fn a_max_changed_at_run_time_is_followed(db: Db, form: Form) {
     assert_eq!(l.rows(&t), 0);
 }
 
+/// A session of its own, bypassing the library, standing for a holder that crashed: it holds
+/// the first slot of the table-wide limit (server forms), until it is dropped (the crash).
+enum Holder {
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Client),
+    #[cfg(feature = "mysql")]
+    Mysql(mysql::Conn),
+}
+
+fn hold_first_slot(db: Db, url: &str, table: &str) -> Holder {
+    let key = format!("sqlbroker-limit:{table}:0:#0");
+    match db {
+        #[cfg(feature = "postgres")]
+        Db::Postgres => {
+            let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+            let sql = format!("SELECT pg_advisory_lock(hashtextextended('{key}', 0))");
+            c.batch_execute(&sql).unwrap();
+            Holder::Postgres(c)
+        }
+        #[cfg(feature = "mysql")]
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(url).unwrap()).unwrap();
+            let got: Option<i64> = c
+                .query_first(format!("SELECT GET_LOCK(CONCAT(DATABASE(), '.{key}'), 0)"))
+                .unwrap()
+                .flatten();
+            assert_eq!(got, Some(1));
+            Holder::Mysql(c)
+        }
+        #[allow(unreachable_patterns)]
+        _ => panic!("{db:?} holds no server session"),
+    }
+}
+
+/// A crashed holder's slot comes back when its row does, never later: in the lease form when
+/// its lease expires (a lease written behind the library's back, as a claimer that died
+/// leaves it), in the server forms when its session ends. Until then the limit of 1 holds
+/// every other row back; fails (`ran beside a crashed holder`) if the claims did not count it.
+fn a_crashed_holder_frees_its_slot_with_its_row(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let name = unique("fc");
+    let t = Table::new(&name)
+        .text_column("k")
+        .text_column("u")
+        .concurrency_limit("", 1);
+    let t = l.create(match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    });
+    let crashed = l.broker.publish(&t, message("a", 0)).unwrap();
+    l.broker.publish(&t, message("a", 1)).unwrap();
+    let before = std::time::SystemTime::now();
+    let holder = match form {
+        Form::Lease => {
+            let lease = match db {
+                Db::Postgres => "date_trunc('second', now()) + interval '3 seconds'",
+                Db::Mysql => "UTC_TIMESTAMP() + INTERVAL 3 SECOND",
+                Db::Sqlite => "CAST(strftime('%s', 'now') AS INTEGER) + 3",
+            };
+            l.exec(&format!(
+                "UPDATE {name} SET locked_until = {lease}, attempts = attempts + 1 WHERE id = {crashed}"
+            ));
+            None
+        }
+        _ => Some(hold_first_slot(db, &l.url, &name)),
+    };
+    let sub = l
+        .broker
+        .subscription(&t)
+        .workers(2)
+        .max_in_flight(2)
+        .start()
+        .unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(1500))
+            .is_err(),
+        "a row ran beside a crashed holder, limit 1"
+    );
+    drop(holder);
+    let first = next(&sub, Duration::from_secs(10));
+    if form == Form::Lease {
+        // Not before the crashed lease ended (whole seconds: at least 2 s after `before`).
+        let waited = before.elapsed().unwrap();
+        assert!(
+            waited >= Duration::from_secs(2),
+            "a row ran {waited:?} after a crashed holder's claim, its lease 3 s"
+        );
+    }
+    first.ack().unwrap();
+    next(&sub, Duration::from_secs(10)).ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&t), 0);
+}
+
 macro_rules! per_db_limited_form {
     ($body:ident) => {
         mod $body {
@@ -213,12 +310,21 @@ macro_rules! per_db_limited_form {
                 super::$body(Db::Sqlite, Form::AdvisoryLock)
             }
             #[test]
+            fn postgres_row_lock() {
+                super::$body(Db::Postgres, Form::RowLock)
+            }
+            #[test]
             fn postgres_lease() {
                 super::$body(Db::Postgres, Form::Lease)
             }
             #[test]
             fn postgres_advisory() {
                 super::$body(Db::Postgres, Form::AdvisoryLock)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql_row_lock() {
+                super::$body(Db::Mysql, Form::RowLock)
             }
             #[cfg(feature = "mysql")]
             #[test]
@@ -237,6 +343,30 @@ macro_rules! per_db_limited_form {
 per_db_limited_form!(limits_hold_across_brokers);
 per_db_limited_form!(a_max_changed_at_run_time_is_followed);
 
+/// Every database x form but SQLite's advisory lock form, whose keys live in the process: a
+/// crash takes them with it, and no session outlives it to test.
+mod a_crashed_holder_frees_its_slot_with_its_row {
+    use super::*;
+    macro_rules! case {
+        ($name:ident, $db:expr, $form:expr) => {
+            #[test]
+            fn $name() {
+                super::a_crashed_holder_frees_its_slot_with_its_row($db, $form)
+            }
+        };
+    }
+    case!(sqlite_lease, Db::Sqlite, Form::Lease);
+    case!(postgres_row_lock, Db::Postgres, Form::RowLock);
+    case!(postgres_lease, Db::Postgres, Form::Lease);
+    case!(postgres_advisory, Db::Postgres, Form::AdvisoryLock);
+    #[cfg(feature = "mysql")]
+    case!(mysql_row_lock, Db::Mysql, Form::RowLock);
+    #[cfg(feature = "mysql")]
+    case!(mysql_lease, Db::Mysql, Form::Lease);
+    #[cfg(feature = "mysql")]
+    case!(mysql_advisory, Db::Mysql, Form::AdvisoryLock);
+}
+
 /// Descriptions the limits refuse, with a typed error, before any SQL.
 #[test]
 fn bad_limits_are_refused() {
@@ -254,7 +384,6 @@ fn bad_limits_are_refused() {
             .concurrency_limit("{k}", 2)
             .concurrency_limit("{k}", 3),
         lease().group("k").fifo().concurrency_limit("{k}", 2),
-        Table::new("t").text_column("k").concurrency_limit("{k}", 2),
     ] {
         assert!(
             matches!(b.create_table(&t), Err(BrokerError::InvalidTable { .. })),

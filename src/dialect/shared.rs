@@ -190,6 +190,36 @@ impl Syntax {
         }
     }
 
+    /// The row lock claim of a table with concurrency limits (PostgreSQL, MySQL): `candidates`
+    /// `(now, limit)` -> `id, <user columns>` of ready rows in claim order, locking nothing;
+    /// `take` `(id, now)` -> the row, locked `FOR UPDATE SKIP LOCKED`, if it is still
+    /// claimable; `begin` the table's claim transaction. `in_work` is unused: the slot keys
+    /// count.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub fn row_lock_limit_sql(&self, spec: &TableSpec, begin: Vec<String>) -> LimitSql {
+        let (t, id) = (self.q(&spec.name), self.q(&spec.id));
+        let mut cols = id.clone();
+        for c in &spec.columns {
+            cols.push_str(&format!(", {}", self.q(&c.name)));
+        }
+        LimitSql {
+            begin,
+            in_work: String::new(),
+            candidates: format!(
+                "SELECT {cols} FROM {t} WHERE {} ORDER BY {} {}",
+                self.ready(spec, &self.p(1)),
+                self.order(spec),
+                (self.claim_limit)(&self.p(2))
+            ),
+            take: format!(
+                "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
+                self.row_columns(spec, ""),
+                self.p(1),
+                self.ready(spec, &self.p(2))
+            ),
+        }
+    }
+
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
     pub fn ready(&self, spec: &TableSpec, now: &str) -> String {
         format!(

@@ -679,7 +679,7 @@ impl Table {
                     .into(),
             ));
         }
-        let limits = self.validate_limits(form).map_err(bad)?;
+        let limits = self.validate_limits().map_err(bad)?;
         if self.max_attempts == Some(0) {
             return Err(bad("max_attempts must be at least 1".into()));
         }
@@ -742,19 +742,12 @@ impl Table {
 
     /// The concurrency limits, checked: templates over the table's columns, each once, `max`
     /// within bounds, no FIFO groups.
-    fn validate_limits(&self, form: Form) -> std::result::Result<Vec<LimitSpec>, String> {
+    fn validate_limits(&self) -> std::result::Result<Vec<LimitSpec>, String> {
         if self.limits.is_empty() {
             return Ok(Vec::new());
         }
         if self.fifo {
             return Err("concurrency limits do not combine with FIFO groups yet".into());
-        }
-        if form == Form::RowLock {
-            return Err(
-                "concurrency limits are not in the row lock form yet: use the lease \
-                        or advisory lock form"
-                    .into(),
-            );
         }
         let mut out: Vec<LimitSpec> = Vec::with_capacity(self.limits.len());
         for (key, max) in &self.limits {

@@ -53,8 +53,9 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::limit_keys::{full_marker, key_sql, take_slots, unlock_all};
 use super::{unreadable_rows, Claimed, Hold, Outcome};
-use crate::dialect::keys::{KeySql, ProcessKey, SessionKeys};
+use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
 use crate::model::schedule::claim_now;
@@ -115,14 +116,6 @@ fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
 /// past them (doubling the page from `advisory_scan`) to reach other keys; past this many it
 /// gives up until the next round, bounding the cost of a claim when every key is busy.
 const SCAN_LIMIT: usize = 10_000;
-
-fn key_sql(ctx: &Ctx) -> Option<KeySql<'_>> {
-    let sql = &ctx.queue.sql;
-    Some(KeySql {
-        lock: sql.key_lock.as_deref()?,
-        unlock: sql.key_unlock.as_deref()?,
-    })
-}
 
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
@@ -220,8 +213,8 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                     });
                     match slots {
                         Ok(Ok(slots)) => held.extend(slots),
-                        Ok(Err(full)) => {
-                            // The row's keys go back as `held` drops.
+                        Ok(Err((full, _taken))) => {
+                            // The row's keys and the slots taken go back as they drop.
                             tried.insert(full);
                             continue;
                         }
@@ -275,8 +268,9 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                     });
                     match slots {
                         Ok(Ok(slots)) => names.extend(slots),
-                        Ok(Err(full)) => {
+                        Ok(Err((full, taken))) => {
                             tried.insert(full);
+                            names.extend(taken);
                             if !unlock_all(ctx, &mut *conn, &mut session, &names) {
                                 return Ok(Vec::new());
                             }
@@ -323,47 +317,6 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     }
 }
 
-/// The mark in a claim's `tried` set of a concurrency limit's key with no free slot: every
-/// later row of that key is passed by. (Starts with a NUL, which no lock key holds.)
-fn full_marker(limit: usize, key: &str) -> String {
-    format!("\0{limit}:{key}")
-}
-
-/// Takes one free slot of each concurrency limit for a row of `limit_keys` with `try_one`
-/// (`Some`: taken), trying the slots of a key in turn: `Err(marker)` of the first limit whose
-/// key has none free (the slots taken go back with the holds returned or dropped by the
-/// caller: a process key as it drops, a session's by its unlock). A lifted limit takes none.
-///
-/// A key's slots are `sqlbroker-limit:<table>:<limit>:<key>#<slot>` for `slot` below the max
-/// in force: whoever holds one is one of at most `max` rows of the key in work.
-fn take_slots<H>(
-    ctx: &Ctx,
-    maxes: Option<&[Option<u32>]>,
-    limit_keys: &[String],
-    mut try_one: impl FnMut(&str) -> Result<Option<H>, DbError>,
-) -> Result<Result<Vec<H>, String>, DbError> {
-    let Some(maxes) = maxes else {
-        return Ok(Ok(Vec::new()));
-    };
-    let mut held = Vec::with_capacity(limit_keys.len());
-    for (i, (key, max)) in limit_keys.iter().zip(maxes).enumerate() {
-        let Some(max) = max else { continue };
-        let mut got = None;
-        for slot in 0..*max {
-            let name = format!("sqlbroker-limit:{}:{i}:{key}#{slot}", ctx.spec().name);
-            if let Some(h) = try_one(&name)? {
-                got = Some(h);
-                break;
-            }
-        }
-        match got {
-            Some(h) => held.push(h),
-            None => return Ok(Err(full_marker(i, key))),
-        }
-    }
-    Ok(Ok(held))
-}
-
 /// A taken row, and why a value of it could not be read.
 type Taken = (Vec<Value>, Option<String>);
 
@@ -379,24 +332,6 @@ fn take(
     let q = &ctx.queue;
     let row = q.dialect.advisory_take(conn, &q.sql, now, id, group)?;
     Ok(row.map(|row| (row, unreadable_rows(conn, 1).pop().flatten())))
-}
-
-/// Unlocks `names` on the claim's session, the last taken first; false (after a warning) if the
-/// session may still hold one: it stays marked broken, is discarded, and the claim ends.
-fn unlock_all(ctx: &Ctx, conn: &mut dyn DbConn, keys: &mut SessionKeys, names: &[String]) -> bool {
-    let Some(sql) = key_sql(ctx) else {
-        return false;
-    };
-    for name in names.iter().rev() {
-        if !keys.unlock(conn, &sql, name) {
-            log::warn!(
-                "table {}: unlocking key {name:?} failed; discarding the session",
-                ctx.spec().name
-            );
-            return false;
-        }
-    }
-    true
 }
 
 /// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them.

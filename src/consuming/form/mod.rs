@@ -13,6 +13,7 @@ use crate::runtime::Ctx;
 
 pub(crate) mod advisory;
 pub(crate) mod lease;
+mod limit_keys;
 pub(crate) mod row_lock;
 
 /// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).
@@ -220,7 +221,7 @@ pub(crate) fn transient_retried<T>(
 /// unknown state is discarded.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     match hold {
-        Hold::RowLock(h) => row_lock::rollback(h),
+        Hold::RowLock(h) => row_lock::rollback(ctx, h),
         Hold::Lease(cell) => lease::hand_back(ctx, id, &cell, within),
         Hold::Advisory(key) => advisory::hand_back(ctx, id, key, within),
     }

@@ -29,6 +29,7 @@
 use std::time::{Instant, SystemTime};
 
 use super::{unreadable_rows, Claimed, Hold, Outcome};
+use crate::dialect::keys::SessionKeys;
 use crate::dialect::{savepoint, DbConn};
 use crate::error::{BrokerError, Result};
 use crate::model::schedule::claim_now;
@@ -40,6 +41,9 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let Some(mut conn) = ctx.claim_conn(by)? else {
         return Ok(Vec::new());
     };
+    if let Some(limited) = &q.sql.limited {
+        return claim_limited(ctx, limited, conn);
+    }
     let now = claim_now(SystemTime::now());
     // Marked broken from `BEGIN` until the transaction ends (a commit or rollback clears it):
     // should anything between unwind or return early, the pool discards the session instead of
@@ -67,9 +71,134 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     }
     // The connection goes with the delivery, still marked broken while its transaction is open.
     let conn = conn.into_inner();
-    let hold = Hold::RowLock(RowHold { conn, work: false });
+    let hold = Hold::RowLock(RowHold {
+        conn,
+        work: false,
+        slots: None,
+    });
     let taken = Claimed::new(row, hold, unreadable);
     taken.map(|c| vec![c]).map_err(q.err("claim"))
+}
+
+/// The most candidate rows a claim of a table with concurrency limits reads (see
+/// [`LIMIT_SCAN`](super::lease)): rows of keys at their limit stay ready.
+const LIMIT_SCAN: usize = 10_000;
+
+/// The claim of a table with concurrency limits: candidates in claim order, read without
+/// locks; for the first whose keys each have a free slot, the slots are taken on this session
+/// (without waiting), then the row is locked by id `FOR UPDATE SKIP LOCKED` if it is still
+/// claimable. The delivery holds the transaction and the slots; settlement commits, then
+/// unlocks them. A crash ends the session: the row is back and its slots free at once.
+fn claim_limited(
+    ctx: &Ctx,
+    sql: &crate::dialect::LimitSql,
+    mut conn: crate::runtime::ClaimConn,
+) -> Result<Vec<Claimed>> {
+    use super::limit_keys::{full_marker, key_sql, take_slots, unlock_all};
+    use crate::dialect::keys::SessionKeys;
+    use crate::runtime::limits::InWork;
+    let q = &ctx.queue;
+    let spec = &q.spec;
+    let now = claim_now(SystemTime::now());
+    let Some(keys_sql) = key_sql(ctx) else {
+        return Ok(Vec::new());
+    };
+    let maxes = q
+        .limits
+        .read(spec, &mut *conn, q.dialect.registry().limits)
+        .map_err(q.err("claim"))?;
+    let mut tried = std::collections::HashSet::new();
+    let mut page = 64;
+    let mut seen = 0;
+    loop {
+        let rows = conn
+            .query(
+                &sql.candidates,
+                &[Value::Time(now), Value::Int(page as i64)],
+            )
+            .map_err(q.err("claim"))?;
+        for row in rows.iter().skip(seen) {
+            let Some(id) = row.first().and_then(Value::as_i64) else {
+                continue;
+            };
+            let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
+            if keys
+                .iter()
+                .enumerate()
+                .any(|(i, k)| tried.contains(&full_marker(i, k)))
+            {
+                continue;
+            }
+            let mut session = SessionKeys::default();
+            let slots = take_slots(ctx, Some(&maxes), &keys, |k| {
+                let name = q.dialect.key_name(k);
+                Ok(session.lock(&mut *conn, &keys_sql, &name)?.then_some(name))
+            });
+            let names = match slots {
+                Ok(Ok(names)) => names,
+                Ok(Err((full, taken))) => {
+                    tried.insert(full);
+                    if !unlock_all(ctx, &mut *conn, &mut session, &taken) {
+                        return Ok(Vec::new());
+                    }
+                    continue;
+                }
+                // The session's keys are unknown: it is discarded, never pooled.
+                Err(e) => return Err(q.err("claim")(e)),
+            };
+            // Marked broken until the transaction ends, as in the plain claim.
+            conn.mark_broken();
+            let locked = (|| {
+                for stmt in &sql.begin {
+                    conn.batch(stmt)?;
+                }
+                conn.query(&sql.take, &[Value::Int(id), Value::Time(now)])
+            })();
+            let mut row = match locked {
+                Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),
+                Ok(_) => {
+                    // Taken or settled meanwhile: the slots go back, the next candidate.
+                    conn.rollback_or_discard();
+                    if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                        return Ok(Vec::new());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    conn.rollback_or_discard();
+                    unlock_all(ctx, &mut *conn, &mut session, &names);
+                    return Err(q.err("claim")(e));
+                }
+            };
+            let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
+            if let Some(Value::Int(a)) = row.get_mut(1) {
+                *a = a.saturating_add(1);
+            }
+            // Broken while the transaction is open, whatever the keys say.
+            conn.mark_broken();
+            let hold = Hold::RowLock(RowHold {
+                conn: conn.into_inner(),
+                work: false,
+                slots: Some((session, names)),
+            });
+            return Claimed::new(row, hold, unreadable)
+                .map(|c| vec![c])
+                .map_err(q.err("claim"));
+        }
+        if rows.len() < page || page >= LIMIT_SCAN {
+            return Ok(Vec::new());
+        }
+        seen = rows.len();
+        page = (page * 4).min(LIMIT_SCAN);
+    }
+}
+
+/// Unlocks a delivery's slot keys once its transaction has ended (committed or rolled back);
+/// a session that may still hold one stays marked broken and is discarded.
+fn free_slots(ctx: &Ctx, conn: &mut PooledConn, slots: Option<(SessionKeys, Vec<String>)>) {
+    if let Some((mut session, names)) = slots {
+        super::limit_keys::unlock_all(ctx, &mut **conn, &mut session, &names);
+    }
 }
 
 /// A row lock delivery's transaction.
@@ -78,6 +207,9 @@ pub(crate) struct RowHold {
     /// The handler ran SQL of its own in the transaction, after the savepoint `WORK`: every
     /// outcome but the ack rolls back to it first.
     work: bool,
+    /// Tables with concurrency limits: the slot keys the session holds, unlocked once the
+    /// transaction ends.
+    slots: Option<(SessionKeys, Vec<String>)>,
 }
 
 /// Runs the outcome's statement and commits; on failure the transaction is rolled back (or the
@@ -85,7 +217,11 @@ pub(crate) struct RowHold {
 /// handler's own SQL, so a retry or dead letter never commits it.
 pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Result<()> {
     let q = &ctx.queue;
-    let RowHold { mut conn, work } = hold;
+    let RowHold {
+        mut conn,
+        work,
+        slots,
+    } = hold;
     let mut params = outcome.leading_params(SystemTime::now());
     params.push(Value::Int(id));
     let undo = if work && !matches!(outcome, Outcome::Ack) {
@@ -99,18 +235,21 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Res
     match done {
         Ok(()) => {
             conn.set_broken(false);
+            free_slots(ctx, &mut conn, slots);
             Ok(())
         }
         Err(e) => {
             conn.rollback_or_discard();
+            free_slots(ctx, &mut conn, slots);
             Err(q.err(outcome.op())(e))
         }
     }
 }
 
-pub(crate) fn rollback(hold: RowHold) {
+pub(crate) fn rollback(ctx: &Ctx, hold: RowHold) {
     let mut conn = hold.conn;
     conn.rollback_or_discard();
+    free_slots(ctx, &mut conn, hold.slots);
 }
 
 /// Runs `f` with the driver's client of the delivery's connection, inside its transaction,

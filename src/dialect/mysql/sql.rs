@@ -263,6 +263,12 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     if spec.form == Form::Lease && !spec.limits.is_empty() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted)));
     }
+    if spec.form == Form::RowLock && !spec.limits.is_empty() {
+        // The slot keys are session locks held by the delivery's connection.
+        sql.limited = Some(SYNTAX.row_lock_limit_sql(spec, sql.begin.clone()));
+        sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
+        sql.key_unlock = Some("SELECT RELEASE_LOCK(?)".into());
+    }
     sql
 }
 

@@ -177,6 +177,12 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         sql.limited =
             Some(SYNTAX.limit_sql(spec, vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()]));
     }
+    if spec.form == Form::RowLock && !spec.limits.is_empty() {
+        // The slot keys are session locks held by the delivery's connection.
+        sql.limited = Some(SYNTAX.row_lock_limit_sql(spec, sql.begin.clone()));
+        sql.key_lock = Some("SELECT pg_try_advisory_lock(hashtextextended($1, 0))::int".into());
+        sql.key_unlock = Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int".into());
+    }
     sql
 }
 
