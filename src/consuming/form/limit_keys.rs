@@ -27,6 +27,9 @@ pub(super) fn full_marker(limit: usize, key: &str) -> String {
     format!("\0{limit}:{key}")
 }
 
+/// The slots a row took (`Ok`), or the mark of the full key and the slots taken before it.
+pub(super) type Slots<H> = Result<Vec<H>, (String, Vec<H>)>;
+
 /// Takes one free slot of each concurrency limit for a row of `limit_keys` with `try_one`
 /// (`Some`: taken), trying the slots of a key in turn. `Err((marker, taken))`: the first limit
 /// whose key has none free, and the slots taken of the limits before it, which the caller
@@ -37,7 +40,7 @@ pub(super) fn take_slots<H>(
     maxes: Option<&[Option<u32>]>,
     limit_keys: &[String],
     mut try_one: impl FnMut(&str) -> Result<Option<H>, DbError>,
-) -> Result<Result<Vec<H>, (String, Vec<H>)>, DbError> {
+) -> Result<Slots<H>, DbError> {
     let Some(maxes) = maxes else {
         return Ok(Ok(Vec::new()));
     };
