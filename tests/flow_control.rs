@@ -204,7 +204,7 @@ fn a_max_changed_at_run_time_is_followed(db: Db, form: Form) {
 /// A session of its own, bypassing the library, standing for a holder that crashed: it holds
 /// the first slot of the table-wide limit (server forms), until it is dropped (the crash).
 /// The sessions are held, never read.
-#[allow(dead_code)]
+#[allow(dead_code, clippy::large_enum_variant)]
 enum Holder {
     #[cfg(feature = "postgres")]
     Postgres(postgres::Client),
