@@ -72,11 +72,22 @@ pub(crate) struct LimitSql {
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
-    /// order, locking nothing.
+    /// order, locking nothing (row lock form: `(now, limit)`).
     pub candidates: String,
-    /// `(token, now, now, id)`: leases the row, counting its attempt, if it is still
-    /// claimable (then [`TableSql::fetch`] reads it).
-    pub take: String,
+    /// PostgreSQL lease tables without priorities: `(now, now, run_at, id, limit)` -> `id,
+    /// run_at, <user columns>` of the candidates after the row `(run_at, id)`, read from the
+    /// subscription's claim [cursor](crate::runtime::cursor) past the dead index entries of
+    /// rows already claimed (`candidates` then also starts each row with `id, run_at`).
+    pub candidates_from: Option<String>,
+    /// Per id-list size class `k` (padded by repeating the last id): `(token, now, now, id x
+    /// 2^k)` leases those of the rows still claimable, counting their attempts, returning
+    /// them where the database has `RETURNING` (else [`LimitSql::taken`] reads them). Row
+    /// lock form: one statement, `(id, now)` -> the row, locked `FOR UPDATE SKIP LOCKED`, if
+    /// it is still claimable.
+    pub take: Vec<String>,
+    /// Without `RETURNING` (MySQL), per size class: `(token, id x 2^k)` -> the rows the take
+    /// leased (their lease is the token: claims take turns, so no other claim wrote it).
+    pub taken: Vec<String>,
 }
 
 /// Statements of one table for one database, built once. Parameters are listed as `(..)`.

@@ -56,6 +56,10 @@ pub(crate) struct StatsStates {
     pub completed: Option<String>,
 }
 
+/// Id-list size classes of the limited lease claim's take: 1, 2, 4 .. 1024, enough for the
+/// largest claim (`batch_size` is at most 1,000).
+const LIMIT_TAKE_CLASSES: u32 = 11;
+
 /// How a database spells identifiers and parameters.
 pub(crate) struct Syntax {
     /// Quotes a validated identifier.
@@ -141,8 +145,21 @@ impl Syntax {
     }
 
     /// The lease claim of a table with concurrency limits ([`LimitSql`]), its transaction
-    /// opened by `begin`.
-    pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>) -> LimitSql {
+    /// opened by `begin`; `returning`: the database has `UPDATE .. RETURNING` (else the take
+    /// is followed by [`LimitSql::taken`]).
+    pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>, returning: bool) -> LimitSql {
+        self.limit_sql_with(spec, begin, returning, false)
+    }
+
+    /// [`Syntax::limit_sql`], and with `cursor` (PostgreSQL tables without priorities) the
+    /// candidates after a claim cursor ([`LimitSql::candidates_from`]).
+    pub fn limit_sql_with(
+        &self,
+        spec: &TableSpec,
+        begin: Vec<String>,
+        returning: bool,
+        cursor: bool,
+    ) -> LimitSql {
         let (t, id, lu, att) = (
             self.q(&spec.name),
             self.q(&spec.id),
@@ -166,6 +183,43 @@ impl Syntax {
                 self.p(b)
             )
         };
+        let ids = |first: usize, n: usize| {
+            let ids: Vec<String> = (first..first + n).map(|i| self.p(i)).collect();
+            ids.join(", ")
+        };
+        let row = self.row_columns(spec, "");
+        // With a cursor, each candidate's `run_at` too: the cursor's key.
+        let cursor = cursor && spec.priority.is_none();
+        let lead = match cursor {
+            true => format!("{id}, {}", self.q(&spec.run_at)),
+            false => id.clone(),
+        };
+        let take = (0..LIMIT_TAKE_CLASSES)
+            .map(|k| {
+                let mut take = format!(
+                    "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} IN ({})",
+                    self.p(1),
+                    claimable(2, 3),
+                    ids(4, 1 << k)
+                );
+                if returning {
+                    take.push_str(&format!(" RETURNING {row}"));
+                }
+                take
+            })
+            .collect();
+        let taken = match returning {
+            true => Vec::new(),
+            false => (0..LIMIT_TAKE_CLASSES)
+                .map(|k| {
+                    format!(
+                        "SELECT {row} FROM {t} WHERE {lu} = {} AND {id} IN ({})",
+                        self.p(1),
+                        ids(2, 1 << k)
+                    )
+                })
+                .collect(),
+        };
         LimitSql {
             begin,
             // `1`: a table whose limits read no column still gets a row per row in work.
@@ -176,18 +230,41 @@ impl Syntax {
             ),
             candidates: format!(
                 "SELECT {} FROM {t} WHERE {} ORDER BY {} {}",
-                with_user(&id),
+                with_user(&lead),
                 claimable(1, 2),
                 self.order(spec),
                 (self.claim_limit)(&self.p(3))
             ),
-            take: format!(
-                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} = {}",
-                self.p(1),
-                claimable(2, 3),
-                self.p(4)
-            ),
+            candidates_from: cursor.then(|| {
+                format!(
+                    "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}",
+                    with_user(&lead),
+                    claimable(1, 2),
+                    self.q(&spec.run_at),
+                    self.p(3),
+                    self.p(4),
+                    self.order(spec),
+                    (self.claim_limit)(&self.p(5))
+                )
+            }),
+            take,
+            taken,
         }
+    }
+
+    /// The index the lease claim of a table with concurrency limits reads its rows in work by
+    /// (`<table>_leased`: `locked_until` over the unfinished rows); `None` for other tables.
+    /// PostgreSQL, SQLite (MySQL writes its own in its table definition).
+    pub fn leased_index(&self, spec: &TableSpec) -> Option<String> {
+        (spec.form == Form::Lease && !spec.limits.is_empty()).then(|| {
+            format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NULL",
+                self.q(&format!("{}_leased", spec.name)),
+                self.q(&spec.name),
+                self.q(&spec.locked_until),
+                self.q(&spec.dead_at)
+            )
+        })
     }
 
     /// The row lock claim of a table with concurrency limits (PostgreSQL, MySQL): `candidates`
@@ -211,12 +288,14 @@ impl Syntax {
                 self.order(spec),
                 (self.claim_limit)(&self.p(2))
             ),
-            take: format!(
+            candidates_from: None,
+            take: vec![format!(
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
                 self.row_columns(spec, ""),
                 self.p(1),
                 self.ready(spec, &self.p(2))
-            ),
+            )],
+            taken: Vec::new(),
         }
     }
 
@@ -429,6 +508,7 @@ impl Syntax {
                 ));
             }
         }
+        ddl.extend(self.leased_index(spec));
         // Last, so the statements before keep their places.
         ddl.push(self.dead_index(spec));
         ddl

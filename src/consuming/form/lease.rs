@@ -40,7 +40,7 @@ use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::model::schedule::{claim_now, lease_token};
 use crate::model::value::Value;
-use crate::runtime::cursor::Key;
+use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
 use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 
@@ -150,34 +150,61 @@ fn claim_limited(
         for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
             work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
         }
-        let mut taken = Vec::with_capacity(limit);
+        let mut chosen = Vec::with_capacity(limit);
+        // PostgreSQL: candidates from the subscription's cursor, past the dead index entries
+        // of rows already claimed. It moves only past rows this claim took before the first
+        // it passed by, so a row left for a full key is read again by the next claim.
+        let cursor = sql
+            .candidates_from
+            .as_ref()
+            .map(|from| (from, ctx.cursor.start()));
+        let user_at = if cursor.is_some() { 2 } else { 1 };
+        let mut before_skip: Vec<Key> = Vec::new();
+        let mut skipped = false;
         let mut seen = 0;
-        let mut page = (limit * 4).clamp(64, LIMIT_SCAN);
+        // A page of the batch first: where no limit binds, it is all the claim reads.
+        let mut page = limit.clamp(1, LIMIT_SCAN);
         'scan: while !work.table_full(spec, &maxes) {
-            let rows = conn.query(
-                &sql.candidates,
-                &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
-            )?;
+            let rows = match cursor {
+                Some((
+                    from,
+                    Start {
+                        after: Some((run_at, id)),
+                        ..
+                    },
+                )) => conn.query(
+                    from,
+                    &[
+                        Value::Time(now),
+                        Value::Time(now),
+                        Value::Time(run_at),
+                        Value::Int(id),
+                        Value::Int(page as i64),
+                    ],
+                ),
+                _ => conn.query(
+                    &sql.candidates,
+                    &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
+                ),
+            }?;
             for row in rows.iter().skip(seen) {
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
                 };
-                let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
+                let keys = InWork::keys(spec, row.get(user_at..).unwrap_or_default());
                 if !work.has_room(&maxes, &keys) {
+                    skipped = true;
                     continue;
                 }
-                let params = [
-                    Value::Time(token),
-                    Value::Time(now),
-                    Value::Time(now),
-                    Value::Int(id),
-                ];
-                if conn.execute(&sql.take, &params)? == 0 {
-                    continue;
+                if !skipped {
+                    if let Some(run_at) = row.get(1).and_then(Value::as_system_time) {
+                        before_skip.push((run_at, id));
+                    }
                 }
+                // Counted now: a row the take then finds gone only leaves this claim short.
                 work.add(&keys);
-                taken.push(id);
-                if taken.len() >= limit || work.table_full(spec, &maxes) {
+                chosen.push(id);
+                if chosen.len() >= limit || work.table_full(spec, &maxes) {
                     break 'scan;
                 }
             }
@@ -187,12 +214,43 @@ fn claim_limited(
             seen = rows.len();
             page = (page * 4).min(LIMIT_SCAN);
         }
-        let mut out = Vec::with_capacity(taken.len());
-        for id in taken {
-            out.extend(conn.query(&q.sql.fetch, &[Value::Int(id)])?);
+        if let Some((_, start)) = cursor {
+            // Short of the batch with nothing passed by: the end, from the head next time.
+            let asked = if skipped { before_skip.len() } else { limit };
+            ctx.cursor.advance(start, asked, before_skip.into_iter());
         }
-        Ok(out)
+        take_chosen(sql, conn, &chosen, now, token)
     })
+}
+
+/// Leases the rows `chosen` that are still claimable, in one statement (MySQL: then one
+/// read), returning them.
+fn take_chosen(
+    sql: &crate::dialect::LimitSql,
+    conn: &mut dyn DbConn,
+    chosen: &[i64],
+    now: SystemTime,
+    token: SystemTime,
+) -> Result<Vec<Vec<Value>>, DbError> {
+    use crate::dialect::{id_params, size_class};
+    if chosen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let slots = size_class(chosen.len());
+    let class = slots.trailing_zeros() as usize;
+    let take = sql
+        .take
+        .get(class)
+        .ok_or_else(|| DbError::other(format!("a limited claim of {slots} rows")))?;
+    let mut params = vec![Value::Time(token), Value::Time(now), Value::Time(now)];
+    id_params(chosen, slots, &mut params);
+    let Some(taken) = sql.taken.get(class) else {
+        return conn.query(take, &params);
+    };
+    conn.execute(take, &params)?;
+    let mut params = vec![Value::Time(token)];
+    id_params(chosen, slots, &mut params);
+    conn.query(taken, &params)
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.

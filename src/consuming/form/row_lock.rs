@@ -152,7 +152,8 @@ fn claim_limited(
                 for stmt in &sql.begin {
                     conn.batch(stmt)?;
                 }
-                conn.query(&sql.take, &[Value::Int(id), Value::Time(now)])
+                let take = sql.take.first().map_or("", String::as_str);
+                conn.query(take, &[Value::Int(id), Value::Time(now)])
             })();
             let mut row = match locked {
                 Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),

@@ -261,7 +261,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     }
     dead_by_ready_index(spec, &mut sql);
     if spec.form == Form::Lease && !spec.limits.is_empty() {
-        sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted)));
+        sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
     }
     if spec.form == Form::RowLock && !spec.limits.is_empty() {
         // The slot keys are session locks held by the delivery's connection.
@@ -509,10 +509,22 @@ pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
             ),
         ));
     }
+    if spec.form == Form::Lease && !spec.limits.is_empty() {
+        // Concurrency limits: the claim reads the rows in work by their lease.
+        let name = format!("{}_leased", spec.name);
+        out.push((
+            name.clone(),
+            format!(
+                "INDEX {} ({}, {})",
+                s.q(&name),
+                s.q(&spec.dead_at),
+                s.q(&spec.locked_until)
+            ),
+        ));
+    }
     out
 }
 
-/// `ALTER TABLE .. ADD <definition>` of one index of [`index_defs`].
 /// Drops the ready index and adds it again as [`index_defs`] defines it now.
 pub(super) fn rebuild_ready_index(spec: &TableSpec) -> String {
     let ready = format!("{}_ready", spec.name);
@@ -528,6 +540,7 @@ pub(super) fn rebuild_ready_index(spec: &TableSpec) -> String {
     )
 }
 
+/// `ALTER TABLE .. ADD <definition>` of one index of [`index_defs`].
 pub(super) fn add_index(spec: &TableSpec, definition: &str) -> String {
     format!("ALTER TABLE {} ADD {definition}", SYNTAX.q(&spec.name))
 }

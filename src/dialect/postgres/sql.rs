@@ -174,8 +174,12 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     }
     sql.notify = Some(format!("SELECT pg_notify('{}', $1)", channel(&spec.name)));
     if spec.form == Form::Lease && !spec.limits.is_empty() {
-        sql.limited =
-            Some(SYNTAX.limit_sql(spec, vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()]));
+        sql.limited = Some(SYNTAX.limit_sql_with(
+            spec,
+            vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()],
+            true,
+            true,
+        ));
     }
     if spec.form == Form::RowLock && !spec.limits.is_empty() {
         // The slot keys are session locks held by the delivery's connection.

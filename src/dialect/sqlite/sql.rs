@@ -111,7 +111,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     if spec.form == Form::Lease && !spec.limits.is_empty() {
-        sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()]));
+        sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
     }
     sql
 }

@@ -1,0 +1,175 @@
+//! Flow control's cost and effect, every run alternating its sides in one process (compare
+//! ratios from one run, never figures across runs):
+//!
+//! - **cost** (`<db>/cost`): a burn-down of `FLOW_JOBS` (default 20,000) lease jobs spread over
+//!   10 tenants, `workers(4).batch_size(100)`, 4 handler threads looping
+//!   `next_batch(100, ..)` + `ack_all`, from `SubscriptionBuilder::start` to the last ack,
+//!   against three tables alike but for their options: **plain**; **limited**, a per-tenant
+//!   `concurrency_limit("{tenant}", 1000)` that never binds; **both limits**, that and a
+//!   table-wide `concurrency_limit("", 1000)`. Reports the best of `FLOW_ROUNDS` (default 3)
+//!   runs of each side, and each limited side's rate as a ratio of plain.
+//!
+//! ```sh
+//! cargo bench --bench flow                 # SQLite, PostgreSQL and MariaDB
+//! cargo bench --bench flow -- sqlite       # cells whose id contains a filter
+//! FLOW_JOBS=50000 FLOW_ROUNDS=5 cargo bench --bench flow -- postgres
+//! ```
+//!
+//! Servers: `SQLBROKER_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
+//! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that does not
+//! answer is skipped with a line saying so. SQLite runs on a file in the temporary directory.
+
+use std::time::{Duration, Instant};
+
+use sqlbroker::{Broker, Message, Table};
+
+const TENANTS: usize = 10;
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The three sides of the cost cell: their names and tables.
+fn sides(prefix: &str) -> Vec<(&'static str, Table)> {
+    let base = |suffix: &str| {
+        Table::new(format!("{prefix}_{suffix}"))
+            .text_column("tenant")
+            .lease(Duration::from_secs(30))
+    };
+    vec![
+        ("plain", base("plain")),
+        (
+            "limited",
+            base("limited").concurrency_limit("{tenant}", 1000),
+        ),
+        (
+            "both limits",
+            base("both")
+                .concurrency_limit("{tenant}", 1000)
+                .concurrency_limit("", 1000),
+        ),
+    ]
+}
+
+/// Publishes `jobs` rows over the tenants, then burns them down; jobs/s.
+fn burn(broker: &Broker, t: &Table, jobs: usize) -> f64 {
+    let mut batch = Vec::with_capacity(500);
+    for i in 0..jobs {
+        batch.push(Message::new(b"job".to_vec()).set("tenant", format!("t{}", i % TENANTS)));
+        if batch.len() == 500 || i + 1 == jobs {
+            broker.publish_batch(t, std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    let started = Instant::now();
+    let sub = broker
+        .subscription(t)
+        .workers(4)
+        .batch_size(100)
+        .start()
+        .unwrap();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            let (sub, done) = (&sub, &done);
+            s.spawn(move || {
+                while done.load(std::sync::atomic::Ordering::Relaxed) < jobs {
+                    if let Ok(b) = sub.next_batch(100, Duration::from_millis(100)) {
+                        let n = b.len();
+                        for r in sqlbroker::Delivery::ack_all(b) {
+                            r.unwrap();
+                        }
+                        done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let took = started.elapsed();
+    sub.shutdown(Duration::from_secs(30)).unwrap();
+    jobs as f64 / took.as_secs_f64()
+}
+
+fn cost(db: &str, url: &str, jobs: usize, rounds: usize) {
+    let broker = match Broker::connect(url) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("{db}/cost: skipped ({e})");
+            return;
+        }
+    };
+    let prefix = format!("flow_{}", std::process::id());
+    let sides = sides(&prefix);
+    for (_, t) in &sides {
+        broker.create_table(t).unwrap();
+    }
+    let mut best = vec![0f64; sides.len()];
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    for _ in 0..rounds {
+        for (i, (_, t)) in sides.iter().enumerate() {
+            let rate = burn(&broker, t, jobs);
+            runs[i].push(rate);
+            best[i] = best[i].max(rate);
+        }
+    }
+    for (i, (name, _)) in sides.iter().enumerate() {
+        let all: Vec<String> = runs[i].iter().map(|r| format!("{r:.0}")).collect();
+        println!(
+            "{db}/cost {name:<12} {:>8.0} jobs/s  x{:.2} of plain  (runs: {})",
+            best[i],
+            best[i] / best[0],
+            all.join(", ")
+        );
+    }
+    for (_, t) in &sides {
+        drop_table(db, url, t.name());
+    }
+}
+
+/// Drops a bench table through the database's own crate (SQLite's file goes at the end).
+fn drop_table(db: &str, url: &str, name: &str) {
+    let sql = format!("DROP TABLE IF EXISTS {name}");
+    let done = match db {
+        "postgres" => postgres::Client::connect(url, postgres::NoTls)
+            .and_then(|mut c| c.batch_execute(&sql))
+            .map_err(|e| e.to_string()),
+        "mariadb" => {
+            use mysql::prelude::Queryable;
+            mysql::Conn::new(mysql::Opts::from_url(url).unwrap())
+                .and_then(|mut c| c.query_drop(&sql))
+                .map_err(|e| e.to_string())
+        }
+        _ => Ok(()),
+    };
+    if let Err(e) = done {
+        eprintln!("{db}: dropping {name}: {e}");
+    }
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |id: &str| filters.is_empty() || filters.iter().any(|f| id.contains(f.as_str()));
+    let jobs = env_num("FLOW_JOBS", 20_000);
+    let rounds = env_num("FLOW_ROUNDS", 3);
+    let sqlite = std::env::temp_dir().join(format!("sqlbroker-flow-{}.db", std::process::id()));
+    let pg = std::env::var("SQLBROKER_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let my = std::env::var("SQLBROKER_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let cells = [
+        ("sqlite", format!("sqlite:{}", sqlite.display())),
+        ("postgres", pg),
+        ("mariadb", my),
+    ];
+    for (db, url) in &cells {
+        if wanted(&format!("{db}/cost")) {
+            cost(db, url, jobs, rounds);
+        }
+    }
+    let _ = std::fs::remove_file(&sqlite);
+}
