@@ -16,7 +16,7 @@ use common::{next, unique, Db, Live};
 use sqlbroker::{BrokerError, ClaimedRows, Events, Form, Message, Table};
 
 const TENANTS: [&str; 4] = ["a", "b", "c", "d"];
-const PER_TENANT: usize = 6;
+const PER_TENANT: usize = 15;
 const PER_KEY: u32 = 2;
 const IN_ALL: u32 = 5;
 
@@ -108,7 +108,7 @@ fn limits_hold_across_brokers(db: Db, form: Form) {
                             else {
                                 continue;
                             };
-                            std::thread::sleep(Duration::from_millis(40));
+                            std::thread::sleep(Duration::from_millis(20));
                             {
                                 let mut c = count.lock().unwrap();
                                 let k = c.keys.get(&d.id()).cloned().unwrap_or_default();

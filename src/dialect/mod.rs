@@ -69,24 +69,31 @@ pub(crate) struct LimitSql {
     /// Opens the claim's transaction: READ COMMITTED, so each statement after the lock reads
     /// what was committed before it was granted (SQLite: `BEGIN IMMEDIATE`, the one writer).
     pub begin: Vec<String>,
+    /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
+    /// transaction and its first count decides (no turn to wait for later).
+    pub turn_at_begin: bool,
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
-    /// order, locking nothing (row lock form: `(now, limit)`).
+    /// order, on the servers locked `FOR UPDATE SKIP LOCKED` (rows another claim holds are
+    /// passed by). Row lock form: `(now, limit)`, locking nothing.
     pub candidates: String,
     /// PostgreSQL lease tables without priorities: `(now, now, run_at, id, limit)` -> `id,
     /// run_at, <user columns>` of the candidates after the row `(run_at, id)`, read from the
     /// subscription's claim [cursor](crate::runtime::cursor) past the dead index entries of
     /// rows already claimed (`candidates` then also starts each row with `id, run_at`).
     pub candidates_from: Option<String>,
-    /// Per id-list size class `k` (padded by repeating the last id): `(token, now, now, id x
-    /// 2^k)` leases those of the rows still claimable, counting their attempts, returning
-    /// them where the database has `RETURNING` (else [`LimitSql::taken`] reads them). Row
-    /// lock form: one statement, `(id, now)` -> the row, locked `FOR UPDATE SKIP LOCKED`, if
-    /// it is still claimable.
+    /// SQLite, per id-list size class `k` (padded by repeating the last id): `(token, now,
+    /// now, id x 2^k)` leases those of the rows still claimable, counting their attempts,
+    /// returning them. Row lock form: one statement, `(id, now)` -> the row, locked `FOR
+    /// UPDATE SKIP LOCKED`, if it is still claimable.
     pub take: Vec<String>,
-    /// Without `RETURNING` (MySQL), per size class: `(token, id x 2^k)` -> the rows the take
-    /// leased (their lease is the token: claims take turns, so no other claim wrote it).
+    /// The servers, per size class: `(token, id x 2^k)` leases the rows chosen, counting their
+    /// attempts (the candidates' read locked them), returning them where the database has
+    /// `RETURNING`. Empty (SQLite): [`LimitSql::take`].
+    pub take_locked: Vec<String>,
+    /// Without `RETURNING` (MySQL), per size class: `(id x 2^k)` -> the rows the take leased,
+    /// read under the locks.
     pub taken: Vec<String>,
 }
 

@@ -147,18 +147,20 @@ impl Syntax {
     /// The lease claim of a table with concurrency limits ([`LimitSql`]), its transaction
     /// opened by `begin`; `returning`: the database has `UPDATE .. RETURNING` (else the take
     /// is followed by [`LimitSql::taken`]).
+    /// `returning` false (MySQL): its rows locked before the take and read after it.
     pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>, returning: bool) -> LimitSql {
         self.limit_sql_with(spec, begin, returning, false)
     }
 
-    /// [`Syntax::limit_sql`], and with `cursor` (PostgreSQL tables without priorities) the
-    /// candidates after a claim cursor ([`LimitSql::candidates_from`]).
+    /// [`Syntax::limit_sql`], for PostgreSQL with `pg`: its rows locked before the take
+    /// ([`LimitSql::lock`]), and on tables without priorities the candidates read after a
+    /// claim cursor ([`LimitSql::candidates_from`]).
     pub fn limit_sql_with(
         &self,
         spec: &TableSpec,
         begin: Vec<String>,
         returning: bool,
-        cursor: bool,
+        pg: bool,
     ) -> LimitSql {
         let (t, id, lu, att) = (
             self.q(&spec.name),
@@ -189,37 +191,49 @@ impl Syntax {
         };
         let row = self.row_columns(spec, "");
         // With a cursor, each candidate's `run_at` too: the cursor's key.
-        let cursor = cursor && spec.priority.is_none();
+        let cursor = pg && spec.priority.is_none();
         let lead = match cursor {
             true => format!("{id}, {}", self.q(&spec.run_at)),
             false => id.clone(),
         };
-        let take = (0..LIMIT_TAKE_CLASSES)
-            .map(|k| {
-                let mut take = format!(
-                    "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} IN ({})",
-                    self.p(1),
-                    claimable(2, 3),
-                    ids(4, 1 << k)
-                );
-                if returning {
-                    take.push_str(&format!(" RETURNING {row}"));
-                }
-                take
-            })
-            .collect();
-        let taken = match returning {
-            true => Vec::new(),
-            false => (0..LIMIT_TAKE_CLASSES)
-                .map(|k| {
-                    format!(
-                        "SELECT {row} FROM {t} WHERE {lu} = {} AND {id} IN ({})",
-                        self.p(1),
-                        ids(2, 1 << k)
-                    )
-                })
-                .collect(),
+        let returning_row = |stmt: String| match returning {
+            true => format!("{stmt} RETURNING {row}"),
+            false => stmt,
         };
+        let classes = |on: bool, f: &dyn Fn(u32) -> String| -> Vec<String> {
+            match on {
+                true => (0..LIMIT_TAKE_CLASSES).map(f).collect(),
+                false => Vec::new(),
+            }
+        };
+        let servers = pg || !returning;
+        let locking = if servers {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        // SQLite: one statement, which checks each row again.
+        let take = classes(!servers, &|k| {
+            returning_row(format!(
+                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} IN ({})",
+                self.p(1),
+                claimable(2, 3),
+                ids(4, 1 << k)
+            ))
+        });
+        // The servers lock the candidates as they read them (`SKIP LOCKED`: rows another claim
+        // holds are passed by, so claims run side by side until their turn), then lease the
+        // chosen by id (MySQL: then read them, under the locks).
+        let take_locked = classes(servers, &|k| {
+            returning_row(format!(
+                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {id} IN ({})",
+                self.p(1),
+                ids(2, 1 << k)
+            ))
+        });
+        let taken = classes(!returning, &|k| {
+            format!("SELECT {row} FROM {t} WHERE {id} IN ({})", ids(1, 1 << k))
+        });
         LimitSql {
             begin,
             // `1`: a table whose limits read no column still gets a row per row in work.
@@ -229,7 +243,7 @@ impl Syntax {
                 self.p(1)
             ),
             candidates: format!(
-                "SELECT {} FROM {t} WHERE {} ORDER BY {} {}",
+                "SELECT {} FROM {t} WHERE {} ORDER BY {} {}{locking}",
                 with_user(&lead),
                 claimable(1, 2),
                 self.order(spec),
@@ -237,7 +251,7 @@ impl Syntax {
             ),
             candidates_from: cursor.then(|| {
                 format!(
-                    "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}",
+                    "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}{locking}",
                     with_user(&lead),
                     claimable(1, 2),
                     self.q(&spec.run_at),
@@ -248,7 +262,9 @@ impl Syntax {
                 )
             }),
             take,
+            take_locked,
             taken,
+            turn_at_begin: !servers,
         }
     }
 
@@ -289,6 +305,8 @@ impl Syntax {
                 (self.claim_limit)(&self.p(2))
             ),
             candidates_from: None,
+            take_locked: Vec::new(),
+            turn_at_begin: false,
             take: vec![format!(
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
                 self.row_columns(spec, ""),

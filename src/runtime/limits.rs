@@ -50,6 +50,12 @@ impl LimitsInForce {
         maxes
     }
 
+    /// The maxes of the record read last, if any: a hint for a claim that reads them again
+    /// before it decides.
+    pub fn last(&self) -> Option<Maxes> {
+        self.last.lock().as_ref().map(|(_, m)| m.clone())
+    }
+
     /// Reads the table's record on `conn` with `sql` (`(name) -> description`); a table with no
     /// record runs its described limits.
     pub fn read(
@@ -111,6 +117,28 @@ impl InWork {
                 l.template.columns().next().is_none()
                     && max.is_some_and(|m| counts.values().sum::<u32>() >= m)
             })
+    }
+
+    /// True if a limit's count of one of `keys` is above its max (a row of `keys` counted in
+    /// it must go back).
+    pub fn over(&self, maxes: &[Option<u32>], keys: &[String]) -> bool {
+        self.counts
+            .iter()
+            .zip(maxes)
+            .zip(keys)
+            .any(|((counts, max), key)| match max {
+                None => false,
+                Some(m) => counts.get(key).copied().unwrap_or(0) > *m,
+            })
+    }
+
+    /// Takes a row of `keys` out of the count.
+    pub fn remove(&mut self, keys: &[String]) {
+        for (counts, key) in self.counts.iter_mut().zip(keys) {
+            if let Some(n) = counts.get_mut(key) {
+                *n = n.saturating_sub(1);
+            }
+        }
     }
 
     /// Counts a row of `keys` in work.

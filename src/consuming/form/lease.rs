@@ -123,11 +123,20 @@ fn book(
 /// times its batch) to reach keys with room; past this many it gives up until the next round.
 const LIMIT_SCAN: usize = 10_000;
 
-/// The lease claim of a table with concurrency limits, in one transaction that first locks
-/// the table's record: claims of the table take turns, so the rows in work it counts (every
-/// unfinished row whose lease has not expired) are exactly those the claims before it left.
-/// It reads the maxes in force from the record it locked, then takes candidates in claim
-/// order whose every key has room, one at a time, and reads them back.
+/// The lease claim of a table with concurrency limits, in one transaction:
+/// 1. counts the rows in work per key (every unfinished row whose lease has not expired) as
+///    committed now, and takes candidates in claim order whose every key has room by that
+///    count (one statement, `SKIP LOCKED` where the database has it), without a turn: claims
+///    run side by side;
+/// 2. if it took any, waits for **the table's turn** (its record's row, locked until the
+///    transaction ends), then counts again: every claim committed before the turn, and its
+///    own rows, are in that count;
+/// 3. hands back (lease cleared, attempt given back) the rows it took last of any key now
+///    over its max, the maxes read from the record it locked; commits.
+///
+/// Why this is exact: commits of claims that took rows are ordered by the turn, and each
+/// checks, before it commits, everything committed before it plus itself. A row's lease ends
+/// only by its settlement or expiry, which only lowers the count.
 ///
 /// A crash of a holder costs what the lease form's crash costs: its rows count as in work
 /// until their leases expire, the moment they are claimable again.
@@ -142,14 +151,22 @@ fn claim_limited(
     use crate::runtime::limits::InWork;
     let q = &ctx.queue;
     let spec = &q.spec;
-    crate::dialect::in_transaction(conn, &sql.begin, |conn| {
-        let maxes = q
-            .limits
-            .read(spec, conn, q.dialect.registry().limits_locked)?;
+    let registry = q.dialect.registry();
+    let count = |conn: &mut dyn DbConn| -> Result<InWork, DbError> {
         let mut work = InWork::new(spec);
         for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
             work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
         }
+        Ok(work)
+    };
+    crate::dialect::in_transaction(conn, &sql.begin, |conn| {
+        // The maxes read last choose the rows; the turn reads them again and decides (SQLite:
+        // read now, this is the turn).
+        let maxes = match q.limits.last().filter(|_| !sql.turn_at_begin) {
+            Some(m) => m,
+            None => q.limits.read(spec, conn, registry.limits)?,
+        };
+        let mut work = count(conn)?;
         let mut chosen = Vec::with_capacity(limit);
         // PostgreSQL: candidates from the subscription's cursor, past the dead index entries
         // of rows already claimed. It moves only past rows this claim took before the first
@@ -219,12 +236,49 @@ fn claim_limited(
             let asked = if skipped { before_skip.len() } else { limit };
             ctx.cursor.advance(start, asked, before_skip.into_iter());
         }
-        take_chosen(sql, conn, &chosen, now, token)
+        let mut rows = take_chosen(sql, conn, &chosen, now, token)?;
+        if rows.is_empty() || sql.turn_at_begin {
+            // SQLite: the one writer's transaction was the turn, the count above decided, with
+            // the maxes the record holds (read every claim; a hint would not do here).
+            return Ok(rows);
+        }
+        // The turn, then the count that decides.
+        let maxes = q.limits.read(spec, conn, registry.limits_locked)?;
+        let mut work = count(conn)?;
+        let user = |row: &Vec<Value>| -> Vec<String> {
+            let cols = row.get(3..3 + spec.columns.len()).unwrap_or_default();
+            InWork::keys(spec, cols)
+        };
+        let mut back = std::collections::HashSet::new();
+        for row in rows.iter().rev() {
+            let keys = user(row);
+            if work.over(&maxes, &keys) {
+                if let Some(id) = row.first().and_then(Value::as_i64) {
+                    conn.execute(&q.sql.unclaim, &[Value::Int(id), Value::Time(token)])?;
+                    work.remove(&keys);
+                    back.insert(id);
+                }
+            }
+        }
+        if !back.is_empty() {
+            log::debug!(
+                "table {}: a claim handed back {} rows another claim's commit left no room for",
+                spec.name,
+                back.len()
+            );
+            rows.retain(|r| {
+                !r.first()
+                    .and_then(Value::as_i64)
+                    .is_some_and(|id| back.contains(&id))
+            });
+        }
+        Ok(rows)
     })
 }
 
-/// Leases the rows `chosen` that are still claimable, in one statement (MySQL: then one
-/// read), returning them.
+/// Leases the rows `chosen`, returning them: on the servers the rows the candidates' read
+/// locked (MySQL: then read); on SQLite those still claimable
+/// ([`LimitSql`](crate::dialect::LimitSql)).
 fn take_chosen(
     sql: &crate::dialect::LimitSql,
     conn: &mut dyn DbConn,
@@ -233,24 +287,33 @@ fn take_chosen(
     token: SystemTime,
 ) -> Result<Vec<Vec<Value>>, DbError> {
     use crate::dialect::{id_params, size_class};
+    let class_of = |n: usize| {
+        let slots = size_class(n);
+        (slots, slots.trailing_zeros() as usize)
+    };
+    let statement = |list: &[String], class: usize| {
+        list.get(class)
+            .ok_or_else(|| DbError::other(format!("a limited claim of size class {class}")))
+            .cloned()
+    };
     if chosen.is_empty() {
         return Ok(Vec::new());
     }
-    let slots = size_class(chosen.len());
-    let class = slots.trailing_zeros() as usize;
-    let take = sql
-        .take
-        .get(class)
-        .ok_or_else(|| DbError::other(format!("a limited claim of {slots} rows")))?;
-    let mut params = vec![Value::Time(token), Value::Time(now), Value::Time(now)];
-    id_params(chosen, slots, &mut params);
-    let Some(taken) = sql.taken.get(class) else {
-        return conn.query(take, &params);
-    };
-    conn.execute(take, &params)?;
+    let (slots, class) = class_of(chosen.len());
+    if sql.take_locked.is_empty() {
+        let mut params = vec![Value::Time(token), Value::Time(now), Value::Time(now)];
+        id_params(chosen, slots, &mut params);
+        return conn.query(&statement(&sql.take, class)?, &params);
+    }
     let mut params = vec![Value::Time(token)];
     id_params(chosen, slots, &mut params);
-    conn.query(taken, &params)
+    if sql.taken.is_empty() {
+        return conn.query(&statement(&sql.take_locked, class)?, &params);
+    }
+    conn.execute(&statement(&sql.take_locked, class)?, &params)?;
+    let mut params = Vec::with_capacity(slots);
+    id_params(chosen, slots, &mut params);
+    conn.query(&statement(&sql.taken, class)?, &params)
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
