@@ -299,6 +299,59 @@ fn a_crashed_holder_frees_its_slot_with_its_row(db: Db, form: Form) {
     assert_eq!(l.rows(&t), 0);
 }
 
+/// Lease form: what a limit holds back is counted apart from the ready rows (`stats`), and each
+/// limit reports its rows in work and the rows waiting on it; fails if a held-back row is
+/// counted as ready, or usage is not counted per key.
+fn usage_is_counted(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let name = unique("fc");
+    let t = l.create(
+        Table::new(&name)
+            .text_column("k")
+            .text_column("u")
+            .concurrency_limit("{k}", 1)
+            .concurrency_limit("", 5)
+            .lease(Duration::from_secs(30)),
+    );
+    for m in [
+        message("a", 0),
+        message("a", 1),
+        message("a", 2),
+        message("b", 0),
+    ] {
+        l.broker.publish(&t, m).unwrap();
+    }
+    let sub = l.broker.subscription(&t).start().unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|_| next(&sub, Duration::from_secs(10)))
+        .collect();
+    let stats = l.broker.stats(&t).unwrap();
+    assert_eq!(
+        (stats.ready, stats.limited, stats.in_flight),
+        (0, Some(2), Some(2)),
+        "{stats:?}"
+    );
+    assert_eq!(stats.total(), 4);
+    let limits = l.broker.concurrency_limits(&t).unwrap();
+    let seen: Vec<_> = limits
+        .iter()
+        .map(|c| (c.key.as_str(), c.max, c.in_work, c.waiting))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("{k}", Some(1), Some(2), Some(2)),
+            ("", Some(5), Some(2), Some(0))
+        ]
+    );
+    for d in held {
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+per_db!(usage_is_counted);
+
 macro_rules! per_db_limited_form {
     ($body:ident) => {
         mod $body {

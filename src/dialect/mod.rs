@@ -72,6 +72,10 @@ pub(crate) struct LimitSql {
     /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,
+    /// `(now, now)` -> `<the columns the limits read>, count` of the claimable rows, per
+    /// distinct value of those columns ([`TableSpec::limit_columns`] order): what waits on a
+    /// limit (operators' counts). Lease form only.
+    pub ready_keys: String,
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim

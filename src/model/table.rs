@@ -889,6 +889,19 @@ impl TableSpec {
             .flat_map(KeyTemplate::columns)
     }
 
+    /// The user columns the concurrency limits read (indexes into `columns`, ascending, each
+    /// once).
+    pub fn limit_columns(&self) -> Vec<usize> {
+        let mut cols: Vec<usize> = self
+            .limits
+            .iter()
+            .flat_map(|l| l.template.columns())
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        cols
+    }
+
     /// The group column of a FIFO table.
     pub fn fifo_group(&self) -> Option<&str> {
         self.group

@@ -83,6 +83,12 @@ pub struct QueueStats {
     /// The table is paused ([`Broker::pause`]): its subscriptions claim nothing until it is
     /// resumed. False for a table with no recorded description.
     pub paused: bool,
+    /// Lease tables with concurrency limits ([`Table::concurrency_limit`]): rows due and not
+    /// leased that a limit holds back now (a key at its max), counted here and not in
+    /// `ready`. `None` for other tables (in the row lock and advisory lock forms a row in
+    /// work holds its slot in a session, not in the table: see
+    /// [`Broker::concurrency_limits`]).
+    pub limited: Option<u64>,
 }
 
 impl QueueStats {
@@ -90,6 +96,7 @@ impl QueueStats {
     /// completed (where kept).
     pub fn total(&self) -> u64 {
         self.ready
+            + self.limited.unwrap_or(0)
             + self.scheduled
             + self.in_flight.unwrap_or(0)
             + self.dead
@@ -156,9 +163,19 @@ impl Broker {
         };
         let oldest = row.get(4).and_then(Value::as_time);
         let paused = crate::runtime::registry::recorded_pause(&q)?;
+        let limited = match &q.sql.limited {
+            Some(sql) if !sql.ready_keys.is_empty() => q
+                .retrying("stats", |conn| {
+                    let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
+                    crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)
+                })?
+                .map(|u| u.held_back),
+            _ => None,
+        };
         Ok(QueueStats {
             form: q.spec.form,
-            ready: count(0),
+            limited,
+            ready: count(0).saturating_sub(limited.unwrap_or(0)),
             scheduled: count(1),
             in_flight: (q.spec.form == Form::Lease).then(|| count(2)),
             dead: count(3),

@@ -39,6 +39,12 @@ pub struct ConcurrencyLimit {
     pub described: u32,
     /// The `max` in force: an operator's setting, else the described one; `None`: lifted.
     pub max: Option<u32>,
+    /// Lease tables: rows in work now that this limit counts (every key). `None` in the row
+    /// lock and advisory lock forms, whose rows in work hold their slots in sessions.
+    pub in_work: Option<u64>,
+    /// Lease tables: ready rows whose key of this limit is at its max, waiting on it. `None`
+    /// in the other forms.
+    pub waiting: Option<u64>,
 }
 
 impl Broker {
@@ -172,21 +178,34 @@ impl Broker {
     }
 
     /// The table's concurrency limits in force: each key template with the `max` its record
-    /// holds (an operator's setting, else the described one; `None`: lifted). Empty for a
-    /// table without limits.
+    /// holds (an operator's setting, else the described one; `None`: lifted) and, in the
+    /// lease form, the rows in work it counts and the ready rows waiting on it (read now,
+    /// without the claims' turn). Empty for a table without limits.
     pub fn concurrency_limits(&self, table: &Table) -> Result<Vec<ConcurrencyLimit>> {
         let q = self.queue(table)?;
-        let maxes = q.retrying("limits", |conn| {
-            q.limits.read(&q.spec, conn, q.dialect.registry().limits)
+        let now = crate::model::schedule::claim_now(std::time::SystemTime::now());
+        let (maxes, usage) = q.retrying("limits", |conn| {
+            let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
+            let usage = match &q.sql.limited {
+                Some(sql) => crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)?,
+                None => None,
+            };
+            Ok((maxes, usage))
         })?;
         Ok(q.spec
             .limits
             .iter()
             .zip(maxes.iter())
-            .map(|(l, max)| ConcurrencyLimit {
-                key: l.key.clone(),
-                described: l.max,
-                max: *max,
+            .enumerate()
+            .map(|(i, (l, max))| {
+                let used = usage.as_ref().and_then(|u| u.limits.get(i));
+                ConcurrencyLimit {
+                    key: l.key.clone(),
+                    described: l.max,
+                    max: *max,
+                    in_work: used.map(|u| u.0),
+                    waiting: used.map(|u| u.1),
+                }
             })
             .collect())
     }
