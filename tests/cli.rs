@@ -70,7 +70,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 14] = [
+    let cases: [(&[&str], &[&str]); 16] = [
         (
             &[],
             &[
@@ -88,6 +88,8 @@ fn every_command_has_help_naming_its_options() {
         ),
         (&["pause"], &["--table"]),
         (&["resume"], &["--table"]),
+        (&["limits"], &["--table", "--json"]),
+        (&["limit"], &["--table", "--key", "--max", "--lift"]),
         (
             &["migrate"],
             &["--table", "--lease", "--column", "--priorities", "--dedup"],
@@ -389,6 +391,59 @@ per_db!(create_publish_and_dead_letters);
 ///
 /// Fails (`status lists`) when `status` needs `--table` or ignores the registry, and
 /// (`paused`) when the flag is not shown: tried with `"paused": false` written always.
+/// `limits` lists a table's concurrency limits with what they count; `limit` sets a max or
+/// lifts it, and every later read sees it; an unknown key fails (exit 1) and changes nothing;
+/// neither --max nor --lift is a usage error (exit 2).
+fn limits_listed_and_set(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("cll");
+    let t = l.create(
+        sqlbroker::Table::new(&name)
+            .text_column("k")
+            .concurrency_limit("{k}", 2)
+            .lease(Duration::from_secs(30)),
+    );
+    l.broker
+        .publish(&t, sqlbroker::Message::new(b"x".to_vec()).set("k", "a"))
+        .unwrap();
+    let text = ok(&url, &["limits", "--table", &name], "");
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row, ["\"{k}\"", "2", "2", "0", "0"], "{text}");
+    let said = ok(
+        &url,
+        &["limit", "--table", &name, "--key", "{k}", "--max", "5"],
+        "",
+    );
+    assert!(said.contains("is now 5"), "{said}");
+    assert_eq!(
+        ok(&url, &["limits", "--table", &name, "--json"], "").trim(),
+        "[{\"key\":\"{k}\",\"max\":5,\"described\":2,\"in_work\":0,\"waiting\":0}]"
+    );
+    ok(
+        &url,
+        &["limit", "--table", &name, "--key", "{k}", "--lift"],
+        "",
+    );
+    assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, None);
+    let o = run(
+        Some(&url),
+        &["limit", "--table", &name, "--key", "{x}", "--max", "1"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no concurrency limit"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, None);
+    let o = run(Some(&url), &["limit", "--table", &name, "--key", "{k}"], "");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+per_db!(limits_listed_and_set);
+
 fn status_pause_and_recorded_tables(db: Db) {
     let Some(l) = live(db) else { return };
     let url = l.url.clone();

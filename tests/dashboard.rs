@@ -948,6 +948,55 @@ fn listings_read_payload_prefixes(db: Db) {
     );
 }
 
+/// A table with concurrency limits: its page shows each limit with what it counts (the key
+/// escaped), and /metrics gives the max in force, the rows in work, the rows waiting and the
+/// limited state; fails if a limit or its counts are left out.
+fn concurrency_limits_are_shown(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("dlim"))
+            .text_column("k")
+            .concurrency_limit("<{k}>", 1)
+            .lease(Duration::from_secs(30)),
+    );
+    let b = &l.broker;
+    for _ in 0..3 {
+        b.publish(&t, Message::new(b"x".to_vec()).set("k", "a"))
+            .unwrap();
+    }
+    let sub = b.subscription(&t).start().unwrap();
+    let held = common::next(&sub, Duration::from_secs(10));
+    let name = t.name();
+    let dash = start(&l.url, &["--table", name], &[]);
+    let page = dash.get(&format!("/tables/{name}"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Concurrency limits"), "{}", page.body);
+    assert!(
+        page.body.contains("&quot;&lt;{k}&gt;&quot;"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("2 ready rows are held back"),
+        "{}",
+        page.body
+    );
+    let m = dash.get("/metrics").body;
+    let key = format!("table=\"{name}\",key=\"<{{k}}>\"");
+    for line in [
+        format!("sqlbroker_limit_max{{{key}}} 1"),
+        format!("sqlbroker_limit_in_work{{{key}}} 1"),
+        format!("sqlbroker_limit_waiting{{{key}}} 2"),
+        format!("sqlbroker_queue_jobs{{table=\"{name}\",state=\"limited\"}} 2"),
+    ] {
+        assert!(m.lines().any(|l| l == line), "no {line:?} in:\n{m}");
+    }
+    held.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+per_db!(concurrency_limits_are_shown);
+
 /// `--table` restricts: another recorded table is not listed, not in /metrics, not shown
 /// (404) and not acted on (404, its dead letters untouched, the CSRF token notwithstanding).
 fn restricted_tables(db: Db) {

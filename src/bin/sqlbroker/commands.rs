@@ -76,6 +76,24 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
+        Command::Limits(args) => limits(&broker, args),
+        Command::Limit(args) => {
+            let table = broker.open_table(&args.table)?;
+            let max = if args.lift { None } else { args.max };
+            broker.set_concurrency_limit(&table, &args.key, max)?;
+            match max {
+                Some(n) => say(format_args!(
+                    "table {}: limit {} is now {n}\n",
+                    table.name(),
+                    escape(&format!("{:?}", args.key))
+                )),
+                None => say(format_args!(
+                    "table {}: limit {} is lifted\n",
+                    table.name(),
+                    escape(&format!("{:?}", args.key))
+                )),
+            }
+        }
         Command::Schema(_) => unreachable!("schema returned above"),
         Command::Dashboard(_) => unreachable!("served above, or refused by main"),
     };
@@ -143,6 +161,55 @@ fn pause(broker: &Broker, args: &NameArgs, on: bool) -> Result {
     }
 }
 
+/// One limit of `limits --json`; `null` where the form does not count.
+#[derive(Serialize)]
+struct LimitJson<'a> {
+    key: &'a str,
+    max: Option<u32>,
+    described: u32,
+    in_work: Option<u64>,
+    waiting: Option<u64>,
+}
+
+fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
+    let table = broker.open_table(&args.table)?;
+    let limits = broker.concurrency_limits(&table)?;
+    if args.json {
+        let objects: Vec<LimitJson<'_>> = limits
+            .iter()
+            .map(|l| LimitJson {
+                key: &l.key,
+                max: l.max,
+                described: l.described,
+                in_work: l.in_work,
+                waiting: l.waiting,
+            })
+            .collect();
+        return say(format_args!("{}\n", json(&objects)));
+    }
+    if limits.is_empty() {
+        return say(format_args!(
+            "table {} has no concurrency limits\n",
+            table.name()
+        ));
+    }
+    let dash = || "-".to_string();
+    let mut rows = vec![["KEY", "MAX", "DESCRIBED", "IN_WORK", "WAITING"]
+        .map(String::from)
+        .to_vec()];
+    for l in &limits {
+        rows.push(vec![
+            escape(&format!("{:?}", l.key)),
+            l.max
+                .map_or_else(|| "lifted".to_string(), |n| n.to_string()),
+            l.described.to_string(),
+            l.in_work.map_or_else(dash, |n| n.to_string()),
+            l.waiting.map_or_else(dash, |n| n.to_string()),
+        ]);
+    }
+    say(format_args!("{}", columns(&rows)))
+}
+
 fn status(broker: &Broker, args: &StatusArgs) -> Result {
     let every = args.tables.is_empty();
     let tables: Vec<Table> = if every {
@@ -183,6 +250,14 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         .map(String::from)
         .to_vec()];
         let dash = || "-".to_string();
+        // Tables with concurrency limits: what they hold back, after READY (the column only
+        // when a table listed has limits).
+        let limited = all
+            .iter()
+            .any(|(_, s)| s.as_ref().ok().and_then(|s| s.limited).is_some());
+        if limited {
+            rows[0].insert(3, "LIMITED".to_string());
+        }
         for (table, stats) in &all {
             let mut row = vec![escape(table.name()), table.form().name().to_string()];
             row.extend(match stats {
@@ -197,6 +272,10 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
                 ],
                 Err(_) => std::array::from_fn(|_| dash()),
             });
+            if limited {
+                let held = stats.as_ref().ok().and_then(|s| s.limited);
+                row.insert(3, held.map_or_else(dash, |n| n.to_string()));
+            }
             rows.push(row);
         }
         columns(&rows)
@@ -211,6 +290,9 @@ struct StatusJson<'a> {
     table: &'a str,
     form: &'static str,
     ready: Option<u64>,
+    /// Lease tables with concurrency limits: ready rows a limit holds back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limited: Option<u64>,
     scheduled: Option<u64>,
     in_flight: Option<u64>,
     dead: Option<u64>,
@@ -231,6 +313,7 @@ fn status_json(all: &[(&Table, std::result::Result<QueueStats, String>)]) -> Str
                 table: table.name(),
                 form: table.form().name(),
                 ready: s.map(|s| s.ready),
+                limited: s.and_then(|s| s.limited),
                 scheduled: s.map(|s| s.scheduled),
                 in_flight: s.and_then(|s| s.in_flight),
                 dead: s.map(|s| s.dead),

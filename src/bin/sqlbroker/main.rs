@@ -99,6 +99,12 @@ enum Command {
     Pause(NameArgs),
     /// Resume a paused table: its subscriptions claim again.
     Resume(NameArgs),
+    /// A table's concurrency limits: each key template, the max in force and the described
+    /// one, and (lease tables) the rows in work and the ready rows waiting on it.
+    Limits(LimitsArgs),
+    /// Set a concurrency limit's max at run time (--max N), or lift it (--lift): every
+    /// subscription, in any process, follows from its next claim.
+    Limit(LimitArgs),
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
@@ -177,6 +183,33 @@ struct NameArgs {
     /// The table's name.
     #[arg(long, short, value_name = "NAME")]
     table: String,
+}
+
+#[derive(Debug, Args)]
+struct LimitsArgs {
+    /// The table's name.
+    #[arg(long, short, value_name = "NAME")]
+    table: String,
+    /// One JSON array on one line instead of columns.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("setting").required(true).args(["max", "lift"])))]
+struct LimitArgs {
+    /// The table's name.
+    #[arg(long, short, value_name = "NAME")]
+    table: String,
+    /// The limit's key template as described (`{tenant}`; `""` for the table-wide one).
+    #[arg(long, value_name = "TEMPLATE")]
+    key: String,
+    /// The new max: at most this many rows of one key in work at once.
+    #[arg(long, value_name = "N")]
+    max: Option<u32>,
+    /// Lift the limit (no max) until it is set again.
+    #[arg(long)]
+    lift: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -29,6 +29,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
         }
     };
     let mut jobs = Vec::new();
+    let (mut limit_max, mut limit_work, mut limit_wait) = (Vec::new(), Vec::new(), Vec::new());
     let (mut paused, mut oldest, mut up, mut at, mut took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in &entries {
@@ -41,8 +42,21 @@ pub(crate) fn render(sampler: &Sampler) -> String {
         }
         let Some(p) = e.last() else { continue };
         let s = &p.stats;
+        for l in &p.limits {
+            let k = format!("{t},key=\"{}\"", label(&l.key));
+            if let Some(m) = l.max {
+                limit_max.push((k.clone(), m.to_string()));
+            }
+            if let Some(n) = l.in_work {
+                limit_work.push((k.clone(), n.to_string()));
+            }
+            if let Some(n) = l.waiting {
+                limit_wait.push((k, n.to_string()));
+            }
+        }
         let states = [
             ("ready", Some(s.ready)),
+            ("limited", s.limited),
             ("scheduled", Some(s.scheduled)),
             ("in_flight", s.in_flight),
             ("dead", Some(s.dead)),
@@ -58,8 +72,23 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     }
     family(
         "sqlbroker_queue_jobs",
-        "Rows of a queue table by state (ready, scheduled, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
+        "Rows of a queue table by state (ready, limited: ready rows a concurrency limit holds back, lease tables with limits, scheduled, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
         jobs,
+    );
+    family(
+        "sqlbroker_limit_max",
+        "The max in force of a concurrency limit (key: its template; a lifted limit is left out).",
+        limit_max,
+    );
+    family(
+        "sqlbroker_limit_in_work",
+        "Rows in work a concurrency limit counts, every key (lease tables).",
+        limit_work,
+    );
+    family(
+        "sqlbroker_limit_waiting",
+        "Ready rows whose key of a concurrency limit is at its max (lease tables).",
+        limit_wait,
     );
     family(
         "sqlbroker_queue_paused",

@@ -279,6 +279,25 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                 tr { (count_cells(e)) td { (counted(e)) } }
             }
             p { (pause_button(ctx, e, &here)) }
+            @if let Some(p) = e.last().filter(|p| !p.limits.is_empty()) {
+                h2 { "Concurrency limits" }
+                table {
+                    tr { th { "key" } th { "max" } th { "described" } th { "in work" } th { "waiting" } }
+                    @for l in &p.limits {
+                        tr {
+                            td { code { (format!("{:?}", l.key)) } }
+                            td { (l.max.map_or_else(|| "lifted".to_string(), |m| m.to_string())) }
+                            td { (l.described) }
+                            td { (opt(l.in_work)) }
+                            td { (opt(l.waiting)) }
+                        }
+                    }
+                }
+                p.muted { "Set a max with " code { "sqlbroker limit" } "." }
+                @if let Some(n) = p.stats.limited {
+                    p.muted { (n) " ready rows are held back by a limit (not in ready)." }
+                }
+            }
         }
         nav.tabs {
             @for s in states {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use sqlbroker::{Broker, QueueStats, Table};
+use sqlbroker::{Broker, ConcurrencyLimit, QueueStats, Table};
 
 /// Samples kept per table (with the default 5 s interval, ten minutes).
 pub(crate) const HISTORY: usize = 120;
@@ -19,6 +19,9 @@ pub(crate) const HISTORY: usize = 120;
 pub(crate) struct Point {
     pub at: SystemTime,
     pub stats: QueueStats,
+    /// The table's concurrency limits as counted with the stats (empty: none, or their read
+    /// failed).
+    pub limits: Vec<ConcurrencyLimit>,
 }
 
 /// What the dashboard knows of one table.
@@ -155,6 +158,11 @@ impl Sampler {
     pub fn count(&self, table: Table) {
         let started = Instant::now();
         let stats = self.broker.stats(&table);
+        // A table without limits answers from its record alone.
+        let limits = match &stats {
+            Ok(_) => self.broker.concurrency_limits(&table).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
         let took = started.elapsed();
         let now = SystemTime::now();
         let mut inner = self.lock();
@@ -175,7 +183,11 @@ impl Sampler {
                 if entry.history.len() == HISTORY {
                     entry.history.pop_front();
                 }
-                entry.history.push_back(Point { at: now, stats });
+                entry.history.push_back(Point {
+                    at: now,
+                    stats,
+                    limits,
+                });
             }
             Err(e) => entry.error = Some(crate::chain(&e)),
         }
