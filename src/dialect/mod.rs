@@ -69,6 +69,11 @@ pub(crate) struct LimitSql {
     /// Opens the claim's transaction: READ COMMITTED, so each statement after the lock reads
     /// what was committed before it was granted (SQLite: `BEGIN IMMEDIATE`, the one writer).
     pub begin: Vec<String>,
+    /// Row lock form, PostgreSQL: `(name)` -> 1 if the slot key was taken until the
+    /// transaction ends, 0 if held elsewhere. The slots are then taken inside the claim's
+    /// transaction and end with it. `None`: session keys ([`TableSql::key_lock`]), unlocked
+    /// after the transaction (MySQL).
+    pub slot_xact_lock: Option<String>,
     /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,

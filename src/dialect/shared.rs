@@ -280,6 +280,7 @@ impl Syntax {
             take_locked,
             taken,
             turn_at_begin: !servers,
+            slot_xact_lock: None,
         }
     }
 
@@ -323,6 +324,7 @@ impl Syntax {
             take_locked: Vec::new(),
             turn_at_begin: false,
             ready_keys: String::new(),
+            slot_xact_lock: None,
             take: vec![format!(
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
                 self.row_columns(spec, ""),

@@ -100,6 +100,9 @@ fn claim_limited(
     let q = &ctx.queue;
     let spec = &q.spec;
     let now = claim_now(SystemTime::now());
+    if let Some(slot_lock) = &sql.slot_xact_lock {
+        return claim_limited_in_transaction(ctx, sql, conn, slot_lock, now);
+    }
     let Some(keys_sql) = key_sql(ctx) else {
         return Ok(Vec::new());
     };
@@ -192,6 +195,105 @@ fn claim_limited(
         seen = rows.len();
         page = (page * 4).min(LIMIT_SCAN);
     }
+}
+
+/// PostgreSQL: the limited claim with transaction-scoped slot keys, taken inside the claim's
+/// transaction, each candidate's under a savepoint (rolled back, with the slots it took, if the
+/// row was taken meanwhile or a key is full). The transaction ends them: no unlock, and a
+/// transaction pooler (PgBouncer) keeps the session for as long as they are held.
+fn claim_limited_in_transaction(
+    ctx: &Ctx,
+    sql: &crate::dialect::LimitSql,
+    mut conn: crate::runtime::ClaimConn,
+    slot_lock: &str,
+    now: SystemTime,
+) -> Result<Vec<Claimed>> {
+    use super::limit_keys::{full_marker, take_slots};
+    use crate::runtime::limits::InWork;
+    const SLOT: &str = "SAVEPOINT sqlbroker_slot";
+    const NO_SLOT: &str = "ROLLBACK TO SAVEPOINT sqlbroker_slot";
+    const KEEP_SLOT: &str = "RELEASE SAVEPOINT sqlbroker_slot";
+    let q = &ctx.queue;
+    let spec = &q.spec;
+    // Marked broken from `BEGIN` until the transaction ends, as in the plain claim.
+    conn.mark_broken();
+    let found = (|| -> Result<Option<Vec<Value>>, crate::error::DbError> {
+        for stmt in &sql.begin {
+            conn.batch(stmt)?;
+        }
+        let maxes = q
+            .limits
+            .read(spec, &mut *conn, q.dialect.registry().limits)?;
+        let take = sql.take.first().map_or("", String::as_str);
+        let mut tried = std::collections::HashSet::new();
+        let (mut page, mut seen) = (64, 0);
+        loop {
+            let rows = conn.query(
+                &sql.candidates,
+                &[Value::Time(now), Value::Int(page as i64)],
+            )?;
+            for row in rows.iter().skip(seen) {
+                let Some(id) = row.first().and_then(Value::as_i64) else {
+                    continue;
+                };
+                let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
+                if keys
+                    .iter()
+                    .enumerate()
+                    .any(|(i, k)| tried.contains(&full_marker(i, k)))
+                {
+                    continue;
+                }
+                conn.batch(SLOT)?;
+                let slots = take_slots(ctx, Some(&maxes), &keys, |k| {
+                    let name = q.dialect.key_name(k);
+                    let got = conn.query(slot_lock, &[Value::Text(name)])?;
+                    let taken = matches!(got.first().and_then(|r| r.first()), Some(Value::Int(1)));
+                    Ok(taken.then_some(()))
+                })?;
+                if let Err((full, _)) = slots {
+                    tried.insert(full);
+                    conn.batch(NO_SLOT)?;
+                    continue;
+                }
+                match conn.query(take, &[Value::Int(id), Value::Time(now)])?.pop() {
+                    Some(row) => {
+                        conn.batch(KEEP_SLOT)?;
+                        return Ok(Some(row));
+                    }
+                    None => conn.batch(NO_SLOT)?,
+                }
+            }
+            if rows.len() < page || page >= LIMIT_SCAN {
+                return Ok(None);
+            }
+            seen = rows.len();
+            page = (page * 4).min(LIMIT_SCAN);
+        }
+    })();
+    let mut row = match found {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            conn.rollback_or_discard();
+            return Ok(Vec::new());
+        }
+        Err(e) => {
+            conn.rollback_or_discard();
+            return Err(q.err("claim")(e));
+        }
+    };
+    let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
+    if let Some(Value::Int(a)) = row.get_mut(1) {
+        *a = a.saturating_add(1);
+    }
+    let hold = Hold::RowLock(RowHold {
+        conn: conn.into_inner(),
+        work: false,
+        slots: None,
+    });
+    Claimed::new(row, hold, unreadable)
+        .map(|c| vec![c])
+        .map_err(q.err("claim"))
 }
 
 /// Unlocks a delivery's slot keys once its transaction has ended (committed or rolled back);

@@ -99,6 +99,12 @@ pub(super) fn refusal(
             "the group guard locks the group's rows FOR UPDATE NOWAIT, which holds only on \
              its own node, and cannot see a publish still uncommitted on another node",
         ),
+        Form::Lease if !spec.limits.is_empty() => (
+            "concurrency limits",
+            "a claim's turn is a row lock on the table's record, which holds only on its own \
+             node (it writes nothing to conflict at commit), so claims through two nodes can \
+             both take the last room of a key",
+        ),
         Form::Lease => return None,
     };
     Some(BrokerError::ClusterUnsafe {
@@ -120,7 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_lease_form_without_fifo_starts_on_a_multi_writer_cluster() {
+    fn only_the_lease_form_without_fifo_or_limits_starts_on_a_multi_writer_cluster() {
         let lease = spec(Table::new("a").lease(Duration::from_secs(30)));
         let fifo_lease = spec(
             Table::new("b")
@@ -131,9 +137,16 @@ mod tests {
         let row_lock = spec(Table::new("c"));
         let fifo_row_lock = spec(Table::new("c").group("g").fifo());
         let advisory = spec(Table::new("d").text_column("k").advisory_lock("d-{k}"));
+        let limited = spec(
+            Table::new("e")
+                .text_column("k")
+                .concurrency_limit("{k}", 2)
+                .lease(Duration::from_secs(30)),
+        );
         let galera = Topology::Galera { nodes: 3 };
         assert!(refusal(galera, false, &lease).is_none());
         for (s, what) in [
+            (&limited, "concurrency limits"),
             (&fifo_lease, "FIFO groups"),
             (&row_lock, "the row lock form"),
             (&fifo_row_lock, "the row lock form"),
@@ -150,7 +163,14 @@ mod tests {
             }
         }
         // Declared single writer, or not a cluster: everything starts.
-        for s in [&lease, &fifo_lease, &row_lock, &fifo_row_lock, &advisory] {
+        for s in [
+            &lease,
+            &fifo_lease,
+            &row_lock,
+            &fifo_row_lock,
+            &advisory,
+            &limited,
+        ] {
             assert!(refusal(galera, true, s).is_none());
             assert!(refusal(Topology::Single, false, s).is_none());
         }

@@ -57,7 +57,6 @@ fn quote_ident(s: &str) -> String {
     format!("\"{s}\"")
 }
 
-/// The statements of `spec` (see [`TableSql`] for each one's parameters).
 /// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
 pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
@@ -75,6 +74,7 @@ pub(super) fn cancel(pid: u64) -> String {
     format!("SELECT pg_cancel_backend({pid})")
 }
 
+/// The statements of `spec` (see [`TableSql`] for each one's parameters).
 pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
@@ -182,10 +182,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         ));
     }
     if spec.form == Form::RowLock && !spec.limits.is_empty() {
-        // The slot keys are session locks held by the delivery's connection.
-        sql.limited = Some(SYNTAX.row_lock_limit_sql(spec, sql.begin.clone()));
-        sql.key_lock = Some("SELECT pg_try_advisory_lock(hashtextextended($1, 0))::int".into());
-        sql.key_unlock = Some("SELECT pg_advisory_unlock(hashtextextended($1, 0))::int".into());
+        // The slot keys are transaction-scoped: the delivery's transaction holds them.
+        let mut limited = SYNTAX.row_lock_limit_sql(spec, sql.begin.clone());
+        limited.slot_xact_lock = Some(KEY_XACT_LOCK.into());
+        sql.limited = Some(limited);
     }
     sql
 }
