@@ -63,6 +63,14 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! ## Flow control
+//!
+//! - [`Table::concurrency_limit`]: at most `max` rows of one rendered key in work at once
+//!   (`""`: the whole table), across every broker and process, enforced by the database;
+//!   changed at run time with [`Broker::set_concurrency_limit`], read with
+//!   [`Broker::concurrency_limits`]; the rows a limit holds back are
+//!   [`QueueStats::limited`].
+//!
 //! Keys and group values compare byte for byte on every database (case, trailing spaces and
 //! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
 //! collation), and values mean the same on each: a message is one message everywhere.
@@ -275,6 +283,7 @@
 //! | lease | one statement: locking CTE + `UPDATE .. RETURNING` | locking select, then one update of the found rows, one transaction | one `UPDATE .. RETURNING` |
 //! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
 //! | FIFO groups ([`Table::fifo`]) | row lock, lease: a transaction-scoped advisory lock on the group; advisory: the group's key held with the delivery | row lock, lease: the group's rows locked `NOWAIT`; advisory: the group's `GET_LOCK` held with the delivery | lease: one writer at a time; advisory: the group's key in the process |
+//! | concurrency limits ([`Table::concurrency_limit`]) | lease: counted in turn under the table's record; row lock: transaction-scoped slot keys; advisory: slot keys | lease: counted in turn; row lock, advisory: `GET_LOCK` slot keys | lease: counted by the one writer; advisory: slot keys in the process |
 //!
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
 //! [`BrokerError::ServerTooOld`].
@@ -282,7 +291,8 @@
 //! On a MariaDB Galera cluster (detected at [`BrokerBuilder::build`]) the lease form holds with
 //! brokers on different nodes (claims of one row conflict at commit, and the loser retries);
 //! row locks, `GET_LOCK` keys and the FIFO group guard are node-local, so the row lock form,
-//! the advisory lock form and FIFO groups are refused with [`BrokerError::ClusterUnsafe`]
+//! the advisory lock form, FIFO groups and concurrency limits are refused with
+//! [`BrokerError::ClusterUnsafe`]
 //! unless every broker writes through one node
 //! ([`BrokerBuilder::galera_single_writer`]).
 //!

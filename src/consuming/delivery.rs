@@ -598,7 +598,9 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
         None => None,
     };
     let r = form::settle(ctx, row.id, hold, outcome, within);
-    if returned {
+    // A row back in the queue, or room made under a concurrency limit: a claimer may take a
+    // row now rather than at its next poll.
+    if returned || !ctx.spec().limits.is_empty() {
         ctx.queue.wake.notify(1);
     }
     let meters = &ctx.queue.meters;

@@ -145,15 +145,15 @@ impl Syntax {
     }
 
     /// The lease claim of a table with concurrency limits ([`LimitSql`]), its transaction
-    /// opened by `begin`; `returning`: the database has `UPDATE .. RETURNING` (else the take
-    /// is followed by [`LimitSql::taken`]).
-    /// `returning` false (MySQL): its rows locked before the take and read after it.
+    /// opened by `begin`; `returning`: the database has `UPDATE .. RETURNING` (SQLite; with
+    /// `returning` false, MySQL: the candidates locked as read, the take followed by
+    /// [`LimitSql::taken`]).
     pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>, returning: bool) -> LimitSql {
         self.limit_sql_with(spec, begin, returning, false)
     }
 
-    /// [`Syntax::limit_sql`], for PostgreSQL with `pg`: its rows locked before the take
-    /// ([`LimitSql::lock`]), and on tables without priorities the candidates read after a
+    /// [`Syntax::limit_sql`], for PostgreSQL with `pg`: the candidates locked as read
+    /// ([`LimitSql::take_locked`] leases them), and on tables without priorities read after a
     /// claim cursor ([`LimitSql::candidates_from`]).
     pub fn limit_sql_with(
         &self,
