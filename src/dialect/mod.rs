@@ -84,21 +84,26 @@ pub(crate) struct LimitSql {
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
-    /// order, on the servers locked `FOR UPDATE SKIP LOCKED` (rows another claim holds are
-    /// passed by). Row lock form: `(now, limit)`, locking nothing.
-    pub candidates: String,
+    /// order: `[0]` locking nothing, `[1]` (a claim's first page) on the servers locked `FOR
+    /// UPDATE SKIP LOCKED` (rows another claim holds are passed by). Row lock form: `[0]`,
+    /// `(now, limit)`.
+    pub candidates: [String; 2],
     /// PostgreSQL lease tables without priorities: `(now, now, run_at, id, limit)` -> `id,
     /// run_at, <user columns>` of the candidates after the row `(run_at, id)`, read from the
     /// subscription's claim [cursor](crate::runtime::cursor) past the dead index entries of
     /// rows already claimed (`candidates` then also starts each row with `id, run_at`).
-    pub candidates_from: Option<String>,
+    pub candidates_from: Option<[String; 2]>,
+    /// The servers, per size class: `(now, now, id x 2^k)` -> `id, claimable (1 or 0)` of those
+    /// rows not locked elsewhere, locked `FOR UPDATE SKIP LOCKED` by primary key: the rows a
+    /// claim chose past its first page.
+    pub lock: Vec<String>,
     /// SQLite, per id-list size class `k` (padded by repeating the last id): `(token, now,
     /// now, id x 2^k)` leases those of the rows still claimable, counting their attempts,
     /// returning them. Row lock form: one statement, `(id, now)` -> the row, locked `FOR
     /// UPDATE SKIP LOCKED`, if it is still claimable.
     pub take: Vec<String>,
     /// The servers, per size class: `(token, id x 2^k)` leases the rows chosen, counting their
-    /// attempts (the candidates' read locked them), returning them where the database has
+    /// attempts (this claim holds their locks), returning them where the database has
     /// `RETURNING`. Empty (SQLite): [`LimitSql::take`].
     pub take_locked: Vec<String>,
     /// Without `RETURNING` (MySQL), per size class: `(id x 2^k)` -> the rows the take leased,

@@ -221,9 +221,21 @@ impl Syntax {
                 ids(4, 1 << k)
             ))
         });
-        // The servers lock the candidates as they read them (`SKIP LOCKED`: rows another claim
-        // holds are passed by, so claims run side by side until their turn), then lease the
-        // chosen by id (MySQL: then read them, under the locks).
+        // The servers lock the first page of candidates as they read it (`SKIP LOCKED`: rows
+        // another claim holds are passed by, so claims run side by side until their turn); rows
+        // chosen from later pages (read past keys at their limit, without locks: locking every
+        // row passed by would write each one) are locked by primary key, each with whether it
+        // is still claimable: with the claimable conditions in its `WHERE`, the generic plan
+        // PostgreSQL settles on scans the ready index. Then the chosen are leased by id (MySQL:
+        // then read, under the locks).
+        let lock = classes(servers, &|k| {
+            format!(
+                "SELECT {id}, CASE WHEN {} THEN 1 ELSE 0 END FROM {t} WHERE {id} IN ({}) \
+                 FOR UPDATE SKIP LOCKED",
+                claimable(1, 2),
+                ids(3, 1 << k)
+            )
+        });
         let take_locked = classes(servers, &|k| {
             returning_row(format!(
                 "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {id} IN ({})",
@@ -233,6 +245,25 @@ impl Syntax {
         });
         let taken = classes(!returning, &|k| {
             format!("SELECT {row} FROM {t} WHERE {id} IN ({})", ids(1, 1 << k))
+        });
+        let candidates = format!(
+            "SELECT {} FROM {t} WHERE {} ORDER BY {} {}",
+            with_user(&lead),
+            claimable(1, 2),
+            self.order(spec),
+            (self.claim_limit)(&self.p(3))
+        );
+        let candidates_from = cursor.then(|| {
+            format!(
+                "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}",
+                with_user(&lead),
+                claimable(1, 2),
+                self.q(&spec.run_at),
+                self.p(3),
+                self.p(4),
+                self.order(spec),
+                (self.claim_limit)(&self.p(5))
+            )
         });
         let grouped: Vec<String> = spec
             .limit_columns()
@@ -257,25 +288,9 @@ impl Syntax {
                 with_user("1"),
                 self.p(1)
             ),
-            candidates: format!(
-                "SELECT {} FROM {t} WHERE {} ORDER BY {} {}{locking}",
-                with_user(&lead),
-                claimable(1, 2),
-                self.order(spec),
-                (self.claim_limit)(&self.p(3))
-            ),
-            candidates_from: cursor.then(|| {
-                format!(
-                    "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}{locking}",
-                    with_user(&lead),
-                    claimable(1, 2),
-                    self.q(&spec.run_at),
-                    self.p(3),
-                    self.p(4),
-                    self.order(spec),
-                    (self.claim_limit)(&self.p(5))
-                )
-            }),
+            candidates: [candidates.clone(), format!("{candidates}{locking}")],
+            candidates_from: candidates_from.map(|c| [c.clone(), format!("{c}{locking}")]),
+            lock,
             take,
             take_locked,
             taken,
@@ -314,13 +329,17 @@ impl Syntax {
         LimitSql {
             begin,
             in_work: String::new(),
-            candidates: format!(
-                "SELECT {cols} FROM {t} WHERE {} ORDER BY {} {}",
-                self.ready(spec, &self.p(1)),
-                self.order(spec),
-                (self.claim_limit)(&self.p(2))
-            ),
+            candidates: [
+                format!(
+                    "SELECT {cols} FROM {t} WHERE {} ORDER BY {} {}",
+                    self.ready(spec, &self.p(1)),
+                    self.order(spec),
+                    (self.claim_limit)(&self.p(2))
+                ),
+                String::new(),
+            ],
             candidates_from: None,
+            lock: Vec::new(),
             take_locked: Vec::new(),
             turn_at_begin: false,
             ready_keys: String::new(),

@@ -179,9 +179,13 @@ fn claim_limited(
         let mut before_skip: Vec<Key> = Vec::new();
         let mut skipped = false;
         let mut seen = 0;
-        // A page of the batch first: where no limit binds, it is all the claim reads.
+        // Rows chosen past the first page, read without locks: locked by id before the take.
+        let mut loose = Vec::new();
+        // A page of the batch first (on the servers locked as read): where no limit binds, it
+        // is all the claim reads.
         let mut page = limit.clamp(1, LIMIT_SCAN);
         'scan: while !work.table_full(spec, &maxes) {
+            let locked = usize::from(seen == 0 && !sql.lock.is_empty());
             let rows = match cursor {
                 Some((
                     from,
@@ -190,7 +194,7 @@ fn claim_limited(
                         ..
                     },
                 )) => conn.query(
-                    from,
+                    &from[locked],
                     &[
                         Value::Time(now),
                         Value::Time(now),
@@ -200,7 +204,7 @@ fn claim_limited(
                     ],
                 ),
                 _ => conn.query(
-                    &sql.candidates,
+                    &sql.candidates[locked],
                     &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
                 ),
             }?;
@@ -220,8 +224,11 @@ fn claim_limited(
                 }
                 // Counted now: a row the take then finds gone only leaves this claim short.
                 work.add(&keys);
-                chosen.push(id);
-                if chosen.len() >= limit || work.table_full(spec, &maxes) {
+                match locked == 1 || sql.lock.is_empty() {
+                    true => chosen.push(id),
+                    false => loose.push(id),
+                }
+                if chosen.len() + loose.len() >= limit || work.table_full(spec, &maxes) {
                     break 'scan;
                 }
             }
@@ -236,6 +243,7 @@ fn claim_limited(
             let asked = if skipped { before_skip.len() } else { limit };
             ctx.cursor.advance(start, asked, before_skip.into_iter());
         }
+        chosen.extend(lock_loose(sql, conn, &loose, now)?);
         let mut rows = take_chosen(sql, conn, &chosen, now, token)?;
         if rows.is_empty() || sql.turn_at_begin {
             // SQLite: the one writer's transaction was the turn, the count above decided, with
@@ -274,6 +282,33 @@ fn claim_limited(
         }
         Ok(rows)
     })
+}
+
+/// Locks rows chosen past a claim's first page (servers), by primary key, passing by those
+/// another claim holds: the ids of those still claimable.
+fn lock_loose(
+    sql: &crate::dialect::LimitSql,
+    conn: &mut dyn DbConn,
+    loose: &[i64],
+    now: SystemTime,
+) -> Result<Vec<i64>, DbError> {
+    use crate::dialect::{id_params, size_class};
+    if loose.is_empty() {
+        return Ok(Vec::new());
+    }
+    let slots = size_class(loose.len());
+    let lock = sql
+        .lock
+        .get(slots.trailing_zeros() as usize)
+        .ok_or_else(|| DbError::other(format!("a limited claim locking {slots} rows")))?;
+    let mut params = vec![Value::Time(now), Value::Time(now)];
+    id_params(loose, slots, &mut params);
+    Ok(conn
+        .query(lock, &params)?
+        .iter()
+        .filter(|r| r.get(1).and_then(Value::as_i64) == Some(1))
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+        .collect())
 }
 
 /// Leases the rows `chosen`, returning them: on the servers the rows the candidates' read

@@ -116,7 +116,7 @@ fn claim_limited(
     loop {
         let rows = conn
             .query(
-                &sql.candidates,
+                &sql.candidates[0],
                 &[Value::Time(now), Value::Int(page as i64)],
             )
             .map_err(q.err("claim"))?;
@@ -229,7 +229,7 @@ fn claim_limited_in_transaction(
         let (mut page, mut seen) = (64, 0);
         loop {
             let rows = conn.query(
-                &sql.candidates,
+                &sql.candidates[0],
                 &[Value::Time(now), Value::Int(page as i64)],
             )?;
             for row in rows.iter().skip(seen) {
