@@ -405,6 +405,10 @@ mod tests {
                 .text_column("k")
                 .advisory_lock("acc-{k}\u{e9}{{}}"),
             Table::new("iso").isolation(Isolation::Serializable),
+            Table::new("limited")
+                .text_column("k")
+                .concurrency_limit("{k}", 3)
+                .concurrency_limit("", 9),
         ] {
             let json = t.to_record();
             assert_eq!(Table::from_record(&json).unwrap(), t, "{json}");
@@ -413,6 +417,45 @@ mod tests {
         let json = full().to_record();
         assert!(json.contains("\"form\":\"lease\""), "{json}");
         assert!(json.contains("\"renames\":{\"dead_reason\":\"why\",\"payload\":\"body\"}"));
+    }
+
+    /// A table with concurrency limits is recorded in format 2, which releases before limits
+    /// refuse; one without keeps format 1. Limits compare as a set of key and max, and an
+    /// operator's setting is no part of the description.
+    #[test]
+    fn limits_are_recorded_and_compared() {
+        let plain = Table::new("t").text_column("k");
+        let limited = plain
+            .clone()
+            .concurrency_limit("{k}", 2)
+            .concurrency_limit("", 5);
+        assert_eq!(plain.record_format(), 1);
+        assert_eq!(limited.record_format(), 2);
+        assert!(!plain.to_record().contains("concurrency_limits"));
+        let swapped = plain
+            .clone()
+            .concurrency_limit("", 5)
+            .concurrency_limit("{k}", 2);
+        assert!(limited.differences(&swapped).is_empty());
+        let other = plain
+            .clone()
+            .concurrency_limit("{k}", 3)
+            .concurrency_limit("", 5);
+        assert_eq!(
+            other.differences(&limited),
+            ["concurrency limits is recorded as \"\" max 5, \"{k}\" max 2, described as \"\" max 5, \"{k}\" max 3"]
+        );
+        assert_eq!(
+            plain.differences(&limited),
+            ["concurrency limits is recorded as \"\" max 5, \"{k}\" max 2, described as none"]
+        );
+        let set = with_limit_set(&limited.to_record(), "{k}", None).unwrap();
+        let read = Table::from_record(&set).unwrap();
+        assert!(limited.differences(&read).is_empty());
+        assert_eq!(
+            limits_in_force(&set),
+            [("{k}".to_string(), None), (String::new(), Some(5))]
+        );
     }
 
     #[test]
