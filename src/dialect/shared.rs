@@ -148,6 +148,7 @@ impl Syntax {
     /// opened by `begin`; `returning`: the database has `UPDATE .. RETURNING` (SQLite; with
     /// `returning` false, MySQL: the candidates locked as read, the take followed by
     /// [`LimitSql::taken`]).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub fn limit_sql(&self, spec: &TableSpec, begin: Vec<String>, returning: bool) -> LimitSql {
         self.limit_sql_with(spec, begin, returning, false)
     }
