@@ -128,9 +128,11 @@ fn cost(db: &str, url: &str, jobs: usize, rounds: usize) {
     }
 }
 
-/// Drops a bench table through the database's own crate (SQLite's file goes at the end).
+/// Drops a bench table and its record through the database's own crate (SQLite's file goes
+/// at the end): a record left behind would be listed by `sqlbroker status` as a broken table.
 fn drop_table(db: &str, url: &str, name: &str) {
-    let sql = format!("DROP TABLE IF EXISTS {name}");
+    let sql =
+        format!("DROP TABLE IF EXISTS {name}; DELETE FROM sqlbroker_tables WHERE name = '{name}'");
     let done = match db {
         "postgres" => postgres::Client::connect(url, postgres::NoTls)
             .and_then(|mut c| c.batch_execute(&sql))
@@ -138,7 +140,12 @@ fn drop_table(db: &str, url: &str, name: &str) {
         "mariadb" => {
             use mysql::prelude::Queryable;
             mysql::Conn::new(mysql::Opts::from_url(url).unwrap())
-                .and_then(|mut c| c.query_drop(&sql))
+                .and_then(|mut c| {
+                    for stmt in sql.split("; ") {
+                        c.query_drop(stmt)?;
+                    }
+                    Ok(())
+                })
                 .map_err(|e| e.to_string())
         }
         _ => Ok(()),

@@ -22,14 +22,13 @@ const IN_ALL: u32 = 5;
 
 /// A table of `form` with a tenant column `k` and a column `u` unique per message (the
 /// advisory form's own key reads it, so its one-row-per-key lock never stands in for the
-/// limits), limited to `PER_KEY` per tenant and `IN_ALL` in all.
-fn limited(l: &Live, form: Form) -> Table {
+/// limits), with `limits` (key template, max).
+fn limited(l: &Live, form: Form, limits: &[(&str, u32)]) -> Table {
     let name = unique("fc");
-    let t = Table::new(&name)
-        .text_column("k")
-        .text_column("u")
-        .concurrency_limit("{k}", PER_KEY)
-        .concurrency_limit("", IN_ALL);
+    let mut t = Table::new(&name).text_column("k").text_column("u");
+    for (key, max) in limits {
+        t = t.concurrency_limit(*key, *max);
+    }
     let t = match form {
         Form::Lease => t.lease(Duration::from_secs(30)),
         Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
@@ -76,7 +75,7 @@ impl Events for Watch {
 
 fn limits_hold_across_brokers(db: Db, form: Form) {
     let Some(l) = common::live(db) else { return };
-    let t = limited(&l, form);
+    let t = limited(&l, form, &[("{k}", PER_KEY), ("", IN_ALL)]);
     let count = Arc::new(Mutex::new(Count::default()));
     for k in TENANTS {
         for n in 0..PER_TENANT {
@@ -150,16 +149,7 @@ fn limits_hold_across_brokers(db: Db, form: Form) {
 /// refused and changes nothing.
 fn a_max_changed_at_run_time_is_followed(db: Db, form: Form) {
     let Some(l) = common::live(db) else { return };
-    let name = unique("fc");
-    let t = Table::new(&name)
-        .text_column("k")
-        .text_column("u")
-        .concurrency_limit("", 1);
-    let t = l.create(match form {
-        Form::Lease => t.lease(Duration::from_secs(30)),
-        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
-        _ => t,
-    });
+    let t = limited(&l, form, &[("", 1)]);
     for n in 0..3 {
         l.broker.publish(&t, message("a", n)).unwrap();
     }
@@ -242,16 +232,8 @@ fn hold_first_slot(db: Db, url: &str, table: &str) -> Holder {
 /// every other row back; fails (`ran beside a crashed holder`) if the claims did not count it.
 fn a_crashed_holder_frees_its_slot_with_its_row(db: Db, form: Form) {
     let Some(l) = common::live(db) else { return };
-    let name = unique("fc");
-    let t = Table::new(&name)
-        .text_column("k")
-        .text_column("u")
-        .concurrency_limit("", 1);
-    let t = l.create(match form {
-        Form::Lease => t.lease(Duration::from_secs(30)),
-        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
-        _ => t,
-    });
+    let t = limited(&l, form, &[("", 1)]);
+    let name = t.name().to_string();
     let crashed = l.broker.publish(&t, message("a", 0)).unwrap();
     l.broker.publish(&t, message("a", 1)).unwrap();
     let before = std::time::SystemTime::now();

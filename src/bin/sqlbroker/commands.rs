@@ -250,14 +250,6 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         .map(String::from)
         .to_vec()];
         let dash = || "-".to_string();
-        // Tables with concurrency limits: what they hold back, after READY (the column only
-        // when a table listed has limits).
-        let limited = all
-            .iter()
-            .any(|(_, s)| s.as_ref().ok().and_then(|s| s.limited).is_some());
-        if limited {
-            rows[0].insert(3, "LIMITED".to_string());
-        }
         for (table, stats) in &all {
             let mut row = vec![escape(table.name()), table.form().name().to_string()];
             row.extend(match stats {
@@ -272,10 +264,6 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
                 ],
                 Err(_) => std::array::from_fn(|_| dash()),
             });
-            if limited {
-                let held = stats.as_ref().ok().and_then(|s| s.limited);
-                row.insert(3, held.map_or_else(dash, |n| n.to_string()));
-            }
             rows.push(row);
         }
         columns(&rows)

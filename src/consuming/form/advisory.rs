@@ -53,7 +53,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::limit_keys::{full_marker, key_sql, take_slots, unlock_all};
+use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
 use super::{unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
@@ -182,11 +182,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                 continue;
             }
             let limit_keys = InWork::keys(&q.spec, user);
-            if limit_keys
-                .iter()
-                .enumerate()
-                .any(|(i, k)| tried.contains(&full_marker(i, k)))
-            {
+            if passed_by(&tried, &limit_keys) {
                 continue;
             }
             let group = q

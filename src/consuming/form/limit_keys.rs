@@ -23,8 +23,17 @@ pub(super) fn key_sql(ctx: &Ctx) -> Option<KeySql<'_>> {
 
 /// The mark in a claim's `tried` set of a concurrency limit's key with no free slot: every
 /// later row of that key is passed by. (Starts with a NUL, which no lock key holds.)
-pub(super) fn full_marker(limit: usize, key: &str) -> String {
+fn full_marker(limit: usize, key: &str) -> String {
     format!("\0{limit}:{key}")
+}
+
+/// True if a claim marked one of `limit_keys` full earlier ([`full_marker`]): the row is
+/// passed by.
+pub(super) fn passed_by(tried: &std::collections::HashSet<String>, limit_keys: &[String]) -> bool {
+    limit_keys
+        .iter()
+        .enumerate()
+        .any(|(i, k)| tried.contains(&full_marker(i, k)))
 }
 
 /// The slots a row took (`Ok`), or the mark of the full key and the slots taken before it.

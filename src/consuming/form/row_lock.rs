@@ -94,7 +94,7 @@ fn claim_limited(
     sql: &crate::dialect::LimitSql,
     mut conn: crate::runtime::ClaimConn,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{full_marker, key_sql, take_slots, unlock_all};
+    use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
     use crate::dialect::keys::SessionKeys;
     use crate::runtime::limits::InWork;
     let q = &ctx.queue;
@@ -125,11 +125,7 @@ fn claim_limited(
                 continue;
             };
             let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
-            if keys
-                .iter()
-                .enumerate()
-                .any(|(i, k)| tried.contains(&full_marker(i, k)))
-            {
+            if passed_by(&tried, &keys) {
                 continue;
             }
             let mut session = SessionKeys::default();
@@ -208,7 +204,7 @@ fn claim_limited_in_transaction(
     slot_lock: &str,
     now: SystemTime,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{full_marker, take_slots};
+    use super::limit_keys::{passed_by, take_slots};
     use crate::runtime::limits::InWork;
     const SLOT: &str = "SAVEPOINT sqlbroker_slot";
     const NO_SLOT: &str = "ROLLBACK TO SAVEPOINT sqlbroker_slot";
@@ -237,11 +233,7 @@ fn claim_limited_in_transaction(
                     continue;
                 };
                 let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
-                if keys
-                    .iter()
-                    .enumerate()
-                    .any(|(i, k)| tried.contains(&full_marker(i, k)))
-                {
+                if passed_by(&tried, &keys) {
                     continue;
                 }
                 conn.batch(SLOT)?;
