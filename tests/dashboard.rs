@@ -950,7 +950,7 @@ fn listings_read_payload_prefixes(db: Db) {
 
 /// A table with concurrency limits: its page shows each limit with what it counts (the key
 /// escaped), and /metrics gives the max in force, the rows in work, the rows waiting and the
-/// limited state; fails if a limit or its counts are left out.
+/// limited state; fails if a limit or its counts are left out. Its form sets a max or lifts it.
 fn concurrency_limits_are_shown(db: Db) {
     let Some(l) = live(db) else { return };
     let t = l.create(
@@ -991,6 +991,31 @@ fn concurrency_limits_are_shown(db: Db) {
     ] {
         assert!(m.lines().any(|l| l == line), "no {line:?} in:\n{m}");
     }
+    // Set from the page's form (the CSRF token it carries): a max, then lifted; a max out of
+    // range or a key the table has no limit of is refused (400) and changes nothing.
+    let csrf = dash.csrf(&format!("/tables/{name}"));
+    let path = format!("/tables/{name}/limit");
+    let post = |fields: &[(&str, &str)]| {
+        let mut form = vec![("csrf", csrf.as_str())];
+        form.extend_from_slice(fields);
+        dash.post(&path, &form)
+    };
+    let max = || l.broker.concurrency_limits(&t).unwrap()[0].max;
+    let r = post(&[("key", "<{k}>"), ("max", "3")]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(r.location.unwrap().contains("set+to+3"));
+    assert_eq!(max(), Some(3));
+    for bad in [
+        [("key", "<{k}>"), ("max", "0")],
+        [("key", "{x}"), ("max", "2")],
+    ] {
+        let r = post(&bad);
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.body);
+        assert_eq!(max(), Some(3));
+    }
+    let r = post(&[("key", "<{k}>"), ("max", "")]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(max(), None);
     held.ack().unwrap();
     sub.shutdown(Duration::from_secs(10)).unwrap();
 }

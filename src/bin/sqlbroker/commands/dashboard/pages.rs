@@ -117,6 +117,20 @@ fn action(
     }
 }
 
+/// A concurrency limit's form: a new max (empty lifts the limit), posted as the `limit`
+/// action with the page's CSRF token.
+fn limit_form(ctx: &Ctx, table: &str, key: &str, back: &str) -> Markup {
+    html! {
+        form.inline method="post" action={ "/tables/" (table) "/limit" } {
+            input type="hidden" name="csrf" value=(ctx.csrf);
+            input type="hidden" name="back" value=(back);
+            input type="hidden" name="key" value=(key);
+            input type="number" name="max" min="1" max=(sqlbroker::Table::MAX_CONCURRENCY) size="5" placeholder="max";
+            button type="submit" { "set (empty: lift)" }
+        }
+    }
+}
+
 fn done_note(rq: &Rq) -> Markup {
     html! { @if let Some(d) = rq.param("done") { p.done { (d) } } }
 }
@@ -282,7 +296,10 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
             @if let Some(p) = e.last().filter(|p| !p.limits.is_empty()) {
                 h2 { "Concurrency limits" }
                 table {
-                    tr { th { "key" } th { "max" } th { "described" } th { "in work" } th { "waiting" } }
+                    tr {
+                        th { "key" } th { "max" } th { "described" } th { "in work" } th { "waiting" }
+                        @if !ctx.read_only { th { "set" } }
+                    }
                     @for l in &p.limits {
                         tr {
                             td { code { (format!("{:?}", l.key)) } }
@@ -290,10 +307,10 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                             td { (l.described) }
                             td { (opt(l.in_work)) }
                             td { (opt(l.waiting)) }
+                            @if !ctx.read_only { td { (limit_form(ctx, name, &l.key, &here)) } }
                         }
                     }
                 }
-                p.muted { "Set a max with " code { "sqlbroker limit" } "." }
                 @if let Some(n) = p.stats.limited {
                     p.muted { (n) " ready rows are held back by a limit (not in ready)." }
                 }

@@ -339,6 +339,27 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
             true => format!("cancelled job {id}"),
             false => format!("no live or dead job {id} to cancel"),
         }),
+        ("limit", _, _) => {
+            let key = field(form, "key").unwrap_or_default();
+            let max = match field(form, "max").map(str::trim) {
+                None | Some("") | Some("lift") => None,
+                Some(n) => match n.parse::<u32>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return Reply::text(
+                            400,
+                            "text/plain; charset=utf-8",
+                            "max is a whole number (empty lifts the limit)\n".into(),
+                        )
+                    }
+                },
+            };
+            b.set_concurrency_limit(table, key, max)
+                .map(|()| match max {
+                    Some(n) => format!("limit {key:?} set to {n}"),
+                    None => format!("limit {key:?} lifted"),
+                })
+        }
         ("requeue" | "purge" | "cancel", _, _) => {
             return Reply::text(
                 400,
@@ -351,6 +372,13 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
     ctx.sampler.refresh(table);
     let message = match done {
         Ok(m) => m,
+        // A max out of range or a key the table has no limit of: the operator's mistake.
+        Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
+            return Reply::html(
+                400,
+                pages::message("The action was refused", &crate::chain(&e)),
+            )
+        }
         Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
     };
     let back = field(form, "back")
