@@ -558,13 +558,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
                 if ids.is_empty() {
                     return Ok(Vec::new());
                 }
-                let slots = size_class(ids.len());
-                let take = sql
-                    .fifo_takes
-                    .get(slots.trailing_zeros() as usize)
-                    .ok_or_else(|| DbError::other(format!("a FIFO claim of {slots} rows")))?;
-                let mut params = vec![Value::Time(now), Value::Time(token)];
-                id_params(&ids, slots, &mut params);
+                let leading = vec![Value::Time(now), Value::Time(token)];
+                let (take, params) = for_ids(&sql.fifo_takes, leading, &ids)?;
                 conn.query(take, &params)
             });
         }
@@ -761,6 +756,22 @@ pub(crate) fn in_transaction<T, S: AsRef<str>>(
 /// few texts are prepared per connection.
 pub(crate) fn size_class(n: usize) -> usize {
     n.max(1).next_power_of_two()
+}
+
+/// The statement of `list` (one per size class: 1, 2, 4 .. ids) for as many ids as `ids`, and
+/// its parameters: `leading`, then `ids` padded to the class ([`id_params`]).
+pub(crate) fn for_ids<'a>(
+    list: &'a [String],
+    mut leading: Vec<Value>,
+    ids: &[i64],
+) -> Result<(&'a str, Vec<Value>), DbError> {
+    let slots = size_class(ids.len());
+    let sql = list
+        .get(slots.trailing_zeros() as usize)
+        .ok_or_else(|| DbError::other(format!("no statement for a list of {slots} ids")))?;
+    leading.reserve(slots);
+    id_params(ids, slots, &mut leading);
+    Ok((sql, leading))
 }
 
 /// `ids` as parameters, padded to `slots` with the last id (a repeated id in `IN` or an `OR`

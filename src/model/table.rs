@@ -751,13 +751,7 @@ impl Table {
         }
         let mut out: Vec<LimitSpec> = Vec::with_capacity(self.limits.len());
         for (key, max) in &self.limits {
-            if !(1..=Table::MAX_CONCURRENCY).contains(max) {
-                return Err(format!(
-                    "concurrency limit {key:?}: max must be 1..={} (pause a table to stop it), \
-                     not {max}",
-                    Table::MAX_CONCURRENCY
-                ));
-            }
+            check_concurrency(*max).map_err(|e| format!("concurrency limit {key:?}: {e}"))?;
             if out.iter().any(|l| l.key == *key) {
                 return Err(format!("concurrency limit {key:?} is given twice"));
             }
@@ -780,6 +774,18 @@ pub(crate) struct LimitSpec {
     pub template: KeyTemplate,
     /// The described `max` (an operator's setting in the record overrides it).
     pub max: u32,
+}
+
+/// Checks a concurrency limit's `max` (described, or set at run time) is in
+/// `1..=`[`Table::MAX_CONCURRENCY`].
+pub(crate) fn check_concurrency(max: u32) -> std::result::Result<(), String> {
+    if (1..=Table::MAX_CONCURRENCY).contains(&max) {
+        return Ok(());
+    }
+    Err(format!(
+        "max must be 1..={} (pause a table to stop it), not {max}",
+        Table::MAX_CONCURRENCY
+    ))
 }
 
 /// Checks `s` against `[A-Za-z_][A-Za-z0-9_]*` and a length limit.

@@ -481,12 +481,7 @@ pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
         reason,
     };
     if let Some(m) = max {
-        if !(1..=Table::MAX_CONCURRENCY).contains(&m) {
-            return Err(bad(format!(
-                "max must be 1..={} (None lifts the limit; pause stops the table), not {m}",
-                Table::MAX_CONCURRENCY
-            )));
-        }
+        crate::model::table::check_concurrency(m).map_err(bad)?;
     }
     for _ in 0..10 {
         let Some(row) = q.retrying("set limit", |conn| read(&*q.dialect, conn, &q.spec.name))?

@@ -81,18 +81,12 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };
             broker.set_concurrency_limit(&table, &args.key, max)?;
-            match max {
-                Some(n) => say(format_args!(
-                    "table {}: limit {} is now {n}\n",
-                    table.name(),
-                    escape(&format!("{:?}", args.key))
-                )),
-                None => say(format_args!(
-                    "table {}: limit {} is lifted\n",
-                    table.name(),
-                    escape(&format!("{:?}", args.key))
-                )),
-            }
+            let now = max.map_or_else(|| "lifted".to_string(), |n| format!("now {n}"));
+            say(format_args!(
+                "table {}: limit {} is {now}\n",
+                table.name(),
+                escape(&format!("{:?}", args.key))
+            ))
         }
         Command::Schema(_) => unreachable!("schema returned above"),
         Command::Dashboard(_) => unreachable!("served above, or refused by main"),

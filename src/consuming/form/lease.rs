@@ -35,7 +35,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{unreadable_rows, Claimed, Hold, Outcome};
+use super::{unreadable_rows, Claimed, Hold, Outcome, LIMIT_SCAN};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::model::schedule::{claim_now, lease_token};
@@ -117,11 +117,6 @@ fn book(
     }
     Ok(out)
 }
-
-/// The most candidate rows a claim of a table with concurrency limits reads: rows of keys at
-/// their limit stay ready, so a claim reads past them (its page growing fourfold from a few
-/// times its batch) to reach keys with room; past this many it gives up until the next round.
-const LIMIT_SCAN: usize = 10_000;
 
 /// The lease claim of a table with concurrency limits, in one transaction:
 /// 1. counts the rows in work per key (every unfinished row whose lease has not expired) as
@@ -292,17 +287,11 @@ fn lock_loose(
     loose: &[i64],
     now: SystemTime,
 ) -> Result<Vec<i64>, DbError> {
-    use crate::dialect::{id_params, size_class};
     if loose.is_empty() {
         return Ok(Vec::new());
     }
-    let slots = size_class(loose.len());
-    let lock = sql
-        .lock
-        .get(slots.trailing_zeros() as usize)
-        .ok_or_else(|| DbError::other(format!("a limited claim locking {slots} rows")))?;
-    let mut params = vec![Value::Time(now), Value::Time(now)];
-    id_params(loose, slots, &mut params);
+    let leading = vec![Value::Time(now), Value::Time(now)];
+    let (lock, params) = crate::dialect::for_ids(&sql.lock, leading, loose)?;
     Ok(conn
         .query(lock, &params)?
         .iter()
@@ -321,34 +310,22 @@ fn take_chosen(
     now: SystemTime,
     token: SystemTime,
 ) -> Result<Vec<Vec<Value>>, DbError> {
-    use crate::dialect::{id_params, size_class};
-    let class_of = |n: usize| {
-        let slots = size_class(n);
-        (slots, slots.trailing_zeros() as usize)
-    };
-    let statement = |list: &[String], class: usize| {
-        list.get(class)
-            .ok_or_else(|| DbError::other(format!("a limited claim of size class {class}")))
-            .cloned()
-    };
+    use crate::dialect::for_ids;
     if chosen.is_empty() {
         return Ok(Vec::new());
     }
-    let (slots, class) = class_of(chosen.len());
     if sql.take_locked.is_empty() {
-        let mut params = vec![Value::Time(token), Value::Time(now), Value::Time(now)];
-        id_params(chosen, slots, &mut params);
-        return conn.query(&statement(&sql.take, class)?, &params);
+        let leading = vec![Value::Time(token), Value::Time(now), Value::Time(now)];
+        let (take, params) = for_ids(&sql.take, leading, chosen)?;
+        return conn.query(take, &params);
     }
-    let mut params = vec![Value::Time(token)];
-    id_params(chosen, slots, &mut params);
+    let (take, params) = for_ids(&sql.take_locked, vec![Value::Time(token)], chosen)?;
     if sql.taken.is_empty() {
-        return conn.query(&statement(&sql.take_locked, class)?, &params);
+        return conn.query(take, &params);
     }
-    conn.execute(&statement(&sql.take_locked, class)?, &params)?;
-    let mut params = Vec::with_capacity(slots);
-    id_params(chosen, slots, &mut params);
-    conn.query(&statement(&sql.taken, class)?, &params)
+    conn.execute(take, &params)?;
+    let (taken, params) = for_ids(&sql.taken, Vec::new(), chosen)?;
+    conn.query(taken, &params)
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.

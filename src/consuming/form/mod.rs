@@ -16,6 +16,12 @@ pub(crate) mod lease;
 mod limit_keys;
 pub(crate) mod row_lock;
 
+/// The most candidate rows a claim of a table with concurrency limits reads (lease and row
+/// lock forms): rows of keys at their limit stay ready, so a claim reads past them (its page
+/// growing fourfold from its batch) to reach keys with room; past this many it gives up until
+/// the next round.
+const LIMIT_SCAN: usize = 10_000;
+
 /// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).
 pub(crate) struct Claimed {
     pub id: i64,

@@ -28,13 +28,13 @@
 
 use std::time::{Instant, SystemTime};
 
-use super::{unreadable_rows, Claimed, Hold, Outcome};
+use super::{unreadable_rows, Claimed, Hold, Outcome, LIMIT_SCAN};
 use crate::dialect::keys::SessionKeys;
 use crate::dialect::{savepoint, DbConn};
 use crate::error::{BrokerError, Result};
 use crate::model::schedule::claim_now;
 use crate::model::value::Value;
-use crate::runtime::{Ctx, PooledConn};
+use crate::runtime::{ClaimConn, Ctx, PooledConn};
 
 pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
@@ -60,29 +60,37 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
             return Err(q.err("claim")(e));
         }
     };
-    let Some(mut row) = row else {
+    let Some(row) = row else {
         conn.rollback_or_discard();
         return Ok(Vec::new());
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
-    // The count is taken at settlement, so the row holds the attempts before this one.
+    deliver(ctx, conn, row, unreadable, None)
+}
+
+/// The row a claim locked, as a delivery: the connection goes with it, still marked broken
+/// while its transaction is open, with the slot keys its session holds (`slots`). The count
+/// is taken at settlement, so the row holds the attempts before this one: it reads one more.
+fn deliver(
+    ctx: &Ctx,
+    mut conn: ClaimConn,
+    mut row: Vec<Value>,
+    unreadable: Option<String>,
+    slots: Option<(SessionKeys, Vec<String>)>,
+) -> Result<Vec<Claimed>> {
     if let Some(Value::Int(a)) = row.get_mut(1) {
         *a = a.saturating_add(1);
     }
-    // The connection goes with the delivery, still marked broken while its transaction is open.
-    let conn = conn.into_inner();
+    conn.mark_broken();
     let hold = Hold::RowLock(RowHold {
-        conn,
+        conn: conn.into_inner(),
         work: false,
-        slots: None,
+        slots,
     });
-    let taken = Claimed::new(row, hold, unreadable);
-    taken.map(|c| vec![c]).map_err(q.err("claim"))
+    Claimed::new(row, hold, unreadable)
+        .map(|c| vec![c])
+        .map_err(ctx.queue.err("claim"))
 }
-
-/// The most candidate rows a claim of a table with concurrency limits reads (see
-/// [`LIMIT_SCAN`](super::lease)): rows of keys at their limit stay ready.
-const LIMIT_SCAN: usize = 10_000;
 
 /// The claim of a table with concurrency limits: candidates in claim order, read without
 /// locks; for the first whose keys each have a free slot, the slots are taken on this session
@@ -92,10 +100,9 @@ const LIMIT_SCAN: usize = 10_000;
 fn claim_limited(
     ctx: &Ctx,
     sql: &crate::dialect::LimitSql,
-    mut conn: crate::runtime::ClaimConn,
+    mut conn: ClaimConn,
 ) -> Result<Vec<Claimed>> {
     use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
-    use crate::dialect::keys::SessionKeys;
     use crate::runtime::limits::InWork;
     let q = &ctx.queue;
     let spec = &q.spec;
@@ -154,7 +161,7 @@ fn claim_limited(
                 let take = sql.take.first().map_or("", String::as_str);
                 conn.query(take, &[Value::Int(id), Value::Time(now)])
             })();
-            let mut row = match locked {
+            let row = match locked {
                 Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),
                 Ok(_) => {
                     // Taken or settled meanwhile: the slots go back, the next candidate.
@@ -171,19 +178,8 @@ fn claim_limited(
                 }
             };
             let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
-            if let Some(Value::Int(a)) = row.get_mut(1) {
-                *a = a.saturating_add(1);
-            }
             // Broken while the transaction is open, whatever the keys say.
-            conn.mark_broken();
-            let hold = Hold::RowLock(RowHold {
-                conn: conn.into_inner(),
-                work: false,
-                slots: Some((session, names)),
-            });
-            return Claimed::new(row, hold, unreadable)
-                .map(|c| vec![c])
-                .map_err(q.err("claim"));
+            return deliver(ctx, conn, row, unreadable, Some((session, names)));
         }
         if rows.len() < page || page >= LIMIT_SCAN {
             return Ok(Vec::new());
@@ -200,7 +196,7 @@ fn claim_limited(
 fn claim_limited_in_transaction(
     ctx: &Ctx,
     sql: &crate::dialect::LimitSql,
-    mut conn: crate::runtime::ClaimConn,
+    mut conn: ClaimConn,
     slot_lock: &str,
     now: SystemTime,
 ) -> Result<Vec<Claimed>> {
@@ -263,7 +259,7 @@ fn claim_limited_in_transaction(
             page = (page * 4).min(LIMIT_SCAN);
         }
     })();
-    let mut row = match found {
+    let row = match found {
         Ok(Some(row)) => row,
         Ok(None) => {
             conn.rollback_or_discard();
@@ -275,17 +271,7 @@ fn claim_limited_in_transaction(
         }
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
-    if let Some(Value::Int(a)) = row.get_mut(1) {
-        *a = a.saturating_add(1);
-    }
-    let hold = Hold::RowLock(RowHold {
-        conn: conn.into_inner(),
-        work: false,
-        slots: None,
-    });
-    Claimed::new(row, hold, unreadable)
-        .map(|c| vec![c])
-        .map_err(q.err("claim"))
+    deliver(ctx, conn, row, unreadable, None)
 }
 
 /// Unlocks a delivery's slot keys once its transaction has ended (committed or rolled back);

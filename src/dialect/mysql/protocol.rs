@@ -6,7 +6,9 @@
 use std::time::SystemTime;
 
 use super::sql::{ack_lock_sql, ack_many_sql, renew_lock_sql, renew_set_sql, RENEW_BEGIN};
-use crate::dialect::{id_params, in_transaction, size_class, BySize, DbConn, FifoSql, TableSql};
+use crate::dialect::{
+    for_ids, id_params, in_transaction, size_class, BySize, DbConn, FifoSql, TableSql,
+};
 use crate::error::{DbError, DbErrorKind};
 use crate::model::schedule::epoch_secs;
 use crate::model::table::TableSpec;
@@ -240,13 +242,7 @@ pub(super) fn fifo_lease_claim(
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let slots = size_class(ids.len());
-        let lock = fifo
-            .lock_many
-            .get(slots.trailing_zeros() as usize)
-            .ok_or_else(|| DbError::other(format!("a FIFO claim of {slots} heads")))?;
-        let mut params = Vec::with_capacity(slots + 3);
-        id_params(&ids, slots, &mut params);
+        let (lock, mut params) = for_ids(&fifo.lock_many, Vec::new(), &ids)?;
         params.extend([Value::Time(now), Value::Time(now), Value::Int(limit as i64)]);
         let mut kept = Vec::new();
         for row in conn.query(lock, &params)? {
