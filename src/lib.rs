@@ -70,6 +70,12 @@
 //!   changed at run time with [`Broker::set_concurrency_limit`], read with
 //!   [`Broker::concurrency_limits`]; the rows a limit holds back are
 //!   [`QueueStats::limited`].
+//! - [`Table::rate_limit`]: at most `max` rows of one rendered key claimed in any window of
+//!   length `per` (a sliding window, counting claims), across every broker and process,
+//!   through window slots the database stamps; changed at run time with
+//!   [`Broker::set_rate_limit`], read with [`Broker::rate_limits`].
+//! - [`Table::fair`]: claims rotate across the keys of the ready rows, a row of each key per
+//!   round, so a tenant's backlog cannot starve the others.
 //!
 //! Keys and group values compare byte for byte on every database (case, trailing spaces and
 //! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
@@ -284,6 +290,8 @@
 //! | advisory | `pg_try_advisory_lock(hashtextextended(key, 0))` | `GET_LOCK(name, 0)` | keys kept in the process |
 //! | FIFO groups ([`Table::fifo`]) | row lock, lease: a transaction-scoped advisory lock on the group; advisory: the group's key held with the delivery | row lock, lease: the group's rows locked `NOWAIT`; advisory: the group's `GET_LOCK` held with the delivery | lease: one writer at a time; advisory: the group's key in the process |
 //! | concurrency limits ([`Table::concurrency_limit`]) | lease: counted in turn under the table's record; row lock: transaction-scoped slot keys; advisory: slot keys | lease: counted in turn; row lock, advisory: `GET_LOCK` slot keys | lease: counted by the one writer; advisory: slot keys in the process |
+//! | rate limits ([`Table::rate_limit`]) | window slots in `<table>_rates`, stamped by a fenced update | the same | the same |
+//! | fair claims ([`Table::fair`]) | a `WITH RECURSIVE` skip through the key's index | the same (MySQL 8.0.1+, MariaDB 10.2+) | the same |
 //!
 //! A server below the floor stops [`start`](SubscriptionBuilder::start) with
 //! [`BrokerError::ServerTooOld`].
@@ -414,7 +422,7 @@ pub use model::value::Value;
 pub use operating::ddl::Database;
 pub use operating::jobs::{Job, JobState};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
-pub use operating::tables::{ConcurrencyLimit, RecordedTable};
+pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
 pub use producing::message::Message;
 #[cfg(feature = "cron")]
 pub use producing::periodic::{Periodic, PeriodicBuilder};

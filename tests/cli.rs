@@ -398,10 +398,12 @@ fn limits_listed_and_set(db: Db) {
     let Some(l) = live(db) else { return };
     let url = l.url.clone();
     let name = unique("cll");
+    l.track(&format!("{name}_rates"));
     let t = l.create(
         sqlbroker::Table::new(&name)
             .text_column("k")
             .concurrency_limit("{k}", 2)
+            .rate_limit("{k}", 10, Duration::from_secs(1))
             .lease(Duration::from_secs(30)),
     );
     l.broker
@@ -410,15 +412,27 @@ fn limits_listed_and_set(db: Db) {
     let text = ok(&url, &["limits", "--table", &name], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["\"{k}\"", "2", "2", "0", "0"], "{text}");
+    let rate: Vec<&str> = text.lines().nth(4).unwrap().split_whitespace().collect();
+    assert_eq!(rate, ["\"{k}\"", "10", "1s", "10", "0"], "{text}");
     let said = ok(
         &url,
         &["limit", "--table", &name, "--key", "{k}", "--max", "5"],
         "",
     );
-    assert!(said.contains("is now 5"), "{said}");
+    assert!(said.contains("limit \"{k}\" is now 5"), "{said}");
+    let said = ok(
+        &url,
+        &[
+            "limit", "--table", &name, "--key", "{k}", "--max", "3", "--rate",
+        ],
+        "",
+    );
+    assert!(said.contains("rate limit \"{k}\" is now 3"), "{said}");
     assert_eq!(
         ok(&url, &["limits", "--table", &name, "--json"], "").trim(),
-        "[{\"key\":\"{k}\",\"max\":5,\"described\":2,\"in_work\":0,\"waiting\":0}]"
+        "[{\"kind\":\"concurrency\",\"key\":\"{k}\",\"max\":5,\"described\":2,\"in_work\":0,\"waiting\":0},\
+         {\"kind\":\"rate\",\"key\":\"{k}\",\"max\":3,\"described\":10,\"in_work\":null,\"waiting\":null,\
+         \"per_ms\":1000,\"claimed\":0}]"
     );
     ok(
         &url,
@@ -426,6 +440,7 @@ fn limits_listed_and_set(db: Db) {
         "",
     );
     assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, None);
+    assert_eq!(l.broker.rate_limits(&t).unwrap()[0].max, Some(3));
     let o = run(
         Some(&url),
         &["limit", "--table", &name, "--key", "{x}", "--max", "1"],
@@ -437,7 +452,16 @@ fn limits_listed_and_set(db: Db) {
         "{}",
         stderr(&o)
     );
+    let o = run(
+        Some(&url),
+        &[
+            "limit", "--table", &name, "--key", "{k}", "--max", "0", "--rate",
+        ],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(l.broker.concurrency_limits(&t).unwrap()[0].max, None);
+    assert_eq!(l.broker.rate_limits(&t).unwrap()[0].max, Some(3));
     let o = run(Some(&url), &["limit", "--table", &name, "--key", "{k}"], "");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }

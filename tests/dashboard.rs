@@ -1022,6 +1022,74 @@ fn concurrency_limits_are_shown(db: Db) {
 
 per_db!(concurrency_limits_are_shown);
 
+/// A table's rate limits: listed on its page (key escaped, max, window, claims in the
+/// window), in `/metrics`, and set from the page's form (the `rate` action; 400 and nothing
+/// changed for a max out of range or a key the table has no rate limit of).
+fn rate_limits_are_shown(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = common::unique("drate");
+    l.track(&format!("{name}_rates"));
+    let t = l.create(
+        Table::new(&name)
+            .text_column("k")
+            .rate_limit("<{k}>", 2, Duration::from_secs(60))
+            .lease(Duration::from_secs(30)),
+    );
+    let b = &l.broker;
+    for _ in 0..3 {
+        b.publish(&t, Message::new(b"x".to_vec()).set("k", "a"))
+            .unwrap();
+    }
+    let sub = b.subscription(&t).start().unwrap();
+    let first = common::next(&sub, Duration::from_secs(10));
+    let second = common::next(&sub, Duration::from_secs(10));
+    let dash = start(&l.url, &["--table", &name], &[]);
+    let page = dash.get(&format!("/tables/{name}"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Rate limits"), "{}", page.body);
+    assert!(
+        page.body.contains("&quot;&lt;{k}&gt;&quot;"),
+        "{}",
+        page.body
+    );
+    let m = dash.get("/metrics").body;
+    let key = format!("table=\"{name}\",key=\"<{{k}}>\",per_seconds=\"60\"");
+    for line in [
+        format!("sqlbroker_rate_limit_max{{{key}}} 2"),
+        format!("sqlbroker_rate_limit_claimed{{{key}}} 2"),
+    ] {
+        assert!(m.lines().any(|l| l == line), "no {line:?} in:\n{m}");
+    }
+    let csrf = dash.csrf(&format!("/tables/{name}"));
+    let path = format!("/tables/{name}/rate");
+    let post = |fields: &[(&str, &str)]| {
+        let mut form = vec![("csrf", csrf.as_str())];
+        form.extend_from_slice(fields);
+        dash.post(&path, &form)
+    };
+    let max = || l.broker.rate_limits(&t).unwrap()[0].max;
+    for bad in [
+        [("key", "<{k}>"), ("max", "0")],
+        [("key", "{x}"), ("max", "2")],
+    ] {
+        let r = post(&bad);
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.body);
+        assert_eq!(max(), Some(2));
+    }
+    // Raised from the page: the third row, waiting on the window, is claimed.
+    let r = post(&[("key", "<{k}>"), ("max", "3")]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(r.location.unwrap().contains("set+to+3"));
+    assert_eq!(max(), Some(3));
+    let third = common::next(&sub, Duration::from_secs(10));
+    for d in [first, second, third] {
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+per_db!(rate_limits_are_shown);
+
 /// `--table` restricts: another recorded table is not listed, not in /metrics, not shown
 /// (404) and not acted on (404, its dead letters untouched, the CSRF token notwithstanding).
 fn restricted_tables(db: Db) {

@@ -343,11 +343,15 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 bury(ctx, dead);
                 if got == 0 {
                     let poll = ctx.opts.poll_interval;
-                    let wait = if adaptive {
+                    let mut wait = if adaptive {
                         idle_poll(empty, poll)
                     } else {
                         poll
                     };
+                    // A rate window found full: claim again as it has room.
+                    if let Some(room) = ctx.queue.flow.room_wait() {
+                        wait = wait.min(room + Duration::from_millis(1));
+                    }
                     polling = !ctx.queue.wake.wait(seen, wait);
                     empty = after_wait(empty, polling);
                 } else {

@@ -31,6 +31,7 @@ pub(crate) mod conn;
     feature = "diesel-sqlite"
 ))]
 pub(crate) mod diesel;
+pub(crate) mod flow;
 pub(crate) mod keys;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -114,8 +115,13 @@ pub(crate) struct LimitSql {
 /// Statements of one table for one database, built once. Parameters are listed as `(..)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TableSql {
-    /// Lease tables with concurrency limits: their claim ([`LimitSql`]).
+    /// Lease and row lock tables with flow control (concurrency or rate limits, fair claims):
+    /// their claim ([`LimitSql`]).
     pub limited: Option<LimitSql>,
+    /// Tables with rate limits: their window slots ([`flow::RateSql`]).
+    pub rates: Option<flow::RateSql>,
+    /// Tables with fair claims: the next keys to serve ([`flow::FairSql`]).
+    pub fair: Option<flow::FairSql>,
     /// Opens a claim transaction at the table's isolation level.
     pub begin: Vec<String>,
     /// Opens a write transaction (batch publish, renewal loops).

@@ -565,6 +565,7 @@ impl Syntax {
             }
         }
         ddl.extend(self.leased_index(spec));
+        ddl.extend(self.fair_index(spec));
         // Last, so the statements before keep their places.
         ddl.push(self.dead_index(spec));
         ddl

@@ -150,6 +150,12 @@ pub(crate) fn probe_every(idle: Duration) -> Duration {
     }
 }
 
+/// Milliseconds since the epoch (0 before it): the rate limits' window stamps.
+pub(crate) fn millis(t: SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

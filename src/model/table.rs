@@ -221,6 +221,10 @@ pub struct Table {
     keep_completed: Option<Duration>,
     /// Concurrency limits: key template and the most rows of one key in work at once.
     limits: Vec<(String, u32)>,
+    /// Rate limits: key template, the most claims of one key in any window, the window.
+    rates: Vec<(String, u32, Duration)>,
+    /// Fair claims: the key template claims rotate across.
+    fair: Option<String>,
 }
 
 impl Table {
@@ -232,6 +236,13 @@ impl Table {
     /// The largest `max` of a [`concurrency_limit`](Table::concurrency_limit): a claim may try
     /// each of a key's slots in turn.
     pub const MAX_CONCURRENCY: u32 = 1000;
+
+    /// The largest `max` of a [`rate_limit`](Table::rate_limit): a key keeps up to `max`
+    /// claim times.
+    pub const MAX_RATE: u32 = 10_000;
+
+    /// The longest window of a [`rate_limit`](Table::rate_limit): a day.
+    pub const MAX_RATE_WINDOW: Duration = Duration::from_secs(86_400);
 
     /// A table named `name` with the default role columns and no columns of the user's.
     /// The name is an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 48 characters), quoted in SQL,
@@ -251,6 +262,8 @@ impl Table {
             priorities: false,
             keep_completed: None,
             limits: Vec::new(),
+            rates: Vec::new(),
+            fair: None,
         }
     }
 
@@ -429,6 +442,107 @@ impl Table {
     /// ```
     pub fn concurrency_limit(mut self, key: impl Into<String>, max: u32) -> Self {
         self.limits.push((key.into(), max));
+        self
+    }
+
+    /// A rate limit: at most `max` rows whose rendered `key` is equal are **claimed** in any
+    /// window of length `per`, across every broker and process sharing the table. The window
+    /// slides (any `per`-long stretch of time, not calendar buckets), and it counts claims:
+    /// the moment a row is taken for work, whether its handler then succeeds, fails or never
+    /// finishes (a retry is claimed, and counted, again). `key` is a template as in
+    /// [`Table::concurrency_limit`]; `""` is one key for the whole table. Several limits
+    /// combine with each other and with concurrency limits: a row is claimed only when every
+    /// one has room.
+    ///
+    /// A row over the limit waits, ready: it spends no attempt and is not a failure. A claim
+    /// that found a key full learns when its window next has room and claims again then
+    /// (at most a poll interval later), rather than a poll interval later.
+    ///
+    /// The database enforces it: each key has `max` slots in the table `<table>_rates` (made
+    /// with the table), each holding the time it was last claimed; a claim takes a slot last
+    /// claimed at least `per` ago, stamping it with its own time, in one atomic statement, so
+    /// no two claims in `per` share a slot and no window holds more than `max`. Times are
+    /// the hosts' clocks in milliseconds: hosts sharing a table keep them in step (NTP).
+    /// Lease form: the stamp is written in the claim's transaction. Advisory lock and row
+    /// lock forms: it commits before the row's take; a take that then finds its row gone
+    /// gives the slot back.
+    ///
+    /// `max` is `1..=`[`Table::MAX_RATE`], `per` at least a millisecond and at most
+    /// [`Table::MAX_RATE_WINDOW`]. A message must set every column the template reads. Not
+    /// with [`Table::fifo`] yet ([`BrokerError::InvalidTable`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// // At most 2 calls a second per account.
+    /// let calls = Table::new("partner_calls")
+    ///     .text_column("account")
+    ///     .rate_limit("{account}", 2, Duration::from_secs(1))
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&calls)?;
+    /// for _ in 0..3 {
+    ///     broker.publish(&calls, Message::new(b"call".to_vec()).set("account", "acme"))?;
+    /// }
+    /// let sub = broker.subscription(&calls).start()?;
+    /// let (a, b) = (sub.next_delivery().unwrap(), sub.next_delivery().unwrap());
+    /// a.ack()?;
+    /// b.ack()?;
+    /// // The third is claimed once the first claim is a second old.
+    /// let c = sub.next_delivery_timeout(Duration::from_secs(5)).unwrap();
+    /// c.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn rate_limit(mut self, key: impl Into<String>, max: u32, per: Duration) -> Self {
+        self.rates.push((key.into(), max, per));
+        self
+    }
+
+    /// Fair claims: claims rotate across the rendered `key`s of the ready rows, a key at a
+    /// time in key order, starting after the key served last, so a key with a deep backlog
+    /// cannot starve the others: each key with ready rows gets a row per round. Within one
+    /// key the order is the table's (priority, due time, id). `key` reads exactly one column
+    /// (`"{tenant}"`, `"t-{tenant}"`); rows whose column is `NULL` are one key, served once
+    /// per round, after the others.
+    ///
+    /// With priorities, the rotation comes first: a key's highest-priority row waits for its
+    /// key's turn, not for other keys' lower-priority rows to drain. With concurrency and
+    /// rate limits, a key at its limit is passed by in the rotation and keeps its place for
+    /// the next round. Each broker rotates on its own, from where its last claim ended. An
+    /// index over the column and the claim order (`<table>_fair`) is made with the table:
+    /// a claim finds the next keys by skipping through it (one probe per key), then reads
+    /// each key's first rows.
+    ///
+    /// Not with [`Table::fifo`] yet ([`BrokerError::InvalidTable`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("tenant_jobs")
+    ///     .text_column("tenant")
+    ///     .fair("{tenant}")
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// for _ in 0..100 {
+    ///     broker.publish(&jobs, Message::new(b"big".to_vec()).set("tenant", "big"))?;
+    /// }
+    /// broker.publish(&jobs, Message::new(b"small".to_vec()).set("tenant", "small"))?;
+    /// let sub = broker.subscription(&jobs).batch_size(1).start()?;
+    /// let mut tenants = Vec::new();
+    /// for _ in 0..2 {
+    ///     let d = sub.next_delivery().unwrap();
+    ///     tenants.push(d.payload().to_vec());
+    ///     d.ack()?;
+    /// }
+    /// // The small tenant's one row is among the first two, not behind the 100.
+    /// assert!(tenants.contains(&b"small".to_vec()));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn fair(mut self, key: impl Into<String>) -> Self {
+        self.fair = Some(key.into());
         self
     }
 
@@ -680,6 +794,8 @@ impl Table {
             ));
         }
         let limits = self.validate_limits().map_err(bad)?;
+        let rates = self.validate_rates().map_err(bad)?;
+        let fair = self.validate_fair().map_err(bad)?;
         if self.max_attempts == Some(0) {
             return Err(bad("max_attempts must be at least 1".into()));
         }
@@ -737,7 +853,66 @@ impl Table {
                 n => Some(n),
             },
             limits,
+            rates,
+            fair,
         })
+    }
+
+    /// The rate limits, checked as the concurrency limits are, each window within bounds.
+    fn validate_rates(&self) -> std::result::Result<Vec<RateSpec>, String> {
+        if self.rates.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.fifo {
+            return Err("rate limits do not combine with FIFO groups yet".into());
+        }
+        let mut out: Vec<RateSpec> = Vec::with_capacity(self.rates.len());
+        for (key, max, per) in &self.rates {
+            check_rate(*max).map_err(|e| format!("rate limit {key:?}: {e}"))?;
+            if *per < Duration::from_millis(1) || *per > Table::MAX_RATE_WINDOW {
+                return Err(format!(
+                    "rate limit {key:?}: the window must be 1 ms..=1 day, not {per:?}"
+                ));
+            }
+            if out.iter().any(|l| l.key == *key) {
+                return Err(format!("rate limit {key:?} is given twice"));
+            }
+            let template = KeyTemplate::parse_limit(key, &self.columns)?;
+            out.push(RateSpec {
+                key: key.clone(),
+                template,
+                max: *max,
+                per_ms: per.as_millis().max(1) as i64,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The fair key, checked: a template that reads exactly one column, no FIFO groups.
+    fn validate_fair(&self) -> std::result::Result<Option<FairSpec>, String> {
+        let Some(key) = &self.fair else {
+            return Ok(None);
+        };
+        if self.fifo {
+            return Err("fair claims do not combine with FIFO groups yet".into());
+        }
+        let template = KeyTemplate::parse_limit(key, &self.columns)?;
+        let mut cols: Vec<usize> = template.columns().collect();
+        cols.dedup();
+        match cols.as_slice() {
+            [c] => Ok(Some(FairSpec {
+                key: key.clone(),
+                template,
+                column: *c,
+            })),
+            [] => Err(format!(
+                "fair key {key:?} reads no column: it must read exactly one (\"{{tenant}}\")"
+            )),
+            _ => Err(format!(
+                "fair key {key:?} reads {} columns: it must read exactly one (\"{{tenant}}\")",
+                cols.len()
+            )),
+        }
     }
 
     /// The concurrency limits, checked: templates over the table's columns, each once, `max`
@@ -774,6 +949,40 @@ pub(crate) struct LimitSpec {
     pub template: KeyTemplate,
     /// The described `max` (an operator's setting in the record overrides it).
     pub max: u32,
+}
+
+/// A validated rate limit.
+#[derive(Debug, Clone)]
+pub(crate) struct RateSpec {
+    /// The template as given (the limit's name in the record).
+    pub key: String,
+    pub template: KeyTemplate,
+    /// The most claims of one key in any window.
+    pub max: u32,
+    /// The window, in milliseconds (at least 1).
+    pub per_ms: i64,
+}
+
+/// A validated fair key.
+#[derive(Debug, Clone)]
+pub(crate) struct FairSpec {
+    /// The template as given.
+    #[allow(dead_code)]
+    pub key: String,
+    pub template: KeyTemplate,
+    /// The one column it reads (index into `columns`).
+    pub column: usize,
+}
+
+/// Checks a rate limit's `max` is in `1..=`[`Table::MAX_RATE`].
+pub(crate) fn check_rate(max: u32) -> std::result::Result<(), String> {
+    if (1..=Table::MAX_RATE).contains(&max) {
+        return Ok(());
+    }
+    Err(format!(
+        "max must be 1..={} (pause a table to stop it), not {max}",
+        Table::MAX_RATE
+    ))
 }
 
 /// Checks a concurrency limit's `max` (described, or set at run time) is in
@@ -853,6 +1062,10 @@ pub(crate) struct TableSpec {
     pub max_attempts: Option<u32>,
     /// The concurrency limits, in the order described.
     pub limits: Vec<LimitSpec>,
+    /// The rate limits, in the order described.
+    pub rates: Vec<RateSpec>,
+    /// The fair key, if claims rotate across keys.
+    pub fair: Option<FairSpec>,
 }
 
 impl TableSpec {
@@ -892,6 +1105,8 @@ impl TableSpec {
         self.key
             .iter()
             .chain(self.limits.iter().map(|l| &l.template))
+            .chain(self.rates.iter().map(|l| &l.template))
+            .chain(self.fair.iter().map(|f| &f.template))
             .flat_map(KeyTemplate::columns)
     }
 
@@ -900,6 +1115,26 @@ impl TableSpec {
     pub fn limit_columns(&self) -> Vec<usize> {
         let mut cols: Vec<usize> = self
             .limits
+            .iter()
+            .flat_map(|l| l.template.columns())
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        cols
+    }
+
+    /// True if a claim decides more than the form's own hold: concurrency or rate limits, or
+    /// fair claims (the claims that read candidates and choose among them).
+    pub fn flow_controlled(&self) -> bool {
+        !self.limits.is_empty() || !self.rates.is_empty() || self.fair.is_some()
+    }
+
+    /// The user columns the limits and rate limits read (indexes into `columns`, ascending,
+    /// each once).
+    #[allow(dead_code)]
+    pub fn rate_columns(&self) -> Vec<usize> {
+        let mut cols: Vec<usize> = self
+            .rates
             .iter()
             .flat_map(|l| l.template.columns())
             .collect();

@@ -231,6 +231,20 @@ pub(crate) fn plan(
     }
     m.statements
         .extend(q.dialect.missing_indexes(&q.spec, &have));
+    if let Some(rates) = &q.sql.rates {
+        // Rate limits added: their slots' table.
+        let name = crate::dialect::flow::rates_table(&q.spec);
+        let found = conn
+            .query(q.dialect.columns_query(), &[Value::Text(name.clone())])
+            .map_err(q.err("migrate"))?;
+        if found.is_empty() {
+            // (Already among the table's statements when an index was missing too.)
+            if !m.statements.contains(&rates.create) {
+                m.statements.push(rates.create.clone());
+            }
+            m.done.push(format!("created table {name}"));
+        }
+    }
     Ok(m)
 }
 

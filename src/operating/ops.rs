@@ -164,7 +164,7 @@ impl Broker {
         let oldest = row.get(4).and_then(Value::as_time);
         let paused = crate::runtime::registry::recorded_pause(&q)?;
         let limited = match &q.sql.limited {
-            Some(sql) if !sql.ready_keys.is_empty() => q
+            Some(sql) if !sql.ready_keys.is_empty() && !q.spec.limits.is_empty() => q
                 .retrying("stats", |conn| {
                     let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
                     crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)

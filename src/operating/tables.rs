@@ -6,6 +6,7 @@
 use crate::broker::Broker;
 use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
+use crate::model::value::Value;
 use crate::runtime::registry;
 
 /// A recorded table, as [`Broker::tables`] lists it.
@@ -45,6 +46,22 @@ pub struct ConcurrencyLimit {
     /// Lease tables: ready rows whose key of this limit is at its max, waiting on it. `None`
     /// in the other forms.
     pub waiting: Option<u64>,
+}
+
+/// A rate limit in force ([`Broker::rate_limits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    /// The key template, as described (`""`: the whole table).
+    pub key: String,
+    /// The window.
+    pub per: std::time::Duration,
+    /// The `max` the description gives.
+    pub described: u32,
+    /// The `max` in force: an operator's setting, else the described one; `None`: lifted.
+    pub max: Option<u32>,
+    /// Claims in the window ending now, every key of the limit together.
+    pub claimed: u64,
 }
 
 impl Broker {
@@ -177,6 +194,79 @@ impl Broker {
         registry::set_limit(&q, key, max)
     }
 
+    /// Sets the `max` of the table's rate limit `key` (its template as described) at run
+    /// time, or lifts it (`None`), as [`set_concurrency_limit`](Broker::set_concurrency_limit)
+    /// does for a concurrency limit: recorded in the table's record, followed by every
+    /// broker's next claim, undone by a later `migrate`. A lowered max binds fully once the
+    /// claims made under the old one are a window old.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for a `max` outside `1..=`[`Table::MAX_RATE`] or a key
+    /// the table's record describes no rate limit for, changing nothing;
+    /// [`BrokerError::UnknownTable`] for a table without a record.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let calls = Table::new("calls")
+    ///     .text_column("account")
+    ///     .rate_limit("{account}", 10, Duration::from_secs(1))
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&calls)?;
+    /// broker.set_rate_limit(&calls, "{account}", Some(5))?;
+    /// assert_eq!(broker.rate_limits(&calls)?[0].max, Some(5));
+    /// assert!(broker.set_rate_limit(&calls, "{other}", Some(5)).is_err());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn set_rate_limit(&self, table: &Table, key: &str, max: Option<u32>) -> Result<()> {
+        let q = self.queue(table)?;
+        registry::set_rate(&q, key, max)
+    }
+
+    /// The table's rate limits in force: each key template with its window, the `max` its
+    /// record holds (an operator's setting, else the described one; `None`: lifted), and the
+    /// claims counted in the window ending now (every key of the limit). Empty for a table
+    /// without rate limits.
+    pub fn rate_limits(&self, table: &Table) -> Result<Vec<RateLimit>> {
+        let q = self.queue(table)?;
+        let now = crate::model::schedule::millis(std::time::SystemTime::now());
+        let (maxes, used) = q.retrying("limits", |conn| {
+            let maxes = match q.spec.rates.is_empty() {
+                true => crate::runtime::limits::Maxes::from([]),
+                false => q
+                    .flow
+                    .rate_maxes
+                    .read(&q.spec, conn, q.dialect.registry().limits)?,
+            };
+            let mut used = Vec::with_capacity(q.spec.rates.len());
+            if let Some(sql) = &q.sql.rates {
+                for (i, r) in q.spec.rates.iter().enumerate() {
+                    let params = [Value::Int(i as i64), Value::Int(now - r.per_ms)];
+                    let rows = conn.query(&sql.claimed, &params)?;
+                    let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
+                    used.push(n.unwrap_or(0).max(0) as u64);
+                }
+            }
+            Ok((maxes, used))
+        })?;
+        Ok(q.spec
+            .rates
+            .iter()
+            .zip(maxes.iter())
+            .zip(used)
+            .map(|((r, max), claimed)| RateLimit {
+                key: r.key.clone(),
+                per: std::time::Duration::from_millis(r.per_ms as u64),
+                described: r.max,
+                max: *max,
+                claimed,
+            })
+            .collect())
+    }
+
     /// The table's concurrency limits in force: each key template with the `max` its record
     /// holds (an operator's setting, else the described one; `None`: lifted) and, in the
     /// lease form, the rows in work it counts and the ready rows waiting on it (read now,
@@ -187,8 +277,10 @@ impl Broker {
         let (maxes, usage) = q.retrying("limits", |conn| {
             let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
             let usage = match &q.sql.limited {
-                Some(sql) => crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)?,
-                None => None,
+                Some(sql) if !q.spec.limits.is_empty() => {
+                    crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)?
+                }
+                _ => None,
             };
             Ok((maxes, usage))
         })?;

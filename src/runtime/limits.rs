@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::model::table::record::limits_in_force;
+use crate::model::table::record::{limits_in_force, rates_in_force};
 use crate::model::table::TableSpec;
 use crate::model::value::Value;
 
@@ -19,13 +19,23 @@ use crate::model::value::Value;
 /// lifted).
 pub(crate) type Maxes = Arc<[Option<u32>]>;
 
-/// The limits in force, parsed once per text of the record.
+/// The limits in force, parsed once per text of the record: the concurrency limits
+/// ([`LimitsInForce::default`]) or the rate limits ([`LimitsInForce::rates`]).
 #[derive(Default)]
 pub(crate) struct LimitsInForce {
     last: Mutex<Option<(String, Maxes)>>,
+    rates: bool,
 }
 
 impl LimitsInForce {
+    /// The rate limits' maxes in force.
+    pub fn rates() -> Self {
+        LimitsInForce {
+            last: Mutex::default(),
+            rates: true,
+        }
+    }
+
     /// The maxes by the record's text `description`: a limit the record does not hold keeps
     /// its described `max`.
     pub fn of(&self, spec: &TableSpec, description: &str) -> Maxes {
@@ -35,15 +45,26 @@ impl LimitsInForce {
                 return maxes.clone();
             }
         }
-        let recorded = limits_in_force(description);
-        let maxes: Maxes = spec
-            .limits
+        let (recorded, described): (_, Vec<(&str, u32)>) = match self.rates {
+            false => (
+                limits_in_force(description),
+                spec.limits
+                    .iter()
+                    .map(|l| (l.key.as_str(), l.max))
+                    .collect(),
+            ),
+            true => (
+                rates_in_force(description),
+                spec.rates.iter().map(|l| (l.key.as_str(), l.max)).collect(),
+            ),
+        };
+        let maxes: Maxes = described
             .iter()
-            .map(|l| {
+            .map(|(key, max)| {
                 recorded
                     .iter()
-                    .find(|(k, _)| *k == l.key)
-                    .map_or(Some(l.max), |(_, m)| *m)
+                    .find(|(k, _)| k == key)
+                    .map_or(Some(*max), |(_, m)| *m)
             })
             .collect();
         *last = Some((description.to_string(), maxes.clone()));

@@ -29,6 +29,7 @@ const NO_TABLE: &str =
 pub(crate) mod cursor;
 pub(crate) mod deferred;
 pub(crate) mod events;
+pub(crate) mod flow;
 pub(crate) mod group;
 pub(crate) mod limits;
 pub(crate) mod listen;
@@ -89,6 +90,8 @@ pub(crate) struct Queue {
     pub meters: crate::runtime::meters::Meters,
     /// Tables with concurrency limits: the maxes in force, by the record's text.
     pub limits: crate::runtime::limits::LimitsInForce,
+    /// Tables with rate limits or fair claims: this broker's state between claims.
+    pub flow: crate::runtime::flow::FlowState,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -121,6 +124,7 @@ impl Queue {
             held_here: Arc::default(),
             described: AtomicBool::new(false),
             limits: Default::default(),
+            flow: Default::default(),
         }
     }
 

@@ -476,13 +476,35 @@ pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
 /// The record is rewritten only where it is still the one read (a compare and swap on its
 /// text and time), and read again if another writer came first.
 pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
+    use crate::model::table::{check_concurrency, record::with_limit_set};
     let bad = |reason: String| BrokerError::InvalidOption {
         option: "set_concurrency_limit",
         reason,
     };
     if let Some(m) = max {
-        crate::model::table::check_concurrency(m).map_err(bad)?;
+        check_concurrency(m).map_err(bad)?;
     }
+    set_in_record(q, |text| with_limit_set(text, key, max).map_err(bad))
+}
+
+/// Records an operator's setting of the rate limit `key` of the table (`None`: lifted), as
+/// [`set_limit`] does.
+pub(crate) fn set_rate(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
+    use crate::model::table::{check_rate, record::with_rate_set};
+    let bad = |reason: String| BrokerError::InvalidOption {
+        option: "set_rate_limit",
+        reason,
+    };
+    if let Some(m) = max {
+        check_rate(m).map_err(bad)?;
+    }
+    set_in_record(q, |text| with_rate_set(text, key, max).map_err(bad))
+}
+
+/// Rewrites the table's record as `change` makes it from its text, where it is still the one
+/// read (a compare and swap on its text and time; read again if another writer came first),
+/// and wakes this broker's claimers.
+fn set_in_record(q: &Queue, change: impl Fn(&str) -> Result<String>) -> Result<()> {
     for _ in 0..10 {
         let Some(row) = q.retrying("set limit", |conn| read(&*q.dialect, conn, &q.spec.name))?
         else {
@@ -492,8 +514,7 @@ pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
         };
         // A record this release cannot read is refused, not rewritten.
         let _ = described(&q.spec.name, &row)?;
-        let text =
-            crate::model::table::record::with_limit_set(&row.description, key, max).map_err(bad)?;
+        let text = change(&row.description)?;
         // A later time than the row's, as `adopt` writes: whole seconds on MySQL and SQLite.
         let now = SystemTime::now();
         let at = match row.updated_at.as_time() {

@@ -80,11 +80,15 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };
-            broker.set_concurrency_limit(&table, &args.key, max)?;
+            match args.rate {
+                true => broker.set_rate_limit(&table, &args.key, max)?,
+                false => broker.set_concurrency_limit(&table, &args.key, max)?,
+            }
             let now = max.map_or_else(|| "lifted".to_string(), |n| format!("now {n}"));
             say(format_args!(
-                "table {}: limit {} is {now}\n",
+                "table {}: {}limit {} is {now}\n",
                 table.name(),
+                if args.rate { "rate " } else { "" },
                 escape(&format!("{:?}", args.key))
             ))
         }
@@ -158,50 +162,93 @@ fn pause(broker: &Broker, args: &NameArgs, on: bool) -> Result {
 /// One limit of `limits --json`; `null` where the form does not count.
 #[derive(Serialize)]
 struct LimitJson<'a> {
+    /// `concurrency` or `rate`.
+    kind: &'static str,
     key: &'a str,
     max: Option<u32>,
     described: u32,
     in_work: Option<u64>,
     waiting: Option<u64>,
+    /// Rate limits: the window, in milliseconds, and the claims in the window ending now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_ms: Option<u128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claimed: Option<u64>,
 }
 
 fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
     let table = broker.open_table(&args.table)?;
     let limits = broker.concurrency_limits(&table)?;
+    let rates = broker.rate_limits(&table)?;
     if args.json {
-        let objects: Vec<LimitJson<'_>> = limits
+        let mut objects: Vec<LimitJson<'_>> = limits
             .iter()
             .map(|l| LimitJson {
+                kind: "concurrency",
                 key: &l.key,
                 max: l.max,
                 described: l.described,
                 in_work: l.in_work,
                 waiting: l.waiting,
+                per_ms: None,
+                claimed: None,
             })
             .collect();
+        objects.extend(rates.iter().map(|r| LimitJson {
+            kind: "rate",
+            key: &r.key,
+            max: r.max,
+            described: r.described,
+            in_work: None,
+            waiting: None,
+            per_ms: Some(r.per.as_millis()),
+            claimed: Some(r.claimed),
+        }));
         return say(format_args!("{}\n", json(&objects)));
     }
-    if limits.is_empty() {
+    if limits.is_empty() && rates.is_empty() {
         return say(format_args!(
             "table {} has no concurrency limits\n",
             table.name()
         ));
     }
     let dash = || "-".to_string();
-    let mut rows = vec![["KEY", "MAX", "DESCRIBED", "IN_WORK", "WAITING"]
-        .map(String::from)
-        .to_vec()];
-    for l in &limits {
-        rows.push(vec![
-            escape(&format!("{:?}", l.key)),
-            l.max
-                .map_or_else(|| "lifted".to_string(), |n| n.to_string()),
-            l.described.to_string(),
-            l.in_work.map_or_else(dash, |n| n.to_string()),
-            l.waiting.map_or_else(dash, |n| n.to_string()),
-        ]);
+    let max = |m: Option<u32>| m.map_or_else(|| "lifted".to_string(), |n| n.to_string());
+    let mut out = String::new();
+    if !limits.is_empty() {
+        let mut rows = vec![["KEY", "MAX", "DESCRIBED", "IN_WORK", "WAITING"]
+            .map(String::from)
+            .to_vec()];
+        for l in &limits {
+            rows.push(vec![
+                escape(&format!("{:?}", l.key)),
+                max(l.max),
+                l.described.to_string(),
+                l.in_work.map_or_else(dash, |n| n.to_string()),
+                l.waiting.map_or_else(dash, |n| n.to_string()),
+            ]);
+        }
+        out.push_str(&columns(&rows));
     }
-    say(format_args!("{}", columns(&rows)))
+    if !rates.is_empty() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        let mut rows = vec![["RATE_KEY", "MAX", "PER", "DESCRIBED", "CLAIMED_IN_WINDOW"]
+            .map(String::from)
+            .to_vec()];
+        for r in &rates {
+            rows.push(vec![
+                escape(&format!("{:?}", r.key)),
+                max(r.max),
+                humantime::format_duration(r.per).to_string(),
+                r.described.to_string(),
+                r.claimed.to_string(),
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    say(format_args!("{out}"))
 }
 
 fn status(broker: &Broker, args: &StatusArgs) -> Result {

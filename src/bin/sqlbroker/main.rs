@@ -100,10 +100,12 @@ enum Command {
     /// Resume a paused table: its subscriptions claim again.
     Resume(NameArgs),
     /// A table's concurrency limits: each key template, the max in force and the described
-    /// one, and (lease tables) the rows in work and the ready rows waiting on it.
+    /// one, and (lease tables) the rows in work and the ready rows waiting on it; then its
+    /// rate limits: each key template, max, window and the claims in the window ending now.
     Limits(LimitsArgs),
-    /// Set a concurrency limit's max at run time (--max N), or lift it (--lift): every
-    /// subscription, in any process, follows from its next claim.
+    /// Set a concurrency limit's max at run time (--max N), or lift it (--lift); with
+    /// --rate, a rate limit's: every subscription, in any process, follows from its next
+    /// claim.
     Limit(LimitArgs),
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
@@ -210,6 +212,10 @@ struct LimitArgs {
     /// Lift the limit (no max) until it is set again.
     #[arg(long)]
     lift: bool,
+    /// The rate limit of that key (`Table::rate_limit`), not the concurrency limit: --max
+    /// is then the most claims of one key in a window.
+    #[arg(long)]
+    rate: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -54,7 +54,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
-use super::{unreadable_rows, Claimed, Hold, Outcome};
+use super::{rates, unreadable_rows, Claimed, Hold, Outcome};
 use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
@@ -135,6 +135,8 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                 .map_err(q.err("claim"))?,
         ),
     };
+    rates::sweep(ctx, &mut *conn);
+    let rate_maxes = rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
     let mut tried = HashSet::new();
     let mut out = Vec::new();
     let mut page = ctx.opts.advisory_scan.min(SCAN_LIMIT);
@@ -150,7 +152,10 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
         Ok(out)
     };
     loop {
+        let fair = q.spec.fair.is_some();
         let rows = match &after {
+            // Fair claims: one read of candidates, key by key.
+            _ if fair => super::fair::candidates(ctx, &mut *conn, limit.max(16), now),
             None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
             Some((run_at, id)) => conn.query(
                 &q.sql.claim_after,
@@ -185,6 +190,10 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
             if passed_by(&tried, &limit_keys) {
                 continue;
             }
+            let rate_keys = rates::keys(ctx, user);
+            if rates::passed_by(&tried, &rate_keys) {
+                continue;
+            }
             let group = q
                 .spec
                 .fifo_group()
@@ -216,6 +225,21 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         }
                         Err(e) => return partial(out, e),
                     }
+                    let stamps = match rates::take(
+                        ctx,
+                        &mut *conn,
+                        &rate_keys,
+                        SystemTime::now(),
+                        &rate_maxes,
+                    ) {
+                        Ok(rates::Slots::Taken(stamps)) => stamps,
+                        Ok(rates::Slots::Full(full)) => {
+                            // The row's keys and slots go back as they drop.
+                            tried.insert(full);
+                            continue;
+                        }
+                        Err(e) => return partial(out, e),
+                    };
                     tried.extend(keys);
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
@@ -223,13 +247,19 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                                 key,
                                 holder: Holder::Process(held),
                             });
+                            super::fair::served(ctx, user);
                             match Claimed::new(row, hold, unreadable) {
                                 Ok(c) => out.push(c),
                                 Err(e) => return partial(out, e),
                             }
                         }
-                        // Settled meanwhile: the keys go back as `held` drops.
-                        Ok(None) => {}
+                        // Settled meanwhile: the keys go back as `held` drops, the window
+                        // slots here.
+                        Ok(None) => {
+                            if let Err(e) = rates::give_back(ctx, &mut *conn, &stamps) {
+                                return partial(out, e);
+                            }
+                        }
                         Err(e) => return partial(out, e),
                     }
                 }
@@ -275,9 +305,28 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         // The session's keys are unknown: it is discarded, never pooled.
                         Err(e) => return Err(q.err("claim")(e)),
                     }
+                    let stamps = match rates::take(
+                        ctx,
+                        &mut *conn,
+                        &rate_keys,
+                        SystemTime::now(),
+                        &rate_maxes,
+                    ) {
+                        Ok(rates::Slots::Taken(stamps)) => stamps,
+                        Ok(rates::Slots::Full(full)) => {
+                            tried.insert(full);
+                            if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                                return Ok(Vec::new());
+                            }
+                            continue;
+                        }
+                        // The session's keys are unknown: it is discarded, never pooled.
+                        Err(e) => return Err(q.err("claim")(e)),
+                    };
                     tried.extend(keys.iter().cloned());
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
+                            super::fair::served(ctx, user);
                             // The connection holds the keys: it goes with the delivery.
                             let here = keys
                                 .iter()
@@ -295,7 +344,9 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                                 .map_err(q.err("claim"));
                         }
                         Ok(None) => {
-                            if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                            if rates::give_back(ctx, &mut *conn, &stamps).is_err()
+                                || !unlock_all(ctx, &mut *conn, &mut session, &names)
+                            {
                                 return Ok(Vec::new());
                             }
                         }
@@ -306,7 +357,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
             }
         }
         scanned += found;
-        if out.len() >= limit || found < page || scanned >= SCAN_LIMIT {
+        if fair || out.len() >= limit || found < page || scanned >= SCAN_LIMIT {
             return Ok(out);
         }
         page = (page * 2).min(SCAN_LIMIT - scanned);

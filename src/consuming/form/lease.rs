@@ -118,20 +118,24 @@ fn book(
     Ok(out)
 }
 
-/// The lease claim of a table with concurrency limits, in one transaction:
+/// The lease claim of a table with flow control (concurrency or rate limits, fair claims), in
+/// one transaction:
 /// 1. counts the rows in work per key (every unfinished row whose lease has not expired) as
-///    committed now, and takes candidates in claim order whose every key has room by that
-///    count (one statement, `SKIP LOCKED` where the database has it), without a turn: claims
-///    run side by side;
-/// 2. if it took any, waits for **the table's turn** (its record's row, locked until the
-///    transaction ends), then counts again: every claim committed before the turn, and its
-///    own rows, are in that count;
-/// 3. hands back (lease cleared, attempt given back) the rows it took last of any key now
-///    over its max, the maxes read from the record it locked; commits.
+///    committed now, and takes candidates in claim order (fair tables: in the fair rotation,
+///    [`super::fair`]) whose every key has room by that count (one statement, `SKIP LOCKED`
+///    where the database has it), without a turn: claims run side by side. A row with rate
+///    limits takes a window slot of each ([`super::rates`]) in this transaction, or is passed
+///    by with its key;
+/// 2. with concurrency limits, if it took any, waits for **the table's turn** (its record's
+///    row, locked until the transaction ends), then counts again: every claim committed
+///    before the turn, and its own rows, are in that count;
+/// 3. hands back (lease cleared, attempt given back, window slots freed) the rows it took
+///    last of any key now over its max, the maxes read from the record it locked; commits.
 ///
 /// Why this is exact: commits of claims that took rows are ordered by the turn, and each
 /// checks, before it commits, everything committed before it plus itself. A row's lease ends
-/// only by its settlement or expiry, which only lowers the count.
+/// only by its settlement or expiry, which only lowers the count. A window slot is stamped
+/// in the claim's transaction, so it counts exactly when the claim commits.
 ///
 /// A crash of a holder costs what the lease form's crash costs: its rows count as in work
 /// until their leases expire, the moment they are claimable again.
@@ -144,33 +148,51 @@ fn claim_limited(
     token: SystemTime,
 ) -> Result<Vec<Vec<Value>>, DbError> {
     use crate::runtime::limits::InWork;
+    use std::collections::{HashMap, HashSet};
     let q = &ctx.queue;
     let spec = &q.spec;
+    let limited = !spec.limits.is_empty();
     let registry = q.dialect.registry();
     let count = |conn: &mut dyn DbConn| -> Result<InWork, DbError> {
         let mut work = InWork::new(spec);
+        if !limited {
+            return Ok(work);
+        }
         for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
             work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
         }
         Ok(work)
     };
-    crate::dialect::in_transaction(conn, &sql.begin, |conn| {
+    let out = crate::dialect::in_transaction(conn, &sql.begin, |conn| {
         // The maxes read last choose the rows; the turn reads them again and decides (SQLite:
         // read now, this is the turn).
         let maxes = match q.limits.last().filter(|_| !sql.turn_at_begin) {
+            _ if !limited => crate::runtime::limits::Maxes::from([]),
             Some(m) => m,
             None => q.limits.read(spec, conn, registry.limits)?,
         };
         let mut work = count(conn)?;
+        let rate_maxes = super::rates::maxes(ctx, conn)?;
         let mut chosen = Vec::with_capacity(limit);
+        // Each row chosen in claim order, with its user columns (the fair rotation's key).
+        let mut order: Vec<(i64, Vec<Value>)> = Vec::new();
+        let mut stamps: HashMap<i64, Vec<super::rates::Stamp>> = HashMap::new();
+        let mut tried = HashSet::new();
+        let wall = SystemTime::now();
         // PostgreSQL: candidates from the subscription's cursor, past the dead index entries
         // of rows already claimed. It moves only past rows this claim took before the first
-        // it passed by, so a row left for a full key is read again by the next claim.
+        // it passed by, so a row left for a full key is read again by the next claim. (Not
+        // with fair claims: their candidates come key by key.)
         let cursor = sql
             .candidates_from
             .as_ref()
+            .filter(|_| spec.fair.is_none())
             .map(|from| (from, ctx.cursor.start()));
-        let user_at = if cursor.is_some() { 2 } else { 1 };
+        let user_at = if cursor.is_some() || spec.fair.is_some() {
+            2
+        } else {
+            1
+        };
         let mut before_skip: Vec<Key> = Vec::new();
         let mut skipped = false;
         let mut seen = 0;
@@ -180,8 +202,10 @@ fn claim_limited(
         // is all the claim reads.
         let mut page = limit.clamp(1, LIMIT_SCAN);
         'scan: while !work.table_full(spec, &maxes) {
-            let locked = usize::from(seen == 0 && !sql.lock.is_empty());
+            let fair = spec.fair.is_some();
+            let locked = usize::from(seen == 0 && !sql.lock.is_empty() && !fair);
             let rows = match cursor {
+                _ if fair => super::fair::candidates(ctx, conn, limit, now),
                 Some((
                     from,
                     Start {
@@ -207,10 +231,28 @@ fn claim_limited(
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
                 };
-                let keys = InWork::keys(spec, row.get(user_at..).unwrap_or_default());
+                let user = row.get(user_at..).unwrap_or_default();
+                let keys = InWork::keys(spec, user);
                 if !work.has_room(&maxes, &keys) {
                     skipped = true;
                     continue;
+                }
+                if q.sql.rates.is_some() {
+                    let rate_keys = super::rates::keys(ctx, user);
+                    if super::rates::passed_by(&tried, &rate_keys) {
+                        skipped = true;
+                        continue;
+                    }
+                    match super::rates::take(ctx, conn, &rate_keys, wall, &rate_maxes)? {
+                        super::rates::Slots::Taken(s) => {
+                            stamps.insert(id, s);
+                        }
+                        super::rates::Slots::Full(marker) => {
+                            tried.insert(marker);
+                            skipped = true;
+                            continue;
+                        }
+                    }
                 }
                 if !skipped {
                     if let Some(run_at) = row.get(1).and_then(Value::as_system_time) {
@@ -219,6 +261,9 @@ fn claim_limited(
                 }
                 // Counted now: a row the take then finds gone only leaves this claim short.
                 work.add(&keys);
+                if spec.fair.is_some() {
+                    order.push((id, user.to_vec()));
+                }
                 match locked == 1 || sql.lock.is_empty() {
                     true => chosen.push(id),
                     false => loose.push(id),
@@ -227,7 +272,7 @@ fn claim_limited(
                     break 'scan;
                 }
             }
-            if rows.len() < page || page >= LIMIT_SCAN {
+            if fair || rows.len() < page || page >= LIMIT_SCAN {
                 break;
             }
             seen = rows.len();
@@ -240,43 +285,62 @@ fn claim_limited(
         }
         chosen.extend(lock_loose(sql, conn, &loose, now)?);
         let mut rows = take_chosen(sql, conn, &chosen, now, token)?;
-        if rows.is_empty() || sql.turn_at_begin {
-            // SQLite: the one writer's transaction was the turn, the count above decided, with
-            // the maxes the record holds (read every claim; a hint would not do here).
-            return Ok(rows);
+        if !rows.is_empty() && !sql.turn_at_begin && limited {
+            // The turn, then the count that decides.
+            let maxes = q.limits.read(spec, conn, registry.limits_locked)?;
+            let mut work = count(conn)?;
+            let user = |row: &Vec<Value>| -> Vec<String> {
+                let cols = row.get(3..3 + spec.columns.len()).unwrap_or_default();
+                InWork::keys(spec, cols)
+            };
+            let mut back = HashSet::new();
+            for row in rows.iter().rev() {
+                let keys = user(row);
+                if work.over(&maxes, &keys) {
+                    if let Some(id) = row.first().and_then(Value::as_i64) {
+                        conn.execute(&q.sql.unclaim, &[Value::Int(id), Value::Time(token)])?;
+                        work.remove(&keys);
+                        back.insert(id);
+                    }
+                }
+            }
+            if !back.is_empty() {
+                log::debug!(
+                    "table {}: a claim handed back {} rows another claim's commit left no room for",
+                    spec.name,
+                    back.len()
+                );
+                rows.retain(|r| {
+                    !r.first()
+                        .and_then(Value::as_i64)
+                        .is_some_and(|id| back.contains(&id))
+                });
+            }
         }
-        // The turn, then the count that decides.
-        let maxes = q.limits.read(spec, conn, registry.limits_locked)?;
-        let mut work = count(conn)?;
-        let user = |row: &Vec<Value>| -> Vec<String> {
-            let cols = row.get(3..3 + spec.columns.len()).unwrap_or_default();
-            InWork::keys(spec, cols)
-        };
-        let mut back = std::collections::HashSet::new();
-        for row in rows.iter().rev() {
-            let keys = user(row);
-            if work.over(&maxes, &keys) {
-                if let Some(id) = row.first().and_then(Value::as_i64) {
-                    conn.execute(&q.sql.unclaim, &[Value::Int(id), Value::Time(token)])?;
-                    work.remove(&keys);
-                    back.insert(id);
+        // Window slots of rows not taken after all go back, in this transaction.
+        if !stamps.is_empty() {
+            let taken: HashSet<i64> = rows
+                .iter()
+                .filter_map(|r| r.first().and_then(Value::as_i64))
+                .collect();
+            for (id, s) in &stamps {
+                if !taken.contains(id) {
+                    super::rates::give_back(ctx, conn, s)?;
                 }
             }
         }
-        if !back.is_empty() {
-            log::debug!(
-                "table {}: a claim handed back {} rows another claim's commit left no room for",
-                spec.name,
-                back.len()
-            );
-            rows.retain(|r| {
-                !r.first()
-                    .and_then(Value::as_i64)
-                    .is_some_and(|id| back.contains(&id))
-            });
+        if let Some((_, user)) = order.iter().rev().find(|(id, _)| {
+            rows.iter()
+                .any(|r| r.first().and_then(Value::as_i64) == Some(*id))
+        }) {
+            super::fair::served(ctx, user);
         }
         Ok(rows)
-    })
+    });
+    if q.sql.rates.is_some() {
+        super::rates::sweep(ctx, conn);
+    }
+    out
 }
 
 /// Locks rows chosen past a claim's first page (servers), by primary key, passing by those

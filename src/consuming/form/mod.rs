@@ -12,8 +12,10 @@ use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 
 pub(crate) mod advisory;
+mod fair;
 pub(crate) mod lease;
 mod limit_keys;
+mod rates;
 pub(crate) mod row_lock;
 
 /// The most candidate rows a claim of a table with concurrency limits reads (lease and row

@@ -117,22 +117,22 @@ fn claim_limited(
         .limits
         .read(spec, &mut *conn, q.dialect.registry().limits)
         .map_err(q.err("claim"))?;
+    super::rates::sweep(ctx, &mut *conn);
+    let rate_maxes = super::rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
     let mut tried = std::collections::HashSet::new();
     let mut page = 64;
     let mut seen = 0;
+    let user_at = if spec.fair.is_some() { 2 } else { 1 };
     loop {
-        let rows = conn
-            .query(
-                &sql.candidates[0],
-                &[Value::Time(now), Value::Int(page as i64)],
-            )
-            .map_err(q.err("claim"))?;
+        let rows = candidates(ctx, sql, &mut *conn, now, page).map_err(q.err("claim"))?;
         for row in rows.iter().skip(seen) {
             let Some(id) = row.first().and_then(Value::as_i64) else {
                 continue;
             };
-            let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
-            if passed_by(&tried, &keys) {
+            let user = row.get(user_at..).unwrap_or_default();
+            let keys = InWork::keys(spec, user);
+            let rate_keys = super::rates::keys(ctx, user);
+            if passed_by(&tried, &keys) || super::rates::passed_by(&tried, &rate_keys) {
                 continue;
             }
             let mut session = SessionKeys::default();
@@ -152,6 +152,27 @@ fn claim_limited(
                 // The session's keys are unknown: it is discarded, never pooled.
                 Err(e) => return Err(q.err("claim")(e)),
             };
+            // The window slots, committed before the row's transaction.
+            let stamps = match super::rates::take(
+                ctx,
+                &mut *conn,
+                &rate_keys,
+                SystemTime::now(),
+                &rate_maxes,
+            ) {
+                Ok(super::rates::Slots::Taken(stamps)) => stamps,
+                Ok(super::rates::Slots::Full(full)) => {
+                    tried.insert(full);
+                    if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                        return Ok(Vec::new());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    unlock_all(ctx, &mut *conn, &mut session, &names);
+                    return Err(q.err("claim")(e));
+                }
+            };
             // Marked broken until the transaction ends, as in the plain claim.
             conn.mark_broken();
             let locked = (|| {
@@ -166,7 +187,9 @@ fn claim_limited(
                 Ok(_) => {
                     // Taken or settled meanwhile: the slots go back, the next candidate.
                     conn.rollback_or_discard();
-                    if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                    if super::rates::give_back(ctx, &mut *conn, &stamps).is_err()
+                        || !unlock_all(ctx, &mut *conn, &mut session, &names)
+                    {
                         return Ok(Vec::new());
                     }
                     continue;
@@ -178,10 +201,11 @@ fn claim_limited(
                 }
             };
             let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
+            super::fair::served(ctx, user);
             // Broken while the transaction is open, whatever the keys say.
             return deliver(ctx, conn, row, unreadable, Some((session, names)));
         }
-        if rows.len() < page || page >= LIMIT_SCAN {
+        if spec.fair.is_some() || rows.len() < page || page >= LIMIT_SCAN {
             return Ok(Vec::new());
         }
         seen = rows.len();
@@ -207,6 +231,7 @@ fn claim_limited_in_transaction(
     const KEEP_SLOT: &str = "RELEASE SAVEPOINT sqlbroker_slot";
     let q = &ctx.queue;
     let spec = &q.spec;
+    let mut side = None;
     // Marked broken from `BEGIN` until the transaction ends, as in the plain claim.
     conn.mark_broken();
     let found = (|| -> Result<Option<Vec<Value>>, crate::error::DbError> {
@@ -217,19 +242,20 @@ fn claim_limited_in_transaction(
             .limits
             .read(spec, &mut *conn, q.dialect.registry().limits)?;
         let take = sql.take.first().map_or("", String::as_str);
+        let rate_maxes = super::rates::maxes(ctx, &mut *conn)?;
         let mut tried = std::collections::HashSet::new();
         let (mut page, mut seen) = (64, 0);
+        let user_at = if spec.fair.is_some() { 2 } else { 1 };
         loop {
-            let rows = conn.query(
-                &sql.candidates[0],
-                &[Value::Time(now), Value::Int(page as i64)],
-            )?;
+            let rows = candidates(ctx, sql, &mut *conn, now, page)?;
             for row in rows.iter().skip(seen) {
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
                 };
-                let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
-                if passed_by(&tried, &keys) {
+                let user = row.get(user_at..).unwrap_or_default();
+                let keys = InWork::keys(spec, user);
+                let rate_keys = super::rates::keys(ctx, user);
+                if passed_by(&tried, &keys) || super::rates::passed_by(&tried, &rate_keys) {
                     continue;
                 }
                 conn.batch(SLOT)?;
@@ -246,13 +272,21 @@ fn claim_limited_in_transaction(
                 }
                 match conn.query(take, &[Value::Int(id), Value::Time(now)])?.pop() {
                     Some(row) => {
+                        // The window slots, committed apart from the row's transaction (on
+                        // another connection): a claim counts whatever becomes of it.
+                        if let Some(full) = side_rates(ctx, &mut side, &rate_keys, &rate_maxes)? {
+                            tried.insert(full);
+                            conn.batch(NO_SLOT)?;
+                            continue;
+                        }
                         conn.batch(KEEP_SLOT)?;
+                        super::fair::served(ctx, user);
                         return Ok(Some(row));
                     }
                     None => conn.batch(NO_SLOT)?,
                 }
             }
-            if rows.len() < page || page >= LIMIT_SCAN {
+            if spec.fair.is_some() || rows.len() < page || page >= LIMIT_SCAN {
                 return Ok(None);
             }
             seen = rows.len();
@@ -272,6 +306,60 @@ fn claim_limited_in_transaction(
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
     deliver(ctx, conn, row, unreadable, None)
+}
+
+/// A limited claim's candidates: `id, <user columns>` in claim order, up to `page`; fair
+/// tables: `id, run_at, <user columns>` in the fair rotation.
+fn candidates(
+    ctx: &Ctx,
+    sql: &crate::dialect::LimitSql,
+    conn: &mut dyn crate::dialect::DbConn,
+    now: SystemTime,
+    page: usize,
+) -> Result<Vec<Vec<Value>>, crate::error::DbError> {
+    if ctx.spec().fair.is_some() {
+        // A row per claim, but the first rows of several keys: some may be in work.
+        return super::fair::candidates(ctx, conn, FAIR_KEYS, now);
+    }
+    conn.query(
+        &sql.candidates[0],
+        &[Value::Time(now), Value::Int(page as i64)],
+    )
+}
+
+/// The keys a fair row lock claim reads: it takes one row, but the first rows of a key may be
+/// in work (locked), so it looks at several keys.
+const FAIR_KEYS: usize = 16;
+
+/// PostgreSQL: takes the window slots of a row whose transaction is open on another pooled
+/// connection (`side`, kept for the rest of the claim), so they commit whatever becomes of
+/// the row's transaction. `Some(mark)`: a key is full.
+fn side_rates(
+    ctx: &Ctx,
+    side: &mut Option<PooledConn>,
+    rate_keys: &[String],
+    maxes: &[Option<u32>],
+) -> Result<Option<String>, crate::error::DbError> {
+    if ctx.queue.sql.rates.is_none() {
+        return Ok(None);
+    }
+    if side.is_none() {
+        let conn = ctx
+            .queue
+            .conn_within("claim", std::time::Duration::from_secs(1))
+            .map_err(|e| {
+                crate::error::DbError::new(crate::error::DbErrorKind::Transient, e.to_string())
+            })?;
+        *side = Some(conn);
+    }
+    let Some(conn) = side.as_mut() else {
+        return Ok(None);
+    };
+    super::rates::sweep(ctx, &mut **conn);
+    match super::rates::take(ctx, &mut **conn, rate_keys, SystemTime::now(), maxes)? {
+        super::rates::Slots::Taken(_) => Ok(None),
+        super::rates::Slots::Full(full) => Ok(Some(full)),
+    }
 }
 
 /// Unlocks a delivery's slot keys once its transaction has ended (committed or rolled back);

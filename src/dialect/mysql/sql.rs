@@ -260,10 +260,20 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     dead_by_ready_index(spec, &mut sql);
-    if spec.form == Form::Lease && !spec.limits.is_empty() {
+    if !spec.rates.is_empty() {
+        sql.rates = Some(SYNTAX.rate_sql(
+            spec,
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            " ENGINE=InnoDB",
+            " FOR UPDATE SKIP LOCKED",
+            crate::dialect::flow::InsertIgnore::Ignore,
+        ));
+    }
+    sql.fair = SYNTAX.fair_sql(spec);
+    if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
     }
-    if spec.form == Form::RowLock && !spec.limits.is_empty() {
+    if spec.form == Form::RowLock && spec.flow_controlled() {
         // The slot keys are session locks held by the delivery's connection.
         sql.limited = Some(SYNTAX.row_lock_limit_sql(spec, sql.begin.clone()));
         sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
@@ -509,6 +519,20 @@ pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
             ),
         ));
     }
+    if let Some(c) = spec.fair.as_ref().and_then(|f| spec.columns.get(f.column)) {
+        // Fair claims: the key skip and each key's first rows.
+        let name = format!("{}_fair", spec.name);
+        out.push((
+            name.clone(),
+            format!(
+                "INDEX {} ({}, {}, {})",
+                s.q(&name),
+                s.q(&spec.dead_at),
+                s.q(&c.name),
+                s.order(spec)
+            ),
+        ));
+    }
     if spec.form == Form::Lease && !spec.limits.is_empty() {
         // Concurrency limits: the claim reads the rows in work by their lease.
         let name = format!("{}_leased", spec.name);
@@ -554,11 +578,28 @@ pub(super) fn create_table(spec: &TableSpec, collation: &str) -> Vec<String> {
             .into_iter()
             .map(|(_, definition)| definition),
     );
-    vec![format!(
+    let mut ddl = vec![format!(
         "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         s.q(&spec.name),
         cols.join(", ")
-    )]
+    )];
+    ddl.extend(table_sql_rates(spec));
+    ddl
+}
+
+/// The rate slots' table of a table with rate limits.
+fn table_sql_rates(spec: &TableSpec) -> Option<String> {
+    (!spec.rates.is_empty()).then(|| {
+        SYNTAX
+            .rate_sql(
+                spec,
+                "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+                " ENGINE=InnoDB",
+                "",
+                crate::dialect::flow::InsertIgnore::Ignore,
+            )
+            .create
+    })
 }
 
 #[cfg(test)]
@@ -608,6 +649,68 @@ mod tests {
 
     fn compile(t: Table) -> TableSql {
         dialect().compile(&t.validate().unwrap())
+    }
+
+    /// Fair claims and rate limits on MySQL 8 (MariaDB runs them live; no MySQL 8 server
+    /// here): the key skip is one recursive CTE whose recursive part names the CTE once, in
+    /// its `FROM` (MySQL 8's rule), with a correlated `min()` per step; each key's first rows
+    /// are derived tables in a `UNION ALL`; a slot is picked `FOR UPDATE SKIP LOCKED`, stamped
+    /// fenced by its free condition, and made with `INSERT IGNORE`.
+    #[test]
+    fn fair_and_rate_statements() {
+        let spec = Table::new("jobs")
+            .text_column("tenant")
+            .fair("{tenant}")
+            .rate_limit("{tenant}", 5, std::time::Duration::from_secs(1))
+            .lease(std::time::Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        let sql = dialect().compile(&spec);
+        let fair = sql.fair.as_ref().unwrap();
+        assert_eq!(
+            fair.keys[1],
+            "WITH RECURSIVE sqlbroker_k (sqlbroker_v, sqlbroker_n) AS (SELECT (SELECT \
+             min(`tenant`) FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` <= ? AND \
+             (`locked_until` IS NULL OR `locked_until` <= ?) AND `tenant` > ?), 1 UNION ALL \
+             SELECT (SELECT min(sqlbroker_f.`tenant`) FROM `jobs` AS sqlbroker_f WHERE \
+             `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR \
+             `locked_until` <= ?) AND sqlbroker_f.`tenant` > sqlbroker_k.sqlbroker_v), \
+             sqlbroker_n + 1 FROM sqlbroker_k WHERE sqlbroker_k.sqlbroker_v IS NOT NULL AND \
+             sqlbroker_k.sqlbroker_n < ?) SELECT sqlbroker_v FROM sqlbroker_k WHERE \
+             sqlbroker_v IS NOT NULL"
+        );
+        assert!(!fair.keys[0].contains("`tenant` > ?)"));
+        assert_eq!(
+            SYNTAX.fair_heads(&spec, 1, true),
+            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
+             `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` \
+             <= ?) ORDER BY `run_at`, `id` LIMIT ?) AS sqlbroker_h0 UNION ALL SELECT * FROM \
+             (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` IS NULL AND `dead_at` \
+             IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) \
+             ORDER BY `run_at`, `id` LIMIT ?) AS sqlbroker_h1"
+        );
+        let rates = sql.rates.as_ref().unwrap();
+        assert_eq!(
+            rates.pick,
+            "SELECT slot FROM `jobs_rates` WHERE lim = ? AND rkey = ? AND at <= ? AND slot < ? \
+             ORDER BY at LIMIT 1 FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            rates.stamp,
+            "UPDATE `jobs_rates` SET at = ? WHERE lim = ? AND rkey = ? AND slot = ? AND at <= ?"
+        );
+        assert!(rates
+            .insert
+            .starts_with("INSERT IGNORE INTO `jobs_rates` (lim, rkey, slot, at)"));
+        let ddl = create_table(&spec, "utf8mb4_bin");
+        assert!(ddl[0].contains("INDEX `jobs_fair` (`dead_at`, `tenant`, `run_at`, `id`)"));
+        assert!(ddl[1].starts_with(
+            "CREATE TABLE IF NOT EXISTS `jobs_rates` (lim INTEGER NOT \
+             NULL, rkey VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+        ));
+        // A table without them compiles none of it.
+        let plain = compile(Table::new("p").lease(std::time::Duration::from_secs(30)));
+        assert!(plain.fair.is_none() && plain.rates.is_none() && plain.limited.is_none());
     }
 
     #[test]

@@ -173,7 +173,8 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     sql.notify = Some(format!("SELECT pg_notify('{}', $1)", channel(&spec.name)));
-    if spec.form == Form::Lease && !spec.limits.is_empty() {
+    flow_sql(spec, &mut sql);
+    if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql_with(
             spec,
             vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()],
@@ -181,13 +182,28 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             true,
         ));
     }
-    if spec.form == Form::RowLock && !spec.limits.is_empty() {
+    if spec.form == Form::RowLock && spec.flow_controlled() {
         // The slot keys are transaction-scoped: the delivery's transaction holds them.
         let mut limited = SYNTAX.row_lock_limit_sql(spec, sql.begin.clone());
         limited.slot_xact_lock = Some(KEY_XACT_LOCK.into());
         sql.limited = Some(limited);
     }
     sql
+}
+
+/// The statements of rate limits and fair claims, where the table has them.
+fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
+    use crate::dialect::flow::InsertIgnore;
+    if !spec.rates.is_empty() {
+        sql.rates = Some(SYNTAX.rate_sql(
+            spec,
+            "TEXT",
+            "",
+            " FOR UPDATE SKIP LOCKED",
+            InsertIgnore::OnConflict,
+        ));
+    }
+    sql.fair = SYNTAX.fair_sql(spec);
 }
 
 /// The `LISTEN` channel of a table: `sqlbroker_<table>`. A table name is a validated
@@ -280,6 +296,19 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         SYNTAX.q(&spec.name).replace('\'', "''"),
         spec.name.replace('\'', "''")
     ));
+    if !spec.rates.is_empty() {
+        ddl.push(
+            SYNTAX
+                .rate_sql(
+                    spec,
+                    "TEXT",
+                    "",
+                    "",
+                    crate::dialect::flow::InsertIgnore::OnConflict,
+                )
+                .create,
+        );
+    }
     ddl
 }
 

@@ -110,7 +110,17 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             };
         }
     }
-    if spec.form == Form::Lease && !spec.limits.is_empty() {
+    if !spec.rates.is_empty() {
+        sql.rates = Some(SYNTAX.rate_sql(
+            spec,
+            "TEXT",
+            "",
+            "",
+            crate::dialect::flow::InsertIgnore::OrIgnore,
+        ));
+    }
+    sql.fair = SYNTAX.fair_sql(spec);
+    if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
     }
     sql
@@ -129,7 +139,21 @@ pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnD
 }
 
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
-    SYNTAX.create_table(spec, &TYPES)
+    let mut ddl = SYNTAX.create_table(spec, &TYPES);
+    if !spec.rates.is_empty() {
+        ddl.push(
+            SYNTAX
+                .rate_sql(
+                    spec,
+                    "TEXT",
+                    "",
+                    "",
+                    crate::dialect::flow::InsertIgnore::OrIgnore,
+                )
+                .create,
+        );
+    }
+    ddl
 }
 
 /// The renewal of `n` leases: `(token, (id, held token) x n)` -> the ids renewed.

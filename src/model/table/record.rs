@@ -33,19 +33,59 @@ pub(crate) fn limits_in_force(json: &str) -> Vec<(String, Option<u32>)> {
         .collect()
 }
 
-/// `json` with the operator's setting of limit `key` (`None`: lifted), or why it cannot take
-/// one: the record does not read, or describes no such limit.
+/// The rate limits in force by a record's text: each described rate limit's key and `max`, an
+/// operator's setting overriding the described one (`None`: lifted).
+pub(crate) fn rates_in_force(json: &str) -> Vec<(String, Option<u32>)> {
+    let Ok(r) = serde_json::from_str::<Record>(json) else {
+        return Vec::new();
+    };
+    r.rate_limits
+        .into_iter()
+        .map(|l| {
+            let max = r.rates_set.get(&l.key).copied().unwrap_or(Some(l.max));
+            (l.key, max)
+        })
+        .collect()
+}
+
+/// `json` with the operator's setting of concurrency limit `key` (`None`: lifted), or why it
+/// cannot take one: the record does not read, or describes no such limit.
 pub(crate) fn with_limit_set(json: &str, key: &str, max: Option<u32>) -> Result<String, String> {
+    with_set(json, "concurrency limit", key, max, |r| {
+        (
+            r.concurrency_limits.iter().map(|l| l.key.clone()).collect(),
+            &mut r.limits_set,
+        )
+    })
+}
+
+/// `json` with the operator's setting of rate limit `key` (`None`: lifted), as
+/// [`with_limit_set`].
+pub(crate) fn with_rate_set(json: &str, key: &str, max: Option<u32>) -> Result<String, String> {
+    with_set(json, "rate limit", key, max, |r| {
+        (
+            r.rate_limits.iter().map(|l| l.key.clone()).collect(),
+            &mut r.rates_set,
+        )
+    })
+}
+
+/// The settings map `pick` gives of the record `json` (with the keys it describes), with
+/// `key` set to `max`.
+fn with_set(
+    json: &str,
+    what: &str,
+    key: &str,
+    max: Option<u32>,
+    pick: impl FnOnce(&mut Record) -> (Vec<String>, &mut BTreeMap<String, Option<u32>>),
+) -> Result<String, String> {
     let mut r: Record =
         serde_json::from_str(json).map_err(|e| format!("the record does not read: {e}"))?;
-    if !r.concurrency_limits.iter().any(|l| l.key == key) {
-        let known: Vec<String> = r
-            .concurrency_limits
-            .iter()
-            .map(|l| format!("{:?}", l.key))
-            .collect();
+    let (known, set) = pick(&mut r);
+    if !known.iter().any(|k| k == key) {
+        let known: Vec<String> = known.iter().map(|k| format!("{k:?}")).collect();
         return Err(format!(
-            "the table has no concurrency limit {key:?} (its limits: {})",
+            "the table has no {what} {key:?} (its {what}s: {})",
             if known.is_empty() {
                 "none".to_string()
             } else {
@@ -53,7 +93,7 @@ pub(crate) fn with_limit_set(json: &str, key: &str, max: Option<u32>) -> Result<
             }
         ));
     }
-    r.limits_set.insert(key.to_string(), max);
+    set.insert(key.to_string(), max);
     serde_json::to_string(&r).map_err(|e| e.to_string())
 }
 
@@ -93,6 +133,21 @@ struct Record {
     /// descriptions compare without it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     limits_set: BTreeMap<String, Option<u32>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rate_limits: Vec<RecordRate>,
+    /// Operators' settings of the rate limits' `max` ([`crate::Broker::set_rate_limit`]), as
+    /// `limits_set`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    rates_set: BTreeMap<String, Option<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fair: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RecordRate {
+    key: String,
+    max: u32,
+    per: Duration,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -166,6 +221,17 @@ impl Table {
                 })
                 .collect(),
             limits_set: BTreeMap::new(),
+            rate_limits: self
+                .rates
+                .iter()
+                .map(|(key, max, per)| RecordRate {
+                    key: key.clone(),
+                    max: *max,
+                    per: *per,
+                })
+                .collect(),
+            rates_set: BTreeMap::new(),
+            fair: self.fair.clone(),
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -213,12 +279,18 @@ impl Table {
             .into_iter()
             .map(|l| (l.key, l.max))
             .collect();
+        t.rates = r
+            .rate_limits
+            .into_iter()
+            .map(|l| (l.key, l.max, l.per))
+            .collect();
+        t.fair = r.fair;
         Ok(t)
     }
 
     /// The format version of this description's record.
     pub(crate) fn record_format(&self) -> i64 {
-        if self.limits.is_empty() {
+        if self.limits.is_empty() && self.rates.is_empty() && self.fair.is_none() {
             FORMAT_PLAIN
         } else {
             FORMAT
@@ -357,6 +429,37 @@ impl Table {
             words(limits(self)),
             words(limits(recorded)),
         );
+        let rates = |t: &Table| {
+            let mut l: Vec<(String, u32, u128)> = t
+                .rates
+                .iter()
+                .map(|(k, m, p)| (k.clone(), *m, p.as_millis()))
+                .collect();
+            l.sort();
+            l
+        };
+        let rate_words = |l: Vec<(String, u32, u128)>| {
+            if l.is_empty() {
+                return "none".to_string();
+            }
+            let l: Vec<String> = l
+                .iter()
+                .map(|(k, m, p)| format!("{k:?} max {m} per {p} ms"))
+                .collect();
+            l.join(", ")
+        };
+        option(
+            "rate limits",
+            rates(self) == rates(recorded),
+            rate_words(rates(self)),
+            rate_words(rates(recorded)),
+        );
+        option(
+            "fair",
+            self.fair == recorded.fair,
+            opt(self.fair.as_ref().map(|k| format!("{k:?}"))),
+            opt(recorded.fair.as_ref().map(|k| format!("{k:?}"))),
+        );
         out
     }
 
@@ -456,6 +559,67 @@ mod tests {
             limits_in_force(&set),
             [("{k}".to_string(), None), (String::new(), Some(5))]
         );
+    }
+
+    /// Rate limits and the fair key are recorded (format 2), read back, compared (rate limits
+    /// as a set), and an operator's rate setting is kept apart from the description.
+    #[test]
+    fn rates_and_fair_are_recorded_and_compared() {
+        let second = Duration::from_secs(1);
+        let plain = Table::new("t").text_column("k");
+        let rated =
+            plain
+                .clone()
+                .rate_limit("{k}", 2, second)
+                .rate_limit("", 9, Duration::from_secs(60));
+        let fair = plain.clone().fair("{k}");
+        assert_eq!(rated.record_format(), 2);
+        assert_eq!(fair.record_format(), 2);
+        assert!(!plain.to_record().contains("rate_limits"));
+        assert!(!plain.to_record().contains("fair"));
+        for t in [&rated, &fair] {
+            let read = Table::from_record(&t.to_record()).unwrap();
+            assert!(
+                t.differences(&read).is_empty(),
+                "{:?}",
+                t.differences(&read)
+            );
+        }
+        let swapped = plain
+            .clone()
+            .rate_limit("", 9, Duration::from_secs(60))
+            .rate_limit("{k}", 2, second);
+        assert!(rated.differences(&swapped).is_empty());
+        let slower = plain
+            .clone()
+            .rate_limit("{k}", 2, Duration::from_secs(2))
+            .rate_limit("", 9, Duration::from_secs(60));
+        assert_eq!(
+            slower.differences(&rated),
+            [
+                "rate limits is recorded as \"\" max 9 per 60000 ms, \"{k}\" max 2 per 1000 ms, \
+              described as \"\" max 9 per 60000 ms, \"{k}\" max 2 per 2000 ms"
+            ]
+        );
+        assert_eq!(
+            plain.differences(&fair),
+            ["fair is recorded as \"{k}\", described as unset"]
+        );
+        let set = with_rate_set(&rated.to_record(), "{k}", Some(7)).unwrap();
+        assert!(rated
+            .differences(&Table::from_record(&set).unwrap())
+            .is_empty());
+        assert_eq!(
+            rates_in_force(&set),
+            [("{k}".to_string(), Some(7)), (String::new(), Some(9))]
+        );
+        assert!(limits_in_force(&set).is_empty());
+        assert!(with_rate_set(&set, "{x}", Some(1))
+            .unwrap_err()
+            .contains("no rate limit \"{x}\""));
+        assert!(with_limit_set(&set, "{k}", Some(1))
+            .unwrap_err()
+            .contains("no concurrency limit \"{k}\""));
     }
 
     #[test]

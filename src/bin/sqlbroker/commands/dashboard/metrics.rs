@@ -30,6 +30,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     };
     let mut jobs = Vec::new();
     let (mut limit_max, mut limit_work, mut limit_wait) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rate_max, mut rate_claimed) = (Vec::new(), Vec::new());
     let (mut paused, mut oldest, mut up, mut at, mut took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in &entries {
@@ -53,6 +54,17 @@ pub(crate) fn render(sampler: &Sampler) -> String {
             if let Some(n) = l.waiting {
                 limit_wait.push((k, n.to_string()));
             }
+        }
+        for r in &p.rates {
+            let k = format!(
+                "{t},key=\"{}\",per_seconds=\"{}\"",
+                label(&r.key),
+                r.per.as_secs_f64()
+            );
+            if let Some(m) = r.max {
+                rate_max.push((k.clone(), m.to_string()));
+            }
+            rate_claimed.push((k, r.claimed.to_string()));
         }
         let states = [
             ("ready", Some(s.ready)),
@@ -89,6 +101,16 @@ pub(crate) fn render(sampler: &Sampler) -> String {
         "sqlbroker_limit_waiting",
         "Ready rows whose key of a concurrency limit is at its max (lease tables).",
         limit_wait,
+    );
+    family(
+        "sqlbroker_rate_limit_max",
+        "The max in force of a rate limit: claims of one key per window (key: its template, per_seconds: its window; a lifted limit is left out).",
+        rate_max,
+    );
+    family(
+        "sqlbroker_rate_limit_claimed",
+        "Claims a rate limit counts in the window ending at the count, every key.",
+        rate_claimed,
     );
     family(
         "sqlbroker_queue_paused",

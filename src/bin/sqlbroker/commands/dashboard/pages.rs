@@ -117,15 +117,19 @@ fn action(
     }
 }
 
-/// A concurrency limit's form: a new max (empty lifts the limit), posted as the `limit`
-/// action with the page's CSRF token.
-fn limit_form(ctx: &Ctx, table: &str, key: &str, back: &str) -> Markup {
+/// A limit's form: a new max (empty lifts the limit), posted as the `limit` action (a rate
+/// limit's: `rate`) with the page's CSRF token.
+fn limit_form(ctx: &Ctx, table: &str, key: &str, back: &str, rate: bool) -> Markup {
+    let (action, most) = match rate {
+        true => ("rate", sqlbroker::Table::MAX_RATE),
+        false => ("limit", sqlbroker::Table::MAX_CONCURRENCY),
+    };
     html! {
-        form.inline method="post" action={ "/tables/" (table) "/limit" } {
+        form.inline method="post" action={ "/tables/" (table) "/" (action) } {
             input type="hidden" name="csrf" value=(ctx.csrf);
             input type="hidden" name="back" value=(back);
             input type="hidden" name="key" value=(key);
-            input type="number" name="max" min="1" max=(sqlbroker::Table::MAX_CONCURRENCY) size="5" placeholder="max";
+            input type="number" name="max" min="1" max=(most) size="5" placeholder="max";
             button type="submit" { "set (empty: lift)" }
         }
     }
@@ -307,12 +311,31 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                             td { (l.described) }
                             td { (opt(l.in_work)) }
                             td { (opt(l.waiting)) }
-                            @if !ctx.read_only { td { (limit_form(ctx, name, &l.key, &here)) } }
+                            @if !ctx.read_only { td { (limit_form(ctx, name, &l.key, &here, false)) } }
                         }
                     }
                 }
                 @if let Some(n) = p.stats.limited {
                     p.muted { (n) " ready rows are held back by a limit (not in ready)." }
+                }
+            }
+            @if let Some(p) = e.last().filter(|p| !p.rates.is_empty()) {
+                h2 { "Rate limits" }
+                table {
+                    tr {
+                        th { "key" } th { "max" } th { "per" } th { "described" } th { "claimed in the window" }
+                        @if !ctx.read_only { th { "set" } }
+                    }
+                    @for r in &p.rates {
+                        tr {
+                            td { code { (format!("{:?}", r.key)) } }
+                            td { (r.max.map_or_else(|| "lifted".to_string(), |m| m.to_string())) }
+                            td { (format!("{:?}", r.per)) }
+                            td { (r.described) }
+                            td { (r.claimed) }
+                            @if !ctx.read_only { td { (limit_form(ctx, name, &r.key, &here, true)) } }
+                        }
+                    }
                 }
             }
         }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use sqlbroker::{Broker, ConcurrencyLimit, QueueStats, Table};
+use sqlbroker::{Broker, ConcurrencyLimit, QueueStats, RateLimit, Table};
 
 /// Samples kept per table (with the default 5 s interval, ten minutes).
 pub(crate) const HISTORY: usize = 120;
@@ -22,6 +22,8 @@ pub(crate) struct Point {
     /// The table's concurrency limits as counted with the stats (empty: none, or their read
     /// failed).
     pub limits: Vec<ConcurrencyLimit>,
+    /// Its rate limits likewise.
+    pub rates: Vec<RateLimit>,
 }
 
 /// What the dashboard knows of one table.
@@ -159,9 +161,12 @@ impl Sampler {
         let started = Instant::now();
         let stats = self.broker.stats(&table);
         // A table without limits answers from its record alone.
-        let limits = match &stats {
-            Ok(_) => self.broker.concurrency_limits(&table).unwrap_or_default(),
-            Err(_) => Vec::new(),
+        let (limits, rates) = match &stats {
+            Ok(_) => (
+                self.broker.concurrency_limits(&table).unwrap_or_default(),
+                self.broker.rate_limits(&table).unwrap_or_default(),
+            ),
+            Err(_) => (Vec::new(), Vec::new()),
         };
         let took = started.elapsed();
         let now = SystemTime::now();
@@ -187,6 +192,7 @@ impl Sampler {
                     at: now,
                     stats,
                     limits,
+                    rates,
                 });
             }
             Err(e) => entry.error = Some(crate::chain(&e)),

@@ -339,7 +339,7 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
             true => format!("cancelled job {id}"),
             false => format!("no live or dead job {id} to cancel"),
         }),
-        ("limit", _, _) => {
+        (action @ ("limit" | "rate"), _, _) => {
             let key = field(form, "key").unwrap_or_default();
             let max = match field(form, "max").map(str::trim) {
                 None | Some("") | Some("lift") => None,
@@ -354,11 +354,14 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
                     }
                 },
             };
-            b.set_concurrency_limit(table, key, max)
-                .map(|()| match max {
-                    Some(n) => format!("limit {key:?} set to {n}"),
-                    None => format!("limit {key:?} lifted"),
-                })
+            let (set, what) = match action {
+                "rate" => (b.set_rate_limit(table, key, max), "rate limit"),
+                _ => (b.set_concurrency_limit(table, key, max), "limit"),
+            };
+            set.map(|()| match max {
+                Some(n) => format!("{what} {key:?} set to {n}"),
+                None => format!("{what} {key:?} lifted"),
+            })
         }
         ("requeue" | "purge" | "cancel", _, _) => {
             return Reply::text(

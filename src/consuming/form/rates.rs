@@ -1,0 +1,268 @@
+//! Rate limits' window slots ([`Table::rate_limit`]), taken by every form's claim for each
+//! row it takes: a slot of each of the row's keys, free when stamped at least a window ago,
+//! stamped with the claim's time in one statement fenced by that condition
+//! ([`crate::dialect::flow::RateSql`]). A key has at most `max` slots, and no slot is
+//! taken twice within a window, so no window holds more than `max` claims of a key.
+//!
+//! [`Table::rate_limit`]: crate::Table::rate_limit
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::dialect::flow::RateSql;
+use crate::dialect::DbConn;
+use crate::error::DbError;
+use crate::model::schedule::millis;
+use crate::model::value::Value;
+use crate::runtime::limits::Maxes;
+use crate::runtime::Ctx;
+
+/// A slot a claim stamped: given back if the row turns out gone.
+pub(super) struct Stamp {
+    lim: i64,
+    key: String,
+    slot: i64,
+    at: i64,
+}
+
+/// What taking a row's slots came to.
+pub(super) enum Slots {
+    /// Every limit had room: the slots stamped.
+    Taken(Vec<Stamp>),
+    /// A limit's key is full: its mark in the claim's `tried` set (later rows of the key are
+    /// passed by); the slots stamped for the limits before it were given back.
+    Full(String),
+}
+
+/// The rendered keys of a row's rate limits, one per limit.
+pub(super) fn keys(ctx: &Ctx, user: &[Value]) -> Vec<String> {
+    ctx.spec()
+        .rates
+        .iter()
+        .map(|r| slot_key(&r.template.render(user)))
+        .collect()
+}
+
+/// A key as the slots' table holds it: long keys (past 200 bytes) are cut and given a hash
+/// of the whole, so they fit every database's key column. Two long keys that collide share
+/// a window: never more claims than a limit allows.
+fn slot_key(key: &str) -> String {
+    if key.len() <= 200 {
+        return key.to_string();
+    }
+    let mut cut = 180;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    // FNV-1a, 64 bits: stable across releases and platforms.
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}#{hash:016x}", &key[..cut])
+}
+
+/// The mark in a claim's `tried` set of a rate limit's full key. (Starts with a NUL, which no
+/// lock key holds.)
+fn full_marker(lim: usize, key: &str) -> String {
+    format!("\0r{lim}:{key}")
+}
+
+/// True if a claim found one of `keys` full earlier: the row is passed by.
+pub(super) fn passed_by(tried: &std::collections::HashSet<String>, keys: &[String]) -> bool {
+    keys.iter()
+        .enumerate()
+        .any(|(i, k)| tried.contains(&full_marker(i, k)))
+}
+
+/// The rate limits' maxes in force (`None`: lifted), read from the table's record on `conn`
+/// once per claim, so an operator's change ([`Broker::set_rate_limit`]) is followed by the
+/// next claim. Empty for a table without rate limits.
+///
+/// [`Broker::set_rate_limit`]: crate::Broker::set_rate_limit
+pub(super) fn maxes(ctx: &Ctx, conn: &mut dyn DbConn) -> Result<Maxes, DbError> {
+    let q = &ctx.queue;
+    if q.spec.rates.is_empty() {
+        return Ok(Maxes::from([]));
+    }
+    q.flow
+        .rate_maxes
+        .read(&q.spec, conn, q.dialect.registry().limits)
+}
+
+/// Takes a slot of each rate limit for a row of `keys` (from [`keys`]) at `now`, on `conn`,
+/// with the `maxes` in force (from [`maxes`]). A full key gives back the slots taken before
+/// it and notes when its window has room
+/// ([`FlowState::full_until`](crate::runtime::flow::FlowState::full_until)).
+pub(super) fn take(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    keys: &[String],
+    now: SystemTime,
+    maxes: &[Option<u32>],
+) -> Result<Slots, DbError> {
+    let Some(sql) = &ctx.queue.sql.rates else {
+        return Ok(Slots::Taken(Vec::new()));
+    };
+    let at = millis(now);
+    let mut stamps = Vec::with_capacity(keys.len());
+    for (i, ((rate, key), max)) in ctx.spec().rates.iter().zip(keys).zip(maxes).enumerate() {
+        // Lifted: no slot.
+        let Some(max) = *max else { continue };
+        match take_one(sql, conn, i as i64, key, max, rate.per_ms, at)? {
+            Ok(slot) => stamps.push(Stamp {
+                lim: i as i64,
+                key: key.clone(),
+                slot,
+                at,
+            }),
+            Err(room_at) => {
+                give_back(ctx, conn, &stamps)?;
+                let room = UNIX_EPOCH + Duration::from_millis(room_at.max(0) as u64);
+                ctx.queue.flow.full_until(room);
+                return Ok(Slots::Full(full_marker(i, key)));
+            }
+        }
+    }
+    Ok(Slots::Taken(stamps))
+}
+
+/// Takes a free slot of limit `lim`'s `key`, or makes one if the key has fewer than `max`:
+/// the slot, or (`Err`) the milliseconds at which the key's oldest stamp leaves the window.
+fn take_one(
+    sql: &RateSql,
+    conn: &mut dyn DbConn,
+    lim: i64,
+    key: &str,
+    max: u32,
+    per_ms: i64,
+    at: i64,
+) -> Result<Result<i64, i64>, DbError> {
+    let free_before = at - per_ms;
+    let (lim_v, key_v, max_v) = (
+        Value::Int(lim),
+        Value::Text(key.into()),
+        Value::Int(max.into()),
+    );
+    // A few tries: a slot picked may be stamped by another claim before this one stamps it.
+    for _ in 0..3 {
+        let picked = conn.query(
+            &sql.pick,
+            &[
+                lim_v.clone(),
+                key_v.clone(),
+                Value::Int(free_before),
+                max_v.clone(),
+            ],
+        )?;
+        if let Some(slot) = picked
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::as_i64)
+        {
+            let params = [
+                Value::Int(at),
+                lim_v.clone(),
+                key_v.clone(),
+                Value::Int(slot),
+                Value::Int(free_before),
+            ];
+            if conn.execute(&sql.stamp, &params)? > 0 {
+                return Ok(Ok(slot));
+            }
+            continue;
+        }
+        let usage = conn.query(&sql.usage, &[lim_v.clone(), key_v.clone(), max_v.clone()])?;
+        let row = usage.first();
+        let count = row
+            .and_then(|r| r.first())
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        if count >= i64::from(max) {
+            let oldest = row
+                .and_then(|r| r.get(1))
+                .and_then(Value::as_i64)
+                .unwrap_or(at);
+            return Ok(Err(oldest.saturating_add(per_ms)));
+        }
+        // Fewer slots than `max`, none free: a new one, the first number missing.
+        let have = conn.query(&sql.slots, &[lim_v.clone(), key_v.clone(), max_v.clone()])?;
+        let mut slot = 0;
+        for n in have
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_i64))
+        {
+            if n != slot {
+                break;
+            }
+            slot += 1;
+        }
+        if slot >= i64::from(max) {
+            // Made meanwhile by other claims: all `max` exist now.
+            continue;
+        }
+        let params = [
+            lim_v.clone(),
+            key_v.clone(),
+            Value::Int(slot),
+            Value::Int(at),
+        ];
+        if conn.execute(&sql.insert, &params)? > 0 {
+            return Ok(Ok(slot));
+        }
+    }
+    // Contended: the next claim tries again.
+    Ok(Err(at))
+}
+
+/// Gives back slots a claim stamped for a row it did not take (each still holding its stamp).
+pub(super) fn give_back(ctx: &Ctx, conn: &mut dyn DbConn, stamps: &[Stamp]) -> Result<(), DbError> {
+    let Some(sql) = &ctx.queue.sql.rates else {
+        return Ok(());
+    };
+    for s in stamps {
+        let params = [
+            Value::Int(s.lim),
+            Value::Text(s.key.clone()),
+            Value::Int(s.slot),
+            Value::Int(s.at),
+        ];
+        conn.execute(&sql.free, &params)?;
+    }
+    Ok(())
+}
+
+/// Deletes the free slots of the table's rate limits, once a minute per broker (a failure is
+/// logged: the next sweep tries again).
+pub(super) fn sweep(ctx: &Ctx, conn: &mut dyn DbConn) {
+    let Some(sql) = &ctx.queue.sql.rates else {
+        return;
+    };
+    if !ctx.queue.flow.sweep_due() {
+        return;
+    }
+    let now = millis(SystemTime::now());
+    for (i, rate) in ctx.spec().rates.iter().enumerate() {
+        let params = [Value::Int(i as i64), Value::Int(now - rate.per_ms)];
+        if let Err(e) = conn.execute(&sql.sweep, &params) {
+            log::debug!("table {}: sweeping rate slots: {e}", ctx.spec().name);
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys past 200 bytes are cut at a character boundary and hashed whole: two keys equal
+    /// for their first 180 bytes stay apart.
+    #[test]
+    fn long_keys_fit_the_key_column() {
+        assert_eq!(slot_key("acme"), "acme");
+        let a = format!("{}a", "é".repeat(150));
+        let b = format!("{}b", "é".repeat(150));
+        let (ka, kb) = (slot_key(&a), slot_key(&b));
+        assert!(ka.len() <= 200, "{}", ka.len());
+        assert_ne!(ka, kb);
+        assert_eq!(ka, slot_key(&a));
+    }
+}

@@ -1,0 +1,252 @@
+//! The statements of rate limits and fair claims ([`Table::rate_limit`], [`Table::fair`]),
+//! the same on every database but for quoting, placeholders, the locking clause and how an
+//! insert ignores a row already there.
+//!
+//! [`Table::rate_limit`]: crate::Table::rate_limit
+//! [`Table::fair`]: crate::Table::fair
+
+use crate::dialect::shared::Syntax;
+use crate::model::table::{Form, TableSpec};
+
+/// A rate-limited table's window slots, in the table `<table>_rates`: one row per slot of a
+/// limit's key, `(lim, rkey, slot)` its key, `at` the milliseconds since the epoch of the
+/// claim that took it last (0: never, or given back). A slot is free when `at` is at least a
+/// window old; a claim takes one by stamping it, fenced by that condition, so two claims
+/// never take one slot within a window, and a key has at most `max` slots (`slot < max`).
+/// Parameters are listed as `(..)`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RateSql {
+    /// Makes the slots' table if it does not exist.
+    pub create: String,
+    /// `(lim, rkey, free_before, max)` -> `slot` of a free slot, the oldest first (the
+    /// servers: passing by slots another claim is stamping, `SKIP LOCKED`).
+    pub pick: String,
+    /// `(at, lim, rkey, slot, free_before)` stamps the slot if it is still free: 1 row
+    /// changed if taken.
+    pub stamp: String,
+    /// `(lim, rkey, max)` -> `count(*), min(at)` of the key's slots: full when the count is
+    /// `max`; the oldest stamp is when the window next has room.
+    pub usage: String,
+    /// `(lim, rkey, max)` -> the key's slot numbers, ascending (a new slot takes the first
+    /// one missing).
+    pub slots: String,
+    /// `(lim, rkey, slot, at)` makes a slot, taken; 0 rows if another claim made it first.
+    pub insert: String,
+    /// `(lim, rkey, slot, at)` gives a slot back (`at` = 0) if it still holds the stamp `at`:
+    /// a take that found its row gone.
+    pub free: String,
+    /// `(lim, since)` -> `count(*)` of a limit's slots stamped after `since`: the claims in
+    /// the window (operators' counts).
+    pub claimed: String,
+    /// `(lim, before)` deletes a limit's slots free since `before`: a key's slots are made
+    /// again as claims need them, so an idle key keeps none.
+    pub sweep: String,
+}
+
+/// Fair claims' reads: the next keys with claimable rows, found by skipping through the index
+/// `<table>_fair` (the key column, then the claim order), one probe per key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FairSql {
+    /// `[0]` `(now.., max)` the first keys; `[1]` `(now.., after, now.., max)` the keys after
+    /// `after`; each at most `max` keys with a claimable row, ascending. `now..` is the
+    /// claimable condition's times: `now, now` in the lease form, `now` in the others.
+    pub keys: [String; 2],
+}
+
+/// The name of a table's rate slots' table.
+pub(crate) fn rates_table(spec: &TableSpec) -> String {
+    format!("{}_rates", spec.name)
+}
+
+/// How a database writes an insert that skips a row whose key exists.
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) enum InsertIgnore {
+    /// `INSERT .. ON CONFLICT DO NOTHING` (PostgreSQL).
+    OnConflict,
+    /// `INSERT IGNORE INTO` (MySQL/MariaDB).
+    Ignore,
+    /// `INSERT OR IGNORE INTO` (SQLite).
+    OrIgnore,
+}
+
+impl Syntax {
+    /// The rate slots' statements. `key_type` is the `rkey` column's type, `table_tail` what
+    /// follows the table definition (MySQL: its engine), `locking` the servers' `FOR UPDATE
+    /// SKIP LOCKED`.
+    pub fn rate_sql(
+        &self,
+        spec: &TableSpec,
+        key_type: &str,
+        table_tail: &str,
+        locking: &str,
+        ignore: InsertIgnore,
+    ) -> RateSql {
+        let t = self.q(&rates_table(spec));
+        let key =
+            |first: usize| format!("lim = {} AND rkey = {}", self.p(first), self.p(first + 1));
+        let insert = format!(
+            "INTO {t} (lim, rkey, slot, at) VALUES ({}, {}, {}, {})",
+            self.p(1),
+            self.p(2),
+            self.p(3),
+            self.p(4)
+        );
+        RateSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (lim INTEGER NOT NULL, rkey {key_type} NOT NULL, \
+                 slot INTEGER NOT NULL, at BIGINT NOT NULL, PRIMARY KEY (lim, rkey, slot)){table_tail}"
+            ),
+            pick: format!(
+                "SELECT slot FROM {t} WHERE {} AND at <= {} AND slot < {} ORDER BY at {}{locking}",
+                key(1),
+                self.p(3),
+                self.p(4),
+                (self.claim_limit)("1")
+            ),
+            stamp: format!(
+                "UPDATE {t} SET at = {} WHERE {} AND slot = {} AND at <= {}",
+                self.p(1),
+                key(2),
+                self.p(4),
+                self.p(5)
+            ),
+            usage: format!(
+                "SELECT count(*), min(at) FROM {t} WHERE {} AND slot < {}",
+                key(1),
+                self.p(3)
+            ),
+            slots: format!(
+                "SELECT slot FROM {t} WHERE {} AND slot < {} ORDER BY slot",
+                key(1),
+                self.p(3)
+            ),
+            insert: match ignore {
+                InsertIgnore::OnConflict => format!("INSERT {insert} ON CONFLICT DO NOTHING"),
+                InsertIgnore::Ignore => format!("INSERT IGNORE {insert}"),
+                InsertIgnore::OrIgnore => format!("INSERT OR IGNORE {insert}"),
+            },
+            free: format!(
+                "UPDATE {t} SET at = 0 WHERE {} AND slot = {} AND at = {}",
+                key(1),
+                self.p(3),
+                self.p(4)
+            ),
+            claimed: format!(
+                "SELECT count(*) FROM {t} WHERE lim = {} AND at > {}",
+                self.p(1),
+                self.p(2)
+            ),
+            sweep: format!(
+                "DELETE FROM {t} WHERE lim = {} AND at <= {}",
+                self.p(1),
+                self.p(2)
+            ),
+        }
+    }
+
+    /// The claimable condition of a fair read, its parameters from `first`, and how many it
+    /// takes: lease rows whose lease is empty or past, due and unfinished rows otherwise.
+    fn fair_claimable(&self, spec: &TableSpec, first: usize) -> (String, usize) {
+        let ready = self.ready(spec, &self.p(first));
+        match spec.form {
+            Form::Lease => {
+                let lu = self.q(&spec.locked_until);
+                let cond = format!(
+                    "{ready} AND ({lu} IS NULL OR {lu} <= {})",
+                    self.p(first + 1)
+                );
+                (cond, 2)
+            }
+            _ => (ready, 1),
+        }
+    }
+
+    /// The fair key reads ([`FairSql`]): a recursive skip through the key column, each step
+    /// the least key above the one before with a claimable row.
+    pub fn fair_sql(&self, spec: &TableSpec) -> Option<FairSql> {
+        let fair = spec.fair.as_ref()?;
+        let c = self.q(&spec.columns.get(fair.column)?.name);
+        let t = self.q(&spec.name);
+        let build = |after: bool| {
+            let (cond, n) = self.fair_claimable(spec, 1);
+            let mut next = 1 + n;
+            let lower = if after {
+                next += 1;
+                format!(" AND {c} > {}", self.p(next - 1))
+            } else {
+                String::new()
+            };
+            let (step, m) = self.fair_claimable(spec, next);
+            next += m;
+            format!(
+                "WITH RECURSIVE sqlbroker_k (sqlbroker_v, sqlbroker_n) AS (\
+                 SELECT (SELECT min({c}) FROM {t} WHERE {cond}{lower}), 1 \
+                 UNION ALL SELECT (SELECT min(sqlbroker_f.{c}) FROM {t} AS sqlbroker_f WHERE \
+                 {step} AND sqlbroker_f.{c} > sqlbroker_k.sqlbroker_v), sqlbroker_n + 1 \
+                 FROM sqlbroker_k WHERE sqlbroker_k.sqlbroker_v IS NOT NULL AND \
+                 sqlbroker_k.sqlbroker_n < {}) \
+                 SELECT sqlbroker_v FROM sqlbroker_k WHERE sqlbroker_v IS NOT NULL",
+                self.p(next)
+            )
+        };
+        Some(FairSql {
+            keys: [build(false), build(true)],
+        })
+    }
+
+    /// The first rows of each of `keys` fair keys (and, with `null`, of the rows whose key
+    /// column is `NULL`), in claim order within each: `(key, now.., rows) x keys[, (now..,
+    /// rows)]` -> `id, run_at, <user columns>`, key after key.
+    pub fn fair_heads(&self, spec: &TableSpec, keys: usize, null: bool) -> String {
+        let Some(c) = spec
+            .fair
+            .as_ref()
+            .and_then(|f| spec.columns.get(f.column))
+            .map(|col| self.q(&col.name))
+        else {
+            return String::new();
+        };
+        let t = self.q(&spec.name);
+        let mut cols = format!("{}, {}", self.q(&spec.id), self.q(&spec.run_at));
+        for col in &spec.columns {
+            cols.push_str(&format!(", {}", self.q(&col.name)));
+        }
+        let mut next = 1;
+        let mut parts = Vec::with_capacity(keys + 1);
+        for i in 0..keys + usize::from(null) {
+            let which = if i < keys {
+                next += 1;
+                format!("{c} = {}", self.p(next - 1))
+            } else {
+                format!("{c} IS NULL")
+            };
+            let (cond, n) = self.fair_claimable(spec, next);
+            next += n;
+            parts.push(format!(
+                "SELECT * FROM (SELECT {cols} FROM {t} WHERE {which} AND {cond} ORDER BY {} {}) \
+                 AS sqlbroker_h{i}",
+                self.order(spec),
+                (self.claim_limit)(&self.p(next))
+            ));
+            next += 1;
+        }
+        parts.join(" UNION ALL ")
+    }
+
+    /// The index fair claims read (`<table>_fair`: the key column, then the claim order, over
+    /// the unfinished rows); PostgreSQL, SQLite (MySQL writes its own in its table definition).
+    pub fn fair_index(&self, spec: &TableSpec) -> Option<String> {
+        let fair = spec.fair.as_ref()?;
+        let c = self.q(&spec.columns.get(fair.column)?.name);
+        Some(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ({c}, {}) WHERE {} IS NULL",
+            self.q(&format!("{}_fair", spec.name)),
+            self.q(&spec.name),
+            self.order(spec),
+            self.q(&spec.dead_at)
+        ))
+    }
+}

@@ -1,0 +1,81 @@
+//! What a broker keeps between claims of a table with rate limits or fair claims: where its
+//! fair rotation stands, when a full rate window next has room, when the window slots were
+//! last swept.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use crate::model::value::Value;
+use crate::runtime::limits::LimitsInForce;
+
+/// How often a broker deletes a table's window slots that are free (an idle key's slots).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// A table's flow control state in one broker.
+pub(crate) struct FlowState {
+    /// Fair claims: the key column's value of the last key served (`None`: start from the
+    /// first key).
+    fair_after: Mutex<Option<Value>>,
+    /// Rate limits: the earliest moment a window a claim found full has room again.
+    rate_room: Mutex<Option<SystemTime>>,
+    /// When this broker last swept the free window slots.
+    swept: Mutex<Option<Instant>>,
+    /// Rate limits: the maxes in force, by the record's text.
+    pub rate_maxes: LimitsInForce,
+}
+
+impl Default for FlowState {
+    fn default() -> Self {
+        FlowState {
+            fair_after: Mutex::default(),
+            rate_room: Mutex::default(),
+            swept: Mutex::default(),
+            rate_maxes: LimitsInForce::rates(),
+        }
+    }
+}
+
+impl FlowState {
+    /// The key the fair rotation goes on after.
+    pub fn fair_after(&self) -> Option<Value> {
+        self.fair_after.lock().clone()
+    }
+
+    /// The rotation served `key` last (`None`: it ended a round).
+    pub fn served(&self, key: Option<Value>) {
+        *self.fair_after.lock() = key;
+    }
+
+    /// A claim found a rate window full until `at`.
+    pub fn full_until(&self, at: SystemTime) {
+        let mut room = self.rate_room.lock();
+        if room.is_none_or(|r| at < r) {
+            *room = Some(at);
+        }
+    }
+
+    /// How long until a window a claim found full has room, if one did (once that moment
+    /// has passed it is forgotten: the next claim that finds a window full notes it again).
+    pub fn room_wait(&self) -> Option<Duration> {
+        let mut room = self.rate_room.lock();
+        let at = (*room)?;
+        match at.duration_since(SystemTime::now()) {
+            Ok(wait) => Some(wait),
+            Err(_) => {
+                *room = None;
+                Some(Duration::ZERO)
+            }
+        }
+    }
+
+    /// True (once a minute) if the caller should sweep the free slots now.
+    pub fn sweep_due(&self) -> bool {
+        let mut swept = self.swept.lock();
+        let due = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
+        if due {
+            *swept = Some(Instant::now());
+        }
+        due
+    }
+}
