@@ -249,49 +249,6 @@ fn fair_claims_reach_every_tenant(db: Db, form: Form) {
     );
 }
 
-macro_rules! per_db_form {
-    ($body:ident) => {
-        mod $body {
-            use super::*;
-            #[test]
-            fn sqlite_lease() {
-                super::$body(Db::Sqlite, Form::Lease)
-            }
-            #[test]
-            fn sqlite_advisory() {
-                super::$body(Db::Sqlite, Form::AdvisoryLock)
-            }
-            #[test]
-            fn postgres_row_lock() {
-                super::$body(Db::Postgres, Form::RowLock)
-            }
-            #[test]
-            fn postgres_lease() {
-                super::$body(Db::Postgres, Form::Lease)
-            }
-            #[test]
-            fn postgres_advisory() {
-                super::$body(Db::Postgres, Form::AdvisoryLock)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_row_lock() {
-                super::$body(Db::Mysql, Form::RowLock)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_lease() {
-                super::$body(Db::Mysql, Form::Lease)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_advisory() {
-                super::$body(Db::Mysql, Form::AdvisoryLock)
-            }
-        }
-    };
-}
-
 per_db_form!(rate_windows_are_never_exceeded);
 per_db_form!(fair_claims_reach_every_tenant);
 per_db_form!(a_rate_max_changed_at_run_time_is_followed);

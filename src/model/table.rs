@@ -511,8 +511,9 @@ impl Table {
     /// rate limits, a key at its limit is passed by in the rotation and keeps its place for
     /// the next round. Each broker rotates on its own, from where its last claim ended. An
     /// index over the column and the claim order (`<table>_fair`) is made with the table:
-    /// a claim finds the next keys by skipping through it (one probe per key), then reads
-    /// each key's first rows.
+    /// a claim finds the next keys with due rows by skipping through it (one probe per key;
+    /// when every key fits one claim, the keys read are reused for 100 ms), then reads each
+    /// key's first rows.
     ///
     /// Not with [`Table::fifo`] yet ([`BrokerError::InvalidTable`]).
     ///
@@ -1127,20 +1128,6 @@ impl TableSpec {
     /// fair claims (the claims that read candidates and choose among them).
     pub fn flow_controlled(&self) -> bool {
         !self.limits.is_empty() || !self.rates.is_empty() || self.fair.is_some()
-    }
-
-    /// The user columns the limits and rate limits read (indexes into `columns`, ascending,
-    /// each once).
-    #[allow(dead_code)]
-    pub fn rate_columns(&self) -> Vec<usize> {
-        let mut cols: Vec<usize> = self
-            .rates
-            .iter()
-            .flat_map(|l| l.template.columns())
-            .collect();
-        cols.sort_unstable();
-        cols.dedup();
-        cols
     }
 
     /// The group column of a FIFO table.

@@ -23,6 +23,9 @@ pub(crate) struct FlowState {
     swept: Mutex<Option<Instant>>,
     /// Rate limits: the maxes in force, by the record's text.
     pub rate_maxes: LimitsInForce,
+    /// Fair claims: every key with due rows, as last read whole (when they fit one read), and
+    /// when.
+    fair_keys: Mutex<Option<(Instant, Vec<Value>)>>,
 }
 
 impl Default for FlowState {
@@ -32,6 +35,7 @@ impl Default for FlowState {
             rate_room: Mutex::default(),
             swept: Mutex::default(),
             rate_maxes: LimitsInForce::rates(),
+            fair_keys: Mutex::default(),
         }
     }
 }
@@ -45,6 +49,18 @@ impl FlowState {
     /// The rotation served `key` last (`None`: it ended a round).
     pub fn served(&self, key: Option<Value>) {
         *self.fair_after.lock() = key;
+    }
+
+    /// Every fair key, if read whole less than `fresh` ago.
+    pub fn fair_keys(&self, fresh: Duration) -> Option<Vec<Value>> {
+        let keys = self.fair_keys.lock();
+        let (at, keys) = keys.as_ref()?;
+        (at.elapsed() < fresh).then(|| keys.clone())
+    }
+
+    /// Notes every fair key, as just read whole, ascending.
+    pub fn all_fair_keys(&self, keys: Vec<Value>) {
+        *self.fair_keys.lock() = Some((Instant::now(), keys));
     }
 
     /// A claim found a rate window full until `at`.

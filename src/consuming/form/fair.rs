@@ -1,5 +1,5 @@
 //! Fair claims ([`Table::fair`]): a claim's candidates come key by key, in a rotation over the
-//! keys of the claimable rows. The claim reads the next keys after the one this broker served
+//! keys of the due rows. The claim reads the next keys after the one this broker served
 //! last (wrapping to the first at the end, where the rows whose key is `NULL` take their
 //! turn), then the first rows of each, and offers them a row per key per round: the first
 //! row of every key, then the second of every key, and so on. Within a key the table's order
@@ -7,7 +7,7 @@
 //!
 //! [`Table::fair`]: crate::Table::fair
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::dialect::DbConn;
 use crate::error::DbError;
@@ -33,11 +33,11 @@ pub(super) fn candidates(
     let times = |n: usize| vec![Value::Time(now); n];
     let per_cond = if q.spec.form == Form::Lease { 2 } else { 1 };
     let read_keys = |conn: &mut dyn DbConn, after: Option<&Value>, max: usize| {
-        let mut params = times(per_cond);
+        let mut params = times(1);
         if let Some(a) = after {
             params.push(a.clone());
         }
-        params.extend(times(per_cond));
+        params.push(Value::Time(now));
         params.push(Value::Int(max as i64));
         let sql = &sql.keys[usize::from(after.is_some())];
         conn.query(sql, &params).map(|rows| {
@@ -48,16 +48,44 @@ pub(super) fn candidates(
         })
     };
     let after = q.flow.fair_after();
-    let mut keys = read_keys(conn, after.as_ref(), want)?;
-    // Short of `want` keys: the round ends here; the `NULL` key, then the first keys again.
-    let wrapped = keys.len() < want;
-    if wrapped && after.is_some() {
-        for k in read_keys(conn, None, want - keys.len())? {
-            if !keys.contains(&k) {
-                keys.push(k);
+    let cached = q
+        .flow
+        .fair_keys(KEYS_FRESH)
+        .and_then(|all| rotate(&all, after.as_ref(), want));
+    let (keys, wrapped) = match cached {
+        // Every key, read whole a moment ago: the rotation goes on from `after` in it.
+        Some(rotated) => rotated,
+        None => {
+            let mut keys = read_keys(conn, after.as_ref(), want)?;
+            // Short of `want` keys: the round ends here; the `NULL` key, then the first keys
+            // again.
+            let wrapped = keys.len() < want;
+            if wrapped {
+                let first = match after {
+                    Some(_) => read_keys(conn, None, want - keys.len())?,
+                    None => Vec::new(),
+                };
+                // Both reads came up short: these are all the keys there are, the first
+                // read's before `after` (in the database's order), then those after it.
+                let every = after.is_none() || first.len() < want - keys.len();
+                let mut all: Vec<Value> = first
+                    .iter()
+                    .filter(|k| !keys.contains(k))
+                    .cloned()
+                    .collect();
+                all.extend(keys.iter().cloned());
+                for k in first {
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+                if every {
+                    q.flow.all_fair_keys(all);
+                }
             }
+            (keys, wrapped)
         }
-    }
+    };
     if keys.is_empty() && !wrapped {
         return Ok(Vec::new());
     }
@@ -110,6 +138,28 @@ pub(super) fn candidates(
     }
 }
 
+/// How long a claim reuses the fair keys read whole by an earlier one instead of reading them
+/// again: a key whose first rows appear meanwhile waits at most this long for its first turn.
+const KEYS_FRESH: Duration = Duration::from_millis(100);
+
+/// The keys to offer from `all` (every key, in the database's order): those after `after`,
+/// then from the first, at most `want`; and whether the round ended among them (the `NULL`
+/// key's turn). `None` if `after` is not among them (its rows are gone): read afresh.
+fn rotate(all: &[Value], after: Option<&Value>, want: usize) -> Option<(Vec<Value>, bool)> {
+    let start = match after {
+        Some(a) => all.iter().position(|k| k == a)? + 1,
+        None => 0,
+    };
+    let keys: Vec<Value> = all[start..]
+        .iter()
+        .chain(&all[..start])
+        .take(want)
+        .cloned()
+        .collect();
+    let wrapped = start + keys.len() >= all.len();
+    Some((keys, wrapped))
+}
+
 /// Notes the key of the last row a claim took (`user`: its user columns): the next claim's
 /// rotation starts after it. A `NULL` key ends the round: the next starts from the first key.
 pub(super) fn served(ctx: &Ctx, user: &[Value]) {
@@ -121,4 +171,33 @@ pub(super) fn served(ctx: &Ctx, user: &[Value]) {
         .cloned()
         .filter(|v| !matches!(v, Value::Null));
     ctx.queue.flow.served(key);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &[&str]) -> Vec<Value> {
+        v.iter().map(|k| Value::Text((*k).into())).collect()
+    }
+
+    /// The rotation goes on after the key served last, wraps to the first, and says when the
+    /// round ended among the keys offered; a key no longer there means a fresh read.
+    #[test]
+    fn the_rotation_goes_on_after_the_key_served_last() {
+        let all = keys(&["a", "b", "c", "d"]);
+        let b = Value::Text("b".into());
+        let d = Value::Text("d".into());
+        assert_eq!(rotate(&all, None, 2), Some((keys(&["a", "b"]), false)));
+        assert_eq!(rotate(&all, Some(&b), 2), Some((keys(&["c", "d"]), true)));
+        assert_eq!(
+            rotate(&all, Some(&b), 3),
+            Some((keys(&["c", "d", "a"]), true))
+        );
+        assert_eq!(
+            rotate(&all, Some(&d), 8),
+            Some((keys(&["a", "b", "c", "d"]), true))
+        );
+        assert_eq!(rotate(&all, Some(&Value::Text("x".into())), 2), None);
+    }
 }

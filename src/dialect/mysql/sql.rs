@@ -260,15 +260,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         }
     }
     dead_by_ready_index(spec, &mut sql);
-    if !spec.rates.is_empty() {
-        sql.rates = Some(SYNTAX.rate_sql(
-            spec,
-            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-            " ENGINE=InnoDB",
-            " FOR UPDATE SKIP LOCKED",
-            crate::dialect::flow::InsertIgnore::Ignore,
-        ));
-    }
+    sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
@@ -583,22 +575,22 @@ pub(super) fn create_table(spec: &TableSpec, collation: &str) -> Vec<String> {
         s.q(&spec.name),
         cols.join(", ")
     )];
-    ddl.extend(table_sql_rates(spec));
+    ddl.extend(rate_sql(spec).map(|r| r.create));
     ddl
 }
 
-/// The rate slots' table of a table with rate limits.
-fn table_sql_rates(spec: &TableSpec) -> Option<String> {
+/// The rate limits' statements of a table that has them. Keys are compared in a binary
+/// collation; one that pads spaces may merge two keys that differ only by trailing spaces
+/// into one window, never more claims than a limit allows.
+fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
     (!spec.rates.is_empty()).then(|| {
-        SYNTAX
-            .rate_sql(
-                spec,
-                "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-                " ENGINE=InnoDB",
-                "",
-                crate::dialect::flow::InsertIgnore::Ignore,
-            )
-            .create
+        SYNTAX.rate_sql(
+            spec,
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            " ENGINE=InnoDB",
+            " FOR UPDATE SKIP LOCKED",
+            crate::dialect::flow::InsertIgnore::Ignore,
+        )
     })
 }
 
@@ -670,16 +662,15 @@ mod tests {
         assert_eq!(
             fair.keys[1],
             "WITH RECURSIVE sqlbroker_k (sqlbroker_v, sqlbroker_n) AS (SELECT (SELECT \
-             min(`tenant`) FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` <= ? AND \
-             (`locked_until` IS NULL OR `locked_until` <= ?) AND `tenant` > ?), 1 UNION ALL \
-             SELECT (SELECT min(sqlbroker_f.`tenant`) FROM `jobs` AS sqlbroker_f WHERE \
-             `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR \
-             `locked_until` <= ?) AND sqlbroker_f.`tenant` > sqlbroker_k.sqlbroker_v), \
-             sqlbroker_n + 1 FROM sqlbroker_k WHERE sqlbroker_k.sqlbroker_v IS NOT NULL AND \
+             `tenant` FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `tenant` > ? \
+             ORDER BY `tenant` LIMIT 1), 1 UNION ALL SELECT (SELECT sqlbroker_f.`tenant` FROM \
+             `jobs` AS sqlbroker_f WHERE `dead_at` IS NULL AND `run_at` <= ? AND \
+             sqlbroker_f.`tenant` > sqlbroker_k.sqlbroker_v ORDER BY sqlbroker_f.`tenant` \
+             LIMIT 1), sqlbroker_n + 1 FROM sqlbroker_k WHERE sqlbroker_k.sqlbroker_v IS NOT NULL AND \
              sqlbroker_k.sqlbroker_n < ?) SELECT sqlbroker_v FROM sqlbroker_k WHERE \
              sqlbroker_v IS NOT NULL"
         );
-        assert!(!fair.keys[0].contains("`tenant` > ?)"));
+        assert!(!fair.keys[0].contains("`tenant` > ?"));
         assert_eq!(
             SYNTAX.fair_heads(&spec, 1, true),
             "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \

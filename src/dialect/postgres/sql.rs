@@ -193,17 +193,16 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
 
 /// The statements of rate limits and fair claims, where the table has them.
 fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
-    use crate::dialect::flow::InsertIgnore;
-    if !spec.rates.is_empty() {
-        sql.rates = Some(SYNTAX.rate_sql(
-            spec,
-            "TEXT",
-            "",
-            " FOR UPDATE SKIP LOCKED",
-            InsertIgnore::OnConflict,
-        ));
-    }
+    sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
+}
+
+/// The rate limits' statements of a table that has them.
+fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
+    use crate::dialect::flow::InsertIgnore;
+    let lock = " FOR UPDATE SKIP LOCKED";
+    (!spec.rates.is_empty())
+        .then(|| SYNTAX.rate_sql(spec, "TEXT", "", lock, InsertIgnore::OnConflict))
 }
 
 /// The `LISTEN` channel of a table: `sqlbroker_<table>`. A table name is a validated
@@ -296,19 +295,7 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         SYNTAX.q(&spec.name).replace('\'', "''"),
         spec.name.replace('\'', "''")
     ));
-    if !spec.rates.is_empty() {
-        ddl.push(
-            SYNTAX
-                .rate_sql(
-                    spec,
-                    "TEXT",
-                    "",
-                    "",
-                    crate::dialect::flow::InsertIgnore::OnConflict,
-                )
-                .create,
-        );
-    }
+    ddl.extend(rate_sql(spec).map(|r| r.create));
     ddl
 }
 

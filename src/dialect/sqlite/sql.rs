@@ -110,15 +110,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             };
         }
     }
-    if !spec.rates.is_empty() {
-        sql.rates = Some(SYNTAX.rate_sql(
-            spec,
-            "TEXT",
-            "",
-            "",
-            crate::dialect::flow::InsertIgnore::OrIgnore,
-        ));
-    }
+    sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
@@ -140,20 +132,14 @@ pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnD
 
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
-    if !spec.rates.is_empty() {
-        ddl.push(
-            SYNTAX
-                .rate_sql(
-                    spec,
-                    "TEXT",
-                    "",
-                    "",
-                    crate::dialect::flow::InsertIgnore::OrIgnore,
-                )
-                .create,
-        );
-    }
+    ddl.extend(rate_sql(spec).map(|r| r.create));
     ddl
+}
+
+/// The rate limits' statements of a table that has them (the one writer: no row locks).
+fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
+    use crate::dialect::flow::InsertIgnore;
+    (!spec.rates.is_empty()).then(|| SYNTAX.rate_sql(spec, "TEXT", "", "", InsertIgnore::OrIgnore))
 }
 
 /// The renewal of `n` leases: `(token, (id, held token) x n)` -> the ids renewed.
