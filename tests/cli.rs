@@ -413,7 +413,7 @@ fn limits_listed_and_set(db: Db) {
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["\"{k}\"", "2", "2", "0", "0"], "{text}");
     let rate: Vec<&str> = text.lines().nth(4).unwrap().split_whitespace().collect();
-    assert_eq!(rate, ["\"{k}\"", "10", "1s", "10", "0"], "{text}");
+    assert_eq!(rate, ["\"{k}\"", "10", "1s", "10", "0", "0"], "{text}");
     let said = ok(
         &url,
         &["limit", "--table", &name, "--key", "{k}", "--max", "5"],
@@ -431,7 +431,7 @@ fn limits_listed_and_set(db: Db) {
     assert_eq!(
         ok(&url, &["limits", "--table", &name, "--json"], "").trim(),
         "[{\"kind\":\"concurrency\",\"key\":\"{k}\",\"max\":5,\"described\":2,\"in_work\":0,\"waiting\":0},\
-         {\"kind\":\"rate\",\"key\":\"{k}\",\"max\":3,\"described\":10,\"in_work\":null,\"waiting\":null,\
+         {\"kind\":\"rate\",\"key\":\"{k}\",\"max\":3,\"described\":10,\"in_work\":null,\"waiting\":0,\
          \"per_ms\":1000,\"claimed\":0}]"
     );
     ok(

@@ -1057,6 +1057,7 @@ fn rate_limits_are_shown(db: Db) {
     for line in [
         format!("sqlbroker_rate_limit_max{{{key}}} 2"),
         format!("sqlbroker_rate_limit_claimed{{{key}}} 2"),
+        format!("sqlbroker_rate_limit_waiting{{{key}}} 1"),
     ] {
         assert!(m.lines().any(|l| l == line), "no {line:?} in:\n{m}");
     }

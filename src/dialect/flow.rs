@@ -38,6 +38,13 @@ pub(crate) struct RateSql {
     /// `(lim, since)` -> `count(*)` of a limit's slots stamped after `since`: the claims in
     /// the window (operators' counts).
     pub claimed: String,
+    /// `(lim, since, max, max)` -> `rkey` of each key with `max` slots stamped after `since`:
+    /// the keys whose window is full (operators' counts).
+    pub full: String,
+    /// `(now[, now])` -> `<the columns the rate limits read>, count` of the claimable rows per
+    /// distinct value of those columns ([`TableSpec::rate_columns`] order); `now` twice in
+    /// the lease form.
+    pub ready: String,
     /// `(lim, before)` deletes a limit's slots free since `before`: a key's slots are made
     /// again as claims need them, so an idle key keeps none.
     pub sweep: String,
@@ -138,6 +145,31 @@ impl Syntax {
                 self.p(1),
                 self.p(2)
             ),
+            full: format!(
+                "SELECT rkey FROM {t} WHERE lim = {} AND at > {} AND slot < {} GROUP BY rkey \
+                 HAVING count(*) >= {}",
+                self.p(1),
+                self.p(2),
+                self.p(3),
+                self.p(4)
+            ),
+            ready: {
+                let (cond, _) = self.fair_claimable(spec, 1);
+                let table = self.q(&spec.name);
+                let grouped: Vec<String> = spec
+                    .rate_columns()
+                    .iter()
+                    .filter_map(|i| spec.columns.get(*i))
+                    .map(|c| self.q(&c.name))
+                    .collect();
+                match grouped.is_empty() {
+                    true => format!("SELECT count(*) FROM {table} WHERE {cond}"),
+                    false => format!(
+                        "SELECT {g}, count(*) FROM {table} WHERE {cond} GROUP BY {g}",
+                        g = grouped.join(", ")
+                    ),
+                }
+            },
             sweep: format!(
                 "DELETE FROM {t} WHERE lim = {} AND at <= {}",
                 self.p(1),

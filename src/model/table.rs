@@ -1130,6 +1130,18 @@ impl TableSpec {
         !self.limits.is_empty() || !self.rates.is_empty() || self.fair.is_some()
     }
 
+    /// The user columns the rate limits read (indexes into `columns`, ascending, each once).
+    pub fn rate_columns(&self) -> Vec<usize> {
+        let mut cols: Vec<usize> = self
+            .rates
+            .iter()
+            .flat_map(|l| l.template.columns())
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        cols
+    }
+
     /// The group column of a FIFO table.
     pub fn fifo_group(&self) -> Option<&str> {
         self.group

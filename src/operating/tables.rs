@@ -62,6 +62,10 @@ pub struct RateLimit {
     pub max: Option<u32>,
     /// Claims in the window ending now, every key of the limit together.
     pub claimed: u64,
+    /// Ready rows whose key's window is full now: waiting on this limit (in the row lock and
+    /// advisory lock forms, rows in work are counted as ready, as in
+    /// [`QueueStats`](crate::QueueStats)).
+    pub waiting: u64,
 }
 
 impl Broker {
@@ -232,8 +236,9 @@ impl Broker {
     /// without rate limits.
     pub fn rate_limits(&self, table: &Table) -> Result<Vec<RateLimit>> {
         let q = self.queue(table)?;
+        let at = crate::model::schedule::claim_now(std::time::SystemTime::now());
         let now = crate::model::schedule::millis(std::time::SystemTime::now());
-        let (maxes, used) = q.retrying("limits", |conn| {
+        let (maxes, used, waiting) = q.retrying("limits", |conn| {
             let maxes = match q.spec.rates.is_empty() {
                 true => crate::runtime::limits::Maxes::from([]),
                 false => q
@@ -242,6 +247,7 @@ impl Broker {
                     .read(&q.spec, conn, q.dialect.registry().limits)?,
             };
             let mut used = Vec::with_capacity(q.spec.rates.len());
+            let mut waiting = Vec::new();
             if let Some(sql) = &q.sql.rates {
                 for (i, r) in q.spec.rates.iter().enumerate() {
                     let params = [Value::Int(i as i64), Value::Int(now - r.per_ms)];
@@ -249,20 +255,23 @@ impl Broker {
                     let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
                     used.push(n.unwrap_or(0).max(0) as u64);
                 }
+                waiting = crate::runtime::flow::rate_waiting(&q.spec, sql, &maxes, conn, at)?;
             }
-            Ok((maxes, used))
+            Ok((maxes, used, waiting))
         })?;
         Ok(q.spec
             .rates
             .iter()
             .zip(maxes.iter())
             .zip(used)
-            .map(|((r, max), claimed)| RateLimit {
+            .enumerate()
+            .map(|(i, ((r, max), claimed))| RateLimit {
                 key: r.key.clone(),
                 per: std::time::Duration::from_millis(r.per_ms as u64),
                 described: r.max,
                 max: *max,
                 claimed,
+                waiting: waiting.get(i).copied().unwrap_or(0),
             })
             .collect())
     }

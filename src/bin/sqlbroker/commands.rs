@@ -200,7 +200,7 @@ fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
             max: r.max,
             described: r.described,
             in_work: None,
-            waiting: None,
+            waiting: Some(r.waiting),
             per_ms: Some(r.per.as_millis()),
             claimed: Some(r.claimed),
         }));
@@ -234,9 +234,16 @@ fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
         if !out.is_empty() {
             out.push('\n');
         }
-        let mut rows = vec![["RATE_KEY", "MAX", "PER", "DESCRIBED", "CLAIMED_IN_WINDOW"]
-            .map(String::from)
-            .to_vec()];
+        let mut rows = vec![[
+            "RATE_KEY",
+            "MAX",
+            "PER",
+            "DESCRIBED",
+            "CLAIMED_IN_WINDOW",
+            "WAITING",
+        ]
+        .map(String::from)
+        .to_vec()];
         for r in &rates {
             rows.push(vec![
                 escape(&format!("{:?}", r.key)),
@@ -244,6 +251,7 @@ fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
                 humantime::format_duration(r.per).to_string(),
                 r.described.to_string(),
                 r.claimed.to_string(),
+                r.waiting.to_string(),
             ]);
         }
         out.push_str(&columns(&rows));

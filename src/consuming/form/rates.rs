@@ -38,26 +38,8 @@ pub(super) fn keys(ctx: &Ctx, user: &[Value]) -> Vec<String> {
     ctx.spec()
         .rates
         .iter()
-        .map(|r| slot_key(&r.template.render(user)))
+        .map(|r| crate::runtime::flow::slot_key(&r.template.render(user)))
         .collect()
-}
-
-/// A key as the slots' table holds it: long keys (past 200 bytes) are cut and given a hash
-/// of the whole, so they fit every database's key column. Two long keys that collide share
-/// a window: never more claims than a limit allows.
-fn slot_key(key: &str) -> String {
-    if key.len() <= 200 {
-        return key.to_string();
-    }
-    let mut cut = 180;
-    while !key.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    // FNV-1a, 64 bits: stable across releases and platforms.
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{}#{hash:016x}", &key[..cut])
 }
 
 /// The mark in a claim's `tried` set of a rate limit's full key. (Starts with a NUL, which no
@@ -246,23 +228,5 @@ pub(super) fn sweep(ctx: &Ctx, conn: &mut dyn DbConn) {
             log::debug!("table {}: sweeping rate slots: {e}", ctx.spec().name);
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Keys past 200 bytes are cut at a character boundary and hashed whole: two keys equal
-    /// for their first 180 bytes stay apart.
-    #[test]
-    fn long_keys_fit_the_key_column() {
-        assert_eq!(slot_key("acme"), "acme");
-        let a = format!("{}a", "é".repeat(150));
-        let b = format!("{}b", "é".repeat(150));
-        let (ka, kb) = (slot_key(&a), slot_key(&b));
-        assert!(ka.len() <= 200, "{}", ka.len());
-        assert_ne!(ka, kb);
-        assert_eq!(ka, slot_key(&a));
     }
 }

@@ -30,7 +30,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     };
     let mut jobs = Vec::new();
     let (mut limit_max, mut limit_work, mut limit_wait) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut rate_max, mut rate_claimed) = (Vec::new(), Vec::new());
+    let (mut rate_max, mut rate_claimed, mut rate_wait) = (Vec::new(), Vec::new(), Vec::new());
     let (mut paused, mut oldest, mut up, mut at, mut took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in &entries {
@@ -64,7 +64,8 @@ pub(crate) fn render(sampler: &Sampler) -> String {
             if let Some(m) = r.max {
                 rate_max.push((k.clone(), m.to_string()));
             }
-            rate_claimed.push((k, r.claimed.to_string()));
+            rate_claimed.push((k.clone(), r.claimed.to_string()));
+            rate_wait.push((k, r.waiting.to_string()));
         }
         let states = [
             ("ready", Some(s.ready)),
@@ -111,6 +112,11 @@ pub(crate) fn render(sampler: &Sampler) -> String {
         "sqlbroker_rate_limit_claimed",
         "Claims a rate limit counts in the window ending at the count, every key.",
         rate_claimed,
+    );
+    family(
+        "sqlbroker_rate_limit_waiting",
+        "Ready rows whose key's window of a rate limit is full, as last counted.",
+        rate_wait,
     );
     family(
         "sqlbroker_queue_paused",

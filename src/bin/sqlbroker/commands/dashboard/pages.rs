@@ -323,7 +323,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                 h2 { "Rate limits" }
                 table {
                     tr {
-                        th { "key" } th { "max" } th { "per" } th { "described" } th { "claimed in the window" }
+                        th { "key" } th { "max" } th { "per" } th { "described" } th { "claimed in the window" } th { "waiting" }
                         @if !ctx.read_only { th { "set" } }
                     }
                     @for r in &p.rates {
@@ -333,6 +333,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                             td { (format!("{:?}", r.per)) }
                             td { (r.described) }
                             td { (r.claimed) }
+                            td { (r.waiting) }
                             @if !ctx.read_only { td { (limit_form(ctx, name, &r.key, &here, true)) } }
                         }
                     }
