@@ -1114,14 +1114,7 @@ impl TableSpec {
     /// The user columns the concurrency limits read (indexes into `columns`, ascending, each
     /// once).
     pub fn limit_columns(&self) -> Vec<usize> {
-        let mut cols: Vec<usize> = self
-            .limits
-            .iter()
-            .flat_map(|l| l.template.columns())
-            .collect();
-        cols.sort_unstable();
-        cols.dedup();
-        cols
+        columns_read(self.limits.iter().map(|l| &l.template))
     }
 
     /// True if a claim decides more than the form's own hold: concurrency or rate limits, or
@@ -1132,14 +1125,7 @@ impl TableSpec {
 
     /// The user columns the rate limits read (indexes into `columns`, ascending, each once).
     pub fn rate_columns(&self) -> Vec<usize> {
-        let mut cols: Vec<usize> = self
-            .rates
-            .iter()
-            .flat_map(|l| l.template.columns())
-            .collect();
-        cols.sort_unstable();
-        cols.dedup();
-        cols
+        columns_read(self.rates.iter().map(|l| &l.template))
     }
 
     /// The group column of a FIFO table.
@@ -1149,6 +1135,14 @@ impl TableSpec {
             .and_then(|i| self.columns.get(i))
             .map(|c| c.name.as_str())
     }
+}
+
+/// The user columns `templates` read (indexes into `columns`, ascending, each once).
+fn columns_read<'a>(templates: impl Iterator<Item = &'a KeyTemplate>) -> Vec<usize> {
+    let mut cols: Vec<usize> = templates.flat_map(KeyTemplate::columns).collect();
+    cols.sort_unstable();
+    cols.dedup();
+    cols
 }
 
 /// An advisory key template, parsed and checked against the columns.

@@ -6,7 +6,6 @@
 use crate::broker::Broker;
 use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
-use crate::model::value::Value;
 use crate::runtime::registry;
 
 /// A recorded table, as [`Broker::tables`] lists it.
@@ -236,42 +235,29 @@ impl Broker {
     /// without rate limits.
     pub fn rate_limits(&self, table: &Table) -> Result<Vec<RateLimit>> {
         let q = self.queue(table)?;
-        let at = crate::model::schedule::claim_now(std::time::SystemTime::now());
-        let now = crate::model::schedule::millis(std::time::SystemTime::now());
-        let (maxes, used, waiting) = q.retrying("limits", |conn| {
-            let maxes = match q.spec.rates.is_empty() {
-                true => crate::runtime::limits::Maxes::from([]),
-                false => q
-                    .flow
-                    .rate_maxes
-                    .read(&q.spec, conn, q.dialect.registry().limits)?,
+        let (maxes, usage) = q.retrying("limits", |conn| {
+            let Some(sql) = &q.sql.rates else {
+                return Ok((crate::runtime::limits::Maxes::from([]), Vec::new()));
             };
-            let mut used = Vec::with_capacity(q.spec.rates.len());
-            let mut waiting = Vec::new();
-            if let Some(sql) = &q.sql.rates {
-                for (i, r) in q.spec.rates.iter().enumerate() {
-                    let params = [Value::Int(i as i64), Value::Int(now - r.per_ms)];
-                    let rows = conn.query(&sql.claimed, &params)?;
-                    let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
-                    used.push(n.unwrap_or(0).max(0) as u64);
-                }
-                waiting = crate::runtime::flow::rate_waiting(&q.spec, sql, &maxes, conn, at)?;
-            }
-            Ok((maxes, used, waiting))
+            let maxes = q
+                .flow
+                .rate_maxes
+                .read(&q.spec, conn, q.dialect.registry().limits)?;
+            let usage = crate::runtime::flow::rate_usage(&q.spec, sql, &maxes, conn)?;
+            Ok((maxes, usage))
         })?;
         Ok(q.spec
             .rates
             .iter()
             .zip(maxes.iter())
-            .zip(used)
-            .enumerate()
-            .map(|(i, ((r, max), claimed))| RateLimit {
+            .zip(usage)
+            .map(|((r, max), (claimed, waiting))| RateLimit {
                 key: r.key.clone(),
                 per: std::time::Duration::from_millis(r.per_ms as u64),
                 described: r.max,
                 max: *max,
                 claimed,
-                waiting: waiting.get(i).copied().unwrap_or(0),
+                waiting,
             })
             .collect())
     }

@@ -30,6 +30,9 @@ pub(crate) struct FlowState {
     /// Fair claims: every key with due rows, as last read whole (when they fit one read), and
     /// when.
     fair_keys: Mutex<Option<(Instant, Vec<Value>)>>,
+    /// Fair claims: the first rows' statement by key count and whether it reads the `NULL`
+    /// key, built once each (the same text, the same prepared statement).
+    fair_heads: Mutex<std::collections::HashMap<(usize, bool), std::sync::Arc<str>>>,
 }
 
 impl Default for FlowState {
@@ -40,6 +43,7 @@ impl Default for FlowState {
             swept: Mutex::default(),
             rate_maxes: LimitsInForce::rates(),
             fair_keys: Mutex::default(),
+            fair_heads: Mutex::default(),
         }
     }
 }
@@ -65,6 +69,21 @@ impl FlowState {
     /// Notes every fair key, as just read whole, ascending.
     pub fn all_fair_keys(&self, keys: Vec<Value>) {
         *self.fair_keys.lock() = Some((Instant::now(), keys));
+    }
+
+    /// The first rows' statement for `keys` keys (and the `NULL` key, with `null`), built by
+    /// `build` the first time.
+    pub fn fair_heads(
+        &self,
+        keys: usize,
+        null: bool,
+        build: impl FnOnce() -> String,
+    ) -> std::sync::Arc<str> {
+        self.fair_heads
+            .lock()
+            .entry((keys, null))
+            .or_insert_with(|| build().into())
+            .clone()
     }
 
     /// A claim found a rate window full until `at`.
@@ -118,16 +137,26 @@ pub(crate) fn slot_key(key: &str) -> String {
     format!("{}#{hash:016x}", &key[..cut])
 }
 
-/// Per rate limit (the description's order), the ready rows whose key's window is full now
-/// with `maxes` in force: what waits on it (operators' counts, read without a claim's locks).
-pub(crate) fn rate_waiting(
+/// Per rate limit (the description's order), with `maxes` in force: the claims in the window
+/// ending now (every key), and the ready rows whose key's window is full, waiting on it
+/// (operators' counts, read without a claim's locks).
+pub(crate) fn rate_usage(
     spec: &TableSpec,
     sql: &RateSql,
     maxes: &[Option<u32>],
     conn: &mut dyn DbConn,
-    now: std::time::SystemTime,
-) -> Result<Vec<u64>, DbError> {
-    let at = crate::model::schedule::millis(now);
+) -> Result<Vec<(u64, u64)>, DbError> {
+    let wall = std::time::SystemTime::now();
+    let at = crate::model::schedule::millis(wall);
+    let count = |rows: Vec<Vec<Value>>| {
+        let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
+        n.unwrap_or(0).max(0) as u64
+    };
+    let mut claimed = Vec::with_capacity(spec.rates.len());
+    for (i, r) in spec.rates.iter().enumerate() {
+        let params = [Value::Int(i as i64), Value::Int(at - r.per_ms)];
+        claimed.push(count(conn.query(&sql.claimed, &params)?));
+    }
     let mut full = Vec::with_capacity(spec.rates.len());
     for (i, (r, max)) in spec.rates.iter().zip(maxes).enumerate() {
         let keys: std::collections::HashSet<String> = match max {
@@ -153,15 +182,28 @@ pub(crate) fn rate_waiting(
         full.push(keys);
     }
     let mut waiting = vec![0u64; spec.rates.len()];
-    if full.iter().all(|k| k.is_empty()) {
-        return Ok(waiting);
+    if full.iter().any(|k| !k.is_empty()) {
+        add_waiting(spec, sql, &full, conn, wall, &mut waiting)?;
     }
+    Ok(claimed.into_iter().zip(waiting).collect())
+}
+
+/// Adds to `waiting` the ready rows whose key of each rate limit is among its `full` keys.
+fn add_waiting(
+    spec: &TableSpec,
+    sql: &RateSql,
+    full: &[std::collections::HashSet<String>],
+    conn: &mut dyn DbConn,
+    wall: std::time::SystemTime,
+    waiting: &mut [u64],
+) -> Result<(), DbError> {
     let cols = spec.rate_columns();
     let times = if spec.form == crate::model::table::Form::Lease {
         2
     } else {
         1
     };
+    let now = crate::model::schedule::claim_now(wall);
     let rows = conn.query(&sql.ready, &vec![Value::Time(now); times])?;
     for row in rows {
         let count = row.last().and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
@@ -172,13 +214,13 @@ pub(crate) fn rate_waiting(
             }
         }
         let user = spec.typed_values(user);
-        for ((r, keys), n) in spec.rates.iter().zip(&full).zip(waiting.iter_mut()) {
+        for ((r, keys), n) in spec.rates.iter().zip(full).zip(waiting.iter_mut()) {
             if keys.contains(&slot_key(&r.template.render(&user))) {
                 *n += count;
             }
         }
     }
-    Ok(waiting)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -225,21 +225,13 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         }
                         Err(e) => return partial(out, e),
                     }
-                    let stamps = match rates::take(
-                        ctx,
-                        &mut *conn,
-                        &rate_keys,
-                        SystemTime::now(),
-                        &rate_maxes,
-                    ) {
-                        Ok(rates::Slots::Taken(stamps)) => stamps,
-                        Ok(rates::Slots::Full(full)) => {
-                            // The row's keys and slots go back as they drop.
-                            tried.insert(full);
-                            continue;
-                        }
-                        Err(e) => return partial(out, e),
-                    };
+                    let stamps =
+                        match rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
+                            Ok(Some(stamps)) => stamps,
+                            // A window is full: the row's keys and slots go back as they drop.
+                            Ok(None) => continue,
+                            Err(e) => return partial(out, e),
+                        };
                     tried.extend(keys);
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
@@ -305,24 +297,18 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                         // The session's keys are unknown: it is discarded, never pooled.
                         Err(e) => return Err(q.err("claim")(e)),
                     }
-                    let stamps = match rates::take(
-                        ctx,
-                        &mut *conn,
-                        &rate_keys,
-                        SystemTime::now(),
-                        &rate_maxes,
-                    ) {
-                        Ok(rates::Slots::Taken(stamps)) => stamps,
-                        Ok(rates::Slots::Full(full)) => {
-                            tried.insert(full);
-                            if !unlock_all(ctx, &mut *conn, &mut session, &names) {
-                                return Ok(Vec::new());
+                    let stamps =
+                        match rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
+                            Ok(Some(stamps)) => stamps,
+                            Ok(None) => {
+                                if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                                    return Ok(Vec::new());
+                                }
+                                continue;
                             }
-                            continue;
-                        }
-                        // The session's keys are unknown: it is discarded, never pooled.
-                        Err(e) => return Err(q.err("claim")(e)),
-                    };
+                            // The session's keys are unknown: it is discarded, never pooled.
+                            Err(e) => return Err(q.err("claim")(e)),
+                        };
                     tried.extend(keys.iter().cloned());
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {

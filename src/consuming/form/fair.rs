@@ -33,7 +33,7 @@ pub(super) fn candidates(
     let times = |n: usize| vec![Value::Time(now); n];
     let per_cond = if q.spec.form == Form::Lease { 2 } else { 1 };
     let read_keys = |conn: &mut dyn DbConn, after: Option<&Value>, max: usize| {
-        let mut params = times(1);
+        let mut params = vec![Value::Time(now)];
         if let Some(a) = after {
             params.push(a.clone());
         }
@@ -95,7 +95,9 @@ pub(super) fn candidates(
     let branches = keys.len() + usize::from(wrapped);
     // Rows per key: a fair share of the claim, and at least two (the first may be in work).
     let per_key = want.div_ceil(branches).max(2);
-    let text = q.dialect.syntax().fair_heads(&q.spec, keys.len(), wrapped);
+    let text = q.flow.fair_heads(keys.len(), wrapped, || {
+        q.dialect.syntax().fair_heads(&q.spec, keys.len(), wrapped)
+    });
     let mut params = Vec::new();
     for k in &keys {
         params.push(k.clone());

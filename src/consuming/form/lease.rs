@@ -178,7 +178,6 @@ fn claim_limited(
         let mut order: Vec<(i64, Vec<Value>)> = Vec::new();
         let mut stamps: HashMap<i64, Vec<super::rates::Stamp>> = HashMap::new();
         let mut tried = HashSet::new();
-        let wall = SystemTime::now();
         // PostgreSQL: candidates from the subscription's cursor, past the dead index entries
         // of rows already claimed. It moves only past rows this claim took before the first
         // it passed by, so a row left for a full key is read again by the next claim. (Not
@@ -243,12 +242,11 @@ fn claim_limited(
                         skipped = true;
                         continue;
                     }
-                    match super::rates::take(ctx, conn, &rate_keys, wall, &rate_maxes)? {
-                        super::rates::Slots::Taken(s) => {
+                    match super::rates::take(ctx, conn, &rate_keys, &rate_maxes, &mut tried)? {
+                        Some(s) => {
                             stamps.insert(id, s);
                         }
-                        super::rates::Slots::Full(marker) => {
-                            tried.insert(marker);
+                        None => {
                             skipped = true;
                             continue;
                         }
@@ -337,9 +335,7 @@ fn claim_limited(
         }
         Ok(rows)
     });
-    if q.sql.rates.is_some() {
-        super::rates::sweep(ctx, conn);
-    }
+    super::rates::sweep(ctx, conn);
     out
 }
 

@@ -6,6 +6,7 @@
 //!
 //! [`Table::rate_limit`]: crate::Table::rate_limit
 
+use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::dialect::flow::RateSql;
@@ -24,15 +25,6 @@ pub(super) struct Stamp {
     at: i64,
 }
 
-/// What taking a row's slots came to.
-pub(super) enum Slots {
-    /// Every limit had room: the slots stamped.
-    Taken(Vec<Stamp>),
-    /// A limit's key is full: its mark in the claim's `tried` set (later rows of the key are
-    /// passed by); the slots stamped for the limits before it were given back.
-    Full(String),
-}
-
 /// The rendered keys of a row's rate limits, one per limit.
 pub(super) fn keys(ctx: &Ctx, user: &[Value]) -> Vec<String> {
     ctx.spec()
@@ -49,7 +41,7 @@ fn full_marker(lim: usize, key: &str) -> String {
 }
 
 /// True if a claim found one of `keys` full earlier: the row is passed by.
-pub(super) fn passed_by(tried: &std::collections::HashSet<String>, keys: &[String]) -> bool {
+pub(super) fn passed_by(tried: &HashSet<String>, keys: &[String]) -> bool {
     keys.iter()
         .enumerate()
         .any(|(i, k)| tried.contains(&full_marker(i, k)))
@@ -70,21 +62,23 @@ pub(super) fn maxes(ctx: &Ctx, conn: &mut dyn DbConn) -> Result<Maxes, DbError> 
         .read(&q.spec, conn, q.dialect.registry().limits)
 }
 
-/// Takes a slot of each rate limit for a row of `keys` (from [`keys`]) at `now`, on `conn`,
-/// with the `maxes` in force (from [`maxes`]). A full key gives back the slots taken before
-/// it and notes when its window has room
+/// Takes a slot of each rate limit for a row of `keys` (from [`keys`]) now, on `conn`, with
+/// the `maxes` in force (from [`maxes`]): the slots stamped, or `None` if a limit's key is
+/// full. A full key is marked in the claim's `tried` set (its later rows are passed by,
+/// [`passed_by`]), the slots stamped for the limits before it are given back, and the moment
+/// its window has room is noted
 /// ([`FlowState::full_until`](crate::runtime::flow::FlowState::full_until)).
 pub(super) fn take(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
     keys: &[String],
-    now: SystemTime,
     maxes: &[Option<u32>],
-) -> Result<Slots, DbError> {
+    tried: &mut HashSet<String>,
+) -> Result<Option<Vec<Stamp>>, DbError> {
     let Some(sql) = &ctx.queue.sql.rates else {
-        return Ok(Slots::Taken(Vec::new()));
+        return Ok(Some(Vec::new()));
     };
-    let at = millis(now);
+    let at = millis(SystemTime::now());
     let mut stamps = Vec::with_capacity(keys.len());
     for (i, ((rate, key), max)) in ctx.spec().rates.iter().zip(keys).zip(maxes).enumerate() {
         // Lifted: no slot.
@@ -100,11 +94,12 @@ pub(super) fn take(
                 give_back(ctx, conn, &stamps)?;
                 let room = UNIX_EPOCH + Duration::from_millis(room_at.max(0) as u64);
                 ctx.queue.flow.full_until(room);
-                return Ok(Slots::Full(full_marker(i, key)));
+                tried.insert(full_marker(i, key));
+                return Ok(None);
             }
         }
     }
-    Ok(Slots::Taken(stamps))
+    Ok(Some(stamps))
 }
 
 /// Takes a free slot of limit `lim`'s `key`, or makes one if the key has fewer than `max`:

@@ -153,26 +153,20 @@ fn claim_limited(
                 Err(e) => return Err(q.err("claim")(e)),
             };
             // The window slots, committed before the row's transaction.
-            let stamps = match super::rates::take(
-                ctx,
-                &mut *conn,
-                &rate_keys,
-                SystemTime::now(),
-                &rate_maxes,
-            ) {
-                Ok(super::rates::Slots::Taken(stamps)) => stamps,
-                Ok(super::rates::Slots::Full(full)) => {
-                    tried.insert(full);
-                    if !unlock_all(ctx, &mut *conn, &mut session, &names) {
-                        return Ok(Vec::new());
+            let stamps =
+                match super::rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
+                    Ok(Some(stamps)) => stamps,
+                    Ok(None) => {
+                        if !unlock_all(ctx, &mut *conn, &mut session, &names) {
+                            return Ok(Vec::new());
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                Err(e) => {
-                    unlock_all(ctx, &mut *conn, &mut session, &names);
-                    return Err(q.err("claim")(e));
-                }
-            };
+                    Err(e) => {
+                        unlock_all(ctx, &mut *conn, &mut session, &names);
+                        return Err(q.err("claim")(e));
+                    }
+                };
             // Marked broken until the transaction ends, as in the plain claim.
             conn.mark_broken();
             let locked = (|| {
@@ -274,8 +268,7 @@ fn claim_limited_in_transaction(
                     Some(row) => {
                         // The window slots, committed apart from the row's transaction (on
                         // another connection): a claim counts whatever becomes of it.
-                        if let Some(full) = side_rates(ctx, &mut side, &rate_keys, &rate_maxes)? {
-                            tried.insert(full);
+                        if !side_rates(ctx, &mut side, &rate_keys, &rate_maxes, &mut tried)? {
                             conn.batch(NO_SLOT)?;
                             continue;
                         }
@@ -333,33 +326,31 @@ const FAIR_KEYS: usize = 16;
 
 /// PostgreSQL: takes the window slots of a row whose transaction is open on another pooled
 /// connection (`side`, kept for the rest of the claim), so they commit whatever becomes of
-/// the row's transaction. `Some(mark)`: a key is full.
+/// the row's transaction. False: a key is full (marked in `tried`).
 fn side_rates(
     ctx: &Ctx,
     side: &mut Option<PooledConn>,
     rate_keys: &[String],
     maxes: &[Option<u32>],
-) -> Result<Option<String>, crate::error::DbError> {
+    tried: &mut std::collections::HashSet<String>,
+) -> Result<bool, crate::error::DbError> {
     if ctx.queue.sql.rates.is_none() {
-        return Ok(None);
+        return Ok(true);
     }
-    if side.is_none() {
-        let conn = ctx
-            .queue
-            .conn_within("claim", std::time::Duration::from_secs(1))
-            .map_err(|e| {
-                crate::error::DbError::new(crate::error::DbErrorKind::Transient, e.to_string())
-            })?;
-        *side = Some(conn);
-    }
-    let Some(conn) = side.as_mut() else {
-        return Ok(None);
+    let conn = match side {
+        Some(conn) => conn,
+        None => {
+            let conn = ctx
+                .queue
+                .conn_within("claim", std::time::Duration::from_secs(1))
+                .map_err(|e| {
+                    crate::error::DbError::new(crate::error::DbErrorKind::Transient, e.to_string())
+                })?;
+            side.insert(conn)
+        }
     };
     super::rates::sweep(ctx, &mut **conn);
-    match super::rates::take(ctx, &mut **conn, rate_keys, SystemTime::now(), maxes)? {
-        super::rates::Slots::Taken(_) => Ok(None),
-        super::rates::Slots::Full(full) => Ok(Some(full)),
-    }
+    Ok(super::rates::take(ctx, &mut **conn, rate_keys, maxes, tried)?.is_some())
 }
 
 /// Unlocks a delivery's slot keys once its transaction has ended (committed or rolled back);

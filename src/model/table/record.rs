@@ -21,14 +21,27 @@ const FORMAT_PLAIN: i64 = 1;
 /// setting overriding the described one (`None`: lifted). A record that does not read has
 /// none (the registry's checks report it elsewhere).
 pub(crate) fn limits_in_force(json: &str) -> Vec<(String, Option<u32>)> {
+    in_force(json, |r| {
+        let described = r.concurrency_limits.iter().map(|l| (l.key.clone(), l.max));
+        (described.collect(), &r.limits_set)
+    })
+}
+
+/// Each described limit `pick` gives of the record `json` (key and max), with the setting
+/// of its settings map overriding the max.
+fn in_force(
+    json: &str,
+    pick: impl FnOnce(&Record) -> (Vec<(String, u32)>, &BTreeMap<String, Option<u32>>),
+) -> Vec<(String, Option<u32>)> {
     let Ok(r) = serde_json::from_str::<Record>(json) else {
         return Vec::new();
     };
-    r.concurrency_limits
+    let (described, set) = pick(&r);
+    described
         .into_iter()
-        .map(|l| {
-            let max = r.limits_set.get(&l.key).copied().unwrap_or(Some(l.max));
-            (l.key, max)
+        .map(|(key, max)| {
+            let max = set.get(&key).copied().unwrap_or(Some(max));
+            (key, max)
         })
         .collect()
 }
@@ -36,16 +49,10 @@ pub(crate) fn limits_in_force(json: &str) -> Vec<(String, Option<u32>)> {
 /// The rate limits in force by a record's text: each described rate limit's key and `max`, an
 /// operator's setting overriding the described one (`None`: lifted).
 pub(crate) fn rates_in_force(json: &str) -> Vec<(String, Option<u32>)> {
-    let Ok(r) = serde_json::from_str::<Record>(json) else {
-        return Vec::new();
-    };
-    r.rate_limits
-        .into_iter()
-        .map(|l| {
-            let max = r.rates_set.get(&l.key).copied().unwrap_or(Some(l.max));
-            (l.key, max)
-        })
-        .collect()
+    in_force(json, |r| {
+        let described = r.rate_limits.iter().map(|l| (l.key.clone(), l.max));
+        (described.collect(), &r.rates_set)
+    })
 }
 
 /// `json` with the operator's setting of concurrency limit `key` (`None`: lifted), or why it
