@@ -73,7 +73,8 @@
 //! - [`Table::rate_limit`]: at most `max` rows of one rendered key claimed in any window of
 //!   length `per` (a sliding window, counting claims), across every broker and process,
 //!   through window slots the database stamps; changed at run time with
-//!   [`Broker::set_rate_limit`], read with [`Broker::rate_limits`].
+//!   [`Broker::set_rate_limit`], read with [`Broker::rate_limits`]; the rows a full window
+//!   holds back are [`QueueStats::limited`] too.
 //! - [`Table::fair`]: claims rotate across the keys of the ready rows, a row of each key per
 //!   round, so a tenant's backlog cannot starve the others.
 //!

@@ -174,6 +174,13 @@ fn a_rate_max_changed_at_run_time_is_followed(db: Db, form: Form) {
     // counted as ready too).
     let in_work_ready = u64::from(form != Form::Lease);
     assert_eq!(limit.waiting, 3 + in_work_ready);
+    // `stats` counts them apart from the ready rows.
+    let stats = l.broker.stats(&t).unwrap();
+    assert_eq!(
+        (stats.ready, stats.limited),
+        (0, Some(3 + in_work_ready)),
+        "{stats:?}"
+    );
     operator.set_rate_limit(&t, "{k}", Some(3)).unwrap();
     let limit = &l.broker.rate_limits(&t).unwrap()[0];
     assert_eq!((limit.max, limit.claimed, limit.waiting), (Some(3), 1, 0));

@@ -41,10 +41,6 @@ pub(crate) struct RateSql {
     /// `(lim, since, max, max)` -> `rkey` of each key with `max` slots stamped after `since`:
     /// the keys whose window is full (operators' counts).
     pub full: String,
-    /// `(now[, now])` -> `<the columns the rate limits read>, count` of the claimable rows per
-    /// distinct value of those columns ([`TableSpec::rate_columns`] order); `now` twice in
-    /// the lease form.
-    pub ready: String,
     /// `(lim, before)` deletes a limit's slots free since `before`: a key's slots are made
     /// again as claims need them, so an idle key keeps none.
     pub sweep: String,
@@ -153,29 +149,36 @@ impl Syntax {
                 self.p(3),
                 self.p(4)
             ),
-            ready: {
-                let (cond, _) = self.fair_claimable(spec, 1);
-                let table = self.q(&spec.name);
-                let grouped: Vec<String> = spec
-                    .rate_columns()
-                    .iter()
-                    .filter_map(|i| spec.columns.get(*i))
-                    .map(|c| self.q(&c.name))
-                    .collect();
-                match grouped.is_empty() {
-                    true => format!("SELECT count(*) FROM {table} WHERE {cond}"),
-                    false => format!(
-                        "SELECT {g}, count(*) FROM {table} WHERE {cond} GROUP BY {g}",
-                        g = grouped.join(", ")
-                    ),
-                }
-            },
             sweep: format!(
                 "DELETE FROM {t} WHERE lim = {} AND at <= {}",
                 self.p(1),
                 self.p(2)
             ),
         }
+    }
+
+    /// The claimable rows of a table with concurrency or rate limits per distinct value of the
+    /// columns the limits read ([`TableSql::flow_ready`](crate::dialect::TableSql)); `None`
+    /// for other tables.
+    pub fn flow_ready(&self, spec: &TableSpec) -> Option<String> {
+        if spec.limits.is_empty() && spec.rates.is_empty() {
+            return None;
+        }
+        let (cond, _) = self.fair_claimable(spec, 1);
+        let table = self.q(&spec.name);
+        let grouped: Vec<String> = spec
+            .flow_columns()
+            .iter()
+            .filter_map(|i| spec.columns.get(*i))
+            .map(|c| self.q(&c.name))
+            .collect();
+        Some(match grouped.is_empty() {
+            true => format!("SELECT count(*) FROM {table} WHERE {cond}"),
+            false => format!(
+                "SELECT {g}, count(*) FROM {table} WHERE {cond} GROUP BY {g}",
+                g = grouped.join(", ")
+            ),
+        })
     }
 
     /// The claimable condition of a fair read, its parameters from `first`, and how many it

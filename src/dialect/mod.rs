@@ -78,10 +78,6 @@ pub(crate) struct LimitSql {
     /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,
-    /// `(now, now)` -> `<the columns the limits read>, count` of the claimable rows, per
-    /// distinct value of those columns ([`TableSpec::limit_columns`] order): what waits on a
-    /// limit (operators' counts). Lease form only.
-    pub ready_keys: String,
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
@@ -112,6 +108,39 @@ pub(crate) struct LimitSql {
     pub taken: Vec<String>,
 }
 
+/// How many keys' slots one statement of [`Dialect::slots_held`] probes.
+pub(crate) const SLOT_PROBE_KEYS: usize = 100;
+
+/// Runs `sql(n)` `(max, name(prefix) x n)` for each run of at most [`SLOT_PROBE_KEYS`] of
+/// `prefixes`, each returning `(index in the run, held)` rows of the keys holding any: the held
+/// counts in `prefixes`' order (the servers' [`Dialect::slots_held`]).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn slots_held_in_runs(
+    conn: &mut dyn DbConn,
+    prefixes: &[String],
+    max: u32,
+    sql: impl Fn(usize) -> String,
+    name: impl Fn(&str) -> String,
+) -> Result<Vec<u32>, DbError> {
+    let mut out = vec![0; prefixes.len()];
+    for (run, chunk) in prefixes.chunks(SLOT_PROBE_KEYS).enumerate() {
+        let mut params = vec![Value::Int(i64::from(max))];
+        params.extend(chunk.iter().map(|p| Value::Text(name(p))));
+        for row in conn.query(&sql(chunk.len()), &params)? {
+            let i = row.first().and_then(Value::as_i64).unwrap_or(-1);
+            let n = row.get(1).and_then(Value::as_i64).unwrap_or(0);
+            if let Some(slot) = usize::try_from(i)
+                .ok()
+                .filter(|i| *i < chunk.len())
+                .and_then(|i| out.get_mut(run * SLOT_PROBE_KEYS + i))
+            {
+                *slot = n.clamp(0, i64::from(u32::MAX)) as u32;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Statements of one table for one database, built once. Parameters are listed as `(..)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TableSql {
@@ -122,6 +151,11 @@ pub(crate) struct TableSql {
     pub rates: Option<flow::RateSql>,
     /// Tables with fair claims: the next keys to serve ([`flow::FairSql`]).
     pub fair: Option<flow::FairSql>,
+    /// Tables with concurrency or rate limits: `(now[, now])` -> `<the columns the limits
+    /// read>, count` of the claimable rows per distinct value of those columns
+    /// ([`TableSpec::flow_columns`] order; `now` twice in the lease form): what waits on a
+    /// limit (operators' counts).
+    pub flow_ready: Option<String>,
     /// Opens a claim transaction at the table's isolation level.
     pub begin: Vec<String>,
     /// Opens a write transaction (batch publish, renewal loops).
@@ -686,6 +720,28 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The in-process key registry, for engines with no server-side advisory locks.
     fn process_keys(&self) -> Option<Arc<crate::dialect::keys::KeyRegistry>> {
         None
+    }
+
+    /// For each of `prefixes` (a concurrency limit's slot keys of one key each, named before
+    /// [`Dialect::key_name`]), how many of the keys `<prefix>0` .. `<prefix>{max - 1}` are
+    /// held now, by any session (operators' counts, taking none). Default: those held through
+    /// the in-process registry; none without one.
+    fn slots_held(
+        &self,
+        _conn: &mut dyn DbConn,
+        prefixes: &[String],
+        max: u32,
+    ) -> Result<Vec<u32>, DbError> {
+        let keys = self.process_keys();
+        Ok(prefixes
+            .iter()
+            .map(|prefix| match &keys {
+                None => 0,
+                Some(keys) => (0..max)
+                    .filter(|slot| keys.is_held(&format!("{prefix}{slot}")))
+                    .count() as u32,
+            })
+            .collect())
     }
 
     /// Whether a claim's lock waits can be bounded per claim at no cost

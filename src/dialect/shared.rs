@@ -266,23 +266,8 @@ impl Syntax {
                 (self.claim_limit)(&self.p(5))
             )
         });
-        let grouped: Vec<String> = spec
-            .limit_columns()
-            .iter()
-            .filter_map(|i| spec.columns.get(*i))
-            .map(|c| self.q(&c.name))
-            .collect();
-        let ready_keys = match grouped.is_empty() {
-            true => format!("SELECT count(*) FROM {t} WHERE {}", claimable(1, 2)),
-            false => format!(
-                "SELECT {g}, count(*) FROM {t} WHERE {} GROUP BY {g}",
-                claimable(1, 2),
-                g = grouped.join(", ")
-            ),
-        };
         LimitSql {
             begin,
-            ready_keys,
             // `1`: a table whose limits read no column still gets a row per row in work.
             in_work: format!(
                 "SELECT {} FROM {t} WHERE {dead} IS NULL AND {lu} > {}",
@@ -343,7 +328,6 @@ impl Syntax {
             lock: Vec::new(),
             take_locked: Vec::new(),
             turn_at_begin: false,
-            ready_keys: String::new(),
             slot_xact_lock: None,
             take: vec![format!(
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",

@@ -1111,21 +1111,21 @@ impl TableSpec {
             .flat_map(KeyTemplate::columns)
     }
 
-    /// The user columns the concurrency limits read (indexes into `columns`, ascending, each
-    /// once).
-    pub fn limit_columns(&self) -> Vec<usize> {
-        columns_read(self.limits.iter().map(|l| &l.template))
-    }
-
     /// True if a claim decides more than the form's own hold: concurrency or rate limits, or
     /// fair claims (the claims that read candidates and choose among them).
     pub fn flow_controlled(&self) -> bool {
         !self.limits.is_empty() || !self.rates.is_empty() || self.fair.is_some()
     }
 
-    /// The user columns the rate limits read (indexes into `columns`, ascending, each once).
-    pub fn rate_columns(&self) -> Vec<usize> {
-        columns_read(self.rates.iter().map(|l| &l.template))
+    /// The user columns the concurrency and rate limits read (indexes into `columns`,
+    /// ascending, each once).
+    pub fn flow_columns(&self) -> Vec<usize> {
+        columns_read(
+            self.limits
+                .iter()
+                .map(|l| &l.template)
+                .chain(self.rates.iter().map(|r| &r.template)),
+        )
     }
 
     /// The group column of a FIFO table.

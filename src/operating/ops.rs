@@ -83,11 +83,13 @@ pub struct QueueStats {
     /// The table is paused ([`Broker::pause`]): its subscriptions claim nothing until it is
     /// resumed. False for a table with no recorded description.
     pub paused: bool,
-    /// Lease tables with concurrency limits ([`Table::concurrency_limit`]): rows due and not
-    /// leased that a limit holds back now (a key at its max), counted here and not in
-    /// `ready`. `None` for other tables (in the row lock and advisory lock forms a row in
-    /// work holds its slot in a session, not in the table: see
-    /// [`Broker::concurrency_limits`]).
+    /// Tables with concurrency or rate limits ([`Table::concurrency_limit`],
+    /// [`Table::rate_limit`]): claimable rows that a limit holds back now (a key at its max,
+    /// or a key's window full), counted here and not in `ready`. In the row lock and advisory
+    /// lock forms, where `ready` also counts the rows in work, the rows in work of a key at
+    /// its max are left in `ready` (exactly with one concurrency limit; several full at once
+    /// are an estimate), and those of a full window are counted here. `None` for other
+    /// tables.
     pub limited: Option<u64>,
 }
 
@@ -163,14 +165,12 @@ impl Broker {
         };
         let oldest = row.get(4).and_then(Value::as_time);
         let paused = crate::runtime::registry::recorded_pause(&q)?;
-        let limited = match &q.sql.limited {
-            Some(sql) if !sql.ready_keys.is_empty() && !q.spec.limits.is_empty() => q
-                .retrying("stats", |conn| {
-                    let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
-                    crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)
-                })?
-                .map(|u| u.held_back),
-            _ => None,
+        let limited = match q.sql.flow_ready.is_some() {
+            true => Some(q.retrying("stats", |conn| {
+                let (limits, rates) = crate::runtime::usage::maxes_in_force(&q, conn)?;
+                Ok(crate::runtime::usage::usage(&q, conn, &limits, &rates)?.held_back)
+            })?),
+            false => None,
         };
         Ok(QueueStats {
             form: q.spec.form,

@@ -39,11 +39,11 @@ pub struct ConcurrencyLimit {
     pub described: u32,
     /// The `max` in force: an operator's setting, else the described one; `None`: lifted.
     pub max: Option<u32>,
-    /// Lease tables: rows in work now that this limit counts (every key). `None` in the row
-    /// lock and advisory lock forms, whose rows in work hold their slots in sessions.
+    /// Rows in work now that this limit counts (every key): leased rows in the lease form,
+    /// the slot keys held in the others. `None` for a lifted limit in the row lock and
+    /// advisory lock forms, whose rows then hold no slot.
     pub in_work: Option<u64>,
-    /// Lease tables: ready rows whose key of this limit is at its max, waiting on it. `None`
-    /// in the other forms.
+    /// Ready rows whose key of this limit is at its max, waiting on it (always `Some`).
     pub waiting: Option<u64>,
 }
 
@@ -235,22 +235,16 @@ impl Broker {
     /// without rate limits.
     pub fn rate_limits(&self, table: &Table) -> Result<Vec<RateLimit>> {
         let q = self.queue(table)?;
-        let (maxes, usage) = q.retrying("limits", |conn| {
-            let Some(sql) = &q.sql.rates else {
-                return Ok((crate::runtime::limits::Maxes::from([]), Vec::new()));
-            };
-            let maxes = q
-                .flow
-                .rate_maxes
-                .read(&q.spec, conn, q.dialect.registry().limits)?;
-            let usage = crate::runtime::flow::rate_usage(&q.spec, sql, &maxes, conn)?;
+        let ((_, maxes), usage) = q.retrying("limits", |conn| {
+            let maxes = crate::runtime::usage::maxes_in_force(&q, conn)?;
+            let usage = crate::runtime::usage::usage(&q, conn, &maxes.0, &maxes.1)?;
             Ok((maxes, usage))
         })?;
         Ok(q.spec
             .rates
             .iter()
             .zip(maxes.iter())
-            .zip(usage)
+            .zip(usage.rates)
             .map(|((r, max), (claimed, waiting))| RateLimit {
                 key: r.key.clone(),
                 per: std::time::Duration::from_millis(r.per_ms as u64),
@@ -263,20 +257,15 @@ impl Broker {
     }
 
     /// The table's concurrency limits in force: each key template with the `max` its record
-    /// holds (an operator's setting, else the described one; `None`: lifted) and, in the
-    /// lease form, the rows in work it counts and the ready rows waiting on it (read now,
-    /// without the claims' turn). Empty for a table without limits.
+    /// holds (an operator's setting, else the described one; `None`: lifted), the rows in
+    /// work it counts and the ready rows waiting on it (read now, without the claims' turn:
+    /// the lease form counts leased rows, the others probe the slot keys their rows in work
+    /// hold). Empty for a table without limits.
     pub fn concurrency_limits(&self, table: &Table) -> Result<Vec<ConcurrencyLimit>> {
         let q = self.queue(table)?;
-        let now = crate::model::schedule::claim_now(std::time::SystemTime::now());
-        let (maxes, usage) = q.retrying("limits", |conn| {
-            let maxes = q.limits.read(&q.spec, conn, q.dialect.registry().limits)?;
-            let usage = match &q.sql.limited {
-                Some(sql) if !q.spec.limits.is_empty() => {
-                    crate::runtime::limits::usage(&q.spec, sql, &maxes, conn, now)?
-                }
-                _ => None,
-            };
+        let ((maxes, _), usage) = q.retrying("limits", |conn| {
+            let maxes = crate::runtime::usage::maxes_in_force(&q, conn)?;
+            let usage = crate::runtime::usage::usage(&q, conn, &maxes.0, &maxes.1)?;
             Ok((maxes, usage))
         })?;
         Ok(q.spec
@@ -285,13 +274,13 @@ impl Broker {
             .zip(maxes.iter())
             .enumerate()
             .map(|(i, (l, max))| {
-                let used = usage.as_ref().and_then(|u| u.limits.get(i));
+                let (in_work, waiting) = usage.limits.get(i).copied().unwrap_or_default();
                 ConcurrencyLimit {
                     key: l.key.clone(),
                     described: l.max,
                     max: *max,
-                    in_work: used.map(|u| u.0),
-                    waiting: used.map(|u| u.1),
+                    in_work,
+                    waiting: Some(waiting),
                 }
             })
             .collect())

@@ -6,10 +6,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::dialect::flow::RateSql;
-use crate::dialect::DbConn;
-use crate::error::DbError;
-use crate::model::table::TableSpec;
 use crate::model::value::Value;
 use crate::runtime::limits::LimitsInForce;
 
@@ -135,92 +131,6 @@ pub(crate) fn slot_key(key: &str) -> String {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     format!("{}#{hash:016x}", &key[..cut])
-}
-
-/// Per rate limit (the description's order), with `maxes` in force: the claims in the window
-/// ending now (every key), and the ready rows whose key's window is full, waiting on it
-/// (operators' counts, read without a claim's locks).
-pub(crate) fn rate_usage(
-    spec: &TableSpec,
-    sql: &RateSql,
-    maxes: &[Option<u32>],
-    conn: &mut dyn DbConn,
-) -> Result<Vec<(u64, u64)>, DbError> {
-    let wall = std::time::SystemTime::now();
-    let at = crate::model::schedule::millis(wall);
-    let count = |rows: Vec<Vec<Value>>| {
-        let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
-        n.unwrap_or(0).max(0) as u64
-    };
-    let mut claimed = Vec::with_capacity(spec.rates.len());
-    for (i, r) in spec.rates.iter().enumerate() {
-        let params = [Value::Int(i as i64), Value::Int(at - r.per_ms)];
-        claimed.push(count(conn.query(&sql.claimed, &params)?));
-    }
-    let mut full = Vec::with_capacity(spec.rates.len());
-    for (i, (r, max)) in spec.rates.iter().zip(maxes).enumerate() {
-        let keys: std::collections::HashSet<String> = match max {
-            None => Default::default(),
-            Some(m) => {
-                let m = Value::Int(i64::from(*m));
-                let params = [
-                    Value::Int(i as i64),
-                    Value::Int(at - r.per_ms),
-                    m.clone(),
-                    m,
-                ];
-                conn.query(&sql.full, &params)?
-                    .into_iter()
-                    .filter_map(|row| match row.into_iter().next() {
-                        Some(Value::Text(k)) => Some(k),
-                        Some(Value::Bytes(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
-                        _ => None,
-                    })
-                    .collect()
-            }
-        };
-        full.push(keys);
-    }
-    let mut waiting = vec![0u64; spec.rates.len()];
-    if full.iter().any(|k| !k.is_empty()) {
-        add_waiting(spec, sql, &full, conn, wall, &mut waiting)?;
-    }
-    Ok(claimed.into_iter().zip(waiting).collect())
-}
-
-/// Adds to `waiting` the ready rows whose key of each rate limit is among its `full` keys.
-fn add_waiting(
-    spec: &TableSpec,
-    sql: &RateSql,
-    full: &[std::collections::HashSet<String>],
-    conn: &mut dyn DbConn,
-    wall: std::time::SystemTime,
-    waiting: &mut [u64],
-) -> Result<(), DbError> {
-    let cols = spec.rate_columns();
-    let times = if spec.form == crate::model::table::Form::Lease {
-        2
-    } else {
-        1
-    };
-    let now = crate::model::schedule::claim_now(wall);
-    let rows = conn.query(&sql.ready, &vec![Value::Time(now); times])?;
-    for row in rows {
-        let count = row.last().and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-        let mut user = vec![Value::Null; spec.columns.len()];
-        for (v, i) in row.iter().zip(&cols) {
-            if let Some(slot) = user.get_mut(*i) {
-                *slot = v.clone();
-            }
-        }
-        let user = spec.typed_values(user);
-        for ((r, keys), n) in spec.rates.iter().zip(full).zip(waiting.iter_mut()) {
-            if keys.contains(&slot_key(&r.template.render(&user))) {
-                *n += count;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

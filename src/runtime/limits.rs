@@ -95,66 +95,11 @@ impl LimitsInForce {
     }
 }
 
-/// How much of each limit is used now, and what waits on it (lease tables; operators' counts,
-/// read without the table's turn).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Usage {
-    /// Per limit, in the description's order: rows in work (all keys), and ready rows whose
-    /// key is at the limit's max.
-    pub limits: Vec<(u64, u64)>,
-    /// Ready rows held back by at least one limit.
-    pub held_back: u64,
-}
-
-/// The usage of a lease table's limits with `maxes` in force: the rows in work and the
-/// claimable rows, counted per key. `None` for other tables (their rows in work are held by
-/// sessions, not marked in the table).
-pub(crate) fn usage(
-    spec: &TableSpec,
-    sql: &crate::dialect::LimitSql,
-    maxes: &[Option<u32>],
-    conn: &mut dyn DbConn,
-    now: std::time::SystemTime,
-) -> Result<Option<Usage>, DbError> {
-    if sql.ready_keys.is_empty() {
-        return Ok(None);
-    }
-    let mut work = InWork::new(spec);
-    for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
-        work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
-    }
-    let mut out = Usage {
-        limits: work
-            .counts
-            .iter()
-            .map(|c| (c.values().map(|n| u64::from(*n)).sum(), 0))
-            .collect(),
-        held_back: 0,
-    };
-    let cols = spec.limit_columns();
-    let rows = conn.query(&sql.ready_keys, &[Value::Time(now), Value::Time(now)])?;
-    for row in rows {
-        let count = row.last().and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-        let mut user = vec![Value::Null; spec.columns.len()];
-        for (v, i) in row.iter().zip(&cols) {
-            if let Some(slot) = user.get_mut(*i) {
-                *slot = v.clone();
-            }
-        }
-        let keys = InWork::keys(spec, &spec.typed_values(user));
-        let mut held = false;
-        for (i, ((counts, max), key)) in work.counts.iter().zip(maxes).zip(&keys).enumerate() {
-            let full = max.is_some_and(|m| counts.get(key).copied().unwrap_or(0) >= m);
-            if full {
-                out.limits[i].1 += count;
-                held = true;
-            }
-        }
-        if held {
-            out.held_back += count;
-        }
-    }
-    Ok(Some(out))
+/// The name of a concurrency limit's slot keys of `key` but for the slot's number: a key of
+/// limit `limit` (the description's order) has `max` slots, `<prefix>0` .. `<prefix>{max-1}`,
+/// taken by the row lock and advisory lock forms' claims and probed by operators' counts.
+pub(crate) fn slot_prefix(table: &str, limit: usize, key: &str) -> String {
+    format!("sqlbroker-limit:{table}:{limit}:{key}#")
 }
 
 /// Rows in work per key, one map per limit: what a claim counts against the maxes.

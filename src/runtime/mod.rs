@@ -42,6 +42,7 @@ pub(crate) mod slots;
 #[cfg(test)]
 pub(crate) mod testing;
 pub(crate) mod timer;
+pub(crate) mod usage;
 pub(crate) mod wake;
 
 pub(crate) use pool::{Pool, PooledConn};

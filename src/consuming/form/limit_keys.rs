@@ -10,6 +10,7 @@
 use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::DbError;
+use crate::runtime::limits::slot_prefix;
 use crate::runtime::Ctx;
 
 /// The key statements of a table whose rows or slots are held by server sessions.
@@ -58,7 +59,7 @@ pub(super) fn take_slots<H>(
         let Some(max) = max else { continue };
         let mut got = None;
         for slot in 0..*max {
-            let name = format!("sqlbroker-limit:{}:{i}:{key}#{slot}", ctx.spec().name);
+            let name = format!("{}{slot}", slot_prefix(&ctx.spec().name, i, key));
             if let Some(h) = try_one(&name)? {
                 got = Some(h);
                 break;

@@ -370,3 +370,41 @@ fn a_server_without_galera_is_a_single_server() {
         d.check_cluster(&t.validate().unwrap()).unwrap();
     }
 }
+
+/// Operators' counts probe a limit's slot keys by name: a slot another session holds is
+/// counted, under a short name and under one hashed past `GET_LOCK`'s bound alike; fails if
+/// the probe names a key otherwise than the lock does.
+#[test]
+fn slots_held_are_counted_by_name() {
+    let Some(d) = dialect() else { return };
+    let (mut a, mut b) = (d.connect().unwrap(), d.connect().unwrap());
+    let tag = format!("unit-slots-{}", std::process::id());
+    let short = format!("{tag}#");
+    let long = format!("{tag}-{}#", "x".repeat(80));
+    for name in [format!("{short}0"), format!("{short}2"), format!("{long}3")] {
+        let name = Value::Text(d.key_name(&name));
+        assert_eq!(
+            a.query("SELECT GET_LOCK(?, 0)", &[name]).unwrap(),
+            [[Value::Int(1)]]
+        );
+    }
+    let none = format!("{tag}-none#");
+    let keys = [short.clone(), none, long];
+    assert_eq!(d.slots_held(&mut *b, &keys, 5).unwrap(), [2, 0, 1]);
+    assert_eq!(
+        d.slots_held(&mut *b, &keys, 2).unwrap(),
+        [1, 0, 0],
+        "slots 2 and 3 are past a max of 2"
+    );
+    // Past one statement's run of keys: each is still counted in its place.
+    let many: Vec<String> = (0..250).map(|i| format!("{tag}-{i}#")).collect();
+    let mut with_short = many.clone();
+    with_short[217] = short;
+    let held = d.slots_held(&mut *b, &with_short, 5).unwrap();
+    assert_eq!(
+        (held.len(), held[217], held.iter().sum::<u32>()),
+        (250, 2, 2)
+    );
+    a.query("SELECT RELEASE_ALL_LOCKS()", &[]).unwrap();
+    assert_eq!(d.slots_held(&mut *b, &keys, 5).unwrap(), [0, 0, 0]);
+}

@@ -401,6 +401,17 @@ impl Dialect for Mysql {
     fn key_name(&self, key: &str) -> String {
         sql::lock_name(&self.db, key)
     }
+
+    fn slots_held(
+        &self,
+        conn: &mut dyn DbConn,
+        prefixes: &[String],
+        max: u32,
+    ) -> Result<Vec<u32>, DbError> {
+        super::slots_held_in_runs(conn, prefixes, max, sql::slots_held, |p| {
+            format!("{}.{p}", self.db)
+        })
+    }
 }
 
 #[cfg(test)]

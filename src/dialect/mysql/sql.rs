@@ -105,6 +105,24 @@ pub(super) fn lock_name(db: &str, key: &str) -> String {
     hex
 }
 
+/// `(max, <db>.<prefix> x keys)` -> `i, held` for each `i`-th prefix (from 0) of which some
+/// session holds any of the keys `<prefix>0` .. `<prefix>{max - 1}`: their `GET_LOCK` names
+/// made as [`lock_name`] makes them (hashed past [`MAX_LOCK_NAME`] characters), each asked
+/// with `IS_USED_LOCK`. At most 999 recursion steps (a limit's max is at most 1,000): within
+/// MySQL 8's default `cte_max_recursion_depth`.
+pub(super) fn slots_held(keys: usize) -> String {
+    let values: Vec<String> = (0..keys)
+        .map(|i| format!("SELECT {i} AS i, ? AS p"))
+        .collect();
+    format!(
+        "WITH RECURSIVE sqlbroker_s (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM sqlbroker_s \
+         WHERE n + 1 < ?) SELECT x.i, count(*) FROM (SELECT v.i, concat(v.p, s.n) AS name \
+         FROM sqlbroker_s AS s, ({}) AS v) AS x WHERE IS_USED_LOCK(IF(char_length(x.name) <= \
+         {MAX_LOCK_NAME}, x.name, sha2(x.name, 256))) IS NOT NULL GROUP BY x.i",
+        values.join(" UNION ALL ")
+    )
+}
+
 /// `?, ?, ..` for `n` parameters.
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -262,6 +280,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     dead_by_ready_index(spec, &mut sql);
     sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
+    sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
     }

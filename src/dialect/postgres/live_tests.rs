@@ -106,3 +106,45 @@ fn claims_walk_the_ready_index_whatever_the_statistics() {
         }
     }
 }
+
+/// Operators' counts probe a limit's slot keys by name through `pg_locks`: slots another
+/// session holds are counted, session- and transaction-scoped alike (the row lock form's are
+/// the latter), and only those below the max; fails if the probe hashes a key otherwise than
+/// the lock does, or misreads `pg_locks`' halves of it.
+#[test]
+fn slots_held_are_counted_by_name() {
+    let Some(mut a) = client() else { return };
+    let Some(mut b) = client() else { return };
+    let prefix = format!("unit-slots-{}#", std::process::id());
+    // Two keys: the second holds nothing, and is left out of the rows.
+    let other = format!("unit-slots-{}-none#", std::process::id());
+    let held = |b: &mut Client, max: i32| -> i64 {
+        let rows = b
+            .query(&super::sql::slots_held(2), &[&max, &prefix, &other])
+            .unwrap();
+        assert!(
+            rows.iter().all(|r| r.get::<_, i32>(0) == 0),
+            "only the first"
+        );
+        rows.first().map_or(0, |r| r.get(1))
+    };
+    for slot in [0, 2, 7] {
+        a.execute(
+            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
+            &[&format!("{prefix}{slot}")],
+        )
+        .unwrap();
+    }
+    assert_eq!(held(&mut b, 5), 2);
+    assert_eq!(held(&mut b, 8), 3);
+    let mut x = a.transaction().unwrap();
+    x.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&format!("{prefix}4")],
+    )
+    .unwrap();
+    assert_eq!(held(&mut b, 5), 3, "a transaction's key");
+    x.rollback().unwrap();
+    a.execute("SELECT pg_advisory_unlock_all()", &[]).unwrap();
+    assert_eq!(held(&mut b, 8), 0);
+}

@@ -203,6 +203,15 @@ impl Dialect for Postgres {
         Some(sql::cancel(session))
     }
 
+    fn slots_held(
+        &self,
+        conn: &mut dyn DbConn,
+        prefixes: &[String],
+        max: u32,
+    ) -> Result<Vec<u32>, DbError> {
+        super::slots_held_in_runs(conn, prefixes, max, sql::slots_held, |p| p.to_string())
+    }
+
     fn key_xact_lock(&self) -> Option<&'static str> {
         (self.setup.pooling() == conn::Pooling::Transaction).then_some(sql::KEY_XACT_LOCK)
     }

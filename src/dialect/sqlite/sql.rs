@@ -112,6 +112,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     }
     sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
+    sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
     }
