@@ -705,6 +705,7 @@ per_db!(completed_list_and_prune);
 /// A publish from the command line is announced to other processes before the tool exits: the
 /// broker's notify thread sends what it owes when the broker drops. A session listening on
 /// the table's channel hears it (a notify thread cut short by the exit would stay silent).
+#[cfg(feature = "postgres")]
 #[test]
 fn postgres_cli_publish_is_announced_before_exit() {
     use postgres::fallible_iterator::FallibleIterator;

@@ -330,52 +330,9 @@ fn usage_is_counted(db: Db, form: Form) {
     sub.shutdown(Duration::from_secs(10)).unwrap();
 }
 
-macro_rules! per_db_limited_form {
-    ($body:ident) => {
-        mod $body {
-            use super::*;
-            #[test]
-            fn sqlite_lease() {
-                super::$body(Db::Sqlite, Form::Lease)
-            }
-            #[test]
-            fn sqlite_advisory() {
-                super::$body(Db::Sqlite, Form::AdvisoryLock)
-            }
-            #[test]
-            fn postgres_row_lock() {
-                super::$body(Db::Postgres, Form::RowLock)
-            }
-            #[test]
-            fn postgres_lease() {
-                super::$body(Db::Postgres, Form::Lease)
-            }
-            #[test]
-            fn postgres_advisory() {
-                super::$body(Db::Postgres, Form::AdvisoryLock)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_row_lock() {
-                super::$body(Db::Mysql, Form::RowLock)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_lease() {
-                super::$body(Db::Mysql, Form::Lease)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql_advisory() {
-                super::$body(Db::Mysql, Form::AdvisoryLock)
-            }
-        }
-    };
-}
-
-per_db_limited_form!(limits_hold_across_brokers);
-per_db_limited_form!(a_max_changed_at_run_time_is_followed);
-per_db_limited_form!(usage_is_counted);
+per_db_form!(limits_hold_across_brokers);
+per_db_form!(a_max_changed_at_run_time_is_followed);
+per_db_form!(usage_is_counted);
 
 /// Every database x form but SQLite's advisory lock form, whose keys live in the process: a
 /// crash takes them with it, and no session outlives it to test.

@@ -54,7 +54,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
-use super::{rates, unreadable_rows, Claimed, Hold, Outcome};
+use super::{rates, unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::{DbError, Result};
@@ -112,11 +112,6 @@ fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
     keys
 }
 
-/// The most candidate rows one claim reads. Rows of keys in work stay ready, so a claim pages
-/// past them (doubling the page from `advisory_scan`) to reach other keys; past this many it
-/// gives up until the next round, bounding the cost of a claim when every key is busy.
-const SCAN_LIMIT: usize = 10_000;
-
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(template) = &q.spec.key else {
@@ -139,7 +134,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     let rate_maxes = rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
     let mut tried = HashSet::new();
     let mut out = Vec::new();
-    let mut page = ctx.opts.advisory_scan.min(SCAN_LIMIT);
+    let mut page = ctx.opts.advisory_scan.min(SCAN_MAX);
     let mut scanned = 0;
     let mut after: Option<(Value, i64)> = None;
     // What this claim took stays taken whatever fails later: a failure after the first row ends
@@ -343,10 +338,10 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
             }
         }
         scanned += found;
-        if fair || out.len() >= limit || found < page || scanned >= SCAN_LIMIT {
+        if fair || out.len() >= limit || found < page || scanned >= SCAN_MAX {
             return Ok(out);
         }
-        page = (page * 2).min(SCAN_LIMIT - scanned);
+        page = (page * 2).min(SCAN_MAX - scanned);
     }
 }
 

@@ -35,7 +35,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{unreadable_rows, Claimed, Hold, Outcome, LIMIT_SCAN};
+use super::{unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::model::schedule::{claim_now, lease_token};
@@ -199,7 +199,7 @@ fn claim_limited(
         let mut loose = Vec::new();
         // A page of the batch first (on the servers locked as read): where no limit binds, it
         // is all the claim reads.
-        let mut page = limit.clamp(1, LIMIT_SCAN);
+        let mut page = limit.clamp(1, SCAN_MAX);
         'scan: while !work.table_full(spec, &maxes) {
             let fair = spec.fair.is_some();
             let locked = usize::from(seen == 0 && !sql.lock.is_empty() && !fair);
@@ -270,11 +270,11 @@ fn claim_limited(
                     break 'scan;
                 }
             }
-            if fair || rows.len() < page || page >= LIMIT_SCAN {
+            if fair || rows.len() < page || page >= SCAN_MAX {
                 break;
             }
             seen = rows.len();
-            page = (page * 4).min(LIMIT_SCAN);
+            page = (page * 4).min(SCAN_MAX);
         }
         if let Some((_, start)) = cursor {
             // Short of the batch with nothing passed by: the end, from the head next time.

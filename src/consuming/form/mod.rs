@@ -18,11 +18,12 @@ mod limit_keys;
 mod rates;
 pub(crate) mod row_lock;
 
-/// The most candidate rows a claim of a table with concurrency limits reads (lease and row
-/// lock forms): rows of keys at their limit stay ready, so a claim reads past them (its page
-/// growing fourfold from its batch) to reach keys with room; past this many it gives up until
-/// the next round.
-const LIMIT_SCAN: usize = 10_000;
+/// The most candidate rows one claim reads where rows it may not take stay ready: rows of keys
+/// in work (advisory lock form, its page doubling from `advisory_scan`) or of keys at a
+/// concurrency limit (lease and row lock forms, the page growing fourfold from the batch). A
+/// claim reads past them to reach keys with room; past this many it gives up until the next
+/// round, bounding a claim's cost when every key is busy.
+const SCAN_MAX: usize = 10_000;
 
 /// A row a claim took, before it becomes a [`Delivery`](crate::Delivery).
 pub(crate) struct Claimed {

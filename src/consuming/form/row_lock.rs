@@ -28,7 +28,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use super::{unreadable_rows, Claimed, Hold, Outcome, LIMIT_SCAN};
+use super::{unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::keys::SessionKeys;
 use crate::dialect::{savepoint, DbConn};
 use crate::error::{BrokerError, Result};
@@ -199,11 +199,11 @@ fn claim_limited(
             // Broken while the transaction is open, whatever the keys say.
             return deliver(ctx, conn, row, unreadable, Some((session, names)));
         }
-        if spec.fair.is_some() || rows.len() < page || page >= LIMIT_SCAN {
+        if spec.fair.is_some() || rows.len() < page || page >= SCAN_MAX {
             return Ok(Vec::new());
         }
         seen = rows.len();
-        page = (page * 4).min(LIMIT_SCAN);
+        page = (page * 4).min(SCAN_MAX);
     }
 }
 
@@ -279,11 +279,11 @@ fn claim_limited_in_transaction(
                     None => conn.batch(NO_SLOT)?,
                 }
             }
-            if spec.fair.is_some() || rows.len() < page || page >= LIMIT_SCAN {
+            if spec.fair.is_some() || rows.len() < page || page >= SCAN_MAX {
                 return Ok(None);
             }
             seen = rows.len();
-            page = (page * 4).min(LIMIT_SCAN);
+            page = (page * 4).min(SCAN_MAX);
         }
     })();
     let row = match found {
