@@ -420,10 +420,12 @@ pub use error::{BrokerError, DbErrorKind, NextError, Result, LAST_ERROR_MAX};
 pub use model::retry::RetryPolicy;
 pub use model::table::{ColumnType, Form, Isolation, Role, Table};
 pub use model::value::Value;
+pub use model::waits::{Dependency, JobOutcome};
 pub use operating::ddl::Database;
 pub use operating::jobs::{Job, JobState};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
+pub use producing::group::Group;
 pub use producing::message::Message;
 #[cfg(feature = "cron")]
 pub use producing::periodic::{Periodic, PeriodicBuilder};

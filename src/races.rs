@@ -638,3 +638,83 @@ fn lease_claims_read_on_from_the_cursor_sqlite() {
 fn lease_claims_read_on_from_the_cursor_mysql() {
     lease_claims_read_on_from_the_cursor("mysql");
 }
+
+/// The last two jobs of a callback settled at once: the first pauses after counting what
+/// holds the callback (its own mark in, the other's not yet), and the second settles
+/// meanwhile. The second must wait for the first (the callback's row lock) and then see its
+/// mark: the callback is released exactly once. Fails (`never released`) with that lock taken
+/// out of the settlement (each then counts the other's mark as missing).
+fn the_last_two_settlements_of_a_callback_release_it(db: &str, form: crate::model::table::Form) {
+    use crate::model::table::Form;
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let name = unique("races_deps");
+    let t = Table::new(&name).text_column("u").dependencies();
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    };
+    let _made = create(&broker, &t);
+    let msg = |u: &str| Message::new(u.as_bytes().to_vec()).set("u", u);
+    let a = broker.publish(&t, msg("a")).unwrap();
+    let b = broker.publish(&t, msg("b")).unwrap();
+    let cb = broker
+        .publish(&t, msg("cb").after_settled(a).after_settled(b))
+        .unwrap();
+    let sub = broker.subscription(&t).max_in_flight(2).start().unwrap();
+    let first = sub.next_delivery_timeout(Duration::from_secs(10)).unwrap();
+    let second = sub.next_delivery_timeout(Duration::from_secs(10)).unwrap();
+    let paused = testing::pause_at("deps.counted", t.name());
+    let one = std::thread::spawn(move || first.ack());
+    paused
+        .reached
+        .recv_timeout(Duration::from_secs(10))
+        .expect("precondition: the first settlement did not count");
+    let two = std::thread::spawn(move || second.ack());
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = paused.resume.send(());
+    one.join().unwrap().unwrap();
+    two.join().unwrap().unwrap();
+    let d = sub
+        .next_delivery_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{db}: the callback was never released: {e}"));
+    assert_eq!(d.id(), cb, "{db}");
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(300))
+            .is_err(),
+        "{db}: released twice"
+    );
+    sub.close();
+    let q = broker.queue(&t).unwrap();
+    if let Ok(mut conn) = q.pool.get() {
+        let _ = conn.batch(&format!(
+            "DELETE FROM sqlbroker_deps WHERE parent_table = '{name}' OR child_table = '{name}'"
+        ));
+    }
+}
+
+#[test]
+fn the_last_two_settlements_of_a_callback_sqlite() {
+    use crate::model::table::Form;
+    for form in [Form::Lease, Form::AdvisoryLock] {
+        the_last_two_settlements_of_a_callback_release_it("sqlite", form);
+    }
+}
+
+#[test]
+fn the_last_two_settlements_of_a_callback_postgres() {
+    use crate::model::table::Form;
+    for form in [Form::Lease, Form::AdvisoryLock, Form::RowLock] {
+        the_last_two_settlements_of_a_callback_release_it("postgres", form);
+    }
+}
+
+#[test]
+fn the_last_two_settlements_of_a_callback_mysql() {
+    use crate::model::table::Form;
+    for form in [Form::Lease, Form::AdvisoryLock, Form::RowLock] {
+        the_last_two_settlements_of_a_callback_release_it("mysql", form);
+    }
+}

@@ -829,6 +829,53 @@ fn job_cancel_and_last_errors(db: Db) {
 }
 per_db!(job_cancel_and_last_errors);
 
+/// A job waiting on another: `job` names what it waits on and what waits on a job (text and
+/// `--json`), `status --json` counts it as waiting; fails if either is left out.
+fn jobs_waiting_on_others(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = unique("clidep");
+    let desc = ["--table", name.as_str(), "--lease", "30", "--dependencies"];
+    ok(&l.url, &[&["create-table"][..], &desc].concat(), "");
+    l.track(&name);
+    let table = l.broker.open_table(&name).unwrap();
+    let parent = l
+        .broker
+        .publish(&table, sqlbroker::Message::new(b"p".to_vec()))
+        .unwrap();
+    let child = l
+        .broker
+        .publish(&table, sqlbroker::Message::new(b"c".to_vec()).after(parent))
+        .unwrap();
+    let (p, c) = (parent.to_string(), child.to_string());
+    let text = ok(&l.url, &["job", "--table", &name, &c], "");
+    for line in [
+        "state: waiting".to_string(),
+        format!("waits_on: {p} (pending)"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    }
+    let text = ok(&l.url, &["job", "--table", &name, &p], "");
+    let line = format!("dependents: {c}");
+    assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&l.url, &["job", "--table", &name, &c, "--json"], ""))
+            .expect("JSON");
+    assert_eq!(json["state"], "waiting");
+    assert_eq!(json["waits_on"][0]["id"], parent);
+    assert!(json["waits_on"][0]["outcome"].is_null(), "{json}");
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&l.url, &["status", "--table", &name, "--json"], ""))
+            .expect("JSON");
+    assert_eq!(
+        (status[0]["waiting"].as_u64(), status[0]["ready"].as_u64()),
+        (Some(1), Some(1))
+    );
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_deps WHERE parent_table = '{name}' OR child_table = '{name}'"
+    ));
+}
+per_db!(jobs_waiting_on_others);
+
 /// Text a remote party can write (a handler's error made of an SMTP reply, a payload, a text
 /// column): it sets the terminal title (OSC), forges a line (CR LF), reorders the line (a
 /// bidi override) and breaks it (U+2028, NEL), with DEL besides.

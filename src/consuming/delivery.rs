@@ -243,6 +243,40 @@ impl Delivery {
         Ok(out)
     }
 
+    /// The jobs this one waited on ([`Message::after`](crate::Message::after),
+    /// [`Message::after_settled`](crate::Message::after_settled)), each with its outcome: what a
+    /// batch's callback reads to learn how its jobs ended. Empty for a job that waited on
+    /// none. Reads them (one statement, only when called).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobOutcome, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("album").dependencies().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let a = broker.publish(&jobs, Message::new(b"resize a".to_vec()))?;
+    /// let b = broker.publish(&jobs, Message::new(b"resize b".to_vec()))?;
+    /// let done = Message::new(b"build album".to_vec()).after_settled(a).after_settled(b);
+    /// broker.publish(&jobs, done)?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// sub.next_delivery().unwrap().ack()?;
+    /// sub.next_delivery().unwrap().dead_letter("corrupt image")?;
+    /// let callback = sub.next_delivery().unwrap();
+    /// let outcomes: Vec<_> = callback.waited_on()?.into_iter().map(|d| d.outcome).collect();
+    /// assert_eq!(outcomes, [Some(JobOutcome::Acked), Some(JobOutcome::DeadLettered)]);
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn waited_on(&self) -> Result<Vec<crate::model::waits::Dependency>> {
+        let q = &self.ctx.queue;
+        if !q.spec.dependencies {
+            return Ok(Vec::new());
+        }
+        q.retrying("waited on", |conn| {
+            crate::runtime::deps::parents_of(&q.spec, &q.sql, conn, self.id)
+        })
+    }
+
     /// Whether [`Broker::cancel`](crate::Broker::cancel) asked that this job not run again:
     /// then any end but an ack is its last (a retry or failure finishes it as cancelled), so
     /// a handler may stop early. Reads the row (one statement, only when called; the lease
@@ -331,6 +365,10 @@ impl Delivery {
         let Some(deferred) = &self.ctx.deferred else {
             return false;
         };
+        if self.ctx.spec().dependencies {
+            // Its ack settles the jobs waiting on it, in the ack's own transaction.
+            return false;
+        }
         let mut hold = self.held.hold.lock();
         if self.held.timed_out.load(Ordering::Acquire) {
             return false;
@@ -391,7 +429,7 @@ impl Delivery {
         for (i, d) in batch.iter().enumerate() {
             let (hold, timed_out) = d.take();
             match hold {
-                Some(Hold::Lease(cell)) if !timed_out => {
+                Some(Hold::Lease(cell)) if !timed_out && !d.ctx.spec().dependencies => {
                     match leases.iter_mut().find(|(c, _, _)| Arc::ptr_eq(c, &d.ctx)) {
                         Some((_, at, cells)) => {
                             at.push(i);
@@ -599,8 +637,8 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
     };
     let r = form::settle(ctx, row.id, hold, outcome, within);
     // A row back in the queue, or room made under a concurrency limit: a claimer may take a
-    // row now rather than at its next poll.
-    if returned || !ctx.spec().limits.is_empty() {
+    // row now rather than at its next poll. (Or, with dependencies, a job waiting on this one released.)
+    if returned || !ctx.spec().limits.is_empty() || ctx.spec().dependencies {
         ctx.queue.wake.notify(1);
     }
     let meters = &ctx.queue.meters;

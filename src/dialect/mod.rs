@@ -25,6 +25,7 @@ use crate::model::value::Value;
 pub(crate) use conn::DbConn;
 
 pub(crate) mod conn;
+pub(crate) mod deps;
 #[cfg(any(
     feature = "diesel-postgres",
     feature = "diesel-mysql",
@@ -151,6 +152,10 @@ pub(crate) struct TableSql {
     pub rates: Option<flow::RateSql>,
     /// Tables with fair claims: the next keys to serve ([`flow::FairSql`]).
     pub fair: Option<flow::FairSql>,
+    /// Tables with dependencies: the waits' statements ([`deps::DepsSql`]).
+    pub deps: Option<deps::DepsSql>,
+    /// Tables with dependencies: their waiting jobs' statements ([`deps::WaitingSql`]).
+    pub waiting: Option<deps::WaitingSql>,
     /// Tables with concurrency or rate limits: `(now[, now])` -> `<the columns the limits
     /// read>, count` of the claimable rows per distinct value of those columns
     /// ([`TableSpec::flow_columns`] order; `now` twice in the lease form): what waits on a

@@ -7,3 +7,4 @@ pub(crate) mod schedule;
 pub(crate) mod schema;
 pub(crate) mod table;
 pub(crate) mod value;
+pub(crate) mod waits;

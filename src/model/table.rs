@@ -225,6 +225,8 @@ pub struct Table {
     rates: Vec<(String, u32, Duration)>,
     /// Fair claims: the key template claims rotate across.
     fair: Option<String>,
+    /// Rows may wait on other jobs and be waited on ([`Table::dependencies`]).
+    dependencies: bool,
 }
 
 impl Table {
@@ -264,6 +266,7 @@ impl Table {
             limits: Vec::new(),
             rates: Vec::new(),
             fair: None,
+            dependencies: false,
         }
     }
 
@@ -547,6 +550,40 @@ impl Table {
         self
     }
 
+    /// Jobs that compose: a row of this table can wait on other jobs
+    /// ([`Message::after`](crate::Message::after),
+    /// [`Message::after_settled`](crate::Message::after_settled)) and be waited on. A waiting
+    /// row is published at once but claimed only once the jobs it names have settled; it is
+    /// released (or, after a job that did not succeed, dead-lettered) in the very transaction
+    /// that settles the last of them, in every form. Each settlement of such a table also
+    /// records its outcome in the database's `sqlbroker_deps` table (made by
+    /// [`create_table`](crate::Broker::create_table) and
+    /// [`migrate`](crate::Broker::migrate)), where waiting rows find it: a table without this
+    /// option pays nothing. Claim transactions must be `READ COMMITTED` (the default), and
+    /// FIFO groups do not combine with it yet ([`BrokerError::InvalidTable`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("steps").dependencies().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let charge = broker.publish(&jobs, Message::new(b"charge".to_vec()))?;
+    /// broker.publish(&jobs, Message::new(b"ship".to_vec()).after(charge))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let first = sub.next_delivery().unwrap();
+    /// assert_eq!(first.payload(), b"charge");
+    /// assert_eq!(broker.stats(&jobs)?.waiting, 1);
+    /// first.ack()?; // releases "ship" in the same transaction
+    /// assert_eq!(sub.next_delivery().unwrap().payload(), b"ship");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn dependencies(mut self) -> Self {
+        self.dependencies = true;
+        self
+    }
+
     /// Adds a column of the user's, of type `ty`, which messages set and deliveries read.
     pub fn column(mut self, name: impl Into<String>, ty: ColumnType) -> Self {
         self.columns.push((name.into(), ty));
@@ -722,6 +759,12 @@ impl Table {
         self.columns.iter().map(|(n, t)| (n.as_str(), *t))
     }
 
+    /// True if described with [`dependencies`](Table::dependencies): its jobs may wait on
+    /// others.
+    pub fn has_dependencies(&self) -> bool {
+        self.dependencies
+    }
+
     /// The form the description chooses.
     pub fn form(&self) -> Form {
         if self.advisory.is_some() {
@@ -812,6 +855,24 @@ impl Table {
                     .into(),
             ));
         }
+        if self.dependencies && self.fifo {
+            return Err(bad(
+                "dependencies do not combine with FIFO groups yet (a waiting row would hold \
+                 its group)"
+                    .into(),
+            ));
+        }
+        if self.dependencies
+            && self
+                .isolation
+                .is_some_and(|i| i != Isolation::ReadCommitted)
+        {
+            return Err(bad(
+                "dependencies need READ COMMITTED claim transactions: a settlement reads the \
+                 marks of others' settlements as they commit"
+                    .into(),
+            ));
+        }
         let lease_secs = self
             .lease
             .map(crate::model::schedule::lease_secs)
@@ -856,6 +917,7 @@ impl Table {
             limits,
             rates,
             fair,
+            dependencies: self.dependencies,
         })
     }
 
@@ -1067,6 +1129,8 @@ pub(crate) struct TableSpec {
     pub rates: Vec<RateSpec>,
     /// The fair key, if claims rotate across keys.
     pub fair: Option<FairSpec>,
+    /// Rows may wait on other jobs and be waited on ([`Table::dependencies`]).
+    pub dependencies: bool,
 }
 
 impl TableSpec {

@@ -245,6 +245,21 @@ pub(crate) fn plan(
             m.done.push(format!("created table {name}"));
         }
     }
+    if let Some(deps) = &q.sql.deps {
+        // Dependencies added: the database's waits' table (one for every table).
+        let name = crate::dialect::deps::DEPS_TABLE;
+        let found = conn
+            .query(q.dialect.columns_query(), &[Value::Text(name.to_string())])
+            .map_err(q.err("migrate"))?;
+        if found.is_empty() {
+            for stmt in &deps.create {
+                if !m.statements.contains(stmt) {
+                    m.statements.push(stmt.clone());
+                }
+            }
+            m.done.push(format!("created table {name}"));
+        }
+    }
     Ok(m)
 }
 

@@ -5,6 +5,7 @@
 use std::time::SystemTime;
 
 use crate::broker::Broker;
+use crate::dialect::deps::CANCELLED as DEPS_CANCELLED;
 use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::shared::CANCELLED;
 use crate::dialect::DbConn;
@@ -39,13 +40,18 @@ pub enum JobState {
     Dead,
     /// Acked and kept ([`Table::keep_completed`]).
     Completed,
+    /// Published, waiting on other jobs to settle ([`Message::after`](crate::Message::after),
+    /// [`Message::after_settled`](crate::Message::after_settled)): [`Job::waits_on`] names
+    /// them. [`Broker::jobs`] pages these rows with the [`Scheduled`](JobState::Scheduled)
+    /// ones (a waiting row is due at the latest time): filter on the state.
+    Waiting,
 }
 
 impl JobState {
     /// The states in the order [`TableSql::jobs_page`](crate::dialect::TableSql) lists them.
     fn index(self) -> usize {
         match self {
-            JobState::Scheduled => 0,
+            JobState::Scheduled | JobState::Waiting => 0,
             JobState::Ready => 1,
             JobState::InFlight => 2,
             JobState::Dead => 3,
@@ -53,7 +59,8 @@ impl JobState {
         }
     }
 
-    /// A short lowercase name (`scheduled`, `ready`, `in flight`, `dead`, `completed`).
+    /// A short lowercase name (`scheduled`, `ready`, `in flight`, `dead`, `completed`,
+    /// `waiting`).
     pub fn name(self) -> &'static str {
         match self {
             JobState::Scheduled => "scheduled",
@@ -61,6 +68,7 @@ impl JobState {
             JobState::InFlight => "in flight",
             JobState::Dead => "dead",
             JobState::Completed => "completed",
+            JobState::Waiting => "waiting",
         }
     }
 }
@@ -103,6 +111,10 @@ pub struct Job {
     lease_until: Option<SystemTime>,
     cancel_requested: bool,
     values: Vec<(String, Value)>,
+    /// The jobs it waits on ([`Broker::job`] only).
+    waits_on: Vec<crate::model::waits::Dependency>,
+    /// The jobs waiting on it ([`Broker::job`] only).
+    dependents: Vec<i64>,
 }
 
 impl std::fmt::Debug for Job {
@@ -122,6 +134,8 @@ impl std::fmt::Debug for Job {
             .field("lease_until", &self.lease_until)
             .field("cancel_requested", &self.cancel_requested)
             .field("values", &self.values)
+            .field("waits_on", &self.waits_on)
+            .field("dependents", &self.dependents)
             .finish()
     }
 }
@@ -222,6 +236,19 @@ impl Job {
     pub fn cancel_requested(&self) -> bool {
         self.cancel_requested
     }
+
+    /// The jobs it waits on ([`Message::after`](crate::Message::after),
+    /// [`Message::after_settled`](crate::Message::after_settled)), each with its outcome once
+    /// settled, until it settles itself. Read by [`Broker::job`]; empty in listings.
+    pub fn waits_on(&self) -> &[crate::model::waits::Dependency] {
+        &self.waits_on
+    }
+
+    /// The ids of the jobs waiting on it (until each settles). Read by [`Broker::job`]; empty
+    /// in listings.
+    pub fn dependents(&self) -> &[i64] {
+        &self.dependents
+    }
 }
 
 /// A job of the `job_columns` layout, its state not yet told apart where the form needs a
@@ -260,6 +287,8 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         JobState::Dead
     } else if lease_until.is_some_and(|t| t > now) {
         JobState::InFlight
+    } else if q.spec.dependencies && due_at == crate::runtime::deps::waiting_due() {
+        JobState::Waiting
     } else if due_at > now {
         JobState::Scheduled
     } else {
@@ -280,6 +309,8 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         lease_until,
         cancel_requested,
         values,
+        waits_on: Vec::new(),
+        dependents: Vec::new(),
     }
 }
 
@@ -405,6 +436,13 @@ impl Broker {
         let rows = q.retrying("job", |conn| conn.query(&q.sql.job, &[Value::Int(id)]))?;
         let mut jobs: Vec<Job> = rows.into_iter().map(|r| job_row(&q, r, now)).collect();
         probe(&q, &mut jobs)?;
+        if let Some(job) = jobs.last_mut().filter(|_| q.spec.dependencies) {
+            (job.waits_on, job.dependents) = q.retrying("job", |conn| {
+                let parents = crate::runtime::deps::parents_of(&q.spec, &q.sql, conn, id)?;
+                let children = crate::runtime::deps::dependents_of(&q.spec, &q.sql, conn, id)?;
+                Ok((parents, children))
+            })?;
+        }
         Ok(jobs.pop())
     }
 
@@ -589,13 +627,35 @@ impl Broker {
     }
 }
 
+/// Runs `cancel_remove` (`params`) for row `id` on `conn`: on a table with dependencies, in a
+/// transaction with what the cancel does for the jobs waiting on the row.
+fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
+    if !q.spec.dependencies {
+        return conn.execute(&q.sql.cancel_remove, params);
+    }
+    conn.batch(&q.sql.begin_write)?;
+    let done = conn
+        .execute(&q.sql.cancel_remove, params)
+        .and_then(|n| {
+            if n > 0 {
+                crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, DEPS_CANCELLED)?;
+            }
+            Ok(n)
+        })
+        .and_then(|n| conn.batch("COMMIT").map(|()| n));
+    if done.is_err() {
+        conn.rollback_or_discard();
+    }
+    done
+}
+
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
 /// begin or end, so the pair runs again (a few times at most: each round sees a state change).
 fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
     for _ in 0..8 {
         let now = claim_now(SystemTime::now());
         let params = [Value::Int(id), Value::Time(now)];
-        if q.retrying("cancel", |c| c.execute(&q.sql.cancel_remove, &params))? > 0 {
+        if q.retrying("cancel", |c| remove(q, c, &params, id))? > 0 {
             return Ok(true);
         }
         if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? > 0 {
@@ -628,7 +688,11 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
         {
             return Ok(0);
         }
-        conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])
+        let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
+        if n > 0 {
+            crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, DEPS_CANCELLED)?;
+        }
+        Ok(n)
     };
     match run(&mut *conn) {
         Ok(n) => {
@@ -664,11 +728,11 @@ fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
     if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? == 0 {
         // Not live: dead (never claimed, so no key is needed to remove it), or acked or
         // completed since it was read (nothing removed).
-        let removed = q.retrying("cancel", |c| c.execute(&q.sql.cancel_remove, &params))?;
+        let removed = q.retrying("cancel", |c| remove(q, c, &params, id))?;
         return Ok(removed > 0);
     }
     let removed = with_key(q, &key, |conn| {
-        if conn.execute(&q.sql.cancel_remove, &params)? > 0 {
+        if remove(q, conn, &params, id)? > 0 {
             return Ok(true);
         }
         // Not removed: gone (acked), or completed: by an ack, or cancelled by its retry.

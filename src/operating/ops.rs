@@ -91,15 +91,20 @@ pub struct QueueStats {
     /// are an estimate), and those of a full window are counted here. `None` for other
     /// tables.
     pub limited: Option<u64>,
+    /// Rows waiting on other jobs to settle ([`Table::dependencies`],
+    /// [`Message::after`](crate::Message::after)), counted here and not in `scheduled`; 0 on a
+    /// table without dependencies.
+    pub waiting: u64,
 }
 
 impl QueueStats {
-    /// Every row of the table: ready, scheduled, in flight (where counted), dead and
-    /// completed (where kept).
+    /// Every row of the table: ready, limited, scheduled, waiting, in flight (where counted),
+    /// dead and completed (where kept).
     pub fn total(&self) -> u64 {
         self.ready
             + self.limited.unwrap_or(0)
             + self.scheduled
+            + self.waiting
             + self.in_flight.unwrap_or(0)
             + self.dead
             + self.completed.unwrap_or(0)
@@ -172,11 +177,21 @@ impl Broker {
             })?),
             false => None,
         };
+        let waiting = match &q.sql.waiting {
+            Some(w) => {
+                let latest = [Value::Time(crate::runtime::deps::waiting_due())];
+                let rows = q.retrying("stats", |conn| conn.query(&w.count_waiting, &latest))?;
+                let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
+                n.unwrap_or(0).max(0) as u64
+            }
+            None => 0,
+        };
         Ok(QueueStats {
             form: q.spec.form,
             limited,
             ready: count(0).saturating_sub(limited.unwrap_or(0)),
-            scheduled: count(1),
+            scheduled: count(1).saturating_sub(waiting),
+            waiting,
             in_flight: (q.spec.form == Form::Lease).then(|| count(2)),
             dead: count(3),
             completed: q.spec.completed_at.is_some().then(|| count(5)),

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::model::table::ColumnType;
 use crate::model::table::TableSpec;
 use crate::model::value::Value;
+use crate::runtime::deps::Parent;
 
 /// A message to publish: a binary payload, values for the table's own columns, and an optional
 /// delay before it becomes due.
@@ -30,6 +31,8 @@ pub struct Message {
     at: Option<SystemTime>,
     dedup_key: Option<String>,
     priority: Option<i16>,
+    /// The jobs it waits on ([`Message::after`], [`Message::after_settled`]).
+    parents: Vec<Parent>,
 }
 
 impl Message {
@@ -42,6 +45,7 @@ impl Message {
             at: None,
             dedup_key: None,
             priority: None,
+            parents: Vec::new(),
         }
     }
 
@@ -114,6 +118,60 @@ impl Message {
         self.at = Some(time);
         self.delay = Duration::ZERO;
         self
+    }
+
+    /// Waits on job `id` of the same table: the new row is published now but claimed only once
+    /// `id` has been acked. If `id` is dead-lettered or cancelled instead, the new row is
+    /// dead-lettered too (its reason names `id`) and never runs. May be given several times
+    /// (then it waits on each). A job no longer in the table counts as acked (an acked job is
+    /// deleted unless the table keeps completed rows; an id never published is not told
+    /// apart); one already dead or cancelled dead-letters the new row at once. Since a job can
+    /// only name jobs published before it, no cycle can form.
+    ///
+    /// The table is described with [`Table::dependencies`](crate::Table::dependencies), and the
+    /// message is not delayed ([`BrokerError::InvalidMessage`] otherwise): it is due as its
+    /// last job settles.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobState, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("orders").dependencies().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let charge = broker.publish(&jobs, Message::new(b"charge".to_vec()))?;
+    /// let ship = broker.publish(&jobs, Message::new(b"ship".to_vec()).after(charge))?;
+    /// assert_eq!(broker.job(&jobs, ship)?.unwrap().state(), JobState::Waiting);
+    /// broker.cancel(&jobs, charge)?;
+    /// let ship = broker.job(&jobs, ship)?.unwrap();
+    /// assert_eq!(ship.state(), JobState::Dead);
+    /// assert_eq!(ship.dead_reason(), Some(format!("job {charge} it waits on was cancelled").as_str()));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn after(mut self, id: i64) -> Self {
+        self.parents.push(Parent {
+            id,
+            settled_only: false,
+        });
+        self
+    }
+
+    /// Waits on job `id` of the same table whatever its outcome: the new row runs once `id`
+    /// has settled (acked, dead-lettered or cancelled), as a batch's callback does. Given for
+    /// each job of a batch, the row runs exactly once, after the last of them settles, across
+    /// any number of brokers and processes; its handler reads each job's outcome with
+    /// [`Delivery::waited_on`](crate::Delivery::waited_on). As [`Message::after`] otherwise.
+    pub fn after_settled(mut self, id: i64) -> Self {
+        self.parents.push(Parent {
+            id,
+            settled_only: true,
+        });
+        self
+    }
+
+    /// The jobs it waits on.
+    pub(crate) fn parents(&self) -> &[Parent] {
+        &self.parents
     }
 
     /// The time set with [`Message::deliver_at`], if any.

@@ -14,6 +14,7 @@ use crate::error::{BrokerError, DbError, Result};
 use crate::model::table::{Table, TableSpec};
 use crate::model::value::Value;
 use crate::producing::message::Message;
+use crate::runtime::deps;
 use crate::runtime::Queue;
 
 /// Where a publish writes: a table's validated description, its SQL, and its database.
@@ -40,17 +41,63 @@ impl<'a> Target<'a> {
 
 /// Publishes one message on `conn`; its id, or [`BrokerError::Duplicate`] when its dedup key
 /// is held.
+/// A message that waits on other jobs runs several statements: the caller runs it in a
+/// transaction ([`waits_on_others`]).
 pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Result<i64> {
     let key = message.dedup_value().map(str::to_owned);
+    let parents = message.parents().to_vec();
+    let waits = match parents.is_empty() {
+        true => None,
+        false => Some(read_waits(t, conn, &message, &parents)?),
+    };
     let mut params = Vec::with_capacity(t.spec.insert_width());
     message.params_into(t.spec, SystemTime::now(), &mut params)?;
-    match key {
-        Some(key) => keyed(t, conn, &params, key),
+    if let Some(w) = &waits {
+        if w.waiting() || w.failed().is_some() {
+            params[1] = Value::Time(deps::waiting_due());
+        }
+    }
+    let id = match key {
+        Some(key) => keyed(t, conn, &params, key)?,
         None => t
             .dialect
             .insert_returning_id(conn, t.sql, &params)
-            .map_err(|e| t.err(e)),
+            .map_err(|e| t.err(e))?,
+    };
+    if let Some(w) = waits {
+        w.write(t.spec, t.sql, conn, id).map_err(|e| t.err(e))?;
     }
+    Ok(id)
+}
+
+/// True if `message` waits on other jobs: its publish must run in a transaction.
+pub(crate) fn waits_on_others(message: &Message) -> bool {
+    !message.parents().is_empty()
+}
+
+/// Checks a message that waits on `parents` and reads where they stand, their heads locked.
+fn read_waits(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    message: &Message,
+    parents: &[deps::Parent],
+) -> Result<deps::Waits> {
+    let bad = |reason: &str| BrokerError::InvalidMessage {
+        table: t.spec.name.clone(),
+        reason: reason.into(),
+    };
+    if !t.spec.dependencies {
+        return Err(bad(
+            "Message::after for a table without dependencies (describe it with \
+             Table::dependencies)",
+        ));
+    }
+    if message.delay() != std::time::Duration::ZERO || message.due().is_some() {
+        return Err(bad(
+            "a message that waits on other jobs is due as they settle: it takes no delay",
+        ));
+    }
+    deps::Waits::read(t.spec, t.sql, conn, parents).map_err(|e| t.err(e))
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
@@ -103,6 +150,9 @@ pub(crate) fn many(
     if count == 0 {
         return Ok(crate::producing::publish::Published::default());
     }
+    if messages.iter().any(waits_on_others) {
+        return one_by_one(t, conn, messages, within);
+    }
     let width = t.spec.insert_width();
     let now = SystemTime::now();
     let mut params = Vec::with_capacity(width * count);
@@ -145,6 +195,48 @@ pub(crate) fn many(
         rows: made,
         duplicates: count - made,
     })
+}
+
+/// Runs `f` in a write transaction of its own on `conn`: committed if it returns `Ok`, rolled
+/// back (or the connection discarded) otherwise.
+fn in_own_transaction<T>(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    f: impl FnOnce(&mut dyn DbConn) -> Result<T>,
+) -> Result<T> {
+    conn.batch(&t.sql.begin_write).map_err(|e| t.err(e))?;
+    match f(conn).and_then(|v| conn.batch("COMMIT").map(|()| v).map_err(|e| t.err(e))) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(e)
+        }
+    }
+}
+
+/// Publishes a batch of which some wait on other jobs, a message at a time, all in one
+/// transaction (the caller's, or one of its own).
+fn one_by_one(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    messages: Vec<Message>,
+    within: Within,
+) -> Result<crate::producing::publish::Published> {
+    let run = |conn: &mut dyn DbConn| -> Result<crate::producing::publish::Published> {
+        let mut done = crate::producing::publish::Published::default();
+        for m in messages {
+            match one(t, conn, m) {
+                Ok(_) => done.rows += 1,
+                Err(BrokerError::Duplicate { .. }) => done.duplicates += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    };
+    match within {
+        Within::Own => in_own_transaction(t, conn, run),
+        Within::Callers => run(conn),
+    }
 }
 
 /// A table validated and compiled for a database, for publishing outside a broker.
@@ -301,8 +393,12 @@ impl Broker {
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
-        let id = one(&Target::of(&q), &mut *conn, message)
-            .map_err(|e| q.explain_failure(&mut *conn, e))?;
+        let t = Target::of(&q);
+        let id = match waits_on_others(&message) {
+            false => one(&t, &mut *conn, message),
+            true => in_own_transaction(&t, &mut *conn, |conn| one(&t, conn, message)),
+        }
+        .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);
         q.meters.published(1);
         self.announce(&q, 1);

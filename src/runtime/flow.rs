@@ -21,6 +21,8 @@ pub(crate) struct FlowState {
     rate_room: Mutex<Option<SystemTime>>,
     /// When this broker last swept the free window slots.
     swept: Mutex<Option<Instant>>,
+    /// When this broker last swept the old heads of settled jobs ([`crate::runtime::deps`]).
+    deps_swept: Mutex<Option<Instant>>,
     /// Rate limits: the maxes in force, by the record's text.
     pub rate_maxes: LimitsInForce,
     /// Fair claims: every key with due rows, as last read whole (when they fit one read), and
@@ -37,6 +39,7 @@ impl Default for FlowState {
             fair_after: Mutex::default(),
             rate_room: Mutex::default(),
             swept: Mutex::default(),
+            deps_swept: Mutex::default(),
             rate_maxes: LimitsInForce::rates(),
             fair_keys: Mutex::default(),
             fair_heads: Mutex::default(),
@@ -106,13 +109,23 @@ impl FlowState {
 
     /// True (once a minute) if the caller should sweep the free slots now.
     pub fn sweep_due(&self) -> bool {
-        let mut swept = self.swept.lock();
-        let due = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
-        if due {
-            *swept = Some(Instant::now());
-        }
-        due
+        once_a_minute(&self.swept)
     }
+
+    /// True (once a minute) if the caller should sweep the old heads of settled jobs now.
+    pub fn deps_sweep_due(&self) -> bool {
+        once_a_minute(&self.deps_swept)
+    }
+}
+
+/// True if [`SWEEP_EVERY`] has passed since `last` (or it is unset), which is then set to now.
+fn once_a_minute(last: &Mutex<Option<Instant>>) -> bool {
+    let mut last = last.lock();
+    let due = last.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
+    if due {
+        *last = Some(Instant::now());
+    }
+    due
 }
 
 /// A key as the rate slots' table holds it: long keys (past 200 bytes) are cut and given a hash

@@ -28,6 +28,7 @@ const NO_TABLE: &str =
 
 pub(crate) mod cursor;
 pub(crate) mod deferred;
+pub(crate) mod deps;
 pub(crate) mod events;
 pub(crate) mod flow;
 pub(crate) mod group;

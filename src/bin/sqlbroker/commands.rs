@@ -331,6 +331,9 @@ struct StatusJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     limited: Option<u64>,
     scheduled: Option<u64>,
+    /// Tables with dependencies: rows waiting on other jobs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<u64>,
     in_flight: Option<u64>,
     dead: Option<u64>,
     completed: Option<u64>,
@@ -352,6 +355,7 @@ fn status_json(all: &[(&Table, std::result::Result<QueueStats, String>)]) -> Str
                 ready: s.map(|s| s.ready),
                 limited: s.and_then(|s| s.limited),
                 scheduled: s.map(|s| s.scheduled),
+                waiting: s.filter(|_| table.has_dependencies()).map(|s| s.waiting),
                 in_flight: s.and_then(|s| s.in_flight),
                 dead: s.map(|s| s.dead),
                 completed: s.and_then(|s| s.completed),

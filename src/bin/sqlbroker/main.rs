@@ -22,7 +22,8 @@
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
 //! table by flags that mirror [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`,
-//! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`), and record the
+//! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`, `--dependencies`), and
+//! record the
 //! description in the database; every other command takes the table's name only and reads
 //! its description from there (`Broker::open_table`). Those flags are still accepted by the
 //! other commands: the description they make is checked against the record, and refused if
@@ -270,6 +271,10 @@ struct Description {
     /// duration (1h, 7days).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     keep_completed: Option<Duration>,
+
+    /// The table's jobs may wait on other jobs (`Table::dependencies`).
+    #[arg(long)]
+    dependencies: bool,
 }
 
 impl Description {
@@ -282,6 +287,7 @@ impl Description {
             && !self.priorities
             && !self.dedup
             && self.keep_completed.is_none()
+            && !self.dependencies
     }
 
     /// The table named `name`: the one the flags describe, or, with none, its record.
@@ -315,6 +321,9 @@ impl Description {
         }
         if let Some(retention) = self.keep_completed {
             t = t.keep_completed(retention);
+        }
+        if self.dependencies {
+            t = t.dependencies();
         }
         t
     }

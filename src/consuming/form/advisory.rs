@@ -362,12 +362,13 @@ fn take(
     Ok(row.map(|row| (row, unreadable_rows(conn, 1).pop().flatten())))
 }
 
-/// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them.
+/// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them; with what
+/// a `settled` outcome does for the jobs waiting on the row ([`super::settle_statement`]).
 fn under_key(
     ctx: &Ctx,
     id: i64,
     hold: KeyHold,
-    op: &'static str,
+    (op, settled): (&'static str, Option<&str>),
     sql: &str,
     leading: Vec<Value>,
     within: Duration,
@@ -375,10 +376,11 @@ fn under_key(
     let q = &ctx.queue;
     let mut params = leading;
     params.push(Value::Int(id));
+    let run = |conn: &mut dyn DbConn| super::settle_statement(ctx, conn, sql, &params, id, settled);
     match hold.holder {
         Holder::Process(held) => {
             let mut conn = q.conn_within(op, within)?;
-            let done = super::transient_retried(|| conn.execute(sql, &params));
+            let done = super::transient_retried(|| run(&mut *conn));
             drop(held);
             done.map(drop).map_err(q.err(op))
         }
@@ -388,7 +390,7 @@ fn under_key(
             names,
             here,
         } => {
-            let done = super::transient_retried(|| conn.execute(sql, &params));
+            let done = super::transient_retried(|| run(&mut *conn));
             unlock_all(ctx, &mut *conn, &mut keys, &names);
             drop(here);
             done.map(drop).map_err(q.err(op))
@@ -408,7 +410,7 @@ pub(crate) fn settle(
         ctx,
         id,
         hold,
-        outcome.op(),
+        (outcome.op(), outcome.settled_as()),
         outcome.sql(&ctx.queue.sql),
         leading,
         within,
@@ -419,7 +421,7 @@ pub(crate) fn settle(
 /// next delivery reads the same attempt.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: KeyHold, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
-    if let Err(e) = under_key(ctx, id, hold, "hand back", sql, Vec::new(), within) {
+    if let Err(e) = under_key(ctx, id, hold, ("hand back", None), sql, Vec::new(), within) {
         log::warn!(
             "table {}: row {id} is back, but its attempt stays spent: {e}",
             ctx.spec().name

@@ -389,6 +389,7 @@ fn take_chosen(
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
+#[allow(clippy::too_many_arguments)]
 fn fenced(
     ctx: &Ctx,
     id: i64,
@@ -396,13 +397,14 @@ fn fenced(
     op: &'static str,
     sql: &str,
     leading: Vec<Value>,
+    settled: Option<&str>,
     within: Duration,
 ) -> Result<bool> {
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
     let tokens = tokens_of(&state);
-    let changed = fenced_on(ctx, id, &tokens, op, sql, &leading, within);
+    let changed = fenced_on(ctx, id, &tokens, (op, settled), sql, &leading, within);
     drop(state);
     ctx.leases.remove(cell);
     changed
@@ -427,7 +429,7 @@ fn fenced_on(
     ctx: &Ctx,
     id: i64,
     tokens: &[SystemTime],
-    op: &'static str,
+    (op, settled): (&'static str, Option<&str>),
     sql: &str,
     leading: &[Value],
     within: Duration,
@@ -441,13 +443,15 @@ fn fenced_on(
         params.push(Value::Int(id));
         params.push(Value::Time(*token));
         // Fenced by the token: running it again after a transient rollback is safe.
-        match super::transient_retried(|| conn.execute(sql, &params)) {
+        let run =
+            |conn: &mut dyn DbConn| super::settle_statement(ctx, conn, sql, &params, id, settled);
+        match super::transient_retried(|| run(&mut *conn)) {
             Ok(0) => {}
             Ok(_) => return Ok(true),
             Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
                 drop(conn);
                 conn = q.conn_within(op, within)?;
-                match conn.execute(sql, &params) {
+                match run(&mut *conn) {
                     Ok(n) if n > 0 => return Ok(true),
                     _ => lost = Some(e),
                 }
@@ -468,12 +472,14 @@ pub(crate) fn settle(
     outcome: Outcome,
     within: Duration,
 ) -> Result<()> {
-    let held = if matches!(outcome, Outcome::Ack) {
+    // A table with dependencies acks alone: the ack's transaction settles its dependents.
+    let held = if matches!(outcome, Outcome::Ack) && !ctx.spec().dependencies {
         ack(ctx, id, cell, within)?
     } else {
         let sql = outcome.sql(&ctx.queue.sql);
         let leading = outcome.leading_params(SystemTime::now());
-        fenced(ctx, id, cell, outcome.op(), sql, leading, within)?
+        let settled = outcome.settled_as();
+        fenced(ctx, id, cell, outcome.op(), sql, leading, settled, within)?
     };
     if held {
         Ok(())
@@ -523,7 +529,7 @@ fn ack_alone(
     within: Duration,
 ) -> Result<bool> {
     let q = &ctx.queue;
-    match fenced_on(ctx, id, tokens, "ack", &q.sql.ack, &[], within) {
+    match fenced_on(ctx, id, tokens, ("ack", None), &q.sql.ack, &[], within) {
         Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
             kind,
             "the connection was lost during a grouped ack: it may have committed",
@@ -640,7 +646,7 @@ pub(crate) fn extend(
 /// the row is claimable at once and its next delivery reads the same attempt.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
-    match fenced(ctx, id, cell, "hand back", sql, Vec::new(), within) {
+    match fenced(ctx, id, cell, "hand back", sql, Vec::new(), None, within) {
         Ok(true) => {}
         Ok(false) => log::debug!(
             "table {}: row {id} was handed back after its lease was lost",

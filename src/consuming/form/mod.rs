@@ -166,6 +166,18 @@ impl Outcome {
         }
     }
 
+    /// What it records for the jobs waiting on the row ([`crate::runtime::deps::settled`]):
+    /// `None` for a row that goes back into the queue.
+    pub fn settled_as(&self) -> Option<&'static str> {
+        use crate::dialect::deps::{ACKED, CANCELLED, DEAD};
+        match self {
+            Outcome::Ack => Some(ACKED),
+            Outcome::Dead(_) | Outcome::DeadFailed(..) => Some(DEAD),
+            Outcome::Cancel => Some(CANCELLED),
+            Outcome::Retry(_) | Outcome::Failed(..) => None,
+        }
+    }
+
     pub fn sql<'a>(&self, sql: &'a crate::dialect::TableSql) -> &'a str {
         match self {
             Outcome::Ack => &sql.ack,
@@ -196,11 +208,56 @@ pub(crate) fn settle(
     outcome: Outcome,
     within: Duration,
 ) -> Result<()> {
-    match hold {
+    let done = match hold {
         Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome),
         Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, within),
         Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, within),
+    };
+    let q = &ctx.queue;
+    if q.spec.dependencies && q.flow.deps_sweep_due() {
+        if let Err(e) = q.retrying("sweep", |conn| crate::runtime::deps::sweep(&q.sql, conn)) {
+            log::warn!("table {}: sweeping old outcomes failed: {e}", q.spec.name);
+        }
     }
+    done
+}
+
+/// Runs a settlement's statement `sql` on `conn`, the rows it changed. On a table with
+/// dependencies, in a transaction of its own with what the outcome does for the jobs waiting
+/// on row `id` ([`crate::runtime::deps::settled`]), if it changed the row: `settled` is the
+/// outcome ([`Outcome::settled_as`]); `None` for a row sent back, which a cancel request may
+/// have finished instead (read back).
+pub(crate) fn settle_statement(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+    settled: Option<&str>,
+) -> Result<u64, DbError> {
+    let q = &ctx.queue;
+    if !q.spec.dependencies {
+        return conn.execute(sql, params);
+    }
+    conn.batch(&q.sql.begin_write)?;
+    let done = conn
+        .execute(sql, params)
+        .and_then(|n| {
+            let outcome = match (n, settled) {
+                (0, _) => None,
+                (_, Some(o)) => Some(o.to_string()),
+                (_, None) => crate::runtime::deps::finished_as(&q.sql, conn, id)?,
+            };
+            if let Some(o) = outcome {
+                crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, &o)?;
+            }
+            Ok(n)
+        })
+        .and_then(|n| conn.batch("COMMIT").map(|()| n));
+    if done.is_err() {
+        conn.rollback_or_discard();
+    }
+    done
 }
 
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if

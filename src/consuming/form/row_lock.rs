@@ -389,9 +389,14 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Res
     } else {
         Ok(())
     };
+    // Jobs waiting on the row are released (or dead-lettered) in its transaction.
     let done = undo
         .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
-        .and_then(|_| conn.batch("COMMIT"));
+        .and_then(|_| match outcome.settled_as() {
+            Some(o) => crate::runtime::deps::settled(&q.spec, &q.sql, &mut *conn, id, o),
+            None => Ok(()),
+        })
+        .and_then(|()| conn.batch("COMMIT"));
     match done {
         Ok(()) => {
             conn.set_broken(false);

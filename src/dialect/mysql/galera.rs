@@ -105,6 +105,13 @@ pub(super) fn refusal(
              node (it writes nothing to conflict at commit), so claims through two nodes can \
              both take the last room of a key",
         ),
+        Form::Lease if spec.dependencies => (
+            "dependencies",
+            "a settlement orders itself after the other settlements of a waiting job's parents \
+             by a row lock on that job, which holds only on its own node (it writes nothing to \
+             conflict at commit), so the last two settlements through two nodes can each miss \
+             the other's mark and leave the job waiting",
+        ),
         Form::Lease => return None,
     };
     Some(BrokerError::ClusterUnsafe {
@@ -143,9 +150,15 @@ mod tests {
                 .concurrency_limit("{k}", 2)
                 .lease(Duration::from_secs(30)),
         );
+        let waits = spec(
+            Table::new("f")
+                .dependencies()
+                .lease(Duration::from_secs(30)),
+        );
         let galera = Topology::Galera { nodes: 3 };
         assert!(refusal(galera, false, &lease).is_none());
         for (s, what) in [
+            (&waits, "dependencies"),
             (&limited, "concurrency limits"),
             (&fifo_lease, "FIFO groups"),
             (&row_lock, "the row lock form"),

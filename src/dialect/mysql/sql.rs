@@ -281,6 +281,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
+    if spec.dependencies {
+        sql.deps = Some(deps_sql());
+        sql.waiting = SYNTAX.waiting_sql(spec, " FOR UPDATE");
+    }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
     }
@@ -595,7 +599,22 @@ pub(super) fn create_table(spec: &TableSpec, collation: &str) -> Vec<String> {
         cols.join(", ")
     )];
     ddl.extend(rate_sql(spec).map(|r| r.create));
+    if spec.dependencies {
+        ddl.extend(deps_sql().create);
+    }
     ddl
+}
+
+/// The waits' statements of jobs that wait on others (table names are identifiers: ASCII).
+pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
+    use crate::dialect::deps::Upsert;
+    SYNTAX.deps_sql(
+        "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin",
+        " ENGINE=InnoDB",
+        true,
+        " FOR UPDATE",
+        Upsert::DuplicateKey,
+    )
 }
 
 /// The rate limits' statements of a table that has them. Keys are compared in a binary
@@ -667,6 +686,49 @@ mod tests {
     /// its `FROM` (MySQL 8's rule), with a correlated `min()` per step; each key's first rows
     /// are derived tables in a `UNION ALL`; a slot is picked `FOR UPDATE SKIP LOCKED`, stamped
     /// fenced by its free condition, and made with `INSERT IGNORE`.
+    /// The waits' statements as MySQL 8 and MariaDB run them (MySQL 8 has no server here: its
+    /// text is checked): the child index inside the table definition (MySQL 8 has no `CREATE
+    /// INDEX IF NOT EXISTS`), heads upserted with `ON DUPLICATE KEY UPDATE` (which locks the
+    /// row it meets), the waiting row and the head read `FOR UPDATE` (current reads).
+    #[test]
+    fn dependency_statements() {
+        let sql = dialect().compile(
+            &Table::new("steps")
+                .dependencies()
+                .lease(std::time::Duration::from_secs(30))
+                .validate()
+                .unwrap(),
+        );
+        let deps = sql.deps.as_ref().unwrap();
+        assert_eq!(deps.create.len(), 1);
+        assert!(
+            deps.create[0]
+                .contains(", INDEX `sqlbroker_deps_child` (child_table, child)) ENGINE=InnoDB"),
+            "{}",
+            deps.create[0]
+        );
+        assert!(deps.create[0]
+            .contains("parent_table VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL"));
+        assert_eq!(
+            deps.head_touch,
+            "INSERT INTO `sqlbroker_deps` (parent_table, parent, child_table, child, settled_only, \
+             outcome, at) VALUES (?, ?, '', 0, 0, NULL, ?) ON DUPLICATE KEY UPDATE at = at"
+        );
+        assert!(deps.head_settle.ends_with(
+            "VALUES (?, ?, '', 0, 0, ?, ?) ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at = VALUES(at)"
+        ));
+        assert!(deps
+            .head_read
+            .ends_with("child_table = '' AND child = 0 FOR UPDATE"));
+        let waiting = sql.waiting.as_ref().unwrap();
+        assert_eq!(
+            waiting.lock_waiting,
+            "SELECT `id` FROM `steps` WHERE `id` = ? AND `dead_at` IS NULL AND `run_at` = ? FOR UPDATE"
+        );
+        let plain = Table::new("plain").validate().unwrap();
+        assert!(dialect().compile(&plain).deps.is_none());
+    }
+
     #[test]
     fn fair_and_rate_statements() {
         let spec = Table::new("jobs")

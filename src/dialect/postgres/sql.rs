@@ -214,6 +214,16 @@ fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
     sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
+    if spec.dependencies {
+        sql.deps = Some(deps_sql());
+        sql.waiting = SYNTAX.waiting_sql(spec, " FOR UPDATE");
+    }
+}
+
+/// The waits' statements of jobs that wait on others.
+pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
+    use crate::dialect::deps::Upsert;
+    SYNTAX.deps_sql("TEXT", "", false, " FOR UPDATE", Upsert::OnConflict)
 }
 
 /// The rate limits' statements of a table that has them.
@@ -315,6 +325,9 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         spec.name.replace('\'', "''")
     ));
     ddl.extend(rate_sql(spec).map(|r| r.create));
+    if spec.dependencies {
+        ddl.extend(deps_sql().create);
+    }
     ddl
 }
 

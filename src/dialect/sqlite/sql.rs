@@ -113,6 +113,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.rates = rate_sql(spec);
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
+    if spec.dependencies {
+        sql.deps = Some(deps_sql());
+        sql.waiting = SYNTAX.waiting_sql(spec, "");
+    }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
     }
@@ -134,10 +138,19 @@ pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnD
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
     ddl.extend(rate_sql(spec).map(|r| r.create));
+    if spec.dependencies {
+        ddl.extend(deps_sql().create);
+    }
     ddl
 }
 
 /// The rate limits' statements of a table that has them (the one writer: no row locks).
+/// The waits' statements of jobs that wait on others.
+pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
+    use crate::dialect::deps::Upsert;
+    SYNTAX.deps_sql("TEXT", "", false, "", Upsert::OnConflict)
+}
+
 fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
     use crate::dialect::flow::InsertIgnore;
     (!spec.rates.is_empty()).then(|| SYNTAX.rate_sql(spec, "TEXT", "", "", InsertIgnore::OrIgnore))

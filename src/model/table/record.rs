@@ -148,6 +148,8 @@ struct Record {
     rates_set: BTreeMap<String, Option<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fair: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    dependencies: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -239,6 +241,7 @@ impl Table {
                 .collect(),
             rates_set: BTreeMap::new(),
             fair: self.fair.clone(),
+            dependencies: self.dependencies,
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -292,12 +295,17 @@ impl Table {
             .map(|l| (l.key, l.max, l.per))
             .collect();
         t.fair = r.fair;
+        t.dependencies = r.dependencies;
         Ok(t)
     }
 
     /// The format version of this description's record.
     pub(crate) fn record_format(&self) -> i64 {
-        if self.limits.is_empty() && self.rates.is_empty() && self.fair.is_none() {
+        if self.limits.is_empty()
+            && self.rates.is_empty()
+            && self.fair.is_none()
+            && !self.dependencies
+        {
             FORMAT_PLAIN
         } else {
             FORMAT
@@ -467,6 +475,12 @@ impl Table {
             opt(self.fair.as_ref().map(|k| format!("{k:?}"))),
             opt(recorded.fair.as_ref().map(|k| format!("{k:?}"))),
         );
+        option(
+            "dependencies",
+            self.dependencies == recorded.dependencies,
+            self.dependencies.to_string(),
+            recorded.dependencies.to_string(),
+        );
         out
     }
 
@@ -565,6 +579,23 @@ mod tests {
         assert_eq!(
             limits_in_force(&set),
             [("{k}".to_string(), None), (String::new(), Some(5))]
+        );
+    }
+
+    /// Dependencies are recorded (format 2: an earlier release would settle the table's rows
+    /// without releasing the jobs waiting on them), read back and compared.
+    #[test]
+    fn dependencies_are_recorded_and_compared() {
+        let plain = Table::new("t");
+        let waits = plain.clone().dependencies();
+        assert_eq!((plain.record_format(), waits.record_format()), (1, 2));
+        assert!(!plain.to_record().contains("dependencies"));
+        let read = Table::from_record(&waits.to_record()).unwrap();
+        assert!(read.has_dependencies());
+        assert!(waits.differences(&read).is_empty());
+        assert_eq!(
+            plain.differences(&waits),
+            ["dependencies is recorded as true, described as false"]
         );
     }
 

@@ -34,6 +34,12 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
             "finished_at": time(j.finished_at()),
             "lease_until": time(j.lease_until()),
             "cancel_requested": j.cancel_requested(),
+            "waits_on": j.waits_on().iter().map(|d| serde_json::json!({
+                "id": d.id,
+                "any_outcome": d.any_outcome,
+                "outcome": d.outcome.map(outcome_word),
+            })).collect::<Vec<_>>(),
+            "dependents": j.dependents(),
             "payload": String::from_utf8_lossy(j.payload()),
             "values": values,
         });
@@ -52,6 +58,8 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("finished_at", dash(time(j.finished_at()))),
         ("lease_until", dash(time(j.lease_until()))),
         ("cancel_requested", j.cancel_requested().to_string()),
+        ("waits_on", waits_on(j.waits_on())),
+        ("dependents", ids(j.dependents())),
         ("payload", preview(j.payload())),
     ];
     for (c, v) in j.values() {
@@ -62,6 +70,46 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         out.push_str(&format!("{k}: {v}\n"));
     }
     say(format_args!("{out}"))
+}
+
+/// How a job another waits on ended, in words.
+pub(super) fn outcome_word(o: sqlbroker::JobOutcome) -> &'static str {
+    match o {
+        sqlbroker::JobOutcome::Acked => "acked",
+        sqlbroker::JobOutcome::DeadLettered => "dead",
+        sqlbroker::JobOutcome::Cancelled => "cancelled",
+        _ => "settled",
+    }
+}
+
+/// The jobs a job waits on, as `12 (acked), 13 (pending, any outcome)`; `-` for none.
+pub(super) fn waits_on(deps: &[sqlbroker::Dependency]) -> String {
+    if deps.is_empty() {
+        return "-".into();
+    }
+    let each: Vec<String> = deps
+        .iter()
+        .map(|d| {
+            let how = d.outcome.map_or("pending", outcome_word);
+            match d.any_outcome {
+                true => format!("{} ({how}, any outcome)", d.id),
+                false => format!("{} ({how})", d.id),
+            }
+        })
+        .collect();
+    each.join(", ")
+}
+
+/// Ids as `12, 13`; `-` for none.
+fn ids(ids: &[i64]) -> String {
+    match ids.is_empty() {
+        true => "-".into(),
+        false => ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }
 
 /// A column's value in JSON: numbers as numbers, text as text, bytes as lossy UTF-8.

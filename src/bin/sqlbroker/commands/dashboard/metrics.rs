@@ -71,6 +71,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
             ("ready", Some(s.ready)),
             ("limited", s.limited),
             ("scheduled", Some(s.scheduled)),
+            ("waiting", e.table.has_dependencies().then_some(s.waiting)),
             ("in_flight", s.in_flight),
             ("dead", Some(s.dead)),
             ("completed", s.completed),
@@ -85,7 +86,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     }
     family(
         "sqlbroker_queue_jobs",
-        "Rows of a queue table by state (ready, limited: ready rows a concurrency limit holds back, lease tables with limits, scheduled, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
+        "Rows of a queue table by state (ready, limited: ready rows a concurrency limit holds back, lease tables with limits, scheduled, waiting: tables with dependencies, rows waiting on other jobs, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
         jobs,
     );
     family(

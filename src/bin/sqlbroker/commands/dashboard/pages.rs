@@ -256,7 +256,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         let p = e.last()?;
         let s = &p.stats;
         let n = match state {
-            JobState::Scheduled => Some(s.scheduled),
+            JobState::Scheduled => Some(s.scheduled + s.waiting),
             JobState::Dead => Some(s.dead),
             JobState::Completed => s.completed,
             // Row lock and advisory forms count rows in work as ready.
@@ -295,6 +295,9 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                     th { "completed" } th { "oldest ready" } th { "paused" } th { "counted" }
                 }
                 tr { (count_cells(e)) td { (counted(e)) } }
+            }
+            @if let Some(p) = e.last().filter(|_| table.has_dependencies()) {
+                p { (p.stats.waiting) " waiting on other jobs (listed with the scheduled ones)" }
             }
             p { (pause_button(ctx, e, &here)) }
             @if let Some(p) = e.last().filter(|p| !p.limits.is_empty()) {
@@ -508,6 +511,24 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
             tr { th { "errors" } td { (j.errors()) } }
             tr { th { "dead reason" } td { (j.dead_reason().unwrap_or("-")) } }
             tr { th { "last error" } td { pre { (j.last_error().unwrap_or("-")) } } }
+            @if !j.waits_on().is_empty() {
+                tr { th { "waits on" } td {
+                    @for (i, d) in j.waits_on().iter().enumerate() {
+                        @if i > 0 { ", " }
+                        a href={ "/tables/" (name) "/jobs/" (d.id) } { (d.id) }
+                        " (" (d.outcome.map_or("pending", super::super::jobs::outcome_word))
+                        @if d.any_outcome { ", any outcome" } ")"
+                    }
+                } }
+            }
+            @if !j.dependents().is_empty() {
+                tr { th { "waited on by" } td {
+                    @for (i, id) in j.dependents().iter().enumerate() {
+                        @if i > 0 { ", " }
+                        a href={ "/tables/" (name) "/jobs/" (id) } { (id) }
+                    }
+                } }
+            }
             @for (c, v) in j.values() {
                 tr { th { (c) } td { (value(v)) } }
             }

@@ -1,0 +1,248 @@
+//! The statements of jobs that wait on other jobs ([`Table::dependencies`]), the same on every
+//! database but for quoting, placeholders, the locking clause and how an insert meets a row
+//! already there.
+//!
+//! One table per database, `sqlbroker_deps`, holds two kinds of rows:
+//! - a job's **head** (`child_table = ''`, `child = 0`): made by the first publish that names
+//!   the job or by its settlement, it holds the job's outcome once settled (`NULL` before).
+//!   Publishers and the settlement lock it, so a publish that names a job and that job's
+//!   settlement never pass each other unseen;
+//! - a **wait** (`parent` -> `child`): the child waits on the parent, `settled_only` for
+//!   [`Message::after_settled`]; `outcome` is the parent's once it settled.
+//!
+//! [`Table::dependencies`]: crate::Table::dependencies
+//! [`Message::after_settled`]: crate::Message::after_settled
+
+use crate::dialect::shared::Syntax;
+use crate::model::table::TableSpec;
+
+/// The name of the waits' table.
+pub(crate) const DEPS_TABLE: &str = "sqlbroker_deps";
+
+/// What a settled job's outcome is recorded as.
+pub(crate) const ACKED: &str = "acked";
+pub(crate) const DEAD: &str = "dead";
+pub(crate) const CANCELLED: &str = "cancelled";
+
+/// How a database writes an insert that meets a row already there.
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) enum Upsert {
+    /// `ON CONFLICT (..) DO UPDATE SET c = EXCLUDED.c` (PostgreSQL, SQLite).
+    OnConflict,
+    /// `ON DUPLICATE KEY UPDATE c = VALUES(c)` (MySQL/MariaDB).
+    DuplicateKey,
+}
+
+/// The waits' statements (database-wide), parameters listed as `(..)`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DepsSql {
+    /// Makes the waits' table and its index by child, if they do not exist.
+    pub create: Vec<String>,
+    /// `(table, id, at)` makes the job's head if there is none, and locks it (the servers).
+    pub head_touch: String,
+    /// `(table, id)` -> the job's recorded outcome (`NULL`: not settled), its head locked (the
+    /// servers: `FOR UPDATE`, a current read).
+    pub head_read: String,
+    /// `(table, id, outcome, at)` records the job's outcome in its head, made if missing.
+    pub head_settle: String,
+    /// `(parent table, parent, child table, child, settled_only, outcome, at)` makes a wait.
+    pub wait_insert: String,
+    /// `(table, id)` -> `child_table, child, settled_only` of the jobs waiting on it, in
+    /// `(child_table, child)` order (the order the children are locked in).
+    pub dependents: String,
+    /// `(outcome, table, id)` records a parent's outcome in its waits.
+    pub mark: String,
+    /// `(table, id)` -> the count of the job's waits that hold it back still: a parent not
+    /// settled, or (not `settled_only`) settled other than acked.
+    pub blocking: String,
+    /// `(table, id)` -> `parent_table, parent, settled_only, outcome` of the job's waits,
+    /// by parent.
+    pub parents: String,
+    /// `(table, id)` deletes the job's waits (it settled: nothing holds it any more).
+    pub forget_waits: String,
+    /// `(before)` deletes the heads of jobs settled before `before` (milliseconds since the
+    /// epoch). A wait holds its parent's outcome itself; a later publish that names such a
+    /// job finds it gone from its table, as an acked job that was not kept.
+    pub sweep: String,
+}
+
+/// A waiting table's own statements, parameters listed as `(..)`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WaitingSql {
+    /// `(id, latest)` -> one row if the job exists, is not finished and waits (`run_at` the
+    /// latest time), locked (the servers).
+    pub lock_waiting: String,
+    /// `(now, id, latest)` makes a waiting job due now.
+    pub release: String,
+    /// `(now, reason, id, latest)` dead-letters a waiting job.
+    pub dead: String,
+    /// `(id)` -> `dead_at, dead_reason[, completed_at]` of the job, if it is in the table.
+    pub state: String,
+    /// `(latest)` -> the count of the jobs that wait.
+    pub count_waiting: String,
+}
+
+impl Syntax {
+    /// The waits' statements. `key_type` is the table name columns' type, `table_tail` what
+    /// follows the table definition (MySQL: its engine), `index_inline`: MySQL writes the
+    /// child index in the table definition; `locking` the servers' `FOR UPDATE`.
+    pub fn deps_sql(
+        &self,
+        key_type: &str,
+        table_tail: &str,
+        index_inline: bool,
+        locking: &str,
+        upsert: Upsert,
+    ) -> DepsSql {
+        let t = self.q(DEPS_TABLE);
+        let index = self.q(&format!("{DEPS_TABLE}_child"));
+        let cols = "(parent_table, parent, child_table, child, settled_only, outcome, at)";
+        let pk = "parent_table, parent, child_table, child";
+        let mut create = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (parent_table {key_type} NOT NULL, parent BIGINT NOT \
+             NULL, child_table {key_type} NOT NULL, child BIGINT NOT NULL, settled_only \
+             SMALLINT NOT NULL, outcome VARCHAR(16) NULL, at BIGINT NOT NULL, PRIMARY KEY \
+             ({pk}){}){table_tail}",
+            if index_inline {
+                format!(", INDEX {index} (child_table, child)")
+            } else {
+                String::new()
+            }
+        )];
+        if !index_inline {
+            create.push(format!(
+                "CREATE INDEX IF NOT EXISTS {index} ON {t} (child_table, child)"
+            ));
+        }
+        let head = |first: usize| {
+            format!(
+                "parent_table = {} AND parent = {} AND child_table = '' AND child = 0",
+                self.p(first),
+                self.p(first + 1)
+            )
+        };
+        let head_values = |outcome: &str, at: usize| {
+            format!(
+                "INSERT INTO {t} {cols} VALUES ({}, {}, '', 0, 0, {outcome}, {})",
+                self.p(1),
+                self.p(2),
+                self.p(at)
+            )
+        };
+        let (touch, settle) = match upsert {
+            Upsert::OnConflict => (
+                format!(
+                    "{} ON CONFLICT ({pk}) DO UPDATE SET at = {t}.at",
+                    head_values("NULL", 3)
+                ),
+                format!(
+                    "{} ON CONFLICT ({pk}) DO UPDATE SET outcome = excluded.outcome, at = \
+                     excluded.at",
+                    head_values(&self.p(3), 4)
+                ),
+            ),
+            Upsert::DuplicateKey => (
+                format!("{} ON DUPLICATE KEY UPDATE at = at", head_values("NULL", 3)),
+                format!(
+                    "{} ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at = VALUES(at)",
+                    head_values(&self.p(3), 4)
+                ),
+            ),
+        };
+        let of = |first: usize| {
+            format!(
+                "parent_table = {} AND parent = {} AND child_table <> ''",
+                self.p(first),
+                self.p(first + 1)
+            )
+        };
+        let child = format!("child_table = {} AND child = {}", self.p(1), self.p(2));
+        DepsSql {
+            create,
+            head_touch: touch,
+            head_read: format!("SELECT outcome FROM {t} WHERE {}{locking}", head(1)),
+            head_settle: settle,
+            wait_insert: format!(
+                "INSERT INTO {t} {cols} VALUES ({}, {}, {}, {}, {}, {}, {})",
+                self.p(1),
+                self.p(2),
+                self.p(3),
+                self.p(4),
+                self.p(5),
+                self.p(6),
+                self.p(7)
+            ),
+            dependents: format!(
+                "SELECT child_table, child, settled_only FROM {t} WHERE {} ORDER BY child_table, \
+                 child",
+                of(1)
+            ),
+            mark: format!("UPDATE {t} SET outcome = {} WHERE {}", self.p(1), of(2)),
+            blocking: format!(
+                "SELECT count(*) FROM {t} WHERE {child} AND (outcome IS NULL OR (settled_only = \
+                 0 AND outcome <> '{ACKED}'))"
+            ),
+            parents: format!(
+                "SELECT parent_table, parent, settled_only, outcome FROM {t} WHERE {child} ORDER \
+                 BY parent_table, parent"
+            ),
+            forget_waits: format!("DELETE FROM {t} WHERE {child}"),
+            sweep: format!(
+                "DELETE FROM {t} WHERE child_table = '' AND outcome IS NOT NULL AND at < {}",
+                self.p(1)
+            ),
+        }
+    }
+
+    /// A table's own statements for its waiting jobs; `None` without
+    /// [`Table::dependencies`](crate::Table::dependencies).
+    pub fn waiting_sql(&self, spec: &TableSpec, locking: &str) -> Option<WaitingSql> {
+        if !spec.dependencies {
+            return None;
+        }
+        let t = self.q(&spec.name);
+        let (id, run_at, dead_at) = (
+            self.q(&spec.id),
+            self.q(&spec.run_at),
+            self.q(&spec.dead_at),
+        );
+        let reason = self.q(&spec.dead_reason);
+        let completed = spec
+            .completed_at
+            .as_ref()
+            .map(|c| format!(", {}", self.q(c)))
+            .unwrap_or_default();
+        Some(WaitingSql {
+            lock_waiting: format!(
+                "SELECT {id} FROM {t} WHERE {id} = {} AND {dead_at} IS NULL AND {run_at} = {}{locking}",
+                self.p(1),
+                self.p(2)
+            ),
+            release: format!(
+                "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} = {} AND {dead_at} IS NULL",
+                self.p(1),
+                self.p(2),
+                self.p(3)
+            ),
+            dead: format!(
+                "UPDATE {t} SET {dead_at} = {}, {reason} = {} WHERE {id} = {} AND {run_at} = {} \
+                 AND {dead_at} IS NULL",
+                self.p(1),
+                self.p(2),
+                self.p(3),
+                self.p(4)
+            ),
+            state: format!(
+                "SELECT {dead_at}, {reason}{completed} FROM {t} WHERE {id} = {}",
+                self.p(1)
+            ),
+            count_waiting: format!(
+                "SELECT count(*) FROM {t} WHERE {dead_at} IS NULL AND {run_at} = {}",
+                self.p(1)
+            ),
+        })
+    }
+}

@@ -1,0 +1,438 @@
+//! Jobs that compose (`Table::dependencies`, `Message::after`, `Message::after_settled`), on
+//! every database x form.
+//!
+//! - A job waiting on another is not claimed until it is acked, is then released by the ack
+//!   itself, and reads what it waited on. Fails (its state `Ready`, not `Waiting`) with the
+//!   waiting due time replaced by the publish time.
+//! - A job that did not succeed dead-letters the jobs waiting on it, down a chain, and a
+//!   cancel does the same. Fails (`state of`) with the cascade removed.
+//! - Batches' callbacks run exactly once each, after the last of their jobs settles, while
+//!   three brokers with four handlers each race to settle them. With the lock of the waiting
+//!   row taken out of the settlement this fails (`never released`) now and then; the crate's
+//!   own race test (`races.rs`) makes that interleaving on cue and fails every time.
+//! - A publish that names jobs already settled (acked and gone, dead, cancelled) gives the new
+//!   job its meaning at once.
+//! - A dependent survives its parent's holder crashing: the parent comes back, and the
+//!   dependent runs only after the retry is acked.
+//! - Bad input is refused and writes nothing.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{next, unique, Db, Live};
+use sqlbroker::{BrokerError, ClaimedRows, Events, Form, JobOutcome, JobState, Message, Table};
+
+/// A table with dependencies in `form` (the advisory form's key reads a column unique per
+/// message, so it never stands in for what is tested), dropped at the end with its waits.
+fn table(l: &Live, form: Form) -> Table {
+    let name = unique("dep");
+    let t = Table::new(&name).text_column("u").dependencies();
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    };
+    l.create(t)
+}
+
+/// Deletes the waits and heads of `t` (the waits' table is shared by every test).
+fn forget(l: &Live, t: &Table) {
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_deps WHERE parent_table = '{0}' OR child_table = '{0}'",
+        t.name()
+    ));
+}
+
+fn message(body: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("u", format!("{body}-{}", unique("u")))
+}
+
+fn state(l: &Live, t: &Table, id: i64) -> Option<JobState> {
+    l.broker.job(t, id).unwrap().map(|j| j.state())
+}
+
+/// A job waiting on another is claimed only after the other is acked, and reads its outcome.
+fn a_dependent_runs_after_its_parent(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let charge = l.broker.publish(&t, message("charge")).unwrap();
+    let ship = l.broker.publish(&t, message("ship").after(charge)).unwrap();
+    assert_eq!(state(&l, &t, ship), Some(JobState::Waiting));
+    let job = l.broker.job(&t, ship).unwrap().unwrap();
+    assert_eq!(job.waits_on().len(), 1);
+    assert_eq!(
+        (job.waits_on()[0].id, job.waits_on()[0].outcome),
+        (charge, None)
+    );
+    let stats = l.broker.stats(&t).unwrap();
+    assert_eq!(
+        (stats.ready, stats.waiting, stats.scheduled),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    let first = next(&sub, Duration::from_secs(10));
+    assert_eq!(first.id(), charge);
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "the dependent was claimed before its parent was acked"
+    );
+    first.ack().unwrap();
+    let second = next(&sub, Duration::from_secs(10));
+    assert_eq!(second.id(), ship);
+    let waited = second.waited_on().unwrap();
+    assert_eq!(waited.len(), 1);
+    assert_eq!(
+        (waited[0].id, waited[0].outcome),
+        (charge, Some(JobOutcome::Acked))
+    );
+    second.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&t), 0);
+    assert_eq!(
+        l.int(&format!(
+            "SELECT COUNT(*) FROM sqlbroker_deps WHERE child_table = '{}'",
+            t.name()
+        )),
+        0,
+        "a settled job's waits are forgotten"
+    );
+    forget(&l, &t);
+}
+per_db_form!(a_dependent_runs_after_its_parent);
+
+/// A dead letter dead-letters the jobs waiting on it, down a chain, each naming its parent; a
+/// cancel of a queued job does the same; `after_settled` runs whatever the outcome.
+fn a_failed_parent_dead_letters_its_dependents(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let b = l.broker.publish(&t, message("b").after(a)).unwrap();
+    let c = l.broker.publish(&t, message("c").after(b)).unwrap();
+    let cb = l
+        .broker
+        .publish(&t, message("cb").after_settled(c))
+        .unwrap();
+    let d = l
+        .broker
+        .publish(&t, message("d").deliver_after(Duration::from_secs(3600)))
+        .unwrap();
+    let e = l.broker.publish(&t, message("e").after(d)).unwrap();
+
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    let first = next(&sub, Duration::from_secs(10));
+    assert_eq!(first.id(), a);
+    first.dead_letter("no stock").unwrap();
+    for (id, parent) in [(b, a), (c, b)] {
+        let job = l.broker.job(&t, id).unwrap().unwrap();
+        assert_eq!(job.state(), JobState::Dead, "state of {id}");
+        let want = format!("job {parent} it waits on was dead-lettered");
+        assert_eq!(job.dead_reason(), Some(want.as_str()));
+    }
+    // The callback waits on `c` whatever its outcome: it runs.
+    let callback = next(&sub, Duration::from_secs(10));
+    assert_eq!(callback.id(), cb);
+    let waited = callback.waited_on().unwrap();
+    assert_eq!(waited[0].outcome, Some(JobOutcome::DeadLettered));
+    callback.ack().unwrap();
+
+    assert!(l.broker.cancel(&t, d).unwrap());
+    let job = l.broker.job(&t, e).unwrap().unwrap();
+    assert_eq!(job.state(), JobState::Dead, "state of {e}");
+    let want = format!("job {d} it waits on was cancelled");
+    assert_eq!(job.dead_reason(), Some(want.as_str()));
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_failed_parent_dead_letters_its_dependents);
+
+/// Each row's claim time.
+#[derive(Default)]
+struct Claims(Mutex<Vec<(i64, Instant)>>);
+
+struct Watch(Arc<Claims>);
+
+impl Events for Watch {
+    fn claimed(&self, e: &ClaimedRows<'_>) {
+        let now = Instant::now();
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .extend(e.ids.iter().map(|id| (*id, now)));
+    }
+}
+
+/// Batches, each of `JOBS` jobs and a callback, published interleaved: their jobs settle
+/// side by side, so each callback's last two are likely settled at the same moment.
+const BATCHES: usize = 8;
+const JOBS: usize = 6;
+
+/// Three brokers with four handlers each settle the batches' jobs (every fourth
+/// dead-lettered); each callback is claimed exactly once, after the last of its jobs settled.
+fn a_callback_runs_once_after_its_batch(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let mut batches = vec![Vec::new(); BATCHES];
+    for n in 0..JOBS {
+        for (b, jobs) in batches.iter_mut().enumerate() {
+            jobs.push(l.broker.publish(&t, message(&format!("b{b}j{n}"))).unwrap());
+        }
+    }
+    let mut callbacks = HashSet::new();
+    for jobs in &batches {
+        let mut done = message("done");
+        for id in jobs {
+            done = done.after_settled(*id);
+        }
+        callbacks.insert(l.broker.publish(&t, done).unwrap());
+    }
+    let dead: HashSet<i64> = batches.iter().flatten().step_by(4).copied().collect();
+    let dead_in = |jobs: &Vec<i64>| jobs.iter().filter(|j| dead.contains(j)).count();
+    let mut expected: Vec<(usize, usize)> = batches.iter().map(|j| (JOBS, dead_in(j))).collect();
+    expected.sort_unstable();
+
+    let claims = Arc::new(Claims::default());
+    // What each callback read of its jobs when it ran: (settled, dead-lettered).
+    let seen = Arc::new(Mutex::new(Vec::<(usize, usize)>::new()));
+    let brokers: Vec<_> = (0..3).map(|_| l.connect()).collect();
+    let subs: Vec<_> = brokers
+        .iter()
+        .map(|b| {
+            b.subscription(&t)
+                .max_in_flight(4)
+                .events(Arc::new(Watch(claims.clone())))
+                .start()
+                .unwrap()
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for sub in &subs {
+            for _ in 0..4 {
+                let (seen, dead, callbacks) = (seen.clone(), &dead, &callbacks);
+                s.spawn(move || loop {
+                    let Ok(d) = sub.next_delivery_timeout(Duration::from_secs(3)) else {
+                        return;
+                    };
+                    let id = d.id();
+                    if callbacks.contains(&id) {
+                        let waited = d.waited_on().unwrap();
+                        let settled = waited.iter().filter(|w| w.outcome.is_some()).count();
+                        let failed = waited
+                            .iter()
+                            .filter(|w| w.outcome == Some(JobOutcome::DeadLettered))
+                            .count();
+                        seen.lock().unwrap().push((settled, failed));
+                        d.ack().unwrap();
+                    } else if dead.contains(&id) {
+                        d.dead_letter("bad input").unwrap();
+                    } else {
+                        d.ack().unwrap();
+                    }
+                });
+            }
+        }
+    });
+    for sub in subs {
+        sub.shutdown(Duration::from_secs(10)).unwrap();
+    }
+    let claims = claims.0.lock().unwrap();
+    for cb in &callbacks {
+        let runs = claims.iter().filter(|(id, _)| id == cb).count();
+        assert_eq!(
+            runs, 1,
+            "callback {cb} was claimed {runs} times (never released?)"
+        );
+    }
+    // Released by the last settlement: every job had settled when each ran.
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, expected, "a callback ran before all its jobs settled");
+    assert_eq!(
+        l.rows(&t),
+        dead.len() as i64,
+        "only the dead letters are left"
+    );
+    forget(&l, &t);
+}
+per_db_form!(a_callback_runs_once_after_its_batch);
+
+/// A publish that names jobs already settled: gone (acked) releases at once, dead or
+/// cancelled dead-letters an `after` at once, and `after_settled` runs whatever.
+fn settled_jobs_named_at_publish(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let gone = l.broker.publish(&t, message("gone")).unwrap();
+    let dead = l.broker.publish(&t, message("dead")).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(10));
+        match d.id() == gone {
+            true => d.ack().unwrap(),
+            false => d.dead_letter("bad").unwrap(),
+        }
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let due = l.broker.publish(&t, message("x").after(gone)).unwrap();
+    let failed = l
+        .broker
+        .publish(&t, message("y").after(gone).after(dead))
+        .unwrap();
+    let runs = l
+        .broker
+        .publish(&t, message("z").after_settled(dead))
+        .unwrap();
+    assert_eq!(state(&l, &t, due), Some(JobState::Ready));
+    assert_eq!(state(&l, &t, failed), Some(JobState::Dead));
+    assert_eq!(state(&l, &t, runs), Some(JobState::Ready));
+    let want = format!("job {dead} it waits on was dead-lettered");
+    let job = l.broker.job(&t, failed).unwrap().unwrap();
+    assert_eq!(job.dead_reason(), Some(want.as_str()));
+    forget(&l, &t);
+}
+per_db_form!(settled_jobs_named_at_publish);
+
+/// Carries `<form>\t<table>\t<url>` to the crash test's child.
+const CHILD_ENV: &str = "SQLBROKER_COMPOSE_CHILD";
+
+/// The crash test's table, described alike in both processes.
+fn crash_table(name: &str, form: Form) -> Table {
+    let t = Table::new(name).text_column("u").dependencies();
+    match form {
+        Form::Lease => t.lease(Duration::from_secs(1)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    }
+}
+
+/// The crash test's child: claims one delivery, prints `CLAIMED <id>`, and holds it until it
+/// is killed. Does nothing unless `SQLBROKER_COMPOSE_CHILD` is set.
+#[test]
+fn compose_crash_child() {
+    use std::io::Write;
+    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
+        return;
+    };
+    let broker = sqlbroker::Broker::connect(&url).expect("child: connect");
+    let t = crash_table(&name, common::form_from(&form));
+    let sub = broker.subscription(&t).start().expect("child: start");
+    let d = next(&sub, Duration::from_secs(30));
+    let mut out = std::io::stdout();
+    writeln!(out, "\nCLAIMED {}", d.id()).unwrap();
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    std::process::exit(3);
+}
+
+/// A parent whose holder is killed mid-attempt (a real crash: SIGKILL) comes back; the job
+/// waiting on it stays waiting through the crash and runs once the retry is acked.
+fn a_dependent_waits_through_a_crash_of_its_parent(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = l.create(crash_table(&unique("depc"), form));
+    let parent = l.broker.publish(&t, message("p")).unwrap();
+    let child = l.broker.publish(&t, message("c").after(parent)).unwrap();
+    let spec = format!("{}\t{}\t{}", common::form_name(form), t.name(), l.url);
+    let holder = common::spawn_child("compose_crash_child", CHILD_ENV, &spec);
+    let claimed = holder.line_after("CLAIMED ", Duration::from_secs(60));
+    assert_eq!(
+        claimed,
+        Some(parent.to_string()),
+        "the child claimed the parent"
+    );
+    holder.kill();
+    assert_eq!(state(&l, &t, child), Some(JobState::Waiting));
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    let again = next(&sub, Duration::from_secs(20));
+    assert_eq!(again.id(), parent, "the parent comes back first");
+    assert_eq!(state(&l, &t, child), Some(JobState::Waiting));
+    again.ack().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), child);
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_dependent_waits_through_a_crash_of_its_parent);
+
+/// `after` on a table without dependencies, or with a delay, is refused and writes nothing;
+/// dependencies with FIFO groups or another isolation are refused.
+fn bad_dependencies_are_refused(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let plain = l.create(
+        Table::new(unique("nodep"))
+            .text_column("u")
+            .lease(Duration::from_secs(30)),
+    );
+    let e = l.broker.publish(&plain, message("x").after(1)).unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+    let t = table(&l, Form::Lease);
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let e = l
+        .broker
+        .publish(
+            &t,
+            message("x").after(a).deliver_after(Duration::from_secs(5)),
+        )
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+    assert_eq!((l.rows(&plain), l.rows(&t)), (0, 1));
+    for bad in [
+        Table::new(unique("bad"))
+            .text_column("g")
+            .group("g")
+            .fifo()
+            .dependencies(),
+        Table::new(unique("bad"))
+            .dependencies()
+            .isolation(sqlbroker::Isolation::RepeatableRead),
+    ] {
+        let e = l.broker.create_table(&bad).unwrap_err();
+        assert!(matches!(e, BrokerError::InvalidTable { .. }), "{e:?}");
+    }
+    forget(&l, &t);
+}
+per_db!(bad_dependencies_are_refused);
+
+/// `publish_group` writes a workflow whole or not at all: a chain published in one group runs
+/// in order, and a group whose closure fails leaves no row. Fails (`rows left`) if the
+/// group's publishes commit one by one.
+fn a_group_is_published_whole(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, Form::Lease);
+    let failed: Result<(), BrokerError> = l.broker.publish_group(|g| {
+        let a = g.publish(&t, message("a"))?;
+        g.publish(&t, message("b").after(a))?;
+        Err(BrokerError::InvalidMessage {
+            table: t.name().to_string(),
+            reason: "the application changed its mind".into(),
+        })
+    });
+    assert!(failed.is_err());
+    assert_eq!(l.rows(&t), 0, "rows left by a group that failed");
+    let (a, b, c) = l
+        .broker
+        .publish_group(|g| {
+            let a = g.publish(&t, message("a"))?;
+            let b = g.publish(&t, message("b").after(a))?;
+            let c = g.publish(&t, message("c").after(b))?;
+            Ok((a, b, c))
+        })
+        .unwrap();
+    let stats = l.broker.stats(&t).unwrap();
+    assert_eq!((stats.ready, stats.waiting), (1, 2), "{stats:?}");
+    let sub = l.broker.subscription(&t).start().unwrap();
+    for id in [a, b, c] {
+        let d = next(&sub, Duration::from_secs(10));
+        assert_eq!(d.id(), id);
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db!(a_group_is_published_whole);
