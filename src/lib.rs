@@ -78,6 +78,17 @@
 //! - [`Table::fair`]: claims rotate across the keys of the ready rows, a row of each key per
 //!   round, so a tenant's backlog cannot starve the others.
 //!
+//! ## Composing jobs
+//!
+//! On a table described with [`Table::dependencies`], [`Message::after`] makes a job wait until
+//! another is acked (one that fails or is cancelled dead-letters it), and
+//! [`Message::after_settled`] until another has settled whatever its outcome (a batch's
+//! callback, which reads each outcome with [`Delivery::waited_on`]); [`Message::after_in`] waits
+//! on a job of another table of the database. A waiting job is released
+//! in the very transaction that settles the last job it waits on. [`Broker::publish_group`]
+//! publishes related jobs in one transaction; [`JobState::Waiting`], [`Job::waits_on`] and
+//! [`QueueStats::waiting`] show them.
+//!
 //! Keys and group values compare byte for byte on every database (case, trailing spaces and
 //! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
 //! collation), and values mean the same on each: a message is one message everywhere.

@@ -14,6 +14,8 @@
 //!   job its meaning at once.
 //! - A dependent survives its parent's holder crashing: the parent comes back, and the
 //!   dependent runs only after the retry is acked.
+//! - Jobs of one table wait on jobs of another (`after_in`): released, dead-lettered and
+//!   reported across the two.
 //! - Bad input is refused and writes nothing.
 
 mod common;
@@ -436,3 +438,91 @@ fn a_group_is_published_whole(db: Db) {
     forget(&l, &t);
 }
 per_db!(a_group_is_published_whole);
+
+/// A job waiting on jobs of another table (`after_in`, `after_settled_in`): released by the
+/// ack in that table, dead-lettered by a dead letter there (its reason naming the table), and
+/// refused when that table has no dependencies. Fails (`state of`) with the settlement
+/// releasing only jobs of its own table.
+fn dependencies_across_tables(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let (charges, emails) = (table(&l, form), table(&l, form));
+    let paid = l.broker.publish(&charges, message("paid")).unwrap();
+    let declined = l.broker.publish(&charges, message("declined")).unwrap();
+    let receipt = l
+        .broker
+        .publish(&emails, message("receipt").after_in(&charges, paid))
+        .unwrap();
+    let sorry = l
+        .broker
+        .publish(&emails, message("sorry").after_in(&charges, declined))
+        .unwrap();
+    let report = l
+        .broker
+        .publish(
+            &emails,
+            message("report")
+                .after_settled_in(&charges, paid)
+                .after_settled_in(&charges, declined),
+        )
+        .unwrap();
+    assert_eq!(state(&l, &emails, receipt), Some(JobState::Waiting));
+    let dependents = l.broker.job(&charges, paid).unwrap().unwrap();
+    assert!(dependents
+        .dependents()
+        .contains(&(emails.name().to_string(), receipt)));
+
+    let sub = l
+        .broker
+        .subscription(&charges)
+        .max_in_flight(4)
+        .start()
+        .unwrap();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(10));
+        match d.id() == paid {
+            true => d.ack().unwrap(),
+            false => d.dead_letter("card declined").unwrap(),
+        }
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        state(&l, &emails, receipt),
+        Some(JobState::Ready),
+        "state of {receipt}"
+    );
+    let job = l.broker.job(&emails, sorry).unwrap().unwrap();
+    assert_eq!(job.state(), JobState::Dead, "state of {sorry}");
+    let want = format!(
+        "job {declined} of table {} it waits on was dead-lettered",
+        charges.name()
+    );
+    assert_eq!(job.dead_reason(), Some(want.as_str()));
+    let job = l.broker.job(&emails, report).unwrap().unwrap();
+    assert_eq!(job.state(), JobState::Ready, "state of {report}");
+    let tables: Vec<_> = job
+        .waits_on()
+        .iter()
+        .map(|d| (d.table.clone(), d.outcome))
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            (charges.name().to_string(), Some(JobOutcome::Acked)),
+            (charges.name().to_string(), Some(JobOutcome::DeadLettered))
+        ]
+    );
+
+    let plain = l.create(
+        Table::new(unique("nodep"))
+            .text_column("u")
+            .lease(Duration::from_secs(30)),
+    );
+    let e = l
+        .broker
+        .publish(&emails, message("x").after_in(&plain, 1))
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidMessage { .. }), "{e:?}");
+    forget(&l, &charges);
+    forget(&l, &emails);
+}
+per_db_form!(dependencies_across_tables);

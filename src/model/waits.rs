@@ -31,7 +31,9 @@ impl JobOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Dependency {
-    /// The job's id (in the same table).
+    /// The job's table.
+    pub table: String,
+    /// The job's id.
     pub id: i64,
     /// Waited on with [`Message::after_settled`](crate::Message::after_settled): whatever its
     /// outcome (else with [`Message::after`](crate::Message::after): acked).

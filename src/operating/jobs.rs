@@ -114,7 +114,7 @@ pub struct Job {
     /// The jobs it waits on ([`Broker::job`] only).
     waits_on: Vec<crate::model::waits::Dependency>,
     /// The jobs waiting on it ([`Broker::job`] only).
-    dependents: Vec<i64>,
+    dependents: Vec<(String, i64)>,
 }
 
 impl std::fmt::Debug for Job {
@@ -244,9 +244,9 @@ impl Job {
         &self.waits_on
     }
 
-    /// The ids of the jobs waiting on it (until each settles). Read by [`Broker::job`]; empty
-    /// in listings.
-    pub fn dependents(&self) -> &[i64] {
+    /// The jobs waiting on it (until each settles), `(table, id)`. Read by [`Broker::job`];
+    /// empty in listings.
+    pub fn dependents(&self) -> &[(String, i64)] {
         &self.dependents
     }
 }
@@ -638,7 +638,7 @@ fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result
         .execute(&q.sql.cancel_remove, params)
         .and_then(|n| {
             if n > 0 {
-                crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, DEPS_CANCELLED)?;
+                crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED)?;
             }
             Ok(n)
         })
@@ -690,7 +690,7 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
         }
         let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
         if n > 0 {
-            crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, DEPS_CANCELLED)?;
+            crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED)?;
         }
         Ok(n)
     };

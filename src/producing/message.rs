@@ -120,7 +120,7 @@ impl Message {
         self
     }
 
-    /// Waits on job `id` of the same table: the new row is published now but claimed only once
+    /// Waits on job `id` of the same table ([`Message::after_in`]: of another): the new row is published now but claimed only once
     /// `id` has been acked. If `id` is dead-lettered or cancelled instead, the new row is
     /// dead-lettered too (its reason names `id`) and never runs. May be given several times
     /// (then it waits on each). A job no longer in the table counts as acked (an acked job is
@@ -152,6 +152,30 @@ impl Message {
         self.parents.push(Parent {
             id,
             settled_only: false,
+            table: None,
+        });
+        self
+    }
+
+    /// As [`Message::after`], for job `id` of another table of the same database, itself
+    /// described with [`Table::dependencies`](crate::Table::dependencies) (its settlements
+    /// release the jobs waiting on it, in whichever table).
+    pub fn after_in(mut self, table: &crate::model::table::Table, id: i64) -> Self {
+        self.parents.push(Parent {
+            id,
+            settled_only: false,
+            table: Some(Box::new(table.clone())),
+        });
+        self
+    }
+
+    /// As [`Message::after_settled`], for job `id` of another table of the same database, as
+    /// [`Message::after_in`].
+    pub fn after_settled_in(mut self, table: &crate::model::table::Table, id: i64) -> Self {
+        self.parents.push(Parent {
+            id,
+            settled_only: true,
+            table: Some(Box::new(table.clone())),
         });
         self
     }
@@ -165,6 +189,7 @@ impl Message {
         self.parents.push(Parent {
             id,
             settled_only: true,
+            table: None,
         });
         self
     }

@@ -53,7 +53,7 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
     let mut params = Vec::with_capacity(t.spec.insert_width());
     message.params_into(t.spec, SystemTime::now(), &mut params)?;
     if let Some(w) = &waits {
-        if w.waiting() || w.failed().is_some() {
+        if w.waiting() || w.failed(&t.spec.name).is_some() {
             params[1] = Value::Time(deps::waiting_due());
         }
     }
@@ -82,22 +82,58 @@ fn read_waits(
     message: &Message,
     parents: &[deps::Parent],
 ) -> Result<deps::Waits> {
-    let bad = |reason: &str| BrokerError::InvalidMessage {
+    let bad = |reason: String| BrokerError::InvalidMessage {
         table: t.spec.name.clone(),
-        reason: reason.into(),
+        reason,
     };
-    if !t.spec.dependencies {
+    let (Some(own), true) = (t.sql.waiting.as_ref(), t.spec.dependencies) else {
         return Err(bad(
             "Message::after for a table without dependencies (describe it with \
-             Table::dependencies)",
+             Table::dependencies)"
+                .into(),
         ));
-    }
+    };
     if message.delay() != std::time::Duration::ZERO || message.due().is_some() {
         return Err(bad(
-            "a message that waits on other jobs is due as they settle: it takes no delay",
+            "a message that waits on other jobs is due as they settle: it takes no delay".into(),
         ));
     }
-    deps::Waits::read(t.spec, t.sql, conn, parents).map_err(|e| t.err(e))
+    // Other tables' statements, compiled once per process and description.
+    let mut others = Vec::new();
+    for p in parents {
+        if let Some(table) = p.table.as_deref().filter(|pt| pt.name() != t.spec.name) {
+            let c = compiled(t.dialect, table)?;
+            if !c.spec.dependencies {
+                return Err(bad(format!(
+                    "Message::after_in names a job of table {}, which is not described with \
+                     Table::dependencies (its settlements would release nothing)",
+                    c.spec.name
+                )));
+            }
+            others.push(c);
+        }
+    }
+    let mut other = others.iter();
+    let mut named = Vec::with_capacity(parents.len());
+    for p in parents {
+        let foreign = p
+            .table
+            .as_deref()
+            .is_some_and(|pt| pt.name() != t.spec.name);
+        let (table, waiting) = match foreign.then(|| other.next()).flatten() {
+            Some(c) => match c.sql.waiting.as_ref() {
+                Some(w) => (c.spec.name.as_str(), w),
+                None => continue,
+            },
+            None => (t.spec.name.as_str(), own),
+        };
+        named.push(deps::Named {
+            table,
+            waiting,
+            parent: p,
+        });
+    }
+    deps::Waits::read(t.sql, conn, named).map_err(|e| t.err(e))
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as

@@ -12,6 +12,7 @@
 //!
 //! [`Table::dependencies`]: crate::Table::dependencies
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::dialect::deps::{DepsSql, WaitingSql, ACKED, CANCELLED, DEAD};
@@ -49,24 +50,26 @@ pub(crate) fn statements(sql: &TableSql) -> Option<(&DepsSql, &WaitingSql)> {
 
 /// Where a job named by a publish stands: settled with an outcome, or not yet.
 fn outcome_of(
-    spec: &TableSpec,
-    (deps, waiting): (&DepsSql, &WaitingSql),
+    deps: &DepsSql,
+    named: &Named<'_>,
     conn: &mut dyn DbConn,
-    id: i64,
     at: i64,
 ) -> Result<Option<String>, DbError> {
-    let head = [Value::Text(spec.name.clone()), Value::Int(id)];
+    let (table, id) = (
+        Value::Text(named.table.to_string()),
+        Value::Int(named.parent.id),
+    );
     conn.execute(
         &deps.head_touch,
-        &[head[0].clone(), head[1].clone(), Value::Int(at)],
+        &[table.clone(), id.clone(), Value::Int(at)],
     )?;
-    let recorded = conn.query(&deps.head_read, &head)?;
+    let recorded = conn.query(&deps.head_read, &[table, id.clone()])?;
     if let Some(outcome) = recorded.first().and_then(|r| text(r.first())) {
         return Ok(Some(outcome));
     }
     // No settlement recorded: the row itself tells (a job settled before its table took
     // part in dependencies, or whose head was swept, has no head outcome).
-    let rows = conn.query(&waiting.state, &[Value::Int(id)])?;
+    let rows = conn.query(&named.waiting.state, &[id])?;
     let Some(row) = rows.first() else {
         // Not in the table: acked and not kept (or never published: not told apart).
         return Ok(Some(ACKED.into()));
@@ -113,54 +116,71 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 /// A job a new one waits on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Parent {
     pub id: i64,
     /// [`Message::after_settled`](crate::Message::after_settled): runs whatever its outcome.
     pub settled_only: bool,
+    /// Its table, if not the new job's own ([`Message::after_in`](crate::Message::after_in)).
+    pub table: Option<Box<crate::model::table::Table>>,
 }
 
-/// What a new job that waits on `parents` is to be, read under their heads' locks.
+/// A job named by a publish, where its table's statements are known: its table's name, the
+/// statements that read its row, the wait.
+pub(crate) struct Named<'a> {
+    pub table: &'a str,
+    pub waiting: &'a WaitingSql,
+    pub parent: &'a Parent,
+}
+
+/// What a new job that waits on others is to be, read under their heads' locks.
 pub(crate) struct Waits {
-    outcomes: Vec<(Parent, Option<String>)>,
+    /// Each job waited on: its table, id, `settled_only`, and outcome so far.
+    outcomes: Vec<(String, i64, bool, Option<String>)>,
 }
 
 impl Waits {
-    /// Locks the heads of `parents` (ascending ids: the order every publish takes them in)
-    /// and reads their outcomes, on `conn` inside the publish's transaction.
+    /// Locks the heads of the `named` jobs (in `(table, id)` order: the order every publish
+    /// takes them in) and reads their outcomes, on `conn` inside the publish's transaction.
     pub fn read(
-        spec: &TableSpec,
         sql: &TableSql,
         conn: &mut dyn DbConn,
-        parents: &[Parent],
+        mut named: Vec<Named<'_>>,
     ) -> Result<Self, DbError> {
-        let Some(st) = statements(sql) else {
+        let Some((deps, _)) = statements(sql) else {
             return Ok(Waits {
                 outcomes: Vec::new(),
             });
         };
         let at = millis(SystemTime::now());
-        let mut sorted = parents.to_vec();
-        sorted.sort_by_key(|p| p.id);
-        let mut outcomes = Vec::with_capacity(sorted.len());
-        for p in sorted {
-            outcomes.push((p, outcome_of(spec, st, conn, p.id, at)?));
+        named.sort_by(|a, b| (a.table, a.parent.id).cmp(&(b.table, b.parent.id)));
+        let mut outcomes = Vec::with_capacity(named.len());
+        for n in &named {
+            let outcome = outcome_of(deps, n, conn, at)?;
+            outcomes.push((
+                n.table.to_string(),
+                n.parent.id,
+                n.parent.settled_only,
+                outcome,
+            ));
         }
         Ok(Waits { outcomes })
     }
 
     /// True while a job it waits on has not settled.
     pub fn waiting(&self) -> bool {
-        self.outcomes.iter().any(|(_, o)| o.is_none())
+        self.outcomes.iter().any(|(.., o)| o.is_none())
     }
 
     /// Why the new job is dead-lettered at once: a job it waits on with
     /// [`Message::after`](crate::Message::after) settled other than acked.
-    pub fn failed(&self) -> Option<String> {
-        self.outcomes.iter().find_map(|(p, o)| match o.as_deref() {
-            Some(o) if !p.settled_only && o != ACKED => Some(reason(p.id, o)),
-            _ => None,
-        })
+    pub fn failed(&self, own: &str) -> Option<String> {
+        self.outcomes
+            .iter()
+            .find_map(|(table, id, settled_only, o)| match o.as_deref() {
+                Some(o) if !settled_only && o != ACKED => Some(reason(own, table, *id, o)),
+                _ => None,
+            })
     }
 
     /// Writes the new job `child`'s waits (inserted with [`waiting_due`] as its due time when
@@ -176,19 +196,19 @@ impl Waits {
             return Ok(());
         };
         let at = millis(SystemTime::now());
-        for (p, outcome) in &self.outcomes {
+        for (table, id, settled_only, outcome) in &self.outcomes {
             let params = [
-                Value::Text(spec.name.clone()),
-                Value::Int(p.id),
+                Value::Text(table.clone()),
+                Value::Int(*id),
                 Value::Text(spec.name.clone()),
                 Value::Int(child),
-                Value::Int(i64::from(p.settled_only)),
+                Value::Int(i64::from(*settled_only)),
                 outcome.clone().map_or(Value::Null, Value::Text),
                 Value::Int(at),
             ];
             conn.execute(&deps.wait_insert, &params)?;
         }
-        if let Some(why) = self.failed() {
+        if let Some(why) = self.failed(&spec.name) {
             let now = floor(SystemTime::now());
             let params = [
                 Value::Time(now),
@@ -202,41 +222,82 @@ impl Waits {
     }
 }
 
-/// A dead letter's reason for a job whose parent `id` settled as `outcome`.
-fn reason(id: i64, outcome: &str) -> String {
+/// A dead letter's reason, in table `own`, for a job whose parent `id` of `table` settled as
+/// `outcome` (the table named only when it is another).
+fn reason(own: &str, table: &str, id: i64, outcome: &str) -> String {
     let what = match outcome {
         DEAD => "was dead-lettered",
         CANCELLED => "was cancelled",
         _ => "did not succeed",
     };
-    format!("job {id} it waits on {what}")
+    match table == own {
+        true => format!("job {id} it waits on {what}"),
+        false => format!("job {id} of table {table} it waits on {what}"),
+    }
 }
 
-/// After the settlement of job `id` as `outcome` ([`ACKED`], [`DEAD`], [`CANCELLED`]), on
-/// `conn` inside the settlement's transaction: records the outcome, forgets the job's own
-/// waits, and releases each job waiting on it that now waits on nothing, or dead-letters it
-/// (then does the same for the jobs waiting on that one). A table without dependencies does
-/// nothing.
+/// Other tables' waiting statements, by name, read from their records as settlements need
+/// them (once per broker and table).
+#[derive(Default)]
+pub(crate) struct Others(parking_lot::Mutex<std::collections::HashMap<String, Arc<WaitingSql>>>);
+
+impl OtherTables for crate::runtime::Queue {
+    fn waiting_of(
+        &self,
+        conn: &mut dyn DbConn,
+        name: &str,
+    ) -> Result<Option<Arc<WaitingSql>>, DbError> {
+        if let Some(w) = self.others.0.lock().get(name) {
+            return Ok(Some(w.clone()));
+        }
+        let table = crate::runtime::registry::open(&*self.dialect, conn, name)
+            .map_err(|e| DbError::other(e.to_string()))?;
+        let Some(spec) = table.and_then(|t| t.validate().ok()) else {
+            return Ok(None);
+        };
+        let Some(w) = self.dialect.compile(&spec).waiting.map(Arc::new) else {
+            return Ok(None);
+        };
+        self.others.0.lock().insert(name.to_string(), w.clone());
+        Ok(Some(w))
+    }
+}
+
+/// The waiting statements of the jobs of another table, for a settlement that releases them.
+pub(crate) trait OtherTables {
+    /// Table `name`'s waiting statements; `None` if it has no record with dependencies.
+    fn waiting_of(
+        &self,
+        conn: &mut dyn DbConn,
+        name: &str,
+    ) -> Result<Option<Arc<WaitingSql>>, DbError>;
+}
+
+/// After the settlement of job `id` of `spec`'s table as `outcome` ([`ACKED`], [`DEAD`],
+/// [`CANCELLED`]), on `conn` inside the settlement's transaction: records the outcome, forgets
+/// the job's own waits, and releases each job waiting on it that now waits on nothing, or
+/// dead-letters it (then does the same for the jobs waiting on that one), in its own table or
+/// another (`others`). A table without dependencies does nothing.
 pub(crate) fn settled(
     spec: &TableSpec,
     sql: &TableSql,
+    others: &dyn OtherTables,
     conn: &mut dyn DbConn,
     id: i64,
     outcome: &str,
 ) -> Result<(), DbError> {
-    let Some((deps, waiting)) = statements(sql) else {
+    let (Some(deps), Some(own)) = (sql.deps.as_ref(), sql.waiting.as_ref()) else {
         return Ok(());
     };
     let now = SystemTime::now();
     let at = millis(now);
-    let table = Value::Text(spec.name.clone());
     let latest = Value::Time(waiting_due());
-    let mut todo = vec![(id, outcome.to_string())];
-    while let Some((id, outcome)) = todo.pop() {
-        let job = [table.clone(), Value::Int(id)];
+    let mut todo = vec![(spec.name.clone(), id, outcome.to_string())];
+    while let Some((table, id, outcome)) = todo.pop() {
+        let job = [Value::Text(table.clone()), Value::Int(id)];
         let settle = [
-            table.clone(),
-            Value::Int(id),
+            job[0].clone(),
+            job[1].clone(),
             Value::Text(outcome.clone()),
             Value::Int(at),
         ];
@@ -246,16 +307,33 @@ pub(crate) fn settled(
         if children.is_empty() {
             continue;
         }
-        conn.execute(
-            &deps.mark,
-            &[Value::Text(outcome.clone()), table.clone(), Value::Int(id)],
-        )?;
+        let mark = [Value::Text(outcome.clone()), job[0].clone(), job[1].clone()];
+        conn.execute(&deps.mark, &mark)?;
         for row in children {
-            let (Some(child), settled_only) = (
-                row.get(1).and_then(Value::as_i64),
-                row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0,
-            ) else {
+            let (Some(child_table), Some(child)) =
+                (text(row.first()), row.get(1).and_then(Value::as_i64))
+            else {
                 continue;
+            };
+            let settled_only = row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+            let foreign;
+            let waiting: &WaitingSql = if child_table == spec.name {
+                own
+            } else {
+                match others.waiting_of(conn, &child_table)? {
+                    Some(w) => {
+                        foreign = w;
+                        &foreign
+                    }
+                    None => {
+                        log::warn!(
+                            "job {child} of table {child_table} waits on job {id} of table \
+                             {table}, but its table has no record with dependencies: left \
+                             waiting"
+                        );
+                        continue;
+                    }
+                }
             };
             // Serialises the settlements of this child's parents: the last one sees every
             // other's mark. A child no longer waiting (cancelled meanwhile) is left alone.
@@ -266,15 +344,18 @@ pub(crate) fn settled(
             if !settled_only && outcome != ACKED {
                 let params = [
                     Value::Time(floor(now)),
-                    Value::Text(reason(id, &outcome)),
+                    Value::Text(reason(&child_table, &table, id, &outcome)),
                     Value::Int(child),
                     latest.clone(),
                 ];
                 conn.execute(&waiting.dead, &params)?;
-                todo.push((child, DEAD.to_string()));
+                todo.push((child_table, child, DEAD.to_string()));
                 continue;
             }
-            let held = conn.query(&deps.blocking, &[table.clone(), Value::Int(child)])?;
+            let held = conn.query(
+                &deps.blocking,
+                &[Value::Text(child_table.clone()), Value::Int(child)],
+            )?;
             let held = held.first().and_then(|r| r.first()).and_then(Value::as_i64);
             crate::runtime::pause_point("deps.counted", &spec.name);
             if held.unwrap_or(0) == 0 {
@@ -304,6 +385,7 @@ pub(crate) fn parents_of(
         .into_iter()
         .filter_map(|r| {
             Some(Dependency {
+                table: text(r.first())?,
                 id: r.get(1)?.as_i64()?,
                 any_outcome: r.get(2).and_then(Value::as_i64).unwrap_or(0) != 0,
                 outcome: text(r.get(3)).and_then(|o| JobOutcome::from_recorded(&o)),
@@ -312,13 +394,13 @@ pub(crate) fn parents_of(
         .collect())
 }
 
-/// The jobs waiting on `id` (until each settles), in id order.
+/// The jobs waiting on `id` (until each settles): `(table, id)` in that order.
 pub(crate) fn dependents_of(
     spec: &TableSpec,
     sql: &TableSql,
     conn: &mut dyn DbConn,
     id: i64,
-) -> Result<Vec<i64>, DbError> {
+) -> Result<Vec<(String, i64)>, DbError> {
     let Some((deps, _)) = statements(sql) else {
         return Ok(Vec::new());
     };
@@ -326,5 +408,8 @@ pub(crate) fn dependents_of(
         &deps.dependents,
         &[Value::Text(spec.name.clone()), Value::Int(id)],
     )?;
-    Ok(rows.iter().filter_map(|r| r.get(1)?.as_i64()).collect())
+    Ok(rows
+        .iter()
+        .filter_map(|r| Some((text(r.first())?, r.get(1)?.as_i64()?)))
+        .collect())
 }

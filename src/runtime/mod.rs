@@ -94,6 +94,8 @@ pub(crate) struct Queue {
     pub limits: crate::runtime::limits::LimitsInForce,
     /// Tables with rate limits or fair claims: this broker's state between claims.
     pub flow: crate::runtime::flow::FlowState,
+    /// Tables with dependencies: other tables whose jobs wait on this one's.
+    pub others: crate::runtime::deps::Others,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -127,6 +129,7 @@ impl Queue {
             described: AtomicBool::new(false),
             limits: Default::default(),
             flow: Default::default(),
+            others: Default::default(),
         }
     }
 

@@ -249,7 +249,7 @@ pub(crate) fn settle_statement(
                 (_, None) => crate::runtime::deps::finished_as(&q.sql, conn, id)?,
             };
             if let Some(o) = outcome {
-                crate::runtime::deps::settled(&q.spec, &q.sql, conn, id, &o)?;
+                crate::runtime::deps::settled(&q.spec, &q.sql, &**q, conn, id, &o)?;
             }
             Ok(n)
         })

@@ -393,7 +393,7 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Res
     let done = undo
         .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
         .and_then(|_| match outcome.settled_as() {
-            Some(o) => crate::runtime::deps::settled(&q.spec, &q.sql, &mut *conn, id, o),
+            Some(o) => crate::runtime::deps::settled(&q.spec, &q.sql, &**q, &mut *conn, id, o),
             None => Ok(()),
         })
         .and_then(|()| conn.batch("COMMIT"));

@@ -35,11 +35,15 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
             "lease_until": time(j.lease_until()),
             "cancel_requested": j.cancel_requested(),
             "waits_on": j.waits_on().iter().map(|d| serde_json::json!({
+                "table": d.table,
                 "id": d.id,
                 "any_outcome": d.any_outcome,
                 "outcome": d.outcome.map(outcome_word),
             })).collect::<Vec<_>>(),
-            "dependents": j.dependents(),
+            "dependents": j.dependents().iter().map(|(t, id)| serde_json::json!({
+                "table": t,
+                "id": id,
+            })).collect::<Vec<_>>(),
             "payload": String::from_utf8_lossy(j.payload()),
             "values": values,
         });
@@ -58,8 +62,8 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("finished_at", dash(time(j.finished_at()))),
         ("lease_until", dash(time(j.lease_until()))),
         ("cancel_requested", j.cancel_requested().to_string()),
-        ("waits_on", waits_on(j.waits_on())),
-        ("dependents", ids(j.dependents())),
+        ("waits_on", waits_on(table.name(), j.waits_on())),
+        ("dependents", jobs(table.name(), j.dependents())),
         ("payload", preview(j.payload())),
     ];
     for (c, v) in j.values() {
@@ -82,8 +86,17 @@ pub(super) fn outcome_word(o: sqlbroker::JobOutcome) -> &'static str {
     }
 }
 
-/// The jobs a job waits on, as `12 (acked), 13 (pending, any outcome)`; `-` for none.
-pub(super) fn waits_on(deps: &[sqlbroker::Dependency]) -> String {
+/// A job as `12` in table `own`, `other/12` in another (table names are identifiers).
+pub(super) fn job_ref(own: &str, table: &str, id: i64) -> String {
+    match table == own {
+        true => id.to_string(),
+        false => format!("{table}/{id}"),
+    }
+}
+
+/// The jobs a job of table `own` waits on, as `12 (acked), 13 (pending, any outcome)`; `-`
+/// for none.
+pub(super) fn waits_on(own: &str, deps: &[sqlbroker::Dependency]) -> String {
     if deps.is_empty() {
         return "-".into();
     }
@@ -91,22 +104,23 @@ pub(super) fn waits_on(deps: &[sqlbroker::Dependency]) -> String {
         .iter()
         .map(|d| {
             let how = d.outcome.map_or("pending", outcome_word);
+            let job = job_ref(own, &d.table, d.id);
             match d.any_outcome {
-                true => format!("{} ({how}, any outcome)", d.id),
-                false => format!("{} ({how})", d.id),
+                true => format!("{job} ({how}, any outcome)"),
+                false => format!("{job} ({how})"),
             }
         })
         .collect();
     each.join(", ")
 }
 
-/// Ids as `12, 13`; `-` for none.
-fn ids(ids: &[i64]) -> String {
-    match ids.is_empty() {
+/// Jobs as `12, other/13`; `-` for none.
+fn jobs(own: &str, jobs: &[(String, i64)]) -> String {
+    match jobs.is_empty() {
         true => "-".into(),
-        false => ids
+        false => jobs
             .iter()
-            .map(i64::to_string)
+            .map(|(t, id)| job_ref(own, t, *id))
             .collect::<Vec<_>>()
             .join(", "),
     }

@@ -515,7 +515,7 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
                 tr { th { "waits on" } td {
                     @for (i, d) in j.waits_on().iter().enumerate() {
                         @if i > 0 { ", " }
-                        a href={ "/tables/" (name) "/jobs/" (d.id) } { (d.id) }
+                        a href={ "/tables/" (d.table) "/jobs/" (d.id) } { (super::super::jobs::job_ref(name, &d.table, d.id)) }
                         " (" (d.outcome.map_or("pending", super::super::jobs::outcome_word))
                         @if d.any_outcome { ", any outcome" } ")"
                     }
@@ -523,9 +523,9 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
             }
             @if !j.dependents().is_empty() {
                 tr { th { "waited on by" } td {
-                    @for (i, id) in j.dependents().iter().enumerate() {
+                    @for (i, (t, id)) in j.dependents().iter().enumerate() {
                         @if i > 0 { ", " }
-                        a href={ "/tables/" (name) "/jobs/" (id) } { (id) }
+                        a href={ "/tables/" (t) "/jobs/" (id) } { (super::super::jobs::job_ref(name, t, *id)) }
                     }
                 } }
             }
