@@ -639,11 +639,11 @@ fn lease_claims_read_on_from_the_cursor_mysql() {
     lease_claims_read_on_from_the_cursor("mysql");
 }
 
-/// The last two jobs of a callback settled at once: the first pauses after counting what
-/// holds the callback (its own mark in, the other's not yet), and the second settles
-/// meanwhile. The second must wait for the first (the callback's row lock) and then see its
-/// mark: the callback is released exactly once. Fails (`never released`) with that lock taken
-/// out of the settlement (each then counts the other's mark as missing).
+/// The last two jobs of a callback settled at once: the first pauses after counting the
+/// callback down (2 to 1, its count locked), and the second settles meanwhile. The second
+/// must wait for the first's commit (the count's row lock) and then take it to 0: the callback
+/// is released exactly once. Fails (`never released`) on the servers with the count read
+/// before the count-down (outside its lock: both then see 2 and leave 1).
 fn the_last_two_settlements_of_a_callback_release_it(db: &str, form: crate::model::table::Form) {
     use crate::model::table::Form;
     let Some(url) = live_url(db) else { return };

@@ -8,7 +8,10 @@
 //!   Publishers and the settlement lock it, so a publish that names a job and that job's
 //!   settlement never pass each other unseen;
 //! - a **wait** (`parent` -> `child`): the child waits on the parent, `settled_only` for
-//!   [`Message::after_settled`]; `outcome` is the parent's once it settled.
+//!   [`Message::after_settled`]; `outcome` is the parent's once it settled;
+//! - a waiting job's **count** (`parent_table = ''`, `parent = 0`): `pending`, the jobs it
+//!   waits on that have not settled. Each settlement of one of them counts it down under the
+//!   row's lock, so the settlement that takes it to 0 is the last, and releases the job.
 //!
 //! [`Table::dependencies`]: crate::Table::dependencies
 //! [`Message::after_settled`]: crate::Message::after_settled
@@ -50,18 +53,24 @@ pub(crate) struct DepsSql {
     pub head_settle: String,
     /// `(parent table, parent, child table, child, settled_only, outcome, at)` makes a wait.
     pub wait_insert: String,
-    /// `(table, id)` -> `child_table, child, settled_only` of the jobs waiting on it, in
-    /// `(child_table, child)` order (the order the children are locked in).
+    /// `(table, id)` -> `child_table, child, settled_only` of the jobs waiting on it whose wait
+    /// has no outcome yet, in `(child_table, child)` order (the order their counts are locked
+    /// in).
     pub dependents: String,
-    /// `(outcome, table, id)` records a parent's outcome in its waits.
+    /// `(table, id)` -> `child_table, child` of every job waiting on it (operators' view).
+    pub all_dependents: String,
+    /// `(outcome, table, id)` records a parent's outcome in its waits that have none.
     pub mark: String,
-    /// `(table, id)` -> the count of the job's waits that hold it back still: a parent not
-    /// settled, or (not `settled_only`) settled other than acked.
-    pub blocking: String,
+    /// `(table, id, at, pending)` makes a waiting job's count.
+    pub count_insert: String,
+    /// `(table, id)` counts a waiting job down by one, locking its count.
+    pub count_down: String,
+    /// `(table, id)` -> the waiting job's count (after this transaction's own count down).
+    pub count_read: String,
     /// `(table, id)` -> `parent_table, parent, settled_only, outcome` of the job's waits,
     /// by parent.
     pub parents: String,
-    /// `(table, id)` deletes the job's waits (it settled: nothing holds it any more).
+    /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
     /// `(before)` deletes the heads of jobs settled before `before` (milliseconds since the
     /// epoch). A wait holds its parent's outcome itself; a later publish that names such a
@@ -72,9 +81,6 @@ pub(crate) struct DepsSql {
 /// A waiting table's own statements, parameters listed as `(..)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WaitingSql {
-    /// `(id, latest)` -> one row if the job exists, is not finished and waits (`run_at` the
-    /// latest time), locked (the servers).
-    pub lock_waiting: String,
     /// `(now, id, latest)` makes a waiting job due now.
     pub release: String,
     /// `(now, reason, id, latest)` dead-letters a waiting job.
@@ -104,8 +110,8 @@ impl Syntax {
         let mut create = vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (parent_table {key_type} NOT NULL, parent BIGINT NOT \
              NULL, child_table {key_type} NOT NULL, child BIGINT NOT NULL, settled_only \
-             SMALLINT NOT NULL, outcome VARCHAR(16) NULL, at BIGINT NOT NULL, PRIMARY KEY \
-             ({pk}){}){table_tail}",
+             SMALLINT NOT NULL, outcome VARCHAR(16) NULL, at BIGINT NOT NULL, pending BIGINT NULL, \
+             PRIMARY KEY ({pk}){}){table_tail}",
             if index_inline {
                 format!(", INDEX {index} (child_table, child)")
             } else {
@@ -160,6 +166,7 @@ impl Syntax {
             )
         };
         let child = format!("child_table = {} AND child = {}", self.p(1), self.p(2));
+        let count = format!("parent_table = '' AND parent = 0 AND {child}");
         DepsSql {
             create,
             head_touch: touch,
@@ -176,18 +183,32 @@ impl Syntax {
                 self.p(7)
             ),
             dependents: format!(
-                "SELECT child_table, child, settled_only FROM {t} WHERE {} ORDER BY child_table, \
-                 child",
+                "SELECT child_table, child, settled_only FROM {t} WHERE {} AND outcome IS NULL \
+                 ORDER BY child_table, child",
                 of(1)
             ),
-            mark: format!("UPDATE {t} SET outcome = {} WHERE {}", self.p(1), of(2)),
-            blocking: format!(
-                "SELECT count(*) FROM {t} WHERE {child} AND (outcome IS NULL OR (settled_only = \
-                 0 AND outcome <> '{ACKED}'))"
+            all_dependents: format!(
+                "SELECT child_table, child FROM {t} WHERE {} ORDER BY child_table, child",
+                of(1)
             ),
+            mark: format!(
+                "UPDATE {t} SET outcome = {} WHERE {} AND outcome IS NULL",
+                self.p(1),
+                of(2)
+            ),
+            count_insert: format!(
+                "INSERT INTO {t} (parent_table, parent, child_table, child, settled_only, \
+                 outcome, at, pending) VALUES ('', 0, {}, {}, 0, NULL, {}, {})",
+                self.p(1),
+                self.p(2),
+                self.p(3),
+                self.p(4)
+            ),
+            count_down: format!("UPDATE {t} SET pending = pending - 1 WHERE {count}"),
+            count_read: format!("SELECT pending FROM {t} WHERE {count}"),
             parents: format!(
-                "SELECT parent_table, parent, settled_only, outcome FROM {t} WHERE {child} ORDER \
-                 BY parent_table, parent"
+                "SELECT parent_table, parent, settled_only, outcome FROM {t} WHERE {child} AND \
+                 parent_table <> '' ORDER BY parent_table, parent"
             ),
             forget_waits: format!("DELETE FROM {t} WHERE {child}"),
             sweep: format!(
@@ -199,7 +220,7 @@ impl Syntax {
 
     /// A table's own statements for its waiting jobs; `None` without
     /// [`Table::dependencies`](crate::Table::dependencies).
-    pub fn waiting_sql(&self, spec: &TableSpec, locking: &str) -> Option<WaitingSql> {
+    pub fn waiting_sql(&self, spec: &TableSpec) -> Option<WaitingSql> {
         if !spec.dependencies {
             return None;
         }
@@ -216,11 +237,6 @@ impl Syntax {
             .map(|c| format!(", {}", self.q(c)))
             .unwrap_or_default();
         Some(WaitingSql {
-            lock_waiting: format!(
-                "SELECT {id} FROM {t} WHERE {id} = {} AND {dead_at} IS NULL AND {run_at} = {}{locking}",
-                self.p(1),
-                self.p(2)
-            ),
             release: format!(
                 "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} = {} AND {dead_at} IS NULL",
                 self.p(1),

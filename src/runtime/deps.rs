@@ -6,9 +6,9 @@
 //! Why it cannot be lost: a publish that names job `P` and `P`'s settlement both lock `P`'s
 //! head row in `sqlbroker_deps` first (see [`crate::dialect::deps`]). The one that comes second
 //! sees what the first committed: the publish finds `P`'s outcome recorded; the settlement
-//! finds the new wait. A settlement then locks each waiting job's row (in id order) before it
-//! counts what holds the job back, so of two settlements of its last two parents, the second
-//! sees the first's mark and releases it: exactly once.
+//! finds the new wait. A settlement then counts each waiting job down (in id order) under its
+//! count's row lock, so of two settlements of its last two parents, the second waits for the
+//! first and takes the count to 0: it releases the job, exactly once.
 //!
 //! [`Table::dependencies`]: crate::Table::dependencies
 
@@ -154,8 +154,17 @@ impl Waits {
         };
         let at = millis(SystemTime::now());
         named.sort_by(|a, b| (a.table, a.parent.id).cmp(&(b.table, b.parent.id)));
-        let mut outcomes = Vec::with_capacity(named.len());
+        let mut outcomes: Vec<(String, i64, bool, Option<String>)> =
+            Vec::with_capacity(named.len());
         for n in &named {
+            // A job named twice is one wait: `after` if either is.
+            if let Some(last) = outcomes
+                .last_mut()
+                .filter(|(t, id, ..)| t == n.table && *id == n.parent.id)
+            {
+                last.2 &= n.parent.settled_only;
+                continue;
+            }
             let outcome = outcome_of(deps, n, conn, at)?;
             outcomes.push((
                 n.table.to_string(),
@@ -207,6 +216,16 @@ impl Waits {
                 Value::Int(at),
             ];
             conn.execute(&deps.wait_insert, &params)?;
+        }
+        let pending = self.outcomes.iter().filter(|(.., o)| o.is_none()).count();
+        if pending > 0 {
+            let params = [
+                Value::Text(spec.name.clone()),
+                Value::Int(child),
+                Value::Int(at),
+                Value::Int(pending as i64),
+            ];
+            conn.execute(&deps.count_insert, &params)?;
         }
         if let Some(why) = self.failed(&spec.name) {
             let now = floor(SystemTime::now());
@@ -335,12 +354,10 @@ pub(crate) fn settled(
                     }
                 }
             };
-            // Serialises the settlements of this child's parents: the last one sees every
-            // other's mark. A child no longer waiting (cancelled meanwhile) is left alone.
-            let locked = conn.query(&waiting.lock_waiting, &[Value::Int(child), latest.clone()])?;
-            if locked.is_empty() {
-                continue;
-            }
+            // Counted down under its count's lock: the settlements of this child's parents
+            // take turns, and the one that takes it to 0 is the last.
+            let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
+            conn.execute(&deps.count_down, &child_job)?;
             if !settled_only && outcome != ACKED {
                 let params = [
                     Value::Time(floor(now)),
@@ -348,17 +365,16 @@ pub(crate) fn settled(
                     Value::Int(child),
                     latest.clone(),
                 ];
-                conn.execute(&waiting.dead, &params)?;
-                todo.push((child_table, child, DEAD.to_string()));
+                // Dead-lettered unless it no longer waits (cancelled, or dead already).
+                if conn.execute(&waiting.dead, &params)? > 0 {
+                    todo.push((child_table, child, DEAD.to_string()));
+                }
                 continue;
             }
-            let held = conn.query(
-                &deps.blocking,
-                &[Value::Text(child_table.clone()), Value::Int(child)],
-            )?;
-            let held = held.first().and_then(|r| r.first()).and_then(Value::as_i64);
+            let left = conn.query(&deps.count_read, &child_job)?;
+            let left = left.first().and_then(|r| r.first()).and_then(Value::as_i64);
             crate::runtime::pause_point("deps.counted", &spec.name);
-            if held.unwrap_or(0) == 0 {
+            if left == Some(0) {
                 let params = [Value::Time(floor(now)), Value::Int(child), latest.clone()];
                 conn.execute(&waiting.release, &params)?;
             }
@@ -405,7 +421,7 @@ pub(crate) fn dependents_of(
         return Ok(Vec::new());
     };
     let rows = conn.query(
-        &deps.dependents,
+        &deps.all_dependents,
         &[Value::Text(spec.name.clone()), Value::Int(id)],
     )?;
     Ok(rows

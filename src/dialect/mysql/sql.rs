@@ -283,7 +283,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
         sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec, " FOR UPDATE");
+        sql.waiting = SYNTAX.waiting_sql(spec);
     }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
@@ -689,7 +689,8 @@ mod tests {
     /// The waits' statements as MySQL 8 and MariaDB run them (MySQL 8 has no server here: its
     /// text is checked): the child index inside the table definition (MySQL 8 has no `CREATE
     /// INDEX IF NOT EXISTS`), heads upserted with `ON DUPLICATE KEY UPDATE` (which locks the
-    /// row it meets), the waiting row and the head read `FOR UPDATE` (current reads).
+    /// row it meets) and read `FOR UPDATE` (a current read), a waiting job counted down by an
+    /// update (which locks its count).
     #[test]
     fn dependency_statements() {
         let sql = dialect().compile(
@@ -720,10 +721,10 @@ mod tests {
         assert!(deps
             .head_read
             .ends_with("child_table = '' AND child = 0 FOR UPDATE"));
-        let waiting = sql.waiting.as_ref().unwrap();
         assert_eq!(
-            waiting.lock_waiting,
-            "SELECT `id` FROM `steps` WHERE `id` = ? AND `dead_at` IS NULL AND `run_at` = ? FOR UPDATE"
+            deps.count_down,
+            "UPDATE `sqlbroker_deps` SET pending = pending - 1 WHERE parent_table = '' AND \
+             parent = 0 AND child_table = ? AND child = ?"
         );
         let plain = Table::new("plain").validate().unwrap();
         assert!(dialect().compile(&plain).deps.is_none());

@@ -216,7 +216,7 @@ fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
         sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec, " FOR UPDATE");
+        sql.waiting = SYNTAX.waiting_sql(spec);
     }
 }
 

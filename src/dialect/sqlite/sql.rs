@@ -115,7 +115,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
         sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec, "");
+        sql.waiting = SYNTAX.waiting_sql(spec);
     }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
