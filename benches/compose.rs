@@ -24,18 +24,15 @@
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that does not
 //! answer is skipped with a line saying so. SQLite runs on a file in the temporary directory.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sqlbroker::{Broker, Delivery, Message, Table};
-
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::{drop_table, env_num};
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
@@ -162,12 +159,8 @@ fn table(name: String, dependencies: bool) -> Table {
 }
 
 fn run(db: &str, url: &str, wanted: &dyn Fn(&str) -> bool) {
-    let broker = match Broker::connect(url) {
-        Ok(b) => b,
-        Err(e) => {
-            println!("{db}: skipped ({e})");
-            return;
-        }
+    let Some(broker) = support::connect(db, url) else {
+        return;
     };
     let prefix = format!("compose_{}", std::process::id());
     let (fan, rounds) = (env_num("COMPOSE_FAN", 10_000), env_num("COMPOSE_ROUNDS", 5));
@@ -220,53 +213,13 @@ fn run(db: &str, url: &str, wanted: &dyn Fn(&str) -> bool) {
     }
 }
 
-fn drop_table(db: &str, url: &str, name: &str) {
-    let sql = format!(
-        "DROP TABLE IF EXISTS {name}; DELETE FROM sqlbroker_tables WHERE name = '{name}'; \
-         DELETE FROM sqlbroker_deps WHERE parent_table = '{name}' OR child_table = '{name}'"
-    );
-    let done = match db {
-        "postgres" => postgres::Client::connect(url, postgres::NoTls)
-            .and_then(|mut c| c.batch_execute(&sql))
-            .map_err(|e| e.to_string()),
-        "mariadb" => {
-            use mysql::prelude::Queryable;
-            mysql::Conn::new(mysql::Opts::from_url(url).unwrap())
-                .and_then(|mut c| {
-                    for stmt in sql.split("; ") {
-                        c.query_drop(stmt)?;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())
-        }
-        _ => Ok(()),
-    };
-    if let Err(e) = done {
-        eprintln!("{db}: dropping {name}: {e}");
-    }
-}
-
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted = |id: &str| filters.is_empty() || filters.iter().any(|f| id.contains(f.as_str()));
-    let sqlite = std::env::temp_dir().join(format!("sqlbroker-compose-{}.db", std::process::id()));
-    let pg = std::env::var("SQLBROKER_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let my = std::env::var("SQLBROKER_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    let cells = [
-        ("sqlite", format!("sqlite:{}", sqlite.display())),
-        ("postgres", pg),
-        ("mariadb", my),
-    ];
-    for (db, url) in &cells {
+    let filters = support::filters();
+    let wanted = |id: &str| support::wanted(&filters, id);
+    for (db, url) in &support::databases("compose") {
         if wanted(db) || filters.iter().any(|f| f.starts_with(&format!("{db}/"))) {
             run(db, url, &wanted);
         }
     }
-    let _ = std::fs::remove_file(&sqlite);
+    support::remove_sqlite("compose");
 }

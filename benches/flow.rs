@@ -26,18 +26,15 @@
 //! `SQLBROKER_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that does not
 //! answer is skipped with a line saying so. SQLite runs on a file in the temporary directory.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use sqlbroker::{Broker, Message, Table};
+use support::{drop_table, env_num};
 
 const TENANTS: usize = 10;
-
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The three sides of the cost cell: their names and tables.
 fn sides(prefix: &str) -> Vec<(&'static str, Table)> {
@@ -101,12 +98,8 @@ fn burn(broker: &Broker, t: &Table, jobs: usize) -> f64 {
 }
 
 fn cost(db: &str, url: &str, jobs: usize, rounds: usize) {
-    let broker = match Broker::connect(url) {
-        Ok(b) => b,
-        Err(e) => {
-            println!("{db}/cost: skipped ({e})");
-            return;
-        }
+    let Some(broker) = support::connect(&format!("{db}/cost"), url) else {
+        return;
     };
     let prefix = format!("flow_{}", std::process::id());
     let sides = sides(&prefix);
@@ -219,12 +212,8 @@ fn quantile_ms(waits: &[Duration], q: f64) -> f64 {
 }
 
 fn noisy(db: &str, url: &str, flood: usize) {
-    let broker = match Broker::connect(url) {
-        Ok(b) => b,
-        Err(e) => {
-            println!("{db}/noisy: skipped ({e})");
-            return;
-        }
+    let Some(broker) = support::connect(&format!("{db}/noisy"), url) else {
+        return;
     };
     let prefix = format!("noisy_{}", std::process::id());
     let base = |suffix: &str| {
@@ -269,50 +258,12 @@ fn noisy(db: &str, url: &str, flood: usize) {
 
 /// Drops a bench table and its record through the database's own crate (SQLite's file goes
 /// at the end): a record left behind would be listed by `sqlbroker status` as a broken table.
-fn drop_table(db: &str, url: &str, name: &str) {
-    let sql =
-        format!("DROP TABLE IF EXISTS {name}; DELETE FROM sqlbroker_tables WHERE name = '{name}'");
-    let done = match db {
-        "postgres" => postgres::Client::connect(url, postgres::NoTls)
-            .and_then(|mut c| c.batch_execute(&sql))
-            .map_err(|e| e.to_string()),
-        "mariadb" => {
-            use mysql::prelude::Queryable;
-            mysql::Conn::new(mysql::Opts::from_url(url).unwrap())
-                .and_then(|mut c| {
-                    for stmt in sql.split("; ") {
-                        c.query_drop(stmt)?;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())
-        }
-        _ => Ok(()),
-    };
-    if let Err(e) = done {
-        eprintln!("{db}: dropping {name}: {e}");
-    }
-}
-
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted = |id: &str| filters.is_empty() || filters.iter().any(|f| id.contains(f.as_str()));
+    let filters = support::filters();
+    let wanted = |id: &str| support::wanted(&filters, id);
     let jobs = env_num("FLOW_JOBS", 20_000);
     let rounds = env_num("FLOW_ROUNDS", 3);
-    let sqlite = std::env::temp_dir().join(format!("sqlbroker-flow-{}.db", std::process::id()));
-    let pg = std::env::var("SQLBROKER_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let my = std::env::var("SQLBROKER_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    let cells = [
-        ("sqlite", format!("sqlite:{}", sqlite.display())),
-        ("postgres", pg),
-        ("mariadb", my),
-    ];
-    for (db, url) in &cells {
+    for (db, url) in &support::databases("flow") {
         if wanted(&format!("{db}/cost")) {
             cost(db, url, jobs, rounds);
         }
@@ -320,5 +271,5 @@ fn main() {
             noisy(db, url, env_num("NOISY_FLOOD", 100_000));
         }
     }
-    let _ = std::fs::remove_file(&sqlite);
+    support::remove_sqlite("flow");
 }
