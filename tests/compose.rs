@@ -16,6 +16,7 @@
 //!   dependent runs only after the retry is acked.
 //! - Jobs of one table wait on jobs of another (`after_in`): released, dead-lettered and
 //!   reported across the two.
+//! - Tables with dependencies created at once on a fresh database all succeed.
 //! - Bad input is refused and writes nothing.
 
 mod common;
@@ -526,3 +527,54 @@ fn dependencies_across_tables(db: Db, form: Form) {
     forget(&l, &emails);
 }
 per_db_form!(dependencies_across_tables);
+
+/// Several services creating tables with dependencies at once on a database that has no waits'
+/// table yet (a schema, or a database, of its own): every creation succeeds. Fails (PostgreSQL:
+/// a duplicate `pg_type` row) with the shared table made inside each table's own DDL
+/// transaction.
+fn tables_with_dependencies_made_at_once(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    if db == Db::Sqlite {
+        return; // one writer: its DDL takes turns (and each test has a file of its own)
+    }
+    // Five fresh spaces, six creators racing in each: the race is one of timing.
+    for _ in 0..5 {
+        let space = unique("space");
+        let url = match db {
+            Db::Postgres => {
+                l.exec(&format!("CREATE SCHEMA {space}"));
+                common::with_params(&l.url, &format!("options=-c%20search_path%3D{space}"))
+            }
+            _ => {
+                l.exec(&format!("CREATE DATABASE {space}"));
+                let base = l.url.rsplit_once('/').map_or(l.url.as_str(), |(b, _)| b);
+                format!("{base}/{space}")
+            }
+        };
+        let barrier = std::sync::Barrier::new(6);
+        let made: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|i| {
+                    let (url, barrier) = (&url, &barrier);
+                    s.spawn(move || {
+                        let broker = sqlbroker::Broker::connect(url).map_err(|e| e.to_string())?;
+                        let t = Table::new(format!("t{i}"))
+                            .dependencies()
+                            .lease(Duration::from_secs(30));
+                        barrier.wait();
+                        broker.create_table(&t).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        match db {
+            Db::Postgres => l.exec(&format!("DROP SCHEMA {space} CASCADE")),
+            _ => l.exec(&format!("DROP DATABASE {space}")),
+        }
+        for r in made {
+            assert_eq!(r, Ok(()));
+        }
+    }
+}
+per_db!(tables_with_dependencies_made_at_once);

@@ -14,7 +14,7 @@ use std::str::FromStr;
 use crate::broker::Broker;
 use crate::dialect::shared::Syntax;
 use crate::dialect::{DbConn, Dialect};
-use crate::error::{BrokerError, Result};
+use crate::error::{BrokerError, DbError, Result};
 use crate::model::table::Table;
 use crate::model::value::Value;
 use crate::runtime::Queue;
@@ -263,6 +263,28 @@ pub(crate) fn plan(
     Ok(m)
 }
 
+/// Runs `create` (the shared waits' table and its index, `IF NOT EXISTS`) statement by
+/// statement; a statement that fails while the table exists (made by another creator at the
+/// same moment: PostgreSQL's duplicate `pg_type` row) is let pass.
+fn make_shared(
+    columns_query: &str,
+    create: &[String],
+    conn: &mut dyn DbConn,
+) -> Result<(), DbError> {
+    let name = [Value::Text(crate::dialect::deps::DEPS_TABLE.to_string())];
+    for stmt in create {
+        if let Err(e) = conn.batch(stmt) {
+            if !conn
+                .query(columns_query, &name)
+                .is_ok_and(|rows| !rows.is_empty())
+            {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Broker {
     /// Creates the table with every column described, and the index the claims use, if it
     /// does not exist (`CREATE TABLE IF NOT EXISTS`). An existing table is left as it is.
@@ -314,7 +336,16 @@ impl Broker {
             // Checked against its record, or given this description as its first.
             crate::runtime::registry::verify(&q, table, true)?;
         }
-        let statements = q.dialect.create_table(&q.spec);
+        let mut statements = q.dialect.create_table(&q.spec);
+        if let Some(deps) = &q.sql.deps {
+            // The waits' table is the database's, shared by every table with dependencies:
+            // made on its own, before this table's DDL, so two services creating two such
+            // tables at once do not fail each other's (only one can make it).
+            statements.retain(|stmt| !deps.create.contains(stmt));
+            q.retrying("create table", |conn| {
+                make_shared(q.dialect.columns_query(), &deps.create, conn)
+            })?;
+        }
         q.retrying("create table", |conn| {
             // Another broker making the same table at the same moment can make this one's DDL
             // fail (PostgreSQL: a duplicate `pg_type` row); the table is then there, and the
