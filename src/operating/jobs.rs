@@ -630,23 +630,8 @@ impl Broker {
 /// Runs `cancel_remove` (`params`) for row `id` on `conn`: on a table with dependencies, in a
 /// transaction with what the cancel does for the jobs waiting on the row.
 fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
-    if !q.spec.dependencies {
-        return conn.execute(&q.sql.cancel_remove, params);
-    }
-    conn.batch(&q.sql.begin_write)?;
-    let done = conn
-        .execute(&q.sql.cancel_remove, params)
-        .and_then(|n| {
-            if n > 0 {
-                crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED)?;
-            }
-            Ok(n)
-        })
-        .and_then(|n| conn.batch("COMMIT").map(|()| n));
-    if done.is_err() {
-        conn.rollback_or_discard();
-    }
-    done
+    let sql = &q.sql.cancel_remove;
+    crate::runtime::deps::settle_in_transaction(q, conn, sql, params, id, Some(DEPS_CANCELLED))
 }
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may

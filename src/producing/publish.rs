@@ -41,6 +41,7 @@ impl<'a> Target<'a> {
 
 /// Publishes one message on `conn`; its id, or [`BrokerError::Duplicate`] when its dedup key
 /// is held.
+///
 /// A message that waits on other jobs runs several statements: the caller runs it in a
 /// transaction ([`waits_on_others`]).
 pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Result<i64> {

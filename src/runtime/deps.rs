@@ -383,6 +383,43 @@ pub(crate) fn settled(
     Ok(())
 }
 
+/// Runs a settlement's statement `sql` (`params`) of row `id` of `q`'s table on `conn`, the rows
+/// it changed. On a table with dependencies, in a transaction of its own with what the
+/// outcome does for the jobs waiting on the row ([`settled`]), if it changed the row:
+/// `settled` is the outcome; `None` for a row sent back, which a cancel request may have
+/// finished instead (read back).
+pub(crate) fn settle_in_transaction(
+    q: &crate::runtime::Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+    outcome: Option<&str>,
+) -> Result<u64, DbError> {
+    if !q.spec.dependencies {
+        return conn.execute(sql, params);
+    }
+    conn.batch(&q.sql.begin_write)?;
+    let done = conn
+        .execute(sql, params)
+        .and_then(|n| {
+            let outcome = match (n, outcome) {
+                (0, _) => None,
+                (_, Some(o)) => Some(o.to_string()),
+                (_, None) => finished_as(&q.sql, conn, id)?,
+            };
+            if let Some(o) = outcome {
+                settled(&q.spec, &q.sql, q, conn, id, &o)?;
+            }
+            Ok(n)
+        })
+        .and_then(|n| conn.batch("COMMIT").map(|()| n));
+    if done.is_err() {
+        conn.rollback_or_discard();
+    }
+    done
+}
+
 /// The jobs `id` waits on (until it settles), in id order.
 pub(crate) fn parents_of(
     spec: &TableSpec,

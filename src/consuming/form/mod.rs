@@ -222,11 +222,9 @@ pub(crate) fn settle(
     done
 }
 
-/// Runs a settlement's statement `sql` on `conn`, the rows it changed. On a table with
-/// dependencies, in a transaction of its own with what the outcome does for the jobs waiting
-/// on row `id` ([`crate::runtime::deps::settled`]), if it changed the row: `settled` is the
-/// outcome ([`Outcome::settled_as`]); `None` for a row sent back, which a cancel request may
-/// have finished instead (read back).
+/// Runs a settlement's statement `sql` on `conn`, the rows it changed; on a table with
+/// dependencies with what it does for the jobs waiting on row `id`
+/// ([`crate::runtime::deps::settle_in_transaction`]).
 pub(crate) fn settle_statement(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
@@ -235,29 +233,7 @@ pub(crate) fn settle_statement(
     id: i64,
     settled: Option<&str>,
 ) -> Result<u64, DbError> {
-    let q = &ctx.queue;
-    if !q.spec.dependencies {
-        return conn.execute(sql, params);
-    }
-    conn.batch(&q.sql.begin_write)?;
-    let done = conn
-        .execute(sql, params)
-        .and_then(|n| {
-            let outcome = match (n, settled) {
-                (0, _) => None,
-                (_, Some(o)) => Some(o.to_string()),
-                (_, None) => crate::runtime::deps::finished_as(&q.sql, conn, id)?,
-            };
-            if let Some(o) = outcome {
-                crate::runtime::deps::settled(&q.spec, &q.sql, &**q, conn, id, &o)?;
-            }
-            Ok(n)
-        })
-        .and_then(|n| conn.batch("COMMIT").map(|()| n));
-    if done.is_err() {
-        conn.rollback_or_discard();
-    }
-    done
+    crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, params, id, settled)
 }
 
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if
