@@ -380,7 +380,7 @@ fn under_key(
     match hold.holder {
         Holder::Process(held) => {
             let mut conn = q.conn_within(op, within)?;
-            let done = super::transient_retried(|| run(&mut *conn));
+            let done = super::transient_retried(super::settle_retries(ctx), || run(&mut *conn));
             drop(held);
             done.map(drop).map_err(q.err(op))
         }
@@ -390,7 +390,7 @@ fn under_key(
             names,
             here,
         } => {
-            let done = super::transient_retried(|| run(&mut *conn));
+            let done = super::transient_retried(super::settle_retries(ctx), || run(&mut *conn));
             unlock_all(ctx, &mut *conn, &mut keys, &names);
             drop(here);
             done.map(drop).map_err(q.err(op))

@@ -445,7 +445,7 @@ fn fenced_on(
         // Fenced by the token: running it again after a transient rollback is safe.
         let run =
             |conn: &mut dyn DbConn| super::settle_statement(ctx, conn, sql, &params, id, settled);
-        match super::transient_retried(|| run(&mut *conn)) {
+        match super::transient_retried(super::settle_retries(ctx), || run(&mut *conn)) {
             Ok(0) => {}
             Ok(_) => return Ok(true),
             Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
