@@ -72,10 +72,14 @@ pub(crate) struct DepsSql {
     pub parents: String,
     /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
-    /// `(before)` deletes the heads of jobs settled before `before` (milliseconds since the
-    /// epoch). A wait holds its parent's outcome itself; a later publish that names such a
-    /// job finds it gone from its table, as an acked job that was not kept.
-    pub sweep: String,
+    /// `(before)` -> `parent_table, parent` of up to 500 heads of jobs settled before `before`
+    /// (milliseconds since the epoch), read without locking: a delete that scanned the table
+    /// locked what settlements held, and deadlocked with them (MariaDB). A wait holds its
+    /// parent's outcome itself; a later publish that names such a job finds it gone from its
+    /// table, as an acked job that was not kept.
+    pub sweep_pick: String,
+    /// `(table, id, before)` deletes one of those heads, if it is still that old.
+    pub sweep_one: String,
 }
 
 /// A waiting table's own statements, parameters listed as `(..)`.
@@ -211,10 +215,13 @@ impl Syntax {
                  parent_table <> '' ORDER BY parent_table, parent"
             ),
             forget_waits: format!("DELETE FROM {t} WHERE {child}"),
-            sweep: format!(
-                "DELETE FROM {t} WHERE child_table = '' AND outcome IS NOT NULL AND at < {}",
-                self.p(1)
+            sweep_pick: format!(
+                "SELECT parent_table, parent FROM {t} WHERE child_table = '' AND outcome IS NOT \
+                 NULL AND at < {} {}",
+                self.p(1),
+                (self.claim_limit)("500")
             ),
+            sweep_one: format!("DELETE FROM {t} WHERE {} AND at < {}", head(1), self.p(3)),
         }
     }
 

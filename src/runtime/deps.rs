@@ -34,13 +34,25 @@ pub(crate) fn waiting_due() -> SystemTime {
 /// completed); one gone counts as acked.
 pub(crate) const HEADS_KEPT: std::time::Duration = std::time::Duration::from_secs(86_400);
 
-/// Deletes the heads of jobs settled more than [`HEADS_KEPT`] ago.
+/// Deletes the heads of jobs settled more than [`HEADS_KEPT`] ago, up to 500 a call, one
+/// statement each (each locks only its own row, which no settlement holds any more).
 pub(crate) fn sweep(sql: &TableSql, conn: &mut dyn DbConn) -> Result<u64, DbError> {
     let Some((deps, _)) = statements(sql) else {
         return Ok(0);
     };
-    let before = millis(SystemTime::now()) - HEADS_KEPT.as_millis() as i64;
-    conn.execute(&deps.sweep, &[Value::Int(before)])
+    let before = Value::Int(millis(SystemTime::now()) - HEADS_KEPT.as_millis() as i64);
+    let mut swept = 0;
+    for row in conn.query(&deps.sweep_pick, std::slice::from_ref(&before))? {
+        let (Some(table), Some(id)) = (text(row.first()), row.get(1).and_then(Value::as_i64))
+        else {
+            continue;
+        };
+        swept += conn.execute(
+            &deps.sweep_one,
+            &[Value::Text(table), Value::Int(id), before.clone()],
+        )?;
+    }
+    Ok(swept)
 }
 
 /// A table's statements for jobs that wait, if it has them.

@@ -112,8 +112,15 @@ impl FlowState {
         once_a_minute(&self.swept)
     }
 
-    /// True (once a minute) if the caller should sweep the old heads of settled jobs now.
+    /// True (once a minute, the first a minute after the first call) if the caller should
+    /// sweep the old heads of settled jobs now.
     pub fn deps_sweep_due(&self) -> bool {
+        let mut last = self.deps_swept.lock();
+        if last.is_none() {
+            *last = Some(Instant::now());
+            return false;
+        }
+        drop(last);
         once_a_minute(&self.deps_swept)
     }
 }
