@@ -363,7 +363,7 @@ fn take(
 }
 
 /// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them; with what
-/// a `settled` outcome does for the jobs waiting on the row ([`super::settle_statement`]).
+/// a `settled` outcome does for the jobs waiting on the row ([`crate::runtime::deps::settle_in_transaction`]).
 fn under_key(
     ctx: &Ctx,
     id: i64,
@@ -376,7 +376,9 @@ fn under_key(
     let q = &ctx.queue;
     let mut params = leading;
     params.push(Value::Int(id));
-    let run = |conn: &mut dyn DbConn| super::settle_statement(ctx, conn, sql, &params, id, settled);
+    let run = |conn: &mut dyn DbConn| {
+        crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, &params, id, settled)
+    };
     match hold.holder {
         Holder::Process(held) => {
             let mut conn = q.conn_within(op, within)?;

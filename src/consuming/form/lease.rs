@@ -443,8 +443,9 @@ fn fenced_on(
         params.push(Value::Int(id));
         params.push(Value::Time(*token));
         // Fenced by the token: running it again after a transient rollback is safe.
-        let run =
-            |conn: &mut dyn DbConn| super::settle_statement(ctx, conn, sql, &params, id, settled);
+        let run = |conn: &mut dyn DbConn| {
+            crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, &params, id, settled)
+        };
         match super::transient_retried(super::settle_retries(ctx), || run(&mut *conn)) {
             Ok(0) => {}
             Ok(_) => return Ok(true),

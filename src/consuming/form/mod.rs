@@ -222,20 +222,6 @@ pub(crate) fn settle(
     done
 }
 
-/// Runs a settlement's statement `sql` on `conn`, the rows it changed; on a table with
-/// dependencies with what it does for the jobs waiting on row `id`
-/// ([`crate::runtime::deps::settle_in_transaction`]).
-pub(crate) fn settle_statement(
-    ctx: &Ctx,
-    conn: &mut dyn DbConn,
-    sql: &str,
-    params: &[Value],
-    id: i64,
-    settled: Option<&str>,
-) -> Result<u64, DbError> {
-    crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, params, id, settled)
-}
-
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if
 /// the database rolled it back as transient (chosen as a deadlock victim, or a lock wait that
 /// timed out). Under the row's key, or fenced by its lease token, nobody else may take the
