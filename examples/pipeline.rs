@@ -1,6 +1,6 @@
 //! Jobs that compose: an order's steps one after another ("charge, then ship, then email"), a
-//! batch of image jobs with one callback that reads how each ended, and a failed step that
-//! dead-letters the steps after it.
+//! batch of image jobs with one callback that reads how each ended and what each produced, a
+//! failed step that dead-letters the steps after it, and a long step that saves checkpoints.
 //!
 //! `cargo run --example pipeline [url]` (default: an SQLite file in the temp directory; try
 //! `postgres://postgres@127.0.0.1:5432/test` or `mysql://root@127.0.0.1:3306/test`).
@@ -18,8 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::connect(&url)?;
     let jobs = Table::new("example_pipeline")
         .dependencies()
+        .outputs()
+        .checkpoints()
         .lease(Duration::from_secs(30));
-    broker.create_table(&jobs)?;
+    // Creates the table, or brings one an earlier run made up to this description.
+    broker.migrate(&jobs)?;
     let step = |body: &str| Message::new(body.as_bytes().to_vec());
 
     // Two orders, each a chain published whole; the second's card is declined.
@@ -53,13 +56,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else if what.contains("corrupt") {
             println!("{what}: failed, dead-lettered");
             d.dead_letter("corrupt image")?;
+        } else if let Some(image) = what.strip_prefix("resize ") {
+            // What the callback reads, whether or not this row is kept.
+            d.set_output(format!("thumbs/{image}").as_bytes())?;
+            println!("{what}");
+            d.ack()?;
         } else if d.id() == album {
-            let outcomes: Vec<_> = d.waited_on()?.into_iter().map(|w| w.outcome).collect();
-            let resized = outcomes
+            let waited = d.waited_on()?;
+            let thumbs: Vec<String> = waited
                 .iter()
-                .filter(|o| **o == Some(JobOutcome::Acked))
-                .count();
-            println!("{what}: {resized} of {} images resized", outcomes.len());
+                .filter(|w| w.outcome == Some(JobOutcome::Acked))
+                .filter_map(|w| w.output.as_deref())
+                .map(|o| String::from_utf8_lossy(o).into_owned())
+                .collect();
+            println!(
+                "{what}: {} of {} images resized",
+                thumbs.len(),
+                waited.len()
+            );
+            // A long step: each page saved as it is done, so a crash resumes at the next one.
+            let from = d.last_checkpoint().map_or(0, |c| c.len());
+            for (page, thumb) in thumbs.iter().enumerate().skip(from) {
+                println!("  album page {}: {thumb}", page + 1);
+                d.checkpoint(&vec![b'#'; page + 1])?;
+            }
             d.ack()?;
         } else {
             println!("{what}");

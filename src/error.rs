@@ -34,6 +34,33 @@ pub enum BrokerError {
         /// The row id.
         id: i64,
     },
+    /// The delivery no longer holds its row, in a form without a lease (row lock: the row was
+    /// cancelled or finished while a [`checkpoint`](crate::Delivery::checkpoint) committed;
+    /// advisory lock: the row is gone). What was asked changed nothing: stop the work.
+    #[error("claim lost on table {table}, row {id}: {why}")]
+    ClaimLost {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// What was found.
+        why: &'static str,
+    },
+    /// Bytes over their bound ([`OUTPUT_MAX`], [`CHECKPOINT_MAX`]): nothing was written, and
+    /// the delivery still holds its row.
+    #[error("{what} of row {id} on table {table} is {len} bytes, over the bound of {max}")]
+    TooLarge {
+        /// The table.
+        table: String,
+        /// The row id.
+        id: i64,
+        /// `output` or `checkpoint`.
+        what: &'static str,
+        /// The length given.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The server is older than the first release that has a primitive the form needs.
     #[error("{database} {found} is too old: {needed} or newer is needed for {what}")]
     ServerTooOld {
@@ -500,6 +527,13 @@ pub enum NextError {
     #[error("subscription closed")]
     Closed,
 }
+
+/// The most bytes of a job's output ([`Delivery::set_output`](crate::Delivery::set_output)):
+/// 1 MiB, well inside every database's packet and column limits.
+pub const OUTPUT_MAX: usize = 1 << 20;
+
+/// The most bytes of a checkpoint ([`Delivery::checkpoint`](crate::Delivery::checkpoint)): 1 MiB.
+pub const CHECKPOINT_MAX: usize = 1 << 20;
 
 /// The most characters of an error a failure keeps on its row (`last_error`): longer texts are
 /// cut there, on a character boundary. NUL characters, which PostgreSQL text cannot hold, are

@@ -87,7 +87,11 @@
 //! on a job of another table of the database. A waiting job is released
 //! in the very transaction that settles the last job it waits on. [`Broker::publish_group`]
 //! publishes related jobs in one transaction; [`JobState::Waiting`], [`Job::waits_on`] and
-//! [`QueueStats::waiting`] show them.
+//! [`QueueStats::waiting`] show them. With [`Table::outputs`], [`Delivery::set_output`] records
+//! what a job produced, written by the settlement that ends it and read by the jobs that waited
+//! on it ([`Dependency::output`]) or from a kept row ([`Job::output`]); with
+//! [`Table::checkpoints`], [`Delivery::checkpoint`] saves progress, committed and fenced by the
+//! claim, and the next attempt resumes from [`Delivery::last_checkpoint`].
 //!
 //! Keys and group values compare byte for byte on every database (case, trailing spaces and
 //! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
@@ -427,7 +431,9 @@ pub use broker::{Broker, BrokerBuilder};
 pub use consuming::delivery::Delivery;
 pub use consuming::outcome::Outcome;
 pub use consuming::subscription::{AckMode, Iter, Ran, Subscription, SubscriptionBuilder};
-pub use error::{BrokerError, DbErrorKind, NextError, Result, LAST_ERROR_MAX};
+pub use error::{
+    BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, OUTPUT_MAX,
+};
 pub use model::retry::RetryPolicy;
 pub use model::table::{ColumnType, Form, Isolation, Role, Table};
 pub use model::value::Value;

@@ -742,3 +742,79 @@ fn the_last_two_settlements_of_a_callback_mysql() {
         the_last_two_settlements_of_a_callback_release_it("mysql", form);
     }
 }
+
+/// A row lock checkpoint commits the delivery's transaction and locks the row again in a
+/// chained one. Paused in between, a claim of another broker must find nothing: the row's due
+/// time moved ahead with the commit, and (PostgreSQL behind a transaction pooler, a concurrency
+/// limit of 1) the slot key is held by the session across the commit, so the table's other row
+/// waits too. Fails with the due time left as it was (the paused row is claimed) or without
+/// the session's hold (the other row is claimed over the limit).
+fn a_row_lock_checkpoint_keeps_its_row_and_slot(db: &str, url: &str, limited: bool) {
+    let connect = || {
+        Broker::builder(url)
+            .cross_process_wake(false)
+            .build()
+            .unwrap()
+    };
+    let broker = connect();
+    let name = unique("races_ckpt");
+    let mut t = Table::new(&name).checkpoints();
+    if limited {
+        t = t.concurrency_limit("", 1);
+    }
+    let _made = create(&broker, &t);
+    let first = broker.publish(&t, Message::new(b"a".to_vec())).unwrap();
+    let sub = broker.subscription(&t).start().unwrap();
+    let d = sub.next_delivery_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(d.id(), first, "{db}");
+    if limited {
+        broker.publish(&t, Message::new(b"b".to_vec())).unwrap();
+    }
+    let paused = testing::pause_at("checkpoint.committed", t.name());
+    let saving = std::thread::spawn(move || {
+        let saved = d.checkpoint(b"half way");
+        (saved, d)
+    });
+    paused
+        .reached
+        .recv_timeout(Duration::from_secs(10))
+        .expect("precondition: the checkpoint did not commit");
+    let other = connect();
+    let rival = other.subscription(&t).start().unwrap();
+    let taken = rival.next_delivery_timeout(Duration::from_millis(1500));
+    assert!(
+        taken.is_err(),
+        "{db}: a claim took row {:?} between the checkpoint's commit and its lock",
+        taken.map(|d| d.id())
+    );
+    let _ = paused.resume.send(());
+    let (saved, d) = saving.join().unwrap();
+    saved.unwrap();
+    assert_eq!(d.last_checkpoint().as_deref(), Some(&b"half way"[..]));
+    d.ack().unwrap();
+    rival.close();
+    sub.close();
+    if !limited {
+        assert_eq!(rows(&broker, &t), 0, "{db}");
+    }
+}
+
+#[test]
+fn a_row_lock_checkpoint_keeps_its_row_postgres() {
+    let Some(url) = live_url("postgres") else {
+        return;
+    };
+    a_row_lock_checkpoint_keeps_its_row_and_slot("postgres", &url, false);
+    let pooled = format!(
+        "{url}{}pool_mode=transaction",
+        if url.contains('?') { '&' } else { '?' }
+    );
+    a_row_lock_checkpoint_keeps_its_row_and_slot("postgres pooled", &pooled, true);
+}
+
+#[test]
+fn a_row_lock_checkpoint_keeps_its_row_mysql() {
+    let Some(url) = live_url("mysql") else { return };
+    a_row_lock_checkpoint_keeps_its_row_and_slot("mysql", &url, false);
+    a_row_lock_checkpoint_keeps_its_row_and_slot("mysql limited", &url, true);
+}

@@ -876,6 +876,54 @@ fn jobs_waiting_on_others(db: Db) {
 }
 per_db!(jobs_waiting_on_others);
 
+/// `create-table --outputs --checkpoints` makes the columns; `job` shows the output and the
+/// checkpoint (text, escaped, and `--json`); fails if either is left out.
+fn job_output_and_checkpoint(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = unique("cliout");
+    let desc = [
+        "--table",
+        name.as_str(),
+        "--lease",
+        "30",
+        "--outputs",
+        "--checkpoints",
+        "--keep-completed",
+        "1h",
+    ];
+    ok(&l.url, &[&["create-table"][..], &desc].concat(), "");
+    l.track(&name);
+    let table = l.broker.open_table(&name).unwrap();
+    assert!(table.has_outputs() && table.has_checkpoints());
+    let id = l
+        .broker
+        .publish(&table, sqlbroker::Message::new(b"p".to_vec()))
+        .unwrap();
+    let sub = l.broker.subscription(&table).start().unwrap();
+    let d = sub
+        .next_delivery_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    d.checkpoint(b"page 7").unwrap();
+    d.set_output(b"42 rows\x1b]0;t\x07").unwrap();
+    d.ack().unwrap();
+    sub.close();
+    let text = ok(&l.url, &["job", "--table", &name, &id.to_string()], "");
+    for line in ["output: 42 rows\\u{1b}]0;t\\u{7}", "checkpoint: page 7"] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&ok(
+        &l.url,
+        &["job", "--table", &name, &id.to_string(), "--json"],
+        "",
+    ))
+    .expect("JSON");
+    assert_eq!(
+        (json["output"].as_str(), json["checkpoint"].as_str()),
+        (Some("42 rows\x1b]0;t\x07"), Some("page 7"))
+    );
+}
+per_db!(job_output_and_checkpoint);
+
 /// Text a remote party can write (a handler's error made of an SMTP reply, a payload, a text
 /// column): it sets the terminal title (OSC), forges a line (CR LF), reorders the line (a
 /// bidi override) and breaks it (U+2028, NEL), with DEL besides.

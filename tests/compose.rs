@@ -317,20 +317,7 @@ fn crash_table(name: &str, form: Form) -> Table {
 /// is killed. Does nothing unless `SQLBROKER_COMPOSE_CHILD` is set.
 #[test]
 fn compose_crash_child() {
-    use std::io::Write;
-    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
-        return;
-    };
-    let broker = sqlbroker::Broker::connect(&url).expect("child: connect");
-    let t = crash_table(&name, common::form_from(&form));
-    let sub = broker.subscription(&t).start().expect("child: start");
-    let d = next(&sub, Duration::from_secs(30));
-    let mut out = std::io::stdout();
-    writeln!(out, "\nCLAIMED {}", d.id()).unwrap();
-    out.flush().unwrap();
-    let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
-    std::process::exit(3);
+    common::hold_until_killed(CHILD_ENV, crash_table, "CLAIMED", |_| {});
 }
 
 /// A parent whose holder is killed mid-attempt (a real crash: SIGKILL) comes back; the job

@@ -1091,6 +1091,38 @@ fn rate_limits_are_shown(db: Db) {
 
 per_db!(rate_limits_are_shown);
 
+/// A job's page shows its output and checkpoint, escaped; fails if either is left out.
+fn output_and_checkpoint_are_shown(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = common::unique("dout");
+    let t = l.create(
+        Table::new(&name)
+            .outputs()
+            .checkpoints()
+            .keep_completed(Duration::from_secs(3600))
+            .lease(Duration::from_secs(30)),
+    );
+    let id = l.broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    let sub = l.broker.subscription(&t).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    d.checkpoint(b"<b>page 7</b>").unwrap();
+    d.set_output(b"<script>done</script>").unwrap();
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let dash = start(&l.url, &["--table", &name], &[]);
+    let page = dash.get(&format!("/tables/{name}/jobs/{id}"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    for shown in [
+        "&lt;script&gt;done&lt;/script&gt;",
+        "&lt;b&gt;page 7&lt;/b&gt;",
+    ] {
+        assert!(page.body.contains(shown), "{shown} in {}", page.body);
+    }
+    assert!(!page.body.contains("<script>done"), "{}", page.body);
+}
+
+per_db!(output_and_checkpoint_are_shown);
+
 /// `--table` restricts: another recorded table is not listed, not in /metrics, not shown
 /// (404) and not acted on (404, its dead letters untouched, the CSRF token notwithstanding).
 fn restricted_tables(db: Db) {

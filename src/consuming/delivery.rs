@@ -87,6 +87,10 @@ pub struct Delivery {
     /// Its handler slot goes back when it drops; false once [`Delivery::ack_all`] has taken
     /// the slot to give back with the rest of its batch.
     owns_slot: bool,
+    /// What [`Delivery::set_output`] gave, for the settlement that ends the row.
+    output: Mutex<Option<Vec<u8>>>,
+    /// The row's last checkpoint: as claimed, then as this delivery saved it.
+    checkpoint: Mutex<Option<Vec<u8>>>,
     ctx: Arc<Ctx>,
 }
 
@@ -117,6 +121,7 @@ impl Delivery {
             held: Arc::new(Held {
                 hold: Mutex::new(Some(c.hold)),
                 timed_out: AtomicBool::new(false),
+                lost: AtomicBool::new(false),
                 busy: Mutex::new(0),
             }),
             key,
@@ -125,6 +130,8 @@ impl Delivery {
             handed_out: false,
             handed_at: None,
             owns_slot: true,
+            output: Mutex::new(None),
+            checkpoint: Mutex::new(c.checkpoint),
             ctx,
         }
     }
@@ -196,6 +203,130 @@ impl Delivery {
     }
 
     /// The error a timed-out delivery answers with.
+    fn claim_lost(&self) -> BrokerError {
+        BrokerError::ClaimLost {
+            table: self.ctx.spec().name.clone(),
+            id: self.id,
+            why: "the row was finished while a checkpoint committed",
+        }
+    }
+
+    /// The table's column for `what` (`output`, `checkpoint`) and the bound `data` must fit.
+    fn progress_check(
+        &self,
+        what: &'static str,
+        column: Option<&String>,
+        data: &[u8],
+        max: usize,
+    ) -> Result<()> {
+        let table = &self.ctx.spec().name;
+        if column.is_none() {
+            let option = match what {
+                "output" => "Table::outputs()",
+                _ => "Table::checkpoints()",
+            };
+            return Err(BrokerError::InvalidTable {
+                table: table.clone(),
+                reason: format!("its jobs keep no {what}: describe the table with {option}"),
+            });
+        }
+        if data.len() > max {
+            return Err(BrokerError::TooLarge {
+                table: table.clone(),
+                id: self.id,
+                what,
+                len: data.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records what the job produced, written to the row's output column
+    /// ([`Table::outputs`](crate::Table::outputs)) by the settlement that ends it: an ack, a
+    /// dead letter or a cancel, in that settlement's transaction and fenced as it is (row lock
+    /// form: the delivery's own transaction). A retry, a failure, a handler timeout or a drop
+    /// writes none; a later call replaces an earlier one. On a table with dependencies the
+    /// jobs waiting on this one read it as [`Dependency::output`](crate::Dependency::output).
+    ///
+    /// # Errors
+    ///
+    /// Nothing is recorded on any of these: [`BrokerError::InvalidTable`] for a table without
+    /// outputs, [`BrokerError::TooLarge`] past [`OUTPUT_MAX`](crate::OUTPUT_MAX) bytes.
+    pub fn set_output(&self, output: &[u8]) -> Result<()> {
+        let spec = self.ctx.spec();
+        let max = crate::error::OUTPUT_MAX;
+        self.progress_check("output", spec.output.as_ref(), output, max)?;
+        *self.output.lock() = Some(output.to_vec());
+        Ok(())
+    }
+
+    /// Saves the job's progress now ([`Table::checkpoints`](crate::Table::checkpoints)),
+    /// committed and fenced by the claim, so a later attempt (after a retry, a failure or a
+    /// crash) resumes from it with [`last_checkpoint`](Delivery::last_checkpoint).
+    ///
+    /// - Lease: one statement fenced by the token (`LeaseLost` if the lease was lost).
+    /// - Advisory lock: one statement under the row's key, on the session holding it.
+    /// - Row lock: the delivery's transaction commits, with the checkpoint and whatever the
+    ///   handler wrote in it so far ([`in_delivery`](crate::Delivery)), and a chained
+    ///   transaction locks the row again: a checkpoint makes the work before it permanent, as
+    ///   a resumed job expects. The commit moves the row's due time 10 s ahead, so if the
+    ///   process dies before the next commit the row is claimable 10 s after its last
+    ///   checkpoint rather than at once. Needs PostgreSQL 12 or newer (`COMMIT AND CHAIN`).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for a table without checkpoints, [`BrokerError::TooLarge`]
+    /// past [`CHECKPOINT_MAX`](crate::CHECKPOINT_MAX) bytes, `HandlerTimeout` once the handler
+    /// timeout failed the delivery: nothing is written. [`BrokerError::LeaseLost`] or
+    /// [`BrokerError::ClaimLost`]: the row is no longer this delivery's; stop the work.
+    pub fn checkpoint(&self, data: &[u8]) -> Result<()> {
+        let spec = self.ctx.spec();
+        let max = crate::error::CHECKPOINT_MAX;
+        self.progress_check("checkpoint", spec.checkpoint.as_ref(), data, max)?;
+        // Held for the whole call, as `in_transaction` does.
+        let mut hold = self.held.hold.lock();
+        if self.held.timed_out.load(Ordering::Acquire) {
+            return Err(self.timeout_error());
+        }
+        let within = self.ctx.queue.pool.connection_timeout();
+        match &mut *hold {
+            Some(Hold::Lease(cell)) => form::lease::checkpoint(&self.ctx, self.id, cell, data)?,
+            Some(Hold::Advisory(key)) => {
+                form::advisory::checkpoint(&self.ctx, self.id, key, data, within)?
+            }
+            Some(Hold::RowLock(row)) => {
+                let _busy = match self.deadline {
+                    Some(_) => row.conn.session_id().map(|id| Busy::enter(&self.held, id)),
+                    None => None,
+                };
+                let saved = form::row_lock::checkpoint(&self.ctx, self.id, row, data)?;
+                drop(_busy);
+                if let form::row_lock::Checkpointed::Lost = saved {
+                    if let Some(Hold::RowLock(row)) = hold.take() {
+                        form::row_lock::rollback(&self.ctx, row);
+                    }
+                    self.held.lost.store(true, Ordering::Release);
+                    return Err(self.claim_lost());
+                }
+            }
+            None if self.held.lost.load(Ordering::Acquire) => return Err(self.claim_lost()),
+            None => return Err(self.timeout_error()),
+        }
+        if self.held.timed_out.load(Ordering::Acquire) {
+            return Err(self.timeout_error());
+        }
+        *self.checkpoint.lock() = Some(data.to_vec());
+        Ok(())
+    }
+
+    /// The job's last saved checkpoint ([`checkpoint`](Delivery::checkpoint)): as the row held
+    /// it when claimed, then as this delivery saved it; `None` if none was saved (or the table
+    /// has no checkpoints). Reads no database.
+    pub fn last_checkpoint(&self) -> Option<Vec<u8>> {
+        self.checkpoint.lock().clone()
+    }
+
     fn timeout_error(&self) -> BrokerError {
         BrokerError::HandlerTimeout {
             table: self.ctx.spec().name.clone(),
@@ -369,6 +500,10 @@ impl Delivery {
             // Its ack settles the jobs waiting on it, in the ack's own transaction.
             return false;
         }
+        if self.ctx.spec().output.is_some() && self.output.lock().is_some() {
+            // Its output is written in the ack's own transaction.
+            return false;
+        }
         let mut hold = self.held.hold.lock();
         if self.held.timed_out.load(Ordering::Acquire) {
             return false;
@@ -429,7 +564,9 @@ impl Delivery {
         for (i, d) in batch.iter().enumerate() {
             let (hold, timed_out) = d.take();
             match hold {
-                Some(Hold::Lease(cell)) if !timed_out && !d.ctx.spec().dependencies => {
+                Some(Hold::Lease(cell))
+                    if !timed_out && !d.ctx.spec().dependencies && d.output.lock().is_none() =>
+                {
                     match leases.iter_mut().find(|(c, _, _)| Arc::ptr_eq(c, &d.ctx)) {
                         Some((_, at, cells)) => {
                             at.push(i);
@@ -590,6 +727,8 @@ impl Delivery {
         let Some(hold) = hold else {
             return if timed_out {
                 Err(self.timeout_error())
+            } else if self.held.lost.load(Ordering::Acquire) {
+                Err(self.claim_lost())
             } else {
                 Ok(())
             };
@@ -601,7 +740,12 @@ impl Delivery {
             outcome
         };
         let within = self.ctx.queue.pool.connection_timeout();
-        let r = settle_hold(&self.ctx, &self.row(), hold, outcome, within);
+        // A failure the timeout wrote is not the handler's end: no output with it.
+        let output = match timed_out {
+            false => self.output.lock().take(),
+            true => None,
+        };
+        let r = settle_hold(&self.ctx, &self.row(), hold, outcome, output, within);
         if timed_out {
             r.and(Err(self.timeout_error()))
         } else {
@@ -619,7 +763,14 @@ impl Delivery {
 
 /// Settles `hold` and wakes the claimers if the row went back into the queue; tells the
 /// application's hooks.
-fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Duration) -> Result<()> {
+fn settle_hold(
+    ctx: &Ctx,
+    row: &Row,
+    hold: Hold,
+    outcome: Outcome,
+    output: Option<Vec<u8>>,
+    within: Duration,
+) -> Result<()> {
     let returned = outcome.returns();
     let (started, kind, meter) = (Instant::now(), outcome.op(), outcome.meter());
     #[cfg(feature = "tracing")]
@@ -635,7 +786,7 @@ fn settle_hold(ctx: &Ctx, row: &Row, hold: Hold, outcome: Outcome, within: Durat
         Some(_) => outcome.dead_reason().map(str::to_string),
         None => None,
     };
-    let r = form::settle(ctx, row.id, hold, outcome, within);
+    let r = form::settle(ctx, row.id, hold, outcome, output.as_deref(), within);
     // A row back in the queue, or room made under a concurrency limit: a claimer may take a
     // row now rather than at its next poll. (Or, with dependencies, a job waiting on this one released.)
     if returned || !ctx.spec().limits.is_empty() || ctx.spec().dependencies {
@@ -726,7 +877,7 @@ fn deferred_failed(ctx: &Ctx, p: &Pending, err: BrokerError) {
         handed_at: p.handed_at,
     };
     let hold = Hold::Lease(p.cell.clone());
-    if let Err(e) = settle_hold(ctx, &row, hold, outcome, DROP_WAIT) {
+    if let Err(e) = settle_hold(ctx, &row, hold, outcome, None, DROP_WAIT) {
         log::warn!(
             "table {table}: row {}: returns when its lease ends: {e}",
             p.id
@@ -797,6 +948,9 @@ fn timeout_failure(ctx: &Ctx, attempt: u32) -> Outcome {
 struct Held {
     hold: Mutex<Option<Hold>>,
     timed_out: AtomicBool,
+    /// A row lock checkpoint found the row finished: the hold is gone, and a settlement says
+    /// so.
+    lost: AtomicBool,
     busy: Mutex<u64>,
 }
 
@@ -857,7 +1011,7 @@ impl Expiry {
             }
         );
         let within = ctx.queue.pool.connection_timeout();
-        if let Err(e) = settle_hold(&ctx, &self.row, hold, outcome, within) {
+        if let Err(e) = settle_hold(&ctx, &self.row, hold, outcome, None, within) {
             log::warn!("table {table}: row {id}: failing it after its handler timeout: {e}");
         }
         None
@@ -899,7 +1053,8 @@ impl Drop for Delivery {
         if let (Some(hold), _) = self.take() {
             if self.handed_out {
                 let outcome = failure(&self.ctx, self.attempt, &DROPPED);
-                if let Err(e) = settle_hold(&self.ctx, &self.row(), hold, outcome, DROP_WAIT) {
+                if let Err(e) = settle_hold(&self.ctx, &self.row(), hold, outcome, None, DROP_WAIT)
+                {
                     log::warn!(
                         "table {}: row {} was dropped unsettled: {e}",
                         self.ctx.spec().name,

@@ -7,6 +7,8 @@
 //!   the job or by its settlement, it holds the job's outcome once settled (`NULL` before).
 //!   Publishers and the settlement lock it, so a publish that names a job and that job's
 //!   settlement never pass each other unseen;
+//!   With [`Table::outputs`], the head also holds what the job produced (`output`), for the
+//!   jobs waiting on it;
 //! - a **wait** (`parent` -> `child`): the child waits on the parent, `settled_only` for
 //!   [`Message::after_settled`]; `outcome` is the parent's once it settled;
 //! - a waiting job's **count** (`parent_table = ''`, `parent = 0`): `pending`, the jobs it
@@ -15,6 +17,7 @@
 //!
 //! [`Table::dependencies`]: crate::Table::dependencies
 //! [`Message::after_settled`]: crate::Message::after_settled
+//! [`Table::outputs`]: crate::Table::outputs
 
 use crate::dialect::shared::Syntax;
 use crate::model::table::TableSpec;
@@ -44,12 +47,15 @@ pub(crate) enum Upsert {
 pub(crate) struct DepsSql {
     /// Makes the waits' table and its index by child, if they do not exist.
     pub create: Vec<String>,
+    /// Adds the `output` column to a waits' table made before it (an earlier build).
+    pub add_output: String,
     /// `(table, id, at)` makes the job's head if there is none, and locks it (the servers).
     pub head_touch: String,
     /// `(table, id)` -> the job's recorded outcome (`NULL`: not settled), its head locked (the
     /// servers: `FOR UPDATE`, a current read).
     pub head_read: String,
-    /// `(table, id, outcome, at)` records the job's outcome in its head, made if missing.
+    /// `(table, id, outcome, at, output)` records the job's outcome and output in its head,
+    /// made if missing.
     pub head_settle: String,
     /// `(parent table, parent, child table, child, settled_only, outcome, at)` makes a wait.
     pub wait_insert: String,
@@ -67,16 +73,17 @@ pub(crate) struct DepsSql {
     pub count_down: String,
     /// `(table, id)` -> the waiting job's count (after this transaction's own count down).
     pub count_read: String,
-    /// `(table, id)` -> `parent_table, parent, settled_only, outcome` of the job's waits,
-    /// by parent.
+    /// `(table, id)` -> `parent_table, parent, settled_only, outcome, output` of the job's
+    /// waits, by parent (the output from the parent's head).
     pub parents: String,
     /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
     /// `(before)` -> `parent_table, parent` of up to 500 heads of jobs settled before `before`
-    /// (milliseconds since the epoch), read without locking: a delete that scanned the table
-    /// locked what settlements held, and deadlocked with them (MariaDB). A wait holds its
-    /// parent's outcome itself; a later publish that names such a job finds it gone from its
-    /// table, as an acked job that was not kept.
+    /// (milliseconds since the epoch) that no job waits on any more, read without locking: a
+    /// delete that scanned the table locked what settlements held, and deadlocked with them
+    /// (MariaDB). A head some job still waits on stays: it holds the output that job reads.
+    /// A later publish that names a swept job finds it gone from its table, as an acked job
+    /// that was not kept.
     pub sweep_pick: String,
     /// `(table, id, before)` deletes one of those heads, if it is still that old.
     pub sweep_one: String,
@@ -98,10 +105,13 @@ pub(crate) struct WaitingSql {
 impl Syntax {
     /// The waits' statements. `key_type` is the table name columns' type, `table_tail` what
     /// follows the table definition (MySQL: its engine), `index_inline`: MySQL writes the
-    /// child index in the table definition; `locking` the servers' `FOR UPDATE`.
+    /// child index in the table definition; `locking` the servers' `FOR UPDATE`; `bytes` the
+    /// outputs' type.
+    #[allow(clippy::too_many_arguments)]
     pub fn deps_sql(
         &self,
         key_type: &str,
+        bytes: &str,
         table_tail: &str,
         index_inline: bool,
         locking: &str,
@@ -115,7 +125,7 @@ impl Syntax {
             "CREATE TABLE IF NOT EXISTS {t} (parent_table {key_type} NOT NULL, parent BIGINT NOT \
              NULL, child_table {key_type} NOT NULL, child BIGINT NOT NULL, settled_only \
              SMALLINT NOT NULL, outcome VARCHAR(16) NULL, at BIGINT NOT NULL, pending BIGINT NULL, \
-             PRIMARY KEY ({pk}){}){table_tail}",
+             output {bytes}, PRIMARY KEY ({pk}){}){table_tail}",
             if index_inline {
                 format!(", INDEX {index} (child_table, child)")
             } else {
@@ -142,6 +152,15 @@ impl Syntax {
                 self.p(at)
             )
         };
+        let settled_head = format!(
+            "INSERT INTO {t} (parent_table, parent, child_table, child, settled_only, outcome, \
+             at, output) VALUES ({}, {}, '', 0, 0, {}, {}, {})",
+            self.p(1),
+            self.p(2),
+            self.p(3),
+            self.p(4),
+            self.p(5)
+        );
         let (touch, settle) = match upsert {
             Upsert::OnConflict => (
                 format!(
@@ -149,16 +168,15 @@ impl Syntax {
                     head_values("NULL", 3)
                 ),
                 format!(
-                    "{} ON CONFLICT ({pk}) DO UPDATE SET outcome = excluded.outcome, at = \
-                     excluded.at",
-                    head_values(&self.p(3), 4)
+                    "{settled_head} ON CONFLICT ({pk}) DO UPDATE SET outcome = excluded.outcome, \
+                     at = excluded.at, output = excluded.output"
                 ),
             ),
             Upsert::DuplicateKey => (
                 format!("{} ON DUPLICATE KEY UPDATE at = at", head_values("NULL", 3)),
                 format!(
-                    "{} ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at = VALUES(at)",
-                    head_values(&self.p(3), 4)
+                    "{settled_head} ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at = \
+                     VALUES(at), output = VALUES(output)"
                 ),
             ),
         };
@@ -173,6 +191,7 @@ impl Syntax {
         let count = format!("parent_table = '' AND parent = 0 AND {child}");
         DepsSql {
             create,
+            add_output: format!("ALTER TABLE {t} ADD COLUMN output {bytes}"),
             head_touch: touch,
             head_read: format!("SELECT outcome FROM {t} WHERE {}{locking}", head(1)),
             head_settle: settle,
@@ -211,13 +230,19 @@ impl Syntax {
             count_down: format!("UPDATE {t} SET pending = pending - 1 WHERE {count}"),
             count_read: format!("SELECT pending FROM {t} WHERE {count}"),
             parents: format!(
-                "SELECT parent_table, parent, settled_only, outcome FROM {t} WHERE {child} AND \
-                 parent_table <> '' ORDER BY parent_table, parent"
+                "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, h.output FROM {t} w \
+                 LEFT JOIN {t} h ON h.parent_table = w.parent_table AND h.parent = w.parent AND \
+                 h.child_table = '' AND h.child = 0 WHERE w.child_table = {} AND w.child = {} \
+                 AND w.parent_table <> '' ORDER BY w.parent_table, w.parent",
+                self.p(1),
+                self.p(2)
             ),
             forget_waits: format!("DELETE FROM {t} WHERE {child}"),
             sweep_pick: format!(
-                "SELECT parent_table, parent FROM {t} WHERE child_table = '' AND outcome IS NOT \
-                 NULL AND at < {} {}",
+                "SELECT h.parent_table, h.parent FROM {t} h WHERE h.child_table = '' AND \
+                 h.outcome IS NOT NULL AND h.at < {} AND NOT EXISTS (SELECT 1 FROM {t} w WHERE \
+                 w.parent_table = h.parent_table AND w.parent = h.parent AND w.child_table <> '') \
+                 {}",
                 self.p(1),
                 (self.claim_limit)("500")
             ),

@@ -76,6 +76,10 @@ pub(crate) struct LimitSql {
     /// transaction and end with it. `None`: session keys ([`TableSql::key_lock`]), unlocked
     /// after the transaction (MySQL).
     pub slot_xact_lock: Option<String>,
+    /// With `slot_xact_lock`: `(name)` takes the slot key for the session (at once, as the
+    /// session holds it for the transaction), and `(name)` lets that go: what holds a slot
+    /// across a row lock checkpoint's commit, until the chained transaction takes it again.
+    pub slot_bridge: Option<[String; 2]>,
     /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,
@@ -278,8 +282,20 @@ pub(crate) struct TableSql {
     /// Tables that keep completed rows: `(cutoff, after, upto)` deletes the rows completed
     /// before `cutoff` with ids in `(after, upto]`.
     pub completed_prune_range: String,
-    /// `(id)` -> the row in the [`shared::Syntax::job_columns`] layout.
+    /// `(id)` -> the row in the [`shared::Syntax::job_columns`] layout, then, on a table that
+    /// has them, its output and its checkpoint.
     pub job: String,
+    /// Tables with outputs: `(output, id)` writes the row's output (in the transaction of the
+    /// settlement that ends it).
+    pub output_write: Option<String>,
+    /// Tables with checkpoints: the form's checkpoint write. Lease `(data, id, token)`, fenced
+    /// by the token; advisory lock `(data, id)`, under the key, of a live row; row lock
+    /// `(data, guard, id)`, in the delivery's transaction, moving `run_at` to `guard` (a
+    /// crash's row stays unclaimed until then, while the transaction is chained).
+    pub checkpoint_write: Option<String>,
+    /// Row lock tables with checkpoints: `(id)` locks the row again after the checkpoint's
+    /// commit, if it is still live -> its id.
+    pub relock: Option<String>,
     /// Per job state (scheduled, ready, in flight, dead, completed; `None`: no such rows in
     /// this table), `(now x n, after, limit)` -> the `job` columns of the rows in that state
     /// with ids above `after`, by id; and `n`. Row lock and advisory forms: in flight reads

@@ -96,10 +96,11 @@ impl Syntax {
         (self.param)(n)
     }
 
-    /// `id, attempts, payload, <user columns>[, cancel_requested], run_at`, each prefixed by
-    /// `prefix` (an alias and a dot, or nothing): a claimed row, its due time last (the queue
-    /// wait it measures, and the PostgreSQL lease claim's cursor). The lease and advisory
-    /// forms read the cancel request too: a claim that finds one ends the row instead of
+    /// `id, attempts, payload, <user columns>[, checkpoint][, cancel_requested], run_at`, each
+    /// prefixed by `prefix` (an alias and a dot, or nothing): a claimed row, its due time last
+    /// (the queue wait it measures, and the PostgreSQL lease claim's cursor), its last
+    /// checkpoint on a table with [`Table::checkpoints`](crate::Table::checkpoints). The lease
+    /// and advisory forms read the cancel request too: a claim that finds one ends the row instead of
     /// running it ([`Claimed::cancel_requested`](crate::consuming::form::Claimed::cancel_requested)).
     pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
         let mut s = format!(
@@ -110,6 +111,9 @@ impl Syntax {
         );
         for c in &spec.columns {
             s.push_str(&format!(", {prefix}{}", self.q(&c.name)));
+        }
+        if let Some(c) = &spec.checkpoint {
+            s.push_str(&format!(", {prefix}{}", self.q(c)));
         }
         if spec.form != Form::RowLock {
             s.push_str(&format!(", {prefix}{}", self.q(&spec.cancel_requested)));
@@ -282,6 +286,7 @@ impl Syntax {
             taken,
             turn_at_begin: !servers,
             slot_xact_lock: None,
+            slot_bridge: None,
         }
     }
 
@@ -329,6 +334,7 @@ impl Syntax {
             take_locked: Vec::new(),
             turn_at_begin: false,
             slot_xact_lock: None,
+            slot_bridge: None,
             take: vec![format!(
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
                 self.row_columns(spec, ""),
@@ -489,6 +495,9 @@ impl Syntax {
         }
         if let Some(c) = &spec.completed_at {
             cols.push(def(c, ty.time));
+        }
+        for c in [&spec.output, &spec.checkpoint].into_iter().flatten() {
+            cols.push(def(c, ty.bytes));
         }
         for c in &spec.columns {
             let t = match c.ty {
@@ -686,6 +695,64 @@ impl Syntax {
         ];
         cols.extend(spec.columns.iter().map(|c| q(&c.name)));
         cols.join(", ")
+    }
+
+    /// The statements of outputs and checkpoints ([`TableSql::output_write`],
+    /// [`TableSql::checkpoint_write`], [`TableSql::relock`]), and their columns at the end of
+    /// [`TableSql::job`].
+    pub fn progress_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let (t, id) = (self.q(&spec.name), self.q(&spec.id));
+        let p = |n| self.p(n);
+        let dead_at = self.q(&spec.dead_at);
+        if let Some(o) = &spec.output {
+            sql.output_write = Some(format!(
+                "UPDATE {t} SET {} = {} WHERE {id} = {}",
+                self.q(o),
+                p(1),
+                p(2)
+            ));
+        }
+        if let Some(c) = &spec.checkpoint {
+            let c = self.q(c);
+            sql.checkpoint_write = Some(match spec.form {
+                Form::Lease => format!(
+                    "UPDATE {t} SET {c} = {} WHERE {id} = {} AND {} = {}",
+                    p(1),
+                    p(2),
+                    self.q(&spec.locked_until),
+                    p(3)
+                ),
+                Form::AdvisoryLock => format!(
+                    "UPDATE {t} SET {c} = {} WHERE {id} = {} AND {dead_at} IS NULL",
+                    p(1),
+                    p(2)
+                ),
+                Form::RowLock => format!(
+                    "UPDATE {t} SET {c} = {}, {} = {} WHERE {id} = {}",
+                    p(1),
+                    self.q(&spec.run_at),
+                    p(2),
+                    p(3)
+                ),
+            });
+            if spec.form == Form::RowLock {
+                sql.relock = Some(format!(
+                    "SELECT {id} FROM {t} WHERE {id} = {} AND {dead_at} IS NULL FOR UPDATE",
+                    p(1)
+                ));
+            }
+        }
+        let tail: Vec<String> = [&spec.output, &spec.checkpoint]
+            .into_iter()
+            .flatten()
+            .map(|c| self.q(c))
+            .collect();
+        if !tail.is_empty() {
+            let from = format!(" FROM {t} WHERE ");
+            if let Some(at) = sql.job.find(&from) {
+                sql.job.insert_str(at, &format!(", {}", tail.join(", ")));
+            }
+        }
     }
 
     /// The statements of job lookup and cancel ([`TableSql::job`] .. [`TableSql::cancel_lock`]).
@@ -938,6 +1005,7 @@ impl Syntax {
         }
         self.cancel_statements(spec, sql);
         self.preview_statements(spec, sql);
+        self.progress_statements(spec, sql);
         // A cancel ends the row as the ack does (deleted, or kept completed), the reason saying
         // why it is finished; the row lock form counts the attempt, as its dead letter does.
         sql.cancel_held = sql.ack.clone();

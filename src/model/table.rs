@@ -87,9 +87,15 @@ pub enum Role {
     /// When the row was published (`created_at`): filled by the database with the server's
     /// clock at insert (a column default, so inserts name no such column), whole seconds.
     CreatedAt,
+    /// What the job produced, binary, `NULL` until its settlement writes one, tables with
+    /// [`Table::outputs`] only (`output`).
+    Output,
+    /// The progress the job saved last, binary, tables with [`Table::checkpoints`] only
+    /// (`checkpoint`).
+    Checkpoint,
 }
 
-const ROLES: [Role; 14] = [
+const ROLES: [Role; 16] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -104,6 +110,8 @@ const ROLES: [Role; 14] = [
     Role::Errors,
     Role::CancelRequested,
     Role::CreatedAt,
+    Role::Output,
+    Role::Checkpoint,
 ];
 
 impl Role {
@@ -124,6 +132,8 @@ impl Role {
             Role::Errors => "errors",
             Role::CancelRequested => "cancel_requested",
             Role::CreatedAt => "created_at",
+            Role::Output => "output",
+            Role::Checkpoint => "checkpoint",
         }
     }
 
@@ -209,7 +219,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 14],
+    renames: [Option<String>; 16],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -227,6 +237,10 @@ pub struct Table {
     fair: Option<String>,
     /// Rows may wait on other jobs and be waited on ([`Table::dependencies`]).
     dependencies: bool,
+    /// Jobs record what they produced ([`Table::outputs`]).
+    outputs: bool,
+    /// Jobs save their progress ([`Table::checkpoints`]).
+    checkpoints: bool,
 }
 
 impl Table {
@@ -267,6 +281,8 @@ impl Table {
             rates: Vec::new(),
             fair: None,
             dependencies: false,
+            outputs: false,
+            checkpoints: false,
         }
     }
 
@@ -584,6 +600,75 @@ impl Table {
         self
     }
 
+    /// Jobs record what they produced: [`Delivery::set_output`](crate::Delivery::set_output)
+    /// gives the bytes (at most [`OUTPUT_MAX`](crate::OUTPUT_MAX)), and the settlement that
+    /// ends the job (an ack, a dead letter or a cancel, not a retry) writes them to the row's
+    /// `output` column (binary, nullable; renamable, [`Role::Output`]) in its own transaction,
+    /// fenced as the settlement is. [`Job::output`](crate::Job::output) reads them where the
+    /// row is kept (a dead letter, or an ack with [`keep_completed`](Table::keep_completed)).
+    /// On a table with [`dependencies`](Table::dependencies), the output also goes to the jobs
+    /// waiting on this one, in the same transaction, whether the row is kept or not:
+    /// [`Dependency::output`](crate::Dependency::output). The column is made by
+    /// [`create_table`](crate::Broker::create_table) and added by
+    /// [`migrate`](crate::Broker::migrate); a table without this option pays nothing.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobState, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("thumbs")
+    ///     .outputs()
+    ///     .keep_completed(Duration::from_secs(3600))
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let id = broker.publish(&jobs, Message::new(b"cat.png".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let d = sub.next_delivery().unwrap();
+    /// d.set_output(b"thumbs/cat.png")?;
+    /// d.ack()?;
+    /// let job = broker.job(&jobs, id)?.unwrap();
+    /// assert_eq!((job.state(), job.output()), (JobState::Completed, Some(&b"thumbs/cat.png"[..])));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn outputs(mut self) -> Self {
+        self.outputs = true;
+        self
+    }
+
+    /// Jobs save their progress: [`Delivery::checkpoint`](crate::Delivery::checkpoint)
+    /// writes the bytes (at most [`CHECKPOINT_MAX`](crate::CHECKPOINT_MAX)) to the row's
+    /// `checkpoint` column (binary, nullable; renamable, [`Role::Checkpoint`]) at once,
+    /// committed and fenced by the claim, and a later attempt of the job reads them with
+    /// [`Delivery::last_checkpoint`](crate::Delivery::last_checkpoint): a job that crashed
+    /// half way resumes from its last checkpoint. Operators see it as
+    /// [`Job::checkpoint`](crate::Job::checkpoint). Made by
+    /// [`create_table`](crate::Broker::create_table), added by
+    /// [`migrate`](crate::Broker::migrate); a table without this option pays nothing.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("imports").checkpoints().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"customers.csv".to_vec()))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let d = sub.next_delivery().unwrap();
+    /// assert_eq!(d.last_checkpoint(), None); // the first attempt starts at the top
+    /// d.checkpoint(b"line 5000")?;
+    /// d.retry_after(Duration::ZERO)?; // or a crash: the next attempt resumes
+    /// let again = sub.next_delivery().unwrap();
+    /// assert_eq!(again.last_checkpoint().as_deref(), Some(&b"line 5000"[..]));
+    /// again.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn checkpoints(mut self) -> Self {
+        self.checkpoints = true;
+        self
+    }
+
     /// Adds a column of the user's, of type `ty`, which messages set and deliveries read.
     pub fn column(mut self, name: impl Into<String>, ty: ColumnType) -> Self {
         self.columns.push((name.into(), ty));
@@ -765,6 +850,16 @@ impl Table {
         self.dependencies
     }
 
+    /// True if described with [`outputs`](Table::outputs).
+    pub fn has_outputs(&self) -> bool {
+        self.outputs
+    }
+
+    /// True if described with [`checkpoints`](Table::checkpoints).
+    pub fn has_checkpoints(&self) -> bool {
+        self.checkpoints
+    }
+
     /// The form the description chooses.
     pub fn form(&self) -> Form {
         if self.advisory.is_some() {
@@ -803,6 +898,8 @@ impl Table {
                 || (*role == Role::Priority && !self.priorities)
                 || (*role == Role::CompletedAt && self.keep_completed.is_none())
                 || (*role == Role::CancelRequested && form == Form::RowLock)
+                || (*role == Role::Output && !self.outputs)
+                || (*role == Role::Checkpoint && !self.checkpoints)
             {
                 continue;
             }
@@ -893,6 +990,8 @@ impl Table {
             errors: roles[11].clone(),
             cancel_requested: roles[12].clone(),
             created_at: roles[13].clone(),
+            output: self.outputs.then(|| roles[14].clone()),
+            checkpoint: self.checkpoints.then(|| roles[15].clone()),
             retention_secs: self
                 .keep_completed
                 .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
@@ -1131,6 +1230,10 @@ pub(crate) struct TableSpec {
     pub fair: Option<FairSpec>,
     /// Rows may wait on other jobs and be waited on ([`Table::dependencies`]).
     pub dependencies: bool,
+    /// The output column ([`Table::outputs`]).
+    pub output: Option<String>,
+    /// The checkpoint column ([`Table::checkpoints`]).
+    pub checkpoint: Option<String>,
 }
 
 impl TableSpec {
@@ -1526,12 +1629,16 @@ mod tests {
                 .filter(|(i, _)| {
                     lease || !matches!(ROLES[*i], Role::LockedUntil | Role::CancelRequested)
                 })
-                // No table here has dedup keys, priorities or kept completed rows: their roles
-                // are not checked.
+                // No table here has dedup keys, priorities, kept completed rows, outputs or
+                // checkpoints: their roles are not checked.
                 .filter(|(i, _)| {
                     !matches!(
                         ROLES[*i],
-                        Role::DedupKey | Role::Priority | Role::CompletedAt
+                        Role::DedupKey
+                            | Role::Priority
+                            | Role::CompletedAt
+                            | Role::Output
+                            | Role::Checkpoint
                     )
                 })
                 .map(|(_, n)| n)

@@ -40,4 +40,8 @@ pub struct Dependency {
     pub any_outcome: bool,
     /// How it ended; `None` while it has not settled.
     pub outcome: Option<JobOutcome>,
+    /// What it produced ([`Delivery::set_output`](crate::Delivery::set_output)), written by
+    /// its settlement on a table with [`Table::outputs`](crate::Table::outputs): kept for the
+    /// jobs waiting on it while any waits, and a day after, whether its row is kept or not.
+    pub output: Option<Vec<u8>>,
 }

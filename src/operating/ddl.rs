@@ -258,6 +258,9 @@ pub(crate) fn plan(
                 }
             }
             m.done.push(format!("created table {name}"));
+        } else if !has_column(&found, "output") {
+            m.statements.push(deps.add_output.clone());
+            m.done.push(format!("added column output to table {name}"));
         }
     }
     Ok(m)
@@ -265,14 +268,15 @@ pub(crate) fn plan(
 
 /// Runs `create` (the shared waits' table and its index, `IF NOT EXISTS`) statement by
 /// statement; a statement that fails while the table exists (made by another creator at the
-/// same moment: PostgreSQL's duplicate `pg_type` row) is let pass.
+/// same moment: PostgreSQL's duplicate `pg_type` row) is let pass. A waits' table without the
+/// outputs' column (made by an earlier build) gets it.
 fn make_shared(
     columns_query: &str,
-    create: &[String],
+    deps: &crate::dialect::deps::DepsSql,
     conn: &mut dyn DbConn,
 ) -> Result<(), DbError> {
     let name = [Value::Text(crate::dialect::deps::DEPS_TABLE.to_string())];
-    for stmt in create {
+    for stmt in &deps.create {
         if let Err(e) = conn.batch(stmt) {
             if !conn
                 .query(columns_query, &name)
@@ -282,7 +286,27 @@ fn make_shared(
             }
         }
     }
+    let has_output = |conn: &mut dyn DbConn| -> Result<bool, DbError> {
+        Ok(has_column(&conn.query(columns_query, &name)?, "output"))
+    };
+    if !has_output(conn)? {
+        // Another creator may add it at the same moment: then it is there all the same.
+        if let Err(e) = conn.batch(&deps.add_output) {
+            if !has_output(conn)? {
+                return Err(e);
+            }
+        }
+    }
     Ok(())
+}
+
+/// True if `columns` (rows of the dialect's columns query: name first) name `column`.
+fn has_column(columns: &[Vec<Value>], column: &str) -> bool {
+    columns.iter().any(|r| match r.first() {
+        Some(Value::Text(n)) => n.eq_ignore_ascii_case(column),
+        Some(Value::Bytes(n)) => n.eq_ignore_ascii_case(column.as_bytes()),
+        _ => false,
+    })
 }
 
 impl Broker {
@@ -343,7 +367,7 @@ impl Broker {
             // tables at once do not fail each other's (only one can make it).
             statements.retain(|stmt| !deps.create.contains(stmt));
             q.retrying("create table", |conn| {
-                make_shared(q.dialect.columns_query(), &deps.create, conn)
+                make_shared(q.dialect.columns_query(), deps, conn)
             })?;
         }
         q.retrying("create table", |conn| {

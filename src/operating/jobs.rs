@@ -115,6 +115,10 @@ pub struct Job {
     waits_on: Vec<crate::model::waits::Dependency>,
     /// The jobs waiting on it ([`Broker::job`] only).
     dependents: Vec<(String, i64)>,
+    /// What it produced ([`Broker::job`] only).
+    output: Option<Vec<u8>>,
+    /// Its last checkpoint ([`Broker::job`] only).
+    checkpoint: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -136,6 +140,14 @@ impl std::fmt::Debug for Job {
             .field("values", &self.values)
             .field("waits_on", &self.waits_on)
             .field("dependents", &self.dependents)
+            .field(
+                "output",
+                &self.output.as_deref().map(crate::model::value::Payload),
+            )
+            .field(
+                "checkpoint",
+                &self.checkpoint.as_deref().map(crate::model::value::Payload),
+            )
             .finish()
     }
 }
@@ -249,6 +261,21 @@ impl Job {
     pub fn dependents(&self) -> &[(String, i64)] {
         &self.dependents
     }
+
+    /// What it produced ([`Delivery::set_output`](crate::Delivery::set_output)), on a table
+    /// with [`Table::outputs`](crate::Table::outputs): written by the settlement that ended it,
+    /// so read where the row is kept (a dead letter, or a completed row of a table that keeps
+    /// them). Read by [`Broker::job`]; `None` in listings.
+    pub fn output(&self) -> Option<&[u8]> {
+        self.output.as_deref()
+    }
+
+    /// Its last checkpoint ([`Delivery::checkpoint`](crate::Delivery::checkpoint)), on a table
+    /// with [`Table::checkpoints`](crate::Table::checkpoints): where a retried or crashed job
+    /// resumes. Read by [`Broker::job`]; `None` in listings.
+    pub fn checkpoint(&self) -> Option<&[u8]> {
+        self.checkpoint.as_deref()
+    }
 }
 
 /// A job of the `job_columns` layout, its state not yet told apart where the form needs a
@@ -274,12 +301,26 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let completed = next().as_time().is_some();
     let cancel_requested = int(next()) != 0;
     let published_at = next().as_time();
+    let mut rest: Vec<Value> = it.collect();
+    // `job` reads the output and the checkpoint after the user columns; listings do not.
+    let mut tail = rest
+        .split_off(q.spec.columns.len().min(rest.len()))
+        .into_iter();
+    let mut bytes = |column: &Option<String>| match column {
+        Some(_) => match tail.next() {
+            Some(Value::Null) | None => None,
+            Some(v) => Some(v.into_payload()),
+        },
+        None => None,
+    };
+    let output = bytes(&q.spec.output);
+    let checkpoint = bytes(&q.spec.checkpoint);
     let values = q
         .spec
         .columns
         .iter()
         .map(|c| c.name.clone())
-        .zip(q.spec.typed_values(it))
+        .zip(q.spec.typed_values(rest))
         .collect();
     let state = if completed {
         JobState::Completed
@@ -311,6 +352,8 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         values,
         waits_on: Vec::new(),
         dependents: Vec::new(),
+        output,
+        checkpoint,
     }
 }
 
@@ -631,7 +674,15 @@ impl Broker {
 /// transaction with what the cancel does for the jobs waiting on the row.
 fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
     let sql = &q.sql.cancel_remove;
-    crate::runtime::deps::settle_in_transaction(q, conn, sql, params, id, Some(DEPS_CANCELLED))
+    crate::runtime::deps::settle_in_transaction(
+        q,
+        conn,
+        sql,
+        params,
+        id,
+        Some(DEPS_CANCELLED),
+        None,
+    )
 }
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
@@ -675,7 +726,7 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
         }
         let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
         if n > 0 {
-            crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED)?;
+            crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None)?;
         }
         Ok(n)
     };

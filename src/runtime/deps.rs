@@ -119,6 +119,14 @@ pub(crate) fn finished_as(
     })
 }
 
+/// A binary value read back (`NULL`: none).
+fn bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::Null => None,
+        v => Some(v.into_payload()),
+    }
+}
+
 fn text(v: Option<&Value>) -> Option<String> {
     match v {
         Some(Value::Text(s)) => Some(s.clone()),
@@ -305,7 +313,8 @@ pub(crate) trait OtherTables {
 }
 
 /// After the settlement of job `id` of `spec`'s table as `outcome` ([`ACKED`], [`DEAD`],
-/// [`CANCELLED`]), on `conn` inside the settlement's transaction: records the outcome, forgets
+/// [`CANCELLED`]) with `output`, on `conn` inside the settlement's transaction: records the
+/// outcome and output in the job's head, forgets
 /// the job's own waits, and releases each job waiting on it that now waits on nothing, or
 /// dead-letters it (then does the same for the jobs waiting on that one), in its own table or
 /// another (`others`). A table without dependencies does nothing.
@@ -316,10 +325,12 @@ pub(crate) fn settled(
     conn: &mut dyn DbConn,
     id: i64,
     outcome: &str,
+    output: Option<&[u8]>,
 ) -> Result<(), DbError> {
     let (Some(deps), Some(own)) = (sql.deps.as_ref(), sql.waiting.as_ref()) else {
         return Ok(());
     };
+    let mut output = Some(output.map_or(Value::Null, |o| Value::Bytes(o.to_vec())));
     let now = SystemTime::now();
     let at = millis(now);
     let latest = Value::Time(waiting_due());
@@ -331,6 +342,8 @@ pub(crate) fn settled(
             job[1].clone(),
             Value::Text(outcome.clone()),
             Value::Int(at),
+            // The settled job's own; the jobs dead-lettered after it produced nothing.
+            output.take().unwrap_or(Value::Null),
         ];
         conn.execute(&deps.head_settle, &settle)?;
         conn.execute(&deps.forget_waits, &job)?;
@@ -396,10 +409,11 @@ pub(crate) fn settled(
 }
 
 /// Runs a settlement's statement `sql` (`params`) of row `id` of `q`'s table on `conn`, the rows
-/// it changed. On a table with dependencies, in a transaction of its own with what the
-/// outcome does for the jobs waiting on the row ([`settled`]), if it changed the row:
-/// `settled` is the outcome; `None` for a row sent back, which a cancel request may have
-/// finished instead (read back).
+/// it changed. On a table with dependencies, or with an `output` to write
+/// ([`Table::outputs`](crate::Table::outputs)), in a transaction of its own with what the
+/// outcome does, if it changed the row: the output written to the row ([`write_output`]) and
+/// what it does for the jobs waiting on the row ([`settled`]). `settled` is the outcome;
+/// `None` for a row sent back, which a cancel request may have finished instead (read back).
 pub(crate) fn settle_in_transaction(
     q: &crate::runtime::Queue,
     conn: &mut dyn DbConn,
@@ -407,8 +421,10 @@ pub(crate) fn settle_in_transaction(
     params: &[Value],
     id: i64,
     outcome: Option<&str>,
+    output: Option<&[u8]>,
 ) -> Result<u64, DbError> {
-    if !q.spec.dependencies {
+    let output = output.filter(|_| q.sql.output_write.is_some());
+    if !q.spec.dependencies && output.is_none() {
         return conn.execute(sql, params);
     }
     conn.batch(&q.sql.begin_write)?;
@@ -421,7 +437,8 @@ pub(crate) fn settle_in_transaction(
                 (_, None) => finished_as(&q.sql, conn, id)?,
             };
             if let Some(o) = outcome {
-                settled(&q.spec, &q.sql, q, conn, id, &o)?;
+                write_output(&q.sql, conn, id, output)?;
+                settled(&q.spec, &q.sql, q, conn, id, &o, output)?;
             }
             Ok(n)
         })
@@ -430,6 +447,21 @@ pub(crate) fn settle_in_transaction(
         conn.rollback_or_discard();
     }
     done
+}
+
+/// Writes the output of row `id` ([`Table::outputs`](crate::Table::outputs)), inside the
+/// transaction of the settlement that ends it, after that settlement's fenced statement (a
+/// row that was deleted is left so).
+pub(crate) fn write_output(
+    sql: &TableSql,
+    conn: &mut dyn DbConn,
+    id: i64,
+    output: Option<&[u8]>,
+) -> Result<(), DbError> {
+    if let (Some(write), Some(output)) = (&sql.output_write, output) {
+        conn.execute(write, &[Value::Bytes(output.to_vec()), Value::Int(id)])?;
+    }
+    Ok(())
 }
 
 /// The jobs `id` waits on (until it settles), in id order.
@@ -454,6 +486,7 @@ pub(crate) fn parents_of(
                 id: r.get(1)?.as_i64()?,
                 any_outcome: r.get(2).and_then(Value::as_i64).unwrap_or(0) != 0,
                 outcome: text(r.get(3)).and_then(|o| JobOutcome::from_recorded(&o)),
+                output: r.get(4).cloned().and_then(bytes),
             })
         })
         .collect())

@@ -286,6 +286,31 @@ pub fn child_spec(env: &str) -> Option<(String, String, String)> {
     Some((parts.next()?, parts.next()?, parts.next()?))
 }
 
+/// A crash test's child, if this process is one (`env` set to `<form>\t<table>\t<url>`):
+/// claims one delivery of the table `describe` makes of the name and form, runs `work` on
+/// it, prints `<marker> <id>` on a line of its own, and holds the delivery until it is killed.
+pub fn hold_until_killed(
+    env: &str,
+    describe: impl Fn(&str, Form) -> Table,
+    marker: &str,
+    work: impl FnOnce(&Delivery),
+) {
+    let Some((form, name, url)) = child_spec(env) else {
+        return;
+    };
+    let broker = Broker::connect(&url).expect("child: connect");
+    let t = describe(&name, form_from(&form));
+    let sub = broker.subscription(&t).start().expect("child: start");
+    let d = next(&sub, Duration::from_secs(30));
+    work(&d);
+    let mut out = std::io::stdout();
+    writeln!(out, "\n{marker} {}", d.id()).unwrap();
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    std::process::exit(3);
+}
+
 /// A form's name as a child process reads it back ([`form_from`]).
 pub fn form_name(form: Form) -> &'static str {
     match form {

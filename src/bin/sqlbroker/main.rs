@@ -22,10 +22,10 @@
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
 //! table by flags that mirror [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`,
-//! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`, `--dependencies`), and
-//! record the
-//! description in the database; every other command takes the table's name only and reads
-//! its description from there (`Broker::open_table`). Those flags are still accepted by the
+//! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`, `--dependencies`,
+//! `--outputs`, `--checkpoints`), and record the description in the database; every other
+//! command takes the table's name only and reads its description from there
+//! (`Broker::open_table`). Those flags are still accepted by the
 //! other commands: the description they make is checked against the record, and refused if
 //! it differs. `status` with no `--table` lists every recorded table.
 //!
@@ -275,6 +275,14 @@ struct Description {
     /// The table's jobs may wait on other jobs (`Table::dependencies`).
     #[arg(long)]
     dependencies: bool,
+
+    /// The table's jobs record what they produced (an output column, `Table::outputs`).
+    #[arg(long)]
+    outputs: bool,
+
+    /// The table's jobs save their progress (a checkpoint column, `Table::checkpoints`).
+    #[arg(long)]
+    checkpoints: bool,
 }
 
 impl Description {
@@ -288,6 +296,8 @@ impl Description {
             && !self.dedup
             && self.keep_completed.is_none()
             && !self.dependencies
+            && !self.outputs
+            && !self.checkpoints
     }
 
     /// The table named `name`: the one the flags describe, or, with none, its record.
@@ -324,6 +334,12 @@ impl Description {
         }
         if self.dependencies {
             t = t.dependencies();
+        }
+        if self.outputs {
+            t = t.outputs();
+        }
+        if self.checkpoints {
+            t = t.checkpoints();
         }
         t
     }

@@ -235,7 +235,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                                 holder: Holder::Process(held),
                             });
                             super::fair::served(ctx, user);
-                            match Claimed::new(row, hold, unreadable) {
+                            match Claimed::new(ctx, row, hold, unreadable) {
                                 Ok(c) => out.push(c),
                                 Err(e) => return partial(out, e),
                             }
@@ -320,7 +320,7 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
                                 here,
                             };
                             let hold = Hold::Advisory(KeyHold { key, holder });
-                            return Claimed::new(row, hold, unreadable)
+                            return Claimed::new(ctx, row, hold, unreadable)
                                 .map(|c| vec![c])
                                 .map_err(q.err("claim"));
                         }
@@ -363,12 +363,13 @@ fn take(
 }
 
 /// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them; with what
-/// a `settled` outcome does for the jobs waiting on the row ([`crate::runtime::deps::settle_in_transaction`]).
+/// a `settled` outcome does for the jobs waiting on the row, and the output it writes
+/// ([`crate::runtime::deps::settle_in_transaction`]).
 fn under_key(
     ctx: &Ctx,
     id: i64,
     hold: KeyHold,
-    (op, settled): (&'static str, Option<&str>),
+    (op, settled, output): (&'static str, Option<&str>, Option<&[u8]>),
     sql: &str,
     leading: Vec<Value>,
     within: Duration,
@@ -377,7 +378,9 @@ fn under_key(
     let mut params = leading;
     params.push(Value::Int(id));
     let run = |conn: &mut dyn DbConn| {
-        crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, &params, id, settled)
+        crate::runtime::deps::settle_in_transaction(
+            &ctx.queue, conn, sql, &params, id, settled, output,
+        )
     };
     match hold.holder {
         Holder::Process(held) => {
@@ -400,11 +403,44 @@ fn under_key(
     }
 }
 
+/// Saves `data` as row `id`'s checkpoint, under the key: on the session that holds it (a
+/// session that lost it fails the statement), or, for the process's keys, on a pooled
+/// connection. `ClaimLost` if the row is gone or finished.
+pub(crate) fn checkpoint(
+    ctx: &Ctx,
+    id: i64,
+    hold: &mut KeyHold,
+    data: &[u8],
+    within: Duration,
+) -> Result<()> {
+    let q = &ctx.queue;
+    let Some(write) = &q.sql.checkpoint_write else {
+        return Ok(());
+    };
+    let params = [Value::Bytes(data.to_vec()), Value::Int(id)];
+    let written = match &mut hold.holder {
+        Holder::Process(_) => {
+            let mut conn = q.conn_within("checkpoint", within)?;
+            conn.execute(write, &params)
+        }
+        Holder::Session { conn, .. } => conn.execute(write, &params),
+    };
+    match written.map_err(q.err("checkpoint"))? {
+        0 => Err(crate::error::BrokerError::ClaimLost {
+            table: ctx.spec().name.clone(),
+            id,
+            why: "the row is gone or finished",
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn settle(
     ctx: &Ctx,
     id: i64,
     hold: KeyHold,
     outcome: Outcome,
+    output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
     let leading = outcome.leading_params(SystemTime::now());
@@ -412,7 +448,7 @@ pub(crate) fn settle(
         ctx,
         id,
         hold,
-        (outcome.op(), outcome.settled_as()),
+        (outcome.op(), outcome.settled_as(), output),
         outcome.sql(&ctx.queue.sql),
         leading,
         within,
@@ -423,7 +459,15 @@ pub(crate) fn settle(
 /// next delivery reads the same attempt.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: KeyHold, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
-    if let Err(e) = under_key(ctx, id, hold, ("hand back", None), sql, Vec::new(), within) {
+    if let Err(e) = under_key(
+        ctx,
+        id,
+        hold,
+        ("hand back", None, None),
+        sql,
+        Vec::new(),
+        within,
+    ) {
         log::warn!(
             "table {}: row {id} is back, but its attempt stays spent: {e}",
             ctx.spec().name

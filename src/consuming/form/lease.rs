@@ -113,7 +113,7 @@ fn book(
     let mut out = Vec::with_capacity(rows.len());
     for ((row, cell), unreadable) in rows.into_iter().zip(cells).zip(unreadable) {
         // The claim counted this attempt.
-        out.push(Claimed::new(row, Hold::Lease(cell), unreadable).map_err(q.err("claim"))?);
+        out.push(Claimed::new(ctx, row, Hold::Lease(cell), unreadable).map_err(q.err("claim"))?);
     }
     Ok(out)
 }
@@ -394,21 +394,25 @@ fn fenced(
     ctx: &Ctx,
     id: i64,
     cell: &Arc<LeaseCell>,
-    op: &'static str,
+    what: Settling<'_>,
     sql: &str,
     leading: Vec<Value>,
-    settled: Option<&str>,
     within: Duration,
 ) -> Result<bool> {
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
     let tokens = tokens_of(&state);
-    let changed = fenced_on(ctx, id, &tokens, (op, settled), sql, &leading, within);
+    let changed = fenced_on(ctx, id, &tokens, what, sql, &leading, within);
     drop(state);
     ctx.leases.remove(cell);
     changed
 }
+
+/// What a fenced statement is: the operation's name, the outcome it records for the jobs
+/// waiting on the row ([`crate::runtime::deps::settle_in_transaction`]), and the output it
+/// writes.
+type Settling<'a> = (&'static str, Option<&'a str>, Option<&'a [u8]>);
 
 /// The token held, then the tokens of renewals whose answers were lost: the row holds one of
 /// them, if it is still this delivery's.
@@ -429,7 +433,7 @@ fn fenced_on(
     ctx: &Ctx,
     id: i64,
     tokens: &[SystemTime],
-    (op, settled): (&'static str, Option<&str>),
+    (op, settled, output): Settling<'_>,
     sql: &str,
     leading: &[Value],
     within: Duration,
@@ -444,7 +448,9 @@ fn fenced_on(
         params.push(Value::Time(*token));
         // Fenced by the token: running it again after a transient rollback is safe.
         let run = |conn: &mut dyn DbConn| {
-            crate::runtime::deps::settle_in_transaction(&ctx.queue, conn, sql, &params, id, settled)
+            crate::runtime::deps::settle_in_transaction(
+                &ctx.queue, conn, sql, &params, id, settled, output,
+            )
         };
         match super::transient_retried(super::settle_retries(ctx), || run(&mut *conn)) {
             Ok(0) => {}
@@ -471,16 +477,20 @@ pub(crate) fn settle(
     id: i64,
     cell: &Arc<LeaseCell>,
     outcome: Outcome,
+    output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
-    // A table with dependencies acks alone: the ack's transaction settles its dependents.
-    let held = if matches!(outcome, Outcome::Ack) && !ctx.spec().dependencies {
+    // A table with dependencies acks alone: the ack's transaction settles its dependents. So
+    // does an ack with an output: its transaction writes it.
+    let alone = ctx.spec().dependencies || (output.is_some() && ctx.spec().output.is_some());
+    let held = if matches!(outcome, Outcome::Ack) && !alone {
         ack(ctx, id, cell, within)?
     } else {
         let sql = outcome.sql(&ctx.queue.sql);
         let leading = outcome.leading_params(SystemTime::now());
         let settled = outcome.settled_as();
-        fenced(ctx, id, cell, outcome.op(), sql, leading, settled, within)?
+        let what = (outcome.op(), settled, output);
+        fenced(ctx, id, cell, what, sql, leading, within)?
     };
     if held {
         Ok(())
@@ -530,7 +540,15 @@ fn ack_alone(
     within: Duration,
 ) -> Result<bool> {
     let q = &ctx.queue;
-    match fenced_on(ctx, id, tokens, ("ack", None), &q.sql.ack, &[], within) {
+    match fenced_on(
+        ctx,
+        id,
+        tokens,
+        ("ack", None, None),
+        &q.sql.ack,
+        &[],
+        within,
+    ) {
         Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
             kind,
             "the connection was lost during a grouped ack: it may have committed",
@@ -643,11 +661,46 @@ pub(crate) fn extend(
     Err(lost())
 }
 
+/// Saves `data` as row `id`'s checkpoint, fenced by the token held (or a renewal's whose
+/// answer was lost, which then becomes the token); `LeaseLost` if the row holds none of them.
+pub(crate) fn checkpoint(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, data: &[u8]) -> Result<()> {
+    let q = &ctx.queue;
+    let Some(write) = &q.sql.checkpoint_write else {
+        return Ok(());
+    };
+    let mut state = cell.lock();
+    if state.done {
+        return Err(lost(ctx, id));
+    }
+    let mut conn = q.conn("checkpoint")?;
+    for token in tokens_of(&state) {
+        let params = [
+            Value::Bytes(data.to_vec()),
+            Value::Int(id),
+            Value::Time(token),
+        ];
+        if conn.execute(write, &params).map_err(q.err("checkpoint"))? > 0 {
+            state.token = token;
+            state.unsure.clear();
+            return Ok(());
+        }
+    }
+    Err(lost(ctx, id))
+}
+
 /// Clears the lease of a row no handler saw and gives back the attempt its claim counted, so
 /// the row is claimable at once and its next delivery reads the same attempt.
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
-    match fenced(ctx, id, cell, "hand back", sql, Vec::new(), None, within) {
+    match fenced(
+        ctx,
+        id,
+        cell,
+        ("hand back", None, None),
+        sql,
+        Vec::new(),
+        within,
+    ) {
         Ok(true) => {}
         Ok(false) => log::debug!(
             "table {}: row {id} was handed back after its lease was lost",

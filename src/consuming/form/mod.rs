@@ -42,14 +42,30 @@ pub(crate) struct Claimed {
     /// back). The claim ends it as cancelled instead of delivering it: a cancel that said the
     /// job will not run again holds whatever became of the claim it marked.
     pub cancel_requested: bool,
+    /// Its last checkpoint ([`Table::checkpoints`](crate::Table::checkpoints)).
+    pub checkpoint: Option<Vec<u8>>,
 }
 
 impl Claimed {
-    /// A claimed row from its columns; `unreadable` is what the connection reported for it.
-    pub fn new(row: Vec<Value>, hold: Hold, unreadable: Option<String>) -> Result<Self, DbError> {
+    /// A claimed row of `ctx`'s table from its columns; `unreadable` is what the connection
+    /// reported for it.
+    pub fn new(
+        ctx: &Ctx,
+        row: Vec<Value>,
+        hold: Hold,
+        unreadable: Option<String>,
+    ) -> Result<Self, DbError> {
         // The lease and advisory forms' rows carry the cancel request before the due time.
         let flagged = !matches!(hold, Hold::RowLock(_));
-        let (id, attempt, payload, values, cancel_requested, due) = split_row(row, flagged)?;
+        let checkpointed = ctx.spec().checkpoint.is_some();
+        let (id, attempt, payload, mut values, cancel_requested, due) = split_row(row, flagged)?;
+        let checkpoint = match checkpointed {
+            true => match values.pop() {
+                Some(Value::Null) | None => None,
+                Some(v) => Some(v.into_payload()),
+            },
+            false => None,
+        };
         Ok(Claimed {
             id,
             attempt,
@@ -59,6 +75,7 @@ impl Claimed {
             hold,
             unreadable,
             cancel_requested,
+            checkpoint,
         })
     }
 }
@@ -199,19 +216,22 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     }
 }
 
-/// Settles a delivery. A form that needs a pooled connection for it waits at most `within`
+/// Settles a delivery, writing `output` ([`Table::outputs`](crate::Table::outputs)) if the
+/// outcome ends the row. A form that needs a pooled connection for it waits at most `within`
 /// for one.
 pub(crate) fn settle(
     ctx: &Ctx,
     id: i64,
     hold: Hold,
     outcome: Outcome,
+    output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
+    let output = output.filter(|_| ctx.spec().output.is_some() && outcome.settled_as().is_some());
     let done = match hold {
-        Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome),
-        Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, within),
-        Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, within),
+        Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome, output),
+        Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, output, within),
+        Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, output, within),
     };
     let q = &ctx.queue;
     if q.spec.dependencies && q.flow.deps_sweep_due() {

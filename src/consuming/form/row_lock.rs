@@ -65,7 +65,7 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
         return Ok(Vec::new());
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
-    deliver(ctx, conn, row, unreadable, None)
+    deliver(ctx, conn, row, unreadable, None, Vec::new())
 }
 
 /// The row a claim locked, as a delivery: the connection goes with it, still marked broken
@@ -77,6 +77,7 @@ fn deliver(
     mut row: Vec<Value>,
     unreadable: Option<String>,
     slots: Option<(SessionKeys, Vec<String>)>,
+    xact_slots: Vec<String>,
 ) -> Result<Vec<Claimed>> {
     if let Some(Value::Int(a)) = row.get_mut(1) {
         *a = a.saturating_add(1);
@@ -86,8 +87,9 @@ fn deliver(
         conn: conn.into_inner(),
         work: false,
         slots,
+        xact_slots,
     });
-    Claimed::new(row, hold, unreadable)
+    Claimed::new(ctx, row, hold, unreadable)
         .map(|c| vec![c])
         .map_err(ctx.queue.err("claim"))
 }
@@ -197,7 +199,14 @@ fn claim_limited(
             let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
             super::fair::served(ctx, user);
             // Broken while the transaction is open, whatever the keys say.
-            return deliver(ctx, conn, row, unreadable, Some((session, names)));
+            return deliver(
+                ctx,
+                conn,
+                row,
+                unreadable,
+                Some((session, names)),
+                Vec::new(),
+            );
         }
         if spec.fair.is_some() || rows.len() < page || page >= SCAN_MAX {
             return Ok(Vec::new());
@@ -228,7 +237,9 @@ fn claim_limited_in_transaction(
     let mut side = None;
     // Marked broken from `BEGIN` until the transaction ends, as in the plain claim.
     conn.mark_broken();
-    let found = (|| -> Result<Option<Vec<Value>>, crate::error::DbError> {
+    // The row, and the slot keys its transaction holds.
+    type Found = Option<(Vec<Value>, Vec<String>)>;
+    let found = (|| -> Result<Found, crate::error::DbError> {
         for stmt in &sql.begin {
             conn.batch(stmt)?;
         }
@@ -255,15 +266,18 @@ fn claim_limited_in_transaction(
                 conn.batch(SLOT)?;
                 let slots = take_slots(ctx, Some(&maxes), &keys, |k| {
                     let name = q.dialect.key_name(k);
-                    let got = conn.query(slot_lock, &[Value::Text(name)])?;
+                    let got = conn.query(slot_lock, &[Value::Text(name.clone())])?;
                     let taken = matches!(got.first().and_then(|r| r.first()), Some(Value::Int(1)));
-                    Ok(taken.then_some(()))
+                    Ok(taken.then_some(name))
                 })?;
-                if let Err((full, _)) = slots {
-                    tried.insert(full);
-                    conn.batch(NO_SLOT)?;
-                    continue;
-                }
+                let names = match slots {
+                    Ok(names) => names,
+                    Err((full, _)) => {
+                        tried.insert(full);
+                        conn.batch(NO_SLOT)?;
+                        continue;
+                    }
+                };
                 match conn.query(take, &[Value::Int(id), Value::Time(now)])?.pop() {
                     Some(row) => {
                         // The window slots, committed apart from the row's transaction (on
@@ -274,7 +288,7 @@ fn claim_limited_in_transaction(
                         }
                         conn.batch(KEEP_SLOT)?;
                         super::fair::served(ctx, user);
-                        return Ok(Some(row));
+                        return Ok(Some((row, names)));
                     }
                     None => conn.batch(NO_SLOT)?,
                 }
@@ -286,8 +300,8 @@ fn claim_limited_in_transaction(
             page = (page * 4).min(SCAN_MAX);
         }
     })();
-    let row = match found {
-        Ok(Some(row)) => row,
+    let (row, names) = match found {
+        Ok(Some(found)) => found,
         Ok(None) => {
             conn.rollback_or_discard();
             return Ok(Vec::new());
@@ -298,7 +312,7 @@ fn claim_limited_in_transaction(
         }
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
-    deliver(ctx, conn, row, unreadable, None)
+    deliver(ctx, conn, row, unreadable, None, names)
 }
 
 /// A limited claim's candidates: `id, <user columns>` in claim order, up to `page`; fair
@@ -370,17 +384,27 @@ pub(crate) struct RowHold {
     /// Tables with concurrency limits: the slot keys the session holds, unlocked once the
     /// transaction ends.
     slots: Option<(SessionKeys, Vec<String>)>,
+    /// PostgreSQL behind a transaction pooler: the slot keys the transaction holds (they end
+    /// with it), taken again after a checkpoint's commit.
+    xact_slots: Vec<String>,
 }
 
 /// Runs the outcome's statement and commits; on failure the transaction is rolled back (or the
 /// connection discarded): the row is back as it was. Any outcome but the ack first undoes the
 /// handler's own SQL, so a retry or dead letter never commits it.
-pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Result<()> {
+pub(crate) fn settle(
+    ctx: &Ctx,
+    id: i64,
+    hold: RowHold,
+    outcome: Outcome,
+    output: Option<&[u8]>,
+) -> Result<()> {
     let q = &ctx.queue;
     let RowHold {
         mut conn,
         work,
         slots,
+        ..
     } = hold;
     let mut params = outcome.leading_params(SystemTime::now());
     params.push(Value::Int(id));
@@ -389,11 +413,15 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Res
     } else {
         Ok(())
     };
-    // Jobs waiting on the row are released (or dead-lettered) in its transaction.
+    // Its output is written, and jobs waiting on the row are released (or dead-lettered), in
+    // its transaction.
     let done = undo
         .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
         .and_then(|_| match outcome.settled_as() {
-            Some(o) => crate::runtime::deps::settled(&q.spec, &q.sql, &**q, &mut *conn, id, o),
+            Some(o) => {
+                crate::runtime::deps::write_output(&q.sql, &mut *conn, id, output)?;
+                crate::runtime::deps::settled(&q.spec, &q.sql, &**q, &mut *conn, id, o, output)
+            }
             None => Ok(()),
         })
         .and_then(|()| conn.batch("COMMIT"));
@@ -409,6 +437,88 @@ pub(crate) fn settle(ctx: &Ctx, id: i64, hold: RowHold, outcome: Outcome) -> Res
             Err(q.err(outcome.op())(e))
         }
     }
+}
+
+/// How long a row whose checkpoint committed stays unclaimable if its process dies before the
+/// next commit: between the checkpoint's commit and the chained transaction's lock on it, no
+/// claim may take it.
+pub(crate) const CHECKPOINT_GUARD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a row lock checkpoint left of the hold.
+pub(crate) enum Checkpointed {
+    /// Saved, and the row is locked again in a chained transaction.
+    Held,
+    /// The row was finished meanwhile (a cancel between the commit and the lock): the
+    /// transaction is rolled back and the delivery holds nothing.
+    Lost,
+}
+
+/// Saves `data` as row `id`'s checkpoint by committing the delivery's transaction (with the
+/// handler's own SQL so far, [`in_transaction`]) and chaining a new one (`COMMIT AND CHAIN`: the
+/// same session, isolation and, behind a transaction pooler, server) that locks the row again.
+/// The commit moves `run_at` [`CHECKPOINT_GUARD`] ahead, so no claim takes the row in between
+/// (and a crash's row is claimable that much later); PostgreSQL's transaction-scoped slot keys
+/// are held for the session across the commit. Fenced by the held row: a session that lost
+/// its transaction fails the commit, and the checkpoint with it.
+pub(crate) fn checkpoint(
+    ctx: &Ctx,
+    id: i64,
+    hold: &mut RowHold,
+    data: &[u8],
+) -> Result<Checkpointed> {
+    let q = &ctx.queue;
+    let err = q.err("checkpoint");
+    let (Some(write), Some(relock)) = (&q.sql.checkpoint_write, &q.sql.relock) else {
+        return Ok(Checkpointed::Held);
+    };
+    let bridge = q
+        .sql
+        .limited
+        .as_ref()
+        .and_then(|l| l.slot_bridge.as_ref())
+        .filter(|_| !hold.xact_slots.is_empty());
+    let slot_lock = q
+        .sql
+        .limited
+        .as_ref()
+        .and_then(|l| l.slot_xact_lock.as_ref());
+    let guard = crate::model::schedule::due_at(SystemTime::now(), CHECKPOINT_GUARD);
+    let conn = &mut hold.conn;
+    let names = &hold.xact_slots;
+    let run = |conn: &mut PooledConn| -> std::result::Result<bool, crate::error::DbError> {
+        if let Some([take, _]) = bridge {
+            for name in names {
+                conn.query(take, &[Value::Text(name.clone())])?;
+            }
+        }
+        let params = [
+            Value::Bytes(data.to_vec()),
+            Value::Time(guard),
+            Value::Int(id),
+        ];
+        conn.execute(write, &params)?;
+        conn.batch("COMMIT AND CHAIN")?;
+        crate::runtime::pause_point("checkpoint.committed", &q.spec.name);
+        let held = !conn.query(relock, &[Value::Int(id)])?.is_empty();
+        if let (Some([_, let_go]), Some(slot_lock)) = (bridge, slot_lock) {
+            for name in names {
+                // Held again by the transaction (if it goes on), then no longer by the session.
+                if held {
+                    conn.query(slot_lock, &[Value::Text(name.clone())])?;
+                }
+                conn.query(let_go, &[Value::Text(name.clone())])?;
+            }
+        }
+        Ok(held)
+    };
+    let held = run(conn).map_err(err)?;
+    // Committed: the savepoints, and the handler's SQL before them, are behind it.
+    hold.work = false;
+    Ok(if held {
+        Checkpointed::Held
+    } else {
+        Checkpointed::Lost
+    })
 }
 
 pub(crate) fn rollback(ctx: &Ctx, hold: RowHold) {

@@ -610,6 +610,7 @@ pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
     use crate::dialect::deps::Upsert;
     SYNTAX.deps_sql(
         "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin",
+        "LONGBLOB NULL",
         " ENGINE=InnoDB",
         true,
         " FOR UPDATE",
@@ -716,8 +717,14 @@ mod tests {
              outcome, at) VALUES (?, ?, '', 0, 0, NULL, ?) ON DUPLICATE KEY UPDATE at = at"
         );
         assert!(deps.head_settle.ends_with(
-            "VALUES (?, ?, '', 0, 0, ?, ?) ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at = VALUES(at)"
+            "VALUES (?, ?, '', 0, 0, ?, ?, ?) ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at \
+             = VALUES(at), output = VALUES(output)"
         ));
+        assert!(deps.create[0].contains("output LONGBLOB NULL, PRIMARY KEY"));
+        assert_eq!(
+            deps.add_output,
+            "ALTER TABLE `sqlbroker_deps` ADD COLUMN output LONGBLOB NULL"
+        );
         assert!(deps
             .head_read
             .ends_with("child_table = '' AND child = 0 FOR UPDATE"));

@@ -204,6 +204,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         // The slot keys are transaction-scoped: the delivery's transaction holds them.
         let mut limited = SYNTAX.row_lock_limit_sql(spec, sql.begin.clone());
         limited.slot_xact_lock = Some(KEY_XACT_LOCK.into());
+        limited.slot_bridge = Some([
+            "SELECT pg_advisory_lock(hashtextextended($1, 0))".into(),
+            "SELECT pg_advisory_unlock(hashtextextended($1, 0))".into(),
+        ]);
         sql.limited = Some(limited);
     }
     sql
@@ -223,7 +227,14 @@ fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
 /// The waits' statements of jobs that wait on others.
 pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
     use crate::dialect::deps::Upsert;
-    SYNTAX.deps_sql("TEXT", "", false, " FOR UPDATE", Upsert::OnConflict)
+    SYNTAX.deps_sql(
+        "TEXT",
+        "BYTEA",
+        "",
+        false,
+        " FOR UPDATE",
+        Upsert::OnConflict,
+    )
 }
 
 /// The rate limits' statements of a table that has them.
@@ -614,6 +625,57 @@ mod tests {
                  index of table jobs cannot be made', n; END IF; END LOOP; END $$",
             ]
         );
+    }
+
+    /// Outputs and checkpoints: each form's checkpoint fenced its own way, the row lock's moving
+    /// the due time and locking again; their columns at the end of the job's lookup and in the
+    /// claimed row; nothing for a table without them.
+    #[test]
+    fn progress_sql() {
+        let with = |t: Table| compile(t.outputs().checkpoints());
+        let lease = with(Table::new("jobs").lease(Duration::from_secs(30)));
+        assert_eq!(
+            lease.checkpoint_write.as_deref(),
+            Some("UPDATE \"jobs\" SET \"checkpoint\" = $1 WHERE \"id\" = $2 AND \"locked_until\" = $3")
+        );
+        assert_eq!(
+            lease.output_write.as_deref(),
+            Some("UPDATE \"jobs\" SET \"output\" = $1 WHERE \"id\" = $2")
+        );
+        assert!(lease
+            .job
+            .contains("\"created_at\", \"output\", \"checkpoint\" FROM"));
+        assert!(
+            lease
+                .claim
+                .contains("\"checkpoint\", q.\"cancel_requested\""),
+            "{}",
+            lease.claim
+        );
+        let row = with(Table::new("jobs"));
+        assert_eq!(
+            row.checkpoint_write.as_deref(),
+            Some("UPDATE \"jobs\" SET \"checkpoint\" = $1, \"run_at\" = $2 WHERE \"id\" = $3")
+        );
+        assert_eq!(
+            row.relock.as_deref(),
+            Some(
+                "SELECT \"id\" FROM \"jobs\" WHERE \"id\" = $1 AND \"dead_at\" IS NULL FOR UPDATE"
+            )
+        );
+        let adv = with(Table::new("jobs").text_column("k").advisory_lock("{k}"));
+        assert_eq!(
+            adv.checkpoint_write.as_deref(),
+            Some(
+                "UPDATE \"jobs\" SET \"checkpoint\" = $1 WHERE \"id\" = $2 AND \"dead_at\" IS NULL"
+            )
+        );
+        let plain = compile(Table::new("jobs"));
+        assert_eq!(
+            (plain.output_write, plain.checkpoint_write, plain.relock),
+            (None, None, None)
+        );
+        assert!(!plain.job.contains("output"));
     }
 
     #[test]

@@ -148,7 +148,7 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
 /// The waits' statements of jobs that wait on others.
 pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
     use crate::dialect::deps::Upsert;
-    SYNTAX.deps_sql("TEXT", "", false, "", Upsert::OnConflict)
+    SYNTAX.deps_sql("TEXT", "BLOB", "", false, "", Upsert::OnConflict)
 }
 
 fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {

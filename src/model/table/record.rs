@@ -150,6 +150,10 @@ struct Record {
     fair: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     dependencies: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    outputs: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    checkpoints: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -242,6 +246,8 @@ impl Table {
             rates_set: BTreeMap::new(),
             fair: self.fair.clone(),
             dependencies: self.dependencies,
+            outputs: self.outputs,
+            checkpoints: self.checkpoints,
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -296,6 +302,8 @@ impl Table {
             .collect();
         t.fair = r.fair;
         t.dependencies = r.dependencies;
+        t.outputs = r.outputs;
+        t.checkpoints = r.checkpoints;
         Ok(t)
     }
 
@@ -305,6 +313,8 @@ impl Table {
             && self.rates.is_empty()
             && self.fair.is_none()
             && !self.dependencies
+            && !self.outputs
+            && !self.checkpoints
         {
             FORMAT_PLAIN
         } else {
@@ -481,6 +491,12 @@ impl Table {
             self.dependencies.to_string(),
             recorded.dependencies.to_string(),
         );
+        for (what, now, then) in [
+            ("outputs", self.outputs, recorded.outputs),
+            ("checkpoints", self.checkpoints, recorded.checkpoints),
+        ] {
+            option(what, now == then, now.to_string(), then.to_string());
+        }
         out
     }
 
@@ -597,6 +613,31 @@ mod tests {
             plain.differences(&waits),
             ["dependencies is recorded as true, described as false"]
         );
+    }
+
+    /// Outputs and checkpoints are recorded (format 2: an earlier release would settle the
+    /// table's rows without their outputs), read back and compared.
+    #[test]
+    fn outputs_and_checkpoints_are_recorded_and_compared() {
+        let plain = Table::new("t");
+        let both = plain.clone().outputs().checkpoints();
+        assert_eq!((plain.record_format(), both.record_format()), (1, 2));
+        let read = Table::from_record(&both.to_record()).unwrap();
+        assert!(read.has_outputs() && read.has_checkpoints());
+        assert!(both.differences(&read).is_empty());
+        assert_eq!(
+            plain.differences(&both),
+            [
+                "outputs is recorded as true, described as false",
+                "checkpoints is recorded as true, described as false"
+            ]
+        );
+        let spec = both.validate().unwrap();
+        assert_eq!(
+            (spec.output.as_deref(), spec.checkpoint.as_deref()),
+            (Some("output"), Some("checkpoint"))
+        );
+        assert_eq!(plain.validate().unwrap().output, None);
     }
 
     /// Rate limits and the fair key are recorded (format 2), read back, compared (rate limits

@@ -45,6 +45,8 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
                 "id": id,
             })).collect::<Vec<_>>(),
             "payload": String::from_utf8_lossy(j.payload()),
+            "output": j.output().map(String::from_utf8_lossy),
+            "checkpoint": j.checkpoint().map(String::from_utf8_lossy),
             "values": values,
         });
         return say(format_args!("{}\n", json(&out)));
@@ -66,6 +68,12 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("dependents", jobs(table.name(), j.dependents())),
         ("payload", preview(j.payload())),
     ];
+    if table.has_outputs() {
+        lines.push(("output", dash(j.output().map(preview))));
+    }
+    if table.has_checkpoints() {
+        lines.push(("checkpoint", dash(j.checkpoint().map(preview))));
+    }
     for (c, v) in j.values() {
         lines.push((c.as_str(), escape(&text_value(v))));
     }

@@ -529,6 +529,12 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
                     }
                 } }
             }
+            @if let Some(o) = j.output() {
+                tr { th { "output" } td { code { (preview(o)) } " " span.muted { "(" (o.len()) " bytes)" } } }
+            }
+            @if let Some(c) = j.checkpoint() {
+                tr { th { "checkpoint" } td { code { (preview(c)) } " " span.muted { "(" (c.len()) " bytes)" } } }
+            }
             @for (c, v) in j.values() {
                 tr { th { (c) } td { (value(v)) } }
             }
