@@ -639,6 +639,95 @@ fn lease_claims_read_on_from_the_cursor_mysql() {
     lease_claims_read_on_from_the_cursor("mysql");
 }
 
+/// Issue 28: the row lock and advisory claims read on from the cursor too (PostgreSQL), past
+/// the dead entries of rows acked since (which a snapshot held elsewhere keeps from being
+/// pruned). A row made due behind the cursor waits for the pass that ends when a claim finds
+/// nothing; the other databases read from the head, so it is taken next. Fails on PostgreSQL
+/// with the claim reading from the head (`did not read from the cursor`).
+fn claims_read_on_from_the_cursor(db: &str, form: crate::model::table::Form) {
+    use crate::model::table::Form;
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let name = unique("races_rlcursor");
+    let t = match form {
+        Form::AdvisoryLock => Table::new(&name)
+            .text_column("k")
+            .advisory_lock(format!("{name}-{{k}}")),
+        _ => Table::new(&name).text_column("k"),
+    };
+    let _made = create(&broker, &t);
+    let msgs: Vec<Message> = (0..5)
+        .map(|i| Message::new(b"x".to_vec()).set("k", format!("k{i}")))
+        .collect();
+    broker.publish_batch(&t, msgs).unwrap();
+    let ctx = bare_ctx(&broker, &t);
+    let next = || -> Option<i64> {
+        let claimed = match form {
+            Form::AdvisoryLock => crate::consuming::form::advisory::claim(&ctx, 1, None),
+            _ => crate::consuming::form::row_lock::claim(&ctx, None),
+        };
+        let d = claimed
+            .expect("claim")
+            .pop()
+            .map(|c| Delivery::new(ctx.clone(), c).hand_out())?;
+        let id = d.id();
+        d.ack().unwrap();
+        Some(id)
+    };
+    let b = next().expect("the first row");
+    let pg = db == "postgres";
+    assert_eq!(
+        ctx.cursor.start().after.map(|k| k.1),
+        pg.then_some(b),
+        "{db} {form:?}: the cursor after a claim"
+    );
+    // Row b + 2 becomes due a minute earlier: behind the cursor in claim order.
+    let q = broker.queue(&t).unwrap();
+    {
+        let syntax = q.dialect.syntax();
+        let sql = format!(
+            "UPDATE {} SET run_at = {} WHERE id = {}",
+            (syntax.quote)(t.name()),
+            (syntax.param)(1),
+            (syntax.param)(2)
+        );
+        let ago = Value::Time(SystemTime::now() - Duration::from_secs(60));
+        let mut conn = q.pool.get().unwrap();
+        assert_eq!(conn.execute(&sql, &[ago, Value::Int(b + 2)]).unwrap(), 1);
+    }
+    let order: Vec<Option<i64>> = (0..5).map(|_| next()).collect();
+    let expected = match pg {
+        // From the cursor, then an empty claim (the pass's end), then the row behind it.
+        true => [Some(b + 1), Some(b + 3), Some(b + 4), None, Some(b + 2)],
+        false => [Some(b + 2), Some(b + 1), Some(b + 3), Some(b + 4), None],
+    };
+    assert_eq!(
+        order, expected,
+        "{db} {form:?}: the claim did not read from the cursor"
+    );
+}
+
+#[test]
+fn row_lock_and_advisory_claims_read_on_from_the_cursor_postgres() {
+    use crate::model::table::Form;
+    for form in [Form::RowLock, Form::AdvisoryLock] {
+        claims_read_on_from_the_cursor("postgres", form);
+    }
+}
+
+#[test]
+fn row_lock_and_advisory_claims_read_on_from_the_cursor_mysql() {
+    use crate::model::table::Form;
+    for form in [Form::RowLock, Form::AdvisoryLock] {
+        claims_read_on_from_the_cursor("mysql", form);
+    }
+}
+
+#[test]
+fn advisory_claims_read_on_from_the_cursor_sqlite() {
+    claims_read_on_from_the_cursor("sqlite", crate::model::table::Form::AdvisoryLock);
+}
+
 /// Waits (at most 5 s) until a session of the server waits on a row lock: the second
 /// settlement queued behind the first's count. SQLite, whose second writer waits in its busy
 /// handler where nothing shows it, waits 300 ms. Either way the test's assertions hold; only

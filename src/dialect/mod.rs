@@ -181,10 +181,13 @@ pub(crate) struct TableSql {
     pub claim: String,
     /// Advisory: `(now, run_at, id, limit)`, the candidates after the row `(run_at, id)`.
     pub claim_after: String,
-    /// Lease, PostgreSQL tables without priorities or FIFO groups: `(now, limit, token,
-    /// run_at, id)`, the claim of the rows after `(run_at, id)` in claim order (the
-    /// subscription's [cursor](crate::runtime::cursor)). Where it is set, `claim` and this claim
-    /// return each row's `run_at` after its columns.
+    /// Advisory, PostgreSQL tables without FIFO groups or priorities: a claim's first page is
+    /// read with `claim_after` from the subscription's [cursor](crate::runtime::cursor).
+    pub advisory_cursor: bool,
+    /// PostgreSQL tables without priorities or FIFO groups, the claim of the rows after
+    /// `(run_at, id)` in claim order (the subscription's [cursor](crate::runtime::cursor)):
+    /// lease `(now, limit, token, run_at, id)`, row lock `(now, limit, run_at, id)`. Where it
+    /// is set, `claim` and this claim return each row's `run_at` after its columns.
     pub claim_from: Option<String>,
     /// Lease: the claim of at most one row, where the database runs another spelling faster
     /// (same parameters as `claim`).

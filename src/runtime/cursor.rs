@@ -1,11 +1,12 @@
-//! The claim cursor of a subscription (PostgreSQL lease tables without priorities or FIFO
-//! groups): where in claim order `(run_at, id)` the next claim starts reading.
+//! The claim cursor of a subscription (PostgreSQL tables without priorities or FIFO groups,
+//! every form): where in claim order `(run_at, id)` the next claim starts reading.
 //!
 //! Why: every acked or claimed row leaves a dead entry in the ready index until vacuum removes
 //! it, and a claim that starts from the head of the index walks all of them. Over a
 //! 1,000,000-job backlog that walk grew to thousands of index pages per claim and the rate fell
-//! to a third (BENCHMARKS.md, issue 18). A claim that starts past the last row claimed reads
-//! only live entries.
+//! to a third (BENCHMARKS.md, issue 18); while another session holds a snapshot open, none of
+//! them can be removed, and the row lock and advisory forms fell to a quarter and a seventh
+//! (issue 28). A claim that starts past the last row claimed reads only live entries.
 //!
 //! What it costs in order: a row that becomes claimable behind the cursor (its lease expired, a
 //! shutdown handed it back, a publish that committed after later ids were claimed, a `run_at`

@@ -325,7 +325,8 @@ pub(crate) struct Ctx {
     stop: AtomicBool,
     pub leases: LeaseBook,
     pub keys: Option<Arc<KeyRegistry>>,
-    /// Where the lease claims start reading (tables whose dialect gives a `claim_from`).
+    /// Where the lease and row lock claims start reading (tables whose dialect gives a
+    /// `claim_from`).
     pub cursor: cursor::ClaimCursor,
     /// Claim workers inside a claim right now.
     pub claiming: AtomicUsize,

@@ -113,6 +113,30 @@ fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
 }
 
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
+    // Where the claim starts reading: after the cursor, where the table has one.
+    let start = ctx.queue.sql.advisory_cursor.then(|| ctx.cursor.start());
+    let after = start
+        .and_then(|s| s.after)
+        .map(|(run_at, id)| (Value::Time(run_at), id));
+    let out = scan(ctx, limit, by, after)?;
+    if let Some(start) = start {
+        // A server's claim takes one row (its session holds the key), the process's up to
+        // `limit`; fewer ends the pass.
+        let asked = if ctx.keys.is_some() { limit } else { 1 };
+        let keys = out.iter().filter_map(|c| Some((c.due?, c.id)));
+        ctx.cursor.advance(start, asked, keys);
+    }
+    Ok(out)
+}
+
+/// A claim of up to `limit` rows, reading candidates after `after` (`(run_at, id)`), or from
+/// the head.
+fn scan(
+    ctx: &Ctx,
+    limit: usize,
+    by: Option<Instant>,
+    mut after: Option<(Value, i64)>,
+) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(template) = &q.spec.key else {
         return Ok(Vec::new());
@@ -136,7 +160,6 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     let mut out = Vec::new();
     let mut page = ctx.opts.advisory_scan.min(SCAN_MAX);
     let mut scanned = 0;
-    let mut after: Option<(Value, i64)> = None;
     // What this claim took stays taken whatever fails later: a failure after the first row ends
     // the claim with the rows it has (each already holds its key and its counted attempt).
     let partial = |out: Vec<Claimed>, e: DbError| {

@@ -53,13 +53,35 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     for stmt in &q.sql.begin {
         conn.batch(stmt).map_err(q.err("claim"))?;
     }
-    let row = match q.dialect.row_lock_claim(&mut *conn, &q.sql, now) {
+    // Where the claim starts reading: after the cursor, where the table has one.
+    let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
+    let claimed = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
+        (Some(from), Some((run_at, id))) => {
+            let params = [
+                Value::Time(now),
+                Value::Int(1),
+                Value::Time(run_at),
+                Value::Int(id),
+            ];
+            conn.query(from, &params)
+                .map(|rows| rows.into_iter().next())
+        }
+        _ => q.dialect.row_lock_claim(&mut *conn, &q.sql, now),
+    };
+    let row = match claimed {
         Ok(row) => row,
         Err(e) => {
             conn.rollback_or_discard();
             return Err(q.err("claim")(e));
         }
     };
+    if let Some(start) = start {
+        // The row's `run_at` comes last (`row_columns`): the cursor's key.
+        let key = row
+            .as_ref()
+            .and_then(|r| Some((r.last()?.as_system_time()?, r.first()?.as_i64()?)));
+        ctx.cursor.advance(start, 1, key.into_iter());
+    }
     let Some(row) = row else {
         conn.rollback_or_discard();
         return Ok(Vec::new());

@@ -113,10 +113,20 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.stats = s.stats_filtered(spec);
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
-            sql.claim = format!(
-                "SELECT {row} FROM {t} WHERE {ready} ORDER BY {order} {} FOR UPDATE SKIP LOCKED",
-                claim_limit("$2")
-            );
+            let claim = |from: &str| {
+                format!(
+                    "SELECT {row} FROM {t} WHERE {ready}{from} ORDER BY {order} {} FOR UPDATE \
+                     SKIP LOCKED",
+                    claim_limit("$2")
+                )
+            };
+            sql.claim = claim("");
+            if spec.priority.is_none() {
+                // The cursor, as the lease claim's: past the dead entries of rows acked since
+                // (a snapshot held elsewhere keeps them from being pruned or skipped).
+                let run_at = s.q(&spec.run_at);
+                sql.claim_from = Some(claim(&format!(" AND ({run_at}, {id}) > ($3, $4)")));
+            }
         }
         (Form::RowLock, Some(g)) => {
             // The group's transaction-scoped lock is held until the delivery's transaction
@@ -177,6 +187,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             // that the row is still its group's head (see form/advisory.rs).
             let head = group.map(|g| s.fifo_head(spec, g, "$1"));
             s.advisory_candidates(spec, &mut sql, head.as_deref());
+            // The cursor, as the lease claim's: a claim's first page reads on past the rows
+            // taken before (`claim_after`). Not with FIFO groups (a group's next head may lie
+            // behind it) or priorities.
+            sql.advisory_cursor = head.is_none() && spec.priority.is_none();
             sql.take = match &head {
                 Some(head) => format!(
                     "UPDATE {t} AS q SET {att} = q.{att} + 1 WHERE {ready} AND q.{id} = $2 \
