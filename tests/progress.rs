@@ -233,7 +233,9 @@ fn checkpoints_are_fenced(db: Db, form: Form) {
         Duration::from_secs(30),
     ));
     let id = l.broker.publish(&t, message("long")).unwrap();
-    let sub = l.broker.subscription(&t).start().unwrap();
+    // One in flight: the row freed below is not claimed again while `d` holds its slot (a
+    // claim within the same second could write the same lease token).
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
     let d = next(&sub, Duration::from_secs(10));
     d.checkpoint(b"step 1").unwrap();
     d.retry_after(Duration::ZERO).unwrap();
