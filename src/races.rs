@@ -553,6 +553,21 @@ fn cancel_stays_with_its_delivery_mysql() {
     cancel_stays_with_its_delivery("mysql");
 }
 
+/// Moves row `id` of `t` to due a minute ago, directly.
+fn due_a_minute_ago(broker: &Broker, t: &Table, id: i64) {
+    let q = broker.queue(t).unwrap();
+    let syntax = q.dialect.syntax();
+    let sql = format!(
+        "UPDATE {} SET run_at = {} WHERE id = {}",
+        (syntax.quote)(t.name()),
+        (syntax.param)(1),
+        (syntax.param)(2)
+    );
+    let ago = Value::Time(SystemTime::now() - Duration::from_secs(60));
+    let mut conn = q.pool.get().unwrap();
+    assert_eq!(conn.execute(&sql, &[ago, Value::Int(id)]).unwrap(), 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 18: lease claims read on from a cursor (PostgreSQL), so a long backlog's dead index
 // entries behind it are not walked by every claim.
@@ -589,19 +604,7 @@ fn lease_claims_read_on_from_the_cursor(db: &str) {
         "{db}: the cursor after a whole claim"
     );
     // Row b + 3 becomes due a minute earlier: behind the cursor in claim order.
-    let q = broker.queue(&t).unwrap();
-    {
-        let syntax = q.dialect.syntax();
-        let sql = format!(
-            "UPDATE {} SET run_at = {} WHERE id = {}",
-            (syntax.quote)(t.name()),
-            (syntax.param)(1),
-            (syntax.param)(2)
-        );
-        let ago = Value::Time(SystemTime::now() - Duration::from_secs(60));
-        let mut conn = q.pool.get().unwrap();
-        assert_eq!(conn.execute(&sql, &[ago, Value::Int(b + 3)]).unwrap(), 1);
-    }
+    due_a_minute_ago(&broker, &t, b + 3);
     if pg {
         // Read on from the cursor: the rows after it, not the one now due first.
         assert_eq!(
@@ -682,19 +685,7 @@ fn claims_read_on_from_the_cursor(db: &str, form: crate::model::table::Form) {
         "{db} {form:?}: the cursor after a claim"
     );
     // Row b + 2 becomes due a minute earlier: behind the cursor in claim order.
-    let q = broker.queue(&t).unwrap();
-    {
-        let syntax = q.dialect.syntax();
-        let sql = format!(
-            "UPDATE {} SET run_at = {} WHERE id = {}",
-            (syntax.quote)(t.name()),
-            (syntax.param)(1),
-            (syntax.param)(2)
-        );
-        let ago = Value::Time(SystemTime::now() - Duration::from_secs(60));
-        let mut conn = q.pool.get().unwrap();
-        assert_eq!(conn.execute(&sql, &[ago, Value::Int(b + 2)]).unwrap(), 1);
-    }
+    due_a_minute_ago(&broker, &t, b + 2);
     let order: Vec<Option<i64>> = (0..5).map(|_| next()).collect();
     let expected = match pg {
         // From the cursor, then an empty claim (the pass's end), then the row behind it.
