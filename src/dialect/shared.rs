@@ -339,7 +339,7 @@ impl Syntax {
                 "SELECT {} FROM {t} WHERE {id} = {} AND {} FOR UPDATE SKIP LOCKED",
                 self.row_columns(spec, ""),
                 self.p(1),
-                self.ready(spec, &self.p(2))
+                self.ready_checked(spec, &self.p(2))
             )],
             taken: Vec::new(),
         }
@@ -352,6 +352,16 @@ impl Syntax {
             self.q(&spec.dead_at),
             self.q(&spec.run_at)
         )
+    }
+
+    /// [`Syntax::ready`] as a check of a row already found by id, in a form no index can
+    /// answer (`(..) IS TRUE`, the same truth: neither side is ever `NULL`). Written plainly,
+    /// PostgreSQL may plan `id = $n AND ready` as a range scan of the ready index from its head,
+    /// filtering on the id: cheap while its dead entries are pruned, a walk over every row
+    /// acked since while a snapshot held elsewhere keeps them (the advisory take at 0.4x of
+    /// its plain rate, BENCHMARKS.md, issue 28).
+    pub fn ready_checked(&self, spec: &TableSpec, now: &str) -> String {
+        format!("({}) IS TRUE", self.ready(spec, now))
     }
 
     /// `ORDER BY` of the claims: highest priority first (tables with priorities), then due
@@ -742,28 +752,19 @@ impl Syntax {
                 ));
             }
         }
-        let tail: Vec<String> = [&spec.output, &spec.checkpoint]
-            .into_iter()
-            .flatten()
-            .map(|c| self.q(c))
-            .collect();
-        if !tail.is_empty() {
-            let from = format!(" FROM {t} WHERE ");
-            if let Some(at) = sql.job.find(&from) {
-                sql.job.insert_str(at, &format!(", {}", tail.join(", ")));
-            }
-        }
     }
 
     /// The statements of job lookup and cancel ([`TableSql::job`] .. [`TableSql::cancel_lock`]).
     pub fn cancel_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
         let (t, id) = (self.q(&spec.name), self.q(&spec.id));
         let p = |n| self.p(n);
-        sql.job = format!(
-            "SELECT {} FROM {t} WHERE {id} = {}",
-            self.job_columns(spec, ""),
-            p(1)
-        );
+        // Then, on a table that has them, the output and the checkpoint.
+        let mut cols = self.job_columns(spec, "");
+        for c in [&spec.output, &spec.checkpoint].into_iter().flatten() {
+            cols.push_str(", ");
+            cols.push_str(&self.q(c));
+        }
+        sql.job = format!("SELECT {cols} FROM {t} WHERE {id} = {}", p(1));
         // Pages by state: `now` is bound once per use (`?` cannot be numbered), then the
         // cursor and the limit.
         let marker = "\u{1}now\u{1}";

@@ -325,12 +325,12 @@ pub(crate) fn settled(
     conn: &mut dyn DbConn,
     id: i64,
     outcome: &str,
-    output: Option<&[u8]>,
+    output: Option<Value>,
 ) -> Result<(), DbError> {
     let (Some(deps), Some(own)) = (sql.deps.as_ref(), sql.waiting.as_ref()) else {
         return Ok(());
     };
-    let mut output = Some(output.map_or(Value::Null, |o| Value::Bytes(o.to_vec())));
+    let mut output = Some(output.unwrap_or(Value::Null));
     let now = SystemTime::now();
     let at = millis(now);
     let latest = Value::Time(waiting_due());
@@ -411,7 +411,7 @@ pub(crate) fn settled(
 /// Runs a settlement's statement `sql` (`params`) of row `id` of `q`'s table on `conn`, the rows
 /// it changed. On a table with dependencies, or with an `output` to write
 /// ([`Table::outputs`](crate::Table::outputs)), in a transaction of its own with what the
-/// outcome does, if it changed the row: the output written to the row ([`write_output`]) and
+/// outcome does, if it changed the row: the output written to the row ([`settled_with_output`]) and
 /// what it does for the jobs waiting on the row ([`settled`]). `settled` is the outcome;
 /// `None` for a row sent back, which a cancel request may have finished instead (read back).
 pub(crate) fn settle_in_transaction(
@@ -437,8 +437,7 @@ pub(crate) fn settle_in_transaction(
                 (_, None) => finished_as(&q.sql, conn, id)?,
             };
             if let Some(o) = outcome {
-                write_output(&q.sql, conn, id, output)?;
-                settled(&q.spec, &q.sql, q, conn, id, &o, output)?;
+                settled_with_output(&q.spec, &q.sql, q, conn, id, &o, output)?;
             }
             Ok(n)
         })
@@ -450,18 +449,29 @@ pub(crate) fn settle_in_transaction(
 }
 
 /// Writes the output of row `id` ([`Table::outputs`](crate::Table::outputs)), inside the
-/// transaction of the settlement that ends it, after that settlement's fenced statement (a
-/// row that was deleted is left so).
-pub(crate) fn write_output(
+/// transaction of the settlement that ends it, after that settlement's fenced statement (a row
+/// that was deleted is left so); then [`settled`]. The output is copied once, into the write's
+/// parameters, and handed on from there to the job's head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn settled_with_output(
+    spec: &TableSpec,
     sql: &TableSql,
+    others: &dyn OtherTables,
     conn: &mut dyn DbConn,
     id: i64,
+    outcome: &str,
     output: Option<&[u8]>,
 ) -> Result<(), DbError> {
-    if let (Some(write), Some(output)) = (&sql.output_write, output) {
-        conn.execute(write, &[Value::Bytes(output.to_vec()), Value::Int(id)])?;
-    }
-    Ok(())
+    let output = match (&sql.output_write, output) {
+        (Some(write), Some(output)) => {
+            let params = [Value::Bytes(output.to_vec()), Value::Int(id)];
+            conn.execute(write, &params)?;
+            let [output, _] = params;
+            Some(output)
+        }
+        _ => None,
+    };
+    settled(spec, sql, others, conn, id, outcome, output)
 }
 
 /// The jobs `id` waits on (until it settles), in id order.

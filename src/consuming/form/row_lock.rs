@@ -440,10 +440,9 @@ pub(crate) fn settle(
     let done = undo
         .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
         .and_then(|_| match outcome.settled_as() {
-            Some(o) => {
-                crate::runtime::deps::write_output(&q.sql, &mut *conn, id, output)?;
-                crate::runtime::deps::settled(&q.spec, &q.sql, &**q, &mut *conn, id, o, output)
-            }
+            Some(o) => crate::runtime::deps::settled_with_output(
+                &q.spec, &q.sql, &**q, &mut *conn, id, o, output,
+            ),
             None => Ok(()),
         })
         .and_then(|()| conn.batch("COMMIT"));

@@ -132,8 +132,9 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             // The group's transaction-scoped lock is held until the delivery's transaction
             // ends: no other claim takes a row of the group meanwhile.
             sql.claim = format!(
-                "SELECT {row} FROM {t} WHERE {id} = ({}) AND {ready} FOR UPDATE SKIP LOCKED",
-                fifo_locked_heads(spec, g, &ready)
+                "SELECT {row} FROM {t} WHERE {id} = ({}) AND {} FOR UPDATE SKIP LOCKED",
+                fifo_locked_heads(spec, g, &ready),
+                s.ready_checked(spec, "$1")
             );
         }
         (Form::Lease, None) => {
@@ -191,13 +192,14 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             // taken before (`claim_after`). Not with FIFO groups (a group's next head may lie
             // behind it) or priorities.
             sql.advisory_cursor = head.is_none() && spec.priority.is_none();
+            let checked = s.ready_checked(spec, "$1");
             sql.take = match &head {
                 Some(head) => format!(
-                    "UPDATE {t} AS q SET {att} = q.{att} + 1 WHERE {ready} AND q.{id} = $2 \
+                    "UPDATE {t} AS q SET {att} = q.{att} + 1 WHERE q.{id} = $2 AND {checked} \
                      AND {head} RETURNING {row}"
                 ),
                 None => format!(
-                    "UPDATE {t} SET {att} = {att} + 1 WHERE {ready} AND {id} = $2 RETURNING {row}"
+                    "UPDATE {t} SET {att} = {att} + 1 WHERE {id} = $2 AND {checked} RETURNING {row}"
                 ),
             };
             sql.key_lock = Some("SELECT pg_try_advisory_lock(hashtextextended($1, 0))::int".into());
@@ -547,8 +549,8 @@ mod tests {
         );
         assert_eq!(
             sql.take,
-            "UPDATE \"payments\" SET \"attempts\" = \"attempts\" + 1 WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 \
-             AND \"id\" = $2 RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"cancel_requested\", \"run_at\""
+            "UPDATE \"payments\" SET \"attempts\" = \"attempts\" + 1 WHERE \"id\" = $2 \
+             AND (\"dead_at\" IS NULL AND \"run_at\" <= $1) IS TRUE RETURNING \"id\", \"attempts\", \"payload\", \"account\", \"cancel_requested\", \"run_at\""
         );
         assert_eq!(
             sql.claim_after,
@@ -707,7 +709,8 @@ mod tests {
             compile(t.clone()).claim,
             format!(
                 "SELECT \"id\", \"attempts\", \"payload\", \"customer\", \"run_at\" FROM \"orders\" WHERE \"id\" = \
-                 ({heads} AND {older} {locked}) AND \"dead_at\" IS NULL AND \"run_at\" <= $1 FOR UPDATE SKIP LOCKED"
+                 ({heads} AND {older} {locked}) AND (\"dead_at\" IS NULL AND \"run_at\" <= $1) IS TRUE FOR UPDATE \
+                 SKIP LOCKED"
             )
         );
         // Lease: up to $2 heads of groups none of whose rows is leased, their groups locked;
