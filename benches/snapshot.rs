@@ -30,36 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlbroker::{Broker, Form, Message, Table};
-use support::{drop_table, env_num};
-
-/// A session holding a snapshot of `table` until dropped (its connection is only kept open).
-#[allow(dead_code)]
-enum Held {
-    Pg(Box<postgres::Client>),
-    My(mysql::Conn),
-}
-
-fn hold(db: &str, url: &str, table: &str) -> Held {
-    use mysql::prelude::Queryable;
-    match db {
-        "postgres" => {
-            let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
-            c.batch_execute(&format!(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {table}"
-            ))
-            .expect("hold a snapshot");
-            Held::Pg(Box::new(c))
-        }
-        _ => {
-            let mut c = mysql::Conn::new(mysql::Opts::from_url(url).unwrap()).expect("connect");
-            c.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                .expect("hold a snapshot");
-            c.query_drop(format!("SELECT count(*) FROM {table}"))
-                .expect("read in the snapshot");
-            Held::My(c)
-        }
-    }
-}
+use support::{drop_table, env_num, hold};
 
 fn vacuum(db: &str, url: &str, table: &str) {
     if db == "postgres" {

@@ -98,12 +98,19 @@ impl Cell {
         format!("{db}/{}/w{}/b{}", self.label, self.workers, self.batch)
     }
 
-    /// The pgbench script this cell is compared with, and rows per script transaction.
-    pub(crate) fn pgbench(&self) -> Option<(&'static str, u64)> {
+    /// The pgbench script this cell is compared with, rows per script transaction, and its
+    /// clients. Durable plain acks from more handlers than claim workers (`lease_h32`) are
+    /// compared with one row per commit from as many clients (`pg-commit1.sql`): the floor of
+    /// any per-job durable ack, whatever the claim; the other cells with their claim protocol
+    /// by hand from as many clients as claim workers.
+    pub(crate) fn pgbench(&self) -> Option<(&'static str, u64, usize)> {
+        if self.form == Form::Lease && self.settle == Settle::Ack && self.handlers > self.workers {
+            return Some(("pg-commit1.sql", 1, self.handlers));
+        }
         match (self.form, self.batch) {
-            (Form::RowLock, 1) => Some(("pg-row_lock1.sql", 1)),
-            (Form::Lease, 1) => Some(("pg-lease1.sql", 1)),
-            (Form::Lease, 100) => Some(("pg-lease100.sql", 100)),
+            (Form::RowLock, 1) => Some(("pg-row_lock1.sql", 1, self.workers)),
+            (Form::Lease, 1) => Some(("pg-lease1.sql", 1, self.workers)),
+            (Form::Lease, 100) => Some(("pg-lease100.sql", 100, self.workers)),
             _ => None,
         }
     }

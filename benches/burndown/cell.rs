@@ -69,9 +69,9 @@ pub(crate) fn run_cell(
         row.raw.0.push(rate);
         row.cpu.1.push(cpu);
         row.switches.1.push(switches);
-        if let Some((p, (script, rows))) = pgbench.as_mut() {
+        if let Some((p, (script, rows, clients))) = pgbench.as_mut() {
             let runs = row.pgbench.get_or_insert_with(Runs::default);
-            match p.run(script, cell.workers, set.pgbench_secs, *rows) {
+            match p.run(script, *clients, set.pgbench_secs, *rows) {
                 Ok(rate) => runs.0.push(rate),
                 Err(e) => eprintln!("pgbench {script}: {e}"),
             }

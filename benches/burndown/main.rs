@@ -20,7 +20,9 @@
 //!   advisory deliveries hold a connection each (`max_in_flight` = `w`, the default); they claim
 //!   one row per claim whatever the batch, so only batch 1 is run on the servers.
 //! - `lease_h32`: the lease headline, `workers(4).batch_size(100)`, 32 handler threads, plain
-//!   `ack` (grouped by the library's group commit).
+//!   `ack` (grouped by the library's group commit). Its pgbench figure is `pg-commit1.sql`
+//!   from as many clients as handler threads: one row per commit, the floor of any durable
+//!   per-job ack.
 //! - `lease_all`: the explicit batch path, `workers(4).batch_size(100)`, 4 handler threads each
 //!   taking `next_batch(100, ..)` and settling it with `Delivery::ack_all`.
 //! - `lease_d32`, `lease_d`: as `lease_h32` and `lease/w4/b100` (32 and 4 handler threads,

@@ -26,7 +26,12 @@ impl PgBench {
         let table = format!("burndown_jobs_{}", std::process::id());
         let dir = std::env::temp_dir().join(format!("sqlbroker-burndown-{}", std::process::id()));
         std::fs::create_dir_all(&dir).ok()?;
-        for script in ["pg-row_lock1.sql", "pg-lease1.sql", "pg-lease100.sql"] {
+        for script in [
+            "pg-row_lock1.sql",
+            "pg-lease1.sql",
+            "pg-lease100.sql",
+            "pg-commit1.sql",
+        ] {
             let text = std::fs::read_to_string(format!("{src}/{script}")).ok()?;
             std::fs::write(dir.join(script), text.replace("jobs", &table)).ok()?;
         }

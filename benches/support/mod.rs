@@ -100,3 +100,33 @@ pub fn connect(cell: &str, url: &str) -> Option<sqlbroker::Broker> {
         }
     }
 }
+
+/// A session holding a snapshot of `table` until dropped (its connection is only kept open).
+#[allow(dead_code)]
+pub enum Held {
+    Pg(Box<postgres::Client>),
+    My(mysql::Conn),
+}
+
+#[allow(dead_code)]
+pub fn hold(db: &str, url: &str, table: &str) -> Held {
+    use mysql::prelude::Queryable;
+    match db {
+        "postgres" => {
+            let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+            c.batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {table}"
+            ))
+            .expect("hold a snapshot");
+            Held::Pg(Box::new(c))
+        }
+        _ => {
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(url).unwrap()).expect("connect");
+            c.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                .expect("hold a snapshot");
+            c.query_drop(format!("SELECT count(*) FROM {table}"))
+                .expect("read in the snapshot");
+            Held::My(c)
+        }
+    }
+}
