@@ -308,6 +308,23 @@ pub enum BrokerError {
         /// What is wrong, and the range that works.
         reason: String,
     },
+    /// A drain of `testing` (feature `testing`) ran its bound of jobs
+    /// ([`Drain::max_jobs`](crate::testing::Drain::max_jobs)) and still found one to run: a
+    /// handler that publishes a job for every job it runs, or one that retries on a table
+    /// without an attempts limit. The jobs run so far were settled as their handlers said;
+    /// the one found last is back in the table, its attempt unspent.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    #[error(
+        "draining table {table} ran {max_jobs} jobs and found another: a handler that \
+         publishes or retries without end? (Drain::max_jobs raises the bound)"
+    )]
+    DrainLimit {
+        /// The table.
+        table: String,
+        /// The bound it ran.
+        max_jobs: usize,
+    },
     /// The subscription is closed (after `close`, `shutdown`, or a failure of its threads).
     #[error("subscription on table {table} is closed")]
     Closed {

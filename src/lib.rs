@@ -239,6 +239,7 @@
 //! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
 //! | `diesel` | off | publishing inside the application's own Diesel transaction: `sqlbroker::diesel` module; `diesel-postgres`, `diesel-mysql`, `diesel-sqlite` one backend each (the first two link libpq and libmysqlclient) |
+//! | `testing` | off | `sqlbroker::testing`, helpers for the application's own tests (turn it on in the dev-dependencies): `testing::drain` runs a table's due jobs on the calling thread with [`Subscription::run`]'s outcome rules, `testing::drain_all` also those scheduled or retried for later without waiting their backoff (still bounded by `max_attempts`), `testing::assert_published` / `assert_not_published` check what was published |
 //! | `metrics` | off | counters, histograms and a gauge per table through the `metrics` facade ([Metrics](#metrics)); no library API |
 //!
 //! `tls` is on by default because most managed databases demand TLS and a URL that asks for it
@@ -385,8 +386,8 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-// The rooms, from the top floor down (ARCHITECTURE.md): the public driver seams and the typed
-// jobs; the operator's calls; producing and consuming; the broker handle; the runtime; the
+// The rooms, from the top floor down (ARCHITECTURE.md): the public driver seams, the typed
+// jobs and the test helpers; the operator's calls; producing and consuming; the broker handle; the runtime; the
 // dialects; the model. A room uses only rooms below it.
 #[cfg(any(
     feature = "diesel-postgres",
@@ -410,6 +411,9 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 mod operating;
 #[cfg(test)]
@@ -429,8 +433,8 @@ mod model;
 
 pub use broker::{Broker, BrokerBuilder};
 pub use consuming::delivery::Delivery;
-pub use consuming::outcome::Outcome;
-pub use consuming::subscription::{AckMode, Iter, Ran, Subscription, SubscriptionBuilder};
+pub use consuming::outcome::{Outcome, Ran};
+pub use consuming::subscription::{AckMode, Iter, Subscription, SubscriptionBuilder};
 pub use error::{
     BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, OUTPUT_MAX,
 };

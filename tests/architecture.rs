@@ -22,6 +22,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("mysql", 7),
     ("sqlite", 7),
     ("diesel", 7),
+    ("testing", 7),
     ("races", 8),
     ("lib", 9),
 ];

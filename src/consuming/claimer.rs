@@ -146,6 +146,17 @@ fn paused(ctx: &Ctx) -> Option<Duration> {
     }
 }
 
+/// The pause flag read from the registry now, for a claim on the caller's thread that must
+/// not claim a paused table (`Subscription::claim_on_caller`); the flag the workers keep is
+/// left as it is.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn paused_now(ctx: &Ctx) -> crate::error::Result<bool> {
+    let q = &ctx.queue;
+    q.retrying("pause check", |conn| {
+        crate::runtime::registry::read_paused(q, conn)
+    })
+}
+
 /// What [`read_pause`] found.
 enum Pause {
     /// Read, now or less than a poll interval ago.

@@ -1,6 +1,11 @@
-//! What a [`Subscription::run`](crate::Subscription::run) handler says happened to its delivery.
+//! What a [`Subscription::run`](crate::Subscription::run) handler says happened to its delivery,
+//! how the delivery is settled by it ([`handle`]: the one place of those rules, which `run` and
+//! `testing::drain` share), and the counts of what was done ([`Ran`]).
 
 use std::time::Duration;
+
+use crate::consuming::delivery::Delivery;
+use crate::error::Result;
 
 /// What a [`Subscription::run`](crate::Subscription::run) handler says happened, returned as
 /// `Ok(outcome)`; the runner settles the delivery by it. `Ok(())` converts into
@@ -72,5 +77,108 @@ impl From<()> for Outcome {
     /// `Ok(())` from a handler: [`Outcome::Ack`].
     fn from((): ()) -> Self {
         Outcome::Ack
+    }
+}
+
+/// What [`Subscription::run`](crate::Subscription::run) did (and `testing::drain`, feature
+/// `testing`): each delivery counted by how its handler ended it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ran {
+    /// Deliveries whose handler returned `Ok(())` or `Ok(Outcome::Ack)`, acked.
+    pub acked: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered. Only
+    /// those: a row dead-lettered because its last attempt failed is counted by what ended
+    /// that attempt (`retried`, `failed`, `panicked`, `timed_out`), and the
+    /// `sqlbroker_jobs_dead_lettered_total` metric counts every dead letter.
+    pub dead_lettered: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
+    /// delay (dead-lettered instead on the last attempt).
+    pub retried: usize,
+    /// Deliveries whose handler returned `Ok(Outcome::Cancel)`, cancelled.
+    pub cancelled: usize,
+    /// Deliveries whose handler returned `Err`, failed by the retry policy.
+    pub failed: usize,
+    /// Deliveries whose handler panicked, failed by the retry policy.
+    pub panicked: usize,
+    /// Settlements that returned an error (`LeaseLost`, a lost connection): logged.
+    pub unsettled: usize,
+    /// Deliveries whose handler ran past the
+    /// [`handler_timeout`](crate::SubscriptionBuilder::handler_timeout): failed by the timeout (also
+    /// counted by what the handler returned late).
+    pub timed_out: usize,
+}
+
+/// Runs `handler` on `d` and settles the delivery by what it returned, counted in `ran`: the
+/// outcome rules of [`Subscription::run`](crate::Subscription::run), for each of its threads
+/// and for `testing::drain` on the calling thread.
+///
+/// `Ok(outcome)` settles as [`Outcome`] says; `Err(e)` fails the delivery with `e`'s text
+/// ([`Delivery::fail`]: the retry policy, or a dead letter once the attempts are spent); a
+/// panic is caught and fails it likewise (the thread goes on). A settlement that returns an
+/// error is counted as `unsettled` and logged (a handler timeout's as `timed_out`).
+pub(crate) fn handle<O, E>(
+    d: Delivery,
+    handler: impl FnOnce(&Delivery) -> std::result::Result<O, E>,
+    ran: &parking_lot::Mutex<Ran>,
+    table: &str,
+) where
+    O: Into<Outcome>,
+    E: std::fmt::Display,
+{
+    #[cfg(feature = "tracing")]
+    let _span = tracing::info_span!(
+        "sqlbroker.delivery",
+        table = %table,
+        id = d.id(),
+        attempt = d.attempt()
+    )
+    .entered();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
+    let settled = match outcome {
+        Ok(Ok(said)) => settle_as(d, said.into(), ran),
+        Ok(Err(e)) => {
+            ran.lock().failed += 1;
+            d.fail(e)
+        }
+        Err(panic) => {
+            ran.lock().panicked += 1;
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            d.fail(format!("the handler panicked: {msg}"))
+        }
+    };
+    match settled {
+        Ok(()) => {}
+        Err(e) if e.is_handler_timeout() => ran.lock().timed_out += 1,
+        Err(e) => {
+            ran.lock().unsettled += 1;
+            log::warn!("table {table}: {e}");
+        }
+    }
+}
+
+/// Settles `d` as its handler said, counting the outcome.
+fn settle_as(d: Delivery, said: Outcome, ran: &parking_lot::Mutex<Ran>) -> Result<()> {
+    match said {
+        Outcome::Ack => {
+            ran.lock().acked += 1;
+            d.ack()
+        }
+        Outcome::DeadLetter(reason) => {
+            ran.lock().dead_lettered += 1;
+            d.dead_letter(reason)
+        }
+        Outcome::RetryAfter(delay) => {
+            ran.lock().retried += 1;
+            d.retry_after(delay)
+        }
+        Outcome::Cancel => {
+            ran.lock().cancelled += 1;
+            d.cancel()
+        }
     }
 }

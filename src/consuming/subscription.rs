@@ -11,7 +11,7 @@ use crate::broker::Broker;
 use crate::consuming::claimer;
 use crate::consuming::delivery::Delivery;
 use crate::consuming::form;
-use crate::consuming::outcome::Outcome;
+use crate::consuming::outcome::{self, Outcome, Ran};
 use crate::error::{BrokerError, NextError, Result};
 use crate::model::retry::RetryPolicy;
 use crate::model::table::{Form, Table};
@@ -66,6 +66,9 @@ pub struct SubscriptionBuilder<'a> {
     handler_timeout: Option<Duration>,
     events: Option<Arc<dyn crate::runtime::events::Events>>,
     ack_mode: AckMode,
+    /// False: no claim worker is started, and only [`Subscription::claim_on_caller`] claims
+    /// (`testing::drain`).
+    claim_workers: bool,
 }
 
 /// When [`Delivery::ack`] returns: after its commit (the default), or at once, its row written
@@ -142,7 +145,17 @@ impl<'a> SubscriptionBuilder<'a> {
             handler_timeout: None,
             events: None,
             ack_mode: AckMode::Durable,
+            claim_workers: true,
         }
+    }
+
+    /// Starts no claim worker: the subscription claims only when its owner calls
+    /// [`Subscription::claim_on_caller`], on the calling thread, so what it holds is exactly
+    /// what those calls took (`testing::drain`).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn without_claim_workers(mut self) -> Self {
+        self.claim_workers = false;
+        self
     }
 
     /// Claim worker threads, each claiming on its own pooled connection. Default 1; from 1 to
@@ -403,7 +416,12 @@ impl<'a> SubscriptionBuilder<'a> {
             exited,
             waited: AtomicBool::new(false),
         };
-        for i in 0..ctx.opts.workers {
+        let workers = if self.claim_workers {
+            ctx.opts.workers
+        } else {
+            0
+        };
+        for i in 0..workers {
             let worker = (ctx.clone(), tx.clone(), rx.clone(), alive.clone());
             let thread = format!("sqlbroker-claim-{name}-{i}");
             let spawned = std::thread::Builder::new()
@@ -727,39 +745,7 @@ impl Subscription {
         F: Fn(&Delivery) -> std::result::Result<O, E>,
     {
         while let Some(d) = self.next_delivery() {
-            #[cfg(feature = "tracing")]
-            let _span = tracing::info_span!(
-                "sqlbroker.delivery",
-                table = %self.ctx.spec().name,
-                id = d.id(),
-                attempt = d.attempt()
-            )
-            .entered();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
-            let settled = match outcome {
-                Ok(Ok(said)) => settle_as(d, said.into(), ran),
-                Ok(Err(e)) => {
-                    ran.lock().failed += 1;
-                    d.fail(e)
-                }
-                Err(panic) => {
-                    ran.lock().panicked += 1;
-                    let msg = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
-                    d.fail(format!("the handler panicked: {msg}"))
-                }
-            };
-            match settled {
-                Ok(()) => {}
-                Err(e) if e.is_handler_timeout() => ran.lock().timed_out += 1,
-                Err(e) => {
-                    ran.lock().unsettled += 1;
-                    log::warn!("table {}: {e}", self.ctx.spec().name);
-                }
-            }
+            outcome::handle(d, handler, ran, &self.ctx.spec().name);
         }
     }
 
@@ -969,6 +955,46 @@ impl Subscription {
         fresh.into_iter().map(Delivery::hand_out).collect()
     }
 
+    /// Claims up to `max` rows (at most the batch size) on the calling thread now, whatever
+    /// else is queued or claiming: `testing::drain`, on a subscription started
+    /// [`without_claim_workers`](SubscriptionBuilder::without_claim_workers), where nothing
+    /// else claims. Each claim reads from the head of the claim order (the cursor rewound), so
+    /// a row made due behind the cursor is not passed by: a claim that takes nothing means no
+    /// row is claimable now. A paused table claims nothing.
+    ///
+    /// Returns how many rows the claim took, and the deliveries of those to be handled, not yet
+    /// handed out (dropping one hands its row back, its attempt unspent); the rest were
+    /// dead-lettered at claim (past `max_attempts`, unreadable) or ended as cancelled, as a
+    /// claim worker does.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn claim_on_caller(&self, max: usize) -> Result<(usize, Vec<Delivery>)> {
+        let ctx = &self.ctx;
+        let closed = || BrokerError::Closed {
+            table: ctx.spec().name.clone(),
+        };
+        if ctx.stopped() {
+            return Err(closed());
+        }
+        if claimer::paused_now(ctx)? {
+            return Ok((0, Vec::new()));
+        }
+        let Some(slots) = ctx.slots.try_take(max.clamp(1, ctx.opts.batch)) else {
+            // Every slot is held by a delivery not yet settled: nothing more may be claimed.
+            return Err(closed());
+        };
+        ctx.cursor.rewind();
+        ctx.claiming.fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
+        let claimed = form::claim(ctx, slots.count(), None);
+        ctx.claiming.fetch_sub(1, Ordering::AcqRel);
+        claimer::report(ctx, &claimed, started.elapsed());
+        let claimed = claimed?;
+        let rows = claimed.len();
+        let (fresh, dead) = claimer::sort(ctx, claimed, slots);
+        claimer::bury(ctx, dead);
+        Ok((rows, fresh))
+    }
+
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
     fn fresh(&self, d: Delivery) -> Option<Delivery> {
         self.ctx.slots.dequeue();
@@ -984,28 +1010,6 @@ impl Subscription {
         while let Ok(d) = self.rx.try_recv() {
             // Not handed out: dropping it hands the row back unspent.
             drop(d);
-        }
-    }
-}
-
-/// Settles `d` as its handler said, counting the outcome.
-fn settle_as(d: Delivery, said: Outcome, ran: &parking_lot::Mutex<Ran>) -> Result<()> {
-    match said {
-        Outcome::Ack => {
-            ran.lock().acked += 1;
-            d.ack()
-        }
-        Outcome::DeadLetter(reason) => {
-            ran.lock().dead_lettered += 1;
-            d.dead_letter(reason)
-        }
-        Outcome::RetryAfter(delay) => {
-            ran.lock().retried += 1;
-            d.retry_after(delay)
-        }
-        Outcome::Cancel => {
-            ran.lock().cancelled += 1;
-            d.cancel()
         }
     }
 }
@@ -1064,34 +1068,6 @@ impl std::fmt::Debug for Subscription {
 
 /// The most threads [`Subscription::run`] starts.
 const MAX_RUN_THREADS: usize = 1024;
-
-/// What [`Subscription::run`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Ran {
-    /// Deliveries whose handler returned `Ok(())` or `Ok(Outcome::Ack)`, acked.
-    pub acked: usize,
-    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered. Only
-    /// those: a row dead-lettered because its last attempt failed is counted by what ended
-    /// that attempt (`retried`, `failed`, `panicked`, `timed_out`), and the
-    /// `sqlbroker_jobs_dead_lettered_total` metric counts every dead letter.
-    pub dead_lettered: usize,
-    /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
-    /// delay (dead-lettered instead on the last attempt).
-    pub retried: usize,
-    /// Deliveries whose handler returned `Ok(Outcome::Cancel)`, cancelled.
-    pub cancelled: usize,
-    /// Deliveries whose handler returned `Err`, failed by the retry policy.
-    pub failed: usize,
-    /// Deliveries whose handler panicked, failed by the retry policy.
-    pub panicked: usize,
-    /// Settlements that returned an error (`LeaseLost`, a lost connection): logged.
-    pub unsettled: usize,
-    /// Deliveries whose handler ran past the
-    /// [`handler_timeout`](SubscriptionBuilder::handler_timeout): failed by the timeout (also
-    /// counted by what the handler returned late).
-    pub timed_out: usize,
-}
 
 /// Blocking iterator over a subscription's deliveries ([`Subscription::iter`]).
 ///

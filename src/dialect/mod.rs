@@ -320,6 +320,15 @@ pub(crate) struct TableSql {
     /// Row lock `(id)` -> the row if no other session has it locked, locked (a probe, rolled
     /// back at once).
     pub probe_lock: String,
+    /// `testing::drain_all`: `(now, latest[, now])` (the second `now` in the lease form) ->
+    /// ids of the jobs scheduled for later that it makes due ([`shared::Syntax::due_statements`]),
+    /// by id; in the row lock form locked `FOR UPDATE SKIP LOCKED`.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub due_later: String,
+    /// `testing::drain_all`: `(now, id, now, latest[, now])` moves the row's `run_at` to `now`
+    /// if it is still one of [`TableSql::due_later`]'s.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub make_due: String,
     /// The grouped lease ack ([`Dialect::lease_ack_many`]) by size class, built on first use.
     pub ack_many: BySize,
 }

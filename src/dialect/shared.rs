@@ -1091,6 +1091,56 @@ impl Syntax {
             p(1),
             p(2)
         );
+        self.due_statements(spec, sql);
+    }
+
+    /// The statements by which `testing::drain_all` makes the jobs scheduled for later due now
+    /// ([`TableSql::due_later`], [`TableSql::make_due`]): a live row (`dead_at` empty) due
+    /// after `now` and before the latest time the queue writes (a waiting job's due time, see
+    /// [`crate::runtime::deps::waiting_due`]: it waits on other jobs, not on the clock). Never
+    /// a row in work: in the lease form a leased row (`locked_until` in the future) is left
+    /// alone; in the row lock form the rows are read `FOR UPDATE SKIP LOCKED`, so a row a
+    /// delivery holds (a checkpoint moves its due time ahead while it is in work) is passed by.
+    /// The advisory form's rows in work are due already (the claim takes due rows and moves
+    /// nothing). The update checks each condition again, so a row claimed or settled since
+    /// the read is left as it is.
+    pub fn due_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
+        let (t, id, run_at, dead_at) = (
+            self.q(&spec.name),
+            self.q(&spec.id),
+            self.q(&spec.run_at),
+            self.q(&spec.dead_at),
+        );
+        let later = |first: usize| {
+            let mut cond = format!(
+                "{dead_at} IS NULL AND {run_at} > {} AND {run_at} < {}",
+                self.p(first),
+                self.p(first + 1)
+            );
+            if spec.form == Form::Lease {
+                let lu = self.q(&spec.locked_until);
+                cond.push_str(&format!(
+                    " AND ({lu} IS NULL OR {lu} <= {})",
+                    self.p(first + 2)
+                ));
+            }
+            cond
+        };
+        let lock = if spec.form == Form::RowLock {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        sql.due_later = format!(
+            "SELECT {id} FROM {t} WHERE {} ORDER BY {id}{lock}",
+            later(1)
+        );
+        sql.make_due = format!(
+            "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {}",
+            self.p(1),
+            self.p(2),
+            later(3)
+        );
     }
 
     /// [`TableSql::stats`] where aggregates take `FILTER` (PostgreSQL, SQLite): one scan, a

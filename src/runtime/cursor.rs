@@ -82,6 +82,13 @@ impl ClaimCursor {
         }
     }
 
+    /// The next claim starts from the head whatever the cursor says (`testing::drain`: a claim
+    /// that then finds nothing proves no row is claimable).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub fn rewind(&self) {
+        self.state.lock().restart(Instant::now());
+    }
+
     /// A claim that started at `start` asked for `limit` rows and took those keyed `keys`.
     /// Fewer than asked: it reached the end, the next claim starts from the head. Else the
     /// cursor moves to the largest key taken (never back within a pass).

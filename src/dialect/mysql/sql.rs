@@ -1432,4 +1432,38 @@ mod tests {
         }
         assert!(sql.jobs_preview[4].is_none(), "no completed rows kept");
     }
+
+    /// `testing::drain_all`'s statements: the jobs scheduled for later (not a waiting job, due
+    /// at the latest time; lease: not leased; row lock: not locked by a delivery), each moved
+    /// to now if it still qualifies.
+    #[test]
+    fn drain_all_statements() {
+        let row_lock = compile(Table::new("jobs"));
+        assert_eq!(
+            row_lock.due_later,
+            "SELECT `id` FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` > ? AND `run_at` < ? ORDER BY `id` \
+             FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            row_lock.make_due,
+            "UPDATE `jobs` SET `run_at` = ? WHERE `id` = ? AND `dead_at` IS NULL AND `run_at` > ? AND `run_at` < ?"
+        );
+        let lease = compile(Table::new("jobs").lease(Duration::from_secs(30)));
+        assert_eq!(
+            lease.due_later,
+            "SELECT `id` FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` > ? AND `run_at` < ? AND \
+             (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `id`"
+        );
+        assert_eq!(
+            lease.make_due,
+            "UPDATE `jobs` SET `run_at` = ? WHERE `id` = ? AND `dead_at` IS NULL AND `run_at` > ? AND `run_at` < ? \
+             AND (`locked_until` IS NULL OR `locked_until` <= ?)"
+        );
+        let advisory = compile(Table::new("jobs").text_column("k").advisory_lock("k-{k}"));
+        assert_eq!(
+            advisory.due_later,
+            "SELECT `id` FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` > ? AND `run_at` < ? ORDER BY `id`"
+        );
+        assert_eq!(advisory.make_due, row_lock.make_due);
+    }
 }

@@ -889,4 +889,44 @@ mod tests {
         }
         assert!(sql.jobs_preview[4].is_none(), "no completed rows kept");
     }
+
+    /// `testing::drain_all`'s statements: the jobs scheduled for later (not a waiting job, due
+    /// at the latest time; lease: not leased; row lock: not locked by a delivery), each moved
+    /// to now if it still qualifies.
+    #[test]
+    fn drain_all_statements() {
+        let row_lock = compile(Table::new("jobs"));
+        assert_eq!(
+            row_lock.due_later,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 AND \"run_at\" < $2 \
+             ORDER BY \"id\" FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            row_lock.make_due,
+            "UPDATE \"jobs\" SET \"run_at\" = $1 WHERE \"id\" = $2 AND \"dead_at\" IS NULL AND \"run_at\" > $3 \
+             AND \"run_at\" < $4"
+        );
+        let lease = compile(Table::new("jobs").lease(Duration::from_secs(30)));
+        assert_eq!(
+            lease.due_later,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 AND \"run_at\" < $2 \
+             AND (\"locked_until\" IS NULL OR \"locked_until\" <= $3) ORDER BY \"id\""
+        );
+        assert_eq!(
+            lease.make_due,
+            "UPDATE \"jobs\" SET \"run_at\" = $1 WHERE \"id\" = $2 AND \"dead_at\" IS NULL AND \"run_at\" > $3 \
+             AND \"run_at\" < $4 AND (\"locked_until\" IS NULL OR \"locked_until\" <= $5)"
+        );
+        let advisory = compile(Table::new("jobs").text_column("k").advisory_lock("k-{k}"));
+        assert_eq!(
+            advisory.due_later,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" > $1 AND \"run_at\" < $2 \
+             ORDER BY \"id\""
+        );
+        assert_eq!(
+            advisory.make_due,
+            "UPDATE \"jobs\" SET \"run_at\" = $1 WHERE \"id\" = $2 AND \"dead_at\" IS NULL AND \"run_at\" > $3 \
+             AND \"run_at\" < $4"
+        );
+    }
 }

@@ -637,4 +637,33 @@ mod tests {
         }
         assert!(sql.jobs_preview[4].is_none(), "no completed rows kept");
     }
+
+    /// `testing::drain_all`'s statements: the jobs scheduled for later (not a waiting job, due
+    /// at the latest time; lease: not leased), each moved to now if it still qualifies. No row
+    /// lock form on SQLite.
+    #[test]
+    fn drain_all_statements() {
+        let lease = compile(Table::new("jobs").lease(Duration::from_secs(30)));
+        assert_eq!(
+            lease.due_later,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" > ?1 AND \"run_at\" < ?2 \
+             AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?3) ORDER BY \"id\""
+        );
+        assert_eq!(
+            lease.make_due,
+            "UPDATE \"jobs\" SET \"run_at\" = ?1 WHERE \"id\" = ?2 AND \"dead_at\" IS NULL AND \"run_at\" > ?3 \
+             AND \"run_at\" < ?4 AND (\"locked_until\" IS NULL OR \"locked_until\" <= ?5)"
+        );
+        let advisory = compile(Table::new("jobs").text_column("k").advisory_lock("k-{k}"));
+        assert_eq!(
+            advisory.due_later,
+            "SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" > ?1 AND \"run_at\" < ?2 \
+             ORDER BY \"id\""
+        );
+        assert_eq!(
+            advisory.make_due,
+            "UPDATE \"jobs\" SET \"run_at\" = ?1 WHERE \"id\" = ?2 AND \"dead_at\" IS NULL AND \"run_at\" > ?3 \
+             AND \"run_at\" < ?4"
+        );
+    }
 }
