@@ -1020,7 +1020,7 @@ impl Syntax {
                 Form::RowLock => (format!("{id} = {}", p(1)), format!(", {att} = {att} + 1")),
                 Form::AdvisoryLock => (format!("{id} = {}", p(1)), String::new()),
             };
-            sql.ack = format!("UPDATE {t} SET {finish} WHERE {fence}");
+            sql.ack = format!("UPDATE {t} SET {finish}{counted} WHERE {fence}");
             sql.cancel_held =
                 format!("UPDATE {t} SET {finish}, {reason} = '{CANCELLED}'{counted} WHERE {fence}");
             let mut cols = format!("{id}, {att}, {}, {c}", self.q(&spec.payload));

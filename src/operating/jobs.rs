@@ -164,7 +164,8 @@ impl Job {
     }
 
     /// Attempts spent so far (the lease and advisory forms count one at claim, the row lock
-    /// form when an attempt is retried or dead-lettered).
+    /// form when an attempt is settled: retried, dead-lettered, cancelled, or acked on a table
+    /// that keeps completed rows).
     pub fn attempts(&self) -> u32 {
         self.attempts
     }

@@ -1180,7 +1180,8 @@ mod tests {
         let sql = compile(t.clone());
         assert_eq!(
             sql.ack,
-            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP() WHERE `id` = ?"
+            "UPDATE `jobs` SET `dead_at` = UTC_TIMESTAMP(), `completed_at` = UTC_TIMESTAMP(), \
+             `attempts` = `attempts` + 1 WHERE `id` = ?"
         );
         let lease = t.clone().lease(Duration::from_secs(30)).validate().unwrap();
         assert_eq!(

@@ -609,7 +609,8 @@ mod tests {
         assert_eq!(
             row_lock.ack,
             "UPDATE \"jobs\" SET \"dead_at\" = date_trunc('second', statement_timestamp()), \
-             \"completed_at\" = date_trunc('second', statement_timestamp()) WHERE \"id\" = $1"
+             \"completed_at\" = date_trunc('second', statement_timestamp()), \"attempts\" = \"attempts\" + 1 \
+             WHERE \"id\" = $1"
         );
         let ddl = create_table(&keep(Table::new("jobs")).validate().unwrap());
         assert!(ddl[0]
