@@ -396,7 +396,13 @@ fn close_returns_unconsumed_rows(db: Db, form: Form) {
     for _ in 0..5 {
         got.push(
             sub2.next_delivery_timeout(Duration::from_secs(3))
-                .expect("row back at once after close"),
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "row back at once after close: {e} after {} (last error {:?})",
+                        got.len(),
+                        sub2.last_error()
+                    )
+                }),
         );
     }
     let ids: HashSet<i64> = got.iter().map(Delivery::id).collect();

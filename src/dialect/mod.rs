@@ -184,10 +184,12 @@ pub(crate) struct TableSql {
     /// Advisory, PostgreSQL tables without FIFO groups or priorities: a claim's first page is
     /// read with `claim_after` from the subscription's [cursor](crate::runtime::cursor).
     pub advisory_cursor: bool,
-    /// PostgreSQL tables without priorities or FIFO groups, the claim of the rows after
+    /// Tables without priorities or FIFO groups on the servers, the claim of the rows after
     /// `(run_at, id)` in claim order (the subscription's [cursor](crate::runtime::cursor)):
-    /// lease `(now, limit, token, run_at, id)`, row lock `(now, limit, run_at, id)`. Where it
-    /// is set, `claim` and this claim return each row's `run_at` after its columns.
+    /// PostgreSQL lease `(now, limit, token, run_at, id)`, row lock `(now, limit, run_at,
+    /// id)`; MySQL (`?` cannot be numbered) lease `(now, now, run_at, run_at, id, limit)`, row
+    /// lock `(now, run_at, run_at, id, limit)`. Where it is set, `claim` and this claim return
+    /// each row's `run_at` after its columns.
     pub claim_from: Option<String>,
     /// Lease: the claim of at most one row, where the database runs another spelling faster
     /// (same parameters as `claim`).
@@ -485,13 +487,25 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// The row lock claim, inside the claim transaction the form has opened: the one row it
-    /// took, locked. Default: `claim` `(now, 1)`.
+    /// took, locked. `after`: the subscription's cursor `(run_at, id)`, read on from where the
+    /// table has [`TableSql::claim_from`]. Default: `claim_from` `(now, 1, run_at, id)`, else
+    /// `claim` `(now, 1)`.
     fn row_lock_claim(
         &self,
         conn: &mut dyn DbConn,
         sql: &TableSql,
         now: SystemTime,
+        after: Option<(SystemTime, i64)>,
     ) -> Result<Option<Vec<Value>>, DbError> {
+        if let (Some(from), Some((run_at, id))) = (&sql.claim_from, after) {
+            let params = [
+                Value::Time(now),
+                Value::Int(1),
+                Value::Time(run_at),
+                Value::Int(id),
+            ];
+            return Ok(conn.query(from, &params)?.into_iter().next());
+        }
         claim_one_row(conn, sql, now)
     }
 
@@ -612,9 +626,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn max_params(&self) -> usize;
 
     /// Claims up to `limit` lease rows: writes `token` into `locked_until`, counts the attempt
-    /// and commits. Returns the rows with their attempts after the count.
-    /// Default: one statement `(now, limit, token)` returning the rows, or, where the table has
-    /// [`TableSql::fifo_takes`], that protocol in one transaction (`begin`).
+    /// and commits. Returns the rows with their attempts after the count. `after`: the
+    /// subscription's cursor `(run_at, id)`, read on from where the table has
+    /// [`TableSql::claim_from`].
+    /// Default: one statement `(now, limit, token)` returning the rows (`claim_from`: `(now,
+    /// limit, token, run_at, id)`), or, where the table has [`TableSql::fifo_takes`], that
+    /// protocol in one transaction (`begin`).
     fn lease_claim(
         &self,
         conn: &mut dyn DbConn,
@@ -622,7 +639,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         now: SystemTime,
         limit: usize,
         token: SystemTime,
+        after: Option<(SystemTime, i64)>,
     ) -> Result<Vec<Vec<Value>>, DbError> {
+        if let (Some(from), Some((run_at, id))) = (&sql.claim_from, after) {
+            let params = [
+                Value::Time(now),
+                Value::Int(limit as i64),
+                Value::Time(token),
+                Value::Time(run_at),
+                Value::Int(id),
+            ];
+            return conn.query(from, &params);
+        }
         if !sql.fifo_takes.is_empty() {
             return in_transaction(conn, &sql.begin, |conn| {
                 let found =

@@ -108,6 +108,7 @@ impl Dialect for Scripted {
         _: SystemTime,
         limit: usize,
         _: SystemTime,
+        _: Option<(SystemTime, i64)>,
     ) -> Result<Vec<Vec<Value>>, DbError> {
         let n = self.0.claims.fetch_add(1, Ordering::SeqCst) + 1;
         if self.0.panic_on_claim == Some(n) {

@@ -58,22 +58,11 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
     }
     // Where the claim starts reading: after the cursor, where the table has one.
     let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
-    let rows = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
-        (Some(from), Some((run_at, id))) => conn.query(
-            from,
-            &[
-                Value::Time(claim_now(now)),
-                Value::Int(limit as i64),
-                Value::Time(token),
-                Value::Time(run_at),
-                Value::Int(id),
-            ],
-        ),
-        _ => q
-            .dialect
-            .lease_claim(&mut *conn, &q.sql, claim_now(now), limit, token),
-    }
-    .map_err(q.err("claim"))?;
+    let after = start.and_then(|s| s.after);
+    let rows = q
+        .dialect
+        .lease_claim(&mut *conn, &q.sql, claim_now(now), limit, token, after)
+        .map_err(q.err("claim"))?;
     if let Some(start) = start {
         // Each row's `run_at` comes last (`row_columns`): the cursor's key.
         let keys: Vec<Option<Key>> = rows

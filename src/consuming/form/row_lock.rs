@@ -55,19 +55,8 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     }
     // Where the claim starts reading: after the cursor, where the table has one.
     let start = q.sql.claim_from.as_ref().map(|_| ctx.cursor.start());
-    let claimed = match (&q.sql.claim_from, start.and_then(|s| s.after)) {
-        (Some(from), Some((run_at, id))) => {
-            let params = [
-                Value::Time(now),
-                Value::Int(1),
-                Value::Time(run_at),
-                Value::Int(id),
-            ];
-            conn.query(from, &params)
-                .map(|rows| rows.into_iter().next())
-        }
-        _ => q.dialect.row_lock_claim(&mut *conn, &q.sql, now),
-    };
+    let after = start.and_then(|s| s.after);
+    let claimed = q.dialect.row_lock_claim(&mut *conn, &q.sql, now, after);
     let row = match claimed {
         Ok(row) => row,
         Err(e) => {

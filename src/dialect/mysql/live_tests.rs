@@ -153,7 +153,7 @@ fn lease_claim_renew_and_fence() {
         })
         .collect();
     let token = now + Duration::from_secs(5);
-    let rows = d.lease_claim(&mut *c, &sql, now, 2, token).unwrap();
+    let rows = d.lease_claim(&mut *c, &sql, now, 2, token, None).unwrap();
     assert_eq!(
         rows.iter()
             .map(|r| (r[0].clone(), r[1].clone()))
@@ -163,10 +163,10 @@ fn lease_claim_renew_and_fence() {
             (Value::Int(ids[1]), Value::Int(1))
         ]
     );
-    let rows = d.lease_claim(&mut *c, &sql, now, 5, token).unwrap();
+    let rows = d.lease_claim(&mut *c, &sql, now, 5, token, None).unwrap();
     assert_eq!(rows.len(), 1);
     assert!(d
-        .lease_claim(&mut *c, &sql, now, 5, token)
+        .lease_claim(&mut *c, &sql, now, 5, token, None)
         .unwrap()
         .is_empty());
     // Renewing to the value the row already holds still renews (no row count involved).

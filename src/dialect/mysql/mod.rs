@@ -326,10 +326,11 @@ impl Dialect for Mysql {
         now: SystemTime,
         limit: usize,
         token: SystemTime,
+        after: Option<(SystemTime, i64)>,
     ) -> Result<Vec<Vec<Value>>, DbError> {
         match &sql.fifo {
             Some(fifo) => protocol::fifo_lease_claim(conn, sql, fifo, now, limit, token),
-            None => protocol::lease_claim(conn, sql, now, limit, token),
+            None => protocol::lease_claim(conn, sql, now, limit, token, after),
         }
     }
 
@@ -360,10 +361,21 @@ impl Dialect for Mysql {
         conn: &mut dyn DbConn,
         sql: &TableSql,
         now: SystemTime,
+        after: Option<(SystemTime, i64)>,
     ) -> Result<Option<Vec<Value>>, DbError> {
-        match &sql.fifo {
-            Some(fifo) => protocol::fifo_row_lock_claim(conn, sql, fifo, now),
-            None => crate::dialect::claim_one_row(conn, sql, now),
+        match (&sql.fifo, &sql.claim_from, after) {
+            (Some(fifo), _, _) => protocol::fifo_row_lock_claim(conn, sql, fifo, now),
+            (None, Some(from), Some((run_at, id))) => {
+                let params = [
+                    Value::Time(now),
+                    Value::Time(run_at),
+                    Value::Time(run_at),
+                    Value::Int(id),
+                    Value::Int(1),
+                ];
+                Ok(conn.query(from, &params)?.into_iter().next())
+            }
+            _ => crate::dialect::claim_one_row(conn, sql, now),
         }
     }
 

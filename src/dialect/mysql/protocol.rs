@@ -28,12 +28,26 @@ pub(super) fn lease_claim(
     now: SystemTime,
     limit: usize,
     token: SystemTime,
+    after: Option<(SystemTime, i64)>,
 ) -> Result<Vec<Vec<Value>>, DbError> {
     in_transaction(conn, &sql.begin, |conn| {
-        let mut rows = conn.query(
-            &sql.claim,
-            &[Value::Time(now), Value::Time(now), Value::Int(limit as i64)],
-        )?;
+        let mut rows = match (&sql.claim_from, after) {
+            (Some(from), Some((run_at, id))) => conn.query(
+                from,
+                &[
+                    Value::Time(now),
+                    Value::Time(now),
+                    Value::Time(run_at),
+                    Value::Time(run_at),
+                    Value::Int(id),
+                    Value::Int(limit as i64),
+                ],
+            )?,
+            _ => conn.query(
+                &sql.claim,
+                &[Value::Time(now), Value::Time(now), Value::Int(limit as i64)],
+            )?,
+        };
         if rows.is_empty() {
             return Ok(rows);
         }

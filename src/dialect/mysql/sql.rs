@@ -248,16 +248,41 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         // the one the failed insert already took on the holder's index entry.
         sql.dedup_holder.push_str(" LOCK IN SHARE MODE");
     }
+    // The cursor, as PostgreSQL's (runtime/cursor.rs): a claim reads on past the rows claimed
+    // before, whose delete-marked entries a snapshot held elsewhere keeps from purge. Spelled
+    // as two ranges, not `(run_at, id) > (?, ?)`: MariaDB plans the row comparison on
+    // `run_at` alone and walks every entry of the cursor's second. On the ready index by
+    // force: on a small table MariaDB chose to scan the primary key and sort, which locks
+    // every claimable row it reads (`SKIP LOCKED` claims then skip rows no one works on).
+    let run_at = s.q(&spec.run_at);
+    let cursor = (spec.priority.is_none() && spec.fifo_group().is_none())
+        .then(|| format!(" AND ({run_at} > ? OR ({run_at} = ? AND {id} > ?))"));
+    let on_ready = |from: &str| match from {
+        "" => t.clone(),
+        _ => format!("{t} FORCE INDEX ({})", s.q(&format!("{}_ready", spec.name))),
+    };
     match spec.form {
         Form::RowLock => {
-            sql.claim =
-                format!("SELECT {row} FROM {t} WHERE {ready} ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED");
+            let claim = |from: &str| {
+                format!(
+                    "SELECT {row} FROM {} WHERE {ready}{from} ORDER BY {order} LIMIT ? FOR UPDATE \
+                     SKIP LOCKED",
+                    on_ready(from)
+                )
+            };
+            sql.claim_from = cursor.as_deref().map(&claim);
+            sql.claim = claim("");
         }
         Form::Lease => {
-            sql.claim = format!(
-                "SELECT {row} FROM {t} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?) \
-                 ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED"
-            );
+            let claim = |from: &str| {
+                format!(
+                    "SELECT {row} FROM {} WHERE {ready} AND ({lu} IS NULL OR {lu} <= ?){from} \
+                     ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED",
+                    on_ready(from)
+                )
+            };
+            sql.claim_from = cursor.as_deref().map(&claim);
+            sql.claim = claim("");
             let mark = format!("UPDATE {t} SET {lu} = ?, {att} = {att} + 1 WHERE {id} IN (");
             sql.lease_marks = (0..MARK_CLASSES)
                 .map(|k| format!("{mark}{})", placeholders(1 << k)))
@@ -817,6 +842,16 @@ mod tests {
             "SELECT `id`, `attempts`, `payload`, `to`, `run_at` FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
+        // The cursor: `(now, run_at, run_at, id, limit)`; none in a FIFO table.
+        assert_eq!(
+            sql.claim_from.as_deref(),
+            Some(
+                "SELECT `id`, `attempts`, `payload`, `to`, `run_at` FROM `emails` FORCE INDEX (`emails_ready`) WHERE \
+                 `dead_at` IS NULL AND `run_at` <= ? AND (`run_at` > ? OR (`run_at` = ? AND `id` > ?)) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+        );
+        let fifo = Table::new("emails").text_column("to").group("to").fifo();
+        assert!(compile(fifo).claim_from.is_none());
         assert_eq!(sql.ack, "DELETE FROM `emails` WHERE `id` = ?");
         assert_eq!(
             sql.any_ready.as_deref(),
@@ -897,6 +932,19 @@ mod tests {
             "SELECT `id`, `attempts`, `payload`, `n`, `cancel_requested`, `run_at` FROM `thumbs` WHERE `dead_at` IS NULL AND `run_at` <= ? \
              AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
+        // The cursor: `(now, now, run_at, run_at, id, limit)`; none with priorities.
+        assert_eq!(
+            sql.claim_from.as_deref(),
+            Some(
+                "SELECT `id`, `attempts`, `payload`, `n`, `cancel_requested`, `run_at` FROM `thumbs` FORCE INDEX \
+                 (`thumbs_ready`) WHERE `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) AND (`run_at` > ? OR (`run_at` = ? \
+                 AND `id` > ?)) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+        );
+        let urgent = Table::new("thumbs")
+            .priorities()
+            .lease(Duration::from_secs(30));
+        assert!(compile(urgent).claim_from.is_none());
         assert_eq!(sql.lease_marks.len(), 11);
         assert_eq!(
             sql.lease_marks[0],
