@@ -204,6 +204,8 @@ fn read_pause(ctx: &Ctx) -> Pause {
 /// Rows a claim took, as deliveries (each owning one of `slots`; the slots left over go back)
 /// and the rows to dead-letter instead (with why). Dead letters are written after the
 /// deliveries are on their way ([`bury`]).
+///
+/// Modelled in model/advisory.pml (end_cancelled), model/lease.pml (end_cancelled).
 pub(crate) fn sort(
     ctx: &Arc<Ctx>,
     claimed: Vec<Claimed>,
@@ -249,6 +251,8 @@ pub(crate) fn bury(ctx: &Arc<Ctx>, dead: Vec<(Claimed, Unrun)>) {
 
 /// Ends a claimed row whose cancel was requested: the retry statement finishes a marked row
 /// as cancelled ([`Syntax::cancelled_case`](crate::dialect::shared::Syntax::cancelled_case)).
+///
+/// Modelled in model/advisory.pml (end_cancelled), model/lease.pml (end_cancelled).
 fn end_cancelled(ctx: &Arc<Ctx>, c: Claimed) {
     let id = c.id;
     log::info!(

@@ -76,6 +76,8 @@ pub(crate) struct SessionKeys {
 
 impl SessionKeys {
     /// Tries `name` without waiting: `Ok(true)` if taken, `Ok(false)` if another session has it.
+    ///
+    /// Modelled in model/advisory.pml (key_lock).
     pub fn lock(
         &mut self,
         conn: &mut dyn DbConn,

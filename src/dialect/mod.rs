@@ -70,6 +70,8 @@ pub(crate) mod savepoint {
 pub(crate) struct LimitSql {
     /// Opens the claim's transaction: READ COMMITTED, so each statement after the lock reads
     /// what was committed before it was granted (SQLite: `BEGIN IMMEDIATE`, the one writer).
+    ///
+    /// Modelled in model/limits.pml (count_and_choose).
     pub begin: Vec<String>,
     /// Row lock form, PostgreSQL: `(name)` -> 1 if the slot key was taken until the
     /// transaction ends, 0 if held elsewhere. The slots are then taken inside the claim's
@@ -84,11 +86,15 @@ pub(crate) struct LimitSql {
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,
     /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
+    ///
+    /// Modelled in model/limits.pml (count_and_choose).
     pub in_work: String,
     /// `(now, now, limit)` -> `id, <user columns>` of up to `limit` claimable rows in claim
     /// order: `[0]` locking nothing, `[1]` (a claim's first page) on the servers locked `FOR
     /// UPDATE SKIP LOCKED` (rows another claim holds are passed by). Row lock form: `[0]`,
     /// `(now, limit)`.
+    ///
+    /// Modelled in model/limits.pml (count_and_choose).
     pub candidates: [String; 2],
     /// PostgreSQL lease tables without priorities: `(now, now, run_at, id, limit)` -> `id,
     /// run_at, <user columns>` of the candidates after the row `(run_at, id)`, read from the
@@ -107,6 +113,8 @@ pub(crate) struct LimitSql {
     /// The servers, per size class: `(token, id x 2^k)` leases the rows chosen, counting their
     /// attempts (this claim holds their locks), returning them where the database has
     /// `RETURNING`. Empty (SQLite): [`LimitSql::take`].
+    ///
+    /// Modelled in model/limits.pml (count_and_choose).
     pub take_locked: Vec<String>,
     /// Without `RETURNING` (MySQL), per size class: `(id x 2^k)` -> the rows the take leased,
     /// read under the locks.
@@ -166,6 +174,8 @@ pub(crate) struct TableSql {
     /// limit (operators' counts).
     pub flow_ready: Option<String>,
     /// Opens a claim transaction at the table's isolation level.
+    ///
+    /// Modelled in model/fifo.pml (heads), model/row_lock.pml (claim).
     pub begin: Vec<String>,
     /// Opens a write transaction (batch publish, renewal loops).
     pub begin_write: String,
@@ -178,11 +188,18 @@ pub(crate) struct TableSql {
     /// - lease: see [`Dialect::lease_claim`];
     /// - advisory: `(now, limit)` -> `id, run_at, <user columns>` of claimable rows, locking
     ///   nothing.
+    ///
+    /// Modelled in model/advisory.pml (candidates), model/fifo.pml (heads), model/lease.pml
+    /// (claim), model/limits.pml (candidates), model/row_lock.pml (claim).
     pub claim: String,
     /// Advisory: `(now, run_at, id, limit)`, the candidates after the row `(run_at, id)`.
+    ///
+    /// Modelled in model/advisory.pml (candidates).
     pub claim_after: String,
     /// Advisory, PostgreSQL tables without FIFO groups or priorities: a claim's first page is
     /// read with `claim_after` from the subscription's [cursor](crate::runtime::cursor).
+    ///
+    /// Modelled in model/advisory.pml (candidates).
     pub advisory_cursor: bool,
     /// Tables without priorities or FIFO groups on the servers, the claim of the rows after
     /// `(run_at, id)` in claim order (the subscription's [cursor](crate::runtime::cursor)):
@@ -190,9 +207,13 @@ pub(crate) struct TableSql {
     /// id)`; MySQL (`?` cannot be numbered) lease `(now, now, run_at, run_at, id, limit)`, row
     /// lock `(now, run_at, run_at, id, limit)`. Where it is set, `claim` and this claim return
     /// each row's `run_at` after its columns.
+    ///
+    /// Modelled in model/lease.pml (claim), model/row_lock.pml (claim).
     pub claim_from: Option<String>,
     /// Lease: the claim of at most one row, where the database runs another spelling faster
     /// (same parameters as `claim`).
+    ///
+    /// Modelled in model/lease.pml (claim).
     pub claim_one: Option<String>,
     /// Lease form where the claim is a locking select (MySQL): `(token, id x 2^k)` leases the
     /// found rows, one statement per id-list size class `k`, built with the table so no claim
@@ -204,6 +225,8 @@ pub(crate) struct TableSql {
     /// snapshot taken while the locks are held, re-checks those heads and leases them,
     /// returning the rows (one statement per id-list size class). Empty: the claim is one
     /// statement.
+    ///
+    /// Modelled in model/fifo.pml (fifo_take).
     pub fifo_takes: Vec<String>,
     /// FIFO claims in several statements (MySQL): see [`FifoSql`].
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
@@ -211,35 +234,61 @@ pub(crate) struct TableSql {
     /// Advisory: `(now, id)` takes the row if it is still claimable, counting its attempt; in a
     /// FIFO table only if it is still its group's head (MySQL: `(now, id, group, group)`).
     /// Returns the row where the database has `RETURNING`, else only changes it (then `fetch`).
+    ///
+    /// Modelled in model/advisory.pml (take), model/limits.pml (take).
     pub take: String,
     /// `(id)` -> the row.
+    ///
+    /// Modelled in model/advisory.pml (take).
     pub fetch: String,
     /// Row lock, advisory: `(id)`; lease: `(id, token)`. Deletes the row.
+    ///
+    /// Modelled in model/advisory.pml (settle), model/fifo.pml (settle), model/lease.pml (settle),
+    /// model/limits.pml (settle), model/row_lock.pml (settle).
     pub ack: String,
     /// Row lock: `(run_at, error, failures, id)`, counting the attempt; advisory: `(run_at,
     /// error, failures, id)`; lease: `(run_at, error, failures, id, token)`, clearing the
     /// lease. `error` (text, or `NULL` to keep the last one) goes to `last_error`, `failures`
     /// (0 or 1) is added to `errors`. Lease and advisory: a row whose cancel was requested is
     /// finished as cancelled instead ([`shared::Syntax::cancelled_case`]).
+    ///
+    /// Modelled in model/advisory.pml (settle), model/fifo.pml (settle), model/lease.pml (settle),
+    /// model/limits.pml (settle), model/row_lock.pml (settle).
     pub retry: String,
     /// Row lock: `(now, reason, error, failures, id)`, counting the attempt; advisory: `(now,
     /// reason, error, failures, id)`; lease: `(now, reason, error, failures, id, token)`,
     /// clearing the lease.
+    ///
+    /// Modelled in model/advisory.pml (settle), model/fifo.pml (settle), model/lease.pml (settle),
+    /// model/limits.pml (settle), model/row_lock.pml (settle).
     pub dead: String,
     /// Cancels a held row for good (a delivery's [`cancel`](crate::Delivery::cancel)): deletes
     /// it, or on a table that keeps completed rows marks it completed and finished with the
     /// reason [`CANCELLED`](shared::CANCELLED) (row lock: counting the attempt). Row lock,
     /// advisory: `(id)`; lease: `(id, token)`.
+    ///
+    /// Modelled in model/advisory.pml (settle), model/lease.pml (settle), model/row_lock.pml
+    /// (settle).
     pub cancel_held: String,
     /// Hands back a row no handler saw, giving back the attempt its claim counted. Lease:
     /// `(id, token)`, clearing the lease; advisory: `(id)`, run under the row's key.
+    ///
+    /// Modelled in model/advisory.pml (settle), model/fifo.pml (hand_back), model/lease.pml
+    /// (settle), model/limits.pml (turn).
     pub unclaim: String,
     /// Lease: `(deadline, id, token)` moves the lease's deadline (the delivery's new token).
+    ///
+    /// Modelled in model/lease.pml (extend).
     pub extend: String,
     /// Advisory with server-side keys: `(name)` -> one row, one value: 1 if taken, 0 if held
     /// elsewhere. `None`: keys are kept in the process ([`Dialect::process_keys`]).
+    ///
+    /// Modelled in model/advisory.pml (key_lock, cancel_under_key), model/limits.pml (take_slots).
     pub key_lock: Option<String>,
     /// `(name)` -> 1 if this session held the key.
+    ///
+    /// Modelled in model/advisory.pml (take_missed, settle, cancel_under_key), model/limits.pml
+    /// (settle).
     pub key_unlock: Option<String>,
     /// Tables with dedup keys: `(key)` -> the id of the unfinished row holding it.
     pub dedup_holder: String,
@@ -289,6 +338,8 @@ pub(crate) struct TableSql {
     pub completed_prune_range: String,
     /// `(id)` -> the row in the [`shared::Syntax::job_columns`] layout, then, on a table that
     /// has them, its output and its checkpoint.
+    ///
+    /// Modelled in model/advisory.pml (cancel_mark), model/lease.pml (cancel_lookup).
     pub job: String,
     /// Tables with outputs: `(output, id)` writes the row's output (in the transaction of the
     /// settlement that ends it).
@@ -297,9 +348,13 @@ pub(crate) struct TableSql {
     /// by the token; advisory lock `(data, id)`, under the key, of a live row; row lock
     /// `(data, guard, id)`, in the delivery's transaction, moving `run_at` to `guard` (a
     /// crash's row stays unclaimed until then, while the transaction is chained).
+    ///
+    /// Modelled in model/lease.pml (checkpoint), model/row_lock.pml (checkpoint).
     pub checkpoint_write: Option<String>,
     /// Row lock tables with checkpoints: `(id)` locks the row again after the checkpoint's
     /// commit, if it is still live -> its id.
+    ///
+    /// Modelled in model/row_lock.pml (relock).
     pub relock: Option<String>,
     /// Per job state (scheduled, ready, in flight, dead, completed; `None`: no such rows in
     /// this table), `(now x n, after, limit)` -> the `job` columns of the rows in that state
@@ -313,11 +368,18 @@ pub(crate) struct TableSql {
     /// Cancel of a row not in work: `(id)`, lease `(id, now)`: deletes it or, on a table that
     /// keeps completed rows, keeps it completed and cancelled; a completed row, or a leased
     /// one, is left alone.
+    ///
+    /// Modelled in model/advisory.pml (cancel_remove_dead, cancel_under_key), model/lease.pml
+    /// (cancel_remove), model/row_lock.pml (cancel_remove).
     pub cancel_remove: String,
     /// Lease `(id, now)`: marks a live, leased row's cancel request; advisory `(id)`: a live
     /// row's. Empty in the row lock form.
+    ///
+    /// Modelled in model/advisory.pml (cancel_mark), model/lease.pml (cancel_mark).
     pub cancel_mark: String,
     /// Row lock `(id)` -> the row, locked, waiting for the delivery that holds it.
+    ///
+    /// Modelled in model/row_lock.pml (cancel_lock).
     pub cancel_lock: String,
     /// Row lock `(id)` -> the row if no other session has it locked, locked (a probe, rolled
     /// back at once).
@@ -393,6 +455,8 @@ pub(crate) struct RegistrySql {
     /// `(name)` -> `description`, the record's row locked until the transaction ends (`FOR
     /// UPDATE`; SQLite: plain, inside the one writer's transaction): the turn of a lease
     /// claim of a table with concurrency limits.
+    ///
+    /// Modelled in model/limits.pml (turn).
     pub limits_locked: &'static str,
     /// `()` -> `name, format, description, paused` of every record, by name.
     pub list: &'static str,
@@ -490,6 +554,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// took, locked. `after`: the subscription's cursor `(run_at, id)`, read on from where the
     /// table has [`TableSql::claim_from`]. Default: `claim_from` `(now, 1, run_at, id)`, else
     /// `claim` `(now, 1)`.
+    ///
+    /// Modelled in model/row_lock.pml (claim).
     fn row_lock_claim(
         &self,
         conn: &mut dyn DbConn,
@@ -632,6 +698,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Default: one statement `(now, limit, token)` returning the rows (`claim_from`: `(now,
     /// limit, token, run_at, id)`), or, where the table has [`TableSql::fifo_takes`], that
     /// protocol in one transaction (`begin`).
+    ///
+    /// Modelled in model/fifo.pml (heads, fifo_take), model/lease.pml (claim).
     fn lease_claim(
         &self,
         conn: &mut dyn DbConn,
@@ -681,6 +749,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Renews the leases `held` (`(id, token)` pairs) to `token`; returns the ids renewed.
     /// Those missing have lost their lease, or (servers) were skipped because another
     /// transaction had them locked: renewal never waits on a row lock.
+    ///
+    /// Modelled in model/fifo.pml (renew), model/lease.pml (renew), model/limits.pml (renew).
     fn lease_renew(
         &self,
         conn: &mut dyn DbConn,
@@ -692,6 +762,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Acks the leases `held` (`(id, token)` pairs; a row may come with several tokens, of
     /// which it holds at most one) in one commit: deletes the rows still holding one of their
     /// tokens and returns their ids. Those missing have lost their lease.
+    ///
+    /// Modelled in model/lease.pml (settle).
     fn lease_ack_many(
         &self,
         conn: &mut dyn DbConn,
@@ -744,6 +816,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Advisory: takes row `id` if it is still claimable (in a FIFO table: still the head of
     /// its group, whose value is `group`), counting its attempt; returns it.
     /// Default: `take` `(now, id)` returns the row.
+    ///
+    /// Modelled in model/advisory.pml (take).
     fn advisory_take(
         &self,
         conn: &mut dyn DbConn,
@@ -934,6 +1008,8 @@ pub(crate) fn fenced_pairs(
 }
 
 /// The row lock claim in one statement: `claim` `(now, 1)`, the row it took.
+///
+/// Modelled in model/row_lock.pml (claim).
 pub(crate) fn claim_one_row(
     conn: &mut dyn DbConn,
     sql: &TableSql,

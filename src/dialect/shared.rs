@@ -580,6 +580,8 @@ impl Syntax {
     /// one is in work). `now` is the claim's time parameter (unused in the other forms). A row
     /// whose group is `NULL` is a group of its own. Reads the indexes `(group, id)` and
     /// `(group, locked_until)` over the unfinished rows.
+    ///
+    /// Modelled in model/fifo.pml (heads).
     // PostgreSQL and SQLite only (MySQL writes its DDL and FIFO heads its own way).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub fn fifo_head(&self, spec: &TableSpec, group: &str, now: &str) -> String {
@@ -655,6 +657,8 @@ impl Syntax {
     /// with the reason [`CANCELLED`] and, on a table that keeps completed rows, completed too
     /// (its dedup key freed). A row with no request keeps every value. Lease and advisory
     /// forms (a row lock's row cannot be marked while it is in work).
+    ///
+    /// Modelled in model/advisory.pml, model/lease.pml.
     pub fn cancelled_case(&self, spec: &TableSpec) -> String {
         let cr = self.q(&spec.cancel_requested);
         let now = self.now;

@@ -84,6 +84,8 @@ pub(crate) fn lease_token(now: SystemTime, lease_secs: u64) -> SystemTime {
 /// was lost. A claim writes `ceil(c) + lease` and finds the row only once `floor(c) >= held`;
 /// the renewal writes `ceil(now) + lease`: the two can be equal only if `ceil(now) >= held`
 /// (a renewal late in the lease's last second, or after it).
+///
+/// Modelled in model/lease.pml (renew).
 pub(crate) fn renewal_is_ours(now: SystemTime, held: SystemTime) -> bool {
     ceil(now) < held
 }

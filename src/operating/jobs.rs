@@ -673,6 +673,8 @@ impl Broker {
 
 /// Runs `cancel_remove` (`params`) for row `id` on `conn`: on a table with dependencies, in a
 /// transaction with what the cancel does for the jobs waiting on the row.
+///
+/// Modelled in model/advisory.pml (cancel_remove_dead), model/lease.pml (cancel_remove).
 fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
     let sql = &q.sql.cancel_remove;
     crate::runtime::deps::settle_in_transaction(
@@ -688,6 +690,8 @@ fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
 /// begin or end, so the pair runs again (a few times at most: each round sees a state change).
+///
+/// Modelled in model/lease.pml (cancel).
 fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
     for _ in 0..8 {
         let now = claim_now(SystemTime::now());
@@ -712,6 +716,8 @@ fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
 }
 
 /// Row lock: waits for the row's lock (its delivery settles), then removes it.
+///
+/// Modelled in model/row_lock.pml (cancel).
 fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
     let mut conn = q.conn("cancel")?;
     conn.mark_broken();
@@ -747,6 +753,8 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
 /// Advisory: marks the row, then removes it under its key if the key is free; if the key is
 /// held (the row in work, or another row of that key), the mark stands and ends the row at
 /// its next claim, retry or hand-back, as in the lease form: nothing waits for a delivery.
+///
+/// Modelled in model/advisory.pml (cancel).
 fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
     let now = claim_now(SystemTime::now());
     let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
@@ -785,6 +793,8 @@ fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
 
 /// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's
 /// registry) if it is free now; `None` if it is held.
+///
+/// Modelled in model/advisory.pml (cancel).
 fn with_key<T>(
     q: &Queue,
     key: &str,

@@ -98,6 +98,8 @@ impl LimitsInForce {
 /// The name of a concurrency limit's slot keys of `key` but for the slot's number: a key of
 /// limit `limit` (the description's order) has `max` slots, `<prefix>0` .. `<prefix>{max-1}`,
 /// taken by the row lock and advisory lock forms' claims and probed by operators' counts.
+///
+/// Modelled in model/limits.pml (take_slots).
 pub(crate) fn slot_prefix(table: &str, limit: usize, key: &str) -> String {
     format!("sqlbroker-limit:{table}:{limit}:{key}#")
 }
@@ -123,6 +125,8 @@ impl InWork {
     }
 
     /// True if every limit has room for one more row of `keys`.
+    ///
+    /// Modelled in model/limits.pml (count_and_choose).
     pub fn has_room(&self, maxes: &[Option<u32>], keys: &[String]) -> bool {
         self.counts
             .iter()
@@ -149,6 +153,8 @@ impl InWork {
 
     /// True if a limit's count of one of `keys` is above its max (a row of `keys` counted in
     /// it must go back).
+    ///
+    /// Modelled in model/limits.pml (turn).
     pub fn over(&self, maxes: &[Option<u32>], keys: &[String]) -> bool {
         self.counts
             .iter()

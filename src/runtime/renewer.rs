@@ -242,6 +242,8 @@ fn guarded_round(ctx: &Ctx) -> bool {
 
 /// One renewal round over every in-flight lease; false if some lease was not renewed (the
 /// round is tried again after a quarter lease rather than half).
+///
+/// Modelled in model/lease.pml (renew).
 pub(crate) fn round(ctx: &Ctx) -> bool {
     let mut cells = ctx.leases.snapshot();
     if cells.is_empty() {
@@ -296,6 +298,8 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
 
 /// Renews one chunk of leases on `conn`; false if the statement failed or a lease was not
 /// renewed (lost, or skipped while another transaction had its row locked).
+///
+/// Modelled in model/fifo.pml (renew), model/lease.pml (renew), model/limits.pml (renew).
 fn renew_chunk(
     ctx: &Ctx,
     conn: &mut dyn DbConn,

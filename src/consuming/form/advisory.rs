@@ -92,6 +92,8 @@ const GROUP_KEY: &str = "sqlbroker-fifo:";
 /// The keys a candidate row is taken under, in the order they are tried: in a FIFO table whose
 /// key template reads another column than the group, the group's key first (`NULL` groups
 /// have none), then the row's key. A group key equal to the row's key is taken once.
+///
+/// Modelled in model/advisory.pml (key_lock).
 fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
     let spec = ctx.spec();
     let mut keys = Vec::with_capacity(2);
@@ -112,6 +114,7 @@ fn keys_of(ctx: &Ctx, row_key: &str, user_values: &[Value]) -> Vec<String> {
     keys
 }
 
+/// Modelled in model/advisory.pml (candidates).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     // Where the claim starts reading: after the cursor, where the table has one.
     let start = ctx.queue.sql.advisory_cursor.then(|| ctx.cursor.start());
@@ -131,6 +134,8 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
 
 /// A claim of up to `limit` rows, reading candidates after `after` (`(run_at, id)`), or from
 /// the head.
+///
+/// Modelled in model/advisory.pml (candidates), model/limits.pml (candidates).
 fn scan(
     ctx: &Ctx,
     limit: usize,
@@ -373,6 +378,8 @@ type Taken = (Vec<Value>, Option<String>);
 
 /// Takes row `id` under its keys if it is still claimable (FIFO: still the head of `group`),
 /// counting its attempt.
+///
+/// Modelled in model/advisory.pml (take), model/limits.pml (take).
 fn take(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
@@ -388,6 +395,8 @@ fn take(
 /// Runs `sql` (`leading` parameters, then the id) under the keys, then unlocks them; with what
 /// a `settled` outcome does for the jobs waiting on the row, and the output it writes
 /// ([`crate::runtime::deps::settle_in_transaction`]).
+///
+/// Modelled in model/advisory.pml (settle), model/limits.pml (settle).
 fn under_key(
     ctx: &Ctx,
     id: i64,
@@ -458,6 +467,7 @@ pub(crate) fn checkpoint(
     }
 }
 
+/// Modelled in model/advisory.pml (settle).
 pub(crate) fn settle(
     ctx: &Ctx,
     id: i64,
@@ -480,6 +490,8 @@ pub(crate) fn settle(
 
 /// Gives back the attempt the take counted, then unlocks: the row is claimable at once and its
 /// next delivery reads the same attempt.
+///
+/// Modelled in model/advisory.pml (hand_back).
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: KeyHold, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
     if let Err(e) = under_key(

@@ -44,6 +44,7 @@ use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
 use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 
+/// Modelled in model/fifo.pml (heads), model/lease.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(mut conn) = ctx.claim_conn(by)? else {
@@ -78,6 +79,8 @@ pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<
 }
 
 /// The claimed `rows` as deliveries, their leases booked for renewal.
+///
+/// Modelled in model/lease.pml (claim).
 fn book(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
@@ -128,6 +131,8 @@ fn book(
 ///
 /// A crash of a holder costs what the lease form's crash costs: its rows count as in work
 /// until their leases expire, the moment they are claimable again.
+///
+/// Modelled in model/limits.pml (count_and_choose, turn).
 fn claim_limited(
     ctx: &Ctx,
     sql: &crate::dialect::LimitSql,
@@ -352,6 +357,8 @@ fn lock_loose(
 /// Leases the rows `chosen`, returning them: on the servers the rows the candidates' read
 /// locked (MySQL: then read); on SQLite those still claimable
 /// ([`LimitSql`](crate::dialect::LimitSql)).
+///
+/// Modelled in model/limits.pml (count_and_choose).
 fn take_chosen(
     sql: &crate::dialect::LimitSql,
     conn: &mut dyn DbConn,
@@ -378,6 +385,8 @@ fn take_chosen(
 }
 
 /// Runs `sql` with `leading` parameters, the id and the token; `Ok(false)` if the token is gone.
+///
+/// Modelled in model/lease.pml (settle).
 #[allow(clippy::too_many_arguments)]
 fn fenced(
     ctx: &Ctx,
@@ -405,6 +414,8 @@ type Settling<'a> = (&'static str, Option<&'a str>, Option<&'a [u8]>);
 
 /// The token held, then the tokens of renewals whose answers were lost: the row holds one of
 /// them, if it is still this delivery's.
+///
+/// Modelled in model/lease.pml (settle_unsure).
 fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
     std::iter::once(state.token)
         .chain(state.unsure.iter().copied())
@@ -418,6 +429,8 @@ fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
 /// twice is safe. If the second run matches no row, the first may have committed before its
 /// answer was lost, or the lease may be gone: that cannot be told apart, so the first error
 /// stands (at-least-once; see the crate docs on idempotent handlers).
+///
+/// Modelled in model/lease.pml (settle, settle_again, settle_unsure).
 fn fenced_on(
     ctx: &Ctx,
     id: i64,
@@ -461,6 +474,7 @@ fn fenced_on(
     }
 }
 
+/// Modelled in model/fifo.pml (settle), model/lease.pml (settle), model/limits.pml (settle).
 pub(crate) fn settle(
     ctx: &Ctx,
     id: i64,
@@ -499,6 +513,8 @@ fn lost(ctx: &Ctx, id: i64) -> BrokerError {
 /// commit: one statement, one commit). If the grouped statement fails, the ack is written
 /// alone; if that matches nothing after the group lost its connection, the group may have
 /// deleted the row before its answer was lost: the lost connection stands, not `LeaseLost`.
+///
+/// Modelled in model/lease.pml (settle).
 fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bool> {
     let q = &ctx.queue;
     let mut state = cell.lock();
@@ -521,6 +537,8 @@ fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bo
 /// alone. If that matches nothing after the group lost its connection, the group may have
 /// deleted the row before its answer was lost: that stands (a lost connection, "may have
 /// committed"), not `LeaseLost`, which would say the row is another claim's.
+///
+/// Modelled in model/lease.pml (settle_again).
 fn ack_alone(
     ctx: &Ctx,
     id: i64,
@@ -594,6 +612,8 @@ pub(crate) fn ack_many(ctx: &Ctx, items: &[(i64, Vec<SystemTime>)], within: Dura
 
 /// Deletes the rows of `pairs` (`(id, token)`) that still hold the token, in one statement;
 /// one pair runs the table's single ack, the cheapest statement for it.
+///
+/// Modelled in model/lease.pml (settle).
 fn write_pairs(ctx: &Ctx, pairs: &[(i64, SystemTime)], within: Duration) -> AckBatch {
     let q = &ctx.queue;
     // No connection in time: nothing ran; each caller tries alone.
@@ -615,6 +635,8 @@ fn write_pairs(ctx: &Ctx, pairs: &[(i64, SystemTime)], within: Duration) -> AckB
 /// Moves the lease's deadline to `until` (a new token), fenced by the token held; `LeaseLost`
 /// if the row no longer holds it. The renewer leaves a lease alone while its deadline is past
 /// what a renewal would write.
+///
+/// Modelled in model/lease.pml (extend).
 pub(crate) fn extend(
     ctx: &Ctx,
     id: i64,
@@ -652,6 +674,8 @@ pub(crate) fn extend(
 
 /// Saves `data` as row `id`'s checkpoint, fenced by the token held (or a renewal's whose
 /// answer was lost, which then becomes the token); `LeaseLost` if the row holds none of them.
+///
+/// Modelled in model/lease.pml (checkpoint).
 pub(crate) fn checkpoint(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, data: &[u8]) -> Result<()> {
     let q = &ctx.queue;
     let Some(write) = &q.sql.checkpoint_write else {
@@ -679,6 +703,8 @@ pub(crate) fn checkpoint(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, data: &[u8])
 
 /// Clears the lease of a row no handler saw and gives back the attempt its claim counted, so
 /// the row is claimable at once and its next delivery reads the same attempt.
+///
+/// Modelled in model/fifo.pml (hand_back), model/lease.pml (hand_back).
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) {
     let sql = &ctx.queue.sql.unclaim;
     match fenced(

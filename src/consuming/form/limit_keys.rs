@@ -45,6 +45,8 @@ pub(super) type Slots<H> = Result<Vec<H>, (String, Vec<H>)>;
 /// whose key has none free, and the slots taken of the limits before it, which the caller
 /// gives back (a process key as it drops, a session's by its unlock). A lifted limit takes
 /// none.
+///
+/// Modelled in model/limits.pml (take_slots).
 pub(super) fn take_slots<H>(
     ctx: &Ctx,
     maxes: Option<&[Option<u32>]>,
@@ -75,6 +77,8 @@ pub(super) fn take_slots<H>(
 
 /// Unlocks `names` on the claim's session, the last taken first; false (after a warning) if the
 /// session may still hold one: it stays marked broken, is discarded, and the claim ends.
+///
+/// Modelled in model/advisory.pml (take_missed, settle), model/limits.pml (take_slots, settle).
 pub(super) fn unlock_all(
     ctx: &Ctx,
     conn: &mut dyn DbConn,

@@ -281,6 +281,9 @@ pub(crate) fn settle_retries(ctx: &Ctx) -> u32 {
 /// Hands back a row that never reached a handler (claimed ahead, then the subscription
 /// closed): claimable again at once, its attempt not spent. Never panics; a connection in an
 /// unknown state is discarded.
+///
+/// Modelled in model/advisory.pml (hand_back), model/lease.pml (hand_back), model/row_lock.pml
+/// (hand_back).
 pub(crate) fn hand_back(ctx: &Ctx, id: i64, hold: Hold, within: Duration) {
     match hold {
         Hold::RowLock(h) => row_lock::rollback(ctx, h),

@@ -36,6 +36,7 @@ use crate::model::schedule::claim_now;
 use crate::model::value::Value;
 use crate::runtime::{ClaimConn, Ctx, PooledConn};
 
+/// Modelled in model/row_lock.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
     let Some(mut conn) = ctx.claim_conn(by)? else {
@@ -82,6 +83,8 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
 /// The row a claim locked, as a delivery: the connection goes with it, still marked broken
 /// while its transaction is open, with the slot keys its session holds (`slots`). The count
 /// is taken at settlement, so the row holds the attempts before this one: it reads one more.
+///
+/// Modelled in model/row_lock.pml (claim).
 fn deliver(
     ctx: &Ctx,
     mut conn: ClaimConn,
@@ -403,6 +406,8 @@ pub(crate) struct RowHold {
 /// Runs the outcome's statement and commits; on failure the transaction is rolled back (or the
 /// connection discarded): the row is back as it was. Any outcome but the ack first undoes the
 /// handler's own SQL, so a retry or dead letter never commits it.
+///
+/// Modelled in model/row_lock.pml (settle).
 pub(crate) fn settle(
     ctx: &Ctx,
     id: i64,
@@ -470,6 +475,8 @@ pub(crate) enum Checkpointed {
 /// (and a crash's row is claimable that much later); PostgreSQL's transaction-scoped slot keys
 /// are held for the session across the commit. Fenced by the held row: a session that lost
 /// its transaction fails the commit, and the checkpoint with it.
+///
+/// Modelled in model/row_lock.pml (checkpoint, relock).
 pub(crate) fn checkpoint(
     ctx: &Ctx,
     id: i64,
@@ -531,6 +538,7 @@ pub(crate) fn checkpoint(
     })
 }
 
+/// Modelled in model/row_lock.pml (hand_back).
 pub(crate) fn rollback(ctx: &Ctx, hold: RowHold) {
     let mut conn = hold.conn;
     conn.rollback_or_discard();
