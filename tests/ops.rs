@@ -354,6 +354,17 @@ fn drop_table_removes_the_table_and_its_records(db: Db) {
     assert!(l.int(&waits) > 0, "the child's wait is recorded");
     assert_eq!(l.int(&records), 1);
 
+    // A broker that does not manage the schema refuses, before anything is sent.
+    let ddl_less = sqlbroker::Broker::builder(&l.url)
+        .manage_schema(false)
+        .build()
+        .unwrap();
+    let refused = ddl_less.drop_table(&t).unwrap_err();
+    assert!(
+        matches!(refused, sqlbroker::BrokerError::DdlRefused { .. }),
+        "{refused:?}"
+    );
+    assert!(l.table_exists(&name));
     l.broker.drop_table(&t).unwrap();
     assert!(!l.table_exists(&name), "dropped");
     assert!(!l.table_exists(&format!("{name}_rates")), "rates dropped");
