@@ -437,6 +437,12 @@ impl Broker {
         Ok(q)
     }
 
+    /// Forgets every description of the table `name` this broker compiled and checked (after
+    /// the table is dropped: a later use checks its record again).
+    pub(crate) fn forget(&self, name: &str) {
+        self.inner.queues.lock().retain(|t, _| t.name() != name);
+    }
+
     /// [`BrokerError::DdlRefused`] on a broker that does not manage the schema.
     pub(crate) fn may_run_ddl(&self, op: &'static str, table: &Table) -> Result<()> {
         if self.inner.manage_schema {

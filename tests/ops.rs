@@ -323,3 +323,64 @@ fn completed_rows_are_kept_and_pruned(db: Db, form: Form) {
     assert_eq!(b.stats(&plain).unwrap().completed, None);
 }
 per_db_form!(completed_rows_are_kept_and_pruned);
+
+/// `drop_table` drops the table, its rate limits' slots table, its record in
+/// `sqlbroker_tables` and the waits in `sqlbroker_deps` that name it; a second call (no such
+/// table) is not an error; the same name can then be created anew with another description.
+///
+/// Fails (`dropped`) when the DROP is left out: tried with the statement skipped.
+fn drop_table_removes_the_table_and_its_records(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = common::unique("drop");
+    l.track(&name);
+    l.track(&format!("{name}_rates"));
+    let described = Table::new(name.as_str())
+        .lease(HOUR)
+        .text_column("k")
+        .dependencies()
+        .rate_limit("{k}", 5, Duration::from_secs(1));
+    let t = l.create(described);
+    let parent = l.broker.publish(&t, msg("parent", "a")).unwrap();
+    l.broker
+        .publish(&t, msg("child", "a").after(parent))
+        .unwrap();
+    let lit = name.replace('\'', "''");
+    let waits = format!(
+        "SELECT COUNT(*) FROM sqlbroker_deps WHERE parent_table = '{lit}' OR child_table = '{lit}'"
+    );
+    let records = format!("SELECT COUNT(*) FROM sqlbroker_tables WHERE name = '{lit}'");
+    assert!(l.table_exists(&name));
+    assert!(l.table_exists(&format!("{name}_rates")));
+    assert!(l.int(&waits) > 0, "the child's wait is recorded");
+    assert_eq!(l.int(&records), 1);
+
+    // A broker that does not manage the schema refuses, before anything is sent.
+    let ddl_less = sqlbroker::Broker::builder(&l.url)
+        .manage_schema(false)
+        .build()
+        .unwrap();
+    let refused = ddl_less.drop_table(&t).unwrap_err();
+    assert!(
+        matches!(refused, sqlbroker::BrokerError::DdlRefused { .. }),
+        "{refused:?}"
+    );
+    assert!(l.table_exists(&name));
+    l.broker.drop_table(&t).unwrap();
+    assert!(!l.table_exists(&name), "dropped");
+    assert!(!l.table_exists(&format!("{name}_rates")), "rates dropped");
+    assert_eq!(l.int(&records), 0, "record removed");
+    assert_eq!(l.int(&waits), 0, "waits removed");
+    assert!(l.broker.open_table(&name).is_err(), "no record to open");
+    // Idempotent.
+    l.broker.drop_table(&t).unwrap();
+    // The name is free for another description, on the same broker.
+    let again = Table::new(name.as_str())
+        .advisory_lock("k-{k}")
+        .text_column("k");
+    l.broker.create_table(&again).unwrap();
+    l.broker.publish(&again, msg("x", "b")).unwrap();
+    assert_eq!(l.rows(&again), 1);
+    l.broker.drop_table(&again).unwrap();
+    assert!(!l.table_exists(&name));
+}
+per_db!(drop_table_removes_the_table_and_its_records);

@@ -408,6 +408,62 @@ impl Broker {
         crate::runtime::registry::record_created(&q, table, before)
     }
 
+    /// Drops the table (`DROP TABLE IF EXISTS`) with every job in it, its rate limits' slots
+    /// table if it has rate limits, its record in the registry `sqlbroker_tables`, and the
+    /// rows of `sqlbroker_deps` that name it (jobs of other tables waiting on its jobs, or
+    /// its jobs' waits). A table that does not exist is not an error; the call is idempotent.
+    ///
+    /// Meant for scratch tables (`sqlbroker bench` makes one and drops it) and tests: stop
+    /// the table's subscriptions first, in every process (a running one fails its next
+    /// claim). On MySQL each statement commits on its own.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::DdlRefused`] on a broker built with
+    /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema), before anything is sent;
+    /// [`BrokerError::InvalidTable`] for an invalid description.
+    pub fn drop_table(&self, table: &Table) -> Result<()> {
+        self.may_run_ddl("drop_table", table)?;
+        let q = self.compiled(table)?;
+        let syntax = q.dialect.syntax();
+        let mut statements = vec![format!("DROP TABLE IF EXISTS {}", syntax.q(&q.spec.name))];
+        if q.sql.rates.is_some() {
+            let rates = crate::dialect::flow::rates_table(&q.spec);
+            statements.push(format!("DROP TABLE IF EXISTS {}", syntax.q(&rates)));
+        }
+        let name = Value::Text(q.spec.name.clone());
+        let exists = |conn: &mut dyn DbConn, t: &str| -> Result<bool, DbError> {
+            let rows = conn.query(q.dialect.columns_query(), &[Value::Text(t.to_string())])?;
+            Ok(!rows.is_empty())
+        };
+        q.retrying("drop table", |conn| {
+            for stmt in &statements {
+                conn.batch(stmt)?;
+            }
+            if exists(conn, "sqlbroker_tables")? {
+                conn.execute(
+                    &format!("DELETE FROM sqlbroker_tables WHERE name = {}", syntax.p(1)),
+                    std::slice::from_ref(&name),
+                )?;
+            }
+            let deps = crate::dialect::deps::DEPS_TABLE;
+            if exists(conn, deps)? {
+                conn.execute(
+                    &format!(
+                        "DELETE FROM {} WHERE parent_table = {} OR child_table = {}",
+                        syntax.q(deps),
+                        syntax.p(1),
+                        syntax.p(2)
+                    ),
+                    &[name.clone(), name.clone()],
+                )?;
+            }
+            Ok(())
+        })?;
+        self.forget(&q.spec.name);
+        Ok(())
+    }
+
     /// Brings a table made by an earlier version (or described with fewer options) up to its
     /// description: creates it if it does not exist, adds the missing columns (`ALTER TABLE ..
     /// ADD COLUMN`) and indexes, then checks it as [`create_table`](Broker::create_table)

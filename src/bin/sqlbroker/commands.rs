@@ -13,6 +13,7 @@ use crate::{
     PublishArgs, StatusArgs,
 };
 
+pub(crate) mod bench;
 #[cfg(feature = "dashboard")]
 pub(crate) mod dashboard;
 mod jobs;
@@ -41,6 +42,9 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     #[cfg(feature = "dashboard")]
     if let Command::Dashboard(args) = &cli.command {
         return dashboard::run(cli, url, args);
+    }
+    if let Command::Bench(args) = &cli.command {
+        return bench::run(cli, url, args);
     }
     let broker = Broker::builder(url)
         .pool_size(2)
@@ -93,6 +97,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             ))
         }
         Command::Schema(_) => unreachable!("schema returned above"),
+        Command::Bench(_) => unreachable!("bench returned above"),
         Command::Dashboard(_) => unreachable!("served above, or refused by main"),
     };
     match done {

@@ -18,6 +18,7 @@
 //! sqlbroker schema --table jobs --lease 30 --dedup --priorities --migrate > V2__jobs.sql
 //! sqlbroker --url sqlite:app.db schema --table jobs   # the recorded table's DDL
 //! sqlbroker dashboard --listen 127.0.0.1:8640      # cargo feature `dashboard`
+//! sqlbroker bench --jobs 10000 --form lease --ack batch --mode both
 //! ```
 //!
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
@@ -112,6 +113,10 @@ enum Command {
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
     Schema(commands::schema::SchemaArgs),
+    /// Measure the database in hand: a burn-down (--jobs published, then worked) and a steady
+    /// run (published at --rate for --secs while worked), on a scratch table made for the
+    /// run and dropped at its end: jobs/s, publish-to-start p50/p99, client CPU per job.
+    Bench(commands::bench::BenchArgs),
     /// Serve a web dashboard of the tables (counts, jobs, dead letters, actions) and a
     /// Prometheus `/metrics` page (cargo feature `dashboard`).
     #[cfg(feature = "dashboard")]
@@ -501,6 +506,13 @@ fn main() -> ExitCode {
         Cli::command()
             .error(clap::error::ErrorKind::InvalidSubcommand, NO_DASHBOARD)
             .exit();
+    }
+    if let Command::Bench(args) = &cli.command {
+        if let Some(why) = args.usage_error() {
+            Cli::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, why)
+                .exit();
+        }
     }
     let url = cli.url.clone();
     let Some(url) = url.or_else(|| commands::schema::offline(&cli.command)) else {
