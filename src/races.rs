@@ -198,6 +198,76 @@ fn a_late_lost_renewal_never_matches_another_claim_mysql() {
 // ---------------------------------------------------------------------------------------------
 // Untested promise: a renewal whose answer was lost, in time.
 
+// ---------------------------------------------------------------------------------------------
+// Finding F1 of the model (model/README.md): a hand-back whose answer was lost, run again.
+
+/// A row claimed ahead is handed back (its lease cleared, its attempt given back); the
+/// hand-back commits but its answer is lost. In the same second another broker claims the row,
+/// writing the same token (`ceil(now) + lease`). The first broker must not run the hand-back
+/// again: fenced by that token, it would match the other claim and clear its lease while its
+/// handler runs. Before the fix it did (a statement that leaves the row claimable was run
+/// again after a lost connection, like one that finishes it): the assertion "the other
+/// claim's ack lost its lease to a hand-back run again" failed.
+fn a_lost_hand_back_is_not_run_again(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let other = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_rerun")).lease(Duration::from_secs(30));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    // Early in a second: the claims below share it, so their tokens are equal.
+    wait_until("the start of a second", |now| millis_into_second(now) < 100);
+    let second = ceil(SystemTime::now());
+    let claimed = crate::consuming::form::lease::claim(&ctx, 1, None)
+        .expect("claim")
+        .pop()
+        .expect("the row");
+    testing::arm("lease.fenced", t.name(), Fault::LoseAnswer);
+    let rerun = testing::pause_at("lease.rerun", t.name());
+    // Dropped unhanded: the delivery hands its row back.
+    let handing = std::thread::spawn({
+        let ctx = ctx.clone();
+        move || drop(Delivery::new(ctx, claimed))
+    });
+    // The hand-back has committed; it is paused before a second run, or done.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rerun.reached.try_recv().is_err() && !handing.is_finished() {
+        assert!(Instant::now() < deadline, "{db}: the hand-back never ended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let theirs = bare_ctx(&other, &t);
+    let d = claim(&theirs, 1).pop().expect("the row handed back");
+    assert_eq!(
+        ceil(SystemTime::now()),
+        second,
+        "{db}: precondition: both claims in one second"
+    );
+    drop(rerun.resume);
+    handing.join().unwrap();
+    let acked = d.ack();
+    assert!(
+        acked.is_ok(),
+        "{db}: the other claim's ack lost its lease to a hand-back run again: {acked:?}"
+    );
+    assert_eq!(rows(&broker, &t), 0, "{db}");
+}
+
+#[test]
+fn a_lost_hand_back_is_not_run_again_sqlite() {
+    a_lost_hand_back_is_not_run_again("sqlite");
+}
+
+#[test]
+fn a_lost_hand_back_is_not_run_again_postgres() {
+    a_lost_hand_back_is_not_run_again("postgres");
+}
+
+#[test]
+fn a_lost_hand_back_is_not_run_again_mysql() {
+    a_lost_hand_back_is_not_run_again("mysql");
+}
+
 /// A renewal whose answer is lost after it committed, in the lease's first second: the
 /// delivery does not know its new token, but keeps it as one its row may hold. Once the old
 /// token has passed, another broker finds nothing to claim (the row holds the renewal's

@@ -425,10 +425,16 @@ fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
 /// Runs `sql` fenced by each of `tokens` in turn until one matches; the caller holds the
 /// lease's cell.
 ///
-/// A lost connection is tried once more on a new one: the statement is fenced, so running it
-/// twice is safe. If the second run matches no row, the first may have committed before its
-/// answer was lost, or the lease may be gone: that cannot be told apart, so the first error
-/// stands (at-least-once; see the crate docs on idempotent handlers).
+/// A lost connection is tried once more on a new one when the statement finishes the row (ack,
+/// dead letter, cancel: `settled` names the outcome): fenced by the token, and the row never
+/// claimable again, running it twice is safe. If the second run matches no row, the first may
+/// have committed before its answer was lost, or the lease may be gone: that cannot be told
+/// apart, so the first error stands (at-least-once; see the crate docs on idempotent handlers).
+/// A statement that leaves the row in the queue (a retry, a hand-back) is not run again: if
+/// the first committed, the row may already be claimed again within the same second, under
+/// the same token (`ceil(now) + lease`), and a second run would clear that claim's lease while
+/// its handler runs (found by the model, model/README.md, F1). The lost connection stands;
+/// the row is retried, or comes back when its lease ends.
 ///
 /// Modelled in model/lease.pml (settle, settle_again, settle_unsure).
 fn fenced_on(
@@ -454,11 +460,16 @@ fn fenced_on(
                 &ctx.queue, conn, sql, &params, id, settled, output,
             )
         };
-        match super::transient_retried(super::settle_retries(ctx), || run(&mut *conn)) {
+        let first = || crate::runtime::injected("lease.fenced", &q.spec.name, || run(&mut *conn));
+        match super::transient_retried(super::settle_retries(ctx), first) {
             Ok(0) => {}
             Ok(_) => return Ok(true),
+            Err(e) if e.kind == DbErrorKind::ConnectionLost && settled.is_none() => {
+                return Err(q.err(op)(e));
+            }
             Err(e) if e.kind == DbErrorKind::ConnectionLost && lost.is_none() => {
                 drop(conn);
+                crate::runtime::pause_point("lease.rerun", &q.spec.name);
                 conn = q.conn_within(op, within)?;
                 match run(&mut *conn) {
                     Ok(n) if n > 0 => return Ok(true),
