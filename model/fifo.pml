@@ -30,7 +30,7 @@
  *   I6 no row lost: once everything stopped no group lock is held (so the group's first
  *      unfinished row is a claimable head once its lease ends).
  *
- * TIMELY_RENEWAL (1 in model/check) makes the renewer run only while the lease holds; see
+ * TIMELY_RENEWAL (1, the code since finding F2) makes the renewer run only while the lease holds; see
  * finding F2 in model/README.md for what spin reports without it.
  */
 
@@ -49,7 +49,7 @@
 #define MAXLOST 1
 #endif
 #ifndef TIMELY_RENEWAL
-#define TIMELY_RENEWAL 0
+#define TIMELY_RENEWAL 1
 #endif
 
 #define LIVE 0

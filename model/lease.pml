@@ -53,7 +53,7 @@
 #define WRITES 1        /* the handler's own extend and checkpoint */
 #endif
 #ifndef FIX_RERUN
-#define FIX_RERUN 0     /* 1: the fix of finding F1 (README) */
+#define FIX_RERUN 1     /* the code since finding F1 (README); 0: the defect */
 #endif
 #ifndef CANCELS
 #define CANCELS 1       /* the operator's cancel of row 0 */

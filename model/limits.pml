@@ -34,7 +34,7 @@
  *      token; slots, on the session that holds the row's key;
  *   I6 no row lost: once everything stopped, no turn, row lock or key is held.
  *
- * TIMELY_RENEWAL (1 in model/check) makes the renewer run only while the lease holds; see
+ * TIMELY_RENEWAL (1, the code since finding F2) makes the renewer run only while the lease holds; see
  * finding F2 in model/README.md for what spin reports without it.
  */
 
@@ -54,7 +54,7 @@
 #define MAXLOST 1
 #endif
 #ifndef TIMELY_RENEWAL
-#define TIMELY_RENEWAL 0
+#define TIMELY_RENEWAL 1
 #endif
 
 #define LIVE 0

@@ -199,6 +199,60 @@ fn a_late_lost_renewal_never_matches_another_claim_mysql() {
 // Untested promise: a renewal whose answer was lost, in time.
 
 // ---------------------------------------------------------------------------------------------
+// Finding F2 of the model (model/README.md): a late renewal brought an ended lease back.
+
+/// A delivery's lease ends before its renewer runs (no claim has taken the row yet). The late
+/// renewal must not bring it back: a claim elsewhere may already have counted the row free (a
+/// concurrency limit's rows in work, a FIFO group's head). So the row stays claimable, and
+/// another broker takes it; nor does an extension by hand revive it. Before the fix the
+/// renewal matched the token the row still held: the assertion "a late renewal brought an
+/// ended lease back" failed.
+fn a_late_renewal_does_not_revive_an_ended_lease(db: &str) {
+    let Some(url) = live_url(db) else { return };
+    let broker = Broker::connect(&url).unwrap();
+    let other = Broker::connect(&url).unwrap();
+    let t = Table::new(unique("races_revive")).lease(Duration::from_secs(1));
+    let _made = create(&broker, &t);
+    let ctx = bare_ctx(&broker, &t);
+    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    let d = claim(&ctx, 1).pop().expect("the row");
+    let held = d.lease_deadline().unwrap();
+    wait_until("the lease to end", |now| {
+        now >= held + Duration::from_millis(20)
+    });
+    assert!(!renewer::round(&ctx), "{db}: an ended lease was renewed");
+    assert!(
+        d.extend(Duration::from_secs(30)).is_err(),
+        "{db}: an ended lease was extended"
+    );
+    let theirs = bare_ctx(&other, &t);
+    let again = claim(&theirs, 1);
+    assert_eq!(
+        again.len(),
+        1,
+        "{db}: a late renewal brought an ended lease back"
+    );
+    for d in again {
+        d.ack().unwrap();
+    }
+}
+
+#[test]
+fn a_late_renewal_does_not_revive_an_ended_lease_sqlite() {
+    a_late_renewal_does_not_revive_an_ended_lease("sqlite");
+}
+
+#[test]
+fn a_late_renewal_does_not_revive_an_ended_lease_postgres() {
+    a_late_renewal_does_not_revive_an_ended_lease("postgres");
+}
+
+#[test]
+fn a_late_renewal_does_not_revive_an_ended_lease_mysql() {
+    a_late_renewal_does_not_revive_an_ended_lease("mysql");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Finding F1 of the model (model/README.md): a hand-back whose answer was lost, run again.
 
 /// A row claimed ahead is handed back (its lease cleared, its attempt given back); the

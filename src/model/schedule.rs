@@ -74,6 +74,15 @@ pub(crate) fn claim_now(now: SystemTime) -> SystemTime {
     floor(now)
 }
 
+/// True while a lease whose row holds `token` has not ended at `now`: a claim at `now` would
+/// not find the row ([`claim_now`]`(now) < token`). A lease that has ended is not renewed or
+/// extended, even if no claim has taken its row yet: a claim elsewhere may already have counted
+/// it as free (a concurrency limit's rows in work, a FIFO group's), and bringing it back would
+/// put one more row of a key, or a second row of a group, in work (model/README.md, F2).
+pub(crate) fn lease_alive(token: SystemTime, now: SystemTime) -> bool {
+    token > claim_now(now)
+}
+
 /// The lease token (deadline) a claim or renewal at `now` writes.
 pub(crate) fn lease_token(now: SystemTime, lease_secs: u64) -> SystemTime {
     later(ceil(now), Duration::from_secs(lease_secs))

@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::Ctx;
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, DbErrorKind};
-use crate::model::schedule::{lease_token, renew_every, renewal_is_ours};
+use crate::model::schedule::{lease_alive, lease_token, renew_every, renewal_is_ours};
 
 /// Rows renewed per statement (two parameters each).
 const RENEW_CHUNK: usize = 500;
@@ -312,20 +312,28 @@ fn renew_chunk(
     let now = SystemTime::now();
     let token = lease_token(now, q.spec.lease_secs);
     // A lease extended by hand past this round's deadline needs no renewal yet.
+    // A lease that has ended is not brought back (`lease_alive`): its row may have been
+    // counted free by a claim elsewhere; the delivery finds out at settlement.
     let mut pairs: Vec<(i64, SystemTime)> = Vec::with_capacity(chunk.len());
+    let mut due = 0;
     for (cell, state) in chunk.iter() {
         if state.token >= token && state.unsure.is_empty() {
             continue;
         }
-        pairs.push((cell.id, state.token));
-        pairs.extend(state.unsure.iter().map(|t| (cell.id, *t)));
+        due += 1;
+        let held = std::iter::once(state.token).chain(state.unsure.iter().copied());
+        pairs.extend(held.filter(|t| lease_alive(*t, now)).map(|t| (cell.id, t)));
     }
-    if pairs.is_empty() {
+    if due == 0 {
         return true;
     }
-    let renewed = crate::runtime::injected("lease.renew", &q.spec.name, || {
-        q.dialect.lease_renew(conn, &q.spec, token, &pairs)
-    });
+    let renewed = match pairs.is_empty() {
+        // Every lease due has ended: none is renewed.
+        true => Ok(Vec::new()),
+        false => crate::runtime::injected("lease.renew", &q.spec.name, || {
+            q.dialect.lease_renew(conn, &q.spec, token, &pairs)
+        }),
+    };
     match renewed {
         Ok(ids) => {
             let ids: HashSet<i64> = ids.into_iter().collect();

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::{DbConn, ROW_USER_COLUMNS};
 use crate::error::{BrokerError, DbError, DbErrorKind, Result};
-use crate::model::schedule::{claim_now, lease_token};
+use crate::model::schedule::{claim_now, lease_alive, lease_token};
 use crate::model::value::Value;
 use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
@@ -664,8 +664,11 @@ pub(crate) fn extend(
     if state.done {
         return Err(lost());
     }
+    // A lease that has ended is not brought back (`lease_alive`).
+    let now = SystemTime::now();
     let tokens: Vec<SystemTime> = std::iter::once(state.token)
         .chain(state.unsure.iter().copied())
+        .filter(|t| lease_alive(*t, now))
         .collect();
     let mut conn = q.conn("extend")?;
     for token in tokens {
