@@ -110,7 +110,7 @@ for round in $(seq 1 "$ROUNDS"); do
         case $peer in
         graphile)
             line=$(cd "$GDIR" && PEER_PG_URL=$PG_URL JOBS=$JOBS node graphile-run.mjs |
-                awk '$1 == "graphile" { print $0, "concurrency=" ENVIRON["C"] }' C="${CONCURRENCY:-32}") || true
+                awk -v c="${CONCURRENCY:-32}" '$1 == "graphile" { print $0, "concurrency=" c }') || true
             [ -n "$line" ] && line="$line,localQueue=${LOCAL_QUEUE:-2000},completeJobBatchDelay=${COMPLETE_DELAY:-10}ms"
             ;;
         fang) line=$(PEER_PG_URL=$PG_URL JOBS=$FANG_JOBS "$DIR/target/release/peer-$peer" | grep "^$peer ") || true ;;
