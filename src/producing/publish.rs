@@ -430,7 +430,9 @@ impl Broker {
     ///
     /// Nothing is written on any error:
     /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
-    ///   message is invalid (a value for a column the table does not describe);
+    ///   message is invalid (a value for a column the table does not describe, a
+    ///   [`Message::traceparent`] that is not a valid W3C `traceparent` or is given for a table
+    ///   without [`Table::traceparent`]);
     /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
     ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
     /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
