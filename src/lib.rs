@@ -91,7 +91,10 @@
 //! what a job produced, written by the settlement that ends it and read by the jobs that waited
 //! on it ([`Dependency::output`]) or from a kept row ([`Job::output`]); with
 //! [`Table::checkpoints`], [`Delivery::checkpoint`] saves progress, committed and fenced by the
-//! claim, and the next attempt resumes from [`Delivery::last_checkpoint`].
+//! claim, and the next attempt resumes from [`Delivery::last_checkpoint`]. With
+//! [`Table::traceparent`], a job carries the W3C trace context of its publish
+//! ([`Message::traceparent`], [`Delivery::traceparent`], [`Job::traceparent`]; filled and
+//! continued by the `opentelemetry` feature).
 //!
 //! Keys and group values compare byte for byte on every database (case, trailing spaces and
 //! Unicode normalisation make different keys; MySQL's text columns use a binary NO PAD
@@ -236,7 +239,8 @@
 //! | `serde` | off | typed jobs: `Message::json(&value)` and `Delivery::json::<T>()` (JSON through `serde_json`); a payload that does not decode is [`BrokerError::Decode`] and the delivery keeps its row |
 //! | `cli` | off | the `sqlbroker` command line tool (`clap`): `status`, `job`, `cancel`, `pause`, `resume`, `dead list \| requeue \| purge`, `completed list \| prune`, `create-table`, `migrate`, `schema`, `publish`; no library API |
 //! | `dashboard` | off | `sqlbroker dashboard` (implies `cli`): a web dashboard of the tables (counts, jobs by state, dead letters, actions) and a Prometheus `/metrics` page, on a small bounded HTTP server (`mio` polling, `httparse`, `maud`; no async runtime); no library API |
-//! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
+//! | `tracing` | off | `tracing` spans: `sqlbroker.delivery` (table, id, attempt) around each handler [`Subscription::run`] calls, `sqlbroker.publish` around each publish (both with OpenTelemetry's messaging attributes and span names, `process <table>` and `send <table>`), `sqlbroker.claim` and `sqlbroker.settle` (debug level) |
+//! | `opentelemetry` | off | trace context across the queue (implies `tracing`; `opentelemetry` 0.33 API, `tracing-opentelemetry` 0.34, none of their types in this API): on a table with [`Table::traceparent`], a publish fills the row's W3C `traceparent` from its span, and the handler span of [`Subscription::run`] continues the trace (parent and link); README: "Tracing across the queue" |
 //! | `cron` | off | periodic jobs: `Broker::periodic` with cron expressions (`croner`, UTC) |
 //! | `diesel` | off | publishing inside the application's own Diesel transaction: `sqlbroker::diesel` module; `diesel-postgres`, `diesel-mysql`, `diesel-sqlite` one backend each (the first two link libpq and libmysqlclient) |
 //! | `testing` | off | `sqlbroker::testing`, helpers for the application's own tests (turn it on in the dev-dependencies): `testing::drain` runs a table's due jobs on the calling thread with [`Subscription::run`]'s outcome rules, `testing::drain_all` also those scheduled or retried for later without waiting their backoff (still bounded by `max_attempts`), `testing::assert_published` / `assert_not_published` check what was published |
@@ -253,6 +257,8 @@
 //!   retry, dead letter, cancel and lost lease, with the handler's time and the database's, to feed
 //!   Prometheus or OpenTelemetry.
 //! - The `metrics` feature: the same, counted per table with no wiring ([Metrics](#metrics)).
+//! - The `tracing` feature: spans per publish and per handled delivery, named and attributed by
+//!   OpenTelemetry's messaging conventions; with `opentelemetry`, one trace across the queue.
 //! - [`Subscription::last_error`]: the last claim or renewal error, typed;
 //!   [`Subscription::claiming`] and [`Subscription::in_flight`].
 //! - Logging through `log` (no logger is installed by the library). What each level says:

@@ -890,8 +890,9 @@ fn jobs_waiting_on_others(db: Db) {
 }
 per_db!(jobs_waiting_on_others);
 
-/// `create-table --outputs --checkpoints` makes the columns; `job` shows the output and the
-/// checkpoint (text, escaped, and `--json`); fails if either is left out.
+/// `create-table --outputs --checkpoints --traceparent` makes the columns; `job` shows the
+/// output, the checkpoint and the trace context (text, escaped, and `--json`); fails if any
+/// is left out.
 fn job_output_and_checkpoint(db: Db) {
     let Some(l) = live(db) else { return };
     let name = unique("cliout");
@@ -902,16 +903,21 @@ fn job_output_and_checkpoint(db: Db) {
         "30",
         "--outputs",
         "--checkpoints",
+        "--traceparent",
         "--keep-completed",
         "1h",
     ];
     ok(&l.url, &[&["create-table"][..], &desc].concat(), "");
     l.track(&name);
     let table = l.broker.open_table(&name).unwrap();
-    assert!(table.has_outputs() && table.has_checkpoints());
+    assert!(table.has_outputs() && table.has_checkpoints() && table.has_traceparent());
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let id = l
         .broker
-        .publish(&table, sqlbroker::Message::new(b"p".to_vec()))
+        .publish(
+            &table,
+            sqlbroker::Message::new(b"p".to_vec()).traceparent(tp),
+        )
         .unwrap();
     let sub = l.broker.subscription(&table).start().unwrap();
     let d = sub
@@ -922,7 +928,12 @@ fn job_output_and_checkpoint(db: Db) {
     d.ack().unwrap();
     sub.close();
     let text = ok(&l.url, &["job", "--table", &name, &id.to_string()], "");
-    for line in ["output: 42 rows\\u{1b}]0;t\\u{7}", "checkpoint: page 7"] {
+    let traced = format!("traceparent: {tp}");
+    for line in [
+        "output: 42 rows\\u{1b}]0;t\\u{7}",
+        "checkpoint: page 7",
+        traced.as_str(),
+    ] {
         assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
     }
     let json: serde_json::Value = serde_json::from_str(&ok(
@@ -935,6 +946,7 @@ fn job_output_and_checkpoint(db: Db) {
         (json["output"].as_str(), json["checkpoint"].as_str()),
         (Some("42 rows\x1b]0;t\x07"), Some("page 7"))
     );
+    assert_eq!(json["traceparent"].as_str(), Some(tp));
 }
 per_db!(job_output_and_checkpoint);
 

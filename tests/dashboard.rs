@@ -1091,7 +1091,8 @@ fn rate_limits_are_shown(db: Db) {
 
 per_db!(rate_limits_are_shown);
 
-/// A job's page shows its output and checkpoint, escaped; fails if either is left out.
+/// A job's page shows its output and checkpoint, escaped, and its trace context; fails if any
+/// is left out.
 fn output_and_checkpoint_are_shown(db: Db) {
     let Some(l) = live(db) else { return };
     let name = common::unique("dout");
@@ -1099,10 +1100,15 @@ fn output_and_checkpoint_are_shown(db: Db) {
         Table::new(&name)
             .outputs()
             .checkpoints()
+            .traceparent()
             .keep_completed(Duration::from_secs(3600))
             .lease(Duration::from_secs(30)),
     );
-    let id = l.broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = l
+        .broker
+        .publish(&t, Message::new(b"x".to_vec()).traceparent(tp))
+        .unwrap();
     let sub = l.broker.subscription(&t).start().unwrap();
     let d = common::next(&sub, Duration::from_secs(10));
     d.checkpoint(b"<b>page 7</b>").unwrap();
@@ -1115,6 +1121,7 @@ fn output_and_checkpoint_are_shown(db: Db) {
     for shown in [
         "&lt;script&gt;done&lt;/script&gt;",
         "&lt;b&gt;page 7&lt;/b&gt;",
+        tp,
     ] {
         assert!(page.body.contains(shown), "{shown} in {}", page.body);
     }

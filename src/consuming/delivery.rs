@@ -91,6 +91,8 @@ pub struct Delivery {
     output: Mutex<Option<Vec<u8>>>,
     /// The row's last checkpoint: as claimed, then as this delivery saved it.
     checkpoint: Mutex<Option<Vec<u8>>>,
+    /// The trace context of the publish ([`Table::traceparent`](crate::Table::traceparent)).
+    traceparent: Option<String>,
     ctx: Arc<Ctx>,
 }
 
@@ -132,6 +134,7 @@ impl Delivery {
             owns_slot: true,
             output: Mutex::new(None),
             checkpoint: Mutex::new(c.checkpoint),
+            traceparent: c.traceparent,
             ctx,
         }
     }
@@ -178,6 +181,15 @@ impl Delivery {
             .spec()
             .column_index(column)
             .and_then(|i| self.values.get(i))
+    }
+
+    /// The trace context the row was published with, a W3C `traceparent`, on a table described
+    /// with [`Table::traceparent`](crate::Table::traceparent): what
+    /// [`Message::traceparent`](crate::Message::traceparent) gave, or with the `opentelemetry`
+    /// feature the publishing span's. `None` on a table without the column or for a row
+    /// published without one. Reads no database.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     /// The name of the table the row is in.

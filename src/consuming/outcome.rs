@@ -127,13 +127,8 @@ pub(crate) fn handle<O, E>(
     E: std::fmt::Display,
 {
     #[cfg(feature = "tracing")]
-    let _span = tracing::info_span!(
-        "sqlbroker.delivery",
-        table = %table,
-        id = d.id(),
-        attempt = d.attempt()
-    )
-    .entered();
+    let _span =
+        crate::runtime::trace::process_span(table, d.id(), d.attempt(), d.traceparent()).entered();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
     let settled = match outcome {
         Ok(Ok(said)) => settle_as(d, said.into(), ran),

@@ -96,10 +96,11 @@ impl Syntax {
         (self.param)(n)
     }
 
-    /// `id, attempts, payload, <user columns>[, checkpoint][, cancel_requested], run_at`, each
-    /// prefixed by `prefix` (an alias and a dot, or nothing): a claimed row, its due time last
-    /// (the queue wait it measures, and the PostgreSQL lease claim's cursor), its last
-    /// checkpoint on a table with [`Table::checkpoints`](crate::Table::checkpoints). The lease
+    /// `id, attempts, payload, <user columns>[, checkpoint][, traceparent][, cancel_requested],
+    /// run_at`, each prefixed by `prefix` (an alias and a dot, or nothing): a claimed row, its
+    /// due time last (the queue wait it measures, and the PostgreSQL lease claim's cursor), its
+    /// last checkpoint on a table with [`Table::checkpoints`](crate::Table::checkpoints), its
+    /// trace context on one with [`Table::traceparent`](crate::Table::traceparent). The lease
     /// and advisory forms read the cancel request too: a claim that finds one ends the row instead of
     /// running it ([`Claimed::cancel_requested`](crate::consuming::form::Claimed::cancel_requested)).
     pub fn row_columns(&self, spec: &TableSpec, prefix: &str) -> String {
@@ -112,7 +113,7 @@ impl Syntax {
         for c in &spec.columns {
             s.push_str(&format!(", {prefix}{}", self.q(&c.name)));
         }
-        if let Some(c) = &spec.checkpoint {
+        for c in [&spec.checkpoint, &spec.traceparent].into_iter().flatten() {
             s.push_str(&format!(", {prefix}{}", self.q(c)));
         }
         if spec.form != Form::RowLock {
@@ -385,7 +386,10 @@ impl Syntax {
         for c in &spec.columns {
             s.push_str(&format!(", {}", self.q(&c.name)));
         }
-        for role in [&spec.priority, &spec.dedup_key].into_iter().flatten() {
+        for role in [&spec.priority, &spec.dedup_key, &spec.traceparent]
+            .into_iter()
+            .flatten()
+        {
             s.push_str(&format!(", {}", self.q(role)));
         }
         if self.stamps_created {
@@ -508,6 +512,10 @@ impl Syntax {
         }
         for c in [&spec.output, &spec.checkpoint].into_iter().flatten() {
             cols.push(def(c, ty.bytes));
+        }
+        if let Some(c) = &spec.traceparent {
+            // Text, nullable: publish writes 55 checked characters or `NULL`.
+            cols.push(def(c, ty.text));
         }
         for c in &spec.columns {
             let t = match c.ty {
@@ -762,9 +770,12 @@ impl Syntax {
     pub fn cancel_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
         let (t, id) = (self.q(&spec.name), self.q(&spec.id));
         let p = |n| self.p(n);
-        // Then, on a table that has them, the output and the checkpoint.
+        // Then, on a table that has them, the output, the checkpoint and the trace context.
         let mut cols = self.job_columns(spec, "");
-        for c in [&spec.output, &spec.checkpoint].into_iter().flatten() {
+        for c in [&spec.output, &spec.checkpoint, &spec.traceparent]
+            .into_iter()
+            .flatten()
+        {
             cols.push_str(", ");
             cols.push_str(&self.q(c));
         }

@@ -6,5 +6,6 @@ pub(crate) mod retry;
 pub(crate) mod schedule;
 pub(crate) mod schema;
 pub(crate) mod table;
+pub(crate) mod trace;
 pub(crate) mod value;
 pub(crate) mod waits;

@@ -93,9 +93,12 @@ pub enum Role {
     /// The progress the job saved last, binary, tables with [`Table::checkpoints`] only
     /// (`checkpoint`).
     Checkpoint,
+    /// The W3C trace context of the publish (`traceparent`, text, `NULL` when the publish gave
+    /// none), tables with [`Table::traceparent`] only.
+    Traceparent,
 }
 
-const ROLES: [Role; 16] = [
+const ROLES: [Role; 17] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -112,6 +115,7 @@ const ROLES: [Role; 16] = [
     Role::CreatedAt,
     Role::Output,
     Role::Checkpoint,
+    Role::Traceparent,
 ];
 
 impl Role {
@@ -134,6 +138,7 @@ impl Role {
             Role::CreatedAt => "created_at",
             Role::Output => "output",
             Role::Checkpoint => "checkpoint",
+            Role::Traceparent => "traceparent",
         }
     }
 
@@ -219,7 +224,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 16],
+    renames: [Option<String>; 17],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -241,6 +246,8 @@ pub struct Table {
     outputs: bool,
     /// Jobs save their progress ([`Table::checkpoints`]).
     checkpoints: bool,
+    /// Rows carry the trace context of their publish ([`Table::traceparent`]).
+    traceparent: bool,
 }
 
 impl Table {
@@ -283,6 +290,7 @@ impl Table {
             dependencies: false,
             outputs: false,
             checkpoints: false,
+            traceparent: false,
         }
     }
 
@@ -669,6 +677,40 @@ impl Table {
         self
     }
 
+    /// Rows carry the trace context of their publish: a `traceparent` column (text, nullable,
+    /// a [W3C `traceparent`](https://www.w3.org/TR/trace-context/#traceparent-header) of 55
+    /// characters; renamable, [`Role::Traceparent`]) that
+    /// [`Message::traceparent`](crate::Message::traceparent) writes and
+    /// [`Delivery::traceparent`](crate::Delivery::traceparent) and
+    /// [`Job::traceparent`](crate::Job::traceparent) read. With the `opentelemetry` feature a
+    /// publish fills it from the current span and the handler's span of
+    /// [`Subscription::run`](crate::Subscription::run) continues the trace from it (the
+    /// README's "Tracing across the queue"). Made by
+    /// [`create_table`](crate::Broker::create_table), added by
+    /// [`migrate`](crate::Broker::migrate); a table without this option pays nothing, and a
+    /// message that gives a trace context to it is refused
+    /// ([`BrokerError::InvalidMessage`]).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("mails").traceparent().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// broker.publish(&jobs, Message::new(b"hi".to_vec()).traceparent(tp))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let d = sub.next_delivery().unwrap();
+    /// assert_eq!(d.traceparent(), Some(tp));
+    /// d.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn traceparent(mut self) -> Self {
+        self.traceparent = true;
+        self
+    }
+
     /// Adds a column of the user's, of type `ty`, which messages set and deliveries read.
     pub fn column(mut self, name: impl Into<String>, ty: ColumnType) -> Self {
         self.columns.push((name.into(), ty));
@@ -860,6 +902,11 @@ impl Table {
         self.checkpoints
     }
 
+    /// True if described with [`traceparent`](Table::traceparent).
+    pub fn has_traceparent(&self) -> bool {
+        self.traceparent
+    }
+
     /// The form the description chooses.
     pub fn form(&self) -> Form {
         if self.advisory.is_some() {
@@ -900,6 +947,7 @@ impl Table {
                 || (*role == Role::CancelRequested && form == Form::RowLock)
                 || (*role == Role::Output && !self.outputs)
                 || (*role == Role::Checkpoint && !self.checkpoints)
+                || (*role == Role::Traceparent && !self.traceparent)
             {
                 continue;
             }
@@ -992,6 +1040,7 @@ impl Table {
             created_at: roles[13].clone(),
             output: self.outputs.then(|| roles[14].clone()),
             checkpoint: self.checkpoints.then(|| roles[15].clone()),
+            traceparent: self.traceparent.then(|| roles[16].clone()),
             retention_secs: self
                 .keep_completed
                 .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
@@ -1234,6 +1283,8 @@ pub(crate) struct TableSpec {
     pub output: Option<String>,
     /// The checkpoint column ([`Table::checkpoints`]).
     pub checkpoint: Option<String>,
+    /// The trace context column ([`Table::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 impl TableSpec {
@@ -1257,11 +1308,12 @@ impl TableSpec {
     }
 
     /// Values an insert binds per row: payload, run_at, the user columns, the priority, the
-    /// dedup key.
+    /// dedup key, the trace context.
     pub fn insert_width(&self) -> usize {
         2 + self.columns.len()
             + usize::from(self.priority.is_some())
             + usize::from(self.dedup_key.is_some())
+            + usize::from(self.traceparent.is_some())
     }
 
     /// The user columns every message must set (indexes into `columns`): those the key
@@ -1639,6 +1691,7 @@ mod tests {
                             | Role::CompletedAt
                             | Role::Output
                             | Role::Checkpoint
+                            | Role::Traceparent
                     )
                 })
                 .map(|(_, n)| n)

@@ -119,6 +119,8 @@ pub struct Job {
     output: Option<Vec<u8>>,
     /// Its last checkpoint ([`Broker::job`] only).
     checkpoint: Option<Vec<u8>>,
+    /// The trace context of its publish ([`Broker::job`] only).
+    traceparent: Option<String>,
 }
 
 impl std::fmt::Debug for Job {
@@ -148,6 +150,7 @@ impl std::fmt::Debug for Job {
                 "checkpoint",
                 &self.checkpoint.as_deref().map(crate::model::value::Payload),
             )
+            .field("traceparent", &self.traceparent)
             .finish()
     }
 }
@@ -277,6 +280,14 @@ impl Job {
     pub fn checkpoint(&self) -> Option<&[u8]> {
         self.checkpoint.as_deref()
     }
+
+    /// The trace context it was published with, a W3C `traceparent`
+    /// ([`Message::traceparent`](crate::Message::traceparent)), on a table with
+    /// [`Table::traceparent`](crate::Table::traceparent); read by [`Broker::job`] only (`None`
+    /// in listings).
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
 }
 
 /// A job of the `job_columns` layout, its state not yet told apart where the form needs a
@@ -303,7 +314,8 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let cancel_requested = int(next()) != 0;
     let published_at = next().as_time();
     let mut rest: Vec<Value> = it.collect();
-    // `job` reads the output and the checkpoint after the user columns; listings do not.
+    // `job` reads the output, the checkpoint and the trace context after the user columns;
+    // listings do not.
     let mut tail = rest
         .split_off(q.spec.columns.len().min(rest.len()))
         .into_iter();
@@ -316,6 +328,10 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     };
     let output = bytes(&q.spec.output);
     let checkpoint = bytes(&q.spec.checkpoint);
+    let traceparent = match &q.spec.traceparent {
+        Some(_) => tail.next().and_then(text),
+        None => None,
+    };
     let values = q
         .spec
         .columns
@@ -355,6 +371,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         dependents: Vec::new(),
         output,
         checkpoint,
+        traceparent,
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Message {
     priority: Option<i16>,
     /// The jobs it waits on ([`Message::after`], [`Message::after_settled`]).
     parents: Vec<Parent>,
+    /// The W3C trace context ([`Message::traceparent`]), checked at publish.
+    traceparent: Option<String>,
 }
 
 impl Message {
@@ -46,7 +48,30 @@ impl Message {
             dedup_key: None,
             priority: None,
             parents: Vec::new(),
+            traceparent: None,
         }
+    }
+
+    /// The trace context the job continues, a
+    /// [W3C `traceparent`](https://www.w3.org/TR/trace-context/#traceparent-header)
+    /// (`00-<32 hex>-<16 hex>-<2 hex>`, lowercase, neither id all zeros), for a table described
+    /// with [`Table::traceparent`](crate::Table::traceparent): written to the row, read by
+    /// [`Delivery::traceparent`](crate::Delivery::traceparent). With the `opentelemetry`
+    /// feature a publish fills it from the current span when it is not given.
+    ///
+    /// `publish` refuses the message with [`BrokerError::InvalidMessage`], writing nothing,
+    /// when the table has no such column or the value is not a valid `traceparent`.
+    ///
+    /// ```
+    /// use sqlbroker::Message;
+    ///
+    /// let m = Message::new(b"hi".to_vec())
+    ///     .traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// # let _ = m;
+    /// ```
+    pub fn traceparent(mut self, value: &str) -> Self {
+        self.traceparent = Some(value.to_owned());
+        self
     }
 
     /// The message's priority, for a table described with [`Table::priorities`]: higher is
@@ -216,8 +241,8 @@ impl Message {
     }
 
     /// The insert parameters in the order of the dialects' insert statements:
-    /// payload, run_at, every user column in description order, then the priority and the
-    /// dedup key (tables that have them).
+    /// payload, run_at, every user column in description order, then the priority, the
+    /// dedup key and the trace context (tables that have them).
     pub(crate) fn params_into(
         self,
         spec: &TableSpec,
@@ -231,6 +256,20 @@ impl Message {
                          Table::priorities)"
                     .into(),
             });
+        }
+        if let Some(tp) = &self.traceparent {
+            let bad = |reason: String| BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason,
+            };
+            if spec.traceparent.is_none() {
+                return Err(bad(
+                    "a traceparent for a table without one (describe it with \
+                     Table::traceparent)"
+                        .into(),
+                ));
+            }
+            crate::model::trace::parse(tp).map_err(bad)?;
         }
         if self.dedup_key.is_some() && spec.dedup_key.is_none() {
             return Err(BrokerError::InvalidMessage {
@@ -292,6 +331,16 @@ impl Message {
         }
         if spec.dedup_key.is_some() {
             out.push(self.dedup_key.map_or(Value::Null, Value::Text));
+        }
+        if spec.traceparent.is_some() {
+            // With `opentelemetry`, a message that gave none takes the current span's.
+            #[cfg(feature = "opentelemetry")]
+            let tp = self
+                .traceparent
+                .or_else(crate::runtime::trace::current_traceparent);
+            #[cfg(not(feature = "opentelemetry"))]
+            let tp = self.traceparent;
+            out.push(tp.map_or(Value::Null, Value::Text));
         }
         Ok(())
     }
@@ -410,6 +459,42 @@ mod tests {
             .validate()
             .unwrap();
         run(&fifo, m()).unwrap();
+    }
+
+    /// A trace context goes last of the insert's values on a table with the column (`NULL`
+    /// when not given); a table without it, or a malformed value, is refused before any SQL.
+    /// Fails (`accepted`) without the checks in `params_into`.
+    #[test]
+    fn traceparent_is_checked_and_written_last() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = Table::new("t")
+            .text_column("s")
+            .traceparent()
+            .validate()
+            .unwrap();
+        let run = |spec: &TableSpec, m: Message| {
+            let mut out = Vec::new();
+            m.params_into(spec, UNIX_EPOCH, &mut out).map(|()| out)
+        };
+        let out = run(&traced, Message::new(Vec::new()).traceparent(tp)).unwrap();
+        assert_eq!((out.len(), &out[3]), (4, &Value::from(tp)));
+        assert_eq!(traced.insert_width(), 4);
+        let out = run(&traced, Message::new(Vec::new())).unwrap();
+        assert_eq!(out[3], Value::Null);
+        let reason = |r: Result<Vec<Value>>| match r {
+            Err(BrokerError::InvalidMessage { reason, .. }) => reason,
+            other => panic!("accepted: {other:?}"),
+        };
+        let plain = Table::new("t").validate().unwrap();
+        assert!(
+            reason(run(&plain, Message::new(Vec::new()).traceparent(tp)))
+                .contains("Table::traceparent")
+        );
+        assert!(reason(run(
+            &traced,
+            Message::new(Vec::new()).traceparent("00-1-2-01")
+        ))
+        .contains("traceparent \"00-1-2-01\""));
     }
 
     #[test]

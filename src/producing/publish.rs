@@ -45,6 +45,11 @@ impl<'a> Target<'a> {
 /// A message that waits on other jobs runs several statements: the caller runs it in a
 /// transaction ([`waits_on_others`]).
 pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Result<i64> {
+    // Current while the row is made: the trace context a publish fills is this span's.
+    #[cfg(feature = "tracing")]
+    let span = crate::runtime::trace::send_span(&t.spec.name, 1);
+    #[cfg(feature = "tracing")]
+    let _entered = span.enter();
     let key = message.dedup_value().map(str::to_owned);
     let parents = message.parents().to_vec();
     let waits = match parents.is_empty() {
@@ -68,6 +73,8 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
     if let Some(w) = waits {
         w.write(t.spec, t.sql, conn, id).map_err(|e| t.err(e))?;
     }
+    #[cfg(feature = "tracing")]
+    crate::runtime::trace::record_id(&span, id);
     Ok(id)
 }
 
@@ -193,6 +200,10 @@ pub(crate) fn many(
     let width = t.spec.insert_width();
     let now = SystemTime::now();
     let mut params = Vec::with_capacity(width * count);
+    #[cfg(feature = "tracing")]
+    let span = crate::runtime::trace::send_span(&t.spec.name, count);
+    #[cfg(feature = "tracing")]
+    let _entered = span.enter();
     for m in messages {
         m.params_into(t.spec, now, &mut params)?;
     }
@@ -419,7 +430,9 @@ impl Broker {
     ///
     /// Nothing is written on any error:
     /// - [`BrokerError::InvalidTable`] / [`BrokerError::InvalidMessage`]: the description or the
-    ///   message is invalid (a value for a column the table does not describe);
+    ///   message is invalid (a value for a column the table does not describe, a
+    ///   [`Message::traceparent`] that is not a valid W3C `traceparent` or is given for a table
+    ///   without [`Table::traceparent`]);
     /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
     ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
     /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the

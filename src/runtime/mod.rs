@@ -43,6 +43,8 @@ pub(crate) mod slots;
 #[cfg(test)]
 pub(crate) mod testing;
 pub(crate) mod timer;
+#[cfg(feature = "tracing")]
+pub(crate) mod trace;
 pub(crate) mod usage;
 pub(crate) mod wake;
 

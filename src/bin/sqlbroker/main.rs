@@ -24,7 +24,7 @@
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
 //! table by flags that mirror [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`,
 //! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`, `--dependencies`,
-//! `--outputs`, `--checkpoints`), and record the description in the database; every other
+//! `--outputs`, `--checkpoints`, `--traceparent`), and record the description in the database; every other
 //! command takes the table's name only and reads its description from there
 //! (`Broker::open_table`). Those flags are still accepted by the
 //! other commands: the description they make is checked against the record, and refused if
@@ -288,6 +288,11 @@ struct Description {
     /// The table's jobs save their progress (a checkpoint column, `Table::checkpoints`).
     #[arg(long)]
     checkpoints: bool,
+
+    /// The table's rows carry the W3C trace context of their publish (a traceparent column,
+    /// `Table::traceparent`).
+    #[arg(long)]
+    traceparent: bool,
 }
 
 impl Description {
@@ -303,6 +308,7 @@ impl Description {
             && !self.dependencies
             && !self.outputs
             && !self.checkpoints
+            && !self.traceparent
     }
 
     /// The table named `name`: the one the flags describe, or, with none, its record.
@@ -345,6 +351,9 @@ impl Description {
         }
         if self.checkpoints {
             t = t.checkpoints();
+        }
+        if self.traceparent {
+            t = t.traceparent();
         }
         t
     }

@@ -44,6 +44,8 @@ pub(crate) struct Claimed {
     pub cancel_requested: bool,
     /// Its last checkpoint ([`Table::checkpoints`](crate::Table::checkpoints)).
     pub checkpoint: Option<Vec<u8>>,
+    /// The trace context of its publish ([`Table::traceparent`](crate::Table::traceparent)).
+    pub traceparent: Option<String>,
 }
 
 impl Claimed {
@@ -59,6 +61,14 @@ impl Claimed {
         let flagged = !matches!(hold, Hold::RowLock(_));
         let checkpointed = ctx.spec().checkpoint.is_some();
         let (id, attempt, payload, mut values, cancel_requested, due) = split_row(row, flagged)?;
+        // After the user columns: the checkpoint, then the trace context (`row_columns`).
+        let traceparent = match ctx.spec().traceparent.is_some() {
+            true => match values.pop() {
+                Some(Value::Text(s)) => Some(s),
+                _ => None,
+            },
+            false => None,
+        };
         let checkpoint = match checkpointed {
             true => match values.pop() {
                 Some(Value::Null) | None => None,
@@ -76,6 +86,7 @@ impl Claimed {
             unreadable,
             cancel_requested,
             checkpoint,
+            traceparent,
         })
     }
 }

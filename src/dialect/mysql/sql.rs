@@ -1343,6 +1343,56 @@ mod tests {
         assert!(COLUMNS.contains("CONCAT(' collate ', collation_name)"));
     }
 
+    /// The trace context column (`Table::traceparent`): last of the insert's columns, after the
+    /// checkpoint in the claimed row, last of the job's lookup; `VARCHAR(255)` text in `CREATE
+    /// TABLE` and added by `migrate` as a nullable column. Nothing for a table without it.
+    #[test]
+    fn traceparent_sql() {
+        let spec = Table::new("jobs")
+            .checkpoints()
+            .traceparent()
+            .lease(Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        let sql = compile(
+            Table::new("jobs")
+                .checkpoints()
+                .traceparent()
+                .lease(Duration::from_secs(30)),
+        );
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO `jobs` (`payload`, `run_at`, `traceparent`, `created_at`) VALUES (?, ?, ?, UTC_TIMESTAMP())"
+        );
+        assert!(
+            sql.claim.starts_with("SELECT `id`, `attempts`, `payload`, `checkpoint`, `traceparent`, `cancel_requested`, `run_at` FROM"),
+            "{}",
+            sql.claim
+        );
+        assert!(sql
+            .job
+            .contains("`created_at`, `checkpoint`, `traceparent` FROM"));
+        let collation = BYTE_EXACT[0];
+        let ddl = create_table(&spec, collation);
+        assert!(
+            ddl[0].contains(&format!(
+                "`checkpoint` LONGBLOB NULL, `traceparent` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL, INDEX"
+            )),
+            "{}",
+            ddl[0]
+        );
+        let d = column_defs(&spec, collation)
+            .into_iter()
+            .find(|d| d.name == "traceparent")
+            .unwrap();
+        assert_eq!(
+            SYNTAX.add_column(&spec, &d),
+            [format!("ALTER TABLE `jobs` ADD COLUMN `traceparent` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NULL")]
+        );
+        let plain = compile(Table::new("jobs"));
+        assert!(!plain.insert_one.contains("traceparent") && !plain.claim.contains("traceparent"));
+    }
+
     #[test]
     fn priority_ddl() {
         let spec = Table::new("jobs").priorities().validate().unwrap();

@@ -695,6 +695,63 @@ mod tests {
         assert!(!plain.job.contains("output"));
     }
 
+    /// The trace context column (`Table::traceparent`): last of the insert's columns, after the
+    /// checkpoint in every form's claimed row, last of the job's lookup; `TEXT` in `CREATE
+    /// TABLE` and added by `migrate` as a nullable column. Nothing for a table without it.
+    #[test]
+    fn traceparent_sql() {
+        let spec = Table::new("jobs")
+            .checkpoints()
+            .traceparent()
+            .lease(Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        let lease = compile(
+            Table::new("jobs")
+                .checkpoints()
+                .traceparent()
+                .lease(Duration::from_secs(30)),
+        );
+        assert_eq!(
+            lease.insert_one,
+            "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"traceparent\") VALUES ($1, $2, $3)"
+        );
+        assert!(
+            lease.claim.contains(
+                "q.\"checkpoint\", q.\"traceparent\", q.\"cancel_requested\", q.\"run_at\""
+            ),
+            "{}",
+            lease.claim
+        );
+        assert!(lease
+            .job
+            .contains("\"created_at\", \"checkpoint\", \"traceparent\" FROM"));
+        let row = compile(Table::new("jobs").traceparent());
+        assert!(
+            row.claim.starts_with(
+                "SELECT \"id\", \"attempts\", \"payload\", \"traceparent\", \"run_at\" FROM"
+            ),
+            "{}",
+            row.claim
+        );
+        let ddl = create_table(&spec);
+        assert!(
+            ddl[0].ends_with("\"checkpoint\" BYTEA, \"traceparent\" TEXT)"),
+            "{}",
+            ddl[0]
+        );
+        let d = column_defs(&spec)
+            .into_iter()
+            .find(|d| d.name == "traceparent")
+            .unwrap();
+        assert_eq!(
+            SYNTAX.add_column(&spec, &d),
+            ["ALTER TABLE \"jobs\" ADD COLUMN \"traceparent\" TEXT"]
+        );
+        let plain = compile(Table::new("jobs"));
+        assert!(!plain.insert_one.contains("traceparent") && !plain.claim.contains("traceparent"));
+    }
+
     #[test]
     fn fifo_sql() {
         let t = Table::new("orders").group("customer").fifo();

@@ -487,6 +487,50 @@ mod tests {
         );
     }
 
+    /// The trace context column (`Table::traceparent`): last of the insert's columns, after the
+    /// checkpoint in the claimed row, last of the job's lookup; text in `CREATE TABLE`, and
+    /// added by `migrate` as a plain nullable column. Nothing for a table without it.
+    #[test]
+    fn traceparent_sql() {
+        let spec = Table::new("jobs")
+            .text_column("k")
+            .checkpoints()
+            .traceparent()
+            .lease(Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        let sql = super::compile(&spec);
+        assert_eq!(
+            sql.insert_one,
+            "INSERT INTO \"jobs\" (\"payload\", \"run_at\", \"k\", \"traceparent\") VALUES (?1, ?2, ?3, ?4)"
+        );
+        assert!(
+            sql.claim.contains(
+                "\"k\", \"checkpoint\", \"traceparent\", \"cancel_requested\", \"run_at\""
+            ),
+            "{}",
+            sql.claim
+        );
+        assert!(sql
+            .job
+            .contains("\"k\", \"checkpoint\", \"traceparent\" FROM \"jobs\""));
+        let ddl = create_table(&spec);
+        assert!(
+            ddl[0].ends_with("\"checkpoint\" BLOB, \"traceparent\" TEXT, \"k\" TEXT)"),
+            "{}",
+            ddl[0]
+        );
+        let defs = SYNTAX.column_list(&spec, &TYPES);
+        let d = defs.iter().find(|d| d.name == "traceparent").unwrap();
+        assert_eq!(
+            SYNTAX.add_column(&spec, d),
+            ["ALTER TABLE \"jobs\" ADD COLUMN \"traceparent\" TEXT"]
+        );
+        let plain = super::compile(&Table::new("jobs").validate().unwrap());
+        assert!(!plain.insert_one.contains("traceparent") && !plain.claim.contains("traceparent"));
+        assert!(!plain.job.contains("traceparent"));
+    }
+
     #[test]
     fn priority_sql() {
         let spec = Table::new("jobs")

@@ -154,6 +154,10 @@ struct Record {
     outputs: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     checkpoints: bool,
+    /// Not part of the format's bump: a release before it reads the record, publishes rows
+    /// without a trace context (the column is nullable) and claims them without reading it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    traceparent: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -248,6 +252,7 @@ impl Table {
             dependencies: self.dependencies,
             outputs: self.outputs,
             checkpoints: self.checkpoints,
+            traceparent: self.traceparent,
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -304,6 +309,7 @@ impl Table {
         t.dependencies = r.dependencies;
         t.outputs = r.outputs;
         t.checkpoints = r.checkpoints;
+        t.traceparent = r.traceparent;
         Ok(t)
     }
 
@@ -494,6 +500,7 @@ impl Table {
         for (what, now, then) in [
             ("outputs", self.outputs, recorded.outputs),
             ("checkpoints", self.checkpoints, recorded.checkpoints),
+            ("traceparent", self.traceparent, recorded.traceparent),
         ] {
             option(what, now == then, now.to_string(), then.to_string());
         }
@@ -613,6 +620,26 @@ mod tests {
             plain.differences(&waits),
             ["dependencies is recorded as true, described as false"]
         );
+    }
+
+    /// The trace context column is recorded, read back and compared, in format 1: a release
+    /// before it misreads nothing (it publishes without a trace context, into a nullable
+    /// column). Fails (`false`) without the field in the record.
+    #[test]
+    fn traceparent_is_recorded_in_the_plain_format() {
+        let plain = Table::new("t");
+        let traced = plain.clone().traceparent();
+        assert_eq!(traced.record_format(), 1);
+        let read = Table::from_record(&traced.to_record()).unwrap();
+        assert!(read.has_traceparent());
+        assert!(traced.differences(&read).is_empty());
+        assert_eq!(
+            plain.differences(&traced),
+            ["traceparent is recorded as true, described as false"]
+        );
+        let spec = traced.validate().unwrap();
+        assert_eq!(spec.traceparent.as_deref(), Some("traceparent"));
+        assert_eq!(plain.validate().unwrap().traceparent, None);
     }
 
     /// Outputs and checkpoints are recorded (format 2: an earlier release would settle the

@@ -47,6 +47,7 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
             "payload": String::from_utf8_lossy(j.payload()),
             "output": j.output().map(String::from_utf8_lossy),
             "checkpoint": j.checkpoint().map(String::from_utf8_lossy),
+            "traceparent": j.traceparent(),
             "values": values,
         });
         return say(format_args!("{}\n", json(&out)));
@@ -73,6 +74,9 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
     }
     if table.has_checkpoints() {
         lines.push(("checkpoint", dash(j.checkpoint().map(preview))));
+    }
+    if table.has_traceparent() {
+        lines.push(("traceparent", dash(j.traceparent().map(escape))));
     }
     for (c, v) in j.values() {
         lines.push((c.as_str(), escape(&text_value(v))));

@@ -535,6 +535,9 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
             @if let Some(c) = j.checkpoint() {
                 tr { th { "checkpoint" } td { code { (preview(c)) } " " span.muted { "(" (c.len()) " bytes)" } } }
             }
+            @if let Some(tp) = j.traceparent() {
+                tr { th { "traceparent" } td { code { (tp) } } }
+            }
             @for (c, v) in j.values() {
                 tr { th { (c) } td { (value(v)) } }
             }
