@@ -399,14 +399,16 @@ mod tests {
             ..Script::default()
         });
         let ctx = ctx(&script, Form::Lease, options(1));
-        let _cell = ctx.leases.insert_all(&[7], SystemTime::now());
+        // Leases that have not ended (an ended one is not renewed: `lease_alive`).
+        let held = SystemTime::now() + Duration::from_secs(1);
+        let _cell = ctx.leases.insert_all(&[7], held);
         assert!(!guarded_round(&ctx), "a panicked round reported success");
         assert!(ctx.last_error().unwrap().to_string().contains("panicked"));
 
         // The thread goes on: a healthy subscription registered beside it is renewed.
         let healthy = Arc::new(Script::default());
         let ok = ctx_with_lease(&healthy, 1);
-        let _cell = ok.leases.insert_all(&[8], SystemTime::now());
+        let _cell = ok.leases.insert_all(&[8], held);
         let renewer = Renewer::default();
         renewer.register(&ctx).unwrap();
         renewer.register(&ok).unwrap();
