@@ -562,7 +562,8 @@ fn ack_alone(
         ctx,
         id,
         tokens,
-        ("ack", None, None),
+        // Settled as acked: the row is finished, so a lost connection is tried again.
+        ("ack", Some(crate::dialect::deps::ACKED), None),
         &q.sql.ack,
         &[],
         within,
