@@ -9,7 +9,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::{live, next, wait_for, Db, Live};
 use sqlbroker::{JobState, Message, Table};
@@ -1715,4 +1715,643 @@ mod million_rows {
     fn sqlite() {
         super::million_rows(Db::Sqlite)
     }
+}
+
+/// The ids of the jobs a listing page shows (their links).
+fn listed_ids(page: &str, prefix: &str, table: &str) -> Vec<i64> {
+    let marker = format!("href=\"{prefix}/tables/{table}/jobs/");
+    page.split(&marker)
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect()
+}
+
+/// The text of the `done=` note a redirect carries, decoded.
+fn done_of(r: &Resp) -> String {
+    let loc = r
+        .location
+        .clone()
+        .unwrap_or_else(|| panic!("no redirect: {} {}", r.status, r.body));
+    let query = loc.split_once('?').map_or("", |(_, q)| q);
+    url_decode(query, "done")
+}
+
+fn url_decode(query: &str, key: &str) -> String {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| {
+            let v = v.replace('+', " ");
+            let mut out = Vec::new();
+            let b = v.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' && i + 2 < b.len() {
+                    if let Ok(n) = u8::from_str_radix(&v[i + 1..i + 3], 16) {
+                        out.push(n);
+                        i += 3;
+                        continue;
+                    }
+                }
+                out.push(b[i]);
+                i += 1;
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        })
+        .unwrap_or_default()
+}
+
+/// Filters by a column's value and by error text list only the jobs matching; actions on
+/// every job matching (cancel, retry, delete) change those and only those, in batches, at
+/// most a bound a press; each is in the action log with who, what and how many rows; bad
+/// filters are refused and change nothing.
+fn filters_and_bulk_actions(db: Db) {
+    let Some(l) = live(db) else { return };
+    let b = &l.broker;
+    let t = l.create(
+        Table::new(common::unique("bulk"))
+            .text_column("customer")
+            .int_column("n")
+            .lease(Duration::from_secs(30))
+            .max_attempts(1),
+    );
+    let name = t.name().to_string();
+    let msg = |who: &str, n: i64| {
+        Message::new(format!("{who}-{n}").into_bytes())
+            .set("customer", who)
+            .set("n", n)
+    };
+    // Dead letters first: two "smtp" failures of acme, one "other" of globex.
+    let dead: Vec<i64> = [
+        ("acme", "smtp 550: <mailbox> gone"),
+        ("acme", "smtp 550: timeout"),
+        ("globex", "other"),
+    ]
+    .iter()
+    .map(|(who, _)| b.publish(&t, msg(who, 0)).unwrap())
+    .collect();
+    let sub = b.subscription(&t).max_in_flight(3).start().unwrap();
+    for _ in 0..3 {
+        let d = next(&sub, Duration::from_secs(20));
+        let i = dead.iter().position(|id| *id == d.id()).unwrap();
+        d.fail(["smtp 550: <mailbox> gone", "smtp 550: timeout", "other"][i])
+            .unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    b.publish_batch(&t, (0..150).map(|n| msg("acme", n)))
+        .unwrap();
+    let globex: Vec<i64> = (0..20)
+        .map(|n| b.publish(&t, msg("globex", n)).unwrap())
+        .collect();
+    let later: Vec<i64> = (0..2)
+        .map(|n| {
+            b.publish(&t, msg("acme", n).deliver_after(Duration::from_secs(3600)))
+                .unwrap()
+        })
+        .collect();
+    let dash = start(&l.url, &["--table", &name], &[]);
+    let page = |q: &str| dash.get(&format!("/tables/{name}?{q}"));
+
+    // Listings by filter.
+    let r = page("state=ready&column=customer&value=globex");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ids = listed_ids(&r.body, "", &name);
+    assert_eq!(ids, globex, "only globex's ready jobs");
+    let r = page("state=ready&column=n&value=7");
+    assert_eq!(
+        listed_ids(&r.body, "", &name).len(),
+        2,
+        "n = 7: one of acme, one of globex"
+    );
+    let r = page("state=dead&error=smtp+550");
+    assert_eq!(listed_ids(&r.body, "", &name), dead[..2].to_vec());
+    assert!(r.body.contains("&lt;mailbox&gt;"), "escaped: {}", r.body);
+    let r = page("state=dead&error=SMTP");
+    assert!(listed_ids(&r.body, "", &name).is_empty(), "case counts");
+    // The filter is kept by the page's links.
+    let r = page("state=ready&column=customer&value=acme");
+    assert_eq!(listed_ids(&r.body, "", &name).len(), 50);
+    assert!(
+        r.body
+            .contains("&amp;column=customer&amp;value=acme\">next page"),
+        "{}",
+        r.body
+    );
+    // Bad filters: refused, typed, nothing listed.
+    for (q, why) in [
+        ("state=ready&column=nope&value=1", "no column \"nope\""),
+        ("state=ready&column=n&value=seven", "is a whole number"),
+    ] {
+        let r = page(q);
+        assert!(r.body.contains("The filter was refused"), "{q}: {}", r.body);
+        assert!(
+            r.body.contains(&why.replace('"', "&quot;")),
+            "{q}: {}",
+            r.body
+        );
+        assert!(listed_ids(&r.body, "", &name).is_empty(), "{q}");
+    }
+
+    let csrf = dash.csrf(&format!("/tables/{name}"));
+    let bulk = |fields: &[(&str, &str)]| {
+        let mut form = vec![("csrf", csrf.as_str())];
+        form.extend_from_slice(fields);
+        dash.post(&format!("/tables/{name}/bulk"), &form)
+    };
+    let ready_of = |who: &str| {
+        l.rows_where(
+            &t,
+            &format!(
+                "customer = '{who}' AND dead_at IS NULL AND run_at <= {}",
+                now_sql(db)
+            ),
+        )
+    };
+    // Refused: no filter, a verb the state has not, a bad value. Nothing changes.
+    for (fields, status) in [
+        (vec![("verb", "cancel"), ("state", "ready")], 400),
+        (
+            vec![
+                ("verb", "delete"),
+                ("state", "ready"),
+                ("column", "customer"),
+                ("value", "acme"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("verb", "cancel"),
+                ("state", "ready"),
+                ("column", "n"),
+                ("value", "x"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("verb", "cancel"),
+                ("state", "nope"),
+                ("column", "customer"),
+                ("value", "acme"),
+            ],
+            400,
+        ),
+    ] {
+        let r = bulk(&fields);
+        assert_eq!(r.status, status, "{fields:?}: {}", r.body);
+    }
+    assert_eq!(ready_of("acme"), 150);
+
+    // Cancel every ready acme job: two batches and a half.
+    let r = bulk(&[
+        ("verb", "cancel"),
+        ("state", "ready"),
+        ("column", "customer"),
+        ("value", "acme"),
+    ]);
+    assert_eq!(
+        done_of(&r),
+        "cancelled 150 of 150 ready jobs, customer = \"acme\""
+    );
+    assert_eq!(ready_of("acme"), 0);
+    assert_eq!(ready_of("globex"), 20);
+    assert_eq!(
+        l.rows_where(&t, "customer = 'acme' AND dead_at IS NOT NULL"),
+        2,
+        "dead ones untouched"
+    );
+    // Retry the smtp dead letters; delete the other one.
+    let r = bulk(&[("verb", "retry"), ("state", "dead"), ("error", "smtp 550")]);
+    assert_eq!(
+        done_of(&r),
+        "requeued 2 of 2 dead jobs, last error contains \"smtp 550\""
+    );
+    for id in &dead[..2] {
+        assert_eq!(b.job(&t, *id).unwrap().unwrap().state(), JobState::Ready);
+    }
+    assert_eq!(b.job(&t, dead[2]).unwrap().unwrap().state(), JobState::Dead);
+    let r = bulk(&[("verb", "delete"), ("state", "dead"), ("error", "other")]);
+    assert_eq!(
+        done_of(&r),
+        "deleted 1 of 1 dead jobs, last error contains \"other\""
+    );
+    assert!(b.job(&t, dead[2]).unwrap().is_none());
+    // Run the scheduled acme jobs now.
+    let r = bulk(&[
+        ("verb", "retry"),
+        ("state", "scheduled"),
+        ("column", "customer"),
+        ("value", "acme"),
+    ]);
+    assert_eq!(
+        done_of(&r),
+        "made due now 2 of 2 scheduled jobs, customer = \"acme\""
+    );
+    for id in &later {
+        assert_eq!(b.job(&t, *id).unwrap().unwrap().state(), JobState::Ready);
+    }
+
+    // The bound: 1,050 matching jobs take two presses.
+    b.publish_batch(&t, (0..1_050).map(|n| msg("many", n)))
+        .unwrap();
+    let cancel_many = [
+        ("verb", "cancel"),
+        ("state", "ready"),
+        ("column", "customer"),
+        ("value", "many"),
+    ];
+    let r = bulk(&cancel_many);
+    assert_eq!(
+        done_of(&r),
+        "cancelled 1000 of 1000 ready jobs, customer = \"many\": more may match, send it again for the next ones"
+    );
+    assert_eq!(ready_of("many"), 50);
+    let r = bulk(&cancel_many);
+    assert_eq!(
+        done_of(&r),
+        "cancelled 50 of 50 ready jobs, customer = \"many\""
+    );
+    assert_eq!(ready_of("many"), 0);
+
+    // The action log: in the database, newest first, and on its page.
+    let log = b.actions(10).unwrap();
+    let mine: Vec<(String, String, u64)> = log
+        .iter()
+        .filter(|a| a.table == name)
+        .map(|a| (a.action.clone(), a.detail.clone(), a.rows))
+        .collect();
+    assert_eq!(
+        mine,
+        [
+            ("cancel all matching", "ready jobs, customer = \"many\"", 50),
+            (
+                "cancel all matching",
+                "ready jobs, customer = \"many\"",
+                1000
+            ),
+            (
+                "retry all matching",
+                "scheduled jobs, customer = \"acme\"",
+                2
+            ),
+            (
+                "delete all matching",
+                "dead jobs, last error contains \"other\"",
+                1
+            ),
+            (
+                "retry all matching",
+                "dead jobs, last error contains \"smtp 550\"",
+                2
+            ),
+            (
+                "cancel all matching",
+                "ready jobs, customer = \"acme\"",
+                150
+            ),
+        ]
+        .map(|(a, d, n)| (a.to_string(), d.to_string(), n))
+    );
+    assert!(log
+        .iter()
+        .filter(|a| a.table == name)
+        .all(|a| a.who == "127.0.0.1 (no token)"));
+    let age = SystemTime::now()
+        .duration_since(log[0].at)
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(120), "recorded now: {age:?}");
+    let r = dash.get("/actions");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("cancel all matching"), "{}", r.body);
+    assert!(r.body.contains("127.0.0.1 (no token)"), "{}", r.body);
+    assert!(r.body.contains("<td class=\"n\">1000</td>"), "{}", r.body);
+    // A single action is logged too.
+    let r = dash.post(
+        &format!("/tables/{name}/cancel"),
+        &[("csrf", &csrf), ("id", &globex[0].to_string())],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let a = &b.actions(1).unwrap()[0];
+    assert_eq!(
+        (a.action.as_str(), a.detail.clone(), a.rows),
+        ("cancel", format!("job {}", globex[0]), 1)
+    );
+}
+
+/// `now` in SQL, as the table's time columns hold it.
+fn now_sql(db: Db) -> &'static str {
+    match db {
+        Db::Sqlite => "CAST(strftime('%s','now') AS INTEGER)",
+        Db::Postgres => "now()",
+        Db::Mysql => "UTC_TIMESTAMP()",
+    }
+}
+
+mod filters_and_bulk_actions {
+    use super::*;
+    #[test]
+    fn postgres() {
+        super::filters_and_bulk_actions(Db::Postgres)
+    }
+    #[test]
+    fn mysql() {
+        super::filters_and_bulk_actions(Db::Mysql)
+    }
+    #[test]
+    fn sqlite() {
+        super::filters_and_bulk_actions(Db::Sqlite)
+    }
+}
+
+/// "Cancel all matching" holds for a job in work in every form: the job in a handler's
+/// hands when the bulk cancel runs fails afterwards, and is not run again (row lock: the
+/// cancel waits for the delivery to settle, then removes the row).
+fn bulk_cancel_holds_in_work(db: Db, form: sqlbroker::Form) {
+    let Some(l) = live(db) else { return };
+    let b = &l.broker;
+    let t = l.table(form, Duration::from_secs(30));
+    let name = t.name().to_string();
+    let held = b
+        .publish(&t, Message::new(b"held".to_vec()).set("k", "x"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), held);
+    let queued = b
+        .publish(&t, Message::new(b"queued".to_vec()).set("k", "y"))
+        .unwrap();
+    let dash = start(&l.url, &["--table", &name], &[]);
+    let csrf = dash.csrf(&format!("/tables/{name}"));
+    // The row in work is on the in-flight page of a lease table, on the due one otherwise.
+    let states: &[&str] = match form {
+        sqlbroker::Form::Lease => &["ready", "in_flight"],
+        _ => &["ready"],
+    };
+    // The handler fails a second after the cancel began (the row lock cancel waits for it).
+    let failer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        d.fail("boom").unwrap();
+        sub
+    });
+    let mut cancelled = 0;
+    for state in states {
+        let r = dash.post(
+            &format!("/tables/{name}/bulk"),
+            &[
+                ("csrf", &csrf),
+                ("verb", "cancel"),
+                ("state", state),
+                ("column", "k"),
+                ("value", "x"),
+            ],
+        );
+        let note = done_of(&r);
+        cancelled += note
+            .strip_prefix("cancelled ")
+            .and_then(|n| n.split(' ').next()?.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{note}"));
+    }
+    assert_eq!(cancelled, 1, "the held job, once");
+    let sub = failer.join().unwrap();
+    // The other job is untouched and runs; the cancelled one never again.
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), queued);
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(2_500))
+            .is_err(),
+        "the cancelled job ran again"
+    );
+    assert!(
+        b.job(&t, held)
+            .unwrap()
+            .is_none_or(|j| j.state() == JobState::Dead),
+        "{:?}",
+        b.job(&t, held).unwrap()
+    );
+}
+
+mod bulk_cancel_holds_in_work {
+    use super::*;
+    use sqlbroker::Form;
+    #[test]
+    fn postgres() {
+        for form in [Form::RowLock, Form::Lease, Form::AdvisoryLock] {
+            super::bulk_cancel_holds_in_work(Db::Postgres, form)
+        }
+    }
+    #[test]
+    fn mysql() {
+        for form in [Form::RowLock, Form::Lease, Form::AdvisoryLock] {
+            super::bulk_cancel_holds_in_work(Db::Mysql, form)
+        }
+    }
+    #[test]
+    fn sqlite() {
+        for form in [Form::Lease, Form::AdvisoryLock] {
+            super::bulk_cancel_holds_in_work(Db::Sqlite, form)
+        }
+    }
+}
+
+/// One dashboard, several databases (`--url` repeated, named): each database's tables
+/// under its name, even two tables of one name; an action on one changes that database
+/// only, and its log entry is there; `/metrics` labels each series with its database; a
+/// name no database has is not found. With every server reachable, all three databases.
+#[test]
+fn several_databases() {
+    let mut dbs: Vec<(String, Live)> = Vec::new();
+    for (n, db) in [
+        ("a", Db::Sqlite),
+        ("b", Db::Sqlite),
+        ("pg", Db::Postgres),
+        ("my", Db::Mysql),
+    ] {
+        if let Some(l) = live(db) {
+            dbs.push((n.to_string(), l));
+        }
+    }
+    let name = common::unique("many");
+    let mut ids = Vec::new();
+    for (i, (n, l)) in dbs.iter().enumerate() {
+        let t = l.create(
+            Table::new(&name)
+                .text_column("k")
+                .lease(Duration::from_secs(30)),
+        );
+        // Database i holds i + 1 ready jobs, each saying where it is.
+        let mine: Vec<i64> = (0..=i)
+            .map(|_| {
+                l.broker
+                    .publish(
+                        &t,
+                        Message::new(format!("in-{n}").into_bytes()).set("k", "v"),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        ids.push((t, mine));
+    }
+    let urls: Vec<String> = dbs.iter().map(|(n, l)| format!("{n}={}", l.url)).collect();
+    let mut args = vec!["--table", name.as_str()];
+    for u in &urls {
+        args.extend(["--url", u.as_str()]);
+    }
+    let dash = start("sqlite:/nonexistent/ignored.db", &args, &[]);
+    let page = dash.get("/");
+    assert_eq!(page.status, 200, "{}", page.body);
+    for (i, (n, _)) in dbs.iter().enumerate() {
+        assert!(
+            page.body.contains(&format!("Database {n} ")),
+            "{n}: {}",
+            page.body
+        );
+        assert_eq!(
+            count_cell(&page.body, &name, "ready").map(|_| ()),
+            None,
+            "no table is linked without its database"
+        );
+        let marker = format!("href=\"/d/{n}/tables/{name}?state=ready\">");
+        let cell = page
+            .body
+            .split(&marker)
+            .nth(1)
+            .and_then(|r| r.split('<').next());
+        assert_eq!(cell, Some((i + 1).to_string().as_str()), "{n}");
+        let r = dash.get(&format!("/d/{n}/tables/{name}"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            listed_ids(&r.body, &format!("/d/{n}"), &name),
+            ids[i].1,
+            "{n}"
+        );
+        assert!(r.body.contains(&format!("in-{n}")), "{n}");
+    }
+    let m = dash.get("/metrics").body;
+    for (i, (n, _)) in dbs.iter().enumerate() {
+        let line = format!(
+            "sqlbroker_queue_jobs{{database=\"{n}\",table=\"{name}\",state=\"ready\"}} {}",
+            i + 1
+        );
+        assert!(m.lines().any(|l| l == line), "{line}: {m}");
+    }
+    assert_eq!(dash.get(&format!("/d/zz/tables/{name}")).status, 404);
+    // Cancel database b's first job: a's (same table name) is untouched.
+    let csrf = dash.csrf(&format!("/d/b/tables/{name}"));
+    let (tb, b_ids) = &ids[1];
+    let r = dash.post(
+        &format!("/d/b/tables/{name}/cancel"),
+        &[("csrf", &csrf), ("id", &b_ids[0].to_string())],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(
+        r.location
+            .as_deref()
+            .unwrap_or("")
+            .starts_with(&format!("/d/b/tables/{name}")),
+        "{r:?}"
+    );
+    assert!(dbs[1].1.broker.job(tb, b_ids[0]).unwrap().is_none());
+    let (ta, a_ids) = &ids[0];
+    assert!(
+        dbs[0].1.broker.job(ta, a_ids[0]).unwrap().is_some(),
+        "a's job of the same id"
+    );
+    assert_eq!(dbs[1].1.broker.actions(10).unwrap().len(), 1);
+    assert!(dbs[0].1.broker.actions(10).unwrap().is_empty());
+    let log = dash.get("/actions").body;
+    assert!(log.contains("Database b "), "{log}");
+    assert!(log.contains(&format!("job {}", b_ids[0])), "{log}");
+}
+
+/// `--read-only` with several databases: the pages show counts, jobs and the filter, and no
+/// action; every POST (one job, all matching, pause) is refused and changes nothing.
+#[test]
+fn read_only_several_databases() {
+    let (Some(a), Some(c)) = (live(Db::Sqlite), live(Db::Sqlite)) else {
+        return;
+    };
+    let name = common::unique("ro");
+    let ta = a.create(
+        Table::new(&name)
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let tc = c.create(
+        Table::new(&name)
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let id = a
+        .broker
+        .publish(&ta, Message::new(b"x".to_vec()).set("k", "v"))
+        .unwrap();
+    c.broker
+        .publish(&tc, Message::new(b"y".to_vec()).set("k", "v"))
+        .unwrap();
+    let (ua, uc) = (format!("a={}", a.url), format!("c={}", c.url));
+    let dash = start(&a.url, &["--read-only", "--url", &ua, "--url", &uc], &[]);
+    for path in [
+        "/".to_string(),
+        format!("/d/a/tables/{name}"),
+        format!("/d/c/tables/{name}?state=ready&column=k&value=v"),
+        format!("/d/a/tables/{name}/jobs/{id}"),
+        "/actions".into(),
+    ] {
+        let r = dash.get(&path);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert!(
+            !r.body.contains("method=\"post\""),
+            "{path} offers an action: {}",
+            r.body
+        );
+        assert!(r.body.contains("read-only"), "{path}");
+    }
+    let r = dash.get(&format!("/d/c/tables/{name}?state=ready&column=k&value=v"));
+    assert!(
+        r.body.contains("name=\"error\""),
+        "the filter form is there: {}",
+        r.body
+    );
+    assert!(!r.body.contains("all matching"), "{}", r.body);
+    for (path, form) in [
+        (
+            format!("/d/a/tables/{name}/cancel"),
+            vec![("id", id.to_string())],
+        ),
+        (
+            format!("/d/a/tables/{name}/bulk"),
+            vec![
+                ("verb", "cancel".into()),
+                ("state", "ready".into()),
+                ("column", "k".into()),
+                ("value", "v".into()),
+            ],
+        ),
+        (format!("/d/a/tables/{name}/pause"), vec![]),
+        (
+            format!("/tables/{name}/bulk"),
+            vec![
+                ("verb", "cancel".into()),
+                ("state", "ready".into()),
+                ("column", "k".into()),
+                ("value", "v".into()),
+            ],
+        ),
+    ] {
+        let mut f: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        f.push(("csrf", "anything"));
+        let r = dash.post(&path, &f);
+        assert_eq!(r.status, 403, "{path}: {}", r.body);
+        assert!(
+            r.body.contains("read-only"),
+            "refused as read-only: {}",
+            r.body
+        );
+    }
+    assert!(a.broker.job(&ta, id).unwrap().is_some());
+    assert!(!a.broker.stats(&ta).unwrap().paused);
+    assert!(a.broker.actions(10).unwrap().is_empty());
 }

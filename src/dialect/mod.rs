@@ -464,6 +464,21 @@ pub(crate) struct RegistrySql {
     pub set_paused: &'static str,
 }
 
+/// The statements of the operators' action log, `sqlbroker_actions`: one row per action an
+/// operator took (who, what, on which table, how many rows, when), kept in the database the
+/// action changed ([`Broker::record_action`](crate::Broker::record_action)). Constants of
+/// each dialect, as the registry's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActionLogSql {
+    /// Makes the log if it does not exist: `id` (ascending), `acted_at`, `who`, `action`,
+    /// `table_name`, `detail`, `row_count`.
+    pub create: &'static str,
+    /// `(acted_at, who, action, table_name, detail, row_count)`: one entry.
+    pub insert: &'static str,
+    /// `(limit)` -> `id, acted_at, who, action, table_name, detail, row_count`, newest first.
+    pub list: &'static str,
+}
+
 /// FIFO claims where one statement cannot both pick group heads and guard their groups
 /// (MySQL/MariaDB: a locking scan reads newer rows than its own subquery, and keeps locks on
 /// rows it rejects through a secondary index). Heads are read without locks, locked by
@@ -682,6 +697,9 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// The statements of the table registry.
     fn registry(&self) -> &'static RegistrySql;
+
+    /// The statements of the operators' action log.
+    fn action_log(&self) -> &'static ActionLogSql;
 
     /// Inserts `rows` rows in one statement, parameters as `insert_one` repeated.
     fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {

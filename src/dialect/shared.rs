@@ -79,12 +79,24 @@ pub(crate) struct Syntax {
     /// session's time zone, and a transactional publish runs on the application's session,
     /// whose zone may not be UTC.
     pub stamps_created: bool,
+    /// `haystack` holds the text `needle` (a placeholder), byte for byte, case and all: an
+    /// operator's filter on a job's last error ([`Syntax::preview_page`]).
+    pub contains: fn(haystack: &str, needle: &str) -> String,
 }
 
 /// `s` as a standard SQL string literal: quotes doubled, nothing else special (PostgreSQL
 /// with `standard_conforming_strings`, its default since 9.1, and SQLite).
 pub(crate) fn standard_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A condition an operator's listing adds to a page of jobs ([`Syntax::preview_page`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PageFilter<'a> {
+    /// The user column of this name equals the parameter.
+    Equals(&'a str),
+    /// The last error holds the parameter's text.
+    ErrorContains,
 }
 
 impl Syntax {
@@ -858,12 +870,29 @@ impl Syntax {
         }
     }
 
-    /// The pages of [`TableSql::jobs_preview`]: the pages of `jobs_page`, each row led by the
-    /// payload's full length and holding only its first bytes (`LENGTH` and `SUBSTR`, which
-    /// PostgreSQL's `bytea`, MySQL's `LONGBLOB` and SQLite's `BLOB` all count in bytes), so a
-    /// listing of large payloads reads a few bytes of each instead of all of them. The prefix
-    /// length is the first parameter: it comes first in the text, which MySQL's `?` follow.
+    /// The pages of [`TableSql::jobs_preview`], one per state ([`Syntax::preview_page`]
+    /// without a filter).
     pub fn preview_statements(&self, spec: &TableSpec, sql: &mut TableSql) {
+        sql.jobs_preview = (0..5).map(|i| self.preview_page(spec, i, &[])).collect();
+    }
+
+    /// One page of [`TableSql::jobs_preview`] (`state`: the index of
+    /// [`JobState`](crate::JobState) there), or `None` for a state the table has no rows of:
+    /// the page of `jobs_page`, each row led by the payload's full length and holding only
+    /// its first bytes (`LENGTH` and `SUBSTR`, which PostgreSQL's `bytea`, MySQL's `LONGBLOB`
+    /// and SQLite's `BLOB` all count in bytes), so a listing of large payloads reads a few
+    /// bytes of each instead of all of them. `filter` narrows it further, each a condition on
+    /// a parameter of its own, bound in order after the times.
+    ///
+    /// Parameters: the prefix length (first in the text, which MySQL's `?` follow), the
+    /// statement's time as many times as the returned count, each filter's value, the
+    /// cursor, the limit.
+    pub fn preview_page(
+        &self,
+        spec: &TableSpec,
+        state: usize,
+        filter: &[PageFilter<'_>],
+    ) -> Option<(String, usize)> {
         let (t, id) = (self.q(&spec.name), self.q(&spec.id));
         let p = |n| self.p(n);
         let payload = self.q(&spec.payload);
@@ -874,37 +903,42 @@ impl Syntax {
         );
         let marker = "\u{1}now\u{1}";
         let st = self.stats_states(spec, "", marker);
-        let conds = [
-            Some(st.scheduled),
-            Some(st.ready.clone()),
-            Some(st.held.unwrap_or(st.ready)),
-            Some(st.dead),
-            st.completed,
-        ];
-        sql.jobs_preview = conds
-            .into_iter()
-            .map(|cond| {
-                let cond = cond?;
-                let mut out = String::new();
-                let mut n = 0;
-                for (i, part) in cond.split(marker).enumerate() {
-                    if i > 0 {
-                        n += 1;
-                        out.push_str(&p(n + 1));
-                    }
-                    out.push_str(part);
-                }
-                Some((
-                    format!(
-                        "SELECT LENGTH({payload}), {columns} FROM {t} WHERE {out} AND {id} > {} \
-                         ORDER BY {id} LIMIT {}",
-                        p(n + 2),
-                        p(n + 3)
-                    ),
-                    n,
-                ))
-            })
-            .collect();
+        let cond = match state {
+            0 => Some(st.scheduled),
+            1 => Some(st.ready),
+            2 => Some(st.held.unwrap_or(st.ready)),
+            3 => Some(st.dead),
+            _ => st.completed,
+        }?;
+        let mut out = String::new();
+        let mut n = 0;
+        for (i, part) in cond.split(marker).enumerate() {
+            if i > 0 {
+                n += 1;
+                out.push_str(&p(n + 1));
+            }
+            out.push_str(part);
+        }
+        let nows = n;
+        for f in filter {
+            n += 1;
+            let at = p(n + 1);
+            let more = match f {
+                PageFilter::Equals(c) => format!("{} = {at}", self.q(c)),
+                PageFilter::ErrorContains => (self.contains)(&self.q(&spec.last_error), &at),
+            };
+            out.push_str(" AND ");
+            out.push_str(&more);
+        }
+        Some((
+            format!(
+                "SELECT LENGTH({payload}), {columns} FROM {t} WHERE {out} AND {id} > {} \
+                 ORDER BY {id} LIMIT {}",
+                p(n + 2),
+                p(n + 3)
+            ),
+            nows,
+        ))
     }
 
     /// Fills the statements every database spells alike.

@@ -619,6 +619,7 @@ mod tests {
             claim_limit: |p| p.to_string(),
             literal: crate::dialect::shared::standard_literal,
             stamps_created: false,
+            contains: |h, n| format!("instr({h}, {n}) > 0"),
         }
     }
 

@@ -49,7 +49,7 @@ pub enum JobState {
 
 impl JobState {
     /// The states in the order [`TableSql::jobs_page`](crate::dialect::TableSql) lists them.
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             JobState::Scheduled | JobState::Waiting => 0,
             JobState::Ready => 1,
@@ -102,9 +102,9 @@ pub struct Job {
     errors: u32,
     last_error: Option<String>,
     dead_reason: Option<String>,
-    payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
     /// The payload's full length in bytes ([`Broker::jobs_preview`] reads a prefix).
-    payload_len: u64,
+    pub(crate) payload_len: u64,
     due_at: SystemTime,
     published_at: Option<SystemTime>,
     finished_at: Option<SystemTime>,
@@ -292,7 +292,7 @@ impl Job {
 
 /// A job of the `job_columns` layout, its state not yet told apart where the form needs a
 /// probe (`Ready` stands for "due and live").
-fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
+pub(crate) fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let mut it = row.into_iter();
     let mut next = || it.next().unwrap_or(Value::Null);
     let int = |v: Value| v.as_i64().unwrap_or_default();
@@ -471,7 +471,7 @@ fn key_held(q: &Queue, key: &str) -> Result<bool> {
 /// [`BrokerError::Schema`], before any statement meets a missing table or column). A queue
 /// the broker remembers as checked ([`registry::verify`](crate::runtime::registry::verify) checked its
 /// columns) is not asked again: only a table that did not exist then is.
-fn checked(q: &Queue) -> Result<()> {
+pub(crate) fn checked(q: &Queue) -> Result<()> {
     if q.described.load(std::sync::atomic::Ordering::Acquire) {
         return Ok(());
     }

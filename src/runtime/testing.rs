@@ -45,6 +45,13 @@ static SYNTAX: Syntax = Syntax {
     claim_limit: |p| format!("LIMIT {p}"),
     literal: crate::dialect::shared::standard_literal,
     stamps_created: false,
+    contains: |h, n| format!("contains({h}, {n})"),
+};
+
+static ACTION_LOG: crate::dialect::ActionLogSql = crate::dialect::ActionLogSql {
+    create: "action log create",
+    insert: "action log insert",
+    list: "action log list",
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
@@ -63,6 +70,9 @@ static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {
 impl Dialect for Scripted {
     fn database(&self) -> &'static str {
         "Scripted"
+    }
+    fn action_log(&self) -> &'static crate::dialect::ActionLogSql {
+        &ACTION_LOG
     }
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
         self.0.connects.fetch_add(1, Ordering::SeqCst);

@@ -41,7 +41,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     }
     #[cfg(feature = "dashboard")]
     if let Command::Dashboard(args) = &cli.command {
-        return dashboard::run(cli, url, args);
+        return dashboard::run(cli, args);
     }
     if let Command::Bench(args) = &cli.command {
         return bench::run(cli, url, args);

@@ -56,9 +56,10 @@ use sqlbroker::{ColumnType, Table};
 #[command(name = "sqlbroker", version, propagate_version = true)]
 struct Cli {
     /// The database: postgres://user@host:5432/db, mysql://user:pass@host:3306/db,
-    /// sqlite:path/to/file.db.
+    /// sqlite:path/to/file.db. The dashboard takes several (repeat --url; NAME=URL names
+    /// one), every other command one.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    url: Option<String>,
+    url: Vec<String>,
 
     /// How long to wait for a database connection before giving up: seconds (10) or a
     /// duration (10s, 1m), rounded up to whole seconds.
@@ -523,7 +524,19 @@ fn main() -> ExitCode {
                 .exit();
         }
     }
-    let url = cli.url.clone();
+    #[cfg(feature = "dashboard")]
+    let several = matches!(cli.command, Command::Dashboard(_));
+    #[cfg(not(feature = "dashboard"))]
+    let several = false;
+    if cli.url.len() > 1 && !several {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::TooManyValues,
+                "only the dashboard takes several --url: give this command one",
+            )
+            .exit();
+    }
+    let url = cli.url.first().cloned();
     let Some(url) = url.or_else(|| commands::schema::offline(&cli.command)) else {
         Cli::command()
             .error(

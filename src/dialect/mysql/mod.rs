@@ -306,6 +306,10 @@ impl Dialect for Mysql {
         &registry::REGISTRY
     }
 
+    fn action_log(&self) -> &'static crate::dialect::ActionLogSql {
+        &registry::ACTION_LOG
+    }
+
     /// One `ALTER TABLE`: the index is dropped and added again with the table's claim order.
     fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
         vec![sql::rebuild_ready_index(spec)]

@@ -3,7 +3,7 @@
 //! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
 //! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
 
-use crate::dialect::RegistrySql;
+use crate::dialect::{ActionLogSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -28,6 +28,22 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = ? FOR UPDATE",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = ?, updated_at = ? WHERE name = ?",
+};
+
+/// The operators' action log (`sqlbroker_actions`, see [`ActionLogSql`]).
+pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_actions (\
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             acted_at DATETIME NOT NULL, \
+             who TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             action TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             table_name TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             detail TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             row_count BIGINT NOT NULL) ENGINE=InnoDB",
+    insert: "INSERT INTO sqlbroker_actions (acted_at, who, action, table_name, detail, row_count) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+    list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
+           FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
 };
 
 #[cfg(test)]

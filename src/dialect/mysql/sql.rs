@@ -17,6 +17,8 @@ pub(super) const SYNTAX: Syntax = Syntax {
     claim_limit: |p| format!("LIMIT {p}"),
     literal: text_literal,
     stamps_created: true,
+    // A binary needle makes the search byte for byte whatever the column's collation.
+    contains: |h, n| format!("LOCATE(CAST({n} AS BINARY), {h}) > 0"),
 };
 
 /// `s` as a MySQL string literal that reads the same whatever the session's `sql_mode`: a

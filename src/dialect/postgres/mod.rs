@@ -259,6 +259,10 @@ impl Dialect for Postgres {
         &registry::REGISTRY
     }
 
+    fn action_log(&self) -> &'static crate::dialect::ActionLogSql {
+        &registry::ACTION_LOG
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

@@ -1,7 +1,7 @@
 //! PostgreSQL statements of the table registry (`sqlbroker_tables`, see
 //! [`RegistrySql`]).
 
-use crate::dialect::RegistrySql;
+use crate::dialect::{ActionLogSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -24,6 +24,22 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = $1 FOR UPDATE",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = $1, updated_at = $2 WHERE name = $3",
+};
+
+/// The operators' action log (`sqlbroker_actions`, see [`ActionLogSql`]).
+pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_actions (\
+             id BIGSERIAL PRIMARY KEY, \
+             acted_at TIMESTAMPTZ NOT NULL, \
+             who TEXT NOT NULL, \
+             action TEXT NOT NULL, \
+             table_name TEXT NOT NULL, \
+             detail TEXT NOT NULL, \
+             row_count BIGINT NOT NULL)",
+    insert: "INSERT INTO sqlbroker_actions (acted_at, who, action, table_name, detail, row_count) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+    list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
+           FROM sqlbroker_actions ORDER BY id DESC LIMIT $1",
 };
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     claim_limit,
     literal: crate::dialect::shared::standard_literal,
     stamps_created: false,
+    contains: |h, n| format!("strpos({h}, {n}) > 0"),
 };
 
 /// A claim's `LIMIT`, with the row count behind a sub-select: the planner cannot see it, so

@@ -193,6 +193,10 @@ impl Dialect for Sqlite {
         &registry::REGISTRY
     }
 
+    fn action_log(&self) -> &'static crate::dialect::ActionLogSql {
+        &registry::ACTION_LOG
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

@@ -2,7 +2,7 @@
 //! [`RegistrySql`]). `name` is `TEXT` in SQLite's default
 //! `BINARY` collation: compared byte for byte.
 
-use crate::dialect::RegistrySql;
+use crate::dialect::{ActionLogSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -25,6 +25,22 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = ?1",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
     set_paused: "UPDATE sqlbroker_tables SET paused = ?1, updated_at = ?2 WHERE name = ?3",
+};
+
+/// The operators' action log (`sqlbroker_actions`, see [`ActionLogSql`]).
+pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_actions (\
+             id INTEGER PRIMARY KEY AUTOINCREMENT, \
+             acted_at INTEGER NOT NULL, \
+             who TEXT NOT NULL, \
+             action TEXT NOT NULL, \
+             table_name TEXT NOT NULL, \
+             detail TEXT NOT NULL, \
+             row_count INTEGER NOT NULL)",
+    insert: "INSERT INTO sqlbroker_actions (acted_at, who, action, table_name, detail, row_count) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+    list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
+           FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
 };
 
 #[cfg(test)]

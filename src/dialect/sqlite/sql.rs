@@ -20,6 +20,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     claim_limit: |p| format!("LIMIT {p} + 0"),
     literal: crate::dialect::shared::standard_literal,
     stamps_created: false,
+    contains: |h, n| format!("instr({h}, {n}) > 0"),
 };
 
 /// Times are integer seconds since the Unix epoch.

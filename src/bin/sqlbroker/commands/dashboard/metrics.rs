@@ -1,11 +1,12 @@
 //! `/metrics`: the last counts of every table in the Prometheus text exposition format
 //! (version 0.0.4), for a scraper outside the application's process. Gauges only: the
-//! values are counts of rows as the database holds them.
+//! values are counts of rows as the database holds them. With several databases, every
+//! series carries a `database` label (its name) before `table`.
 
 use std::fmt::Write;
 use std::time::UNIX_EPOCH;
 
-use super::sampler::Sampler;
+use super::Ctx;
 
 /// A label value as the format wants it: backslash, double quote and line feed escaped.
 fn label(v: &str) -> String {
@@ -14,8 +15,7 @@ fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-pub(crate) fn render(sampler: &Sampler) -> String {
-    let (entries, list_error) = sampler.snapshot();
+pub(crate) fn render(ctx: &Ctx) -> String {
     let mut out = String::new();
     let mut family = |name: &str, help: &str, rows: Vec<(String, String)>| {
         let _ = writeln!(out, "# HELP {name} {help}");
@@ -33,56 +33,68 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     let (mut rate_max, mut rate_claimed, mut rate_wait) = (Vec::new(), Vec::new(), Vec::new());
     let (mut paused, mut oldest, mut up, mut at, mut took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for e in &entries {
-        let t = format!("table=\"{}\"", label(e.table.name()));
-        up.push((t.clone(), u8::from(e.error.is_none()).to_string()));
-        if let Some((when, d)) = e.counted {
-            let secs = when.duration_since(UNIX_EPOCH).unwrap_or_default();
-            at.push((t.clone(), format!("{:.3}", secs.as_secs_f64())));
-            took.push((t.clone(), format!("{:.6}", d.as_secs_f64())));
+    let mut listed = Vec::new();
+    for db in &ctx.dbs {
+        let (entries, list_error) = db.sampler.snapshot();
+        let d = match ctx.several() {
+            true => format!("database=\"{}\"", label(&db.name)),
+            false => String::new(),
+        };
+        listed.push((d.clone(), u8::from(list_error.is_none()).to_string()));
+        for e in &entries {
+            let t = match ctx.several() {
+                true => format!("{d},table=\"{}\"", label(e.table.name())),
+                false => format!("table=\"{}\"", label(e.table.name())),
+            };
+            up.push((t.clone(), u8::from(e.error.is_none()).to_string()));
+            if let Some((when, d)) = e.counted {
+                let secs = when.duration_since(UNIX_EPOCH).unwrap_or_default();
+                at.push((t.clone(), format!("{:.3}", secs.as_secs_f64())));
+                took.push((t.clone(), format!("{:.6}", d.as_secs_f64())));
+            }
+            let Some(p) = e.last() else { continue };
+            let s = &p.stats;
+            for l in &p.limits {
+                let k = format!("{t},key=\"{}\"", label(&l.key));
+                if let Some(m) = l.max {
+                    limit_max.push((k.clone(), m.to_string()));
+                }
+                if let Some(n) = l.in_work {
+                    limit_work.push((k.clone(), n.to_string()));
+                }
+                if let Some(n) = l.waiting {
+                    limit_wait.push((k, n.to_string()));
+                }
+            }
+            for r in &p.rates {
+                let k = format!(
+                    "{t},key=\"{}\",per_seconds=\"{}\"",
+                    label(&r.key),
+                    r.per.as_secs_f64()
+                );
+                if let Some(m) = r.max {
+                    rate_max.push((k.clone(), m.to_string()));
+                }
+                rate_claimed.push((k.clone(), r.claimed.to_string()));
+                rate_wait.push((k, r.waiting.to_string()));
+            }
+            let states = [
+                ("ready", Some(s.ready)),
+                ("limited", s.limited),
+                ("scheduled", Some(s.scheduled)),
+                ("waiting", e.table.has_dependencies().then_some(s.waiting)),
+                ("in_flight", s.in_flight),
+                ("dead", Some(s.dead)),
+                ("completed", s.completed),
+            ];
+            for (state, n) in states {
+                if let Some(n) = n {
+                    jobs.push((format!("{t},state=\"{state}\""), n.to_string()));
+                }
+            }
+            paused.push((t.clone(), u8::from(s.paused).to_string()));
+            oldest.push((t, s.oldest_ready_age.map_or(0, |d| d.as_secs()).to_string()));
         }
-        let Some(p) = e.last() else { continue };
-        let s = &p.stats;
-        for l in &p.limits {
-            let k = format!("{t},key=\"{}\"", label(&l.key));
-            if let Some(m) = l.max {
-                limit_max.push((k.clone(), m.to_string()));
-            }
-            if let Some(n) = l.in_work {
-                limit_work.push((k.clone(), n.to_string()));
-            }
-            if let Some(n) = l.waiting {
-                limit_wait.push((k, n.to_string()));
-            }
-        }
-        for r in &p.rates {
-            let k = format!(
-                "{t},key=\"{}\",per_seconds=\"{}\"",
-                label(&r.key),
-                r.per.as_secs_f64()
-            );
-            if let Some(m) = r.max {
-                rate_max.push((k.clone(), m.to_string()));
-            }
-            rate_claimed.push((k.clone(), r.claimed.to_string()));
-            rate_wait.push((k, r.waiting.to_string()));
-        }
-        let states = [
-            ("ready", Some(s.ready)),
-            ("limited", s.limited),
-            ("scheduled", Some(s.scheduled)),
-            ("waiting", e.table.has_dependencies().then_some(s.waiting)),
-            ("in_flight", s.in_flight),
-            ("dead", Some(s.dead)),
-            ("completed", s.completed),
-        ];
-        for (state, n) in states {
-            if let Some(n) = n {
-                jobs.push((format!("{t},state=\"{state}\""), n.to_string()));
-            }
-        }
-        paused.push((t.clone(), u8::from(s.paused).to_string()));
-        oldest.push((t, s.oldest_ready_age.map_or(0, |d| d.as_secs()).to_string()));
     }
     family(
         "sqlbroker_queue_jobs",
@@ -147,7 +159,7 @@ pub(crate) fn render(sampler: &Sampler) -> String {
     family(
         "sqlbroker_dashboard_list_ok",
         "1 if the last listing of the tables succeeded, else 0.",
-        vec![(String::new(), u8::from(list_error.is_none()).to_string())],
+        listed,
     );
     out
 }

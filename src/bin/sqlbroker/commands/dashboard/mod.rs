@@ -1,5 +1,11 @@
 //! `sqlbroker dashboard`: a web dashboard of the queue tables and a Prometheus `/metrics`
-//! page (cargo feature `dashboard`).
+//! page (cargo feature `dashboard`), of one database or several (`--url` repeated: each is
+//! named, and its pages live under `/d/<name>/`; with one, at the root).
+//!
+//! Operators filter a table's jobs by a column's value and by error text, and act on one job
+//! or on every job matching a filter (retry, cancel, delete), in bounded batches
+//! ([`web::bulk`]). Every action is written to the database's action log
+//! (`Broker::record_action`: who, what, when, how many rows), shown at `/actions`.
 //!
 //! A small bounded HTTP server ([`server`]: one polling thread holds every connection, a
 //! small pool of worker threads answers complete requests); pages
@@ -38,6 +44,7 @@ mod server;
 mod session;
 mod web;
 
+use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,10 +94,22 @@ pub(crate) struct DashboardArgs {
     threads: u64,
 }
 
-/// What every request handler shares.
-pub(crate) struct Ctx {
+/// One database the dashboard shows.
+pub(crate) struct Database {
+    /// Its name in pages and paths (`NAME=URL`, or made from the URL).
+    pub name: String,
+    /// The URL as shown: no user, password or parameters.
+    pub shown: String,
+    /// What its pages' paths start with: empty with one database, else `/d/<name>`.
+    pub prefix: String,
     pub broker: Broker,
     pub sampler: Arc<Sampler>,
+}
+
+/// What every request handler shares.
+pub(crate) struct Ctx {
+    /// The databases, in the order of `--url`; requests without `/d/<name>` go to the first.
+    pub dbs: Vec<Database>,
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.
     pub sessions: session::Sessions,
@@ -106,7 +125,7 @@ pub(crate) struct Ctx {
     pub loopback: bool,
 }
 
-pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
+pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
     let addr = listen_addr(&args.listen)?;
     let token = args.token.clone().filter(|t| !t.is_empty());
     if token_on_command_line(args.token.as_deref()) {
@@ -123,25 +142,45 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
         .into());
     }
     let threads = usize::try_from(args.threads).unwrap_or(4);
-    // Short waits: a page on a database that went away says so in seconds.
-    let broker = Broker::builder(url)
-        .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
-        .connection_timeout(Duration::from_secs(cli.connect_timeout.clamp(1, 5)))
-        .statement_timeout(Duration::from_secs(10))
-        .build()?;
-    let sampler = Sampler::new(
-        broker.clone(),
-        args.tables.clone(),
-        Duration::from_secs(args.sample),
-    );
-    sampler.start()?;
-    sampler.wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
+    let named = named_urls(&cli.url)?;
+    let several = named.len() > 1;
+    let mut dbs = Vec::new();
+    for (name, url) in named {
+        super::existing_database(&url).map_err(|e| format!("database {name}: {e}"))?;
+        // Short waits: a page on a database that went away says so in seconds.
+        let broker = Broker::builder(&url)
+            .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
+            .connection_timeout(Duration::from_secs(cli.connect_timeout.clamp(1, 5)))
+            .statement_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("database {name}: {}", crate::chain(&e)))?;
+        let sampler = Sampler::new(
+            broker.clone(),
+            args.tables.clone(),
+            Duration::from_secs(args.sample),
+        );
+        sampler.start()?;
+        dbs.push(Database {
+            prefix: if several {
+                format!("/d/{name}")
+            } else {
+                String::new()
+            },
+            shown: shown_url(&url),
+            name,
+            broker,
+            sampler,
+        });
+    }
+    for db in &dbs {
+        db.sampler
+            .wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
+    }
 
     let listener = bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
     let ctx = Arc::new(Ctx {
-        broker,
-        sampler,
+        dbs,
         token,
         read_only: args.read_only,
         sessions: session::Sessions::default(),
@@ -162,6 +201,101 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &DashboardArgs) -> Result {
             .map_or_else(|| "no reason".into(), |e| e.to_string())
     )
     .into())
+}
+
+impl Ctx {
+    /// The database a path names (`/d/<name>/rest`) and the rest of the path, or the first
+    /// database and the whole path; `None` for a name no database has.
+    pub fn database<'a>(&self, path: &'a str) -> Option<(&Database, &'a str)> {
+        match path.strip_prefix("/d/") {
+            Some(rest) => {
+                let (name, rest) = rest.split_once('/').map_or((rest, ""), |(n, r)| (n, r));
+                let db = self.dbs.iter().find(|d| d.name == name)?;
+                Some((db, rest))
+            }
+            None => Some((&self.dbs[0], path)),
+        }
+    }
+
+    /// True if the dashboard shows several databases.
+    pub fn several(&self) -> bool {
+        self.dbs.len() > 1
+    }
+}
+
+/// The longest name of a database.
+const NAME_MAX: usize = 40;
+
+/// Each `--url` with its name: `NAME=URL` names it (NAME of letters, digits, `_`, `-` and
+/// `.`, before any `:` or `/`), else the name is made from the URL (its database or file
+/// name); a name taken already gets `-2`, `-3`, ...
+fn named_urls(urls: &[String]) -> Result<Vec<(String, String)>> {
+    let mut taken = HashSet::new();
+    let mut out = Vec::new();
+    for given in urls {
+        let (name, url) = match given.split_once('=') {
+            Some((n, u)) if !n.is_empty() && !n.contains([':', '/', '?', '@']) => {
+                if n.len() > NAME_MAX || !n.bytes().all(name_byte) {
+                    return Err(format!(
+                        "--url {}=...: a database's name is at most {NAME_MAX} letters, digits,                          '_', '-' or '.'",
+                        super::escape(n)
+                    )
+                    .into());
+                }
+                if !taken.insert(n.to_string()) {
+                    return Err(format!("--url: two databases are named {n}").into());
+                }
+                (n.to_string(), u.to_string())
+            }
+            _ => (made_name(given, &mut taken), given.clone()),
+        };
+        out.push((name, url));
+    }
+    Ok(out)
+}
+
+fn name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')
+}
+
+/// A name for `url`: the database (or SQLite file) it names, cut to the bytes a name may
+/// hold, made unique among `taken`.
+fn made_name(url: &str, taken: &mut HashSet<String>) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    let last = path
+        .rsplit(['/', ':'])
+        .find(|p| !p.is_empty())
+        .unwrap_or("db");
+    let stem = last.strip_suffix(".db").unwrap_or(last);
+    let mut base: String = stem
+        .bytes()
+        .map(|b| if name_byte(b) { b as char } else { '-' })
+        .take(NAME_MAX - 4)
+        .collect();
+    if base.is_empty() {
+        base = "db".into();
+    }
+    let mut name = base.clone();
+    let mut n = 2;
+    while !taken.insert(name.clone()) {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    name
+}
+
+/// `url` as a page may show it: no user or password, no parameters (they may carry a
+/// password or a key file's path).
+fn shown_url(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or(url);
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+            let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+            format!("{scheme}://{host}/{path}")
+        }
+        None => url.to_string(),
+    }
 }
 
 /// True if `token` came from `--token` rather than [`TOKEN_ENV`] (clap takes the command
@@ -190,4 +324,44 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(128)?;
     Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn databases_are_named() {
+        let urls: Vec<String> = [
+            "postgres://u:secret@db1:5432/billing?sslmode=require",
+            "mysql://root@127.0.0.1:3306/billing",
+            "sqlite:/var/lib/app/jobs.db",
+            "ops=postgres://h/x",
+            "sqlite::memory:",
+        ]
+        .map(String::from)
+        .into();
+        let named = named_urls(&urls).unwrap();
+        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["billing", "billing-2", "jobs", "ops", "memory"]);
+        assert_eq!(named[3].1, "postgres://h/x");
+        assert_eq!(named[0].1, urls[0], "a URL without a name is kept whole");
+        assert!(
+            named_urls(&["a b=sqlite:x".into()]).is_err(),
+            "a space in a name"
+        );
+        assert!(named_urls(&["x=sqlite:a".into(), "x=sqlite:b".into()]).is_err());
+        assert!(named_urls(&[format!("{}=sqlite:a", "n".repeat(41))]).is_err());
+        assert!(named_urls(&["n<x=sqlite:a".into()]).is_err());
+    }
+
+    #[test]
+    fn urls_are_shown_without_secrets() {
+        assert_eq!(
+            shown_url("postgres://u:secret@db1:5432/billing?sslmode=require&password=p"),
+            "postgres://db1:5432/billing"
+        );
+        assert_eq!(shown_url("sqlite:jobs.db"), "sqlite:jobs.db");
+        assert_eq!(shown_url("mysql://root@h"), "mysql://h/");
+    }
 }

@@ -5,11 +5,12 @@
 use std::time::SystemTime;
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use sqlbroker::{Form, Job, JobState, Table, Value};
+use sqlbroker::{ColumnType, Form, Job, JobFilter, JobState, Table, Value};
 
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
-use super::{chart, Ctx};
+use super::web::{bulk_verbs, describe, filter_of};
+use super::{chart, Ctx, Database};
 use crate::commands::{age, preview, utc};
 
 /// The payload bytes a listing reads of each job: enough for the preview's 60 characters of
@@ -62,6 +63,7 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
                 header {
                     a href="/" { "sqlbroker" }
                     a href="/metrics" { "metrics" }
+                    a href="/actions" { "action log" }
                     @if ctx.is_some_and(|c| c.read_only) { span.ro { "read-only" } }
                     @if ctx.is_some_and(|c| c.token.is_some()) {
                         form method="post" action="/logout" { button type="submit" { "log out" } }
@@ -87,6 +89,8 @@ pub(crate) fn login(problem: Option<&str>) -> Markup {
             h1 { "Log in" }
             @if let Some(p) = problem { p.err { (p) } }
             form method="post" action="/login" {
+                label { "Your name (for the action log) " input type="text" name="name" maxlength=(super::session::NAME_MAX); }
+                " "
                 label { "Token " input type="password" name="token" autofocus; }
                 " " button type="submit" { "Log in" }
             }
@@ -97,6 +101,7 @@ pub(crate) fn login(problem: Option<&str>) -> Markup {
 /// A POST button for an action on `table`; nothing in read-only mode.
 fn action(
     ctx: &Ctx,
+    db: &Database,
     table: &str,
     verb: &str,
     label: &str,
@@ -108,7 +113,7 @@ fn action(
     }
     let danger = matches!(verb, "purge" | "cancel");
     html! {
-        form.inline method="post" action={ "/tables/" (table) "/" (verb) } {
+        form.inline method="post" action={ (db.prefix) "/tables/" (table) "/" (verb) } {
             input type="hidden" name="csrf" value=(ctx.csrf);
             input type="hidden" name="back" value=(back);
             @for (k, v) in fields { input type="hidden" name=(k) value=(v); }
@@ -119,13 +124,13 @@ fn action(
 
 /// A limit's form: a new max (empty lifts the limit), posted as the `limit` action (a rate
 /// limit's: `rate`) with the page's CSRF token.
-fn limit_form(ctx: &Ctx, table: &str, key: &str, back: &str, rate: bool) -> Markup {
+fn limit_form(ctx: &Ctx, db: &Database, table: &str, key: &str, back: &str, rate: bool) -> Markup {
     let (action, most) = match rate {
         true => ("rate", sqlbroker::Table::MAX_RATE),
         false => ("limit", sqlbroker::Table::MAX_CONCURRENCY),
     };
     html! {
-        form.inline method="post" action={ "/tables/" (table) "/" (action) } {
+        form.inline method="post" action={ (db.prefix) "/tables/" (table) "/" (action) } {
             input type="hidden" name="csrf" value=(ctx.csrf);
             input type="hidden" name="back" value=(back);
             input type="hidden" name="key" value=(key);
@@ -148,14 +153,14 @@ fn opt(n: Option<u64>) -> String {
 }
 
 /// The counts of one table as table cells, linked to its listings.
-fn count_cells(e: &Entry) -> Markup {
+fn count_cells(db: &Database, e: &Entry) -> Markup {
     let name = e.table.name();
     let Some(p) = e.last() else {
         return html! { td colspan="7" .muted { "not counted yet" } };
     };
     let s = &p.stats;
     let link = |state: &str, n: String| {
-        html! { td.n { a href={ "/tables/" (name) "?state=" (state) } { (n) } } }
+        html! { td.n { a href={ (db.prefix) "/tables/" (name) "?state=" (state) } { (n) } } }
     };
     html! {
         (link("ready", s.ready.to_string()))
@@ -177,46 +182,61 @@ fn counted(e: &Entry) -> Markup {
     }
 }
 
-/// `/`: every table with its counts, errors and chart.
+/// `/`: every database's tables with their counts, errors and charts.
 pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
-    let (entries, list_error) = ctx.sampler.snapshot();
-    let failing = list_error.is_some() || entries.iter().any(|e| e.error.is_some());
+    let mut failing = false;
+    let mut sections = Vec::new();
+    for db in &ctx.dbs {
+        let (entries, list_error) = db.sampler.snapshot();
+        failing |= list_error.is_some() || entries.iter().any(|e| e.error.is_some());
+        sections.push((db, entries, list_error));
+    }
     let body = html! {
         h1 { "Queue tables" }
         (done_note(rq))
-        @if let Some(e) = &list_error { p.err { "Listing the tables failed: " (e) } }
-        @if entries.is_empty() && list_error.is_none() {
-            p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
-        }
-        table {
-            tr {
-                th { "table" } th { "form" } th { "ready" } th { "scheduled" } th { "in flight" }
-                th { "dead" } th { "completed" } th { "oldest ready" } th { "paused" }
-                th { "counted" } th { "" }
+        @for (db, entries, list_error) in &sections {
+            @if ctx.several() {
+                h2.db { "Database " (db.name) " " span.muted { (db.shown) } }
             }
-            @for e in &entries {
+            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (e) } }
+            @if entries.is_empty() && list_error.is_none() {
+                p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
+            }
+            table {
                 tr {
-                    td { a href={ "/tables/" (e.table.name()) } { (e.table.name()) } }
-                    td { (e.table.form().name()) }
-                    (count_cells(e))
-                    td { (counted(e)) }
-                    td { (pause_button(ctx, e, "/")) }
+                    th { "table" } th { "form" } th { "ready" } th { "scheduled" } th { "in flight" }
+                    th { "dead" } th { "completed" } th { "oldest ready" } th { "paused" }
+                    th { "counted" } th { "" }
                 }
-                @if let Some(err) = &e.error {
-                    tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (err) } } }
+                @for e in entries {
+                    tr {
+                        td { a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) } }
+                        td { (e.table.form().name()) }
+                        (count_cells(db, e))
+                        td { (counted(e)) }
+                        td { (pause_button(ctx, db, e, "/")) }
+                    }
+                    @if let Some(err) = &e.error {
+                        tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (err) } } }
+                    }
                 }
             }
         }
         p.muted {
-            "Counted every " (ctx.sampler.every().as_secs()) " s in the background (Broker::stats: one \
+            "Counted every " (ctx.dbs[0].sampler.every().as_secs()) " s in the background (Broker::stats: one \
              scan per table); an action recounts its table at once. Row lock and advisory lock \
              tables count rows in work as ready (in flight: -)."
         }
         h2 { "Throughput and failures" }
         p.muted { (chart::legend()) }
-        @for e in &entries {
-            h2 { a href={ "/tables/" (e.table.name()) } { (e.table.name()) } }
-            (chart::svg(e, ctx.sampler.every()))
+        @for (db, entries, _) in &sections {
+            @for e in entries {
+                h2 {
+                    a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
+                    @if ctx.several() { " " span.muted { "(" (db.name) ")" } }
+                }
+                (chart::svg(e, db.sampler.every()))
+            }
         }
     };
     Reply::html(
@@ -225,19 +245,64 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
     )
 }
 
-fn pause_button(ctx: &Ctx, e: &Entry, back: &str) -> Markup {
+/// `/actions`: each database's action log, newest first.
+pub(crate) fn actions(ctx: &Ctx) -> Reply {
+    let mut failing = false;
+    let logs: Vec<_> = ctx
+        .dbs
+        .iter()
+        .map(|db| {
+            let log = db.broker.actions(ACTIONS_SHOWN);
+            failing |= log.is_err();
+            (db, log)
+        })
+        .collect();
+    let body = html! {
+        h1 { "Action log" }
+        p.muted { "What operators did, kept in each database (table sqlbroker_actions); the newest " (ACTIONS_SHOWN) " of each." }
+        @for (db, log) in &logs {
+            @if ctx.several() { h2.db { "Database " (db.name) " " span.muted { (db.shown) } } }
+            @match log {
+                Err(e) => p.err { "Reading the action log failed: " (crate::chain(e)) },
+                Ok(entries) if entries.is_empty() => p.muted { "No action recorded yet." },
+                Ok(entries) => table.log {
+                    tr { th { "when" } th { "who" } th { "action" } th { "table" } th { "on" } th { "rows" } }
+                    @for a in entries {
+                        tr {
+                            td { (utc(a.at)) }
+                            td { (a.who) }
+                            td { (a.action) }
+                            td { a href={ (db.prefix) "/tables/" (a.table) } { (a.table) } }
+                            td { (a.detail) }
+                            td.n { (a.rows) }
+                        }
+                    }
+                },
+            }
+        }
+    };
+    Reply::html(
+        if failing { 503 } else { 200 },
+        layout(Some(ctx), "Action log", body),
+    )
+}
+
+/// Entries of each database's action log shown.
+const ACTIONS_SHOWN: usize = 100;
+
+fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
     let paused = e.last().is_some_and(|p| p.stats.paused);
     let name = e.table.name();
     if paused {
-        action(ctx, name, "resume", "resume", &[], back)
+        action(ctx, db, name, "resume", "resume", &[], back)
     } else {
-        action(ctx, name, "pause", "pause", &[], back)
+        action(ctx, db, name, "pause", "pause", &[], back)
     }
 }
 
 /// `/tables/<name>?state=..&after=..`: the table's counts and one page of its jobs in a
 /// state, by id (keyset paging: `after` is the last id of the previous page).
-pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
+pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     let name = table.name();
     // Row lock and advisory forms: a listing does not probe (the probe would take the due
     // rows' locks or keys, which the claimers want), so it cannot tell a due row in work from
@@ -249,7 +314,22 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         None => JobState::Ready,
     };
     let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
-    let entry = ctx.sampler.entry(name);
+    let filter = filter_of(table, &rq.query);
+    let filtered = filter.as_ref().map_or(true, |f| !f.is_empty());
+    // The filter's fields as a query's tail, kept by every link of the listing.
+    let kept: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            ["column", "value", "error"]
+                .into_iter()
+                .filter_map(|k| rq.param(k).filter(|v| !v.is_empty()).map(|v| (k, v))),
+        )
+        .finish();
+    let kept = if kept.is_empty() {
+        kept
+    } else {
+        format!("&{kept}")
+    };
+    let entry = db.sampler.entry(name);
     // A state the last count found empty is not listed (unless asked): listing it would scan
     // the table by id for nothing.
     let empty_at = entry.as_ref().and_then(|e| {
@@ -265,15 +345,20 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         };
         (n == Some(0) && rq.param("scan") != Some("1")).then_some(p.at)
     });
-    let listed = match empty_at {
-        Some(_) => Ok(Vec::new()),
-        None => ctx
+    let listed = match (&filter, empty_at) {
+        (Err(_), _) | (_, Some(_)) => Ok(Vec::new()),
+        (Ok(f), None) if !f.is_empty() => {
+            db.broker
+                .jobs_matching(table, state, f, after, PAGE, PREVIEW_BYTES)
+        }
+        (Ok(_), None) => db
             .broker
             .jobs_preview(table, state, after, PAGE, PREVIEW_BYTES),
     };
+    let base = format!("{}/tables/{name}?state={}", db.prefix, state_slug(state));
     let here = match after {
-        Some(a) => format!("/tables/{name}?state={}&after={a}", state_slug(state)),
-        None => format!("/tables/{name}?state={}", state_slug(state)),
+        Some(a) => format!("{base}&after={a}{kept}"),
+        None => format!("{base}{kept}"),
     };
     let states = [
         JobState::Ready,
@@ -294,12 +379,12 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                     th { "ready" } th { "scheduled" } th { "in flight" } th { "dead" }
                     th { "completed" } th { "oldest ready" } th { "paused" } th { "counted" }
                 }
-                tr { (count_cells(e)) td { (counted(e)) } }
+                tr { (count_cells(db, e)) td { (counted(e)) } }
             }
             @if let Some(p) = e.last().filter(|_| table.has_dependencies()) {
                 p { (p.stats.waiting) " waiting on other jobs (listed with the scheduled ones)" }
             }
-            p { (pause_button(ctx, e, &here)) }
+            p { (pause_button(ctx, db, e, &here)) }
             @if let Some(p) = e.last().filter(|p| !p.limits.is_empty()) {
                 h2 { "Concurrency limits" }
                 table {
@@ -314,7 +399,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                             td { (l.described) }
                             td { (opt(l.in_work)) }
                             td { (opt(l.waiting)) }
-                            @if !ctx.read_only { td { (limit_form(ctx, name, &l.key, &here, false)) } }
+                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &l.key, &here, false)) } }
                         }
                     }
                 }
@@ -337,7 +422,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                             td { (r.described) }
                             td { (r.claimed) }
                             td { (r.waiting) }
-                            @if !ctx.read_only { td { (limit_form(ctx, name, &r.key, &here, true)) } }
+                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &r.key, &here, true)) } }
                         }
                     }
                 }
@@ -346,7 +431,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         nav.tabs {
             @for s in states {
                 @if !(unprobed && s == JobState::InFlight) {
-                    a class=[(s == state).then_some("on")] href={ "/tables/" (name) "?state=" (state_slug(s)) } { (state_label(s, unprobed)) }
+                    a class=[(s == state).then_some("on")] href={ (db.prefix) "/tables/" (name) "?state=" (state_slug(s)) (kept) } { (state_label(s, unprobed)) }
                 }
             }
         }
@@ -357,11 +442,12 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
                  row or key, which the workers want). A job's own page tells its state."
             }
         }
-        @if state == JobState::Dead {
+        (filter_form(ctx, db, table, state, rq, &filter, &here))
+        @if state == JobState::Dead && !filtered {
             p {
-                (action(ctx, name, "requeue", "requeue all dead letters", &[("all", "1".into())], &here))
+                (action(ctx, db, name, "requeue", "requeue all dead letters", &[("all", "1".into())], &here))
                 " "
-                (action(ctx, name, "purge", "purge all dead letters", &[("all", "1".into())], &here))
+                (action(ctx, db, name, "purge", "purge all dead letters", &[("all", "1".into())], &here))
             }
         }
         @match &listed {
@@ -369,17 +455,17 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
             Ok(_) if empty_at.is_some() => p.muted {
                 "No " (state.name()) " jobs at the last count, "
                 (empty_at.map(ago).unwrap_or_default()) " ago. "
-                a href={ "/tables/" (name) "?state=" (state_slug(state)) "&scan=1" } { "list now" }
+                a href={ (base) "&scan=1" (kept) } { "list now" }
             },
             Ok(jobs) => {
-                (job_list(ctx, name, state, unprobed, jobs, &here))
+                (job_list(ctx, db, name, state, unprobed, jobs, &here))
                 p {
                     @if after.is_some() {
-                        a href={ "/tables/" (name) "?state=" (state_slug(state)) } { "first page" } " "
+                        a href={ (base) (kept) } { "first page" } " "
                     }
                     @if jobs.len() == PAGE {
                         @if let Some(last) = jobs.last() {
-                            a href={ "/tables/" (name) "?state=" (state_slug(state)) "&after=" (last.id()) } { "next page" }
+                            a href={ (base) "&after=" (last.id()) (kept) } { "next page" }
                         }
                     }
                 }
@@ -388,7 +474,7 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         @if let Some(e) = &entry {
             h2 { "Throughput and failures" }
             p.muted { (chart::legend()) }
-            (chart::svg(e, ctx.sampler.every()))
+            (chart::svg(e, db.sampler.every()))
         }
     };
     let title = format!("Table {name}");
@@ -396,6 +482,81 @@ pub(crate) fn table(ctx: &Ctx, rq: &Rq, table: &Table) -> Reply {
         if failed { 503 } else { 200 },
         layout(Some(ctx), &title, body),
     )
+}
+
+/// The filter of a listing (a GET form: filtering reads, so it is there read-only too), what
+/// it matched, and the bulk actions on every job matching it (POST, not read-only).
+fn filter_form(
+    ctx: &Ctx,
+    db: &Database,
+    table: &Table,
+    state: JobState,
+    rq: &Rq,
+    filter: &Result<JobFilter, String>,
+    here: &str,
+) -> Markup {
+    let name = table.name();
+    let columns: Vec<&str> = table
+        .columns()
+        .filter(|(_, t)| matches!(t, ColumnType::Text | ColumnType::Int | ColumnType::Float))
+        .map(|(n, _)| n)
+        .collect();
+    let chosen = rq.param("column").unwrap_or_default();
+    let verbs = bulk_verbs(state);
+    html! {
+        form.filter method="get" action={ (db.prefix) "/tables/" (name) } {
+            input type="hidden" name="state" value=(state_slug(state));
+            @if !columns.is_empty() {
+                label { "column " select name="column" {
+                    option value="" { "-" }
+                    @for c in &columns { option value=(c) selected[*c == chosen] { (c) } }
+                } }
+                " "
+                label { "= " input type="text" name="value" value=(rq.param("value").unwrap_or_default()) size="16"; }
+                " "
+            }
+            label { "last error contains " input type="text" name="error" value=(rq.param("error").unwrap_or_default()) size="24" maxlength=(sqlbroker::MAX_FILTER_TEXT); }
+            " " button type="submit" { "filter" }
+            " " a href={ (db.prefix) "/tables/" (name) "?state=" (state_slug(state)) } { "clear" }
+        }
+        @match filter {
+            Err(why) => p.err { "The filter was refused: " (why) },
+            Ok(f) if !f.is_empty() => {
+                p.muted { "Showing " (describe(state, f)) "." }
+                @if !ctx.read_only && !verbs.is_empty() {
+                    p.bulk {
+                        @for verb in &verbs {
+                            form.inline method="post" action={ (db.prefix) "/tables/" (name) "/bulk" } {
+                                input type="hidden" name="csrf" value=(ctx.csrf);
+                                input type="hidden" name="back" value=(here);
+                                input type="hidden" name="verb" value=(verb);
+                                input type="hidden" name="state" value=(state_slug(state));
+                                @for k in ["column", "value", "error"] {
+                                    @if let Some(v) = rq.param(k) { input type="hidden" name=(k) value=(v); }
+                                }
+                                button type="submit" class=[(*verb != "retry").then_some("danger")] { (verb) " all matching" }
+                            }
+                            " "
+                        }
+                        span.muted { "(in batches of " (super::web::BATCH) ", at most " (super::web::BULK_MAX) " jobs a press)" }
+                    }
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// A value as plain text (a filter as the log says it).
+pub(crate) fn plain(v: &Value) -> String {
+    match v {
+        Value::Null => "NULL".into(),
+        Value::Int(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Text(s) => s.clone(),
+        Value::Time(t) => utc(*t),
+        other => format!("{other:?}"),
+    }
 }
 
 /// A state's name in a listing: "due (ready or in work)" for the ready rows of a table
@@ -411,6 +572,7 @@ fn state_label(state: JobState, unprobed: bool) -> &'static str {
 /// `Broker::jobs_preview`).
 fn job_list(
     ctx: &Ctx,
+    db: &Database,
     name: &str,
     state: JobState,
     unprobed: bool,
@@ -430,7 +592,7 @@ fn job_list(
                 }
                 @for j in shown {
                     tr {
-                        td.n { a href={ "/tables/" (name) "/jobs/" (j.id()) } { (j.id()) } }
+                        td.n { a href={ (db.prefix) "/tables/" (name) "/jobs/" (j.id()) } { (j.id()) } }
                         td { (state_label(j.state(), unprobed)) }
                         td.n { (j.attempts()) }
                         td.n { (j.errors()) }
@@ -440,7 +602,7 @@ fn job_list(
                             @if let Some(e) = j.last_error() { span.muted { (snippet(e)) } }
                         }
                         td { code { (preview(j.payload())) } " " span.muted { "(" (j.payload_len()) " bytes)" } }
-                        td { (job_actions(ctx, name, j, back)) }
+                        td { (job_actions(ctx, db, name, j, back)) }
                     }
                 }
             }
@@ -459,26 +621,30 @@ fn preview_chars(s: &str, n: usize) -> String {
     }
 }
 
-fn job_actions(ctx: &Ctx, name: &str, j: &Job, back: &str) -> Markup {
+fn job_actions(ctx: &Ctx, db: &Database, name: &str, j: &Job, back: &str) -> Markup {
     let id = [("id", j.id().to_string())];
     html! {
         @match j.state() {
             JobState::Dead => {
-                (action(ctx, name, "requeue", "requeue", &id, back)) " "
-                (action(ctx, name, "purge", "purge", &id, back))
+                (action(ctx, db, name, "requeue", "requeue", &id, back)) " "
+                (action(ctx, db, name, "purge", "purge", &id, back))
             }
             JobState::Completed => {}
-            _ => (action(ctx, name, "cancel", "cancel", &id, back)),
+            JobState::Scheduled => {
+                (action(ctx, db, name, "run", "run now", &id, back)) " "
+                (action(ctx, db, name, "cancel", "cancel", &id, back))
+            }
+            _ => (action(ctx, db, name, "cancel", "cancel", &id, back)),
         }
     }
 }
 
 /// `/tables/<name>/jobs/<id>`: one job, its payload shown safely, and what its row tells of
 /// its history.
-pub(crate) fn job(ctx: &Ctx, rq: &Rq, table: &Table, id: i64) -> Reply {
+pub(crate) fn job(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table, id: i64) -> Reply {
     let name = table.name();
-    let here = format!("/tables/{name}/jobs/{id}");
-    let found = ctx.broker.job(table, id);
+    let here = format!("{}/tables/{name}/jobs/{id}", db.prefix);
+    let found = db.broker.job(table, id);
     let (status, body) = match &found {
         Err(e) => (
             503,
@@ -490,21 +656,21 @@ pub(crate) fn job(ctx: &Ctx, rq: &Rq, table: &Table, id: i64) -> Reply {
                 h1 { "Job " (id) " of " (name) }
                 (done_note(rq))
                 p { "No row has this id: acked and deleted, purged, cancelled, or never there." }
-                p { a href={ "/tables/" (name) } { "back to " (name) } }
+                p { a href={ (db.prefix) "/tables/" (name) } { "back to " (name) } }
             },
         ),
-        Ok(Some(j)) => (200, job_body(ctx, rq, name, j, &here)),
+        Ok(Some(j)) => (200, job_body(ctx, db, rq, name, j, &here)),
     };
     let title = format!("Job {id} of {name}");
     Reply::html(status, layout(Some(ctx), &title, body))
 }
 
-fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
+fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
     let time = |t: Option<SystemTime>| t.map_or_else(|| "-".into(), utc);
     html! {
-        h1 { "Job " (j.id()) " of " a href={ "/tables/" (name) } { (name) } }
+        h1 { "Job " (j.id()) " of " a href={ (db.prefix) "/tables/" (name) } { (name) } }
         (done_note(rq))
-        p { (job_actions(ctx, name, j, here)) }
+        p { (job_actions(ctx, db, name, j, here)) }
         table {
             tr { th { "state" } td { (j.state().name()) @if j.cancel_requested() { " (cancel requested)" } } }
             tr { th { "attempts" } td { (j.attempts()) } }
@@ -515,7 +681,7 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
                 tr { th { "waits on" } td {
                     @for (i, d) in j.waits_on().iter().enumerate() {
                         @if i > 0 { ", " }
-                        a href={ "/tables/" (d.table) "/jobs/" (d.id) } { (super::super::jobs::job_ref(name, &d.table, d.id)) }
+                        a href={ (db.prefix) "/tables/" (d.table) "/jobs/" (d.id) } { (super::super::jobs::job_ref(name, &d.table, d.id)) }
                         " (" (d.outcome.map_or("pending", super::super::jobs::outcome_word))
                         @if d.any_outcome { ", any outcome" } ")"
                     }
@@ -525,7 +691,7 @@ fn job_body(ctx: &Ctx, rq: &Rq, name: &str, j: &Job, here: &str) -> Markup {
                 tr { th { "waited on by" } td {
                     @for (i, (t, id)) in j.dependents().iter().enumerate() {
                         @if i > 0 { ", " }
-                        a href={ "/tables/" (t) "/jobs/" (id) } { (super::super::jobs::job_ref(name, t, *id)) }
+                        a href={ (db.prefix) "/tables/" (t) "/jobs/" (id) } { (super::super::jobs::job_ref(name, t, *id)) }
                     }
                 } }
             }

@@ -20,36 +20,53 @@ pub(crate) fn random_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The open sessions, by id, with when each started.
+/// The longest name an operator gives at login, in characters.
+pub(crate) const NAME_MAX: usize = 64;
+
+/// The open sessions, by id, with when each started and the name its operator gave (the
+/// action log's "who").
 #[derive(Default)]
-pub(crate) struct Sessions(Mutex<HashMap<String, Instant>>);
+pub(crate) struct Sessions(Mutex<HashMap<String, (Instant, String)>>);
 
 impl Sessions {
-    /// A new session's id.
-    pub fn open(&self) -> String {
+    /// A new session's id, for the operator named `name` (cut to [`NAME_MAX`] characters,
+    /// control characters dropped).
+    pub fn open(&self, name: &str) -> String {
         let id = random_id();
         let now = Instant::now();
+        let name: String = name
+            .trim()
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(NAME_MAX)
+            .collect();
         let mut open = self.0.lock();
-        open.retain(|_, at| now.duration_since(*at) < LIFETIME);
+        open.retain(|_, (at, _)| now.duration_since(*at) < LIFETIME);
         if open.len() >= MAX {
             if let Some(oldest) = open
                 .iter()
-                .min_by_key(|(_, at)| **at)
+                .min_by_key(|(_, (at, _))| *at)
                 .map(|(k, _)| k.clone())
             {
                 open.remove(&oldest);
             }
         }
-        open.insert(id.clone(), now);
+        open.insert(id.clone(), (now, name));
         id
     }
 
     /// True if `id` is an open session that has not expired.
     pub fn valid(&self, id: &str) -> bool {
+        self.name(id).is_some()
+    }
+
+    /// The name given at the login of the open session `id` (empty if none was given).
+    pub fn name(&self, id: &str) -> Option<String> {
         self.0
             .lock()
             .get(id)
-            .is_some_and(|at| at.elapsed() < LIFETIME)
+            .filter(|(at, _)| at.elapsed() < LIFETIME)
+            .map(|(_, name)| name.clone())
     }
 
     /// Ends the session `id` (logout).
@@ -151,11 +168,16 @@ mod tests {
     #[test]
     fn sessions_open_check_and_close() {
         let s = Sessions::default();
-        let a = s.open();
+        let a = s.open(" ana\u{1b}[31m ");
+        assert_eq!(
+            s.name(&a).as_deref(),
+            Some("ana[31m"),
+            "trimmed, no control characters"
+        );
         assert_eq!(a.len(), 32);
         assert!(s.valid(&a));
         assert!(!s.valid("0123"));
-        assert_ne!(a, s.open(), "ids are random");
+        assert_ne!(a, s.open(""), "ids are random");
         s.close(&a);
         assert!(!s.valid(&a));
     }
@@ -163,9 +185,9 @@ mod tests {
     #[test]
     fn at_most_max_sessions_are_kept() {
         let s = Sessions::default();
-        let first = s.open();
+        let first = s.open("");
         for _ in 0..MAX {
-            s.open();
+            s.open("");
         }
         assert_eq!(s.0.lock().len(), MAX);
         assert!(!s.valid(&first), "the oldest went first");

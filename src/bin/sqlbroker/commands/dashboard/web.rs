@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
-use sqlbroker::Table;
+use sqlbroker::{Broker, ColumnType, JobFilter, JobState, Table, Value};
 
-use super::http::{field, Reply, Rq};
+use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
-use super::{metrics, pages, Ctx};
+use super::{metrics, pages, Ctx, Database};
 
 /// The cookie the login form sets: a session id ([`session`](super::session)).
 const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
@@ -148,21 +148,25 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
                 .with("WWW-Authenticate", "Bearer realm=\"sqlbroker\"".into());
         }
     }
-    let parts: Vec<&str> = rq.path.split('/').filter(|p| !p.is_empty()).collect();
+    let Some((db, rest)) = ctx.database(&rq.path) else {
+        return not_found("no database of that name is shown here");
+    };
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (&rq.method, parts.as_slice()) {
         (Method::Get | Method::Head, []) => pages::overview(ctx, rq),
         (Method::Get | Method::Head, ["metrics"]) => Reply::text(
             200,
             "text/plain; version=0.0.4; charset=utf-8",
-            metrics::render(&ctx.sampler),
+            metrics::render(ctx),
         ),
-        (Method::Get | Method::Head, ["tables", name]) => match table(ctx, name) {
-            Ok(t) => pages::table(ctx, rq, &t),
+        (Method::Get | Method::Head, ["actions"]) => pages::actions(ctx),
+        (Method::Get | Method::Head, ["tables", name]) => match table(ctx, db, name) {
+            Ok(t) => pages::table(ctx, db, rq, &t),
             Err(r) => r,
         },
         (Method::Get | Method::Head, ["tables", name, "jobs", id]) => {
-            match (table(ctx, name), id.parse::<i64>()) {
-                (Ok(t), Ok(id)) => pages::job(ctx, rq, &t, id),
+            match (table(ctx, db, name), id.parse::<i64>()) {
+                (Ok(t), Ok(id)) => pages::job(ctx, db, rq, &t, id),
                 (Err(r), _) => r,
                 (_, Err(_)) => not_found("a job id is a number"),
             }
@@ -171,8 +175,9 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             if let Err(r) = post_allowed(ctx, rq, &form) {
                 return r;
             }
-            match table(ctx, name) {
-                Ok(t) => act(ctx, &t, action, &form),
+            match table(ctx, db, name) {
+                Ok(t) if *action == "bulk" => bulk(ctx, db, rq, &t, &form),
+                Ok(t) => act(ctx, db, rq, &t, action, &form),
                 Err(r) => r,
             }
         }
@@ -204,7 +209,7 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
             "Set-Cookie",
             format!(
                 "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
-                ctx.sessions.open(),
+                ctx.sessions.open(field(form, "name").unwrap_or_default()),
                 super::session::LIFETIME.as_secs()
             ),
         ),
@@ -292,14 +297,14 @@ fn post_allowed(ctx: &Ctx, rq: &Rq, form: &[(String, String)]) -> Result<(), Rep
 
 /// The table `name`: one the dashboard shows, or a recorded one; with `--table`, only those
 /// named (any other is not found, as if it did not exist).
-fn table(ctx: &Ctx, name: &str) -> Result<Table, Reply> {
+fn table(ctx: &Ctx, db: &Database, name: &str) -> Result<Table, Reply> {
     if !ctx.tables.is_empty() && !ctx.tables.iter().any(|t| t == name) {
         return Err(not_found("no table of that name is shown here"));
     }
-    if let Some(t) = ctx.sampler.known(name) {
+    if let Some(t) = db.sampler.known(name) {
         return Ok(t);
     }
-    match ctx.broker.open_table(name) {
+    match db.broker.open_table(name) {
         Ok(t) => Ok(t),
         Err(sqlbroker::BrokerError::UnknownTable { .. }) => {
             Err(not_found("no recorded table has that name"))
@@ -312,32 +317,100 @@ fn table(ctx: &Ctx, name: &str) -> Result<Table, Reply> {
     }
 }
 
-/// Runs an action, recounts the table, and sends the browser back where it came from with
-/// what happened.
-fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Reply {
-    let b = &ctx.broker;
+/// Who sent the request, for the action log: the name given at login (token mode) or how
+/// the request was let in, and the client's address.
+fn who(ctx: &Ctx, rq: &Rq) -> String {
+    let peer = rq.peer;
+    if ctx.token.is_none() {
+        return format!("{peer} (no token)");
+    }
+    match rq
+        .cookie(SESSION_COOKIE)
+        .and_then(|id| ctx.sessions.name(id.trim()))
+    {
+        Some(name) if !name.is_empty() => format!("{name} from {peer}"),
+        Some(_) => format!("a login from {peer}"),
+        None => format!("a bearer token from {peer}"),
+    }
+}
+
+/// Records an action in the database's log; the note to show if that failed (the action
+/// itself was done).
+fn logged(
+    db: &Database,
+    who: &str,
+    action: &str,
+    table: &Table,
+    detail: &str,
+    rows: u64,
+) -> String {
+    match db
+        .broker
+        .record_action(who, action, table.name(), detail, rows)
+    {
+        Ok(()) => String::new(),
+        Err(e) => format!(" (not written to the action log: {})", crate::chain(&e)),
+    }
+}
+
+/// Sends the browser back where the form came from (a path of this dashboard), with what
+/// happened.
+fn back_to(db: &Database, table: &Table, form: &[(String, String)], message: &str) -> Reply {
+    let back = field(form, "back")
+        .filter(|b| safe_back(b))
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{}/tables/{}", db.prefix, table.name()));
+    let sep = if back.contains('?') { '&' } else { '?' };
+    let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
+    Reply::redirect(format!("{back}{sep}done={note}"))
+}
+
+/// Runs an action, records it, recounts the table, and sends the browser back where it came
+/// from with what happened.
+fn act(
+    ctx: &Ctx,
+    db: &Database,
+    rq: &Rq,
+    table: &Table,
+    action: &str,
+    form: &[(String, String)],
+) -> Reply {
+    let b = &db.broker;
     let id = field(form, "id").and_then(|s| s.trim().parse::<i64>().ok());
     let all = field(form, "all") == Some("1");
-    let done: Result<String, sqlbroker::BrokerError> = match (action, id, all) {
-        ("pause", _, _) => b.pause(table).map(|()| "paused".into()),
-        ("resume", _, _) => b.resume(table).map(|()| "resumed".into()),
+    let one = |found: bool, yes: String, no: String| match found {
+        true => (yes, 1),
+        false => (no, 0),
+    };
+    let detail = match (id, all) {
+        (_, true) => "every dead letter".to_string(),
+        (Some(id), _) => format!("job {id}"),
+        _ => String::new(),
+    };
+    let done: Result<(String, u64), sqlbroker::BrokerError> = match (action, id, all) {
+        ("pause", _, _) => b.pause(table).map(|()| ("paused".into(), 0)),
+        ("resume", _, _) => b.resume(table).map(|()| ("resumed".into(), 0)),
         ("requeue", _, true) => b
             .requeue_all_dead(table)
-            .map(|n| format!("requeued {n} dead letters")),
+            .map(|n| (format!("requeued {n} dead letters"), n)),
         ("purge", _, true) => b
             .purge_all_dead(table)
-            .map(|n| format!("purged {n} dead letters")),
-        ("requeue", Some(id), false) => b.requeue_dead(table, id).map(|found| match found {
-            true => format!("requeued job {id}"),
-            false => format!("job {id} is not a dead letter"),
+            .map(|n| (format!("purged {n} dead letters"), n)),
+        ("requeue", Some(id), false) => b.requeue_dead(table, id).map(|found| {
+            let no = format!("job {id} is not a dead letter");
+            one(found, format!("requeued job {id}"), no)
         }),
-        ("purge", Some(id), false) => b.purge_dead(table, id).map(|found| match found {
-            true => format!("purged job {id}"),
-            false => format!("job {id} is not a dead letter"),
+        ("purge", Some(id), false) => b.purge_dead(table, id).map(|found| {
+            let no = format!("job {id} is not a dead letter");
+            one(found, format!("purged job {id}"), no)
         }),
-        ("cancel", Some(id), _) => b.cancel(table, id).map(|found| match found {
-            true => format!("cancelled job {id}"),
-            false => format!("no live or dead job {id} to cancel"),
+        ("cancel", Some(id), _) => b.cancel(table, id).map(|found| {
+            let no = format!("no live or dead job {id} to cancel");
+            one(found, format!("cancelled job {id}"), no)
+        }),
+        ("run", Some(id), _) => b.run_now(table, id).map(|found| {
+            let no = format!("job {id} is not scheduled for later (or is in work)");
+            one(found, format!("job {id} is due now"), no)
         }),
         (action @ ("limit" | "rate"), _, _) => {
             let key = field(form, "key").unwrap_or_default();
@@ -359,11 +432,11 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
                 _ => (b.set_concurrency_limit(table, key, max), "limit"),
             };
             set.map(|()| match max {
-                Some(n) => format!("{what} {key:?} set to {n}"),
-                None => format!("{what} {key:?} lifted"),
+                Some(n) => (format!("{what} {key:?} set to {n}"), 0),
+                None => (format!("{what} {key:?} lifted"), 0),
             })
         }
-        ("requeue" | "purge" | "cancel", _, _) => {
+        ("requeue" | "purge" | "cancel" | "run", _, _) => {
             return Reply::text(
                 400,
                 "text/plain; charset=utf-8",
@@ -372,8 +445,8 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
         }
         _ => return not_found("no such action"),
     };
-    ctx.sampler.refresh(table);
-    let message = match done {
+    db.sampler.refresh(table);
+    let (message, rows) = match done {
         Ok(m) => m,
         // A max out of range or a key the table has no limit of: the operator's mistake.
         Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
@@ -384,13 +457,181 @@ fn act(ctx: &Ctx, table: &Table, action: &str, form: &[(String, String)]) -> Rep
         }
         Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
     };
-    let back = field(form, "back")
-        .filter(|b| safe_back(b))
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("/tables/{}", table.name()));
-    let sep = if back.contains('?') { '&' } else { '?' };
-    let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
-    Reply::redirect(format!("{back}{sep}done={note}"))
+    let detail = match action {
+        "limit" | "rate" => format!("key {:?}", field(form, "key").unwrap_or_default()),
+        _ => detail,
+    };
+    let note = logged(db, &who(ctx, rq), action, table, &detail, rows);
+    back_to(db, table, form, &format!("{message}{note}"))
+}
+
+/// Jobs one batch of a bulk action reads (one page of the filtered listing).
+pub(crate) const BATCH: usize = 100;
+/// The most jobs one bulk action acts on: the operator sends it again for more.
+pub(crate) const BULK_MAX: u64 = 1_000;
+/// How long one bulk action may run before it stops at the end of a batch.
+const BULK_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The filter of a table's listing, from a query or a form (`column`, `value`, `error`): the
+/// value typed as the column is (text, integer, float; other columns cannot be filtered),
+/// or why it cannot be.
+pub(crate) fn filter_of(table: &Table, fields: &[(String, String)]) -> Result<JobFilter, String> {
+    let mut filter = JobFilter::new();
+    let column = field(fields, "column").unwrap_or_default();
+    if !column.is_empty() {
+        let value = field(fields, "value").unwrap_or_default();
+        let Some(ty) = table.columns().find(|(n, _)| *n == column).map(|(_, t)| t) else {
+            return Err(format!("the table has no column {column:?}"));
+        };
+        let v = match ty {
+            ColumnType::Text => Value::Text(value.to_string()),
+            ColumnType::Int => Value::Int(
+                value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{column} is a whole number: {value:?} is not"))?,
+            ),
+            ColumnType::Float => Value::Float(
+                value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{column} is a number: {value:?} is not"))?,
+            ),
+            _ => return Err(format!("column {column} cannot be filtered on here")),
+        };
+        filter = filter.column(column, v);
+    }
+    let error = field(fields, "error").unwrap_or_default();
+    if !error.is_empty() {
+        filter = filter.error_contains(error);
+    }
+    Ok(filter)
+}
+
+/// A filter as the action log and the pages say it.
+pub(crate) fn describe(state: JobState, filter: &JobFilter) -> String {
+    let mut parts = vec![format!("{} jobs", state.name())];
+    for (c, v) in filter.columns() {
+        match v {
+            Value::Text(t) => parts.push(format!("{c} = {t:?}")),
+            v => parts.push(format!("{c} = {}", pages::plain(v))),
+        }
+    }
+    if let Some(e) = filter.error() {
+        parts.push(format!("last error contains {e:?}"));
+    }
+    parts.join(", ")
+}
+
+/// An operator's call on one job by id: `true` if it changed the job.
+type ByIdCall = fn(&Broker, &Table, i64) -> sqlbroker::Result<bool>;
+
+/// What a bulk verb does to one job of a state: the call, and its past tense.
+fn bulk_verb(verb: &str, state: JobState) -> Option<(ByIdCall, &'static str)> {
+    Some(match (verb, state) {
+        ("retry", JobState::Dead) => (Broker::requeue_dead, "requeued"),
+        ("retry", JobState::Scheduled) => (Broker::run_now, "made due now"),
+        ("delete", JobState::Dead) => (Broker::purge_dead, "deleted"),
+        ("cancel", JobState::Completed) | ("retry" | "delete", _) => return None,
+        ("cancel", _) => (Broker::cancel, "cancelled"),
+        _ => return None,
+    })
+}
+
+/// The verbs a bulk action offers on a state's page.
+pub(crate) fn bulk_verbs(state: JobState) -> Vec<&'static str> {
+    ["retry", "cancel", "delete"]
+        .into_iter()
+        .filter(|v| bulk_verb(v, state).is_some())
+        .collect()
+}
+
+/// Acts on every job of a state matching a filter: pages of [`BATCH`] through
+/// `Broker::jobs_matching`, each job by its own call (so each keeps its guarantees: a cancel
+/// holds for a job in work), at most [`BULK_MAX`] jobs or [`BULK_TIME`] per request, then
+/// one entry in the action log.
+pub(crate) fn bulk(
+    ctx: &Ctx,
+    db: &Database,
+    rq: &Rq,
+    table: &Table,
+    form: &[(String, String)],
+) -> Reply {
+    let refuse = |why: String| Reply::html(400, pages::message("The action was refused", &why));
+    let Some(state) = field(form, "state").and_then(state_from) else {
+        return refuse("a bulk action names the state of the jobs it acts on".into());
+    };
+    let verb = field(form, "verb").unwrap_or_default();
+    let Some((call, done)) = bulk_verb(verb, state) else {
+        return refuse(format!("no bulk action {verb:?} on {} jobs", state.name()));
+    };
+    let filter =
+        match filter_of(table, form) {
+            Ok(f) if f.is_empty() => return refuse(
+                "an action on every job matching needs a filter (a column's value or error text)"
+                    .into(),
+            ),
+            Ok(f) => f,
+            Err(why) => return refuse(why),
+        };
+    let started = std::time::Instant::now();
+    let (mut acted, mut seen, mut after, mut more) = (0u64, 0u64, None, false);
+    let failed = loop {
+        let page = match db
+            .broker
+            .jobs_matching(table, state, &filter, after, BATCH, 0)
+        {
+            Ok(page) => page,
+            Err(e) => break Some(e),
+        };
+        let mut error = None;
+        for job in &page {
+            // A row lock cancel waits for a delivery to settle: the time is checked per job.
+            if seen >= BULK_MAX || started.elapsed() >= BULK_TIME {
+                more = true;
+                break;
+            }
+            match call(&db.broker, table, job.id()) {
+                Ok(found) => acted += u64::from(found),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+            seen += 1;
+        }
+        if error.is_some() || more {
+            break error;
+        }
+        match page.last().filter(|_| page.len() == BATCH) {
+            Some(last) => after = Some(last.id()),
+            None => break None,
+        }
+    };
+    db.sampler.refresh(table);
+    let what = describe(state, &filter);
+    let mut message = format!("{done} {acted} of {seen} {what}");
+    if more {
+        message.push_str(": more may match, send it again for the next ones");
+    }
+    if let Some(e) = &failed {
+        message.push_str(&format!("; then it failed: {}", crate::chain(e)));
+    }
+    let note = logged(
+        db,
+        &who(ctx, rq),
+        &format!("{verb} all matching"),
+        table,
+        &what,
+        acted,
+    );
+    if failed.is_some() && acted == 0 {
+        return Reply::html(
+            503,
+            pages::message("The action failed", &format!("{message}{note}")),
+        );
+    }
+    back_to(db, table, form, &format!("{message}{note}"))
 }
 
 /// A path of this dashboard to send the browser back to: `/` and then only printable ASCII
