@@ -186,6 +186,24 @@ fn usage_errors_exit_2() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("unknown type"), "{}", stderr(&o));
+    // Several databases, to a command that takes one (only the dashboard takes several).
+    let o = run(
+        None,
+        &[
+            "--url",
+            "sqlite::memory:",
+            "--url",
+            "sqlite::memory:",
+            "status",
+        ],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("only the dashboard takes several --url"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A URL that cannot work exits 1 with `sqlbroker: <why>`, and a server that does not answer

@@ -108,6 +108,31 @@ impl Session {
             .to_string()
     }
 
+    /// Every element `selector` selects (their WebDriver ids).
+    fn find_all(&self, using: &str, selector: &str) -> Vec<String> {
+        let v = self.call(
+            "POST",
+            "/elements",
+            Some(json!({ "using": using, "value": selector })),
+        );
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_object()?.values().next()?.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Types `text` into a field.
+    fn type_into(&self, element: &str, text: &str) {
+        self.call(
+            "POST",
+            &format!("/element/{element}/value"),
+            Some(json!({ "text": text })),
+        );
+    }
+
     fn text(&self, element: &str) -> String {
         self.call("GET", &format!("/element/{element}/text"), None)
             .as_str()
@@ -134,6 +159,90 @@ impl Session {
             .decode(b64.as_str().unwrap())
             .unwrap()
     }
+}
+
+/// chromedriver on `port` and a headless Chromium session through it; the session and
+/// driver end when the returned guards drop.
+fn open_browser(
+    chromium: &std::path::Path,
+    chromedriver: &std::path::Path,
+    port: u16,
+) -> (Killed, Session, std::path::PathBuf) {
+    let driver_proc = Killed(
+        Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let driver = format!("http://127.0.0.1:{port}");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build();
+    assert!(
+        wait_for(Duration::from_secs(20), || agent
+            .get(&format!("{driver}/status"))
+            .call()
+            .is_ok()),
+        "chromedriver did not start"
+    );
+    let profile = std::env::temp_dir().join(common::unique("chromium-profile"));
+    std::fs::create_dir_all(&profile).unwrap();
+    let caps = json!({ "capabilities": { "alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--window-size=1100,900",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    }}});
+    let created: Value = agent
+        .post(&format!("{driver}/session"))
+        .send_json(caps)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let id = created["value"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let s = Session {
+        base: format!("{driver}/session/{id}"),
+        agent,
+    };
+    (driver_proc, s, profile)
+}
+
+/// Starts `sqlbroker dashboard` with `args`; its base URL.
+fn dashboard(args: &[&str]) -> (Killed, String) {
+    let mut dash = Command::new(BIN)
+        .arg("dashboard")
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dash.stdout.take().unwrap());
+    let dash = Killed(dash);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .expect("the dashboard's address")
+        .split(' ')
+        .next()
+        .unwrap()
+        .trim()
+        .trim_end_matches('/')
+        .to_string();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (dash, base)
 }
 
 fn browse(db: Db, driver_port: u16) {
@@ -229,53 +338,7 @@ fn browse(db: Db, driver_port: u16) {
         "the dashboard never counted the acks"
     );
 
-    let _driver = Killed(
-        Command::new(chromedriver)
-            .arg(format!("--port={driver_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let driver = format!("http://127.0.0.1:{driver_port}");
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(60))
-        .build();
-    assert!(
-        wait_for(Duration::from_secs(20), || agent
-            .get(&format!("{driver}/status"))
-            .call()
-            .is_ok()),
-        "chromedriver did not start"
-    );
-    let profile = std::env::temp_dir().join(common::unique("chromium-profile"));
-    std::fs::create_dir_all(&profile).unwrap();
-    let caps = json!({ "capabilities": { "alwaysMatch": {
-        "browserName": "chrome",
-        "goog:chromeOptions": {
-            "binary": chromium,
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1100,900",
-                format!("--user-data-dir={}", profile.display()),
-            ]
-        }
-    }}});
-    let created: Value = agent
-        .post(&format!("{driver}/session"))
-        .send_json(caps)
-        .unwrap()
-        .into_json()
-        .unwrap();
-    let id = created["value"]["sessionId"]
-        .as_str()
-        .expect("a session")
-        .to_string();
-    let s = Session {
-        base: format!("{driver}/session/{id}"),
-        agent: agent.clone(),
-    };
+    let (_driver, s, profile) = open_browser(&chromium, &chromedriver, driver_port);
 
     // The overview, as rendered: counts by state.
     s.go(&format!("{base}/"));
@@ -353,4 +416,158 @@ fn mysql() {
 #[test]
 fn sqlite() {
     browse(Db::Sqlite, DRIVER_PORT_BASE + 2);
+}
+
+/// One dashboard over the three databases, each holding a table of the same name: the
+/// overview names each database; in one, the filter form narrows the listing to a
+/// customer's jobs and "cancel all matching" cancels those, in that database only; the
+/// action log shows it. Then a read-only dashboard over the same databases shows the
+/// filtered listing and no form that posts.
+#[test]
+fn several_databases() {
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let lives: Vec<(&str, common::Live)> = [
+        ("lite", Db::Sqlite),
+        ("pg", Db::Postgres),
+        ("my", Db::Mysql),
+    ]
+    .into_iter()
+    .filter_map(|(n, db)| Some((n, live(db)?)))
+    .collect();
+    if lives.len() < 3 {
+        return;
+    }
+    let name = common::unique("shops");
+    let tables: Vec<Table> = lives
+        .iter()
+        .map(|(n, l)| {
+            let t = l.create(
+                Table::new(&name)
+                    .text_column("customer")
+                    .lease(Duration::from_secs(30)),
+            );
+            for (i, who) in ["ann", "bob", "ann", "ann", "bob"].iter().enumerate() {
+                l.broker
+                    .publish(
+                        &t,
+                        Message::new(format!("{{\"shop\":\"{n}\",\"order\":{i}}}").into_bytes())
+                            .set("customer", *who),
+                    )
+                    .unwrap();
+            }
+            t
+        })
+        .collect();
+    let urls: Vec<String> = lives
+        .iter()
+        .map(|(n, l)| format!("{n}={}", l.url))
+        .collect();
+    let mut args = vec!["--listen", "127.0.0.1:0", "--sample", "1", "--table", &name];
+    for u in &urls {
+        args.extend(["--url", u.as_str()]);
+    }
+    let (_dash, base) = dashboard(&args);
+    let (_driver, s, profile) = open_browser(&chromium, &chromedriver, DRIVER_PORT_BASE + 3);
+
+    s.go(&format!("{base}/"));
+    let text = s.body_text();
+    for (n, _) in &lives {
+        assert!(text.contains(&format!("Database {n} ")), "{n}: {text}");
+        let cell = s.find(
+            "css selector",
+            &format!("a[href='/d/{n}/tables/{name}?state=ready']"),
+        );
+        assert_eq!(s.text(&cell), "5", "{n}");
+    }
+    let shot = s.screenshot();
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-several.png"),
+        &shot,
+    )
+    .unwrap();
+
+    // In PostgreSQL's table: filter ann's jobs, cancel them all.
+    let link = s.find("css selector", &format!("a[href='/d/pg/tables/{name}']"));
+    s.click(&link);
+    let column = s.find(
+        "css selector",
+        "select[name='column'] option[value='customer']",
+    );
+    s.click(&column);
+    let value = s.find("css selector", "input[name='value']");
+    s.type_into(&value, "ann");
+    let filter = s.find("xpath", "//form[contains(@class,'filter')]//button");
+    s.click(&filter);
+    assert!(
+        wait_for(Duration::from_secs(10), || s.url().contains("value=ann")),
+        "{}",
+        s.url()
+    );
+    let text = s.body_text();
+    assert!(
+        text.contains("Showing ready jobs, customer = \"ann\""),
+        "{text}"
+    );
+    assert_eq!(
+        s.find_all("css selector", "td.n a[href*='/jobs/']").len(),
+        3,
+        "{text}"
+    );
+    let cancel = s.find("xpath", "//button[contains(., 'cancel all matching')]");
+    s.click(&cancel);
+    assert!(
+        wait_for(Duration::from_secs(20), || s.url().contains("done=")),
+        "the action's redirect: {}",
+        s.url()
+    );
+    let text = s.body_text();
+    assert!(
+        text.contains("cancelled 3 of 3 ready jobs, customer = \"ann\""),
+        "{text}"
+    );
+    for ((n, l), t) in lives.iter().zip(&tables) {
+        let ann = l
+            .broker
+            .jobs_matching(
+                t,
+                JobState::Ready,
+                &sqlbroker::JobFilter::new().column("customer", "ann"),
+                None,
+                10,
+                0,
+            )
+            .unwrap()
+            .len();
+        assert_eq!(ann, if *n == "pg" { 0 } else { 3 }, "{n}");
+    }
+    s.go(&format!("{base}/actions"));
+    let text = s.body_text();
+    assert!(text.contains("Database pg"), "{text}");
+    assert!(text.contains("cancel all matching"), "{text}");
+    assert!(text.contains("ready jobs, customer = \"ann\""), "{text}");
+
+    // Read-only, same databases: the filtered listing, and nothing that posts.
+    let mut ro_args = args.clone();
+    ro_args.push("--read-only");
+    let (_ro, ro_base) = dashboard(&ro_args);
+    s.go(&format!(
+        "{ro_base}/d/my/tables/{name}?state=ready&column=customer&value=ann"
+    ));
+    let text = s.body_text();
+    assert!(text.contains("read-only"), "{text}");
+    assert_eq!(
+        s.find_all("css selector", "td.n a[href*='/jobs/']").len(),
+        3,
+        "{text}"
+    );
+    assert!(
+        s.find_all("css selector", "form[method='post']").is_empty(),
+        "{text}"
+    );
+    assert!(!text.contains("all matching"), "{text}");
+
+    s.call("DELETE", "", None);
+    let _ = std::fs::remove_dir_all(&profile);
 }
