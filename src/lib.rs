@@ -107,9 +107,12 @@
 //! that disagrees with the record is refused ([`BrokerError::Schema`]). [`Broker::job`] looks a
 //! job up by id ([`Job`]: its [`JobState`], attempts, last error, values, times) and
 //! [`Broker::jobs`] pages jobs by state ([`Broker::jobs_preview`]: a payload prefix each, no
-//! probe, for listings); a failed attempt keeps its error text on the row.
-//! [`Broker::cancel`] stops a job for good; [`Broker::pause`] and [`Broker::resume`] stop and
-//! restart a table's claims in every process.
+//! probe, for listings; [`Broker::jobs_matching`]: only those a [`JobFilter`] matches, by
+//! column value and error text); a failed attempt keeps its error text on the row.
+//! [`Broker::cancel`] stops a job for good, [`Broker::run_now`] makes a scheduled one due;
+//! [`Broker::pause`] and [`Broker::resume`] stop and restart a table's claims in every
+//! process. [`Broker::record_action`] and [`Broker::actions`] keep an operators' action log
+//! in the database (the dashboard writes every action it takes there).
 //!
 //! ```
 //! use sqlbroker::{Broker, JobState, Message, Table};
