@@ -2355,3 +2355,55 @@ fn read_only_several_databases() {
     assert!(!a.broker.stats(&ta).unwrap().paused);
     assert!(a.broker.actions(10).unwrap().is_empty());
 }
+
+/// The action log's "who" with a token: the name given at login (escaped where shown), or
+/// "a bearer token", and the client's address.
+#[test]
+fn the_log_names_who_acted() {
+    let Some(l) = live(Db::Sqlite) else { return };
+    let t = l.create(
+        Table::new(common::unique("who"))
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let b = &l.broker;
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            b.publish(&t, Message::new(b"x".to_vec()).set("k", "v"))
+                .unwrap()
+        })
+        .collect();
+    let secret = "who-token";
+    let dash = start(&l.url, &[], &[("SQLBROKER_DASHBOARD_TOKEN", secret)]);
+    let login = dash.post("/login", &[("token", secret), ("name", "<b>ana</b>")]);
+    assert_eq!(login.status, 303, "{}", login.body);
+    let cookie = login.cookie.expect("a cookie");
+    let session = cookie.split(';').next().unwrap().to_string();
+    let page = dash.get_with(&format!("/tables/{}", t.name()), &[("Cookie", &session)]);
+    let csrf = csrf_of(&page.body).expect("a form");
+    let path = format!("/tables/{}/cancel", t.name());
+    let origin = dash.base.clone();
+    let r = dash.post_with(
+        &path,
+        &[("csrf", &csrf), ("id", &ids[0].to_string())],
+        &[("Cookie", &session), ("Origin", &origin)],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let bearer = format!("Bearer {secret}");
+    let r = dash.post_with(
+        &path,
+        &[("csrf", &csrf), ("id", &ids[1].to_string())],
+        &[("Authorization", &bearer), ("Origin", &origin)],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let log = b.actions(2).unwrap();
+    assert_eq!(log[1].who, "<b>ana</b> from 127.0.0.1");
+    assert_eq!(log[0].who, "a bearer token from 127.0.0.1");
+    let page = dash.get_with("/actions", &[("Cookie", &session)]);
+    assert!(
+        page.body.contains("&lt;b&gt;ana&lt;/b&gt; from 127.0.0.1"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<b>ana"), "escaped");
+}
