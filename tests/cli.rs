@@ -965,6 +965,37 @@ fn job_output_and_checkpoint(db: Db) {
         (Some("42 rows\x1b]0;t\x07"), Some("page 7"))
     );
     assert_eq!(json["traceparent"].as_str(), Some(tp));
+    // `publish --trace` stores it on every message; a malformed one is refused and
+    // publishes nothing.
+    let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    ok(
+        &l.url,
+        &["publish", "--table", &name, "--trace", other],
+        "a\nb\n",
+    );
+    let jobs = l
+        .broker
+        .jobs(&table, sqlbroker::JobState::Ready, None, 10)
+        .unwrap();
+    assert_eq!(jobs.len(), 2);
+    for j in &jobs {
+        let j = l.broker.job(&table, j.id()).unwrap().unwrap();
+        assert_eq!(j.traceparent(), Some(other), "{j:?}");
+    }
+    let o = run(
+        Some(&l.url),
+        &["publish", "--table", &name, "--trace", "00-xyz"],
+        "c\n",
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("traceparent"), "{}", stderr(&o));
+    assert_eq!(
+        l.broker
+            .jobs(&table, sqlbroker::JobState::Ready, None, 10)
+            .unwrap()
+            .len(),
+        2
+    );
 }
 per_db!(job_output_and_checkpoint);
 

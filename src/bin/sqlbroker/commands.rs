@@ -569,6 +569,9 @@ fn publish(broker: &Broker, args: &PublishArgs) -> Result {
         if let Some(delay) = args.delay {
             m = m.deliver_after(delay);
         }
+        if let Some(tp) = &args.trace {
+            m = m.traceparent(tp);
+        }
         m
     };
     let (mut rows, mut duplicates) = (0, 0);

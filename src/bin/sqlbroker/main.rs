@@ -464,6 +464,11 @@ struct PublishArgs {
     /// Due this long from now instead of at once: seconds (90) or a duration (1m 30s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     delay: Option<Duration>,
+
+    /// A W3C trace context for every message (`00-<trace id>-<parent id>-<flags>`), so the
+    /// handlers' spans continue that trace (a table made with --traceparent).
+    #[arg(long = "trace", value_name = "TRACEPARENT")]
+    trace: Option<String>,
 }
 
 /// A duration as whole seconds (`30`, what these options took before) or as `humantime`
