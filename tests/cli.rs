@@ -1526,4 +1526,24 @@ fn bench_refuses_deferred_acks_off_the_lease_form() {
     // Neither is a form that does not exist.
     let o = run(Some(&l.url), &["bench", "--form", "queue"], "");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // An option the mode does not use is refused, not ignored.
+    for (args, why) in [
+        (
+            &["--mode", "burn-down", "--rate", "10"][..],
+            "--rate and --secs are the steady run's",
+        ),
+        (
+            &["--mode", "burn-down", "--secs", "5"][..],
+            "--rate and --secs are the steady run's",
+        ),
+        (
+            &["--mode", "steady", "--jobs", "10"][..],
+            "--jobs is the burn-down's",
+        ),
+    ] {
+        let o = run(Some(&l.url), &[&["bench"][..], args].concat(), "");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+    assert_eq!(l.table_count(), before, "nothing made");
 }

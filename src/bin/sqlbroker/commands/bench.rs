@@ -70,10 +70,11 @@ pub(crate) enum BenchMode {
 /// `sqlbroker bench`'s options.
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// Jobs of the burn-down.
-    #[arg(long, value_name = "N", default_value_t = 10_000,
+    /// Jobs of the burn-down (default 10,000; not with `--mode steady`, whose measuring
+    /// burn-down, when it needs one, has 2,000).
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    jobs: u64,
+    jobs: Option<u64>,
 
     /// The scratch table's form.
     #[arg(long, value_enum, default_value_t = BenchForm::Lease)]
@@ -103,10 +104,10 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     rate: Option<u64>,
 
-    /// Steady run: how long to publish, seconds.
-    #[arg(long, value_name = "S", default_value_t = 20,
+    /// Steady run: how long to publish, seconds (default 20).
+    #[arg(long, value_name = "S",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    secs: u64,
+    secs: Option<u64>,
 
     /// Print the results as one JSON object.
     #[arg(long)]
@@ -116,6 +117,20 @@ pub(crate) struct BenchArgs {
 impl BenchArgs {
     /// A combination the options cannot run (a usage error: nothing is made).
     pub(crate) fn usage_error(&self) -> Option<String> {
+        // An option the mode asked for does not use would be ignored: refused instead.
+        match self.mode {
+            BenchMode::BurnDown if self.rate.is_some() || self.secs.is_some() => {
+                return Some(
+                    "--rate and --secs are the steady run's: --mode burn-down takes --jobs".into(),
+                )
+            }
+            BenchMode::Steady if self.jobs.is_some() => {
+                return Some(
+                    "--jobs is the burn-down's: --mode steady takes --rate and --secs".into(),
+                )
+            }
+            _ => {}
+        }
         if self.ack == BenchAck::Deferred && self.form != BenchForm::Lease {
             return Some(format!(
                 "--ack deferred needs --form lease (deferred acks are a lease form feature), \
@@ -126,6 +141,13 @@ impl BenchArgs {
             ));
         }
         None
+    }
+}
+
+impl BenchArgs {
+    /// The steady run's length, seconds.
+    fn secs(&self) -> u64 {
+        self.secs.unwrap_or(20)
     }
 }
 
@@ -354,7 +376,7 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &BenchArgs) -> Result {
     let burn_jobs = match (args.mode, args.rate) {
         (BenchMode::Steady, Some(_)) => None,
         (BenchMode::Steady, None) => Some(MEASURE_JOBS),
-        _ => Some(args.jobs),
+        _ => Some(args.jobs.unwrap_or(10_000)),
     };
     let measured = match burn_jobs {
         Some(jobs) => Some(burn_down(&broker, table, args, jobs, progress)?),
@@ -619,7 +641,7 @@ fn steady(
     shared.record.store(true, Ordering::Release);
     let published = AtomicU64::new(0);
     let publishing = AtomicBool::new(true);
-    let secs = Duration::from_secs(args.secs);
+    let secs = Duration::from_secs(args.secs());
     let sub = subscribe(broker, table, args)?;
     let cpu = cpu_time();
     let start = Instant::now();
@@ -627,7 +649,7 @@ fn steady(
     let waited = std::thread::scope(|s| {
         s.spawn(|| {
             let mut next = start;
-            let total = rate.saturating_mul(args.secs);
+            let total = rate.saturating_mul(args.secs());
             loop {
                 if shared.stop.load(Ordering::Acquire) {
                     break;
@@ -698,7 +720,7 @@ fn steady(
     let (worked_in_time, published_in_time) = at_end.unwrap_or((worked, published));
     Ok(Steady {
         rate_asked: rate,
-        seconds: args.secs,
+        seconds: args.secs(),
         published,
         published_per_sec: published_in_time as f64 / secs.as_secs_f64(),
         worked_in_time,
