@@ -292,32 +292,16 @@ fn browse(db: Db, driver_port: u16) {
     )
     .unwrap();
 
-    let mut dash = Command::new(BIN)
-        .args([
-            "dashboard",
-            "--listen",
-            "127.0.0.1:0",
-            "--sample",
-            "1",
-            "--table",
-            &name,
-        ])
-        .env("DATABASE_URL", &l.url)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(dash.stdout.take().unwrap());
-    let _dash = Killed(dash);
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let base = line
-        .split("listening on ")
-        .nth(1)
-        .expect("the dashboard's address")
-        .trim()
-        .trim_end_matches('/')
-        .to_string();
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let (_dash, base) = dashboard(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--sample",
+        "1",
+        "--table",
+        &name,
+        "--url",
+        &l.url,
+    ]);
 
     // Some work done while the dashboard counts, for the chart: 30 acks over ~4 s.
     let sub = b.subscription(&t).max_in_flight(1).start().unwrap();

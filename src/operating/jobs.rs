@@ -102,9 +102,9 @@ pub struct Job {
     errors: u32,
     last_error: Option<String>,
     dead_reason: Option<String>,
-    pub(crate) payload: Vec<u8>,
+    payload: Vec<u8>,
     /// The payload's full length in bytes ([`Broker::jobs_preview`] reads a prefix).
-    pub(crate) payload_len: u64,
+    payload_len: u64,
     due_at: SystemTime,
     published_at: Option<SystemTime>,
     finished_at: Option<SystemTime>,
@@ -292,7 +292,7 @@ impl Job {
 
 /// A job of the `job_columns` layout, its state not yet told apart where the form needs a
 /// probe (`Ready` stands for "due and live").
-pub(crate) fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
+fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
     let mut it = row.into_iter();
     let mut next = || it.next().unwrap_or(Value::Null);
     let int = |v: Value| v.as_i64().unwrap_or_default();
@@ -479,6 +479,49 @@ pub(crate) fn checked(q: &Queue) -> Result<()> {
     q.check_schema(&mut *conn)
 }
 
+/// Where a page of a listing starts, how long it is, and how much of each payload it reads.
+#[derive(Clone, Copy)]
+pub(crate) struct Page {
+    pub after: Option<i64>,
+    pub limit: usize,
+    pub payload_prefix: usize,
+}
+
+/// Runs a page of [`TableSql::jobs_preview`](crate::dialect::TableSql) (or a filtered one of
+/// the same shape) with `nows` times and the filter's `values`: the jobs, each with its
+/// payload's full length.
+pub(crate) fn preview_rows(
+    q: &Queue,
+    sql: &str,
+    nows: usize,
+    values: Vec<Value>,
+    page: Page,
+) -> Result<Vec<Job>> {
+    let now = claim_now(SystemTime::now());
+    // SUBSTR counts from 1 and reads at most an INT's worth.
+    let mut params = vec![Value::Int(page.payload_prefix.min(i32::MAX as usize) as i64)];
+    params.extend(std::iter::repeat_n(Value::Time(now), nows));
+    params.extend(values);
+    params.push(Value::Int(page.after.unwrap_or(i64::MIN)));
+    params.push(Value::Int(page.limit.min(i64::MAX as usize) as i64));
+    let rows = q.retrying("jobs", |conn| conn.query(sql, &params))?;
+    Ok(rows
+        .into_iter()
+        .map(|mut row| {
+            let len = if row.is_empty() {
+                Value::Null
+            } else {
+                row.remove(0)
+            };
+            let mut job = job_row(q, row, now);
+            job.payload_len = len
+                .as_i64()
+                .map_or(job.payload.len() as u64, |n| n.max(0) as u64);
+            job
+        })
+        .collect())
+}
+
 impl Broker {
     /// The job `id` of `table`, or `None` if no row has that id (acked and deleted, purged,
     /// cancelled, or never there). One statement; in the row lock and advisory forms a due
@@ -605,28 +648,12 @@ impl Broker {
         let Some(Some((sql, nows))) = q.sql.jobs_preview.get(state.index()) else {
             return Ok(Vec::new());
         };
-        let now = claim_now(SystemTime::now());
-        // SUBSTR counts from 1 and reads at most an INT's worth.
-        let mut params = vec![Value::Int(payload_prefix.min(i32::MAX as usize) as i64)];
-        params.extend(std::iter::repeat_n(Value::Time(now), *nows));
-        params.push(Value::Int(after.unwrap_or(i64::MIN)));
-        params.push(Value::Int(limit.min(i64::MAX as usize) as i64));
-        let rows = q.retrying("jobs", |conn| conn.query(sql, &params))?;
-        Ok(rows
-            .into_iter()
-            .map(|mut row| {
-                let len = if row.is_empty() {
-                    Value::Null
-                } else {
-                    row.remove(0)
-                };
-                let mut job = job_row(&q, row, now);
-                job.payload_len = len
-                    .as_i64()
-                    .map_or(job.payload.len() as u64, |n| n.max(0) as u64);
-                job
-            })
-            .collect())
+        let page = Page {
+            after,
+            limit,
+            payload_prefix,
+        };
+        preview_rows(&q, sql, *nows, Vec::new(), page)
     }
 
     /// Cancels the job `id`: `true` when it will not run again, `false` if no live or dead

@@ -11,7 +11,7 @@ use crate::error::{BrokerError, DbError, Result};
 use crate::model::schedule::claim_now;
 use crate::model::table::{ColumnType, Form, Table};
 use crate::model::value::Value;
-use crate::operating::jobs::{checked, job_row, Job, JobState};
+use crate::operating::jobs::{checked, preview_rows, Job, JobState, Page};
 use crate::runtime::deps::waiting_due;
 
 /// The longest error text a [`JobFilter`] searches for, in bytes.
@@ -177,28 +177,12 @@ impl Broker {
         let Some((sql, nows)) = syntax.preview_page(&q.spec, state.index(), &conds) else {
             return Ok(Vec::new());
         };
-        let now = claim_now(SystemTime::now());
-        let mut params = vec![Value::Int(payload_prefix.min(i32::MAX as usize) as i64)];
-        params.extend(std::iter::repeat_n(Value::Time(now), nows));
-        params.extend(values);
-        params.push(Value::Int(after.unwrap_or(i64::MIN)));
-        params.push(Value::Int(limit.min(i64::MAX as usize) as i64));
-        let rows = q.retrying("jobs", |conn| conn.query(&sql, &params))?;
-        Ok(rows
-            .into_iter()
-            .map(|mut row| {
-                let len = if row.is_empty() {
-                    Value::Null
-                } else {
-                    row.remove(0)
-                };
-                let mut job = job_row(&q, row, now);
-                job.payload_len = len
-                    .as_i64()
-                    .map_or(job.payload.len() as u64, |n| n.max(0) as u64);
-                job
-            })
-            .collect())
+        let page = Page {
+            after,
+            limit,
+            payload_prefix,
+        };
+        preview_rows(&q, &sql, nows, values, page)
     }
 
     /// Makes the job `id`, scheduled for later (published with a delay, or waiting out its
