@@ -681,6 +681,7 @@ mod tests {
 
     use super::*;
     use crate::dialect::mysql::Mysql;
+    use crate::dialect::shared::PageFilter;
     use crate::dialect::Dialect;
     use crate::model::table::Isolation;
     use crate::model::table::Table;
@@ -1508,6 +1509,35 @@ mod tests {
         assert_eq!(
             compile(keep(advisory(Table::new("jobs")))).cancel_held,
             format!("UPDATE `jobs` SET {set}, `dead_reason` = 'cancelled' WHERE `id` = ?")
+        );
+    }
+
+    /// An operator's filtered listing (`Broker::jobs_matching`): the page's conditions, then
+    /// each filter's, each on a parameter of its own bound after the times; the error text
+    /// searched byte for byte (MySQL 8 and MariaDB alike: a binary needle makes `LOCATE` compare bytes whatever the
+    /// column's collation; the same text serves MySQL 8, which this machine cannot run).
+    #[test]
+    fn filtered_previews_add_their_conditions_in_order() {
+        let spec = Table::new("jobs").text_column("k").validate().unwrap();
+        let filter = [PageFilter::Equals("k"), PageFilter::ErrorContains];
+        let (sql, nows) = SYNTAX.preview_page(&spec, 1, &filter).unwrap();
+        assert_eq!(
+            sql,
+            "SELECT LENGTH(`payload`), `id`, `attempts`, SUBSTR(`payload`, 1, ?), `run_at`, `dead_at`, `dead_reason`, `last_error`, `errors`, NULL, NULL, 0, `created_at`, `k` FROM `jobs` WHERE `dead_at` IS NULL AND `run_at` <= ? AND `k` = ? AND LOCATE(CAST(? AS BINARY), `last_error`) > 0 AND `id` > ? ORDER BY `id` LIMIT ?"
+        );
+        assert_eq!(nows, 1);
+        assert_eq!(
+            SYNTAX.preview_page(&spec, 4, &filter),
+            None,
+            "no completed rows kept"
+        );
+        assert_eq!(
+            SYNTAX.preview_page(&spec, 1, &[]).unwrap().0,
+            compile(Table::new("jobs").text_column("k")).jobs_preview[1]
+                .as_ref()
+                .unwrap()
+                .0,
+            "without a filter, the table's own statement"
         );
     }
 

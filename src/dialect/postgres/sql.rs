@@ -407,6 +407,7 @@ mod tests {
 
     use super::*;
     use crate::dialect::postgres::Postgres;
+    use crate::dialect::shared::PageFilter;
     use crate::dialect::Dialect;
     use crate::model::table::Table;
 
@@ -923,6 +924,34 @@ mod tests {
         assert_eq!(
             compile(keep(advisory(Table::new("jobs")))).cancel_held,
             format!("UPDATE \"jobs\" SET {set}, \"dead_reason\" = 'cancelled' WHERE \"id\" = $1")
+        );
+    }
+
+    /// An operator's filtered listing (`Broker::jobs_matching`): the page's conditions, then
+    /// each filter's, each on a parameter of its own bound after the times; the error text
+    /// searched byte for byte.
+    #[test]
+    fn filtered_previews_add_their_conditions_in_order() {
+        let spec = Table::new("jobs").text_column("k").validate().unwrap();
+        let filter = [PageFilter::Equals("k"), PageFilter::ErrorContains];
+        let (sql, nows) = SYNTAX.preview_page(&spec, 1, &filter).unwrap();
+        assert_eq!(
+            sql,
+            "SELECT LENGTH(\"payload\"), \"id\", \"attempts\", SUBSTR(\"payload\", 1, $1), \"run_at\", \"dead_at\", \"dead_reason\", \"last_error\", \"errors\", NULL, NULL, 0, \"created_at\", \"k\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $2 AND \"k\" = $3 AND strpos(\"last_error\", $4) > 0 AND \"id\" > $5 ORDER BY \"id\" LIMIT $6"
+        );
+        assert_eq!(nows, 1);
+        assert_eq!(
+            SYNTAX.preview_page(&spec, 4, &filter),
+            None,
+            "no completed rows kept"
+        );
+        assert_eq!(
+            SYNTAX.preview_page(&spec, 1, &[]).unwrap().0,
+            compile(Table::new("jobs").text_column("k")).jobs_preview[1]
+                .as_ref()
+                .unwrap()
+                .0,
+            "without a filter, the table's own statement"
         );
     }
 
