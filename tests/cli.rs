@@ -1502,6 +1502,62 @@ fn bench_interrupted_drops_its_table() {
     assert_eq!(l.int(made), 0, "dropped on Ctrl-C");
 }
 
+/// A run where no job is done for `--stall` seconds (its table paused by an operator) ends
+/// with an error (exit 1) saying so, and drops its table.
+#[test]
+fn bench_gives_up_when_nothing_is_done() {
+    let Some(l) = live(Db::Sqlite) else { return };
+    let mut child = Command::new(BIN)
+        .args([
+            "--url",
+            &l.url,
+            "bench",
+            "--jobs",
+            "100000",
+            "--mode",
+            "burn-down",
+            "--stall",
+            "2",
+        ])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sqlbroker");
+    let start = Instant::now();
+    let scratch = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no scratch table made"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ended before its table"
+        );
+        let made = l.broker.tables().unwrap_or_default();
+        if let Some(t) = made
+            .into_iter()
+            .find(|r| r.table.name().starts_with("sqlbroker_bench_"))
+        {
+            break t.table;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    l.broker.pause(&scratch).unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("bench did not give up");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no job done for 2 s"), "{}", stderr(&o));
+    assert!(!l.table_exists(scratch.name()), "dropped");
+}
+
 /// `bench --ack deferred` with another form than lease is a usage error (exit 2) before
 /// anything is made: no scratch table, not even the registry.
 #[test]

@@ -23,9 +23,6 @@ const CHUNK: usize = 500;
 /// With `--mode steady` alone and no `--rate`, the burn-down that measures the rate.
 const MEASURE_JOBS: u64 = 2_000;
 
-/// No job done for this long ends the run with an error.
-const STALL: Duration = Duration::from_secs(60);
-
 /// The progress line is rewritten at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -108,6 +105,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "S",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     secs: Option<u64>,
+
+    /// Give up (exit 1, the scratch table dropped) when no job is done for this long,
+    /// seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    stall: u64,
 
     /// Print the results as one JSON object.
     #[arg(long)]
@@ -538,9 +541,10 @@ fn handle(sub: &Subscription, ack: BenchAck, shared: &Shared) {
 }
 
 /// Waits until `done` reaches `target()`, while `running()` or until then; rewrites the
-/// progress line; an error of the handlers or a stall of [`STALL`] ends the wait with an
-/// error.
+/// progress line; an error of the handlers or no job done for `stall` ends the wait with
+/// an error.
 fn wait_for(
+    stall: Duration,
     shared: &Shared,
     label: &str,
     progress: bool,
@@ -564,10 +568,10 @@ fn wait_for(
         if done != last {
             last = done;
             last_change = Instant::now();
-        } else if last_change.elapsed() > STALL && !running() {
+        } else if last_change.elapsed() > stall && !running() {
             return Err(format!(
                 "{label}: no job done for {} s ({done} of {total} done); giving up",
-                STALL.as_secs()
+                stall.as_secs()
             )
             .into());
         }
@@ -611,7 +615,14 @@ fn burn_down(
         for _ in 0..args.handlers {
             s.spawn(|| handle(&sub, args.ack, &shared));
         }
-        let waited = wait_for(&shared, "burn-down", progress, || jobs, || false);
+        let waited = wait_for(
+            Duration::from_secs(args.stall),
+            &shared,
+            "burn-down",
+            progress,
+            || jobs,
+            || false,
+        );
         shared.stop.store(true, Ordering::Release);
         waited
     });
@@ -685,6 +696,7 @@ fn steady(
         }
         // While publishing: the progress line; then the backlog worked off.
         let waited = wait_for(
+            Duration::from_secs(args.stall),
             &shared,
             "steady",
             progress,
