@@ -307,4 +307,29 @@ mod otel {
         }
     }
     per_db_form!(the_trace_crosses_the_queue);
+
+    /// `testing::drain` runs a handler as `Subscription::run` does, in a process span that
+    /// continues the publisher's trace.
+    #[cfg(feature = "testing")]
+    fn a_drain_continues_the_trace(db: Db, form: Form) {
+        let Some(l) = common::live(db) else { return };
+        exporter();
+        let t = l.create(in_form(Table::new(unique("trd")).traceparent(), form));
+        let request = tracing::info_span!("request");
+        request
+            .in_scope(|| l.broker.publish(&t, message("job")))
+            .unwrap();
+        let trace_id = request.context().span().span_context().trace_id();
+        drop(request);
+        let ran =
+            sqlbroker::testing::drain(&l.broker, &t, |_| Ok::<_, std::io::Error>(())).unwrap();
+        assert_eq!(ran.acked, 1);
+        let process = spans(&t, &format!("process {}", t.name()));
+        assert_eq!(process.len(), 1, "one process span");
+        assert_eq!(process[0].span_context.trace_id(), trace_id, "same trace");
+        let send = spans(&t, &format!("send {}", t.name()));
+        assert_eq!(process[0].parent_span_id, send[0].span_context.span_id());
+    }
+    #[cfg(feature = "testing")]
+    per_db_form!(a_drain_continues_the_trace);
 }
