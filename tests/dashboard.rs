@@ -1953,6 +1953,21 @@ fn filters_and_bulk_actions(db: Db) {
         assert_eq!(b.job(&t, *id).unwrap().unwrap().state(), JobState::Ready);
     }
 
+    // The longest filter fits a form (it is carried twice: the fields and the way back).
+    let long = "x".repeat(sqlbroker::MAX_FILTER_TEXT);
+    let back = format!("/tables/{name}?state=dead&error={long}");
+    let r = bulk(&[
+        ("verb", "delete"),
+        ("state", "dead"),
+        ("error", &long),
+        ("back", &back),
+    ]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(
+        done_of(&r).starts_with("deleted 0 of 0 dead jobs"),
+        "{}",
+        done_of(&r)
+    );
     // The bound: 1,050 matching jobs take two presses.
     b.publish_batch(&t, (0..1_050).map(|n| msg("many", n)))
         .unwrap();
@@ -1982,6 +1997,12 @@ fn filters_and_bulk_actions(db: Db) {
         .filter(|a| a.table == name)
         .map(|a| (a.action.clone(), a.detail.clone(), a.rows))
         .collect();
+    // A detail over the log's bound is cut.
+    let cut: String = format!("dead jobs, last error contains {long:?}")
+        .chars()
+        .take(sqlbroker::ACTION_TEXT_MAX)
+        .collect();
+    let cut = format!("{cut}...");
     assert_eq!(
         mine,
         [
@@ -1991,6 +2012,7 @@ fn filters_and_bulk_actions(db: Db) {
                 "ready jobs, customer = \"many\"",
                 1000
             ),
+            ("delete all matching", cut.as_str(), 0),
             (
                 "retry all matching",
                 "scheduled jobs, customer = \"acme\"",

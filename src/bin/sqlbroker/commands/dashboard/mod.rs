@@ -29,7 +29,7 @@
 //! - logins are limited per client address ([`session::Throttle`]);
 //! - `--read-only` hides the actions and refuses their POSTs;
 //! - a slow client holds no thread: the server's one polling thread reads every request
-//!   whole (head at most 16 KiB within 10 s of the connection, body at most 1 KiB with a
+//!   whole (head at most 16 KiB within 10 s of the connection, body at most 8 KiB with a
 //!   `Content-Length`) before a worker sees it, and writes the answers; at most 512
 //!   connections are open (a new one closes the oldest still sending), so the workers only
 //!   ever wait for the database (each statement bounded by the broker's statement timeout,

@@ -29,8 +29,10 @@ use mio::{Events, Interest, Poll, Token, Waker};
 pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// The largest request head (request line and headers) read.
 pub(crate) const MAX_HEAD: usize = 16 * 1024;
-/// The largest request body accepted (the forms send a few short fields).
-pub(crate) const MAX_BODY: usize = 1024;
+/// The largest request body accepted: the forms send short fields, but one acting on every
+/// job matching a filter carries it twice (its fields and the way back), with up to
+/// `sqlbroker::MAX_FILTER_TEXT` bytes of error text, URL-encoded.
+pub(crate) const MAX_BODY: usize = 8 * 1024;
 /// The most header lines in a head.
 const MAX_HEADERS: usize = 64;
 /// A connection's whole request, head and body, arrives within this of its accept.
