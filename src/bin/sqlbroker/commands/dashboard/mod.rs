@@ -36,6 +36,7 @@
 //!   each connection checkout by its connect timeout).
 
 mod chart;
+mod filters;
 mod http;
 mod metrics;
 mod pages;

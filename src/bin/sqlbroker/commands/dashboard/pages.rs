@@ -7,9 +7,9 @@ use std::time::SystemTime;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use sqlbroker::{ColumnType, Form, Job, JobFilter, JobState, Table, Value};
 
+use super::filters::{bulk_verbs, describe, filter_of, BATCH, BULK_MAX};
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
-use super::web::{bulk_verbs, describe, filter_of};
 use super::{chart, Ctx, Database};
 use crate::commands::{age, preview, utc};
 
@@ -538,24 +538,12 @@ fn filter_form(
                             }
                             " "
                         }
-                        span.muted { "(in batches of " (super::web::BATCH) ", at most " (super::web::BULK_MAX) " jobs a press)" }
+                        span.muted { "(in batches of " (BATCH) ", at most " (BULK_MAX) " jobs a press)" }
                     }
                 }
             }
             Ok(_) => {}
         }
-    }
-}
-
-/// A value as plain text (a filter as the log says it).
-pub(crate) fn plain(v: &Value) -> String {
-    match v {
-        Value::Null => "NULL".into(),
-        Value::Int(n) => n.to_string(),
-        Value::Float(f) => f.to_string(),
-        Value::Text(s) => s.clone(),
-        Value::Time(t) => utc(*t),
-        other => format!("{other:?}"),
     }
 }
 
