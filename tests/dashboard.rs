@@ -2429,3 +2429,106 @@ fn the_log_names_who_acted() {
     );
     assert!(!page.body.contains("<b>ana"), "escaped");
 }
+
+/// With several databases, one that does not answer at the start is shown as down (its
+/// pages 503, its `list_ok` 0) while the others are served, and joins by itself once it
+/// answers. With one database, one that does not answer ends the start (exit 1).
+#[test]
+fn a_database_down_at_the_start_joins_later() {
+    let (Some(a), Some(pg)) = (live(Db::Sqlite), live(Db::Postgres)) else {
+        return;
+    };
+    let name = common::unique("late");
+    let ta = a.create(
+        Table::new(&name)
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let tp = pg.create(
+        Table::new(&name)
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    a.broker
+        .publish(&ta, Message::new(b"a".to_vec()).set("k", "v"))
+        .unwrap();
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            pg.broker
+                .publish(&tp, Message::new(b"p".to_vec()).set("k", "v"))
+                .unwrap()
+        })
+        .collect();
+    let hostport = pg.url.split('@').nth(1).unwrap().split('/').next().unwrap();
+    let proxy = Proxy::start(hostport);
+    proxy.cut();
+    let via = pg.url.replacen(hostport, &proxy.addr, 1);
+
+    // One database, not answering: no dashboard.
+    let o = Command::new(BIN)
+        .args([
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--url",
+            &via,
+            "--connect-timeout",
+            "2",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let (ua, up) = (format!("a={}", a.url), format!("pg={via}"));
+    let dash = start(
+        &a.url,
+        &[
+            "--url",
+            &ua,
+            "--url",
+            &up,
+            "--table",
+            &name,
+            "--sample",
+            "1",
+            "--connect-timeout",
+            "2",
+        ],
+        &[],
+    );
+    let page = dash.get("/");
+    assert_eq!(page.status, 503, "{}", page.body);
+    assert!(page.body.contains("Database pg "), "{}", page.body);
+    assert!(page.body.contains("not reachable"), "{}", page.body);
+    let cell = format!("href=\"/d/a/tables/{name}?state=ready\">1<");
+    assert!(page.body.contains(&cell), "a is served: {}", page.body);
+    let r = dash.get(&format!("/d/pg/tables/{name}"));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("not reachable"), "{}", r.body);
+    let m = dash.get("/metrics").body;
+    assert!(
+        m.lines()
+            .any(|l| l == "sqlbroker_dashboard_list_ok{database=\"pg\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l == "sqlbroker_dashboard_list_ok{database=\"a\"} 1"),
+        "{m}"
+    );
+    assert_eq!(dash.get("/actions").status, 503);
+
+    proxy.restore();
+    let joined = wait_for(Duration::from_secs(30), || {
+        let r = dash.get(&format!("/d/pg/tables/{name}"));
+        r.status == 200 && listed_ids(&r.body, "/d/pg", &name) == ids
+    });
+    assert!(joined, "pg never joined");
+    assert!(wait_for(Duration::from_secs(10), || dash.get("/").status == 200));
+}

@@ -35,7 +35,10 @@ pub(crate) fn render(ctx: &Ctx) -> String {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut listed = Vec::new();
     for db in &ctx.dbs {
-        let (entries, list_error) = db.sampler.snapshot();
+        let (entries, list_error) = match db.live() {
+            Some((_, sampler)) => sampler.snapshot(),
+            None => (Vec::new(), Some(String::new())),
+        };
         let d = match ctx.several() {
             true => format!("database=\"{}\"", label(&db.name)),
             false => String::new(),

@@ -47,7 +47,7 @@ mod web;
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sqlbroker::Broker;
@@ -103,14 +103,76 @@ pub(crate) struct Database {
     pub shown: String,
     /// What its pages' paths start with: empty with one database, else `/d/<name>`.
     pub prefix: String,
-    pub broker: Broker,
-    pub sampler: Arc<Sampler>,
+    /// Its broker and sampler, once connected.
+    live: OnceLock<(Broker, Arc<Sampler>)>,
+    /// Why it is not connected yet (several databases: one that did not answer at the start
+    /// is tried again every [`RECONNECT`]).
+    down: Mutex<Option<String>>,
+}
+
+/// How often a database that did not answer at the start is tried again.
+const RECONNECT: Duration = Duration::from_secs(5);
+
+impl Database {
+    /// Its broker and sampler, or `None` while it is down.
+    pub fn live(&self) -> Option<(&Broker, &Arc<Sampler>)> {
+        self.live.get().map(|(b, s)| (b, s))
+    }
+
+    /// Why it is not connected yet.
+    pub fn down(&self) -> Option<String> {
+        self.down.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Its broker: only for a database the route found connected ([`web`] answers 503 for
+    /// one that is down before any page or action runs).
+    pub fn broker(&self) -> &Broker {
+        &self
+            .live
+            .get()
+            .expect("a connected database (checked by the route)")
+            .0
+    }
+
+    /// Its sampler, likewise.
+    pub fn sampler(&self) -> &Sampler {
+        &self
+            .live
+            .get()
+            .expect("a connected database (checked by the route)")
+            .1
+    }
+}
+
+/// A broker on `url` with the dashboard's short waits (a page on a database that went away
+/// says so in seconds), and its sampler, started; or why not, and whether trying again may
+/// help.
+fn connect(
+    url: &str,
+    threads: usize,
+    connect_timeout: u64,
+    tables: &[String],
+    sample: u64,
+) -> std::result::Result<(Broker, Arc<Sampler>), (String, bool)> {
+    let broker = Broker::builder(url)
+        .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
+        .connection_timeout(Duration::from_secs(connect_timeout.clamp(1, 5)))
+        .statement_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| (crate::chain(&e), e.is_transient()))?;
+    let sampler = Sampler::new(broker.clone(), tables.to_vec(), Duration::from_secs(sample));
+    sampler
+        .start()
+        .map_err(|e| (format!("starting its sampler: {e}"), false))?;
+    Ok((broker, sampler))
 }
 
 /// What every request handler shares.
 pub(crate) struct Ctx {
     /// The databases, in the order of `--url`; requests without `/d/<name>` go to the first.
-    pub dbs: Vec<Database>,
+    pub dbs: Vec<Arc<Database>>,
+    /// The interval between two counts of every table.
+    pub sample: Duration,
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.
     pub sessions: session::Sessions,
@@ -148,20 +210,7 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
     let mut dbs = Vec::new();
     for (name, url) in named {
         super::existing_database(&url).map_err(|e| format!("database {name}: {e}"))?;
-        // Short waits: a page on a database that went away says so in seconds.
-        let broker = Broker::builder(&url)
-            .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
-            .connection_timeout(Duration::from_secs(cli.connect_timeout.clamp(1, 5)))
-            .statement_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| format!("database {name}: {}", crate::chain(&e)))?;
-        let sampler = Sampler::new(
-            broker.clone(),
-            args.tables.clone(),
-            Duration::from_secs(args.sample),
-        );
-        sampler.start()?;
-        dbs.push(Database {
+        let db = Arc::new(Database {
             prefix: if several {
                 format!("/d/{name}")
             } else {
@@ -169,19 +218,58 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
             },
             shown: shown_url(&url),
             name,
-            broker,
-            sampler,
+            live: OnceLock::new(),
+            down: Mutex::new(None),
         });
+        let connect = {
+            let (tables, sample, timeout) = (args.tables.clone(), args.sample, cli.connect_timeout);
+            move || connect(&url, threads, timeout, &tables, sample)
+        };
+        match connect() {
+            Ok(live) => drop(db.live.set(live)),
+            // With several databases, one that does not answer yet is shown as down and
+            // tried again in the background; an error trying again cannot mend ends the
+            // start (or, with one database, any error).
+            Err((why, true)) if several => {
+                eprintln!(
+                    "sqlbroker dashboard: database {}: {} (shown as down; trying again every {} s)",
+                    db.name,
+                    super::escape(&why),
+                    RECONNECT.as_secs()
+                );
+                *db.down.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                let db = Arc::clone(&db);
+                std::thread::Builder::new()
+                    .name("sqlbroker-dashboard-reconnect".into())
+                    .spawn(move || loop {
+                        std::thread::sleep(RECONNECT);
+                        let tried = connect();
+                        let mut down = db.down.lock().unwrap_or_else(|e| e.into_inner());
+                        match tried {
+                            Ok(live) => {
+                                drop(db.live.set(live));
+                                *down = None;
+                                break;
+                            }
+                            Err((why, _)) => *down = Some(why),
+                        }
+                    })?;
+            }
+            Err((why, _)) => return Err(format!("database {}: {why}", db.name).into()),
+        }
+        dbs.push(db);
     }
     for db in &dbs {
-        db.sampler
-            .wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
+        if let Some((_, sampler)) = db.live() {
+            sampler.wait_first(Duration::from_secs(cli.connect_timeout.max(1) + 5));
+        }
     }
 
     let listener = bind(addr).map_err(|e| format!("listening on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
     let ctx = Arc::new(Ctx {
         dbs,
+        sample: Duration::from_secs(args.sample),
         token,
         read_only: args.read_only,
         sessions: session::Sessions::default(),
@@ -211,10 +299,10 @@ impl Ctx {
         match path.strip_prefix("/d/") {
             Some(rest) => {
                 let (name, rest) = rest.split_once('/').map_or((rest, ""), |(n, r)| (n, r));
-                let db = self.dbs.iter().find(|d| d.name == name)?;
+                let db = &**self.dbs.iter().find(|d| d.name == name)?;
                 Some((db, rest))
             }
-            None => Some((&self.dbs[0], path)),
+            None => Some((&*self.dbs[0], path)),
         }
     }
 

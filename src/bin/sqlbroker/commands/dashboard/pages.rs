@@ -187,7 +187,10 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
     let mut failing = false;
     let mut sections = Vec::new();
     for db in &ctx.dbs {
-        let (entries, list_error) = db.sampler.snapshot();
+        let (entries, list_error) = match db.live() {
+            Some((_, sampler)) => sampler.snapshot(),
+            None => (Vec::new(), Some(down_text(db))),
+        };
         failing |= list_error.is_some() || entries.iter().any(|e| e.error.is_some());
         sections.push((db, entries, list_error));
     }
@@ -223,7 +226,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
             }
         }
         p.muted {
-            "Counted every " (ctx.dbs[0].sampler.every().as_secs()) " s in the background (Broker::stats: one \
+            "Counted every " (ctx.sample.as_secs()) " s in the background (Broker::stats: one \
              scan per table); an action recounts its table at once. Row lock and advisory lock \
              tables count rows in work as ready (in flight: -)."
         }
@@ -235,13 +238,21 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
                     a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
                     @if ctx.several() { " " span.muted { "(" (db.name) ")" } }
                 }
-                (chart::svg(e, db.sampler.every()))
+                (chart::svg(e, ctx.sample))
             }
         }
     };
     Reply::html(
         if failing { 503 } else { 200 },
         layout(Some(ctx), "Tables", body),
+    )
+}
+
+/// What a page says of a database that is down.
+pub(crate) fn down_text(db: &Database) -> String {
+    format!(
+        "the database is not reachable (tried again every few seconds): {}",
+        db.down().unwrap_or_default()
     )
 }
 
@@ -252,7 +263,10 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         .dbs
         .iter()
         .map(|db| {
-            let log = db.broker.actions(ACTIONS_SHOWN);
+            let log = match db.live() {
+                Some((broker, _)) => broker.actions(ACTIONS_SHOWN).map_err(|e| crate::chain(&e)),
+                None => Err(down_text(db)),
+            };
             failing |= log.is_err();
             (db, log)
         })
@@ -263,7 +277,7 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         @for (db, log) in &logs {
             @if ctx.several() { h2.db { "Database " (db.name) " " span.muted { (db.shown) } } }
             @match log {
-                Err(e) => p.err { "Reading the action log failed: " (crate::chain(e)) },
+                Err(e) => p.err { "Reading the action log failed: " (e) },
                 Ok(entries) if entries.is_empty() => p.muted { "No action recorded yet." },
                 Ok(entries) => table.log {
                     tr { th { "when" } th { "who" } th { "action" } th { "table" } th { "on" } th { "rows" } }
@@ -329,7 +343,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     } else {
         format!("&{kept}")
     };
-    let entry = db.sampler.entry(name);
+    let entry = db.sampler().entry(name);
     // A state the last count found empty is not listed (unless asked): listing it would scan
     // the table by id for nothing.
     let empty_at = entry.as_ref().and_then(|e| {
@@ -348,11 +362,11 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     let listed = match (&filter, empty_at) {
         (Err(_), _) | (_, Some(_)) => Ok(Vec::new()),
         (Ok(f), None) if !f.is_empty() => {
-            db.broker
+            db.broker()
                 .jobs_matching(table, state, f, after, PAGE, PREVIEW_BYTES)
         }
         (Ok(_), None) => db
-            .broker
+            .broker()
             .jobs_preview(table, state, after, PAGE, PREVIEW_BYTES),
     };
     let base = format!("{}/tables/{name}?state={}", db.prefix, state_slug(state));
@@ -474,7 +488,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         @if let Some(e) = &entry {
             h2 { "Throughput and failures" }
             p.muted { (chart::legend()) }
-            (chart::svg(e, db.sampler.every()))
+            (chart::svg(e, db.sampler().every()))
         }
     };
     let title = format!("Table {name}");
@@ -632,7 +646,7 @@ fn job_actions(ctx: &Ctx, db: &Database, name: &str, j: &Job, back: &str) -> Mar
 pub(crate) fn job(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table, id: i64) -> Reply {
     let name = table.name();
     let here = format!("{}/tables/{name}/jobs/{id}", db.prefix);
-    let found = db.broker.job(table, id);
+    let found = db.broker().job(table, id);
     let (status, body) = match &found {
         Err(e) => (
             503,

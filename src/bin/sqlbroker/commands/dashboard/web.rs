@@ -153,6 +153,13 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
         return not_found("no database of that name is shown here");
     };
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    // A table's pages and actions need its database connected.
+    if parts.first() == Some(&"tables") && db.live().is_none() {
+        return Reply::html(
+            503,
+            pages::message(&format!("Database {}", db.name), &pages::down_text(db)),
+        );
+    }
     match (&rq.method, parts.as_slice()) {
         (Method::Get | Method::Head, []) => pages::overview(ctx, rq),
         (Method::Get | Method::Head, ["metrics"]) => Reply::text(
@@ -302,10 +309,10 @@ fn table(ctx: &Ctx, db: &Database, name: &str) -> Result<Table, Reply> {
     if !ctx.tables.is_empty() && !ctx.tables.iter().any(|t| t == name) {
         return Err(not_found("no table of that name is shown here"));
     }
-    if let Some(t) = db.sampler.known(name) {
+    if let Some(t) = db.sampler().known(name) {
         return Ok(t);
     }
-    match db.broker.open_table(name) {
+    match db.broker().open_table(name) {
         Ok(t) => Ok(t),
         Err(sqlbroker::BrokerError::UnknownTable { .. }) => {
             Err(not_found("no recorded table has that name"))
@@ -346,7 +353,7 @@ fn logged(
     rows: u64,
 ) -> String {
     match db
-        .broker
+        .broker()
         .record_action(who, action, table.name(), detail, rows)
     {
         Ok(()) => String::new(),
@@ -376,7 +383,7 @@ fn act(
     action: &str,
     form: &[(String, String)],
 ) -> Reply {
-    let b = &db.broker;
+    let b = &db.broker();
     let id = field(form, "id").and_then(|s| s.trim().parse::<i64>().ok());
     let all = field(form, "all") == Some("1");
     let one = |found: bool, yes: String, no: String| match found {
@@ -446,7 +453,7 @@ fn act(
         }
         _ => return not_found("no such action"),
     };
-    db.sampler.refresh(table);
+    db.sampler().refresh(table);
     let (message, rows) = match done {
         Ok(m) => m,
         // A max out of range or a key the table has no limit of: the operator's mistake.
@@ -498,7 +505,7 @@ pub(crate) fn bulk(
     let (mut acted, mut seen, mut after, mut more) = (0u64, 0u64, None, false);
     let failed = loop {
         let page = match db
-            .broker
+            .broker()
             .jobs_matching(table, state, &filter, after, BATCH, 0)
         {
             Ok(page) => page,
@@ -511,7 +518,7 @@ pub(crate) fn bulk(
                 more = true;
                 break;
             }
-            match call(&db.broker, table, job.id()) {
+            match call(db.broker(), table, job.id()) {
                 Ok(found) => acted += u64::from(found),
                 Err(e) => {
                     error = Some(e);
@@ -528,7 +535,7 @@ pub(crate) fn bulk(
             None => break None,
         }
     };
-    db.sampler.refresh(table);
+    db.sampler().refresh(table);
     let what = describe(state, &filter);
     let mut message = format!("{done} {acted} of {seen} {what}");
     if more {
