@@ -72,12 +72,7 @@ const STOP: Duration = Duration::from_secs(20);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
+use common::ledger::{emit, now_micros};
 
 /// xorshift64*: enough randomness for delays, no dependency.
 struct Rng(u64);
@@ -115,15 +110,6 @@ use common::{form_from, form_name};
 
 // ---------------------------------------------------------------------------------------------
 // The child.
-
-/// One ledger line: `@@ <KIND> <id> <attempt> <unix micros> <extra>`, written and flushed in one
-/// `write` (a line shorter than the pipe buffer reaches the parent whole or not at all).
-fn emit(kind: &str, id: i64, attempt: u32, extra: &str) {
-    let line = format!("@@ {kind} {id} {attempt} {} {extra}\n", now_micros());
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes()).expect("child: stdout");
-    out.flush().expect("child: flush");
-}
 
 /// The worker process: does nothing unless `SQLBROKER_CHAOS_KILL_CHILD` is set. Then it runs a
 /// subscription (2 claim workers, default batch) with 2 handler threads that record each
@@ -227,47 +213,21 @@ impl Phase {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Event {
-    child: usize,
-    kind: Kind,
-    id: i64,
-    attempt: u32,
-    micros: i64,
-    extra: String,
-}
-
-impl std::fmt::Display for Event {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "[child {} @{}] {:?} id {} attempt {} {}",
-            self.child, self.micros, self.kind, self.id, self.attempt, self.extra
-        )
-    }
-}
+type Event = common::ledger::Event<Kind>;
 
 fn parse(child: usize, line: &str) -> Option<Event> {
-    let rest = &line[line.find("@@ ")? + 3..];
-    let mut f = rest.splitn(5, ' ');
-    let kind = match f.next()? {
-        "READY" => Kind::Ready,
-        "START" => Kind::Start,
-        "ACKING" => Kind::Acking,
-        "DONE" => Kind::Done,
-        "ACKERR" => Kind::AckErr,
-        "EXIT" => Kind::Exit,
-        "CLAIMING" => Kind::Claiming,
-        "CLAIMED" => Kind::Claimed,
-        _ => return None,
-    };
-    Some(Event {
-        child,
-        kind,
-        id: f.next()?.parse().ok()?,
-        attempt: f.next()?.parse().ok()?,
-        micros: f.next()?.parse().ok()?,
-        extra: f.next().unwrap_or("").trim().to_string(),
+    common::ledger::event(child, line, |kind| {
+        Some(match kind {
+            "READY" => Kind::Ready,
+            "START" => Kind::Start,
+            "ACKING" => Kind::Acking,
+            "DONE" => Kind::Done,
+            "ACKERR" => Kind::AckErr,
+            "EXIT" => Kind::Exit,
+            "CLAIMING" => Kind::Claiming,
+            "CLAIMED" => Kind::Claimed,
+            _ => return None,
+        })
     })
 }
 
@@ -435,17 +395,7 @@ impl Run<'_> {
         self.ends[w.tag] = End::Stopped(now_micros());
         drop(w.stdin.take());
         let mut child = w.child.take().unwrap();
-        let deadline = Instant::now() + STOP;
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait for a child") {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        match status {
+        match common::ledger::wait_exit(&mut child, STOP) {
             Some(s) if s.success() => {}
             Some(s) => self
                 .failures
