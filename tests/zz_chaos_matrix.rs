@@ -18,17 +18,18 @@
 //!    (the kill; the server up again; the sessions ended; the pool released; the last kill): the
 //!    first of [`FULL_RUN`] consecutive windows, counted from the fault's end, each at
 //!    [`FULL_PERCENT`] % of the baseline or more. Also the dip (the lowest window from the
-//!    fault's start to full throughput) and, where a worker was killed, when the rows it had in
-//!    work were done by another (lease: after the lease expired). A cell not back at full
-//!    throughput within [`RECOVERY`] of the fault's end fails.
+//!    fault's start to the end of that first run at full throughput) and, where a worker was
+//!    killed, when the rows it had in work were done by another (lease: after the lease
+//!    expired). A cell not back at full throughput within [`RECOVERY`] of the fault's end fails.
 //! 4. **checks**, after a final drain (publishing stops, the workers empty the table, then stop
 //!    gracefully): no job lost (every published id acked, the table empty); no job acked twice;
-//!    every job run twice explained by the fault (the at-least-once allowance): its earlier run
-//!    was in a worker killed before the later run began (and that worker never acked it), or its
-//!    ack failed during the fault (the session it held was ended by the restart or the kill, or,
-//!    in the lease form, its lease ran out while the pool was held); attempts as the contract says
-//!    (row lock: every delivery reads 1, a crash spends nothing; lease and advisory: each
-//!    redelivery reads more than the run before).
+//!    every extra run of a job explained by the fault (the at-least-once allowance): each run but
+//!    one ended unacked because its worker was killed while it was in work (no other worker ran
+//!    the job in between), or because its ack failed during the fault or the recovery after it,
+//!    in a fault that can fail acks (restart and ended sessions: the session the delivery held
+//!    was ended; a held pool or write lock: a lease ran out meanwhile, the ack reads `LeaseLost`);
+//!    attempts as the contract says (row lock: every delivery reads 1, a crash spends nothing;
+//!    lease and advisory: each run reads more than the run before).
 //!
 //! Each worker writes a ledger line ([`common::ledger`]) when a handler starts a delivery, begins
 //! its ack, and after the ack (or its failure); the harness keeps them all and reads the windows
@@ -872,7 +873,8 @@ fn check(
         // Run more than once: each run but one must have ended unacked for a reason the fault
         // gives. (The order of the `START` lines is not the order of the claims: a row claimed
         // ahead waits in its worker's channel, so a run whose session was ended may start
-        // after the run that replaced it.)
+        // after the run that replaced it, and a lease claimed before the fault may have run out
+        // during it, its handler starting only after the fault's end.)
         if starts.len() > 1 {
             let (mut by_kill, mut by_ack) = (0, 0);
             for s in &starts {
@@ -890,9 +892,7 @@ fn check(
                 });
                 if killed_in_work {
                     by_kill += 1;
-                } else if s.micros <= fault.end
-                    && end.is_some_and(|e| e.kind == Kind::AckErr && in_fault(e.micros))
-                {
+                } else if end.is_some_and(|e| e.kind == Kind::AckErr && in_fault(e.micros)) {
                     by_ack += 1;
                 }
             }
@@ -922,18 +922,18 @@ fn check(
                 ));
             }
         }
+        // Lease and advisory: each claim spends an attempt, so no two runs of a job read the
+        // same one (compared by attempt, not by start: a run claimed ahead may start late).
         if form != Form::RowLock {
-            for pair in starts.windows(2) {
-                if pair[1].attempt <= pair[0].attempt {
-                    failures.push(format!(
-                        "job {id}: run again with attempt {} after attempt {} (the {} form \
-                         spends an attempt): {}",
-                        pair[1].attempt,
-                        pair[0].attempt,
-                        form_name(form),
-                        ledger(id)
-                    ));
-                }
+            let mut attempts: Vec<u32> = starts.iter().map(|s| s.attempt).collect();
+            attempts.sort_unstable();
+            if attempts.windows(2).any(|p| p[0] == p[1]) {
+                failures.push(format!(
+                    "job {id}: two runs read the same attempt (the {} form spends one per \
+                     claim): {}",
+                    form_name(form),
+                    ledger(id)
+                ));
             }
         }
         // The rows a killed worker had in work: when another finished them.
@@ -1193,6 +1193,13 @@ fn matrix_checks_catch_broken_behaviour() {
     let (c, f) = checked(Form::RowLock, restart, &reordered, &[None, None]);
     assert_eq!(f, Vec::<String>::new());
     assert_eq!(c.doubles.failed_ack, 1);
+    // Lease: a run that spent no attempt.
+    let mut same = clean.clone();
+    same.iter_mut()
+        .filter(|e| e.id == 1)
+        .for_each(|e| e.attempt = 1);
+    let (_, f) = checked(Form::Lease, kill, &same, &killed);
+    assert!(f.iter().any(|x| x.contains("same attempt")));
     // Acked twice.
     let mut twice = clean.clone();
     twice.push(ev(1, Done, 2, 1, 130));
