@@ -16,8 +16,9 @@
 //!    [`REPEATED`] SIGKILLs [`REPEAT_EVERY`] apart, each victim replaced.
 //! 3. **recovery**: the time to full throughput again, from the fault's start and from its end
 //!    (the kill; the server up again; the sessions ended; the pool released; the last kill): the
-//!    first of [`FULL_RUN`] consecutive windows, counted from the fault's end, each at
-//!    [`FULL_PERCENT`] % of the baseline or more. Also the dip (the lowest window from the
+//!    first time from the fault's end, in steps of [`STEP`], that begins [`FULL_RUN`]
+//!    consecutive windows each at [`FULL_PERCENT`] % of the baseline or more. Also the dip (the
+//!    lowest window, sliding by [`STEP`], from the
 //!    fault's start to the end of that first run at full throughput) and, where a worker was
 //!    killed, when the rows it had in work were done by another (lease: after the lease
 //!    expired). A cell not back at full throughput within [`RECOVERY`] of the fault's end fails.
@@ -455,6 +456,29 @@ fn full_again(counts: &[usize], baseline: f64) -> Option<usize> {
         .find(|&k| counts[k..k + FULL_RUN].iter().all(|&c| full(c)))
 }
 
+/// How far the recovery's windows slide: the resolution of the times to full throughput.
+const STEP: i64 = 50_000;
+
+/// The completions of every [`WINDOW`] that starts at `from` + k x [`STEP`] and ends by
+/// `until` (micros).
+fn sliding(done: &[i64], from: i64, until: i64) -> impl Iterator<Item = usize> + '_ {
+    let w = WINDOW.as_micros() as i64;
+    (0..)
+        .map(move |k| from + k * STEP)
+        .take_while(move |&at| at + w <= until)
+        .map(move |at| windows(done, at, 1)[0])
+}
+
+/// The first offset (micros, a multiple of [`STEP`]) from `from` at which [`FULL_RUN`] windows
+/// in a row, all ended by `until`, are at full throughput ([`full_again`]).
+fn full_from(done: &[i64], from: i64, until: i64, baseline: f64) -> Option<i64> {
+    let run = FULL_RUN as i64 * WINDOW.as_micros() as i64;
+    (0..)
+        .map(|k| k * STEP)
+        .take_while(|&o| from + o + run <= until)
+        .find(|&o| full_again(&windows(done, from + o, FULL_RUN), baseline) == Some(0))
+}
+
 fn median(mut v: Vec<usize>) -> f64 {
     v.sort_unstable();
     let n = v.len();
@@ -661,10 +685,9 @@ fn cell(live: &Live, form: Form, fault: Fault) -> (Figures, Vec<String>) {
     let recovered = loop {
         // Windows that ended 200 ms ago or more: their lines are in.
         let now = now_micros();
-        let n = ((now - 200_000 - fault_end).max(0) / w) as usize;
         let done: Vec<i64> = run.events_of(Kind::Done).iter().map(|e| e.micros).collect();
-        if let Some(k) = full_again(&windows(&done, fault_end, n), baseline) {
-            break Some(k);
+        if let Some(o) = full_from(&done, fault_end, now - 200_000, baseline) {
+            break Some(o);
         }
         if now > deadline + 200_000 {
             break None;
@@ -673,18 +696,14 @@ fn cell(live: &Live, form: Form, fault: Fault) -> (Figures, Vec<String>) {
     };
     let done: Vec<i64> = run.events_of(Kind::Done).iter().map(|e| e.micros).collect();
     match recovered {
-        Some(k) => {
-            let from_end = k as f64 * WINDOW.as_secs_f64();
+        Some(o) => {
+            let from_end = o as f64 / 1e6;
             f.full_from_end = Some(from_end);
             f.full_from_start = Some(f.fault_secs + from_end);
             // The dip: the lowest window from the fault's start to the end of the first run
             // at full throughput.
-            let until = fault_end + (k + FULL_RUN) as i64 * w;
-            let n = (((until - fault_start) + w - 1) / w).max(1) as usize;
-            let lowest = windows(&done, fault_start, n)
-                .into_iter()
-                .min()
-                .unwrap_or(0);
+            let until = fault_end + o + FULL_RUN as i64 * w;
+            let lowest = sliding(&done, fault_start, until).min().unwrap_or(0);
             f.dip_percent = lowest as f64 * 100.0 / baseline.max(1.0);
         }
         None => {
@@ -1212,4 +1231,11 @@ fn matrix_checks_catch_broken_behaviour() {
         windows(&[5, 250_004, 250_005, 900_000], 0, 3),
         vec![1, 2, 0]
     );
+    // Sliding by 50 ms: one completion every 10 ms from 120 ms on (a baseline of 25 a window):
+    // the window from 50 ms holds 18, under 75 %; the one from 100 ms 23; and three windows in
+    // a row must have ended.
+    let steady: Vec<i64> = (0..200).map(|i| 120_000 + i * 10_000).collect();
+    assert_eq!(full_from(&steady, 0, 2_200_000, 25.0), Some(100_000));
+    assert_eq!(full_from(&steady, 0, 800_000, 25.0), None);
+    assert_eq!(sliding(&steady, 0, 400_000).min(), Some(13));
 }
