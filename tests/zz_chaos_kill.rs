@@ -72,7 +72,7 @@ const STOP: Duration = Duration::from_secs(20);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use common::ledger::{emit, now_micros};
+use common::ledger::{emit, now_micros, Event, Kind};
 
 /// xorshift64*: enough randomness for delays, no dependency.
 struct Rng(u64);
@@ -179,18 +179,6 @@ fn chaos_child_entry() {
 // ---------------------------------------------------------------------------------------------
 // The parent.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Ready,
-    Start,
-    Acking,
-    Done,
-    AckErr,
-    Exit,
-    Claiming,
-    Claimed,
-}
-
 /// Where a kill is aimed, and where a killed child's last reports say it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -213,22 +201,8 @@ impl Phase {
     }
 }
 
-type Event = common::ledger::Event<Kind>;
-
 fn parse(child: usize, line: &str) -> Option<Event> {
-    common::ledger::event(child, line, |kind| {
-        Some(match kind {
-            "READY" => Kind::Ready,
-            "START" => Kind::Start,
-            "ACKING" => Kind::Acking,
-            "DONE" => Kind::Done,
-            "ACKERR" => Kind::AckErr,
-            "EXIT" => Kind::Exit,
-            "CLAIMING" => Kind::Claiming,
-            "CLAIMED" => Kind::Claimed,
-            _ => return None,
-        })
-    })
+    common::ledger::event(child, line)
 }
 
 /// How a child ended, in the parent's clock (taken before the signal or the close).
@@ -594,7 +568,7 @@ fn phases_at_kill(events: &[Event], ends: &[End]) -> BTreeMap<usize, Vec<Phase>>
                 }
                 Kind::Claiming => claiming = true,
                 Kind::Claimed => claiming = false,
-                Kind::Ready | Kind::Exit => {}
+                _ => {}
             }
         }
         let at: Vec<Phase> = [
@@ -619,20 +593,10 @@ fn check(
     failures: &mut Vec<String>,
 ) -> Figures {
     let known: BTreeSet<i64> = published.iter().copied().collect();
-    let mut by_id: BTreeMap<i64, Vec<&Event>> = BTreeMap::new();
-    for e in events {
-        match e.kind {
-            Kind::Ready | Kind::Exit | Kind::Claiming | Kind::Claimed => {}
-            Kind::AckErr => {
-                failures.push(format!("an ack failed in a live child: {e}"));
-                by_id.entry(e.id).or_default().push(e);
-            }
-            _ => by_id.entry(e.id).or_default().push(e),
-        }
+    for e in events.iter().filter(|e| e.kind == Kind::AckErr) {
+        failures.push(format!("an ack failed in a live child: {e}"));
     }
-    for v in by_id.values_mut() {
-        v.sort_by_key(|e| e.micros);
-    }
+    let by_id = common::ledger::by_id(events);
     let ledger = |id: i64| -> String {
         by_id.get(&id).map_or("no ledger lines".into(), |v| {
             v.iter()
@@ -641,13 +605,8 @@ fn check(
                 .join("; ")
         })
     };
-    let has = |child: usize, kind: Kind, id: i64| -> Option<&Event> {
-        by_id.get(&id).and_then(|v| {
-            v.iter()
-                .copied()
-                .find(|e| e.child == child && e.kind == kind)
-        })
-    };
+    let has =
+        |child: usize, kind: Kind, id: i64| common::ledger::first(by_id.get(&id), child, kind);
     let killed_at = |child: usize| match ends[child] {
         End::Killed(at) => Some(at),
         _ => None,

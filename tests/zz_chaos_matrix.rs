@@ -53,14 +53,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::ledger::{emit, now_micros};
+use common::ledger::{emit, now_micros, Event, Kind};
 use common::server::{Server, UpGuard, UP};
 use common::sessions::Marked;
 use common::{form_from, form_name, Db, Live};
@@ -188,36 +188,8 @@ fn holder_table(name: &str) -> Table {
 // ---------------------------------------------------------------------------------------------
 // The ledger, read back.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Ready,
-    Start,
-    Acking,
-    Done,
-    AckErr,
-    Held,
-    Freed,
-    HoldErr,
-    Exit,
-}
-
-type Event = common::ledger::Event<Kind>;
-
 fn parse(child: usize, line: &str) -> Option<Event> {
-    common::ledger::event(child, line, |kind| {
-        Some(match kind {
-            "READY" => Kind::Ready,
-            "START" => Kind::Start,
-            "ACKING" => Kind::Acking,
-            "DONE" => Kind::Done,
-            "ACKERR" => Kind::AckErr,
-            "HELD" => Kind::Held,
-            "FREED" => Kind::Freed,
-            "HOLDERR" => Kind::HoldErr,
-            "EXIT" => Kind::Exit,
-            _ => return None,
-        })
-    })
+    common::ledger::event(child, line)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -803,18 +775,7 @@ fn check(
     killed: &[Option<i64>],
     failures: &mut Vec<String>,
 ) -> Checked {
-    let mut by_id: BTreeMap<i64, Vec<&Event>> = BTreeMap::new();
-    for e in events {
-        if matches!(
-            e.kind,
-            Kind::Start | Kind::Acking | Kind::Done | Kind::AckErr
-        ) {
-            by_id.entry(e.id).or_default().push(e);
-        }
-    }
-    for v in by_id.values_mut() {
-        v.sort_by_key(|e| e.micros);
-    }
+    let by_id = common::ledger::by_id(events);
     let ledger = |id: i64| -> String {
         by_id.get(&id).map_or("no ledger lines".into(), |v| {
             v.iter()
@@ -823,13 +784,8 @@ fn check(
                 .join("; ")
         })
     };
-    let has = |child: usize, kind: Kind, id: i64| -> Option<&Event> {
-        by_id.get(&id).and_then(|v| {
-            v.iter()
-                .copied()
-                .find(|e| e.child == child && e.kind == kind)
-        })
-    };
+    let has =
+        |child: usize, kind: Kind, id: i64| common::ledger::first(by_id.get(&id), child, kind);
     // How the run that began with `s` ended: the first ack result of its worker after it.
     let settled = |s: &Event| -> Option<&Event> {
         by_id.get(&s.id).and_then(|v| {

@@ -44,19 +44,62 @@ pub fn parse(line: &str) -> Option<Line<'_>> {
     })
 }
 
-/// A ledger line as the parent keeps it: which child wrote it, and its fields, `K` being the
-/// suite's own kinds.
+/// What a ledger line says happened, for every chaos suite's workers (each writes the kinds it
+/// needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The worker's subscription started.
+    Ready,
+    /// A handler started a delivery; `extra` may carry its key.
+    Start,
+    /// The handler is about to ack it.
+    Acking,
+    /// The ack returned `Ok`.
+    Done,
+    /// The ack returned an error (in `extra`).
+    AckErr,
+    /// The worker stopped gracefully.
+    Exit,
+    /// A claim began, and the claims in progress are back to none (sampled).
+    Claiming,
+    Claimed,
+    /// A pooled connection was taken and held, given back, or could not be taken.
+    Held,
+    Freed,
+    HoldErr,
+}
+
+impl Kind {
+    fn named(name: &str) -> Option<Kind> {
+        Some(match name {
+            "READY" => Kind::Ready,
+            "START" => Kind::Start,
+            "ACKING" => Kind::Acking,
+            "DONE" => Kind::Done,
+            "ACKERR" => Kind::AckErr,
+            "EXIT" => Kind::Exit,
+            "CLAIMING" => Kind::Claiming,
+            "CLAIMED" => Kind::Claimed,
+            "HELD" => Kind::Held,
+            "FREED" => Kind::Freed,
+            "HOLDERR" => Kind::HoldErr,
+            _ => return None,
+        })
+    }
+}
+
+/// A ledger line as the parent keeps it: which child wrote it, and its fields.
 #[derive(Debug, Clone)]
-pub struct Event<K> {
+pub struct Event {
     pub child: usize,
-    pub kind: K,
+    pub kind: Kind,
     pub id: i64,
     pub attempt: u32,
     pub micros: i64,
     pub extra: String,
 }
 
-impl<K: std::fmt::Debug> std::fmt::Display for Event<K> {
+impl std::fmt::Display for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -66,20 +109,42 @@ impl<K: std::fmt::Debug> std::fmt::Display for Event<K> {
     }
 }
 
-/// The ledger line in `line`, written by `child`, if it is one of the kinds `kind` knows.
-pub fn event<K>(
-    child: usize,
-    line: &str,
-    kind: impl FnOnce(&str) -> Option<K>,
-) -> Option<Event<K>> {
+/// The ledger line in `line`, written by `child`, if it is one.
+pub fn event(child: usize, line: &str) -> Option<Event> {
     let l = parse(line)?;
     Some(Event {
         child,
-        kind: kind(l.kind)?,
+        kind: Kind::named(l.kind)?,
         id: l.id,
         attempt: l.attempt,
         micros: l.micros,
         extra: l.extra.to_string(),
+    })
+}
+
+/// The lines about each job (`START`, `ACKING`, `DONE`, `ACKERR`), in the order written.
+pub fn by_id(events: &[Event]) -> std::collections::BTreeMap<i64, Vec<&Event>> {
+    let mut by_id: std::collections::BTreeMap<i64, Vec<&Event>> = Default::default();
+    for e in events {
+        if matches!(
+            e.kind,
+            Kind::Start | Kind::Acking | Kind::Done | Kind::AckErr
+        ) {
+            by_id.entry(e.id).or_default().push(e);
+        }
+    }
+    for v in by_id.values_mut() {
+        v.sort_by_key(|e| e.micros);
+    }
+    by_id
+}
+
+/// The first line of `kind` written by `child` among a job's lines.
+pub fn first<'a>(lines: Option<&Vec<&'a Event>>, child: usize, kind: Kind) -> Option<&'a Event> {
+    lines.and_then(|v| {
+        v.iter()
+            .copied()
+            .find(|e| e.child == child && e.kind == kind)
     })
 }
 
