@@ -72,12 +72,7 @@ const STOP: Duration = Duration::from_secs(20);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
+use common::ledger::{emit, now_micros, Event, Kind};
 
 /// xorshift64*: enough randomness for delays, no dependency.
 struct Rng(u64);
@@ -115,15 +110,6 @@ use common::{form_from, form_name};
 
 // ---------------------------------------------------------------------------------------------
 // The child.
-
-/// One ledger line: `@@ <KIND> <id> <attempt> <unix micros> <extra>`, written and flushed in one
-/// `write` (a line shorter than the pipe buffer reaches the parent whole or not at all).
-fn emit(kind: &str, id: i64, attempt: u32, extra: &str) {
-    let line = format!("@@ {kind} {id} {attempt} {} {extra}\n", now_micros());
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes()).expect("child: stdout");
-    out.flush().expect("child: flush");
-}
 
 /// The worker process: does nothing unless `SQLBROKER_CHAOS_KILL_CHILD` is set. Then it runs a
 /// subscription (2 claim workers, default batch) with 2 handler threads that record each
@@ -193,18 +179,6 @@ fn chaos_child_entry() {
 // ---------------------------------------------------------------------------------------------
 // The parent.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Ready,
-    Start,
-    Acking,
-    Done,
-    AckErr,
-    Exit,
-    Claiming,
-    Claimed,
-}
-
 /// Where a kill is aimed, and where a killed child's last reports say it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -227,48 +201,8 @@ impl Phase {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Event {
-    child: usize,
-    kind: Kind,
-    id: i64,
-    attempt: u32,
-    micros: i64,
-    extra: String,
-}
-
-impl std::fmt::Display for Event {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "[child {} @{}] {:?} id {} attempt {} {}",
-            self.child, self.micros, self.kind, self.id, self.attempt, self.extra
-        )
-    }
-}
-
 fn parse(child: usize, line: &str) -> Option<Event> {
-    let rest = &line[line.find("@@ ")? + 3..];
-    let mut f = rest.splitn(5, ' ');
-    let kind = match f.next()? {
-        "READY" => Kind::Ready,
-        "START" => Kind::Start,
-        "ACKING" => Kind::Acking,
-        "DONE" => Kind::Done,
-        "ACKERR" => Kind::AckErr,
-        "EXIT" => Kind::Exit,
-        "CLAIMING" => Kind::Claiming,
-        "CLAIMED" => Kind::Claimed,
-        _ => return None,
-    };
-    Some(Event {
-        child,
-        kind,
-        id: f.next()?.parse().ok()?,
-        attempt: f.next()?.parse().ok()?,
-        micros: f.next()?.parse().ok()?,
-        extra: f.next().unwrap_or("").trim().to_string(),
-    })
+    common::ledger::event(child, line)
 }
 
 /// How a child ended, in the parent's clock (taken before the signal or the close).
@@ -435,17 +369,7 @@ impl Run<'_> {
         self.ends[w.tag] = End::Stopped(now_micros());
         drop(w.stdin.take());
         let mut child = w.child.take().unwrap();
-        let deadline = Instant::now() + STOP;
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait for a child") {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        match status {
+        match common::ledger::wait_exit(&mut child, STOP) {
             Some(s) if s.success() => {}
             Some(s) => self
                 .failures
@@ -644,7 +568,7 @@ fn phases_at_kill(events: &[Event], ends: &[End]) -> BTreeMap<usize, Vec<Phase>>
                 }
                 Kind::Claiming => claiming = true,
                 Kind::Claimed => claiming = false,
-                Kind::Ready | Kind::Exit => {}
+                _ => {}
             }
         }
         let at: Vec<Phase> = [
@@ -669,20 +593,10 @@ fn check(
     failures: &mut Vec<String>,
 ) -> Figures {
     let known: BTreeSet<i64> = published.iter().copied().collect();
-    let mut by_id: BTreeMap<i64, Vec<&Event>> = BTreeMap::new();
-    for e in events {
-        match e.kind {
-            Kind::Ready | Kind::Exit | Kind::Claiming | Kind::Claimed => {}
-            Kind::AckErr => {
-                failures.push(format!("an ack failed in a live child: {e}"));
-                by_id.entry(e.id).or_default().push(e);
-            }
-            _ => by_id.entry(e.id).or_default().push(e),
-        }
+    for e in events.iter().filter(|e| e.kind == Kind::AckErr) {
+        failures.push(format!("an ack failed in a live child: {e}"));
     }
-    for v in by_id.values_mut() {
-        v.sort_by_key(|e| e.micros);
-    }
+    let by_id = common::ledger::by_id(events);
     let ledger = |id: i64| -> String {
         by_id.get(&id).map_or("no ledger lines".into(), |v| {
             v.iter()
@@ -691,13 +605,8 @@ fn check(
                 .join("; ")
         })
     };
-    let has = |child: usize, kind: Kind, id: i64| -> Option<&Event> {
-        by_id.get(&id).and_then(|v| {
-            v.iter()
-                .copied()
-                .find(|e| e.child == child && e.kind == kind)
-        })
-    };
+    let has =
+        |child: usize, kind: Kind, id: i64| common::ledger::first(by_id.get(&id), child, kind);
     let killed_at = |child: usize| match ends[child] {
         End::Killed(at) => Some(at),
         _ => None,

@@ -31,18 +31,17 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::server::{Server, UpGuard, UP};
 use common::{Db, Live};
 use sqlbroker::{ClaimFailed, ClaimedRows, Events, Form, NextError, Settled};
 
 /// Enough work (about 6 s for the two handlers) that most of it is left when the server is back.
 const ROWS: usize = 600;
 const LEASE: Duration = Duration::from_secs(3);
-const UP: Duration = Duration::from_secs(90);
 const FINISH: Duration = Duration::from_secs(90);
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -56,139 +55,6 @@ fn enabled() -> bool {
     ["SQLBROKER_REQUIRE_SERVERS", "SQLBROKER_CHAOS_RESTART"]
         .iter()
         .any(|v| std::env::var(v).is_ok_and(|v| v == "1"))
-}
-
-/// Runs a command with no stdio of ours: a daemon it starts must not hold our pipes open.
-fn run(cmd: &str, args: &[&str]) -> bool {
-    match Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-    {
-        Ok(s) => s.success(),
-        Err(e) => {
-            say(&format!("chaos restart: could not run {cmd}: {e}"));
-            false
-        }
-    }
-}
-
-fn pg_version() -> String {
-    std::fs::read_dir("/etc/postgresql")
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .unwrap_or_else(|| "15".into())
-}
-
-const MARIADBD: &str = "/usr/sbin/mariadbd";
-
-/// The local server of `db`: up?, stop, start, restart.
-#[derive(Clone, Copy)]
-struct Server(Db);
-
-impl Server {
-    fn up(self) -> bool {
-        match self.0 {
-            Db::Postgres => run("pg_isready", &["-q", "-h", "127.0.0.1", "-p", "5432"]),
-            _ => run(
-                "mysqladmin",
-                &["--protocol=tcp", "-h127.0.0.1", "-uroot", "ping"],
-            ),
-        }
-    }
-
-    fn wait_up(self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.up() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        self.up()
-    }
-
-    fn start(self) -> bool {
-        match self.0 {
-            Db::Postgres => run(
-                "pg_ctlcluster",
-                &["--skip-systemctl-redirect", &pg_version(), "main", "start"],
-            ),
-            _ => run(
-                "start-stop-daemon",
-                &[
-                    "--start",
-                    "--oknodo",
-                    "--background",
-                    "--exec",
-                    MARIADBD,
-                    "--",
-                    "--user=mysql",
-                ],
-            ),
-        }
-    }
-
-    /// Restarts the server; true once the restart command has done its part (not yet up).
-    fn restart(self) -> bool {
-        match self.0 {
-            Db::Postgres => run(
-                "pg_ctlcluster",
-                &[
-                    "--skip-systemctl-redirect",
-                    &pg_version(),
-                    "main",
-                    "restart",
-                ],
-            ),
-            _ => {
-                if !run(
-                    "mysqladmin",
-                    &["--protocol=tcp", "-h127.0.0.1", "-uroot", "shutdown"],
-                ) {
-                    return false;
-                }
-                // Over TCP mysqladmin does not wait for the process: a second mariadbd started
-                // while the first still holds the data files would fail.
-                let gone = common::wait_for(UP, || {
-                    !run("start-stop-daemon", &["--status", "--exec", MARIADBD])
-                });
-                gone && self.start()
-            }
-        }
-    }
-}
-
-/// Brings the server back up when dropped, whatever happened.
-struct UpGuard(Server);
-
-impl Drop for UpGuard {
-    fn drop(&mut self) {
-        if self.0.up() {
-            return;
-        }
-        say(&format!(
-            "chaos restart: {:?} is down, starting it again",
-            self.0 .0
-        ));
-        // MariaDB may still be shutting down: start once the old process is gone.
-        if self.0 .0 == Db::Mysql {
-            common::wait_for(UP, || {
-                !run("start-stop-daemon", &["--status", "--exec", MARIADBD])
-            });
-        }
-        self.0.start();
-        if !self.0.wait_up(UP) {
-            say(&format!(
-                "\n!!!!! chaos restart: {:?} did not come back up within {UP:?}: start it by hand !!!!!\n",
-                self.0 .0
-            ));
-        }
-    }
 }
 
 /// Sets its flag when dropped.

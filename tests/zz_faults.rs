@@ -79,29 +79,8 @@ const MYSQL_LOCKING_SESSIONS: &str = "SELECT p.ID FROM information_schema.proces
      WHERE p.DB = DATABASE() AND x.trx_rows_locked > 0";
 
 fn kill_session(live: &Live, id: i64) {
-    match live.db {
-        Db::Postgres => {
-            assert_eq!(
-                live.ints(&format!("SELECT pg_terminate_backend({id})::int")),
-                [Some(1)]
-            );
-            let gone = common::wait_for(Duration::from_secs(10), || {
-                live.int(&format!(
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {id}"
-                )) == 0
-            });
-            assert!(gone, "backend {id} did not end");
-        }
-        _ => {
-            live.exec(&format!("KILL {id}"));
-            let gone = common::wait_for(Duration::from_secs(10), || {
-                live.int(&format!(
-                    "SELECT COUNT(*) FROM information_schema.processlist WHERE ID = {id}"
-                )) == 0
-            });
-            assert!(gone, "session {id} did not end");
-        }
-    }
+    let ended = common::sessions::end_session(live.db, &live.url, id);
+    assert!(ended, "session {id} had ended before it was killed");
 }
 
 /// A delivery whose session is killed: the settlement fails as a lost connection, and the row is
@@ -387,80 +366,39 @@ fn bounded<T: Send + 'static>(
     }
 }
 
-/// A broker whose sessions can be found from the outside, exactly: PostgreSQL by a unique
-/// `application_name`; MariaDB by a database of its own (and not among the sessions that
-/// existed before it was made).
+/// A broker whose sessions can be found from the outside, exactly
+/// ([`common::sessions::Marked`]: PostgreSQL by a unique `application_name`; MariaDB by a user
+/// of its own).
 struct Marked {
     live: Live,
     broker: Broker,
-    /// PostgreSQL: the application name; MariaDB: the database.
-    mark: String,
-    before: Vec<Option<i64>>,
+    marked: common::sessions::Marked,
 }
 
 impl Marked {
     fn new(live: Live) -> Marked {
-        let mark = common::unique("stale");
-        let sep = if live.url.contains('?') { '&' } else { '?' };
-        let (url, before) = match live.db {
-            Db::Postgres => (
-                format!("{}{sep}application_name={mark}", live.url),
-                Vec::new(),
-            ),
-            _ => {
-                live.exec(&format!("CREATE DATABASE `{mark}`"));
-                let (base, query) = match live.url.split_once('?') {
-                    Some((b, q)) => (b, format!("?{q}")),
-                    None => (live.url.as_str(), String::new()),
-                };
-                let base = base.rsplit_once('/').expect("a database in the url").0;
-                let before = live.ints("SELECT ID FROM information_schema.processlist");
-                (format!("{base}/{mark}{query}"), before)
-            }
-        };
-        let broker = Broker::connect(&url).expect("connect");
+        let marked = common::sessions::Marked::new(live.db, &live.url);
+        let broker = Broker::connect(&marked.url).expect("connect");
         Marked {
             live,
             broker,
-            mark,
-            before,
+            marked,
         }
     }
 
     /// The broker's sessions now.
     fn sessions(&self) -> Vec<i64> {
-        let sql = match self.live.db {
-            Db::Postgres => format!(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = '{}'",
-                self.mark
-            ),
-            _ => format!(
-                "SELECT ID FROM information_schema.processlist WHERE DB = '{}' AND ID <> CONNECTION_ID()",
-                self.mark
-            ),
-        };
-        let mut ids = self.live.ints(&sql);
-        ids.retain(|id| !self.before.contains(id));
-        ids.into_iter().flatten().collect()
+        self.marked.sessions()
     }
 
     /// Rows in `t`, counted directly.
     fn rows(&self, t: &Table) -> i64 {
-        match self.live.db {
-            Db::Postgres => self.live.rows(t),
-            _ => self.live.int(&format!(
-                "SELECT COUNT(*) FROM `{}`.`{}`",
-                self.mark,
-                t.name()
-            )),
-        }
+        self.live.rows(t)
     }
 
     /// A table created through the broker, dropped at the end.
     fn table(&self, t: Table) -> Table {
-        if self.live.db == Db::Postgres {
-            self.live.track(t.name());
-        }
+        self.live.track(t.name());
         let (b, t2) = (self.broker.clone(), t.clone());
         bounded("create table", Duration::from_secs(30), move || {
             b.create_table(&t2)
@@ -532,44 +470,7 @@ impl Marked {
 
     /// Ends one session and waits until it is gone; false if it had already ended.
     fn end_session(&self, id: i64) -> bool {
-        let (ended, gone) = match self.live.db {
-            Db::Postgres => (
-                self.live
-                    .ints(&format!("SELECT pg_terminate_backend({id})::int"))
-                    == [Some(1)],
-                format!("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {id}"),
-            ),
-            _ => {
-                use mysql::prelude::Queryable;
-                let opts = mysql::Opts::from_url(&self.live.url).unwrap();
-                let mut c = mysql::Conn::new(opts).unwrap();
-                let ended = match c.query_drop(format!("KILL {id}")) {
-                    Ok(()) => true,
-                    // 1094: unknown thread id: it ended by itself.
-                    Err(mysql::Error::MySqlError(e)) if e.code == 1094 => false,
-                    Err(e) => panic!("KILL {id}: {e}"),
-                };
-                let gone =
-                    format!("SELECT COUNT(*) FROM information_schema.processlist WHERE ID = {id}");
-                (ended, gone)
-            }
-        };
-        let done = common::wait_for(Duration::from_secs(10), || self.live.int(&gone) == 0);
-        assert!(done, "{:?}: session {id} did not end", self.live.db);
-        ended
-    }
-}
-
-impl Drop for Marked {
-    fn drop(&mut self) {
-        if self.live.db == Db::Mysql {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.live.exec(&format!(
-                    "SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS `{}`",
-                    self.mark
-                ))
-            }));
-        }
+        self.marked.end(id)
     }
 }
 

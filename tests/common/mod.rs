@@ -16,6 +16,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlbroker::{Broker, Delivery, Form, Message, Subscription, Table};
 
+pub mod ledger;
+pub mod server;
+pub mod sessions;
+
 /// The databases a behaviour suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Db {
@@ -275,7 +279,8 @@ impl Drop for Live {
 /// set to `value`. Killed and reaped when dropped (should the parent's test fail first).
 pub struct Child {
     pub process: std::process::Child,
-    lines: crossbeam_channel::Receiver<String>,
+    /// The child's stdout, line by line.
+    pub lines: crossbeam_channel::Receiver<String>,
 }
 
 /// The `<kind>\t<table>\t<url>` a child process was started with (in `env`); `None` when
