@@ -1454,21 +1454,7 @@ fn bench_steady_alone_measures_its_rate() {
 #[test]
 fn bench_interrupted_drops_its_table() {
     let Some(l) = live(Db::Sqlite) else { return };
-    let mut child = Command::new(BIN)
-        .args([
-            "--url",
-            &l.url,
-            "bench",
-            "--jobs",
-            "200000",
-            "--mode",
-            "burn-down",
-        ])
-        .env_remove("DATABASE_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sqlbroker");
+    let mut child = spawn_bench(&l, "200000", &[]);
     let made =
         "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'sqlbroker_bench%'";
     let start = Instant::now();
@@ -1488,15 +1474,7 @@ fn bench_interrupted_drops_its_table() {
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
         0
     );
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("bench did not end on Ctrl-C");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = ended(child, "bench did not end on Ctrl-C");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
     assert_eq!(l.int(made), 0, "dropped on Ctrl-C");
@@ -1507,23 +1485,7 @@ fn bench_interrupted_drops_its_table() {
 #[test]
 fn bench_gives_up_when_nothing_is_done() {
     let Some(l) = live(Db::Sqlite) else { return };
-    let mut child = Command::new(BIN)
-        .args([
-            "--url",
-            &l.url,
-            "bench",
-            "--jobs",
-            "100000",
-            "--mode",
-            "burn-down",
-            "--stall",
-            "2",
-        ])
-        .env_remove("DATABASE_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sqlbroker");
+    let mut child = spawn_bench(&l, "100000", &["--stall", "2"]);
     let start = Instant::now();
     let scratch = loop {
         assert!(
@@ -1544,18 +1506,43 @@ fn bench_gives_up_when_nothing_is_done() {
         std::thread::sleep(Duration::from_millis(10));
     };
     l.broker.pause(&scratch).unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("bench did not give up");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = ended(child, "bench did not give up");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("no job done for 2 s"), "{}", stderr(&o));
     assert!(!l.table_exists(scratch.name()), "dropped");
+}
+
+/// `bench --mode burn-down` of `jobs` jobs (and `more` options) on `l`, its output piped.
+fn spawn_bench(l: &common::Live, jobs: &str, more: &[&str]) -> std::process::Child {
+    Command::new(BIN)
+        .args([
+            "--url",
+            &l.url,
+            "bench",
+            "--jobs",
+            jobs,
+            "--mode",
+            "burn-down",
+        ])
+        .args(more)
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sqlbroker")
+}
+
+/// The child's output once it has ended, within a minute (else killed: `what` failed).
+fn ended(mut child: std::process::Child, what: &str) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// `bench --ack deferred` with another form than lease is a usage error (exit 2) before
