@@ -522,8 +522,11 @@ mod tests {
         let mut long = b"GET / HTTP/1.1\r\nX: ".to_vec();
         long.resize(MAX_HEAD + 1, b'a');
         assert_eq!(status(parse(&long, peer())), "HTTP/1.1 431");
-        let big = b"POST / HTTP/1.1\r\nContent-Length: 1025\r\n\r\n";
-        assert_eq!(status(parse(big, peer())), "HTTP/1.1 413");
+        let big = format!(
+            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            MAX_BODY + 1
+        );
+        assert_eq!(status(parse(big.as_bytes(), peer())), "HTTP/1.1 413");
         let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert_eq!(status(parse(chunked, peer())), "HTTP/1.1 413");
         assert_eq!(
