@@ -19,6 +19,7 @@ pub const ACTION_TEXT_MAX: usize = 500;
 
 /// One entry of the action log ([`Broker::record_action`], [`Broker::actions`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ActionEntry {
     /// Ascending in the order the entries were written.
     pub id: i64,
@@ -50,6 +51,11 @@ impl Broker {
     /// on first use): `who` did `action` to `detail` of `table`, changing `rows` rows. Text
     /// longer than [`ACTION_TEXT_MAX`] characters is cut. The dashboard records each action
     /// it runs; a tool of the application's own can record its own.
+    ///
+    /// # Errors
+    ///
+    /// A database error writing the entry, or making the log (the database user needs
+    /// `CREATE` rights once).
     ///
     /// ```
     /// use sqlbroker::Broker;
