@@ -269,42 +269,51 @@ fn a_lost_hand_back_is_not_run_again(db: &str) {
     let t = Table::new(unique("races_rerun")).lease(Duration::from_secs(30));
     let _made = create(&broker, &t);
     let ctx = bare_ctx(&broker, &t);
-    broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
-    // Early in a second: the claims below share it, so their tokens are equal.
-    wait_until("the start of a second", |now| millis_into_second(now) < 100);
-    let second = ceil(SystemTime::now());
-    let claimed = crate::consuming::form::lease::claim(&ctx, 1, None)
-        .expect("claim")
-        .pop()
-        .expect("the row");
-    testing::arm("lease.fenced", t.name(), Fault::LoseAnswer);
-    let rerun = testing::pause_at("lease.rerun", t.name());
-    // Dropped unhanded: the delivery hands its row back.
-    let handing = std::thread::spawn({
-        let ctx = ctx.clone();
-        move || drop(Delivery::new(ctx, claimed))
-    });
-    // The hand-back has committed; it is paused before a second run, or done.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rerun.reached.try_recv().is_err() && !handing.is_finished() {
-        assert!(Instant::now() < deadline, "{db}: the hand-back never ended");
-        std::thread::sleep(Duration::from_millis(1));
-    }
     let theirs = bare_ctx(&other, &t);
-    let d = claim(&theirs, 1).pop().expect("the row handed back");
-    assert_eq!(
-        ceil(SystemTime::now()),
-        second,
-        "{db}: precondition: both claims in one second"
-    );
-    drop(rerun.resume);
-    handing.join().unwrap();
-    let acked = d.ack();
-    assert!(
-        acked.is_ok(),
-        "{db}: the other claim's ack lost its lease to a hand-back run again: {acked:?}"
-    );
-    assert_eq!(rows(&broker, &t), 0, "{db}");
+    // A loaded machine may take the two claims across a second's end: then once more.
+    for _ in 0..5 {
+        broker.publish(&t, Message::new(b"x".to_vec())).unwrap();
+        // Early in a second: the claims below share it, so their tokens are equal.
+        wait_until("the start of a second", |now| millis_into_second(now) < 100);
+        let second = ceil(SystemTime::now());
+        let claimed = crate::consuming::form::lease::claim(&ctx, 1, None)
+            .expect("claim")
+            .pop()
+            .expect("the row");
+        testing::arm("lease.fenced", t.name(), Fault::LoseAnswer);
+        let rerun = testing::pause_at("lease.rerun", t.name());
+        // Dropped unhanded: the delivery hands its row back.
+        let handing = std::thread::spawn({
+            let ctx = ctx.clone();
+            move || drop(Delivery::new(ctx, claimed))
+        });
+        // The hand-back has committed; it is paused before a second run, or done.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rerun.reached.try_recv().is_err() && !handing.is_finished() {
+            assert!(Instant::now() < deadline, "{db}: the hand-back never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let d = claim(&theirs, 1).pop().expect("the row handed back");
+        let same_second = ceil(SystemTime::now()) == second;
+        drop(rerun.resume);
+        handing.join().unwrap();
+        let acked = d.ack();
+        if !same_second {
+            // The tokens differ: nothing to tell. Once more, on an empty table.
+            drop(acked);
+            let q = broker.queue(&t).unwrap();
+            let sql = format!("DELETE FROM {}", (q.dialect.syntax().quote)(t.name()));
+            q.pool.get().unwrap().batch(&sql).unwrap();
+            continue;
+        }
+        assert!(
+            acked.is_ok(),
+            "{db}: the other claim's ack lost its lease to a hand-back run again: {acked:?}"
+        );
+        assert_eq!(rows(&broker, &t), 0, "{db}");
+        return;
+    }
+    panic!("{db}: precondition: the two claims never fell in one second");
 }
 
 #[test]
