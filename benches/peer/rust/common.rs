@@ -8,7 +8,29 @@
 //! project's database (or another engineer's) is touched.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+static SEEN: AtomicU64 = AtomicU64::new(0);
+static JOBS: AtomicU64 = AtomicU64::new(0);
+static ALL_SEEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Counts the handlers' jobs against `jobs` ([`seen`], [`all_seen`]).
+pub fn expect_jobs(jobs: u64) {
+    JOBS.store(jobs, Ordering::Relaxed);
+}
+
+/// A handler saw one more job (the last of them wakes [`all_seen`]).
+pub fn seen() {
+    if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == JOBS.load(Ordering::Relaxed) {
+        ALL_SEEN.notify_one();
+    }
+}
+
+/// Returns once the handlers have seen every job [`expect_jobs`] named.
+pub async fn all_seen() {
+    ALL_SEEN.notified().await;
+}
 
 pub fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     match std::env::var(key) {
@@ -59,12 +81,32 @@ pub fn scratch_db(peer: &str) -> String {
     format!("sqlbroker_peer_{peer}_{}", std::process::id())
 }
 
-pub fn create_db_sql(db: &str) -> String {
-    format!("CREATE DATABASE {db}")
+/// Runs `run` on the URL of a scratch database of its own ([`scratch_db`]), made before
+/// and dropped after (`WITH (FORCE)`, also when the run failed), each statement run by `exec`
+/// on the server's `postgres` database with the peer's own client (the peers pin different
+/// `sqlx` versions, so the statement is the one thing shared). A failed run exits 1 with its
+/// error.
+pub async fn on_scratch_db<X, XF, R, RF, E>(peer: &str, exec: X, run: R)
+where
+    X: Fn(String) -> XF,
+    XF: std::future::Future<Output = ()>,
+    R: FnOnce(String) -> RF,
+    RF: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let db = scratch_db(peer);
+    exec(format!("CREATE DATABASE {db}")).await;
+    let result = run(url_with_db(&admin_url(), &db)).await;
+    exec(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    if let Err(e) = result {
+        eprintln!("{peer}: {e}");
+        std::process::exit(1);
+    }
 }
 
-pub fn drop_db_sql(db: &str) -> String {
-    format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+/// The URL of the server's `postgres` database, where the scratch databases are made.
+pub fn server_url() -> String {
+    url_with_db(&admin_url(), "postgres")
 }
 
 /// Waits (polling every 2 ms) until `remaining()` reports no unfinished job, failing after

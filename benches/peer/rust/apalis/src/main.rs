@@ -25,56 +25,43 @@
 #[path = "../../common.rs"]
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use apalis::prelude::*;
 use apalis_postgres::{Config, PostgresStorage};
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Executor, PgPool};
-use tokio::sync::Notify;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 struct Noop {
     n: u64,
 }
 
-static SEEN: AtomicU64 = AtomicU64::new(0);
-static ALL_SEEN: Notify = Notify::const_new();
-static JOBS: AtomicU64 = AtomicU64::new(0);
-
 async fn noop(_job: Noop) -> Result<(), BoxDynError> {
-    if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == JOBS.load(Ordering::Relaxed) {
-        ALL_SEEN.notify_one();
-    }
+    common::seen();
     Ok(())
 }
 
 #[tokio::main]
 async fn main() {
-    let admin_url = common::admin_url();
-    let db = common::scratch_db("apalis");
-    let admin = PgPool::connect(&common::url_with_db(&admin_url, "postgres"))
+    let admin = PgPool::connect(&common::server_url())
         .await
         .expect("connect to the server");
-    admin
-        .execute(AssertSqlSafe(common::create_db_sql(&db)))
-        .await
-        .expect("create the scratch database");
-    let result = run(&common::url_with_db(&admin_url, &db)).await;
-    admin
-        .execute(AssertSqlSafe(common::drop_db_sql(&db)))
-        .await
-        .expect("drop the scratch database");
-    if let Err(e) = result {
-        eprintln!("apalis: {e}");
-        std::process::exit(1);
-    }
+    let exec = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .execute(AssertSqlSafe(sql.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    common::on_scratch_db("apalis", exec, |url| async move { run(&url).await }).await;
 }
 
 async fn run(url: &str) -> Result<(), BoxDynError> {
     let jobs = common::jobs();
-    JOBS.store(jobs, Ordering::Relaxed);
+    common::expect_jobs(jobs);
     let workers: usize = common::env_or("APALIS_WORKERS", 4);
     let batch: usize = common::env_or("APALIS_BATCH", 2000);
     let lock = common::env_or::<u8>("APALIS_LOCK", 0) != 0;
@@ -109,7 +96,7 @@ async fn run(url: &str) -> Result<(), BoxDynError> {
         contexts.push(ctx);
         running.push(tokio::spawn(worker.run()));
     }
-    ALL_SEEN.notified().await;
+    common::all_seen().await;
     let handled = started.elapsed();
     common::wait_until_done(
         || {

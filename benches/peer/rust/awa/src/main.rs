@@ -20,19 +20,13 @@
 #[path = "../../common.rs"]
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use awa::{Client, InsertOpts, JobArgs, JobContext, JobError, JobResult, QueueConfig};
 use serde::{Deserialize, Serialize};
 use sqlx::{Executor, PgPool};
-use tokio::sync::Notify;
 
 const QUEUE: &str = "noop";
-
-static SEEN: AtomicU64 = AtomicU64::new(0);
-static ALL_SEEN: Notify = Notify::const_new();
-static JOBS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Serialize, Deserialize, JobArgs)]
 struct Noop {
@@ -43,37 +37,30 @@ fn noop(
     _job: Noop,
     _ctx: &JobContext,
 ) -> impl std::future::Future<Output = Result<JobResult, JobError>> + Send + 'static {
-    if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == JOBS.load(Ordering::Relaxed) {
-        ALL_SEEN.notify_one();
-    }
+    common::seen();
     std::future::ready(Ok(JobResult::Completed))
 }
 
 #[tokio::main]
 async fn main() {
-    let admin_url = common::admin_url();
-    let db = common::scratch_db("awa");
-    let admin = PgPool::connect(&common::url_with_db(&admin_url, "postgres"))
+    let admin = PgPool::connect(&common::server_url())
         .await
         .expect("connect to the server");
-    admin
-        .execute(common::create_db_sql(&db).as_str())
-        .await
-        .expect("create the scratch database");
-    let result = run(&common::url_with_db(&admin_url, &db)).await;
-    admin
-        .execute(common::drop_db_sql(&db).as_str())
-        .await
-        .expect("drop the scratch database");
-    if let Err(e) = result {
-        eprintln!("awa: {e}");
-        std::process::exit(1);
-    }
+    let exec = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .execute(sql.as_str())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    common::on_scratch_db("awa", exec, |url| async move { run(&url).await }).await;
 }
 
 async fn run(url: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let jobs = common::jobs();
-    JOBS.store(jobs, Ordering::Relaxed);
+    common::expect_jobs(jobs);
     let workers: u32 = common::env_or("AWA_WORKERS", 100);
     let claim_batch: usize = common::env_or("AWA_CLAIM_BATCH", 512);
     let claimers: u16 = common::env_or("AWA_CLAIMERS", 1);
@@ -120,7 +107,7 @@ async fn run(url: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> 
 
     let started = Instant::now();
     client.start().await?;
-    ALL_SEEN.notified().await;
+    common::all_seen().await;
     let handled = started.elapsed();
     common::wait_until_done(
         || {

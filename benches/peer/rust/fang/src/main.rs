@@ -35,11 +35,6 @@ use fang::asynk::async_worker_pool::AsyncWorkerPool;
 use fang::serde::{Deserialize, Serialize};
 use fang::{typetag, AsyncRunnable, FangError, RetentionMode, SleepParams};
 use sqlx::{Executor, PgPool};
-use tokio::sync::Notify;
-
-static SEEN: AtomicU64 = AtomicU64::new(0);
-static ALL_SEEN: Notify = Notify::const_new();
-static JOBS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Serialize, Deserialize)]
 #[serde(crate = "fang::serde")]
@@ -51,9 +46,7 @@ struct Noop {
 #[typetag::serde]
 impl fang::Runnable for Noop {
     fn run(&self, _queue: &dyn fang::Queueable) -> Result<(), FangError> {
-        if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == JOBS.load(Ordering::Relaxed) {
-            ALL_SEEN.notify_one();
-        }
+        common::seen();
         Ok(())
     }
 }
@@ -62,38 +55,31 @@ impl fang::Runnable for Noop {
 #[fang::async_trait]
 impl AsyncRunnable for Noop {
     async fn run(&self, _queue: &dyn AsyncQueueable) -> Result<(), FangError> {
-        if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == JOBS.load(Ordering::Relaxed) {
-            ALL_SEEN.notify_one();
-        }
+        common::seen();
         Ok(())
     }
 }
 
 #[tokio::main]
 async fn main() {
-    let admin_url = common::admin_url();
-    let db = common::scratch_db("fang");
-    let admin = PgPool::connect(&common::url_with_db(&admin_url, "postgres"))
+    let admin = PgPool::connect(&common::server_url())
         .await
         .expect("connect to the server");
-    admin
-        .execute(common::create_db_sql(&db).as_str())
-        .await
-        .expect("create the scratch database");
-    let result = run(&common::url_with_db(&admin_url, &db)).await;
-    admin
-        .execute(common::drop_db_sql(&db).as_str())
-        .await
-        .expect("drop the scratch database");
-    if let Err(e) = result {
-        eprintln!("fang: {e}");
-        std::process::exit(1);
-    }
+    let exec = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .execute(sql.as_str())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    common::on_scratch_db("fang", exec, |url| async move { run(&url).await }).await;
 }
 
 async fn run(url: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let jobs = common::jobs();
-    JOBS.store(jobs, Ordering::Relaxed);
+    common::expect_jobs(jobs);
     let workers: u32 = common::env_or("FANG_WORKERS", 32);
     let sleep = Duration::from_millis(common::env_or("FANG_SLEEP_MS", 10));
 
@@ -143,36 +129,10 @@ async fn run(url: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> 
         .number_of_workers(workers)
         .queue(queue.clone())
         .retention_mode(RetentionMode::RemoveFinished)
-        .sleep_params(SleepParams {
-            sleep_period: sleep,
-            max_sleep_period: sleep,
-            min_sleep_period: sleep,
-            sleep_step: Duration::ZERO,
-        })
+        .sleep_params(fixed_sleep(sleep))
         .build();
     workers_pool.start().await;
-    ALL_SEEN.notified().await;
-    let handled = started.elapsed();
-    common::wait_until_done(
-        || {
-            let pool = pool.clone();
-            async move {
-                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM fang_tasks")
-                    .fetch_one(&pool)
-                    .await
-                    .expect("count unfinished tasks")
-            }
-        },
-        Duration::from_secs(30),
-    )
-    .await?;
-    let elapsed = started.elapsed();
-    eprintln!(
-        "{}: handlers saw every job at {:.3} s, all finished in the database at {:.3} s",
-        "fang",
-        handled.as_secs_f64(),
-        elapsed.as_secs_f64()
-    );
+    let elapsed = finished(&pool, started).await?;
     // fang's pool has no stop: its connections end with the process (the database is
     // dropped WITH (FORCE) by main).
     pool.close().await;
@@ -230,17 +190,44 @@ async fn run_blocking(
         .queue(queue)
         .number_of_workers(workers)
         .retention_mode(RetentionMode::RemoveFinished)
-        .sleep_params(SleepParams {
-            sleep_period: sleep,
-            max_sleep_period: sleep,
-            min_sleep_period: sleep,
-            sleep_step: Duration::ZERO,
-        })
+        .sleep_params(fixed_sleep(sleep))
         .build();
     worker_pool
         .start()
         .map_err(|e| format!("start the worker pool: {}", e.description))?;
-    ALL_SEEN.notified().await;
+    let elapsed = finished(&pool, started).await?;
+    pool.close().await;
+    common::report(
+        "fang",
+        jobs,
+        elapsed,
+        &format!(
+            "blocking,workers={workers},pool={},retention=RemoveFinished,sleep={}ms",
+            workers.max(32),
+            sleep.as_millis()
+        ),
+    );
+    // The worker threads have no stop: the process ends here (main drops the database).
+    Ok(())
+}
+
+/// A fixed sleep of `sleep` between polls, no back-off (the module docs say why).
+fn fixed_sleep(sleep: Duration) -> SleepParams {
+    SleepParams {
+        sleep_period: sleep,
+        max_sleep_period: sleep,
+        min_sleep_period: sleep,
+        sleep_step: Duration::ZERO,
+    }
+}
+
+/// Waits until the handlers have seen every job and `fang_tasks` is empty (a task is
+/// removed once finished); the time since `started`, and says when each happened.
+async fn finished(
+    pool: &PgPool,
+    started: Instant,
+) -> Result<Duration, Box<dyn std::error::Error + Send + Sync>> {
+    common::all_seen().await;
     let handled = started.elapsed();
     common::wait_until_done(
         || {
@@ -261,17 +248,5 @@ async fn run_blocking(
         handled.as_secs_f64(),
         elapsed.as_secs_f64()
     );
-    pool.close().await;
-    common::report(
-        "fang",
-        jobs,
-        elapsed,
-        &format!(
-            "blocking,workers={workers},pool={},retention=RemoveFinished,sleep={}ms",
-            workers.max(32),
-            sleep.as_millis()
-        ),
-    );
-    // The worker threads have no stop: the process ends here (main drops the database).
-    Ok(())
+    Ok(elapsed)
 }

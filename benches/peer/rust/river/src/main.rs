@@ -39,24 +39,19 @@ struct Noop {
 
 #[tokio::main]
 async fn main() {
-    let admin_url = common::admin_url();
-    let db = common::scratch_db("river");
-    let admin = PgPool::connect(&common::url_with_db(&admin_url, "postgres"))
+    let admin = PgPool::connect(&common::server_url())
         .await
         .expect("connect to the server");
-    admin
-        .execute(AssertSqlSafe(common::create_db_sql(&db)))
-        .await
-        .expect("create the scratch database");
-    let result = run(&common::url_with_db(&admin_url, &db)).await;
-    admin
-        .execute(AssertSqlSafe(common::drop_db_sql(&db)))
-        .await
-        .expect("drop the scratch database");
-    if let Err(e) = result {
-        eprintln!("river: {e}");
-        std::process::exit(1);
-    }
+    let exec = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .execute(AssertSqlSafe(sql.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    common::on_scratch_db("river", exec, |url| async move { run(&url).await }).await;
 }
 
 async fn run(url: &str) -> Result<(), BoxError> {

@@ -171,7 +171,8 @@ fn connect(
 pub(crate) struct Ctx {
     /// The databases, in the order of `--url`; requests without `/d/<name>` go to the first.
     pub dbs: Vec<Arc<Database>>,
-    /// The interval between two counts of every table.
+    /// The interval between two counts of every table (every database's sampler's; the
+    /// pages read it here, a database that is down has no sampler).
     pub sample: Duration,
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.

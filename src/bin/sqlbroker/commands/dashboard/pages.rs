@@ -488,7 +488,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         @if let Some(e) = &entry {
             h2 { "Throughput and failures" }
             p.muted { (chart::legend()) }
-            (chart::svg(e, db.sampler().every()))
+            (chart::svg(e, ctx.sample))
         }
     };
     let title = format!("Table {name}");

@@ -101,11 +101,6 @@ impl Sampler {
             .wait_timeout_while(guard, limit, |i| i.rounds == 0);
     }
 
-    /// The interval between two counts.
-    pub fn every(&self) -> Duration {
-        self.every
-    }
-
     /// One round: the table list, then each table's counts (no lock held across SQL).
     fn round(&self) {
         let (tables, list_error, complete) = self.list();
