@@ -902,9 +902,7 @@ fn jobs_waiting_on_others(db: Db) {
         (status[0]["waiting"].as_u64(), status[0]["ready"].as_u64()),
         (Some(1), Some(1))
     );
-    l.exec(&format!(
-        "DELETE FROM sqlbroker_deps WHERE parent_table = '{name}' OR child_table = '{name}'"
-    ));
+    l.forget_deps(&name);
 }
 per_db!(jobs_waiting_on_others);
 

@@ -43,10 +43,7 @@ fn table(l: &Live, form: Form) -> Table {
 
 /// Deletes the waits and heads of `t` (the waits' table is shared by every test).
 fn forget(l: &Live, t: &Table) {
-    l.exec(&format!(
-        "DELETE FROM sqlbroker_deps WHERE parent_table = '{0}' OR child_table = '{0}'",
-        t.name()
-    ));
+    l.forget_deps(t.name());
 }
 
 fn message(body: &str) -> Message {

@@ -37,10 +37,7 @@ fn message(body: &str) -> Message {
 
 /// Deletes the waits and heads of `t` (the waits' table is shared by every test).
 fn forget(l: &Live, t: &Table) {
-    l.exec(&format!(
-        "DELETE FROM sqlbroker_deps WHERE parent_table = '{0}' OR child_table = '{0}'",
-        t.name()
-    ));
+    l.forget_deps(t.name());
 }
 
 /// An ack's output reaches a kept row and the job waiting on it; a dead letter's is kept on

@@ -239,10 +239,7 @@ fn waiting_jobs_wait(db: Db, form: Form) {
         [(first, 1), (first, 2), (then, 1)],
         "ran the waiting job before the job it waits on was acked"
     );
-    live.exec(&format!(
-        "DELETE FROM sqlbroker_deps WHERE parent_table = '{0}' OR child_table = '{0}'",
-        t.name()
-    ));
+    live.forget_deps(t.name());
 }
 per_db_form!(waiting_jobs_wait);
 

@@ -193,6 +193,22 @@ impl Live {
         exec(self.db, &self.url, sql)
     }
 
+    /// Deletes the rows of the shared `sqlbroker_deps` that name table `name` (its jobs' waits
+    /// and heads). Every test that waits shares that table, so two tests' deletes may
+    /// deadlock on MySQL: one statement per index, tried again on a deadlock.
+    pub fn forget_deps(&self, name: &str) {
+        for column in ["parent_table", "child_table"] {
+            let sql = format!("DELETE FROM sqlbroker_deps WHERE {column} = '{name}'");
+            let mut tries = 0;
+            while let Err(e) = try_exec(self.db, &self.url, &sql) {
+                tries += 1;
+                let deadlock = e.contains("1213") || e.contains("40P01") || e.contains("locked");
+                assert!(deadlock && tries < 10, "{sql:?} failed: {e}");
+                std::thread::sleep(Duration::from_millis(20 * tries));
+            }
+        }
+    }
+
     /// The first column of every row `sql` returns, as integers, bypassing the library.
     pub fn ints(&self, sql: &str) -> Vec<Option<i64>> {
         ints(self.db, &self.url, sql)
