@@ -166,6 +166,9 @@ impl BrokerBuilder {
     /// Most pooled connections. Default 16; from 1 to 10,000. A row lock delivery, and an
     /// advisory delivery on a server, holds a connection until it is settled; each claim
     /// worker needs one while it claims. An in-memory SQLite database always has exactly one.
+    /// The lease renewer opens one connection beyond the pool, for a round and no longer, when
+    /// no pooled one comes within 100 ms (the application holds them all), so a held pool
+    /// does not let leases run out: leave the server room for it.
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n;
         self

@@ -112,7 +112,7 @@
 //! [`Broker::cancel`] stops a job for good, [`Broker::run_now`] makes a scheduled one due;
 //! [`Broker::pause`] and [`Broker::resume`] stop and restart a table's claims in every
 //! process. [`Broker::record_action`] and [`Broker::actions`] keep an operators' action log
-//! in the database (the dashboard writes every action it takes there).
+//! in the database (the dashboard and the `sqlbroker` tool write every change they make there).
 //!
 //! ```
 //! use sqlbroker::{Broker, JobState, Message, Table};

@@ -15,8 +15,20 @@ const BIN: &str = env!("CARGO_BIN_EXE_sqlbroker");
 /// Runs the tool with `args`, `DATABASE_URL` set to `url` (or unset), `stdin` as its input;
 /// fails the test if it runs longer than `limit`.
 fn run_within(url: Option<&str>, args: &[&str], stdin: &str, limit: Duration) -> Output {
+    run_with_env(url, args, stdin, limit, &[])
+}
+
+/// [`run_within`] with `env` set besides.
+fn run_with_env(
+    url: Option<&str>,
+    args: &[&str],
+    stdin: &str,
+    limit: Duration,
+    env: &[(&str, &str)],
+) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
+        .envs(env.iter().copied())
         .env_remove("DATABASE_URL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -70,7 +82,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 17] = [
+    let cases: [(&[&str], &[&str]); 18] = [
         (
             &[],
             &[
@@ -90,6 +102,7 @@ fn every_command_has_help_naming_its_options() {
         (&["resume"], &["--table"]),
         (&["limits"], &["--table", "--json"]),
         (&["limit"], &["--table", "--key", "--max", "--lift"]),
+        (&["actions"], &["--limit", "--json"]),
         (
             &["migrate"],
             &["--table", "--lease", "--column", "--priorities", "--dedup"],
@@ -905,6 +918,85 @@ fn jobs_waiting_on_others(db: Db) {
     l.forget_deps(&name);
 }
 per_db!(jobs_waiting_on_others);
+
+/// The commands that change jobs or a table's settings write the action log, naming the
+/// login from `USER` as the command line's; `actions` lists it, newest first, escaped as text
+/// and whole as JSON. A failing requeue is recorded for none of its ids.
+///
+/// Fails (the four entries missing) when the commands do not record (tried), and (`actions
+/// prints "\u{1b}" raw`) when the text table prints `who` as stored.
+fn the_cli_writes_the_action_log(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = unique("cli_log");
+    let table = l.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .concurrency_limit("{k}", 2)
+            .lease(Duration::from_secs(30)),
+    );
+    let ids: Vec<i64> = (0..2)
+        .map(|i| {
+            l.broker
+                .publish(&table, common::msg(&format!("j{i}"), "x"))
+                .unwrap()
+        })
+        .collect();
+    kill_row(&l, &name, ids[1]);
+    let user = format!("ana\x1b]0;pwned\x07-{}", unique("u"));
+    let desc = ["--table", name.as_str()];
+    let as_user = |args: &[&str], desc: &[&str]| {
+        let args: Vec<&str> = args.iter().chain(desc.iter()).copied().collect();
+        let env = [("USER", user.as_str()), ("LOGNAME", "")];
+        let o = run_with_env(Some(&l.url), &args, "", Duration::from_secs(60), &env);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("action log"), "{}", stderr(&o));
+    };
+    as_user(&["cancel", &ids[0].to_string()], &desc);
+    as_user(&["dead", "requeue", "--id", &ids[1].to_string()], &desc);
+    as_user(&["pause"], &desc);
+    as_user(&["resume"], &desc);
+    as_user(&["limit", "--key", "{k}", "--max", "5"], &desc);
+    let missing: Vec<&str> = ["dead", "requeue", "--id", "999999999"]
+        .iter()
+        .chain(desc.iter())
+        .copied()
+        .collect();
+    let missing = run(Some(&l.url), &missing, "");
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&l.url, &["actions", "--json", "--limit", "500"], ""))
+            .expect("JSON");
+    let mine: Vec<(String, String, u64)> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["table"] == name.as_str())
+        .map(|a| {
+            assert_eq!(a["who"], format!("{user} with the CLI").as_str(), "{a}");
+            assert!(a["at"].as_str().unwrap().ends_with('Z'), "{a}");
+            let text = |k: &str| a[k].as_str().unwrap().to_string();
+            (text("action"), text("detail"), a["rows"].as_u64().unwrap())
+        })
+        .collect();
+    let expect = |action: &str, detail: String, rows: u64| (action.to_string(), detail, rows);
+    assert_eq!(
+        mine,
+        [
+            expect("limit", r#"key "{k}" now 5"#.into(), 0),
+            expect("resume", String::new(), 0),
+            expect("pause", String::new(), 0),
+            expect("requeue", format!("jobs {}", ids[1]), 1),
+            expect("cancel", format!("job {}", ids[0]), 1),
+        ]
+    );
+    let text = run(Some(&l.url), &["actions", "--limit", "500"], "");
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    assert_no_raw_controls("actions", &text.stdout);
+    let out = stdout(&text);
+    assert!(out.starts_with("AT"), "{out}");
+    assert!(out.contains("ana\\u{1b}]0;pwned\\u{7}-"), "{out}");
+}
+per_db!(the_cli_writes_the_action_log);
 
 /// `create-table --outputs --checkpoints --traceparent` makes the columns; `job` shows the
 /// output, the checkpoint and the trace context (text, escaped, and `--json`); fails if any

@@ -1082,6 +1082,12 @@ fn rate_limits_are_shown(db: Db) {
     assert_eq!(r.status, 303, "{}", r.body);
     assert!(r.location.unwrap().contains("set+to+3"));
     assert_eq!(max(), Some(3));
+    let log = l.broker.actions(500).unwrap();
+    let logged = log.iter().find(|a| a.table == name).expect("logged");
+    assert_eq!(
+        (logged.action.as_str(), logged.detail.as_str()),
+        ("rate", r#"key "<{k}>" now 3"#)
+    );
     let third = common::next(&sub, Duration::from_secs(10));
     for d in [first, second, third] {
         d.ack().unwrap();

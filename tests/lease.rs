@@ -348,3 +348,82 @@ fn expired_row_behind_a_backlog_is_not_starved(db: Db) {
     b.shutdown(Duration::from_secs(10)).unwrap();
 }
 per_db!(expired_row_behind_a_backlog_is_not_starved);
+
+/// A lease outlives a pool the application holds whole: with both pooled connections held by
+/// row lock deliveries for three 2 s leases, the renewer renews on a connection of its own, so
+/// a second broker polling meanwhile gets nothing, the attempt is not spent again, and the
+/// held delivery's ack succeeds once the pool is given back.
+///
+/// Fails (the second broker claims the row, attempt 2) when renewal waits on the pool alone
+/// (tried). Servers only: on SQLite the one way to hold a pooled connection is an open write
+/// transaction, whose lock no renewal gets past on any connection.
+fn renewal_outlives_a_held_pool(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let broker = sqlbroker::Broker::builder(&live.url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let t = live.table(Form::Lease, Duration::from_secs(2));
+    broker
+        .publish(&t, Message::new(b"long".to_vec()).set("k", "a"))
+        .unwrap();
+    let a = broker.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&a, Duration::from_secs(10));
+    assert_eq!(d.attempt(), 1);
+
+    // Both pooled connections held, one row lock delivery each.
+    let holder = live.table(Form::RowLock, Duration::from_secs(2));
+    let mut held = Vec::new();
+    for i in 0..2 {
+        broker
+            .publish(
+                &holder,
+                Message::new(b"hold".to_vec()).set("k", format!("h{i}")),
+            )
+            .unwrap();
+        let sub = broker
+            .subscription(&holder)
+            .max_in_flight(1)
+            .start()
+            .unwrap();
+        let h = next(&sub, Duration::from_secs(10));
+        held.push((sub, h));
+    }
+    assert!(
+        broker.publish(&t, Message::new(b"x".to_vec())).is_err(),
+        "the pool is not held whole"
+    );
+
+    let other = live.connect();
+    let b = other
+        .subscription(&t)
+        .poll_interval(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    assert_eq!(
+        b.next_delivery_timeout(Duration::from_secs(6)).err(),
+        Some(NextError::Timeout),
+        "the lease ran out while the pool was held"
+    );
+    assert_eq!(live.rows_where(&t, "attempts = 1"), 1, "claimed again");
+    for (sub, h) in held {
+        h.ack().unwrap();
+        sub.shutdown(Duration::from_secs(5)).unwrap();
+    }
+    d.ack().unwrap();
+    assert_eq!(live.rows(&t), 0);
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn renewal_outlives_a_held_pool_postgres() {
+    renewal_outlives_a_held_pool(Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn renewal_outlives_a_held_pool_mysql() {
+    renewal_outlives_a_held_pool(Db::Mysql);
+}

@@ -285,3 +285,51 @@ mod run_now {
         }
     }
 }
+
+/// A row lock job in work whose checkpoint moved its due time ahead (so it reads as scheduled)
+/// is passed by at once: `run_now` returns `false` without waiting for the delivery's row
+/// lock, and its due time stays. Servers only: the row lock form is theirs alone.
+///
+/// Fails (`run_now` answers only once the delivery is acked, seconds later) when the update is
+/// sent without the `SKIP LOCKED` probe first (tried).
+fn run_now_passes_a_locked_row(db: Db) {
+    let Some(l) = live(db) else { return };
+    let b = &l.broker;
+    let t = l.create(
+        Table::new(common::unique("runlock"))
+            .text_column("k")
+            .checkpoints(),
+    );
+    let id = b
+        .publish(&t, Message::new(b"x".to_vec()).set("k", "1"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    d.checkpoint(b"half way").unwrap();
+    assert_eq!(b.job(&t, id).unwrap().unwrap().state(), JobState::Scheduled);
+    let due = || b.job(&t, id).unwrap().unwrap().due_at();
+    let before = due();
+    let other = l.connect();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t2 = t.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(other.run_now(&t2, id).map_err(|e| e.to_string()));
+    });
+    let answer = rx.recv_timeout(Duration::from_secs(3));
+    let after = due();
+    d.ack().unwrap();
+    assert_eq!(answer, Ok(Ok(false)), "run_now waited for the row lock");
+    assert_eq!(after, before, "the due time moved");
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn run_now_passes_a_locked_row_postgres() {
+    run_now_passes_a_locked_row(Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn run_now_passes_a_locked_row_mysql() {
+    run_now_passes_a_locked_row(Db::Mysql);
+}

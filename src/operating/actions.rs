@@ -49,8 +49,8 @@ fn cut(s: &str) -> String {
 impl Broker {
     /// Records an operator's action in the database's action log (`sqlbroker_actions`, made
     /// on first use): `who` did `action` to `detail` of `table`, changing `rows` rows. Text
-    /// longer than [`ACTION_TEXT_MAX`] characters is cut. The dashboard records each action
-    /// it runs; a tool of the application's own can record its own.
+    /// longer than [`ACTION_TEXT_MAX`] characters is cut. The dashboard and the `sqlbroker`
+    /// tool record each change they make; a tool of the application's own can record its own.
     ///
     /// # Errors
     ///

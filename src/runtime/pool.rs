@@ -58,12 +58,7 @@ impl r2d2::ManageConnection for Manager {
             Some(conn) => conn,
             None => self.dialect.connect()?,
         };
-        Ok(Tracked {
-            conn,
-            used: Instant::now(),
-            born: self.refusals.epoch.load(Ordering::Acquire),
-            refusals: self.refusals.clone(),
-        })
+        Ok(Tracked::new(conn, &self.refusals))
     }
 
     fn is_valid(&self, conn: &mut Tracked) -> Result<(), DbError> {
@@ -101,11 +96,15 @@ pub(crate) fn build(
         .max_lifetime(Some(MAX_LIFETIME))
         .connection_timeout(timeout)
         .build_unchecked(Manager {
-            dialect,
+            dialect: dialect.clone(),
             seed: Mutex::new(first),
             refusals: refusals.clone(),
         });
-    Pool { inner, refusals }
+    Pool {
+        inner,
+        refusals,
+        dialect,
+    }
 }
 
 /// The broker's pool: r2d2's, which drains the condemned idle connections at checkout.
@@ -113,6 +112,7 @@ pub(crate) fn build(
 pub(crate) struct Pool {
     inner: r2d2::Pool<Manager>,
     refusals: Arc<Refusals>,
+    dialect: Arc<dyn Dialect>,
 }
 
 impl Pool {
@@ -126,6 +126,13 @@ impl Pool {
     pub fn get_timeout(&self, timeout: Duration) -> Result<PooledConn, r2d2::Error> {
         self.drain();
         self.inner.get_timeout(timeout)
+    }
+
+    /// A connection of its own, outside the pool and beyond its size, closed when dropped:
+    /// for the lease renewer while the application holds every pooled one (a renewal that
+    /// waits for the pool lets leases run out, and their jobs run twice).
+    pub fn spare(&self) -> Result<Tracked, DbError> {
+        Ok(Tracked::new(self.dialect.connect()?, &self.refusals))
     }
 
     pub fn connection_timeout(&self) -> Duration {
@@ -172,6 +179,15 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
+    fn new(conn: Box<dyn DbConn + Send>, refusals: &Arc<Refusals>) -> Self {
+        Tracked {
+            conn,
+            used: Instant::now(),
+            born: refusals.epoch.load(Ordering::Acquire),
+            refusals: refusals.clone(),
+        }
+    }
+
     /// Opened before a server refused a write: most likely to the same server.
     fn condemned(&self) -> bool {
         self.born < self.refusals.epoch.load(Ordering::Acquire)

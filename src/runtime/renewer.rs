@@ -24,10 +24,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::Ctx;
+use super::pool::Tracked;
+use super::{Ctx, PooledConn};
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, DbErrorKind};
 use crate::model::schedule::{lease_alive, lease_token, renew_every, renewal_is_ours};
+
+/// How long a round waits for a pooled connection before it opens a spare one: a pool busy
+/// with claims frees one sooner; one the application holds does not.
+const SPARE_AFTER: Duration = Duration::from_millis(100);
 
 /// Rows renewed per statement (two parameters each).
 const RENEW_CHUNK: usize = 500;
@@ -249,24 +254,10 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
     if cells.is_empty() {
         return true;
     }
-    // The connection first, waiting briefly: the cells' locks (which settlements wait on) are
-    // then held only while a statement runs, never while the pool is exhausted (row lock
-    // deliveries of the same broker may hold every connection).
-    let q = &ctx.queue;
-    let wait = (renew_every(q.spec.lease_secs) / 4).min(q.pool.connection_timeout());
-    let mut conn = match q.pool.get_timeout(wait) {
-        Ok(conn) => conn,
-        Err(e) => {
-            let e = BrokerError::Pool {
-                op: "renew",
-                table: q.spec.name.clone(),
-                timeout: wait,
-                source: e.into(),
-            };
-            log::warn!("{e}");
-            ctx.set_error(e);
-            return false;
-        }
+    // The connection first: the cells' locks (which settlements wait on) are then held only
+    // while a statement runs, never while the pool is exhausted.
+    let Some(mut conn) = connection(ctx) else {
+        return false;
     };
     // One row may have two cells: a delivery whose lease was lost and a later claim of the
     // same row. Sorted by id, a row's cells are neighbours and land in one chunk.
@@ -291,9 +282,56 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
         // renew that one alone, or the stale delivery would be handed the new token.
         held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
         held.dedup_by_key(|(cell, _)| cell.id);
-        all &= renew_chunk(ctx, &mut *conn, &mut held);
+        all &= renew_chunk(ctx, conn.as_mut(), &mut held);
     }
     all
+}
+
+/// A round's connection: a pooled one, or, when none comes within [`SPARE_AFTER`] (the
+/// application holds every pooled one: row lock deliveries, its own transactions), a spare
+/// opened for the round and closed after it, so a held pool does not let the leases run out.
+/// With neither (the server refuses another connection; an in-memory SQLite database has only
+/// one), the pool is waited on for the rest of a short wait and a failure is reported on the
+/// subscription.
+fn connection(ctx: &Ctx) -> Option<RoundConn> {
+    let q = &ctx.queue;
+    let wait = (renew_every(q.spec.lease_secs) / 4).min(q.pool.connection_timeout());
+    let first = SPARE_AFTER.min(wait);
+    if let Ok(conn) = q.pool.get_timeout(first) {
+        return Some(RoundConn::Pooled(conn));
+    }
+    match q.pool.spare() {
+        Ok(spare) => return Some(RoundConn::Spare(spare)),
+        Err(e) => log::debug!("renew on table {}: no spare connection: {e}", q.spec.name),
+    }
+    let failed = match q.pool.get_timeout(wait.saturating_sub(first)) {
+        Ok(conn) => return Some(RoundConn::Pooled(conn)),
+        Err(e) => e,
+    };
+    let e = BrokerError::Pool {
+        op: "renew",
+        table: q.spec.name.clone(),
+        timeout: wait,
+        source: failed.into(),
+    };
+    log::warn!("{e}");
+    ctx.set_error(e);
+    None
+}
+
+/// The connection a round renews on.
+enum RoundConn {
+    Pooled(PooledConn),
+    Spare(Tracked),
+}
+
+impl RoundConn {
+    fn as_mut(&mut self) -> &mut dyn DbConn {
+        match self {
+            RoundConn::Pooled(conn) => &mut **conn,
+            RoundConn::Spare(conn) => conn,
+        }
+    }
 }
 
 /// Renews one chunk of leases on `conn`; false if the statement failed or a lease was not
@@ -442,6 +480,40 @@ mod tests {
                 rx.recv_timeout(Duration::from_secs(10)).is_ok(),
                 "dropping the renewer hung"
             );
+        }
+    }
+
+    /// A pool the application holds whole does not stop a round: it renews on a spare
+    /// connection, opened beyond the pool's size. When the server refuses that one too, the
+    /// round fails within its short wait and names the pool on the subscription.
+    #[test]
+    fn a_held_pool_renews_on_a_spare() {
+        for refused in [false, true] {
+            let script = Arc::new(Script {
+                max_connects: refused.then_some(4),
+                ..Script::default()
+            });
+            let ctx = ctx_with_lease(&script, 2);
+            let held: Vec<_> = (0..4).map(|_| ctx.queue.pool.get().unwrap()).collect();
+            let _cell = ctx
+                .leases
+                .insert_all(&[7], SystemTime::now() + Duration::from_secs(1));
+            let started = Instant::now();
+            let renewed = round(&ctx);
+            let renewals = script.log.lock().iter().filter(|s| *s == "renew").count();
+            assert_eq!((renewed, renewals), (!refused, usize::from(!refused)));
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "{:?}",
+                started.elapsed()
+            );
+            let error = ctx.last_error();
+            let pool = matches!(
+                error.as_deref(),
+                Some(BrokerError::Pool { op: "renew", .. })
+            );
+            assert_eq!(pool, refused, "{error:?}");
+            drop(held);
         }
     }
 

@@ -19,6 +19,8 @@ use crate::model::value::Value;
 pub(crate) struct Script {
     /// Connections opened so far.
     pub connects: AtomicUsize,
+    /// Connections past this many are refused (a server at its connection limit).
+    pub max_connects: Option<usize>,
     /// Every statement run, in order.
     pub log: Mutex<Vec<String>>,
     /// Lease claims so far; the claim numbered `panic_on_claim` (from 1) panics.
@@ -75,7 +77,13 @@ impl Dialect for Scripted {
         &ACTION_LOG
     }
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError> {
-        self.0.connects.fetch_add(1, Ordering::SeqCst);
+        let n = self.0.connects.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.0.max_connects.is_some_and(|max| n > max) {
+            return Err(DbError::new(
+                crate::error::DbErrorKind::Other,
+                "too many connections",
+            ));
+        }
         Ok(Box::new(Conn {
             script: self.0.clone(),
             broken: false,

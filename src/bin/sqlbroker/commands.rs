@@ -13,12 +13,14 @@ use crate::{
     PublishArgs, StatusArgs,
 };
 
+mod actions;
 pub(crate) mod bench;
 #[cfg(feature = "dashboard")]
 pub(crate) mod dashboard;
 mod jobs;
 pub(crate) mod schema;
 
+use actions::logged;
 use jobs::{cancel, job, json_value};
 
 type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
@@ -75,12 +77,15 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Cancel(args) => cancel(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {
-            let n = broker.prune_completed(&args.open(&broker)?)?;
+            let table = args.open(&broker)?;
+            let n = broker.prune_completed(&table)?;
+            logged(&broker, "prune", table.name(), "completed rows", n);
             say(format_args!("pruned {}\n", count(n, "completed row")))
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
         Command::Limits(args) => limits(&broker, args),
+        Command::Actions(args) => actions::list(&broker, args),
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };
@@ -89,6 +94,9 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
                 false => broker.set_concurrency_limit(&table, &args.key, max)?,
             }
             let now = max.map_or_else(|| "lifted".to_string(), |n| format!("now {n}"));
+            let action = if args.rate { "rate" } else { "limit" };
+            let detail = format!("key {:?} {now}", args.key);
+            logged(&broker, action, table.name(), &detail, 0);
             say(format_args!(
                 "table {}: {}limit {} is {now}\n",
                 table.name(),
@@ -157,9 +165,11 @@ fn pause(broker: &Broker, args: &NameArgs, on: bool) -> Result {
     let table = broker.open_table(&args.table)?;
     if on {
         broker.pause(&table)?;
+        logged(broker, "pause", table.name(), "", 0);
         say(format_args!("table {} is paused\n", table.name()))
     } else {
         broker.resume(&table)?;
+        logged(broker, "resume", table.name(), "", 0);
         say(format_args!("table {} is resumed\n", table.name()))
     }
 }
@@ -509,30 +519,44 @@ enum Pick {
 
 fn dead_pick(broker: &Broker, args: &DeadPick, pick: Pick) -> Result {
     let table = args.table.open(broker)?;
-    let verb = match pick {
-        Pick::Requeue => "requeued",
-        Pick::Purge => "purged",
+    let (verb, action) = match pick {
+        Pick::Requeue => ("requeued", "requeue"),
+        Pick::Purge => ("purged", "purge"),
     };
     if args.all {
         let n = match pick {
             Pick::Requeue => broker.requeue_all_dead(&table)?,
             Pick::Purge => broker.purge_all_dead(&table)?,
         };
+        logged(broker, action, table.name(), "every dead letter", n);
         return say(format_args!("{verb} {}\n", count(n, "dead-lettered row")));
     }
     let mut missing = Vec::new();
-    let mut done = 0;
+    let mut done = Vec::new();
+    let mut failed = None;
     for id in args.ids() {
         let found = match pick {
-            Pick::Requeue => broker.requeue_dead(&table, id)?,
-            Pick::Purge => broker.purge_dead(&table, id)?,
+            Pick::Requeue => broker.requeue_dead(&table, id),
+            Pick::Purge => broker.purge_dead(&table, id),
         };
-        if found {
-            done += 1;
-        } else {
-            missing.push(id.to_string());
+        match found {
+            Ok(true) => done.push(id.to_string()),
+            Ok(false) => missing.push(id.to_string()),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
+    // What was done is recorded even when a later id failed.
+    if !done.is_empty() {
+        let detail = format!("jobs {}", done.join(", "));
+        logged(broker, action, table.name(), &detail, done.len() as u64);
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let done = done.len();
     say(format_args!(
         "{verb} {}\n",
         count(done, "dead-lettered row")

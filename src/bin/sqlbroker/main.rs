@@ -110,6 +110,9 @@ enum Command {
     /// --rate, a rate limit's: every subscription, in any process, follows from its next
     /// claim.
     Limit(LimitArgs),
+    /// The action log, newest first: who changed what (dashboard actions and this
+    /// command's cancel, dead requeue and purge, completed prune, pause, resume, limit).
+    Actions(ActionsArgs),
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
@@ -411,6 +414,19 @@ struct PageArgs {
     #[arg(long, value_name = "N", default_value_t = 50,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     limit: u64,
+}
+
+/// `actions`: the newest entries of the action log.
+#[derive(Debug, Args)]
+struct ActionsArgs {
+    /// The most entries to list.
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    limit: u64,
+
+    /// Print JSON (an array with one object per entry) instead of a text table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `dead list`: a page, as text or JSON.

@@ -168,6 +168,7 @@ pub(super) fn cancel(broker: &Broker, args: &CancelArgs) -> Result {
     let table = args.table.open(broker)?;
     let id = args.id.get();
     if broker.cancel(&table, id)? {
+        super::logged(broker, "cancel", table.name(), &format!("job {id}"), 1);
         say(format_args!("cancelled job {id}\n"))
     } else {
         Err(format!(

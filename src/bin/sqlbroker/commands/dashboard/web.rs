@@ -466,7 +466,14 @@ fn act(
         Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
     };
     let detail = match action {
-        "limit" | "rate" => format!("key {:?}", field(form, "key").unwrap_or_default()),
+        // As the command line's `limit` records it; the max was read above.
+        "limit" | "rate" => {
+            let now = match field(form, "max").map(str::trim) {
+                None | Some("") | Some("lift") => "lifted".to_string(),
+                Some(n) => format!("now {n}"),
+            };
+            format!("key {:?} {now}", field(form, "key").unwrap_or_default())
+        }
         _ => detail,
     };
     let note = logged(db, &who(ctx, rq), action, table, &detail, rows);
