@@ -168,6 +168,28 @@ fn late_retry_is_lease_lost(db: Db) {
 }
 per_db!(late_retry_is_lease_lost);
 
+/// A subscription of another broker on `t`, polling every 100 ms, which claims nothing for
+/// `wait` (the lease in hand was not lost while `what`).
+fn another_gets_nothing(
+    live: &common::Live,
+    t: &sqlbroker::Table,
+    wait: Duration,
+    what: &str,
+) -> Subscription {
+    let b = live
+        .connect()
+        .subscription(t)
+        .poll_interval(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    assert_eq!(
+        b.next_delivery_timeout(wait).err(),
+        Some(NextError::Timeout),
+        "the lease was lost while {what}"
+    );
+    b
+}
+
 /// A handler holding a 2 s lease for 5 s keeps it: a second subscription polling meanwhile gets
 /// nothing, the row's attempt is not spent again, and the ack succeeds.
 fn renewal_keeps_a_long_handler_lease(db: Db) {
@@ -181,17 +203,7 @@ fn renewal_keeps_a_long_handler_lease(db: Db) {
     let held_since = Instant::now();
     assert_eq!(d.attempt(), 1);
 
-    let other = live.connect();
-    let b = other
-        .subscription(&t)
-        .poll_interval(Duration::from_millis(100))
-        .start()
-        .unwrap();
-    assert_eq!(
-        b.next_delivery_timeout(Duration::from_secs(5)).err(),
-        Some(NextError::Timeout),
-        "the lease was lost while its handler ran"
-    );
+    let b = another_gets_nothing(&live, &t, Duration::from_secs(5), "its handler ran");
     assert!(held_since.elapsed() >= Duration::from_secs(5));
     assert_eq!(
         live.rows_where(&t, "attempts = 1"),
@@ -372,40 +384,13 @@ fn renewal_outlives_a_held_pool(db: Db) {
     let d = next(&a, Duration::from_secs(10));
     assert_eq!(d.attempt(), 1);
 
-    // Both pooled connections held, one row lock delivery each.
-    let holder = live.table(Form::RowLock, Duration::from_secs(2));
-    let mut held = Vec::new();
-    for i in 0..2 {
-        broker
-            .publish(
-                &holder,
-                Message::new(b"hold".to_vec()).set("k", format!("h{i}")),
-            )
-            .unwrap();
-        let sub = broker
-            .subscription(&holder)
-            .max_in_flight(1)
-            .start()
-            .unwrap();
-        let h = next(&sub, Duration::from_secs(10));
-        held.push((sub, h));
-    }
+    let held = common::hold_pool(&live, &broker, 2);
     assert!(
         broker.publish(&t, Message::new(b"x".to_vec())).is_err(),
         "the pool is not held whole"
     );
 
-    let other = live.connect();
-    let b = other
-        .subscription(&t)
-        .poll_interval(Duration::from_millis(100))
-        .start()
-        .unwrap();
-    assert_eq!(
-        b.next_delivery_timeout(Duration::from_secs(6)).err(),
-        Some(NextError::Timeout),
-        "the lease ran out while the pool was held"
-    );
+    let b = another_gets_nothing(&live, &t, Duration::from_secs(6), "the pool was held");
     assert_eq!(live.rows_where(&t, "attempts = 1"), 1, "claimed again");
     for (sub, h) in held {
         h.ack().unwrap();
@@ -416,14 +401,4 @@ fn renewal_outlives_a_held_pool(db: Db) {
     a.shutdown(Duration::from_secs(5)).unwrap();
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
-
-#[test]
-fn renewal_outlives_a_held_pool_postgres() {
-    renewal_outlives_a_held_pool(Db::Postgres);
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn renewal_outlives_a_held_pool_mysql() {
-    renewal_outlives_a_held_pool(Db::Mysql);
-}
+per_server!(renewal_outlives_a_held_pool);

@@ -322,14 +322,4 @@ fn run_now_passes_a_locked_row(db: Db) {
     assert_eq!(after, before, "the due time moved");
     sub.shutdown(Duration::from_secs(10)).unwrap();
 }
-
-#[test]
-fn run_now_passes_a_locked_row_postgres() {
-    run_now_passes_a_locked_row(Db::Postgres);
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn run_now_passes_a_locked_row_mysql() {
-    run_now_passes_a_locked_row(Db::Mysql);
-}
+per_server!(run_now_passes_a_locked_row);

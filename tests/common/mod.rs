@@ -420,9 +420,16 @@ pub fn held_pool(live: &Live) -> (Broker, Vec<(Subscription, Delivery)>) {
         .connection_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
+    let held = hold_pool(live, &broker, 2);
+    (broker, held)
+}
+
+/// Holds `n` of `broker`'s pooled connections, one row lock delivery each, on a table of
+/// their own. Servers only.
+pub fn hold_pool(live: &Live, broker: &Broker, n: usize) -> Vec<(Subscription, Delivery)> {
     let holder = live.create(Table::new(unique("hold")));
     let mut held = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         broker
             .publish(&holder, Message::new(b"hold".to_vec()))
             .unwrap();
@@ -434,7 +441,7 @@ pub fn held_pool(live: &Live) -> (Broker, Vec<(Subscription, Delivery)>) {
         let d = next(&sub, Duration::from_secs(10));
         held.push((sub, d));
     }
-    (broker, held)
+    held
 }
 
 /// Runs `sql` (one or more statements) directly on the database behind `url`.
@@ -564,6 +571,26 @@ macro_rules! per_db_form {
             #[test]
             fn mysql_advisory() {
                 super::$body(common::Db::Mysql, sqlbroker::Form::AdvisoryLock)
+            }
+        }
+    };
+}
+
+/// Runs a test body for each server (PostgreSQL, MySQL), named `<name>::<db>`: for what only
+/// a server has (the row lock form, sessions, a pool the application can hold).
+#[macro_export]
+macro_rules! per_server {
+    ($body:ident) => {
+        mod $body {
+            use super::*;
+            #[test]
+            fn postgres() {
+                super::$body(common::Db::Postgres)
+            }
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql() {
+                super::$body(common::Db::Mysql)
             }
         }
     };
