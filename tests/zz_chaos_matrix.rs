@@ -28,7 +28,8 @@
 //!    one ended unacked because its worker was killed while it was in work (no other worker ran
 //!    the job in between), or because its ack failed during the fault or the recovery after it,
 //!    in a fault that can fail acks (restart and ended sessions: the session the delivery held
-//!    was ended; a held pool or write lock: a lease ran out meanwhile, the ack reads `LeaseLost`);
+//!    was ended; SQLite's write lock held: a lease ran out meanwhile, the ack reads `LeaseLost`;
+//!    a held pool on a server fails none, the renewer renews on a connection of its own);
 //!    attempts as the contract says (row lock: every delivery reads 1, a crash spends nothing;
 //!    lease and advisory: each run reads more than the run before).
 //!
@@ -240,10 +241,16 @@ impl Fault {
         db != Db::Sqlite || !matches!(self, Fault::Restart | Fault::Backend)
     }
 
-    /// Whether the fault may make a live worker's ack fail (the session it held ended, or a
-    /// lease ran out while the pool was held).
-    fn fails_acks(self) -> bool {
-        matches!(self, Fault::Restart | Fault::Backend | Fault::Pool)
+    /// Whether the fault may make a live worker's ack fail on `db`: the session it held ended,
+    /// or, on SQLite, a lease ran out while the write lock was held. A held pool on a server
+    /// fails none: row lock and advisory deliveries settle on their own connections, and the
+    /// renewer renews leases on a connection of its own.
+    fn fails_acks(self, db: Db) -> bool {
+        match self {
+            Fault::Restart | Fault::Backend => true,
+            Fault::Pool => db == Db::Sqlite,
+            _ => false,
+        }
     }
 }
 
@@ -719,6 +726,7 @@ fn cell(live: &Live, form: Form, fault: Fault) -> (Figures, Vec<String>) {
     };
     let window = FaultWindow {
         fault,
+        db: live.db,
         start: fault_start,
         end: fault_end,
     };
@@ -751,6 +759,7 @@ fn cell(live: &Live, form: Form, fault: Fault) -> (Figures, Vec<String>) {
 #[derive(Clone, Copy)]
 struct FaultWindow {
     fault: Fault,
+    db: Db,
     start: i64,
     end: i64,
 }
@@ -798,9 +807,10 @@ fn check(
     };
     let killed_at = |child: usize| killed.get(child).copied().flatten();
     // An ack may fail only during the fault, and only in a fault that ends sessions or holds
-    // the pool (a lease running out meanwhile): from its start to full recovery's deadline.
+    // SQLite's write lock (a lease running out meanwhile): from its start to full recovery's
+    // deadline.
     let in_fault = |micros: i64| {
-        fault.fault.fails_acks()
+        fault.fault.fails_acks(fault.db)
             && micros >= fault.start
             && micros <= fault.end + RECOVERY.as_micros() as i64
     };
@@ -1101,6 +1111,7 @@ fn matrix_checks_catch_broken_behaviour() {
     };
     let kill = FaultWindow {
         fault: Fault::Kill,
+        db: Db::Postgres,
         start: 1_000,
         end: 1_000,
     };
@@ -1145,6 +1156,7 @@ fn matrix_checks_catch_broken_behaviour() {
     acked_err.extend(run(2, 1, 1, 100));
     let restart = FaultWindow {
         fault: Fault::Restart,
+        db: Db::Postgres,
         start: 1_000,
         end: 1_200,
     };
@@ -1154,6 +1166,17 @@ fn matrix_checks_catch_broken_behaviour() {
     let (_, f) = checked(Form::AdvisoryLock, kill, &acked_err, &[None, None]);
     assert!(f.iter().any(|x| x.contains("outside the fault")));
     assert!(f.iter().any(|x| x.contains("nothing to explain")));
+    // A held pool explains a lease's failed ack on SQLite (the write lock), not on a server
+    // (renewal does not wait on the pool).
+    let pool = |db: Db| FaultWindow {
+        fault: Fault::Pool,
+        db,
+        ..restart
+    };
+    let (c, f) = checked(Form::Lease, pool(Db::Sqlite), &acked_err, &[None, None]);
+    assert_eq!((f, c.doubles.failed_ack), (Vec::<String>::new(), 1));
+    let (_, f) = checked(Form::Lease, pool(Db::Mysql), &acked_err, &[None, None]);
+    assert!(f.iter().any(|x| x.contains("outside the fault")));
     // A run whose session was ended may start after the run that replaced it (it waited,
     // claimed ahead, in its worker's channel): still explained by its failed ack.
     let mut reordered = vec![

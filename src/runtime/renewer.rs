@@ -14,6 +14,10 @@
 //! transaction holds is skipped this round and tried again a quarter lease later, so one locked
 //! row cannot stall the leases of every table on the broker. A round that panics is reported on
 //! its subscription and tried again; the thread goes on.
+//!
+//! Nor does renewal wait on a pool the application holds whole (row lock deliveries, its own
+//! transactions): a round that gets no pooled connection within [`SPARE_AFTER`] renews on one
+//! opened for it beyond the pool's size.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
