@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,14 +44,32 @@ fn run_with_env(
         .unwrap()
         .write_all(stdin.as_bytes())
         .unwrap();
-    while child.try_wait().unwrap().is_none() {
+    // Read while it runs: output past the pipe's buffer (64 KiB) would block the child's
+    // writes until it was read, and the wait below would end in the limit.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            pipe.read_to_end(&mut out).expect("read the child's output");
+            out
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if start.elapsed() > limit {
             let _ = child.kill();
             panic!("sqlbroker {args:?} ran longer than {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
-    child.wait_with_output().unwrap()
 }
 
 fn run(url: Option<&str>, args: &[&str], stdin: &str) -> Output {
@@ -923,8 +941,13 @@ per_db!(jobs_waiting_on_others);
 /// login from `USER` as the command line's; `actions` lists it, newest first, escaped as text
 /// and whole as JSON. A failing requeue is recorded for none of its ids.
 ///
-/// Fails (the four entries missing) when the commands do not record (tried), and (`actions
-/// prints "\u{1b}" raw`) when the text table prints `who` as stored.
+/// The listing is longer than a pipe holds (200 older entries of 400 characters), so the
+/// harness must read it while the tool runs.
+///
+/// Fails (the entries missing) when the commands do not record (tried), (`actions prints
+/// "\u{1b}" raw`) when the text table prints `who` as stored, and (`ran longer than 60s`)
+/// when the harness reads the output only once the tool has ended (tried: CI's shared log
+/// had grown past 64 KiB and the tool blocked on its write).
 fn the_cli_writes_the_action_log(db: Db) {
     let Some(l) = live(db) else { return };
     let name = unique("cli_log");
@@ -942,6 +965,13 @@ fn the_cli_writes_the_action_log(db: Db) {
         })
         .collect();
     kill_row(&l, &name, ids[1]);
+    // Older entries enough to make a listing longer than a pipe holds (64 KiB).
+    let filler = "x".repeat(400);
+    for _ in 0..200 {
+        l.broker
+            .record_action("filler", "note", "elsewhere", &filler, 0)
+            .unwrap();
+    }
     let user = format!("ana\x1b]0;pwned\x07-{}", unique("u"));
     let desc = ["--table", name.as_str()];
     let as_user = |args: &[&str], desc: &[&str]| {
@@ -993,6 +1023,7 @@ fn the_cli_writes_the_action_log(db: Db) {
     assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
     assert_no_raw_controls("actions", &text.stdout);
     let out = stdout(&text);
+    assert!(out.len() > 64 * 1024, "{} bytes", out.len());
     assert!(out.starts_with("AT"), "{out}");
     assert!(out.contains("ana\\u{1b}]0;pwned\\u{7}-"), "{out}");
 }
