@@ -576,6 +576,22 @@ macro_rules! per_db_form {
     };
 }
 
+/// The `postgres` and `mysql` tests of `per_server!` and `per_db!`, inside their module.
+#[macro_export]
+macro_rules! server_tests {
+    ($body:ident) => {
+        #[test]
+        fn postgres() {
+            super::$body(common::Db::Postgres)
+        }
+        #[cfg(feature = "mysql")]
+        #[test]
+        fn mysql() {
+            super::$body(common::Db::Mysql)
+        }
+    };
+}
+
 /// Runs a test body for each server (PostgreSQL, MySQL), named `<name>::<db>`: for what only
 /// a server has (the row lock form, sessions, a pool the application can hold).
 #[macro_export]
@@ -583,15 +599,7 @@ macro_rules! per_server {
     ($body:ident) => {
         mod $body {
             use super::*;
-            #[test]
-            fn postgres() {
-                super::$body(common::Db::Postgres)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql() {
-                super::$body(common::Db::Mysql)
-            }
+            server_tests!($body);
         }
     };
 }
@@ -606,15 +614,7 @@ macro_rules! per_db {
             fn sqlite() {
                 super::$body(common::Db::Sqlite)
             }
-            #[test]
-            fn postgres() {
-                super::$body(common::Db::Postgres)
-            }
-            #[cfg(feature = "mysql")]
-            #[test]
-            fn mysql() {
-                super::$body(common::Db::Mysql)
-            }
+            server_tests!($body);
         }
     };
 }

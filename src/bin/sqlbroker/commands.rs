@@ -93,10 +93,15 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
                 true => broker.set_rate_limit(&table, &args.key, max)?,
                 false => broker.set_concurrency_limit(&table, &args.key, max)?,
             }
-            let now = max.map_or_else(|| "lifted".to_string(), |n| format!("now {n}"));
+            let now = actions::limit_now(max);
             let action = if args.rate { "rate" } else { "limit" };
-            let detail = format!("key {:?} {now}", args.key);
-            logged(&broker, action, table.name(), &detail, 0);
+            logged(
+                &broker,
+                action,
+                table.name(),
+                &actions::limit_detail(&args.key, max),
+                0,
+            );
             say(format_args!(
                 "table {}: {}limit {} is {now}\n",
                 table.name(),

@@ -19,6 +19,17 @@ pub(super) fn logged(broker: &Broker, action: &str, table: &str, detail: &str, r
     }
 }
 
+/// A limit's max as said and logged: `now 5`, or `lifted`.
+pub(crate) fn limit_now(max: Option<u32>) -> String {
+    max.map_or_else(|| "lifted".to_string(), |n| format!("now {n}"))
+}
+
+/// What the log records of a limit set or lifted (by the dashboard and the `limit` command
+/// alike): `key "{account}" now 5`.
+pub(crate) fn limit_detail(key: &str, max: Option<u32>) -> String {
+    format!("key {key:?} {}", limit_now(max))
+}
+
 /// Who the log names for a command: the login name the environment gives (`USER`,
 /// `LOGNAME`), marked as the command line's.
 fn who() -> String {

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use sqlbroker::Table;
 
+use super::super::actions::limit_detail;
 use super::filters::{bulk_verb, describe, filter_of, BATCH, BULK_MAX, BULK_TIME};
 use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
@@ -390,7 +391,7 @@ fn act(
         true => (yes, 1),
         false => (no, 0),
     };
-    let detail = match (id, all) {
+    let mut detail = match (id, all) {
         (_, true) => "every dead letter".to_string(),
         (Some(id), _) => format!("job {id}"),
         _ => String::new(),
@@ -439,6 +440,7 @@ fn act(
                 "rate" => (b.set_rate_limit(table, key, max), "rate limit"),
                 _ => (b.set_concurrency_limit(table, key, max), "limit"),
             };
+            detail = limit_detail(key, max);
             set.map(|()| match max {
                 Some(n) => (format!("{what} {key:?} set to {n}"), 0),
                 None => (format!("{what} {key:?} lifted"), 0),
@@ -464,17 +466,6 @@ fn act(
             )
         }
         Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
-    };
-    let detail = match action {
-        // As the command line's `limit` records it; the max was read above.
-        "limit" | "rate" => {
-            let now = match field(form, "max").map(str::trim) {
-                None | Some("") | Some("lift") => "lifted".to_string(),
-                Some(n) => format!("now {n}"),
-            };
-            format!("key {:?} {now}", field(form, "key").unwrap_or_default())
-        }
-        _ => detail,
     };
     let note = logged(db, &who(ctx, rq), action, table, &detail, rows);
     back_to(db, table, form, &format!("{message}{note}"))
