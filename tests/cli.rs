@@ -36,7 +36,6 @@ fn run_with_env(
     if let Some(url) = url {
         cmd.env("DATABASE_URL", url);
     }
-    let start = Instant::now();
     let mut child = cmd.spawn().expect("run sqlbroker");
     child
         .stdin
@@ -44,8 +43,18 @@ fn run_with_env(
         .unwrap()
         .write_all(stdin.as_bytes())
         .unwrap();
-    // Read while it runs: output past the pipe's buffer (64 KiB) would block the child's
-    // writes until it was read, and the wait below would end in the limit.
+    ended_within(
+        child,
+        limit,
+        &format!("sqlbroker {args:?} ran longer than {limit:?}"),
+    )
+}
+
+/// The child's output once it has ended, read while it runs: output past the pipe's buffer
+/// (64 KiB) would block the child's writes until it was read, and the wait would end in the
+/// limit. Past `limit` the child is killed and `what` fails the test.
+fn ended_within(mut child: std::process::Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
     let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
         std::thread::spawn(move || {
             let mut out = Vec::new();
@@ -61,7 +70,7 @@ fn run_with_env(
         }
         if start.elapsed() > limit {
             let _ = child.kill();
-            panic!("sqlbroker {args:?} ran longer than {limit:?}");
+            panic!("{what}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -1654,16 +1663,8 @@ fn spawn_bench(l: &common::Live, jobs: &str, more: &[&str]) -> std::process::Chi
 }
 
 /// The child's output once it has ended, within a minute (else killed: `what` failed).
-fn ended(mut child: std::process::Child, what: &str) -> Output {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("{what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+fn ended(child: std::process::Child, what: &str) -> Output {
+    ended_within(child, Duration::from_secs(60), what)
 }
 
 /// `bench --ack deferred` with another form than lease is a usage error (exit 2) before
