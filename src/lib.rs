@@ -350,10 +350,12 @@
 //! - Delivery order is priority ([`Table::priorities`]), then due time, then id, per claim; it
 //!   is not a FIFO across workers, except within a FIFO group ([`Table::fifo`]): one row at a
 //!   time, in publish order.
-//!   PostgreSQL lease tables without priorities or FIFO groups claim from a cursor past the
-//!   last row claimed (so a long backlog's dead index entries are not walked by every claim):
-//!   a row that becomes claimable behind it (an expired lease, a row handed back) is claimed
-//!   by the next pass from the head, within about a second while claims run.
+//!   Tables without priorities or FIFO groups claim from a cursor past the last row claimed
+//!   (PostgreSQL in every form, MySQL/MariaDB in the row lock and lease forms), so a long
+//!   backlog's dead index entries are not walked by every claim: a row that becomes claimable
+//!   behind it (an expired lease, a row handed back) is claimed by the next pass from the
+//!   head, within about a second while claims run (longer only while a walk from the head
+//!   takes over a tenth of a second: then ten times that walk).
 //! - A publish wakes idle claim workers at once, at most as many as it made rows: on its own
 //!   broker always; on other brokers and processes through PostgreSQL `LISTEN/NOTIFY` (one
 //!   dedicated session per broker, reconnected with backoff; a reconnection wakes every

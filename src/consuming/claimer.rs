@@ -115,16 +115,30 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
 /// and, as an empty claim would, clears the last claim error (the table answers again).
 /// Unsure (no check on this database, an error, a subscription stopping) is false: claim.
 ///
+/// Where the claims read on from the cursor, so does the check: from the head, every idle
+/// poll walked the entries a snapshot held elsewhere keeps from purge. When the next claim is
+/// the one from the head (`runtime/cursor.rs`), no check: that claim goes ahead.
+///
 /// [`TableSql::any_ready`]: crate::dialect::TableSql::any_ready
 fn nothing_ready(ctx: &Ctx) -> bool {
-    let Some(sql) = &ctx.queue.sql.any_ready else {
+    let sql = &ctx.queue.sql;
+    let Some(from_head) = &sql.any_ready else {
         return false;
+    };
+    let now = Value::Time(claim_now(SystemTime::now()));
+    let mut args = vec![now.clone(), now];
+    let check = match (&sql.any_ready_from, ctx.cursor.peek_next()) {
+        (Some(_), None) => return false,
+        (Some(from), Some(Some((run_at, id)))) => {
+            args.extend([Value::Time(run_at), Value::Time(run_at), Value::Int(id)]);
+            from
+        }
+        _ => from_head,
     };
     let Ok(Some(mut conn)) = ctx.claim_conn(None) else {
         return false;
     };
-    let now = Value::Time(claim_now(SystemTime::now()));
-    match conn.query(sql, &[now.clone(), now]) {
+    match conn.query(check, &args) {
         Ok(rows) if rows.is_empty() => {
             ctx.clear_error();
             true
@@ -476,6 +490,35 @@ mod tests {
         );
         // One per 50 ms poll for 500 ms; never the fast polls (no rows were ever found).
         assert!((4..=12).contains(&polls), "{polls} polls in 500 ms");
+    }
+
+    /// The idle poll's check reads where the next claim would: from the cursor once it is
+    /// set, from the head before; and when the next claim is the one from the head, no check
+    /// (the claim goes ahead). Fails with the check from the head whatever the cursor says
+    /// (MariaDB fell behind a steady load while a snapshot was held).
+    #[test]
+    fn the_idle_check_reads_where_the_claims_do() {
+        let script = Arc::new(Script {
+            any_ready: true,
+            ..Script::default()
+        });
+        let ctx = ctx(&script, Form::Lease, options(4));
+        let checks = || -> Vec<String> { std::mem::take(&mut *script.log.lock()) };
+        let only = |log: Vec<String>| -> Vec<String> {
+            log.into_iter()
+                .filter(|s| s.starts_with("any_ready"))
+                .collect()
+        };
+        assert!(nothing_ready(&ctx));
+        assert_eq!(only(checks()), ["any_ready"]);
+        let start = ctx.cursor.start();
+        let key = (std::time::UNIX_EPOCH + Duration::from_secs(5), 7);
+        ctx.cursor.advance(start, 1, [key].into_iter());
+        assert!(nothing_ready(&ctx));
+        assert_eq!(only(checks()), ["any_ready_from"]);
+        ctx.cursor.rewind();
+        assert!(!nothing_ready(&ctx), "the claim from the head goes ahead");
+        assert_eq!(only(checks()), Vec::<String>::new());
     }
 
     /// A paused table's worker claims nothing, reads the registry's flag about once per poll

@@ -306,6 +306,11 @@ pub(crate) struct TableSql {
     /// keyed elsewhere count), so a "no" is always right.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub any_ready: Option<String>,
+    /// `(now, now, run_at, run_at, id)`: [`any_ready`](Self::any_ready) past the claim
+    /// cursor, where the claims read on from it. From the head, every idle poll would walk
+    /// the entries a snapshot held elsewhere keeps from purge.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub any_ready_from: Option<String>,
     /// PostgreSQL: `(payload)` notifies the table's channel (see [`Dialect::announce`]).
     pub notify: Option<String>,
     /// `(after, limit)` -> the `dead_list` columns of the dead-lettered rows with ids above

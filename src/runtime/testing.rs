@@ -32,7 +32,8 @@ pub(crate) struct Script {
     pub panic_on_renew: bool,
     /// The row lock claim's query panics.
     pub panic_on_query: bool,
-    /// The table has the idle poll's readiness check (`any_ready`, which finds nothing).
+    /// The table has the idle poll's readiness check (`any_ready`, and `any_ready_from` past
+    /// the cursor; both find nothing).
     pub any_ready: bool,
     /// The registry's pause flag of the table, as its `paused` query reads it.
     pub paused: std::sync::atomic::AtomicBool,
@@ -98,6 +99,7 @@ impl Dialect for Scripted {
             claim: "claim".into(),
             unclaim: "unclaim".into(),
             any_ready: self.0.any_ready.then(|| "any_ready".into()),
+            any_ready_from: self.0.any_ready.then(|| "any_ready_from".into()),
             ..TableSql::default()
         }
     }

@@ -321,6 +321,16 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         sql.key_lock = Some("SELECT GET_LOCK(?, 0)".into());
         sql.key_unlock = Some("SELECT RELEASE_LOCK(?)".into());
     }
+    // The idle poll's check reads where the claims do (flow-controlled claims do not use the
+    // cursor).
+    if let (Some(from), None) = (&cursor, &sql.limited) {
+        if sql.claim_from.is_some() {
+            sql.any_ready_from = Some(format!(
+                "SELECT 1 FROM {} WHERE {ready} AND {free}{from} LIMIT 1",
+                on_ready(from)
+            ));
+        }
+    }
     sql
 }
 
@@ -853,13 +863,23 @@ mod tests {
                  `dead_at` IS NULL AND `run_at` <= ? AND (`run_at` > ? OR (`run_at` = ? AND `id` > ?)) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );
-        let fifo = Table::new("emails").text_column("to").group("to").fifo();
-        assert!(compile(fifo).claim_from.is_none());
+        let fifo = compile(Table::new("emails").text_column("to").group("to").fifo());
+        assert!(fifo.claim_from.is_none() && fifo.any_ready_from.is_none());
         assert_eq!(sql.ack, "DELETE FROM `emails` WHERE `id` = ?");
         assert_eq!(
             sql.any_ready.as_deref(),
             Some("SELECT 1 FROM `emails` WHERE `dead_at` IS NULL AND `run_at` <= ? AND ? IS NOT NULL LIMIT 1")
         );
+        assert_eq!(
+            sql.any_ready_from.as_deref(),
+            Some(
+                "SELECT 1 FROM `emails` FORCE INDEX (`emails_ready`) WHERE `dead_at` IS NULL AND \
+                 `run_at` <= ? AND ? IS NOT NULL AND (`run_at` > ? OR (`run_at` = ? AND `id` > ?)) \
+                 LIMIT 1"
+            )
+        );
+        let limited = Table::new("emails").concurrency_limit("", 2);
+        assert!(compile(limited).any_ready_from.is_none());
         assert_eq!(
             compile(Table::new("jobs").lease(std::time::Duration::from_secs(30)))
                 .any_ready
