@@ -408,3 +408,41 @@ fn slots_held_are_counted_by_name() {
     a.query("SELECT RELEASE_ALL_LOCKS()", &[]).unwrap();
     assert_eq!(d.slots_held(&mut *b, &keys, 5).unwrap(), [0, 0, 0]);
 }
+
+/// The idle poll's check past the cursor runs on the server and binds `(now, now, run_at,
+/// run_at, id)` in that order: a ready row past the cursor is found, none once the cursor is
+/// at the last row, and rows under a live lease are not counted. (The claimer treats an error
+/// as "unsure" and claims, so a statement the server refused would pass unseen elsewhere.)
+#[test]
+fn the_idle_check_reads_past_the_cursor() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, |n| Table::new(n).lease(Duration::from_secs(5)));
+    let sql = d.compile(&s.spec);
+    let check = sql
+        .any_ready_from
+        .as_deref()
+        .expect("a lease table's check");
+    let mut c = d.connect().unwrap();
+    let now = crate::model::schedule::floor(SystemTime::now());
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            insert(
+                &mut *c,
+                &sql,
+                &[Value::Bytes(b"x".to_vec()), Value::Time(now)],
+            )
+        })
+        .collect();
+    let found = |c: &mut dyn DbConn, after: i64| {
+        let mut args = vec![Value::Time(now); 4];
+        args.push(Value::Int(after));
+        c.query(check, &args).expect("the check runs").len()
+    };
+    assert_eq!(found(&mut *c, ids[0] - 1), 1);
+    assert_eq!(found(&mut *c, ids[0]), 1);
+    assert_eq!(found(&mut *c, ids[1]), 0, "nothing past the last row");
+    let token = now + Duration::from_secs(5);
+    let leased = d.lease_claim(&mut *c, &sql, now, 2, token, None).unwrap();
+    assert_eq!(leased.len(), 2);
+    assert_eq!(found(&mut *c, ids[0] - 1), 0, "rows under a live lease");
+}
