@@ -381,6 +381,10 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                     if let Some(room) = ctx.queue.flow.room_wait() {
                         wait = wait.min(room + Duration::from_millis(1));
                     }
+                    // Rows may wait behind the cursor: claim again at the head's turn.
+                    if let Some(head) = ctx.cursor.head_in() {
+                        wait = wait.min(head + Duration::from_millis(1));
+                    }
                     polling = !ctx.queue.wake.wait(seen, wait);
                     empty = after_wait(empty, polling);
                 } else {
@@ -519,6 +523,45 @@ mod tests {
         ctx.cursor.rewind();
         assert!(!nothing_ready(&ctx), "the claim from the head goes ahead");
         assert_eq!(only(checks()), Vec::<String>::new());
+    }
+
+    /// A claim from the cursor that finds nothing sends the worker's next claim to the head
+    /// as soon as the head's turn comes, not after a poll interval: a row behind the cursor
+    /// (an immediate retry behind a higher id) waits no longer. Fails (no `claim head` within
+    /// 2 s of a 10 s poll) with the wait not capped at the head's turn.
+    #[test]
+    fn an_empty_claim_from_the_cursor_claims_from_the_head_next() {
+        let script = Arc::new(Script {
+            cursor: true,
+            ..Script::default()
+        });
+        let mut opts = options(4);
+        opts.poll_interval = Duration::from_secs(10);
+        let ctx = ctx(&script, Form::Lease, opts);
+        let start = ctx.cursor.start();
+        let key = (std::time::UNIX_EPOCH + Duration::from_secs(5), 7);
+        ctx.cursor.advance(start, 1, [key].into_iter());
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let (alive, _exited) = crossbeam_channel::bounded::<()>(0);
+        let worker = {
+            let (ctx, rx) = (ctx.clone(), rx.clone());
+            std::thread::spawn(move || run(ctx, tx, rx, alive))
+        };
+        let claims = || -> Vec<String> {
+            let log = script.log.lock();
+            log.iter()
+                .filter(|s| s.starts_with("claim "))
+                .cloned()
+                .collect()
+        };
+        let began = std::time::Instant::now();
+        while claims().len() < 2 && began.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ctx.stop();
+        worker.join().unwrap();
+        let first: Vec<String> = claims().into_iter().take(2).collect();
+        assert_eq!(first, ["claim from", "claim head"]);
     }
 
     /// A paused table's worker claims nothing, reads the registry's flag about once per poll

@@ -28,7 +28,8 @@
 //! with a snapshot held, mended"). Spaced and one at a time, the walks from the head take at
 //! most about a tenth of one worker's time; the price is that a row behind the cursor waits
 //! up to that spacing, which is longer than [`RESCAN`] only while a walk from the head takes
-//! over a tenth of a second.
+//! over a tenth of a second. A worker whose claim from the cursor found nothing claims again
+//! at the head's turn ([`ClaimCursor::head_in`]), not after its poll interval.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -140,9 +141,9 @@ impl ClaimCursor {
         self.state.lock().after
     }
 
-    /// How long until the next claim reads from the head, if a short claim asked for that and
-    /// the spacing has not passed yet.
-    #[cfg(test)]
+    /// How long until the next claim reads from the head, if a short claim from the cursor
+    /// asked for that: a worker whose claim came back empty claims again then, rather than
+    /// sleeping through it (a row behind the cursor, an immediate retry, waits no longer).
     pub fn head_in(&self) -> Option<Duration> {
         let s = self.state.lock();
         s.behind

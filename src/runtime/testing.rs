@@ -35,6 +35,9 @@ pub(crate) struct Script {
     /// The table has the idle poll's readiness check (`any_ready`, and `any_ready_from` past
     /// the cursor; both find nothing).
     pub any_ready: bool,
+    /// Lease claims read on from the cursor (`claim_from`), and log where each read: `claim
+    /// head` or `claim from`.
+    pub cursor: bool,
     /// The registry's pause flag of the table, as its `paused` query reads it.
     pub paused: std::sync::atomic::AtomicBool,
 }
@@ -100,6 +103,7 @@ impl Dialect for Scripted {
             unclaim: "unclaim".into(),
             any_ready: self.0.any_ready.then(|| "any_ready".into()),
             any_ready_from: self.0.any_ready.then(|| "any_ready_from".into()),
+            claim_from: self.0.cursor.then(|| "claim_from".into()),
             ..TableSql::default()
         }
     }
@@ -128,8 +132,12 @@ impl Dialect for Scripted {
         _: SystemTime,
         limit: usize,
         _: SystemTime,
-        _: Option<(SystemTime, i64)>,
+        after: Option<(SystemTime, i64)>,
     ) -> Result<Vec<Vec<Value>>, DbError> {
+        if self.0.cursor {
+            let from = if after.is_some() { "from" } else { "head" };
+            self.0.log.lock().push(format!("claim {from}"));
+        }
         let n = self.0.claims.fetch_add(1, Ordering::SeqCst) + 1;
         if self.0.panic_on_claim == Some(n) {
             panic!("scripted claim panic");
