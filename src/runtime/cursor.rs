@@ -144,10 +144,15 @@ impl ClaimCursor {
     /// How long until the next claim reads from the head, if a short claim from the cursor
     /// asked for that: a worker whose claim came back empty claims again then, rather than
     /// sleeping through it (a row behind the cursor, an immediate retry, waits no longer).
+    /// `None` while a claim from the head is under way: it reads what is behind.
     pub fn head_in(&self) -> Option<Duration> {
+        self.head_in_at(Instant::now())
+    }
+
+    fn head_in_at(&self, now: Instant) -> Option<Duration> {
         let s = self.state.lock();
-        s.behind
-            .then(|| s.head_due().saturating_duration_since(Instant::now()))
+        let flying = s.head_flying.is_some_and(|at| now < at + s.period());
+        (s.behind && !flying).then(|| s.head_due().saturating_duration_since(now))
     }
 
     /// The next claim starts from the head whatever the cursor says (`testing::drain`: a claim
@@ -300,6 +305,11 @@ mod tests {
         for other in [t, t + RESCAN / 2] {
             assert_eq!(c.start_at(other).after, Some(key(5, 5)));
         }
+        // A claim from the cursor comes back empty meanwhile: its worker is not sent to claim
+        // again at once (it would spin on empty claims for as long as the walk takes).
+        let short = c.start_at(t);
+        c.advance_at(t, short, 4, std::iter::empty());
+        assert_eq!(c.head_in_at(t + RESCAN / 2), None);
         // The claim from the head never reported (its statement failed): after a period
         // another claim reads from the head.
         let again = c.start_at(t + RESCAN);
