@@ -62,8 +62,8 @@ struct State {
     /// Bumped when a claim from the head moves the cursor back: a claim that started before
     /// does not move it on (it would skip what the new pass has not read yet).
     pass: u64,
-    /// When the next claim reads from the head whatever the cursor says.
-    rescan_at: Instant,
+    /// The next claim reads from the head whatever the cursor says ([`ClaimCursor::rewind`]).
+    rewound: bool,
     /// When the last claim from the head began, and how long it took.
     head_at: Instant,
     head_cost: Duration,
@@ -92,7 +92,7 @@ impl Default for ClaimCursor {
             state: Mutex::new(State {
                 after: None,
                 pass: 0,
-                rescan_at: now + RESCAN,
+                rewound: false,
                 head_at: now,
                 head_cost: Duration::ZERO,
                 head_flying: None,
@@ -116,7 +116,7 @@ impl ClaimCursor {
         if head {
             s.head_flying = Some(now);
             s.head_at = now;
-            s.rescan_at = now + RESCAN;
+            s.rewound = false;
             s.behind = false;
         }
         Start {
@@ -160,9 +160,8 @@ impl ClaimCursor {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn rewind(&self) {
         let mut s = self.state.lock();
-        let now = Instant::now();
         s.head_flying = None;
-        (s.head_at, s.head_cost, s.rescan_at) = (now, Duration::ZERO, now);
+        s.rewound = true;
     }
 
     /// A claim that started at `start` asked for `limit` rows and took those keyed `keys`.
@@ -216,8 +215,9 @@ impl State {
     /// spacing after a short claim) and none is under way (or one has been for a period: it
     /// failed and never reported).
     fn head_turn(&self, now: Instant) -> bool {
-        let due =
-            now >= self.rescan_at.max(self.head_due()) || (self.behind && now >= self.head_due());
+        let due = self.rewound
+            || now >= self.head_at + self.period()
+            || (self.behind && now >= self.head_due());
         due && self.head_flying.is_none_or(|at| now >= at + self.period())
     }
 

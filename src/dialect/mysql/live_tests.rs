@@ -71,6 +71,13 @@ fn insert(c: &mut dyn DbConn, sql: &TableSql, values: &[Value]) -> i64 {
         .unwrap()
 }
 
+/// `n` rows of a plain table (payload and due time), due at `now`; their ids.
+fn insert_due(c: &mut dyn DbConn, sql: &TableSql, now: SystemTime, n: usize) -> Vec<i64> {
+    (0..n)
+        .map(|_| insert(c, sql, &[Value::Bytes(b"x".to_vec()), Value::Time(now)]))
+        .collect()
+}
+
 #[test]
 fn values_survive_the_columns() {
     let Some(d) = dialect() else { return };
@@ -143,15 +150,7 @@ fn lease_claim_renew_and_fence() {
     let sql = d.compile(&s.spec);
     let mut c = d.connect().unwrap();
     let now = crate::model::schedule::floor(SystemTime::now());
-    let ids: Vec<i64> = (0..3)
-        .map(|_| {
-            insert(
-                &mut *c,
-                &sql,
-                &[Value::Bytes(b"x".to_vec()), Value::Time(now)],
-            )
-        })
-        .collect();
+    let ids = insert_due(&mut *c, &sql, now, 3);
     let token = now + Duration::from_secs(5);
     let rows = d.lease_claim(&mut *c, &sql, now, 2, token, None).unwrap();
     assert_eq!(
@@ -424,15 +423,7 @@ fn the_idle_check_reads_past_the_cursor() {
         .expect("a lease table's check");
     let mut c = d.connect().unwrap();
     let now = crate::model::schedule::floor(SystemTime::now());
-    let ids: Vec<i64> = (0..2)
-        .map(|_| {
-            insert(
-                &mut *c,
-                &sql,
-                &[Value::Bytes(b"x".to_vec()), Value::Time(now)],
-            )
-        })
-        .collect();
+    let ids = insert_due(&mut *c, &sql, now, 2);
     let found = |c: &mut dyn DbConn, after: i64| {
         let mut args = vec![Value::Time(now); 4];
         args.push(Value::Int(after));

@@ -323,13 +323,11 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     }
     // The idle poll's check reads where the claims do (flow-controlled claims do not use the
     // cursor).
-    if let (Some(from), None) = (&cursor, &sql.limited) {
-        if sql.claim_from.is_some() {
-            sql.any_ready_from = Some(format!(
-                "SELECT 1 FROM {} WHERE {ready} AND {free}{from} LIMIT 1",
-                on_ready(from)
-            ));
-        }
+    if let (Some(from), Some(_), None) = (&cursor, &sql.claim_from, &sql.limited) {
+        sql.any_ready_from = Some(format!(
+            "SELECT 1 FROM {} WHERE {ready} AND {free}{from} LIMIT 1",
+            on_ready(from)
+        ));
     }
     sql
 }
