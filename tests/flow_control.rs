@@ -201,7 +201,8 @@ type Holder = Box<dyn std::any::Any>;
     allow(unused_variables)
 )]
 fn hold_first_slot(db: Db, url: &str, table: &str) -> Holder {
-    let key = format!("sqlbroker-limit:{table}:0:#0");
+    // The table-wide limit `""`'s only slot (max 1), named as the README says.
+    let key = format!("sqlbroker-limit:{table}:{}:#0", limit_id(""));
     match db {
         #[cfg(feature = "postgres")]
         Db::Postgres => {
@@ -224,6 +225,18 @@ fn hold_first_slot(db: Db, url: &str, table: &str) -> Holder {
         #[allow(unreachable_patterns)]
         _ => panic!("{db:?} holds no server session"),
     }
+}
+
+/// The name a concurrency limit's slot keys carry (README, "Flow control"): FNV-1a over
+/// `concurrency`, NUL, the template, NUL; its two 32-bit halves xored, in 8 hex digits.
+fn limit_id(template: &str) -> String {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for part in ["concurrency", template] {
+        for b in part.bytes().chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{:08x}", (h >> 32) ^ (h & 0xffff_ffff))
 }
 
 /// A crashed holder's slot comes back when its row does, never later: in the lease form when

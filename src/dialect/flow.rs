@@ -9,7 +9,8 @@ use crate::dialect::shared::Syntax;
 use crate::model::table::{Form, TableSpec};
 
 /// A rate-limited table's window slots, in the table `<table>_rates`: one row per slot of a
-/// limit's key, `(lim, rkey, slot)` its key, `at` the milliseconds since the epoch of the
+/// limit's key, `(lim, rkey, slot)` its key (`lim` names the limit by its template and window,
+/// [`RateSpec::lim_of`](crate::model::table::RateSpec::lim_of)), `at` the milliseconds since the epoch of the
 /// claim that took it last (0: never, or given back). A slot is free when `at` is at least a
 /// window old; a claim takes one by stamping it, fenced by that condition, so two claims
 /// never take one slot within a window, and a key has at most `max` slots (`slot < max`).
@@ -44,6 +45,9 @@ pub(crate) struct RateSql {
     /// `(lim, before)` deletes a limit's slots free since `before`: a key's slots are made
     /// again as claims need them, so an idle key keeps none.
     pub sweep: String,
+    /// `(before)` deletes every slot stamped before `before` (a day ago: free under any
+    /// window), of whichever limit: those of a limit no longer described too.
+    pub sweep_any: String,
 }
 
 /// Fair claims' reads: the next keys with claimable rows, found by skipping through the index
@@ -154,6 +158,7 @@ impl Syntax {
                 self.p(1),
                 self.p(2)
             ),
+            sweep_any: format!("DELETE FROM {t} WHERE at <= {}", self.p(1)),
         }
     }
 
@@ -210,11 +215,14 @@ impl Syntax {
         let build = |after: bool| {
             let cond = self.ready(spec, &self.p(1));
             let mut next = 2;
+            // The keys read are never `NULL`: the rows whose key is `NULL` are one key of their
+            // own, read apart at the end of each round. (MySQL and SQLite sort `NULL` first: a
+            // first step that found it would end the skip before any other key.)
             let lower = if after {
                 next += 1;
                 format!(" AND {c} > {}", self.p(next - 1))
             } else {
-                String::new()
+                format!(" AND {c} IS NOT NULL")
             };
             let step = self.ready(spec, &self.p(next));
             next += 1;

@@ -124,20 +124,23 @@ pub(crate) struct LimitSql {
 /// How many keys' slots one statement of [`Dialect::slots_held`] probes.
 pub(crate) const SLOT_PROBE_KEYS: usize = 100;
 
-/// Runs `sql(n)` `(max, name(prefix) x n)` for each run of at most [`SLOT_PROBE_KEYS`] of
-/// `prefixes`, each returning `(index in the run, held)` rows of the keys holding any: the held
-/// counts in `prefixes`' order (the servers' [`Dialect::slots_held`]).
+/// Runs `sql(n)` `(from, to, name(prefix) x n)` for each run of at most [`SLOT_PROBE_KEYS`]
+/// of `prefixes`, each returning `(index in the run, held)` rows of the keys holding any: the
+/// held counts in `prefixes`' order (the servers' [`Dialect::slots_held`]).
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn slots_held_in_runs(
     conn: &mut dyn DbConn,
     prefixes: &[String],
-    max: u32,
+    (from, to): (u32, u32),
     sql: impl Fn(usize) -> String,
     name: impl Fn(&str) -> String,
 ) -> Result<Vec<u32>, DbError> {
     let mut out = vec![0; prefixes.len()];
+    if from >= to {
+        return Ok(out);
+    }
     for (run, chunk) in prefixes.chunks(SLOT_PROBE_KEYS).enumerate() {
-        let mut params = vec![Value::Int(i64::from(max))];
+        let mut params = vec![Value::Int(i64::from(from)), Value::Int(i64::from(to))];
         params.extend(chunk.iter().map(|p| Value::Text(name(p))));
         for row in conn.query(&sql(chunk.len()), &params)? {
             let i = row.first().and_then(Value::as_i64).unwrap_or(-1);
@@ -881,21 +884,23 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     }
 
     /// For each of `prefixes` (a concurrency limit's slot keys of one key each, named before
-    /// [`Dialect::key_name`]), how many of the keys `<prefix>0` .. `<prefix>{max - 1}` are
-    /// held now, by any session (operators' counts, taking none). Default: those held through
-    /// the in-process registry; none without one.
+    /// [`Dialect::key_name`]), how many of the keys `<prefix>{from}` .. `<prefix>{to - 1}` are
+    /// held now, by any session, the one asking included (operators' counts, and a claim's
+    /// count past a lowered max; taking none). Default: those held through the in-process
+    /// registry; none without one.
     fn slots_held(
         &self,
         _conn: &mut dyn DbConn,
         prefixes: &[String],
-        max: u32,
+        from: u32,
+        to: u32,
     ) -> Result<Vec<u32>, DbError> {
         let keys = self.process_keys();
         Ok(prefixes
             .iter()
             .map(|prefix| match &keys {
                 None => 0,
-                Some(keys) => (0..max)
+                Some(keys) => (from..to)
                     .filter(|slot| keys.is_held(&format!("{prefix}{slot}")))
                     .count() as u32,
             })

@@ -432,10 +432,13 @@ impl Table {
     /// The database enforces it, not each broker's count (see the README's "Flow control"):
     /// lease form, claims of the table take turns under its record's row lock and count the
     /// leased rows per key; advisory lock form, each key has `max` slot keys
-    /// (`sqlbroker-limit:<table>:<n>:<key>#<slot>`) and a row runs holding one besides its
-    /// own key; row lock form (PostgreSQL, MySQL/MariaDB), the same slot keys, held by the
-    /// delivery's session. A crash frees the slots with the rows: the lease's expiry, or the
-    /// session's end.
+    /// (`sqlbroker-limit:<table>:<limit>:<key>#<slot>`, `<limit>` named by the template, so
+    /// the order limits are listed in changes nothing) and a row runs holding one besides its
+    /// own key (SQLite: keys of the process, so the limit holds within one process); row lock
+    /// form (PostgreSQL, MySQL/MariaDB), the same slot keys, held by the delivery's session. A
+    /// crash frees the slots with the rows: the lease's expiry, or the session's end. A max
+    /// lowered, or set after a lift, binds in every form: no row starts until fewer than the
+    /// new max are in work.
     ///
     /// `max` is `1..=`[`Table::MAX_CONCURRENCY`]; an operator changes it at run time with
     /// [`Broker::set_concurrency_limit`](crate::Broker::set_concurrency_limit). A message must
@@ -479,7 +482,10 @@ impl Table {
     /// finishes (a retry is claimed, and counted, again). `key` is a template as in
     /// [`Table::concurrency_limit`]; `""` is one key for the whole table. Several limits
     /// combine with each other and with concurrency limits: a row is claimed only when every
-    /// one has room.
+    /// one has room. A key may have several windows ("10 a second and 100 a minute"): each is
+    /// a limit of its own, set apart by its window
+    /// ([`Broker::set_rate_window`](crate::Broker::set_rate_window)); the same key and
+    /// window twice is refused.
     ///
     /// A row over the limit waits, ready: it spends no attempt and is not a failure. A claim
     /// that found a key full learns when its window next has room and claims again then
@@ -1085,15 +1091,26 @@ impl Table {
                     "rate limit {key:?}: the window must be 1 ms..=1 day, not {per:?}"
                 ));
             }
-            if out.iter().any(|l| l.key == *key) {
-                return Err(format!("rate limit {key:?} is given twice"));
+            let per_ms = per.as_millis().max(1) as i64;
+            // Two windows of one key ("10 a second and 100 a minute") are two limits; the
+            // same window twice is one given twice.
+            if out.iter().any(|l| l.key == *key && l.per_ms == per_ms) {
+                return Err(format!("rate limit {key:?} per {per:?} is given twice"));
             }
             let template = KeyTemplate::parse_limit(key, &self.columns)?;
+            let lim = RateSpec::lim_of(key, per_ms);
+            if let Some(other) = out.iter().find(|l| l.lim == lim) {
+                return Err(format!(
+                    "rate limits {key:?} and {:?} share the number their window slots are kept                      under (a hash collision): change either template",
+                    other.key
+                ));
+            }
             out.push(RateSpec {
                 key: key.clone(),
                 template,
                 max: *max,
-                per_ms: per.as_millis().max(1) as i64,
+                per_ms,
+                lim,
             });
         }
         Ok(out)
@@ -1142,10 +1159,18 @@ impl Table {
                 return Err(format!("concurrency limit {key:?} is given twice"));
             }
             let template = KeyTemplate::parse_limit(key, &self.columns)?;
+            let id = LimitSpec::id_of(key);
+            if let Some(other) = out.iter().find(|l| l.id == id) {
+                return Err(format!(
+                    "concurrency limits {key:?} and {:?} share the name their slot keys are                      taken under (a hash collision): change either template",
+                    other.key
+                ));
+            }
             out.push(LimitSpec {
                 key: key.clone(),
                 template,
                 max: *max,
+                id,
             });
         }
         Ok(out)
@@ -1160,6 +1185,20 @@ pub(crate) struct LimitSpec {
     pub template: KeyTemplate,
     /// The described `max` (an operator's setting in the record overrides it).
     pub max: u32,
+    /// What the limit's slot keys are named by ([`LimitSpec::id_of`]).
+    pub id: String,
+}
+
+impl LimitSpec {
+    /// The name of a limit in its slot keys: a hash of what the limit is (its template), never
+    /// of where it stands among the table's limits, so two services that list a table's limits
+    /// in another order (one description to the record check) share every slot. Eight hex
+    /// digits keep the slot keys short (MySQL's lock names are at most 64 characters before
+    /// they are hashed); two limits of one table that collide are refused.
+    pub fn id_of(key: &str) -> String {
+        let h = stable_hash(&["concurrency", key]);
+        format!("{:08x}", (h >> 32) ^ (h & 0xffff_ffff))
+    }
 }
 
 /// A validated rate limit.
@@ -1172,6 +1211,38 @@ pub(crate) struct RateSpec {
     pub max: u32,
     /// The window, in milliseconds (at least 1).
     pub per_ms: i64,
+    /// What the limit's window slots are kept under in `<table>_rates` ([`RateSpec::lim_of`]).
+    pub lim: i64,
+}
+
+impl RateSpec {
+    /// The number a rate limit's window slots are kept under: a hash of what the limit is (its
+    /// template and window), never of its place among the table's limits, so two services that
+    /// list them in another order share every window. 31 bits: the `lim` column is a 32-bit
+    /// integer on every database; two limits of one table that collide are refused.
+    pub fn lim_of(key: &str, per_ms: i64) -> i64 {
+        let h = stable_hash(&["rate", key, &per_ms.to_string()]);
+        ((h >> 33) ^ (h & 0x7fff_ffff)) as i64 & 0x7fff_ffff
+    }
+
+    /// The key of the rate limit's setting in the table's record (an operator's max):
+    /// `<template> per <window in ms> ms`, so two windows of one key are set apart.
+    pub fn setting_key(key: &str, per_ms: i64) -> String {
+        format!("{key} per {per_ms} ms")
+    }
+}
+
+/// FNV-1a over `parts` (each followed by a NUL, so no two lists of parts run together), 64
+/// bits: the same on every platform and release, for names that every broker of a table must
+/// compute alike.
+pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for part in parts {
+        for b in part.bytes().chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// A validated fair key.
@@ -1328,6 +1399,25 @@ impl TableSpec {
             .chain(self.rates.iter().map(|l| &l.template))
             .chain(self.fair.iter().map(|f| &f.template))
             .flat_map(KeyTemplate::columns)
+    }
+
+    /// What reads user column `col` among the templates a message must fill
+    /// ([`required_columns`](Self::required_columns)), in words: the first that does.
+    pub fn reader_of(&self, col: usize) -> String {
+        let reads = |t: &KeyTemplate| t.columns().any(|c| c == col);
+        if self.key.as_ref().is_some_and(reads) {
+            return "the advisory key template".into();
+        }
+        if let Some(l) = self.limits.iter().find(|l| reads(&l.template)) {
+            return format!("the concurrency limit {:?}", l.key);
+        }
+        if let Some(r) = self.rates.iter().find(|r| reads(&r.template)) {
+            return format!("the rate limit {:?}", r.key);
+        }
+        match &self.fair {
+            Some(f) if reads(&f.template) => format!("the fair key {:?}", f.key),
+            _ => "a key template".into(),
+        }
     }
 
     /// True if a claim decides more than the form's own hold: concurrency or rate limits, or

@@ -40,8 +40,8 @@ pub struct ConcurrencyLimit {
     /// The `max` in force: an operator's setting, else the described one; `None`: lifted.
     pub max: Option<u32>,
     /// Rows in work now that this limit counts (every key): leased rows in the lease form,
-    /// the slot keys held in the others. `None` for a lifted limit in the row lock and
-    /// advisory lock forms, whose rows then hold no slot.
+    /// the slot keys held in the others (a lifted limit's rows hold slots too). Always `Some`
+    /// (`None` was a lifted limit's in earlier releases).
     pub in_work: Option<u64>,
     /// Ready rows whose key of this limit is at its max, waiting on it (always `Some`).
     pub waiting: Option<u64>,
@@ -205,8 +205,9 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`BrokerError::InvalidOption`] for a `max` outside `1..=`[`Table::MAX_RATE`] or a key
-    /// the table's record describes no rate limit for, changing nothing;
+    /// [`BrokerError::InvalidOption`] for a `max` outside `1..=`[`Table::MAX_RATE`], a key
+    /// the table's record describes no rate limit for, or a key with several windows (name one
+    /// with [`set_rate_window`](Broker::set_rate_window)), changing nothing;
     /// [`BrokerError::UnknownTable`] for a table without a record.
     ///
     /// ```
@@ -226,7 +227,46 @@ impl Broker {
     /// ```
     pub fn set_rate_limit(&self, table: &Table, key: &str, max: Option<u32>) -> Result<()> {
         let q = self.queue(table)?;
-        registry::set_rate(&q, key, max)
+        registry::set_rate(&q, key, None, max)
+    }
+
+    /// Sets the `max` of the table's rate limit of key `key` and window `per` (a key may have
+    /// several windows: "10 a second and 100 a minute"), or lifts it (`None`), as
+    /// [`set_rate_limit`](Broker::set_rate_limit) does for a key with one window.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for a `max` outside `1..=`[`Table::MAX_RATE`], or a key
+    /// and window the table's record describes no rate limit for, changing nothing;
+    /// [`BrokerError::UnknownTable`] for a table without a record.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+    /// let calls = Table::new("calls")
+    ///     .text_column("account")
+    ///     .rate_limit("{account}", 10, second)
+    ///     .rate_limit("{account}", 100, minute)
+    ///     .lease(Duration::from_secs(30));
+    /// broker.create_table(&calls)?;
+    /// broker.set_rate_window(&calls, "{account}", minute, Some(50))?;
+    /// assert_eq!(broker.rate_limits(&calls)?[1].max, Some(50));
+    /// // Which of the two windows is meant is not told by the key alone.
+    /// assert!(broker.set_rate_limit(&calls, "{account}", Some(5)).is_err());
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn set_rate_window(
+        &self,
+        table: &Table,
+        key: &str,
+        per: std::time::Duration,
+        max: Option<u32>,
+    ) -> Result<()> {
+        let q = self.queue(table)?;
+        registry::set_rate(&q, key, Some(per), max)
     }
 
     /// The table's rate limits in force: each key template with its window, the `max` its

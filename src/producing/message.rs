@@ -297,8 +297,9 @@ impl Message {
                 return Err(BrokerError::InvalidMessage {
                     table: spec.name.clone(),
                     reason: format!(
-                        "no value for {name:?}, a column the advisory key template reads \
-                         (set it; Value::Null on purpose for no value)"
+                        "no value for {name:?}, a column {} reads (set it; Value::Null on \
+                         purpose for no value)",
+                        spec.reader_of(i)
                     ),
                 });
             }

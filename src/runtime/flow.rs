@@ -137,8 +137,18 @@ fn once_a_minute(last: &Mutex<Option<Instant>>) -> bool {
 
 /// A key as the rate slots' table holds it: long keys (past 200 bytes) are cut and given a hash
 /// of the whole, so they fit every database's key column. Two long keys that collide share a
-/// window: never more claims than a limit allows.
+/// window: never more claims than a limit allows. Every key ends with `|`, so no trailing
+/// space is the last character a collation sees: MySQL's `PAD SPACE` collations (the rate
+/// slots' `utf8mb4_bin` on MariaDB) would make `"a"` and `"a "` one key, where every other
+/// database, and the dedup keys, tell them apart.
 pub(crate) fn slot_key(key: &str) -> String {
+    let mut out = cut_key(key);
+    out.push('|');
+    out
+}
+
+/// `key`, or, past 200 bytes, its first 180 and a hash of the whole.
+fn cut_key(key: &str) -> String {
     if key.len() <= 200 {
         return key.to_string();
     }
@@ -161,7 +171,8 @@ mod tests {
     /// for their first 180 bytes stay apart.
     #[test]
     fn long_keys_fit_the_key_column() {
-        assert_eq!(slot_key("acme"), "acme");
+        assert_eq!(slot_key("acme"), "acme|");
+        assert_ne!(slot_key("a"), slot_key("a "));
         let a = format!("{}a", "é".repeat(150));
         let b = format!("{}b", "é".repeat(150));
         let (ka, kb) = (slot_key(&a), slot_key(&b));

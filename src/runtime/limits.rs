@@ -4,14 +4,14 @@
 //!
 //! [`Table::concurrency_limit`]: crate::Table::concurrency_limit
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::model::table::record::{limits_in_force, rates_in_force};
+use crate::model::table::record::{limit_slots, limits_in_force, rates_in_force};
 use crate::model::table::TableSpec;
 use crate::model::value::Value;
 
@@ -19,11 +19,28 @@ use crate::model::value::Value;
 /// lifted).
 pub(crate) type Maxes = Arc<[Option<u32>]>;
 
+/// What a record's text says of the limits, parsed once per text.
+struct Parsed {
+    text: String,
+    maxes: Maxes,
+    /// Concurrency limits: each one's slot space ([`limit_slots`]), in the description's order.
+    slots: Arc<[u32]>,
+    /// Concurrency limits: the keys (limit, rendered key) a claim found holding no slot at or
+    /// above the max in force, under this text: their claims need not look again
+    /// ([`LimitsInForce::clean`]). Bounded: forgotten whole past [`CLEAN_KEPT`].
+    clean: HashSet<(usize, String)>,
+}
+
+/// How many keys' checks a table keeps before it forgets them all and checks again.
+const CLEAN_KEPT: usize = 100_000;
+
 /// The limits in force, parsed once per text of the record: the concurrency limits
 /// ([`LimitsInForce::default`]) or the rate limits ([`LimitsInForce::rates`]).
 #[derive(Default)]
 pub(crate) struct LimitsInForce {
-    last: Mutex<Option<(String, Maxes)>>,
+    last: Mutex<Option<Parsed>>,
+    /// When a record's text was last given ([`LimitsInForce::of`]).
+    read_at: Mutex<Option<std::time::Instant>>,
     rates: bool,
 }
 
@@ -32,49 +49,117 @@ impl LimitsInForce {
     pub fn rates() -> Self {
         LimitsInForce {
             last: Mutex::default(),
+            read_at: Mutex::default(),
             rates: true,
         }
     }
 
     /// The maxes by the record's text `description`: a limit the record does not hold keeps
-    /// its described `max`.
+    /// its described `max`. Limits are matched by what they are (a concurrency limit's
+    /// template, a rate limit's template and window), never by their place in the list.
     pub fn of(&self, spec: &TableSpec, description: &str) -> Maxes {
-        let mut last = self.last.lock();
-        if let Some((text, maxes)) = &*last {
-            if text == description {
-                return maxes.clone();
-            }
-        }
-        let (recorded, described): (_, Vec<(&str, u32)>) = match self.rates {
-            false => (
-                limits_in_force(description),
-                spec.limits
-                    .iter()
-                    .map(|l| (l.key.as_str(), l.max))
-                    .collect(),
-            ),
-            true => (
-                rates_in_force(description),
-                spec.rates.iter().map(|l| (l.key.as_str(), l.max)).collect(),
-            ),
-        };
-        let maxes: Maxes = described
-            .iter()
-            .map(|(key, max)| {
-                recorded
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map_or(Some(*max), |(_, m)| *m)
-            })
-            .collect();
-        *last = Some((description.to_string(), maxes.clone()));
-        maxes
+        self.parsed(spec, description, |p| p.maxes.clone())
     }
 
-    /// The maxes of the record read last, if any: a hint for a claim that reads them again
-    /// before it decides.
-    pub fn last(&self) -> Option<Maxes> {
-        self.last.lock().as_ref().map(|(_, m)| m.clone())
+    /// `read` of the parse of `description`, made now if the text is not the one parsed last
+    /// (which also forgets the keys found clean under it).
+    fn parsed<T>(&self, spec: &TableSpec, description: &str, read: impl Fn(&Parsed) -> T) -> T {
+        *self.read_at.lock() = Some(std::time::Instant::now());
+        let mut last = self.last.lock();
+        if let Some(p) = &*last {
+            if p.text == description {
+                return read(p);
+            }
+        }
+        let (maxes, slots): (Maxes, Arc<[u32]>) = match self.rates {
+            false => {
+                let recorded = limits_in_force(description);
+                let spaces = limit_slots(description);
+                let maxes = spec
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        recorded
+                            .iter()
+                            .find(|(k, _)| *k == l.key)
+                            .map_or(Some(l.max), |(_, m)| *m)
+                    })
+                    .collect();
+                let slots = spec
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        spaces
+                            .iter()
+                            .find(|(k, _)| *k == l.key)
+                            .map_or(l.max, |(_, n)| *n)
+                    })
+                    .collect();
+                (maxes, slots)
+            }
+            true => {
+                let recorded = rates_in_force(description);
+                let maxes = spec
+                    .rates
+                    .iter()
+                    .map(|l| {
+                        recorded
+                            .iter()
+                            .find(|((k, per), _)| *k == l.key && *per == l.per_ms)
+                            .map_or(Some(l.max), |(_, m)| *m)
+                    })
+                    .collect();
+                (maxes, Arc::from([]))
+            }
+        };
+        let p = Parsed {
+            text: description.to_string(),
+            maxes,
+            slots,
+            clean: HashSet::new(),
+        };
+        let out = read(&p);
+        *last = Some(p);
+        out
+    }
+
+    /// The maxes of the record read last, if it was read less than `fresh` ago: a hint for a
+    /// claim that reads them again before it decides. (A claim that finds its limits full
+    /// takes no turn, where they are read again: without the age bound, it would go on
+    /// choosing by maxes an operator has since raised.)
+    pub fn last_within(&self, fresh: std::time::Duration) -> Option<Maxes> {
+        let read_at = *self.read_at.lock();
+        read_at.filter(|at| at.elapsed() < fresh)?;
+        self.last.lock().as_ref().map(|p| p.maxes.clone())
+    }
+
+    /// The slot spaces of the record read last (the described maxes before any read).
+    pub fn last_slots(&self, spec: &TableSpec) -> Arc<[u32]> {
+        match self.last.lock().as_ref() {
+            Some(p) => p.slots.clone(),
+            None => spec.limits.iter().map(|l| l.max).collect(),
+        }
+    }
+
+    /// True if a claim under the record read last found key `key` of limit `limit` holding no
+    /// slot at or above the max in force ([`LimitsInForce::found_clean`]): with every claim
+    /// since taking its slots below that max, none will until the record changes.
+    pub fn clean(&self, limit: usize, key: &str) -> bool {
+        self.last
+            .lock()
+            .as_ref()
+            .is_some_and(|p| p.clean.contains(&(limit, key.to_string())))
+    }
+
+    /// Notes that key `key` of limit `limit` holds no slot at or above the max in force of the
+    /// record read last.
+    pub fn found_clean(&self, limit: usize, key: &str) {
+        if let Some(p) = self.last.lock().as_mut() {
+            if p.clean.len() >= CLEAN_KEPT {
+                p.clean.clear();
+            }
+            p.clean.insert((limit, key.to_string()));
+        }
     }
 
     /// Reads the table's record on `conn` with `sql` (`(name) -> description`); a table with no
@@ -85,22 +170,40 @@ impl LimitsInForce {
         conn: &mut dyn DbConn,
         sql: &str,
     ) -> Result<Maxes, DbError> {
-        let rows = conn.query(sql, &[Value::Text(spec.name.clone())])?;
-        let text = match rows.first().and_then(|r| r.first()) {
-            Some(Value::Text(s)) => s.clone(),
-            Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
-            _ => String::new(),
-        };
+        let text = read_record(spec, conn, sql)?;
         Ok(self.of(spec, &text))
+    }
+
+    /// Reads the record as [`read`](Self::read) does: the maxes and the slot spaces.
+    pub fn read_with_slots(
+        &self,
+        spec: &TableSpec,
+        conn: &mut dyn DbConn,
+        sql: &str,
+    ) -> Result<(Maxes, Arc<[u32]>), DbError> {
+        let text = read_record(spec, conn, sql)?;
+        Ok(self.parsed(spec, &text, |p| (p.maxes.clone(), p.slots.clone())))
     }
 }
 
-/// The name of a concurrency limit's slot keys of `key` but for the slot's number: a key of
-/// limit `limit` (the description's order) has `max` slots, `<prefix>0` .. `<prefix>{max-1}`,
-/// taken by the row lock and advisory lock forms' claims and probed by operators' counts.
+/// The table's record's text, read on `conn` with `sql`; empty without one.
+fn read_record(spec: &TableSpec, conn: &mut dyn DbConn, sql: &str) -> Result<String, DbError> {
+    let rows = conn.query(sql, &[Value::Text(spec.name.clone())])?;
+    Ok(match rows.first().and_then(|r| r.first()) {
+        Some(Value::Text(s)) => s.clone(),
+        Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    })
+}
+
+/// The name of a concurrency limit's slot keys of `key` but for the slot's number: a key of the
+/// limit named `limit` ([`LimitSpec::id`](crate::model::table::LimitSpec)) has its slots
+/// `<prefix>0` .. `<prefix>{n-1}` (`n` its slot space), taken by the row lock and advisory lock
+/// forms' claims and probed by operators' counts. Named by what the limit is, so two
+/// descriptions that list a table's limits in another order share them.
 ///
 /// Modelled in model/limits.pml (take_slots).
-pub(crate) fn slot_prefix(table: &str, limit: usize, key: &str) -> String {
+pub(crate) fn slot_prefix(table: &str, limit: &str, key: &str) -> String {
     format!("sqlbroker-limit:{table}:{limit}:{key}#")
 }
 
@@ -149,6 +252,18 @@ impl InWork {
                 l.template.columns().next().is_none()
                     && max.is_some_and(|m| counts.values().sum::<u32>() >= m)
             })
+    }
+
+    /// True if one of the limits `which` is at its max for its key among `keys`.
+    pub fn full_at(&self, maxes: &[Option<u32>], keys: &[String], which: &[usize]) -> bool {
+        which.iter().any(|&i| {
+            let (Some(counts), Some(Some(max)), Some(key)) =
+                (self.counts.get(i), maxes.get(i), keys.get(i))
+            else {
+                return false;
+            };
+            counts.get(key).copied().unwrap_or(0) >= *max
+        })
     }
 
     /// True if a limit's count of one of `keys` is above its max (a row of `keys` counted in

@@ -354,18 +354,60 @@ fn ensure(q: &Queue, conn: &mut dyn DbConn) -> Result<(), DbError> {
 }
 
 /// Records `table` as the description of its table (`migrate`), replacing the record it had;
-/// the pause flag is kept.
+/// the pause flag is kept, and so are the concurrency limits' slot spaces (rows in work under
+/// the maxes the old record held may hold slots the new maxes do not reach:
+/// [`with_slots_kept`](crate::model::table::record::with_slots_kept)). The old record is read
+/// first and replaced only as read (read again if another writer came first).
 pub(crate) fn record(q: &Queue, table: &Table) -> Result<()> {
-    q.retrying("record table", |conn| {
-        ensure(q, conn)?;
+    use crate::model::table::record::with_slots_kept;
+    let text = table.to_record();
+    let mut written = false;
+    for _ in 0..10 {
+        let old = q.retrying("record table", |conn| {
+            ensure(q, conn)?;
+            read(&*q.dialect, conn, &q.spec.name)
+        })?;
+        let Some(old) = old else {
+            // No record: the upsert makes one (or, should one appear meanwhile, replaces it:
+            // a record written by a broker that found none, with no operator's settings).
+            let params = [
+                Value::Text(q.spec.name.clone()),
+                Value::Int(table.record_format()),
+                Value::Text(text.clone()),
+                Value::Time(SystemTime::now()),
+            ];
+            let upsert = q.dialect.registry().upsert;
+            q.retrying("record table", |conn| {
+                conn.execute(upsert, &params).map(drop)
+            })?;
+            written = true;
+            break;
+        };
+        let now = SystemTime::now();
+        let at = match old.updated_at.as_time() {
+            Some(t) => now.max(t + std::time::Duration::from_secs(1)),
+            None => now,
+        };
         let params = [
-            Value::Text(q.spec.name.clone()),
             Value::Int(table.record_format()),
-            Value::Text(table.to_record()),
-            Value::Time(SystemTime::now()),
+            Value::Text(with_slots_kept(&old.description, &text)),
+            Value::Time(at),
+            Value::Text(q.spec.name.clone()),
+            Value::Text(old.description.clone()),
+            old.updated_at.clone(),
         ];
-        conn.execute(q.dialect.registry().upsert, &params).map(drop)
-    })?;
+        let sql = q.dialect.registry().replace_stale;
+        if q.retrying("record table", |conn| conn.execute(sql, &params))? > 0 {
+            written = true;
+            break;
+        }
+    }
+    if !written {
+        return Err(q.err("record table")(DbError::new(
+            DbErrorKind::Transient,
+            "the record kept changing under ten tries",
+        )));
+    }
     q.described.store(true, Ordering::Release);
     Ok(())
 }
@@ -487,18 +529,28 @@ pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
     set_in_record(q, |text| with_limit_set(text, key, max).map_err(bad))
 }
 
-/// Records an operator's setting of the rate limit `key` of the table (`None`: lifted), as
-/// [`set_limit`] does.
-pub(crate) fn set_rate(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
+/// Records an operator's setting of the rate limit `key` of the table, the one of window
+/// `per` where given (a key with two windows must name one; `None`: lifted), as [`set_limit`]
+/// does.
+pub(crate) fn set_rate(
+    q: &Queue,
+    key: &str,
+    per: Option<std::time::Duration>,
+    max: Option<u32>,
+) -> Result<()> {
     use crate::model::table::{check_rate, record::with_rate_set};
     let bad = |reason: String| BrokerError::InvalidOption {
-        option: "set_rate_limit",
+        option: if per.is_some() {
+            "set_rate_window"
+        } else {
+            "set_rate_limit"
+        },
         reason,
     };
     if let Some(m) = max {
         check_rate(m).map_err(bad)?;
     }
-    set_in_record(q, |text| with_rate_set(text, key, max).map_err(bad))
+    set_in_record(q, |text| with_rate_set(text, key, per, max).map_err(bad))
 }
 
 /// Rewrites the table's record as `change` makes it from its text, where it is still the one

@@ -26,9 +26,9 @@ use crate::runtime::Queue;
 /// How much of each limit is used now, and what waits on it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Usage {
-    /// Per concurrency limit, in the description's order: rows in work (every key; `None` for
-    /// a lifted limit in the row lock and advisory lock forms, which then hold no slot), and
-    /// ready rows whose key is at the limit's max.
+    /// Per concurrency limit, in the description's order: rows in work (every key; a lifted
+    /// limit's rows in the row lock and advisory lock forms hold slots too), and ready rows
+    /// whose key is at the limit's max.
     pub limits: Vec<(Option<u64>, u64)>,
     /// Per rate limit: the claims in the window ending now (every key), and the ready rows
     /// whose key's window is full.
@@ -169,7 +169,6 @@ fn in_work(
 ) -> Result<Work, DbError> {
     let spec = &q.spec;
     let mut per_key = vec![HashMap::new(); spec.limits.len()];
-    let mut known = vec![true; spec.limits.len()];
     match (&q.sql.limited, spec.form) {
         (Some(sql), Form::Lease) if !spec.limits.is_empty() => {
             for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
@@ -180,11 +179,11 @@ fn in_work(
             }
         }
         _ => {
-            for (i, max) in maxes.iter().enumerate().take(spec.limits.len()) {
-                let Some(max) = max else {
-                    known[i] = false;
-                    continue;
-                };
+            // Every slot the rows in work may hold: below the max, and, after a lowered max
+            // or a lift, above it too (the record's slot space, as read with the maxes).
+            let slots = q.limits.last_slots(spec);
+            for (i, limit) in spec.limits.iter().enumerate() {
+                let space = slots.get(i).copied().unwrap_or(limit.max);
                 let distinct: Vec<&str> = keys
                     .iter()
                     .map(|k| k[i].as_str())
@@ -193,9 +192,9 @@ fn in_work(
                     .collect();
                 let prefixes: Vec<String> = distinct
                     .iter()
-                    .map(|key| slot_prefix(&spec.name, i, key))
+                    .map(|key| slot_prefix(&spec.name, &limit.id, key))
                     .collect();
-                let held = q.dialect.slots_held(conn, &prefixes, *max)?;
+                let held = q.dialect.slots_held(conn, &prefixes, 0, space)?;
                 for (key, held) in distinct.into_iter().zip(held) {
                     if held > 0 {
                         per_key[i].insert(key.to_string(), u64::from(held));
@@ -206,8 +205,7 @@ fn in_work(
     }
     let totals = per_key
         .iter()
-        .zip(&known)
-        .map(|(m, known)| (known.then(|| m.values().sum()), 0))
+        .map(|m| (Some(m.values().sum()), 0))
         .collect();
     Ok(Work {
         per_key,
@@ -234,15 +232,15 @@ fn rate_windows(
     };
     let at = millis(wall);
     let mut out = Vec::with_capacity(q.spec.rates.len());
-    for (i, (r, max)) in q.spec.rates.iter().zip(maxes).enumerate() {
+    for (r, max) in q.spec.rates.iter().zip(maxes) {
         let since = Value::Int(at - r.per_ms);
-        let rows = conn.query(&sql.claimed, &[Value::Int(i as i64), since.clone()])?;
+        let rows = conn.query(&sql.claimed, &[Value::Int(r.lim), since.clone()])?;
         let n = rows.first().and_then(|r| r.first()).and_then(Value::as_i64);
         let full = match max {
             None => HashSet::new(),
             Some(m) => {
                 let m = Value::Int(i64::from(*m));
-                conn.query(&sql.full, &[Value::Int(i as i64), since, m.clone(), m])?
+                conn.query(&sql.full, &[Value::Int(r.lim), since, m.clone(), m])?
                     .into_iter()
                     .filter_map(|row| match row.into_iter().next() {
                         Some(Value::Text(k)) => Some(k),

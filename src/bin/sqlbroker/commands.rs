@@ -89,9 +89,10 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };
-            match args.rate {
-                true => broker.set_rate_limit(&table, &args.key, max)?,
-                false => broker.set_concurrency_limit(&table, &args.key, max)?,
+            match (args.rate, args.per) {
+                (true, Some(per)) => broker.set_rate_window(&table, &args.key, per, max)?,
+                (true, None) => broker.set_rate_limit(&table, &args.key, max)?,
+                (false, _) => broker.set_concurrency_limit(&table, &args.key, max)?,
             }
             let now = actions::limit_now(max);
             let action = if args.rate { "rate" } else { "limit" };

@@ -226,6 +226,10 @@ struct LimitArgs {
     /// is then the most claims of one key in a window.
     #[arg(long)]
     rate: bool,
+    /// With --rate: the window of the rate limit meant (`1s`, `1m`), for a key with several
+    /// ("10 a second and 100 a minute"); a key with one window needs none.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "rate")]
+    per: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -53,7 +53,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
+use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all, InForce};
 use super::{rates, unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
@@ -150,14 +150,20 @@ fn scan(
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());
-    // Concurrency limits: the maxes in force, read from the record on each claim.
-    let maxes = match q.spec.limits.is_empty() {
+    // Concurrency limits: the maxes in force and slot spaces, read from the record on each
+    // claim.
+    let limits = match q.spec.limits.is_empty() {
         true => None,
         false => Some(
             q.limits
-                .read(&q.spec, &mut *conn, q.dialect.registry().limits)
+                .read_with_slots(&q.spec, &mut *conn, q.dialect.registry().limits)
                 .map_err(q.err("claim"))?,
         ),
+    };
+    let in_force = || {
+        limits
+            .as_ref()
+            .map(|(maxes, slots)| InForce { maxes, slots })
     };
     rates::sweep(ctx, &mut *conn);
     let rate_maxes = rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
@@ -174,11 +180,12 @@ fn scan(
         ctx.set_error(q.err("claim")(e));
         Ok(out)
     };
+    let mut fair_scan = super::fair::Scan::new(limit.max(16));
     loop {
         let fair = q.spec.fair.is_some();
         let rows = match &after {
-            // Fair claims: one read of candidates, key by key.
-            _ if fair => super::fair::candidates(ctx, &mut *conn, limit.max(16), now),
+            // Fair claims: candidates key by key, read on while the claim is short.
+            _ if fair => fair_scan.next(ctx, &mut *conn, now, &|_| false),
             None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
             Some((run_at, id)) => conn.query(
                 &q.sql.claim_after,
@@ -207,6 +214,7 @@ fn scan(
             let key = template.render(user);
             let keys = keys_of(ctx, &key, user);
             if keys.iter().any(|k| tried.contains(k)) {
+                fair_scan.busy(ctx, user);
                 continue;
             }
             let limit_keys = InWork::keys(&q.spec, user);
@@ -234,9 +242,10 @@ fn scan(
                     if held.len() < keys.len() {
                         // The key refused is in work here; those taken go back as `held` drops.
                         tried.insert(keys[held.len()].clone());
+                        fair_scan.busy(ctx, user);
                         continue;
                     }
-                    let slots = take_slots(ctx, maxes.as_deref(), &limit_keys, |k| {
+                    let slots = take_slots(ctx, &mut *conn, in_force(), &limit_keys, |_, k| {
                         Ok(registry.try_take(k))
                     });
                     match slots {
@@ -263,6 +272,7 @@ fn scan(
                                 holder: Holder::Process(held),
                             });
                             super::fair::served(ctx, user);
+                            fair_scan.took(ctx, user);
                             match Claimed::new(ctx, row, hold, unreadable) {
                                 Ok(c) => out.push(c),
                                 Err(e) => return partial(out, e),
@@ -282,6 +292,7 @@ fn scan(
                     if let Some(k) = keys.iter().find(|k| q.held_here.is_held(k)) {
                         // One of this broker's deliveries has it: the server would refuse.
                         tried.insert(k.clone());
+                        fair_scan.busy(ctx, user);
                         continue;
                     }
                     let names: Vec<String> = keys.iter().map(|k| q.dialect.key_name(k)).collect();
@@ -297,15 +308,16 @@ fn scan(
                     }
                     if taken < names.len() {
                         tried.insert(keys[taken].clone());
+                        fair_scan.busy(ctx, user);
                         if !unlock_all(ctx, &mut *conn, &mut session, &names[..taken]) {
                             return Ok(Vec::new());
                         }
                         continue;
                     }
                     let mut names = names;
-                    let slots = take_slots(ctx, maxes.as_deref(), &limit_keys, |k| {
+                    let slots = take_slots(ctx, &mut *conn, in_force(), &limit_keys, |c, k| {
                         let name = q.dialect.key_name(k);
-                        Ok(session.lock(&mut *conn, &sql, &name)?.then_some(name))
+                        Ok(session.lock(c, &sql, &name)?.then_some(name))
                     });
                     match slots {
                         Ok(Ok(slots)) => names.extend(slots),
@@ -366,7 +378,14 @@ fn scan(
             }
         }
         scanned += found;
-        if fair || out.len() >= limit || found < page || scanned >= SCAN_MAX {
+        if fair {
+            // The next keys of the rotation, or more rows of keys whose first were in work.
+            if found == 0 || out.len() >= limit {
+                return Ok(out);
+            }
+            continue;
+        }
+        if out.len() >= limit || found < page || scanned >= SCAN_MAX {
             return Ok(out);
         }
         page = (page * 2).min(SCAN_MAX - scanned);

@@ -7,31 +7,284 @@
 //!
 //! [`Table::fair`]: crate::Table::fair
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use super::SCAN_MAX;
 use crate::dialect::DbConn;
 use crate::error::DbError;
 use crate::model::table::Form;
 use crate::model::value::Value;
 use crate::runtime::Ctx;
 
-/// The fair claim's candidates for a claim of up to `want` rows at `now`: `id, run_at,
-/// <user columns>` each, in the order to take them. Rows that turn out not to be claimable
-/// (in work, a key at its limit) are passed by as usual, so each key offers a few rows more
-/// than its share.
-pub(super) fn candidates(
+/// How many keys a claim reads at a time once its first read came to nothing it could take:
+/// the rotation goes on past keys at their limit without a round trip per key.
+const KEYS_ON: usize = 64;
+
+/// One claim's walk through the fair rotation: batches of candidates ([`Scan::next`]), each
+/// either the next keys after those this claim was offered, or more rows of keys whose first
+/// rows were all in work. A claim walks on until it has what it came for, every key has been
+/// offered once, or it has read [`SCAN_MAX`] rows: so a key with room is reached by the claim
+/// that finds many keys at their limit before it, not a poll interval per few keys later, and
+/// a key's rows past the first few in work are reached too (the row lock and advisory lock
+/// forms, whose rows in work stay ready in the table).
+pub(super) struct Scan {
+    /// Keys wanted from the first read (a fair share of the claim's rows each).
+    want: usize,
+    /// Per key offered by this claim, by [`id`] (`Null`: the rows whose key is `NULL`): how
+    /// it was read.
+    keys: HashMap<String, Depth>,
+    /// Rows read by this claim.
+    read: usize,
+    /// The rotation came back to keys already offered: no more new keys.
+    round_done: bool,
+}
+
+/// How a key's rows were read by a claim.
+struct Depth {
+    /// The key's value.
+    value: Value,
+    /// The rows its last read asked for (its first rows), and how many came.
+    asked: usize,
+    got: usize,
+    /// The ids read.
+    ids: HashSet<i64>,
+    /// A row of it was in work ([`Scan::busy`]) since its last read: read deeper.
+    busy: bool,
+    /// A row of it was taken ([`Scan::took`]), or it is at a limit: not read deeper.
+    done: bool,
+}
+
+impl Scan {
+    /// A scan for a claim of up to `want` rows.
+    pub fn new(want: usize) -> Self {
+        Scan {
+            want: want.max(1),
+            keys: HashMap::new(),
+            read: 0,
+            round_done: false,
+        }
+    }
+
+    /// Notes that a row of key `user` (its user columns) was passed by because it was in work:
+    /// the key's next rows are read on the next batch.
+    pub fn busy(&mut self, ctx: &Ctx, user: &[Value]) {
+        if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
+            d.busy = true;
+        }
+    }
+
+    /// Notes that a row of key `user` was taken, or that the key is at a limit: its rows are
+    /// not read deeper.
+    pub fn took(&mut self, ctx: &Ctx, user: &[Value]) {
+        if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
+            d.done = true;
+        }
+    }
+
+    /// The next candidates, `id, run_at, <user columns>` each, in the order to take them (a
+    /// row of each key in turn); empty when the claim has walked as far as it may. `full(key)`:
+    /// a key known to be at a limit whatever its rows (the lease form counts its rows in work
+    /// before it reads): its rows are not read.
+    pub fn next(
+        &mut self,
+        ctx: &Ctx,
+        conn: &mut dyn DbConn,
+        now: SystemTime,
+        full: &dyn Fn(&Value) -> bool,
+    ) -> Result<Vec<Vec<Value>>, DbError> {
+        let deeper = self.deeper(ctx, conn, now)?;
+        if !deeper.is_empty() {
+            return Ok(deeper);
+        }
+        while !self.round_done && self.read < SCAN_MAX {
+            let first = self.keys.is_empty();
+            let want = if first { self.want } else { KEYS_ON };
+            let (keys, wrapped) = next_keys(ctx, conn, want, now)?;
+            let fresh: Vec<Value> = keys
+                .into_iter()
+                .filter(|k| !self.keys.contains_key(&id(k)))
+                .collect();
+            let null = wrapped && !self.keys.contains_key(&id(&Value::Null));
+            if fresh.is_empty() && !null {
+                self.round_done = true;
+                break;
+            }
+            // Until a row is taken ([`served`]): the next read, of this claim or the next,
+            // reads on past these keys.
+            if let Some(last) = fresh.last() {
+                ctx.queue.flow.served(Some(last.clone()));
+            } else if null {
+                ctx.queue.flow.served(None);
+            }
+            let mut offered: Vec<Value> = fresh;
+            if null {
+                offered.push(Value::Null);
+            }
+            for k in &offered {
+                self.keys.insert(id(k), Depth::new(k.clone()));
+            }
+            offered.retain(|k| !full(k));
+            if offered.is_empty() {
+                continue;
+            }
+            // Rows per key: a fair share of the claim, and at least two (the first may be in
+            // work).
+            let per_key = self.want.div_ceil(offered.len()).max(2);
+            let asked: Vec<(Value, usize)> = offered.into_iter().map(|k| (k, per_key)).collect();
+            let rows = self.heads(ctx, conn, now, &asked)?;
+            if !rows.is_empty() {
+                return Ok(rows);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// More rows of the keys whose rows read so far were in work, none taken, and which may
+    /// have more (their last read came back full): twice as many as last time.
+    fn deeper(
+        &mut self,
+        ctx: &Ctx,
+        conn: &mut dyn DbConn,
+        now: SystemTime,
+    ) -> Result<Vec<Vec<Value>>, DbError> {
+        if self.read >= SCAN_MAX {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<(Value, usize)> = self
+            .keys
+            .values_mut()
+            .filter(|d| d.busy && !d.done && d.got >= d.asked && d.asked > 0)
+            .map(|d| {
+                d.busy = false;
+                (d.value.clone(), (d.asked * 2).min(SCAN_MAX))
+            })
+            .collect();
+        if asked.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.heads(ctx, conn, now, &asked)
+    }
+
+    /// The first rows of each of `asked` (key, rows), less the rows this claim read before:
+    /// interleaved a row per key per round.
+    fn heads(
+        &mut self,
+        ctx: &Ctx,
+        conn: &mut dyn DbConn,
+        now: SystemTime,
+        asked: &[(Value, usize)],
+    ) -> Result<Vec<Vec<Value>>, DbError> {
+        let q = &ctx.queue;
+        let (Some(fair), Some(_)) = (&q.spec.fair, &q.sql.fair) else {
+            return Ok(Vec::new());
+        };
+        let per_cond = if q.spec.form == Form::Lease { 2 } else { 1 };
+        let named: Vec<&(Value, usize)> = asked
+            .iter()
+            .filter(|(k, _)| !matches!(k, Value::Null))
+            .collect();
+        let null = asked.iter().find(|(k, _)| matches!(k, Value::Null));
+        let text = q.flow.fair_heads(named.len(), null.is_some(), || {
+            q.dialect
+                .syntax()
+                .fair_heads(&q.spec, named.len(), null.is_some())
+        });
+        let mut params = Vec::new();
+        for (k, n) in &named {
+            params.push(k.clone());
+            params.extend(vec![Value::Time(now); per_cond]);
+            params.push(Value::Int(*n as i64));
+        }
+        if let Some((_, n)) = null {
+            params.extend(vec![Value::Time(now); per_cond]);
+            params.push(Value::Int(*n as i64));
+        }
+        let rows = conn.query(&text, &params)?;
+        self.read += rows.len();
+        for (k, n) in asked {
+            if let Some(d) = self.keys.get_mut(&id(k)) {
+                d.asked = *n;
+                d.got = 0;
+            }
+        }
+        // Key by key as read; offered round by round.
+        let col = 2 + fair.column;
+        let mut by_key: Vec<Vec<Vec<Value>>> = Vec::new();
+        let mut last: Option<Value> = None;
+        for row in rows {
+            let v = row.get(col).cloned().unwrap_or(Value::Null);
+            let row_id = row.first().and_then(Value::as_i64).unwrap_or(0);
+            let d = self
+                .keys
+                .entry(id(&v))
+                .or_insert_with(|| Depth::new(v.clone()));
+            d.got += 1;
+            if !d.ids.insert(row_id) {
+                continue;
+            }
+            if by_key.is_empty() || last.as_ref() != Some(&v) {
+                by_key.push(Vec::new());
+                last = Some(v);
+            }
+            if let Some(k) = by_key.last_mut() {
+                k.push(row);
+            }
+        }
+        let mut out = Vec::with_capacity(self.want * 2);
+        let mut round = 0;
+        loop {
+            let mut any = false;
+            for k in &mut by_key {
+                if let Some(row) = k.get_mut(round) {
+                    out.push(std::mem::take(row));
+                    any = true;
+                }
+            }
+            if !any {
+                return Ok(out);
+            }
+            round += 1;
+        }
+    }
+}
+
+impl Depth {
+    fn new(value: Value) -> Self {
+        Depth {
+            value,
+            asked: 0,
+            got: 0,
+            ids: HashSet::new(),
+            busy: false,
+            done: false,
+        }
+    }
+}
+
+/// A key's value as a map key: its type and value (a `Value` holds floats, so it is no `Eq`).
+fn id(v: &Value) -> String {
+    format!("{v:?}")
+}
+
+/// The fair key of a row whose user columns are `user` (`Null` for the `NULL` key).
+fn key_of(ctx: &Ctx, user: &[Value]) -> Option<Value> {
+    let fair = ctx.spec().fair.as_ref()?;
+    Some(user.get(fair.column).cloned().unwrap_or(Value::Null))
+}
+
+/// The next `want` keys of the rotation, after the key served last (wrapping to the first), and
+/// whether the round ended among them (the `NULL` key's turn).
+fn next_keys(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
     want: usize,
     now: SystemTime,
-) -> Result<Vec<Vec<Value>>, DbError> {
+) -> Result<(Vec<Value>, bool), DbError> {
     let q = &ctx.queue;
-    let (Some(sql), Some(fair)) = (&q.sql.fair, &q.spec.fair) else {
-        return Ok(Vec::new());
+    let Some(sql) = &q.sql.fair else {
+        return Ok((Vec::new(), false));
     };
-    let want = want.max(1);
-    let times = |n: usize| vec![Value::Time(now); n];
-    let per_cond = if q.spec.form == Form::Lease { 2 } else { 1 };
     let read_keys = |conn: &mut dyn DbConn, after: Option<&Value>, max: usize| {
         let mut params = vec![Value::Time(now)];
         if let Some(a) = after {
@@ -52,92 +305,37 @@ pub(super) fn candidates(
         .flow
         .fair_keys(KEYS_FRESH)
         .and_then(|all| rotate(&all, after.as_ref(), want));
-    let (keys, wrapped) = match cached {
+    if let Some(rotated) = cached {
         // Every key, read whole a moment ago: the rotation goes on from `after` in it.
-        Some(rotated) => rotated,
-        None => {
-            let mut keys = read_keys(conn, after.as_ref(), want)?;
-            // Short of `want` keys: the round ends here; the `NULL` key, then the first keys
-            // again.
-            let wrapped = keys.len() < want;
-            if wrapped {
-                let first = match after {
-                    Some(_) => read_keys(conn, None, want - keys.len())?,
-                    None => Vec::new(),
-                };
-                // Both reads came up short: these are all the keys there are, the first
-                // read's before `after` (in the database's order), then those after it.
-                let every = after.is_none() || first.len() < want - keys.len();
-                let mut all: Vec<Value> = first
-                    .iter()
-                    .filter(|k| !keys.contains(k))
-                    .cloned()
-                    .collect();
-                all.extend(keys.iter().cloned());
-                for k in first {
-                    if !keys.contains(&k) {
-                        keys.push(k);
-                    }
-                }
-                if every {
-                    q.flow.all_fair_keys(all);
-                }
-            }
-            (keys, wrapped)
-        }
-    };
-    if keys.is_empty() && !wrapped {
-        return Ok(Vec::new());
+        return Ok(rotated);
     }
-    // Until a row is taken ([`served`]): the next claim reads on past these keys, rather
-    // than the same ones again should none of them have a row to take.
-    q.flow.served(keys.last().cloned());
-    let branches = keys.len() + usize::from(wrapped);
-    // Rows per key: a fair share of the claim, and at least two (the first may be in work).
-    let per_key = want.div_ceil(branches).max(2);
-    let text = q.flow.fair_heads(keys.len(), wrapped, || {
-        q.dialect.syntax().fair_heads(&q.spec, keys.len(), wrapped)
-    });
-    let mut params = Vec::new();
-    for k in &keys {
-        params.push(k.clone());
-        params.extend(times(per_cond));
-        params.push(Value::Int(per_key as i64));
-    }
+    let mut keys = read_keys(conn, after.as_ref(), want)?;
+    // Short of `want` keys: the round ends here; the `NULL` key, then the first keys again.
+    let wrapped = keys.len() < want;
     if wrapped {
-        params.extend(times(per_cond));
-        params.push(Value::Int(per_key as i64));
-    }
-    let rows = conn.query(&text, &params)?;
-    // Key by key as read; offered round by round.
-    let col = 2 + fair.column;
-    let mut by_key: Vec<Vec<Vec<Value>>> = Vec::new();
-    let mut last: Option<Value> = None;
-    for row in rows {
-        let v = row.get(col).cloned().unwrap_or(Value::Null);
-        if by_key.is_empty() || last.as_ref() != Some(&v) {
-            by_key.push(Vec::new());
-            last = Some(v);
-        }
-        if let Some(k) = by_key.last_mut() {
-            k.push(row);
-        }
-    }
-    let mut out = Vec::with_capacity(want * 2);
-    let mut round = 0;
-    loop {
-        let mut any = false;
-        for k in &mut by_key {
-            if let Some(row) = k.get_mut(round) {
-                out.push(std::mem::take(row));
-                any = true;
+        let first = match after {
+            Some(_) => read_keys(conn, None, want - keys.len())?,
+            None => Vec::new(),
+        };
+        // Both reads came up short: these are all the keys there are, the first read's before
+        // `after` (in the database's order), then those after it.
+        let every = after.is_none() || first.len() < want - keys.len();
+        let mut all: Vec<Value> = first
+            .iter()
+            .filter(|k| !keys.contains(k))
+            .cloned()
+            .collect();
+        all.extend(keys.iter().cloned());
+        for k in first {
+            if !keys.contains(&k) {
+                keys.push(k);
             }
         }
-        if !any {
-            return Ok(out);
+        if every {
+            q.flow.all_fair_keys(all);
         }
-        round += 1;
     }
+    Ok((keys, wrapped))
 }
 
 /// How long a claim reuses the fair keys read whole by an earlier one instead of reading them

@@ -158,9 +158,15 @@ fn claim_limited(
         Ok(work)
     };
     let out = crate::dialect::in_transaction(conn, &sql.begin, |conn| {
-        // The maxes read last choose the rows; the turn reads them again and decides (SQLite:
-        // read now, this is the turn).
-        let maxes = match q.limits.last().filter(|_| !sql.turn_at_begin) {
+        // The maxes read last choose the rows, if read a moment ago (by the last claim's turn,
+        // which reads them again and decides); else they are read now (SQLite: always, this is
+        // the turn). A claim that finds its limits full takes no turn: it reads them each time,
+        // and follows a raise made by another process from its next claim.
+        let maxes = match q
+            .limits
+            .last_within(MAXES_FRESH)
+            .filter(|_| !sql.turn_at_begin)
+        {
             _ if !limited => crate::runtime::limits::Maxes::from([]),
             Some(m) => m,
             None => q.limits.read(spec, conn, registry.limits)?,
@@ -194,11 +200,33 @@ fn claim_limited(
         // A page of the batch first (on the servers locked as read): where no limit binds, it
         // is all the claim reads.
         let mut page = limit.clamp(1, SCAN_MAX);
+        let mut fair_scan = super::fair::Scan::new(limit);
+        // The limits whose key is the fair key's (or the table's): a fair key at one of them
+        // has no row to offer, whatever its rows hold.
+        let fair_col = spec.fair.as_ref().map(|f| f.column);
+        let covering: Vec<usize> = spec
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| {
+                fair_col.is_some() && l.template.columns().all(|c| Some(c) == fair_col)
+            })
+            .map(|(i, _)| i)
+            .collect();
         'scan: while !work.table_full(spec, &maxes) {
             let fair = spec.fair.is_some();
             let locked = usize::from(seen == 0 && !sql.lock.is_empty() && !fair);
             let rows = match cursor {
-                _ if fair => super::fair::candidates(ctx, conn, limit, now),
+                _ if fair => {
+                    let full = |v: &Value| {
+                        let mut user = vec![Value::Null; spec.columns.len()];
+                        if let Some(slot) = fair_col.and_then(|c| user.get_mut(c)) {
+                            *slot = v.clone();
+                        }
+                        work.full_at(&maxes, &InWork::keys(spec, &user), &covering)
+                    };
+                    fair_scan.next(ctx, conn, now, &full)
+                }
                 Some((
                     from,
                     Start {
@@ -264,7 +292,14 @@ fn claim_limited(
                     break 'scan;
                 }
             }
-            if fair || rows.len() < page || page >= SCAN_MAX {
+            if fair {
+                // The next keys of the rotation, while the claim is short.
+                if rows.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            if rows.len() < page || page >= SCAN_MAX {
                 break;
             }
             seen = rows.len();
@@ -332,6 +367,10 @@ fn claim_limited(
     super::rates::sweep(ctx, conn);
     out
 }
+
+/// How long a limited lease claim chooses by the maxes the last claim's turn read rather than
+/// reading the record itself.
+const MAXES_FRESH: Duration = Duration::from_millis(50);
 
 /// Locks rows chosen past a claim's first page (servers), by primary key, passing by those
 /// another claim holds: the ids of those still claimable.

@@ -83,9 +83,9 @@ pub(super) fn take(
     for (i, ((rate, key), max)) in ctx.spec().rates.iter().zip(keys).zip(maxes).enumerate() {
         // Lifted: no slot.
         let Some(max) = *max else { continue };
-        match take_one(sql, conn, i as i64, key, max, rate.per_ms, at)? {
+        match take_one(sql, conn, rate.lim, key, max, rate.per_ms, at)? {
             Ok(slot) => stamps.push(Stamp {
-                lim: i as i64,
+                lim: rate.lim,
                 key: key.clone(),
                 slot,
                 at,
@@ -208,7 +208,9 @@ pub(super) fn give_back(ctx: &Ctx, conn: &mut dyn DbConn, stamps: &[Stamp]) -> R
 }
 
 /// Deletes the free slots of the table's rate limits, once a minute per broker (a failure is
-/// logged: the next sweep tries again).
+/// logged: the next sweep tries again), and any slot a day old. A key's slots are made again as
+/// claims need them: the table holds at most `max` rows per key claimed within its window,
+/// whatever the rate of claims.
 pub(super) fn sweep(ctx: &Ctx, conn: &mut dyn DbConn) {
     let Some(sql) = &ctx.queue.sql.rates else {
         return;
@@ -217,11 +219,17 @@ pub(super) fn sweep(ctx: &Ctx, conn: &mut dyn DbConn) {
         return;
     }
     let now = millis(SystemTime::now());
-    for (i, rate) in ctx.spec().rates.iter().enumerate() {
-        let params = [Value::Int(i as i64), Value::Int(now - rate.per_ms)];
+    for rate in &ctx.spec().rates {
+        let params = [Value::Int(rate.lim), Value::Int(now - rate.per_ms)];
         if let Err(e) = conn.execute(&sql.sweep, &params) {
             log::debug!("table {}: sweeping rate slots: {e}", ctx.spec().name);
             return;
         }
+    }
+    // Any slot free for the longest window there is, whatever limit it was of: a limit no
+    // longer described (or named by an earlier release) keeps no rows.
+    let longest = crate::model::table::Table::MAX_RATE_WINDOW.as_millis() as i64;
+    if let Err(e) = conn.execute(&sql.sweep_any, &[Value::Int(now - longest)]) {
+        log::debug!("table {}: sweeping rate slots: {e}", ctx.spec().name);
     }
 }

@@ -118,7 +118,7 @@ fn claim_limited(
     sql: &crate::dialect::LimitSql,
     mut conn: ClaimConn,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
+    use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all, InForce};
     use crate::runtime::limits::InWork;
     let q = &ctx.queue;
     let spec = &q.spec;
@@ -129,9 +129,9 @@ fn claim_limited(
     let Some(keys_sql) = key_sql(ctx) else {
         return Ok(Vec::new());
     };
-    let maxes = q
+    let (maxes, slots) = q
         .limits
-        .read(spec, &mut *conn, q.dialect.registry().limits)
+        .read_with_slots(spec, &mut *conn, q.dialect.registry().limits)
         .map_err(q.err("claim"))?;
     super::rates::sweep(ctx, &mut *conn);
     let rate_maxes = super::rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
@@ -139,8 +139,10 @@ fn claim_limited(
     let mut page = 64;
     let mut seen = 0;
     let user_at = if spec.fair.is_some() { 2 } else { 1 };
+    let mut fair = super::fair::Scan::new(FAIR_KEYS);
     loop {
-        let rows = candidates(ctx, sql, &mut *conn, now, page).map_err(q.err("claim"))?;
+        let rows =
+            candidates(ctx, sql, &mut *conn, now, page, &mut fair).map_err(q.err("claim"))?;
         for row in rows.iter().skip(seen) {
             let Some(id) = row.first().and_then(Value::as_i64) else {
                 continue;
@@ -152,9 +154,13 @@ fn claim_limited(
                 continue;
             }
             let mut session = SessionKeys::default();
-            let slots = take_slots(ctx, Some(&maxes), &keys, |k| {
+            let in_force = InForce {
+                maxes: &maxes,
+                slots: &slots,
+            };
+            let slots = take_slots(ctx, &mut *conn, Some(in_force), &keys, |c, k| {
                 let name = q.dialect.key_name(k);
-                Ok(session.lock(&mut *conn, &keys_sql, &name)?.then_some(name))
+                Ok(session.lock(c, &keys_sql, &name)?.then_some(name))
             });
             let names = match slots {
                 Ok(Ok(names)) => names,
@@ -196,6 +202,7 @@ fn claim_limited(
                 Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),
                 Ok(_) => {
                     // Taken or settled meanwhile: the slots go back, the next candidate.
+                    fair.busy(ctx, user);
                     conn.rollback_or_discard();
                     if super::rates::give_back(ctx, &mut *conn, &stamps).is_err()
                         || !unlock_all(ctx, &mut *conn, &mut session, &names)
@@ -212,6 +219,7 @@ fn claim_limited(
             };
             let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
             super::fair::served(ctx, user);
+            fair.took(ctx, user);
             // Broken while the transaction is open, whatever the keys say.
             return deliver(
                 ctx,
@@ -222,7 +230,14 @@ fn claim_limited(
                 Vec::new(),
             );
         }
-        if spec.fair.is_some() || rows.len() < page || page >= SCAN_MAX {
+        if spec.fair.is_some() {
+            // The next keys of the rotation, or more rows of keys whose first were in work.
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            continue;
+        }
+        if rows.len() < page || page >= SCAN_MAX {
             return Ok(Vec::new());
         }
         seen = rows.len();
@@ -241,7 +256,7 @@ fn claim_limited_in_transaction(
     slot_lock: &str,
     now: SystemTime,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{passed_by, take_slots};
+    use super::limit_keys::{passed_by, take_slots, InForce};
     use crate::runtime::limits::InWork;
     const SLOT: &str = "SAVEPOINT sqlbroker_slot";
     const NO_SLOT: &str = "ROLLBACK TO SAVEPOINT sqlbroker_slot";
@@ -257,16 +272,17 @@ fn claim_limited_in_transaction(
         for stmt in &sql.begin {
             conn.batch(stmt)?;
         }
-        let maxes = q
-            .limits
-            .read(spec, &mut *conn, q.dialect.registry().limits)?;
+        let (maxes, slots) =
+            q.limits
+                .read_with_slots(spec, &mut *conn, q.dialect.registry().limits)?;
         let take = sql.take.first().map_or("", String::as_str);
         let rate_maxes = super::rates::maxes(ctx, &mut *conn)?;
         let mut tried = std::collections::HashSet::new();
         let (mut page, mut seen) = (64, 0);
         let user_at = if spec.fair.is_some() { 2 } else { 1 };
+        let mut fair = super::fair::Scan::new(FAIR_KEYS);
         loop {
-            let rows = candidates(ctx, sql, &mut *conn, now, page)?;
+            let rows = candidates(ctx, sql, &mut *conn, now, page, &mut fair)?;
             for row in rows.iter().skip(seen) {
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
@@ -278,9 +294,13 @@ fn claim_limited_in_transaction(
                     continue;
                 }
                 conn.batch(SLOT)?;
-                let slots = take_slots(ctx, Some(&maxes), &keys, |k| {
+                let in_force = InForce {
+                    maxes: &maxes,
+                    slots: &slots,
+                };
+                let slots = take_slots(ctx, &mut *conn, Some(in_force), &keys, |c, k| {
                     let name = q.dialect.key_name(k);
-                    let got = conn.query(slot_lock, &[Value::Text(name.clone())])?;
+                    let got = c.query(slot_lock, &[Value::Text(name.clone())])?;
                     let taken = matches!(got.first().and_then(|r| r.first()), Some(Value::Int(1)));
                     Ok(taken.then_some(name))
                 })?;
@@ -302,12 +322,22 @@ fn claim_limited_in_transaction(
                         }
                         conn.batch(KEEP_SLOT)?;
                         super::fair::served(ctx, user);
+                        fair.took(ctx, user);
                         return Ok(Some((row, names)));
                     }
-                    None => conn.batch(NO_SLOT)?,
+                    None => {
+                        fair.busy(ctx, user);
+                        conn.batch(NO_SLOT)?
+                    }
                 }
             }
-            if spec.fair.is_some() || rows.len() < page || page >= SCAN_MAX {
+            if spec.fair.is_some() {
+                if rows.is_empty() {
+                    return Ok(None);
+                }
+                continue;
+            }
+            if rows.len() < page || page >= SCAN_MAX {
                 return Ok(None);
             }
             seen = rows.len();
@@ -337,10 +367,11 @@ fn candidates(
     conn: &mut dyn crate::dialect::DbConn,
     now: SystemTime,
     page: usize,
+    fair: &mut super::fair::Scan,
 ) -> Result<Vec<Vec<Value>>, crate::error::DbError> {
     if ctx.spec().fair.is_some() {
         // A row per claim, but the first rows of several keys: some may be in work.
-        return super::fair::candidates(ctx, conn, FAIR_KEYS, now);
+        return fair.next(ctx, conn, now, &|_| false);
     }
     conn.query(
         &sql.candidates[0],

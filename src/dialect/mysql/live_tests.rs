@@ -389,23 +389,28 @@ fn slots_held_are_counted_by_name() {
     }
     let none = format!("{tag}-none#");
     let keys = [short.clone(), none, long];
-    assert_eq!(d.slots_held(&mut *b, &keys, 5).unwrap(), [2, 0, 1]);
+    assert_eq!(d.slots_held(&mut *b, &keys, 0, 5).unwrap(), [2, 0, 1]);
     assert_eq!(
-        d.slots_held(&mut *b, &keys, 2).unwrap(),
+        d.slots_held(&mut *b, &keys, 0, 2).unwrap(),
         [1, 0, 0],
+        "slots 2 and 3 are past a max of 2"
+    );
+    assert_eq!(
+        d.slots_held(&mut *b, &keys, 2, 5).unwrap(),
+        [1, 0, 1],
         "slots 2 and 3 are past a max of 2"
     );
     // Past one statement's run of keys: each is still counted in its place.
     let many: Vec<String> = (0..250).map(|i| format!("{tag}-{i}#")).collect();
     let mut with_short = many.clone();
     with_short[217] = short;
-    let held = d.slots_held(&mut *b, &with_short, 5).unwrap();
+    let held = d.slots_held(&mut *b, &with_short, 0, 5).unwrap();
     assert_eq!(
         (held.len(), held[217], held.iter().sum::<u32>()),
         (250, 2, 2)
     );
     a.query("SELECT RELEASE_ALL_LOCKS()", &[]).unwrap();
-    assert_eq!(d.slots_held(&mut *b, &keys, 5).unwrap(), [0, 0, 0]);
+    assert_eq!(d.slots_held(&mut *b, &keys, 0, 5).unwrap(), [0, 0, 0]);
 }
 
 /// The idle poll's check past the cursor runs on the server and binds `(now, now, run_at,

@@ -422,9 +422,10 @@ impl Dialect for Mysql {
         &self,
         conn: &mut dyn DbConn,
         prefixes: &[String],
-        max: u32,
+        from: u32,
+        to: u32,
     ) -> Result<Vec<u32>, DbError> {
-        super::slots_held_in_runs(conn, prefixes, max, sql::slots_held, |p| {
+        super::slots_held_in_runs(conn, prefixes, (from, to), sql::slots_held, |p| {
             format!("{}.{p}", self.db)
         })
     }

@@ -107,18 +107,18 @@ pub(super) fn lock_name(db: &str, key: &str) -> String {
     hex
 }
 
-/// `(max, <db>.<prefix> x keys)` -> `i, held` for each `i`-th prefix (from 0) of which some
-/// session holds any of the keys `<prefix>0` .. `<prefix>{max - 1}`: their `GET_LOCK` names
-/// made as [`lock_name`] makes them (hashed past [`MAX_LOCK_NAME`] characters), each asked
-/// with `IS_USED_LOCK`. At most 999 recursion steps (a limit's max is at most 1,000): within
-/// MySQL 8's default `cte_max_recursion_depth`.
+/// `(from, to, <db>.<prefix> x keys)` -> `i, held` for each `i`-th prefix (from 0) of which
+/// some session holds any of the keys `<prefix>{from}` .. `<prefix>{to - 1}`: their `GET_LOCK`
+/// names made as [`lock_name`] makes them (hashed past [`MAX_LOCK_NAME`] characters), each
+/// asked with `IS_USED_LOCK`. At most 999 recursion steps (a limit's slots are at most 1,000):
+/// within MySQL 8's default `cte_max_recursion_depth`.
 pub(super) fn slots_held(keys: usize) -> String {
     let values: Vec<String> = (0..keys)
         .map(|i| format!("SELECT {i} AS i, ? AS p"))
         .collect();
     format!(
-        "WITH RECURSIVE sqlbroker_s (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM sqlbroker_s \
-         WHERE n + 1 < ?) SELECT x.i, count(*) FROM (SELECT v.i, concat(v.p, s.n) AS name \
+        "WITH RECURSIVE sqlbroker_s (n) AS (SELECT CAST(? AS SIGNED) UNION ALL SELECT n + 1 FROM \
+         sqlbroker_s WHERE n + 1 < ?) SELECT x.i, count(*) FROM (SELECT v.i, concat(v.p, s.n) AS name \
          FROM sqlbroker_s AS s, ({}) AS v) AS x WHERE IS_USED_LOCK(IF(char_length(x.name) <= \
          {MAX_LOCK_NAME}, x.name, sha2(x.name, 256))) IS NOT NULL GROUP BY x.i",
         values.join(" UNION ALL ")

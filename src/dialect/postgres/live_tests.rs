@@ -184,9 +184,9 @@ fn slots_held_are_counted_by_name() {
     let prefix = format!("unit-slots-{}#", std::process::id());
     // Two keys: the second holds nothing, and is left out of the rows.
     let other = format!("unit-slots-{}-none#", std::process::id());
-    let held = |b: &mut Client, max: i32| -> i64 {
+    let held_from = |b: &mut Client, from: i32, to: i32| -> i64 {
         let rows = b
-            .query(&super::sql::slots_held(2), &[&max, &prefix, &other])
+            .query(&super::sql::slots_held(2), &[&from, &to, &prefix, &other])
             .unwrap();
         assert!(
             rows.iter().all(|r| r.get::<_, i32>(0) == 0),
@@ -194,6 +194,7 @@ fn slots_held_are_counted_by_name() {
         );
         rows.first().map_or(0, |r| r.get(1))
     };
+    let held = |b: &mut Client, max: i32| held_from(b, 0, max);
     for slot in [0, 2, 7] {
         a.execute(
             "SELECT pg_advisory_lock(hashtextextended($1, 0))",
@@ -203,6 +204,8 @@ fn slots_held_are_counted_by_name() {
     }
     assert_eq!(held(&mut b, 5), 2);
     assert_eq!(held(&mut b, 8), 3);
+    assert_eq!(held_from(&mut b, 2, 8), 2, "slots 2 and 7, past a max of 2");
+    assert_eq!(held_from(&mut b, 3, 7), 0);
     let mut x = a.transaction().unwrap();
     x.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",

@@ -207,9 +207,11 @@ impl Dialect for Postgres {
         &self,
         conn: &mut dyn DbConn,
         prefixes: &[String],
-        max: u32,
+        from: u32,
+        to: u32,
     ) -> Result<Vec<u32>, DbError> {
-        super::slots_held_in_runs(conn, prefixes, max, sql::slots_held, |p| p.to_string())
+        let range = (from, to);
+        super::slots_held_in_runs(conn, prefixes, range, sql::slots_held, |p| p.to_string())
     }
 
     fn key_xact_lock(&self) -> Option<&'static str> {

@@ -61,19 +61,20 @@ fn quote_ident(s: &str) -> String {
 /// Asks the session's backend pid (kept by the connection for a handler timeout's cancel).
 pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
-/// `(max, prefix x keys)` -> `i, held` for each `i`-th prefix (from 0) of which some session
-/// holds any of the advisory keys `<prefix>0` .. `<prefix>{max - 1}` in this database, session-
-/// or transaction-scoped (`pg_locks` shows a key's 64-bit hash as its two halves).
+/// `(from, to, prefix x keys)` -> `i, held` for each `i`-th prefix (from 0) of which some
+/// session holds any of the advisory keys `<prefix>{from}` .. `<prefix>{to - 1}` in this
+/// database, session- or transaction-scoped (`pg_locks` shows a key's 64-bit hash as its two
+/// halves).
 pub(super) fn slots_held(keys: usize) -> String {
     let values: Vec<String> = (0..keys)
-        .map(|i| format!("({i}, ${}::text)", i + 2))
+        .map(|i| format!("({i}, ${}::text)", i + 3))
         .collect();
     format!(
         "WITH sqlbroker_h AS (SELECT (classid::bigint << 32) | objid::bigint AS k FROM pg_locks \
          WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND database = \
          (SELECT oid FROM pg_database WHERE datname = current_database())) \
          SELECT v.i, count(DISTINCT s.n) FROM (VALUES {}) AS v(i, p) \
-         CROSS JOIN generate_series(0, $1::int - 1) AS s(n) \
+         CROSS JOIN generate_series($1::int, $2::int - 1) AS s(n) \
          JOIN sqlbroker_h ON sqlbroker_h.k = hashtextextended(v.p || s.n, 0) GROUP BY v.i",
         values.join(", ")
     )

@@ -8,100 +8,218 @@ use serde::{Deserialize, Serialize};
 
 use super::{ColumnType, Form, Isolation, Role, Table, ROLES};
 
-/// The record's format version this release reads, and writes for a table with concurrency
-/// limits. A record of a newer format is refused ([`crate::runtime::registry`]); a change that
-/// older releases could misread bumps it.
-pub(crate) const FORMAT: i64 = 2;
+/// The record's format version this release reads, and writes for a table with flow control,
+/// dependencies, outputs or checkpoints. A record of a newer format is refused
+/// ([`crate::runtime::registry`]); a change that older releases could misread bumps it.
+///
+/// 3: limits' slot keys and rate limits' window slots are named by what each limit is (its
+/// template, and a rate limit's window), not by its place among the table's limits; rate
+/// limits' settings are kept by template and window; a concurrency limit keeps the slot space
+/// its rows in work may hold (`limits_slots`). A release that reads format 2 would share no slot
+/// with this one.
+pub(crate) const FORMAT: i64 = 3;
 
 /// The format of a record without concurrency limits: what releases before them read, so a
 /// table that uses none stays readable by them.
 const FORMAT_PLAIN: i64 = 1;
 
+/// The format of a record with fair claims, dependencies, outputs or checkpoints but no limits:
+/// nothing of format 3 concerns it, so releases that read format 2 keep reading it.
+const FORMAT_NO_LIMITS: i64 = 2;
+
 /// The limits in force by a record's text: each described limit's key and `max`, an operator's
 /// setting overriding the described one (`None`: lifted). A record that does not read has
 /// none (the registry's checks report it elsewhere).
 pub(crate) fn limits_in_force(json: &str) -> Vec<(String, Option<u32>)> {
-    in_force(json, |r| {
-        let described = r.concurrency_limits.iter().map(|l| (l.key.clone(), l.max));
-        (described.collect(), &r.limits_set)
-    })
-}
-
-/// Each described limit `pick` gives of the record `json` (key and max), with the setting
-/// of its settings map overriding the max.
-fn in_force(
-    json: &str,
-    pick: impl FnOnce(&Record) -> (Vec<(String, u32)>, &BTreeMap<String, Option<u32>>),
-) -> Vec<(String, Option<u32>)> {
     let Ok(r) = serde_json::from_str::<Record>(json) else {
         return Vec::new();
     };
-    let (described, set) = pick(&r);
-    described
-        .into_iter()
-        .map(|(key, max)| {
-            let max = set.get(&key).copied().unwrap_or(Some(max));
-            (key, max)
-        })
+    r.concurrency_limits
+        .iter()
+        .map(|l| (l.key.clone(), r.limit_in_force(l)))
         .collect()
 }
 
-/// The rate limits in force by a record's text: each described rate limit's key and `max`, an
-/// operator's setting overriding the described one (`None`: lifted).
-pub(crate) fn rates_in_force(json: &str) -> Vec<(String, Option<u32>)> {
-    in_force(json, |r| {
-        let described = r.rate_limits.iter().map(|l| (l.key.clone(), l.max));
-        (described.collect(), &r.rates_set)
-    })
+/// Each described concurrency limit's key and **slot space** by a record's text: the slots its
+/// rows in work may hold, `0..n`, in the forms that take slot keys. A claim takes a slot below
+/// the max in force; a lifted limit's rows take one below [`Table::MAX_CONCURRENCY`]; the space
+/// is the largest of these any claim may have used since the record was written, so a claim
+/// under a lowered max (or one set again after a lift) finds the rows still holding slots
+/// above it.
+pub(crate) fn limit_slots(json: &str) -> Vec<(String, u32)> {
+    let Ok(r) = serde_json::from_str::<Record>(json) else {
+        return Vec::new();
+    };
+    r.concurrency_limits
+        .iter()
+        .map(|l| (l.key.clone(), r.slot_space(l)))
+        .collect()
+}
+
+/// The rate limits in force by a record's text: each described rate limit's key, window (ms)
+/// and `max`, an operator's setting overriding the described one (`None`: lifted).
+pub(crate) fn rates_in_force(json: &str) -> Vec<((String, i64), Option<u32>)> {
+    let Ok(r) = serde_json::from_str::<Record>(json) else {
+        return Vec::new();
+    };
+    r.rate_limits
+        .iter()
+        .map(|l| ((l.key.clone(), window_ms(l.per)), r.rate_in_force(l)))
+        .collect()
+}
+
+/// A rate limit's window in milliseconds, as [`Table::validate`] counts it.
+fn window_ms(per: Duration) -> i64 {
+    per.as_millis().max(1) as i64
 }
 
 /// `json` with the operator's setting of concurrency limit `key` (`None`: lifted), or why it
-/// cannot take one: the record does not read, or describes no such limit.
+/// cannot take one: the record does not read, or describes no such limit. The limit's slot
+/// space grows to cover the max it had and the one it gets ([`limit_slots`]).
 pub(crate) fn with_limit_set(json: &str, key: &str, max: Option<u32>) -> Result<String, String> {
-    with_set(json, "concurrency limit", key, max, |r| {
-        (
-            r.concurrency_limits.iter().map(|l| l.key.clone()).collect(),
-            &mut r.limits_set,
-        )
-    })
-}
-
-/// `json` with the operator's setting of rate limit `key` (`None`: lifted), as
-/// [`with_limit_set`].
-pub(crate) fn with_rate_set(json: &str, key: &str, max: Option<u32>) -> Result<String, String> {
-    with_set(json, "rate limit", key, max, |r| {
-        (
-            r.rate_limits.iter().map(|l| l.key.clone()).collect(),
-            &mut r.rates_set,
-        )
-    })
-}
-
-/// The settings map `pick` gives of the record `json` (with the keys it describes), with
-/// `key` set to `max`.
-fn with_set(
-    json: &str,
-    what: &str,
-    key: &str,
-    max: Option<u32>,
-    pick: impl FnOnce(&mut Record) -> (Vec<String>, &mut BTreeMap<String, Option<u32>>),
-) -> Result<String, String> {
-    let mut r: Record =
-        serde_json::from_str(json).map_err(|e| format!("the record does not read: {e}"))?;
-    let (known, set) = pick(&mut r);
-    if !known.iter().any(|k| k == key) {
-        let known: Vec<String> = known.iter().map(|k| format!("{k:?}")).collect();
-        return Err(format!(
-            "the table has no {what} {key:?} (its {what}s: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        ));
-    }
-    set.insert(key.to_string(), max);
+    let mut r = read_record(json)?;
+    let Some(limit) = r.concurrency_limits.iter().find(|l| l.key == key) else {
+        let known = r
+            .concurrency_limits
+            .iter()
+            .map(|l| l.key.as_str())
+            .collect();
+        return Err(no_such("concurrency limit", key, known));
+    };
+    let space = r.slot_space(limit).max(space_of(max));
+    r.limits_set.insert(key.to_string(), max);
+    r.keep_space(key, space, max);
     serde_json::to_string(&r).map_err(|e| e.to_string())
+}
+
+/// `new` (a description's record, `migrate`'s) with the slot spaces of `old` (the record it
+/// replaces) kept for the limits both describe: the rows in work under the old record's maxes
+/// still hold their slots.
+pub(crate) fn with_slots_kept(old: &str, new: &str) -> String {
+    let (Ok(old), Ok(mut r)) = (
+        serde_json::from_str::<Record>(old),
+        serde_json::from_str::<Record>(new),
+    ) else {
+        return new.to_string();
+    };
+    let spaces: Vec<(String, u32, u32)> = r
+        .concurrency_limits
+        .iter()
+        .filter_map(|l| {
+            let was = old.concurrency_limits.iter().find(|o| o.key == l.key)?;
+            Some((l.key.clone(), old.slot_space(was), l.max))
+        })
+        .collect();
+    for (key, was, max) in spaces {
+        r.keep_space(&key, was.max(max), Some(max));
+    }
+    serde_json::to_string(&r).unwrap_or_else(|_| new.to_string())
+}
+
+/// The slots a max uses: `0..max`, or `0..`[`Table::MAX_CONCURRENCY`] lifted.
+fn space_of(max: Option<u32>) -> u32 {
+    max.unwrap_or(Table::MAX_CONCURRENCY)
+}
+
+/// `json` with the operator's setting of the rate limit of `key` (`None`: lifted), the one of
+/// window `per` where given: a key with two windows must name one. Or why it cannot take one.
+pub(crate) fn with_rate_set(
+    json: &str,
+    key: &str,
+    per: Option<Duration>,
+    max: Option<u32>,
+) -> Result<String, String> {
+    let mut r = read_record(json)?;
+    let of_key: Vec<i64> = r
+        .rate_limits
+        .iter()
+        .filter(|l| l.key == key)
+        .map(|l| window_ms(l.per))
+        .collect();
+    let per_ms = match (per.map(window_ms), of_key.as_slice()) {
+        (_, []) => {
+            let known = r.rate_limits.iter().map(|l| l.key.as_str()).collect();
+            return Err(no_such("rate limit", key, known));
+        }
+        (None, [one]) => *one,
+        (None, many) => {
+            let windows: Vec<String> = many.iter().map(|ms| format!("{ms} ms")).collect();
+            return Err(format!(
+                "the table has {} rate limits of key {key:?} (windows {}): name the window                  (Broker::set_rate_window, sqlbroker limit --rate --per)",
+                many.len(),
+                windows.join(", ")
+            ));
+        }
+        (Some(p), found) if found.contains(&p) => p,
+        (Some(p), found) => {
+            let windows: Vec<String> = found.iter().map(|ms| format!("{ms} ms")).collect();
+            return Err(format!(
+                "the table's rate limit {key:?} has no window of {p} ms (its windows: {})",
+                windows.join(", ")
+            ));
+        }
+    };
+    // Written by template and window; a setting an earlier release kept by template alone is
+    // replaced.
+    r.rates_set.remove(key);
+    r.rates_set
+        .insert(crate::model::table::RateSpec::setting_key(key, per_ms), max);
+    serde_json::to_string(&r).map_err(|e| e.to_string())
+}
+
+fn read_record(json: &str) -> Result<Record, String> {
+    serde_json::from_str(json).map_err(|e| format!("the record does not read: {e}"))
+}
+
+/// Why a setting names no limit of the table: `known` are its limits' keys.
+fn no_such(what: &str, key: &str, mut known: Vec<&str>) -> String {
+    known.dedup();
+    let known: Vec<String> = known.iter().map(|k| format!("{k:?}")).collect();
+    format!(
+        "the table has no {what} {key:?} (its {what}s: {})",
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    )
+}
+
+impl Record {
+    /// A concurrency limit's max in force: the operator's setting, else the described one.
+    fn limit_in_force(&self, l: &RecordLimit) -> Option<u32> {
+        self.limits_set.get(&l.key).copied().unwrap_or(Some(l.max))
+    }
+
+    /// A concurrency limit's slot space ([`limit_slots`]).
+    fn slot_space(&self, l: &RecordLimit) -> u32 {
+        let kept = self.limits_slots.get(&l.key).copied().unwrap_or(0);
+        kept.max(space_of(self.limit_in_force(l)))
+    }
+
+    /// Keeps `space` as limit `key`'s slot space where its max in force `max` does not cover
+    /// it.
+    fn keep_space(&mut self, key: &str, space: u32, max: Option<u32>) {
+        match space > space_of(max) {
+            true => self.limits_slots.insert(key.to_string(), space),
+            false => self.limits_slots.remove(key),
+        };
+    }
+
+    /// A rate limit's max in force: the operator's setting (by template and window; an earlier
+    /// release's by template alone, when the key has one window), else the described one.
+    fn rate_in_force(&self, l: &RecordRate) -> Option<u32> {
+        let ms = window_ms(l.per);
+        let by_window = crate::model::table::RateSpec::setting_key(&l.key, ms);
+        let one_window = self.rate_limits.iter().filter(|o| o.key == l.key).count() == 1;
+        match self.rates_set.get(&by_window) {
+            Some(set) => *set,
+            None => match self.rates_set.get(&l.key) {
+                Some(set) if one_window => *set,
+                _ => Some(l.max),
+            },
+        }
+    }
 }
 
 /// The JSON shape of a description. Field names are part of the record format.
@@ -140,10 +258,15 @@ struct Record {
     /// descriptions compare without it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     limits_set: BTreeMap<String, Option<u32>>,
+    /// The slot space of a limit whose max in force does not cover it ([`limit_slots`]): key ->
+    /// slots. Not part of the description.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    limits_slots: BTreeMap<String, u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     rate_limits: Vec<RecordRate>,
     /// Operators' settings of the rate limits' `max` ([`crate::Broker::set_rate_limit`]), as
-    /// `limits_set`.
+    /// `limits_set`, by [`RateSpec::setting_key`](crate::model::table::RateSpec::setting_key)
+    /// (template and window; an earlier release's by template alone).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     rates_set: BTreeMap<String, Option<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,6 +361,7 @@ impl Table {
                 })
                 .collect(),
             limits_set: BTreeMap::new(),
+            limits_slots: BTreeMap::new(),
             rate_limits: self
                 .rates
                 .iter()
@@ -315,16 +439,12 @@ impl Table {
 
     /// The format version of this description's record.
     pub(crate) fn record_format(&self) -> i64 {
-        if self.limits.is_empty()
-            && self.rates.is_empty()
-            && self.fair.is_none()
-            && !self.dependencies
-            && !self.outputs
-            && !self.checkpoints
-        {
-            FORMAT_PLAIN
-        } else {
+        if !self.limits.is_empty() || !self.rates.is_empty() {
             FORMAT
+        } else if self.fair.is_some() || self.dependencies || self.outputs || self.checkpoints {
+            FORMAT_NO_LIMITS
+        } else {
+            FORMAT_PLAIN
         }
     }
 
@@ -577,7 +697,7 @@ mod tests {
             .concurrency_limit("{k}", 2)
             .concurrency_limit("", 5);
         assert_eq!(plain.record_format(), 1);
-        assert_eq!(limited.record_format(), 2);
+        assert_eq!(limited.record_format(), 3);
         assert!(!plain.to_record().contains("concurrency_limits"));
         let swapped = plain
             .clone()
@@ -679,7 +799,7 @@ mod tests {
                 .rate_limit("{k}", 2, second)
                 .rate_limit("", 9, Duration::from_secs(60));
         let fair = plain.clone().fair("{k}");
-        assert_eq!(rated.record_format(), 2);
+        assert_eq!(rated.record_format(), 3);
         assert_eq!(fair.record_format(), 2);
         assert!(!plain.to_record().contains("rate_limits"));
         assert!(!plain.to_record().contains("fair"));
@@ -711,21 +831,123 @@ mod tests {
             plain.differences(&fair),
             ["fair is recorded as \"{k}\", described as unset"]
         );
-        let set = with_rate_set(&rated.to_record(), "{k}", Some(7)).unwrap();
+        let set = with_rate_set(&rated.to_record(), "{k}", None, Some(7)).unwrap();
         assert!(rated
             .differences(&Table::from_record(&set).unwrap())
             .is_empty());
         assert_eq!(
             rates_in_force(&set),
-            [("{k}".to_string(), Some(7)), (String::new(), Some(9))]
+            [
+                (("{k}".to_string(), 1000), Some(7)),
+                ((String::new(), 60_000), Some(9))
+            ]
         );
         assert!(limits_in_force(&set).is_empty());
-        assert!(with_rate_set(&set, "{x}", Some(1))
+        assert!(with_rate_set(&set, "{x}", None, Some(1))
             .unwrap_err()
             .contains("no rate limit \"{x}\""));
         assert!(with_limit_set(&set, "{k}", Some(1))
             .unwrap_err()
             .contains("no concurrency limit \"{k}\""));
+    }
+
+    /// Two windows of one key are two limits: each is set by its window, a setting by key alone
+    /// is refused as ambiguous, and an earlier release's setting by template is still read
+    /// where the key has one window.
+    #[test]
+    fn two_windows_of_one_key_are_set_apart() {
+        let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+        let t = Table::new("t")
+            .text_column("k")
+            .rate_limit("{k}", 10, second)
+            .rate_limit("{k}", 100, minute);
+        let spec = t.validate().unwrap();
+        assert_ne!(spec.rates[0].lim, spec.rates[1].lim);
+        let json = t.to_record();
+        assert!(with_rate_set(&json, "{k}", None, Some(5))
+            .unwrap_err()
+            .contains("2 rate limits of key \"{k}\""));
+        assert!(
+            with_rate_set(&json, "{k}", Some(Duration::from_secs(2)), Some(5))
+                .unwrap_err()
+                .contains("no window of 2000 ms")
+        );
+        let set = with_rate_set(&json, "{k}", Some(minute), Some(50)).unwrap();
+        assert_eq!(
+            rates_in_force(&set),
+            [
+                (("{k}".to_string(), 1000), Some(10)),
+                (("{k}".to_string(), 60_000), Some(50))
+            ]
+        );
+        // A setting as a format-2 record kept it: by template alone.
+        let one = Table::new("t")
+            .text_column("k")
+            .rate_limit("{k}", 10, second)
+            .to_record();
+        let legacy = one.replace(
+            "\"rate_limits\"",
+            "\"rates_set\":{\"{k}\":3},\"rate_limits\"",
+        );
+        assert_eq!(
+            rates_in_force(&legacy),
+            [(("{k}".to_string(), 1000), Some(3))]
+        );
+        assert!(Table::new("t")
+            .text_column("k")
+            .rate_limit("{k}", 10, second)
+            .rate_limit("{k}", 20, second)
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("given twice"));
+    }
+
+    /// A limit's slot space covers every max it had since the record was written: a lowered
+    /// max keeps the old one's slots, a lift takes the whole range, a max set again keeps it;
+    /// a migration keeps the space of the record it replaces; a raise within the space drops
+    /// the note.
+    #[test]
+    fn the_slot_space_covers_every_max_the_limit_had() {
+        let t = Table::new("t")
+            .text_column("k")
+            .concurrency_limit("{k}", 4)
+            .concurrency_limit("", 10);
+        let json = t.to_record();
+        let space = |j: &str| {
+            limit_slots(j)
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(space(&json), [4, 10]);
+        let lowered = with_limit_set(&json, "{k}", Some(2)).unwrap();
+        assert_eq!(space(&lowered), [4, 10]);
+        let lifted = with_limit_set(&lowered, "{k}", None).unwrap();
+        assert_eq!(space(&lifted), [Table::MAX_CONCURRENCY, 10]);
+        let again = with_limit_set(&lifted, "{k}", Some(2)).unwrap();
+        assert_eq!(space(&again), [Table::MAX_CONCURRENCY, 10]);
+        assert_eq!(
+            limits_in_force(&again),
+            [("{k}".to_string(), Some(2)), (String::new(), Some(10))]
+        );
+        // `migrate` records the description again: the maxes as described, the space kept.
+        let migrated = with_slots_kept(&lowered, &t.to_record());
+        assert_eq!(space(&migrated), [4, 10]);
+        let smaller = Table::new("t")
+            .text_column("k")
+            .concurrency_limit("{k}", 1)
+            .concurrency_limit("", 10);
+        assert_eq!(
+            space(&with_slots_kept(&json, &smaller.to_record())),
+            [4, 10]
+        );
+        // A limit both describe keeps its space, whatever else the new description drops.
+        let added = Table::new("t").text_column("k").concurrency_limit("{k}", 3);
+        assert_eq!(space(&with_slots_kept(&lifted, &added.to_record())), [1000]);
+        let raised = with_limit_set(&lowered, "{k}", Some(8)).unwrap();
+        assert_eq!(space(&raised), [8, 10]);
+        assert!(!raised.contains("limits_slots"));
     }
 
     #[test]

@@ -123,17 +123,28 @@ fn action(
 }
 
 /// A limit's form: a new max (empty lifts the limit), posted as the `limit` action (a rate
-/// limit's: `rate`) with the page's CSRF token.
-fn limit_form(ctx: &Ctx, db: &Database, table: &str, key: &str, back: &str, rate: bool) -> Markup {
+/// limit's: `rate`, with its window in milliseconds, since a key may have several) with the
+/// page's CSRF token.
+fn limit_form(
+    ctx: &Ctx,
+    db: &Database,
+    table: &str,
+    key: &str,
+    back: &str,
+    rate: Option<std::time::Duration>,
+) -> Markup {
     let (action, most) = match rate {
-        true => ("rate", sqlbroker::Table::MAX_RATE),
-        false => ("limit", sqlbroker::Table::MAX_CONCURRENCY),
+        Some(_) => ("rate", sqlbroker::Table::MAX_RATE),
+        None => ("limit", sqlbroker::Table::MAX_CONCURRENCY),
     };
     html! {
         form.inline method="post" action={ (db.prefix) "/tables/" (table) "/" (action) } {
             input type="hidden" name="csrf" value=(ctx.csrf);
             input type="hidden" name="back" value=(back);
             input type="hidden" name="key" value=(key);
+            @if let Some(per) = rate {
+                input type="hidden" name="per_ms" value=(per.as_millis());
+            }
             input type="number" name="max" min="1" max=(most) size="5" placeholder="max";
             button type="submit" { "set (empty: lift)" }
         }
@@ -413,7 +424,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
                             td { (l.described) }
                             td { (opt(l.in_work)) }
                             td { (opt(l.waiting)) }
-                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &l.key, &here, false)) } }
+                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &l.key, &here, None)) } }
                         }
                     }
                 }
@@ -436,7 +447,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
                             td { (r.described) }
                             td { (r.claimed) }
                             td { (r.waiting) }
-                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &r.key, &here, true)) } }
+                            @if !ctx.read_only { td { (limit_form(ctx, db, name, &r.key, &here, Some(r.per))) } }
                         }
                     }
                 }

@@ -436,8 +436,13 @@ fn act(
                     }
                 },
             };
-            let (set, what) = match action {
-                "rate" => (b.set_rate_limit(table, key, max), "rate limit"),
+            // A rate limit's window, where the form names one (a key may have several).
+            let per = field(form, "per_ms")
+                .and_then(|ms| ms.trim().parse::<u64>().ok())
+                .map(std::time::Duration::from_millis);
+            let (set, what) = match (action, per) {
+                ("rate", Some(per)) => (b.set_rate_window(table, key, per, max), "rate limit"),
+                ("rate", None) => (b.set_rate_limit(table, key, max), "rate limit"),
                 _ => (b.set_concurrency_limit(table, key, max), "limit"),
             };
             detail = limit_detail(key, max);
