@@ -2595,3 +2595,90 @@ fn a_database_down_at_the_start_joins_later() {
     assert!(joined, "pg never joined");
     assert!(wait_for(Duration::from_secs(10), || dash.get("/").status == 200));
 }
+
+// ---- The operator's tools (issue 38) ----
+
+/// Holds `table` locked against every read from another session (PostgreSQL: `ACCESS
+/// EXCLUSIVE` in an open transaction; MySQL/MariaDB: `LOCK TABLES .. WRITE`) until the
+/// returned connection is dropped: a listing of it waits out the dashboard's statement
+/// timeout (10 s).
+fn lock_against_reads(l: &Live, table: &str) -> Box<dyn std::any::Any> {
+    match l.db {
+        Db::Postgres => {
+            let mut c = postgres::Client::connect(&l.url, postgres::NoTls).unwrap();
+            c.batch_execute(&format!(
+                "BEGIN; LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"
+            ))
+            .unwrap();
+            Box::new(c)
+        }
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(&l.url).unwrap()).unwrap();
+            c.query_drop(format!("LOCK TABLES `{table}` WRITE"))
+                .unwrap();
+            Box::new(c)
+        }
+        Db::Sqlite => unreachable!("servers only"),
+    }
+}
+
+/// Listings that wait on the database (a table locked against reads) fill every worker of
+/// the pool and its queue; `/metrics` and the overview, which read the counts in memory and
+/// never the database, still answer at once: they have workers of their own.
+fn metrics_answer_while_listings_wait(db: Db) {
+    let Some(l) = live(db) else { return };
+    let (t, _) = seed(&l);
+    let name = t.name().to_string();
+    let dash = start(&l.url, &["--table", &name, "--threads", "2"], &[]);
+    assert_eq!(dash.get("/metrics").status, 200);
+    let lock = lock_against_reads(&l, &name);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let waiting: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    dash.get(&format!(
+                        "/tables/{name}?state=ready&scan=1&column=k&value=x"
+                    ))
+                    .status
+                })
+            })
+            .collect();
+        // The listings are in: the two workers wait on the lock, four more requests queue.
+        std::thread::sleep(Duration::from_millis(1_500));
+        for path in ["/metrics", "/"] {
+            let asked = Instant::now();
+            let r = dash.get(path);
+            let took = asked.elapsed();
+            assert!(r.status == 200 || r.status == 503, "{path}: {}", r.status);
+            // Fails while the one pool serves everything: the answer waits for the listings
+            // ahead of it (10 s each, two at a time).
+            assert!(
+                took < Duration::from_secs(3),
+                "{path} took {took:?} behind the listings"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(9),
+            "the listings did not wait: {:?}",
+            started.elapsed()
+        );
+        drop(lock);
+        for w in waiting {
+            w.join().unwrap();
+        }
+    });
+}
+
+mod metrics_answer_while_listings_wait {
+    use super::*;
+    #[test]
+    fn postgres() {
+        super::metrics_answer_while_listings_wait(Db::Postgres)
+    }
+    #[test]
+    fn mysql() {
+        super::metrics_answer_while_listings_wait(Db::Mysql)
+    }
+}

@@ -8,7 +8,8 @@
 //! (`Broker::record_action`: who, what, when, how many rows), shown at `/actions`.
 //!
 //! A small bounded HTTP server ([`server`]: one polling thread holds every connection, a
-//! small pool of worker threads answers complete requests); pages
+//! small pool of worker threads answers complete requests, and two more answer the pages read
+//! from memory alone, `/metrics` and the overview, so a slow listing never holds them up); pages
 //! are rendered on the server with `maud`, which escapes every value it inserts unless told
 //! otherwise (nothing from the database is ever inserted unescaped); the chart is SVG drawn
 //! on the server; no script, no external resource (a Content-Security-Policy forbids both).
@@ -284,7 +285,7 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
         if args.read_only { " (read-only)" } else { "" }
     ))?;
     let handler: Arc<server::Handler> = Arc::new(move |rq| web::handle(&ctx, rq));
-    let e = server::serve(listener, threads, handler);
+    let e = server::serve(listener, threads, handler, web::quick);
     Err(format!(
         "the dashboard stopped serving: {}",
         e.err()

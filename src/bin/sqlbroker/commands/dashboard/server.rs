@@ -13,7 +13,9 @@
 //! and closed), a head of at most [`MAX_HEAD`] bytes (else 431) and a body of at most
 //! [`MAX_BODY`] with a `Content-Length` (else 413); an answer written within
 //! [`WRITE_DEADLINE`]; at most [`QUEUE`] requests waiting for a worker (else 503). One request
-//! per connection (`Connection: close`).
+//! per connection (`Connection: close`). The requests answered from memory alone ([`Quick`])
+//! have workers and a queue of their own, so requests that wait on the database cannot starve
+//! them.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -168,30 +170,32 @@ enum Read_ {
     Gone,
 }
 
-/// Serves `listener` for ever, `workers` threads answering through `handler`; returns only if
-/// polling the sockets fails.
-pub(crate) fn serve(
-    listener: std::net::TcpListener,
-    workers: usize,
-    handler: Arc<Handler>,
+/// Tells a request answered from memory alone (the counts the sampler keeps: `/metrics`, the
+/// overview a monitor checks), which [`serve`] gives workers of their own.
+pub(crate) type Quick = fn(&Request) -> bool;
+
+/// Worker threads of the requests [`Quick`] picks.
+const QUICK_WORKERS: usize = 2;
+
+/// Starts `n` worker threads named `name-<i>` answering the requests of `rx` through
+/// `handler`, each answer sent to `tx` and the poll woken.
+fn workers(
+    name: &str,
+    n: usize,
+    rx: &crossbeam_channel::Receiver<(Token, Request)>,
+    tx: &crossbeam_channel::Sender<(Token, Vec<u8>)>,
+    waker: &Arc<Waker>,
+    handler: &Arc<Handler>,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let mut listener = TcpListener::from_std(listener);
-    let mut poll = Poll::new()?;
-    poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
-    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let (work_tx, work_rx) = bounded::<(Token, Request)>(QUEUE);
-    let (done_tx, done_rx) = unbounded::<(Token, Vec<u8>)>();
-    for n in 0..workers.max(1) {
+    for i in 0..n.max(1) {
         let (rx, tx, waker, handler) = (
-            work_rx.clone(),
-            done_tx.clone(),
-            Arc::clone(&waker),
-            Arc::clone(&handler),
+            rx.clone(),
+            tx.clone(),
+            Arc::clone(waker),
+            Arc::clone(handler),
         );
         std::thread::Builder::new()
-            .name(format!("sqlbroker-dashboard-{n}"))
+            .name(format!("{name}-{i}"))
             .spawn(move || {
                 for (token, rq) in rx {
                     let out =
@@ -204,6 +208,44 @@ pub(crate) fn serve(
                 }
             })?;
     }
+    Ok(())
+}
+
+/// Serves `listener` for ever, `workers` threads answering through `handler`, and
+/// [`QUICK_WORKERS`] more answering the requests `quick` picks (those read memory only, so
+/// listings that wait on the database never hold up `/metrics` or a health check); returns
+/// only if polling the sockets fails.
+pub(crate) fn serve(
+    listener: std::net::TcpListener,
+    n_workers: usize,
+    handler: Arc<Handler>,
+    quick: Quick,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let mut listener = TcpListener::from_std(listener);
+    let mut poll = Poll::new()?;
+    poll.registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let (work_tx, work_rx) = bounded::<(Token, Request)>(QUEUE);
+    let (quick_tx, quick_rx) = bounded::<(Token, Request)>(QUEUE);
+    let (done_tx, done_rx) = unbounded::<(Token, Vec<u8>)>();
+    workers(
+        "sqlbroker-dashboard",
+        n_workers,
+        &work_rx,
+        &done_tx,
+        &waker,
+        &handler,
+    )?;
+    workers(
+        "sqlbroker-dashboard-quick",
+        QUICK_WORKERS,
+        &quick_rx,
+        &done_tx,
+        &waker,
+        &handler,
+    )?;
     let mut conns: HashMap<Token, Conn> = HashMap::new();
     let mut next_token = 2usize;
     let mut events = Events::with_capacity(256);
@@ -252,16 +294,18 @@ pub(crate) fn serve(
                         c.state = State::Writing(out, 0);
                         c.since = now;
                     }
-                    Read_::Done(rq) => match work_tx.try_send((token, rq)) {
-                        Ok(()) => c.state = State::Working,
-                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                            c.state = State::Writing(
-                                plain(503, "the dashboard is busy: try again in a moment"),
-                                0,
-                            );
-                            c.since = now;
+                    Read_::Done(rq) => {
+                        match if quick(&rq) { &quick_tx } else { &work_tx }.try_send((token, rq)) {
+                            Ok(()) => c.state = State::Working,
+                            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                                c.state = State::Writing(
+                                    plain(503, "the dashboard is busy: try again in a moment"),
+                                    0,
+                                );
+                                c.since = now;
+                            }
                         }
-                    },
+                    }
                 }
             }
             if let Some(c) = conns.get_mut(&token) {

@@ -47,6 +47,22 @@ pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
     send(reply, rq.method == Method::Head)
 }
 
+/// True for a request answered from memory alone, never the database: the overview (what a
+/// monitor checks), `/metrics` and the login form, of any database (`/d/<name>/...`). The
+/// server gives these workers of their own ([`server::Quick`]), so listings that wait on a
+/// slow database cannot hold them up.
+pub(crate) fn quick(request: &Request) -> bool {
+    if !matches!(request.method, Method::Get | Method::Head) {
+        return false;
+    }
+    let path = request.target.split('?').next().unwrap_or("");
+    let rest = match path.strip_prefix("/d/") {
+        Some(rest) => rest.split_once('/').map_or("", |(_, r)| r),
+        None => path.trim_start_matches('/'),
+    };
+    matches!(rest.trim_end_matches('/'), "" | "metrics" | "login")
+}
+
 /// The response's bytes, with the headers every answer carries.
 fn send(reply: Reply, head_only: bool) -> Vec<u8> {
     let mut headers = vec![
@@ -581,6 +597,36 @@ mod tests {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
+    }
+
+    #[test]
+    fn memory_pages_are_quick() {
+        let rq = |method: Method, target: &str| Request {
+            method,
+            target: target.into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            peer: std::net::IpAddr::from([127, 0, 0, 1]),
+        };
+        for t in [
+            "/",
+            "/metrics",
+            "/login?x=1",
+            "/d/a/",
+            "/d/a",
+            "/d/a/metrics",
+            "/?done=x",
+        ] {
+            assert!(quick(&rq(Method::Get, t)), "{t}");
+        }
+        assert!(quick(&rq(Method::Head, "/metrics")));
+        for t in ["/tables/x", "/actions", "/d/a/tables/x", "/metrics/x"] {
+            assert!(!quick(&rq(Method::Get, t)), "{t}");
+        }
+        assert!(
+            !quick(&rq(Method::Post, "/login")),
+            "a login writes a session"
+        );
     }
 
     #[test]
