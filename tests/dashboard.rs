@@ -503,7 +503,7 @@ fn token(db: Db) {
         String::from_utf8_lossy(&out.stderr)
     );
     // Off loopback with a token from the environment: serves, behind the token.
-    let secret = "s3cret-token";
+    let secret = "s3cret-token-of-24-chars";
     let mut dash = start(
         &l.url,
         &["--listen", "0.0.0.0:0", "--table", name],
@@ -1216,8 +1216,11 @@ fn back_is_a_local_path(db: Db) {
     assert_eq!(r.location.as_deref(), Some("/?x=1&done=paused"));
 }
 
-/// Wrong tokens from one address lock it out of the login form and of bearer tokens for a
-/// minute (429, the right token notwithstanding) after five; another address logs in.
+/// Wrong tokens are throttled, never the right one: past five from one address within a
+/// minute, a wrong token (by the form or a bearer header) is answered 429, with
+/// `Retry-After`, and held back a second; the right token from that same address (every
+/// client behind one proxy shares it) still logs in and scrapes at once. Another address's
+/// wrong tokens are its own.
 fn logins_are_limited(db: Db) {
     let Some(l) = live(db) else { return };
     let t = l.create(
@@ -1225,7 +1228,7 @@ fn logins_are_limited(db: Db) {
             .text_column("k")
             .lease(Duration::from_secs(30)),
     );
-    let secret = "the-right-token";
+    let secret = "the-right-token-of-24-ch";
     let mut dash = start(
         &l.url,
         &["--listen", "0.0.0.0:0", "--table", t.name()],
@@ -1237,38 +1240,59 @@ fn logins_are_limited(db: Db) {
         let r = dash.post("/login", &[("token", &format!("guess-{n}"))]);
         assert_eq!(r.status, 401, "guess {n}: {}", r.body);
     }
-    let r = dash.post("/login", &[("token", secret)]);
-    // Fails without the limit: the right token logs in (303).
+    // The sixth wrong token: throttled, and its answer held back.
+    let asked = Instant::now();
+    let r = dash.post("/login", &[("token", "guess-5")]);
     assert_eq!(r.status, 429, "{}", r.body);
     assert!(r.body.contains("too many wrong tokens"), "{}", r.body);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "a throttled failure is answered late: {:?}",
+        asked.elapsed()
+    );
+    let bearer_wrong = dash.get_with("/metrics", &[("Authorization", "Bearer guess-6")]);
+    assert_eq!(bearer_wrong.status, 429, "bearer guesses count alike");
+    // The right token is never refused: by the form, and by a bearer header (a scraper).
+    let asked = Instant::now();
+    let r = dash.post("/login", &[("token", secret)]);
+    // Fails while failures lock the address out: 429 for the right token.
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(asked.elapsed() < Duration::from_millis(900), "at once");
     let bearer = format!("Bearer {secret}");
     let r = dash.get_with("/metrics", &[("Authorization", &bearer)]);
-    assert_eq!(r.status, 429, "bearer tokens are limited alike: {}", r.body);
-    // Another address (all of 127/8 is loopback: a socket bound to 127.0.0.2) is not limited.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket
-        .bind(
-            &"127.0.0.2:0"
-                .parse::<std::net::SocketAddr>()
-                .unwrap()
-                .into(),
+    assert_eq!(r.status, 200, "the scrape goes on: {}", r.body);
+    // Another address (all of 127/8 is loopback: a socket bound to 127.0.0.2): its first wrong
+    // token is a plain 401, and its right one logs in.
+    let from_other = |body: &str| -> String {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket
+            .bind(
+                &"127.0.0.2:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
+        let to: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        socket.connect(&to.into()).unwrap();
+        let mut other: TcpStream = socket.into();
+        other
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            other,
+            "POST /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         )
         .unwrap();
-    let to: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    socket.connect(&to.into()).unwrap();
-    let mut other: TcpStream = socket.into();
-    other
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let body = format!("token={secret}");
-    write!(
-        other,
-        "POST /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    let _ = other.read_to_string(&mut answer);
+        let mut answer = String::new();
+        let _ = other.read_to_string(&mut answer);
+        answer
+    };
+    let answer = from_other("token=wrong");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let answer = from_other(&format!("token={secret}"));
     assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
 }
 
@@ -2681,4 +2705,122 @@ mod metrics_answer_while_listings_wait {
     fn mysql() {
         super::metrics_answer_while_listings_wait(Db::Mysql)
     }
+}
+
+/// The dashboard's exit and stderr when it refuses to start (or `None` if it started).
+fn refused_start(url: &str, args: &[&str], env: &[(&str, &str)]) -> Option<(i32, String)> {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("dashboard")
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env_remove("SQLBROKER_DASHBOARD_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let exited = wait_for(Duration::from_secs(20), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
+    }
+    let out = child.wait_with_output().unwrap();
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// Off loopback the token is what keeps the dashboard (the right token is never throttled):
+/// one shorter than 16 characters is refused at the start, exit 1, saying how long; on
+/// loopback any token is taken.
+#[test]
+fn a_public_address_needs_a_long_token() {
+    let Some(l) = live(Db::Sqlite) else { return };
+    let t = l.create(
+        Table::new(common::unique("dlen"))
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let public = ["--listen", "0.0.0.0:0", "--table", t.name()];
+    for short in ["x", "fifteen-chars-x"] {
+        let refused = refused_start(&l.url, &public, &[("SQLBROKER_DASHBOARD_TOKEN", short)]);
+        // Fails while a one-character token is accepted: the dashboard starts.
+        let (code, err) = refused.unwrap_or_else(|| panic!("started with the token {short:?}"));
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("at least 16"), "{err}");
+    }
+    let dash = start(
+        &l.url,
+        &public,
+        &[("SQLBROKER_DASHBOARD_TOKEN", "sixteen-chars-ok")],
+    );
+    drop(dash);
+    let dash = start(
+        &l.url,
+        &["--table", t.name()],
+        &[("SQLBROKER_DASHBOARD_TOKEN", "x")],
+    );
+    let port = dash.base.rsplit(':').next().unwrap().to_string();
+    let r = dash.get_with("/", &[("Authorization", "Bearer x")]);
+    assert_eq!(r.status, 200, "loopback: {port}");
+}
+
+/// The session cookie is named for the dashboard's port (cookies do not tell ports apart:
+/// two dashboards on one host would overwrite each other's), and carries `Secure` when the
+/// login came over TLS (a proxy's `X-Forwarded-Proto: https`, or an `https` origin).
+#[test]
+fn the_session_cookie_is_per_port_and_secure_behind_tls() {
+    let Some(l) = live(Db::Sqlite) else { return };
+    let t = l.create(
+        Table::new(common::unique("dcook"))
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let secret = "a-token-of-24-characters";
+    let env = [("SQLBROKER_DASHBOARD_TOKEN", secret)];
+    let one = start(&l.url, &["--table", t.name()], &env);
+    let two = start(&l.url, &["--table", t.name()], &env);
+    let name_of = |cookie: &str| cookie.split('=').next().unwrap().to_string();
+    let plain = one.post("/login", &[("token", secret)]);
+    assert_eq!(plain.status, 303, "{}", plain.body);
+    let cookie = plain.cookie.unwrap();
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    let port = |d: &Dash| d.base.rsplit(':').next().unwrap().to_string();
+    // Fails with one name for every port.
+    assert!(
+        name_of(&cookie).ends_with(&port(&one)),
+        "named for the port: {cookie}"
+    );
+    let other = two.post("/login", &[("token", secret)]).cookie.unwrap();
+    assert_ne!(name_of(&cookie), name_of(&other));
+    // The cookie opens its own dashboard's pages only.
+    let pair = cookie.split(';').next().unwrap();
+    assert_eq!(one.get_with("/", &[("Cookie", pair)]).status, 200);
+    assert_eq!(two.get_with("/", &[("Cookie", pair)]).status, 401);
+    // Behind a TLS proxy.
+    for headers in [
+        vec![
+            ("X-Forwarded-Proto", "https"),
+            ("Origin", one.base.as_str()),
+        ],
+        vec![
+            ("Forwarded", "for=10.0.0.1;proto=https"),
+            ("Origin", one.base.as_str()),
+        ],
+    ] {
+        let r = one.post_with("/login", &[("token", secret)], &headers);
+        assert_eq!(r.status, 303, "{}", r.body);
+        let c = r.cookie.unwrap();
+        // Fails without the flag behind TLS.
+        assert!(c.contains("; Secure"), "{headers:?}: {c}");
+    }
+    let https_origin = one.base.replace("http://", "https://");
+    let r = one.post_with("/login", &[("token", secret)], &[("Origin", &https_origin)]);
+    assert!(r.cookie.unwrap().contains("; Secure"));
 }

@@ -27,7 +27,9 @@
 //!   cross-site` is refused), and listings read each payload's first bytes only
 //!   (`Broker::jobs_preview`) and take no row lock or key;
 //! - `--table` restricts: any other table is not found, by GET or POST;
-//! - logins are limited per client address ([`session::Throttle`]);
+//! - a non-loopback address needs a token of at least [`TOKEN_MIN`] characters;
+//! - wrong tokens are throttled per client address ([`session::Throttle`]), the right one
+//!   never is (a client's failures lock no one else out);
 //! - `--read-only` hides the actions and refuses their POSTs;
 //! - a slow client holds no thread: the server's one polling thread reads every request
 //!   whole (head at most 16 KiB within 10 s of the connection, body at most 8 KiB with a
@@ -59,6 +61,11 @@ use sampler::Sampler;
 
 /// The environment variable that may hold the token.
 pub(crate) const TOKEN_ENV: &str = "SQLBROKER_DASHBOARD_TOKEN";
+
+/// The fewest characters of a token for a non-loopback address: the right token is never
+/// refused ([`session::Throttle`] only slows wrong ones down), so the token's length is what
+/// keeps it from being guessed. 16 characters of `openssl rand -hex 16` are 64 bits.
+pub(crate) const TOKEN_MIN: usize = 16;
 
 /// Serve a web dashboard of the tables and a Prometheus /metrics page.
 #[derive(Debug, clap::Args)]
@@ -178,7 +185,12 @@ pub(crate) struct Ctx {
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.
     pub sessions: session::Sessions,
-    /// Wrong tokens by client address (logins refused past a few a minute).
+    /// The session cookie's name: [`web::SESSION_COOKIE`] and the port listened on. Cookies
+    /// do not tell ports apart, so two dashboards on one host would otherwise overwrite (and
+    /// be sent) each other's.
+    pub cookie: String,
+    /// Wrong tokens by client address (throttled past a few a minute; the right token never
+    /// is).
     pub logins: session::Throttle,
     /// The tables `--table` named (empty: every recorded table): no other is shown or acted
     /// on.
@@ -205,6 +217,16 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
              give --token or set {TOKEN_ENV}"
         )
         .into());
+    }
+    if let Some(short) = token.as_ref().filter(|t| t.chars().count() < TOKEN_MIN) {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "refusing to listen on {addr}, which is not a loopback address, with a token of \
+                 {} characters: it needs at least {TOKEN_MIN} (openssl rand -hex 16 makes one)",
+                short.chars().count()
+            )
+            .into());
+        }
     }
     let threads = usize::try_from(args.threads).unwrap_or(4);
     let named = named_urls(&cli.url)?;
@@ -275,6 +297,7 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
         token,
         read_only: args.read_only,
         sessions: session::Sessions::default(),
+        cookie: format!("{}_{}", web::SESSION_COOKIE, bound.port()),
         logins: session::Throttle::default(),
         tables: args.tables.clone(),
         csrf: session::random_id(),

@@ -79,8 +79,16 @@ pub(crate) struct Request {
     pub peer: IpAddr,
 }
 
-/// What answers requests: a complete response's bytes ([`response`]).
-pub(crate) type Handler = dyn Fn(Request) -> Vec<u8> + Send + Sync;
+/// What answers requests.
+pub(crate) type Handler = dyn Fn(Request) -> Answer + Send + Sync;
+
+/// A handler's answer: a complete response's bytes ([`response`]), and how long to hold them
+/// back before writing (a throttled failure: the polling thread holds the connection, no
+/// worker waits).
+pub(crate) struct Answer {
+    pub bytes: Vec<u8>,
+    pub hold: Duration,
+}
 
 fn reason(status: u16) -> &'static str {
     match status {
@@ -148,6 +156,8 @@ enum State {
     Working,
     /// The answer, and how much of it is written.
     Writing(Vec<u8>, usize),
+    /// The answer, held back until the instant (a throttled failure).
+    Held(Vec<u8>, Instant),
 }
 
 struct Conn {
@@ -183,7 +193,7 @@ fn workers(
     name: &str,
     n: usize,
     rx: &crossbeam_channel::Receiver<(Token, Request)>,
-    tx: &crossbeam_channel::Sender<(Token, Vec<u8>)>,
+    tx: &crossbeam_channel::Sender<(Token, Answer)>,
     waker: &Arc<Waker>,
     handler: &Arc<Handler>,
 ) -> std::io::Result<()> {
@@ -200,7 +210,10 @@ fn workers(
                 for (token, rq) in rx {
                     let out =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(rq)))
-                            .unwrap_or_else(|_| plain(500, "the page failed (see the log)"));
+                            .unwrap_or_else(|_| Answer {
+                                bytes: plain(500, "the page failed (see the log)"),
+                                hold: Duration::ZERO,
+                            });
                     if tx.send((token, out)).is_err() {
                         return;
                     }
@@ -229,7 +242,7 @@ pub(crate) fn serve(
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
     let (work_tx, work_rx) = bounded::<(Token, Request)>(QUEUE);
     let (quick_tx, quick_rx) = bounded::<(Token, Request)>(QUEUE);
-    let (done_tx, done_rx) = unbounded::<(Token, Vec<u8>)>();
+    let (done_tx, done_rx) = unbounded::<(Token, Answer)>();
     workers(
         "sqlbroker-dashboard",
         n_workers,
@@ -253,8 +266,20 @@ pub(crate) fn serve(
     // too many open files): try again soon.
     let mut pending = false;
     loop {
-        let tick = if pending { 50 } else { 250 };
-        if let Err(e) = poll.poll(&mut events, Some(Duration::from_millis(tick))) {
+        // A held answer is written on time: the poll wakes for the first one due.
+        let first_held = conns
+            .values()
+            .filter_map(|c| match c.state {
+                State::Held(_, at) => Some(at),
+                _ => None,
+            })
+            .min();
+        let tick = Duration::from_millis(if pending { 50 } else { 250 }).min(
+            first_held.map_or(Duration::MAX, |at| {
+                at.saturating_duration_since(Instant::now())
+            }),
+        );
+        if let Err(e) = poll.poll(&mut events, Some(tick)) {
             if e.kind() == ErrorKind::Interrupted {
                 continue;
             }
@@ -274,9 +299,23 @@ pub(crate) fn serve(
         let now = Instant::now();
         while let Ok((token, out)) = done_rx.try_recv() {
             if let Some(c) = conns.get_mut(&token) {
-                c.state = State::Writing(out, 0);
+                c.state = match out.hold.is_zero() {
+                    true => State::Writing(out.bytes, 0),
+                    false => State::Held(out.bytes, now + out.hold),
+                };
                 c.since = now;
                 touched.push(token);
+            }
+        }
+        for (token, c) in conns.iter_mut() {
+            if let State::Held(_, at) = c.state {
+                if at <= now {
+                    if let State::Held(out, _) = std::mem::replace(&mut c.state, State::Working) {
+                        c.state = State::Writing(out, 0);
+                    }
+                    c.since = now;
+                    touched.push(*token);
+                }
             }
         }
         for token in touched {
@@ -323,7 +362,7 @@ pub(crate) fn serve(
             .filter(|(_, c)| match c.state {
                 State::Reading(..) => now.duration_since(c.since) >= REQUEST_DEADLINE,
                 State::Writing(..) => now.duration_since(c.since) >= WRITE_DEADLINE,
-                State::Working => false,
+                State::Working | State::Held(..) => false,
             })
             .map(|(t, _)| *t)
             .collect();
@@ -359,13 +398,22 @@ fn accept(
             }
         };
         if conns.len() >= MAX_CONNECTIONS {
-            // The oldest connection still sending its request makes room; with none (every
-            // one is being answered), the new one is closed at once.
-            let oldest = conns
-                .iter()
-                .filter(|(_, c)| matches!(c.state, State::Reading(..)))
-                .min_by_key(|(_, c)| c.since)
-                .map(|(t, _)| *t);
+            // The oldest connection still sending its request makes room, else the oldest
+            // whose answer is held back (a throttled failure: held connections cannot crowd
+            // the others out); with none (every one is being answered), the new one is
+            // closed at once.
+            let oldest = |held: bool| {
+                conns
+                    .iter()
+                    .filter(|(_, c)| match c.state {
+                        State::Reading(..) => !held,
+                        State::Held(..) => held,
+                        _ => false,
+                    })
+                    .min_by_key(|(_, c)| c.since)
+                    .map(|(t, _)| *t)
+            };
+            let oldest = oldest(false).or_else(|| oldest(true));
             match oldest {
                 Some(t) => close(poll, conns, t),
                 None => continue,
@@ -501,7 +549,8 @@ impl Head {
     }
 }
 
-/// The request in `buf`, if complete.
+/// The request in `buf`, if complete (what [`Incoming`] does as the bytes arrive).
+#[cfg(test)]
 fn parse(buf: &[u8], peer: IpAddr) -> Read_ {
     match parse_head(buf) {
         Ok(Some(head)) => head.request(buf, peer).map_or(Read_::Wait, Read_::Done),

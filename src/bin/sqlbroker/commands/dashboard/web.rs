@@ -11,8 +11,34 @@ use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
 use super::{metrics, pages, Ctx, Database};
 
-/// The cookie the login form sets: a session id ([`session`](super::session)).
-const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
+/// The name the login form's cookie starts with: a session id
+/// ([`session`](super::session)); the dashboard's port follows ([`Ctx::cookie`]).
+pub(crate) const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
+
+/// True if the request came over TLS to a proxy in front: `X-Forwarded-Proto: https`,
+/// `Forwarded: ..proto=https`, or an `https` origin (a browser's login POST carries it). The
+/// session cookie then carries `Secure`, so the browser never sends it over plain HTTP. A
+/// client that sends these headers itself only makes its own cookie stricter.
+fn over_tls(rq: &Rq) -> bool {
+    let https = |v: &str| v.trim().eq_ignore_ascii_case("https");
+    rq.header("x-forwarded-proto").is_some_and(https)
+        || rq.header("forwarded").is_some_and(|f| {
+            f.split([';', ','])
+                .filter_map(|p| p.trim().split_once('='))
+                .any(|(k, v)| k.trim().eq_ignore_ascii_case("proto") && https(v.trim_matches('"')))
+        })
+        || rq
+            .header("origin")
+            .is_some_and(|o| o.trim().to_ascii_lowercase().starts_with("https://"))
+}
+
+/// The session cookie's attributes: `Secure` behind TLS ([`over_tls`]).
+fn cookie_attributes(rq: &Rq) -> &'static str {
+    match over_tls(rq) {
+        true => "Path=/; HttpOnly; SameSite=Strict; Secure",
+        false => "Path=/; HttpOnly; SameSite=Strict",
+    }
+}
 
 /// Equal without an early exit (a token compare must not tell how much matched).
 fn same(a: &str, b: &str) -> bool {
@@ -21,7 +47,7 @@ fn same(a: &str, b: &str) -> bool {
 
 /// Answers one complete request (the server read it whole, its body at most
 /// [`server::MAX_BODY`] bytes): the response's bytes.
-pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
+pub(crate) fn handle(ctx: &Ctx, request: Request) -> server::Answer {
     let started = Instant::now();
     let (path, query) = match request.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
@@ -44,7 +70,11 @@ pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
         reply.status,
         started.elapsed()
     );
-    send(reply, rq.method == Method::Head)
+    let hold = reply.hold;
+    server::Answer {
+        bytes: send(reply, rq.method == Method::Head),
+        hold,
+    }
 }
 
 /// True for a request answered from memory alone, never the database: the overview (what a
@@ -142,22 +172,21 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             return logout(ctx, rq);
         }
         let session = rq
-            .cookie(SESSION_COOKIE)
+            .cookie(&ctx.cookie)
             .is_some_and(|id| ctx.sessions.valid(id.trim()));
         let bearer = rq
             .header("authorization")
             .and_then(|a| a.strip_prefix("Bearer "));
-        // A wrong bearer token counts as a wrong login, and an address locked out of the
-        // login form is locked out of bearer tokens too (no second way to guess).
+        // The right token always passes; a wrong bearer token counts as a wrong login (no
+        // second way to guess), throttled alike.
         let authorized = session
             || match bearer {
                 None => false,
-                Some(_) if ctx.logins.refused(rq.peer).is_some() => {
-                    return too_many_logins(ctx, rq);
-                }
                 Some(g) if same(g.trim(), token) => true,
                 Some(_) => {
-                    ctx.logins.failed(rq.peer);
+                    if let Some(wait) = ctx.logins.failed(rq.peer) {
+                        return too_many_logins(wait);
+                    }
                     false
                 }
             };
@@ -226,40 +255,39 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
     if let Err(r) = same_origin(rq) {
         return r;
     }
-    if ctx.logins.refused(rq.peer).is_some() {
-        return too_many_logins(ctx, rq);
-    }
     match field(form, "token") {
         Some(given) if same(given.trim(), token) => Reply::redirect("/".into()).with(
             "Set-Cookie",
             format!(
-                "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+                "{}={}; {}; Max-Age={}",
+                ctx.cookie,
                 ctx.sessions.open(field(form, "name").unwrap_or_default()),
+                cookie_attributes(rq),
                 super::session::LIFETIME.as_secs()
             ),
         ),
-        _ => {
-            ctx.logins.failed(rq.peer);
-            Reply::html(401, pages::login(Some("wrong token")))
-        }
+        _ => match ctx.logins.failed(rq.peer) {
+            Some(wait) => too_many_logins(wait),
+            None => Reply::html(401, pages::login(Some("wrong token"))),
+        },
     }
 }
 
-/// 429: this address sent too many wrong tokens lately ([`super::session::Throttle`]).
-fn too_many_logins(ctx: &Ctx, rq: &Rq) -> Reply {
-    let wait = ctx
-        .logins
-        .refused(rq.peer)
-        .unwrap_or_default()
-        .as_secs()
-        .max(1);
-    Reply::html(
+/// 429 for a wrong token from an address past its failures ([`super::session::Throttle`]),
+/// held back [`HOLD`](super::session::HOLD): its window ends in `wait`. The right token is
+/// never answered so.
+fn too_many_logins(wait: std::time::Duration) -> Reply {
+    let wait = wait.as_secs().max(1);
+    let mut reply = Reply::html(
         429,
         pages::login(Some(&format!(
-            "too many wrong tokens from this address: try again in {wait} s"
+            "wrong token, and too many wrong tokens from this address: slow down (the right \
+             token is always let in); the count starts again in {wait} s"
         ))),
     )
-    .with("Retry-After", wait.to_string())
+    .with("Retry-After", wait.to_string());
+    reply.hold = super::session::HOLD;
+    reply
 }
 
 /// Ends the session (POST only, same origin) and clears the cookie.
@@ -275,12 +303,12 @@ fn logout(ctx: &Ctx, rq: &Rq) -> Reply {
     if let Err(r) = same_origin(rq) {
         return r;
     }
-    if let Some(id) = rq.cookie(SESSION_COOKIE) {
+    if let Some(id) = rq.cookie(&ctx.cookie) {
         ctx.sessions.close(id.trim());
     }
     Reply::redirect("/login".into()).with(
         "Set-Cookie",
-        format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        format!("{}=; {}; Max-Age=0", ctx.cookie, cookie_attributes(rq)),
     )
 }
 
@@ -350,7 +378,7 @@ fn who(ctx: &Ctx, rq: &Rq) -> String {
         return format!("{peer} (no token)");
     }
     match rq
-        .cookie(SESSION_COOKIE)
+        .cookie(&ctx.cookie)
         .and_then(|id| ctx.sessions.name(id.trim()))
     {
         Some(name) if !name.is_empty() => format!("{name} from {peer}"),
