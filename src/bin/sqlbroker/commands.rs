@@ -714,6 +714,20 @@ pub(crate) fn escape(text: &str) -> String {
     out
 }
 
+/// [`escape`], keeping line feeds and tabs: text shown on several lines (a payload's or an
+/// error's, in a page's `<pre>`), where a line break is the text's own. CR is still escaped:
+/// it breaks a line as well, where the text would not show one.
+pub(crate) fn escape_keeping_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c => push_escaped(&mut out, c),
+        }
+    }
+    out
+}
+
 fn push_escaped(out: &mut String, c: char) {
     if unsafe_char(c) {
         out.extend(c.escape_default());
@@ -777,6 +791,10 @@ mod tests {
         assert_eq!(
             escape("\x1b]0;t\x07\r\n\u{202e}\u{2028}\u{85}\x7f ok"),
             "\\u{1b}]0;t\\u{7}\\r\\n\\u{202e}\\u{2028}\\u{85}\\u{7f} ok"
+        );
+        assert_eq!(
+            escape_keeping_lines("a\n\tb\r\n\u{202e}"),
+            "a\n\tb\\r\n\\u{202e}"
         );
         assert_eq!(
             json(&["\x1b\u{7f}\u{9b}\u{202e}\u{2066}\u{2029}é"]),

@@ -1,6 +1,12 @@
 //! The pages, rendered with `maud`: every `(value)` it inserts is HTML-escaped, so nothing
 //! read from the database (payloads, errors, reasons, column values) can become markup. The
 //! one `PreEscaped` is the style sheet below, a constant.
+//!
+//! Escaped for HTML is not enough to show stored text as it is: a bidi control reorders what
+//! follows it on the screen, and CR, LF or a line separator forge a line in a cell. Text read
+//! from the database or a request goes through [`shown`] (one line: control characters, bidi
+//! controls and line separators as visible escapes, as the command line prints them) or, in
+//! a `<pre>` of its own, [`shown_lines`] (line feeds and tabs kept).
 
 use std::time::SystemTime;
 
@@ -11,7 +17,17 @@ use super::filters::{bulk_verbs, describe, filter_of, BATCH, BULK_MAX};
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
 use super::{chart, Ctx, Database};
-use crate::commands::{age, preview, utc};
+use crate::commands::{age, escape, escape_keeping_lines, preview, utc};
+
+/// Stored text on one line: see the module's notes.
+fn shown(text: &str) -> String {
+    escape(text)
+}
+
+/// Stored text in a `<pre>` of its own: [`shown`], its line feeds and tabs kept.
+fn shown_lines(text: &str) -> String {
+    escape_keeping_lines(text)
+}
 
 /// The payload bytes a listing reads of each job: enough for the preview's 60 characters of
 /// up to 4 bytes each, and one more character to tell that more follows.
@@ -77,7 +93,11 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
 
 /// A page with a heading and one sentence (errors, not found).
 pub(crate) fn message(title: &str, text: &str) -> Markup {
-    layout(None, title, html! { h1 { (title) } p.err { (text) } })
+    layout(
+        None,
+        title,
+        html! { h1 { (title) } p.err { (shown(text)) } },
+    )
 }
 
 /// The token form (token mode).
@@ -141,7 +161,7 @@ fn limit_form(ctx: &Ctx, db: &Database, table: &str, key: &str, back: &str, rate
 }
 
 fn done_note(rq: &Rq) -> Markup {
-    html! { @if let Some(d) = rq.param("done") { p.done { (d) } } }
+    html! { @if let Some(d) = rq.param("done") { p.done { (shown(d)) } } }
 }
 
 fn ago(t: SystemTime) -> String {
@@ -201,7 +221,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
             @if ctx.several() {
                 h2.db { "Database " (db.name) " " span.muted { (db.shown) } }
             }
-            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (e) } }
+            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (shown(e)) } }
             @if entries.is_empty() && list_error.is_none() {
                 p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
             }
@@ -220,7 +240,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
                         td { (pause_button(ctx, db, e, "/")) }
                     }
                     @if let Some(err) = &e.error {
-                        tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (err) } } }
+                        tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (shown(err)) } } }
                     }
                 }
             }
@@ -263,8 +283,16 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         .dbs
         .iter()
         .map(|db| {
+            // `--table` restricts the log too: another table's entries name its jobs,
+            // filters, operators and their addresses.
+            let names: Vec<&str> = ctx.tables.iter().map(String::as_str).collect();
             let log = match db.live() {
-                Some((broker, _)) => broker.actions(ACTIONS_SHOWN).map_err(|e| crate::chain(&e)),
+                Some((broker, _)) if names.is_empty() => broker.actions(ACTIONS_SHOWN),
+                Some((broker, _)) => broker.actions_on(&names, ACTIONS_SHOWN),
+                None => Ok(Vec::new()),
+            };
+            let log = match db.live() {
+                Some(_) => log.map_err(|e| crate::chain(&e)),
                 None => Err(down_text(db)),
             };
             failing |= log.is_err();
@@ -273,21 +301,25 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         .collect();
     let body = html! {
         h1 { "Action log" }
-        p.muted { "What operators did, kept in each database (table sqlbroker_actions); the newest " (ACTIONS_SHOWN) " of each." }
+        p.muted {
+            "What operators did, kept in each database (table sqlbroker_actions); the newest " (ACTIONS_SHOWN) " of each"
+            @if !ctx.tables.is_empty() { ", on the tables shown here" }
+            "."
+        }
         @for (db, log) in &logs {
             @if ctx.several() { h2.db { "Database " (db.name) " " span.muted { (db.shown) } } }
             @match log {
-                Err(e) => p.err { "Reading the action log failed: " (e) },
+                Err(e) => p.err { "Reading the action log failed: " (shown(e)) },
                 Ok(entries) if entries.is_empty() => p.muted { "No action recorded yet." },
                 Ok(entries) => table.log {
                     tr { th { "when" } th { "who" } th { "action" } th { "table" } th { "on" } th { "rows" } }
                     @for a in entries {
                         tr {
                             td { (utc(a.at)) }
-                            td { (a.who) }
-                            td { (a.action) }
-                            td { a href={ (db.prefix) "/tables/" (a.table) } { (a.table) } }
-                            td { (a.detail) }
+                            td { (shown(&a.who)) }
+                            td { (shown(&a.action)) }
+                            td { a href={ (db.prefix) "/tables/" (a.table) } { (shown(&a.table)) } }
+                            td { (shown(&a.detail)) }
                             td.n { (a.rows) }
                         }
                     }
@@ -387,7 +419,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         (done_note(rq))
         p.muted { (table.form().name()) " form" }
         @if let Some(e) = &entry {
-            @if let Some(err) = &e.error { p.err { "Counting failed: " (err) } }
+            @if let Some(err) = &e.error { p.err { "Counting failed: " (shown(err)) } }
             table {
                 tr {
                     th { "ready" } th { "scheduled" } th { "in flight" } th { "dead" }
@@ -465,7 +497,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
             }
         }
         @match &listed {
-            Err(e) => p.err { "Listing the jobs failed: " (crate::chain(e)) },
+            Err(e) => p.err { "Listing the jobs failed: " (shown(&crate::chain(e))) },
             Ok(_) if empty_at.is_some() => p.muted {
                 "No " (state.name()) " jobs at the last count, "
                 (empty_at.map(ago).unwrap_or_default()) " ago. "
@@ -534,9 +566,9 @@ fn filter_form(
             " " a href={ (db.prefix) "/tables/" (name) "?state=" (state_slug(state)) } { "clear" }
         }
         @match filter {
-            Err(why) => p.err { "The filter was refused: " (why) },
+            Err(why) => p.err { "The filter was refused: " (shown(why)) },
             Ok(f) if !f.is_empty() => {
-                p.muted { "Showing " (describe(state, f)) "." }
+                p.muted { "Showing " (shown(&describe(state, f))) "." }
                 @if !ctx.read_only && !verbs.is_empty() {
                     p.bulk {
                         @for verb in &verbs {
@@ -612,8 +644,9 @@ fn job_list(
     }
 }
 
+/// The first [`SNIPPET`] characters of stored text, [`shown`].
 fn snippet(s: &str) -> String {
-    preview_chars(s, SNIPPET)
+    shown(&preview_chars(s, SNIPPET))
 }
 
 fn preview_chars(s: &str, n: usize) -> String {
@@ -650,7 +683,7 @@ pub(crate) fn job(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table, id: i64) -> 
     let (status, body) = match &found {
         Err(e) => (
             503,
-            html! { h1 { "Job " (id) " of " (name) } p.err { "Reading the job failed: " (crate::chain(e)) } },
+            html! { h1 { "Job " (id) " of " (name) } p.err { "Reading the job failed: " (shown(&crate::chain(e))) } },
         ),
         Ok(None) => (
             404,
@@ -677,8 +710,8 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
             tr { th { "state" } td { (j.state().name()) @if j.cancel_requested() { " (cancel requested)" } } }
             tr { th { "attempts" } td { (j.attempts()) } }
             tr { th { "errors" } td { (j.errors()) } }
-            tr { th { "dead reason" } td { (j.dead_reason().unwrap_or("-")) } }
-            tr { th { "last error" } td { pre { (j.last_error().unwrap_or("-")) } } }
+            tr { th { "dead reason" } td { (shown(j.dead_reason().unwrap_or("-"))) } }
+            tr { th { "last error" } td { pre { (shown_lines(j.last_error().unwrap_or("-"))) } } }
             @if !j.waits_on().is_empty() {
                 tr { th { "waits on" } td {
                     @for (i, d) in j.waits_on().iter().enumerate() {
@@ -704,7 +737,7 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
                 tr { th { "checkpoint" } td { code { (preview(c)) } " " span.muted { "(" (c.len()) " bytes)" } } }
             }
             @if let Some(tp) = j.traceparent() {
-                tr { th { "traceparent" } td { code { (tp) } } }
+                tr { th { "traceparent" } td { code { (shown(tp)) } } }
             }
             @for (c, v) in j.values() {
                 tr { th { (c) } td { (value(v)) } }
@@ -724,7 +757,7 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
             }
             tr {
                 th { @match j.state() { JobState::Completed => "completed", JobState::Dead => "dead-lettered", _ => "finished" } }
-                td { (time(j.finished_at())) @if let Some(r) = j.dead_reason() { " (" (r) ")" } }
+                td { (time(j.finished_at())) @if let Some(r) = j.dead_reason() { " (" (shown(r)) ")" } }
             }
         }
         h2 { "Payload (" (j.payload().len()) " bytes)" }
@@ -738,7 +771,7 @@ fn value(v: &Value) -> Markup {
         Value::Null => html! { span.muted { "NULL" } },
         Value::Int(n) => html! { (n) },
         Value::Float(f) => html! { (f) },
-        Value::Text(s) => html! { (s) },
+        Value::Text(s) => html! { (shown(s)) },
         Value::Bytes(b) => payload(b),
         Value::Time(t) => html! { (utc(*t)) },
         #[allow(unreachable_patterns)]
@@ -747,7 +780,8 @@ fn value(v: &Value) -> Markup {
 }
 
 /// A payload: as text when it is UTF-8 without control characters other than line breaks
-/// and tabs, else as a hex dump; at most [`PAYLOAD_SHOWN`] bytes.
+/// and tabs (its CRs, bidi controls and line separators [`shown_lines`] as escapes), else as
+/// a hex dump; at most [`PAYLOAD_SHOWN`] bytes.
 fn payload(bytes: &[u8]) -> Markup {
     let shown = &bytes[..bytes.len().min(PAYLOAD_SHOWN)];
     let text = match std::str::from_utf8(shown) {
@@ -765,7 +799,7 @@ fn payload(bytes: &[u8]) -> Markup {
     let rest = bytes.len() - shown.len();
     html! {
         @match text {
-            Some(t) => pre.payload { (t) },
+            Some(t) => pre.payload { (shown_lines(t)) },
             None => pre.payload.hex { (hex_dump(shown)) },
         }
         @if rest > 0 { p.muted { "... " (rest) " more bytes not shown" } }

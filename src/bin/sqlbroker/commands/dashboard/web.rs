@@ -151,9 +151,11 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
     }
     // A page of another site may make the browser fetch any URL (`<img src>`, a link): every
     // page reads the database or what was counted of it, so a cross-site fetch is refused
-    // before any of that (the login form alone reads nothing). Browsers send the header;
+    // before any of that (the token mode's login form alone reads nothing; without a token
+    // there is no form, and `/login` is refused like the rest). Browsers send the header;
     // tools that send none pass.
-    if rq.path != "/login"
+    let login_form = ctx.token.is_some() && rq.path == "/login";
+    if !login_form
         && rq
             .header("sec-fetch-site")
             .is_some_and(|s| s.trim().eq_ignore_ascii_case("cross-site"))
@@ -241,7 +243,8 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             "actions are POST only\n".into(),
         )
         .with("Allow", "POST".into()),
-        (Method::Get | Method::Head, ["login"]) => pages::overview(ctx, rq),
+        // No token, no login: the overview, without a note a link could have put there.
+        (Method::Get | Method::Head, ["login"]) => Reply::redirect(format!("{}/", db.prefix)),
         _ => not_found("no such page"),
     }
 }
