@@ -109,7 +109,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 18] = [
+    let cases: [(&[&str], &[&str]); 19] = [
         (
             &[],
             &[
@@ -127,6 +127,7 @@ fn every_command_has_help_naming_its_options() {
         ),
         (&["pause"], &["--table"]),
         (&["resume"], &["--table"]),
+        (&["forget"], &["--table"]),
         (&["limits"], &["--table", "--json"]),
         (&["limit"], &["--table", "--key", "--max", "--lift"]),
         (&["actions"], &["--limit", "--json"]),
@@ -634,7 +635,7 @@ fn status_pause_and_recorded_tables(db: Db) {
         .unwrap_or_else(|| panic!("status lists no {c}:\n{text}"));
     assert_eq!(
         gone.split_whitespace().skip(1).collect::<Vec<_>>(),
-        ["lease", "-", "-", "-", "-", "-", "-", "-"],
+        ["lease", "-", "-", "-", "-", "-", "-", "-", "-", "-"],
         "{text}"
     );
     let json = ok(&url, &["status", "--json"], "");
@@ -1712,3 +1713,144 @@ fn bench_refuses_deferred_acks_off_the_lease_form() {
     }
     assert_eq!(l.table_count(), before, "nothing made");
 }
+
+// ---- The operator's tools (issue 38) ----
+
+/// A lease table with a concurrency limit of one per `{k}` and dependencies, mid-run: one job
+/// of key "a" in a handler's hands, two more of "a" held back by the limit, one of "b" ready,
+/// and one waiting on that "b" job. Returns the table and the delivery in hand (drop the
+/// subscription to let it go).
+fn held_back(l: &Live) -> (Table, sqlbroker::Subscription, sqlbroker::Delivery) {
+    let t = l.create(
+        Table::new(unique("held"))
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+            .concurrency_limit("{k}", 1)
+            .dependencies(),
+    );
+    let b = &l.broker;
+    let first = b
+        .publish(&t, sqlbroker::Message::new(b"a0".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), first);
+    for body in ["a1", "a2"] {
+        b.publish(
+            &t,
+            sqlbroker::Message::new(body.as_bytes().to_vec()).set("k", "a"),
+        )
+        .unwrap();
+    }
+    let parent = b
+        .publish(&t, sqlbroker::Message::new(b"b".to_vec()).set("k", "b"))
+        .unwrap();
+    b.publish(
+        &t,
+        sqlbroker::Message::new(b"c".to_vec())
+            .set("k", "c")
+            .after(parent),
+    )
+    .unwrap();
+    let s = b.stats(&t).unwrap();
+    assert_eq!(
+        (s.ready, s.limited, s.in_flight, s.waiting),
+        (1, Some(2), Some(1), 1),
+        "{s:?}"
+    );
+    (t, sub, d)
+}
+
+/// `status` shows the rows a limit holds back and the rows waiting on other jobs, in text as
+/// in JSON: mid-run, READY alone (1 of 5 live rows) hid the other three.
+fn status_shows_rows_held_back(db: Db) {
+    let Some(l) = live(db) else { return };
+    let (t, sub, d) = held_back(&l);
+    let text = ok(&l.url, &["status", "--table", t.name()], "");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let cell = |name: &str| {
+        // Fails while the columns are not there.
+        let i = header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column:\n{text}"));
+        row[i].to_string()
+    };
+    assert_eq!(cell("READY"), "1", "{text}");
+    assert_eq!(cell("LIMITED"), "2", "{text}");
+    assert_eq!(cell("WAITING"), "1", "{text}");
+    assert_eq!(cell("IN_FLIGHT"), "1", "{text}");
+    let json = ok(&l.url, &["status", "--table", t.name(), "--json"], "");
+    assert!(json.contains("\"limited\":2"), "{json}");
+    assert!(json.contains("\"waiting\":1"), "{json}");
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+per_db!(status_shows_rows_held_back);
+
+/// `forget` removes the record of a table dropped by hand (a stale record the listings
+/// would show for ever), logs it, and refuses a table that exists (exit 1, nothing changed)
+/// or a name never recorded (exit 1).
+fn forget_a_stale_record(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let (kept, dropped) = (unique("fkept"), unique("fdrop"));
+    l.track(&kept);
+    l.track(&dropped);
+    for name in [&kept, &dropped] {
+        ok(
+            &url,
+            &["create-table", "--table", name, "--lease", "30"],
+            "",
+        );
+    }
+    l.exec(&format!("DROP TABLE {dropped}"));
+    // A table that exists: refused, its record kept.
+    let o = run(Some(&url), &["forget", "--table", &kept], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("still exists"), "{}", stderr(&o));
+    assert!(l.broker.open_table(&kept).is_ok(), "kept");
+    // The stale record: forgotten.
+    let out = ok(&url, &["forget", "--table", &dropped], "");
+    assert_eq!(out.trim(), format!("forgot the record of table {dropped}"));
+    assert!(matches!(
+        l.broker.open_table(&dropped),
+        Err(sqlbroker::BrokerError::UnknownTable { .. })
+    ));
+    let listed: Vec<String> = l
+        .broker
+        .tables()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.table.name().to_string())
+        .collect();
+    assert!(
+        listed.contains(&kept) && !listed.contains(&dropped),
+        "{listed:?}"
+    );
+    let log = l.broker.actions_on(&[dropped.as_str()], 5).unwrap();
+    assert_eq!(
+        (log[0].action.as_str(), log[0].rows),
+        ("forget", 0),
+        "{log:?}"
+    );
+    // Again: no record.
+    let o = run(Some(&url), &["forget", "--table", &dropped], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is recorded"), "{}", stderr(&o));
+    // Status says what to do about a missing table.
+    let c = unique("fgone");
+    l.track(&c);
+    ok(&url, &["create-table", "--table", &c, "--lease", "30"], "");
+    l.exec(&format!("DROP TABLE {c}"));
+    let o = run(Some(&url), &["status"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("sqlbroker forget --table {c}")),
+        "{}",
+        stderr(&o)
+    );
+}
+per_db!(forget_a_stale_record);

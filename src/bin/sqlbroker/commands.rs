@@ -82,6 +82,17 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             logged(&broker, "prune", table.name(), "completed rows", n);
             say(format_args!("pruned {}\n", count(n, "completed row")))
         }
+        Command::Forget(args) => {
+            broker.forget_table(&args.table)?;
+            logged(
+                &broker,
+                "forget",
+                &args.table,
+                "the record of a table that no longer exists",
+                0,
+            );
+            say(format_args!("forgot the record of table {}\n", args.table))
+        }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
         Command::Limits(args) => limits(&broker, args),
@@ -295,8 +306,16 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         match broker.stats(table) {
             Ok(stats) => all.push((table, Ok(stats))),
             Err(e) if every => {
+                let missing = e.is_missing_table();
                 let e = crate::chain(&e);
                 eprintln!("sqlbroker: {}", escape(&e));
+                if missing {
+                    eprintln!(
+                        "sqlbroker: table {0} is recorded but does not exist (dropped by hand?): \
+                         `sqlbroker forget --table {0}` forgets its record",
+                        table.name()
+                    );
+                }
                 all.push((table, Err(e)));
             }
             Err(e) => return Err(e.into()),
@@ -305,11 +324,17 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
     let out = if args.json {
         status_json(&all)
     } else {
+        // LIMITED: ready rows a concurrency or rate limit holds back (not in READY);
+        // WAITING: rows waiting on other jobs (not in SCHEDULED). Both "-" where the table
+        // has no limits or dependencies: rows that neither READY nor IN_FLIGHT shows would
+        // otherwise be nowhere.
         let mut rows = vec![[
             "TABLE",
             "FORM",
             "READY",
+            "LIMITED",
             "SCHEDULED",
+            "WAITING",
             "IN_FLIGHT",
             "DEAD",
             "COMPLETED",
@@ -324,7 +349,12 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
             row.extend(match stats {
                 Ok(s) => [
                     s.ready.to_string(),
+                    s.limited.map_or_else(dash, |n| n.to_string()),
                     s.scheduled.to_string(),
+                    match table.has_dependencies() {
+                        true => s.waiting.to_string(),
+                        false => dash(),
+                    },
                     s.in_flight.map_or_else(dash, |n| n.to_string()),
                     s.dead.to_string(),
                     s.completed.map_or_else(dash, |n| n.to_string()),
