@@ -3039,3 +3039,162 @@ mod issue_38_per_db {
         stored_text_is_shown_escaped
     );
 }
+
+/// A lease table with a concurrency limit of one per `{k}` and dependencies, mid-run: one job
+/// of key "a" in a handler's hands, two more of "a" held back by the limit, one of "b" ready,
+/// and one waiting on that "b" job.
+fn held_back(l: &Live) -> (Table, sqlbroker::Subscription, sqlbroker::Delivery) {
+    let t = l.create(
+        Table::new(common::unique("held"))
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+            .concurrency_limit("{k}", 1)
+            .dependencies(),
+    );
+    let b = &l.broker;
+    let first = b
+        .publish(&t, Message::new(b"a0".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), first);
+    for body in ["a1", "a2"] {
+        b.publish(&t, Message::new(body.as_bytes().to_vec()).set("k", "a"))
+            .unwrap();
+    }
+    let parent = b
+        .publish(&t, Message::new(b"b".to_vec()).set("k", "b"))
+        .unwrap();
+    b.publish(&t, Message::new(b"c".to_vec()).set("k", "c").after(parent))
+        .unwrap();
+    let s = b.stats(&t).unwrap();
+    assert_eq!(
+        (s.ready, s.limited, s.in_flight, s.waiting),
+        (1, Some(2), Some(1), 1),
+        "{s:?}"
+    );
+    (t, sub, d)
+}
+
+/// The overview shows the rows a limit holds back and the rows waiting on other jobs: with
+/// ready and in flight alone, three of five live rows were nowhere.
+fn overview_shows_rows_held_back(db: Db) {
+    let Some(l) = live(db) else { return };
+    let (t, sub, d) = held_back(&l);
+    let dash = start(&l.url, &["--table", t.name()], &[]);
+    let r = dash.get("/");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(count_cell(&r.body, t.name(), "ready").as_deref(), Some("1"));
+    // Fails while the overview has no such cells.
+    assert!(
+        r.body.contains("<td class=\"n limited\">2</td>"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("<td class=\"n waiting\">1</td>"),
+        "{}",
+        r.body
+    );
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+/// A recorded table dropped by hand is shown missing, not failing: the overview answers 200
+/// (a monitor's check is not down for good), `/metrics` says `sqlbroker_queue_missing` 1, and
+/// once its record is forgotten (`Broker::forget_table`) it is gone from the pages.
+fn a_dropped_table_is_shown_missing(db: Db) {
+    let Some(l) = live(db) else { return };
+    let (kept, _) = seed(&l);
+    let (dropped, _) = seed(&l);
+    l.exec(&format!("DROP TABLE {}", dropped.name()));
+    let dash = start(&l.url, &["--sample", "1"], &[]);
+    let r = dash.get("/");
+    // Fails while one stale record makes the overview answer 503.
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains(kept.name()), "{}", r.body);
+    assert!(
+        r.body
+            .contains(&format!("sqlbroker forget --table {}", dropped.name())),
+        "{}",
+        r.body
+    );
+    let m = dash.get("/metrics").body;
+    let missing = format!("sqlbroker_queue_missing{{table=\"{}\"}} 1", dropped.name());
+    assert!(m.lines().any(|line| line == missing), "{m}");
+    let present = format!("sqlbroker_queue_missing{{table=\"{}\"}} 0", kept.name());
+    assert!(m.lines().any(|line| line == present), "{m}");
+    l.broker.forget_table(dropped.name()).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || !dash
+            .get("/")
+            .body
+            .contains(dropped.name())),
+        "forgotten, and no longer shown"
+    );
+}
+
+/// With several databases, a `--table` that one of them does not record is not that
+/// database failing: the overview answers 200, says which database lacks it, and `/metrics`
+/// lists that database as listed.
+fn a_table_missing_from_one_database(db: Db) {
+    let (Some(l), Some(other)) = (live(db), live(Db::Sqlite)) else {
+        return;
+    };
+    let (t, _) = seed(&l);
+    // The other database records another table, not this one.
+    let _ = seed(&other);
+    let (ua, ub) = (format!("a={}", l.url), format!("b={}", other.url));
+    let dash = start(
+        &l.url,
+        &["--url", &ua, "--url", &ub, "--table", t.name()],
+        &[],
+    );
+    let r = dash.get("/");
+    // Fails while the missing table marks database b as failing (503) for good.
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body
+            .contains(&format!("not recorded in this database: {}", t.name())),
+        "{}",
+        r.body
+    );
+    let cell = format!("href=\"/d/a/tables/{}?state=ready\">1<", t.name());
+    assert!(r.body.contains(&cell), "{}", r.body);
+    let m = dash.get("/metrics").body;
+    assert!(
+        m.lines()
+            .any(|line| line == "sqlbroker_dashboard_list_ok{database=\"b\"} 1"),
+        "{m}"
+    );
+    let r = dash.get(&format!("/d/b/tables/{}", t.name()));
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
+mod issue_38_counts_per_db {
+    use super::*;
+    macro_rules! each_db {
+        ($($body:ident),*) => {$(
+            mod $body {
+                use super::*;
+                #[test]
+                fn sqlite() {
+                    super::super::$body(Db::Sqlite)
+                }
+                #[test]
+                fn postgres() {
+                    super::super::$body(Db::Postgres)
+                }
+                #[test]
+                fn mysql() {
+                    super::super::$body(Db::Mysql)
+                }
+            }
+        )*};
+    }
+    each_db!(
+        overview_shows_rows_held_back,
+        a_dropped_table_is_shown_missing,
+        a_table_missing_from_one_database
+    );
+}

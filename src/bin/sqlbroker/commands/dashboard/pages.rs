@@ -172,19 +172,36 @@ fn opt(n: Option<u64>) -> String {
     n.map_or_else(|| "-".into(), |n| n.to_string())
 }
 
-/// The counts of one table as table cells, linked to its listings.
+/// The cells of [`count_cells`].
+const COUNT_CELLS: u32 = 9;
+
+/// The counts of one table as table cells, linked to its listings: ready, limited (ready rows
+/// a limit holds back, not in ready), scheduled, waiting (on other jobs, not in scheduled), in
+/// flight, dead, completed, the oldest ready row's age, paused. Limited and waiting are `-`
+/// where the table has no limits or dependencies.
 fn count_cells(db: &Database, e: &Entry) -> Markup {
     let name = e.table.name();
+    if e.missing {
+        return html! {
+            td colspan=(COUNT_CELLS) .err {
+                "missing: the table does not exist (dropped by hand?); "
+                code { "sqlbroker forget --table " (name) } " forgets its record"
+            }
+        };
+    }
     let Some(p) = e.last() else {
-        return html! { td colspan="7" .muted { "not counted yet" } };
+        return html! { td colspan=(COUNT_CELLS) .muted { "not counted yet" } };
     };
     let s = &p.stats;
     let link = |state: &str, n: String| {
         html! { td.n { a href={ (db.prefix) "/tables/" (name) "?state=" (state) } { (n) } } }
     };
+    let waiting = e.table.has_dependencies().then_some(s.waiting);
     html! {
         (link("ready", s.ready.to_string()))
+        td.n.limited { (opt(s.limited)) }
         (link("scheduled", s.scheduled.to_string()))
+        td.n.waiting { (opt(waiting)) }
         (link("in_flight", opt(s.in_flight)))
         (link("dead", s.dead.to_string()))
         (link("completed", opt(s.completed)))
@@ -207,17 +224,22 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
     let mut failing = false;
     let mut sections = Vec::new();
     for db in &ctx.dbs {
-        let (entries, list_error) = match db.live() {
-            Some((_, sampler)) => sampler.snapshot(),
-            None => (Vec::new(), Some(down_text(db))),
+        let (entries, list_error, absent) = match db.live() {
+            Some((_, sampler)) => {
+                let s = sampler.snapshot();
+                (s.entries, s.list_error, s.absent)
+            }
+            None => (Vec::new(), Some(down_text(db)), Vec::new()),
         };
+        // A missing table (its count found no table) or a named one this database does not
+        // record is shown, not failing: a stale record would fail the check for ever.
         failing |= list_error.is_some() || entries.iter().any(|e| e.error.is_some());
-        sections.push((db, entries, list_error));
+        sections.push((db, entries, list_error, absent));
     }
     let body = html! {
         h1 { "Queue tables" }
         (done_note(rq))
-        @for (db, entries, list_error) in &sections {
+        @for (db, entries, list_error, absent) in &sections {
             @if ctx.several() {
                 h2.db { "Database " (db.name) " " span.muted { (db.shown) } }
             }
@@ -225,11 +247,14 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
             @if entries.is_empty() && list_error.is_none() {
                 p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
             }
+            @if !absent.is_empty() {
+                p.muted { "not recorded in this database: " (absent.join(", ")) }
+            }
             table {
                 tr {
-                    th { "table" } th { "form" } th { "ready" } th { "scheduled" } th { "in flight" }
-                    th { "dead" } th { "completed" } th { "oldest ready" } th { "paused" }
-                    th { "counted" } th { "" }
+                    th { "table" } th { "form" } th { "ready" } th { "limited" } th { "scheduled" }
+                    th { "waiting" } th { "in flight" } th { "dead" } th { "completed" }
+                    th { "oldest ready" } th { "paused" } th { "counted" } th { "" }
                 }
                 @for e in entries {
                     tr {
@@ -240,7 +265,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
                         td { (pause_button(ctx, db, e, "/")) }
                     }
                     @if let Some(err) = &e.error {
-                        tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (shown(err)) } } }
+                        tr { td colspan=(COUNT_CELLS + 4) { p.err { "Counting " (e.table.name()) " failed: " (shown(err)) } } }
                     }
                 }
             }
@@ -248,12 +273,14 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
         p.muted {
             "Counted every " (ctx.sample.as_secs()) " s in the background (Broker::stats: one \
              scan per table); an action recounts its table at once. Row lock and advisory lock \
-             tables count rows in work as ready (in flight: -)."
+             tables count rows in work as ready (in flight: -). Limited: ready rows a concurrency \
+             or rate limit holds back (not in ready); waiting: rows waiting on other jobs (not in \
+             scheduled)."
         }
         h2 { "Throughput and failures" }
         p.muted { (chart::legend()) }
-        @for (db, entries, _) in &sections {
-            @for e in entries {
+        @for (db, entries, _, _) in &sections {
+            @for e in entries.iter().filter(|e| !e.missing) {
                 h2 {
                     a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
                     @if ctx.several() { " " span.muted { "(" (db.name) ")" } }
@@ -350,6 +377,18 @@ fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
 /// state, by id (keyset paging: `after` is the last id of the previous page).
 pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     let name = table.name();
+    if db.sampler().entry(name).is_some_and(|e| e.missing) {
+        return Reply::html(
+            404,
+            message(
+                &format!("Table {name}"),
+                &format!(
+                    "the table does not exist (dropped by hand?); its record is left: \
+                     `sqlbroker forget --table {name}` forgets it"
+                ),
+            ),
+        );
+    }
     // Row lock and advisory forms: a listing does not probe (the probe would take the due
     // rows' locks or keys, which the claimers want), so it cannot tell a due row in work from
     // a ready one: both are listed as due, on the ready page.
@@ -422,8 +461,9 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
             @if let Some(err) = &e.error { p.err { "Counting failed: " (shown(err)) } }
             table {
                 tr {
-                    th { "ready" } th { "scheduled" } th { "in flight" } th { "dead" }
-                    th { "completed" } th { "oldest ready" } th { "paused" } th { "counted" }
+                    th { "ready" } th { "limited" } th { "scheduled" } th { "waiting" }
+                    th { "in flight" } th { "dead" } th { "completed" } th { "oldest ready" }
+                    th { "paused" } th { "counted" }
                 }
                 tr { (count_cells(db, e)) td { (counted(e)) } }
             }
