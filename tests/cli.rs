@@ -1505,6 +1505,12 @@ fn bench_runs_and_drops_its_table(db: Db, form: sqlbroker::Form) {
         .unwrap_or_else(|| panic!("no scratch table named in:\n{out}"))
         .to_string();
     assert!(name.starts_with("sqlbroker_bench_"), "{name}");
+    // The server by its own name: MariaDB is not "MySQL".
+    // Fails while bench calls MariaDB "MySQL".
+    assert!(
+        out.starts_with(&format!("bench on {}:", server_name(&l))),
+        "{out}"
+    );
     assert!(!l.table_exists(&name), "table gone: {name} is still there");
     assert_eq!(
         l.int(&format!(
@@ -1854,3 +1860,75 @@ fn forget_a_stale_record(db: Db) {
     );
 }
 per_db!(forget_a_stale_record);
+
+/// The server's kind as it names itself: `PostgreSQL`, `SQLite`, and `MariaDB` or `MySQL` by
+/// its `VERSION()`.
+fn server_name(l: &Live) -> &'static str {
+    match l.db {
+        Db::Postgres => "PostgreSQL",
+        Db::Sqlite => "SQLite",
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(&l.url).unwrap()).unwrap();
+            let v: String = c.query_first("SELECT VERSION()").unwrap().unwrap();
+            if v.to_ascii_lowercase().contains("mariadb") {
+                "MariaDB"
+            } else {
+                "MySQL"
+            }
+        }
+    }
+}
+
+/// `bench --mode steady` prints what it measured: asked more than it can publish (the
+/// publisher takes at most 500 jobs a 10 ms tick), it publishes for `--secs` and no longer,
+/// reports the count and rate it reached, and says that it fell behind. Run on an SQLite
+/// file that does not exist yet: a benchmark makes its database where `create-table` would.
+#[test]
+fn bench_steady_says_when_the_publisher_fell_behind() {
+    let dir = std::env::temp_dir().join("sqlbroker-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.db", unique("newbench")));
+    let url = format!("sqlite:{}", file.display());
+    let args = [
+        "bench", "--mode", "steady", "--rate", "200000", "--secs", "1", "--ack", "batch", "--json",
+    ];
+    let started = Instant::now();
+    let o = run_within(Some(&url), &args, "", Duration::from_secs(180));
+    let took = started.elapsed();
+    let out = stdout(&o);
+    // Fails while bench refuses a new SQLite file ("does not exist").
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    let s = &v["steady"];
+    let published = s["published"].as_u64().unwrap();
+    // Fails while the publisher goes on past --secs until the whole 200,000 are out, and
+    // prints the rate asked for as reached.
+    assert!(published < 200_000, "{out}");
+    assert_eq!(s["fell_behind"], true, "{out}");
+    let secs = s["publish_seconds"].as_f64().unwrap();
+    let rate = s["published_per_sec"].as_f64().unwrap();
+    assert!((1.0..3.0).contains(&secs), "published for {secs} s: {out}");
+    assert!(
+        (rate - published as f64 / secs).abs() <= 1.0,
+        "the rate is the one measured: {out}"
+    );
+    assert!(rate < 200_000.0, "{out}");
+    assert_eq!(s["worked"].as_u64(), Some(published), "{out}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    // In text: said.
+    let text_args = &args[..args.len() - 1];
+    let o = run_within(Some(&url), text_args, "", Duration::from_secs(180));
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{text}{}", stderr(&o));
+    assert!(text.contains("the publisher fell behind"), "{text}");
+    let published = figure(&text, "steady published:");
+    assert!(published < 200_000.0, "{text}");
+    for f in [
+        file.clone(),
+        file.with_extension("db-wal"),
+        file.with_extension("db-shm"),
+    ] {
+        let _ = std::fs::remove_file(f);
+    }
+}

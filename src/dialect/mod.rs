@@ -557,6 +557,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// `PostgreSQL`, `MySQL` (also for MariaDB) or `SQLite`.
     fn database(&self) -> &'static str;
 
+    /// The server as it names itself: [`database`](Dialect::database), but `MariaDB` for a
+    /// MariaDB server once a session has told (its `VERSION()`).
+    fn server_name(&self) -> &'static str {
+        self.database()
+    }
+
     /// Opens a new connection.
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError>;
 

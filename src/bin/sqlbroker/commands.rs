@@ -33,8 +33,12 @@ const PREVIEW: usize = 60;
 
 pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     // Only the commands that make tables may make the database file: to any other, a
-    // mistyped SQLite path would be an empty queue (the dashboard included).
-    if !matches!(cli.command, Command::CreateTable(_) | Command::Migrate(_)) {
+    // mistyped SQLite path would be an empty queue (the dashboard included). A benchmark
+    // makes its own table, so it makes its database where `create-table` would.
+    if !matches!(
+        cli.command,
+        Command::CreateTable(_) | Command::Migrate(_) | Command::Bench(_)
+    ) {
         existing_database(url)?;
     }
     // `schema` may need no database: it connects, if at all, on its own.

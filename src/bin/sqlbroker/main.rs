@@ -33,9 +33,9 @@
 //!
 //! Durations (`--lease`, `--keep-completed`, `--delay`, `--connect-timeout`) are whole
 //! seconds (`30`) or as `humantime` spells them (`30s`, `1m 30s`, `2h`). An id is given
-//! positionally or as `--id` alike. Only `create-table` and `migrate` create an SQLite
-//! database file; every other command refuses a file that does not exist (a mistyped path
-//! would otherwise be an empty queue). Stored text (errors, reasons, payloads, values) is
+//! positionally or as `--id` alike. Only `create-table`, `migrate` and `bench` create an
+//! SQLite database file; every other command refuses a file that does not exist (a mistyped
+//! path would otherwise be an empty queue). Stored text (errors, reasons, payloads, values) is
 //! printed with control characters, bidi overrides and line separators escaped, in JSON too.
 //!
 //! Exit codes: 0 done; 1 the operation failed (database, connection, a row not found);
