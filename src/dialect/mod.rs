@@ -382,6 +382,11 @@ pub(crate) struct TableSql {
     ///
     /// Modelled in model/advisory.pml (cancel_mark), model/lease.pml (cancel_mark).
     pub cancel_mark: String,
+    /// [`cancel_mark`](TableSql::cancel_mark) of a row not marked yet (same parameters): 0
+    /// rows for one whose cancel was requested already, so a bulk cancel counts only the
+    /// rows it changed ([`Broker::cancel_matching`](crate::Broker::cancel_matching)). Empty in
+    /// the row lock form.
+    pub cancel_mark_first: String,
     /// Row lock `(id)` -> the row, locked, waiting for the delivery that holds it.
     ///
     /// Modelled in model/row_lock.pml (cancel_lock).
