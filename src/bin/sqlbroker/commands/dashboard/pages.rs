@@ -589,6 +589,8 @@ fn filter_form(
         .collect();
     let chosen = rq.param("column").unwrap_or_default();
     let verbs = bulk_verbs(state);
+    // Where the last "cancel all matching" stopped, if it stopped early.
+    let go_on = rq.param("bulk_after").and_then(|a| a.parse::<i64>().ok());
     html! {
         form.filter method="get" action={ (db.prefix) "/tables/" (name) } {
             input type="hidden" name="state" value=(state_slug(state));
@@ -620,11 +622,18 @@ fn filter_form(
                                 @for k in ["column", "value", "error"] {
                                     @if let Some(v) = rq.param(k) { input type="hidden" name=(k) value=(v); }
                                 }
+                                // A cancel that stopped early goes on after the last job it read.
+                                @if let Some(a) = go_on.filter(|_| *verb == "cancel") {
+                                    input type="hidden" name="after" value=(a);
+                                }
                                 button type="submit" class=[(*verb != "retry").then_some("danger")] { (verb) " all matching" }
                             }
                             " "
                         }
                         span.muted { "(in batches of " (BATCH) ", at most " (BULK_MAX) " jobs a press)" }
+                        @if let Some(a) = go_on {
+                            " " span.muted { "The next cancel goes on after job " (a) " (" a href=(here) { "start over" } ")." }
+                        }
                     }
                 }
             }

@@ -6,7 +6,9 @@ use std::time::Instant;
 use sqlbroker::Table;
 
 use super::super::actions::limit_detail;
-use super::filters::{bulk_verb, describe, filter_of, BATCH, BULK_MAX, BULK_TIME};
+use super::filters::{
+    bulk_verb, describe, filter_of, BATCH, BULK_MAX, BULK_TIME, BUSY_NAMED, ROW_WAIT,
+};
 use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
 use super::{metrics, pages, Ctx, Database};
@@ -412,13 +414,26 @@ fn logged(
 /// Sends the browser back where the form came from (a path of this dashboard), with what
 /// happened.
 fn back_to(db: &Database, table: &Table, form: &[(String, String)], message: &str) -> Reply {
+    back_with(db, table, form, message, None)
+}
+
+/// [`back_to`], and for a bulk cancel that stopped before the end, where the next press
+/// goes on (`bulk_after`: the page's cancel form carries it as `after`).
+fn back_with(
+    db: &Database,
+    table: &Table,
+    form: &[(String, String)],
+    message: &str,
+    go_on_after: Option<i64>,
+) -> Reply {
     let back = field(form, "back")
         .filter(|b| safe_back(b))
         .map(str::to_string)
         .unwrap_or_else(|| format!("{}/tables/{}", db.prefix, table.name()));
     let sep = if back.contains('?') { '&' } else { '?' };
     let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
-    Reply::redirect(format!("{back}{sep}done={note}"))
+    let after = go_on_after.map_or_else(String::new, |id| format!("&bulk_after={id}"));
+    Reply::redirect(format!("{back}{sep}done={note}{after}"))
 }
 
 /// Runs an action, records it, recounts the table, and sends the browser back where it came
@@ -546,6 +561,9 @@ pub(crate) fn bulk(
             Ok(f) => f,
             Err(why) => return refuse(why),
         };
+    if verb == "cancel" {
+        return bulk_cancel(ctx, db, rq, table, form, state, &filter);
+    }
     let started = std::time::Instant::now();
     let (mut acted, mut seen, mut after, mut more) = (0u64, 0u64, None, false);
     let failed = loop {
@@ -604,6 +622,79 @@ pub(crate) fn bulk(
         );
     }
     back_to(db, table, form, &format!("{message}{note}"))
+}
+
+/// "Cancel all matching": one pass of `Broker::cancel_matching` (at most [`BULK_MAX`] jobs
+/// or [`BULK_TIME`], a job in work of the row lock form waited for [`ROW_WAIT`] at most),
+/// from where the last press stopped (the form's `after`). The note says what changed and
+/// only that (the log's rows likewise), which jobs in work were left, and whether more may
+/// match; a press that stopped early sends the browser back with where the next one goes on.
+fn bulk_cancel(
+    ctx: &Ctx,
+    db: &Database,
+    rq: &Rq,
+    table: &Table,
+    form: &[(String, String)],
+    state: sqlbroker::JobState,
+    filter: &sqlbroker::JobFilter,
+) -> Reply {
+    let after = field(form, "after").and_then(|a| a.trim().parse::<i64>().ok());
+    let pass = sqlbroker::CancelPass::new()
+        .after(after)
+        .limit(usize::try_from(BULK_MAX).unwrap_or(usize::MAX))
+        .row_wait(ROW_WAIT)
+        .time(BULK_TIME);
+    let r = match db.broker().cancel_matching(table, state, filter, &pass) {
+        Ok(r) => r,
+        Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
+            return Reply::html(
+                400,
+                pages::message("The action was refused", &crate::chain(&e)),
+            )
+        }
+        Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
+    };
+    db.sampler().refresh(table);
+    let what = describe(state, filter);
+    let mut message = format!("cancelled {} of {} {what}", r.cancelled, r.seen);
+    if r.already > 0 {
+        message.push_str(&format!("; {} had been asked to cancel already", r.already));
+    }
+    if !r.busy.is_empty() {
+        let mut ids: Vec<String> = r.busy.iter().take(BUSY_NAMED).map(i64::to_string).collect();
+        if r.busy.len() > BUSY_NAMED {
+            ids.push("...".into());
+        }
+        message.push_str(&format!(
+            "; {} in work not cancelled (a delivery held the row {} s): jobs {} (cancel each \
+             on its page, or press again once they are done)",
+            r.busy.len(),
+            ROW_WAIT.as_secs(),
+            ids.join(", ")
+        ));
+    }
+    if r.more {
+        message.push_str(": more may match, send it again for the next ones");
+    }
+    if let Some(e) = &r.error {
+        message.push_str(&format!("; then it failed: {}", crate::chain(e)));
+    }
+    let note = logged(
+        db,
+        &who(ctx, rq),
+        "cancel all matching",
+        table,
+        &what,
+        r.cancelled,
+    );
+    if r.error.is_some() && r.cancelled == 0 {
+        return Reply::html(
+            503,
+            pages::message("The action failed", &format!("{message}{note}")),
+        );
+    }
+    let go_on = r.last.filter(|_| r.more || r.error.is_some());
+    back_with(db, table, form, &format!("{message}{note}"), go_on)
 }
 
 /// A path of this dashboard to send the browser back to: `/` and then only printable ASCII
