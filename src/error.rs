@@ -419,8 +419,10 @@ impl BrokerError {
     /// use sqlbroker::{Broker, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let err = broker.stats(&Table::new("never_made")).unwrap_err();
-    /// assert!(err.is_missing_table());
+    /// let jobs = Table::new("never_made").lease(std::time::Duration::from_secs(30));
+    /// let err = broker.stats(&jobs).unwrap_err(); // never made, or dropped since
+    /// assert!(matches!(err, sqlbroker::BrokerError::Schema { .. }));
+    /// assert!(err.is_missing_table(), "{err}");
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     pub fn is_missing_table(&self) -> bool {

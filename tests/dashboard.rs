@@ -3086,6 +3086,18 @@ fn a_dropped_table_is_shown_missing(db: Db) {
     let (kept, _) = seed(&l);
     let (dropped, _) = seed(&l);
     l.exec(&format!("DROP TABLE {}", dropped.name()));
+    // A table of each other form, dropped too.
+    let forms: &[sqlbroker::Form] = match db {
+        Db::Sqlite => &[sqlbroker::Form::AdvisoryLock],
+        _ => &[sqlbroker::Form::AdvisoryLock, sqlbroker::Form::RowLock],
+    };
+    let others: Vec<Table> = forms
+        .iter()
+        .map(|f| l.table(*f, Duration::from_secs(30)))
+        .collect();
+    for t in &others {
+        l.exec(&format!("DROP TABLE {}", t.name()));
+    }
     let dash = start(&l.url, &["--sample", "1"], &[]);
     let r = dash.get("/");
     // Fails while one stale record makes the overview answer 503.
@@ -3102,6 +3114,30 @@ fn a_dropped_table_is_shown_missing(db: Db) {
     assert!(m.lines().any(|line| line == missing), "{m}");
     let present = format!("sqlbroker_queue_missing{{table=\"{}\"}} 0", kept.name());
     assert!(m.lines().any(|line| line == present), "{m}");
+    for t in &others {
+        let missing = format!("sqlbroker_queue_missing{{table=\"{}\"}} 1", t.name());
+        assert!(m.lines().any(|line| line == missing), "{:?}: {m}", t.form());
+    }
+    // Dropped while the dashboard counts it (the broker checked it when it was there).
+    let (late, _) = seed(&l);
+    let late_missing = format!("sqlbroker_queue_missing{{table=\"{}\"}} 1", late.name());
+    assert!(wait_for(Duration::from_secs(20), || dash
+        .get("/metrics")
+        .body
+        .contains(&format!("table=\"{}\"", late.name()))));
+    l.exec(&format!("DROP TABLE {}", late.name()));
+    // Fails while a table dropped under the dashboard's counts is a failing count (503).
+    assert!(
+        wait_for(Duration::from_secs(20), || dash
+            .get("/metrics")
+            .body
+            .lines()
+            .any(|line| line == late_missing)),
+        "{}",
+        dash.get("/metrics").body
+    );
+    let r = dash.get("/");
+    assert_eq!(r.status, 200, "{}", r.body);
     l.broker.forget_table(dropped.name()).unwrap();
     assert!(
         wait_for(Duration::from_secs(20), || !dash
