@@ -408,8 +408,8 @@ fn create_publish_and_dead_letters(db: Db) {
     let text = only(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
-        [name.as_str(), "lease", "3", "0", "0", "1", "-"],
+        row[..9],
+        [name.as_str(), "lease", "3", "-", "0", "-", "0", "1", "-"],
         "{text}"
     );
 
@@ -727,8 +727,8 @@ fn completed_list_and_prune(db: Db) {
     let text = ok_with(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
-        [name.as_str(), "lease", "1", "0", "0", "0", "2"],
+        row[..9],
+        [name.as_str(), "lease", "1", "-", "0", "-", "0", "0", "2"],
         "{text}"
     );
 
