@@ -517,6 +517,12 @@ fn cancel_matching_counts_what_it_changed(db: Db, form: Form) {
         b.cancel_matching(&t, JobState::Completed, &x, &pass),
         Err(sqlbroker::BrokerError::InvalidOption { .. })
     ));
+    for bad in [pass.limit(0), pass.time(Duration::ZERO)] {
+        assert!(matches!(
+            b.cancel_matching(&t, JobState::Scheduled, &x, &bad),
+            Err(sqlbroker::BrokerError::InvalidOption { .. })
+        ));
+    }
     assert_eq!(
         b.job(&t, others[0]).unwrap().unwrap().state(),
         JobState::Ready

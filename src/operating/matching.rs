@@ -265,8 +265,8 @@ impl Broker {
     /// # Errors
     ///
     /// Before anything is changed: [`BrokerError::InvalidOption`] for a filter that does not
-    /// fit the table (as [`Broker::jobs_matching`]) or the completed state (completed jobs
-    /// are not cancelled); [`BrokerError::Schema`] as [`Broker::jobs`]. A database error
+    /// fit the table (as [`Broker::jobs_matching`]), the completed state (completed jobs
+    /// are not cancelled), or a pass of no job or no time; [`BrokerError::Schema`] as [`Broker::jobs`]. A database error
     /// during the pass ends it: the report says what it did before, and the error
     /// ([`CancelReport::error`]).
     ///
@@ -296,6 +296,11 @@ impl Broker {
         if state == JobState::Completed {
             return Err(refused(
                 "completed jobs are not cancelled: they are done".into(),
+            ));
+        }
+        if pass.limit == 0 || pass.time.is_zero() {
+            return Err(refused(
+                "a pass of cancel_matching acts on one job at least, in a time above zero".into(),
             ));
         }
         let q = self.queue(table)?;
