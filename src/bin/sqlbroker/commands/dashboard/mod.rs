@@ -97,7 +97,8 @@ pub(crate) struct DashboardArgs {
     sample: u64,
 
     /// Worker threads answering requests (they wait only for the database: a slow client
-    /// holds none).
+    /// holds none). Two more answer `/metrics` and the overview, which read memory only, so
+    /// slow listings never hold those up.
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     threads: u64,
