@@ -423,9 +423,17 @@ impl Broker {
         }
     }
 
-    /// `PostgreSQL`, `MySQL` or `SQLite`.
+    /// `PostgreSQL`, `MySQL` or `SQLite`: the dialect (MySQL and MariaDB share one).
     pub fn database(&self) -> &'static str {
         self.inner.dialect.database()
+    }
+
+    /// The server as it names itself: `PostgreSQL`, `MySQL`, `MariaDB` or `SQLite`
+    /// ([`database`](Broker::database) says `MySQL` for MariaDB too, whose SQL is the same):
+    /// what a report of the server in hand should say. Known once a connection was made, as
+    /// [`Broker::connect`] makes one; before that a MariaDB server reads `MySQL`.
+    pub fn server_name(&self) -> &'static str {
+        self.inner.dialect.server_name()
     }
 
     /// The table's validated description and SQL, built once per description, and checked

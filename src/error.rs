@@ -3,6 +3,11 @@
 
 use std::time::Duration;
 
+/// What a check of a table that does not exist says (the one problem of its
+/// [`BrokerError::Schema`]: [`BrokerError::is_missing_table`]).
+pub(crate) const NO_TABLE: &str =
+    "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)";
+
 /// What went wrong, named so the caller can decide what to do.
 ///
 /// Messages are lowercase with no trailing period. Driver and pool errors are wrapped with the
@@ -403,6 +408,25 @@ impl BrokerError {
             BrokerError::Pool { .. } => true,
             _ => false,
         }
+    }
+
+    /// True for the [`BrokerError::Schema`] of a table that does not exist: one never made,
+    /// or dropped since its description was recorded (a stale record: the listings of every
+    /// recorded table show it missing, and
+    /// [`Broker::forget_table`](crate::Broker::forget_table) removes the record).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("never_made").lease(std::time::Duration::from_secs(30));
+    /// let err = broker.stats(&jobs).unwrap_err(); // never made, or dropped since
+    /// assert!(matches!(err, sqlbroker::BrokerError::Schema { .. }));
+    /// assert!(err.is_missing_table(), "{err}");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn is_missing_table(&self) -> bool {
+        matches!(self, BrokerError::Schema { problems, .. } if problems.len() == 1 && problems[0] == NO_TABLE)
     }
 
     /// True for [`BrokerError::LeaseLost`].

@@ -456,7 +456,7 @@ pub use model::waits::{Dependency, JobOutcome};
 pub use operating::actions::{ActionEntry, ACTION_TEXT_MAX};
 pub use operating::ddl::Database;
 pub use operating::jobs::{Job, JobState};
-pub use operating::matching::{JobFilter, MAX_FILTER_TEXT};
+pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
 pub use producing::group::Group;

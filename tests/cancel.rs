@@ -377,3 +377,174 @@ mod cancel_of_a_row_whose_key_another_row_holds {
         run(Db::Mysql)
     }
 }
+
+// ---- Cancel every job matching (issue 38, item 14) ----
+
+/// The states a form's jobs of key "x" are cancelled in, as an operator's "cancel all
+/// matching" presses them: the lease form lists its rows in work in flight; the others list
+/// every due row as ready.
+fn states_of(form: Form) -> &'static [JobState] {
+    match form {
+        Form::Lease => &[JobState::InFlight, JobState::Ready],
+        _ => &[JobState::Ready],
+    }
+}
+
+/// `cancel_matching` counts only what it changed and reads only what is left to do: a job in
+/// work (held by a delivery) and five more of key "x", two of key "y" untouched. Passes of
+/// at most three jobs go on after the last id each acted on. Lease and advisory: the jobs in
+/// work (lease: the five leased by another process too; advisory: the five wait on the held
+/// key) are asked to cancel once, and a press after that does not read, mark or count them
+/// again. Row lock: the job in work keeps its row; the pass waits for it `row_wait` at most,
+/// reports it busy and cancels the others. Then the held job, failed, never runs again.
+///
+/// Seen to fail with the listing's "not asked to cancel yet" left out (the second press of
+/// the lease and advisory forms reads the marked jobs again: three passes, not one), and with
+/// the row lock form's cancel waiting for the row (the pass ends in the statement timeout).
+fn cancel_matching_counts_what_it_changed(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = l.table(form, Duration::from_secs(30));
+    let b = &l.broker;
+    let held = b.publish(&t, msg("held", "x")).unwrap();
+    let sub = subscribe(&l, &t);
+    let d = next(&sub, WAIT);
+    assert_eq!(d.id(), held);
+    let more: Vec<i64> = (0..5)
+        .map(|n| b.publish(&t, msg(&format!("x{n}"), "x")).unwrap())
+        .collect();
+    let others: Vec<i64> = (0..2)
+        .map(|n| b.publish(&t, msg(&format!("y{n}"), "y")).unwrap())
+        .collect();
+    if form == Form::Lease {
+        // The five in work too, leased by another process: more jobs in flight than a pass
+        // takes.
+        let later = match db {
+            Db::Postgres => "now() + interval '1 hour'",
+            Db::Mysql => "UTC_TIMESTAMP() + INTERVAL 1 HOUR",
+            Db::Sqlite => "CAST(strftime('%s','now') AS INTEGER) + 3600",
+        };
+        let ids: Vec<String> = more.iter().map(i64::to_string).collect();
+        l.exec(&format!(
+            "UPDATE {} SET locked_until = {later}, attempts = attempts + 1 WHERE id IN ({})",
+            t.name(),
+            ids.join(", ")
+        ));
+    }
+    let x = sqlbroker::JobFilter::new().column("k", "x");
+    let wait = Duration::from_millis(300);
+    let press = |state: JobState| -> (u64, Vec<i64>, u32) {
+        // Passes of three until one says no more: what they changed, what they left busy.
+        let (mut cancelled, mut busy, mut passes, mut after) = (0, Vec::new(), 0, None);
+        loop {
+            let pass = sqlbroker::CancelPass::new()
+                .after(after)
+                .limit(3)
+                .row_wait(wait)
+                .time(Duration::from_secs(20));
+            let started = std::time::Instant::now();
+            let r = b.cancel_matching(&t, state, &x, &pass).unwrap();
+            assert!(r.error.is_none(), "{r:?}");
+            assert!(r.seen <= 3, "{r:?}");
+            // Fails while one job in work makes the pass wait out the statement timeout.
+            assert!(
+                started.elapsed() < wait * (r.busy.len() as u32 + 1) + Duration::from_secs(3),
+                "a pass took {:?}: {r:?}",
+                started.elapsed()
+            );
+            cancelled += r.cancelled;
+            busy.extend(r.busy.iter().copied());
+            passes += 1;
+            assert!(passes < 20, "{r:?}");
+            after = r.last;
+            if !r.more {
+                return (cancelled, busy, passes);
+            }
+        }
+    };
+    let mut total = 0;
+    let mut busy = Vec::new();
+    for state in states_of(form) {
+        let (n, b, _) = press(*state);
+        total += n;
+        busy.extend(b);
+    }
+    match form {
+        Form::RowLock => {
+            assert_eq!(total, 5, "the five not in work");
+            assert_eq!(busy, [held], "the job in work, reported");
+        }
+        _ => {
+            assert_eq!(total, 6, "the five, and the one in work asked to cancel");
+            assert!(busy.is_empty());
+        }
+    }
+    // Again, from the first: nothing left but (row lock) the job in work, still busy.
+    let mut again = 0;
+    let mut busy_again = Vec::new();
+    for state in states_of(form) {
+        let (n, b, passes) = press(*state);
+        again += n;
+        busy_again.extend(b);
+        // Fails while the marked jobs are read, marked and counted again.
+        assert_eq!(passes, 1, "one pass finds nothing more to do");
+    }
+    assert_eq!(
+        again, 0,
+        "a second press changes nothing and counts nothing"
+    );
+    if form == Form::RowLock {
+        assert_eq!(busy_again, [held]);
+    }
+    for id in &more {
+        let j = b.job(&t, *id).unwrap();
+        // Removed, or (advisory: their key is held by the job in work) asked to cancel.
+        assert!(j.as_ref().is_none_or(|j| j.cancel_requested()), "{j:?}");
+    }
+    for id in &others {
+        assert!(
+            b.job(&t, *id).unwrap().is_some(),
+            "another key is untouched"
+        );
+    }
+    // Bad input: refused, typed, nothing changed.
+    let nope = sqlbroker::JobFilter::new().column("nope", "x");
+    let pass = sqlbroker::CancelPass::new();
+    assert!(matches!(
+        b.cancel_matching(&t, JobState::Ready, &nope, &pass),
+        Err(sqlbroker::BrokerError::InvalidOption { .. })
+    ));
+    assert!(matches!(
+        b.cancel_matching(&t, JobState::Completed, &x, &pass),
+        Err(sqlbroker::BrokerError::InvalidOption { .. })
+    ));
+    for bad in [pass.limit(0), pass.time(Duration::ZERO)] {
+        assert!(matches!(
+            b.cancel_matching(&t, JobState::Scheduled, &x, &bad),
+            Err(sqlbroker::BrokerError::InvalidOption { .. })
+        ));
+    }
+    assert_eq!(
+        b.job(&t, others[0]).unwrap().unwrap().state(),
+        JobState::Ready
+    );
+    // The job in work fails; it never runs again (row lock: a pass cancels it once free).
+    d.fail("boom").unwrap();
+    if form == Form::RowLock {
+        let r = b
+            .cancel_matching(&t, JobState::Scheduled, &x, &pass.row_wait(wait))
+            .unwrap();
+        assert_eq!((r.cancelled, r.busy.len()), (1, 0), "{r:?}");
+    }
+    let d = next(&sub, WAIT);
+    assert!(others.contains(&d.id()), "only y jobs run: {}", d.id());
+    d.ack().unwrap();
+    let d = next(&sub, WAIT);
+    assert!(others.contains(&d.id()), "only y jobs run: {}", d.id());
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_secs(2)).is_err(),
+        "a cancelled job ran"
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(cancel_matching_counts_what_it_changed);

@@ -109,7 +109,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 18] = [
+    let cases: [(&[&str], &[&str]); 19] = [
         (
             &[],
             &[
@@ -127,6 +127,7 @@ fn every_command_has_help_naming_its_options() {
         ),
         (&["pause"], &["--table"]),
         (&["resume"], &["--table"]),
+        (&["forget"], &["--table"]),
         (&["limits"], &["--table", "--json"]),
         (&["limit"], &["--table", "--key", "--max", "--lift"]),
         (&["actions"], &["--limit", "--json"]),
@@ -407,8 +408,8 @@ fn create_publish_and_dead_letters(db: Db) {
     let text = only(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
-        [name.as_str(), "lease", "3", "0", "0", "1", "-"],
+        row[..9],
+        [name.as_str(), "lease", "3", "-", "0", "-", "0", "1", "-"],
         "{text}"
     );
 
@@ -634,7 +635,7 @@ fn status_pause_and_recorded_tables(db: Db) {
         .unwrap_or_else(|| panic!("status lists no {c}:\n{text}"));
     assert_eq!(
         gone.split_whitespace().skip(1).collect::<Vec<_>>(),
-        ["lease", "-", "-", "-", "-", "-", "-", "-"],
+        ["lease", "-", "-", "-", "-", "-", "-", "-", "-", "-"],
         "{text}"
     );
     let json = ok(&url, &["status", "--json"], "");
@@ -726,8 +727,8 @@ fn completed_list_and_prune(db: Db) {
     let text = ok_with(&["status"], "");
     let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        row[..7],
-        [name.as_str(), "lease", "1", "0", "0", "0", "2"],
+        row[..9],
+        [name.as_str(), "lease", "1", "-", "0", "-", "0", "0", "2"],
         "{text}"
     );
 
@@ -1504,6 +1505,12 @@ fn bench_runs_and_drops_its_table(db: Db, form: sqlbroker::Form) {
         .unwrap_or_else(|| panic!("no scratch table named in:\n{out}"))
         .to_string();
     assert!(name.starts_with("sqlbroker_bench_"), "{name}");
+    // The server by its own name: MariaDB is not "MySQL".
+    // Fails while bench calls MariaDB "MySQL".
+    assert!(
+        out.starts_with(&format!("bench on {}:", server_name(&l))),
+        "{out}"
+    );
     assert!(!l.table_exists(&name), "table gone: {name} is still there");
     assert_eq!(
         l.int(&format!(
@@ -1711,4 +1718,217 @@ fn bench_refuses_deferred_acks_off_the_lease_form() {
         assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
     }
     assert_eq!(l.table_count(), before, "nothing made");
+}
+
+// ---- The operator's tools (issue 38) ----
+
+/// A lease table with a concurrency limit of one per `{k}` and dependencies, mid-run: one job
+/// of key "a" in a handler's hands, two more of "a" held back by the limit, one of "b" ready,
+/// and one waiting on that "b" job. Returns the table and the delivery in hand (drop the
+/// subscription to let it go).
+fn held_back(l: &Live) -> (Table, sqlbroker::Subscription, sqlbroker::Delivery) {
+    let t = l.create(
+        Table::new(unique("held"))
+            .text_column("k")
+            .lease(Duration::from_secs(30))
+            .concurrency_limit("{k}", 1)
+            .dependencies(),
+    );
+    let b = &l.broker;
+    let first = b
+        .publish(&t, sqlbroker::Message::new(b"a0".to_vec()).set("k", "a"))
+        .unwrap();
+    let sub = b.subscription(&t).max_in_flight(1).start().unwrap();
+    let d = next(&sub, Duration::from_secs(20));
+    assert_eq!(d.id(), first);
+    for body in ["a1", "a2"] {
+        b.publish(
+            &t,
+            sqlbroker::Message::new(body.as_bytes().to_vec()).set("k", "a"),
+        )
+        .unwrap();
+    }
+    let parent = b
+        .publish(&t, sqlbroker::Message::new(b"b".to_vec()).set("k", "b"))
+        .unwrap();
+    b.publish(
+        &t,
+        sqlbroker::Message::new(b"c".to_vec())
+            .set("k", "c")
+            .after(parent),
+    )
+    .unwrap();
+    let s = b.stats(&t).unwrap();
+    assert_eq!(
+        (s.ready, s.limited, s.in_flight, s.waiting),
+        (1, Some(2), Some(1), 1),
+        "{s:?}"
+    );
+    (t, sub, d)
+}
+
+/// `status` shows the rows a limit holds back and the rows waiting on other jobs, in text as
+/// in JSON: mid-run, READY alone (1 of 5 live rows) hid the other three.
+fn status_shows_rows_held_back(db: Db) {
+    let Some(l) = live(db) else { return };
+    let (t, sub, d) = held_back(&l);
+    let text = ok(&l.url, &["status", "--table", t.name()], "");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let cell = |name: &str| {
+        // Fails while the columns are not there.
+        let i = header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column:\n{text}"));
+        row[i].to_string()
+    };
+    assert_eq!(cell("READY"), "1", "{text}");
+    assert_eq!(cell("LIMITED"), "2", "{text}");
+    assert_eq!(cell("WAITING"), "1", "{text}");
+    assert_eq!(cell("IN_FLIGHT"), "1", "{text}");
+    let json = ok(&l.url, &["status", "--table", t.name(), "--json"], "");
+    assert!(json.contains("\"limited\":2"), "{json}");
+    assert!(json.contains("\"waiting\":1"), "{json}");
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+per_db!(status_shows_rows_held_back);
+
+/// `forget` removes the record of a table dropped by hand (a stale record the listings
+/// would show for ever), logs it, and refuses a table that exists (exit 1, nothing changed)
+/// or a name never recorded (exit 1).
+fn forget_a_stale_record(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let (kept, dropped) = (unique("fkept"), unique("fdrop"));
+    l.track(&kept);
+    l.track(&dropped);
+    for name in [&kept, &dropped] {
+        ok(
+            &url,
+            &["create-table", "--table", name, "--lease", "30"],
+            "",
+        );
+    }
+    l.exec(&format!("DROP TABLE {dropped}"));
+    // A table that exists: refused, its record kept.
+    let o = run(Some(&url), &["forget", "--table", &kept], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("still exists"), "{}", stderr(&o));
+    assert!(l.broker.open_table(&kept).is_ok(), "kept");
+    // The stale record: forgotten.
+    let out = ok(&url, &["forget", "--table", &dropped], "");
+    assert_eq!(out.trim(), format!("forgot the record of table {dropped}"));
+    assert!(matches!(
+        l.broker.open_table(&dropped),
+        Err(sqlbroker::BrokerError::UnknownTable { .. })
+    ));
+    let listed: Vec<String> = l
+        .broker
+        .tables()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.table.name().to_string())
+        .collect();
+    assert!(
+        listed.contains(&kept) && !listed.contains(&dropped),
+        "{listed:?}"
+    );
+    let log = l.broker.actions_on(&[dropped.as_str()], 5).unwrap();
+    assert_eq!(
+        (log[0].action.as_str(), log[0].rows),
+        ("forget", 0),
+        "{log:?}"
+    );
+    // Again: no record.
+    let o = run(Some(&url), &["forget", "--table", &dropped], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is recorded"), "{}", stderr(&o));
+    // Status says what to do about a missing table.
+    let c = unique("fgone");
+    l.track(&c);
+    ok(&url, &["create-table", "--table", &c, "--lease", "30"], "");
+    l.exec(&format!("DROP TABLE {c}"));
+    let o = run(Some(&url), &["status"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("sqlbroker forget --table {c}")),
+        "{}",
+        stderr(&o)
+    );
+}
+per_db!(forget_a_stale_record);
+
+/// The server's kind as it names itself: `PostgreSQL`, `SQLite`, and `MariaDB` or `MySQL` by
+/// its `VERSION()`.
+fn server_name(l: &Live) -> &'static str {
+    match l.db {
+        Db::Postgres => "PostgreSQL",
+        Db::Sqlite => "SQLite",
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(&l.url).unwrap()).unwrap();
+            let v: String = c.query_first("SELECT VERSION()").unwrap().unwrap();
+            if v.to_ascii_lowercase().contains("mariadb") {
+                "MariaDB"
+            } else {
+                "MySQL"
+            }
+        }
+    }
+}
+
+/// `bench --mode steady` prints what it measured: asked more than it can publish (the
+/// publisher takes at most 500 jobs a 10 ms tick), it publishes for `--secs` and no longer,
+/// reports the count and rate it reached, and says that it fell behind. Run on an SQLite
+/// file that does not exist yet: a benchmark makes its database where `create-table` would.
+#[test]
+fn bench_steady_says_when_the_publisher_fell_behind() {
+    let dir = std::env::temp_dir().join("sqlbroker-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.db", unique("newbench")));
+    let url = format!("sqlite:{}", file.display());
+    let args = [
+        "bench", "--mode", "steady", "--rate", "200000", "--secs", "1", "--ack", "batch", "--json",
+    ];
+    let started = Instant::now();
+    let o = run_within(Some(&url), &args, "", Duration::from_secs(180));
+    let took = started.elapsed();
+    let out = stdout(&o);
+    // Fails while bench refuses a new SQLite file ("does not exist").
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    let s = &v["steady"];
+    let published = s["published"].as_u64().unwrap();
+    // Fails while the publisher goes on past --secs until the whole 200,000 are out, and
+    // prints the rate asked for as reached.
+    assert!(published < 200_000, "{out}");
+    assert_eq!(s["fell_behind"], true, "{out}");
+    let secs = s["publish_seconds"].as_f64().unwrap();
+    let rate = s["published_per_sec"].as_f64().unwrap();
+    assert!((1.0..3.0).contains(&secs), "published for {secs} s: {out}");
+    assert!(
+        (rate - published as f64 / secs).abs() <= 1.0,
+        "the rate is the one measured: {out}"
+    );
+    assert!(rate < 200_000.0, "{out}");
+    assert_eq!(s["worked"].as_u64(), Some(published), "{out}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    // In text: said.
+    let text_args = &args[..args.len() - 1];
+    let o = run_within(Some(&url), text_args, "", Duration::from_secs(180));
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{text}{}", stderr(&o));
+    assert!(text.contains("the publisher fell behind"), "{text}");
+    let published = figure(&text, "steady published:");
+    assert!(published < 200_000.0, "{text}");
+    for f in [
+        file.clone(),
+        file.with_extension("db-wal"),
+        file.with_extension("db-shm"),
+    ] {
+        let _ = std::fs::remove_file(f);
+    }
 }

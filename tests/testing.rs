@@ -450,3 +450,79 @@ fn works_on_sqlite_memory() {
     let dead = testing::assert_published(&broker, &t, &Expect::new().state(JobState::Dead));
     assert_eq!(dead[0].attempts(), 2);
 }
+
+// ---- The operator's tools (issue 38) ----
+
+/// `Ran::dead_lettered` counts every dead letter: the handler's `Outcome::DeadLetter`, and a
+/// failure, a snooze or a panic on the table's last attempt (each also counted by what ended
+/// it), as the `sqlbroker_jobs_dead_lettered_total` metric does.
+fn dead_lettered_counts_every_dead_letter(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = table(&live, form, |t| t.max_attempts(2));
+    let b = &live.broker;
+    let said = b.publish(&t, common::msg("said", "a")).unwrap();
+    let failed = b.publish(&t, common::msg("failed", "b")).unwrap();
+    let snoozed = b.publish(&t, common::msg("snoozed", "c")).unwrap();
+    let panicked = b.publish(&t, common::msg("panicked", "d")).unwrap();
+    let ran = Drain::new(b, &t)
+        .retry_policy(policy())
+        .include_scheduled(true)
+        .run(|d| {
+            if d.id() == said {
+                Ok(Outcome::DeadLetter("no".into()))
+            } else if d.id() == failed {
+                Err("always")
+            } else if d.id() == snoozed {
+                Ok(Outcome::RetryAfter(Duration::from_secs(3600)))
+            } else {
+                panic!("always")
+            }
+        })
+        .unwrap();
+    for id in [said, failed, snoozed, panicked] {
+        assert_eq!(job(&live, &t, id).state(), JobState::Dead, "job {id}");
+    }
+    // Fails while only `Outcome::DeadLetter` is counted (1).
+    assert_eq!(ran.dead_lettered, 4, "{ran:?}");
+    assert_eq!(
+        (ran.failed, ran.retried, ran.panicked),
+        (2, 2, 2),
+        "{ran:?}"
+    );
+}
+per_db_form!(dead_lettered_counts_every_dead_letter);
+
+/// A drain held back by a rate limit says so: `Ran::limited` counts the due jobs it left
+/// (not a silent stop), and `Drain::ignore_limits` runs them all, writing no window slot.
+fn a_limited_drain_says_so(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = table(&live, form, |t| {
+        t.rate_limit("", 2, Duration::from_secs(3600))
+    });
+    let b = &live.broker;
+    for n in 0..5 {
+        b.publish(&t, common::msg(&format!("j{n}"), &format!("k{n}")))
+            .unwrap();
+    }
+    let ack = |_: &sqlbroker::Delivery| Ok::<_, String>(());
+    let ran = testing::drain(b, &t, ack).unwrap();
+    assert_eq!(ran.acked, 2, "the window's two: {ran:?}");
+    // Fails while the drain stops silently (nothing says three jobs were held back).
+    assert_eq!(ran.limited, 3, "{ran:?}");
+    let ran = Drain::new(b, &t).ignore_limits(true).run(ack).unwrap();
+    assert_eq!((ran.acked, ran.limited), (3, 0), "{ran:?}");
+    assert_eq!(b.stats(&t).unwrap().total(), 0);
+    let limits = b.rate_limits(&t).unwrap();
+    assert_eq!(
+        limits[0].claimed, 2,
+        "the ignoring drain took no slot: {limits:?}"
+    );
+    // The real description still binds the broker's later claims.
+    for n in 0..3 {
+        b.publish(&t, common::msg(&format!("again{n}"), "x"))
+            .unwrap();
+    }
+    let ran = testing::drain(b, &t, ack).unwrap();
+    assert_eq!((ran.acked, ran.limited), (0, 3), "{ran:?}");
+}
+per_db_form!(a_limited_drain_says_so);

@@ -169,6 +169,16 @@ impl Delivery {
         self.attempt
     }
 
+    /// True on the table's last attempt ([`Table::max_attempts`](crate::Table::max_attempts)):
+    /// a failure or a retry of this delivery dead-letters its row ([`Ran`](crate::Ran)
+    /// counts it so).
+    pub(crate) fn last_attempt(&self) -> bool {
+        matches!(
+            retry_or_dead(&self.ctx, self.attempt, Duration::ZERO, ""),
+            Outcome::Dead(_)
+        )
+    }
+
     /// The body.
     pub fn payload(&self) -> &[u8] {
         &self.payload

@@ -87,10 +87,10 @@ impl From<()> for Outcome {
 pub struct Ran {
     /// Deliveries whose handler returned `Ok(())` or `Ok(Outcome::Ack)`, acked.
     pub acked: usize,
-    /// Deliveries whose handler returned `Ok(Outcome::DeadLetter(..))`, dead-lettered. Only
-    /// those: a row dead-lettered because its last attempt failed is counted by what ended
-    /// that attempt (`retried`, `failed`, `panicked`, `timed_out`), and the
-    /// `sqlbroker_jobs_dead_lettered_total` metric counts every dead letter.
+    /// Deliveries dead-lettered: the handler returned `Ok(Outcome::DeadLetter(..))`, or its
+    /// attempt was the table's last and ended in a retry or a failure (then also counted by
+    /// what ended it: `retried`, `failed`, `panicked`, `timed_out`). Every dead letter, as the
+    /// `sqlbroker_jobs_dead_lettered_total` metric counts them.
     pub dead_lettered: usize,
     /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
     /// delay (dead-lettered instead on the last attempt).
@@ -107,6 +107,10 @@ pub struct Ran {
     /// [`handler_timeout`](crate::SubscriptionBuilder::handler_timeout): failed by the timeout (also
     /// counted by what the handler returned late).
     pub timed_out: usize,
+    /// `testing::drain` only (feature `testing`): due jobs that a concurrency or rate limit
+    /// held back when the drain ended, left unrun (`Drain::ignore_limits` runs them too); 0
+    /// from [`Subscription::run`](crate::Subscription::run).
+    pub limited: usize,
 }
 
 /// Runs `handler` on `d` and settles the delivery by what it returned, counted in `ran`: the
@@ -129,12 +133,18 @@ pub(crate) fn handle<O, E>(
     #[cfg(feature = "tracing")]
     let _span =
         crate::runtime::trace::process_span(table, d.id(), d.attempt(), d.traceparent()).entered();
+    // On the last attempt a retry or a failure is a dead letter: counted as one once written.
+    let last = d.last_attempt();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&d)));
-    let settled = match outcome {
-        Ok(Ok(said)) => settle_as(d, said.into(), ran),
+    let (settled, retried) = match outcome {
+        Ok(Ok(said)) => {
+            let said = said.into();
+            let retried = matches!(said, Outcome::RetryAfter(_));
+            (settle_as(d, said, ran), retried)
+        }
         Ok(Err(e)) => {
             ran.lock().failed += 1;
-            d.fail(e)
+            (d.fail(e), true)
         }
         Err(panic) => {
             ran.lock().panicked += 1;
@@ -143,12 +153,20 @@ pub(crate) fn handle<O, E>(
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            d.fail(format!("the handler panicked: {msg}"))
+            (d.fail(format!("the handler panicked: {msg}")), true)
         }
     };
     match settled {
+        Ok(()) if retried && last => ran.lock().dead_lettered += 1,
         Ok(()) => {}
-        Err(e) if e.is_handler_timeout() => ran.lock().timed_out += 1,
+        // The timeout failed the delivery: on the last attempt, a dead letter.
+        Err(e) if e.is_handler_timeout() => {
+            let mut ran = ran.lock();
+            ran.timed_out += 1;
+            if last {
+                ran.dead_lettered += 1;
+            }
+        }
         Err(e) => {
             ran.lock().unsettled += 1;
             log::warn!("table {table}: {e}");

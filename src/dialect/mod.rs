@@ -385,6 +385,11 @@ pub(crate) struct TableSql {
     ///
     /// Modelled in model/advisory.pml (cancel_mark), model/lease.pml (cancel_mark).
     pub cancel_mark: String,
+    /// [`cancel_mark`](TableSql::cancel_mark) of a row not marked yet (same parameters): 0
+    /// rows for one whose cancel was requested already, so a bulk cancel counts only the
+    /// rows it changed ([`Broker::cancel_matching`](crate::Broker::cancel_matching)). Empty in
+    /// the row lock form.
+    pub cancel_mark_first: String,
     /// Row lock `(id)` -> the row, locked, waiting for the delivery that holds it.
     ///
     /// Modelled in model/row_lock.pml (cancel_lock).
@@ -559,6 +564,12 @@ pub(crate) trait Watcher: Send {
 pub(crate) trait Dialect: Send + Sync + 'static {
     /// `PostgreSQL`, `MySQL` (also for MariaDB) or `SQLite`.
     fn database(&self) -> &'static str;
+
+    /// The server as it names itself: [`database`](Dialect::database), but `MariaDB` for a
+    /// MariaDB server once a session has told (its `VERSION()`).
+    fn server_name(&self) -> &'static str {
+        self.database()
+    }
 
     /// Opens a new connection.
     fn connect(&self) -> Result<Box<dyn DbConn + Send>, DbError>;

@@ -97,6 +97,9 @@ pub(crate) enum PageFilter<'a> {
     Equals(&'a str),
     /// The last error holds the parameter's text.
     ErrorContains,
+    /// Lease and advisory forms: no cancel was requested for the row (no parameter): what a
+    /// bulk cancel has left to do.
+    NotCancelRequested,
 }
 
 impl Syntax {
@@ -860,12 +863,14 @@ impl Syntax {
                     p(1),
                     p(2)
                 );
+                sql.cancel_mark_first = format!("{} AND {cr} = 0", sql.cancel_mark);
             }
             Form::AdvisoryLock => {
                 sql.cancel_mark = format!(
                     "UPDATE {t} SET {cr} = 1 WHERE {id} = {} AND {dead} IS NULL",
                     p(1)
                 );
+                sql.cancel_mark_first = format!("{} AND {cr} = 0", sql.cancel_mark);
             }
         }
     }
@@ -921,11 +926,18 @@ impl Syntax {
         }
         let nows = n;
         for f in filter {
-            n += 1;
-            let at = p(n + 1);
             let more = match f {
-                PageFilter::Equals(c) => format!("{} = {at}", self.q(c)),
-                PageFilter::ErrorContains => (self.contains)(&self.q(&spec.last_error), &at),
+                PageFilter::Equals(c) => {
+                    n += 1;
+                    format!("{} = {}", self.q(c), p(n + 1))
+                }
+                PageFilter::ErrorContains => {
+                    n += 1;
+                    (self.contains)(&self.q(&spec.last_error), &p(n + 1))
+                }
+                PageFilter::NotCancelRequested => {
+                    format!("{} = 0", self.q(&spec.cancel_requested))
+                }
             };
             out.push_str(" AND ");
             out.push_str(&more);

@@ -421,6 +421,16 @@ impl Table {
         self
     }
 
+    /// This description without its concurrency and rate limits: what `testing`'s drain
+    /// that ignores limits claims with (only after the description itself was checked
+    /// against the table's record).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn without_limits(mut self) -> Self {
+        self.limits.clear();
+        self.rates.clear();
+        self
+    }
+
     /// A concurrency limit: at most `max` rows whose rendered `key` is equal are **in work**
     /// at once (claimed and not yet settled, rows claimed ahead into a subscription's buffer
     /// included), across every broker and process sharing the table. `key` is a template over

@@ -103,9 +103,58 @@ impl Broker {
     /// A database error other than the log's absence.
     pub fn actions(&self, limit: usize) -> Result<Vec<ActionEntry>> {
         let sql = self.dialect().action_log();
+        self.read_actions(sql.list.to_string(), Vec::new(), limit, &[])
+    }
+
+    /// The newest `limit` entries of the action log on the tables `tables` (their names, as
+    /// recorded), newest first: what a tool restricted to some tables shows, so entries on
+    /// every other table (their job ids, filters, operators' names and addresses) stay out of
+    /// it. No table: no entry.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::actions`].
+    ///
+    /// ```
+    /// use sqlbroker::Broker;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// broker.record_action("ana", "cancel", "emails", "job 7", 1)?;
+    /// broker.record_action("bo", "purge", "payroll", "every dead letter", 3)?;
+    /// let log = broker.actions_on(&["emails"], 10)?;
+    /// assert_eq!(log.len(), 1);
+    /// assert_eq!(log[0].table, "emails");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn actions_on(&self, tables: &[&str], limit: usize) -> Result<Vec<ActionEntry>> {
+        if tables.is_empty() {
+            return Ok(Vec::new());
+        }
+        let syntax = self.dialect().syntax();
+        let marks: Vec<String> = (1..=tables.len()).map(|n| syntax.p(n)).collect();
+        let sql = format!(
+            "SELECT id, acted_at, who, action, table_name, detail, row_count \
+             FROM {ACTION_LOG} WHERE table_name IN ({}) ORDER BY id DESC LIMIT {}",
+            marks.join(", "),
+            syntax.p(tables.len() + 1)
+        );
+        let names = tables.iter().map(|t| Value::Text(t.to_string())).collect();
+        self.read_actions(sql, names, limit, tables)
+    }
+
+    /// Runs a listing of the log (`sql`: its `params`, then the limit): the entries, or none
+    /// if the log was never made. With `only`, an entry of another table is left out (MySQL
+    /// compares the log's text in the database's collation, not byte for byte).
+    fn read_actions(
+        &self,
+        sql: String,
+        mut params: Vec<Value>,
+        limit: usize,
+        only: &[&str],
+    ) -> Result<Vec<ActionEntry>> {
         let mut conn = self.pooled("action log", "")?;
-        let limit = Value::Int(i64::try_from(limit).unwrap_or(i64::MAX));
-        let rows = match conn.query(sql.list, &[limit]) {
+        params.push(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
+        let rows = match conn.query(&sql, &params) {
             Ok(rows) => rows,
             Err(e) => {
                 // Absent (nothing recorded yet: reads as empty, and a read writes nothing),
@@ -138,6 +187,7 @@ impl Broker {
                         .map_or(0, |n| n.max(0) as u64),
                 }
             })
+            .filter(|a| only.is_empty() || only.contains(&a.table.as_str()))
             .collect())
     }
 }

@@ -424,9 +424,18 @@ impl Broker {
     /// [`BrokerError::InvalidTable`] for an invalid description.
     pub fn drop_table(&self, table: &Table) -> Result<()> {
         self.may_run_ddl("drop_table", table)?;
+        self.remove_table(table, true)
+    }
+
+    /// What [`drop_table`](Broker::drop_table) does; with `drop_main` false, all but dropping
+    /// the table itself ([`forget_table`](Broker::forget_table): the table is gone already).
+    pub(crate) fn remove_table(&self, table: &Table, drop_main: bool) -> Result<()> {
         let q = self.compiled(table)?;
         let syntax = q.dialect.syntax();
-        let mut statements = vec![format!("DROP TABLE IF EXISTS {}", syntax.q(&q.spec.name))];
+        let mut statements = Vec::new();
+        if drop_main {
+            statements.push(format!("DROP TABLE IF EXISTS {}", syntax.q(&q.spec.name)));
+        }
         if q.sql.rates.is_some() {
             let rates = crate::dialect::flow::rates_table(&q.spec);
             statements.push(format!("DROP TABLE IF EXISTS {}", syntax.q(&rates)));

@@ -707,11 +707,54 @@ impl Broker {
     pub fn cancel(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
         checked(&q)?;
-        match q.spec.form {
-            Form::Lease => cancel_lease(&q, id),
-            Form::RowLock => cancel_row_lock(&q, id),
-            Form::AdvisoryLock => cancel_advisory(&q, id),
-        }
+        Ok(match cancel_one(&q, id, Wait::ForTheRow)? {
+            Cancelled::Now | Cancelled::Already => true,
+            Cancelled::Gone | Cancelled::Busy => false,
+        })
+    }
+}
+
+/// What cancelling one job came to: what a cancel that counts the rows it changed needs to
+/// tell apart ([`Broker::cancel_matching`](crate::Broker::cancel_matching)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cancelled {
+    /// This call changed the row: removed it (or kept it completed and cancelled), or, in
+    /// work, wrote its cancel request.
+    Now,
+    /// Its cancel was requested already (lease and advisory forms, the row in work): left as
+    /// it is, holding anyway.
+    Already,
+    /// No live or dead job had that id (unknown, acked, completed): nothing changed.
+    Gone,
+    /// Row lock form, [`Wait::AtMost`]: the row stayed locked by the delivery that holds it
+    /// for the whole wait; nothing changed.
+    Busy,
+}
+
+/// How a row lock cancel waits for the delivery that holds the row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    /// Until it settles ([`Broker::cancel`]: at most the statement timeout, then an error);
+    /// the lease and advisory forms mark a row whether or not it was marked before.
+    ForTheRow,
+    /// At most this long (a bulk cancel: one job in work must not stop the others), tried
+    /// without waiting on the server (`SKIP LOCKED`) until then; then [`Cancelled::Busy`].
+    /// The lease and advisory forms mark only a row not marked yet
+    /// ([`Cancelled::Already`]).
+    AtMost(std::time::Duration),
+}
+
+/// Cancels the job `id` of `q`'s table as [`Broker::cancel`] describes, waiting as `wait`
+/// says, and tells what that came to.
+pub(crate) fn cancel_one(q: &Queue, id: i64, wait: Wait) -> Result<Cancelled> {
+    let first = matches!(wait, Wait::AtMost(_));
+    match q.spec.form {
+        Form::Lease => cancel_lease(q, id, first),
+        Form::RowLock => match wait {
+            Wait::ForTheRow => cancel_row_lock(q, id),
+            Wait::AtMost(limit) => cancel_row_lock_within(q, id, limit),
+        },
+        Form::AdvisoryLock => cancel_advisory(q, id, first),
     }
 }
 
@@ -734,22 +777,32 @@ fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
 /// begin or end, so the pair runs again (a few times at most: each round sees a state change).
+/// With `first`, only a row not marked yet is marked: a leased row marked before is
+/// [`Cancelled::Already`].
 ///
 /// Modelled in model/lease.pml (cancel).
-fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
+fn cancel_lease(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
+    let mark = match first {
+        true => &q.sql.cancel_mark_first,
+        false => &q.sql.cancel_mark,
+    };
     for _ in 0..8 {
         let now = claim_now(SystemTime::now());
         let params = [Value::Int(id), Value::Time(now)];
         if q.retrying("cancel", |c| remove(q, c, &params, id))? > 0 {
-            return Ok(true);
+            return Ok(Cancelled::Now);
         }
-        if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? > 0 {
-            return Ok(true);
+        if q.retrying("cancel", |c| c.execute(mark, &params))? > 0 {
+            return Ok(Cancelled::Now);
         }
         let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
         match rows.into_iter().next().map(|r| job_row(q, r, now)) {
-            None => return Ok(false),
-            Some(j) if j.state == JobState::Completed => return Ok(false),
+            None => return Ok(Cancelled::Gone),
+            Some(j) if j.state == JobState::Completed => return Ok(Cancelled::Gone),
+            // Leased and marked: the mark of `first` left it, the request holds.
+            Some(j) if j.cancel_requested && j.state == JobState::InFlight => {
+                return Ok(Cancelled::Already)
+            }
             Some(_) => {}
         }
     }
@@ -762,7 +815,7 @@ fn cancel_lease(q: &Queue, id: i64) -> Result<bool> {
 /// Row lock: waits for the row's lock (its delivery settles), then removes it.
 ///
 /// Modelled in model/row_lock.pml (cancel).
-fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
+fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
     let mut conn = q.conn("cancel")?;
     conn.mark_broken();
     let run = |conn: &mut dyn DbConn| -> Result<u64, DbError> {
@@ -785,7 +838,11 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
         Ok(n) => {
             conn.batch("COMMIT").map_err(q.err("cancel"))?;
             conn.set_broken(false);
-            Ok(n > 0)
+            Ok(if n > 0 {
+                Cancelled::Now
+            } else {
+                Cancelled::Gone
+            })
         }
         Err(e) => {
             conn.rollback_or_discard();
@@ -794,32 +851,108 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<bool> {
     }
 }
 
+/// Row lock, waiting at most `limit` for the delivery that holds the row: the row is taken
+/// `FOR UPDATE SKIP LOCKED` (no wait on the server), and while another session holds it the
+/// take is tried again, a little later each time, until `limit` is spent; then
+/// [`Cancelled::Busy`], nothing changed. A row taken is removed as
+/// [`cancel_row_lock`] removes it, in the same transaction.
+fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Result<Cancelled> {
+    let deadline = std::time::Instant::now() + limit;
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        let mut conn = q.conn("cancel")?;
+        // Broken from `BEGIN` until the transaction ends: never pooled mid-transaction.
+        conn.mark_broken();
+        let run = |conn: &mut dyn DbConn| -> Result<Option<u64>, DbError> {
+            for stmt in &q.sql.begin {
+                conn.batch(stmt)?;
+            }
+            if conn.query(&q.sql.probe_lock, &[Value::Int(id)])?.is_empty() {
+                return Ok(None);
+            }
+            let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
+            if n > 0 {
+                crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None)?;
+            }
+            Ok(Some(n))
+        };
+        match run(&mut *conn) {
+            Ok(Some(n)) => {
+                conn.batch("COMMIT").map_err(q.err("cancel"))?;
+                conn.set_broken(false);
+                return Ok(if n > 0 {
+                    Cancelled::Now
+                } else {
+                    Cancelled::Gone
+                });
+            }
+            Ok(None) => conn.rollback_or_discard(),
+            Err(e) => {
+                conn.rollback_or_discard();
+                return Err(q.err("cancel")(e));
+            }
+        }
+        drop(conn);
+        // Not taken: held by a delivery, or gone.
+        let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
+        if rows.is_empty() {
+            return Ok(Cancelled::Gone);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(Cancelled::Busy);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(std::time::Duration::from_millis(250));
+    }
+}
+
 /// Advisory: marks the row, then removes it under its key if the key is free; if the key is
 /// held (the row in work, or another row of that key), the mark stands and ends the row at
 /// its next claim, retry or hand-back, as in the lease form: nothing waits for a delivery.
+/// With `first`, only a row not marked yet is marked: a live row marked before is
+/// [`Cancelled::Already`], unless its removal under the key is done now.
 ///
 /// Modelled in model/advisory.pml (cancel).
-fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
+fn cancel_advisory(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
     let now = claim_now(SystemTime::now());
     let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
     let Some(job) = rows.into_iter().next().map(|r| job_row(q, r, now)) else {
-        return Ok(false);
+        return Ok(Cancelled::Gone);
     };
     if job.state == JobState::Completed {
-        return Ok(false);
+        return Ok(Cancelled::Gone);
     }
     let Some(template) = &q.spec.key else {
-        return Ok(false);
+        return Ok(Cancelled::Gone);
     };
     let values: Vec<Value> = job.values.iter().map(|(_, v)| v.clone()).collect();
     let key = template.render(&values);
     let params = [Value::Int(id)];
-    if q.retrying("cancel", |c| c.execute(&q.sql.cancel_mark, &params))? == 0 {
-        // Not live: dead (never claimed, so no key is needed to remove it), or acked or
-        // completed since it was read (nothing removed).
-        let removed = q.retrying("cancel", |c| remove(q, c, &params, id))?;
-        return Ok(removed > 0);
-    }
+    let mark = match first {
+        true => &q.sql.cancel_mark_first,
+        false => &q.sql.cancel_mark,
+    };
+    // What the mark did: `Now` if it wrote the request, `Already` if it was there.
+    let marked = if q.retrying("cancel", |c| c.execute(mark, &params))? > 0 {
+        Cancelled::Now
+    } else {
+        // Not live, or (`first`) marked before: read again to tell.
+        let rows = q.retrying("cancel", |c| c.query(&q.sql.job, &params))?;
+        match rows.into_iter().next().map(|r| job_row(q, r, now)) {
+            Some(j) if first && j.finished_at.is_none() && j.cancel_requested => Cancelled::Already,
+            _ => {
+                // Not live: dead (never claimed, so no key is needed to remove it), or
+                // acked or completed since it was read (nothing removed).
+                let removed = q.retrying("cancel", |c| remove(q, c, &params, id))?;
+                return Ok(if removed > 0 {
+                    Cancelled::Now
+                } else {
+                    Cancelled::Gone
+                });
+            }
+        }
+    };
     let removed = with_key(q, &key, |conn| {
         if remove(q, conn, &params, id)? > 0 {
             return Ok(true);
@@ -831,8 +964,16 @@ fn cancel_advisory(q: &Queue, id: i64) -> Result<bool> {
             j.dead_reason.as_deref() == Some(CANCELLED)
         }))
     })?;
-    // Key held: the mark ends the row before any handler starts it again.
-    Ok(removed.unwrap_or(true))
+    Ok(match removed {
+        // Marked before this call: that request decided the row's end, which the removal
+        // under the key (or the row's own retry) only carries out.
+        Some(true) if matches!(marked, Cancelled::Already) => Cancelled::Already,
+        Some(true) => Cancelled::Now,
+        // Acked before the removal: the cancel did not hold.
+        Some(false) => Cancelled::Gone,
+        // Key held: the mark ends the row before any handler starts it again.
+        None => marked,
+    })
 }
 
 /// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's

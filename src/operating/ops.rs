@@ -160,7 +160,15 @@ impl Broker {
         let q = self.queue(table)?;
         let now = schedule::claim_now(SystemTime::now());
         let params = [Value::Time(now)];
-        let rows = q.retrying("stats", |conn| conn.query(&q.sql.stats, &params))?;
+        // A table dropped since this broker checked it (or never made) fails as such
+        // (`BrokerError::is_missing_table`), not as a driver's error: a tool listing every
+        // recorded table tells a stale record from a failing count by it.
+        let rows = q
+            .retrying("stats", |conn| conn.query(&q.sql.stats, &params))
+            .map_err(|e| match q.conn("stats") {
+                Ok(mut conn) => q.explain_failure(&mut *conn, e),
+                Err(_) => e,
+            })?;
         let row = rows.into_iter().next().unwrap_or_default();
         let count = |i: usize| {
             row.get(i)

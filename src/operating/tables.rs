@@ -4,8 +4,10 @@
 //! runtime's registry.
 
 use crate::broker::Broker;
+use crate::dialect::DbConn;
 use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
+use crate::model::value::Value;
 use crate::runtime::registry;
 
 /// A recorded table, as [`Broker::tables`] lists it.
@@ -117,6 +119,71 @@ impl Broker {
             .into_iter()
             .map(|(table, paused)| RecordedTable { table, paused })
             .collect())
+    }
+
+    /// Forgets the recorded description of the table `name`, which no longer exists (dropped
+    /// by hand, or by a migration tool): its record in `sqlbroker_tables`, its rate limits'
+    /// slots table and the rows of `sqlbroker_deps` that name it go, as
+    /// [`drop_table`](Broker::drop_table) removes them. A stale record is otherwise listed for
+    /// ever ([`Broker::tables`]), a table whose every count fails
+    /// ([`BrokerError::is_missing_table`]); the command line's `sqlbroker forget` calls this.
+    ///
+    /// A table that exists is refused: its record is the one description its rows run by
+    /// (to remove both, [`drop_table`](Broker::drop_table)).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] if the table exists, [`BrokerError::UnknownTable`] if
+    /// no description of `name` is recorded, [`BrokerError::InvalidTable`] for a name that
+    /// is not one; nothing is changed then. [`BrokerError::DdlRefused`] on a broker built
+    /// with [`manage_schema(false)`](crate::BrokerBuilder::manage_schema) (a rate limits'
+    /// slots table is dropped), before anything is read.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, BrokerError, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// // The table exists: its record stays.
+    /// assert!(matches!(broker.forget_table("jobs"), Err(BrokerError::InvalidOption { .. })));
+    /// assert!(broker.open_table("jobs").is_ok());
+    /// // No record of that name.
+    /// assert!(matches!(broker.forget_table("nope"), Err(BrokerError::UnknownTable { .. })));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn forget_table(&self, name: &str) -> Result<()> {
+        crate::model::table::check_ident(name, 48).map_err(|reason| BrokerError::InvalidTable {
+            table: name.to_string(),
+            reason,
+        })?;
+        self.may_run_ddl("forget_table", &Table::new(name))?;
+        let recorded = {
+            let mut conn = self.pooled("forget table", name)?;
+            let columns = conn
+                .query(
+                    self.dialect().columns_query(),
+                    &[Value::Text(name.to_string())],
+                )
+                .map_err(|e| e.during("forget table", name))?;
+            if !columns.is_empty() {
+                return Err(BrokerError::InvalidOption {
+                    option: "forget_table",
+                    reason: format!(
+                        "table {name} still exists: only the record of a table that is gone is \
+                         forgotten (drop_table drops a table and its record)"
+                    ),
+                });
+            }
+            registry::open(self.dialect(), &mut *conn, name)?
+        };
+        let Some(table) = recorded else {
+            return Err(BrokerError::UnknownTable {
+                table: name.to_string(),
+            });
+        };
+        self.remove_table(&table, false)
     }
 
     /// Pauses the table: every subscription on it, in any process, stops claiming within

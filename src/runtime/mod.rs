@@ -19,12 +19,8 @@ use parking_lot::Mutex;
 
 use crate::dialect::keys::KeyRegistry;
 use crate::dialect::{DbConn, Dialect, TableSql};
-use crate::error::{BrokerError, DbError, DbErrorKind, Result};
+use crate::error::{BrokerError, DbError, DbErrorKind, Result, NO_TABLE};
 use crate::model::table::TableSpec;
-
-/// What a check of a table that does not exist says.
-const NO_TABLE: &str =
-    "the table does not exist (Broker::create_table makes it, or the SQL of Table::ddl)";
 
 pub(crate) mod cursor;
 pub(crate) mod deferred;

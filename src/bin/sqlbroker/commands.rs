@@ -33,8 +33,12 @@ const PREVIEW: usize = 60;
 
 pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     // Only the commands that make tables may make the database file: to any other, a
-    // mistyped SQLite path would be an empty queue (the dashboard included).
-    if !matches!(cli.command, Command::CreateTable(_) | Command::Migrate(_)) {
+    // mistyped SQLite path would be an empty queue (the dashboard included). A benchmark
+    // makes its own table, so it makes its database where `create-table` would.
+    if !matches!(
+        cli.command,
+        Command::CreateTable(_) | Command::Migrate(_) | Command::Bench(_)
+    ) {
         existing_database(url)?;
     }
     // `schema` may need no database: it connects, if at all, on its own.
@@ -81,6 +85,17 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             let n = broker.prune_completed(&table)?;
             logged(&broker, "prune", table.name(), "completed rows", n);
             say(format_args!("pruned {}\n", count(n, "completed row")))
+        }
+        Command::Forget(args) => {
+            broker.forget_table(&args.table)?;
+            logged(
+                &broker,
+                "forget",
+                &args.table,
+                "the record of a table that no longer exists",
+                0,
+            );
+            say(format_args!("forgot the record of table {}\n", args.table))
         }
         Command::Pause(args) => pause(&broker, args, true),
         Command::Resume(args) => pause(&broker, args, false),
@@ -296,8 +311,16 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         match broker.stats(table) {
             Ok(stats) => all.push((table, Ok(stats))),
             Err(e) if every => {
+                let missing = e.is_missing_table();
                 let e = crate::chain(&e);
                 eprintln!("sqlbroker: {}", escape(&e));
+                if missing {
+                    eprintln!(
+                        "sqlbroker: table {0} is recorded but does not exist (dropped by hand?): \
+                         `sqlbroker forget --table {0}` forgets its record",
+                        table.name()
+                    );
+                }
                 all.push((table, Err(e)));
             }
             Err(e) => return Err(e.into()),
@@ -306,11 +329,17 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
     let out = if args.json {
         status_json(&all)
     } else {
+        // LIMITED: ready rows a concurrency or rate limit holds back (not in READY);
+        // WAITING: rows waiting on other jobs (not in SCHEDULED). Both "-" where the table
+        // has no limits or dependencies: rows that neither READY nor IN_FLIGHT shows would
+        // otherwise be nowhere.
         let mut rows = vec![[
             "TABLE",
             "FORM",
             "READY",
+            "LIMITED",
             "SCHEDULED",
+            "WAITING",
             "IN_FLIGHT",
             "DEAD",
             "COMPLETED",
@@ -325,7 +354,12 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
             row.extend(match stats {
                 Ok(s) => [
                     s.ready.to_string(),
+                    s.limited.map_or_else(dash, |n| n.to_string()),
                     s.scheduled.to_string(),
+                    match table.has_dependencies() {
+                        true => s.waiting.to_string(),
+                        false => dash(),
+                    },
                     s.in_flight.map_or_else(dash, |n| n.to_string()),
                     s.dead.to_string(),
                     s.completed.map_or_else(dash, |n| n.to_string()),
@@ -715,6 +749,20 @@ pub(crate) fn escape(text: &str) -> String {
     out
 }
 
+/// [`escape`], keeping line feeds and tabs: text shown on several lines (a payload's or an
+/// error's, in a page's `<pre>`), where a line break is the text's own. CR is still escaped:
+/// it breaks a line as well, where the text would not show one.
+pub(crate) fn escape_keeping_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c => push_escaped(&mut out, c),
+        }
+    }
+    out
+}
+
 fn push_escaped(out: &mut String, c: char) {
     if unsafe_char(c) {
         out.extend(c.escape_default());
@@ -778,6 +826,10 @@ mod tests {
         assert_eq!(
             escape("\x1b]0;t\x07\r\n\u{202e}\u{2028}\u{85}\x7f ok"),
             "\\u{1b}]0;t\\u{7}\\r\\n\\u{202e}\\u{2028}\\u{85}\\u{7f} ok"
+        );
+        assert_eq!(
+            escape_keeping_lines("a\n\tb\r\n\u{202e}"),
+            "a\n\tb\\r\n\\u{202e}"
         );
         assert_eq!(
             json(&["\x1b\u{7f}\u{9b}\u{202e}\u{2066}\u{2029}é"]),

@@ -6,6 +6,7 @@
 //! sqlbroker status --table jobs --json
 //! sqlbroker pause --table jobs
 //! sqlbroker resume --table jobs
+//! sqlbroker forget --table gone                   # the record of a table dropped by hand
 //! sqlbroker dead list --table jobs --limit 20
 //! sqlbroker dead list --table jobs --json
 //! sqlbroker dead requeue --table jobs 17 18       # or --id 17 --id 18
@@ -32,9 +33,9 @@
 //!
 //! Durations (`--lease`, `--keep-completed`, `--delay`, `--connect-timeout`) are whole
 //! seconds (`30`) or as `humantime` spells them (`30s`, `1m 30s`, `2h`). An id is given
-//! positionally or as `--id` alike. Only `create-table` and `migrate` create an SQLite
-//! database file; every other command refuses a file that does not exist (a mistyped path
-//! would otherwise be an empty queue). Stored text (errors, reasons, payloads, values) is
+//! positionally or as `--id` alike. Only `create-table`, `migrate` and `bench` create an
+//! SQLite database file; every other command refuses a file that does not exist (a mistyped
+//! path would otherwise be an empty queue). Stored text (errors, reasons, payloads, values) is
 //! printed with control characters, bidi overrides and line separators escaped, in JSON too.
 //!
 //! Exit codes: 0 done; 1 the operation failed (database, connection, a row not found);
@@ -102,6 +103,10 @@ enum Command {
     Pause(NameArgs),
     /// Resume a paused table: its subscriptions claim again.
     Resume(NameArgs),
+    /// Forget the recorded description of a table that no longer exists (dropped by hand): its
+    /// record, its rate limits' slots and the dependency rows naming it. A table that exists
+    /// is refused (exit 1).
+    Forget(NameArgs),
     /// A table's concurrency limits: each key template, the max in force and the described
     /// one, and (lease tables) the rows in work and the ready rows waiting on it; then its
     /// rate limits: each key template, max, window and the claims in the window ending now.

@@ -214,6 +214,14 @@ impl Dialect for Mysql {
         "MySQL"
     }
 
+    fn server_name(&self) -> &'static str {
+        // The collation is learned from the first session's `VERSION()`: MariaDB's is its own.
+        match self.collation.get() {
+            Some(c) if *c == version::BYTE_EXACT[0] => "MariaDB",
+            _ => "MySQL",
+        }
+    }
+
     fn cancel_statement(&self, session: u64) -> Option<String> {
         Some(sql::cancel(session))
     }

@@ -13,6 +13,11 @@ pub(crate) const BATCH: usize = 100;
 pub(crate) const BULK_MAX: u64 = 1_000;
 /// How long one bulk action may run before it stops at the end of a batch.
 pub(crate) const BULK_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+/// Row lock form: how long "cancel all matching" waits for one job in work (its delivery
+/// holds the row) before it leaves that job, reported by id, and goes on.
+pub(crate) const ROW_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The most ids of jobs left in work a bulk cancel's note names.
+pub(crate) const BUSY_NAMED: usize = 20;
 
 /// The filter of a table's listing, from a query or a form (`column`, `value`, `error`): the
 /// value typed as the column is (text, integer, float; other columns cannot be filtered),

@@ -17,6 +17,8 @@ pub(crate) struct Reply {
     pub content_type: &'static str,
     pub body: Vec<u8>,
     pub headers: Vec<(&'static str, String)>,
+    /// How long the server holds the answer back (a throttled failure).
+    pub hold: std::time::Duration,
 }
 
 impl Reply {
@@ -26,6 +28,7 @@ impl Reply {
             content_type: "text/html; charset=utf-8",
             body: page.into_string().into_bytes(),
             headers: Vec::new(),
+            hold: std::time::Duration::ZERO,
         }
     }
 
@@ -35,6 +38,7 @@ impl Reply {
             content_type,
             body: body.into_bytes(),
             headers: Vec::new(),
+            hold: std::time::Duration::ZERO,
         }
     }
 

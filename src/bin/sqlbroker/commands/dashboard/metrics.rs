@@ -34,9 +34,13 @@ pub(crate) fn render(ctx: &Ctx) -> String {
     let (mut paused, mut oldest, mut up, mut at, mut took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut listed = Vec::new();
+    let mut missing = Vec::new();
     for db in &ctx.dbs {
         let (entries, list_error) = match db.live() {
-            Some((_, sampler)) => sampler.snapshot(),
+            Some((_, sampler)) => {
+                let s = sampler.snapshot();
+                (s.entries, s.list_error)
+            }
             None => (Vec::new(), Some(String::new())),
         };
         let d = match ctx.several() {
@@ -50,12 +54,16 @@ pub(crate) fn render(ctx: &Ctx) -> String {
                 false => format!("table=\"{}\"", label(e.table.name())),
             };
             up.push((t.clone(), u8::from(e.error.is_none()).to_string()));
+            missing.push((t.clone(), u8::from(e.missing).to_string()));
             if let Some((when, d)) = e.counted {
                 let secs = when.duration_since(UNIX_EPOCH).unwrap_or_default();
                 at.push((t.clone(), format!("{:.3}", secs.as_secs_f64())));
                 took.push((t.clone(), format!("{:.6}", d.as_secs_f64())));
             }
-            let Some(p) = e.last() else { continue };
+            // A missing table's last counts are of a table that is gone.
+            let Some(p) = e.last().filter(|_| !e.missing) else {
+                continue;
+            };
             let s = &p.stats;
             for l in &p.limits {
                 let k = format!("{t},key=\"{}\"", label(&l.key));
@@ -146,8 +154,13 @@ pub(crate) fn render(ctx: &Ctx) -> String {
     );
     family(
         "sqlbroker_queue_count_ok",
-        "1 if the last count of the table succeeded, 0 if it failed (the other values are then the last good count).",
+        "1 if the last count of the table succeeded (or found it missing), 0 if it failed (the other values are then the last good count).",
         up,
+    );
+    family(
+        "sqlbroker_queue_missing",
+        "1 if the table is recorded but does not exist (dropped by hand: `sqlbroker forget` removes the record), else 0; its count is then not a failure.",
+        missing,
     );
     family(
         "sqlbroker_queue_counted_timestamp_seconds",

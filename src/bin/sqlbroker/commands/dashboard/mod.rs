@@ -8,7 +8,8 @@
 //! (`Broker::record_action`: who, what, when, how many rows), shown at `/actions`.
 //!
 //! A small bounded HTTP server ([`server`]: one polling thread holds every connection, a
-//! small pool of worker threads answers complete requests); pages
+//! small pool of worker threads answers complete requests, and two more answer the pages read
+//! from memory alone, `/metrics` and the overview, so a slow listing never holds them up); pages
 //! are rendered on the server with `maud`, which escapes every value it inserts unless told
 //! otherwise (nothing from the database is ever inserted unescaped); the chart is SVG drawn
 //! on the server; no script, no external resource (a Content-Security-Policy forbids both).
@@ -26,7 +27,9 @@
 //!   cross-site` is refused), and listings read each payload's first bytes only
 //!   (`Broker::jobs_preview`) and take no row lock or key;
 //! - `--table` restricts: any other table is not found, by GET or POST;
-//! - logins are limited per client address ([`session::Throttle`]);
+//! - a non-loopback address needs a token of at least [`TOKEN_MIN`] characters;
+//! - wrong tokens are throttled per client address ([`session::Throttle`]), the right one
+//!   never is (a client's failures lock no one else out);
 //! - `--read-only` hides the actions and refuses their POSTs;
 //! - a slow client holds no thread: the server's one polling thread reads every request
 //!   whole (head at most 16 KiB within 10 s of the connection, body at most 8 KiB with a
@@ -59,6 +62,11 @@ use sampler::Sampler;
 /// The environment variable that may hold the token.
 pub(crate) const TOKEN_ENV: &str = "SQLBROKER_DASHBOARD_TOKEN";
 
+/// The fewest characters of a token for a non-loopback address: the right token is never
+/// refused ([`session::Throttle`] only slows wrong ones down), so the token's length is what
+/// keeps it from being guessed. 16 characters of `openssl rand -hex 16` are 64 bits.
+pub(crate) const TOKEN_MIN: usize = 16;
+
 /// Serve a web dashboard of the tables and a Prometheus /metrics page.
 #[derive(Debug, clap::Args)]
 pub(crate) struct DashboardArgs {
@@ -89,7 +97,8 @@ pub(crate) struct DashboardArgs {
     sample: u64,
 
     /// Worker threads answering requests (they wait only for the database: a slow client
-    /// holds none).
+    /// holds none). Two more answer `/metrics` and the overview, which read memory only, so
+    /// slow listings never hold those up.
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     threads: u64,
@@ -177,7 +186,12 @@ pub(crate) struct Ctx {
     pub token: Option<String>,
     /// Logins of the token mode: the cookie carries a session id, not the token.
     pub sessions: session::Sessions,
-    /// Wrong tokens by client address (logins refused past a few a minute).
+    /// The session cookie's name: [`web::SESSION_COOKIE`] and the port listened on. Cookies
+    /// do not tell ports apart, so two dashboards on one host would otherwise overwrite (and
+    /// be sent) each other's.
+    pub cookie: String,
+    /// Wrong tokens by client address (throttled past a few a minute; the right token never
+    /// is).
     pub logins: session::Throttle,
     /// The tables `--table` named (empty: every recorded table): no other is shown or acted
     /// on.
@@ -204,6 +218,16 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
              give --token or set {TOKEN_ENV}"
         )
         .into());
+    }
+    if let Some(short) = token.as_ref().filter(|t| t.chars().count() < TOKEN_MIN) {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "refusing to listen on {addr}, which is not a loopback address, with a token of \
+                 {} characters: it needs at least {TOKEN_MIN} (openssl rand -hex 16 makes one)",
+                short.chars().count()
+            )
+            .into());
+        }
     }
     let threads = usize::try_from(args.threads).unwrap_or(4);
     let named = named_urls(&cli.url)?;
@@ -274,6 +298,7 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
         token,
         read_only: args.read_only,
         sessions: session::Sessions::default(),
+        cookie: format!("{}_{}", web::SESSION_COOKIE, bound.port()),
         logins: session::Throttle::default(),
         tables: args.tables.clone(),
         csrf: session::random_id(),
@@ -284,7 +309,7 @@ pub(crate) fn run(cli: &Cli, args: &DashboardArgs) -> Result {
         if args.read_only { " (read-only)" } else { "" }
     ))?;
     let handler: Arc<server::Handler> = Arc::new(move |rq| web::handle(&ctx, rq));
-    let e = server::serve(listener, threads, handler);
+    let e = server::serve(listener, threads, handler, web::quick);
     Err(format!(
         "the dashboard stopped serving: {}",
         e.err()

@@ -1,6 +1,12 @@
 //! The pages, rendered with `maud`: every `(value)` it inserts is HTML-escaped, so nothing
 //! read from the database (payloads, errors, reasons, column values) can become markup. The
 //! one `PreEscaped` is the style sheet below, a constant.
+//!
+//! Escaped for HTML is not enough to show stored text as it is: a bidi control reorders what
+//! follows it on the screen, and CR, LF or a line separator forge a line in a cell. Text read
+//! from the database or a request goes through [`shown`] (one line: control characters, bidi
+//! controls and line separators as visible escapes, as the command line prints them) or, in
+//! a `<pre>` of its own, [`shown_lines`] (line feeds and tabs kept).
 
 use std::time::SystemTime;
 
@@ -11,7 +17,17 @@ use super::filters::{bulk_verbs, describe, filter_of, BATCH, BULK_MAX};
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
 use super::{chart, Ctx, Database};
-use crate::commands::{age, preview, utc};
+use crate::commands::{age, escape, escape_keeping_lines, preview, utc};
+
+/// Stored text on one line: see the module's notes.
+fn shown(text: &str) -> String {
+    escape(text)
+}
+
+/// Stored text in a `<pre>` of its own: [`shown`], its line feeds and tabs kept.
+fn shown_lines(text: &str) -> String {
+    escape_keeping_lines(text)
+}
 
 /// The payload bytes a listing reads of each job: enough for the preview's 60 characters of
 /// up to 4 bytes each, and one more character to tell that more follows.
@@ -77,7 +93,11 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
 
 /// A page with a heading and one sentence (errors, not found).
 pub(crate) fn message(title: &str, text: &str) -> Markup {
-    layout(None, title, html! { h1 { (title) } p.err { (text) } })
+    layout(
+        None,
+        title,
+        html! { h1 { (title) } p.err { (shown(text)) } },
+    )
 }
 
 /// The token form (token mode).
@@ -152,7 +172,7 @@ fn limit_form(
 }
 
 fn done_note(rq: &Rq) -> Markup {
-    html! { @if let Some(d) = rq.param("done") { p.done { (d) } } }
+    html! { @if let Some(d) = rq.param("done") { p.done { (shown(d)) } } }
 }
 
 fn ago(t: SystemTime) -> String {
@@ -163,19 +183,36 @@ fn opt(n: Option<u64>) -> String {
     n.map_or_else(|| "-".into(), |n| n.to_string())
 }
 
-/// The counts of one table as table cells, linked to its listings.
+/// The cells of [`count_cells`].
+const COUNT_CELLS: u32 = 9;
+
+/// The counts of one table as table cells, linked to its listings: ready, limited (ready rows
+/// a limit holds back, not in ready), scheduled, waiting (on other jobs, not in scheduled), in
+/// flight, dead, completed, the oldest ready row's age, paused. Limited and waiting are `-`
+/// where the table has no limits or dependencies.
 fn count_cells(db: &Database, e: &Entry) -> Markup {
     let name = e.table.name();
+    if e.missing {
+        return html! {
+            td colspan=(COUNT_CELLS) .err {
+                "missing: the table does not exist (dropped by hand?); "
+                code { "sqlbroker forget --table " (name) } " forgets its record"
+            }
+        };
+    }
     let Some(p) = e.last() else {
-        return html! { td colspan="7" .muted { "not counted yet" } };
+        return html! { td colspan=(COUNT_CELLS) .muted { "not counted yet" } };
     };
     let s = &p.stats;
     let link = |state: &str, n: String| {
         html! { td.n { a href={ (db.prefix) "/tables/" (name) "?state=" (state) } { (n) } } }
     };
+    let waiting = e.table.has_dependencies().then_some(s.waiting);
     html! {
         (link("ready", s.ready.to_string()))
+        td.n.limited { (opt(s.limited)) }
         (link("scheduled", s.scheduled.to_string()))
+        td.n.waiting { (opt(waiting)) }
         (link("in_flight", opt(s.in_flight)))
         (link("dead", s.dead.to_string()))
         (link("completed", opt(s.completed)))
@@ -198,29 +235,37 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
     let mut failing = false;
     let mut sections = Vec::new();
     for db in &ctx.dbs {
-        let (entries, list_error) = match db.live() {
-            Some((_, sampler)) => sampler.snapshot(),
-            None => (Vec::new(), Some(down_text(db))),
+        let (entries, list_error, absent) = match db.live() {
+            Some((_, sampler)) => {
+                let s = sampler.snapshot();
+                (s.entries, s.list_error, s.absent)
+            }
+            None => (Vec::new(), Some(down_text(db)), Vec::new()),
         };
+        // A missing table (its count found no table) or a named one this database does not
+        // record is shown, not failing: a stale record would fail the check for ever.
         failing |= list_error.is_some() || entries.iter().any(|e| e.error.is_some());
-        sections.push((db, entries, list_error));
+        sections.push((db, entries, list_error, absent));
     }
     let body = html! {
         h1 { "Queue tables" }
         (done_note(rq))
-        @for (db, entries, list_error) in &sections {
+        @for (db, entries, list_error, absent) in &sections {
             @if ctx.several() {
                 h2.db { "Database " (db.name) " " span.muted { (db.shown) } }
             }
-            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (e) } }
+            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (shown(e)) } }
             @if entries.is_empty() && list_error.is_none() {
                 p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
             }
+            @if !absent.is_empty() {
+                p.muted { "not recorded in this database: " (absent.join(", ")) }
+            }
             table {
                 tr {
-                    th { "table" } th { "form" } th { "ready" } th { "scheduled" } th { "in flight" }
-                    th { "dead" } th { "completed" } th { "oldest ready" } th { "paused" }
-                    th { "counted" } th { "" }
+                    th { "table" } th { "form" } th { "ready" } th { "limited" } th { "scheduled" }
+                    th { "waiting" } th { "in flight" } th { "dead" } th { "completed" }
+                    th { "oldest ready" } th { "paused" } th { "counted" } th { "" }
                 }
                 @for e in entries {
                     tr {
@@ -231,7 +276,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
                         td { (pause_button(ctx, db, e, "/")) }
                     }
                     @if let Some(err) = &e.error {
-                        tr { td colspan="11" { p.err { "Counting " (e.table.name()) " failed: " (err) } } }
+                        tr { td colspan=(COUNT_CELLS + 4) { p.err { "Counting " (e.table.name()) " failed: " (shown(err)) } } }
                     }
                 }
             }
@@ -239,12 +284,14 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
         p.muted {
             "Counted every " (ctx.sample.as_secs()) " s in the background (Broker::stats: one \
              scan per table); an action recounts its table at once. Row lock and advisory lock \
-             tables count rows in work as ready (in flight: -)."
+             tables count rows in work as ready (in flight: -). Limited: ready rows a concurrency \
+             or rate limit holds back (not in ready); waiting: rows waiting on other jobs (not in \
+             scheduled)."
         }
         h2 { "Throughput and failures" }
         p.muted { (chart::legend()) }
-        @for (db, entries, _) in &sections {
-            @for e in entries {
+        @for (db, entries, _, _) in &sections {
+            @for e in entries.iter().filter(|e| !e.missing) {
                 h2 {
                     a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
                     @if ctx.several() { " " span.muted { "(" (db.name) ")" } }
@@ -274,8 +321,16 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         .dbs
         .iter()
         .map(|db| {
+            // `--table` restricts the log too: another table's entries name its jobs,
+            // filters, operators and their addresses.
+            let names: Vec<&str> = ctx.tables.iter().map(String::as_str).collect();
             let log = match db.live() {
-                Some((broker, _)) => broker.actions(ACTIONS_SHOWN).map_err(|e| crate::chain(&e)),
+                Some((broker, _)) if names.is_empty() => broker.actions(ACTIONS_SHOWN),
+                Some((broker, _)) => broker.actions_on(&names, ACTIONS_SHOWN),
+                None => Ok(Vec::new()),
+            };
+            let log = match db.live() {
+                Some(_) => log.map_err(|e| crate::chain(&e)),
                 None => Err(down_text(db)),
             };
             failing |= log.is_err();
@@ -284,21 +339,25 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
         .collect();
     let body = html! {
         h1 { "Action log" }
-        p.muted { "What operators did, kept in each database (table sqlbroker_actions); the newest " (ACTIONS_SHOWN) " of each." }
+        p.muted {
+            "What operators did, kept in each database (table sqlbroker_actions); the newest " (ACTIONS_SHOWN) " of each"
+            @if !ctx.tables.is_empty() { ", on the tables shown here" }
+            "."
+        }
         @for (db, log) in &logs {
             @if ctx.several() { h2.db { "Database " (db.name) " " span.muted { (db.shown) } } }
             @match log {
-                Err(e) => p.err { "Reading the action log failed: " (e) },
+                Err(e) => p.err { "Reading the action log failed: " (shown(e)) },
                 Ok(entries) if entries.is_empty() => p.muted { "No action recorded yet." },
                 Ok(entries) => table.log {
                     tr { th { "when" } th { "who" } th { "action" } th { "table" } th { "on" } th { "rows" } }
                     @for a in entries {
                         tr {
                             td { (utc(a.at)) }
-                            td { (a.who) }
-                            td { (a.action) }
-                            td { a href={ (db.prefix) "/tables/" (a.table) } { (a.table) } }
-                            td { (a.detail) }
+                            td { (shown(&a.who)) }
+                            td { (shown(&a.action)) }
+                            td { a href={ (db.prefix) "/tables/" (a.table) } { (shown(&a.table)) } }
+                            td { (shown(&a.detail)) }
                             td.n { (a.rows) }
                         }
                     }
@@ -329,6 +388,18 @@ fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
 /// state, by id (keyset paging: `after` is the last id of the previous page).
 pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     let name = table.name();
+    if db.sampler().entry(name).is_some_and(|e| e.missing) {
+        return Reply::html(
+            404,
+            message(
+                &format!("Table {name}"),
+                &format!(
+                    "the table does not exist (dropped by hand?); its record is left: \
+                     `sqlbroker forget --table {name}` forgets it"
+                ),
+            ),
+        );
+    }
     // Row lock and advisory forms: a listing does not probe (the probe would take the due
     // rows' locks or keys, which the claimers want), so it cannot tell a due row in work from
     // a ready one: both are listed as due, on the ready page.
@@ -398,11 +469,12 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         (done_note(rq))
         p.muted { (table.form().name()) " form" }
         @if let Some(e) = &entry {
-            @if let Some(err) = &e.error { p.err { "Counting failed: " (err) } }
+            @if let Some(err) = &e.error { p.err { "Counting failed: " (shown(err)) } }
             table {
                 tr {
-                    th { "ready" } th { "scheduled" } th { "in flight" } th { "dead" }
-                    th { "completed" } th { "oldest ready" } th { "paused" } th { "counted" }
+                    th { "ready" } th { "limited" } th { "scheduled" } th { "waiting" }
+                    th { "in flight" } th { "dead" } th { "completed" } th { "oldest ready" }
+                    th { "paused" } th { "counted" }
                 }
                 tr { (count_cells(db, e)) td { (counted(e)) } }
             }
@@ -476,7 +548,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
             }
         }
         @match &listed {
-            Err(e) => p.err { "Listing the jobs failed: " (crate::chain(e)) },
+            Err(e) => p.err { "Listing the jobs failed: " (shown(&crate::chain(e))) },
             Ok(_) if empty_at.is_some() => p.muted {
                 "No " (state.name()) " jobs at the last count, "
                 (empty_at.map(ago).unwrap_or_default()) " ago. "
@@ -528,6 +600,8 @@ fn filter_form(
         .collect();
     let chosen = rq.param("column").unwrap_or_default();
     let verbs = bulk_verbs(state);
+    // Where the last "cancel all matching" stopped, if it stopped early.
+    let go_on = rq.param("bulk_after").and_then(|a| a.parse::<i64>().ok());
     html! {
         form.filter method="get" action={ (db.prefix) "/tables/" (name) } {
             input type="hidden" name="state" value=(state_slug(state));
@@ -545,9 +619,9 @@ fn filter_form(
             " " a href={ (db.prefix) "/tables/" (name) "?state=" (state_slug(state)) } { "clear" }
         }
         @match filter {
-            Err(why) => p.err { "The filter was refused: " (why) },
+            Err(why) => p.err { "The filter was refused: " (shown(why)) },
             Ok(f) if !f.is_empty() => {
-                p.muted { "Showing " (describe(state, f)) "." }
+                p.muted { "Showing " (shown(&describe(state, f))) "." }
                 @if !ctx.read_only && !verbs.is_empty() {
                     p.bulk {
                         @for verb in &verbs {
@@ -559,11 +633,18 @@ fn filter_form(
                                 @for k in ["column", "value", "error"] {
                                     @if let Some(v) = rq.param(k) { input type="hidden" name=(k) value=(v); }
                                 }
+                                // A cancel that stopped early goes on after the last job it read.
+                                @if let Some(a) = go_on.filter(|_| *verb == "cancel") {
+                                    input type="hidden" name="after" value=(a);
+                                }
                                 button type="submit" class=[(*verb != "retry").then_some("danger")] { (verb) " all matching" }
                             }
                             " "
                         }
                         span.muted { "(in batches of " (BATCH) ", at most " (BULK_MAX) " jobs a press)" }
+                        @if let Some(a) = go_on {
+                            " " span.muted { "The next cancel goes on after job " (a) " (" a href=(here) { "start over" } ")." }
+                        }
                     }
                 }
             }
@@ -623,8 +704,9 @@ fn job_list(
     }
 }
 
+/// The first [`SNIPPET`] characters of stored text, [`shown`].
 fn snippet(s: &str) -> String {
-    preview_chars(s, SNIPPET)
+    shown(&preview_chars(s, SNIPPET))
 }
 
 fn preview_chars(s: &str, n: usize) -> String {
@@ -661,7 +743,7 @@ pub(crate) fn job(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table, id: i64) -> 
     let (status, body) = match &found {
         Err(e) => (
             503,
-            html! { h1 { "Job " (id) " of " (name) } p.err { "Reading the job failed: " (crate::chain(e)) } },
+            html! { h1 { "Job " (id) " of " (name) } p.err { "Reading the job failed: " (shown(&crate::chain(e))) } },
         ),
         Ok(None) => (
             404,
@@ -688,8 +770,8 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
             tr { th { "state" } td { (j.state().name()) @if j.cancel_requested() { " (cancel requested)" } } }
             tr { th { "attempts" } td { (j.attempts()) } }
             tr { th { "errors" } td { (j.errors()) } }
-            tr { th { "dead reason" } td { (j.dead_reason().unwrap_or("-")) } }
-            tr { th { "last error" } td { pre { (j.last_error().unwrap_or("-")) } } }
+            tr { th { "dead reason" } td { (shown(j.dead_reason().unwrap_or("-"))) } }
+            tr { th { "last error" } td { pre { (shown_lines(j.last_error().unwrap_or("-"))) } } }
             @if !j.waits_on().is_empty() {
                 tr { th { "waits on" } td {
                     @for (i, d) in j.waits_on().iter().enumerate() {
@@ -715,7 +797,7 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
                 tr { th { "checkpoint" } td { code { (preview(c)) } " " span.muted { "(" (c.len()) " bytes)" } } }
             }
             @if let Some(tp) = j.traceparent() {
-                tr { th { "traceparent" } td { code { (tp) } } }
+                tr { th { "traceparent" } td { code { (shown(tp)) } } }
             }
             @for (c, v) in j.values() {
                 tr { th { (c) } td { (value(v)) } }
@@ -735,7 +817,7 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
             }
             tr {
                 th { @match j.state() { JobState::Completed => "completed", JobState::Dead => "dead-lettered", _ => "finished" } }
-                td { (time(j.finished_at())) @if let Some(r) = j.dead_reason() { " (" (r) ")" } }
+                td { (time(j.finished_at())) @if let Some(r) = j.dead_reason() { " (" (shown(r)) ")" } }
             }
         }
         h2 { "Payload (" (j.payload().len()) " bytes)" }
@@ -749,7 +831,7 @@ fn value(v: &Value) -> Markup {
         Value::Null => html! { span.muted { "NULL" } },
         Value::Int(n) => html! { (n) },
         Value::Float(f) => html! { (f) },
-        Value::Text(s) => html! { (s) },
+        Value::Text(s) => html! { (shown(s)) },
         Value::Bytes(b) => payload(b),
         Value::Time(t) => html! { (utc(*t)) },
         #[allow(unreachable_patterns)]
@@ -758,7 +840,8 @@ fn value(v: &Value) -> Markup {
 }
 
 /// A payload: as text when it is UTF-8 without control characters other than line breaks
-/// and tabs, else as a hex dump; at most [`PAYLOAD_SHOWN`] bytes.
+/// and tabs (its CRs, bidi controls and line separators [`shown_lines`] as escapes), else as
+/// a hex dump; at most [`PAYLOAD_SHOWN`] bytes.
 fn payload(bytes: &[u8]) -> Markup {
     let shown = &bytes[..bytes.len().min(PAYLOAD_SHOWN)];
     let text = match std::str::from_utf8(shown) {
@@ -776,7 +859,7 @@ fn payload(bytes: &[u8]) -> Markup {
     let rest = bytes.len() - shown.len();
     html! {
         @match text {
-            Some(t) => pre.payload { (t) },
+            Some(t) => pre.payload { (shown_lines(t)) },
             None => pre.payload.hex { (hex_dump(shown)) },
         }
         @if rest > 0 { p.muted { "... " (rest) " more bytes not shown" } }

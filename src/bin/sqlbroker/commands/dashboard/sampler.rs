@@ -32,8 +32,13 @@ pub(crate) struct Entry {
     pub table: Table,
     /// The last successful counts, oldest first.
     pub history: VecDeque<Point>,
-    /// The last count's error, if the last count failed (cleared by the next success).
+    /// The last count's error, if the last count failed (cleared by the next success); not
+    /// for a table that does not exist ([`Entry::missing`]).
     pub error: Option<String>,
+    /// The last count found no table: a record left by a table dropped by hand, shown as
+    /// such and not as a failure (it would fail every count for ever, and a monitor of the
+    /// overview would see the dashboard down until the record is forgotten).
+    pub missing: bool,
     /// When the table was last counted (successfully or not), and how long it took.
     pub counted: Option<(SystemTime, Duration)>,
 }
@@ -50,7 +55,20 @@ struct Inner {
     tables: BTreeMap<String, Entry>,
     /// Listing the recorded tables (or opening the named ones) failed.
     list_error: Option<String>,
+    /// Tables named by `--table` that this database does not record (with several
+    /// databases, a table may be in some of them only: not a failure).
+    absent: Vec<String>,
     rounds: u64,
+}
+
+/// What the pages and `/metrics` read of one database ([`Sampler::snapshot`]).
+pub(crate) struct Snapshot {
+    /// Every table's entry, by name.
+    pub entries: Vec<Entry>,
+    /// Why listing the tables failed, if it did.
+    pub list_error: Option<String>,
+    /// Tables named by `--table` that are not recorded here.
+    pub absent: Vec<String>,
 }
 
 /// The shared sample store and its thread's controls.
@@ -103,7 +121,7 @@ impl Sampler {
 
     /// One round: the table list, then each table's counts (no lock held across SQL).
     fn round(&self) {
-        let (tables, list_error, complete) = self.list();
+        let (tables, list_error, absent, complete) = self.list();
         let names: Vec<String> = tables.iter().map(|t| t.name().to_string()).collect();
         for table in tables {
             self.count(table);
@@ -113,18 +131,24 @@ impl Sampler {
             inner.tables.retain(|name, _| names.contains(name));
         }
         inner.list_error = list_error;
+        inner.absent = absent;
         inner.rounds += 1;
         drop(inner);
         self.round_done.notify_all();
     }
 
     /// The tables to show (the named ones, or every recorded table), the error that kept
-    /// some from the list, and whether the list is complete (a failed listing keeps the
-    /// tables known so far).
-    fn list(&self) -> (Vec<Table>, Option<String>, bool) {
+    /// some from the list, the named tables not recorded here, and whether the list is
+    /// complete (a failed listing keeps the tables known so far).
+    fn list(&self) -> (Vec<Table>, Option<String>, Vec<String>, bool) {
         if self.named.is_empty() {
             return match self.broker.tables() {
-                Ok(all) => (all.into_iter().map(|r| r.table).collect(), None, true),
+                Ok(all) => (
+                    all.into_iter().map(|r| r.table).collect(),
+                    None,
+                    Vec::new(),
+                    true,
+                ),
                 Err(e) => {
                     let known = self
                         .lock()
@@ -132,23 +156,26 @@ impl Sampler {
                         .values()
                         .map(|e| e.table.clone())
                         .collect();
-                    (known, Some(crate::chain(&e)), false)
+                    (known, Some(crate::chain(&e)), Vec::new(), false)
                 }
             };
         }
         let mut out = Vec::new();
         let mut errors = Vec::new();
+        let mut absent = Vec::new();
         for name in &self.named {
             match self
                 .known(name)
                 .map_or_else(|| self.broker.open_table(name), Ok)
             {
                 Ok(t) => out.push(t),
+                // Not recorded here: shown as such, not as this database failing.
+                Err(sqlbroker::BrokerError::UnknownTable { .. }) => absent.push(name.clone()),
                 Err(e) => errors.push(crate::chain(&e)),
             }
         }
         let error = (!errors.is_empty()).then(|| errors.join("; "));
-        (out, error, true)
+        (out, error, absent, true)
     }
 
     /// Counts one table now and records the result.
@@ -173,10 +200,12 @@ impl Sampler {
                 table: table.clone(),
                 history: VecDeque::new(),
                 error: None,
+                missing: false,
                 counted: None,
             });
         entry.table = table;
         entry.counted = Some((now, took));
+        entry.missing = false;
         match stats {
             Ok(stats) => {
                 entry.error = None;
@@ -189,6 +218,10 @@ impl Sampler {
                     limits,
                     rates,
                 });
+            }
+            Err(e) if e.is_missing_table() => {
+                entry.error = None;
+                entry.missing = true;
             }
             Err(e) => entry.error = Some(crate::chain(&e)),
         }
@@ -204,13 +237,15 @@ impl Sampler {
         self.lock().tables.get(name).map(|e| e.table.clone())
     }
 
-    /// A copy of every table's entry, by name, and the listing's error.
-    pub fn snapshot(&self) -> (Vec<Entry>, Option<String>) {
+    /// A copy of every table's entry, by name, the listing's error and the named tables not
+    /// recorded here.
+    pub fn snapshot(&self) -> Snapshot {
         let inner = self.lock();
-        (
-            inner.tables.values().cloned().collect(),
-            inner.list_error.clone(),
-        )
+        Snapshot {
+            entries: inner.tables.values().cloned().collect(),
+            list_error: inner.list_error.clone(),
+            absent: inner.absent.clone(),
+        }
     }
 
     /// A copy of one table's entry.

@@ -75,19 +75,24 @@ impl Sessions {
     }
 }
 
-/// Wrong tokens an address may send within [`LOCKOUT`] before its logins are refused.
+/// Wrong tokens an address may send within [`WINDOW`] before its wrong tokens are throttled.
 pub(crate) const FAILURES: u32 = 5;
-/// How long an address's failures count, and how long it is refused once it has
-/// [`FAILURES`] of them (from its first).
-pub(crate) const LOCKOUT: Duration = Duration::from_secs(60);
+/// How long an address's failures count (from its first).
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
+/// How long a throttled failure's answer is held back (by the server's polling thread: no
+/// worker waits), so a client that guesses one token after another guesses one a second.
+pub(crate) const HOLD: Duration = Duration::from_secs(1);
 /// The most addresses whose failures are kept: past it the oldest record goes, so a flood
 /// from many addresses holds bounded memory.
 const ADDRESSES: usize = 4_096;
 
-/// Failed logins by client address (IPv6: by its /64, which one host usually holds whole):
-/// [`FAILURES`] wrong tokens within [`LOCKOUT`] and that address's logins are refused (429)
-/// until the minute since its first failure is over, even with the right token, so guessing
-/// goes at five tries a minute.
+/// Wrong tokens by client address (IPv6: by its /64, which one host usually holds whole).
+/// Past [`FAILURES`] within [`WINDOW`], an address's wrong tokens are answered 429 with
+/// `Retry-After`, [`HOLD`] late. Only wrong tokens: the right token is never refused, from
+/// any address, so failures from one client (every client behind one TLS proxy shares its
+/// address) lock no one else out, and a scraper's bearer token keeps working. What keeps a
+/// token from being guessed is its length (at least
+/// [`TOKEN_MIN`](super::TOKEN_MIN) characters off loopback).
 #[derive(Default)]
 pub(crate) struct Throttle(Mutex<HashMap<IpAddr, (u32, Instant)>>);
 
@@ -105,20 +110,13 @@ fn client(ip: IpAddr) -> IpAddr {
 }
 
 impl Throttle {
-    /// `Some(wait)` if `ip` may not try now, for `wait` more.
-    pub fn refused(&self, ip: IpAddr) -> Option<Duration> {
-        let failures = self.0.lock();
-        let (n, first) = failures.get(&client(ip))?;
-        let left = LOCKOUT.checked_sub(first.elapsed())?;
-        (*n >= FAILURES).then_some(left)
-    }
-
-    /// Counts a wrong token from `ip`.
-    pub fn failed(&self, ip: IpAddr) {
+    /// Counts a wrong token from `ip`: `Some(wait)` if that address is past its
+    /// [`FAILURES`] (answer 429: its window ends in `wait`), `None` if not yet.
+    pub fn failed(&self, ip: IpAddr) -> Option<Duration> {
         let now = Instant::now();
         let mut failures = self.0.lock();
         if failures.len() >= ADDRESSES {
-            failures.retain(|_, (_, first)| now.duration_since(*first) < LOCKOUT);
+            failures.retain(|_, (_, first)| now.duration_since(*first) < WINDOW);
         }
         if failures.len() >= ADDRESSES {
             if let Some(oldest) = failures
@@ -130,10 +128,11 @@ impl Throttle {
             }
         }
         let entry = failures.entry(client(ip)).or_insert((0, now));
-        if now.duration_since(entry.1) >= LOCKOUT {
+        if now.duration_since(entry.1) >= WINDOW {
             *entry = (0, now);
         }
-        entry.0 += 1;
+        entry.0 = entry.0.saturating_add(1);
+        (entry.0 > FAILURES).then(|| WINDOW.saturating_sub(now.duration_since(entry.1)))
     }
 }
 
@@ -142,23 +141,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wrong_tokens_lock_an_address_out_and_the_table_is_bounded() {
+    fn wrong_tokens_are_throttled_per_address_and_the_table_is_bounded() {
         let t = Throttle::default();
         let a = IpAddr::from([10, 0, 0, 1]);
-        for _ in 0..FAILURES - 1 {
-            t.failed(a);
-            assert_eq!(t.refused(a), None);
+        for _ in 0..FAILURES {
+            assert_eq!(t.failed(a), None);
         }
-        t.failed(a);
-        assert!(t.refused(a).is_some_and(|w| w <= LOCKOUT));
-        assert_eq!(t.refused(IpAddr::from([10, 0, 0, 2])), None, "others pass");
+        assert!(t.failed(a).is_some_and(|w| w <= WINDOW));
+        assert_eq!(
+            t.failed(IpAddr::from([10, 0, 0, 2])),
+            None,
+            "others count apart"
+        );
         // One host's /64 is one client.
         let v6 =
             |last: u16| IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, last));
         for n in 0..FAILURES as u16 {
             t.failed(v6(n));
         }
-        assert!(t.refused(v6(999)).is_some());
+        assert!(t.failed(v6(999)).is_some());
         for n in 0..(ADDRESSES as u32 + 10) {
             t.failed(IpAddr::from(n.wrapping_add(0x0b00_0000).to_be_bytes()));
         }

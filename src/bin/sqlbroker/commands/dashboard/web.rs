@@ -6,13 +6,41 @@ use std::time::Instant;
 use sqlbroker::Table;
 
 use super::super::actions::limit_detail;
-use super::filters::{bulk_verb, describe, filter_of, BATCH, BULK_MAX, BULK_TIME};
+use super::filters::{
+    bulk_verb, describe, filter_of, BATCH, BULK_MAX, BULK_TIME, BUSY_NAMED, ROW_WAIT,
+};
 use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
 use super::{metrics, pages, Ctx, Database};
 
-/// The cookie the login form sets: a session id ([`session`](super::session)).
-const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
+/// The name the login form's cookie starts with: a session id
+/// ([`session`](super::session)); the dashboard's port follows ([`Ctx::cookie`]).
+pub(crate) const SESSION_COOKIE: &str = "sqlbroker_dashboard_session";
+
+/// True if the request came over TLS to a proxy in front: `X-Forwarded-Proto: https`,
+/// `Forwarded: ..proto=https`, or an `https` origin (a browser's login POST carries it). The
+/// session cookie then carries `Secure`, so the browser never sends it over plain HTTP. A
+/// client that sends these headers itself only makes its own cookie stricter.
+fn over_tls(rq: &Rq) -> bool {
+    let https = |v: &str| v.trim().eq_ignore_ascii_case("https");
+    rq.header("x-forwarded-proto").is_some_and(https)
+        || rq.header("forwarded").is_some_and(|f| {
+            f.split([';', ','])
+                .filter_map(|p| p.trim().split_once('='))
+                .any(|(k, v)| k.trim().eq_ignore_ascii_case("proto") && https(v.trim_matches('"')))
+        })
+        || rq
+            .header("origin")
+            .is_some_and(|o| o.trim().to_ascii_lowercase().starts_with("https://"))
+}
+
+/// The session cookie's attributes: `Secure` behind TLS ([`over_tls`]).
+fn cookie_attributes(rq: &Rq) -> &'static str {
+    match over_tls(rq) {
+        true => "Path=/; HttpOnly; SameSite=Strict; Secure",
+        false => "Path=/; HttpOnly; SameSite=Strict",
+    }
+}
 
 /// Equal without an early exit (a token compare must not tell how much matched).
 fn same(a: &str, b: &str) -> bool {
@@ -21,7 +49,7 @@ fn same(a: &str, b: &str) -> bool {
 
 /// Answers one complete request (the server read it whole, its body at most
 /// [`server::MAX_BODY`] bytes): the response's bytes.
-pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
+pub(crate) fn handle(ctx: &Ctx, request: Request) -> server::Answer {
     let started = Instant::now();
     let (path, query) = match request.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
@@ -44,7 +72,27 @@ pub(crate) fn handle(ctx: &Ctx, request: Request) -> Vec<u8> {
         reply.status,
         started.elapsed()
     );
-    send(reply, rq.method == Method::Head)
+    let hold = reply.hold;
+    server::Answer {
+        bytes: send(reply, rq.method == Method::Head),
+        hold,
+    }
+}
+
+/// True for a request answered from memory alone, never the database: the overview (what a
+/// monitor checks), `/metrics` and the login form, of any database (`/d/<name>/...`). The
+/// server gives these workers of their own ([`server::Quick`]), so listings that wait on a
+/// slow database cannot hold them up.
+pub(crate) fn quick(request: &Request) -> bool {
+    if !matches!(request.method, Method::Get | Method::Head) {
+        return false;
+    }
+    let path = request.target.split('?').next().unwrap_or("");
+    let rest = match path.strip_prefix("/d/") {
+        Some(rest) => rest.split_once('/').map_or("", |(_, r)| r),
+        None => path.trim_start_matches('/'),
+    };
+    matches!(rest.trim_end_matches('/'), "" | "metrics" | "login")
 }
 
 /// The response's bytes, with the headers every answer carries.
@@ -105,9 +153,11 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
     }
     // A page of another site may make the browser fetch any URL (`<img src>`, a link): every
     // page reads the database or what was counted of it, so a cross-site fetch is refused
-    // before any of that (the login form alone reads nothing). Browsers send the header;
+    // before any of that (the token mode's login form alone reads nothing; without a token
+    // there is no form, and `/login` is refused like the rest). Browsers send the header;
     // tools that send none pass.
-    if rq.path != "/login"
+    let login_form = ctx.token.is_some() && rq.path == "/login";
+    if !login_form
         && rq
             .header("sec-fetch-site")
             .is_some_and(|s| s.trim().eq_ignore_ascii_case("cross-site"))
@@ -126,22 +176,21 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             return logout(ctx, rq);
         }
         let session = rq
-            .cookie(SESSION_COOKIE)
+            .cookie(&ctx.cookie)
             .is_some_and(|id| ctx.sessions.valid(id.trim()));
         let bearer = rq
             .header("authorization")
             .and_then(|a| a.strip_prefix("Bearer "));
-        // A wrong bearer token counts as a wrong login, and an address locked out of the
-        // login form is locked out of bearer tokens too (no second way to guess).
+        // The right token always passes; a wrong bearer token counts as a wrong login (no
+        // second way to guess), throttled alike.
         let authorized = session
             || match bearer {
                 None => false,
-                Some(_) if ctx.logins.refused(rq.peer).is_some() => {
-                    return too_many_logins(ctx, rq);
-                }
                 Some(g) if same(g.trim(), token) => true,
                 Some(_) => {
-                    ctx.logins.failed(rq.peer);
+                    if let Some(wait) = ctx.logins.failed(rq.peer) {
+                        return too_many_logins(wait);
+                    }
                     false
                 }
             };
@@ -196,7 +245,8 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             "actions are POST only\n".into(),
         )
         .with("Allow", "POST".into()),
-        (Method::Get | Method::Head, ["login"]) => pages::overview(ctx, rq),
+        // No token, no login: the overview, without a note a link could have put there.
+        (Method::Get | Method::Head, ["login"]) => Reply::redirect(format!("{}/", db.prefix)),
         _ => not_found("no such page"),
     }
 }
@@ -210,40 +260,39 @@ fn login(ctx: &Ctx, rq: &Rq, form: &[(String, String)], token: &str) -> Reply {
     if let Err(r) = same_origin(rq) {
         return r;
     }
-    if ctx.logins.refused(rq.peer).is_some() {
-        return too_many_logins(ctx, rq);
-    }
     match field(form, "token") {
         Some(given) if same(given.trim(), token) => Reply::redirect("/".into()).with(
             "Set-Cookie",
             format!(
-                "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+                "{}={}; {}; Max-Age={}",
+                ctx.cookie,
                 ctx.sessions.open(field(form, "name").unwrap_or_default()),
+                cookie_attributes(rq),
                 super::session::LIFETIME.as_secs()
             ),
         ),
-        _ => {
-            ctx.logins.failed(rq.peer);
-            Reply::html(401, pages::login(Some("wrong token")))
-        }
+        _ => match ctx.logins.failed(rq.peer) {
+            Some(wait) => too_many_logins(wait),
+            None => Reply::html(401, pages::login(Some("wrong token"))),
+        },
     }
 }
 
-/// 429: this address sent too many wrong tokens lately ([`super::session::Throttle`]).
-fn too_many_logins(ctx: &Ctx, rq: &Rq) -> Reply {
-    let wait = ctx
-        .logins
-        .refused(rq.peer)
-        .unwrap_or_default()
-        .as_secs()
-        .max(1);
-    Reply::html(
+/// 429 for a wrong token from an address past its failures ([`super::session::Throttle`]),
+/// held back [`HOLD`](super::session::HOLD): its window ends in `wait`. The right token is
+/// never answered so.
+fn too_many_logins(wait: std::time::Duration) -> Reply {
+    let wait = wait.as_secs().max(1);
+    let mut reply = Reply::html(
         429,
         pages::login(Some(&format!(
-            "too many wrong tokens from this address: try again in {wait} s"
+            "wrong token, and too many wrong tokens from this address: slow down (the right \
+             token is always let in); the count starts again in {wait} s"
         ))),
     )
-    .with("Retry-After", wait.to_string())
+    .with("Retry-After", wait.to_string());
+    reply.hold = super::session::HOLD;
+    reply
 }
 
 /// Ends the session (POST only, same origin) and clears the cookie.
@@ -259,12 +308,12 @@ fn logout(ctx: &Ctx, rq: &Rq) -> Reply {
     if let Err(r) = same_origin(rq) {
         return r;
     }
-    if let Some(id) = rq.cookie(SESSION_COOKIE) {
+    if let Some(id) = rq.cookie(&ctx.cookie) {
         ctx.sessions.close(id.trim());
     }
     Reply::redirect("/login".into()).with(
         "Set-Cookie",
-        format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        format!("{}=; {}; Max-Age=0", ctx.cookie, cookie_attributes(rq)),
     )
 }
 
@@ -334,7 +383,7 @@ fn who(ctx: &Ctx, rq: &Rq) -> String {
         return format!("{peer} (no token)");
     }
     match rq
-        .cookie(SESSION_COOKIE)
+        .cookie(&ctx.cookie)
         .and_then(|id| ctx.sessions.name(id.trim()))
     {
         Some(name) if !name.is_empty() => format!("{name} from {peer}"),
@@ -365,13 +414,26 @@ fn logged(
 /// Sends the browser back where the form came from (a path of this dashboard), with what
 /// happened.
 fn back_to(db: &Database, table: &Table, form: &[(String, String)], message: &str) -> Reply {
+    back_with(db, table, form, message, None)
+}
+
+/// [`back_to`], and for a bulk cancel that stopped before the end, where the next press
+/// goes on (`bulk_after`: the page's cancel form carries it as `after`).
+fn back_with(
+    db: &Database,
+    table: &Table,
+    form: &[(String, String)],
+    message: &str,
+    go_on_after: Option<i64>,
+) -> Reply {
     let back = field(form, "back")
         .filter(|b| safe_back(b))
         .map(str::to_string)
         .unwrap_or_else(|| format!("{}/tables/{}", db.prefix, table.name()));
     let sep = if back.contains('?') { '&' } else { '?' };
     let note: String = form_urlencoded::byte_serialize(message.as_bytes()).collect();
-    Reply::redirect(format!("{back}{sep}done={note}"))
+    let after = go_on_after.map_or_else(String::new, |id| format!("&bulk_after={id}"));
+    Reply::redirect(format!("{back}{sep}done={note}{after}"))
 }
 
 /// Runs an action, records it, recounts the table, and sends the browser back where it came
@@ -504,6 +566,9 @@ pub(crate) fn bulk(
             Ok(f) => f,
             Err(why) => return refuse(why),
         };
+    if verb == "cancel" {
+        return bulk_cancel(ctx, db, rq, table, form, state, &filter);
+    }
     let started = std::time::Instant::now();
     let (mut acted, mut seen, mut after, mut more) = (0u64, 0u64, None, false);
     let failed = loop {
@@ -564,6 +629,79 @@ pub(crate) fn bulk(
     back_to(db, table, form, &format!("{message}{note}"))
 }
 
+/// "Cancel all matching": one pass of `Broker::cancel_matching` (at most [`BULK_MAX`] jobs
+/// or [`BULK_TIME`], a job in work of the row lock form waited for [`ROW_WAIT`] at most),
+/// from where the last press stopped (the form's `after`). The note says what changed and
+/// only that (the log's rows likewise), which jobs in work were left, and whether more may
+/// match; a press that stopped early sends the browser back with where the next one goes on.
+fn bulk_cancel(
+    ctx: &Ctx,
+    db: &Database,
+    rq: &Rq,
+    table: &Table,
+    form: &[(String, String)],
+    state: sqlbroker::JobState,
+    filter: &sqlbroker::JobFilter,
+) -> Reply {
+    let after = field(form, "after").and_then(|a| a.trim().parse::<i64>().ok());
+    let pass = sqlbroker::CancelPass::new()
+        .after(after)
+        .limit(usize::try_from(BULK_MAX).unwrap_or(usize::MAX))
+        .row_wait(ROW_WAIT)
+        .time(BULK_TIME);
+    let r = match db.broker().cancel_matching(table, state, filter, &pass) {
+        Ok(r) => r,
+        Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
+            return Reply::html(
+                400,
+                pages::message("The action was refused", &crate::chain(&e)),
+            )
+        }
+        Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
+    };
+    db.sampler().refresh(table);
+    let what = describe(state, filter);
+    let mut message = format!("cancelled {} of {} {what}", r.cancelled, r.seen);
+    if r.already > 0 {
+        message.push_str(&format!("; {} had been asked to cancel already", r.already));
+    }
+    if !r.busy.is_empty() {
+        let mut ids: Vec<String> = r.busy.iter().take(BUSY_NAMED).map(i64::to_string).collect();
+        if r.busy.len() > BUSY_NAMED {
+            ids.push("...".into());
+        }
+        message.push_str(&format!(
+            "; {} in work not cancelled (a delivery held the row {} s): jobs {} (cancel each \
+             on its page, or press again once they are done)",
+            r.busy.len(),
+            ROW_WAIT.as_secs(),
+            ids.join(", ")
+        ));
+    }
+    if r.more {
+        message.push_str(": more may match, send it again for the next ones");
+    }
+    if let Some(e) = &r.error {
+        message.push_str(&format!("; then it failed: {}", crate::chain(e)));
+    }
+    let note = logged(
+        db,
+        &who(ctx, rq),
+        "cancel all matching",
+        table,
+        &what,
+        r.cancelled,
+    );
+    if r.error.is_some() && r.cancelled == 0 {
+        return Reply::html(
+            503,
+            pages::message("The action failed", &format!("{message}{note}")),
+        );
+    }
+    let go_on = r.last.filter(|_| r.more || r.error.is_some());
+    back_with(db, table, form, &format!("{message}{note}"), go_on)
+}
+
 /// A path of this dashboard to send the browser back to: `/` and then only printable ASCII
 /// (no space, no control character: browsers drop a TAB or a line break from a URL, so
 /// `/<TAB>/evil.example` would become `//evil.example`, another site), not `//` (another
@@ -586,6 +724,36 @@ mod tests {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
+    }
+
+    #[test]
+    fn memory_pages_are_quick() {
+        let rq = |method: Method, target: &str| Request {
+            method,
+            target: target.into(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            peer: std::net::IpAddr::from([127, 0, 0, 1]),
+        };
+        for t in [
+            "/",
+            "/metrics",
+            "/login?x=1",
+            "/d/a/",
+            "/d/a",
+            "/d/a/metrics",
+            "/?done=x",
+        ] {
+            assert!(quick(&rq(Method::Get, t)), "{t}");
+        }
+        assert!(quick(&rq(Method::Head, "/metrics")));
+        for t in ["/tables/x", "/actions", "/d/a/tables/x", "/metrics/x"] {
+            assert!(!quick(&rq(Method::Get, t)), "{t}");
+        }
+        assert!(
+            !quick(&rq(Method::Post, "/login")),
+            "a login writes a session"
+        );
     }
 
     #[test]
