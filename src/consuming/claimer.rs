@@ -191,14 +191,28 @@ fn read_pause(ctx: &Ctx) -> Pause {
     ctx.claiming.fetch_add(1, Ordering::Relaxed);
     let found = match ctx.claim_conn(None) {
         Ok(Some(mut conn)) => {
-            crate::runtime::registry::read_paused(&ctx.queue, &mut *conn).map_err(|e| e.to_string())
+            crate::runtime::registry::read_pause_and_record(&ctx.queue, &mut *conn)
+                .map_err(|e| e.to_string())
         }
         Ok(None) => Err("the subscription is closing".to_string()),
         Err(e) => Err(e.to_string()),
     };
     ctx.claiming.fetch_sub(1, Ordering::Relaxed);
     let found = match found {
-        Ok(paused) => paused,
+        Ok((paused, record)) => {
+            // The record changed under this description (a `migrate` added a limit, say):
+            // claiming on would pass by what the table now holds.
+            let problems = crate::runtime::registry::unenforced(&ctx.queue, &record);
+            if !problems.is_empty() {
+                let e = crate::error::BrokerError::Schema {
+                    table: ctx.spec().name.clone(),
+                    problems,
+                };
+                log::error!("{e}; the subscription closes");
+                ctx.fail(e);
+            }
+            paused
+        }
         Err(e) => {
             log::debug!("table {}: reading the pause flag: {e}", ctx.spec().name);
             return Pause::Fresh(read.failed());

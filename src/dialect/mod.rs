@@ -461,7 +461,8 @@ pub(crate) struct RegistrySql {
     /// record left by a dropped table, only if it is still exactly the one read (a creator
     /// of the new table that replaced it first wins; see [`crate::runtime::registry`]).
     pub replace_stale: &'static str,
-    /// `(name)` -> `paused` of the table's record (a subscription's pause check).
+    /// `(name)` -> `paused, description` of the table's record (a subscription's pause
+    /// check, which also follows a description that changed under it).
     pub paused: &'static str,
     /// `(name)` -> `description` of the table's record: the concurrency limits in force.
     pub limits: &'static str,
@@ -490,6 +491,24 @@ pub(crate) struct ActionLogSql {
     pub insert: &'static str,
     /// `(limit)` -> `id, acted_at, who, action, table_name, detail, row_count`, newest first.
     pub list: &'static str,
+    /// The `table_name` column compared byte for byte (MySQL compares the log's text in a
+    /// case-insensitive collation: `CAST(.. AS BINARY)` there).
+    pub table_exact: &'static str,
+}
+
+impl ActionLogSql {
+    /// `(name x tables, limit)` -> the entries on those tables (names compared byte for byte),
+    /// as [`list`](Self::list) gives them.
+    pub fn list_on(&self, syntax: &shared::Syntax, tables: usize) -> String {
+        let marks: Vec<String> = (1..=tables).map(|n| syntax.p(n)).collect();
+        format!(
+            "SELECT id, acted_at, who, action, table_name, detail, row_count \
+             FROM sqlbroker_actions WHERE {} IN ({}) ORDER BY id DESC LIMIT {}",
+            self.table_exact,
+            marks.join(", "),
+            syntax.p(tables + 1)
+        )
+    }
 }
 
 /// FIFO claims where one statement cannot both pick group heads and guard their groups

@@ -1411,6 +1411,56 @@ impl TableSpec {
             .flat_map(KeyTemplate::columns)
     }
 
+    /// What `recorded` (the table's record, as validated) holds that this description does not
+    /// enforce when it claims: a concurrency limit or rate window it lacks, a fair key, FIFO
+    /// groups, dependencies, another form. One line each; empty when it enforces all of it.
+    pub fn unenforced(&self, recorded: &TableSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        if recorded.form != self.form {
+            out.push(format!(
+                "the table's record now says the {} form, this description the {} form",
+                recorded.form.name(),
+                self.form.name()
+            ));
+        }
+        for l in &recorded.limits {
+            if !self.limits.iter().any(|m| m.key == l.key) {
+                out.push(format!(
+                    "the table's record now has the concurrency limit {:?}, which this \
+                     description lacks",
+                    l.key
+                ));
+            }
+        }
+        for r in &recorded.rates {
+            if !self
+                .rates
+                .iter()
+                .any(|m| m.key == r.key && m.per_ms == r.per_ms)
+            {
+                out.push(format!(
+                    "the table's record now has the rate limit {:?} per {} ms, which this \
+                     description lacks",
+                    r.key, r.per_ms
+                ));
+            }
+        }
+        if recorded.fair.as_ref().map(|f| &f.key) != self.fair.as_ref().map(|f| &f.key)
+            && recorded.fair.is_some()
+        {
+            out.push("the table's record now has fair claims this description lacks".into());
+        }
+        if recorded.fifo_group().is_some() && self.fifo_group().is_none() {
+            out.push("the table's record now has FIFO groups, which this description lacks".into());
+        }
+        if recorded.dependencies && !self.dependencies {
+            out.push(
+                "the table's record now has dependencies, which this description lacks".into(),
+            );
+        }
+        out
+    }
+
     /// What reads user column `col` among the templates a message must fill
     /// ([`required_columns`](Self::required_columns)), in words: the first that does.
     pub fn reader_of(&self, col: usize) -> String {

@@ -130,14 +130,10 @@ impl Broker {
         if tables.is_empty() {
             return Ok(Vec::new());
         }
-        let syntax = self.dialect().syntax();
-        let marks: Vec<String> = (1..=tables.len()).map(|n| syntax.p(n)).collect();
-        let sql = format!(
-            "SELECT id, acted_at, who, action, table_name, detail, row_count \
-             FROM {ACTION_LOG} WHERE table_name IN ({}) ORDER BY id DESC LIMIT {}",
-            marks.join(", "),
-            syntax.p(tables.len() + 1)
-        );
+        let sql = self
+            .dialect()
+            .action_log()
+            .list_on(self.dialect().syntax(), tables.len());
         let names = tables.iter().map(|t| Value::Text(t.to_string())).collect();
         self.read_actions(sql, names, limit, tables)
     }

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -29,6 +30,30 @@ struct Parsed {
     /// above the max in force, under this text: their claims need not look again
     /// ([`LimitsInForce::clean`]). Bounded: forgotten whole past [`CLEAN_KEPT`].
     clean: HashSet<(usize, String)>,
+    /// When this broker first read this text.
+    seen_at: Instant,
+}
+
+/// The oldest a claim's reading of the record may be when it takes a slot: a claim that read
+/// it longer ago reads it again first ([`Read::stale`]). So once a broker has known a record's
+/// text this long, no claim of any broker still takes slots by the text before it, and a key
+/// found holding no slot above its max then stays so until the text changes.
+pub(crate) const CLAIM_STALE: Duration = Duration::from_secs(1);
+
+/// A claim's reading of the concurrency limits: each limit's max in force and slot space, as
+/// the record said, and when it was read.
+#[derive(Clone)]
+pub(crate) struct Read {
+    pub maxes: Maxes,
+    pub slots: Arc<[u32]>,
+    pub at: Instant,
+}
+
+impl Read {
+    /// True if it was read [`CLAIM_STALE`] ago or more: read it again before taking a slot.
+    pub fn stale(&self) -> bool {
+        self.at.elapsed() >= CLAIM_STALE
+    }
 }
 
 /// How many keys' checks a table keeps before it forgets them all and checks again.
@@ -40,7 +65,7 @@ const CLEAN_KEPT: usize = 100_000;
 pub(crate) struct LimitsInForce {
     last: Mutex<Option<Parsed>>,
     /// When a record's text was last given ([`LimitsInForce::of`]).
-    read_at: Mutex<Option<std::time::Instant>>,
+    read_at: Mutex<Option<Instant>>,
     rates: bool,
 }
 
@@ -64,7 +89,7 @@ impl LimitsInForce {
     /// `read` of the parse of `description`, made now if the text is not the one parsed last
     /// (which also forgets the keys found clean under it).
     fn parsed<T>(&self, spec: &TableSpec, description: &str, read: impl Fn(&Parsed) -> T) -> T {
-        *self.read_at.lock() = Some(std::time::Instant::now());
+        *self.read_at.lock() = Some(Instant::now());
         let mut last = self.last.lock();
         if let Some(p) = &*last {
             if p.text == description {
@@ -117,6 +142,7 @@ impl LimitsInForce {
             maxes,
             slots,
             clean: HashSet::new(),
+            seen_at: Instant::now(),
         };
         let out = read(&p);
         *last = Some(p);
@@ -127,7 +153,7 @@ impl LimitsInForce {
     /// claim that reads them again before it decides. (A claim that finds its limits full
     /// takes no turn, where they are read again: without the age bound, it would go on
     /// choosing by maxes an operator has since raised.)
-    pub fn last_within(&self, fresh: std::time::Duration) -> Option<Maxes> {
+    pub fn last_within(&self, fresh: Duration) -> Option<Maxes> {
         let read_at = *self.read_at.lock();
         read_at.filter(|at| at.elapsed() < fresh)?;
         self.last.lock().as_ref().map(|p| p.maxes.clone())
@@ -152,9 +178,15 @@ impl LimitsInForce {
     }
 
     /// Notes that key `key` of limit `limit` holds no slot at or above the max in force of the
-    /// record read last.
+    /// record read last: kept only once this broker has known that record twice
+    /// [`CLAIM_STALE`] (a claim of another broker that read the record before may take a slot
+    /// above the max until then: its reading is at most that old when it takes one, and the
+    /// twice covers the time the taking itself takes).
     pub fn found_clean(&self, limit: usize, key: &str) {
         if let Some(p) = self.last.lock().as_mut() {
+            if p.seen_at.elapsed() < CLAIM_STALE * 2 {
+                return;
+            }
             if p.clean.len() >= CLEAN_KEPT {
                 p.clean.clear();
             }
@@ -180,9 +212,11 @@ impl LimitsInForce {
         spec: &TableSpec,
         conn: &mut dyn DbConn,
         sql: &str,
-    ) -> Result<(Maxes, Arc<[u32]>), DbError> {
+    ) -> Result<Read, DbError> {
+        let at = Instant::now();
         let text = read_record(spec, conn, sql)?;
-        Ok(self.parsed(spec, &text, |p| (p.maxes.clone(), p.slots.clone())))
+        let (maxes, slots) = self.parsed(spec, &text, |p| (p.maxes.clone(), p.slots.clone()));
+        Ok(Read { maxes, slots, at })
     }
 }
 

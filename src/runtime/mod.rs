@@ -94,6 +94,9 @@ pub(crate) struct Queue {
     pub flow: crate::runtime::flow::FlowState,
     /// Tables with dependencies: other tables whose jobs wait on this one's.
     pub others: crate::runtime::deps::Others,
+    /// The record's text as a subscription's pause check last compared it with this
+    /// description ([`registry::unenforced`](crate::runtime::registry::unenforced)).
+    pub record_seen: Mutex<Option<String>>,
 }
 
 /// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
@@ -128,6 +131,7 @@ impl Queue {
             limits: Default::default(),
             flow: Default::default(),
             others: Default::default(),
+            record_seen: Mutex::new(None),
         }
     }
 

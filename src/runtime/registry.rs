@@ -82,9 +82,46 @@ fn read(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<Opti
 
 /// The table's pause flag in the registry (false with no record): a subscription's check.
 pub(crate) fn read_paused(q: &Queue, conn: &mut dyn DbConn) -> Result<bool, DbError> {
+    read_pause_and_record(q, conn).map(|(paused, _)| paused)
+}
+
+/// The table's pause flag and its record's text (empty with no record).
+pub(crate) fn read_pause_and_record(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+) -> Result<(bool, String), DbError> {
     let sql = q.dialect.registry().paused;
     let rows = read_rows(&*q.dialect, conn, sql, &[Value::Text(q.spec.name.clone())])?;
-    Ok(flag(rows.first().and_then(|r| r.first())))
+    let row = rows.first();
+    let text = match row.and_then(|r| r.get(1)) {
+        Some(Value::Text(s)) => s.clone(),
+        Some(Value::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    };
+    Ok((flag(row.and_then(|r| r.first())), text))
+}
+
+/// What the table's record (`text`, read now) holds that this broker's description does not
+/// enforce: a limit, a rate window, a fair key, FIFO groups or dependencies a `migrate` added
+/// (or another form) while this broker ran with its description. Empty if the text is the one
+/// checked last, or holds nothing it leaves out. A subscription that finds something closes
+/// with [`BrokerError::Schema`]: run on, it would claim past the limits the table now has.
+/// (Maxes an operator sets are followed by every claim, and a limit the record no longer
+/// holds is only enforced more strictly here: neither counts.)
+pub(crate) fn unenforced(q: &Queue, text: &str) -> Vec<String> {
+    {
+        let mut seen = q.record_seen.lock();
+        if seen.as_deref() == Some(text) || text.is_empty() {
+            return Vec::new();
+        }
+        *seen = Some(text.to_string());
+    }
+    let Ok(recorded) =
+        Table::from_record(text).and_then(|t| t.validate().map_err(|e| e.to_string()))
+    else {
+        return Vec::new();
+    };
+    q.spec.unenforced(&recorded)
 }
 
 /// The description a row holds, or [`BrokerError::Schema`] for a record this release cannot

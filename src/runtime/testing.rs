@@ -58,6 +58,7 @@ static ACTION_LOG: crate::dialect::ActionLogSql = crate::dialect::ActionLogSql {
     create: "action log create",
     insert: "action log insert",
     list: "action log list",
+    table_exact: "table_name",
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {

@@ -451,7 +451,7 @@ pub fn exec(db: Db, url: &str, sql: &str) {
     }
 }
 
-fn try_exec(db: Db, url: &str, sql: &str) -> Result<(), String> {
+pub fn try_exec(db: Db, url: &str, sql: &str) -> Result<(), String> {
     match db {
         #[cfg(feature = "postgres")]
         Db::Postgres => {

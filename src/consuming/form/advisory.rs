@@ -53,7 +53,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all, InForce};
+use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
 use super::{rates, unreadable_rows, Claimed, Hold, Outcome, SCAN_MAX};
 use crate::dialect::keys::{ProcessKey, SessionKeys};
 use crate::dialect::DbConn;
@@ -152,18 +152,13 @@ fn scan(
     let now = claim_now(SystemTime::now());
     // Concurrency limits: the maxes in force and slot spaces, read from the record on each
     // claim.
-    let limits = match q.spec.limits.is_empty() {
+    let mut limits = match q.spec.limits.is_empty() {
         true => None,
         false => Some(
             q.limits
                 .read_with_slots(&q.spec, &mut *conn, q.dialect.registry().limits)
                 .map_err(q.err("claim"))?,
         ),
-    };
-    let in_force = || {
-        limits
-            .as_ref()
-            .map(|(maxes, slots)| InForce { maxes, slots })
     };
     rates::sweep(ctx, &mut *conn);
     let rate_maxes = rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
@@ -185,7 +180,10 @@ fn scan(
         let fair = q.spec.fair.is_some();
         let rows = match &after {
             // Fair claims: candidates key by key, read on while the claim is short.
-            _ if fair => fair_scan.next(ctx, &mut *conn, now, &|_| false),
+            _ if fair => {
+                let full = |v: &Value| super::fair::blocked(ctx, &tried, v);
+                fair_scan.next(ctx, &mut *conn, now, &full)
+            }
             None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
             Some((run_at, id)) => conn.query(
                 &q.sql.claim_after,
@@ -214,7 +212,6 @@ fn scan(
             let key = template.render(user);
             let keys = keys_of(ctx, &key, user);
             if keys.iter().any(|k| tried.contains(k)) {
-                fair_scan.busy(ctx, user);
                 continue;
             }
             let limit_keys = InWork::keys(&q.spec, user);
@@ -242,12 +239,12 @@ fn scan(
                     if held.len() < keys.len() {
                         // The key refused is in work here; those taken go back as `held` drops.
                         tried.insert(keys[held.len()].clone());
-                        fair_scan.busy(ctx, user);
                         continue;
                     }
-                    let slots = take_slots(ctx, &mut *conn, in_force(), &limit_keys, |_, k| {
-                        Ok(registry.try_take(k))
-                    });
+                    let slots =
+                        take_slots(ctx, &mut *conn, limits.as_mut(), &limit_keys, |_, k| {
+                            Ok(registry.try_take(k))
+                        });
                     match slots {
                         Ok(Ok(slots)) => held.extend(slots),
                         Ok(Err((full, _taken))) => {
@@ -292,7 +289,6 @@ fn scan(
                     if let Some(k) = keys.iter().find(|k| q.held_here.is_held(k)) {
                         // One of this broker's deliveries has it: the server would refuse.
                         tried.insert(k.clone());
-                        fair_scan.busy(ctx, user);
                         continue;
                     }
                     let names: Vec<String> = keys.iter().map(|k| q.dialect.key_name(k)).collect();
@@ -308,17 +304,17 @@ fn scan(
                     }
                     if taken < names.len() {
                         tried.insert(keys[taken].clone());
-                        fair_scan.busy(ctx, user);
                         if !unlock_all(ctx, &mut *conn, &mut session, &names[..taken]) {
                             return Ok(Vec::new());
                         }
                         continue;
                     }
                     let mut names = names;
-                    let slots = take_slots(ctx, &mut *conn, in_force(), &limit_keys, |c, k| {
-                        let name = q.dialect.key_name(k);
-                        Ok(session.lock(c, &sql, &name)?.then_some(name))
-                    });
+                    let slots =
+                        take_slots(ctx, &mut *conn, limits.as_mut(), &limit_keys, |c, k| {
+                            let name = q.dialect.key_name(k);
+                            Ok(session.lock(c, &sql, &name)?.then_some(name))
+                        });
                     match slots {
                         Ok(Ok(slots)) => names.extend(slots),
                         Ok(Err((full, taken))) => {

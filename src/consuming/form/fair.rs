@@ -49,9 +49,7 @@ struct Depth {
     got: usize,
     /// The ids read.
     ids: HashSet<i64>,
-    /// A row of it was in work ([`Scan::busy`]) since its last read: read deeper.
-    busy: bool,
-    /// A row of it was taken ([`Scan::took`]), or it is at a limit: not read deeper.
+    /// A row of it was taken ([`Scan::took`]): not read deeper.
     done: bool,
 }
 
@@ -66,16 +64,8 @@ impl Scan {
         }
     }
 
-    /// Notes that a row of key `user` (its user columns) was passed by because it was in work:
-    /// the key's next rows are read on the next batch.
-    pub fn busy(&mut self, ctx: &Ctx, user: &[Value]) {
-        if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
-            d.busy = true;
-        }
-    }
-
-    /// Notes that a row of key `user` was taken, or that the key is at a limit: its rows are
-    /// not read deeper.
+    /// Notes that a row of key `user` (its user columns) was taken: its rows are not read
+    /// deeper.
     pub fn took(&mut self, ctx: &Ctx, user: &[Value]) {
         if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
             d.done = true;
@@ -84,8 +74,8 @@ impl Scan {
 
     /// The next candidates, `id, run_at, <user columns>` each, in the order to take them (a
     /// row of each key in turn); empty when the claim has walked as far as it may. `full(key)`:
-    /// a key known to be at a limit whatever its rows (the lease form counts its rows in work
-    /// before it reads): its rows are not read.
+    /// a key at a limit whatever its rows (a limit whose key is the fair key's: [`blocked`]):
+    /// its rows are not read, first or deeper.
     pub fn next(
         &mut self,
         ctx: &Ctx,
@@ -93,7 +83,7 @@ impl Scan {
         now: SystemTime,
         full: &dyn Fn(&Value) -> bool,
     ) -> Result<Vec<Vec<Value>>, DbError> {
-        let deeper = self.deeper(ctx, conn, now)?;
+        let deeper = self.deeper(ctx, conn, now, full)?;
         if !deeper.is_empty() {
             return Ok(deeper);
         }
@@ -140,25 +130,24 @@ impl Scan {
         Ok(Vec::new())
     }
 
-    /// More rows of the keys whose rows read so far were in work, none taken, and which may
-    /// have more (their last read came back full): twice as many as last time.
+    /// More rows of the keys none of whose rows read so far could be taken (in work, or held
+    /// back by a limit narrower than the fair key), which may have more (their last read came
+    /// back full) and are not at a limit of their own: twice as many as last time.
     fn deeper(
         &mut self,
         ctx: &Ctx,
         conn: &mut dyn DbConn,
         now: SystemTime,
+        full: &dyn Fn(&Value) -> bool,
     ) -> Result<Vec<Vec<Value>>, DbError> {
         if self.read >= SCAN_MAX {
             return Ok(Vec::new());
         }
         let asked: Vec<(Value, usize)> = self
             .keys
-            .values_mut()
-            .filter(|d| d.busy && !d.done && d.got >= d.asked && d.asked > 0)
-            .map(|d| {
-                d.busy = false;
-                (d.value.clone(), (d.asked * 2).min(SCAN_MAX))
-            })
+            .values()
+            .filter(|d| !d.done && d.got >= d.asked && d.asked > 0 && !full(&d.value))
+            .map(|d| (d.value.clone(), (d.asked * 2).min(SCAN_MAX)))
             .collect();
         if asked.is_empty() {
             return Ok(Vec::new());
@@ -256,10 +245,39 @@ impl Depth {
             asked: 0,
             got: 0,
             ids: HashSet::new(),
-            busy: false,
             done: false,
         }
     }
+}
+
+/// True if fair key `v` is held back whole by a limit whose key is the fair key's (its template
+/// reads no column but the fair key's, or none): a concurrency limit or rate window this claim
+/// found full (`tried`, the claim's marks). Reading more of its rows cannot help.
+pub(super) fn blocked(ctx: &Ctx, tried: &HashSet<String>, v: &Value) -> bool {
+    let spec = ctx.spec();
+    let Some(fair) = &spec.fair else {
+        return false;
+    };
+    let covers = |t: &crate::model::table::KeyTemplate| t.columns().all(|c| c == fair.column);
+    let mut user = vec![Value::Null; spec.columns.len()];
+    if let Some(slot) = user.get_mut(fair.column) {
+        *slot = v.clone();
+    }
+    let limit_keys = crate::runtime::limits::InWork::keys(spec, &user);
+    let limited = spec
+        .limits
+        .iter()
+        .zip(&limit_keys)
+        .enumerate()
+        .any(|(i, (l, k))| covers(&l.template) && super::limit_keys::marked_full(tried, i, k));
+    let rate_keys = super::rates::keys(ctx, &user);
+    let rated = spec
+        .rates
+        .iter()
+        .zip(&rate_keys)
+        .enumerate()
+        .any(|(i, (r, k))| covers(&r.template) && super::rates::marked_full(tried, i, k));
+    limited || rated
 }
 
 /// A key's value as a map key: its type and value (a `Value` holds floats, so it is no `Eq`).

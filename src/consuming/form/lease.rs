@@ -224,6 +224,7 @@ fn claim_limited(
                             *slot = v.clone();
                         }
                         work.full_at(&maxes, &InWork::keys(spec, &user), &covering)
+                            || super::fair::blocked(ctx, &tried, v)
                     };
                     fair_scan.next(ctx, conn, now, &full)
                 }

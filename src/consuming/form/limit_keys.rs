@@ -11,7 +11,7 @@
 use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::DbConn;
 use crate::error::DbError;
-use crate::runtime::limits::slot_prefix;
+use crate::runtime::limits::{slot_prefix, Read};
 use crate::runtime::Ctx;
 
 /// The key statements of a table whose rows or slots are held by server sessions.
@@ -29,6 +29,15 @@ fn full_marker(limit: usize, key: &str) -> String {
     format!("\0{limit}:{key}")
 }
 
+/// True if a claim marked key `key` of limit `limit` full ([`full_marker`]).
+pub(super) fn marked_full(
+    tried: &std::collections::HashSet<String>,
+    limit: usize,
+    key: &str,
+) -> bool {
+    tried.contains(&full_marker(limit, key))
+}
+
 /// True if a claim marked one of `limit_keys` full earlier ([`full_marker`]): the row is
 /// passed by.
 pub(super) fn passed_by(tried: &std::collections::HashSet<String>, limit_keys: &[String]) -> bool {
@@ -41,13 +50,6 @@ pub(super) fn passed_by(tried: &std::collections::HashSet<String>, limit_keys: &
 /// The slots a row took (`Ok`), or the mark of the full key and the slots taken before it.
 pub(super) type Slots<H> = Result<Vec<H>, (String, Vec<H>)>;
 
-/// The concurrency limits in force for a claim: each limit's max (`None`: lifted) and slot
-/// space, as the table's record says when the claim read it.
-pub(super) struct InForce<'a> {
-    pub maxes: &'a [Option<u32>],
-    pub slots: &'a [u32],
-}
-
 /// Takes one free slot of each concurrency limit for a row of `limit_keys` with `try_one`
 /// (`Some`: taken). `Err((marker, taken))`: the first limit whose key has no room, and the slots
 /// taken before it and of it, which the caller gives back (a process key as it drops, a
@@ -59,19 +61,21 @@ pub(super) struct InForce<'a> {
 /// Where the limit's slot space reaches past its max (the max was lowered, or set after a lift:
 /// rows in work may hold slots above it), a claim also counts the slots held above the max
 /// (`held_in(prefix, from, to)`, after taking its own): none, and the key is noted clean until
-/// the record changes; some, and the claim counts every slot held of the key, its own
+/// the record changes (once the broker has known the record [`CLAIM_STALE`]: no claim takes a
+/// slot by a reading of the record older than that, this one included); some, and the claim counts every slot held of the key, its own
 /// included, and gives its slot back if they are more than the max. Of two claims that count,
 /// the later sees the earlier's slot: never more than `max`. The slots are counted on `conn`
 /// (the session that took them, whose own are counted with the others'), as operators' counts
 /// are ([`Dialect::slots_held`](crate::dialect::Dialect::slots_held)).
 ///
 /// [`Table::MAX_CONCURRENCY`]: crate::Table::MAX_CONCURRENCY
+/// [`CLAIM_STALE`]: crate::runtime::limits::CLAIM_STALE
 ///
 /// Modelled in model/limits.pml (take_slots).
 pub(super) fn take_slots<H>(
     ctx: &Ctx,
     conn: &mut dyn DbConn,
-    limits: Option<InForce<'_>>,
+    limits: Option<&mut Read>,
     limit_keys: &[String],
     mut try_one: impl FnMut(&mut dyn DbConn, &str) -> Result<Option<H>, DbError>,
 ) -> Result<Slots<H>, DbError> {
@@ -87,12 +91,17 @@ pub(super) fn take_slots<H>(
     };
     let spec = ctx.spec();
     let in_force = &ctx.queue.limits;
+    if limits.stale() {
+        // A claim long under way takes no slot by a record read long ago.
+        *limits = in_force.read_with_slots(spec, conn, ctx.queue.dialect.registry().limits)?;
+    }
+    let limits: &Read = limits;
     let mut held = Vec::with_capacity(limit_keys.len());
     for (i, ((limit, key), max)) in spec
         .limits
         .iter()
         .zip(limit_keys)
-        .zip(limits.maxes)
+        .zip(limits.maxes.iter())
         .enumerate()
     {
         let room = max.unwrap_or(crate::model::table::Table::MAX_CONCURRENCY);

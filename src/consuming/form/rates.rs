@@ -40,6 +40,11 @@ fn full_marker(lim: usize, key: &str) -> String {
     format!("\0r{lim}:{key}")
 }
 
+/// True if a claim found key `key` of rate limit `lim` (its place) full.
+pub(super) fn marked_full(tried: &HashSet<String>, lim: usize, key: &str) -> bool {
+    tried.contains(&full_marker(lim, key))
+}
+
 /// True if a claim found one of `keys` full earlier: the row is passed by.
 pub(super) fn passed_by(tried: &HashSet<String>, keys: &[String]) -> bool {
     keys.iter()

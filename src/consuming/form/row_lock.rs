@@ -118,7 +118,7 @@ fn claim_limited(
     sql: &crate::dialect::LimitSql,
     mut conn: ClaimConn,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all, InForce};
+    use super::limit_keys::{key_sql, passed_by, take_slots, unlock_all};
     use crate::runtime::limits::InWork;
     let q = &ctx.queue;
     let spec = &q.spec;
@@ -129,7 +129,7 @@ fn claim_limited(
     let Some(keys_sql) = key_sql(ctx) else {
         return Ok(Vec::new());
     };
-    let (maxes, slots) = q
+    let mut limits = q
         .limits
         .read_with_slots(spec, &mut *conn, q.dialect.registry().limits)
         .map_err(q.err("claim"))?;
@@ -141,8 +141,8 @@ fn claim_limited(
     let user_at = if spec.fair.is_some() { 2 } else { 1 };
     let mut fair = super::fair::Scan::new(FAIR_KEYS);
     loop {
-        let rows =
-            candidates(ctx, sql, &mut *conn, now, page, &mut fair).map_err(q.err("claim"))?;
+        let rows = candidates(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))
+            .map_err(q.err("claim"))?;
         for row in rows.iter().skip(seen) {
             let Some(id) = row.first().and_then(Value::as_i64) else {
                 continue;
@@ -154,11 +154,7 @@ fn claim_limited(
                 continue;
             }
             let mut session = SessionKeys::default();
-            let in_force = InForce {
-                maxes: &maxes,
-                slots: &slots,
-            };
-            let slots = take_slots(ctx, &mut *conn, Some(in_force), &keys, |c, k| {
+            let slots = take_slots(ctx, &mut *conn, Some(&mut limits), &keys, |c, k| {
                 let name = q.dialect.key_name(k);
                 Ok(session.lock(c, &keys_sql, &name)?.then_some(name))
             });
@@ -202,7 +198,6 @@ fn claim_limited(
                 Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),
                 Ok(_) => {
                     // Taken or settled meanwhile: the slots go back, the next candidate.
-                    fair.busy(ctx, user);
                     conn.rollback_or_discard();
                     if super::rates::give_back(ctx, &mut *conn, &stamps).is_err()
                         || !unlock_all(ctx, &mut *conn, &mut session, &names)
@@ -256,7 +251,7 @@ fn claim_limited_in_transaction(
     slot_lock: &str,
     now: SystemTime,
 ) -> Result<Vec<Claimed>> {
-    use super::limit_keys::{passed_by, take_slots, InForce};
+    use super::limit_keys::{passed_by, take_slots};
     use crate::runtime::limits::InWork;
     const SLOT: &str = "SAVEPOINT sqlbroker_slot";
     const NO_SLOT: &str = "ROLLBACK TO SAVEPOINT sqlbroker_slot";
@@ -272,9 +267,9 @@ fn claim_limited_in_transaction(
         for stmt in &sql.begin {
             conn.batch(stmt)?;
         }
-        let (maxes, slots) =
-            q.limits
-                .read_with_slots(spec, &mut *conn, q.dialect.registry().limits)?;
+        let mut limits = q
+            .limits
+            .read_with_slots(spec, &mut *conn, q.dialect.registry().limits)?;
         let take = sql.take.first().map_or("", String::as_str);
         let rate_maxes = super::rates::maxes(ctx, &mut *conn)?;
         let mut tried = std::collections::HashSet::new();
@@ -282,7 +277,7 @@ fn claim_limited_in_transaction(
         let user_at = if spec.fair.is_some() { 2 } else { 1 };
         let mut fair = super::fair::Scan::new(FAIR_KEYS);
         loop {
-            let rows = candidates(ctx, sql, &mut *conn, now, page, &mut fair)?;
+            let rows = candidates(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))?;
             for row in rows.iter().skip(seen) {
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
@@ -294,11 +289,7 @@ fn claim_limited_in_transaction(
                     continue;
                 }
                 conn.batch(SLOT)?;
-                let in_force = InForce {
-                    maxes: &maxes,
-                    slots: &slots,
-                };
-                let slots = take_slots(ctx, &mut *conn, Some(in_force), &keys, |c, k| {
+                let slots = take_slots(ctx, &mut *conn, Some(&mut limits), &keys, |c, k| {
                     let name = q.dialect.key_name(k);
                     let got = c.query(slot_lock, &[Value::Text(name.clone())])?;
                     let taken = matches!(got.first().and_then(|r| r.first()), Some(Value::Int(1)));
@@ -325,10 +316,7 @@ fn claim_limited_in_transaction(
                         fair.took(ctx, user);
                         return Ok(Some((row, names)));
                     }
-                    None => {
-                        fair.busy(ctx, user);
-                        conn.batch(NO_SLOT)?
-                    }
+                    None => conn.batch(NO_SLOT)?,
                 }
             }
             if spec.fair.is_some() {
@@ -367,11 +355,12 @@ fn candidates(
     conn: &mut dyn crate::dialect::DbConn,
     now: SystemTime,
     page: usize,
-    fair: &mut super::fair::Scan,
+    (fair, tried): (&mut super::fair::Scan, &std::collections::HashSet<String>),
 ) -> Result<Vec<Vec<Value>>, crate::error::DbError> {
     if ctx.spec().fair.is_some() {
         // A row per claim, but the first rows of several keys: some may be in work.
-        return fair.next(ctx, conn, now, &|_| false);
+        let full = |v: &Value| super::fair::blocked(ctx, tried, v);
+        return fair.next(ctx, conn, now, &full);
     }
     conn.query(
         &sql.candidates[0],

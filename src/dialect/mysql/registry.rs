@@ -23,7 +23,7 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     read: "SELECT format, description, paused, updated_at FROM sqlbroker_tables WHERE name = ?",
     replace_stale: "UPDATE sqlbroker_tables SET format = ?, description = ?, updated_at = ? \
                     WHERE name = ? AND description = ? AND updated_at = ?",
-    paused: "SELECT paused FROM sqlbroker_tables WHERE name = ?",
+    paused: "SELECT paused, description FROM sqlbroker_tables WHERE name = ?",
     limits: "SELECT description FROM sqlbroker_tables WHERE name = ?",
     limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = ? FOR UPDATE",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
@@ -44,6 +44,7 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
              VALUES (?, ?, ?, ?, ?, ?)",
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
+    table_exact: "CAST(table_name AS BINARY)",
 };
 
 #[cfg(test)]
@@ -74,7 +75,7 @@ mod tests {
         );
         assert_eq!(
             REGISTRY.paused,
-            "SELECT paused FROM sqlbroker_tables WHERE name = ?"
+            "SELECT paused, description FROM sqlbroker_tables WHERE name = ?"
         );
     }
 }

@@ -35,6 +35,11 @@ fn text_literal(s: &str) -> String {
 /// The longest name `GET_LOCK` accepts.
 const MAX_LOCK_NAME: usize = 64;
 
+/// The most bytes a `GET_LOCK` name may take: 64 characters of 3 bytes (MariaDB checks the
+/// name as an identifier of `utf8mb3`, 192 bytes). A name of fewer characters and more bytes
+/// (4-byte characters) is hashed as a long one is.
+const MAX_LOCK_BYTES: usize = 192;
+
 /// MariaDB's column types. A dead-letter reason may be a long error report: `TEXT` stops at
 /// 64 KiB. Text columns are `VARCHAR(255)` so they can be indexed (1,020 bytes, under InnoDB's
 /// 3,072-byte key limit), in a binary NO PAD collation so they compare byte for byte
@@ -93,10 +98,12 @@ pub(super) fn quote_ident(s: &str) -> String {
 }
 
 /// The `GET_LOCK` name of `key` in database `db`: `<db>.<key>`, or its SHA-256 in lowercase
-/// hex (64 characters) when longer than `GET_LOCK` allows.
+/// hex (64 characters) when longer than `GET_LOCK` allows: more than 64 characters, or more
+/// than [`MAX_LOCK_BYTES`] bytes of UTF-8 (MariaDB refuses 64 characters of 4-byte ones with
+/// error 1059, and the claim would then fail on that row for ever).
 pub(super) fn lock_name(db: &str, key: &str) -> String {
     let name = format!("{db}.{key}");
-    if name.chars().count() <= MAX_LOCK_NAME {
+    if name.chars().count() <= MAX_LOCK_NAME && name.len() <= MAX_LOCK_BYTES {
         return name;
     }
     let digest = Sha256::digest(name.as_bytes());
@@ -120,7 +127,8 @@ pub(super) fn slots_held(keys: usize) -> String {
         "WITH RECURSIVE sqlbroker_s (n) AS (SELECT CAST(? AS SIGNED) UNION ALL SELECT n + 1 FROM \
          sqlbroker_s WHERE n + 1 < ?) SELECT x.i, count(*) FROM (SELECT v.i, concat(v.p, s.n) AS name \
          FROM sqlbroker_s AS s, ({}) AS v) AS x WHERE IS_USED_LOCK(IF(char_length(x.name) <= \
-         {MAX_LOCK_NAME}, x.name, sha2(x.name, 256))) IS NOT NULL GROUP BY x.i",
+         {MAX_LOCK_NAME} AND length(x.name) <= {MAX_LOCK_BYTES}, x.name, sha2(x.name, 256))) IS \
+         NOT NULL GROUP BY x.i",
         values.join(" UNION ALL ")
     )
 }
@@ -1185,10 +1193,20 @@ mod tests {
                 Sha256::digest(format!(".{}", "x".repeat(64)).as_bytes())
             )
         );
-        // Characters, not bytes: 63 two-byte characters fit.
+        // Characters, not bytes: 63 two-byte characters fit (127 bytes).
         assert_eq!(
             lock_name("", &"é".repeat(63)),
             format!(".{}", "é".repeat(63))
+        );
+        // But 48 four-byte characters (193 bytes with the dot) are past what MariaDB takes.
+        let emoji = "😀".repeat(48);
+        assert_eq!(
+            lock_name("", &emoji),
+            format!("{:x}", Sha256::digest(format!(".{emoji}").as_bytes()))
+        );
+        assert_eq!(
+            lock_name("", &"😀".repeat(47)),
+            format!(".{}", "😀".repeat(47))
         );
     }
 

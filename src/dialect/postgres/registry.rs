@@ -19,7 +19,7 @@ pub(super) const REGISTRY: RegistrySql = RegistrySql {
     read: "SELECT format, description, paused, updated_at FROM sqlbroker_tables WHERE name = $1",
     replace_stale: "UPDATE sqlbroker_tables SET format = $1, description = $2, updated_at = $3 \
                     WHERE name = $4 AND description = $5 AND updated_at = $6",
-    paused: "SELECT paused FROM sqlbroker_tables WHERE name = $1",
+    paused: "SELECT paused, description FROM sqlbroker_tables WHERE name = $1",
     limits: "SELECT description FROM sqlbroker_tables WHERE name = $1",
     limits_locked: "SELECT description FROM sqlbroker_tables WHERE name = $1 FOR UPDATE",
     list: "SELECT name, format, description, paused FROM sqlbroker_tables ORDER BY name",
@@ -40,6 +40,7 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
              VALUES ($1, $2, $3, $4, $5, $6)",
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT $1",
+    table_exact: "table_name",
 };
 
 #[cfg(test)]
@@ -71,7 +72,7 @@ mod tests {
         );
         assert_eq!(
             REGISTRY.paused,
-            "SELECT paused FROM sqlbroker_tables WHERE name = $1"
+            "SELECT paused, description FROM sqlbroker_tables WHERE name = $1"
         );
     }
 }

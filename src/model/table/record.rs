@@ -89,6 +89,7 @@ pub(crate) fn with_limit_set(json: &str, key: &str, max: Option<u32>) -> Result<
     let space = r.slot_space(limit).max(space_of(max));
     r.limits_set.insert(key.to_string(), max);
     r.keep_space(key, space, max);
+    r.limits_version += 1;
     serde_json::to_string(&r).map_err(|e| e.to_string())
 }
 
@@ -113,6 +114,7 @@ pub(crate) fn with_slots_kept(old: &str, new: &str) -> String {
     for (key, was, max) in spaces {
         r.keep_space(&key, was.max(max), Some(max));
     }
+    r.limits_version = old.limits_version + 1;
     serde_json::to_string(&r).unwrap_or_else(|_| new.to_string())
 }
 
@@ -164,7 +166,12 @@ pub(crate) fn with_rate_set(
     r.rates_set.remove(key);
     r.rates_set
         .insert(crate::model::table::RateSpec::setting_key(key, per_ms), max);
+    r.limits_version += 1;
     serde_json::to_string(&r).map_err(|e| e.to_string())
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn read_record(json: &str) -> Result<Record, String> {
@@ -262,6 +269,12 @@ struct Record {
     /// slots. Not part of the description.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     limits_slots: BTreeMap<String, u32>,
+    /// How many times an operator's setting (or a migration) rewrote the limits: a number
+    /// that only grows, so a record's text never repeats one a broker read before (a max set
+    /// back to an earlier value is a new text, and what a broker noted under the earlier one
+    /// is forgotten). Not part of the description.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    limits_version: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     rate_limits: Vec<RecordRate>,
     /// Operators' settings of the rate limits' `max` ([`crate::Broker::set_rate_limit`]), as
@@ -362,6 +375,7 @@ impl Table {
                 .collect(),
             limits_set: BTreeMap::new(),
             limits_slots: BTreeMap::new(),
+            limits_version: 0,
             rate_limits: self
                 .rates
                 .iter()
@@ -948,6 +962,16 @@ mod tests {
         let raised = with_limit_set(&lowered, "{k}", Some(8)).unwrap();
         assert_eq!(space(&raised), [8, 10]);
         assert!(!raised.contains("limits_slots"));
+        // Set back to what it was: a text no broker read before.
+        let back = with_limit_set(&raised, "{k}", Some(2)).unwrap();
+        let again = with_limit_set(
+            &with_limit_set(&back, "{k}", Some(8)).unwrap(),
+            "{k}",
+            Some(2),
+        )
+        .unwrap();
+        assert_ne!(back, again);
+        assert_eq!(limits_in_force(&back), limits_in_force(&again));
     }
 
     #[test]

@@ -1,0 +1,770 @@
+//! The checks: each promise of PROMISES.md that a history can show broken, read over the
+//! ledger and the table as the run left it.
+//!
+//! Every check concludes only what holds for every moment the recorded intervals allow (a
+//! claim committed somewhere between its start and its hook; a settlement between the call and
+//! its return), so a report is a promise broken, never a timing the ledger cannot order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use sqlbroker::Form;
+
+use super::history::{Ev, Fault, How, Msg, Op, What, Who};
+use super::world::{Profile, World, HANDLER_TIMEOUT, LEASE, POLL};
+
+/// How late, on a loaded machine, a broker may act on what the promise lets it take a poll
+/// interval for (a pause read, a limit read): added to the bounds the promises give.
+const SLACK: i64 = 400_000;
+
+/// A promise the history shows broken.
+#[derive(Debug, Clone)]
+pub struct Broken {
+    /// The promise's number in PROMISES.md.
+    pub promise: &'static str,
+    pub what: String,
+    /// The jobs involved.
+    pub jobs: Vec<i64>,
+    /// The stretch of time (micros) the breach lies in.
+    pub from: i64,
+    pub to: i64,
+}
+
+/// The table as the run left it: each row's id and whether it is dead.
+pub type Final = HashMap<i64, bool>;
+
+/// One delivery of a job by one broker: its claim, its handler's start, its end.
+#[derive(Debug, Clone, Default)]
+struct Run {
+    who: Who,
+    /// The claim: its start and its hook (the commit lies between).
+    claim: Option<(i64, i64)>,
+    start: Option<(i64, u32)>,
+    /// The settlement: its call, how, whether it returned `Ok`, its error.
+    settle: Option<(i64, i64, How, bool, String)>,
+    /// The broker's process was killed while the run had not ended.
+    killed: Option<i64>,
+}
+
+impl Run {
+    /// Until when the run was certainly in work (its settlement's call, or its process's
+    /// death); `None` if its end is not known (a row claimed ahead and handed back).
+    fn surely_until(&self) -> Option<i64> {
+        let end = match (&self.settle, self.killed) {
+            (Some((t0, ..)), _) => *t0,
+            (None, Some(k)) => k,
+            _ => return None,
+        };
+        // Held past the handler timeout, the delivery was failed (and its row freed) then.
+        let timeout = self.start.map_or(i64::MAX, |(s, _)| {
+            s + HANDLER_TIMEOUT.as_micros() as i64 - SLACK
+        });
+        Some(end.min(timeout))
+    }
+
+    /// True if the run may have lost its hold before it ended, as the library tells its holder:
+    /// its settlement failed (a lost lease or claim, a handler timeout, a connection gone), or it
+    /// was held past the handler timeout.
+    fn may_have_lost(&self) -> bool {
+        let over_time = match (self.start, &self.settle) {
+            (Some((s, _)), Some((t0, ..))) => t0 - s > HANDLER_TIMEOUT.as_micros() as i64 - SLACK,
+            _ => false,
+        };
+        let failed = matches!(&self.settle, Some((_, _, _, false, _)));
+        failed || over_time
+    }
+}
+
+/// What the checks read, indexed once.
+struct Index<'a> {
+    world: &'a World,
+    evs: &'a [Ev],
+    published: BTreeMap<i64, (i64, i64, Msg)>,
+    runs: HashMap<i64, Vec<Run>>,
+    ops: Vec<&'a Ev>,
+    faults: Vec<&'a Ev>,
+}
+
+impl<'a> Index<'a> {
+    fn new(world: &'a World, evs: &'a [Ev]) -> Index<'a> {
+        let mut published = BTreeMap::new();
+        let mut ops = Vec::new();
+        let mut faults = Vec::new();
+        // Per job and broker, the events in the order they happened.
+        let mut per: HashMap<(i64, Who), Vec<&Ev>> = HashMap::new();
+        for e in evs {
+            match &e.what {
+                What::Published { id, msg } => {
+                    published.insert(*id, (e.t0, e.t1, msg.clone()));
+                }
+                What::Claimed { id } | What::Started { id, .. } | What::Settled { id, .. } => {
+                    per.entry((*id, e.who)).or_default().push(e);
+                }
+                What::Op { .. } => ops.push(e),
+                What::Fault { .. } => faults.push(e),
+                _ => {}
+            }
+        }
+        let kills: HashMap<Who, i64> = faults
+            .iter()
+            .filter_map(|e| match e.what {
+                What::Fault {
+                    fault: Fault::Killed,
+                    target,
+                } => Some((target, e.t0)),
+                _ => None,
+            })
+            .collect();
+        let mut runs: HashMap<i64, Vec<Run>> = HashMap::new();
+        for ((id, who), mut list) in per {
+            list.sort_by_key(|e| (e.t1, e.t0));
+            let mut mine: Vec<Run> = Vec::new();
+            for e in list {
+                match &e.what {
+                    What::Claimed { .. } => mine.push(Run {
+                        who,
+                        claim: Some((e.t0, e.t1)),
+                        ..Run::default()
+                    }),
+                    What::Started { attempt, .. } => {
+                        match mine.iter_mut().rev().find(|r| r.start.is_none()) {
+                            Some(r) => r.start = Some((e.t0, *attempt)),
+                            None => mine.push(Run {
+                                who,
+                                start: Some((e.t0, *attempt)),
+                                ..Run::default()
+                            }),
+                        }
+                    }
+                    What::Settled { how, ok, err, .. } => {
+                        if let Some(r) = mine
+                            .iter_mut()
+                            .rev()
+                            .find(|r| r.start.is_some() && r.settle.is_none())
+                        {
+                            r.settle = Some((e.t0, e.t1, *how, *ok, err.clone()));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(k) = kills.get(&who) {
+                for r in &mut mine {
+                    if r.settle.is_none() {
+                        r.killed = Some(*k);
+                    }
+                }
+            }
+            runs.entry(id).or_default().extend(mine);
+        }
+        for list in runs.values_mut() {
+            list.sort_by_key(|r| r.claim.map_or(r.start.map_or(0, |s| s.0), |c| c.1));
+        }
+        Index {
+            world,
+            evs,
+            published,
+            runs,
+            ops,
+            faults,
+        }
+    }
+
+    /// True if broker `who`'s sessions were ended, or its process killed, within `[from, to]`.
+    fn faulted(&self, who: Who, from: i64, to: i64) -> bool {
+        self.faults.iter().any(|e| match e.what {
+            What::Fault { target, fault } => {
+                target == who
+                    && matches!(fault, Fault::SessionsEnded | Fault::Killed)
+                    && e.t1 >= from
+                    && e.t0 <= to
+            }
+            _ => false,
+        })
+    }
+
+    /// The operators' calls of kind `pick` that returned `ok`, as `(t0, t1)`.
+    fn ops_where(&self, pick: impl Fn(&Op) -> bool) -> Vec<(i64, i64)> {
+        self.ops
+            .iter()
+            .filter_map(|e| match &e.what {
+                What::Op { op, ok: true, .. } if pick(op) => Some((e.t0, e.t1)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// True if job `id` may have been requeued from the dead letters within `[from, to]`.
+    fn requeued(&self, id: i64, from: i64, to: i64) -> bool {
+        self.ops_where(|op| matches!(op, Op::Requeue(ids) if ids.is_empty() || ids.contains(&id)))
+            .iter()
+            .any(|(t0, t1)| *t1 >= from && *t0 <= to)
+    }
+
+    /// The earliest moment job `id` may have finished (acked, dead, cancelled, deleted): no
+    /// promise that holds while it is unfinished can be held to past it. `i64::MAX` if nothing
+    /// in the history could have finished it.
+    fn may_have_finished(&self, id: i64) -> i64 {
+        let max = self.world.table_max_attempts();
+        let mut at = i64::MAX;
+        for r in self.runs.get(&id).into_iter().flatten() {
+            if let (Some((t0, _, how, _, _)), Some((s, attempt))) = (&r.settle, r.start) {
+                if how.ends() || attempt >= max || r.may_have_lost() {
+                    at = at.min(*t0);
+                }
+                // Held past its timeout: the library failed it then (its last attempt: dead).
+                if attempt >= max && *t0 - s > HANDLER_TIMEOUT.as_micros() as i64 - SLACK {
+                    at = at.min(s + HANDLER_TIMEOUT.as_micros() as i64 - SLACK);
+                }
+            }
+        }
+        for e in &self.ops {
+            if let What::Op { op, .. } = &e.what {
+                let hits = match op {
+                    Op::Cancel(j) | Op::Delete(j) => *j == id,
+                    Op::Purge(ids) => ids.contains(&id),
+                    _ => false,
+                };
+                if hits {
+                    at = at.min(e.t0);
+                }
+            }
+        }
+        at
+    }
+}
+
+impl World {
+    /// The attempts a job has ([`World`]'s tables say 4).
+    pub fn table_max_attempts(&self) -> u32 {
+        4
+    }
+}
+
+/// Every promise the history shows broken.
+pub fn check(world: &World, evs: &[Ev], fin: &Final) -> Vec<Broken> {
+    let ix = Index::new(world, evs);
+    let mut out = Vec::new();
+    one_holder(&ix, &mut out);
+    attempts(&ix, &mut out);
+    finished_stays_finished(&ix, &mut out);
+    nothing_lost(&ix, fin, &mut out);
+    paused(&ix, &mut out);
+    dedup(&ix, &mut out);
+    if world.profile == Profile::Fifo {
+        fifo(&ix, &mut out);
+    }
+    if world.profile == Profile::Flow {
+        concurrency(&ix, &mut out);
+        rates(&ix, &mut out);
+    }
+    out
+}
+
+/// P1: a job is in work with one holder at a time. A second claim committed while the first
+/// holder was certainly still holding it (claimed before, settling only after) breaks it,
+/// unless the first holder lost it and was told (its settlement failed), was held past the
+/// handler timeout, or its broker's sessions were ended or its process killed meanwhile.
+fn one_holder(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    for (id, runs) in &ix.runs {
+        for (i, a) in runs.iter().enumerate() {
+            let (Some((_, a1)), Some(until)) = (a.claim, a.surely_until()) else {
+                continue;
+            };
+            if a.start.is_none() || a.may_have_lost() || a.killed.is_some() {
+                continue;
+            }
+            for b in &runs[i + 1..] {
+                let Some((b0, b1)) = b.claim else { continue };
+                if a1 < b0 && b1 < until && !ix.faulted(a.who, a1, b1) {
+                    // A lease holder whose renewals fell behind on a loaded machine learns it
+                    // at its settlement: that failure is `may_have_lost` above.
+                    out.push(Broken {
+                        promise: "P1",
+                        what: format!(
+                            "job {id} claimed by broker {} while broker {} held it (claimed \
+                             before, settled after)",
+                            b.who, a.who
+                        ),
+                        jobs: vec![*id],
+                        from: a1,
+                        to: until,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// P2: attempts. A job's first delivery reads 1 (and the first after it was requeued from the
+/// dead letters); in the lease and advisory lock forms every later delivery reads more than
+/// the one before; in the row lock form one more after a committed retry or failure, the same
+/// or one more otherwise (a crash spends none).
+fn attempts(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    for (id, runs) in &ix.runs {
+        let mut starts: Vec<&Run> = runs.iter().filter(|r| r.start.is_some()).collect();
+        starts.sort_by_key(|r| r.start.map(|s| s.0));
+        let mut prev: Option<&Run> = None;
+        for r in starts {
+            let (t, a) = r.start.unwrap_or_default();
+            let broke = |what: String| Broken {
+                promise: "P2",
+                what,
+                jobs: vec![*id],
+                from: prev.and_then(|p| p.start).map_or(t, |s| s.0),
+                to: t,
+            };
+            match prev {
+                None => {
+                    if a != 1 && !ix.requeued(*id, 0, t) {
+                        out.push(broke(format!("job {id}'s first delivery read attempt {a}")));
+                    }
+                }
+                Some(p) => {
+                    let (pt, pa) = p.start.unwrap_or_default();
+                    if ix.requeued(*id, pt, t) {
+                        // Requeued meanwhile: attempts start again (checked loosely: the
+                        // requeue may have come before or after the last attempt's end).
+                    } else if ix.world.form == Form::RowLock {
+                        let committed_retry =
+                            matches!(p.settle, Some((_, _, How::Fail | How::RetryAfter, true, _)))
+                                && !p.may_have_lost();
+                        let ok = match committed_retry {
+                            true => a == pa + 1,
+                            false => a == pa || a == pa + 1,
+                        };
+                        if !ok {
+                            out.push(broke(format!(
+                                "job {id} read attempt {a} after attempt {pa} ({:?})",
+                                p.settle.as_ref().map(|s| (s.2, s.3))
+                            )));
+                        }
+                    } else if a <= pa {
+                        out.push(broke(format!(
+                            "job {id} read attempt {a} after attempt {pa}"
+                        )));
+                    }
+                }
+            }
+            prev = Some(r);
+        }
+    }
+}
+
+/// P3: a finished job stays finished. After its ack returned `Ok`, a job is never claimed
+/// again; after a dead letter or a cancel by its handler, never again unless requeued from the
+/// dead letters meanwhile; after the operator's cancel returned `true`, no handler starts it
+/// from a claim made afterwards (a claim may still take the row to end it as cancelled, the
+/// advisory lock form's way when its key was held) unless requeued meanwhile.
+fn finished_stays_finished(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    for (id, runs) in &ix.runs {
+        // When, by what, whether an ack, whether only a handler's start counts.
+        let mut ends: Vec<(i64, String, bool, bool)> = Vec::new();
+        for r in runs {
+            if let Some((_, t1, how, true, _)) = &r.settle {
+                if how.ends() {
+                    let by = format!("{how:?} by broker {}", r.who);
+                    ends.push((*t1, by, *how == How::Ack, false));
+                }
+            }
+        }
+        for e in &ix.ops {
+            if let What::Op {
+                op: Op::Cancel(j),
+                ok: true,
+                ..
+            } = &e.what
+            {
+                if j == id {
+                    ends.push((e.t1, "the operator's cancel".into(), false, true));
+                }
+            }
+        }
+        for (end, how, acked, starts_only) in ends {
+            for r in runs {
+                let Some((c0, c1)) = r.claim else { continue };
+                if starts_only && r.start.is_none() {
+                    continue;
+                }
+                if c0 > end && (acked || !ix.requeued(*id, end, c1)) {
+                    out.push(Broken {
+                        promise: "P3",
+                        what: format!("job {id} claimed by broker {} after {how}", r.who),
+                        jobs: vec![*id],
+                        from: end,
+                        to: c1,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// P4: nothing is lost. At the end every published job is live (ready or scheduled), dead, or
+/// gone because something ended it: an ack, a cancel, a purge, a delete by hand. A live job
+/// whose ack returned `Ok` is a lost ack.
+fn nothing_lost(ix: &Index<'_>, fin: &Final, out: &mut Vec<Broken>) {
+    for (id, (t0, t1, _)) in &ix.published {
+        let runs = ix.runs.get(id).map(Vec::as_slice).unwrap_or_default();
+        let acked_ok = runs
+            .iter()
+            .any(|r| matches!(r.settle, Some((_, _, How::Ack, true, _))));
+        let op_ended = ix.ops.iter().any(|e| match &e.what {
+            What::Op { op, .. } => match op {
+                Op::Cancel(j) | Op::Delete(j) => j == id,
+                Op::Purge(ids) => ids.contains(id),
+                _ => false,
+            },
+            _ => false,
+        });
+        let could_end = runs.iter().any(|r| match &r.settle {
+            Some((_, _, how, _, _)) => matches!(how, How::Ack | How::Cancel),
+            None => false,
+        });
+        match fin.get(id) {
+            None if !(acked_ok || op_ended || could_end) => out.push(Broken {
+                promise: "P4",
+                what: format!("job {id} is gone, and nothing in the history ended it"),
+                jobs: vec![*id],
+                from: *t0,
+                to: *t1,
+            }),
+            Some(false) if acked_ok => out.push(Broken {
+                promise: "P4",
+                what: format!("job {id}'s ack returned Ok, and it is still live"),
+                jobs: vec![*id],
+                from: *t0,
+                to: runs
+                    .last()
+                    .and_then(|r| r.settle.as_ref().map(|s| s.1))
+                    .unwrap_or(*t1),
+            }),
+            _ => {}
+        }
+    }
+}
+
+/// P5: a pause stops claims. No claim starts later than a poll interval (and a little slack)
+/// after `pause` returned, until `resume` was called.
+fn paused(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let mut calls: Vec<(i64, i64, bool)> = ix
+        .ops
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Op {
+                op: Op::Pause,
+                ok: true,
+                ..
+            } => Some((e.t0, e.t1, true)),
+            What::Op { op: Op::Resume, .. } => Some((e.t0, e.t1, false)),
+            _ => None,
+        })
+        .collect();
+    calls.sort();
+    for (i, (_, p1, pause)) in calls.iter().enumerate() {
+        if !pause {
+            continue;
+        }
+        let until = calls[i + 1..]
+            .iter()
+            .find(|c| !c.2)
+            .map_or(i64::MAX, |c| c.0);
+        let from = p1 + POLL.as_micros() as i64 + SLACK;
+        for (id, runs) in &ix.runs {
+            for r in runs {
+                if let Some((c0, c1)) = r.claim {
+                    if c0 > from && c1 < until {
+                        out.push(Broken {
+                            promise: "P5",
+                            what: format!(
+                                "job {id} claimed by broker {} while the table was paused",
+                                r.who
+                            ),
+                            jobs: vec![*id],
+                            from: *p1,
+                            to: c1,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// P6: dedup keys. A publish refused as a duplicate names a job of that key; a publish that
+/// made a row with a key made it while no earlier job of the key was certainly unfinished.
+fn dedup(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let mut by_key: HashMap<&str, Vec<(i64, i64, i64)>> = HashMap::new();
+    for (id, (t0, t1, msg)) in &ix.published {
+        if let Some(d) = &msg.dedup {
+            by_key.entry(d).or_default().push((*id, *t0, *t1));
+        }
+    }
+    for e in ix.evs {
+        if let What::Refused {
+            msg,
+            dup_of: Some(of),
+            ..
+        } = &e.what
+        {
+            if let Some((_, _, held)) = ix.published.get(of) {
+                if held.dedup != msg.dedup {
+                    out.push(Broken {
+                        promise: "P6",
+                        what: format!(
+                            "a publish with key {:?} was refused as a duplicate of job {of}, \
+                             whose key is {:?}",
+                            msg.dedup, held.dedup
+                        ),
+                        jobs: vec![*of],
+                        from: e.t0,
+                        to: e.t1,
+                    });
+                }
+            }
+        }
+    }
+    for (key, jobs) in by_key {
+        for (i, (a, _, a1)) in jobs.iter().enumerate() {
+            let finished = ix.may_have_finished(*a);
+            for (b, b0, b1) in &jobs[i + 1..] {
+                if a1 < b0 && *b1 < finished {
+                    out.push(Broken {
+                        promise: "P6",
+                        what: format!(
+                            "job {b} was published with dedup key {key:?} while job {a} held it"
+                        ),
+                        jobs: vec![*a, *b],
+                        from: *a1,
+                        to: *b1,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// P7: FIFO groups. A job of a group is not claimed while an earlier job of the group
+/// (published before it began publishing) is certainly unfinished; two jobs of one group are
+/// never in work at once.
+fn fifo(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let mut groups: HashMap<&str, Vec<i64>> = HashMap::new();
+    for (id, (_, _, msg)) in &ix.published {
+        if let Some(g) = &msg.group {
+            groups.entry(g).or_default().push(*id);
+        }
+    }
+    for (g, jobs) in groups {
+        for (i, a) in jobs.iter().enumerate() {
+            let (_, a1, _) = &ix.published[a];
+            let finished = ix.may_have_finished(*a);
+            for b in &jobs[i + 1..] {
+                let (b0, _, _) = &ix.published[b];
+                if a1 >= b0 {
+                    continue;
+                }
+                for r in ix.runs.get(b).into_iter().flatten() {
+                    let Some((_, c1)) = r.claim else { continue };
+                    if c1 < finished {
+                        out.push(Broken {
+                            promise: "P7",
+                            what: format!(
+                                "job {b} of group {g} claimed by broker {} while job {a}, \
+                                 published before it, was unfinished",
+                                r.who
+                            ),
+                            jobs: vec![*a, *b],
+                            from: *a1,
+                            to: c1,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The maxes a limit may have had in force at some moment of `[from, to]`: the described
+/// one, then each operator's setting (an operator's call is in force somewhere within it).
+/// `None` among them: lifted at some moment.
+fn maxes_within(
+    ix: &Index<'_>,
+    described: Option<u32>,
+    is: impl Fn(&Op) -> Option<Option<u32>>,
+    from: i64,
+    to: i64,
+) -> Vec<Option<u32>> {
+    let mut set: Vec<(i64, i64, Option<u32>)> = ix
+        .ops
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Op { op, ok: true, .. } => is(op).map(|m| (e.t0, e.t1, m)),
+            _ => None,
+        })
+        .collect();
+    set.sort_by_key(|s| s.0);
+    let mut out = Vec::new();
+    let mut current = described;
+    for (t0, t1, max) in set {
+        if t1 < from {
+            current = max;
+            continue;
+        }
+        if t0 > to {
+            break;
+        }
+        out.push(current);
+        current = max;
+    }
+    out.push(current);
+    out
+}
+
+/// P8: concurrency limits. No claim of a key commits while `max` other rows of that key are
+/// certainly in work, for the largest max that may have been in force while it ran.
+fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let w = ix.world;
+    for (li, (template, described)) in w.limits.iter().enumerate() {
+        // Per rendered key: every run with its job.
+        let mut by_key: HashMap<String, Vec<(i64, &Run)>> = HashMap::new();
+        for (id, runs) in &ix.runs {
+            let Some((_, _, msg)) = ix.published.get(id) else {
+                continue;
+            };
+            let key = w.limit_keys(msg.key.as_deref())[li].clone();
+            for r in runs {
+                by_key.entry(key.clone()).or_default().push((*id, r));
+            }
+        }
+        for (key, runs) in &by_key {
+            for (id, c) in runs {
+                let Some((c0, c1)) = c.claim else { continue };
+                let maxes = maxes_within(
+                    ix,
+                    Some(*described),
+                    |op| match op {
+                        Op::SetLimit(k, m) if k == template => Some(*m),
+                        _ => None,
+                    },
+                    c0 - SLACK,
+                    c1,
+                );
+                let Some(allowed) = maxes
+                    .iter()
+                    .copied()
+                    .try_fold(0u32, |a, m| m.map(|m| a.max(m)))
+                else {
+                    continue;
+                };
+                let held: Vec<i64> = runs
+                    .iter()
+                    .filter(|(j, r)| {
+                        j != id
+                            && r.start.is_some()
+                            && !r.may_have_lost()
+                            && r.claim.is_some_and(|(_, r1)| r1 < c0)
+                            && r.surely_until().is_some_and(|u| u > c1)
+                            && !ix.faulted(r.who, r.claim.map_or(0, |x| x.1), c1)
+                    })
+                    .map(|(j, _)| *j)
+                    .collect();
+                if held.len() as u32 >= allowed {
+                    let mut jobs = held.clone();
+                    jobs.push(*id);
+                    out.push(Broken {
+                        promise: "P8",
+                        what: format!(
+                            "job {id} of key {key:?} of limit {template:?} claimed by broker {} \
+                             while {} others of the key were in work ({held:?}), max {allowed}",
+                            c.who,
+                            held.len()
+                        ),
+                        jobs,
+                        from: c0,
+                        to: c1,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// P9: rate limits. No window of `per` holds more than `max` claims of a key, for the largest
+/// max that may have been in force in it or a window before it.
+fn rates(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let w = ix.world;
+    let Some((template, described, per)) = &w.rate else {
+        return;
+    };
+    let per_us = per.as_micros() as i64;
+    let mut by_key: HashMap<String, Vec<(i64, i64, i64)>> = HashMap::new();
+    for (id, runs) in &ix.runs {
+        let Some((_, _, msg)) = ix.published.get(id) else {
+            continue;
+        };
+        let key = msg.key.clone().unwrap_or_default();
+        for r in runs {
+            if let Some((c0, c1)) = r.claim {
+                by_key.entry(key.clone()).or_default().push((c0, c1, *id));
+            }
+        }
+    }
+    for (key, mut claims) in by_key {
+        claims.sort_by_key(|c| c.1);
+        for i in 0..claims.len() {
+            let maxes = maxes_within(
+                ix,
+                Some(*described),
+                |op| match op {
+                    Op::SetRate(k, _, m) if k == template => Some(*m),
+                    _ => None,
+                },
+                claims[i].0 - per_us - SLACK,
+                claims[i].1 + per_us,
+            );
+            let Some(allowed) = maxes
+                .iter()
+                .copied()
+                .try_fold(0u32, |a, m| m.map(|m| a.max(m)))
+            else {
+                continue;
+            };
+            let j = i + allowed as usize;
+            let Some(last) = claims.get(j) else { continue };
+            if last.1 - claims[i].0 < per_us {
+                out.push(Broken {
+                    promise: "P9",
+                    what: format!(
+                        "{} claims of key {key:?} within {:?}, max {allowed} per {per:?}",
+                        allowed + 1,
+                        Duration::from_micros((last.1 - claims[i].0) as u64)
+                    ),
+                    jobs: claims[i..=j].iter().map(|c| c.2).collect(),
+                    from: claims[i].0,
+                    to: last.1,
+                });
+            }
+        }
+    }
+}
+
+/// The shortest stretch of the history that shows `b`: the events of its jobs, and the
+/// operators' calls and faults, from a little before to a little after it.
+pub fn stretch(evs: &[Ev], b: &Broken) -> Vec<Ev> {
+    let jobs: HashSet<i64> = b.jobs.iter().copied().collect();
+    let margin = (LEASE.as_micros() as i64).max(500_000);
+    let mut out: Vec<Ev> = evs
+        .iter()
+        .filter(|e| {
+            let near = e.t1 >= b.from - margin && e.t0 <= b.to + margin;
+            let mine = e.job().is_some_and(|j| jobs.contains(&j));
+            let general = matches!(e.what, What::Fault { .. })
+                || matches!(&e.what, What::Op { op, .. } if e.job().is_none()
+                    && !matches!(op, Op::Requeue(ids) | Op::Purge(ids) if !ids.iter().any(|i| jobs.contains(i))));
+            (mine && (near || matches!(e.what, What::Published { .. }))) || (general && near)
+        })
+        .cloned()
+        .collect();
+    out.sort_by_key(|e| (e.t0, e.t1));
+    out
+}

@@ -1,0 +1,180 @@
+//! The promise checker: a seeded history of producers, brokers (two in this process, one in a
+//! child process), an operator and faults, run against one table on a real database, then
+//! every applicable promise of PROMISES.md checked over what happened ([`check`]).
+//!
+//! - [`world`]: what a seed makes of a run (the table's options, the actors' choices);
+//! - [`actors`]: the brokers' handlers, the producer, the operator, the faults;
+//! - [`history`]: the ledger every actor writes, with when each thing happened;
+//! - [`check`]: the promises, read over the ledger and the table as the run left it.
+
+pub mod actors;
+pub mod check;
+pub mod history;
+pub mod rng;
+pub mod world;
+
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlbroker::{Broker, Form};
+
+use crate::common::{self, sessions::Marked, Db};
+use actors::{ChildWorker, Ids, Sink, Stop, Targets, Worker};
+use history::Ledger;
+use world::World;
+
+/// What a run found.
+pub struct Outcome {
+    pub broken: Vec<check::Broken>,
+    pub jobs: usize,
+    /// The report: the run, then each broken promise with the stretch of history that shows it.
+    pub report: String,
+}
+
+/// The test that, run alone in a child process, is a worker ([`actors::child_main`]).
+pub const CHILD_ENTRY: &str = "promise_worker_process";
+
+/// Runs seed `seed` on `db` in `form` for `active` (then drains the table), and checks it.
+/// `None` if the database is not there (and not required).
+pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
+    let live = common::live(db)?;
+    let world = World::new(db, form, seed);
+    live.track(&format!("{}_rates", world.name));
+    let table = live.create(world.table.clone());
+    let ledger = Ledger::default();
+    let ids = Ids::default();
+    let stop = Stop::default();
+
+    // Broker 1 is the second service: the table's limits described in another order, and, on
+    // the servers, sessions the faults can find and end.
+    let marked = (db != Db::Sqlite).then(|| Marked::new(db, &live.url));
+    let b0 = Broker::connect(&live.url).expect("broker 0");
+    let b1 = Broker::connect(marked.as_ref().map_or(&live.url, |m| &m.url)).expect("broker 1");
+    let w0 = Worker::start(
+        &world,
+        0,
+        b0.clone(),
+        table.clone(),
+        Sink::Ledger(ledger.clone()),
+    );
+    let w1 = Worker::start(
+        &world,
+        1,
+        b1,
+        world.other.clone(),
+        Sink::Ledger(ledger.clone()),
+    );
+    // SQLite's advisory keys live in the process: a second process would run a job twice, as
+    // the README says. No worker process there.
+    let with_child = !(db == Db::Sqlite && form == Form::AdvisoryLock);
+    let targets = Arc::new(Targets {
+        marked,
+        child: Mutex::new(None),
+        next_who: AtomicU32::new(3),
+        entry: CHILD_ENTRY.to_string(),
+        url: live.url.clone(),
+    });
+    if with_child {
+        let c = ChildWorker::start(CHILD_ENTRY, &world, &live.url, 2, &ledger);
+        assert!(
+            c.ready(Duration::from_secs(30)),
+            "the worker process started"
+        );
+        *targets.child.lock().unwrap() = Some(c);
+    }
+    let actors = vec![
+        actors::producer(
+            world.clone(),
+            b0.clone(),
+            ledger.clone(),
+            ids.clone(),
+            stop.clone(),
+        ),
+        actors::operator(
+            world.clone(),
+            Broker::connect(&live.url).expect("operator"),
+            live.url.clone(),
+            ledger.clone(),
+            ids.clone(),
+            stop.clone(),
+        ),
+    ];
+    let faults = with_child
+        .then(|| actors::faults(world.clone(), targets.clone(), ledger.clone(), stop.clone()));
+    std::thread::sleep(active);
+    stop.set();
+    for a in actors {
+        let _ = a.join();
+    }
+    if let Some(f) = faults {
+        let _ = f.join();
+    }
+    // The drain: every live job run to its end, or a minute.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match b0.stats(&table) {
+            Ok(s) if s.ready + s.scheduled + s.in_flight.unwrap_or(0) + s.waiting == 0 => break,
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    w0.stop();
+    w1.stop();
+    if let Some(c) = targets.child.lock().unwrap().take() {
+        c.stop();
+    }
+    let rows = live.ints(&format!(
+        "SELECT id * 10 + CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END FROM {}",
+        world.name
+    ));
+    let fin: check::Final = rows
+        .into_iter()
+        .flatten()
+        .map(|v| (v.div_euclid(10), v.rem_euclid(10) == 1))
+        .collect();
+    let events = ledger.events();
+    let broken = check::check(&world, &events, &fin);
+    let jobs = events
+        .iter()
+        .filter(|e| matches!(e.what, history::What::Published { .. }))
+        .count();
+    let mut report = format!(
+        "seed {seed}: {}\n{} events, {jobs} jobs published, {} promises broken\n",
+        world.describe(),
+        events.len(),
+        broken.len()
+    );
+    for b in broken.iter().take(5) {
+        report.push_str(&format!(
+            "\n{} broken: {}\n  replay: PROMISES_SEED={seed} (on {:?} {:?})\n",
+            b.promise, b.what, db, form
+        ));
+        for e in check::stretch(&events, b) {
+            report.push_str(&format!("    {e}\n"));
+        }
+    }
+    Some(Outcome {
+        broken,
+        jobs,
+        report,
+    })
+}
+
+/// Quiets the panics the handlers make on purpose; every other panic is reported as usual.
+pub fn quiet_handler_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !text.contains(actors::PANIC) {
+                default(info);
+            }
+        }));
+    });
+}

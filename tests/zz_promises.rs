@@ -1,0 +1,147 @@
+//! The promise checker (PROMISES.md): for every database x form, seeded random histories of a
+//! producer, three brokers (two in this process, describing the table's limits in opposite
+//! orders; one in a child process the faults kill and start again), an operator (cancel,
+//! pause and resume, limits set, raised, lowered and lifted, run now, dead letters requeued and
+//! purged, a row deleted by hand) and faults (sessions ended, the worker process killed, a
+//! snapshot held open), then every promise a history can show broken checked over what
+//! happened (`promises/check.rs`). A failure prints the seed, the promise and the stretch of
+//! history that breaks it.
+//!
+//! - `PROMISES_SEED=<n>`: run that seed only (on every database x form, or those named by
+//!   `PROMISES_ONLY=postgres_lease,mysql_advisory`).
+//! - `PROMISES_SEEDS=<n>`: seeds per database x form besides the fixed ones (default 1, a random
+//!   seed, printed); `PROMISES_SECS=<s>`: each history's active time (default 4); both make a
+//!   soak on a quiet machine (RELIABILITY.md).
+//!
+//! The binary's `zz_` name runs it after the other test binaries; it runs with
+//! `SQLBROKER_SLOW_TESTS=1` or `SQLBROKER_REQUIRE_SERVERS=1` (as in `.ci/run`), else skips
+//! loudly.
+
+mod common;
+mod promises;
+
+use std::time::Duration;
+
+use common::Db;
+use sqlbroker::Form;
+
+/// Seeds every run checks: each was a history worth keeping (a defect it found, or a mix of
+/// options it covers).
+const FIXED: &[u64] = &[1, 2];
+
+/// The child process's entry: a worker when this process is one ([`promises::actors`]).
+#[test]
+fn promise_worker_process() {
+    promises::actors::child_main();
+}
+
+fn secs() -> Duration {
+    let s = std::env::var("PROMISES_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(4.0);
+    Duration::from_secs_f64(s)
+}
+
+/// The seeds to run: `PROMISES_SEED` alone, or the fixed ones and `PROMISES_SEEDS` random ones.
+fn seeds() -> Vec<u64> {
+    if let Some(s) = std::env::var("PROMISES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return vec![s];
+    }
+    let extra = std::env::var("PROMISES_SEEDS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(1);
+    let mut out = FIXED.to_vec();
+    let base = common::ledger::now_micros() as u64;
+    for i in 0..extra {
+        out.push(
+            base.wrapping_mul(6364136223846793005)
+                .wrapping_add(i as u64)
+                % 1_000_000_000,
+        );
+    }
+    out
+}
+
+fn cell(db: Db, form: Form) {
+    if !common::slow_suite("the promise checker") {
+        return;
+    }
+    let name = format!(
+        "{}_{}",
+        format!("{db:?}").to_lowercase(),
+        common::form_name(form)
+    );
+    if let Ok(only) = std::env::var("PROMISES_ONLY") {
+        if !only.split(',').any(|o| o.trim() == name) {
+            return;
+        }
+    }
+    promises::quiet_handler_panics();
+    let mut failed = Vec::new();
+    for seed in seeds() {
+        let Some(out) = promises::run(db, form, seed, secs()) else {
+            return;
+        };
+        println!(
+            "{name}: {}",
+            out.report.lines().take(2).collect::<Vec<_>>().join("; ")
+        );
+        assert!(out.jobs > 0, "seed {seed}: no job was published");
+        if !out.broken.is_empty() {
+            eprintln!("\n===== {name}: {}", out.report);
+            failed.push(seed);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{name}: seeds {failed:?} broke promises (reports above)"
+    );
+}
+
+#[test]
+fn sqlite_lease() {
+    cell(Db::Sqlite, Form::Lease);
+}
+
+#[test]
+fn sqlite_advisory() {
+    cell(Db::Sqlite, Form::AdvisoryLock);
+}
+
+#[test]
+fn postgres_row_lock() {
+    cell(Db::Postgres, Form::RowLock);
+}
+
+#[test]
+fn postgres_lease() {
+    cell(Db::Postgres, Form::Lease);
+}
+
+#[test]
+fn postgres_advisory() {
+    cell(Db::Postgres, Form::AdvisoryLock);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_row_lock() {
+    cell(Db::Mysql, Form::RowLock);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lease() {
+    cell(Db::Mysql, Form::Lease);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_advisory() {
+    cell(Db::Mysql, Form::AdvisoryLock);
+}
