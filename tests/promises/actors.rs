@@ -17,7 +17,7 @@ use super::history::{
     now_micros, Ev, Fault, How, Ledger, Op, What, Who, FAULTS, OPERATOR, PRODUCER,
 };
 use super::rng::Rng;
-use super::world::{Profile, World, HANDLER_TIMEOUT, POLL};
+use super::world::{Profile, World, HANDLER_TIMEOUT, LEASE, POLL};
 use crate::common::{self, Db};
 
 /// The environment variable that makes this test binary a worker process:
@@ -245,6 +245,17 @@ impl ChildWorker {
     /// True once the child says it is working (within `wait`).
     pub fn ready(&self, wait: Duration) -> bool {
         common::wait_for(wait, || self.ready.load(Ordering::Relaxed))
+    }
+
+    /// Freezes it (SIGSTOP) for `d`, then lets it go on (SIGCONT).
+    pub fn freeze(&self, d: Duration) {
+        let pid = self.child.process.id().to_string();
+        let signal = |s: &str| {
+            let _ = std::process::Command::new("kill").args([s, &pid]).status();
+        };
+        signal("-STOP");
+        std::thread::sleep(d);
+        signal("-CONT");
     }
 
     /// Kills it (SIGKILL): what it had in work is lost with it.
@@ -543,6 +554,9 @@ pub fn operator(
 
 /// What the faults act on.
 pub struct Targets {
+    /// Broker 0's worker, restarted now and then, and what it starts again with.
+    pub w0: Mutex<Option<Worker>>,
+    pub w0_with: (Broker, Table),
     /// Broker 1's sessions (servers): found by their mark.
     pub marked: Option<common::sessions::Marked>,
     /// The worker process, started again after each kill.
@@ -559,7 +573,8 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
         let mut r = Rng::new(world.seed).fork(4);
         while stop.sleep(Duration::from_millis(600 + r.below(2000))) {
             let server = world.db != Db::Sqlite;
-            match r.weighted(&[if server { 3 } else { 0 }, 3, if server { 2 } else { 0 }]) {
+            let weights = [if server { 3 } else { 0 }, 3, if server { 2 } else { 0 }, 2, 2];
+            match r.weighted(&weights) {
                 0 => {
                     let Some(marked) = &targets.marked else {
                         continue;
@@ -596,6 +611,40 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                     let c = ChildWorker::start(&targets.entry, &world, &targets.url, who, &ledger);
                     c.ready(Duration::from_secs(20));
                     *child = Some(c);
+                }
+                3 => {
+                    // Past the lease, and back: its deliveries must learn they lost it.
+                    let child = targets.child.lock().unwrap();
+                    let Some(c) = child.as_ref() else { continue };
+                    let (who, t0) = (c.who, now_micros());
+                    c.freeze(LEASE + Duration::from_millis(500 + r.below(1500)));
+                    ledger.push(Ev {
+                        t0,
+                        t1: now_micros(),
+                        who: FAULTS,
+                        what: What::Fault {
+                            fault: Fault::Stopped,
+                            target: who,
+                        },
+                    });
+                }
+                4 => {
+                    let t0 = now_micros();
+                    let mut w0 = targets.w0.lock().unwrap();
+                    if let Some(w) = w0.take() {
+                        w.stop();
+                    }
+                    let (broker, table) = targets.w0_with.clone();
+                    *w0 = Some(Worker::start(&world, 0, broker, table, Sink::Ledger(ledger.clone())));
+                    ledger.push(Ev {
+                        t0,
+                        t1: now_micros(),
+                        who: FAULTS,
+                        what: What::Fault {
+                            fault: Fault::Restarted,
+                            target: 0,
+                        },
+                    });
                 }
                 _ => {
                     let t0 = now_micros();

@@ -108,6 +108,12 @@ pub enum Fault {
     Killed,
     /// Another session held a snapshot open for the interval.
     Snapshot,
+    /// Child process `target` stopped (SIGSTOP) for the interval, then let go on (SIGCONT):
+    /// a process frozen past its leases, as a long pause of its machine leaves it.
+    Stopped,
+    /// Broker `target`'s subscription shut down gracefully and started again (a redeploy):
+    /// rows it had claimed ahead went back.
+    Restarted,
 }
 
 /// One event.

@@ -68,7 +68,10 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
     // SQLite's advisory keys live in the process: a second process would run a job twice, as
     // the README says. No worker process there.
     let with_child = !(db == Db::Sqlite && form == Form::AdvisoryLock);
+    let w0_with = (b0.clone(), table.clone());
     let targets = Arc::new(Targets {
+        w0: Mutex::new(Some(w0)),
+        w0_with,
         marked,
         child: Mutex::new(None),
         next_who: AtomicU32::new(3),
@@ -118,7 +121,9 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
             _ => std::thread::sleep(Duration::from_millis(200)),
         }
     }
-    w0.stop();
+    if let Some(w0) = targets.w0.lock().unwrap().take() {
+        w0.stop();
+    }
     w1.stop();
     if let Some(c) = targets.child.lock().unwrap().take() {
         c.stop();
