@@ -359,6 +359,7 @@ pub(crate) fn live_url(db: &str) -> Option<String> {
     };
     let opts = crate::dialect::ConnOptions {
         statement_timeout: Duration::from_secs(5),
+        round_trip_timeout: Duration::from_secs(15),
         sqlite_durable: false,
         cross_process: false,
         listen_url: None,
