@@ -867,10 +867,11 @@ fn paused_server(db: Db) {
         Duration::from_secs(20),
         move || drop(b),
     );
-    // The broker's own threads live on: its lease timer, and on PostgreSQL its change feed
-    // (`sqlbroker-listen`) and the thread that sends its publishes' notifications
-    // (`sqlbroker-notify`). All of them end with the broker (checked below).
-    let broker_threads = if db == Db::Postgres { 3 } else { 1 };
+    // The broker's own threads live on: its lease timer and the thread its rounds run on
+    // (`sqlbroker-renew-round`), and on PostgreSQL its change feed (`sqlbroker-listen`) and
+    // the thread that sends its publishes' notifications (`sqlbroker-notify`). All of them
+    // end with the broker (checked below).
+    let broker_threads = if db == Db::Postgres { 4 } else { 2 };
     let gone = common::wait_for(Duration::from_secs(20), || {
         our_threads() <= threads_before + broker_threads
     });
