@@ -670,6 +670,12 @@ fn classify_connect(e: &postgres::Error) -> DbErrorKind {
             DbErrorKind::Other
         };
     }
+    // The socket failed: the driver's own I/O, or our connector's, which the driver reports
+    // as a TLS error (`deadline.rs` asks for TLS itself: a server that closes the connection
+    // before it answers the `SSLRequest` is gone, not refusing).
+    if e.source().is_some_and(|s| s.is::<std::io::Error>()) {
+        return DbErrorKind::ConnectionLost;
+    }
     // The driver has no public error kind: its message names a TLS failure.
     if e.to_string().starts_with("error performing TLS handshake") {
         return DbErrorKind::Other;
