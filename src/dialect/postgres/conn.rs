@@ -151,6 +151,15 @@ impl Session {
         r
     }
 
+    /// An error of the session's setup (the settings' check, their `SET`), classified as a
+    /// failed connection attempt: [`DbError::no_answer`] if the setup's deadline passed.
+    fn setup_error(&self, e: postgres::Error) -> DbError {
+        match &self.deadline {
+            Some(d) if d.fired() => DbError::no_answer(PgError(e), d.within()),
+            _ => DbError::new(classify_connect(&e), PgError(e)),
+        }
+    }
+
     /// A driver error as ours: the round trip that passed its deadline is
     /// [`DbError::no_answer`] (once: the pool condemns the sessions opened before it).
     pub fn error(&mut self, e: postgres::Error) -> DbError {
@@ -330,7 +339,7 @@ pub(super) fn client(
                 let from_client = session
                     .client
                     .query(super::sql::CLIENT_SETTINGS, &[])
-                    .map_err(|e| session.error(e))?
+                    .map_err(|e| session.setup_error(e))?
                     .iter()
                     .filter_map(|r| r.try_get::<_, String>(0).ok())
                     .collect::<Vec<_>>();
@@ -365,7 +374,7 @@ pub(super) fn client(
 fn set(mut session: Session, setup: &Setup) -> Result<Session, DbError> {
     if !setup.set.is_empty() {
         if let Err(e) = session.client.batch_execute(&setup.set) {
-            return Err(session.error(e));
+            return Err(session.setup_error(e));
         }
     }
     Ok(session)
