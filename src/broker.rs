@@ -18,6 +18,11 @@ use crate::runtime::renewer::Renewer;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
 
+/// How much longer than the statement timeout the client waits for an answer by default
+/// ([`BrokerBuilder::round_trip_timeout`]): the server ends a statement's lock waits first,
+/// with its own error, and its answer has time to arrive.
+pub(crate) const ROUND_TRIP_MARGIN: Duration = Duration::from_secs(10);
+
 /// A handle on one database: a pool of blocking connections, publishing, subscriptions.
 /// Cheap to clone; clones share the pool.
 ///
@@ -78,6 +83,9 @@ pub struct BrokerBuilder {
     url: String,
     pool_size: u32,
     connection_timeout: Duration,
+    /// Set by [`BrokerBuilder::round_trip_timeout`]; else the statement timeout and
+    /// [`ROUND_TRIP_MARGIN`].
+    round_trip_timeout: Option<Duration>,
     options: ConnOptions,
     cross_process: bool,
     manage_schema: bool,
@@ -91,6 +99,7 @@ impl std::fmt::Debug for BrokerBuilder {
             .field("pool_size", &self.pool_size)
             .field("connection_timeout", &self.connection_timeout)
             .field("statement_timeout", &self.options.statement_timeout)
+            .field("round_trip_timeout", &self.resolved_round_trip())
             .field("sqlite_durable", &self.options.sqlite_durable)
             .field("galera_single_writer", &self.options.galera_single_writer)
             .field("cross_process_wake", &self.cross_process)
@@ -160,7 +169,25 @@ impl BrokerBuilder {
                 "from 1 s (the servers count whole seconds) to a day",
             );
         }
+        if let Some(within) = self.round_trip_timeout {
+            if !(Duration::from_secs(1)..=day + ROUND_TRIP_MARGIN).contains(&within) {
+                return invalid("round_trip_timeout", "from 1 s to a day");
+            }
+            if within <= self.options.statement_timeout {
+                return invalid(
+                    "round_trip_timeout",
+                    "longer than the statement timeout: a statement may wait that long on the \
+                     server (a lock), and the client would give its answer up before it came",
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The round trip bound in force: the one set, or the statement timeout and the margin.
+    fn resolved_round_trip(&self) -> Duration {
+        self.round_trip_timeout
+            .unwrap_or(self.options.statement_timeout + ROUND_TRIP_MARGIN)
     }
 
     /// Most pooled connections. Default 16; from 1 to 10,000. A row lock delivery, and an
@@ -182,12 +209,14 @@ impl BrokerBuilder {
     }
 
     /// The longest one statement may wait on the database, lock waits included. Default 30 s,
-    /// from 1 s to a day. Every wait is bounded by it: PostgreSQL sessions run with
-    /// `lock_timeout` and `statement_timeout` (unless the URL's `options` set them), sent at
-    /// connect, or `SET` after connecting where a pooler refuses or drops them, or `SET LOCAL`
-    /// in each transaction with `pool_mode=transaction`; MySQL and
-    /// MariaDB sessions with `lock_wait_timeout` and `innodb_lock_wait_timeout`, and their
-    /// sockets time out 10 s later; SQLite waits this long for the write lock.
+    /// from 1 s to a day. Every wait on the server is bounded by it: PostgreSQL sessions run
+    /// with `lock_timeout` and `statement_timeout` (unless the URL's `options` set them), sent
+    /// at connect, or `SET` after connecting where a pooler refuses or drops them, or `SET
+    /// LOCAL` in each transaction with `pool_mode=transaction`; MySQL and MariaDB sessions
+    /// with `lock_wait_timeout` and `innodb_lock_wait_timeout`; SQLite waits this long for the
+    /// write lock. A server that does not answer at all is given up on the client's side
+    /// after the [`round_trip_timeout`](BrokerBuilder::round_trip_timeout), 10 s later by
+    /// default.
     /// [`Subscription::close`](crate::Subscription::close) and
     /// [`shutdown`](crate::Subscription::shutdown) wait for a claim in progress at most this
     /// long.
@@ -196,6 +225,45 @@ impl BrokerBuilder {
     /// limit the handler; a DDL waiting on a table whose rows a handler holds is what it ends.
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.options.statement_timeout = d;
+        self
+    }
+
+    /// The longest the client waits for the server's answer to one round trip (a statement,
+    /// a commit, a ping, and connecting's exchange after the TCP connect) before it gives the
+    /// session up. Default: the [`statement_timeout`](BrokerBuilder::statement_timeout) and
+    /// 10 s (40 s with the defaults); from 1 s to a day, and longer than the statement
+    /// timeout.
+    ///
+    /// A server, or a proxy in front of one, that accepts the connection and stops answering
+    /// (a stopped process, a hung host behind a live load balancer, a firewall that drops a
+    /// flow) is not noticed by TCP: its kernel acknowledges every byte. Only this bound ends
+    /// the wait. The call then fails with a lost connection
+    /// ([`DbErrorKind::ConnectionLost`](crate::DbErrorKind::ConnectionLost): the statement may
+    /// or may not have run), the session is discarded (it is in an unknown state), and so is
+    /// every pooled session opened before it, which most likely reaches the same silent server:
+    /// each would otherwise cost one more bound. A claim worker reports the error and claims
+    /// again; a lease whose renewals do not come through reads
+    /// [`Delivery::lease_held`](crate::Delivery::lease_held) `false` from its deadline on.
+    ///
+    /// Nothing legitimate waits longer: a statement's lock waits (a claim behind another's
+    /// transaction, a `FOR UPDATE` behind a slow settlement, `create_table` and `migrate`
+    /// waiting for a table's lock) end on the server at the statement timeout, and the bound
+    /// is armed only while a statement is out, so a row lock delivery's transaction idles for
+    /// as long as its handler runs. One exception: MySQL and MariaDB bound lock waits, not
+    /// execution, so a `migrate` whose `ALTER TABLE` copies a large table for longer than this
+    /// needs a broker with a longer bound.
+    ///
+    /// A PostgreSQL URL whose `options` set a longer `statement_timeout` or `lock_timeout`
+    /// than the builder's needs a longer bound too.
+    ///
+    /// PostgreSQL: every TCP session (a Unix socket's are not bounded), armed for the broker's
+    /// own calls (not the application's inside `sqlbroker::postgres::in_delivery`);
+    /// `TCP_USER_TIMEOUT` is set to it too, unless the URL sets `tcp_user_timeout`. MySQL and
+    /// MariaDB: the socket's read and write timeouts, and `TCP_USER_TIMEOUT` (Linux) unless the
+    /// URL sets `tcp_user_timeout_ms`. SQLite has no round trips: no effect. README:
+    /// "A server that stops answering".
+    pub fn round_trip_timeout(mut self, d: Duration) -> Self {
+        self.round_trip_timeout = Some(d);
         self
     }
 
@@ -312,8 +380,9 @@ impl BrokerBuilder {
     /// [`BrokerError::InvalidOption`] for an option out of its range and
     /// [`BrokerError::InvalidUrl`] for a URL we do not understand (nothing is connected then),
     /// [`BrokerError::Connect`] when the first connection fails.
-    pub fn build(self) -> Result<Broker> {
+    pub fn build(mut self) -> Result<Broker> {
         self.check()?;
+        self.options.round_trip_timeout = self.resolved_round_trip();
         let dialect = dialect::open(&self.url, &self.options)?;
         let size = dialect
             .max_pool_size()
@@ -411,8 +480,10 @@ impl Broker {
             url: url.to_string(),
             pool_size: 16,
             connection_timeout: Duration::from_secs(30),
+            round_trip_timeout: None,
             options: ConnOptions {
                 statement_timeout: Duration::from_secs(30),
+                round_trip_timeout: Duration::from_secs(30) + ROUND_TRIP_MARGIN,
                 sqlite_durable: true,
                 cross_process: true,
                 listen_url: None,

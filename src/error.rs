@@ -492,6 +492,30 @@ impl DbError {
         self.source.is::<RefusedWrites>()
     }
 
+    /// A round trip the server did not answer within `within`
+    /// ([`BrokerBuilder::round_trip_timeout`](crate::BrokerBuilder::round_trip_timeout)): a
+    /// lost connection (the statement may or may not have run), whose session is in an unknown
+    /// state and is discarded, and with it every pooled session opened before it, which most
+    /// likely reach the same silent server (see the pool). Only the servers have round trips.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub fn no_answer(
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        within: std::time::Duration,
+    ) -> Self {
+        DbError::new(
+            DbErrorKind::ConnectionLost,
+            NoAnswer {
+                source: source.into(),
+                within,
+            },
+        )
+    }
+
+    /// True for [`DbError::no_answer`].
+    pub fn is_no_answer(&self) -> bool {
+        self.source.is::<NoAnswer>()
+    }
+
     /// Wrap with what we were doing and on which table.
     pub fn during(self, op: &'static str, table: &str) -> BrokerError {
         BrokerError::Database {
@@ -527,6 +551,30 @@ impl std::fmt::Display for RefusedWrites {
              sessions are discarded and new ones connected",
             self.0
         )
+    }
+}
+
+/// A round trip past its deadline, as [`DbError::no_answer`] names it.
+#[derive(Debug)]
+struct NoAnswer {
+    source: Box<dyn std::error::Error + Send + Sync>,
+    within: std::time::Duration,
+}
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: no answer from the server within {:?} (the round trip timeout); the session \
+             is discarded",
+            self.source, self.within
+        )
+    }
+}
+
+impl std::error::Error for NoAnswer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
     }
 }
 

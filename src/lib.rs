@@ -338,7 +338,9 @@
 //!   [`DbErrorKind::ConnectionLost`]): a handler whose effect must happen once makes it
 //!   idempotent, e.g. keyed by [`Delivery::id`].
 //! - Every wait is bounded: statements by
-//!   [`BrokerBuilder::statement_timeout`], connections by the pool's timeout, and
+//!   [`BrokerBuilder::statement_timeout`] on the server, every round trip on the client's side
+//!   by [`BrokerBuilder::round_trip_timeout`] (a server that accepts and never answers fails
+//!   the call, and the session is discarded), connections by the pool's timeout, and
 //!   [`Subscription::shutdown`] by its grace plus one statement timeout;
 //!   [`Subscription::next_delivery_timeout`] and [`Subscription::next_batch`] return within
 //!   their timeout plus a few milliseconds even while another session holds a lock their claim

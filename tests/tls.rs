@@ -195,6 +195,61 @@ fn postgres_prefer_goes_plain_where_the_server_has_no_tls_and_require_fails_fast
     );
 }
 
+/// A PostgreSQL server of ours on TCP, for `sessions` connections: it reads the first message
+/// and, if it is an `SSLRequest`, answers `answer` (nothing: it closes at once); after an `N`
+/// it reads the next message (the startup packet, plain text) and sends on `seen` its
+/// protocol version, then closes.
+fn fake_postgres(
+    answer: Option<u8>,
+    sessions: usize,
+) -> (String, crossbeam_channel::Receiver<u32>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, seen) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for _ in 0..sessions {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut head = [0u8; 8];
+            if s.read_exact(&mut head).is_err() || head != [0, 0, 0, 8, 4, 210, 22, 47] {
+                continue; // not an SSLRequest
+            }
+            let Some(answer) = answer else { continue };
+            let _ = s.write_all(&[answer]);
+            if answer == b'N' && s.read_exact(&mut head).is_ok() {
+                let _ = tx.send(u32::from_be_bytes([head[4], head[5], head[6], head[7]]));
+            }
+        }
+    });
+    (addr, seen)
+}
+
+/// Issue 38: our connector asks for TLS itself on TCP (`src/dialect/postgres/deadline.rs`).
+/// A server that closes the connection before it answers is gone, not refusing: a transient
+/// failure in every mode (it read as a permanent TLS failure, and the dashboard gave up on a
+/// database that was only down). A server without TLS: `prefer` goes on in plain text on the
+/// same connection (the startup packet follows the `N`), `require` fails at once, permanent.
+#[test]
+fn postgres_a_server_that_closes_or_has_no_tls_over_tcp() {
+    for mode in ["disable", "prefer", "require"] {
+        let (addr, _) = fake_postgres(None, 1);
+        let url = format!("postgres://u@{addr}/db?sslmode={mode}");
+        fails_fast(&url, DbErrorKind::ConnectionLost, &[]);
+    }
+    let (addr, seen) = fake_postgres(Some(b'N'), 2);
+    let url = format!("postgres://u@{addr}/db?sslmode=require");
+    fails_fast(&url, DbErrorKind::Other, &["server does not support TLS"]);
+    let url = format!("postgres://u@{addr}/db?sslmode=prefer");
+    fails_fast(&url, DbErrorKind::ConnectionLost, &[]);
+    assert_eq!(
+        seen.recv_timeout(Duration::from_secs(5)),
+        Ok(196_608),
+        "prefer: no startup packet (protocol 3.0) after the server's N"
+    );
+}
+
 #[test]
 fn postgres_unreadable_root_file_is_an_invalid_url() {
     match Broker::connect(

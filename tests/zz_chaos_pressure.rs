@@ -10,12 +10,12 @@
 //!    `dead_letter` each return `LeaseLost` and change nothing.
 //! 3. A server that stops answering: PostgreSQL, the backends serving our broker (found by a
 //!    unique `application_name`) are SIGSTOPped; MariaDB, whose sessions are threads of one
-//!    process, through a TCP proxy of ours that stops passing bytes. `shutdown`, `close`, the
+//!    process, through the black hole proxy of `common::blackhole`. `shutdown`, `close`, the
 //!    drop of a subscription and `next_delivery_timeout` return in bounded time; once the
 //!    server answers again no thread of ours is left behind and a fresh subscription works.
 //!    A publish made during the pause is printed, not asserted (handed a paused idle
-//!    connection it waits for the server: PostgreSQL until it answers again, MariaDB at most
-//!    the socket timeout); it must return once the server answers again.
+//!    connection it waits for the server at most the round trip timeout, `tests/zz_blackhole.rs`
+//!    asserts that); it must return once the server answers again.
 //!    The backends are always continued (the proxy always thawed) by a guard's `Drop`, and for
 //!    PostgreSQL also by a detached `kill -CONT` a minute later, should this process die.
 //!
@@ -26,12 +26,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::blackhole::BlackHole;
 use common::{msg, Db, Live};
 use sqlbroker::{Broker, BrokerError, Delivery, Form, NextError, Subscription, Table};
 
@@ -539,90 +538,15 @@ impl Drop for StoppedBackends {
     }
 }
 
-/// MariaDB: a TCP proxy of ours between the broker and the server that, frozen, passes no
-/// bytes either way (the connections stay open: a server that stopped answering).
-struct Proxy {
-    port: u16,
-    frozen: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (f, s) = (frozen.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        let _ = client.set_nonblocking(false);
-                        let Ok(server) = TcpStream::connect(&upstream) else {
-                            continue;
-                        };
-                        for (from, to) in [
-                            (client.try_clone(), server.try_clone()),
-                            (server.try_clone(), client.try_clone()),
-                        ] {
-                            if let (Ok(from), Ok(to)) = (from, to) {
-                                let (f, s) = (f.clone(), s.clone());
-                                std::thread::spawn(move || pump(from, to, &f, &s));
-                            }
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        Proxy { port, frozen, stop }
-    }
-}
-
-/// Copies `from` to `to` until either ends or the proxy stops; reads nothing while frozen.
-fn pump(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &AtomicBool) {
-    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
-    let mut buf = vec![0u8; 64 * 1024];
-    while !stop.load(Ordering::Acquire) {
-        if frozen.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
-        match from.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
-}
-
-impl Pause for Proxy {
+/// MariaDB: a TCP proxy of ours between the broker and the server that, swallowing, passes
+/// no bytes either way (the connections stay open: a server that stopped answering).
+impl Pause for BlackHole {
     fn pause(&mut self) {
-        self.frozen.store(true, Ordering::Release);
+        self.swallow();
     }
 
     fn resume(&mut self) {
-        self.frozen.store(false, Ordering::Release);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.resume();
-        self.stop.store(true, Ordering::Release);
+        self.pass();
     }
 }
 
@@ -638,28 +562,6 @@ struct Resume(Shared);
 impl Drop for Resume {
     fn drop(&mut self) {
         lock(&self.0).resume();
-    }
-}
-
-/// `scheme://[user@]host:port/rest` with host and port replaced.
-fn via(url: &str, hostport: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a url");
-    let (user, rest) = match rest.split_once('@') {
-        Some((u, r)) => (format!("{u}@"), r),
-        None => (String::new(), rest),
-    };
-    let path = rest.find('/').map_or("", |i| &rest[i..]);
-    format!("{scheme}://{user}{hostport}{path}")
-}
-
-fn upstream(url: &str) -> String {
-    let rest = url.split_once("://").expect("a url").1;
-    let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
-    let host = rest.split(['/', '?']).next().unwrap_or_default();
-    if host.contains(':') {
-        host.to_string()
-    } else {
-        format!("{host}:3306")
     }
 }
 
@@ -703,10 +605,8 @@ fn paused_server(db: Db) {
             }),
         ),
         _ => {
-            let proxy = Proxy::start(upstream(&live.url));
-            let url = via(&live.url, &format!("127.0.0.1:{}", proxy.port));
-            // Else the driver moves to the server's Unix socket, past the proxy.
-            (with_param(&url, "prefer_socket=false"), Box::new(proxy))
+            let (hole, url) = BlackHole::before(db, &live.url);
+            (url, Box::new(hole))
         }
     };
     let pause = Arc::new(Mutex::new(pause));
@@ -867,10 +767,11 @@ fn paused_server(db: Db) {
         Duration::from_secs(20),
         move || drop(b),
     );
-    // The broker's own threads live on: its lease timer, and on PostgreSQL its change feed
-    // (`sqlbroker-listen`) and the thread that sends its publishes' notifications
-    // (`sqlbroker-notify`). All of them end with the broker (checked below).
-    let broker_threads = if db == Db::Postgres { 3 } else { 1 };
+    // The broker's own threads live on: its lease timer and the thread its rounds run on
+    // (`sqlbroker-renew-round`), and on PostgreSQL its change feed (`sqlbroker-listen`) and
+    // the thread that sends its publishes' notifications (`sqlbroker-notify`). All of them
+    // end with the broker (checked below).
+    let broker_threads = if db == Db::Postgres { 4 } else { 2 };
     let gone = common::wait_for(Duration::from_secs(20), || {
         our_threads() <= threads_before + broker_threads
     });

@@ -454,14 +454,19 @@ impl Delivery {
     /// Lease form: the deadline the delivery's lease holds as far as this process knows (it
     /// moves with every renewal and [`extend`](Delivery::extend)); `None` in the other forms.
     /// A deadline in the past means the lease may be lost: the row may be another handler's.
-    /// Reads no database; a settlement (or `extend`) is the definite answer.
+    /// Reads no database, and never waits (not even for a renewal in progress: one that
+    /// waits on a server that does not answer moves no deadline); a settlement (or `extend`)
+    /// is the definite answer.
     pub fn lease_deadline(&self) -> Option<SystemTime> {
-        self.lease.as_ref().map(|cell| cell.lock().token)
+        self.lease.as_ref().map(|cell| cell.deadline())
     }
 
     /// Lease form: true while [`lease_deadline`](Delivery::lease_deadline) is in the future
     /// and the delivery has not [`timed_out`](Delivery::timed_out); in the other forms, true
-    /// until it times out (their rows are held until settled).
+    /// until it times out (their rows are held until settled). Never waits: while the
+    /// renewals cannot reach the server, it turns false at the deadline of the last renewal
+    /// that did, before the row is claimable elsewhere (a claim takes a lease only once its
+    /// deadline has passed).
     pub fn lease_held(&self) -> bool {
         let now = SystemTime::now();
         !self.timed_out() && self.lease_deadline().is_none_or(|until| until > now)

@@ -1085,6 +1085,11 @@ pub(crate) struct ConnOptions {
     /// `innodb_lock_wait_timeout` and the socket's read and write timeouts; SQLite's busy
     /// timeout and the process's writer lock.
     pub statement_timeout: Duration,
+    /// The longest the client waits for the answer to one round trip (the servers; the
+    /// statement timeout and a margin unless the builder says): PostgreSQL through its
+    /// connector's deadline, MySQL the socket's read and write timeouts; also each server's
+    /// `TCP_USER_TIMEOUT`.
+    pub round_trip_timeout: Duration,
     /// SQLite: `synchronous = FULL` (a commit survives power loss) rather than `NORMAL`.
     pub sqlite_durable: bool,
     /// Whether the broker listens for other brokers' publishes (`cross_process_wake`).
@@ -1157,6 +1162,7 @@ pub(crate) fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
 pub(crate) fn test_options() -> ConnOptions {
     ConnOptions {
         statement_timeout: Duration::from_secs(30),
+        round_trip_timeout: Duration::from_secs(40),
         sqlite_durable: true,
         cross_process: true,
         listen_url: None,
@@ -1246,6 +1252,7 @@ mod tests {
         fn opts(secs: u64, durable: bool) -> ConnOptions {
             ConnOptions {
                 statement_timeout: Duration::from_secs(secs),
+                round_trip_timeout: Duration::from_secs(secs + 10),
                 sqlite_durable: durable,
                 cross_process: true,
                 listen_url: None,

@@ -12,6 +12,11 @@
 //!   others most likely reach the same server, where each write would fail in turn for up to
 //!   [`MAX_LIFETIME`]. They are discarded as they come back, the idle ones at the next checkout
 //!   (all at once), so the pool connects again (PostgreSQL: through the URL's hosts).
+//! - So does a round trip the server did not answer within the round trip timeout
+//!   ([`DbError::is_no_answer`]): the others most likely reach the same silent server, and
+//!   each would cost the checkout that pings it one more bound (r2d2 tries the idle ones in
+//!   turn). Condemned, they fail the check at once, and the checkout waits only for a new
+//!   connection, within the pool's timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,11 +44,11 @@ pub(crate) struct Manager {
     refusals: Arc<Refusals>,
 }
 
-/// Writes refused by a server that takes none, counted: a connection opened before the last is
-/// condemned.
+/// Writes refused by a server that takes none, and round trips it did not answer, counted: a
+/// connection opened before the last is condemned.
 #[derive(Default)]
 struct Refusals {
-    /// Refusals so far.
+    /// Refusals and unanswered round trips so far.
     epoch: AtomicU64,
     /// The epoch whose idle connections were drained.
     drained: AtomicU64,
@@ -65,7 +70,8 @@ impl r2d2::ManageConnection for Manager {
         if conn.condemned() {
             return Err(DbError::new(
                 crate::error::DbErrorKind::ConnectionLost,
-                "discarded: opened before a server refused a write because it takes none",
+                "discarded: opened before a server refused a write because it takes none, or \
+                 left a round trip unanswered",
             ));
         }
         if conn.used.elapsed() < IDLE_CHECK {
@@ -147,9 +153,9 @@ impl Pool {
         self.inner.state()
     }
 
-    /// After a refused write, once: every idle connection is checked out (the condemned ones
-    /// fail the check and are closed) and the others are given back. One atomic load when
-    /// nothing was refused.
+    /// After a refused write or an unanswered round trip, once: every idle connection is
+    /// checked out (the condemned ones fail the check and are closed) and the others are given
+    /// back. One atomic load when nothing was refused.
     fn drain(&self) {
         let epoch = self.refusals.epoch.load(Ordering::Acquire);
         if self.refusals.drained.load(Ordering::Acquire) >= epoch
@@ -162,7 +168,8 @@ impl Pool {
             kept.push(conn);
         }
         log::debug!(
-            "a server refused a write: connections opened before were discarded ({} kept)",
+            "a server refused a write or left a round trip unanswered: connections opened \
+             before were discarded ({} kept)",
             kept.len()
         );
     }
@@ -193,10 +200,11 @@ impl Tracked {
         self.born < self.refusals.epoch.load(Ordering::Acquire)
     }
 
-    /// Counts a refused write (condemning every connection opened so far, this one too).
+    /// Counts a refused write or an unanswered round trip (condemning every connection opened
+    /// so far, this one too).
     fn watch<T>(&mut self, r: Result<T, DbError>) -> Result<T, DbError> {
         if let Err(e) = &r {
-            if e.is_refused_writes() {
+            if e.is_refused_writes() || e.is_no_answer() {
                 self.refusals.epoch.fetch_add(1, Ordering::AcqRel);
                 self.conn.mark_broken();
             }

@@ -18,6 +18,14 @@
 //! Nor does renewal wait on a pool the application holds whole (row lock deliveries, its own
 //! transactions): a round that gets no pooled connection within [`SPARE_AFTER`] renews on one
 //! opened for it beyond the pool's size.
+//!
+//! Nor is the timer held up by a round that waits on a server that does not answer: each
+//! round runs on a thread of its own ([`Runner`]), and the timer waits for it at most a quarter
+//! of the shortest lease it renews. A round still running then is left to end by itself (its
+//! statements give up at the round trip timeout, its checkout at the pool's), the timer goes on
+//! with the other tables on a new runner, and the subscription's next round waits until that
+//! one has ended. A handler learns nothing from it either way: `Delivery::lease_held` reads
+//! the deadline of the last renewal that answered, without waiting for one in progress.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -50,6 +58,11 @@ pub(crate) struct LeaseCell {
     pub id: i64,
     serial: u64,
     state: Mutex<LeaseState>,
+    /// The token as last written ([`LeaseCell::set_token`]), in nanoseconds since the epoch,
+    /// read without the lock: a renewal holds the lock while its statement runs, and a handler
+    /// asking whether it still holds its lease must be answered at once, above all while that
+    /// statement waits on a server that does not answer.
+    until: AtomicU64,
 }
 
 pub(crate) struct LeaseState {
@@ -64,6 +77,23 @@ impl LeaseCell {
     pub fn lock(&self) -> MutexGuard<'_, LeaseState> {
         self.state.lock()
     }
+
+    /// The token held as far as this process knows, without waiting for the lock.
+    pub fn deadline(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.until.load(Ordering::Acquire))
+    }
+
+    /// Writes the token held (`state` is this cell's, locked).
+    pub fn set_token(&self, state: &mut LeaseState, token: SystemTime) {
+        state.token = token;
+        self.until.store(nanos(token), Ordering::Release);
+    }
+}
+
+/// `t` in nanoseconds since the epoch (0 before it; saturated past 2554).
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Every in-flight lease of a subscription.
@@ -84,6 +114,7 @@ impl LeaseBook {
                 Arc::new(LeaseCell {
                     id,
                     serial,
+                    until: AtomicU64::new(nanos(token)),
                     state: Mutex::new(LeaseState {
                         token,
                         unsure: Vec::new(),
@@ -135,6 +166,9 @@ struct Entry {
     ctx: Weak<Ctx>,
     every: Duration,
     next: Instant,
+    /// A round of this subscription is running (perhaps on a runner the timer gave up
+    /// waiting for).
+    busy: Arc<AtomicBool>,
 }
 
 impl Renewer {
@@ -155,6 +189,7 @@ impl Renewer {
             ctx: Arc::downgrade(ctx),
             every,
             next: Instant::now() + every,
+            busy: Arc::default(),
         });
         self.shared.cv.notify_all();
         Ok(())
@@ -188,18 +223,21 @@ impl Drop for Renewer {
 }
 
 /// The timer loop: sleeps until the earliest round is due, runs the due rounds outside the
-/// lock, drops the subscriptions that are gone.
+/// lock (each on the [`Runner`], waited for at most a quarter of the shortest lease), drops
+/// the subscriptions that are gone.
 fn run(shared: &Shared) {
+    let mut runner: Option<Runner> = None;
     let mut subs = shared.subs.lock();
     while !shared.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         subs.retain(|e| e.ctx.upgrade().is_some_and(|c| c.renewing()));
-        let due: Vec<Arc<Ctx>> = subs
+        let patience = subs.iter().map(|e| e.every / 2).min().unwrap_or_default();
+        let due: Vec<(Arc<Ctx>, Arc<AtomicBool>)> = subs
             .iter_mut()
             .filter(|e| e.next <= now)
             .filter_map(|e| {
                 e.next = now + e.every;
-                e.ctx.upgrade()
+                Some((e.ctx.upgrade()?, e.busy.clone()))
             })
             .collect();
         if due.is_empty() {
@@ -212,7 +250,10 @@ fn run(shared: &Shared) {
             continue;
         }
         let failed: Vec<Arc<Ctx>> = MutexGuard::unlocked(&mut subs, || {
-            due.into_iter().filter(|ctx| !guarded_round(ctx)).collect()
+            due.into_iter()
+                .filter(|(ctx, busy)| !run_round(&mut runner, ctx, busy, patience))
+                .map(|(ctx, _)| ctx)
+                .collect()
         });
         // A failed round is tried again after a quarter lease, not half: the leases have
         // half a lease left at most.
@@ -223,6 +264,85 @@ fn run(shared: &Shared) {
             {
                 e.next = Instant::now() + e.every / 2;
             }
+        }
+    }
+}
+
+/// The thread renewal rounds run on, one round at a time, so the timer can stop waiting for a
+/// round (a server that does not answer) and go on with the others. It ends when the timer
+/// drops it, after the round it is running.
+struct Runner {
+    rounds: crossbeam_channel::Sender<(Arc<Ctx>, Arc<AtomicBool>)>,
+    done: crossbeam_channel::Receiver<bool>,
+}
+
+impl Runner {
+    fn spawn() -> std::io::Result<Runner> {
+        let (rounds, todo) = crossbeam_channel::bounded::<(Arc<Ctx>, Arc<AtomicBool>)>(1);
+        let (finished, done) = crossbeam_channel::bounded(1);
+        std::thread::Builder::new()
+            .name("sqlbroker-renew-round".into())
+            .spawn(move || {
+                for (ctx, busy) in todo {
+                    let renewed = guarded_round(&ctx);
+                    busy.store(false, Ordering::Release);
+                    // The timer's hold on the subscription is not kept past its round.
+                    drop(ctx);
+                    if finished.send(renewed).is_err() {
+                        return; // given up on: the timer has a new runner
+                    }
+                }
+            })?;
+        Ok(Runner { rounds, done })
+    }
+}
+
+/// Runs `ctx`'s round on the runner and waits for it at most `patience`; false if it failed,
+/// is still running (the runner is then left to finish it alone, and the next round gets a
+/// new one), or a round of `ctx` still runs on a runner given up on.
+fn run_round(
+    runner: &mut Option<Runner>,
+    ctx: &Arc<Ctx>,
+    busy: &Arc<AtomicBool>,
+    patience: Duration,
+) -> bool {
+    if busy.load(Ordering::Acquire) {
+        log::debug!(
+            "table {}: the last renewal round is still waiting on the database",
+            ctx.spec().name
+        );
+        return false;
+    }
+    let r = match runner {
+        Some(r) => r,
+        None => match Runner::spawn() {
+            Ok(r) => runner.insert(r),
+            Err(e) => {
+                log::warn!("renewal: no thread for a round ({e}); run on the timer's own");
+                return guarded_round(ctx);
+            }
+        },
+    };
+    busy.store(true, Ordering::Release);
+    if r.rounds.send((ctx.clone(), busy.clone())).is_err() {
+        busy.store(false, Ordering::Release);
+        *runner = None;
+        return false;
+    }
+    match r.done.recv_timeout(patience) {
+        Ok(renewed) => renewed,
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            log::warn!(
+                "table {}: a lease renewal round still runs after {patience:?} (a database \
+                 that does not answer?); the other tables' rounds go on without it",
+                ctx.spec().name
+            );
+            *runner = None;
+            false
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            *runner = None;
+            false
         }
     }
 }
@@ -385,7 +505,7 @@ fn renew_chunk(
                     continue; // extended by hand, not renewed
                 }
                 if ids.contains(&cell.id) {
-                    state.token = token;
+                    cell.set_token(state, token);
                     state.unsure.clear();
                 } else {
                     all = false;
@@ -519,6 +639,49 @@ mod tests {
             assert_eq!(pool, refused, "{error:?}");
             drop(held);
         }
+    }
+
+    /// Issue 38: a round that waits on a server that does not answer (here 3 s) holds up no
+    /// other subscription's rounds: the timer waits for it a quarter of the shortest lease,
+    /// then goes on with a new runner; the stalled subscription gets no second round while its
+    /// first still waits. Run on the timer's own thread, as before, the healthy table's lease
+    /// (1 s) ran out behind the stall and was never renewed.
+    #[test]
+    fn a_stalled_round_holds_up_no_other() {
+        let stalled = Arc::new(Script {
+            renew_stall: Some(Duration::from_secs(3)),
+            ..Script::default()
+        });
+        let healthy = Arc::new(Script::default());
+        let a = ctx_with_lease(&stalled, 1);
+        let b = ctx_with_lease(&healthy, 1);
+        let held = SystemTime::now() + Duration::from_secs(1);
+        let _cells = (
+            a.leases.insert_all(&[7], held),
+            b.leases.insert_all(&[8], held),
+        );
+        let renewer = Renewer::default();
+        renewer.register(&a).unwrap();
+        renewer.register(&b).unwrap();
+        let started = Instant::now();
+        let renewed = |s: &Script| s.log.lock().iter().any(|l| l == "renew");
+        while !renewed(&healthy) && started.elapsed() < Duration::from_millis(1500) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            renewed(&healthy),
+            "the healthy lease was not renewed while another table's round stalled"
+        );
+        // A lease the stalled round does not hold: a second round would take it.
+        let _late = a
+            .leases
+            .insert_all(&[9], SystemTime::now() + Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(2500).saturating_sub(started.elapsed()));
+        let stalls = stalled.log.lock().iter().filter(|l| *l == "stall").count();
+        assert_eq!(
+            stalls, 1,
+            "a second round of the stalled table ran beside the first"
+        );
     }
 
     /// A context whose table leases for `secs` (renewed every half of it).

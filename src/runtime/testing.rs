@@ -30,6 +30,9 @@ pub(crate) struct Script {
     pub rows_per_claim: usize,
     /// Renewals panic.
     pub panic_on_renew: bool,
+    /// Renewals log `stall`, then answer only this much later (a server that does not
+    /// answer, until the round trip timeout).
+    pub renew_stall: Option<Duration>,
     /// The row lock claim's query panics.
     pub panic_on_query: bool,
     /// The table has the idle poll's readiness check (`any_ready`, and `any_ready_from` past
@@ -167,6 +170,10 @@ impl Dialect for Scripted {
     ) -> Result<Vec<i64>, DbError> {
         if self.0.panic_on_renew {
             panic!("scripted renewal panic");
+        }
+        if let Some(stall) = self.0.renew_stall {
+            self.0.log.lock().push("stall".into());
+            std::thread::sleep(stall);
         }
         self.0.log.lock().push("renew".into());
         Ok(held.iter().map(|(id, _)| *id).collect())
@@ -360,6 +367,7 @@ pub(crate) fn live_url(db: &str) -> Option<String> {
     };
     let opts = crate::dialect::ConnOptions {
         statement_timeout: Duration::from_secs(5),
+        round_trip_timeout: Duration::from_secs(15),
         sqlite_durable: false,
         cross_process: false,
         listen_url: None,

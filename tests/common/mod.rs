@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlbroker::{Broker, Delivery, Form, Message, Subscription, Table};
 
+pub mod blackhole;
 pub mod ledger;
 pub mod server;
 pub mod sessions;

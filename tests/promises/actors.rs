@@ -573,7 +573,13 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
         let mut r = Rng::new(world.seed).fork(4);
         while stop.sleep(Duration::from_millis(600 + r.below(2000))) {
             let server = world.db != Db::Sqlite;
-            let weights = [if server { 3 } else { 0 }, 3, if server { 2 } else { 0 }, 2, 2];
+            let weights = [
+                if server { 3 } else { 0 },
+                3,
+                if server { 2 } else { 0 },
+                2,
+                2,
+            ];
             match r.weighted(&weights) {
                 0 => {
                     let Some(marked) = &targets.marked else {
@@ -635,7 +641,13 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                         w.stop();
                     }
                     let (broker, table) = targets.w0_with.clone();
-                    *w0 = Some(Worker::start(&world, 0, broker, table, Sink::Ledger(ledger.clone())));
+                    *w0 = Some(Worker::start(
+                        &world,
+                        0,
+                        broker,
+                        table,
+                        Sink::Ledger(ledger.clone()),
+                    ));
                     ledger.push(Ev {
                         t0,
                         t1: now_micros(),

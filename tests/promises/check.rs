@@ -322,7 +322,11 @@ fn attempts(ix: &Index<'_>, out: &mut Vec<Broken>) {
                         .iter()
                         .filter(|r| r.start.is_none() && r.claim.is_some_and(|c| c.1 < t))
                         .count() as u32;
-                    let spent = if ix.world.form == Form::RowLock { 0 } else { unstarted };
+                    let spent = if ix.world.form == Form::RowLock {
+                        0
+                    } else {
+                        unstarted
+                    };
                     if (a < 1 || a > 1 + spent) && !ix.requeued(*id, 0, t) {
                         out.push(broke(format!(
                             "job {id}'s first delivery read attempt {a} ({unstarted} claims of \

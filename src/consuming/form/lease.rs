@@ -719,7 +719,7 @@ pub(crate) fn extend(
             .map_err(q.err("extend"))?
             > 0
         {
-            state.token = until;
+            cell.set_token(&mut state, until);
             state.unsure.clear();
             return Ok(until);
         }
@@ -748,7 +748,7 @@ pub(crate) fn checkpoint(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, data: &[u8])
             Value::Time(token),
         ];
         if conn.execute(write, &params).map_err(q.err("checkpoint"))? > 0 {
-            state.token = token;
+            cell.set_token(&mut state, token);
             state.unsure.clear();
             return Ok(());
         }

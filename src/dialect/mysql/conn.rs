@@ -16,18 +16,25 @@ use crate::model::value::Value;
 /// Opens a session with the engine's options; also returns the server's `VERSION()` (read
 /// with `max_allowed_packet`, in the same round trip), which tells MySQL from MariaDB.
 pub(super) fn connect(opts: &Opts) -> Result<(Box<dyn DbConn + Send>, String), DbError> {
-    let fail = db_error;
-    let mut conn =
-        Conn::new(opts.clone()).map_err(|e| DbError::new(classify_connect(&e), Driver(e)))?;
-    let (max_packet, version) = conn
-        .query_first::<(u64, String), _>("SELECT @@max_allowed_packet, VERSION()")
-        .map_err(fail)?
-        .unwrap_or((u64::MAX, String::new()));
-    let conn = MyConn {
+    let within = opts.get_read_timeout().copied().unwrap_or_default();
+    let conn = Conn::new(opts.clone()).map_err(|e| match timed_out(&e) {
+        true => DbError::no_answer(Driver(e), within),
+        false => DbError::new(classify_connect(&e), Driver(e)),
+    })?;
+    let mut conn = MyConn {
         conn,
         broken: false,
-        max_packet,
+        max_packet: u64::MAX,
+        within,
+        unanswered: false,
     };
+    let first = conn
+        .conn
+        .query_first::<(u64, String), _>("SELECT @@max_allowed_packet, VERSION()");
+    let (max_packet, version) = first
+        .map_err(|e| conn.fail(e))?
+        .unwrap_or((u64::MAX, String::new()));
+    conn.max_packet = max_packet;
     Ok((Box::new(conn), version))
 }
 
@@ -71,6 +78,11 @@ struct MyConn {
     /// with a clear error, instead of being sent (the server would end the session, which reads
     /// as a lost connection and invites a retry that can never succeed).
     max_packet: u64,
+    /// The socket's read timeout: a read that waited this long had no answer.
+    within: std::time::Duration,
+    /// A round trip went unanswered: the session is in an unknown state, and every call fails
+    /// at once (a rollback after a failed settlement would wait the timeout once more).
+    unanswered: bool,
 }
 
 /// Bytes a statement's values take on the wire, roughly (a value's length and a little).
@@ -202,8 +214,40 @@ fn classify(e: &mysql::Error) -> DbErrorKind {
     }
 }
 
+/// A statement on a session whose round trip went unanswered.
+fn given_up() -> DbError {
+    DbError::new(
+        DbErrorKind::ConnectionLost,
+        "the session was given up: a round trip went unanswered",
+    )
+}
+
+/// A socket read or write that passed its timeout (the driver's `read_timeout`,
+/// `write_timeout`): the round trip had no answer in time, and the session is in an unknown
+/// state.
+fn timed_out(e: &mysql::Error) -> bool {
+    let io = match e {
+        mysql::Error::IoError(io) => Some(io),
+        mysql::Error::CodecError(codec) => {
+            std::error::Error::source(codec).and_then(|s| s.downcast_ref::<std::io::Error>())
+        }
+        _ => None,
+    };
+    io.is_some_and(|io| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    })
+}
+
 impl MyConn {
     fn fail(&mut self, e: mysql::Error) -> DbError {
+        if timed_out(&e) {
+            self.broken = true;
+            self.unanswered = true;
+            return DbError::no_answer(Driver(e), self.within);
+        }
         let e = db_error(e);
         if e.kind == DbErrorKind::ConnectionLost {
             self.broken = true;
@@ -213,8 +257,12 @@ impl MyConn {
 }
 
 impl MyConn {
-    /// Refuses values that cannot fit the server's packet limit, before anything is sent.
+    /// Refuses values that cannot fit the server's packet limit, before anything is sent, and
+    /// every statement on a session given up.
     fn fits(&self, sql: &str, values: &[Value]) -> Result<(), DbError> {
+        if self.unanswered {
+            return Err(given_up());
+        }
         let size = wire_size(values) + sql.len() as u64;
         if size >= self.max_packet {
             return Err(DbError::other(format!(
@@ -318,6 +366,9 @@ impl DbConn for MyConn {
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        if self.unanswered {
+            return Err(given_up());
+        }
         self.conn.query_drop(sql).map_err(|e| self.fail(e))
     }
 

@@ -85,11 +85,26 @@ const STMT_CACHE: usize = 256;
 /// pool's checkout instead of hanging on the operating system's TCP timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How much longer than the statement timeout the socket waits for an answer: a lock wait
-/// ends on the server first, with its own error.
-const SOCKET_MARGIN: Duration = Duration::from_secs(10);
+/// Idle time before the first TCP keepalive probe, unless the URL sets
+/// `tcp_keepalive_time_ms`: a dead peer (a host gone, a cable cut) under an idle session is
+/// noticed in about a minute, not hours.
+const KEEPALIVE_IDLE_MS: u32 = 30_000;
+/// Between keepalive probes, unless the URL sets `tcp_keepalive_probe_interval_secs`.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+const KEEPALIVE_INTERVAL_SECS: u32 = 10;
+/// Unanswered probes before the peer is dead, unless the URL sets `tcp_keepalive_probe_count`.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+const KEEPALIVE_PROBES: u32 = 3;
 
 pub(crate) use conn::TxConn;
+
+/// True if the URL's query names `param` (a driver option the URL sets itself).
+fn url_sets(url: &str, param: &str) -> bool {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    query
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some(param))
+}
 
 /// The engine with no server of its own: the SQL text and protocols, for publishing on the
 /// application's own transactions.
@@ -145,9 +160,10 @@ impl Mysql {
     /// read as `mysql://`.
     /// Every session runs in UTC with `lock_wait_timeout` (metadata locks, which DDL takes;
     /// default a year) and `innodb_lock_wait_timeout` set to the statement timeout, and the
-    /// socket's read and write timeouts a little longer, so a server that stops answering
-    /// fails the statement instead of hanging it. TLS from the driver's URL options and
-    /// `ssl-mode` (see `tls.rs`).
+    /// socket's read and write timeouts at the round trip timeout (longer), so a server that
+    /// stops answering fails the statement instead of hanging it; TCP keepalive and
+    /// `TCP_USER_TIMEOUT` notice a dead peer. TLS from the driver's URL options and `ssl-mode`
+    /// (see `tls.rs`).
     pub(super) fn from_url(url: &str, conn: &ConnOptions) -> Result<Self, BrokerError> {
         let normalized = match url.split_once("://") {
             Some((scheme, rest))
@@ -173,7 +189,28 @@ impl Mysql {
                 ),
                 sql::SESSION_ISOLATION.to_string(),
             ]);
-        let socket = Some(conn.statement_timeout + SOCKET_MARGIN);
+        // The driver's socket timeouts bound each read and write: a round trip that has its
+        // answer's first bytes within the bound is not cut short.
+        let socket = Some(conn.round_trip_timeout);
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        if !url_sets(&normalized, "tcp_keepalive_time_ms") {
+            builder = builder.tcp_keepalive_time_ms(Some(KEEPALIVE_IDLE_MS));
+        }
+        #[cfg(any(target_os = "linux", target_os = "macos"))]
+        {
+            if !url_sets(&normalized, "tcp_keepalive_probe_interval_secs") {
+                builder = builder.tcp_keepalive_probe_interval_secs(Some(KEEPALIVE_INTERVAL_SECS));
+            }
+            if !url_sets(&normalized, "tcp_keepalive_probe_count") {
+                builder = builder.tcp_keepalive_probe_count(Some(KEEPALIVE_PROBES));
+            }
+        }
+        #[cfg(target_os = "linux")]
+        if !url_sets(&normalized, "tcp_user_timeout_ms") {
+            builder = builder.tcp_user_timeout_ms(Some(ms(conn.round_trip_timeout)));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = ms;
         if !normalized.contains("read_timeout=") {
             builder = builder.read_timeout(socket);
         }

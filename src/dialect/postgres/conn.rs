@@ -25,6 +25,8 @@
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
@@ -38,11 +40,17 @@ use crate::model::value::Value;
 /// dozen, plus the insert and renewal variants of each size class.
 const STMT_CACHE: usize = 256;
 
-/// How sessions are opened: in plain text, or through TLS where the mode allows.
+/// How sessions are opened.
 pub(super) enum Connector {
-    /// `sslmode=disable`, or `prefer` without the `tls` feature.
+    /// TCP hosts (every host of the URL): our connector sees each socket, bounds every round
+    /// trip on it, and negotiates TLS as the URL's `sslmode` says (`deadline.rs`).
+    Bounded(super::deadline::MakeBounded),
+    /// A Unix socket, or addresses without host names (`hostaddr` alone): the driver's own
+    /// negotiation, and no bound on a round trip. `sslmode=disable`, or `prefer` without the
+    /// `tls` feature.
     Plain,
-    /// TLS through rustls; `prefer` (`fallback`) goes on in plain text if the handshake fails.
+    /// As [`Connector::Plain`], through TLS where the mode allows; `prefer` (`fallback`) goes
+    /// on in plain text if the handshake fails.
     #[cfg(feature = "tls")]
     Rustls {
         make: super::tls::MakeRustls,
@@ -51,7 +59,43 @@ pub(super) enum Connector {
 }
 
 impl Connector {
-    pub(super) fn new(settings: &super::tls::Settings) -> Result<Self, crate::error::BrokerError> {
+    /// The connector of `settings`, and the driver's TLS settings in `config` to match; every
+    /// round trip of a TCP session is bounded by `within`.
+    pub(super) fn new(
+        settings: &super::tls::Settings,
+        config: &mut postgres::Config,
+        within: Duration,
+    ) -> Result<Self, crate::error::BrokerError> {
+        use postgres::config::{Host, SslMode, SslNegotiation};
+        let hosts = config.get_hosts();
+        if !hosts.is_empty() && hosts.iter().all(|h| matches!(h, Host::Tcp(_))) {
+            // The driver hands the socket to its connector only to start TLS: told to start
+            // it at once, it hands every socket over, and ours negotiates as the URL says.
+            let direct = config.get_ssl_negotiation() == SslNegotiation::Direct;
+            config
+                .ssl_mode(SslMode::Require)
+                .ssl_negotiation(SslNegotiation::Direct);
+            if settings.mode == super::tls::SslMode::Disable {
+                return Ok(Connector::Bounded(super::deadline::MakeBounded::plain(
+                    within,
+                )));
+            }
+            #[cfg(feature = "tls")]
+            return Ok(Connector::Bounded(super::deadline::MakeBounded::tls(
+                super::tls::MakeRustls::new(settings)?,
+                settings.mode != super::tls::SslMode::Prefer,
+                direct,
+                within,
+            )));
+            #[cfg(not(feature = "tls"))]
+            {
+                let _ = direct;
+                return Ok(Connector::Bounded(super::deadline::MakeBounded::plain(
+                    within,
+                )));
+            }
+        }
+        config.ssl_mode(settings.driver_mode());
         if settings.mode == super::tls::SslMode::Disable {
             return Ok(Connector::Plain);
         }
@@ -62,6 +106,79 @@ impl Connector {
         });
         #[cfg(not(feature = "tls"))]
         Ok(Connector::Plain)
+    }
+}
+
+/// How long a session that is closed may take to say goodbye (the driver sends a terminate
+/// message and shuts the socket down when its client is dropped): a server that stopped
+/// answering must not hold up the thread that drops it.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
+/// A driver session and the deadline of its round trips ([`Connector::Bounded`]; none for a
+/// session the driver negotiated itself).
+pub(super) struct Session {
+    pub client: Client,
+    deadline: Option<Arc<super::deadline::Deadline>>,
+    /// The bound of one round trip.
+    within: Duration,
+    /// The unanswered round trip was reported: the calls after it fail at once (the driver
+    /// has closed the connection) as a plain lost connection.
+    reported: bool,
+}
+
+impl Session {
+    /// The next round trips must be answered within the bound, from now.
+    pub fn arm(&self) {
+        if let Some(d) = &self.deadline {
+            d.arm(self.within);
+        }
+    }
+
+    /// No bound until the next [`arm`](Session::arm): between calls the session may sit idle
+    /// (a row lock delivery's transaction while its handler runs, the change feed waiting for
+    /// notifications) as long as it likes.
+    pub fn disarm(&self) {
+        if let Some(d) = &self.deadline {
+            d.disarm();
+        }
+    }
+
+    /// `f`'s round trips, bounded.
+    pub fn bounded<T>(&mut self, f: impl FnOnce(&mut Client) -> T) -> T {
+        self.arm();
+        let r = f(&mut self.client);
+        self.disarm();
+        r
+    }
+
+    /// An error of the session's setup (the settings' check, their `SET`), classified as a
+    /// failed connection attempt: [`DbError::no_answer`] if the setup's deadline passed.
+    fn setup_error(&self, e: postgres::Error) -> DbError {
+        match &self.deadline {
+            Some(d) if d.fired() => DbError::no_answer(PgError(e), d.within()),
+            _ => DbError::new(classify_connect(&e), PgError(e)),
+        }
+    }
+
+    /// A driver error as ours: the round trip that passed its deadline is
+    /// [`DbError::no_answer`] (once: the pool condemns the sessions opened before it).
+    pub fn error(&mut self, e: postgres::Error) -> DbError {
+        match &self.deadline {
+            Some(d) if d.fired() && !self.reported => {
+                self.reported = true;
+                DbError::no_answer(PgError(e), d.within())
+            }
+            _ => db_error(e, self.client.is_closed()),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Armed for the goodbye the client's own drop sends, just after this.
+        if let Some(d) = &self.deadline {
+            d.arm(self.within.min(CLOSE_WITHIN));
+        }
     }
 }
 
@@ -178,9 +295,11 @@ pub(super) fn connect(
     setup: &std::sync::Arc<Setup>,
 ) -> Result<Box<dyn DbConn + Send>, DbError> {
     let mode = setup.pooling();
-    let client = client(config, tls, setup)?;
+    let session = client(config, tls, setup)?;
+    // Armed while it was set up.
+    session.disarm();
     Ok(Box::new(PgConn {
-        client,
+        session,
         statements: HashMap::new(),
         broken: false,
         unreadable: Vec::new(),
@@ -194,11 +313,13 @@ pub(super) fn connect(
 /// Opens a driver session with the engine's TLS and session settings (the pool's sessions
 /// and the change feed's): through the startup options, or, where they are refused or
 /// ignored, by `SET` after connecting (session pooling); in transaction pooling, neither.
+/// Its deadline is still armed with the one the connection's setup began with: the caller
+/// disarms it.
 pub(super) fn client(
     config: &postgres::Config,
     tls: &Connector,
     setup: &Setup,
-) -> Result<Client, DbError> {
+) -> Result<Session, DbError> {
     let options = setup.options.as_str();
     if setup.pooling() == Pooling::Transaction || options.is_empty() {
         // A transaction pooler shares server sessions between clients: the settings are made
@@ -209,15 +330,16 @@ pub(super) fn client(
         let mut with_options = config.clone();
         with_options.options(options);
         match connect_tls(&with_options, tls) {
-            Ok(mut client) => {
+            Ok(mut session) => {
                 if setup.options_checked.swap(true, Ordering::Relaxed) {
-                    return Ok(client);
+                    return Ok(session);
                 }
                 // Once: a pooler may drop the options without a word
                 // (`ignore_startup_parameters = options`).
-                let from_client = client
+                let from_client = session
+                    .client
                     .query(super::sql::CLIENT_SETTINGS, &[])
-                    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))?
+                    .map_err(|e| session.setup_error(e))?
                     .iter()
                     .filter_map(|r| r.try_get::<_, String>(0).ok())
                     .collect::<Vec<_>>();
@@ -225,14 +347,14 @@ pub(super) fn client(
                     .iter()
                     .all(|(n, _)| from_client.iter().any(|c| c == n));
                 if applied {
-                    return Ok(client);
+                    return Ok(session);
                 }
                 log::info!(
                     "PostgreSQL: the startup options were ignored (a pooler?); sessions are \
                      set up by SET after connecting"
                 );
                 setup.options_refused.store(true, Ordering::Relaxed);
-                return set(client, setup);
+                return set(session, setup);
             }
             Err(e) if options_refused(&e) => {
                 log::info!(
@@ -249,13 +371,13 @@ pub(super) fn client(
 }
 
 /// The session settings by `SET`.
-fn set(mut client: Client, setup: &Setup) -> Result<Client, DbError> {
+fn set(mut session: Session, setup: &Setup) -> Result<Session, DbError> {
     if !setup.set.is_empty() {
-        client
-            .batch_execute(&setup.set)
-            .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))?;
+        if let Err(e) = session.client.batch_execute(&setup.set) {
+            return Err(session.setup_error(e));
+        }
     }
-    Ok(client)
+    Ok(session)
 }
 
 /// A pooler's refusal of the startup packet's `options` (PgBouncer: "unsupported startup
@@ -266,9 +388,53 @@ fn options_refused(e: &DbError) -> bool {
 }
 
 /// Opens a driver session with the engine's TLS settings.
-fn connect_tls(config: &postgres::Config, tls: &Connector) -> Result<Client, DbError> {
+fn connect_tls(config: &postgres::Config, tls: &Connector) -> Result<Session, DbError> {
+    let unbounded = |client| Session {
+        client,
+        deadline: None,
+        within: Duration::ZERO,
+        reported: false,
+    };
+    let failed = |e: postgres::Error, made: &super::deadline::MakeBounded| match made.made() {
+        Some(d) if d.fired() => DbError::no_answer(PgError(e), d.within()),
+        _ => DbError::new(classify_connect(&e), PgError(e)),
+    };
     match tls {
-        Connector::Plain => config.connect(NoTls),
+        Connector::Bounded(make) => {
+            let attempt = make.for_attempt();
+            match config.connect(attempt.clone()) {
+                Ok(client) => Ok(Session {
+                    client,
+                    deadline: attempt.made(),
+                    within: make.within,
+                    reported: false,
+                }),
+                // libpq's `prefer`: a connection that cannot be encrypted is made in plain
+                // text.
+                #[cfg(feature = "tls")]
+                Err(e) if make.falls_back() && super::tls::is_tls_failure(&e) => {
+                    log::info!(
+                        "PostgreSQL: TLS handshake failed ({}); sslmode=prefer goes on without TLS",
+                        PgError(e)
+                    );
+                    let plain = make.without_tls();
+                    match config.connect(plain.clone()) {
+                        Ok(client) => Ok(Session {
+                            client,
+                            deadline: plain.made(),
+                            within: make.within,
+                            reported: false,
+                        }),
+                        Err(e) => Err(failed(e, &plain)),
+                    }
+                }
+                Err(e) => Err(failed(e, &attempt)),
+            }
+        }
+        Connector::Plain => config
+            .connect(NoTls)
+            .map(unbounded)
+            .map_err(|e| DbError::new(classify_connect(&e), PgError(e))),
         #[cfg(feature = "tls")]
         Connector::Rustls { make, fallback } => match config.connect(make.clone()) {
             // libpq's `prefer`: a connection that cannot be encrypted is made in plain text.
@@ -282,14 +448,16 @@ fn connect_tls(config: &postgres::Config, tls: &Connector) -> Result<Client, DbE
                 plain.connect(NoTls)
             }
             other => other,
-        },
+        }
+        .map(unbounded)
+        .map_err(|e| DbError::new(classify_connect(&e), PgError(e))),
     }
-    .map_err(|e| DbError::new(classify_connect(&e), PgError(e)))
 }
 
-/// One PostgreSQL session.
+/// One PostgreSQL session. Each call's round trips are bounded ([`Session::bounded`]); the
+/// driver's client handed to the application (`driver`) is not.
 struct PgConn {
-    client: Client,
+    session: Session,
     statements: HashMap<String, Statement>,
     broken: bool,
     /// Cells of the last query that no [`Value`] can hold: `(row, reason)`.
@@ -309,7 +477,7 @@ impl PgConn {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let st = self.client.prepare(sql)?;
+        let st = self.session.client.prepare(sql)?;
         if self.statements.len() >= STMT_CACHE {
             // Dropping a statement closes it on the server.
             self.statements.clear();
@@ -365,13 +533,15 @@ impl PgConn {
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, postgres::Error> {
         if self.in_tx {
-            return f(&mut self.client);
+            return f(&mut self.session.client);
         }
-        self.client.batch_execute(&begin_local(&self.setup))?;
-        match f(&mut self.client) {
-            Ok(v) => self.client.batch_execute("COMMIT").map(|()| v),
+        self.session
+            .client
+            .batch_execute(&begin_local(&self.setup))?;
+        match f(&mut self.session.client) {
+            Ok(v) => self.session.client.batch_execute("COMMIT").map(|()| v),
             Err(e) => {
-                let _ = self.client.batch_execute("ROLLBACK");
+                let _ = self.session.client.batch_execute("ROLLBACK");
                 Err(e)
             }
         }
@@ -392,7 +562,7 @@ impl PgConn {
     }
 
     fn fail(&mut self, e: postgres::Error) -> DbError {
-        let e = db_error(e, self.client.is_closed());
+        let e = self.session.error(e);
         if e.kind == DbErrorKind::ConnectionLost {
             self.broken = true;
         }
@@ -508,6 +678,12 @@ fn classify_connect(e: &postgres::Error) -> DbErrorKind {
         } else {
             DbErrorKind::Other
         };
+    }
+    // The socket failed: the driver's own I/O, or our connector's, which the driver reports
+    // as a TLS error (`deadline.rs` asks for TLS itself: a server that closes the connection
+    // before it answers the `SSLRequest` is gone, not refusing).
+    if e.source().is_some_and(|s| s.is::<std::io::Error>()) {
+        return DbErrorKind::ConnectionLost;
     }
     // The driver has no public error kind: its message names a TLS failure.
     if e.to_string().starts_with("error performing TLS handshake") {
@@ -653,38 +829,43 @@ fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
     values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
 
-impl DbConn for PgConn {
-    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(&mut self.client)
-    }
-
-    fn session_id(&mut self) -> Option<u64> {
+impl PgConn {
+    /// The calls of [`DbConn`], unbounded: the trait's methods bound them.
+    fn pid(&mut self) -> Option<u64> {
         if self.pooled() {
             // The server session changes with each transaction: its pid is ours to cancel only
             // while our transaction holds it (a row lock delivery's), asked afresh each time.
             if !self.in_tx {
                 return None;
             }
-            let rows = self.client.simple_query(super::sql::BACKEND_PID).ok()?;
+            let rows = self
+                .session
+                .client
+                .simple_query(super::sql::BACKEND_PID)
+                .ok()?;
             return rows.iter().find_map(|m| match m {
                 postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
                 _ => None,
             });
         }
         if self.pid.is_none() {
-            let row = self.client.query_one(super::sql::BACKEND_PID, &[]).ok()?;
+            let row = self
+                .session
+                .client
+                .query_one(super::sql::BACKEND_PID, &[])
+                .ok()?;
             self.pid = u64::try_from(row.get::<_, i32>(0)).ok();
         }
         self.pid
     }
 
-    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+    fn run_execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
         if self.pooled() {
             return self.execute_unnamed(sql, values);
         }
         let r = self
             .prepared(sql)
-            .and_then(|st| self.client.execute(&st, &params(values)));
+            .and_then(|st| self.session.client.execute(&st, &params(values)));
         match r {
             Err(e) if lost_statement(&e) => {
                 self.undeclared_pooler(e)?;
@@ -694,13 +875,13 @@ impl DbConn for PgConn {
         }
     }
 
-    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+    fn run_query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
         let r = if self.pooled() {
             self.unnamed(sql, values)
         } else {
             match self
                 .prepared(sql)
-                .and_then(|st| self.client.query(&st, &params(values)))
+                .and_then(|st| self.session.client.query(&st, &params(values)))
             {
                 Err(e) if lost_statement(&e) => {
                     self.undeclared_pooler(e)?;
@@ -714,9 +895,9 @@ impl DbConn for PgConn {
         Ok(decode(rows, &mut self.unreadable))
     }
 
-    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+    fn run_batch(&mut self, sql: &str) -> Result<(), DbError> {
         if !self.pooled() {
-            let r = self.client.batch_execute(sql);
+            let r = self.session.client.batch_execute(sql);
             match tx_control(sql) {
                 TxControl::Begin => self.in_tx = r.is_ok(),
                 TxControl::End => self.in_tx = false,
@@ -727,6 +908,7 @@ impl DbConn for PgConn {
         let r = match tx_control(sql) {
             TxControl::Begin => {
                 let r = self
+                    .session
                     .client
                     .batch_execute(&format!("{sql}; {}", self.setup.set_local));
                 self.in_tx = r.is_ok();
@@ -734,29 +916,64 @@ impl DbConn for PgConn {
             }
             TxControl::End => {
                 self.in_tx = false;
-                self.client.batch_execute(sql)
+                self.session.client.batch_execute(sql)
             }
-            TxControl::Other if self.in_tx => self.client.batch_execute(sql),
+            TxControl::Other if self.in_tx => self.session.client.batch_execute(sql),
             // One round trip: the simple protocol runs the whole text, and stops at an error
             // (the transaction is then rolled back).
             TxControl::Other => {
                 let r = self
+                    .session
                     .client
                     .batch_execute(&format!("{}; {sql}; COMMIT", begin_local(&self.setup)));
                 if r.is_err() {
-                    let _ = self.client.batch_execute("ROLLBACK");
+                    let _ = self.session.client.batch_execute("ROLLBACK");
                 }
                 r
             }
         };
         r.map_err(|e| self.fail(e))
     }
+}
+
+impl DbConn for PgConn {
+    fn driver(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(&mut self.session.client)
+    }
+
+    fn session_id(&mut self) -> Option<u64> {
+        self.session.arm();
+        let pid = self.pid();
+        self.session.disarm();
+        pid
+    }
+
+    fn execute(&mut self, sql: &str, values: &[Value]) -> Result<u64, DbError> {
+        self.session.arm();
+        let r = self.run_execute(sql, values);
+        self.session.disarm();
+        r
+    }
+
+    fn query(&mut self, sql: &str, values: &[Value]) -> Result<Vec<Vec<Value>>, DbError> {
+        self.session.arm();
+        let r = self.run_query(sql, values);
+        self.session.disarm();
+        r
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.session.arm();
+        let r = self.run_batch(sql);
+        self.session.disarm();
+        r
+    }
 
     fn is_broken(&self) -> bool {
         // A session opened for session pooling where transaction pooling was since noticed:
         // its statement cache and settings belong to server sessions it may not have.
         self.broken
-            || self.client.is_closed()
+            || self.session.client.is_closed()
             || (self.mode == Pooling::Session && self.setup.pooling() == Pooling::Transaction)
     }
 

@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::Client;
 
 use super::{conn, sql};
 use crate::dialect::{Change, Watcher};
@@ -52,11 +51,13 @@ pub(super) fn open(
         None => "sqlbroker-listen".to_string(),
     };
     config.application_name(&name);
-    let client = conn::client(&config, tls, setup)?;
+    let session = conn::client(&config, tls, setup)?;
+    // Armed while it was set up; from now on, only while a statement is out.
+    session.disarm();
     let primary =
         config.get_target_session_attrs() == postgres::config::TargetSessionAttrs::ReadWrite;
     Ok(Box::new(PgWatcher {
-        client,
+        session,
         tables: HashMap::new(),
         writable_checked: primary.then(Instant::now),
     }))
@@ -90,8 +91,10 @@ pub(super) fn parse(payload: &str) -> (usize, Option<u64>) {
     (rows.parse().unwrap_or(1).max(1), from)
 }
 
+/// The listening session. Its statements are bounded as the pool's are ([`conn::Session`]);
+/// its wait for notifications is not (that is the feed's own timeout).
 struct PgWatcher {
-    client: Client,
+    session: conn::Session,
     /// Table by channel.
     tables: HashMap<String, String>,
     /// `target_session_attrs=read-write`: when the server last said it takes writes.
@@ -109,8 +112,8 @@ impl PgWatcher {
             return Ok(());
         }
         let read_only = self
-            .client
-            .simple_query("SHOW transaction_read_only")
+            .session
+            .bounded(|c| c.simple_query("SHOW transaction_read_only"))
             .map_err(lost)?
             .iter()
             .any(|m| matches!(m, postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("on")));
@@ -129,8 +132,8 @@ impl PgWatcher {
 impl Watcher for PgWatcher {
     fn watch(&mut self, table: &str) -> Result<(), DbError> {
         let channel = sql::channel(table);
-        self.client
-            .batch_execute(&sql::listen(&channel))
+        self.session
+            .bounded(|c| c.batch_execute(&sql::listen(&channel)))
             .map_err(lost)?;
         self.tables.insert(channel, table.to_string());
         Ok(())
@@ -139,7 +142,7 @@ impl Watcher for PgWatcher {
     fn wait(&mut self, timeout: Duration, out: &mut Vec<Change>) -> Result<(), DbError> {
         let mut got = Vec::new();
         {
-            let mut notifications = self.client.notifications();
+            let mut notifications = self.session.client.notifications();
             let first = notifications.timeout_iter(timeout).next().map_err(lost)?;
             if let Some(n) = first {
                 got.push(n);
@@ -163,7 +166,7 @@ impl Watcher for PgWatcher {
                 from,
             });
         }
-        if self.client.is_closed() {
+        if self.session.client.is_closed() {
             return Err(DbError::new(
                 DbErrorKind::ConnectionLost,
                 "the listening session was closed",
@@ -177,11 +180,13 @@ impl Watcher for PgWatcher {
     }
 
     fn announce(&mut self, table: &str, rows: usize, from: u64) -> Result<(), DbError> {
-        self.client
-            .execute(
-                "SELECT pg_notify($1, $2)",
-                &[&sql::channel(table), &payload(rows, Some(from))],
-            )
+        self.session
+            .bounded(|c| {
+                c.execute(
+                    "SELECT pg_notify($1, $2)",
+                    &[&sql::channel(table), &payload(rows, Some(from))],
+                )
+            })
             .map(drop)
             .map_err(lost)
     }

@@ -21,6 +21,8 @@
 //!   another broker publishes;
 //! - `conn.rs`: one session ([`DbConn`]), its statement cache, how its settings reach a server
 //!   behind a pooler, and the classification of driver errors;
+//! - `deadline.rs`: the bound on every round trip (the driver has none), through the stream
+//!   our connector wraps every TCP socket in, and the TLS negotiation that connector makes;
 //! - `diesel.rs`: the application's Diesel `PgConnection` as a [`DbConn`], for
 //!   publishing in its transaction (feature `diesel-postgres`);
 //! - `live_tests.rs`: checks of the SQL against a live server (the claims' plans);
@@ -29,6 +31,7 @@
 //! - `version.rs`: the version floors of each form.
 
 mod conn;
+mod deadline;
 #[cfg(feature = "diesel-postgres")]
 pub(crate) mod diesel;
 mod listen;
@@ -89,11 +92,12 @@ impl Postgres {
     /// (see `tls.rs`; default `prefer`, as libpq). `pool_mode=transaction` (a PgBouncer in
     /// transaction pooling) is read here: see `conn.rs`.
     pub(super) fn from_url(url: &str, opts: &ConnOptions) -> Result<Self, BrokerError> {
-        let (config, tls, pooling, options) = parse(url, opts)?;
+        let (mut config, tls, pooling, options) = parse(url, opts)?;
         let setup = conn::Setup::new(pooling, &options);
+        let connector = conn::Connector::new(&tls, &mut config, opts.round_trip_timeout)?;
         let listen = match &opts.listen_url {
             Some(listen) => {
-                let (config, tls, pooling, options) = parse(listen, opts)?;
+                let (mut config, tls, pooling, options) = parse(listen, opts)?;
                 if pooling == conn::Pooling::Transaction {
                     return Err(BrokerError::InvalidOption {
                         option: "listen_url",
@@ -103,11 +107,8 @@ impl Postgres {
                     });
                 }
                 let setup = conn::Setup::new(pooling, &options);
-                Some((
-                    config,
-                    conn::Connector::new(&tls)?,
-                    std::sync::Arc::new(setup),
-                ))
+                let connector = conn::Connector::new(&tls, &mut config, opts.round_trip_timeout)?;
+                Some((config, connector, std::sync::Arc::new(setup)))
             }
             None if pooling == conn::Pooling::Transaction && opts.cross_process => {
                 return Err(BrokerError::InvalidOption {
@@ -124,7 +125,7 @@ impl Postgres {
         };
         Ok(Postgres {
             config,
-            tls: conn::Connector::new(&tls)?,
+            tls: connector,
             setup: std::sync::Arc::new(setup),
             listen,
         })
@@ -169,7 +170,6 @@ fn parse(
     let mut config = postgres::Config::from_str(&url).map_err(|e| BrokerError::InvalidUrl {
         reason: format!("{e}"),
     })?;
-    config.ssl_mode(tls.driver_mode());
     if let Some(quoted) = config.get_options() {
         // The key-value form's quoted `options='..'`, which only the driver reads.
         options = quoted.to_string();
@@ -184,8 +184,20 @@ fn parse(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
-    // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours.
+    // A dead peer (a host gone, a cable cut) is noticed in about a minute, not hours: an idle
+    // session by keepalive probes, one with bytes unacknowledged by `TCP_USER_TIMEOUT`. A
+    // server whose kernel still answers but which does not (a stopped process, a proxy in
+    // front of a hung host) is caught by the bound on each round trip (`deadline.rs`).
     config.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(opts.round_trip_timeout);
+    }
     Ok((config, tls, pooling, options))
 }
 
@@ -193,6 +205,10 @@ fn parse(
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Between keepalive probes, unless the URL sets `keepalives_interval`.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the peer is dead, unless the URL sets `keepalives_retries`.
+const KEEPALIVE_RETRIES: u32 = 3;
 
 impl Dialect for Postgres {
     fn database(&self) -> &'static str {

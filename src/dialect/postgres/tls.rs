@@ -142,7 +142,7 @@ pub(super) fn from_url(url: &str) -> Result<(String, Settings), BrokerError> {
 }
 
 #[cfg(feature = "tls")]
-pub(super) use connector::{is_tls_failure, MakeRustls};
+pub(super) use connector::{is_tls_failure, MakeRustls, RustlsConnect, RustlsStream};
 
 #[cfg(feature = "tls")]
 mod connector {
@@ -338,14 +338,10 @@ mod connector {
         std::error::Error::source(e).is_some_and(|s| s.is::<TlsFailure>())
     }
 
-    impl MakeTlsConnect<Socket> for MakeRustls {
-        type Stream = RustlsStream;
-        type TlsConnect = RustlsConnect;
-        type Error = TlsFailure;
-
-        /// `domain` is the URL's host; empty for a Unix socket, where the server offers no
-        /// TLS and `prefer` goes on in plain text.
-        fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, TlsFailure> {
+    impl MakeRustls {
+        /// The handshake with `domain`, the URL's host; empty for a Unix socket, where the
+        /// server offers no TLS and `prefer` goes on in plain text.
+        pub fn connector(&self, domain: &str) -> Result<RustlsConnect, TlsFailure> {
             let name = if domain.is_empty() {
                 None
             } else {
@@ -363,20 +359,35 @@ mod connector {
         }
     }
 
+    /// The driver's own negotiation, for sessions whose round trips are not bounded (a Unix
+    /// socket: see `deadline.rs`).
+    impl MakeTlsConnect<Socket> for MakeRustls {
+        type Stream = RustlsStream<Socket>;
+        type TlsConnect = RustlsConnect;
+        type Error = TlsFailure;
+
+        fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, TlsFailure> {
+            self.connector(domain)
+        }
+    }
+
     /// One handshake.
     pub(in crate::dialect::postgres) struct RustlsConnect {
         config: Arc<ClientConfig>,
         name: Option<ServerName<'static>>,
     }
 
-    type Handshake = Pin<Box<dyn Future<Output = Result<RustlsStream, TlsFailure>> + Send>>;
+    type Handshake<S> = Pin<Box<dyn Future<Output = Result<RustlsStream<S>, TlsFailure>> + Send>>;
 
-    impl TlsConnect<Socket> for RustlsConnect {
-        type Stream = RustlsStream;
+    impl<S> TlsConnect<S> for RustlsConnect
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        type Stream = RustlsStream<S>;
         type Error = TlsFailure;
-        type Future = Handshake;
+        type Future = Handshake<S>;
 
-        fn connect(self, stream: Socket) -> Handshake {
+        fn connect(self, stream: S) -> Handshake<S> {
             Box::pin(async move {
                 let name = self.name.ok_or_else(|| {
                     TlsFailure(io::Error::new(
@@ -393,12 +404,40 @@ mod connector {
         }
     }
 
+    impl RustlsConnect {
+        /// The handshake over a stream whose round trips are bounded: an I/O error of the
+        /// stream itself (no answer, a reset) is the connection's failure, not TLS's, so
+        /// `prefer` does not fall back to plain text for it and it reads as transient.
+        pub(in crate::dialect::postgres) async fn connect_over<S>(
+            self,
+            stream: S,
+        ) -> Result<RustlsStream<S>, Box<dyn std::error::Error + Send + Sync>>
+        where
+            S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        {
+            match TlsConnect::connect(self, stream).await {
+                Ok(s) => Ok(s),
+                Err(TlsFailure(io))
+                    if !rustls_failed(&io) && io.kind() != io::ErrorKind::InvalidInput =>
+                {
+                    Err(Box::new(io))
+                }
+                Err(e) => Err(Box::new(e)),
+            }
+        }
+    }
+
+    /// An I/O error that rustls raised (a certificate, a protocol), not the socket.
+    fn rustls_failed(io: &io::Error) -> bool {
+        io.get_ref().is_some_and(|e| e.is::<rustls::Error>())
+    }
+
     /// An encrypted session's stream.
-    pub(in crate::dialect::postgres) struct RustlsStream(
-        Box<tokio_rustls::client::TlsStream<Socket>>,
+    pub(in crate::dialect::postgres) struct RustlsStream<S>(
+        Box<tokio_rustls::client::TlsStream<S>>,
     );
 
-    impl TlsStream for RustlsStream {
+    impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
         /// None: SCRAM runs without channel binding (`tls-server-end-point` would need the
         /// hash of the certificate's own signature algorithm).
         fn channel_binding(&self) -> ChannelBinding {
@@ -406,7 +445,7 @@ mod connector {
         }
     }
 
-    impl AsyncRead for RustlsStream {
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
         fn poll_read(
             mut self: Pin<&mut Self>,
             cx: &mut Context<'_>,
@@ -416,7 +455,7 @@ mod connector {
         }
     }
 
-    impl AsyncWrite for RustlsStream {
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
         fn poll_write(
             mut self: Pin<&mut Self>,
             cx: &mut Context<'_>,

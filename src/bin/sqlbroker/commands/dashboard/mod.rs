@@ -119,6 +119,12 @@ pub(crate) struct Database {
     down: Mutex<Option<String>>,
 }
 
+/// The longest one statement of the dashboard may take on the server (a count of a big table).
+const STATEMENT: Duration = Duration::from_secs(10);
+/// The longest the dashboard waits for the answer to one round trip: a database that stops
+/// answering (a hung host behind a live proxy) reads as failing this soon.
+const ROUND_TRIP: Duration = Duration::from_secs(15);
+
 /// How often a database that did not answer at the start is tried again.
 const RECONNECT: Duration = Duration::from_secs(5);
 
@@ -154,8 +160,8 @@ impl Database {
 }
 
 /// A broker on `url` with the dashboard's short waits (a page on a database that went away
-/// says so in seconds), and its sampler, started; or why not, and whether trying again may
-/// help.
+/// says so in seconds; one that stops answering, within [`ROUND_TRIP`]), and its sampler,
+/// started; or why not, and whether trying again may help.
 fn connect(
     url: &str,
     threads: usize,
@@ -166,7 +172,8 @@ fn connect(
     let broker = Broker::builder(url)
         .pool_size(u32::try_from(threads).unwrap_or(4) + 2)
         .connection_timeout(Duration::from_secs(connect_timeout.clamp(1, 5)))
-        .statement_timeout(Duration::from_secs(10))
+        .statement_timeout(STATEMENT)
+        .round_trip_timeout(ROUND_TRIP)
         .build()
         .map_err(|e| (crate::chain(&e), e.is_transient()))?;
     let sampler = Sampler::new(broker.clone(), tables.to_vec(), Duration::from_secs(sample));

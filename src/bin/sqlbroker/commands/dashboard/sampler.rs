@@ -1,9 +1,15 @@
 //! The counts behind the pages: one background thread reads `Broker::stats` of every table
-//! every few seconds (at most a fifth of the time: a round that takes 2 s waits 8 s before
-//! the next) and keeps the last [`HISTORY`] samples per table. Pages and `/metrics`
+//! every few seconds (at most a fifth of the time: a round whose counts took 2 s waits 8 s
+//! before the next) and keeps the last [`HISTORY`] samples per table. Pages and `/metrics`
 //! read this memory, so they answer in the same time whatever the size of a table, and a
 //! table of millions of rows is counted once per interval, not once per request; an action
 //! recounts its table at once ([`Sampler::refresh`]).
+//!
+//! Only counts that succeeded stretch the interval: a count that failed was waiting on a
+//! database that did not answer (at most the broker's round trip timeout, after which it reads
+//! as failing), not counting a big table, and the database may be back by the next round.
+//! Stretched by it, the counts of a database back after a 7-minute silence came back 21
+//! minutes later.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -48,6 +54,13 @@ impl Entry {
     pub fn last(&self) -> Option<&Point> {
         self.history.back()
     }
+}
+
+/// The wait after a round that took `took` in all, `counted` of it in counts that succeeded:
+/// the interval, stretched so that counting takes a fifth of the time at most; nothing more
+/// for the time failed counts waited.
+fn pause(every: Duration, counted: Duration, took: Duration) -> Duration {
+    every.max(counted * 4).saturating_sub(took)
 }
 
 #[derive(Default)]
@@ -103,10 +116,8 @@ impl Sampler {
             .name("sqlbroker-dashboard-sampler".into())
             .spawn(move || loop {
                 let started = Instant::now();
-                me.round();
-                // Counting big tables takes a fifth of the time at most.
-                let took = started.elapsed();
-                std::thread::sleep(me.every.max(took * 4).saturating_sub(took));
+                let counted = me.round();
+                std::thread::sleep(pause(me.every, counted, started.elapsed()));
             })
             .map(drop)
     }
@@ -119,12 +130,14 @@ impl Sampler {
             .wait_timeout_while(guard, limit, |i| i.rounds == 0);
     }
 
-    /// One round: the table list, then each table's counts (no lock held across SQL).
-    fn round(&self) {
+    /// One round: the table list, then each table's counts (no lock held across SQL). Returns
+    /// how long the counts that succeeded took.
+    fn round(&self) -> Duration {
         let (tables, list_error, absent, complete) = self.list();
         let names: Vec<String> = tables.iter().map(|t| t.name().to_string()).collect();
+        let mut counted = Duration::ZERO;
         for table in tables {
-            self.count(table);
+            counted += self.count(table).unwrap_or_default();
         }
         let mut inner = self.lock();
         if complete {
@@ -135,6 +148,7 @@ impl Sampler {
         inner.rounds += 1;
         drop(inner);
         self.round_done.notify_all();
+        counted
     }
 
     /// The tables to show (the named ones, or every recorded table), the error that kept
@@ -178,8 +192,8 @@ impl Sampler {
         (out, error, absent, true)
     }
 
-    /// Counts one table now and records the result.
-    pub fn count(&self, table: Table) {
+    /// Counts one table now and records the result; how long it took, if it succeeded.
+    pub fn count(&self, table: Table) -> Option<Duration> {
         let started = Instant::now();
         let stats = self.broker.stats(&table);
         // A table without limits answers from its record alone.
@@ -206,6 +220,7 @@ impl Sampler {
         entry.table = table;
         entry.counted = Some((now, took));
         entry.missing = false;
+        let ok = stats.is_ok().then_some(took);
         match stats {
             Ok(stats) => {
                 entry.error = None;
@@ -225,6 +240,7 @@ impl Sampler {
             }
             Err(e) => entry.error = Some(crate::chain(&e)),
         }
+        ok
     }
 
     /// Recounts `name` now (after an action), if it is a table the dashboard shows.
@@ -251,5 +267,35 @@ impl Sampler {
     /// A copy of one table's entry.
     pub fn entry(&self, name: &str) -> Option<Entry> {
         self.lock().tables.get(name).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pause;
+    use std::time::Duration;
+
+    /// Issue 38: a round that waited on a silent database (its counts failed after the round
+    /// trip timeout) is followed by the next one at once, not three times its length later;
+    /// a round of slow counts still stretches the interval.
+    #[test]
+    fn only_counts_that_succeeded_stretch_the_interval() {
+        let s = Duration::from_secs;
+        assert_eq!(
+            pause(s(5), s(0), s(420)),
+            s(0),
+            "after 7 minutes of silence"
+        );
+        assert_eq!(
+            pause(s(5), s(2), s(2)),
+            s(6),
+            "2 s of counting: 8 s a round"
+        );
+        assert_eq!(pause(s(5), s(0), s(1)), s(4));
+        assert_eq!(
+            pause(s(5), s(1), s(11)),
+            s(0),
+            "a count failed beside one that took 1 s"
+        );
     }
 }
