@@ -431,9 +431,11 @@ fn nothing_lost(ix: &Index<'_>, fin: &Final, out: &mut Vec<Broken>) {
             },
             _ => false,
         });
+        // A settlement that says it ended the job, or one whose answer never came back: the
+        // handler of a process killed after its ack committed, before it wrote its line.
         let could_end = runs.iter().any(|r| match &r.settle {
             Some((_, _, how, _, _)) => matches!(how, How::Ack | How::Cancel),
-            None => false,
+            None => r.start.is_some() && r.killed.is_some(),
         });
         match fin.get(id) {
             None if !(acked_ok || op_ended || could_end) => out.push(Broken {
