@@ -18,6 +18,7 @@
 //!   reported across the two.
 //! - Tables with dependencies created at once on a fresh database all succeed.
 //! - Bad input is refused and writes nothing.
+//! - Every dead letter frees its dedup key, a dependent dead-lettered through its parent too.
 
 mod common;
 
@@ -562,3 +563,55 @@ fn tables_with_dependencies_made_at_once(db: Db) {
     }
 }
 per_db!(tables_with_dependencies_made_at_once);
+
+/// A table with dependencies in `form`, shaped further by `more` (before its form is given).
+fn table_with(l: &Live, form: Form, more: impl FnOnce(Table) -> Table) -> Table {
+    let name = unique("dep");
+    let t = more(Table::new(&name).text_column("u").dependencies());
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    };
+    l.create(t)
+}
+
+/// Settles the next delivery of `sub`, which must be `id`, by `settle`.
+fn settle_next(sub: &sqlbroker::Subscription, id: i64, settle: impl FnOnce(sqlbroker::Delivery)) {
+    let d = next(sub, Duration::from_secs(10));
+    assert_eq!(d.id(), id, "the next delivery");
+    settle(d);
+}
+
+/// Every dead letter frees its dedup key, a dependent dead-lettered through its parent too:
+/// at the parent's settlement, and at its own publish when the parent is dead already. Fails
+/// (`republished`: `Duplicate` naming the dead row) with the waiting table's dead letter
+/// leaving the key on the row.
+fn a_dependent_dead_through_its_parent_frees_its_key(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table_with(&l, form, Table::dedup);
+    let (first, second) = (unique("key"), unique("key"));
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let b = l
+        .broker
+        .publish(&t, message("b").dedup_key(&first).after(a))
+        .unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, a, |d| d.dead_letter("no stock").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(state(&l, &t, b), Some(JobState::Dead), "state of {b}");
+    let c = l
+        .broker
+        .publish(&t, message("c").dedup_key(&second).after(a))
+        .unwrap();
+    assert_eq!(state(&l, &t, c), Some(JobState::Dead), "state of {c}");
+    for (key, dead) in [(&first, b), (&second, c)] {
+        let again = l.broker.publish(&t, message("again").dedup_key(key));
+        assert!(
+            again.as_ref().is_ok_and(|id| *id != dead),
+            "republished {key} (dead letter {dead}): {again:?}"
+        );
+    }
+    forget(&l, &t);
+}
+per_db_form!(a_dependent_dead_through_its_parent_frees_its_key);

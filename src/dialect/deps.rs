@@ -94,7 +94,8 @@ pub(crate) struct DepsSql {
 pub(crate) struct WaitingSql {
     /// `(now, id, latest)` makes a waiting job due now.
     pub release: String,
-    /// `(now, reason, id, latest)` dead-letters a waiting job.
+    /// `(now, reason, id, latest)` dead-letters a waiting job, freeing its dedup key as every
+    /// dead letter does.
     pub dead: String,
     /// `(id)` -> `dead_at, dead_reason[, completed_at]` of the job, if it is in the table.
     pub state: String,
@@ -268,6 +269,13 @@ impl Syntax {
             .as_ref()
             .map(|c| format!(", {}", self.q(c)))
             .unwrap_or_default();
+        // Every dead letter frees its dedup key, a job's dead-lettered through one it waits
+        // on too.
+        let free_key = spec
+            .dedup_key
+            .as_ref()
+            .map(|k| format!(", {} = NULL", self.q(k)))
+            .unwrap_or_default();
         Some(WaitingSql {
             release: format!(
                 "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} = {} AND {dead_at} IS NULL",
@@ -276,8 +284,8 @@ impl Syntax {
                 self.p(3)
             ),
             dead: format!(
-                "UPDATE {t} SET {dead_at} = {}, {reason} = {} WHERE {id} = {} AND {run_at} = {} \
-                 AND {dead_at} IS NULL",
+                "UPDATE {t} SET {dead_at} = {}, {reason} = {}{free_key} WHERE {id} = {} AND \
+                 {run_at} = {} AND {dead_at} IS NULL",
                 self.p(1),
                 self.p(2),
                 self.p(3),

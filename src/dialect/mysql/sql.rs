@@ -771,6 +771,21 @@ mod tests {
         );
         let plain = Table::new("plain").validate().unwrap();
         assert!(dialect().compile(&plain).deps.is_none());
+        // A job dead-lettered through the job it waits on frees its dedup key, as every dead
+        // letter does.
+        let keyed = dialect().compile(
+            &Table::new("steps")
+                .dependencies()
+                .dedup()
+                .lease(std::time::Duration::from_secs(30))
+                .validate()
+                .unwrap(),
+        );
+        assert_eq!(
+            keyed.waiting.as_ref().unwrap().dead,
+            "UPDATE `steps` SET `dead_at` = ?, `dead_reason` = ?, `dedup_key` = NULL WHERE `id` = \
+             ? AND `run_at` = ? AND `dead_at` IS NULL"
+        );
     }
 
     #[test]
