@@ -194,6 +194,14 @@ impl Outcome {
         }
     }
 
+    /// True if it writes the output the handler set ([`Table::outputs`](crate::Table::outputs)):
+    /// the handler's own end of the job (an ack, a dead letter, a cancel). A failure writes
+    /// none, on the last attempt too, where it ends the job as a dead letter: the handler did
+    /// not finish, as after a drop or a handler timeout, which write none either.
+    pub fn writes_output(&self) -> bool {
+        matches!(self, Outcome::Ack | Outcome::Dead(_) | Outcome::Cancel)
+    }
+
     /// What it records for the jobs waiting on the row ([`crate::runtime::deps::settled`]):
     /// `None` for a row that goes back into the queue.
     pub fn settled_as(&self) -> Option<&'static str> {
@@ -238,7 +246,7 @@ pub(crate) fn settle(
     output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
-    let output = output.filter(|_| ctx.spec().output.is_some() && outcome.settled_as().is_some());
+    let output = output.filter(|_| ctx.spec().output.is_some() && outcome.writes_output());
     let done = match hold {
         Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome, output),
         Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, output, within),
