@@ -19,6 +19,7 @@
 //! - Tables with dependencies created at once on a fresh database all succeed.
 //! - Bad input is refused and writes nothing.
 //! - Every dead letter frees its dedup key, a dependent dead-lettered through its parent too.
+//! - `after_in` checks the other table's record, as the broker checks its own tables.
 
 mod common;
 
@@ -615,3 +616,44 @@ fn a_dependent_dead_through_its_parent_frees_its_key(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_dependent_dead_through_its_parent_frees_its_key);
+
+/// `after_in` checks the other table's record, as the broker checks its own tables: a
+/// description that says `dependencies()` of a table recorded without them is refused
+/// (`Schema`, naming that table), and so is a table with no record; nothing is written. Fails
+/// (`refused`: `Ok`, and the job waits for ever) with the caller's description trusted.
+fn after_in_checks_the_other_tables_record(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let emails = table(&l, Form::Lease);
+    let name = unique("plain");
+    let plain = l.create(
+        Table::new(&name)
+            .text_column("u")
+            .lease(Duration::from_secs(30)),
+    );
+    let paid = l.broker.publish(&plain, message("paid")).unwrap();
+    let claims = Table::new(&name)
+        .text_column("u")
+        .dependencies()
+        .lease(Duration::from_secs(30));
+    let e = l
+        .broker
+        .publish(&emails, message("receipt").after_in(&claims, paid));
+    assert!(
+        matches!(&e, Err(BrokerError::Schema { table, .. }) if table == &name),
+        "refused: {e:?}"
+    );
+    let missing = Table::new(unique("missing"))
+        .text_column("u")
+        .dependencies()
+        .lease(Duration::from_secs(30));
+    let e = l
+        .broker
+        .publish(&emails, message("receipt").after_in(&missing, 1));
+    assert!(
+        matches!(&e, Err(BrokerError::InvalidMessage { .. })),
+        "refused (no record): {e:?}"
+    );
+    assert_eq!(l.rows(&emails), 0, "nothing written");
+    forget(&l, &emails);
+}
+per_db!(after_in_checks_the_other_tables_record);
