@@ -265,8 +265,29 @@ impl Broker {
 
     /// Deletes the row `id` if it is dead-lettered; false if no dead-lettered row has that id
     /// (a live row is never deleted).
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), the purged job's outcome is
+    /// recorded in its head in `sqlbroker_deps` (its row no longer tells it), kept a day, so a
+    /// job published after it within that day is dead-lettered as before the purge; its own
+    /// waits go with it.
     pub fn purge_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
+        if let Some((deps, waiting)) = crate::runtime::deps::statements(&q.sql) {
+            let at = Value::Int(crate::model::schedule::millis(SystemTime::now()));
+            let name = Value::Text(q.spec.name.clone());
+            let range = [Value::Int(id.saturating_sub(1)), Value::Int(id)];
+            let n = q.retrying("purge dead", |conn| {
+                in_transaction(&q, conn, |conn| {
+                    let dead = Value::Text(crate::dialect::deps::DEAD.into());
+                    let heads = [dead, at.clone(), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.heads_dead, &heads)?;
+                    let n = conn.execute(&q.sql.dead_purge, &[Value::Int(id)])?;
+                    conn.execute(&deps.forget_waits, &[name.clone(), Value::Int(id)])?;
+                    Ok(n)
+                })
+            })?;
+            return Ok(n > 0);
+        }
         let params = [Value::Int(id)];
         let n = q.retrying("purge dead", |conn| {
             conn.execute(&q.sql.dead_purge, &params)
@@ -276,18 +297,34 @@ impl Broker {
 
     /// Deletes every dead-lettered row (and no other); returns how many. In batches of at
     /// most 1,000 rows by id, as [`requeue_all_dead`](Self::requeue_all_dead).
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), each batch in a transaction
+    /// that first records the outcome of the rows it purges in their heads, as
+    /// [`purge_dead`](Self::purge_dead) does, and then forgets their waits.
     pub fn purge_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
+        let waits = crate::runtime::deps::statements(&q.sql).map(|(_, w)| w);
+        let name = Value::Text(q.spec.name.clone());
         in_batches(
             &q,
             "purge all dead",
             &q.sql.dead_bound,
             &[],
             |conn, after, upto| {
-                conn.execute(
-                    &q.sql.dead_purge_range,
-                    &[Value::Int(after), Value::Int(upto)],
-                )
+                let range = [Value::Int(after), Value::Int(upto)];
+                let Some(waiting) = waits else {
+                    return conn.execute(&q.sql.dead_purge_range, &range);
+                };
+                in_transaction(&q, conn, |conn| {
+                    let at = crate::model::schedule::millis(SystemTime::now());
+                    let dead = Value::Text(crate::dialect::deps::DEAD.into());
+                    let heads = [dead, Value::Int(at), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.heads_dead, &heads)?;
+                    let n = conn.execute(&q.sql.dead_purge_range, &range)?;
+                    let gone = [name.clone(), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.forget_gone, &gone)?;
+                    Ok(n)
+                })
             },
         )
     }
@@ -359,6 +396,23 @@ impl Broker {
                 conn.execute(&q.sql.completed_prune_range, &params)
             },
         )
+    }
+}
+
+/// Runs `f` on `conn` in a write transaction of `q`'s table: committed if it returns `Ok`,
+/// rolled back (or the connection discarded) otherwise.
+fn in_transaction<T>(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    f: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    conn.batch(&q.sql.begin_write)?;
+    match f(conn).and_then(|v| conn.batch("COMMIT").map(|()| v)) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(e)
+        }
     }
 }
 

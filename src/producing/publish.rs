@@ -22,6 +22,9 @@ pub(crate) struct Target<'a> {
     pub spec: &'a TableSpec,
     pub sql: &'a TableSql,
     pub dialect: &'a dyn Dialect,
+    /// Other tables' waiting statements, for a job named whose row went without a settlement
+    /// (its waiting jobs are settled by the publish that finds it).
+    pub others: &'a dyn deps::OtherTables,
     /// Other tables a message names ([`Message::after_in`]) are checked against their
     /// records (false where the connection cannot read them: Diesel's).
     pub check_records: bool,
@@ -34,6 +37,7 @@ impl<'a> Target<'a> {
             spec: &q.spec,
             sql: &q.sql,
             dialect: &*q.dialect,
+            others: q,
             check_records: true,
         }
     }
@@ -155,7 +159,7 @@ fn read_waits(
             parent: p,
         });
     }
-    deps::Waits::read(t.sql, conn, named).map_err(|e| t.err(e))
+    deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
@@ -399,10 +403,12 @@ pub(crate) fn in_transaction(
 ) -> Result<i64> {
     let c = compiled(dialect, table)?;
     check_record(dialect, conn, &c, table, check)?;
+    let others = deps::Uncached(dialect);
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,
         dialect,
+        others: &others,
         check_records: check,
     };
     let id = one(&t, conn, message)?;
@@ -425,10 +431,12 @@ pub(crate) fn batch_in_transaction(
 ) -> Result<crate::producing::publish::Published> {
     let c = compiled(dialect, table)?;
     check_record(dialect, conn, &c, table, check)?;
+    let others = deps::Uncached(dialect);
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,
         dialect,
+        others: &others,
         check_records: check,
     };
     let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };

@@ -247,18 +247,11 @@ pub(crate) fn settle(
     within: Duration,
 ) -> Result<()> {
     let output = output.filter(|_| ctx.spec().output.is_some() && outcome.writes_output());
-    let done = match hold {
+    match hold {
         Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome, output),
         Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, output, within),
         Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, output, within),
-    };
-    let q = &ctx.queue;
-    if q.spec.dependencies && q.flow.deps_sweep_due() {
-        if let Err(e) = q.retrying("sweep", |conn| crate::runtime::deps::sweep(&q.sql, conn)) {
-            log::warn!("table {}: sweeping old outcomes failed: {e}", q.spec.name);
-        }
     }
-    done
 }
 
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if
