@@ -25,6 +25,8 @@
 //!   gets the same answer; the broker's sweeper deletes the rest, as fast as they come.
 //! - A job whose row went without a settlement (deleted by hand, its table dropped) leaves no
 //!   job waiting for ever, and gets one answer.
+//! - A requeued parent is live again, and a requeued dependent waits for its parents again: a
+//!   failed chain requeued whole runs in order; a dependent of a parent still dead is refused.
 
 mod common;
 
@@ -630,6 +632,116 @@ fn a_dependent_dead_through_its_parent_frees_its_key(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_dependent_dead_through_its_parent_frees_its_key);
+
+/// A parent requeued from the dead letters is live again: a new `after` and a new
+/// `after_settled` wait for it, and the dependent dead-lettered through it, requeued too,
+/// waits for it again; all run once it is acked, not before. Fails (`state of`: `Dead` and
+/// `Ready`) with the parent's recorded outcome left as it was by the dead letter, and
+/// (`requeued dependent`: `Ready`) with a requeue that ignores what a job waits on.
+fn a_requeued_parent_is_live_again(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let ship = l.broker.publish(&t, message("ship").after(p)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, p, |d| d.dead_letter("card declined").unwrap());
+    assert_eq!(state(&l, &t, ship), Some(JobState::Dead), "state of {ship}");
+    assert!(l.broker.requeue_dead(&t, p).unwrap());
+    let after = l.broker.publish(&t, message("after").after(p)).unwrap();
+    let settled = l
+        .broker
+        .publish(&t, message("settled").after_settled(p))
+        .unwrap();
+    for id in [after, settled] {
+        assert_eq!(state(&l, &t, id), Some(JobState::Waiting), "state of {id}");
+    }
+    assert!(l.broker.requeue_dead(&t, ship).unwrap());
+    assert_eq!(
+        state(&l, &t, ship),
+        Some(JobState::Waiting),
+        "requeued dependent"
+    );
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), p, "the parent runs first");
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "a dependent ran before its requeued parent was acked"
+    );
+    d.ack().unwrap();
+    let mut ran: Vec<i64> = (0..3)
+        .map(|_| {
+            let d = next(&sub, Duration::from_secs(10));
+            let id = d.id();
+            d.ack().unwrap();
+            id
+        })
+        .collect();
+    ran.sort_unstable();
+    assert_eq!(ran, [ship, after, settled]);
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_requeued_parent_is_live_again);
+
+/// A failed chain (charge -> ship -> email) requeued whole runs in order again: the charge is
+/// ready, the others wait, and each runs only after the one before it is acked. A dependent
+/// whose parent is still dead is refused (`ParentFailed`, nothing changed). Fails (`state of`:
+/// all three `Ready`, and in the lease form they were claimed in the same millisecond) with a
+/// requeue that ignores what a job waits on.
+fn requeue_all_dead_runs_a_chain_in_order(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let charge = l.broker.publish(&t, message("charge")).unwrap();
+    let ship = l.broker.publish(&t, message("ship").after(charge)).unwrap();
+    let email = l.broker.publish(&t, message("email").after(ship)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, charge, |d| d.dead_letter("card declined").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    for id in [ship, email] {
+        assert_eq!(state(&l, &t, id), Some(JobState::Dead), "state of {id}");
+    }
+    match l.broker.requeue_dead(&t, ship) {
+        Err(BrokerError::ParentFailed { id, parent, .. }) => {
+            assert_eq!((id, parent), (ship, charge))
+        }
+        other => panic!("requeue of a job whose parent is dead: {other:?}"),
+    }
+    assert_eq!(
+        state(&l, &t, ship),
+        Some(JobState::Dead),
+        "refused, unchanged"
+    );
+
+    assert_eq!(l.broker.requeue_all_dead(&t).unwrap(), 3);
+    let states: Vec<_> = [charge, ship, email]
+        .iter()
+        .map(|id| state(&l, &t, *id))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            Some(JobState::Ready),
+            Some(JobState::Waiting),
+            Some(JobState::Waiting)
+        ],
+        "state of charge, ship, email"
+    );
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    for id in [charge, ship, email] {
+        let d = next(&sub, Duration::from_secs(10));
+        assert_eq!(d.id(), id, "the chain runs in order");
+        assert!(
+            sub.next_delivery_timeout(Duration::from_millis(300))
+                .is_err(),
+            "a dependent ran before job {id} was acked"
+        );
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(requeue_all_dead_runs_a_chain_in_order);
 
 /// A settlement writes no head where nothing waits on the job (acked, dead-lettered, acked
 /// with nothing after it) and a publish naming a job that never existed leaves none; yet the

@@ -63,11 +63,17 @@ pub(crate) struct DepsSql {
     /// head, made if missing (its `at` moved on as [`DepsSql::head_touch`] does); `kept` 1: its
     /// row can no longer tell the outcome (the head is kept a day).
     pub head_settle: String,
+    /// `(at, table, id)` makes a requeued job's head unsettled again (no outcome, no output),
+    /// locking it, if it has one.
+    pub head_reset: String,
     /// `(table, id)` deletes the job's head.
     pub unhead: String,
     /// `(parent table, parent, child table, child, settled_only, outcome, at, output)` makes a
     /// wait (`output`: the parent's, read from its row, for a parent settled before the wait).
     pub wait_insert: String,
+    /// `(outcome, parent table, parent, child table, child)` sets one wait's outcome (a
+    /// requeued job's waits, read again).
+    pub wait_set: String,
     /// `(table, id)` -> `child_table, child, settled_only` of the jobs waiting on it whose wait
     /// has no outcome yet, in `(child_table, child)` order (the order their counts are locked
     /// in).
@@ -85,6 +91,8 @@ pub(crate) struct DepsSql {
     pub count_down: String,
     /// `(table, id)` -> the waiting job's count (after this transaction's own count down).
     pub count_read: String,
+    /// `(table, id)` deletes a job's count (a requeued job's, made again).
+    pub count_forget: String,
     /// `(table, id)` -> `parent_table, parent, settled_only, outcome, output` of the job's
     /// waits, by parent (the output from the parent's head, else the wait's own).
     pub parents: String,
@@ -132,6 +140,9 @@ pub(crate) struct WaitingSql {
     /// `(now, reason, id, latest)` dead-letters a waiting job, freeing its dedup key as
     /// every dead letter does.
     pub dead: String,
+    /// `(latest, id)` makes a live job wait again (a requeued job whose parents have not
+    /// settled).
+    pub wait_again: String,
     /// `(id)` -> `dead_at, dead_reason, completed_at (NULL without), output (NULL without)` of
     /// the job, if it is in the table.
     pub state: String,
@@ -141,6 +152,9 @@ pub(crate) struct WaitingSql {
     pub states: String,
     /// `(latest)` -> the count of the jobs that wait.
     pub count_waiting: String,
+    /// `(after, limit)` -> the ids of dead letters above `after`, in id order (a requeue of
+    /// them all, one by one).
+    pub dead_after: String,
     /// `(table, after, upto)` deletes the waits and counts of jobs of the table with an id in
     /// `(after, upto]` that are no longer in it (purged dead letters).
     pub forget_gone: String,
@@ -300,6 +314,11 @@ impl Syntax {
             head_touch: touch,
             head_read: format!("SELECT outcome FROM {t} WHERE {}{}", head(1), how.locking),
             head_settle: settle,
+            head_reset: format!(
+                "UPDATE {t} SET outcome = NULL, output = NULL, settled_only = 0, {} WHERE {}",
+                moved_at(&p(1)),
+                head(2)
+            ),
             unhead: format!("DELETE FROM {t} WHERE {}", head(1)),
             wait_insert: format!(
                 "INSERT INTO {t} {cols} VALUES ({}, {}, {}, {}, {}, {}, {}, {})",
@@ -311,6 +330,15 @@ impl Syntax {
                 p(6),
                 p(7),
                 p(8)
+            ),
+            wait_set: format!(
+                "UPDATE {t} SET outcome = {} WHERE parent_table = {} AND parent = {} AND \
+                 child_table = {} AND child = {}",
+                p(1),
+                p(2),
+                p(3),
+                p(4),
+                p(5)
             ),
             dependents: format!(
                 "SELECT child_table, child, settled_only FROM {t} WHERE {} AND outcome IS NULL \
@@ -341,6 +369,7 @@ impl Syntax {
             ),
             count_down: format!("UPDATE {t} SET pending = pending - 1 WHERE {count}"),
             count_read: format!("SELECT pending FROM {t} WHERE {count}"),
+            count_forget: format!("DELETE FROM {t} WHERE {count}"),
             parents: format!(
                 "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(h.output, \
                  w.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
@@ -459,6 +488,11 @@ impl Syntax {
                 p(3),
                 p(4)
             ),
+            wait_again: format!(
+                "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {dead_at} IS NULL",
+                p(1),
+                p(2)
+            ),
             state: format!(
                 "SELECT {dead_at}, {reason}, {}, {} FROM {t} WHERE {id} = {}",
                 completed.as_deref().unwrap_or("NULL"),
@@ -473,6 +507,11 @@ impl Syntax {
             count_waiting: format!(
                 "SELECT count(*) FROM {t} WHERE {dead_at} IS NULL AND {run_at} = {}",
                 p(1)
+            ),
+            dead_after: format!(
+                "SELECT {id} FROM {t} WHERE {is_dead} AND {id} > {} ORDER BY {id} LIMIT {}",
+                p(1),
+                p(2)
             ),
             forget_gone: format!(
                 "DELETE FROM {deps} WHERE child_table = {} AND child > {} AND child <= {} AND NOT \

@@ -123,8 +123,28 @@ impl Broker {
     /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
     /// delivery reads attempt 1), so a row that ran out of [`Table::max_attempts`] gets them all
     /// again. Returns false if no dead-lettered row has that id.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), a requeue means for a chain:
+    /// - the job is **live again** for the jobs that wait on it: a job published after it
+    ///   waits for it as for any job not yet settled (the jobs already dead-lettered through
+    ///   it stay dead letters until they are requeued themselves);
+    /// - a job that waits on others **waits for them again**, each read as a new publish reads
+    ///   it: ready if all have settled as its waits ask, waiting while one has not (a parent
+    ///   requeued before it, for one), and never run before a parent it waits on with
+    ///   [`Message::after`](crate::Message::after) is acked. One of those still dead-lettered
+    ///   (or cancelled) refuses the requeue with [`BrokerError::ParentFailed`], changing
+    ///   nothing: requeued, it would be dead-lettered again at once.
+    ///
+    /// [`BrokerError::ParentFailed`]: crate::BrokerError::ParentFailed
     pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
+        if q.spec.dependencies {
+            let done = requeue_waiting(&q, id)?;
+            if done {
+                self.announce(&q, 1);
+            }
+            return Ok(done);
+        }
         let now = crate::model::schedule::due_at(SystemTime::now(), Duration::ZERO);
         // Only a dead row matches: running it twice changes nothing more.
         let params = [Value::Time(now), Value::Int(id)];
@@ -243,8 +263,22 @@ impl Broker {
     /// batches of at most 1,000 rows, each its own short statement, so it never holds a long
     /// lock on a large table; rows dead-lettered while it runs, with ids it has passed, stay
     /// dead. Stopped by an error, the batches done stay done.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), one by one in id order (each
+    /// in a transaction of its own, as [`requeue_dead`](Self::requeue_dead) does one): the
+    /// jobs a job waits on in its own table have lower ids, so a failed chain requeued whole
+    /// runs in order again (its first job ready, the others waiting, each released by the ack
+    /// of the one before). A job waiting on one still dead (another table's, not requeued) is
+    /// left dead and not counted.
     pub fn requeue_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
+        if q.spec.dependencies {
+            let n = requeue_all_waiting(&q)?;
+            if n > 0 {
+                self.announce(&q, usize::try_from(n).unwrap_or(usize::MAX));
+            }
+            return Ok(n);
+        }
         let n = in_batches(
             &q,
             "requeue all dead",
@@ -412,6 +446,83 @@ fn in_transaction<T>(
         Err(e) => {
             conn.rollback_or_discard();
             Err(e)
+        }
+    }
+}
+
+/// Requeues dead letter `id` of a table with dependencies ([`Broker::requeue_dead`]), in a
+/// transaction of its own: true if it was requeued, false if no dead letter has that id,
+/// [`BrokerError::ParentFailed`](crate::BrokerError::ParentFailed) (rolled back) if it waits
+/// on a job still dead-lettered or cancelled.
+fn requeue_waiting(q: &Queue, id: i64) -> Result<bool> {
+    use crate::runtime::deps::Requeued;
+    let now = schedule::due_at(SystemTime::now(), Duration::ZERO);
+    let mut conn = q.conn("requeue")?;
+    let run = |conn: &mut dyn DbConn| -> Result<Requeued, DbError> {
+        conn.batch(&q.sql.begin_write)?;
+        let done =
+            crate::runtime::deps::requeue(&q.spec, &q.sql, q, conn, &q.sql.dead_requeue, now, id)?;
+        match done {
+            Requeued::Done => conn.batch("COMMIT")?,
+            _ => conn.batch("ROLLBACK")?,
+        }
+        Ok(done)
+    };
+    match run(&mut *conn) {
+        Ok(Requeued::Done) => Ok(true),
+        Ok(Requeued::NotDead) => Ok(false),
+        Ok(Requeued::ParentFailed {
+            table,
+            parent,
+            outcome,
+        }) => Err(crate::error::BrokerError::ParentFailed {
+            table: q.spec.name.clone(),
+            id,
+            parent_table: table,
+            parent,
+            outcome: crate::runtime::deps::ended(&outcome).to_string(),
+        }),
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(q.err("requeue")(e))
+        }
+    }
+}
+
+/// Requeues every dead letter of a table with dependencies, one by one in id order
+/// ([`Broker::requeue_all_dead`]); the number requeued. One that waits on a job still dead
+/// is left dead.
+fn requeue_all_waiting(q: &Queue) -> Result<u64> {
+    let Some((_, waiting)) = crate::runtime::deps::statements(&q.sql) else {
+        return Ok(0);
+    };
+    let mut after = i64::MIN;
+    let mut total = 0;
+    loop {
+        let params = [Value::Int(after), Value::Int(BATCH as i64)];
+        let ids: Vec<i64> = q
+            .retrying("requeue all dead", |conn| {
+                conn.query(&waiting.dead_after, &params)
+            })?
+            .iter()
+            .filter_map(|r| r.first()?.as_i64())
+            .collect();
+        for &id in &ids {
+            match requeue_waiting(q, id) {
+                Ok(true) => total += 1,
+                Ok(false) => {}
+                Err(crate::error::BrokerError::ParentFailed { .. }) => {
+                    log::info!(
+                        "table {}: dead letter {id} left dead: a job it waits on is still dead",
+                        q.spec.name
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match ids.last() {
+            Some(last) if ids.len() == BATCH => after = *last,
+            _ => return Ok(total),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Jobs that wait on other jobs ([`Table::dependencies`]): what a publish that names other jobs
-//! does, what a settlement does for the jobs waiting on the one it settles, and what the table
-//! of a job gone does for the jobs that waited on it.
+//! does, what a settlement does for the jobs waiting on the one it settles, what a requeue does
+//! for a job that waits, and what the table of a job gone does for the jobs that waited on it.
 //! Each runs in its caller's transaction, so a waiting job is released (or dead-lettered) in
 //! the very commit that settles the last job it waits on, and no crash can leave it between
 //! the two.
@@ -753,6 +753,128 @@ pub(crate) fn dependents_of(
         .iter()
         .filter_map(|r| Some((text(r.first())?, r.get(1)?.as_i64()?)))
         .collect())
+}
+
+/// What a requeue of one dead letter did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Requeued {
+    /// No dead letter has that id.
+    NotDead,
+    /// Live again: ready, or waiting on the jobs it waits on that have not settled.
+    Done,
+    /// It waits (`after`) on a job still dead-lettered or cancelled: requeued it would be
+    /// dead-lettered again at once. The caller rolls back.
+    ParentFailed {
+        table: String,
+        parent: i64,
+        outcome: String,
+    },
+}
+
+/// Requeues dead letter `id` of `spec`'s table with `requeue` (`(now, id)`, the table's own
+/// statement), on `conn` inside the caller's transaction, as a job that waits on others: live
+/// again for the jobs that wait on it (its head has no outcome any more, so a publish that
+/// names it waits for it); and, if it waits on others, it waits on them again, each read as a
+/// publish reads it (under its head's lock): ready if each has settled as its wait asks,
+/// waiting while one has not. If one it waits on with `after` is dead or cancelled,
+/// [`Requeued::ParentFailed`]: the caller rolls back, and nothing changed.
+pub(crate) fn requeue(
+    spec: &TableSpec,
+    sql: &TableSql,
+    others: &dyn OtherTables,
+    conn: &mut dyn DbConn,
+    requeue: &str,
+    now: SystemTime,
+    id: i64,
+) -> Result<Requeued, DbError> {
+    let Some((deps, own)) = statements(sql) else {
+        return Ok(Requeued::NotDead);
+    };
+    if conn.execute(requeue, &[Value::Time(now), Value::Int(id)])? == 0 {
+        return Ok(Requeued::NotDead);
+    }
+    let at = millis(SystemTime::now());
+    let job = [Value::Text(spec.name.clone()), Value::Int(id)];
+    conn.execute(
+        &deps.head_reset,
+        &[Value::Int(at), job[0].clone(), job[1].clone()],
+    )?;
+    let waits = conn.query(&deps.parents, &job)?;
+    if waits.is_empty() {
+        return Ok(Requeued::Done);
+    }
+    let mut pending = 0;
+    for w in waits {
+        let (Some(table), Some(parent)) = (text(w.first()), w.get(1).and_then(Value::as_i64))
+        else {
+            continue;
+        };
+        let settled_only = w.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+        let found;
+        let waiting: &WaitingSql = match table == spec.name {
+            true => own,
+            false => match others.lookup(conn, &table)? {
+                Found::Waiting(w) => {
+                    found = w;
+                    &found
+                }
+                // Its table is gone: its jobs count as cancelled.
+                Found::NoRecord | Found::NoDependencies => {
+                    if !settled_only {
+                        return Ok(Requeued::ParentFailed {
+                            table,
+                            parent,
+                            outcome: CANCELLED.into(),
+                        });
+                    }
+                    continue;
+                }
+            },
+        };
+        let p = Parent {
+            id: parent,
+            settled_only,
+            table: None,
+        };
+        let named = Named {
+            table: &table,
+            waiting,
+            parent: &p,
+        };
+        let (outcome, _) = outcome_of(deps, &named, others, conn, at)?;
+        match outcome.as_deref() {
+            Some(o) if !settled_only && o != ACKED => {
+                return Ok(Requeued::ParentFailed {
+                    table,
+                    parent,
+                    outcome: o.to_string(),
+                })
+            }
+            None => pending += 1,
+            Some(_) => {}
+        }
+        let set = [
+            outcome.map_or(Value::Null, Value::Text),
+            Value::Text(table.clone()),
+            Value::Int(parent),
+            job[0].clone(),
+            job[1].clone(),
+        ];
+        conn.execute(&deps.wait_set, &set)?;
+    }
+    conn.execute(&deps.count_forget, &job)?;
+    let count = [
+        job[0].clone(),
+        job[1].clone(),
+        Value::Int(at),
+        Value::Int(pending),
+    ];
+    conn.execute(&deps.count_insert, &count)?;
+    if pending > 0 {
+        let params = [Value::Time(waiting_due()), Value::Int(id)];
+        conn.execute(&own.wait_again, &params)?;
+    }
+    Ok(Requeued::Done)
 }
 
 /// After table `table` was dropped, on `conn` inside the caller's transaction: its jobs that
