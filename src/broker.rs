@@ -15,6 +15,7 @@ use crate::model::table::Table;
 use crate::runtime::listen::Listener;
 use crate::runtime::notifier::Notifier;
 use crate::runtime::renewer::Renewer;
+use crate::runtime::sweep::Sweeper;
 use crate::runtime::wake::Wake;
 use crate::runtime::{pool, Pool, Queue};
 
@@ -65,6 +66,8 @@ struct Inner {
     statement_timeout: Duration,
     /// `create_table` and `migrate` run DDL ([`BrokerBuilder::manage_schema`]).
     manage_schema: bool,
+    /// The sweeper of `sqlbroker_deps` (started with the first table with dependencies).
+    sweeper: Sweeper,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -414,6 +417,7 @@ impl BrokerBuilder {
                 cross_process: self.cross_process,
                 statement_timeout: self.options.statement_timeout,
                 manage_schema: self.manage_schema,
+                sweeper: Sweeper::default(),
             }),
         };
         broker
@@ -513,10 +517,27 @@ impl Broker {
     /// creation and migration comes through here.
     pub(crate) fn queue(&self, table: &Table) -> Result<Arc<Queue>> {
         let q = self.compiled(table)?;
+        if q.spec.dependencies {
+            self.sweep();
+        }
         if !q.described.load(std::sync::atomic::Ordering::Acquire) {
             crate::runtime::registry::verify(&q, table, self.inner.manage_schema)?;
         }
         Ok(q)
+    }
+
+    /// Starts this broker's sweeper of `sqlbroker_deps`, if it has not started: a table with
+    /// dependencies is used ([`crate::runtime::sweep`]).
+    pub(crate) fn sweep(&self) {
+        self.inner
+            .sweeper
+            .start(&self.inner.dialect, &self.inner.pool);
+    }
+
+    /// This broker's sweeper.
+    #[cfg(test)]
+    pub(crate) fn sweeper(&self) -> &Sweeper {
+        &self.inner.sweeper
     }
 
     /// Forgets every description of the table `name` this broker compiled and checked (after
@@ -656,5 +677,42 @@ mod tests {
         );
         let b = crate::broker::Broker::builder("postgres://u:pw@h/db");
         assert!(!format!("{b:?}").contains("pw"));
+    }
+
+    /// A broker's sweeper of `sqlbroker_deps` runs on a thread of its own, named, from its
+    /// first table with dependencies, and stops when the broker is dropped. Fails (`not
+    /// started`) with the sweep left to the handlers' settlements.
+    #[test]
+    fn the_sweeper_is_the_brokers_own_thread() {
+        use crate::runtime::sweep::THREAD;
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join("sqlbroker-unit");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("sweeper-{}.db", std::process::id()));
+        let url = format!("sqlite:{}", file.display());
+        let broker = crate::broker::Broker::connect(&url).unwrap();
+        let plain = crate::model::table::Table::new("plain").lease(Duration::from_secs(30));
+        broker.create_table(&plain).unwrap();
+        let running = broker.sweeper().running();
+        assert!(!running(), "started without dependencies");
+        let t = crate::model::table::Table::new("waits")
+            .dependencies()
+            .lease(Duration::from_secs(30));
+        broker.create_table(&t).unwrap();
+        assert!(running(), "not started");
+        // Linux names the thread where `ps` and debuggers see it.
+        let named = std::fs::read_dir("/proc/self/task").map(|tasks| {
+            tasks.filter_map(|t| t.ok()).any(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == THREAD)
+            })
+        });
+        assert!(named.unwrap_or(true), "no thread named {THREAD}");
+        let started = std::time::Instant::now();
+        drop(broker);
+        assert!(!running(), "still running once the broker is dropped");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
     }
 }

@@ -136,6 +136,29 @@ pub enum BrokerError {
         /// The unfinished row that holds the key.
         id: i64,
     },
+    /// [`Broker::requeue_dead`](crate::Broker::requeue_dead) of a job that waits
+    /// ([`Message::after`](crate::Message::after)) on a job that is still dead-lettered or
+    /// was cancelled: requeued, it would be dead-lettered again at once, as a new job waiting
+    /// on that one is. Nothing was changed: requeue the job it waits on first
+    /// ([`Broker::requeue_all_dead`](crate::Broker::requeue_all_dead) requeues a table's
+    /// dead letters in id order, parents before the jobs that wait on them, and leaves this
+    /// one dead).
+    #[error(
+        "job {id} of table {table} waits on job {parent} of table {parent_table}, which {outcome}: \
+         requeue that one first"
+    )]
+    ParentFailed {
+        /// The table of the job asked for.
+        table: String,
+        /// The job asked for.
+        id: i64,
+        /// The table of the job it waits on.
+        parent_table: String,
+        /// The job it waits on.
+        parent: i64,
+        /// How that one ended (`was dead-lettered`, `was cancelled`).
+        outcome: String,
+    },
     /// A value could not be written as a payload (`Message::json`, cargo feature `serde`):
     /// nothing was published.
     #[error("could not encode the payload: {source}")]

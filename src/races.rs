@@ -1045,3 +1045,122 @@ fn a_row_lock_checkpoint_keeps_its_row_mysql() {
     a_row_lock_checkpoint_keeps_its_row_and_slot("mysql", &url, false);
     a_row_lock_checkpoint_keeps_its_row_and_slot("mysql limited", &url, true);
 }
+
+/// A URL on `url`'s server whose tables are a space of their own (a PostgreSQL schema, a
+/// MySQL database; a SQLite file is one already), and what drops it again: for a test that
+/// sweeps `sqlbroker_deps` as if days had passed, which must not touch other tests' rows.
+fn own_space(db: &str, url: &str) -> (String, Option<String>) {
+    if db == "sqlite" {
+        return (url.to_string(), None);
+    }
+    let space = unique("races_space");
+    let admin = Broker::builder(url)
+        .cross_process_wake(false)
+        .build()
+        .unwrap();
+    let mut conn = admin.pooled("space", "").unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let (create, url, drop) = match db {
+        "postgres" => (
+            format!("CREATE SCHEMA {space}"),
+            format!("{url}{sep}options=-c%20search_path%3D{space}"),
+            format!("DROP SCHEMA {space} CASCADE"),
+        ),
+        _ => {
+            let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+            (
+                format!("CREATE DATABASE {space}"),
+                format!("{base}/{space}"),
+                format!("DROP DATABASE {space}"),
+            )
+        }
+    };
+    conn.batch(&create).unwrap();
+    (url, Some(drop))
+}
+
+/// A sweep reads a settled head nothing waits on (a cancelled job's whose row is gone, past
+/// its day: the pass is told it is two days later) and pauses before deleting it; a publish
+/// names the job meanwhile (its callback, released at once). The sweep must leave the head:
+/// the job it names is still cancelled for the next publish, whose `after` is dead-lettered.
+/// Fails (`dead-lettered`: `Ready`, the job read as gone, acked) with the sweep's delete not
+/// comparing the head's `at`, which the publish moved on.
+fn the_sweep_leaves_a_head_a_publish_named_meanwhile(db: &str) {
+    use crate::operating::jobs::JobState;
+    use crate::runtime::sweep::{pass, Cursor, How};
+    let Some(url) = live_url(db) else { return };
+    let (space_url, drop_space) = own_space(db, &url);
+    let broker = Broker::builder(&space_url)
+        .cross_process_wake(false)
+        .build()
+        .unwrap();
+    let name = unique("races_sweep");
+    let t = Table::new(&name)
+        .dependencies()
+        .lease(Duration::from_secs(30));
+    let made = create(&broker, &t);
+    let msg = || Message::new(b"x".to_vec());
+    let p = broker.publish(&t, msg()).unwrap();
+    assert!(broker.cancel(&t, p).unwrap());
+    let q = broker.queue(&t).unwrap();
+    let paused = testing::pause_at("deps.sweep", &name);
+    let sweeping = {
+        let (q, name) = (q.clone(), name.clone());
+        std::thread::spawn(move || {
+            let deps = q.sql.deps.as_ref().unwrap();
+            let mut conn = q.pool.get().unwrap();
+            let mut cursor = Cursor::past(&name, p - 1, "", 0);
+            let later = SystemTime::now() + Duration::from_secs(2 * 86_400);
+            let tables = crate::runtime::deps::Others::default();
+            let how = How {
+                now: later,
+                orphans: false,
+                stopped: &|| false,
+            };
+            pass(deps, &*q.dialect, &tables, &mut *conn, &mut cursor, &how)
+        })
+    };
+    paused
+        .reached
+        .recv_timeout(Duration::from_secs(10))
+        .expect("precondition: the sweep did not come to the cancelled job's head");
+    let callback = broker.publish(&t, msg().after_settled(p)).unwrap();
+    let _ = paused.resume.send(());
+    sweeping.join().unwrap().unwrap();
+    let after = broker.publish(&t, msg().after(p)).unwrap();
+    let states: Vec<_> = [callback, after]
+        .iter()
+        .map(|id| broker.job(&t, *id).unwrap().map(|j| j.state()))
+        .collect();
+    assert_eq!(
+        states,
+        [Some(JobState::Ready), Some(JobState::Dead)],
+        "{db}: the callback released, the job after it dead-lettered"
+    );
+    drop((made, q, broker));
+    if let Some(sql) = drop_space {
+        let admin = Broker::builder(&url)
+            .cross_process_wake(false)
+            .build()
+            .unwrap();
+        let mut conn = admin.pooled("space", "").unwrap();
+        if let Err(e) = conn.batch(&sql).or_else(|_| conn.batch(&sql)) {
+            eprintln!("{db}: {sql}: {e}");
+        }
+    }
+}
+
+#[test]
+fn the_sweep_leaves_a_head_a_publish_named_meanwhile_sqlite() {
+    the_sweep_leaves_a_head_a_publish_named_meanwhile("sqlite");
+}
+
+#[test]
+fn the_sweep_leaves_a_head_a_publish_named_meanwhile_postgres() {
+    the_sweep_leaves_a_head_a_publish_named_meanwhile("postgres");
+}
+
+#[test]
+fn the_sweep_leaves_a_head_a_publish_named_meanwhile_mysql() {
+    the_sweep_leaves_a_head_a_publish_named_meanwhile("mysql");
+}

@@ -18,6 +18,15 @@
 //!   reported across the two.
 //! - Tables with dependencies created at once on a fresh database all succeed.
 //! - Bad input is refused and writes nothing.
+//! - Every dead letter frees its dedup key, a dependent dead-lettered through its parent too.
+//! - `after_in` checks the other table's record, as the broker checks its own tables.
+//! - `sqlbroker_deps` holds a row for a job only while something waits on it, or while its
+//!   own row can no longer tell its outcome (a cancel that removed it, a purge); the same id
+//!   gets the same answer; the broker's sweeper deletes the rest, as fast as they come.
+//! - A job whose row went without a settlement (deleted by hand, its table dropped) leaves no
+//!   job waiting for ever, and gets one answer.
+//! - A requeued parent is live again, and a requeued dependent waits for its parents again: a
+//!   failed chain requeued whole runs in order; a dependent of a parent still dead is refused.
 
 mod common;
 
@@ -562,3 +571,444 @@ fn tables_with_dependencies_made_at_once(db: Db) {
     }
 }
 per_db!(tables_with_dependencies_made_at_once);
+
+/// A table with dependencies in `form`, shaped further by `more` (before its form is given).
+fn table_with(l: &Live, form: Form, more: impl FnOnce(Table) -> Table) -> Table {
+    let name = unique("dep");
+    let t = more(Table::new(&name).text_column("u").dependencies());
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    };
+    l.create(t)
+}
+
+/// The rows of the shared `sqlbroker_deps` that name `t` as the job waited on (its heads and
+/// the waits on its jobs), counted directly.
+fn deps_rows(l: &Live, t: &Table) -> i64 {
+    l.int(&format!(
+        "SELECT COUNT(*) FROM sqlbroker_deps WHERE parent_table = '{}'",
+        t.name()
+    ))
+}
+
+/// Settles the next delivery of `sub`, which must be `id`, by `settle`.
+fn settle_next(sub: &sqlbroker::Subscription, id: i64, settle: impl FnOnce(sqlbroker::Delivery)) {
+    let d = next(sub, Duration::from_secs(10));
+    assert_eq!(d.id(), id, "the next delivery");
+    settle(d);
+}
+
+/// Every dead letter frees its dedup key, a dependent dead-lettered through its parent too:
+/// at the parent's settlement, and at its own publish when the parent is dead already. Fails
+/// (`republished`: `Duplicate` naming the dead row) with the waiting table's dead letter
+/// leaving the key on the row.
+fn a_dependent_dead_through_its_parent_frees_its_key(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table_with(&l, form, Table::dedup);
+    let (first, second) = (unique("key"), unique("key"));
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let b = l
+        .broker
+        .publish(&t, message("b").dedup_key(&first).after(a))
+        .unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, a, |d| d.dead_letter("no stock").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(state(&l, &t, b), Some(JobState::Dead), "state of {b}");
+    let c = l
+        .broker
+        .publish(&t, message("c").dedup_key(&second).after(a))
+        .unwrap();
+    assert_eq!(state(&l, &t, c), Some(JobState::Dead), "state of {c}");
+    for (key, dead) in [(&first, b), (&second, c)] {
+        let again = l.broker.publish(&t, message("again").dedup_key(key));
+        assert!(
+            again.as_ref().is_ok_and(|id| *id != dead),
+            "republished {key} (dead letter {dead}): {again:?}"
+        );
+    }
+    forget(&l, &t);
+}
+per_db_form!(a_dependent_dead_through_its_parent_frees_its_key);
+
+/// A parent requeued from the dead letters is live again: a new `after` and a new
+/// `after_settled` wait for it, and the dependent dead-lettered through it, requeued too,
+/// waits for it again; all run once it is acked, not before. Fails (`state of`: `Dead` and
+/// `Ready`) with the parent's recorded outcome left as it was by the dead letter, and
+/// (`requeued dependent`: `Ready`) with a requeue that ignores what a job waits on.
+fn a_requeued_parent_is_live_again(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let ship = l.broker.publish(&t, message("ship").after(p)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, p, |d| d.dead_letter("card declined").unwrap());
+    assert_eq!(state(&l, &t, ship), Some(JobState::Dead), "state of {ship}");
+    assert!(l.broker.requeue_dead(&t, p).unwrap());
+    let after = l.broker.publish(&t, message("after").after(p)).unwrap();
+    let settled = l
+        .broker
+        .publish(&t, message("settled").after_settled(p))
+        .unwrap();
+    for id in [after, settled] {
+        assert_eq!(state(&l, &t, id), Some(JobState::Waiting), "state of {id}");
+    }
+    assert!(l.broker.requeue_dead(&t, ship).unwrap());
+    assert_eq!(
+        state(&l, &t, ship),
+        Some(JobState::Waiting),
+        "requeued dependent"
+    );
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), p, "the parent runs first");
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "a dependent ran before its requeued parent was acked"
+    );
+    d.ack().unwrap();
+    let mut ran: Vec<i64> = (0..3)
+        .map(|_| {
+            let d = next(&sub, Duration::from_secs(10));
+            let id = d.id();
+            d.ack().unwrap();
+            id
+        })
+        .collect();
+    ran.sort_unstable();
+    assert_eq!(ran, [ship, after, settled]);
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_requeued_parent_is_live_again);
+
+/// A failed chain (charge -> ship -> email) requeued whole runs in order again: the charge is
+/// ready, the others wait, and each runs only after the one before it is acked. A dependent
+/// whose parent is still dead is refused (`ParentFailed`, nothing changed). Fails (`state of`:
+/// all three `Ready`, and in the lease form they were claimed in the same millisecond) with a
+/// requeue that ignores what a job waits on.
+fn requeue_all_dead_runs_a_chain_in_order(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let charge = l.broker.publish(&t, message("charge")).unwrap();
+    let ship = l.broker.publish(&t, message("ship").after(charge)).unwrap();
+    let email = l.broker.publish(&t, message("email").after(ship)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    settle_next(&sub, charge, |d| d.dead_letter("card declined").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    for id in [ship, email] {
+        assert_eq!(state(&l, &t, id), Some(JobState::Dead), "state of {id}");
+    }
+    match l.broker.requeue_dead(&t, ship) {
+        Err(BrokerError::ParentFailed { id, parent, .. }) => {
+            assert_eq!((id, parent), (ship, charge))
+        }
+        other => panic!("requeue of a job whose parent is dead: {other:?}"),
+    }
+    assert_eq!(
+        state(&l, &t, ship),
+        Some(JobState::Dead),
+        "refused, unchanged"
+    );
+
+    assert_eq!(l.broker.requeue_all_dead(&t).unwrap(), 3);
+    let states: Vec<_> = [charge, ship, email]
+        .iter()
+        .map(|id| state(&l, &t, *id))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            Some(JobState::Ready),
+            Some(JobState::Waiting),
+            Some(JobState::Waiting)
+        ],
+        "state of charge, ship, email"
+    );
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    for id in [charge, ship, email] {
+        let d = next(&sub, Duration::from_secs(10));
+        assert_eq!(d.id(), id, "the chain runs in order");
+        assert!(
+            sub.next_delivery_timeout(Duration::from_millis(300))
+                .is_err(),
+            "a dependent ran before job {id} was acked"
+        );
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(requeue_all_dead_runs_a_chain_in_order);
+
+/// A settlement writes no head where nothing waits on the job (acked, dead-lettered, acked
+/// with nothing after it) and a publish naming a job that never existed leaves none; yet the
+/// same id gets the same answer as before: gone runs, dead and cancelled dead-letter an
+/// `after`. The cancelled job's row is gone, so its head stays (the one row left). Fails
+/// (`heads left`: one per settled job, and one for the id never published) with a head
+/// written at every settlement.
+fn no_head_where_nothing_waits(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let acked = l.broker.publish(&t, message("acked")).unwrap();
+    let dead = l.broker.publish(&t, message("dead")).unwrap();
+    let queued = l.broker.publish(&t, message("queued")).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, acked, |d| d.ack().unwrap());
+    settle_next(&sub, dead, |d| d.dead_letter("bad").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(l.broker.cancel(&t, queued).unwrap());
+    let left: Vec<Option<i64>> = l.ints(&format!(
+        "SELECT parent FROM sqlbroker_deps WHERE parent_table = '{}' ORDER BY parent",
+        t.name()
+    ));
+    assert_eq!(left, [Some(queued)], "heads left");
+
+    let never = 1_000_000_000 + acked;
+    let runs = l.broker.publish(&t, message("x").after(acked)).unwrap();
+    let fails = l.broker.publish(&t, message("y").after(dead)).unwrap();
+    let cancelled = l.broker.publish(&t, message("z").after(queued)).unwrap();
+    let unknown = l.broker.publish(&t, message("w").after(never)).unwrap();
+    assert_eq!(state(&l, &t, runs), Some(JobState::Ready), "after an ack");
+    assert_eq!(
+        state(&l, &t, unknown),
+        Some(JobState::Ready),
+        "after no job"
+    );
+    for (id, parent, how) in [
+        (fails, dead, "was dead-lettered"),
+        (cancelled, queued, "was cancelled"),
+    ] {
+        let job = l.broker.job(&t, id).unwrap().unwrap();
+        assert_eq!(job.state(), JobState::Dead, "after a job that {how}");
+        let want = format!("job {parent} it waits on {how}");
+        assert_eq!(job.dead_reason(), Some(want.as_str()));
+    }
+    assert_eq!(
+        l.int(&format!(
+            "SELECT COUNT(*) FROM sqlbroker_deps WHERE parent_table = '{}' AND parent = {never} \
+             AND child_table = ''",
+            t.name()
+        )),
+        0,
+        "a head left for a job that never existed"
+    );
+    forget(&l, &t);
+}
+per_db_form!(no_head_where_nothing_waits);
+
+/// A job's head is kept while jobs wait on it and goes once they settle, by the broker's
+/// sweeper (a thread of its own: no handler runs here once the jobs are acked). Fails
+/// (`swept`) with heads kept a day.
+fn heads_go_when_their_waiters_settle(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let c = l.broker.publish(&t, message("c").after(p)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, p, |d| d.ack().unwrap());
+    assert!(deps_rows(&l, &t) > 0, "the waiting job's head and wait");
+    settle_next(&sub, c, |d| d.ack().unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(60), || deps_rows(&l, &t) == 0),
+        "swept: {} rows left",
+        deps_rows(&l, &t)
+    );
+    forget(&l, &t);
+}
+per_db_form!(heads_go_when_their_waiters_settle);
+
+/// Heads written faster than the fastest settling writer measured (280 a second) are swept
+/// as fast, by the broker's own thread: 3,000 settled heads nothing waits on, written at once,
+/// are gone within 10 s (300 a second or more). Fails (`swept`) with the sweep of 500 a minute
+/// at settlements (none run here).
+fn the_sweeper_keeps_up(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    const HEADS: i64 = 3_000;
+    let t = table(&l, Form::Lease);
+    let name = t.name();
+    for chunk in (0..HEADS).collect::<Vec<_>>().chunks(500) {
+        let values: Vec<String> = chunk
+            .iter()
+            .map(|i| format!("('{name}', {i}, '', 0, 0, 'acked', 0)"))
+            .collect();
+        l.exec(&format!(
+            "INSERT INTO sqlbroker_deps (parent_table, parent, child_table, child, \
+             settled_only, outcome, at) VALUES {}",
+            values.join(", ")
+        ));
+    }
+    let started = Instant::now();
+    let swept = common::wait_for(Duration::from_secs(10), || deps_rows(&l, &t) == 0);
+    let took = started.elapsed();
+    let left = deps_rows(&l, &t);
+    eprintln!(
+        "{db:?}: {} heads swept in {took:?} ({:.0} a second)",
+        HEADS - left,
+        (HEADS - left) as f64 / took.as_secs_f64()
+    );
+    assert!(swept, "swept: {left} of {HEADS} left after {took:?}");
+    forget(&l, &t);
+}
+per_db!(the_sweeper_keeps_up);
+
+/// `after_in` checks the other table's record, as the broker checks its own tables: a
+/// description that says `dependencies()` of a table recorded without them is refused
+/// (`Schema`, naming that table), and so is a table with no record; nothing is written. Fails
+/// (`refused`: `Ok`, and the job waits for ever) with the caller's description trusted.
+fn after_in_checks_the_other_tables_record(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let emails = table(&l, Form::Lease);
+    let name = unique("plain");
+    let plain = l.create(
+        Table::new(&name)
+            .text_column("u")
+            .lease(Duration::from_secs(30)),
+    );
+    let paid = l.broker.publish(&plain, message("paid")).unwrap();
+    let claims = Table::new(&name)
+        .text_column("u")
+        .dependencies()
+        .lease(Duration::from_secs(30));
+    let e = l
+        .broker
+        .publish(&emails, message("receipt").after_in(&claims, paid));
+    assert!(
+        matches!(&e, Err(BrokerError::Schema { table, .. }) if table == &name),
+        "refused: {e:?}"
+    );
+    let missing = Table::new(unique("missing"))
+        .text_column("u")
+        .dependencies()
+        .lease(Duration::from_secs(30));
+    let e = l
+        .broker
+        .publish(&emails, message("receipt").after_in(&missing, 1));
+    assert!(
+        matches!(&e, Err(BrokerError::InvalidMessage { .. })),
+        "refused (no record): {e:?}"
+    );
+    assert_eq!(l.rows(&emails), 0, "nothing written");
+    forget(&l, &emails);
+}
+per_db!(after_in_checks_the_other_tables_record);
+
+/// A parent deleted by hand: the jobs waiting on it and a later `after` on its id get one
+/// answer, the one the rule gives a job no longer in its table (acked). A later publish
+/// naming it releases them at once; without one, the broker's sweeper does. Fails (`state of`:
+/// still `Waiting`) with dependents left waiting on a row that is gone.
+fn a_parent_deleted_by_hand_leaves_none_waiting(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let (p, q) = (
+        l.broker.publish(&t, message("p")).unwrap(),
+        l.broker.publish(&t, message("q")).unwrap(),
+    );
+    let mut waiting = Vec::new();
+    for parent in [p, q] {
+        waiting.push(l.broker.publish(&t, message("c").after(parent)).unwrap());
+        waiting.push(
+            l.broker
+                .publish(&t, message("s").after_settled(parent))
+                .unwrap(),
+        );
+    }
+    l.exec(&format!("DELETE FROM {} WHERE id IN ({p}, {q})", t.name()));
+    // Named again: the publish finds the row gone, and gives every job waiting the answer.
+    let later = l.broker.publish(&t, message("later").after(p)).unwrap();
+    for id in [later, waiting[0], waiting[1]] {
+        assert_eq!(state(&l, &t, id), Some(JobState::Ready), "state of {id}");
+    }
+    // Not named again: the sweeper finds it.
+    assert!(
+        common::wait_for(Duration::from_secs(60), || waiting[2..]
+            .iter()
+            .all(|id| state(&l, &t, *id) == Some(JobState::Ready))),
+        "state of {:?}: {:?}",
+        &waiting[2..],
+        waiting[2..]
+            .iter()
+            .map(|id| state(&l, &t, *id))
+            .collect::<Vec<_>>()
+    );
+    let job = l.broker.job(&t, waiting[3]).unwrap().unwrap();
+    assert_eq!(job.waits_on()[0].outcome, Some(JobOutcome::Acked));
+    forget(&l, &t);
+}
+per_db_form!(a_parent_deleted_by_hand_leaves_none_waiting);
+
+/// A table others wait on, dropped: its jobs count as cancelled for the jobs waiting on them,
+/// whether `drop_table` dropped it or an operator by hand (the sweeper finds it). Fails
+/// (`state of`: still `Waiting`) with the waits deleted with the table, or left.
+fn a_dropped_table_leaves_none_waiting(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let emails = table(&l, form);
+    for by_hand in [false, true] {
+        let charges = table(&l, form);
+        let paid = l.broker.publish(&charges, message("paid")).unwrap();
+        let receipt = l
+            .broker
+            .publish(&emails, message("receipt").after_in(&charges, paid))
+            .unwrap();
+        let report = l
+            .broker
+            .publish(&emails, message("report").after_settled_in(&charges, paid))
+            .unwrap();
+        match by_hand {
+            false => l.broker.drop_table(&charges).unwrap(),
+            true => l.exec(&format!(
+                "DROP TABLE {0}; DELETE FROM sqlbroker_tables WHERE name = '{0}'",
+                charges.name()
+            )),
+        }
+        let settled = || {
+            state(&l, &emails, receipt) == Some(JobState::Dead)
+                && state(&l, &emails, report) == Some(JobState::Ready)
+        };
+        assert!(
+            common::wait_for(Duration::from_secs(60), settled),
+            "state of {receipt}, {report} (dropped by hand: {by_hand}): {:?}",
+            (state(&l, &emails, receipt), state(&l, &emails, report))
+        );
+        let job = l.broker.job(&emails, receipt).unwrap().unwrap();
+        let want = format!(
+            "job {paid} of table {} it waits on was cancelled",
+            charges.name()
+        );
+        assert_eq!(job.dead_reason(), Some(want.as_str()));
+        forget(&l, &charges);
+    }
+    forget(&l, &emails);
+}
+per_db_form!(a_dropped_table_leaves_none_waiting);
+
+/// A dead letter nothing waits on leaves no head (its row tells its outcome); purged, its row
+/// no longer does, so the purge records it (kept a day): a job published after it is
+/// dead-lettered as before the purge, one purged alone (`purge_dead`) or with the rest
+/// (`purge_all_dead`). Fails (`after a purged dead letter`: `Ready`, read as gone) with
+/// purges that record nothing.
+fn a_purged_dead_letter_keeps_its_answer(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let one = l.broker.publish(&t, message("one")).unwrap();
+    let all = l.broker.publish(&t, message("all")).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, one, |d| d.dead_letter("bad").unwrap());
+    settle_next(&sub, all, |d| d.dead_letter("bad").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(l.broker.purge_dead(&t, one).unwrap());
+    assert_eq!(l.broker.purge_all_dead(&t).unwrap(), 1);
+    assert_eq!(l.rows(&t), 0);
+    for parent in [one, all] {
+        let id = l.broker.publish(&t, message("x").after(parent)).unwrap();
+        let job = l.broker.job(&t, id).unwrap().unwrap();
+        assert_eq!(job.state(), JobState::Dead, "after a purged dead letter");
+        let want = format!("job {parent} it waits on was dead-lettered");
+        assert_eq!(job.dead_reason(), Some(want.as_str()));
+    }
+    forget(&l, &t);
+}
+per_db_form!(a_purged_dead_letter_keeps_its_answer);

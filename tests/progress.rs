@@ -4,7 +4,9 @@
 //! - The settlement that ends a job writes its output: read back from a kept row
 //!   (`Job::output`), and by the job that waited on it from the waits even though its row was
 //!   not kept. A retry writes none. Fails (`output of`) with the output write taken out of
-//!   the settlement, and (`waited on`) with it left out of the parent's head.
+//!   the settlement, and (`waited on`) with it left out of the parent's head. A failure
+//!   writes none, on the last attempt too, as a drop and a handler timeout on it write none
+//!   (`output of a failure on the last attempt` with the output handed to the dead letter).
 //! - A checkpoint survives a crash of its process (SIGKILL) and the next attempt reads it.
 //!   Fails (`resumed from`) with the checkpoint's write left uncommitted (row lock: without
 //!   its commit).
@@ -274,6 +276,67 @@ fn checkpoints_are_fenced(db: Db, form: Form) {
     sub.shutdown(Duration::from_secs(10)).unwrap();
 }
 per_db_form!(checkpoints_are_fenced);
+
+/// Only the handler's own end of a job writes its output (an ack, a dead letter, a cancel); a
+/// failure writes none, on the last attempt too, as a drop and a handler timeout on it write
+/// none. Fails (`output of a failure on the last attempt`: the output written) with the
+/// output handed to the dead letter a failure on the last attempt becomes.
+fn a_failure_on_the_last_attempt_writes_no_output(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = l.create(in_form(
+        Table::new(unique("outf")).outputs().max_attempts(1),
+        form,
+        Duration::from_secs(30),
+    ));
+    let ids: Vec<i64> = ["failed", "dropped", "timed out", "dead-lettered"]
+        .iter()
+        .map(|what| l.broker.publish(&t, message(what)).unwrap())
+        .collect();
+    let sub = l
+        .broker
+        .subscription(&t)
+        .max_in_flight(1)
+        .handler_timeout(Duration::from_millis(500))
+        .start()
+        .unwrap();
+    for _ in 0..4 {
+        let d = next(&sub, Duration::from_secs(10));
+        d.set_output(b"partial").unwrap();
+        match ids.iter().position(|id| *id == d.id()) {
+            Some(0) => d.fail("boom").unwrap(),
+            Some(1) => drop(d),
+            Some(2) => {
+                assert!(common::wait_for(Duration::from_secs(10), || d.timed_out()));
+                assert!(d.ack().unwrap_err().is_handler_timeout());
+            }
+            _ => d.dead_letter("given up").unwrap(),
+        }
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let output = |id: i64| {
+        let mut job = None;
+        common::wait_for(Duration::from_secs(10), || {
+            job = l.broker.job(&t, id).unwrap();
+            job.as_ref().is_some_and(|j| j.state() == JobState::Dead)
+        });
+        let job = job.expect("the job is kept");
+        (job.state(), job.output().map(<[u8]>::to_vec))
+    };
+    let dead = JobState::Dead;
+    assert_eq!(
+        output(ids[0]),
+        (dead, None),
+        "output of a failure on the last attempt"
+    );
+    assert_eq!(output(ids[1]), (dead, None), "output of a drop");
+    assert_eq!(output(ids[2]), (dead, None), "output of a handler timeout");
+    assert_eq!(
+        output(ids[3]),
+        (dead, Some(b"partial".to_vec())),
+        "output of a dead letter"
+    );
+}
+per_db_form!(a_failure_on_the_last_attempt_writes_no_output);
 
 /// Outputs and checkpoints over their bounds, or on a table without the option, are refused
 /// with a typed error, and nothing is written.

@@ -303,3 +303,36 @@ fn a_disagreeing_description_is_refused_in_a_transaction(db: Db) {
     assert_eq!(live.rows(&t), 1);
 }
 per_db!(a_disagreeing_description_is_refused_in_a_transaction);
+
+/// A message published inside the application's transaction that waits on a job of another
+/// table (`after_in`) is checked against that table's record, as `Broker::publish` checks it:
+/// a description saying `dependencies()` of a table recorded without them is refused
+/// (`Schema`, naming it), and the transaction stays usable. Fails (`refused`: `Ok`, a job
+/// that would wait for ever) with the transactional path trusting the caller's description.
+fn after_in_is_checked_in_a_transaction(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let long = Duration::from_secs(30);
+    let waits = live.create(
+        Table::new(common::unique("txw"))
+            .text_column("k")
+            .dependencies()
+            .lease(long),
+    );
+    let name = common::unique("txp");
+    let _plain = live.create(Table::new(&name).text_column("k").lease(long));
+    let claimed = Table::new(&name)
+        .text_column("k")
+        .dependencies()
+        .lease(long);
+    in_tx(&live, true, |run| {
+        let refused = run(TxOp::One(&waits, msg("no").after_in(&claimed, 1)));
+        assert!(
+            matches!(&refused, Err(BrokerError::Schema { table, .. }) if table == &name),
+            "refused: {refused:?}"
+        );
+        assert_eq!(run(TxOp::One(&waits, msg("yes"))).unwrap(), 1);
+    });
+    assert_eq!(live.rows(&waits), 1);
+    live.forget_deps(waits.name());
+}
+per_db!(after_in_is_checked_in_a_transaction);

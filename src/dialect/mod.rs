@@ -739,6 +739,13 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The statements of the operators' action log.
     fn action_log(&self) -> &'static ActionLogSql;
 
+    /// The statements of the waits' table `sqlbroker_deps`, database-wide (the sweeper's,
+    /// which serves no one table); `None` where the database has none (the unit tests'
+    /// scripted one).
+    fn deps(&self) -> Option<&'static deps::DepsSql> {
+        None
+    }
+
     /// Inserts `rows` rows in one statement, parameters as `insert_one` repeated.
     fn insert_many(&self, spec: &TableSpec, rows: usize) -> String {
         self.syntax().insert_many(spec, rows)

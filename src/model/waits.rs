@@ -42,6 +42,8 @@ pub struct Dependency {
     pub outcome: Option<JobOutcome>,
     /// What it produced ([`Delivery::set_output`](crate::Delivery::set_output)), written by
     /// its settlement on a table with [`Table::outputs`](crate::Table::outputs): kept for the
-    /// jobs waiting on it while any waits, and a day after, whether its row is kept or not.
+    /// jobs waiting on it when it settled, until the last of them settles, whether its row is
+    /// kept or not; a job published after it settled reads it from its row where the row is
+    /// kept (a dead letter, or a completed row of a table that keeps them), else none.
     pub output: Option<Vec<u8>>,
 }

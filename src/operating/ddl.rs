@@ -339,6 +339,9 @@ impl Broker {
     pub fn create_table(&self, table: &Table) -> Result<()> {
         self.may_run_ddl("create_table", table)?;
         let q = self.compiled(table)?;
+        if q.spec.dependencies {
+            self.sweep();
+        }
         // A form the database cannot run (row lock on SQLite) is refused before anything is
         // made or recorded, rather than at the first subscription's start.
         q.dialect.check_form(q.spec.form)?;
@@ -413,6 +416,13 @@ impl Broker {
     /// rows of `sqlbroker_deps` that name it (jobs of other tables waiting on its jobs, or
     /// its jobs' waits). A table that does not exist is not an error; the call is idempotent.
     ///
+    /// Its jobs count as cancelled for the jobs of other tables waiting on them
+    /// ([`Message::after_in`](crate::Message::after_in)): those are dead-lettered (`after`,
+    /// reason `job 7 of table charges it waits on was cancelled`) or released
+    /// (`after_settled`, reading [`JobOutcome::Cancelled`](crate::JobOutcome::Cancelled)),
+    /// in one transaction after the drop; none is left waiting on a job that is gone. A table
+    /// dropped by other means is found by the brokers' sweepers and settled alike.
+    ///
     /// Meant for scratch tables (`sqlbroker bench` makes one and drops it) and tests: stop
     /// the table's subscriptions first, in every process (a running one fails its next
     /// claim). On MySQL each statement commits on its own.
@@ -455,20 +465,28 @@ impl Broker {
                     std::slice::from_ref(&name),
                 )?;
             }
-            let deps = crate::dialect::deps::DEPS_TABLE;
-            if exists(conn, deps)? {
-                conn.execute(
-                    &format!(
-                        "DELETE FROM {} WHERE parent_table = {} OR child_table = {}",
-                        syntax.q(deps),
-                        syntax.p(1),
-                        syntax.p(2)
-                    ),
-                    &[name.clone(), name.clone()],
-                )?;
-            }
             Ok(())
         })?;
+        // The table is gone, and with it every job in it: the jobs of other tables waiting on
+        // them are settled as a cancel would settle them (they will never run), in one
+        // transaction with the deletion of every row naming the table. After the drop, so no
+        // publish can name one of its jobs meanwhile (a publish that read the table holds it
+        // until its commit, and the drop waited for that).
+        let deps_table = crate::dialect::deps::DEPS_TABLE;
+        if let Some(deps) = q.dialect.deps() {
+            q.retrying("drop table", |conn| {
+                if !exists(conn, deps_table)? {
+                    return Ok(());
+                }
+                conn.batch(&deps.begin_write)?;
+                let done = crate::runtime::deps::dropped(deps, &*q, conn, &q.spec.name)
+                    .and_then(|()| conn.batch("COMMIT"));
+                if done.is_err() {
+                    conn.rollback_or_discard();
+                }
+                done
+            })?;
+        }
         self.forget(&q.spec.name);
         Ok(())
     }

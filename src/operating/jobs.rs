@@ -255,7 +255,8 @@ impl Job {
 
     /// The jobs it waits on ([`Message::after`](crate::Message::after),
     /// [`Message::after_settled`](crate::Message::after_settled)), each with its outcome once
-    /// settled, until it settles itself. Read by [`Broker::job`]; empty in listings.
+    /// settled, until it settles itself (a dead letter keeps them: a requeue waits on them
+    /// again). Read by [`Broker::job`]; empty in listings.
     pub fn waits_on(&self) -> &[crate::model::waits::Dependency] {
         &self.waits_on
     }
@@ -830,7 +831,17 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
         }
         let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
         if n > 0 {
-            crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None)?;
+            let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
+            crate::runtime::deps::settled(
+                &q.spec,
+                &q.sql,
+                q,
+                conn,
+                id,
+                DEPS_CANCELLED,
+                None,
+                kept,
+            )?;
         }
         Ok(n)
     };

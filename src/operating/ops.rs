@@ -123,8 +123,28 @@ impl Broker {
     /// Puts a dead-lettered row back in the queue, due now, with a fresh attempt count (its next
     /// delivery reads attempt 1), so a row that ran out of [`Table::max_attempts`] gets them all
     /// again. Returns false if no dead-lettered row has that id.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), a requeue means for a chain:
+    /// - the job is **live again** for the jobs that wait on it: a job published after it
+    ///   waits for it as for any job not yet settled (the jobs already dead-lettered through
+    ///   it stay dead letters until they are requeued themselves);
+    /// - a job that waits on others **waits for them again**, each read as a new publish reads
+    ///   it: ready if all have settled as its waits ask, waiting while one has not (a parent
+    ///   requeued before it, for one), and never run before a parent it waits on with
+    ///   [`Message::after`](crate::Message::after) is acked. One of those still dead-lettered
+    ///   (or cancelled) refuses the requeue with [`BrokerError::ParentFailed`], changing
+    ///   nothing: requeued, it would be dead-lettered again at once.
+    ///
+    /// [`BrokerError::ParentFailed`]: crate::BrokerError::ParentFailed
     pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
+        if q.spec.dependencies {
+            let done = requeue_waiting(&q, id)?;
+            if done {
+                self.announce(&q, 1);
+            }
+            return Ok(done);
+        }
         let now = crate::model::schedule::due_at(SystemTime::now(), Duration::ZERO);
         // Only a dead row matches: running it twice changes nothing more.
         let params = [Value::Time(now), Value::Int(id)];
@@ -251,8 +271,22 @@ impl Broker {
     /// batches of at most 1,000 rows, each its own short statement, so it never holds a long
     /// lock on a large table; rows dead-lettered while it runs, with ids it has passed, stay
     /// dead. Stopped by an error, the batches done stay done.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), one by one in id order (each
+    /// in a transaction of its own, as [`requeue_dead`](Self::requeue_dead) does one): the
+    /// jobs a job waits on in its own table have lower ids, so a failed chain requeued whole
+    /// runs in order again (its first job ready, the others waiting, each released by the ack
+    /// of the one before). A job waiting on one still dead (another table's, not requeued) is
+    /// left dead and not counted.
     pub fn requeue_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
+        if q.spec.dependencies {
+            let n = requeue_all_waiting(&q)?;
+            if n > 0 {
+                self.announce(&q, usize::try_from(n).unwrap_or(usize::MAX));
+            }
+            return Ok(n);
+        }
         let n = in_batches(
             &q,
             "requeue all dead",
@@ -273,8 +307,29 @@ impl Broker {
 
     /// Deletes the row `id` if it is dead-lettered; false if no dead-lettered row has that id
     /// (a live row is never deleted).
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), the purged job's outcome is
+    /// recorded in its head in `sqlbroker_deps` (its row no longer tells it), kept a day, so a
+    /// job published after it within that day is dead-lettered as before the purge; its own
+    /// waits go with it.
     pub fn purge_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
+        if let Some((deps, waiting)) = crate::runtime::deps::statements(&q.sql) {
+            let at = Value::Int(crate::model::schedule::millis(SystemTime::now()));
+            let name = Value::Text(q.spec.name.clone());
+            let range = [Value::Int(id.saturating_sub(1)), Value::Int(id)];
+            let n = q.retrying("purge dead", |conn| {
+                in_transaction(&q, conn, |conn| {
+                    let dead = Value::Text(crate::dialect::deps::DEAD.into());
+                    let heads = [dead, at.clone(), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.heads_dead, &heads)?;
+                    let n = conn.execute(&q.sql.dead_purge, &[Value::Int(id)])?;
+                    conn.execute(&deps.forget_waits, &[name.clone(), Value::Int(id)])?;
+                    Ok(n)
+                })
+            })?;
+            return Ok(n > 0);
+        }
         let params = [Value::Int(id)];
         let n = q.retrying("purge dead", |conn| {
             conn.execute(&q.sql.dead_purge, &params)
@@ -284,18 +339,34 @@ impl Broker {
 
     /// Deletes every dead-lettered row (and no other); returns how many. In batches of at
     /// most 1,000 rows by id, as [`requeue_all_dead`](Self::requeue_all_dead).
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), each batch in a transaction
+    /// that first records the outcome of the rows it purges in their heads, as
+    /// [`purge_dead`](Self::purge_dead) does, and then forgets their waits.
     pub fn purge_all_dead(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
+        let waits = crate::runtime::deps::statements(&q.sql).map(|(_, w)| w);
+        let name = Value::Text(q.spec.name.clone());
         in_batches(
             &q,
             "purge all dead",
             &q.sql.dead_bound,
             &[],
             |conn, after, upto| {
-                conn.execute(
-                    &q.sql.dead_purge_range,
-                    &[Value::Int(after), Value::Int(upto)],
-                )
+                let range = [Value::Int(after), Value::Int(upto)];
+                let Some(waiting) = waits else {
+                    return conn.execute(&q.sql.dead_purge_range, &range);
+                };
+                in_transaction(&q, conn, |conn| {
+                    let at = crate::model::schedule::millis(SystemTime::now());
+                    let dead = Value::Text(crate::dialect::deps::DEAD.into());
+                    let heads = [dead, Value::Int(at), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.heads_dead, &heads)?;
+                    let n = conn.execute(&q.sql.dead_purge_range, &range)?;
+                    let gone = [name.clone(), range[0].clone(), range[1].clone()];
+                    conn.execute(&waiting.forget_gone, &gone)?;
+                    Ok(n)
+                })
             },
         )
     }
@@ -367,6 +438,100 @@ impl Broker {
                 conn.execute(&q.sql.completed_prune_range, &params)
             },
         )
+    }
+}
+
+/// Runs `f` on `conn` in a write transaction of `q`'s table: committed if it returns `Ok`,
+/// rolled back (or the connection discarded) otherwise.
+fn in_transaction<T>(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    f: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    conn.batch(&q.sql.begin_write)?;
+    match f(conn).and_then(|v| conn.batch("COMMIT").map(|()| v)) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(e)
+        }
+    }
+}
+
+/// Requeues dead letter `id` of a table with dependencies ([`Broker::requeue_dead`]), in a
+/// transaction of its own: true if it was requeued, false if no dead letter has that id,
+/// [`BrokerError::ParentFailed`](crate::BrokerError::ParentFailed) (rolled back) if it waits
+/// on a job still dead-lettered or cancelled.
+fn requeue_waiting(q: &Queue, id: i64) -> Result<bool> {
+    use crate::runtime::deps::Requeued;
+    let now = schedule::due_at(SystemTime::now(), Duration::ZERO);
+    let mut conn = q.conn("requeue")?;
+    let run = |conn: &mut dyn DbConn| -> Result<Requeued, DbError> {
+        conn.batch(&q.sql.begin_write)?;
+        let done =
+            crate::runtime::deps::requeue(&q.spec, &q.sql, q, conn, &q.sql.dead_requeue, now, id)?;
+        match done {
+            Requeued::Done => conn.batch("COMMIT")?,
+            _ => conn.batch("ROLLBACK")?,
+        }
+        Ok(done)
+    };
+    match run(&mut *conn) {
+        Ok(Requeued::Done) => Ok(true),
+        Ok(Requeued::NotDead) => Ok(false),
+        Ok(Requeued::ParentFailed {
+            table,
+            parent,
+            outcome,
+        }) => Err(crate::error::BrokerError::ParentFailed {
+            table: q.spec.name.clone(),
+            id,
+            parent_table: table,
+            parent,
+            outcome: crate::runtime::deps::ended(&outcome).to_string(),
+        }),
+        Err(e) => {
+            conn.rollback_or_discard();
+            Err(q.err("requeue")(e))
+        }
+    }
+}
+
+/// Requeues every dead letter of a table with dependencies, one by one in id order
+/// ([`Broker::requeue_all_dead`]); the number requeued. One that waits on a job still dead
+/// is left dead.
+fn requeue_all_waiting(q: &Queue) -> Result<u64> {
+    let Some((_, waiting)) = crate::runtime::deps::statements(&q.sql) else {
+        return Ok(0);
+    };
+    let mut after = i64::MIN;
+    let mut total = 0;
+    loop {
+        let params = [Value::Int(after), Value::Int(BATCH as i64)];
+        let ids: Vec<i64> = q
+            .retrying("requeue all dead", |conn| {
+                conn.query(&waiting.dead_after, &params)
+            })?
+            .iter()
+            .filter_map(|r| r.first()?.as_i64())
+            .collect();
+        for &id in &ids {
+            match requeue_waiting(q, id) {
+                Ok(true) => total += 1,
+                Ok(false) => {}
+                Err(crate::error::BrokerError::ParentFailed { .. }) => {
+                    log::info!(
+                        "table {}: dead letter {id} left dead: a job it waits on is still dead",
+                        q.spec.name
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match ids.last() {
+            Some(last) if ids.len() == BATCH => after = *last,
+            _ => return Ok(total),
+        }
     }
 }
 

@@ -22,6 +22,12 @@ pub(crate) struct Target<'a> {
     pub spec: &'a TableSpec,
     pub sql: &'a TableSql,
     pub dialect: &'a dyn Dialect,
+    /// Other tables' waiting statements, for a job named whose row went without a settlement
+    /// (its waiting jobs are settled by the publish that finds it).
+    pub others: &'a dyn deps::OtherTables,
+    /// Other tables a message names ([`Message::after_in`]) are checked against their
+    /// records (false where the connection cannot read them: Diesel's).
+    pub check_records: bool,
 }
 
 impl<'a> Target<'a> {
@@ -31,6 +37,8 @@ impl<'a> Target<'a> {
             spec: &q.spec,
             sql: &q.sql,
             dialect: &*q.dialect,
+            others: q,
+            check_records: true,
         }
     }
 
@@ -106,7 +114,9 @@ fn read_waits(
             "a message that waits on other jobs is due as they settle: it takes no delay".into(),
         ));
     }
-    // Other tables' statements, compiled once per process and description.
+    // Other tables' statements, compiled once per process and description, and checked
+    // against their records as the broker checks its own tables: a description that says
+    // `dependencies()` of a table recorded without them would wait for ever.
     let mut others = Vec::new();
     for p in parents {
         if let Some(table) = p.table.as_deref().filter(|pt| pt.name() != t.spec.name) {
@@ -115,6 +125,14 @@ fn read_waits(
                 return Err(bad(format!(
                     "Message::after_in names a job of table {}, which is not described with \
                      Table::dependencies (its settlements would release nothing)",
+                    c.spec.name
+                )));
+            }
+            if t.check_records && !check_other(t.dialect, conn, &c, table)? {
+                return Err(bad(format!(
+                    "Message::after_in names a job of table {}, which has no record (made by \
+                     Broker::create_table or Broker::migrate): its settlements could not be \
+                     known to release anything",
                     c.spec.name
                 )));
             }
@@ -141,7 +159,7 @@ fn read_waits(
             parent: p,
         });
     }
-    deps::Waits::read(t.sql, conn, named).map_err(|e| t.err(e))
+    deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
@@ -326,6 +344,33 @@ fn check_record(
     }
 }
 
+/// Checks another table a message names (`table`, compiled as `c`) against its record, as
+/// [`check_record`] checks the table published to, in the caller's transaction, once per
+/// process and description: false if it has none (or no registry), [`BrokerError::Schema`]
+/// naming each difference if it disagrees.
+fn check_other(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    c: &Compiled,
+    table: &Table,
+) -> Result<bool> {
+    use std::sync::atomic::Ordering;
+    if c.described.load(Ordering::Acquire) {
+        return Ok(true);
+    }
+    match crate::runtime::registry::problems_in_transaction(dialect, conn, table)? {
+        None => Ok(false),
+        Some(problems) if problems.is_empty() => {
+            c.described.store(true, Ordering::Release);
+            Ok(true)
+        }
+        Some(problems) => Err(BrokerError::Schema {
+            table: c.spec.name.clone(),
+            problems,
+        }),
+    }
+}
+
 /// `table` validated and compiled for `dialect`, once per process and description.
 pub(crate) fn compiled(dialect: &dyn Dialect, table: &Table) -> Result<Arc<Compiled>> {
     type Cache = Mutex<HashMap<(&'static str, Table), Arc<Compiled>>>;
@@ -358,10 +403,13 @@ pub(crate) fn in_transaction(
 ) -> Result<i64> {
     let c = compiled(dialect, table)?;
     check_record(dialect, conn, &c, table, check)?;
+    let others = deps::Uncached(dialect);
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,
         dialect,
+        others: &others,
+        check_records: check,
     };
     let id = one(&t, conn, message)?;
     // Delivered when the caller's transaction commits, not at all if it rolls back.
@@ -383,10 +431,13 @@ pub(crate) fn batch_in_transaction(
 ) -> Result<crate::producing::publish::Published> {
     let c = compiled(dialect, table)?;
     check_record(dialect, conn, &c, table, check)?;
+    let others = deps::Uncached(dialect);
     let t = Target {
         spec: &c.spec,
         sql: &c.sql,
         dialect,
+        others: &others,
+        check_records: check,
     };
     let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };
     let done = many(&t, conn, messages, Within::Callers, insert)?;

@@ -1,14 +1,25 @@
 //! Jobs that wait on other jobs ([`Table::dependencies`]): what a publish that names other jobs
-//! does, and what a settlement does for the jobs waiting on the one it settles. Both run in
-//! the caller's transaction, so a waiting job is released (or dead-lettered) in the very
-//! commit that settles the last job it waits on, and no crash can leave it between the two.
+//! does, what a settlement does for the jobs waiting on the one it settles, what a requeue does
+//! for a job that waits, and what the table of a job gone does for the jobs that waited on it.
+//! Each runs in its caller's transaction, so a waiting job is released (or dead-lettered) in
+//! the very commit that settles the last job it waits on, and no crash can leave it between
+//! the two.
 //!
 //! Why it cannot be lost: a publish that names job `P` and `P`'s settlement both lock `P`'s
 //! head row in `sqlbroker_deps` first (see [`crate::dialect::deps`]). The one that comes second
-//! sees what the first committed: the publish finds `P`'s outcome recorded; the settlement
-//! finds the new wait. A settlement then counts each waiting job down (in id order) under its
-//! count's row lock, so of two settlements of its last two parents, the second waits for the
-//! first and takes the count to 0: it releases the job, exactly once.
+//! sees what the first committed: the publish finds `P`'s outcome recorded, or its row
+//! finished; the settlement finds the new wait. A settlement then counts each waiting job down
+//! (in id order) under its count's row lock, so of two settlements of its last two parents,
+//! the second waits for the first and takes the count to 0: it releases the job, exactly once.
+//!
+//! **Where a head is kept** (the rule every path here follows): a job's head is written by the
+//! first publish that names it, and by its settlement, which deletes it again in the same
+//! transaction when no job waits on it: a settled job's row then tells its outcome to any later
+//! publish (gone: acked; dead-lettered: still in its table). A head stays while jobs wait on
+//! the job, and, for a job dead-lettered or cancelled whose row is gone (a cancel removes it, a
+//! purge deletes it), [`HEADS_KEPT`] after; the broker's sweeper (`runtime::sweep`) deletes the
+//! rest, and settles the jobs whose row went without a settlement (deleted by hand, or their
+//! table dropped), so no job waits for ever on a row that is gone.
 //!
 //! [`Table::dependencies`]: crate::Table::dependencies
 
@@ -16,7 +27,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::dialect::deps::{DepsSql, WaitingSql, ACKED, CANCELLED, DEAD};
-use crate::dialect::{DbConn, TableSql};
+use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::DbError;
 use crate::model::schedule::{floor, from_epoch_secs, millis, LATEST_SECS};
 use crate::model::table::TableSpec;
@@ -29,93 +40,119 @@ pub(crate) fn waiting_due() -> SystemTime {
     from_epoch_secs(LATEST_SECS)
 }
 
-/// How long the outcome of a settled job is kept in its head for publishes that name it later:
-/// a day. Past that, a job still in its table tells its own outcome (dead, or kept
-/// completed); one gone counts as acked.
+/// How long the head of a job dead-lettered or cancelled whose row is gone is kept, for the
+/// publishes that name it later: a day. Past that it counts as gone from its table (acked).
 pub(crate) const HEADS_KEPT: std::time::Duration = std::time::Duration::from_secs(86_400);
-
-/// Deletes the heads of jobs settled more than [`HEADS_KEPT`] ago, up to 500 a call, one
-/// statement each (each locks only its own row, which no settlement holds any more).
-pub(crate) fn sweep(sql: &TableSql, conn: &mut dyn DbConn) -> Result<u64, DbError> {
-    let Some((deps, _)) = statements(sql) else {
-        return Ok(0);
-    };
-    let before = Value::Int(millis(SystemTime::now()) - HEADS_KEPT.as_millis() as i64);
-    let mut swept = 0;
-    for row in conn.query(&deps.sweep_pick, std::slice::from_ref(&before))? {
-        let (Some(table), Some(id)) = (text(row.first()), row.get(1).and_then(Value::as_i64))
-        else {
-            continue;
-        };
-        swept += conn.execute(
-            &deps.sweep_one,
-            &[Value::Text(table), Value::Int(id), before.clone()],
-        )?;
-    }
-    Ok(swept)
-}
 
 /// A table's statements for jobs that wait, if it has them.
 pub(crate) fn statements(sql: &TableSql) -> Option<(&DepsSql, &WaitingSql)> {
     Some((sql.deps.as_ref()?, sql.waiting.as_ref()?))
 }
 
-/// Where a job named by a publish stands: settled with an outcome, or not yet.
-fn outcome_of(
-    deps: &DepsSql,
-    named: &Named<'_>,
-    conn: &mut dyn DbConn,
-    at: i64,
-) -> Result<Option<String>, DbError> {
-    let (table, id) = (
-        Value::Text(named.table.to_string()),
-        Value::Int(named.parent.id),
-    );
-    conn.execute(
-        &deps.head_touch,
-        &[table.clone(), id.clone(), Value::Int(at)],
-    )?;
-    let recorded = conn.query(&deps.head_read, &[table, id.clone()])?;
-    if let Some(outcome) = recorded.first().and_then(|r| text(r.first())) {
-        return Ok(Some(outcome));
+/// How a job stands, read from its row.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RowState {
+    /// In its table and not finished: waiting, queued or in work.
+    Live,
+    /// Not in its table: acked and not kept, deleted by hand, or never published.
+    Gone,
+    /// Finished and kept: dead-lettered or cancelled (a dead letter), or, in a table that
+    /// keeps them, completed; with what it produced, if its table keeps outputs.
+    Finished {
+        outcome: &'static str,
+        completed: bool,
+        output: Option<Value>,
+    },
+}
+
+impl RowState {
+    /// The outcome the row tells a later publish; `None` while it is live.
+    pub fn outcome(&self) -> Option<&'static str> {
+        match self {
+            RowState::Live => None,
+            RowState::Gone => Some(ACKED),
+            RowState::Finished { outcome, .. } => Some(outcome),
+        }
     }
-    // No settlement recorded: the row itself tells (a job settled before its table took
-    // part in dependencies, or whose head was swept, has no head outcome).
-    let rows = conn.query(&named.waiting.state, &[id])?;
-    let Some(row) = rows.first() else {
-        // Not in the table: acked and not kept (or never published: not told apart).
-        return Ok(Some(ACKED.into()));
-    };
-    let finished = row.first().is_some_and(|v| !matches!(v, Value::Null));
-    let reason = text(row.get(1));
-    let completed = row.get(2).is_some_and(|v| !matches!(v, Value::Null));
-    Ok(match (finished, completed) {
-        (false, _) => None,
-        (true, true) if reason.as_deref() == Some("cancelled") => Some(CANCELLED.into()),
-        (true, true) => Some(ACKED.into()),
-        (true, false) => Some(DEAD.into()),
+
+    /// Where the row of a job settled as it tells is left (`None` while it is live).
+    pub fn left(&self) -> Option<Left> {
+        match self {
+            RowState::Live => None,
+            RowState::Gone => Some(Left::Gone),
+            RowState::Finished {
+                completed: true, ..
+            } => Some(Left::Completed),
+            RowState::Finished { .. } => Some(Left::DeadLetter),
+        }
+    }
+}
+
+/// Where a settled job's row is left: whether it tells a later publish its outcome, and
+/// whether the job keeps its own waits (a dead letter does, for its requeue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// Deleted (an ack on a table that does not keep completed rows, a cancel that removed
+    /// it): a later publish reads it as acked.
+    Gone,
+    /// A dead letter (dead-lettered, or cancelled in work), which a requeue may make live.
+    DeadLetter,
+    /// Completed and kept (acked, or cancelled, on a table that keeps completed rows).
+    Completed,
+}
+
+/// Job `id` as its row in the table of `waiting` tells it.
+pub(crate) fn row_state(
+    waiting: &WaitingSql,
+    conn: &mut dyn DbConn,
+    id: i64,
+) -> Result<RowState, DbError> {
+    let rows = conn.query(&waiting.state, &[Value::Int(id)])?;
+    Ok(match rows.into_iter().next() {
+        None => RowState::Gone,
+        Some(row) => state_of(row),
     })
 }
 
-/// How row `id` ended, if it has: what a settlement that sent it back reads, since a cancel
-/// request finishes a row its retry or hand-back would send back.
+/// A job's state from its row as `state` reads it (`dead_at, dead_reason, completed_at[,
+/// output]`).
+pub(crate) fn state_of(mut row: Vec<Value>) -> RowState {
+    let set = |v: Option<&Value>| v.is_some_and(|v| !matches!(v, Value::Null));
+    if !set(row.first()) {
+        return RowState::Live;
+    }
+    let cancelled = text(row.get(1)).as_deref() == Some("cancelled");
+    let completed = set(row.get(2));
+    let outcome = match (completed, cancelled) {
+        (_, true) => CANCELLED,
+        (true, false) => ACKED,
+        (false, false) => DEAD,
+    };
+    let output = match row.len() > 3 {
+        true => Some(row.swap_remove(3)).filter(|v| !matches!(v, Value::Null)),
+        false => None,
+    };
+    RowState::Finished {
+        outcome,
+        completed,
+        output,
+    }
+}
+
+/// How row `id` ended, if it has, and where it is left: what a settlement that sent it back
+/// reads, since a cancel request finishes a row its retry or hand-back would send back.
 pub(crate) fn finished_as(
     sql: &TableSql,
     conn: &mut dyn DbConn,
     id: i64,
-) -> Result<Option<String>, DbError> {
+) -> Result<Option<(&'static str, Left)>, DbError> {
     let Some((_, waiting)) = statements(sql) else {
         return Ok(None);
     };
-    let rows = conn.query(&waiting.state, &[Value::Int(id)])?;
-    let Some(row) = rows.first() else {
-        return Ok(None);
-    };
-    let finished = row.first().is_some_and(|v| !matches!(v, Value::Null));
-    Ok(match (finished, text(row.get(1)).as_deref()) {
-        (false, _) => None,
-        (true, Some("cancelled")) => Some(CANCELLED.into()),
-        (true, _) => Some(DEAD.into()),
+    let state = row_state(waiting, conn, id)?;
+    Ok(match (&state, state.left()) {
+        (RowState::Finished { outcome, .. }, Some(left)) => Some((outcome, left)),
+        _ => None,
     })
 }
 
@@ -145,18 +182,302 @@ pub(crate) struct Parent {
     pub table: Option<Box<crate::model::table::Table>>,
 }
 
-/// A job named by a publish, where its table's statements are known: its table's name, the
-/// statements that read its row, the wait.
+/// Another table as its record describes it, for the jobs of one table waiting on another's.
+pub(crate) enum Found {
+    /// Its record has dependencies: its waiting statements.
+    Waiting(Arc<WaitingSql>),
+    /// Its record has none (or cannot be read by this release).
+    NoDependencies,
+    /// It has no record: never made by the library, or dropped.
+    NoRecord,
+}
+
+/// The waiting statements of the jobs of other tables, read from their records.
+pub(crate) trait OtherTables {
+    /// Table `name` as its record describes it.
+    fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError>;
+}
+
+/// Other tables' waiting statements, by name, read from their records as they are needed
+/// (once per holder and table, while the table has them).
+#[derive(Default)]
+pub(crate) struct Others(parking_lot::Mutex<std::collections::HashMap<String, Arc<WaitingSql>>>);
+
+impl Others {
+    /// Table `name` on `dialect`, from the cache or its record.
+    pub fn lookup(
+        &self,
+        dialect: &dyn Dialect,
+        conn: &mut dyn DbConn,
+        name: &str,
+    ) -> Result<Found, DbError> {
+        if let Some(w) = self.0.lock().get(name) {
+            return Ok(Found::Waiting(w.clone()));
+        }
+        let found = read_record(dialect, conn, name)?;
+        if let Found::Waiting(w) = &found {
+            self.0.lock().insert(name.to_string(), w.clone());
+        }
+        Ok(found)
+    }
+
+    /// Forgets table `name` (its statements failed: dropped, or made again).
+    pub fn forget(&self, name: &str) {
+        self.0.lock().remove(name);
+    }
+}
+
+/// Table `name`'s record, read on `conn` (no lock, no write: safe inside any transaction).
+fn read_record(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
+    let table = match crate::runtime::registry::open(dialect, conn, name) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(Found::NoRecord),
+        // A record this release cannot read.
+        Err(crate::error::BrokerError::Schema { .. }) => return Ok(Found::NoDependencies),
+        Err(e) => return Err(DbError::other(e.to_string())),
+    };
+    let Ok(spec) = table.validate() else {
+        return Ok(Found::NoDependencies);
+    };
+    Ok(match dialect.compile(&spec).waiting {
+        Some(w) => Found::Waiting(Arc::new(w)),
+        None => Found::NoDependencies,
+    })
+}
+
+impl OtherTables for crate::runtime::Queue {
+    fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
+        self.others.lookup(&*self.dialect, conn, name)
+    }
+}
+
+/// Other tables read from their records at each call: a publish inside the application's own
+/// transaction, which has no broker to cache them (it needs one only for a job it names whose
+/// row went without a settlement).
+pub(crate) struct Uncached<'a>(pub &'a dyn Dialect);
+
+impl OtherTables for Uncached<'_> {
+    fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
+        read_record(self.0, conn, name)
+    }
+}
+
+/// What a settlement needs to settle a job and the jobs waiting on it, in whichever table.
+pub(crate) struct Settling<'a> {
+    pub deps: &'a DepsSql,
+    /// A table whose statements are at hand (the settled job's own, usually).
+    pub own: Option<(&'a str, &'a WaitingSql)>,
+    pub others: &'a dyn OtherTables,
+    /// A table gone (dropped): the jobs of it that wait are left to the rows that name it.
+    pub gone: Option<&'a str>,
+}
+
+impl Settling<'_> {
+    /// The waiting statements of table `name`, if its record has them.
+    fn waiting(
+        &self,
+        conn: &mut dyn DbConn,
+        name: &str,
+    ) -> Result<Option<MaybeOwned<'_>>, DbError> {
+        if let Some((_, w)) = self.own.filter(|(own, _)| *own == name) {
+            return Ok(Some(MaybeOwned::Borrowed(w)));
+        }
+        Ok(match self.others.lookup(conn, name)? {
+            Found::Waiting(w) => Some(MaybeOwned::Shared(w)),
+            Found::NoDependencies | Found::NoRecord => None,
+        })
+    }
+
+    /// Settles job `id` of `table` as `outcome` ([`ACKED`], [`DEAD`], [`CANCELLED`]) with
+    /// `output`, on `conn` inside the caller's transaction: records the outcome in the job's
+    /// head, releases each job waiting on it that now waits on nothing, or dead-letters it
+    /// (then does the same for the jobs waiting on that one), in whichever table. The job's
+    /// own waits are forgotten, but a dead letter's, which a requeue reads again. Its head is
+    /// deleted in the same transaction unless jobs wait on it, or the row cannot tell the
+    /// outcome any more (`left` [`Left::Gone`], and not acked: a cancel that removed the row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn settle(
+        &self,
+        conn: &mut dyn DbConn,
+        table: &str,
+        id: i64,
+        outcome: &str,
+        output: Option<Value>,
+        left: Left,
+    ) -> Result<(), DbError> {
+        let deps = self.deps;
+        let mut output = Some(output.unwrap_or(Value::Null));
+        let now = SystemTime::now();
+        let at = millis(now);
+        let latest = Value::Time(waiting_due());
+        let mut todo = vec![(table.to_string(), id, outcome.to_string(), left)];
+        while let Some((table, id, outcome, left)) = todo.pop() {
+            let job = [Value::Text(table.clone()), Value::Int(id)];
+            // Its row can no longer tell: the head does, for a day.
+            let untold = left == Left::Gone && outcome != ACKED;
+            let settle = [
+                job[0].clone(),
+                job[1].clone(),
+                Value::Text(outcome.clone()),
+                Value::Int(at),
+                // The settled job's own; the jobs dead-lettered after it produced nothing.
+                output.take().unwrap_or(Value::Null),
+                Value::Int(i64::from(untold)),
+            ];
+            conn.execute(&deps.head_settle, &settle)?;
+            let children = conn.query(&deps.dependents, &job)?;
+            let keep_head = !children.is_empty() || untold;
+            // One statement for what the job leaves: its waits (a dead letter keeps them, for
+            // a requeue) and its head (unless kept).
+            match (left != Left::DeadLetter, keep_head) {
+                (true, false) => {
+                    let both = [
+                        job[0].clone(),
+                        job[1].clone(),
+                        job[0].clone(),
+                        job[1].clone(),
+                    ];
+                    conn.execute(&deps.forget_all, &both)?
+                }
+                (true, true) => conn.execute(&deps.forget_waits, &job)?,
+                (false, false) => conn.execute(&deps.unhead, &job)?,
+                (false, true) => 0,
+            };
+            if children.is_empty() {
+                continue;
+            }
+            let mark = [Value::Text(outcome.clone()), job[0].clone(), job[1].clone()];
+            conn.execute(&deps.mark, &mark)?;
+            for row in children {
+                let (Some(child_table), Some(child)) =
+                    (text(row.first()), row.get(1).and_then(Value::as_i64))
+                else {
+                    continue;
+                };
+                if self.gone == Some(child_table.as_str()) {
+                    continue;
+                }
+                let settled_only = row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+                let Some(waiting) = self.waiting(conn, &child_table)? else {
+                    log::warn!(
+                        "job {child} of table {child_table} waits on job {id} of table \
+                         {table}, but its table has no record with dependencies: left \
+                         waiting"
+                    );
+                    continue;
+                };
+                // Counted down under its count's lock: the settlements of this child's parents
+                // take turns, and the one that takes it to 0 is the last.
+                let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
+                conn.execute(&deps.count_down, &child_job)?;
+                if !settled_only && outcome != ACKED {
+                    let params = [
+                        Value::Time(floor(now)),
+                        Value::Text(reason(&child_table, &table, id, &outcome)),
+                        Value::Int(child),
+                        latest.clone(),
+                    ];
+                    // Dead-lettered unless it no longer waits (cancelled, or dead already).
+                    if conn.execute(&waiting.dead, &params)? > 0 {
+                        todo.push((child_table, child, DEAD.to_string(), Left::DeadLetter));
+                    }
+                    continue;
+                }
+                let left = conn.query(&deps.count_read, &child_job)?;
+                let left = left.first().and_then(|r| r.first()).and_then(Value::as_i64);
+                crate::runtime::pause_point("deps.counted", &table);
+                if left == Some(0) {
+                    let params = [Value::Time(floor(now)), Value::Int(child), latest.clone()];
+                    conn.execute(&waiting.release, &params)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A table's waiting statements, its own (borrowed) or another's (shared).
+enum MaybeOwned<'a> {
+    Borrowed(&'a WaitingSql),
+    Shared(Arc<WaitingSql>),
+}
+
+impl std::ops::Deref for MaybeOwned<'_> {
+    type Target = WaitingSql;
+    fn deref(&self) -> &WaitingSql {
+        match self {
+            MaybeOwned::Borrowed(w) => w,
+            MaybeOwned::Shared(w) => w,
+        }
+    }
+}
+
+/// A job named by a publish (or read again by a requeue), where its table's statements are
+/// known: its table's name, the statements that read its row, the wait.
 pub(crate) struct Named<'a> {
     pub table: &'a str,
     pub waiting: &'a WaitingSql,
     pub parent: &'a Parent,
 }
 
+/// Where a job named by a publish stands, its head locked: settled with an outcome (and what
+/// it produced, read from its row where its head has none), or not yet. A head the touch made
+/// for a job whose row is finished or gone holds nothing anyone needs: deleted again. If jobs
+/// still wait on such a job (its row went without a settlement: deleted by hand), it is
+/// settled here, as its row tells, so they and the new job get one answer.
+fn outcome_of(
+    deps: &DepsSql,
+    named: &Named<'_>,
+    others: &dyn OtherTables,
+    conn: &mut dyn DbConn,
+    at: i64,
+) -> Result<(Option<String>, Option<Value>), DbError> {
+    let job = [
+        Value::Text(named.table.to_string()),
+        Value::Int(named.parent.id),
+    ];
+    let touch = [job[0].clone(), job[1].clone(), Value::Int(at)];
+    conn.execute(&deps.head_touch, &touch)?;
+    let recorded = conn.query(&deps.head_read, &job)?;
+    if let Some(outcome) = recorded.first().and_then(|r| text(r.first())) {
+        return Ok((Some(outcome), None));
+    }
+    let state = row_state(named.waiting, conn, named.parent.id)?;
+    let Some(outcome) = state.outcome() else {
+        return Ok((None, None));
+    };
+    if conn.query(&deps.dependents, &job)?.is_empty() {
+        conn.execute(&deps.unhead, &job)?;
+    } else {
+        log::info!(
+            "job {} of table {} went without a settlement ({outcome}, as its row tells): \
+             settling the jobs that wait on it",
+            named.parent.id,
+            named.table
+        );
+        let settling = Settling {
+            deps,
+            own: Some((named.table, named.waiting)),
+            others,
+            gone: None,
+        };
+        let left = state.left().unwrap_or(Left::Gone);
+        settling.settle(conn, named.table, named.parent.id, outcome, None, left)?;
+    }
+    let output = match state {
+        RowState::Finished { output, .. } => output,
+        _ => None,
+    };
+    Ok((Some(outcome.to_string()), output))
+}
+
+/// One job waited on: its table, id, `settled_only`, outcome so far, and what it produced
+/// where its head does not hold it (read from its row).
+type Wait = (String, i64, bool, Option<String>, Option<Value>);
+
 /// What a new job that waits on others is to be, read under their heads' locks.
 pub(crate) struct Waits {
-    /// Each job waited on: its table, id, `settled_only`, and outcome so far.
-    outcomes: Vec<(String, i64, bool, Option<String>)>,
+    outcomes: Vec<Wait>,
 }
 
 impl Waits {
@@ -164,6 +485,7 @@ impl Waits {
     /// takes them in) and reads their outcomes, on `conn` inside the publish's transaction.
     pub fn read(
         sql: &TableSql,
+        others: &dyn OtherTables,
         conn: &mut dyn DbConn,
         mut named: Vec<Named<'_>>,
     ) -> Result<Self, DbError> {
@@ -174,8 +496,7 @@ impl Waits {
         };
         let at = millis(SystemTime::now());
         named.sort_by(|a, b| (a.table, a.parent.id).cmp(&(b.table, b.parent.id)));
-        let mut outcomes: Vec<(String, i64, bool, Option<String>)> =
-            Vec::with_capacity(named.len());
+        let mut outcomes: Vec<Wait> = Vec::with_capacity(named.len());
         for n in &named {
             // A job named twice is one wait: `after` if either is.
             if let Some(last) = outcomes
@@ -185,12 +506,13 @@ impl Waits {
                 last.2 &= n.parent.settled_only;
                 continue;
             }
-            let outcome = outcome_of(deps, n, conn, at)?;
+            let (outcome, output) = outcome_of(deps, n, others, conn, at)?;
             outcomes.push((
                 n.table.to_string(),
                 n.parent.id,
                 n.parent.settled_only,
                 outcome,
+                output,
             ));
         }
         Ok(Waits { outcomes })
@@ -198,7 +520,7 @@ impl Waits {
 
     /// True while a job it waits on has not settled.
     pub fn waiting(&self) -> bool {
-        self.outcomes.iter().any(|(.., o)| o.is_none())
+        self.outcomes.iter().any(|(_, _, _, o, _)| o.is_none())
     }
 
     /// Why the new job is dead-lettered at once: a job it waits on with
@@ -206,14 +528,14 @@ impl Waits {
     pub fn failed(&self, own: &str) -> Option<String> {
         self.outcomes
             .iter()
-            .find_map(|(table, id, settled_only, o)| match o.as_deref() {
+            .find_map(|(table, id, settled_only, o, _)| match o.as_deref() {
                 Some(o) if !settled_only && o != ACKED => Some(reason(own, table, *id, o)),
                 _ => None,
             })
     }
 
-    /// Writes the new job `child`'s waits (inserted with [`waiting_due`] as its due time when
-    /// [`Waits::waiting`]) and, if a job it waits on failed, dead-letters it.
+    /// Writes the new job `child`'s waits and its count (inserted with [`waiting_due`] as its
+    /// due time when [`Waits::waiting`]) and, if a job it waits on failed, dead-letters it.
     pub fn write(
         &self,
         spec: &TableSpec,
@@ -225,7 +547,7 @@ impl Waits {
             return Ok(());
         };
         let at = millis(SystemTime::now());
-        for (table, id, settled_only, outcome) in &self.outcomes {
+        for (table, id, settled_only, outcome, output) in &self.outcomes {
             let params = [
                 Value::Text(table.clone()),
                 Value::Int(*id),
@@ -234,19 +556,18 @@ impl Waits {
                 Value::Int(i64::from(*settled_only)),
                 outcome.clone().map_or(Value::Null, Value::Text),
                 Value::Int(at),
+                output.clone().unwrap_or(Value::Null),
             ];
             conn.execute(&deps.wait_insert, &params)?;
         }
-        let pending = self.outcomes.iter().filter(|(.., o)| o.is_none()).count();
-        if pending > 0 {
-            let params = [
-                Value::Text(spec.name.clone()),
-                Value::Int(child),
-                Value::Int(at),
-                Value::Int(pending as i64),
-            ];
-            conn.execute(&deps.count_insert, &params)?;
-        }
+        let pending = self.outcomes.iter().filter(|w| w.3.is_none()).count();
+        let params = [
+            Value::Text(spec.name.clone()),
+            Value::Int(child),
+            Value::Int(at),
+            Value::Int(pending as i64),
+        ];
+        conn.execute(&deps.count_insert, &params)?;
         if let Some(why) = self.failed(&spec.name) {
             let now = floor(SystemTime::now());
             let params = [
@@ -261,63 +582,30 @@ impl Waits {
     }
 }
 
-/// A dead letter's reason, in table `own`, for a job whose parent `id` of `table` settled as
-/// `outcome` (the table named only when it is another).
-fn reason(own: &str, table: &str, id: i64, outcome: &str) -> String {
-    let what = match outcome {
+/// How a job that `outcome` names ended, in words (`was dead-lettered`).
+pub(crate) fn ended(outcome: &str) -> &'static str {
+    match outcome {
         DEAD => "was dead-lettered",
         CANCELLED => "was cancelled",
         _ => "did not succeed",
-    };
+    }
+}
+
+/// A dead letter's reason, in table `own`, for a job whose parent `id` of `table` settled as
+/// `outcome` (the table named only when it is another).
+fn reason(own: &str, table: &str, id: i64, outcome: &str) -> String {
+    let what = ended(outcome);
     match table == own {
         true => format!("job {id} it waits on {what}"),
         false => format!("job {id} of table {table} it waits on {what}"),
     }
 }
 
-/// Other tables' waiting statements, by name, read from their records as settlements need
-/// them (once per broker and table).
-#[derive(Default)]
-pub(crate) struct Others(parking_lot::Mutex<std::collections::HashMap<String, Arc<WaitingSql>>>);
-
-impl OtherTables for crate::runtime::Queue {
-    fn waiting_of(
-        &self,
-        conn: &mut dyn DbConn,
-        name: &str,
-    ) -> Result<Option<Arc<WaitingSql>>, DbError> {
-        if let Some(w) = self.others.0.lock().get(name) {
-            return Ok(Some(w.clone()));
-        }
-        let table = crate::runtime::registry::open(&*self.dialect, conn, name)
-            .map_err(|e| DbError::other(e.to_string()))?;
-        let Some(spec) = table.and_then(|t| t.validate().ok()) else {
-            return Ok(None);
-        };
-        let Some(w) = self.dialect.compile(&spec).waiting.map(Arc::new) else {
-            return Ok(None);
-        };
-        self.others.0.lock().insert(name.to_string(), w.clone());
-        Ok(Some(w))
-    }
-}
-
-/// The waiting statements of the jobs of another table, for a settlement that releases them.
-pub(crate) trait OtherTables {
-    /// Table `name`'s waiting statements; `None` if it has no record with dependencies.
-    fn waiting_of(
-        &self,
-        conn: &mut dyn DbConn,
-        name: &str,
-    ) -> Result<Option<Arc<WaitingSql>>, DbError>;
-}
-
 /// After the settlement of job `id` of `spec`'s table as `outcome` ([`ACKED`], [`DEAD`],
-/// [`CANCELLED`]) with `output`, on `conn` inside the settlement's transaction: records the
-/// outcome and output in the job's head, forgets
-/// the job's own waits, and releases each job waiting on it that now waits on nothing, or
-/// dead-letters it (then does the same for the jobs waiting on that one), in its own table or
-/// another (`others`). A table without dependencies does nothing.
+/// [`CANCELLED`]) with `output`, on `conn` inside the settlement's transaction: what
+/// [`Settling::settle`] does, the table's own statements at hand; `left`: where the job's row
+/// is left. A table without dependencies does nothing.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn settled(
     spec: &TableSpec,
     sql: &TableSql,
@@ -326,86 +614,29 @@ pub(crate) fn settled(
     id: i64,
     outcome: &str,
     output: Option<Value>,
+    left: Left,
 ) -> Result<(), DbError> {
-    let (Some(deps), Some(own)) = (sql.deps.as_ref(), sql.waiting.as_ref()) else {
+    let Some((deps, own)) = statements(sql) else {
         return Ok(());
     };
-    let mut output = Some(output.unwrap_or(Value::Null));
-    let now = SystemTime::now();
-    let at = millis(now);
-    let latest = Value::Time(waiting_due());
-    let mut todo = vec![(spec.name.clone(), id, outcome.to_string())];
-    while let Some((table, id, outcome)) = todo.pop() {
-        let job = [Value::Text(table.clone()), Value::Int(id)];
-        let settle = [
-            job[0].clone(),
-            job[1].clone(),
-            Value::Text(outcome.clone()),
-            Value::Int(at),
-            // The settled job's own; the jobs dead-lettered after it produced nothing.
-            output.take().unwrap_or(Value::Null),
-        ];
-        conn.execute(&deps.head_settle, &settle)?;
-        conn.execute(&deps.forget_waits, &job)?;
-        let children = conn.query(&deps.dependents, &job)?;
-        if children.is_empty() {
-            continue;
-        }
-        let mark = [Value::Text(outcome.clone()), job[0].clone(), job[1].clone()];
-        conn.execute(&deps.mark, &mark)?;
-        for row in children {
-            let (Some(child_table), Some(child)) =
-                (text(row.first()), row.get(1).and_then(Value::as_i64))
-            else {
-                continue;
-            };
-            let settled_only = row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
-            let foreign;
-            let waiting: &WaitingSql = if child_table == spec.name {
-                own
-            } else {
-                match others.waiting_of(conn, &child_table)? {
-                    Some(w) => {
-                        foreign = w;
-                        &foreign
-                    }
-                    None => {
-                        log::warn!(
-                            "job {child} of table {child_table} waits on job {id} of table \
-                             {table}, but its table has no record with dependencies: left \
-                             waiting"
-                        );
-                        continue;
-                    }
-                }
-            };
-            // Counted down under its count's lock: the settlements of this child's parents
-            // take turns, and the one that takes it to 0 is the last.
-            let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
-            conn.execute(&deps.count_down, &child_job)?;
-            if !settled_only && outcome != ACKED {
-                let params = [
-                    Value::Time(floor(now)),
-                    Value::Text(reason(&child_table, &table, id, &outcome)),
-                    Value::Int(child),
-                    latest.clone(),
-                ];
-                // Dead-lettered unless it no longer waits (cancelled, or dead already).
-                if conn.execute(&waiting.dead, &params)? > 0 {
-                    todo.push((child_table, child, DEAD.to_string()));
-                }
-                continue;
-            }
-            let left = conn.query(&deps.count_read, &child_job)?;
-            let left = left.first().and_then(|r| r.first()).and_then(Value::as_i64);
-            crate::runtime::pause_point("deps.counted", &spec.name);
-            if left == Some(0) {
-                let params = [Value::Time(floor(now)), Value::Int(child), latest.clone()];
-                conn.execute(&waiting.release, &params)?;
-            }
-        }
+    let settling = Settling {
+        deps,
+        own: Some((&spec.name, own)),
+        others,
+        gone: None,
+    };
+    settling.settle(conn, &spec.name, id, outcome, output, left)
+}
+
+/// Where the row of a job of `spec`'s table that its settlement's own statement ended as
+/// `outcome` is left: a dead letter stays; an ack or a cancel deletes it, or completes it on
+/// a table that keeps completed rows.
+pub(crate) fn left_by(spec: &TableSpec, outcome: &str) -> Left {
+    match (outcome, spec.completed_at.is_some()) {
+        (DEAD, _) => Left::DeadLetter,
+        (_, true) => Left::Completed,
+        (_, false) => Left::Gone,
     }
-    Ok(())
 }
 
 /// Runs a settlement's statement `sql` (`params`) of row `id` of `q`'s table on `conn`, the rows
@@ -433,11 +664,11 @@ pub(crate) fn settle_in_transaction(
         .and_then(|n| {
             let outcome = match (n, outcome) {
                 (0, _) => None,
-                (_, Some(o)) => Some(o.to_string()),
+                (_, Some(o)) => Some((o, left_by(&q.spec, o))),
                 (_, None) => finished_as(&q.sql, conn, id)?,
             };
-            if let Some(o) = outcome {
-                settled_with_output(&q.spec, &q.sql, q, conn, id, &o, output)?;
+            if let Some((o, left)) = outcome {
+                settled_with_output(&q.spec, &q.sql, q, conn, id, o, output, left)?;
             }
             Ok(n)
         })
@@ -461,6 +692,7 @@ pub(crate) fn settled_with_output(
     id: i64,
     outcome: &str,
     output: Option<&[u8]>,
+    left: Left,
 ) -> Result<(), DbError> {
     let output = match (&sql.output_write, output) {
         (Some(write), Some(output)) => {
@@ -471,10 +703,11 @@ pub(crate) fn settled_with_output(
         }
         _ => None,
     };
-    settled(spec, sql, others, conn, id, outcome, output)
+    settled(spec, sql, others, conn, id, outcome, output, left)
 }
 
-/// The jobs `id` waits on (until it settles), in id order.
+/// The jobs `id` waits on (until it settles; a dead letter's, until it is purged), in id
+/// order.
 pub(crate) fn parents_of(
     spec: &TableSpec,
     sql: &TableSql,
@@ -520,4 +753,154 @@ pub(crate) fn dependents_of(
         .iter()
         .filter_map(|r| Some((text(r.first())?, r.get(1)?.as_i64()?)))
         .collect())
+}
+
+/// What a requeue of one dead letter did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Requeued {
+    /// No dead letter has that id.
+    NotDead,
+    /// Live again: ready, or waiting on the jobs it waits on that have not settled.
+    Done,
+    /// It waits (`after`) on a job still dead-lettered or cancelled: requeued it would be
+    /// dead-lettered again at once. The caller rolls back.
+    ParentFailed {
+        table: String,
+        parent: i64,
+        outcome: String,
+    },
+}
+
+/// Requeues dead letter `id` of `spec`'s table with `requeue` (`(now, id)`, the table's own
+/// statement), on `conn` inside the caller's transaction, as a job that waits on others: live
+/// again for the jobs that wait on it (its head has no outcome any more, so a publish that
+/// names it waits for it); and, if it waits on others, it waits on them again, each read as a
+/// publish reads it (under its head's lock): ready if each has settled as its wait asks,
+/// waiting while one has not. If one it waits on with `after` is dead or cancelled,
+/// [`Requeued::ParentFailed`]: the caller rolls back, and nothing changed.
+pub(crate) fn requeue(
+    spec: &TableSpec,
+    sql: &TableSql,
+    others: &dyn OtherTables,
+    conn: &mut dyn DbConn,
+    requeue: &str,
+    now: SystemTime,
+    id: i64,
+) -> Result<Requeued, DbError> {
+    let Some((deps, own)) = statements(sql) else {
+        return Ok(Requeued::NotDead);
+    };
+    if conn.execute(requeue, &[Value::Time(now), Value::Int(id)])? == 0 {
+        return Ok(Requeued::NotDead);
+    }
+    let at = millis(SystemTime::now());
+    let job = [Value::Text(spec.name.clone()), Value::Int(id)];
+    conn.execute(
+        &deps.head_reset,
+        &[Value::Int(at), job[0].clone(), job[1].clone()],
+    )?;
+    let waits = conn.query(&deps.parents, &job)?;
+    if waits.is_empty() {
+        return Ok(Requeued::Done);
+    }
+    let mut pending = 0;
+    for w in waits {
+        let (Some(table), Some(parent)) = (text(w.first()), w.get(1).and_then(Value::as_i64))
+        else {
+            continue;
+        };
+        let settled_only = w.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+        let found;
+        let waiting: &WaitingSql = match table == spec.name {
+            true => own,
+            false => match others.lookup(conn, &table)? {
+                Found::Waiting(w) => {
+                    found = w;
+                    &found
+                }
+                // Its table is gone: its jobs count as cancelled.
+                Found::NoRecord | Found::NoDependencies => {
+                    if !settled_only {
+                        return Ok(Requeued::ParentFailed {
+                            table,
+                            parent,
+                            outcome: CANCELLED.into(),
+                        });
+                    }
+                    continue;
+                }
+            },
+        };
+        let p = Parent {
+            id: parent,
+            settled_only,
+            table: None,
+        };
+        let named = Named {
+            table: &table,
+            waiting,
+            parent: &p,
+        };
+        let (outcome, _) = outcome_of(deps, &named, others, conn, at)?;
+        match outcome.as_deref() {
+            Some(o) if !settled_only && o != ACKED => {
+                return Ok(Requeued::ParentFailed {
+                    table,
+                    parent,
+                    outcome: o.to_string(),
+                })
+            }
+            None => pending += 1,
+            Some(_) => {}
+        }
+        let set = [
+            outcome.map_or(Value::Null, Value::Text),
+            Value::Text(table.clone()),
+            Value::Int(parent),
+            job[0].clone(),
+            job[1].clone(),
+        ];
+        conn.execute(&deps.wait_set, &set)?;
+    }
+    conn.execute(&deps.count_forget, &job)?;
+    let count = [
+        job[0].clone(),
+        job[1].clone(),
+        Value::Int(at),
+        Value::Int(pending),
+    ];
+    conn.execute(&deps.count_insert, &count)?;
+    if pending > 0 {
+        let params = [Value::Time(waiting_due()), Value::Int(id)];
+        conn.execute(&own.wait_again, &params)?;
+    }
+    Ok(Requeued::Done)
+}
+
+/// After table `table` was dropped, on `conn` inside the caller's transaction: its jobs that
+/// jobs of other tables wait on count as cancelled (they will never run), so those are
+/// dead-lettered (`after`) or released (`after_settled`); then every row naming the table
+/// goes. Its own waiting jobs went with it.
+pub(crate) fn dropped(
+    deps: &DepsSql,
+    others: &dyn OtherTables,
+    conn: &mut dyn DbConn,
+    table: &str,
+) -> Result<(), DbError> {
+    let name = Value::Text(table.to_string());
+    let jobs = conn.query(&deps.pending_of_table, std::slice::from_ref(&name))?;
+    let settling = Settling {
+        deps,
+        own: None,
+        others,
+        gone: Some(table),
+    };
+    for id in jobs
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_i64))
+    {
+        settling.settle(conn, table, id, CANCELLED, None, Left::Gone)?;
+    }
+    conn.execute(&deps.forget_table, &[name.clone(), name])?;
+    Ok(())
 }

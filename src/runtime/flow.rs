@@ -21,8 +21,6 @@ pub(crate) struct FlowState {
     rate_room: Mutex<Option<SystemTime>>,
     /// When this broker last swept the free window slots.
     swept: Mutex<Option<Instant>>,
-    /// When this broker last swept the old heads of settled jobs ([`crate::runtime::deps`]).
-    deps_swept: Mutex<Option<Instant>>,
     /// Rate limits: the maxes in force, by the record's text.
     pub rate_maxes: LimitsInForce,
     /// Fair claims: every key with due rows, as last read whole (when they fit one read), and
@@ -39,7 +37,6 @@ impl Default for FlowState {
             fair_after: Mutex::default(),
             rate_room: Mutex::default(),
             swept: Mutex::default(),
-            deps_swept: Mutex::default(),
             rate_maxes: LimitsInForce::rates(),
             fair_keys: Mutex::default(),
             fair_heads: Mutex::default(),
@@ -110,18 +107,6 @@ impl FlowState {
     /// True (once a minute) if the caller should sweep the free slots now.
     pub fn sweep_due(&self) -> bool {
         once_a_minute(&self.swept)
-    }
-
-    /// True (once a minute, the first a minute after the first call) if the caller should
-    /// sweep the old heads of settled jobs now.
-    pub fn deps_sweep_due(&self) -> bool {
-        let mut last = self.deps_swept.lock();
-        if last.is_none() {
-            *last = Some(Instant::now());
-            return false;
-        }
-        drop(last);
-        once_a_minute(&self.deps_swept)
     }
 }
 

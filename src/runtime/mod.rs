@@ -6,8 +6,9 @@
 //!   wake-up its publishers ring; `registry`: the table's record, checked on first use.
 //! - [`Ctx`]: one subscription: options, handler slots, the stop flag, the lease book.
 //! - `renewer`: the broker's lease timer thread; `listen`: the broker's change feed thread;
-//!   `notifier`: the thread that sends its publishes' notifications; `wake`: the wake-ups
-//!   they ring; `timer`, `deferred`: the handler timeouts and deferred acks.
+//!   `notifier`: the thread that sends its publishes' notifications; `sweep`: the thread
+//!   that keeps `sqlbroker_deps` as small as the jobs that wait; `wake`: the wake-ups they
+//!   ring; `timer`, `deferred`: the handler timeouts and deferred acks.
 //! - `meters` and `events`: what happens, counted and reported.
 
 use std::collections::{HashMap, HashSet};
@@ -36,6 +37,7 @@ pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod renewer;
 pub(crate) mod slots;
+pub(crate) mod sweep;
 #[cfg(test)]
 pub(crate) mod testing;
 pub(crate) mod timer;

@@ -194,6 +194,14 @@ impl Outcome {
         }
     }
 
+    /// True if it writes the output the handler set ([`Table::outputs`](crate::Table::outputs)):
+    /// the handler's own end of the job (an ack, a dead letter, a cancel). A failure writes
+    /// none, on the last attempt too, where it ends the job as a dead letter: the handler did
+    /// not finish, as after a drop or a handler timeout, which write none either.
+    pub fn writes_output(&self) -> bool {
+        matches!(self, Outcome::Ack | Outcome::Dead(_) | Outcome::Cancel)
+    }
+
     /// What it records for the jobs waiting on the row ([`crate::runtime::deps::settled`]):
     /// `None` for a row that goes back into the queue.
     pub fn settled_as(&self) -> Option<&'static str> {
@@ -238,19 +246,12 @@ pub(crate) fn settle(
     output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
-    let output = output.filter(|_| ctx.spec().output.is_some() && outcome.settled_as().is_some());
-    let done = match hold {
+    let output = output.filter(|_| ctx.spec().output.is_some() && outcome.writes_output());
+    match hold {
         Hold::RowLock(h) => row_lock::settle(ctx, id, h, outcome, output),
         Hold::Lease(cell) => lease::settle(ctx, id, &cell, outcome, output, within),
         Hold::Advisory(key) => advisory::settle(ctx, id, key, outcome, output, within),
-    };
-    let q = &ctx.queue;
-    if q.spec.dependencies && q.flow.deps_sweep_due() {
-        if let Err(e) = q.retrying("sweep", |conn| crate::runtime::deps::sweep(&q.sql, conn)) {
-            log::warn!("table {}: sweeping old outcomes failed: {e}", q.spec.name);
-        }
     }
-    done
 }
 
 /// Runs a settlement's one statement, and again (at most twice more, 2 then 4 ms later) if

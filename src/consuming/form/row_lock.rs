@@ -455,7 +455,14 @@ pub(crate) fn settle(
         .and_then(|()| conn.execute(outcome.sql(&q.sql), &params))
         .and_then(|_| match outcome.settled_as() {
             Some(o) => crate::runtime::deps::settled_with_output(
-                &q.spec, &q.sql, &**q, &mut *conn, id, o, output,
+                &q.spec,
+                &q.sql,
+                &**q,
+                &mut *conn,
+                id,
+                o,
+                output,
+                crate::runtime::deps::left_by(&q.spec, o),
             ),
             None => Ok(()),
         })

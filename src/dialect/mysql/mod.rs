@@ -347,6 +347,9 @@ impl Dialect for Mysql {
             .collect()
     }
 
+    fn deps(&self) -> Option<&'static crate::dialect::deps::DepsSql> {
+        Some(sql::deps_sql())
+    }
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
         &registry::REGISTRY
     }

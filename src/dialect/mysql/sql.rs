@@ -317,8 +317,8 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
-        sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec);
+        sql.deps = Some(deps_sql().clone());
+        sql.waiting = SYNTAX.waiting_sql(spec, &DEPS);
     }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, begin(Isolation::ReadCommitted), false));
@@ -643,22 +643,29 @@ pub(super) fn create_table(spec: &TableSpec, collation: &str) -> Vec<String> {
     )];
     ddl.extend(rate_sql(spec).map(|r| r.create));
     if spec.dependencies {
-        ddl.extend(deps_sql().create);
+        ddl.extend(deps_sql().create.iter().cloned());
     }
     ddl
 }
 
-/// The waits' statements of jobs that wait on others (table names are identifiers: ASCII).
-pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
-    use crate::dialect::deps::Upsert;
-    SYNTAX.deps_sql(
-        "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin",
-        "LONGBLOB NULL",
-        " ENGINE=InnoDB",
-        true,
-        " FOR UPDATE",
-        Upsert::DuplicateKey,
-    )
+/// How MySQL and MariaDB spell the waits' statements (table names are identifiers: ASCII;
+/// the cursor of the sweeper's window spelled out, for the range optimizer).
+pub(super) static DEPS: crate::dialect::deps::Spelling = crate::dialect::deps::Spelling {
+    key_type: "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin",
+    bytes: "LONGBLOB NULL",
+    table_tail: " ENGINE=InnoDB",
+    index_inline: true,
+    locking: " FOR UPDATE",
+    upsert: crate::dialect::deps::Upsert::DuplicateKey,
+    greatest: "GREATEST",
+    row_values: false,
+    begin_write: "START TRANSACTION",
+};
+
+/// The waits' statements of jobs that wait on others, made once.
+pub(super) fn deps_sql() -> &'static crate::dialect::deps::DepsSql {
+    static SQL: std::sync::OnceLock<crate::dialect::deps::DepsSql> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| SYNTAX.deps_sql(&DEPS))
 }
 
 /// The rate limits' statements of a table that has them. Keys are compared in a binary
@@ -755,14 +762,60 @@ mod tests {
         );
         assert!(deps.create[0]
             .contains("parent_table VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL"));
+        // A head named again moves its `at` on (the sweeper's delete compares it).
         assert_eq!(
             deps.head_touch,
             "INSERT INTO `sqlbroker_deps` (parent_table, parent, child_table, child, settled_only, \
-             outcome, at) VALUES (?, ?, '', 0, 0, NULL, ?) ON DUPLICATE KEY UPDATE at = at"
+             outcome, at) VALUES (?, ?, '', 0, 0, NULL, ?) ON DUPLICATE KEY UPDATE at = \
+             GREATEST(at + 1, VALUES(at))"
         );
         assert!(deps.head_settle.ends_with(
-            "VALUES (?, ?, '', 0, 0, ?, ?, ?) ON DUPLICATE KEY UPDATE outcome = VALUES(outcome), at \
-             = VALUES(at), output = VALUES(output)"
+            "(parent_table, parent, child_table, child, outcome, at, output, settled_only) VALUES \
+             (?, ?, '', 0, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE settled_only = \
+             VALUES(settled_only), outcome = VALUES(outcome), at = GREATEST(at + 1, VALUES(at)), \
+             output = VALUES(output)"
+        ));
+        // The sweeper's cursor spelled out (7 parameters), for the range optimizer.
+        assert!(deps.window_spelled);
+        assert_eq!(
+            deps.window,
+            "SELECT parent_table, parent, child_table, child, outcome, at, settled_only FROM \
+             `sqlbroker_deps` WHERE (parent_table > ? OR (parent_table = ? AND (parent > ? OR (parent = ? AND \
+             (child_table > ? OR (child_table = ? AND child > ?)))))) ORDER BY parent_table, \
+             parent, child_table, child LIMIT 500"
+        );
+        assert_eq!(deps.window.matches('?').count(), 7);
+        assert_eq!(
+            deps.sweep_many.matches('?').count(),
+            3 * crate::dialect::deps::SWEEP_BATCH
+        );
+        assert!(deps.sweep_many.starts_with(
+            "DELETE FROM `sqlbroker_deps` WHERE LENGTH(child_table) = 0 AND outcome IS NOT NULL \
+             AND ((parent_table = ? AND parent = ? AND at = ?) OR (parent_table = ?"
+        ));
+        assert_eq!(
+            deps.forget_all,
+            "DELETE FROM `sqlbroker_deps` WHERE (child_table = ? AND child = ?) OR (parent_table \
+             = ? AND parent = ? AND LENGTH(child_table) = 0)"
+        );
+        // A job dead-lettered through the job it waits on frees its dedup key, as every dead
+        // letter does.
+        let keyed = dialect().compile(
+            &Table::new("steps")
+                .dependencies()
+                .dedup()
+                .lease(std::time::Duration::from_secs(30))
+                .validate()
+                .unwrap(),
+        );
+        assert_eq!(
+            keyed.waiting.as_ref().unwrap().dead,
+            "UPDATE `steps` SET `dead_at` = ?, `dead_reason` = ?, `dedup_key` = NULL WHERE `id` = \
+             ? AND `run_at` = ? AND `dead_at` IS NULL"
+        );
+        assert!(keyed.waiting.as_ref().unwrap().heads_dead.ends_with(
+            "FROM `steps` WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ? ON DUPLICATE KEY \
+             UPDATE settled_only = 1"
         ));
         assert!(deps.create[0].contains("output LONGBLOB NULL, PRIMARY KEY"));
         assert_eq!(

@@ -273,6 +273,9 @@ impl Dialect for Postgres {
         Some(sql::INDEXES)
     }
 
+    fn deps(&self) -> Option<&'static crate::dialect::deps::DepsSql> {
+        Some(sql::deps_sql())
+    }
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
         &registry::REGISTRY
     }

@@ -237,22 +237,28 @@ fn flow_sql(spec: &TableSpec, sql: &mut TableSql) {
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
-        sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec);
+        sql.deps = Some(deps_sql().clone());
+        sql.waiting = SYNTAX.waiting_sql(spec, &DEPS);
     }
 }
 
-/// The waits' statements of jobs that wait on others.
-pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
-    use crate::dialect::deps::Upsert;
-    SYNTAX.deps_sql(
-        "TEXT",
-        "BYTEA",
-        "",
-        false,
-        " FOR UPDATE",
-        Upsert::OnConflict,
-    )
+/// How PostgreSQL spells the waits' statements.
+pub(super) static DEPS: crate::dialect::deps::Spelling = crate::dialect::deps::Spelling {
+    key_type: "TEXT",
+    bytes: "BYTEA",
+    table_tail: "",
+    index_inline: false,
+    locking: " FOR UPDATE",
+    upsert: crate::dialect::deps::Upsert::OnConflict,
+    greatest: "GREATEST",
+    row_values: true,
+    begin_write: "BEGIN",
+};
+
+/// The waits' statements of jobs that wait on others, made once.
+pub(super) fn deps_sql() -> &'static crate::dialect::deps::DepsSql {
+    static SQL: std::sync::OnceLock<crate::dialect::deps::DepsSql> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| SYNTAX.deps_sql(&DEPS))
 }
 
 /// The rate limits' statements of a table that has them.
@@ -355,7 +361,7 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     ));
     ddl.extend(rate_sql(spec).map(|r| r.create));
     if spec.dependencies {
-        ddl.extend(deps_sql().create);
+        ddl.extend(deps_sql().create.iter().cloned());
     }
     ddl
 }

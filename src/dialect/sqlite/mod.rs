@@ -189,6 +189,9 @@ impl Dialect for Sqlite {
         Some(sql::INDEXES)
     }
 
+    fn deps(&self) -> Option<&'static crate::dialect::deps::DepsSql> {
+        Some(sql::deps_sql())
+    }
     fn registry(&self) -> &'static crate::dialect::RegistrySql {
         &registry::REGISTRY
     }

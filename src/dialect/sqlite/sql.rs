@@ -115,8 +115,8 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.fair = SYNTAX.fair_sql(spec);
     sql.flow_ready = SYNTAX.flow_ready(spec);
     if spec.dependencies {
-        sql.deps = Some(deps_sql());
-        sql.waiting = SYNTAX.waiting_sql(spec);
+        sql.deps = Some(deps_sql().clone());
+        sql.waiting = SYNTAX.waiting_sql(spec, &DEPS);
     }
     if spec.form == Form::Lease && spec.flow_controlled() {
         sql.limited = Some(SYNTAX.limit_sql(spec, vec!["BEGIN IMMEDIATE".into()], true));
@@ -140,18 +140,31 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
     ddl.extend(rate_sql(spec).map(|r| r.create));
     if spec.dependencies {
-        ddl.extend(deps_sql().create);
+        ddl.extend(deps_sql().create.iter().cloned());
     }
     ddl
 }
 
-/// The rate limits' statements of a table that has them (the one writer: no row locks).
-/// The waits' statements of jobs that wait on others.
-pub(super) fn deps_sql() -> crate::dialect::deps::DepsSql {
-    use crate::dialect::deps::Upsert;
-    SYNTAX.deps_sql("TEXT", "BLOB", "", false, "", Upsert::OnConflict)
+/// How SQLite spells the waits' statements (one writer: no row locks).
+pub(super) static DEPS: crate::dialect::deps::Spelling = crate::dialect::deps::Spelling {
+    key_type: "TEXT",
+    bytes: "BLOB",
+    table_tail: "",
+    index_inline: false,
+    locking: "",
+    upsert: crate::dialect::deps::Upsert::OnConflict,
+    greatest: "MAX",
+    row_values: true,
+    begin_write: "BEGIN IMMEDIATE",
+};
+
+/// The waits' statements of jobs that wait on others, made once.
+pub(super) fn deps_sql() -> &'static crate::dialect::deps::DepsSql {
+    static SQL: std::sync::OnceLock<crate::dialect::deps::DepsSql> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| SYNTAX.deps_sql(&DEPS))
 }
 
+/// The rate limits' statements of a table that has them (the one writer: no row locks).
 fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
     use crate::dialect::flow::InsertIgnore;
     (!spec.rates.is_empty()).then(|| SYNTAX.rate_sql(spec, "TEXT", "", "", InsertIgnore::OrIgnore))
