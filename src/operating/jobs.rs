@@ -883,7 +883,17 @@ fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Res
             }
             let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
             if n > 0 {
-                crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None)?;
+                let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
+                crate::runtime::deps::settled(
+                    &q.spec,
+                    &q.sql,
+                    q,
+                    conn,
+                    id,
+                    DEPS_CANCELLED,
+                    None,
+                    kept,
+                )?;
             }
             Ok(Some(n))
         };
