@@ -36,6 +36,9 @@ pub(crate) struct RateSql {
     /// `(lim, rkey, slot, at)` gives a slot back (`at` = 0) if it still holds the stamp `at`:
     /// a take that found its row gone.
     pub free: String,
+    /// `(new, lim, rkey, slot, at)` stamps a slot again with `new` if it still holds the stamp
+    /// `at`: a claim whose stamp came long before its commit.
+    pub restamp: String,
     /// `(lim, since)` -> `count(*)` of a limit's slots stamped after `since`: the claims in
     /// the window (operators' counts).
     pub claimed: String,
@@ -139,6 +142,13 @@ impl Syntax {
                 key(1),
                 self.p(3),
                 self.p(4)
+            ),
+            restamp: format!(
+                "UPDATE {t} SET at = {} WHERE {} AND slot = {} AND at = {}",
+                self.p(1),
+                key(2),
+                self.p(4),
+                self.p(5)
             ),
             claimed: format!(
                 "SELECT count(*) FROM {t} WHERE lim = {} AND at > {}",

@@ -254,13 +254,24 @@ fn scan(
                         }
                         Err(e) => return partial(out, e),
                     }
-                    let stamps =
+                    let mut stamps =
                         match rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
                             Ok(Some(stamps)) => stamps,
                             // A window is full: the row's keys and slots go back as they drop.
                             Ok(None) => continue,
                             Err(e) => return partial(out, e),
                         };
+                    match rates::refresh(ctx, &mut *conn, &mut stamps) {
+                        Ok(true) => {}
+                        // A window passed meanwhile and another claim took a slot.
+                        Ok(false) => {
+                            if let Err(e) = rates::give_back(ctx, &mut *conn, &stamps) {
+                                return partial(out, e);
+                            }
+                            continue;
+                        }
+                        Err(e) => return partial(out, e),
+                    }
                     tried.extend(keys);
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
@@ -328,7 +339,7 @@ fn scan(
                         // The session's keys are unknown: it is discarded, never pooled.
                         Err(e) => return Err(q.err("claim")(e)),
                     }
-                    let stamps =
+                    let mut stamps =
                         match rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
                             Ok(Some(stamps)) => stamps,
                             Ok(None) => {
@@ -340,6 +351,20 @@ fn scan(
                             // The session's keys are unknown: it is discarded, never pooled.
                             Err(e) => return Err(q.err("claim")(e)),
                         };
+                    match rates::refresh(ctx, &mut *conn, &mut stamps) {
+                        Ok(true) => {}
+                        // A window passed meanwhile and another claim took a slot.
+                        Ok(false) => {
+                            if rates::give_back(ctx, &mut *conn, &stamps).is_err()
+                                || !unlock_all(ctx, &mut *conn, &mut session, &names)
+                            {
+                                return Ok(Vec::new());
+                            }
+                            continue;
+                        }
+                        // The session's keys are unknown: it is discarded, never pooled.
+                        Err(e) => return Err(q.err("claim")(e)),
+                    }
                     tried.extend(keys.iter().cloned());
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {

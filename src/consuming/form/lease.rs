@@ -345,17 +345,29 @@ fn claim_limited(
                 });
             }
         }
-        // Window slots of rows not taken after all go back, in this transaction.
+        // Window slots of rows not taken after all go back, in this transaction; those of rows
+        // taken are stamped again if the claim took long to get here (the commit follows).
         if !stamps.is_empty() {
             let taken: HashSet<i64> = rows
                 .iter()
                 .filter_map(|r| r.first().and_then(Value::as_i64))
                 .collect();
-            for (id, s) in &stamps {
+            let mut lost = HashSet::new();
+            for (id, s) in &mut stamps {
                 if !taken.contains(id) {
                     super::rates::give_back(ctx, conn, s)?;
+                } else if !super::rates::refresh(ctx, conn, s)? {
+                    // A window passed while the claim ran and another claim took the slot.
+                    conn.execute(&q.sql.unclaim, &[Value::Int(*id), Value::Time(token)])?;
+                    super::rates::give_back(ctx, conn, s)?;
+                    lost.insert(*id);
                 }
             }
+            rows.retain(|r| {
+                !r.first()
+                    .and_then(Value::as_i64)
+                    .is_some_and(|id| lost.contains(&id))
+            });
         }
         if let Some((_, user)) = order.iter().rev().find(|(id, _)| {
             rows.iter()

@@ -85,7 +85,18 @@ pub(super) fn take(
     };
     let at = millis(SystemTime::now());
     let mut stamps = Vec::with_capacity(keys.len());
-    for (i, ((rate, key), max)) in ctx.spec().rates.iter().zip(keys).zip(maxes).enumerate() {
+    let spec = ctx.spec();
+    // The limits in the order of what they are, not of their place in the description: two
+    // services that list them otherwise take their slots in one order, so their claims never
+    // wait on each other in a circle (a deadlock's second the server takes to see it would
+    // come between a stamp and its claim's commit).
+    let mut order: Vec<usize> = (0..spec.rates.len()).collect();
+    order.sort_by_key(|i| spec.rates[*i].lim);
+    for i in order {
+        let (Some(rate), Some(key), Some(max)) = (spec.rates.get(i), keys.get(i), maxes.get(i))
+        else {
+            continue;
+        };
         // Lifted: no slot.
         let Some(max) = *max else { continue };
         match take_one(sql, conn, rate.lim, key, max, rate.per_ms, at)? {
@@ -105,6 +116,44 @@ pub(super) fn take(
         }
     }
     Ok(Some(stamps))
+}
+
+/// How long before its claim commits a stamp may have been written: older, it is written again
+/// ([`refresh`]) just before the commit (lease form) or the row's take (the others).
+pub(super) const STAMP_FRESH: Duration = Duration::from_millis(20);
+
+/// Stamps again, with the time now, each of `stamps` written more than [`STAMP_FRESH`] ago (a
+/// claim that waited on a lock, a deadlock's detection, a slow statement): a window counts a
+/// claim from its stamp, so a stamp long before the claim's commit would let the window that
+/// follows hold another claim before the one after the commit should. False if a slot no
+/// longer holds its stamp (a window passed while the claim ran, and another claim took it):
+/// the row must not be taken.
+pub(super) fn refresh(
+    ctx: &Ctx,
+    conn: &mut dyn DbConn,
+    stamps: &mut [Stamp],
+) -> Result<bool, DbError> {
+    let Some(sql) = &ctx.queue.sql.rates else {
+        return Ok(true);
+    };
+    let now = millis(SystemTime::now());
+    for s in stamps.iter_mut() {
+        if now - s.at <= STAMP_FRESH.as_millis() as i64 {
+            continue;
+        }
+        let params = [
+            Value::Int(now),
+            Value::Int(s.lim),
+            Value::Text(s.key.clone()),
+            Value::Int(s.slot),
+            Value::Int(s.at),
+        ];
+        if conn.execute(&sql.restamp, &params)? == 0 {
+            return Ok(false);
+        }
+        s.at = now;
+    }
+    Ok(true)
 }
 
 /// Takes a free slot of limit `lim`'s `key`, or makes one if the key has fewer than `max`:

@@ -170,8 +170,9 @@ fn claim_limited(
                 // The session's keys are unknown: it is discarded, never pooled.
                 Err(e) => return Err(q.err("claim")(e)),
             };
-            // The window slots, committed before the row's transaction.
-            let stamps =
+            // The window slots, committed before the row's transaction (stamped again first if
+            // taking them took long: a window counts the claim from its stamp).
+            let mut stamps =
                 match super::rates::take(ctx, &mut *conn, &rate_keys, &rate_maxes, &mut tried) {
                     Ok(Some(stamps)) => stamps,
                     Ok(None) => {
@@ -185,6 +186,21 @@ fn claim_limited(
                         return Err(q.err("claim")(e));
                     }
                 };
+            match super::rates::refresh(ctx, &mut *conn, &mut stamps) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if super::rates::give_back(ctx, &mut *conn, &stamps).is_err()
+                        || !unlock_all(ctx, &mut *conn, &mut session, &names)
+                    {
+                        return Ok(Vec::new());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    unlock_all(ctx, &mut *conn, &mut session, &names);
+                    return Err(q.err("claim")(e));
+                }
+            }
             // Marked broken until the transaction ends, as in the plain claim.
             conn.mark_broken();
             let locked = (|| {
