@@ -87,7 +87,7 @@ impl Worker {
     pub fn start(world: &World, who: Who, broker: Broker, table: Table, sink: Sink) -> Worker {
         let mut r = Rng::new(world.seed).fork(100 + u64::from(who));
         let stop = Arc::new(AtomicBool::new(false));
-        let handlers = 2 + r.below(2) as usize;
+        let handlers = 3 + r.below(2) as usize;
         let in_flight = 1 + r.below(4) as usize;
         let sub = broker
             .subscription(&table)
@@ -157,9 +157,13 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
             How::Ack
         }
     };
-    std::thread::sleep(Duration::from_millis(
-        r.below(world.hold_max.as_millis() as u64 + 1),
-    ));
+    // Most deliveries are short; some are held long enough for rows to pile up in work under
+    // the limits (still within the handler timeout).
+    let hold = match r.chance(25) {
+        true => 200 + r.below(900),
+        false => r.below(world.hold_max.as_millis() as u64 + 1),
+    };
+    std::thread::sleep(Duration::from_millis(hold));
     let settle = |call: &dyn Fn() -> Result<(), BrokerError>| {
         let t0 = now_micros();
         let res = call();
@@ -474,7 +478,8 @@ pub fn operator(
                 }
                 1 => {
                     record(Op::Pause, broker.pause(t).map(|()| String::new()), t0);
-                    stop.sleep(Duration::from_millis(200 + r.below(500)));
+                    // Longer than a poll interval and its slack: the claims after it are checked.
+                    stop.sleep(Duration::from_millis(900 + r.below(1200)));
                     let t0 = now_micros();
                     record(Op::Resume, broker.resume(t).map(|()| String::new()), t0);
                 }
