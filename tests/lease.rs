@@ -402,3 +402,64 @@ fn renewal_outlives_a_held_pool(db: Db) {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_server!(renewal_outlives_a_held_pool);
+
+/// A delivery claimed ahead whose lease runs out while it waits in the subscription's buffer
+/// (here its renewals are held off by another session's row lock, as a process frozen past its
+/// lease would miss them) is not handed to a handler: the row may be another holder's by then,
+/// even finished. The handler gets the row again under a lease of its own instead. Fails
+/// (`a delivery handed out with its lease already gone`) with the buffered delivery handed out
+/// as it was.
+fn an_expired_buffered_delivery_is_not_handed_out(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(1));
+    for i in 0..2 {
+        live.broker
+            .publish(&t, Message::new(format!("{i}").into_bytes()).set("k", "k"))
+            .unwrap();
+    }
+    let sub = live
+        .broker
+        .subscription(&t)
+        .workers(1)
+        .batch_size(2)
+        .max_in_flight(2)
+        .start()
+        .unwrap();
+    let first = next(&sub, Duration::from_secs(10));
+    let other = live.ints(&format!(
+        "SELECT id FROM {} WHERE id <> {}",
+        t.name(),
+        first.id()
+    ))[0]
+        .unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || sub.in_flight() == 2),
+        "the second row was claimed ahead into the buffer"
+    );
+    // Another session locks the buffered row for longer than its lease: no renewal gets it.
+    let lock = match db {
+        Db::Postgres => format!(
+            "BEGIN; SELECT id FROM {name} WHERE id = {other} FOR UPDATE; SELECT pg_sleep(2.6); \
+             COMMIT",
+            name = t.name()
+        ),
+        _ => format!(
+            "START TRANSACTION; SELECT id FROM {name} WHERE id = {other} FOR UPDATE; \
+             SELECT SLEEP(2.6); COMMIT",
+            name = t.name()
+        ),
+    };
+    common::exec(db, &live.url, &lock);
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!(d.id(), other);
+    assert!(
+        d.lease_held(),
+        "a delivery handed out with its lease already gone (attempt {})",
+        d.attempt()
+    );
+    d.ack().unwrap();
+    first.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+per_server!(an_expired_buffered_delivery_is_not_handed_out);

@@ -472,6 +472,13 @@ impl Delivery {
         !self.timed_out() && self.lease_deadline().is_none_or(|until| until > now)
     }
 
+    /// Lease form: true if the lease's deadline, as this process knows it, has passed (the
+    /// row may be another holder's now). Other forms: false.
+    pub(crate) fn lease_expired(&self) -> bool {
+        self.lease_deadline()
+            .is_some_and(|until| until <= SystemTime::now())
+    }
+
     /// Lease form: pushes the lease's deadline to at least `by` from now (whole seconds,
     /// rounded up), for a known long step; fenced by the token like every settlement, so a
     /// lost lease gives [`BrokerError::LeaseLost`] and changes

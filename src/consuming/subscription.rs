@@ -511,7 +511,11 @@ impl Subscription {
         let _waiting = Waiting::new(&self.ctx);
         loop {
             match self.rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(d) => return self.fresh(d),
+                Ok(d) => match self.fresh(d) {
+                    Fresh::Ready(d) => return Some(d),
+                    Fresh::Stale => {}
+                    Fresh::Closed => return None,
+                },
                 Err(RecvTimeoutError::Disconnected) => return None,
                 Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => return None,
                 Err(RecvTimeoutError::Timeout) => {}
@@ -539,11 +543,21 @@ impl Subscription {
     /// Waits up to `timeout` for a delivery from the channel.
     fn wait_one(&self, timeout: Duration) -> Result<Delivery, NextError> {
         let _waiting = Waiting::new(&self.ctx);
-        match self.rx.recv_timeout(timeout) {
-            Ok(d) => self.fresh(d).ok_or(NextError::Closed),
-            Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => Err(NextError::Closed),
-            Err(RecvTimeoutError::Timeout) => Err(NextError::Timeout),
-            Err(RecvTimeoutError::Disconnected) => Err(NextError::Closed),
+        let by = Instant::now().checked_add(timeout);
+        loop {
+            let left = by.map_or(timeout, |b| b.saturating_duration_since(Instant::now()));
+            match self.rx.recv_timeout(left) {
+                Ok(d) => match self.fresh(d) {
+                    Fresh::Ready(d) => return Ok(d),
+                    Fresh::Stale => {}
+                    Fresh::Closed => return Err(NextError::Closed),
+                },
+                Err(RecvTimeoutError::Timeout) if self.ctx.stopped() => {
+                    return Err(NextError::Closed)
+                }
+                Err(RecvTimeoutError::Timeout) => return Err(NextError::Timeout),
+                Err(RecvTimeoutError::Disconnected) => return Err(NextError::Closed),
+            }
         }
     }
 
@@ -555,10 +569,16 @@ impl Subscription {
         if self.ctx.stopped() {
             return Err(NextError::Closed);
         }
-        match self.rx.try_recv() {
-            Ok(d) => self.fresh(d).ok_or(NextError::Closed),
-            Err(TryRecvError::Empty) => Err(NextError::Empty),
-            Err(TryRecvError::Disconnected) => Err(NextError::Closed),
+        loop {
+            return match self.rx.try_recv() {
+                Ok(d) => match self.fresh(d) {
+                    Fresh::Ready(d) => Ok(d),
+                    Fresh::Stale => continue,
+                    Fresh::Closed => Err(NextError::Closed),
+                },
+                Err(TryRecvError::Empty) => Err(NextError::Empty),
+                Err(TryRecvError::Disconnected) => Err(NextError::Closed),
+            };
         }
     }
 
@@ -657,7 +677,11 @@ impl Subscription {
             drop(taken);
             self.drain();
         } else {
-            batch.extend(taken.into_iter().map(Delivery::hand_out));
+            // A row whose lease ran out while it waited here is another holder's by now.
+            let (stale, live): (Vec<Delivery>, Vec<Delivery>) =
+                taken.into_iter().partition(Delivery::lease_expired);
+            drop(stale);
+            batch.extend(live.into_iter().map(Delivery::hand_out));
         }
         Ok(batch)
     }
@@ -996,14 +1020,23 @@ impl Subscription {
     }
 
     /// Hands a delivery out, unless the subscription closed meanwhile (then the row goes back).
-    fn fresh(&self, d: Delivery) -> Option<Delivery> {
+    /// A delivery taken off the channel, handed out: unless the subscription is closed (then
+    /// it and the rest go back), or (lease form) its lease ran out while it waited there (a
+    /// process frozen past it, a handler pool far behind): the row may be another holder's,
+    /// maybe finished by now, so no handler starts it; it is dropped unhanded, which gives the
+    /// row back if it is still this holder's.
+    fn fresh(&self, d: Delivery) -> Fresh {
         self.ctx.slots.dequeue();
         if self.ctx.stopped() {
             drop(d);
             self.drain();
-            return None;
+            return Fresh::Closed;
         }
-        Some(d.hand_out())
+        if d.lease_expired() {
+            drop(d);
+            return Fresh::Stale;
+        }
+        Fresh::Ready(d.hand_out())
     }
 
     fn drain(&self) {
@@ -1012,6 +1045,16 @@ impl Subscription {
             drop(d);
         }
     }
+}
+
+/// What [`Subscription::fresh`] made of a delivery taken off the channel. (Returned at once
+/// and matched: the size of the delivery it carries costs nothing worth a box.)
+#[allow(clippy::large_enum_variant)]
+enum Fresh {
+    Ready(Delivery),
+    /// Its lease ran out while it waited: dropped, take the next.
+    Stale,
+    Closed,
 }
 
 /// A caller's timeout and its deadline (`None` where the deadline overflows: unbounded).

@@ -143,6 +143,46 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
     let (id, attempt) = (d.id(), d.attempt());
     sink.now(who, What::Started { id, attempt });
     let mut r = Rng::new(world.seed).fork(((id as u64) << 8) ^ u64::from(attempt));
+    let compose = world.profile == Profile::Compose;
+    if compose {
+        let data = d
+            .last_checkpoint()
+            .map(|c| String::from_utf8_lossy(&c).into_owned());
+        sink.now(who, What::ReadCheckpoint { id, attempt, data });
+        if let Ok(deps) = d.waited_on() {
+            if !deps.is_empty() {
+                let deps = deps
+                    .iter()
+                    .map(|dep| {
+                        (
+                            dep.id,
+                            dep.outcome.map(|o| format!("{o:?}")),
+                            dep.output
+                                .as_ref()
+                                .map(|o| String::from_utf8_lossy(o).into_owned()),
+                        )
+                    })
+                    .collect();
+                sink.now(who, What::WaitedOn { id, attempt, deps });
+            }
+        }
+        if r.chance(30) {
+            let data = format!("cp{id}.{attempt}");
+            let t0 = now_micros();
+            let ok = d.checkpoint(data.as_bytes()).is_ok();
+            sink.push(Ev {
+                t0,
+                t1: now_micros(),
+                who,
+                what: What::Checkpointed {
+                    id,
+                    attempt,
+                    data,
+                    ok,
+                },
+            });
+        }
+    }
     let how = match r.weighted(&[62, 8, 5, 4, 3, 4, 2, 2]) {
         0 => How::Ack,
         1 => How::Fail,
@@ -184,6 +224,14 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
     // Each settlement consumes the delivery: the cell hands it over once.
     let cell = Mutex::new(Some(d));
     let take = || cell.lock().unwrap().take().expect("one settlement");
+    if compose && how == How::Ack && r.chance(70) {
+        let data = format!("out{id}.{attempt}");
+        if let Some(d) = cell.lock().unwrap().as_ref() {
+            if d.set_output(data.as_bytes()).is_ok() {
+                sink.now(who, What::Output { id, attempt, data });
+            }
+        }
+    }
     match how {
         How::Ack => settle(&|| take().ack()),
         How::Fail => settle(&|| take().fail("promise checker: a failure")),
@@ -364,6 +412,12 @@ impl Ids {
         self.0.lock().unwrap().push(id);
     }
 
+    /// The last `n` ids.
+    pub fn recent(&self, n: usize) -> Vec<i64> {
+        let ids = self.0.lock().unwrap();
+        ids[ids.len().saturating_sub(n)..].to_vec()
+    }
+
     /// One of the ids, the recent ones likelier (they are more often still live).
     pub fn pick(&self, r: &mut Rng) -> Option<i64> {
         let ids = self.0.lock().unwrap();
@@ -393,7 +447,8 @@ pub fn producer(
         let mut n = 0;
         while stop.sleep(Duration::from_millis(3 + r.below(30))) {
             n += 1;
-            let (m, msg) = world.message(&mut r, n);
+            let recent = ids.recent(20);
+            let (m, msg) = world.message(&mut r, n, &recent);
             let t0 = now_micros();
             let res = broker.publish(&world.table, m);
             let t1 = now_micros();

@@ -179,6 +179,20 @@ impl<'a> Index<'a> {
         })
     }
 
+    /// True if run `r` may have lost its row unseen: it ended by a drop or a panic (whose
+    /// settlement reports nothing) while its process was frozen past its lease meanwhile.
+    fn lost_unseen(&self, r: &Run) -> bool {
+        let (Some((_, c1)), Some((t0, _, how, _, _))) = (r.claim, &r.settle) else {
+            return false;
+        };
+        matches!(how, How::Drop | How::Panic)
+            && self.faults.iter().any(|e| {
+                matches!(e.what, What::Fault { target, fault: Fault::Stopped } if target == r.who)
+                    && e.t1 >= c1
+                    && e.t0 <= *t0
+            })
+    }
+
     /// The operators' calls of kind `pick` that returned `ok`, as `(t0, t1)`.
     fn ops_where(&self, pick: impl Fn(&Op) -> bool) -> Vec<(i64, i64)> {
         self.ops
@@ -197,10 +211,30 @@ impl<'a> Index<'a> {
             .any(|(t0, t1)| *t1 >= from && *t0 <= to)
     }
 
-    /// The earliest moment job `id` may have finished (acked, dead, cancelled, deleted): no
-    /// promise that holds while it is unfinished can be held to past it. `i64::MAX` if nothing
-    /// in the history could have finished it.
+    /// The earliest moment job `id` may have finished, its `after` parents' ends included
+    /// (one dead-lettered or cancelled dead-letters it, with no event of its own).
     fn may_have_finished(&self, id: i64) -> i64 {
+        let mut at = self.own_end(id);
+        let mut todo: Vec<(i64, usize)> = vec![(id, 0)];
+        let mut seen = HashSet::new();
+        while let Some((job, depth)) = todo.pop() {
+            if !seen.insert(job) || depth > 50 {
+                continue;
+            }
+            if let Some((_, _, msg)) = self.published.get(&job) {
+                for p in &msg.after {
+                    at = at.min(self.own_end(*p));
+                    todo.push((*p, depth + 1));
+                }
+            }
+        }
+        at
+    }
+
+    /// The earliest moment job `id` may have finished by its own events (acked, dead,
+    /// cancelled, deleted): no promise that holds while it is unfinished can be held to past
+    /// it. `i64::MAX` if nothing in the history could have finished it.
+    fn own_end(&self, id: i64) -> i64 {
         let max = self.world.table_max_attempts();
         let mut at = i64::MAX;
         for r in self.runs.get(&id).into_iter().flatten() {
@@ -254,7 +288,167 @@ pub fn check(world: &World, evs: &[Ev], fin: &Final) -> Vec<Broken> {
         concurrency(&ix, &mut out);
         rates(&ix, &mut out);
     }
+    if world.profile == Profile::Compose {
+        waits(&ix, &mut out);
+        outputs(&ix, &mut out);
+        checkpoints(&ix, &mut out);
+    }
     out
+}
+
+/// P17, P18: jobs that wait. A job published `after(p)` is claimed to run only after `p`'s ack
+/// (or its row's deletion by hand, which counts as one) may have committed; one published
+/// `after_settled(p)` only after `p` may have ended, however it ended.
+fn waits(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    for (id, (_, _, msg)) in &ix.published {
+        for r in ix.runs.get(id).into_iter().flatten() {
+            let (Some((_, c1)), Some(_)) = (r.claim, r.start) else {
+                continue;
+            };
+            for p in &msg.after {
+                if !acked_by(ix, *p, c1) {
+                    out.push(Broken {
+                        promise: "P17",
+                        what: format!(
+                            "job {id} (after {p}) claimed by broker {} before job {p}'s ack",
+                            r.who
+                        ),
+                        jobs: vec![*p, *id],
+                        from: ix.published.get(p).map_or(c1, |x| x.0),
+                        to: c1,
+                    });
+                }
+            }
+            for p in &msg.after_settled {
+                if ix.may_have_finished(*p) >= c1 {
+                    out.push(Broken {
+                        promise: "P18",
+                        what: format!(
+                            "job {id} (after_settled {p}) claimed by broker {} before job {p} \
+                             ended",
+                            r.who
+                        ),
+                        jobs: vec![*p, *id],
+                        from: ix.published.get(p).map_or(c1, |x| x.0),
+                        to: c1,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// True if job `p`'s ack (or a delete by hand) may have committed before `t`.
+fn acked_by(ix: &Index<'_>, p: i64, t: i64) -> bool {
+    let runs = ix.runs.get(&p).map(Vec::as_slice).unwrap_or_default();
+    let acked = runs.iter().any(|r| match (&r.settle, r.start) {
+        (Some((t0, _, How::Ack, _, _)), _) => *t0 < t,
+        // Killed mid-run: its ack may have committed before its line was written.
+        (None, Some((s, _))) => r.killed.is_some() && s < t,
+        _ => false,
+    });
+    let deleted = ix
+        .ops
+        .iter()
+        .any(|e| matches!(&e.what, What::Op { op: Op::Delete(j), .. } if *j == p) && e.t0 < t);
+    // Not a job of this run's history (published before it, or by another path): unknown.
+    acked || deleted || !ix.published.contains_key(&p)
+}
+
+/// P19, outputs: what a waiting job reads of a job it waited on is what that job's acked run
+/// set (none if it set none), and nothing for a job that ended otherwise (a failure writes no
+/// output).
+fn outputs(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    // Per job: the outputs its runs set (by attempt).
+    let mut set: HashMap<i64, Vec<(u32, String)>> = HashMap::new();
+    for e in ix.evs {
+        if let What::Output { id, attempt, data } = &e.what {
+            set.entry(*id).or_default().push((*attempt, data.clone()));
+        }
+    }
+    for e in ix.evs {
+        let What::WaitedOn { id, deps, .. } = &e.what else {
+            continue;
+        };
+        for (p, outcome, output) in deps {
+            let Some(outcome) = outcome else { continue };
+            let outputs = set.get(p).map(Vec::as_slice).unwrap_or_default();
+            let fine = match outcome.as_str() {
+                // Whatever a run of it set (the run whose ack committed: a run's output is
+                // written by its ack only), or none.
+                "Acked" => match output {
+                    Some(o) => outputs.iter().any(|(_, x)| x == o),
+                    None => true,
+                },
+                _ => output.is_none(),
+            };
+            if !fine {
+                out.push(Broken {
+                    promise: "P19",
+                    what: format!(
+                        "job {id} read job {p}'s output as {output:?} ({outcome}); its runs \
+                         set {outputs:?}"
+                    ),
+                    jobs: vec![*p, *id],
+                    from: e.t0,
+                    to: e.t1,
+                });
+            }
+        }
+    }
+}
+
+/// P19, checkpoints: a delivery reads a checkpoint some earlier run of its job wrote, and not
+/// one older than the last that surely committed before its claim.
+fn checkpoints(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let mut writes: HashMap<i64, Vec<(i64, i64, String, bool)>> = HashMap::new();
+    for e in ix.evs {
+        if let What::Checkpointed { id, data, ok, .. } = &e.what {
+            writes
+                .entry(*id)
+                .or_default()
+                .push((e.t0, e.t1, data.clone(), *ok));
+        }
+    }
+    for e in ix.evs {
+        let What::ReadCheckpoint { id, data, .. } = &e.what else {
+            continue;
+        };
+        let mine = writes.get(id).map(Vec::as_slice).unwrap_or_default();
+        let broke = |what: String| Broken {
+            promise: "P19",
+            what,
+            jobs: vec![*id],
+            from: e.t0,
+            to: e.t1,
+        };
+        if let Some(d) = data {
+            if !mine.iter().any(|w| w.2 == *d && w.0 < e.t0) {
+                out.push(broke(format!(
+                    "job {id} read a checkpoint {d:?} no run of it wrote"
+                )));
+                continue;
+            }
+        }
+        // The last write that surely committed before this read, and whether a later one may
+        // have committed too.
+        let Some(last) = mine
+            .iter()
+            .filter(|w| w.3 && w.1 < e.t0)
+            .max_by_key(|w| w.1)
+        else {
+            continue;
+        };
+        let later = mine
+            .iter()
+            .any(|w| w.1 > last.0 && w.0 < e.t0 && w.2 != last.2);
+        if !later && data.as_deref() != Some(last.2.as_str()) {
+            out.push(broke(format!(
+                "job {id} read checkpoint {data:?}, its last committed was {:?}",
+                last.2
+            )));
+        }
+    }
 }
 
 /// P1: a job is in work with one holder at a time. A second claim committed while the first
@@ -267,7 +461,7 @@ fn one_holder(ix: &Index<'_>, out: &mut Vec<Broken>) {
             let (Some((_, a1)), Some(until)) = (a.claim, a.surely_until()) else {
                 continue;
             };
-            if a.start.is_none() || a.may_have_lost() || a.killed.is_some() {
+            if a.start.is_none() || a.may_have_lost() || a.killed.is_some() || ix.lost_unseen(a) {
                 continue;
             }
             for b in &runs[i + 1..] {
@@ -674,6 +868,7 @@ fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
                         j != id
                             && r.start.is_some()
                             && !r.may_have_lost()
+                            && !ix.lost_unseen(r)
                             && r.claim.is_some_and(|(_, r1)| r1 < c0)
                             && r.surely_until().is_some_and(|u| u > c1)
                             && !ix.faulted(r.who, r.claim.map_or(0, |x| x.1), c1)

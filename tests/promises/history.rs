@@ -76,6 +76,9 @@ pub struct Msg {
     pub dedup: Option<String>,
     pub priority: i16,
     pub delay_ms: u64,
+    /// Jobs it waits on to be acked, and to settle (`after`, `after_settled`).
+    pub after: Vec<i64>,
+    pub after_settled: Vec<i64>,
 }
 
 /// An operator's call.
@@ -172,6 +175,12 @@ pub enum What {
         attempt: u32,
         data: Option<String>,
     },
+    /// What a delivery read of the jobs it waited on: (id, outcome, output).
+    WaitedOn {
+        id: i64,
+        attempt: u32,
+        deps: Vec<(i64, Option<String>, Option<String>)>,
+    },
     /// A handler set its output before its ack.
     Output {
         id: i64,
@@ -201,7 +210,8 @@ impl Ev {
             | What::Settled { id, .. }
             | What::Checkpointed { id, .. }
             | What::ReadCheckpoint { id, .. }
-            | What::Output { id, .. } => Some(*id),
+            | What::Output { id, .. }
+            | What::WaitedOn { id, .. } => Some(*id),
             What::Op {
                 op: Op::Cancel(id) | Op::RunNow(id) | Op::Delete(id),
                 ..
@@ -244,6 +254,20 @@ impl Ev {
             ),
             What::Output { id, attempt, data } => {
                 format!("output\t{id}\t{attempt}\t{}", clean(data))
+            }
+            What::WaitedOn { id, attempt, deps } => {
+                let deps: Vec<String> = deps
+                    .iter()
+                    .map(|(p, o, out)| {
+                        format!(
+                            "{p}:{}:{}",
+                            o.as_deref().unwrap_or("-"),
+                            out.as_deref()
+                                .map_or("-".to_string(), |x| format!("={}", clean(x)))
+                        )
+                    })
+                    .collect();
+                format!("waited\t{id}\t{attempt}\t{}", deps.join(","))
             }
             other => format!("other\t{other:?}"),
         };
@@ -289,6 +313,26 @@ impl Ev {
                 id,
                 attempt: attempt()?,
                 data: f.get(6).unwrap_or(&"").to_string(),
+            },
+            "waited" => What::WaitedOn {
+                id,
+                attempt: attempt()?,
+                deps: f
+                    .get(6)
+                    .unwrap_or(&"")
+                    .split(',')
+                    .filter(|d| !d.is_empty())
+                    .filter_map(|d| {
+                        let mut p = d.splitn(3, ':');
+                        let parent = p.next()?.parse().ok()?;
+                        let outcome = p.next().filter(|o| *o != "-").map(str::to_string);
+                        let output = p
+                            .next()
+                            .and_then(|o| o.strip_prefix('='))
+                            .map(str::to_string);
+                        Some((parent, outcome, output))
+                    })
+                    .collect(),
             },
             _ => return None,
         };

@@ -25,6 +25,9 @@ pub enum Profile {
     Flow,
     /// FIFO groups, maybe dedup keys and priorities.
     Fifo,
+    /// Jobs that wait on others (`after`, `after_settled`), with outputs and checkpoints, maybe
+    /// dedup keys.
+    Compose,
 }
 
 /// A run's world: what every actor reads.
@@ -59,10 +62,10 @@ impl World {
     /// The world of `seed` on `db` in `form`.
     pub fn new(db: Db, form: Form, seed: u64) -> World {
         let mut r = Rng::new(seed).fork(1);
-        let profile = if r.chance(65) {
-            Profile::Flow
-        } else {
-            Profile::Fifo
+        let profile = match r.weighted(&[50, 25, 25]) {
+            0 => Profile::Flow,
+            1 => Profile::Fifo,
+            _ => Profile::Compose,
         };
         let name = unique("pr");
         let keys: Vec<String> = (0..2 + r.below(4)).map(|i| format!("t{i}")).collect();
@@ -90,6 +93,9 @@ impl World {
             Profile::Fifo => {
                 base = base.group("g").fifo();
                 key_is_group = r.chance(50);
+            }
+            Profile::Compose => {
+                base = base.dependencies().outputs().checkpoints();
             }
         }
         if dedup {
@@ -141,8 +147,9 @@ impl World {
         }
     }
 
-    /// A message `n` (unique per run) drawn by `r`, and what it asked for.
-    pub fn message(&self, r: &mut Rng, n: u64) -> (Message, Msg) {
+    /// A message `n` (unique per run) drawn by `r`, and what it asked for; `recent`: jobs
+    /// published before it, which it may wait on.
+    pub fn message(&self, r: &mut Rng, n: u64, recent: &[i64]) -> (Message, Msg) {
         let mut msg = Msg::default();
         let mut m = Message::new(format!("job {n}").into_bytes()).set("u", format!("u{n}"));
         // A `NULL` key now and then: one key of its own for limits and fair claims.
@@ -170,6 +177,23 @@ impl World {
             let p = r.below(5) as i16 - 2;
             m = m.priority(p);
             msg.priority = p;
+        }
+        if self.profile == Profile::Compose && !recent.is_empty() && r.chance(40) {
+            // A job that waits is due when released: no delay of its own.
+            for _ in 0..1 + r.below(3) {
+                let parent = *r.pick(recent);
+                if msg.after.contains(&parent) || msg.after_settled.contains(&parent) {
+                    continue;
+                }
+                if r.chance(50) {
+                    m = m.after(parent);
+                    msg.after.push(parent);
+                } else {
+                    m = m.after_settled(parent);
+                    msg.after_settled.push(parent);
+                }
+            }
+            return (m, msg);
         }
         if r.chance(10) {
             let ms = r.below(600);
