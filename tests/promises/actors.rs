@@ -606,9 +606,20 @@ pub fn operator(
                 }
             }
         }
-        // The run ends with the table resumed: the drain needs it.
+        // The run ends with the table resumed and its limits lifted: the drain needs it.
         let t0 = now_micros();
         record(Op::Resume, broker.resume(t).map(|()| String::new()), t0);
+        for (key, _) in &world.limits {
+            let t0 = now_micros();
+            let res = broker.set_concurrency_limit(t, key, None);
+            record(Op::SetLimit(key.clone(), None), res.map(|()| String::new()), t0);
+        }
+        if let Some((key, _, per)) = &world.rate {
+            let t0 = now_micros();
+            let res = broker.set_rate_window(t, key, *per, None);
+            let op = Op::SetRate(key.clone(), per.as_millis() as u64, None);
+            record(op, res.map(|()| String::new()), t0);
+        }
     })
 }
 
