@@ -89,8 +89,10 @@ pub struct Ran {
     pub acked: usize,
     /// Deliveries dead-lettered: the handler returned `Ok(Outcome::DeadLetter(..))`, or its
     /// attempt was the table's last and ended in a retry or a failure (then also counted by
-    /// what ended it: `retried`, `failed`, `panicked`, `timed_out`). Every dead letter, as the
-    /// `sqlbroker_jobs_dead_lettered_total` metric counts them.
+    /// what ended it: `retried`, `failed`, `panicked`, `timed_out`). Every dead letter the
+    /// settlements wrote, as the `sqlbroker_jobs_dead_lettered_total` metric counts them. (A
+    /// retry or failure that an operator's earlier cancel of the job in work ends as cancelled
+    /// is counted as the retry or failure: its statement does not say which it became.)
     pub dead_lettered: usize,
     /// Deliveries whose handler returned `Ok(Outcome::RetryAfter(..))`, retried after the
     /// delay (dead-lettered instead on the last attempt).
