@@ -829,21 +829,7 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
         {
             return Ok(0);
         }
-        let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
-        if n > 0 {
-            let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
-            crate::runtime::deps::settled(
-                &q.spec,
-                &q.sql,
-                q,
-                conn,
-                id,
-                DEPS_CANCELLED,
-                None,
-                kept,
-            )?;
-        }
-        Ok(n)
+        remove_cancelled(q, conn, id)
     };
     match run(&mut *conn) {
         Ok(n) => {
@@ -867,6 +853,17 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
 /// take is tried again, a little later each time, until `limit` is spent; then
 /// [`Cancelled::Busy`], nothing changed. A row taken is removed as
 /// [`cancel_row_lock`] removes it, in the same transaction.
+/// Removes (or completes as cancelled) row `id`, locked by the caller's transaction on
+/// `conn`, and settles the jobs waiting on it as a cancel does: the rows changed.
+fn remove_cancelled(q: &Queue, conn: &mut dyn DbConn, id: i64) -> Result<u64, DbError> {
+    let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
+    if n > 0 {
+        let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
+        crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None, kept)?;
+    }
+    Ok(n)
+}
+
 fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Result<Cancelled> {
     let deadline = std::time::Instant::now() + limit;
     let mut pause = std::time::Duration::from_millis(20);
@@ -881,21 +878,7 @@ fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Res
             if conn.query(&q.sql.probe_lock, &[Value::Int(id)])?.is_empty() {
                 return Ok(None);
             }
-            let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
-            if n > 0 {
-                let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
-                crate::runtime::deps::settled(
-                    &q.spec,
-                    &q.sql,
-                    q,
-                    conn,
-                    id,
-                    DEPS_CANCELLED,
-                    None,
-                    kept,
-                )?;
-            }
-            Ok(Some(n))
+            remove_cancelled(q, conn, id).map(Some)
         };
         match run(&mut *conn) {
             Ok(Some(n)) => {

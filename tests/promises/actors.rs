@@ -612,7 +612,11 @@ pub fn operator(
         for (key, _) in &world.limits {
             let t0 = now_micros();
             let res = broker.set_concurrency_limit(t, key, None);
-            record(Op::SetLimit(key.clone(), None), res.map(|()| String::new()), t0);
+            record(
+                Op::SetLimit(key.clone(), None),
+                res.map(|()| String::new()),
+                t0,
+            );
         }
         if let Some((key, _, per)) = &world.rate {
             let t0 = now_micros();
