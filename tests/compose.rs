@@ -1012,3 +1012,57 @@ fn a_purged_dead_letter_keeps_its_answer(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_purged_dead_letter_keeps_its_answer);
+
+/// A chain `a -> b -> c` left waiting while the broker's sweeper reads it: `b` is met twice
+/// (its head, waited on by `c`, and its count, waiting on `a`) and must be read as live both
+/// times. Fails (`b's waits after the sweeper's round`: `[]`) with the sweeper reading a job
+/// met twice as gone the second time (it deleted the waits of every middle link of a chain
+/// that waited 7 s, and the chain waited for ever; found by the promise checker, seed 3).
+fn a_chain_outlives_the_sweeper(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, Form::Lease);
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let b = l.broker.publish(&t, message("b").after(a)).unwrap();
+    let c = l.broker.publish(&t, message("c").after_settled(b)).unwrap();
+    // Past the age the sweeper checks a count at (2 s) and its round of reading rows (5 s).
+    std::thread::sleep(Duration::from_secs(8));
+    for (id, parent) in [(b, a), (c, b)] {
+        let job = l.broker.job(&t, id).unwrap().unwrap();
+        let waits: Vec<i64> = job.waits_on().iter().map(|d| d.id).collect();
+        assert_eq!(
+            waits,
+            vec![parent],
+            "{id}'s waits after the sweeper's round"
+        );
+        assert_eq!(job.state(), JobState::Waiting);
+    }
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    for id in [a, b, c] {
+        settle_next(&sub, id, |d| d.ack().unwrap());
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&t), 0, "the chain ran to its end");
+    forget(&l, &t);
+}
+per_db!(a_chain_outlives_the_sweeper);
+
+/// `purge_dead` of a job that is not a dead letter changes nothing: a waiting job keeps its
+/// waits and runs when they settle. Fails (`purge of a waiting job`: its waits `[]`, then
+/// `never released`) with the purge deleting the waits whether or not it purged a row.
+fn a_purge_of_a_live_job_changes_nothing(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let a = l.broker.publish(&t, message("a")).unwrap();
+    let b = l.broker.publish(&t, message("b").after(a)).unwrap();
+    assert!(!l.broker.purge_dead(&t, b).unwrap());
+    let job = l.broker.job(&t, b).unwrap().unwrap();
+    let waits: Vec<i64> = job.waits_on().iter().map(|d| d.id).collect();
+    assert_eq!(waits, vec![a], "purge of a waiting job");
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, a, |d| d.ack().unwrap());
+    settle_next(&sub, b, |d| d.ack().unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&t), 0, "never released");
+    forget(&l, &t);
+}
+per_db_form!(a_purge_of_a_live_job_changes_nothing);

@@ -324,7 +324,10 @@ impl Broker {
                     let heads = [dead, at.clone(), range[0].clone(), range[1].clone()];
                     conn.execute(&waiting.heads_dead, &heads)?;
                     let n = conn.execute(&q.sql.dead_purge, &[Value::Int(id)])?;
-                    conn.execute(&deps.forget_waits, &[name.clone(), Value::Int(id)])?;
+                    // Only a purged job's waits: a live job named by mistake keeps its own.
+                    if n > 0 {
+                        conn.execute(&deps.forget_waits, &[name.clone(), Value::Int(id)])?;
+                    }
                     Ok(n)
                 })
             })?;

@@ -24,7 +24,7 @@
 //! its statements do while there is work; one that found nothing goes on with the round after
 //! [`STEP`]; a round that found nothing waits [`IDLE`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -441,12 +441,15 @@ impl Sweep<'_> {
         conn: &mut dyn DbConn,
         wanted: impl Iterator<Item = (&'r str, i64)>,
     ) -> Seen {
-        let mut by_table: HashMap<&str, Vec<i64>> = HashMap::new();
+        // Each job once: a job both waited on (its head) and waiting (its count) is met twice,
+        // and read once (its state is then the same for both rows).
+        let mut by_table: HashMap<&str, BTreeSet<i64>> = HashMap::new();
         for (table, id) in wanted {
-            by_table.entry(table).or_default().push(id);
+            by_table.entry(table).or_default().insert(id);
         }
         let mut seen = Seen::new();
         for (table, ids) in by_table {
+            let ids: Vec<i64> = ids.into_iter().collect();
             if let Err(e) = self.look_in(conn, table, &ids, &mut seen) {
                 log::debug!("sweeping sqlbroker_deps: reading jobs of table {table}: {e}");
             }
@@ -501,7 +504,9 @@ impl Sweep<'_> {
             }
         }
         for id in ids {
-            let state = found.remove(id).unwrap_or(RowState::Gone);
+            // Not found: gone. A duplicate id would find its row taken by the first (`look`
+            // passes each once), and be taken for gone: its waits deleted while it waits.
+            let state = found.get(id).cloned().unwrap_or(RowState::Gone);
             seen.insert((table.to_string(), *id), Job::Row(state));
         }
         Ok(())
