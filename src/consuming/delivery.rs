@@ -822,8 +822,10 @@ fn settle_hold(
     };
     let r = form::settle(ctx, row.id, hold, outcome, output.as_deref(), within);
     // A row back in the queue, or room made under a concurrency limit: a claimer may take a
-    // row now rather than at its next poll. (Or, with dependencies, a job waiting on this one released.)
-    if returned || !ctx.spec().limits.is_empty() || ctx.spec().dependencies {
+    // row now rather than at its next poll. (Or, with dependencies, a job waiting on this one
+    // released; with FIFO groups, the group's next row free.)
+    let spec = ctx.spec();
+    if returned || !spec.limits.is_empty() || spec.dependencies || spec.fifo {
         ctx.queue.wake.notify(1);
     }
     let meters = &ctx.queue.meters;
