@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sqlbroker::{Broker, BrokerError, ClaimedRows, Delivery, Events, Table};
+use sqlbroker::{Broker, BrokerError, ClaimedRows, Delivery, Events, JobState, Table};
 
 use super::history::{
     now_micros, Ev, Fault, How, Ledger, Op, What, Who, FAULTS, OPERATOR, PRODUCER,
@@ -192,6 +192,7 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
         5 => How::Drop,
         6 => How::Panic,
         // Held past the handler timeout, then acked: the library has failed it meanwhile.
+        _ if world.is_draining() => How::Ack,
         _ => {
             std::thread::sleep(HANDLER_TIMEOUT + Duration::from_millis(300));
             How::Ack
@@ -199,10 +200,13 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
     };
     // Most deliveries are short; some are held long enough for rows to pile up in work under
     // the limits (still within the handler timeout).
+    // The drain runs what is left at once (the draws above are made all the same, so a
+    // seed's choices do not shift).
     let hold = match r.chance(25) {
         true => 200 + r.below(900),
         false => r.below(world.hold_max.as_millis() as u64 + 1),
     };
+    let hold = if world.is_draining() { 0 } else { hold };
     std::thread::sleep(Duration::from_millis(hold));
     let settle = |call: &dyn Fn() -> Result<(), BrokerError>| {
         let t0 = now_micros();
@@ -319,6 +323,14 @@ impl ChildWorker {
         }
     }
 
+    /// Tells it the run drains: its handlers settle at once from now on.
+    pub fn drain(&mut self) {
+        if let Some(stdin) = self.child.process.stdin.as_mut() {
+            let _ = stdin.write_all(b"drain\n");
+            let _ = stdin.flush();
+        }
+    }
+
     /// Asks it to stop (graceful: what it has in hand is settled), and waits for it.
     pub fn stop(mut self) {
         if let Some(mut stdin) = self.child.process.stdin.take() {
@@ -348,7 +360,7 @@ fn db_name(db: Db) -> &'static str {
 }
 
 /// The worker process's body, when this process is one: works the table as broker `who`
-/// until a line (or the end) on its stdin.
+/// until a line "stop" (or the end) on its stdin.
 pub fn child_main() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
@@ -371,8 +383,15 @@ pub fn child_main() {
     let table = broker.open_table(name).expect("child: open the table");
     let worker = Worker::start(&world, who, broker, table, Sink::Stdout);
     println!("@@READY");
+    // "drain" starts the drain; "stop" (or the end of stdin) stops.
     let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
+    loop {
+        line.clear();
+        match std::io::stdin().read_line(&mut line) {
+            Ok(n) if n > 0 && line.trim() == "drain" => world.drain(),
+            _ => break,
+        }
+    }
     worker.stop();
     std::process::exit(0);
 }
@@ -506,6 +525,7 @@ pub fn operator(
                 20,                                       // cancel
                 8,                                        // pause, then resume
                 if flow { 14 } else { 0 },                // a concurrency limit
+                if flow { 5 } else { 0 },                 // a limit lifted a moment
                 if world.rate.is_some() { 8 } else { 0 }, // the rate limit
                 8,                                        // run now
                 8,                                        // requeue a dead letter
@@ -516,7 +536,19 @@ pub fn operator(
             let t0 = now_micros();
             match r.weighted(&weights) {
                 0 => {
-                    let Some(id) = ids.pick(&mut r) else { continue };
+                    // Half the time a job in work, as an operator cancels a stuck one from
+                    // the dashboard: one claimed ahead, held by a frozen process, or running.
+                    let in_work = match r.chance(50) {
+                        true => broker
+                            .jobs(t, JobState::InFlight, None, 20)
+                            .ok()
+                            .filter(|page| !page.is_empty())
+                            .map(|page| page[r.below(page.len() as u64) as usize].id()),
+                        false => None,
+                    };
+                    let Some(id) = in_work.or_else(|| ids.pick(&mut r)) else {
+                        continue;
+                    };
                     let res = broker.cancel(t, id).map(|b| b.to_string());
                     let cancelled = matches!(res.as_deref(), Ok("true"));
                     let t1 = now_micros();
@@ -548,6 +580,22 @@ pub fn operator(
                     record(Op::SetLimit(key, max), res.map(|()| String::new()), t0);
                 }
                 3 => {
+                    // Lifted to let a backlog through, then set again while the rows it let
+                    // through are in work: the max set again counts them.
+                    let (key, _) = r.pick(&world.limits).clone();
+                    let res = broker.set_concurrency_limit(t, &key, None);
+                    record(
+                        Op::SetLimit(key.clone(), None),
+                        res.map(|()| String::new()),
+                        t0,
+                    );
+                    stop.sleep(Duration::from_millis(150 + r.below(300)));
+                    let max = Some(1 + r.below(3) as u32);
+                    let t0 = now_micros();
+                    let res = broker.set_concurrency_limit(t, &key, max);
+                    record(Op::SetLimit(key, max), res.map(|()| String::new()), t0);
+                }
+                4 => {
                     let Some((key, _, per)) = world.rate.clone() else {
                         continue;
                     };
@@ -559,7 +607,7 @@ pub fn operator(
                     let op = Op::SetRate(key, per.as_millis() as u64, max);
                     record(op, res.map(|()| String::new()), t0);
                 }
-                4 => {
+                5 => {
                     let Some(id) = ids.pick(&mut r) else { continue };
                     record(
                         Op::RunNow(id),
@@ -567,7 +615,7 @@ pub fn operator(
                         t0,
                     );
                 }
-                5 => {
+                6 => {
                     let Some(id) = ids.pick(&mut r) else { continue };
                     let res = broker.requeue_dead(t, id);
                     let done = matches!(res, Ok(true));
@@ -577,13 +625,13 @@ pub fn operator(
                         t0,
                     );
                 }
-                6 => {
+                7 => {
                     // Which rows it requeued is not told: the checker takes it as every dead
                     // letter there was.
                     let res = broker.requeue_all_dead(t).map(|n| n.to_string());
                     record(Op::Requeue(Vec::new()), res, t0);
                 }
-                7 => {
+                8 => {
                     let Some(id) = ids.pick(&mut r) else { continue };
                     let res = broker.purge_dead(t, id);
                     let done = matches!(res, Ok(true));

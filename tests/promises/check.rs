@@ -272,7 +272,7 @@ impl World {
 }
 
 /// Every promise the history shows broken.
-pub fn check(world: &World, evs: &[Ev], fin: &Final) -> Vec<Broken> {
+pub fn check(world: &World, evs: &[Ev], fin: &Final, waiting: &[i64]) -> Vec<Broken> {
     let ix = Index::new(world, evs);
     let mut out = Vec::new();
     one_holder(&ix, &mut out);
@@ -290,6 +290,7 @@ pub fn check(world: &World, evs: &[Ev], fin: &Final) -> Vec<Broken> {
     }
     if world.profile == Profile::Compose {
         waits(&ix, &mut out);
+        none_waits_for_ever(&ix, fin, waiting, &mut out);
         outputs(&ix, &mut out);
         checkpoints(&ix, &mut out);
     }
@@ -353,6 +354,41 @@ fn acked_by(ix: &Index<'_>, p: i64, t: i64) -> bool {
         .any(|e| matches!(&e.what, What::Op { op: Op::Delete(j), .. } if *j == p) && e.t0 < t);
     // Not a job of this run's history (published before it, or by another path): unknown.
     acked || deleted || !ix.published.contains_key(&p)
+}
+
+/// P18 (and P17): nothing waits for ever. After the drain, no job still waits whose every job
+/// it waits on has ended (is no longer live: acked, dead, cancelled, purged or deleted): its
+/// last parent's settlement, or the sweeper, should have released it or dead-lettered it.
+/// `waiting`: the jobs the table calls waiting after the drain.
+fn none_waits_for_ever(ix: &Index<'_>, fin: &Final, waiting: &[i64], out: &mut Vec<Broken>) {
+    let end = ix.evs.iter().map(|e| e.t1).max().unwrap_or_default();
+    for id in waiting {
+        let Some((t0, _, msg)) = ix.published.get(id) else {
+            continue;
+        };
+        let parents: Vec<i64> = msg
+            .after
+            .iter()
+            .chain(&msg.after_settled)
+            .copied()
+            .collect();
+        // A parent still live (ready, in work, waiting itself) may yet settle.
+        if parents.iter().any(|p| fin.get(p) == Some(&false)) {
+            continue;
+        }
+        let mut jobs = vec![*id];
+        jobs.extend(&parents);
+        out.push(Broken {
+            promise: "P18",
+            what: format!(
+                "job {id} still waits after the drain, though every job it waits on \
+                 ({parents:?}) has ended"
+            ),
+            jobs,
+            from: *t0,
+            to: end,
+        });
+    }
 }
 
 /// P19, outputs: what a waiting job reads of a job it waited on is what that job's acked run
@@ -828,6 +864,14 @@ fn maxes_within(
 
 /// P8: concurrency limits. No claim of a key commits while `max` other rows of that key are
 /// certainly in work, for the largest max that may have been in force while it ran.
+///
+/// For claim C (called at `c0`, returned at `c1`), the others are the rows whose claims
+/// returned before `c1` and that are surely in work past it: claims side by side with C
+/// included, which is how two claims that each counted before the other took its row show.
+/// All of them and C are in work at `c1`, so the last of them to commit did so while the rest
+/// were in work; it committed at or after C's start (C committed after it) and by `c1`, and
+/// read the maxes within its own call: the largest max of `[start - SLACK, c1]`, with `start`
+/// the earliest call among C and the claims that returned after `c0`, bounds what it saw.
 fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
     let w = ix.world;
     for (li, (template, described)) in w.limits.iter().enumerate() {
@@ -845,6 +889,24 @@ fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
         for (key, runs) in &by_key {
             for (id, c) in runs {
                 let Some((c0, c1)) = c.claim else { continue };
+                let others: Vec<&(i64, &Run)> = runs
+                    .iter()
+                    .filter(|(j, r)| {
+                        j != id
+                            && r.start.is_some()
+                            && !r.may_have_lost()
+                            && !ix.lost_unseen(r)
+                            && r.claim.is_some_and(|(_, r1)| r1 < c1)
+                            && r.surely_until().is_some_and(|u| u > c1)
+                            && !ix.faulted(r.who, r.claim.map_or(0, |x| x.1), c1)
+                    })
+                    .collect();
+                let start = others
+                    .iter()
+                    .filter_map(|(_, r)| r.claim)
+                    .filter(|(_, r1)| *r1 >= c0)
+                    .fold(c0, |s, (r0, _)| s.min(r0));
+                let held: Vec<i64> = others.iter().map(|(j, _)| *j).collect();
                 let maxes = maxes_within(
                     ix,
                     Some(*described),
@@ -852,7 +914,7 @@ fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
                         Op::SetLimit(k, m) if k == template => Some(*m),
                         _ => None,
                     },
-                    c0 - SLACK,
+                    start - SLACK,
                     c1,
                 );
                 let Some(allowed) = maxes
@@ -862,19 +924,6 @@ fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
                 else {
                     continue;
                 };
-                let held: Vec<i64> = runs
-                    .iter()
-                    .filter(|(j, r)| {
-                        j != id
-                            && r.start.is_some()
-                            && !r.may_have_lost()
-                            && !ix.lost_unseen(r)
-                            && r.claim.is_some_and(|(_, r1)| r1 < c0)
-                            && r.surely_until().is_some_and(|u| u > c1)
-                            && !ix.faulted(r.who, r.claim.map_or(0, |x| x.1), c1)
-                    })
-                    .map(|(j, _)| *j)
-                    .collect();
                 if held.len() as u32 >= allowed {
                     let mut jobs = held.clone();
                     jobs.push(*id);

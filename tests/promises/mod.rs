@@ -113,14 +113,38 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
     if let Some(f) = faults {
         let _ = f.join();
     }
-    // The drain: every live job run to its end, or a minute.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // The drain: every live job run to its end, or a minute, the handlers holding nothing.
+    world.drain();
+    if let Some(c) = targets.child.lock().unwrap().as_mut() {
+        c.drain();
+    }
+    let drain_start = Instant::now();
+    let deadline = drain_start + Duration::from_secs(60);
+    let mut left = String::from("nothing");
     while Instant::now() < deadline {
         match b0.stats(&table) {
-            Ok(s) if s.ready + s.scheduled + s.in_flight.unwrap_or(0) + s.waiting == 0 => break,
-            _ => std::thread::sleep(Duration::from_millis(200)),
+            Ok(s) if s.ready + s.scheduled + s.in_flight.unwrap_or(0) + s.waiting == 0 => {
+                left.clear();
+                break;
+            }
+            Ok(s) => {
+                left = format!(
+                    "ready {}, scheduled {}, in work {:?}, waiting {}{}",
+                    s.ready,
+                    s.scheduled,
+                    s.in_flight,
+                    s.waiting,
+                    waiting_on(&b0, &table)
+                )
+            }
+            Err(e) => left = e.to_string(),
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
+    let drained = match left.is_empty() {
+        true => format!("drained in {:.1} s", drain_start.elapsed().as_secs_f64()),
+        false => format!("not drained in a minute: {left}"),
+    };
     if let Some(w0) = targets.w0.lock().unwrap().take() {
         w0.stop();
     }
@@ -138,13 +162,23 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
         .map(|v| (v.div_euclid(10), v.rem_euclid(10) == 1))
         .collect();
     let events = ledger.events();
-    let broken = check::check(&world, &events, &fin);
+    // `PROMISES_DUMP=<dir>`: the whole history, one event a line, in `<dir>/<table>.log`.
+    if let Ok(dir) = std::env::var("PROMISES_DUMP") {
+        let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+        let _ = std::fs::write(format!("{dir}/{}.log", world.name), text);
+    }
+    // The jobs still waiting (a run without dependencies has none).
+    let waiting: Vec<i64> = b0
+        .jobs(&table, sqlbroker::JobState::Waiting, None, 1_000)
+        .map(|jobs| jobs.iter().map(|j| j.id()).collect())
+        .unwrap_or_default();
+    let broken = check::check(&world, &events, &fin, &waiting);
     let jobs = events
         .iter()
         .filter(|e| matches!(e.what, history::What::Published { .. }))
         .count();
     let mut report = format!(
-        "seed {seed}: {}\n{} events, {jobs} jobs published, {} promises broken\n",
+        "seed {seed}: {}\n{} events, {jobs} jobs published, {drained}, {} promises broken\n",
         world.describe(),
         events.len(),
         broken.len()
@@ -163,6 +197,32 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
         jobs,
         report,
     })
+}
+
+/// What the first jobs still waiting wait on (the drain's report when it does not end).
+fn waiting_on(broker: &Broker, table: &sqlbroker::Table) -> String {
+    let Ok(jobs) = broker.jobs(table, sqlbroker::JobState::Waiting, None, 3) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for j in jobs {
+        if let Ok(Some(j)) = broker.job(table, j.id()) {
+            let waits: Vec<String> = j
+                .waits_on()
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}{}: {:?}",
+                        d.id,
+                        if d.any_outcome { " (settled)" } else { "" },
+                        d.outcome
+                    )
+                })
+                .collect();
+            out.push_str(&format!("; job {} waits on [{}]", j.id(), waits.join(", ")));
+        }
+    }
+    out
 }
 
 /// Quiets the panics the handlers make on purpose; every other panic is reported as usual.

@@ -2,6 +2,8 @@
 //! profile of options that combine: flow control, or FIFO groups), with the choices the actors
 //! draw from (keys, groups, dedup keys) and the limits in force as the run began.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlbroker::{Form, Message, RetryPolicy, Table};
@@ -56,6 +58,8 @@ pub struct World {
     pub key_is_group: bool,
     /// The longest a handler holds a row (most of them far less).
     pub hold_max: Duration,
+    /// Set once the run drains: handlers then settle at once (shared by the world's clones).
+    pub draining: Arc<AtomicBool>,
 }
 
 impl World {
@@ -144,7 +148,18 @@ impl World {
             groups,
             key_is_group,
             hold_max: Duration::from_millis(10 + r.below(60)),
+            draining: Arc::default(),
         }
+    }
+
+    /// True once the run drains: handlers settle at once, and none is held past its timeout.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts the drain in this process (its clones see it).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// A message `n` (unique per run) drawn by `r`, and what it asked for; `recent`: jobs
