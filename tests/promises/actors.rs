@@ -184,6 +184,9 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
         }
     }
     let how = match r.weighted(&[62, 8, 5, 4, 3, 4, 2, 2]) {
+        // The drain acks what is left: a retry would hold a FIFO group until it is due (a
+        // second away where due times are whole seconds).
+        _ if world.is_draining() => How::Ack,
         0 => How::Ack,
         1 => How::Fail,
         2 => How::RetryAfter,
@@ -192,7 +195,6 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
         5 => How::Drop,
         6 => How::Panic,
         // Held past the handler timeout, then acked: the library has failed it meanwhile.
-        _ if world.is_draining() => How::Ack,
         _ => {
             std::thread::sleep(HANDLER_TIMEOUT + Duration::from_millis(300));
             How::Ack

@@ -132,12 +132,23 @@ impl<'a> Index<'a> {
                             }),
                         }
                     }
-                    What::Settled { how, ok, err, .. } => {
-                        if let Some(r) = mine
-                            .iter_mut()
-                            .rev()
-                            .find(|r| r.start.is_some() && r.settle.is_none())
-                        {
+                    What::Settled {
+                        how,
+                        ok,
+                        err,
+                        attempt,
+                        ..
+                    } => {
+                        // The earliest unsettled start of this attempt: two deliveries of one
+                        // attempt in one broker (a row lock claim lost with its session, the row
+                        // claimed again while the first handler runs) settle in the order they
+                        // started, as their handlers mostly end.
+                        let open = |r: &Run| r.start.is_some() && r.settle.is_none();
+                        let same = mine
+                            .iter()
+                            .position(|r| open(r) && r.start.is_some_and(|s| s.1 == *attempt));
+                        let at = same.or_else(|| mine.iter().rposition(open));
+                        if let Some(r) = at.map(|i| &mut mine[i]) {
                             r.settle = Some((e.t0, e.t1, *how, *ok, err.clone()));
                         }
                     }

@@ -152,7 +152,7 @@ impl World {
         }
     }
 
-    /// True once the run drains: handlers settle at once, and none is held past its timeout.
+    /// True once the run drains: handlers ack at once.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
