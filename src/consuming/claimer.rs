@@ -150,7 +150,9 @@ fn nothing_ready(ctx: &Ctx) -> bool {
 /// How long to claim nothing for if the table is paused ([`Broker::pause`](crate::Broker::pause)),
 /// `None` if it is not: the flag as this broker last read it, read again from the registry once
 /// per poll interval (one worker reads it for all, the others wait a moment for it). A read
-/// that fails keeps the last value.
+/// that fails claims nothing for a poll interval, then reads again: the last value may be
+/// older than a pause made meanwhile (found by the promise checker: a broker whose database
+/// stopped answering for two seconds claimed on its old value a second after a pause).
 fn paused(ctx: &Ctx) -> Option<Duration> {
     let poll = ctx.opts.poll_interval;
     match read_pause(ctx) {

@@ -149,7 +149,9 @@ impl PauseRead<'_> {
         (before, s.paused)
     }
 
-    /// A read that failed: the last value stands for another interval.
+    /// A read that failed: claim nothing now (true), and read it again before the next claim.
+    /// The last value may be old by now (a database that stopped answering for seconds, and
+    /// a pause made meanwhile): a claim on it could start long after the pause returned.
     pub fn failed(mut self) -> bool {
         self.done = true;
         self.flag.unread()
@@ -203,12 +205,13 @@ impl PauseFlag {
         s.paused = paused;
     }
 
-    /// A read that failed or never reported: the last value stands for another interval.
+    /// A read that failed or never reported: nobody claims on the old value; the next check
+    /// reads the flag again.
     fn unread(&self) -> bool {
         let mut s = self.state.lock();
-        s.read_at = Some(Instant::now());
+        s.read_at = None;
         s.reading = false;
-        s.paused
+        true
     }
 
     /// Reads the flag again before the next claim (a notification: a read under way may have
@@ -431,7 +434,8 @@ mod tests {
     /// While one worker reads the pause flag, nobody claims on its old value: the handler
     /// threads' own claims (`running`) and the other workers (`Reading`) wait for the read.
     /// Fails with the flag marked read before the read was made (a claim on the old value
-    /// right after a pause in another process: seen as `delivered while paused` on MariaDB).
+    /// right after a pause in another process: seen as `delivered while paused` on MariaDB),
+    /// and (`a failed read let a claim go ahead`) with a failed read keeping the last value.
     #[test]
     fn nobody_claims_on_the_old_flag_while_it_is_read() {
         let every = Duration::from_secs(60);
@@ -452,11 +456,14 @@ mod tests {
             panic!("a stale flag is not read again")
         };
         assert!(!flag.running(every));
-        assert!(!read.failed(), "a failed read keeps the last value");
-        assert!(matches!(flag.check(every), PauseCheck::Fresh(false)));
-        flag.stale();
+        // A failed read claims on no old value: the table may have been paused since.
+        assert!(
+            read.failed(),
+            "a failed read let a claim go ahead on the old value"
+        );
+        assert!(!flag.running(every));
         let PauseCheck::Read(read) = flag.check(every) else {
-            panic!("a stale flag is not read again")
+            panic!("a failed read is not tried again before the next claim")
         };
         assert_eq!(read.set(true), (false, true));
         assert!(matches!(flag.check(every), PauseCheck::Fresh(true)));

@@ -684,6 +684,8 @@ pub struct Targets {
     pub w0_with: (Broker, Table),
     /// Broker 1's sessions (servers): found by their mark.
     pub marked: Option<common::sessions::Marked>,
+    /// The proxy broker 1's connections go through (servers).
+    pub hole: Option<common::blackhole::BlackHole>,
     /// The worker process, started again after each kill.
     pub child: Mutex<Option<ChildWorker>>,
     pub next_who: AtomicU32,
@@ -692,7 +694,8 @@ pub struct Targets {
 }
 
 /// Faults at random moments until `stop`: broker 1's sessions ended, the worker process
-/// killed (and a new one started), a snapshot held open elsewhere.
+/// killed (and a new one started) or frozen, a snapshot held open elsewhere, broker 0
+/// restarted, broker 1's connections silent a moment (servers).
 pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = Rng::new(world.seed).fork(4);
@@ -704,6 +707,7 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                 if server { 2 } else { 0 },
                 2,
                 2,
+                if server { 2 } else { 0 },
             ];
             match r.weighted(&weights) {
                 0 => {
@@ -780,6 +784,22 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                         what: What::Fault {
                             fault: Fault::Restarted,
                             target: 0,
+                        },
+                    });
+                }
+                5 => {
+                    let Some(hole) = &targets.hole else { continue };
+                    let t0 = now_micros();
+                    hole.swallow();
+                    std::thread::sleep(Duration::from_millis(800 + r.below(1700)));
+                    hole.pass();
+                    ledger.push(Ev {
+                        t0,
+                        t1: now_micros(),
+                        who: FAULTS,
+                        what: What::Fault {
+                            fault: Fault::Silent,
+                            target: 1,
                         },
                     });
                 }

@@ -71,6 +71,10 @@ impl Run {
     }
 }
 
+/// How long after a silence its broker's sessions may still end (micros): the server learns
+/// the client dropped them once bytes pass again.
+const SILENT_TAIL: i64 = 1_000_000;
+
 /// What the checks read, indexed once.
 struct Index<'a> {
     world: &'a World,
@@ -177,13 +181,18 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// True if broker `who`'s sessions were ended, or its process killed, within `[from, to]`.
+    /// True if broker `who`'s sessions were ended, or its process killed, or its connections
+    /// silent (their sessions end a little after the silence), within `[from, to]`.
     fn faulted(&self, who: Who, from: i64, to: i64) -> bool {
         self.faults.iter().any(|e| match e.what {
             What::Fault { target, fault } => {
+                let end = match fault {
+                    Fault::Silent => e.t1 + SILENT_TAIL,
+                    _ => e.t1,
+                };
                 target == who
-                    && matches!(fault, Fault::SessionsEnded | Fault::Killed)
-                    && e.t1 >= from
+                    && matches!(fault, Fault::SessionsEnded | Fault::Killed | Fault::Silent)
+                    && end >= from
                     && e.t0 <= to
             }
             _ => false,
@@ -191,15 +200,23 @@ impl<'a> Index<'a> {
     }
 
     /// True if run `r` may have lost its row unseen: it ended by a drop or a panic (whose
-    /// settlement reports nothing) while its process was frozen past its lease meanwhile.
+    /// settlement reports nothing) while its process was frozen past its lease meanwhile, or
+    /// its connections silent.
     fn lost_unseen(&self, r: &Run) -> bool {
         let (Some((_, c1)), Some((t0, _, how, _, _))) = (r.claim, &r.settle) else {
             return false;
         };
         matches!(how, How::Drop | How::Panic)
             && self.faults.iter().any(|e| {
-                matches!(e.what, What::Fault { target, fault: Fault::Stopped } if target == r.who)
-                    && e.t1 >= c1
+                let tail = match e.what {
+                    What::Fault {
+                        fault: Fault::Silent,
+                        ..
+                    } => SILENT_TAIL,
+                    _ => 0,
+                };
+                matches!(e.what, What::Fault { target, fault: Fault::Stopped | Fault::Silent } if target == r.who)
+                    && e.t1 + tail >= c1
                     && e.t0 <= *t0
             })
     }

@@ -117,6 +117,10 @@ pub enum Fault {
     /// Broker `target`'s subscription shut down gracefully and started again (a redeploy):
     /// rows it had claimed ahead went back.
     Restarted,
+    /// Broker `target`'s connections stopped answering for the interval (a proxy that passed
+    /// no byte either way): its calls gave up on their client-side bounds and its sessions
+    /// were dropped, ending on the server once bytes passed again.
+    Silent,
 }
 
 /// One event.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sqlbroker::{Broker, Form};
 
-use crate::common::{self, sessions::Marked, Db};
+use crate::common::{self, blackhole::BlackHole, sessions::Marked, Db};
 use actors::{ChildWorker, Ids, Sink, Stop, Targets, Worker};
 use history::Ledger;
 use world::World;
@@ -48,9 +48,19 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
 
     // Broker 1 is the second service: the table's limits described in another order, and, on
     // the servers, sessions the faults can find and end.
+    // Its connections go through a proxy the faults can make stop answering; its calls give up
+    // on their client-side bound.
     let marked = (db != Db::Sqlite).then(|| Marked::new(db, &live.url));
+    let hole = marked.as_ref().map(|m| BlackHole::before(db, &m.url));
     let b0 = Broker::connect(&live.url).expect("broker 0");
-    let b1 = Broker::connect(marked.as_ref().map_or(&live.url, |m| &m.url)).expect("broker 1");
+    let b1 = Broker::builder(hole.as_ref().map_or(&live.url, |(_, url)| url))
+        .statement_timeout(Duration::from_secs(1))
+        .round_trip_timeout(SILENT_BOUND)
+        .connection_timeout(SILENT_BOUND)
+        .build()
+        .expect("broker 1");
+    let hole = hole.map(|(h, _)| h);
+    let _passes = hole.as_ref().map(BlackHole::passes_on_drop);
     let w0 = Worker::start(
         &world,
         0,
@@ -73,6 +83,7 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
         w0: Mutex::new(Some(w0)),
         w0_with,
         marked,
+        hole,
         child: Mutex::new(None),
         next_who: AtomicU32::new(3),
         entry: CHILD_ENTRY.to_string(),
@@ -198,6 +209,10 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
         report,
     })
 }
+
+/// Broker 1's bound on a round trip and a connection: a silence of its connections fails its
+/// calls within it (its statements' own bound is a second).
+const SILENT_BOUND: Duration = Duration::from_secs(2);
 
 /// What the first jobs still waiting wait on (the drain's report when it does not end).
 fn waiting_on(broker: &Broker, table: &sqlbroker::Table) -> String {
