@@ -469,6 +469,10 @@ pub fn producer(
         while stop.sleep(Duration::from_millis(3 + r.below(30))) {
             n += 1;
             let recent = ids.recent(20);
+            if world.profile == Profile::Compose && r.chance(10) {
+                n = publish_group(&world, &broker, &ledger, &ids, &mut r, n, &recent);
+                continue;
+            }
             let (m, msg) = world.message(&mut r, n, &recent);
             let t0 = now_micros();
             let res = broker.publish(&world.table, m);
@@ -492,6 +496,79 @@ pub fn producer(
             });
         }
     })
+}
+
+/// Publishes a group of 2 or 3 jobs in one transaction (`publish_group`), each after the
+/// first besides what it drew; all are written or none. Returns the last message number used.
+fn publish_group(
+    world: &World,
+    broker: &Broker,
+    ledger: &Ledger,
+    ids: &Ids,
+    r: &mut Rng,
+    mut n: u64,
+    recent: &[i64],
+) -> u64 {
+    let mut drawn = vec![world.message(r, n, recent)];
+    for _ in 0..1 + r.below(2) {
+        n += 1;
+        drawn.push(world.message(r, n, recent));
+    }
+    // One dedup key at most, so a group refused as a duplicate tells which message was.
+    let mut keyed = false;
+    drawn.retain(|(_, m)| {
+        let keep = !(keyed && m.dedup.is_some());
+        keyed |= m.dedup.is_some();
+        keep
+    });
+    let t0 = now_micros();
+    let res = broker.publish_group(|g| {
+        let mut out: Vec<i64> = Vec::new();
+        for (m, _) in &drawn {
+            let m = match out.first() {
+                Some(&first) => m.clone().after(first),
+                None => m.clone(),
+            };
+            out.push(g.publish(&world.table, m)?);
+        }
+        Ok(out)
+    });
+    let t1 = now_micros();
+    match res {
+        Ok(published) => {
+            let first = published[0];
+            for (i, (id, (_, mut msg))) in published.into_iter().zip(drawn).enumerate() {
+                if i > 0 {
+                    msg.after.push(first);
+                }
+                ids.add(id);
+                ledger.push(Ev {
+                    t0,
+                    t1,
+                    who: PRODUCER,
+                    what: What::Published { id, msg },
+                });
+            }
+        }
+        Err(e) => {
+            for (_, msg) in drawn {
+                // A duplicate is the one message with a dedup key; the others are refused
+                // with it.
+                let dup_of = msg.dedup.as_ref().and(e.duplicate_of());
+                ledger.push(Ev {
+                    t0,
+                    t1,
+                    who: PRODUCER,
+                    what: What::Refused {
+                        msg,
+                        dup_of,
+                        err: e.to_string(),
+                    },
+                });
+            }
+        }
+    }
+    n
 }
 
 /// An operator acting at random moments until `stop`: cancel, pause and resume, limits set,
@@ -701,11 +778,14 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
         let mut r = Rng::new(world.seed).fork(4);
         while stop.sleep(Duration::from_millis(600 + r.below(2000))) {
             let server = world.db != Db::Sqlite;
+            // The lease form is where a frozen process matters most (its leases run out under
+            // its handlers): freezes come more often there.
+            let lease = world.form == sqlbroker::Form::Lease;
             let weights = [
                 if server { 3 } else { 0 },
                 3,
                 if server { 2 } else { 0 },
-                2,
+                if lease { 5 } else { 2 },
                 2,
                 if server { 2 } else { 0 },
             ];
