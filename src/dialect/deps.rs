@@ -21,7 +21,7 @@
 //! [`Table::outputs`]: crate::Table::outputs
 
 use crate::dialect::shared::Syntax;
-use crate::model::table::TableSpec;
+use crate::model::table::{Form, TableSpec};
 
 /// The name of the waits' table.
 pub(crate) const DEPS_TABLE: &str = "sqlbroker_deps";
@@ -143,10 +143,10 @@ pub(crate) struct WaitingSql {
     /// `(latest, id)` makes a live job wait again (a requeued job whose parents have not
     /// settled).
     pub wait_again: String,
-    /// `(id)` -> `dead_at, dead_reason, completed_at (NULL without), output (NULL without)` of
-    /// the job, if it is in the table.
+    /// `(id)` -> `dead_at, cancelled (1 for a cancel, 0 else), completed_at (NULL without),
+    /// output (NULL without)` of the job, if it is in the table.
     pub state: String,
-    /// `(id x STATES_BATCH)` -> `id, dead_at, dead_reason, completed_at (NULL without)` of
+    /// `(id x STATES_BATCH)` -> `id, dead_at, cancelled, completed_at (NULL without)` of
     /// those of the jobs in the table (the sweeper's look for jobs gone: one statement for up to
     /// [`STATES_BATCH`], fewer with the last repeated).
     pub states: String,
@@ -450,6 +450,26 @@ impl Syntax {
             Some(c) => format!("{dead_at} IS NOT NULL AND {c} IS NULL"),
             None => format!("{dead_at} IS NOT NULL"),
         };
+        // A cancel, told apart from a dead letter whose reason reads the same: a row completed
+        // and cancelled (a table that keeps completed rows), or a dead letter whose cancel was
+        // requested in work (lease and advisory forms); never the reason text alone.
+        let cancelled = {
+            let said = format!("{reason} = '{CANCELLED}'");
+            let requested = (spec.form != Form::RowLock)
+                .then(|| format!("{} <> 0", self.q(&spec.cancel_requested)));
+            let how: Vec<String> = completed
+                .iter()
+                .map(|c| format!("{c} IS NOT NULL"))
+                .chain(requested)
+                .collect();
+            match how.is_empty() {
+                true => "0".to_string(),
+                false => format!(
+                    "CASE WHEN {said} AND ({}) THEN 1 ELSE 0 END",
+                    how.join(" OR ")
+                ),
+            }
+        };
         let deps = self.q(DEPS_TABLE);
         let heads_dead = {
             // Kept a day (`settled_only` 1); a head there already (jobs wait on the job)
@@ -494,13 +514,13 @@ impl Syntax {
                 p(2)
             ),
             state: format!(
-                "SELECT {dead_at}, {reason}, {}, {} FROM {t} WHERE {id} = {}",
+                "SELECT {dead_at}, {cancelled}, {}, {} FROM {t} WHERE {id} = {}",
                 completed.as_deref().unwrap_or("NULL"),
                 output.as_deref().unwrap_or("NULL"),
                 p(1)
             ),
             states: format!(
-                "SELECT {id}, {dead_at}, {reason}, {} FROM {t} WHERE {id} IN ({})",
+                "SELECT {id}, {dead_at}, {cancelled}, {} FROM {t} WHERE {id} IN ({})",
                 completed.as_deref().unwrap_or("NULL"),
                 (1..=STATES_BATCH).map(p).collect::<Vec<_>>().join(", ")
             ),

@@ -114,14 +114,15 @@ pub(crate) fn row_state(
     })
 }
 
-/// A job's state from its row as `state` reads it (`dead_at, dead_reason, completed_at[,
-/// output]`).
+/// A job's state from its row as `state` reads it (`dead_at, cancelled, completed_at[,
+/// output]`): a cancel as the row tells it (completed and cancelled, or a dead letter whose
+/// cancel was requested), never a dead letter's reason text, which a handler chooses.
 pub(crate) fn state_of(mut row: Vec<Value>) -> RowState {
     let set = |v: Option<&Value>| v.is_some_and(|v| !matches!(v, Value::Null));
     if !set(row.first()) {
         return RowState::Live;
     }
-    let cancelled = text(row.get(1)).as_deref() == Some("cancelled");
+    let cancelled = row.get(1).and_then(Value::as_i64).unwrap_or(0) != 0;
     let completed = set(row.get(2));
     let outcome = match (completed, cancelled) {
         (_, true) => CANCELLED,

@@ -1,0 +1,88 @@
+//! Jobs that compose (README "Composing jobs"): promises an adversarial review found broken,
+//! one test each, on every database x form.
+//!
+//! - A handler's dead letter whose reason is the text `cancelled` is a dead letter, for the
+//!   jobs waiting on it and for later publishes naming it: a cancel is told apart by the row
+//!   (completed and cancelled, or a cancel requested in work), never by the reason text.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{next, unique, Db, Live};
+use sqlbroker::{Form, JobOutcome, JobState, Message, Table};
+
+/// A table with dependencies in `form` (the advisory form's key reads a column unique per
+/// message), shaped further by `more`; dropped at the end.
+fn table_with(l: &Live, form: Form, more: impl FnOnce(Table) -> Table) -> Table {
+    let name = unique("r2_dep");
+    let t = more(Table::new(&name).text_column("u").dependencies());
+    let t = match form {
+        Form::Lease => t.lease(Duration::from_secs(30)),
+        Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+        _ => t,
+    };
+    l.create(t)
+}
+
+fn table(l: &Live, form: Form) -> Table {
+    table_with(l, form, |t| t)
+}
+
+/// Deletes the waits and heads of `t` (the waits' table is shared by every test).
+fn forget(l: &Live, t: &Table) {
+    l.forget_deps(t.name());
+}
+
+fn message(body: &str) -> Message {
+    Message::new(body.as_bytes().to_vec()).set("u", format!("{body}-{}", unique("u")))
+}
+
+fn state(l: &Live, t: &Table, id: i64) -> Option<JobState> {
+    l.broker.job(t, id).unwrap().map(|j| j.state())
+}
+
+fn reason(l: &Live, t: &Table, id: i64) -> Option<String> {
+    l.broker
+        .job(t, id)
+        .unwrap()
+        .and_then(|j| j.dead_reason().map(str::to_string))
+}
+
+/// Settles the next delivery of `sub`, which must be `id`, by `settle`.
+fn settle_next(sub: &sqlbroker::Subscription, id: i64, settle: impl FnOnce(sqlbroker::Delivery)) {
+    let d = next(sub, Duration::from_secs(10));
+    assert_eq!(d.id(), id, "the next delivery");
+    settle(d);
+}
+
+/// A handler's dead letter whose reason is the text `cancelled` reads as dead-lettered: to
+/// the job waiting on it, to a later `after` naming it (dead-lettered `.. was dead-lettered`)
+/// and a later `after_settled` (`DeadLettered`). Fails (`a later publish naming it`: `was
+/// cancelled`) with the outcome read from the reason text.
+fn a_dead_letter_reading_cancelled_is_dead(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let q = l.broker.publish(&t, message("q")).unwrap();
+    let c = l.broker.publish(&t, message("c").after(p)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, p, |d| d.dead_letter("cancelled").unwrap());
+    settle_next(&sub, q, |d| d.dead_letter("cancelled").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(state(&l, &t, c), Some(JobState::Dead));
+    let want = format!("job {p} it waits on was dead-lettered");
+    assert_eq!(reason(&l, &t, c), Some(want), "a job waiting on it");
+    let later = l.broker.publish(&t, message("x").after(q)).unwrap();
+    let want = format!("job {q} it waits on was dead-lettered");
+    assert_eq!(
+        reason(&l, &t, later),
+        Some(want),
+        "a later publish naming it"
+    );
+    let s = l.broker.publish(&t, message("s").after_settled(q)).unwrap();
+    let job = l.broker.job(&t, s).unwrap().unwrap();
+    assert_eq!(job.waits_on()[0].outcome, Some(JobOutcome::DeadLettered));
+    forget(&l, &t);
+}
+per_db_form!(a_dead_letter_reading_cancelled_is_dead);
