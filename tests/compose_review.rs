@@ -4,6 +4,8 @@
 //! - A handler's dead letter whose reason is the text `cancelled` is a dead letter, for the
 //!   jobs waiting on it and for later publishes naming it: a cancel is told apart by the row
 //!   (completed and cancelled, or a cancel requested in work), never by the reason text.
+//! - A settled job's answer does not change: an operator's cancel of a dead letter leaves
+//!   later publishes naming it reading it dead-lettered.
 
 mod common;
 
@@ -86,3 +88,27 @@ fn a_dead_letter_reading_cancelled_is_dead(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_dead_letter_reading_cancelled_is_dead);
+
+/// An operator's cancel of a dead letter removes it (or keeps it completed and cancelled)
+/// but leaves its answer: a later `after` naming it is dead-lettered `.. was dead-lettered`,
+/// on a table that keeps completed rows too. Fails (`keep completed: false`: `was
+/// cancelled`) with the cancel settling the dead letter again as cancelled.
+fn cancelling_a_dead_letter_keeps_its_answer(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    for keep in [false, true] {
+        let t = table_with(&l, form, |t| match keep {
+            true => t.keep_completed(Duration::from_secs(3600)),
+            false => t,
+        });
+        let p = l.broker.publish(&t, message("p")).unwrap();
+        let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+        settle_next(&sub, p, |d| d.dead_letter("bad").unwrap());
+        sub.shutdown(Duration::from_secs(10)).unwrap();
+        assert!(l.broker.cancel(&t, p).unwrap());
+        let later = l.broker.publish(&t, message("x").after(p)).unwrap();
+        let want = format!("job {p} it waits on was dead-lettered");
+        assert_eq!(reason(&l, &t, later), Some(want), "keep completed: {keep}");
+        forget(&l, &t);
+    }
+}
+per_db_form!(cancelling_a_dead_letter_keeps_its_answer);

@@ -680,6 +680,74 @@ pub(crate) fn settle_in_transaction(
     done
 }
 
+/// A cancel's removal of row `id` of `q`'s table (`sql`, `params`: the table's
+/// `cancel_remove`), on `conn` inside the caller's transaction, and what it does for the jobs
+/// waiting on the row: the rows it changed. A live row is settled as cancelled. A dead letter
+/// settled already, and its answer stays: its head records the outcome its row told (a day,
+/// as a purge's does, with what it produced kept for the jobs its settlement released), and
+/// its own waits go (it can no longer be requeued).
+pub(crate) fn cancel_removal(
+    q: &crate::runtime::Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+) -> Result<u64, DbError> {
+    let Some((deps, waiting)) = statements(&q.sql) else {
+        return conn.execute(sql, params);
+    };
+    let before = row_state(waiting, conn, id)?;
+    let n = conn.execute(sql, params)?;
+    if n == 0 {
+        return Ok(0);
+    }
+    match before {
+        RowState::Finished {
+            outcome,
+            completed: false,
+            ..
+        } => {
+            let job = [Value::Text(q.spec.name.clone()), Value::Int(id)];
+            let head = [
+                job[0].clone(),
+                job[1].clone(),
+                Value::Text(outcome.to_string()),
+                Value::Int(millis(SystemTime::now())),
+                Value::Null,
+                Value::Int(1),
+            ];
+            conn.execute(&deps.head_settle, &head)?;
+            conn.execute(&deps.forget_waits, &job)?;
+        }
+        _ => {
+            let left = left_by(&q.spec, CANCELLED);
+            settled(&q.spec, &q.sql, q, conn, id, CANCELLED, None, left)?;
+        }
+    }
+    Ok(n)
+}
+
+/// [`cancel_removal`] in a transaction of its own on a table with dependencies; else the
+/// removal's statement alone.
+pub(crate) fn cancel_in_transaction(
+    q: &crate::runtime::Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+) -> Result<u64, DbError> {
+    if !q.spec.dependencies {
+        return conn.execute(sql, params);
+    }
+    conn.batch(&q.sql.begin_write)?;
+    let done =
+        cancel_removal(q, conn, sql, params, id).and_then(|n| conn.batch("COMMIT").map(|()| n));
+    if done.is_err() {
+        conn.rollback_or_discard();
+    }
+    done
+}
+
 /// Writes the output of row `id` ([`Table::outputs`](crate::Table::outputs)), inside the
 /// transaction of the settlement that ends it, after that settlement's fenced statement (a row
 /// that was deleted is left so); then [`settled`]. The output is copied once, into the write's
