@@ -6,6 +6,8 @@
 //!   (completed and cancelled, or a cancel requested in work), never by the reason text.
 //! - A settled job's answer does not change: an operator's cancel of a dead letter leaves
 //!   later publishes naming it reading it dead-lettered.
+//! - A callback its settlement released keeps what the job produced through an operator's
+//!   cancel or requeue of the job.
 
 mod common;
 
@@ -112,3 +114,48 @@ fn cancelling_a_dead_letter_keeps_its_answer(db: Db, form: Form) {
     }
 }
 per_db_form!(cancelling_a_dead_letter_keeps_its_answer);
+
+/// An operator's cancel or requeue of a dead letter leaves what it produced to the
+/// `after_settled` callback its settlement released: the callback, run after the cancel or
+/// requeue, reads the dead letter's outcome and output. Fails (`requeued: false`: output
+/// `None`) with the cancel writing the head's output again (as `NULL`), and (`requeued:
+/// true`) with the requeue's reset of the head taking it.
+fn a_released_callback_keeps_its_output(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table_with(&l, form, Table::outputs);
+    for requeue in [false, true] {
+        let p = l.broker.publish(&t, message("p")).unwrap();
+        let s = l.broker.publish(&t, message("s").after_settled(p)).unwrap();
+        let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+        settle_next(&sub, p, |d| {
+            d.set_output(b"partial").unwrap();
+            d.dead_letter("bad").unwrap()
+        });
+        sub.shutdown(Duration::from_secs(10)).unwrap();
+        assert_eq!(state(&l, &t, s), Some(JobState::Ready));
+        match requeue {
+            true => assert!(l.broker.requeue_dead(&t, p).unwrap()),
+            false => assert!(l.broker.cancel(&t, p).unwrap()),
+        }
+        let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+        let d = next(&sub, Duration::from_secs(10));
+        let d = match d.id() == s {
+            true => d,
+            false => {
+                d.ack().unwrap();
+                next(&sub, Duration::from_secs(10))
+            }
+        };
+        assert_eq!(d.id(), s);
+        let waited = d.waited_on().unwrap();
+        assert_eq!(
+            (waited[0].outcome, waited[0].output.as_deref()),
+            (Some(JobOutcome::DeadLettered), Some(&b"partial"[..])),
+            "requeued: {requeue}"
+        );
+        d.ack().unwrap();
+        sub.shutdown(Duration::from_secs(10)).unwrap();
+    }
+    forget(&l, &t);
+}
+per_db_form!(a_released_callback_keeps_its_output);

@@ -68,6 +68,13 @@ pub(crate) struct DepsSql {
     pub head_reset: String,
     /// `(table, id)` deletes the job's head.
     pub unhead: String,
+    /// `(table, id)` -> the output its head holds (a requeue keeps it for the jobs already
+    /// released).
+    pub head_output: String,
+    /// `(output, table, id)` writes `output` to the job's waits that have an outcome and no
+    /// output of their own: the jobs its settlement released read what it produced then,
+    /// whatever its head holds after a requeue.
+    pub waits_keep_output: String,
     /// `(parent table, parent, child table, child, settled_only, outcome, at, output)` makes a
     /// wait (`output`: the parent's, read from its row, for a parent settled before the wait).
     pub wait_insert: String,
@@ -94,7 +101,7 @@ pub(crate) struct DepsSql {
     /// `(table, id)` deletes a job's count (a requeued job's, made again).
     pub count_forget: String,
     /// `(table, id)` -> `parent_table, parent, settled_only, outcome, output` of the job's
-    /// waits, by parent (the output from the parent's head, else the wait's own).
+    /// waits, by parent (the wait's own output, else the one in the parent's head).
     pub parents: String,
     /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
@@ -248,6 +255,12 @@ impl Syntax {
             Upsert::DuplicateKey => "at".to_string(),
         };
         let moved_at = |new: &str| format!("at = {}({existing_at} + 1, {new})", how.greatest);
+        // A head's output, once written, stays until a requeue resets the head: a settlement
+        // that writes none (an operator's cancel of a dead letter) leaves it.
+        let existing_output = match how.upsert {
+            Upsert::OnConflict => format!("{t}.output"),
+            Upsert::DuplicateKey => "output".to_string(),
+        };
         let upsert = &how.upsert;
         let touch = format!(
             "INSERT INTO {t} (parent_table, parent, child_table, child, settled_only, outcome, at) \
@@ -270,7 +283,7 @@ impl Syntax {
             upsert.update(
                 PK,
                 &format!(
-                    "settled_only = {}, outcome = {}, {}, output = {}",
+                    "settled_only = {}, outcome = {}, {}, output = COALESCE({}, {existing_output})",
                     upsert.new_value("settled_only"),
                     upsert.new_value("outcome"),
                     moved_at(&upsert.new_value("at")),
@@ -320,6 +333,12 @@ impl Syntax {
                 head(2)
             ),
             unhead: format!("DELETE FROM {t} WHERE {}", head(1)),
+            head_output: format!("SELECT output FROM {t} WHERE {}", head(1)),
+            waits_keep_output: format!(
+                "UPDATE {t} SET output = {} WHERE {} AND outcome IS NOT NULL AND output IS NULL",
+                p(1),
+                of(2)
+            ),
             wait_insert: format!(
                 "INSERT INTO {t} {cols} VALUES ({}, {}, {}, {}, {}, {}, {}, {})",
                 p(1),
@@ -371,8 +390,8 @@ impl Syntax {
             count_read: format!("SELECT pending FROM {t} WHERE {count}"),
             count_forget: format!("DELETE FROM {t} WHERE {count}"),
             parents: format!(
-                "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(h.output, \
-                 w.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
+                "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(w.output, \
+                 h.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
                  h.parent = w.parent AND h.child_table = '' AND h.child = 0 WHERE w.child_table \
                  = {} AND w.child = {} AND w.parent_table <> '' ORDER BY w.parent_table, w.parent",
                 p(1),

@@ -864,6 +864,18 @@ pub(crate) fn requeue(
     }
     let at = millis(SystemTime::now());
     let job = [Value::Text(spec.name.clone()), Value::Int(id)];
+    // What it produced stays with the jobs its settlement released (an `after_settled`
+    // callback not yet run reads it), not with its head, which the requeue resets.
+    let kept = conn.query(&deps.head_output, &job)?;
+    if let Some(output) = kept
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next())
+        .filter(|v| !matches!(v, Value::Null))
+    {
+        let params = [output, job[0].clone(), job[1].clone()];
+        conn.execute(&deps.waits_keep_output, &params)?;
+    }
     conn.execute(
         &deps.head_reset,
         &[Value::Int(at), job[0].clone(), job[1].clone()],

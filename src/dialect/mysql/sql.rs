@@ -773,7 +773,7 @@ mod tests {
             "(parent_table, parent, child_table, child, outcome, at, output, settled_only) VALUES \
              (?, ?, '', 0, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE settled_only = \
              VALUES(settled_only), outcome = VALUES(outcome), at = GREATEST(at + 1, VALUES(at)), \
-             output = VALUES(output)"
+             output = COALESCE(VALUES(output), output)"
         ));
         // The sweeper's cursor spelled out (7 parameters), for the range optimizer.
         assert!(deps.window_spelled);
