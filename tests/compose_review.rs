@@ -8,13 +8,14 @@
 //!   later publishes naming it reading it dead-lettered.
 //! - A callback its settlement released keeps what the job produced through an operator's
 //!   cancel or requeue of the job.
+//! - `after_in` naming a job of a table dropped by hand reads it cancelled.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{next, unique, Db, Live};
-use sqlbroker::{Form, JobOutcome, JobState, Message, Table};
+use sqlbroker::{BrokerError, Form, JobOutcome, JobState, Message, Table};
 
 /// A table with dependencies in `form` (the advisory form's key reads a column unique per
 /// message), shaped further by `more`; dropped at the end.
@@ -159,3 +160,62 @@ fn a_released_callback_keeps_its_output(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_released_callback_keeps_its_output);
+
+/// `after_in` naming a job of a table dropped by hand (its record left) reads it cancelled, as
+/// README says of a job whose table is dropped: the new job is dead-lettered (`after`,
+/// `.. was cancelled`) or waits on nothing (`after_settled`, reading `Cancelled`), named
+/// before the drop or not. One `drop_table` dropped has no record: refused as a table never
+/// made (`InvalidMessage`), nothing written. Fails (`after_in a dropped table`: a database
+/// error, the table missing) with the job's row read in a table that is gone.
+fn after_in_a_dropped_table_reads_cancelled(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let emails = table(&l, Form::Lease);
+    let charges = table(&l, Form::Lease);
+    let paid = l.broker.publish(&charges, message("paid")).unwrap();
+    // Named once while it exists: its record checked (and remembered).
+    l.broker
+        .publish(&emails, message("r").after_in(&charges, paid))
+        .unwrap();
+    l.exec(&format!("DROP TABLE {}", charges.name()));
+    let later = l
+        .broker
+        .publish(&emails, message("r").after_in(&charges, paid))
+        .unwrap_or_else(|e| panic!("after_in a dropped table: {e}"));
+    let want = format!(
+        "job {paid} of table {} it waits on was cancelled",
+        charges.name()
+    );
+    assert_eq!(state(&l, &emails, later), Some(JobState::Dead));
+    assert_eq!(reason(&l, &emails, later), Some(want));
+    let s = l
+        .broker
+        .publish(&emails, message("s").after_settled_in(&charges, paid + 1))
+        .unwrap_or_else(|e| panic!("after_settled_in a dropped table: {e}"));
+    assert_eq!(state(&l, &emails, s), Some(JobState::Ready));
+    let job = l.broker.job(&emails, s).unwrap().unwrap();
+    assert_eq!(job.waits_on()[0].outcome, Some(JobOutcome::Cancelled));
+
+    let refunds = table(&l, Form::Lease);
+    let refund = l.broker.publish(&refunds, message("refund")).unwrap();
+    l.broker
+        .publish(&emails, message("r").after_in(&refunds, refund))
+        .unwrap();
+    l.broker.drop_table(&refunds).unwrap();
+    let before = l.rows(&emails);
+    let e = l
+        .broker
+        .publish(&emails, message("r").after_in(&refunds, refund));
+    assert!(
+        matches!(&e, Err(BrokerError::InvalidMessage { .. })),
+        "after_in a table drop_table dropped: {e:?}"
+    );
+    assert_eq!(l.rows(&emails), before, "nothing written");
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_tables WHERE name = '{}'",
+        charges.name()
+    ));
+    for t in [&charges, &refunds, &emails] {
+        forget(&l, t);
+    }
+}
+per_db!(after_in_a_dropped_table_reads_cancelled);

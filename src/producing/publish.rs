@@ -128,15 +128,24 @@ fn read_waits(
                     c.spec.name
                 )));
             }
-            if t.check_records && !check_other(t.dialect, conn, &c, table)? {
-                return Err(bad(format!(
+            let no_record = || {
+                bad(format!(
                     "Message::after_in names a job of table {}, which has no record (made by \
                      Broker::create_table or Broker::migrate): its settlements could not be \
                      known to release anything",
                     c.spec.name
-                )));
+                ))
+            };
+            if t.check_records && !check_other(t.dialect, conn, &c, table)? {
+                return Err(no_record());
             }
-            others.push(c);
+            // Its table dropped by hand (its record left): its jobs will never run, they count
+            // as cancelled. One dropped by `drop_table` has no record, as one never made.
+            let gone = t.check_records && !exists(t, conn, &c.spec.name)?;
+            if gone && !has_record(t.dialect, conn, &c.spec.name)? {
+                return Err(no_record());
+            }
+            others.push((c, gone));
         }
     }
     let mut other = others.iter();
@@ -146,20 +155,38 @@ fn read_waits(
             .table
             .as_deref()
             .is_some_and(|pt| pt.name() != t.spec.name);
-        let (table, waiting) = match foreign.then(|| other.next()).flatten() {
-            Some(c) => match c.sql.waiting.as_ref() {
-                Some(w) => (c.spec.name.as_str(), w),
+        let (table, waiting, gone) = match foreign.then(|| other.next()).flatten() {
+            Some((c, gone)) => match c.sql.waiting.as_ref() {
+                Some(w) => (c.spec.name.as_str(), w, *gone),
                 None => continue,
             },
-            None => (t.spec.name.as_str(), own),
+            None => (t.spec.name.as_str(), own, false),
         };
         named.push(deps::Named {
             table,
             waiting,
             parent: p,
+            gone,
         });
     }
     deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))
+}
+
+/// True if table `name` exists, read in the publish's transaction.
+fn exists(t: &Target<'_>, conn: &mut dyn DbConn, name: &str) -> Result<bool> {
+    let rows = conn
+        .query(t.dialect.columns_query(), &[Value::Text(name.to_string())])
+        .map_err(|e| t.err(e))?;
+    Ok(!rows.is_empty())
+}
+
+/// True if table `name` has a record (one this release cannot read counts).
+fn has_record(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<bool> {
+    match crate::runtime::registry::open(dialect, conn, name) {
+        Ok(found) => Ok(found.is_some()),
+        Err(BrokerError::Schema { .. }) => Ok(true),
+        Err(e) => Err(e),
+    }
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as

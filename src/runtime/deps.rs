@@ -419,6 +419,8 @@ pub(crate) struct Named<'a> {
     pub table: &'a str,
     pub waiting: &'a WaitingSql,
     pub parent: &'a Parent,
+    /// Its table is gone (dropped by hand, its record left): the job counts as cancelled.
+    pub gone: bool,
 }
 
 /// Where a job named by a publish stands, its head locked: settled with an outcome (and what
@@ -433,6 +435,9 @@ fn outcome_of(
     conn: &mut dyn DbConn,
     at: i64,
 ) -> Result<(Option<String>, Option<Value>), DbError> {
+    if named.gone {
+        return Ok((Some(CANCELLED.to_string()), None));
+    }
     let job = [
         Value::Text(named.table.to_string()),
         Value::Int(named.parent.id),
@@ -921,6 +926,7 @@ pub(crate) fn requeue(
             table: &table,
             waiting,
             parent: &p,
+            gone: false,
         };
         let (outcome, _) = outcome_of(deps, &named, others, conn, at)?;
         match outcome.as_deref() {
