@@ -9,6 +9,7 @@
 //! - A callback its settlement released keeps what the job produced through an operator's
 //!   cancel or requeue of the job.
 //! - `after_in` naming a job of a table dropped by hand reads it cancelled.
+//! - A settlement skips (and forgets) the waits of jobs whose table was dropped by hand.
 
 mod common;
 
@@ -219,3 +220,44 @@ fn after_in_a_dropped_table_reads_cancelled(db: Db) {
     }
 }
 per_db!(after_in_a_dropped_table_reads_cancelled);
+
+/// A job waiting on another from a table dropped by hand (its record left): the other's
+/// settlement skips it and forgets its waits, and releases the rest. Fails (the parent's
+/// `ack().unwrap()`: a database error, the table missing; the job of its own table waiting on
+/// it is never released) with the release run on a table that is gone.
+fn a_dependents_table_dropped_by_hand(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let charges = table(&l, form);
+    let emails = table(&l, form);
+    let paid = l.broker.publish(&charges, message("paid")).unwrap();
+    let c = l
+        .broker
+        .publish(&charges, message("c").after(paid))
+        .unwrap();
+    l.broker
+        .publish(&emails, message("r").after_in(&charges, paid))
+        .unwrap();
+    l.exec(&format!("DROP TABLE {}", emails.name()));
+    let sub = l
+        .broker
+        .subscription(&charges)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    settle_next(&sub, paid, |d| d.ack().unwrap());
+    settle_next(&sub, c, |d| d.ack().unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(l.rows(&charges), 0, "both acked");
+    let waits = format!(
+        "SELECT COUNT(*) FROM sqlbroker_deps WHERE child_table = '{}'",
+        emails.name()
+    );
+    assert_eq!(l.int(&waits), 0, "the gone job's waits");
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_tables WHERE name = '{}'",
+        emails.name()
+    ));
+    forget(&l, &charges);
+    forget(&l, &emails);
+}
+per_db_form!(a_dependents_table_dropped_by_hand);

@@ -197,6 +197,19 @@ pub(crate) enum Found {
 pub(crate) trait OtherTables {
     /// Table `name` as its record describes it.
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError>;
+
+    /// True if table `name` exists (a record can outlive a table dropped by hand).
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError>;
+}
+
+/// True if table `name` exists on `dialect`'s database, read on `conn`.
+pub(crate) fn table_exists(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    name: &str,
+) -> Result<bool, DbError> {
+    let rows = conn.query(dialect.columns_query(), &[Value::Text(name.to_string())])?;
+    Ok(!rows.is_empty())
 }
 
 /// Other tables' waiting statements, by name, read from their records as they are needed
@@ -250,6 +263,10 @@ impl OtherTables for crate::runtime::Queue {
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
         self.others.lookup(&*self.dialect, conn, name)
     }
+
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError> {
+        table_exists(&*self.dialect, conn, name)
+    }
 }
 
 /// Other tables read from their records at each call: a publish inside the application's own
@@ -260,6 +277,10 @@ pub(crate) struct Uncached<'a>(pub &'a dyn Dialect);
 impl OtherTables for Uncached<'_> {
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
         read_record(self.0, conn, name)
+    }
+
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError> {
+        table_exists(self.0, conn, name)
     }
 }
 
@@ -312,6 +333,8 @@ impl Settling<'_> {
         let at = millis(now);
         let latest = Value::Time(waiting_due());
         let mut todo = vec![(table.to_string(), id, outcome.to_string(), left)];
+        // Whether each other table met exists (read once per settlement).
+        let mut tables: std::collections::HashMap<String, bool> = Default::default();
         while let Some((table, id, outcome, left)) = todo.pop() {
             let job = [Value::Text(table.clone()), Value::Int(id)];
             // Its row can no longer tell: the head does, for a day.
@@ -359,6 +382,26 @@ impl Settling<'_> {
                     continue;
                 }
                 let settled_only = row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+                let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
+                let own = self.own.is_some_and(|(own, _)| own == child_table);
+                let exists = match (own, tables.get(&child_table)) {
+                    (true, _) => true,
+                    (false, Some(known)) => *known,
+                    (false, None) => {
+                        let known = self.others.exists(conn, &child_table)?;
+                        tables.insert(child_table.clone(), known);
+                        known
+                    }
+                };
+                if !exists {
+                    // Its table is gone (dropped by hand), and the job with it: its waits go.
+                    log::info!(
+                        "job {child} of table {child_table} waited on job {id} of table \
+                         {table}, but its table is gone: its waits deleted"
+                    );
+                    conn.execute(&deps.forget_waits, &child_job)?;
+                    continue;
+                }
                 let Some(waiting) = self.waiting(conn, &child_table)? else {
                     log::warn!(
                         "job {child} of table {child_table} waits on job {id} of table \
@@ -369,7 +412,6 @@ impl Settling<'_> {
                 };
                 // Counted down under its count's lock: the settlements of this child's parents
                 // take turns, and the one that takes it to 0 is the last.
-                let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
                 conn.execute(&deps.count_down, &child_job)?;
                 if !settled_only && outcome != ACKED {
                     let params = [
