@@ -10,6 +10,7 @@
 //!   cancel or requeue of the job.
 //! - `after_in` naming a job of a table dropped by hand reads it cancelled.
 //! - A settlement skips (and forgets) the waits of jobs whose table was dropped by hand.
+//! - A purged dead letter's answer is kept a day from the purge, however long ago it settled.
 
 mod common;
 
@@ -261,3 +262,41 @@ fn a_dependents_table_dropped_by_hand(db: Db, form: Form) {
     forget(&l, &emails);
 }
 per_db_form!(a_dependents_table_dropped_by_hand);
+
+/// A purged dead letter's head is kept a day from the purge, however long ago the job
+/// settled: here it settled (by its head's time) two days ago while a callback waited on it,
+/// which the sweeper lets go once the callback settles. A later `after` naming it is still
+/// dead-lettered. Fails (`after a purged dead letter`: `None`, the job ran as after an ack) with
+/// the purge leaving the head's time as it was.
+fn a_purged_dead_letters_head_is_kept_a_day(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let s = l.broker.publish(&t, message("s").after_settled(p)).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, p, |d| d.dead_letter("bad").unwrap());
+    let two_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 2 * 86_400_000;
+    l.exec(&format!(
+        "UPDATE sqlbroker_deps SET at = {two_days_ago} WHERE parent_table = '{}' AND parent = \
+         {p} AND child_table = ''",
+        t.name()
+    ));
+    assert!(l.broker.purge_dead(&t, p).unwrap());
+    settle_next(&sub, s, |d| d.ack().unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    // The sweeper's rounds (one in 2 s when idle) have passed the head.
+    std::thread::sleep(Duration::from_secs(5));
+    let later = l.broker.publish(&t, message("x").after(p)).unwrap();
+    let want = format!("job {p} it waits on was dead-lettered");
+    assert_eq!(
+        reason(&l, &t, later),
+        Some(want),
+        "after a purged dead letter"
+    );
+    forget(&l, &t);
+}
+per_db_form!(a_purged_dead_letters_head_is_kept_a_day);

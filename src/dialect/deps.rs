@@ -491,8 +491,10 @@ impl Syntax {
         };
         let deps = self.q(DEPS_TABLE);
         let heads_dead = {
-            // Kept a day (`settled_only` 1); a head there already (jobs wait on the job)
-            // keeps its outcome and output, and is kept a day once they have settled.
+            // Kept a day (`settled_only` 1) from the purge; a head there already (jobs wait on
+            // the job) keeps its outcome and output, its `at` moved on to the purge's (the
+            // job may have settled long before), and is kept a day from then once they have
+            // settled.
             let insert = format!(
                 "INSERT INTO {deps} (parent_table, parent, child_table, child, settled_only, \
                  outcome, at) SELECT {}, {id}, '', 0, 1, {}, {} FROM {t} WHERE {is_dead} AND {id} \
@@ -504,12 +506,16 @@ impl Syntax {
                 p(4)
             );
             match how.upsert {
-                Upsert::OnConflict => {
-                    format!("{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1")
-                }
-                Upsert::DuplicateKey => {
-                    format!("{insert} ON DUPLICATE KEY UPDATE settled_only = 1")
-                }
+                Upsert::OnConflict => format!(
+                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
+                     {}({deps}.at + 1, excluded.at)",
+                    how.greatest
+                ),
+                Upsert::DuplicateKey => format!(
+                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
+                     VALUES(at))",
+                    how.greatest
+                ),
             }
         };
         Some(WaitingSql {

@@ -815,7 +815,7 @@ mod tests {
         );
         assert!(keyed.waiting.as_ref().unwrap().heads_dead.ends_with(
             "FROM `steps` WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ? ON DUPLICATE KEY \
-             UPDATE settled_only = 1"
+             UPDATE settled_only = 1, at = GREATEST(at + 1, VALUES(at))"
         ));
         assert!(deps.create[0].contains("output LONGBLOB NULL, PRIMARY KEY"));
         assert_eq!(
