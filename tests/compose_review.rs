@@ -11,6 +11,7 @@
 //! - `after_in` naming a job of a table dropped by hand reads it cancelled.
 //! - A settlement skips (and forgets) the waits of jobs whose table was dropped by hand.
 //! - A purged dead letter's answer is kept a day from the purge, however long ago it settled.
+//! - A cancel kept completed reads cancelled after a prune deletes its row.
 
 mod common;
 
@@ -300,3 +301,31 @@ fn a_purged_dead_letters_head_is_kept_a_day(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_purged_dead_letters_head_is_kept_a_day);
+
+/// A cancelled job of a table that keeps completed rows reads cancelled after a prune deletes
+/// its row (which told it until then): the prune records it in its head, kept a day, as a
+/// purge does a dead letter. Fails (`after a pruned cancel`: `None`, the job ran as after an
+/// ack) with a prune that records nothing.
+fn a_pruned_cancel_reads_cancelled(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table_with(&l, form, |t| t.keep_completed(Duration::from_secs(1)));
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    let acked = l.broker.publish(&t, message("acked")).unwrap();
+    assert!(l.broker.cancel(&t, p).unwrap());
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, acked, |d| d.ack().unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(l.broker.prune_completed(&t).unwrap(), 2);
+    let later = l.broker.publish(&t, message("x").after(p)).unwrap();
+    let want = format!("job {p} it waits on was cancelled");
+    assert_eq!(reason(&l, &t, later), Some(want), "after a pruned cancel");
+    let runs = l.broker.publish(&t, message("y").after(acked)).unwrap();
+    assert_eq!(
+        state(&l, &t, runs),
+        Some(JobState::Ready),
+        "after a pruned ack"
+    );
+    forget(&l, &t);
+}
+per_db_form!(a_pruned_cancel_reads_cancelled);

@@ -169,6 +169,11 @@ pub(crate) struct WaitingSql {
     /// upto]`, that it was dead-lettered, in its head, kept a day (before a purge deletes its
     /// row, which told it until then).
     pub heads_dead: String,
+    /// `(at, cutoff, after, upto)` records, for each completed row cancelled with an id in
+    /// `(after, upto]` completed before `cutoff`, that it was cancelled, in its head, kept a
+    /// day (before a prune deletes its row, which told it until then); `None` on a table that
+    /// does not keep completed rows.
+    pub heads_cancelled: Option<String>,
 }
 
 /// How a database spells the waits' statements where they differ.
@@ -518,6 +523,31 @@ impl Syntax {
                 ),
             }
         };
+        // A prune's counterpart of `heads_dead`, for the cancels a table keeps completed.
+        let heads_cancelled = completed.as_ref().map(|c| {
+            let insert = format!(
+                "INSERT INTO {deps} (parent_table, parent, child_table, child, settled_only, \
+                 outcome, at) SELECT {}, {id}, '', 0, 1, '{CANCELLED}', {} FROM {t} WHERE {c} IS \
+                 NOT NULL AND {c} < {} AND {reason} = '{CANCELLED}' AND {id} > {} AND {id} <= {}",
+                (self.literal)(&spec.name),
+                p(1),
+                p(2),
+                p(3),
+                p(4)
+            );
+            match how.upsert {
+                Upsert::OnConflict => format!(
+                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
+                     {}({deps}.at + 1, excluded.at)",
+                    how.greatest
+                ),
+                Upsert::DuplicateKey => format!(
+                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
+                     VALUES(at))",
+                    how.greatest
+                ),
+            }
+        });
         Some(WaitingSql {
             release: format!(
                 "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} = {} AND {dead_at} IS NULL",
@@ -566,6 +596,7 @@ impl Syntax {
                 p(3)
             ),
             heads_dead,
+            heads_cancelled,
         })
     }
 }
