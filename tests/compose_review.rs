@@ -12,6 +12,8 @@
 //! - A settlement skips (and forgets) the waits of jobs whose table was dropped by hand.
 //! - A purged dead letter's answer is kept a day from the purge, however long ago it settled.
 //! - A cancel kept completed reads cancelled after a prune deletes its row.
+//! - `drop_table` leaves the waits of other tables' dead letters on its jobs: their requeue
+//!   is refused.
 
 mod common;
 
@@ -329,3 +331,46 @@ fn a_pruned_cancel_reads_cancelled(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_pruned_cancel_reads_cancelled);
+
+/// `drop_table` of a table whose job a dead letter of another table waits on (`after`) leaves
+/// that dead letter its waits: its requeue is refused (`ParentFailed`: the job it waits on
+/// is gone, cancelled), not run. Fails (`requeue of a job whose parent's table is gone`:
+/// `Ok(true)`, the job requeued with no wait) with the drop deleting every wait on its jobs.
+fn a_dead_dependent_of_a_dropped_table_stays_refused(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let charges = table(&l, form);
+    let emails = table(&l, form);
+    let paid = l.broker.publish(&charges, message("paid")).unwrap();
+    let r = l
+        .broker
+        .publish(&emails, message("r").after_in(&charges, paid))
+        .unwrap();
+    let sub = l
+        .broker
+        .subscription(&charges)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    settle_next(&sub, paid, |d| d.dead_letter("bad").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(state(&l, &emails, r), Some(JobState::Dead));
+    l.broker.drop_table(&charges).unwrap();
+    match l.broker.requeue_dead(&emails, r) {
+        Err(BrokerError::ParentFailed { parent, .. }) => assert_eq!(parent, paid),
+        other => panic!("requeue of a job whose parent's table is gone: {other:?}"),
+    }
+    assert_eq!(
+        state(&l, &emails, r),
+        Some(JobState::Dead),
+        "refused, unchanged"
+    );
+    assert!(l.broker.purge_dead(&emails, r).unwrap());
+    let left = format!(
+        "SELECT COUNT(*) FROM sqlbroker_deps WHERE parent_table = '{}' AND child_table <> ''",
+        charges.name()
+    );
+    assert_eq!(l.int(&left), 0, "its waits go with its purge");
+    forget(&l, &charges);
+    forget(&l, &emails);
+}
+per_db_form!(a_dead_dependent_of_a_dropped_table_stays_refused);

@@ -111,7 +111,10 @@ pub(crate) struct DepsSql {
     /// `(table)` -> the jobs of the table that jobs wait on and that have not settled
     /// (a dropped table's).
     pub pending_of_table: String,
-    /// `(table, table)` deletes every row naming the table (a dropped table's).
+    /// `(table, table)` deletes the rows of a dropped table's jobs: their heads, counts and
+    /// waits, and the waits on them that have no outcome; the waits on them that have one
+    /// stay with their jobs (a dead letter's, which its requeue reads: refused, the job it
+    /// waits on being gone).
     pub forget_table: String,
     /// The sweeper's window: the first [`SWEEP_WINDOW`] rows in key order. Columns
     /// `parent_table, parent, child_table, child, outcome, at, settled_only`.
@@ -417,7 +420,8 @@ impl Syntax {
                 p(1)
             ),
             forget_table: format!(
-                "DELETE FROM {t} WHERE parent_table = {} OR child_table = {}",
+                "DELETE FROM {t} WHERE child_table = {} OR (parent_table = {} AND \
+                 (LENGTH(child_table) = 0 OR outcome IS NULL))",
                 p(1),
                 p(2)
             ),
