@@ -14,6 +14,8 @@
 //! - A cancel kept completed reads cancelled after a prune deletes its row.
 //! - `drop_table` leaves the waits of other tables' dead letters on its jobs: their requeue
 //!   is refused.
+//! - Publishes naming one job from many threads at once all succeed; one the server ends as a
+//!   deadlock's victim (made on cue) runs again.
 
 mod common;
 
@@ -374,3 +376,128 @@ fn a_dead_dependent_of_a_dropped_table_stays_refused(db: Db, form: Form) {
     forget(&l, &emails);
 }
 per_db_form!(a_dead_dependent_of_a_dropped_table_stays_refused);
+
+/// Publishes naming one job, from many threads at once (`after` and `after_settled`, the job
+/// in its table, acked, and dead-lettered), all succeed.
+fn concurrent_publishes_naming_one_job(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, Form::Lease);
+    let live = l.broker.publish(&t, message("live")).unwrap();
+    let acked = l.broker.publish(&t, message("acked")).unwrap();
+    let dead = l.broker.publish(&t, message("dead")).unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, live, |d| {
+        d.retry_after(Duration::from_secs(3600)).unwrap()
+    });
+    settle_next(&sub, acked, |d| d.ack().unwrap());
+    settle_next(&sub, dead, |d| d.dead_letter("bad").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    for p in [live, acked, dead] {
+        let errors: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|i| {
+                    let (b, t) = (l.connect(), &t);
+                    s.spawn(move || {
+                        (0..20)
+                            .filter_map(|j| {
+                                let m = match (i + j) % 2 {
+                                    0 => message("c").after(p),
+                                    _ => message("c").after_settled(p),
+                                };
+                                b.publish(t, m).err()
+                            })
+                            .map(|e| e.to_string())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        assert!(errors.is_empty(), "publishes naming {p} failed: {errors:?}");
+    }
+    assert_eq!(
+        l.broker.stats(&t).unwrap().waiting,
+        160,
+        "waiting on {live}"
+    );
+    forget(&l, &t);
+}
+per_db!(concurrent_publishes_naming_one_job);
+
+/// A publish naming a job, ended by the server as a deadlock's victim, runs again and
+/// succeeds. The deadlock is made on cue: a session of its own blocks the publish's insert
+/// into the table (PostgreSQL: a share lock of the table; MariaDB: a range lock in
+/// `REPEATABLE READ`, after writes that make the publish the lighter transaction, the one
+/// rolled back) and then asks for the named job's row in `sqlbroker_deps`, which the publish
+/// holds. Fails (`publish`: `Database { kind: Transient, .. }`, deadlock) with a publish that
+/// does not run again.
+// The session that makes the deadlock drives a server's own crate: built with its feature.
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "mysql")),
+    allow(unused_variables)
+)]
+fn a_publish_a_deadlock_ended_runs_again(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, Form::Lease);
+    let heavy = unique("r2_heavy");
+    l.track(&heavy);
+    l.exec(&format!("CREATE TABLE {heavy} (n INT)"));
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    // A job waits on it: its head is there to be locked.
+    l.broker.publish(&t, message("c").after(p)).unwrap();
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let (url, name) = (l.url.clone(), t.name().to_string());
+    let head = format!(
+        "SELECT parent FROM sqlbroker_deps WHERE parent_table = '{name}' AND parent = {p} AND \
+         child_table = '' AND child = 0 FOR UPDATE"
+    );
+    let holder = std::thread::spawn(move || match db {
+        #[cfg(feature = "postgres")]
+        Db::Postgres => {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            c.batch_execute(&format!("BEGIN; LOCK TABLE {name} IN SHARE MODE"))
+                .unwrap();
+            locked_tx.send(()).unwrap();
+            go.recv().unwrap();
+            c.batch_execute(&head).unwrap();
+            c.batch_execute("COMMIT").unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        Db::Mysql => {
+            use mysql::prelude::Queryable;
+            let mut c = mysql::Conn::new(mysql::Opts::from_url(&url).unwrap()).unwrap();
+            c.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                .unwrap();
+            c.query_drop("START TRANSACTION").unwrap();
+            let rows: Vec<String> = (0..500).map(|n| format!("({n})")).collect();
+            c.query_drop(format!(
+                "INSERT INTO {heavy} (n) VALUES {}",
+                rows.join(", ")
+            ))
+            .unwrap();
+            c.query_drop(format!("SELECT id FROM {name} WHERE id > 0 FOR UPDATE"))
+                .unwrap();
+            locked_tx.send(()).unwrap();
+            go.recv().unwrap();
+            c.query_drop(&head).unwrap();
+            c.query_drop("COMMIT").unwrap();
+        }
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("a deadlock on {db:?}"),
+    });
+    locked.recv().unwrap();
+    let published = std::thread::scope(|s| {
+        let publish = s.spawn(|| l.broker.publish(&t, message("c").after(p)));
+        // The publish holds the head and waits for the insert; then the cycle closes (within
+        // PostgreSQL's deadlock_timeout of the publish's wait, 1 s, so the publish finds it).
+        std::thread::sleep(Duration::from_millis(300));
+        go_tx.send(()).unwrap();
+        publish.join().unwrap()
+    });
+    holder.join().unwrap();
+    published.unwrap_or_else(|e| panic!("publish: {e:?}"));
+    assert_eq!(l.broker.stats(&t).unwrap().waiting, 2);
+    forget(&l, &t);
+}
+per_server!(a_publish_a_deadlock_ended_runs_again);
