@@ -8,7 +8,8 @@
 //!   later publishes naming it reading it dead-lettered.
 //! - A callback its settlement released keeps what the job produced through an operator's
 //!   cancel or requeue of the job.
-//! - `after_in` naming a job of a table dropped by hand reads it cancelled.
+//! - `after_in` naming a job of a table dropped by hand reads it cancelled, and so does a
+//!   requeue of a dead letter waiting on one.
 //! - A settlement skips (and forgets) the waits of jobs whose table was dropped by hand.
 //! - A purged dead letter's answer is kept a day from the purge, however long ago it settled.
 //! - A cancel kept completed reads cancelled after a prune deletes its row.
@@ -501,3 +502,47 @@ fn a_publish_a_deadlock_ended_runs_again(db: Db) {
     forget(&l, &t);
 }
 per_server!(a_publish_a_deadlock_ended_runs_again);
+
+/// A requeue of a dead letter waiting on a job of a table dropped by hand (its record left)
+/// reads that job as cancelled, as a publish does: refused (`ParentFailed`) for `after`. The
+/// dead letter was dead-lettered through its other parent (requeued first), so the job of
+/// the dropped table never settled and its row would be read. Fails (`requeue ..`: a
+/// database error, the table missing) with the job's row read in a table that is gone.
+fn a_requeue_reads_a_dropped_tables_job_cancelled(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let charges = table(&l, form);
+    let emails = table(&l, form);
+    let paid = l.broker.publish(&charges, message("paid")).unwrap();
+    let x = l.broker.publish(&emails, message("x")).unwrap();
+    let r = l
+        .broker
+        .publish(&emails, message("r").after(x).after_in(&charges, paid))
+        .unwrap();
+    let sub = l
+        .broker
+        .subscription(&emails)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    settle_next(&sub, x, |d| d.dead_letter("bad").unwrap());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(state(&l, &emails, r), Some(JobState::Dead));
+    l.exec(&format!("DROP TABLE {}", charges.name()));
+    assert!(l.broker.requeue_dead(&emails, x).unwrap());
+    match l.broker.requeue_dead(&emails, r) {
+        Err(BrokerError::ParentFailed { parent, .. }) => assert_eq!(parent, paid),
+        other => panic!("requeue of a job whose parent's table is gone: {other:?}"),
+    }
+    assert_eq!(
+        state(&l, &emails, r),
+        Some(JobState::Dead),
+        "refused, unchanged"
+    );
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_tables WHERE name = '{}'",
+        charges.name()
+    ));
+    forget(&l, &charges);
+    forget(&l, &emails);
+}
+per_db_form!(a_requeue_reads_a_dropped_tables_job_cancelled);

@@ -942,12 +942,13 @@ pub(crate) fn requeue(
         let waiting: &WaitingSql = match table == spec.name {
             true => own,
             false => match others.lookup(conn, &table)? {
-                Found::Waiting(w) => {
+                // Its record left by a table dropped by hand: gone all the same.
+                Found::Waiting(w) if others.exists(conn, &table)? => {
                     found = w;
                     &found
                 }
                 // Its table is gone: its jobs count as cancelled.
-                Found::NoRecord | Found::NoDependencies => {
+                Found::Waiting(_) | Found::NoRecord | Found::NoDependencies => {
                     if !settled_only {
                         return Ok(Requeued::ParentFailed {
                             table,
@@ -955,6 +956,14 @@ pub(crate) fn requeue(
                             outcome: CANCELLED.into(),
                         });
                     }
+                    let set = [
+                        Value::Text(CANCELLED.into()),
+                        Value::Text(table.clone()),
+                        Value::Int(parent),
+                        job[0].clone(),
+                        job[1].clone(),
+                    ];
+                    conn.execute(&deps.wait_set, &set)?;
                     continue;
                 }
             },
