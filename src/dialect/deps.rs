@@ -21,7 +21,7 @@
 //! [`Table::outputs`]: crate::Table::outputs
 
 use crate::dialect::shared::Syntax;
-use crate::model::table::TableSpec;
+use crate::model::table::{Form, TableSpec};
 
 /// The name of the waits' table.
 pub(crate) const DEPS_TABLE: &str = "sqlbroker_deps";
@@ -68,6 +68,13 @@ pub(crate) struct DepsSql {
     pub head_reset: String,
     /// `(table, id)` deletes the job's head.
     pub unhead: String,
+    /// `(table, id)` -> the output its head holds (a requeue keeps it for the jobs already
+    /// released).
+    pub head_output: String,
+    /// `(output, table, id)` writes `output` to the job's waits that have an outcome and no
+    /// output of their own: the jobs its settlement released read what it produced then,
+    /// whatever its head holds after a requeue.
+    pub waits_keep_output: String,
     /// `(parent table, parent, child table, child, settled_only, outcome, at, output)` makes a
     /// wait (`output`: the parent's, read from its row, for a parent settled before the wait).
     pub wait_insert: String,
@@ -94,7 +101,7 @@ pub(crate) struct DepsSql {
     /// `(table, id)` deletes a job's count (a requeued job's, made again).
     pub count_forget: String,
     /// `(table, id)` -> `parent_table, parent, settled_only, outcome, output` of the job's
-    /// waits, by parent (the output from the parent's head, else the wait's own).
+    /// waits, by parent (the wait's own output, else the one in the parent's head).
     pub parents: String,
     /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
@@ -104,7 +111,10 @@ pub(crate) struct DepsSql {
     /// `(table)` -> the jobs of the table that jobs wait on and that have not settled
     /// (a dropped table's).
     pub pending_of_table: String,
-    /// `(table, table)` deletes every row naming the table (a dropped table's).
+    /// `(table, table)` deletes the rows of a dropped table's jobs: their heads, counts and
+    /// waits, and the waits on them that have no outcome; the waits on them that have one
+    /// stay with their jobs (a dead letter's, which its requeue reads: refused, the job it
+    /// waits on being gone).
     pub forget_table: String,
     /// The sweeper's window: the first [`SWEEP_WINDOW`] rows in key order. Columns
     /// `parent_table, parent, child_table, child, outcome, at, settled_only`.
@@ -143,10 +153,10 @@ pub(crate) struct WaitingSql {
     /// `(latest, id)` makes a live job wait again (a requeued job whose parents have not
     /// settled).
     pub wait_again: String,
-    /// `(id)` -> `dead_at, dead_reason, completed_at (NULL without), output (NULL without)` of
-    /// the job, if it is in the table.
+    /// `(id)` -> `dead_at, cancelled (1 for a cancel, 0 else), completed_at (NULL without),
+    /// output (NULL without)` of the job, if it is in the table.
     pub state: String,
-    /// `(id x STATES_BATCH)` -> `id, dead_at, dead_reason, completed_at (NULL without)` of
+    /// `(id x STATES_BATCH)` -> `id, dead_at, cancelled, completed_at (NULL without)` of
     /// those of the jobs in the table (the sweeper's look for jobs gone: one statement for up to
     /// [`STATES_BATCH`], fewer with the last repeated).
     pub states: String,
@@ -162,6 +172,11 @@ pub(crate) struct WaitingSql {
     /// upto]`, that it was dead-lettered, in its head, kept a day (before a purge deletes its
     /// row, which told it until then).
     pub heads_dead: String,
+    /// `(at, cutoff, after, upto)` records, for each completed row cancelled with an id in
+    /// `(after, upto]` completed before `cutoff`, that it was cancelled, in its head, kept a
+    /// day (before a prune deletes its row, which told it until then); `None` on a table that
+    /// does not keep completed rows.
+    pub heads_cancelled: Option<String>,
 }
 
 /// How a database spells the waits' statements where they differ.
@@ -248,6 +263,12 @@ impl Syntax {
             Upsert::DuplicateKey => "at".to_string(),
         };
         let moved_at = |new: &str| format!("at = {}({existing_at} + 1, {new})", how.greatest);
+        // A head's output, once written, stays until a requeue resets the head: a settlement
+        // that writes none (an operator's cancel of a dead letter) leaves it.
+        let existing_output = match how.upsert {
+            Upsert::OnConflict => format!("{t}.output"),
+            Upsert::DuplicateKey => "output".to_string(),
+        };
         let upsert = &how.upsert;
         let touch = format!(
             "INSERT INTO {t} (parent_table, parent, child_table, child, settled_only, outcome, at) \
@@ -270,7 +291,7 @@ impl Syntax {
             upsert.update(
                 PK,
                 &format!(
-                    "settled_only = {}, outcome = {}, {}, output = {}",
+                    "settled_only = {}, outcome = {}, {}, output = COALESCE({}, {existing_output})",
                     upsert.new_value("settled_only"),
                     upsert.new_value("outcome"),
                     moved_at(&upsert.new_value("at")),
@@ -320,6 +341,12 @@ impl Syntax {
                 head(2)
             ),
             unhead: format!("DELETE FROM {t} WHERE {}", head(1)),
+            head_output: format!("SELECT output FROM {t} WHERE {}", head(1)),
+            waits_keep_output: format!(
+                "UPDATE {t} SET output = {} WHERE {} AND outcome IS NOT NULL AND output IS NULL",
+                p(1),
+                of(2)
+            ),
             wait_insert: format!(
                 "INSERT INTO {t} {cols} VALUES ({}, {}, {}, {}, {}, {}, {}, {})",
                 p(1),
@@ -371,8 +398,8 @@ impl Syntax {
             count_read: format!("SELECT pending FROM {t} WHERE {count}"),
             count_forget: format!("DELETE FROM {t} WHERE {count}"),
             parents: format!(
-                "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(h.output, \
-                 w.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
+                "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(w.output, \
+                 h.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
                  h.parent = w.parent AND h.child_table = '' AND h.child = 0 WHERE w.child_table \
                  = {} AND w.child = {} AND w.parent_table <> '' ORDER BY w.parent_table, w.parent",
                 p(1),
@@ -393,7 +420,8 @@ impl Syntax {
                 p(1)
             ),
             forget_table: format!(
-                "DELETE FROM {t} WHERE parent_table = {} OR child_table = {}",
+                "DELETE FROM {t} WHERE child_table = {} OR (parent_table = {} AND \
+                 (LENGTH(child_table) = 0 OR outcome IS NULL))",
                 p(1),
                 p(2)
             ),
@@ -450,10 +478,32 @@ impl Syntax {
             Some(c) => format!("{dead_at} IS NOT NULL AND {c} IS NULL"),
             None => format!("{dead_at} IS NOT NULL"),
         };
+        // A cancel, told apart from a dead letter whose reason reads the same: a row completed
+        // and cancelled (a table that keeps completed rows), or a dead letter whose cancel was
+        // requested in work (lease and advisory forms); never the reason text alone.
+        let cancelled = {
+            let said = format!("{reason} = '{CANCELLED}'");
+            let requested = (spec.form != Form::RowLock)
+                .then(|| format!("{} <> 0", self.q(&spec.cancel_requested)));
+            let how: Vec<String> = completed
+                .iter()
+                .map(|c| format!("{c} IS NOT NULL"))
+                .chain(requested)
+                .collect();
+            match how.is_empty() {
+                true => "0".to_string(),
+                false => format!(
+                    "CASE WHEN {said} AND ({}) THEN 1 ELSE 0 END",
+                    how.join(" OR ")
+                ),
+            }
+        };
         let deps = self.q(DEPS_TABLE);
         let heads_dead = {
-            // Kept a day (`settled_only` 1); a head there already (jobs wait on the job)
-            // keeps its outcome and output, and is kept a day once they have settled.
+            // Kept a day (`settled_only` 1) from the purge; a head there already (jobs wait on
+            // the job) keeps its outcome and output, its `at` moved on to the purge's (the
+            // job may have settled long before), and is kept a day from then once they have
+            // settled.
             let insert = format!(
                 "INSERT INTO {deps} (parent_table, parent, child_table, child, settled_only, \
                  outcome, at) SELECT {}, {id}, '', 0, 1, {}, {} FROM {t} WHERE {is_dead} AND {id} \
@@ -465,14 +515,43 @@ impl Syntax {
                 p(4)
             );
             match how.upsert {
-                Upsert::OnConflict => {
-                    format!("{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1")
-                }
-                Upsert::DuplicateKey => {
-                    format!("{insert} ON DUPLICATE KEY UPDATE settled_only = 1")
-                }
+                Upsert::OnConflict => format!(
+                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
+                     {}({deps}.at + 1, excluded.at)",
+                    how.greatest
+                ),
+                Upsert::DuplicateKey => format!(
+                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
+                     VALUES(at))",
+                    how.greatest
+                ),
             }
         };
+        // A prune's counterpart of `heads_dead`, for the cancels a table keeps completed.
+        let heads_cancelled = completed.as_ref().map(|c| {
+            let insert = format!(
+                "INSERT INTO {deps} (parent_table, parent, child_table, child, settled_only, \
+                 outcome, at) SELECT {}, {id}, '', 0, 1, '{CANCELLED}', {} FROM {t} WHERE {c} IS \
+                 NOT NULL AND {c} < {} AND {reason} = '{CANCELLED}' AND {id} > {} AND {id} <= {}",
+                (self.literal)(&spec.name),
+                p(1),
+                p(2),
+                p(3),
+                p(4)
+            );
+            match how.upsert {
+                Upsert::OnConflict => format!(
+                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
+                     {}({deps}.at + 1, excluded.at)",
+                    how.greatest
+                ),
+                Upsert::DuplicateKey => format!(
+                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
+                     VALUES(at))",
+                    how.greatest
+                ),
+            }
+        });
         Some(WaitingSql {
             release: format!(
                 "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} = {} AND {dead_at} IS NULL",
@@ -494,13 +573,13 @@ impl Syntax {
                 p(2)
             ),
             state: format!(
-                "SELECT {dead_at}, {reason}, {}, {} FROM {t} WHERE {id} = {}",
+                "SELECT {dead_at}, {cancelled}, {}, {} FROM {t} WHERE {id} = {}",
                 completed.as_deref().unwrap_or("NULL"),
                 output.as_deref().unwrap_or("NULL"),
                 p(1)
             ),
             states: format!(
-                "SELECT {id}, {dead_at}, {reason}, {} FROM {t} WHERE {id} IN ({})",
+                "SELECT {id}, {dead_at}, {cancelled}, {} FROM {t} WHERE {id} IN ({})",
                 completed.as_deref().unwrap_or("NULL"),
                 (1..=STATES_BATCH).map(p).collect::<Vec<_>>().join(", ")
             ),
@@ -521,6 +600,7 @@ impl Syntax {
                 p(3)
             ),
             heads_dead,
+            heads_cancelled,
         })
     }
 }

@@ -5,7 +5,6 @@
 use std::time::SystemTime;
 
 use crate::broker::Broker;
-use crate::dialect::deps::CANCELLED as DEPS_CANCELLED;
 use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::shared::CANCELLED;
 use crate::dialect::DbConn;
@@ -764,16 +763,7 @@ pub(crate) fn cancel_one(q: &Queue, id: i64, wait: Wait) -> Result<Cancelled> {
 ///
 /// Modelled in model/advisory.pml (cancel_remove_dead), model/lease.pml (cancel_remove).
 fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
-    let sql = &q.sql.cancel_remove;
-    crate::runtime::deps::settle_in_transaction(
-        q,
-        conn,
-        sql,
-        params,
-        id,
-        Some(DEPS_CANCELLED),
-        None,
-    )
+    crate::runtime::deps::cancel_in_transaction(q, conn, &q.sql.cancel_remove, params, id)
 }
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
@@ -856,12 +846,8 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
 /// Removes (or completes as cancelled) row `id`, locked by the caller's transaction on
 /// `conn`, and settles the jobs waiting on it as a cancel does: the rows changed.
 fn remove_cancelled(q: &Queue, conn: &mut dyn DbConn, id: i64) -> Result<u64, DbError> {
-    let n = conn.execute(&q.sql.cancel_remove, &[Value::Int(id)])?;
-    if n > 0 {
-        let kept = crate::runtime::deps::left_by(&q.spec, DEPS_CANCELLED);
-        crate::runtime::deps::settled(&q.spec, &q.sql, q, conn, id, DEPS_CANCELLED, None, kept)?;
-    }
-    Ok(n)
+    let params = [Value::Int(id)];
+    crate::runtime::deps::cancel_removal(q, conn, &q.sql.cancel_remove, &params, id)
 }
 
 fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Result<Cancelled> {

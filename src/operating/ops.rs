@@ -421,6 +421,10 @@ impl Broker {
     /// before now (the host's clock, whole seconds); returns how many. In batches of at most
     /// 1,000 rows by id, each its own statement. Call it from a timer (or run
     /// `sqlbroker completed prune`): nothing prunes by itself.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies), each batch in a transaction that
+    /// first records, in their heads (kept a day), that the cancelled rows it prunes were
+    /// cancelled: a job published after one within that day is dead-lettered as before.
     /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
     /// not keep completed rows.
     pub fn prune_completed(&self, table: &Table) -> Result<u64> {
@@ -431,6 +435,8 @@ impl Broker {
             .checked_sub(Duration::from_secs(q.spec.retention_secs))
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let lead = [Value::Time(cutoff)];
+        let heads = crate::runtime::deps::statements(&q.sql)
+            .and_then(|(_, waiting)| waiting.heads_cancelled.as_deref());
         in_batches(
             &q,
             "prune completed",
@@ -438,7 +444,22 @@ impl Broker {
             &lead,
             |conn, after, upto| {
                 let params = [Value::Time(cutoff), Value::Int(after), Value::Int(upto)];
-                conn.execute(&q.sql.completed_prune_range, &params)
+                let Some(heads) = heads else {
+                    return conn.execute(&q.sql.completed_prune_range, &params);
+                };
+                // With dependencies, the cancels it prunes keep their answer in their heads (a
+                // day), as a purge's dead letters do: their rows told it until now.
+                in_transaction(&q, conn, |conn| {
+                    let at = crate::model::schedule::millis(SystemTime::now());
+                    let cancelled = [
+                        Value::Int(at),
+                        Value::Time(cutoff),
+                        Value::Int(after),
+                        Value::Int(upto),
+                    ];
+                    conn.execute(heads, &cancelled)?;
+                    conn.execute(&q.sql.completed_prune_range, &params)
+                })
             },
         )
     }

@@ -128,15 +128,24 @@ fn read_waits(
                     c.spec.name
                 )));
             }
-            if t.check_records && !check_other(t.dialect, conn, &c, table)? {
-                return Err(bad(format!(
+            let no_record = || {
+                bad(format!(
                     "Message::after_in names a job of table {}, which has no record (made by \
                      Broker::create_table or Broker::migrate): its settlements could not be \
                      known to release anything",
                     c.spec.name
-                )));
+                ))
+            };
+            if t.check_records && !check_other(t.dialect, conn, &c, table)? {
+                return Err(no_record());
             }
-            others.push(c);
+            // Its table dropped by hand (its record left): its jobs will never run, they count
+            // as cancelled. One dropped by `drop_table` has no record, as one never made.
+            let gone = t.check_records && !exists(t, conn, &c.spec.name)?;
+            if gone && !has_record(t.dialect, conn, &c.spec.name)? {
+                return Err(no_record());
+            }
+            others.push((c, gone));
         }
     }
     let mut other = others.iter();
@@ -146,20 +155,38 @@ fn read_waits(
             .table
             .as_deref()
             .is_some_and(|pt| pt.name() != t.spec.name);
-        let (table, waiting) = match foreign.then(|| other.next()).flatten() {
-            Some(c) => match c.sql.waiting.as_ref() {
-                Some(w) => (c.spec.name.as_str(), w),
+        let (table, waiting, gone) = match foreign.then(|| other.next()).flatten() {
+            Some((c, gone)) => match c.sql.waiting.as_ref() {
+                Some(w) => (c.spec.name.as_str(), w, *gone),
                 None => continue,
             },
-            None => (t.spec.name.as_str(), own),
+            None => (t.spec.name.as_str(), own, false),
         };
         named.push(deps::Named {
             table,
             waiting,
             parent: p,
+            gone,
         });
     }
     deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))
+}
+
+/// True if table `name` exists, read in the publish's transaction.
+fn exists(t: &Target<'_>, conn: &mut dyn DbConn, name: &str) -> Result<bool> {
+    let rows = conn
+        .query(t.dialect.columns_query(), &[Value::Text(name.to_string())])
+        .map_err(|e| t.err(e))?;
+    Ok(!rows.is_empty())
+}
+
+/// True if table `name` has a record (one this release cannot read counts).
+fn has_record(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Result<bool> {
+    match crate::runtime::registry::open(dialect, conn, name) {
+        Ok(found) => Ok(found.is_some()),
+        Err(BrokerError::Schema { .. }) => Ok(true),
+        Err(e) => Err(e),
+    }
 }
 
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
@@ -280,6 +307,43 @@ fn in_own_transaction<T>(
     }
 }
 
+/// How many times a publish's own transaction runs at most when the database ends it as a
+/// deadlock's victim.
+const DEADLOCK_TRIES: u32 = 4;
+
+/// True if `e` is the database ending the transaction as a deadlock's victim (MySQL/MariaDB
+/// 1213, PostgreSQL 40P01): rolled back whole, it may run again.
+fn deadlocked(e: &BrokerError) -> bool {
+    match e {
+        BrokerError::Database {
+            kind: crate::error::DbErrorKind::Transient,
+            source,
+            ..
+        } => source.to_string().to_ascii_lowercase().contains("deadlock"),
+        _ => false,
+    }
+}
+
+/// Runs `run`, a publish in a transaction of its own that names other jobs, again (a few
+/// times at most, a little later each time) while the database ends it as a deadlock's
+/// victim. Publishes that name one job lock its row in `sqlbroker_deps` and then insert
+/// around it; MySQL/MariaDB's locks for those inserts can order two such publishes (or a
+/// publish and a settlement) into a deadlock, which rolls one back whole: nothing of it was
+/// written, so it runs again rather than failing.
+pub(crate) fn retrying_deadlocks<T>(mut run: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        match run() {
+            Err(e) if tries < DEADLOCK_TRIES && deadlocked(&e) => {
+                log::debug!("publish: {e}; tried again");
+                std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(tries)));
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Publishes a batch of which some wait on other jobs, a message at a time, all in one
 /// transaction (the caller's, or one of its own).
 fn one_by_one(
@@ -290,7 +354,7 @@ fn one_by_one(
 ) -> Result<crate::producing::publish::Published> {
     let run = |conn: &mut dyn DbConn| -> Result<crate::producing::publish::Published> {
         let mut done = crate::producing::publish::Published::default();
-        for m in messages {
+        for m in messages.iter().cloned() {
             match one(t, conn, m) {
                 Ok(_) => done.rows += 1,
                 Err(BrokerError::Duplicate { .. }) => done.duplicates += 1,
@@ -300,7 +364,7 @@ fn one_by_one(
         Ok(done)
     };
     match within {
-        Within::Own => in_own_transaction(t, conn, run),
+        Within::Own => retrying_deadlocks(|| in_own_transaction(t, conn, run)),
         Within::Callers => run(conn),
     }
 }
@@ -490,14 +554,19 @@ impl Broker {
     ///   description);
     /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
     ///   reached ([`BrokerError::is_transient`] tells whether to try again). A lost connection
-    ///   cannot tell whether the insert committed: publish is not retried for you.
+    ///   cannot tell whether the insert committed: publish is not retried for you. A message
+    ///   that waits on other jobs ([`Message::after`]) is published in a transaction of its
+    ///   own, which runs again (4 times at most) when the database ends it as a deadlock's
+    ///   victim (rolled back whole).
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
         let mut conn = q.conn("publish")?;
         let t = Target::of(&q);
         let id = match waits_on_others(&message) {
             false => one(&t, &mut *conn, message),
-            true => in_own_transaction(&t, &mut *conn, |conn| one(&t, conn, message)),
+            true => retrying_deadlocks(|| {
+                in_own_transaction(&t, &mut *conn, |conn| one(&t, conn, message.clone()))
+            }),
         }
         .map_err(|e| q.explain_failure(&mut *conn, e))?;
         drop(conn);

@@ -114,14 +114,15 @@ pub(crate) fn row_state(
     })
 }
 
-/// A job's state from its row as `state` reads it (`dead_at, dead_reason, completed_at[,
-/// output]`).
+/// A job's state from its row as `state` reads it (`dead_at, cancelled, completed_at[,
+/// output]`): a cancel as the row tells it (completed and cancelled, or a dead letter whose
+/// cancel was requested), never a dead letter's reason text, which a handler chooses.
 pub(crate) fn state_of(mut row: Vec<Value>) -> RowState {
     let set = |v: Option<&Value>| v.is_some_and(|v| !matches!(v, Value::Null));
     if !set(row.first()) {
         return RowState::Live;
     }
-    let cancelled = text(row.get(1)).as_deref() == Some("cancelled");
+    let cancelled = row.get(1).and_then(Value::as_i64).unwrap_or(0) != 0;
     let completed = set(row.get(2));
     let outcome = match (completed, cancelled) {
         (_, true) => CANCELLED,
@@ -196,6 +197,19 @@ pub(crate) enum Found {
 pub(crate) trait OtherTables {
     /// Table `name` as its record describes it.
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError>;
+
+    /// True if table `name` exists (a record can outlive a table dropped by hand).
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError>;
+}
+
+/// True if table `name` exists on `dialect`'s database, read on `conn`.
+pub(crate) fn table_exists(
+    dialect: &dyn Dialect,
+    conn: &mut dyn DbConn,
+    name: &str,
+) -> Result<bool, DbError> {
+    let rows = conn.query(dialect.columns_query(), &[Value::Text(name.to_string())])?;
+    Ok(!rows.is_empty())
 }
 
 /// Other tables' waiting statements, by name, read from their records as they are needed
@@ -249,6 +263,10 @@ impl OtherTables for crate::runtime::Queue {
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
         self.others.lookup(&*self.dialect, conn, name)
     }
+
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError> {
+        table_exists(&*self.dialect, conn, name)
+    }
 }
 
 /// Other tables read from their records at each call: a publish inside the application's own
@@ -259,6 +277,10 @@ pub(crate) struct Uncached<'a>(pub &'a dyn Dialect);
 impl OtherTables for Uncached<'_> {
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
         read_record(self.0, conn, name)
+    }
+
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError> {
+        table_exists(self.0, conn, name)
     }
 }
 
@@ -311,6 +333,8 @@ impl Settling<'_> {
         let at = millis(now);
         let latest = Value::Time(waiting_due());
         let mut todo = vec![(table.to_string(), id, outcome.to_string(), left)];
+        // Whether each other table met exists (read once per settlement).
+        let mut tables: std::collections::HashMap<String, bool> = Default::default();
         while let Some((table, id, outcome, left)) = todo.pop() {
             let job = [Value::Text(table.clone()), Value::Int(id)];
             // Its row can no longer tell: the head does, for a day.
@@ -358,6 +382,26 @@ impl Settling<'_> {
                     continue;
                 }
                 let settled_only = row.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+                let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
+                let own = self.own.is_some_and(|(own, _)| own == child_table);
+                let exists = match (own, tables.get(&child_table)) {
+                    (true, _) => true,
+                    (false, Some(known)) => *known,
+                    (false, None) => {
+                        let known = self.others.exists(conn, &child_table)?;
+                        tables.insert(child_table.clone(), known);
+                        known
+                    }
+                };
+                if !exists {
+                    // Its table is gone (dropped by hand), and the job with it: its waits go.
+                    log::info!(
+                        "job {child} of table {child_table} waited on job {id} of table \
+                         {table}, but its table is gone: its waits deleted"
+                    );
+                    conn.execute(&deps.forget_waits, &child_job)?;
+                    continue;
+                }
                 let Some(waiting) = self.waiting(conn, &child_table)? else {
                     log::warn!(
                         "job {child} of table {child_table} waits on job {id} of table \
@@ -368,7 +412,6 @@ impl Settling<'_> {
                 };
                 // Counted down under its count's lock: the settlements of this child's parents
                 // take turns, and the one that takes it to 0 is the last.
-                let child_job = [Value::Text(child_table.clone()), Value::Int(child)];
                 conn.execute(&deps.count_down, &child_job)?;
                 if !settled_only && outcome != ACKED {
                     let params = [
@@ -418,6 +461,8 @@ pub(crate) struct Named<'a> {
     pub table: &'a str,
     pub waiting: &'a WaitingSql,
     pub parent: &'a Parent,
+    /// Its table is gone (dropped by hand, its record left): the job counts as cancelled.
+    pub gone: bool,
 }
 
 /// Where a job named by a publish stands, its head locked: settled with an outcome (and what
@@ -432,6 +477,9 @@ fn outcome_of(
     conn: &mut dyn DbConn,
     at: i64,
 ) -> Result<(Option<String>, Option<Value>), DbError> {
+    if named.gone {
+        return Ok((Some(CANCELLED.to_string()), None));
+    }
     let job = [
         Value::Text(named.table.to_string()),
         Value::Int(named.parent.id),
@@ -679,6 +727,74 @@ pub(crate) fn settle_in_transaction(
     done
 }
 
+/// A cancel's removal of row `id` of `q`'s table (`sql`, `params`: the table's
+/// `cancel_remove`), on `conn` inside the caller's transaction, and what it does for the jobs
+/// waiting on the row: the rows it changed. A live row is settled as cancelled. A dead letter
+/// settled already, and its answer stays: its head records the outcome its row told (a day,
+/// as a purge's does, with what it produced kept for the jobs its settlement released), and
+/// its own waits go (it can no longer be requeued).
+pub(crate) fn cancel_removal(
+    q: &crate::runtime::Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+) -> Result<u64, DbError> {
+    let Some((deps, waiting)) = statements(&q.sql) else {
+        return conn.execute(sql, params);
+    };
+    let before = row_state(waiting, conn, id)?;
+    let n = conn.execute(sql, params)?;
+    if n == 0 {
+        return Ok(0);
+    }
+    match before {
+        RowState::Finished {
+            outcome,
+            completed: false,
+            ..
+        } => {
+            let job = [Value::Text(q.spec.name.clone()), Value::Int(id)];
+            let head = [
+                job[0].clone(),
+                job[1].clone(),
+                Value::Text(outcome.to_string()),
+                Value::Int(millis(SystemTime::now())),
+                Value::Null,
+                Value::Int(1),
+            ];
+            conn.execute(&deps.head_settle, &head)?;
+            conn.execute(&deps.forget_waits, &job)?;
+        }
+        _ => {
+            let left = left_by(&q.spec, CANCELLED);
+            settled(&q.spec, &q.sql, q, conn, id, CANCELLED, None, left)?;
+        }
+    }
+    Ok(n)
+}
+
+/// [`cancel_removal`] in a transaction of its own on a table with dependencies; else the
+/// removal's statement alone.
+pub(crate) fn cancel_in_transaction(
+    q: &crate::runtime::Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+) -> Result<u64, DbError> {
+    if !q.spec.dependencies {
+        return conn.execute(sql, params);
+    }
+    conn.batch(&q.sql.begin_write)?;
+    let done =
+        cancel_removal(q, conn, sql, params, id).and_then(|n| conn.batch("COMMIT").map(|()| n));
+    if done.is_err() {
+        conn.rollback_or_discard();
+    }
+    done
+}
+
 /// Writes the output of row `id` ([`Table::outputs`](crate::Table::outputs)), inside the
 /// transaction of the settlement that ends it, after that settlement's fenced statement (a row
 /// that was deleted is left so); then [`settled`]. The output is copied once, into the write's
@@ -795,6 +911,18 @@ pub(crate) fn requeue(
     }
     let at = millis(SystemTime::now());
     let job = [Value::Text(spec.name.clone()), Value::Int(id)];
+    // What it produced stays with the jobs its settlement released (an `after_settled`
+    // callback not yet run reads it), not with its head, which the requeue resets.
+    let kept = conn.query(&deps.head_output, &job)?;
+    if let Some(output) = kept
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next())
+        .filter(|v| !matches!(v, Value::Null))
+    {
+        let params = [output, job[0].clone(), job[1].clone()];
+        conn.execute(&deps.waits_keep_output, &params)?;
+    }
     conn.execute(
         &deps.head_reset,
         &[Value::Int(at), job[0].clone(), job[1].clone()],
@@ -814,12 +942,13 @@ pub(crate) fn requeue(
         let waiting: &WaitingSql = match table == spec.name {
             true => own,
             false => match others.lookup(conn, &table)? {
-                Found::Waiting(w) => {
+                // Its record left by a table dropped by hand: gone all the same.
+                Found::Waiting(w) if others.exists(conn, &table)? => {
                     found = w;
                     &found
                 }
                 // Its table is gone: its jobs count as cancelled.
-                Found::NoRecord | Found::NoDependencies => {
+                Found::Waiting(_) | Found::NoRecord | Found::NoDependencies => {
                     if !settled_only {
                         return Ok(Requeued::ParentFailed {
                             table,
@@ -827,6 +956,14 @@ pub(crate) fn requeue(
                             outcome: CANCELLED.into(),
                         });
                     }
+                    let set = [
+                        Value::Text(CANCELLED.into()),
+                        Value::Text(table.clone()),
+                        Value::Int(parent),
+                        job[0].clone(),
+                        job[1].clone(),
+                    ];
+                    conn.execute(&deps.wait_set, &set)?;
                     continue;
                 }
             },
@@ -840,6 +977,7 @@ pub(crate) fn requeue(
             table: &table,
             waiting,
             parent: &p,
+            gone: false,
         };
         let (outcome, _) = outcome_of(deps, &named, others, conn, at)?;
         match outcome.as_deref() {

@@ -395,6 +395,10 @@ impl OtherTables for Sweep<'_> {
     fn lookup(&self, conn: &mut dyn DbConn, name: &str) -> Result<Found, DbError> {
         self.tables.lookup(self.dialect, conn, name)
     }
+
+    fn exists(&self, conn: &mut dyn DbConn, name: &str) -> Result<bool, DbError> {
+        Sweep::exists(self, conn, name)
+    }
 }
 
 impl Sweep<'_> {

@@ -773,7 +773,7 @@ mod tests {
             "(parent_table, parent, child_table, child, outcome, at, output, settled_only) VALUES \
              (?, ?, '', 0, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE settled_only = \
              VALUES(settled_only), outcome = VALUES(outcome), at = GREATEST(at + 1, VALUES(at)), \
-             output = VALUES(output)"
+             output = COALESCE(VALUES(output), output)"
         ));
         // The sweeper's cursor spelled out (7 parameters), for the range optimizer.
         assert!(deps.window_spelled);
@@ -815,7 +815,7 @@ mod tests {
         );
         assert!(keyed.waiting.as_ref().unwrap().heads_dead.ends_with(
             "FROM `steps` WHERE `dead_at` IS NOT NULL AND `id` > ? AND `id` <= ? ON DUPLICATE KEY \
-             UPDATE settled_only = 1"
+             UPDATE settled_only = 1, at = GREATEST(at + 1, VALUES(at))"
         ));
         assert!(deps.create[0].contains("output LONGBLOB NULL, PRIMARY KEY"));
         assert_eq!(
