@@ -17,6 +17,8 @@
 //!   is refused.
 //! - Publishes naming one job from many threads at once all succeed; one the server ends as a
 //!   deadlock's victim (made on cue) runs again.
+//! - A callback reads the settlement that released it (outcome and output), even after that
+//!   job was requeued and settled again.
 
 mod common;
 
@@ -546,3 +548,48 @@ fn a_requeue_reads_a_dropped_tables_job_cancelled(db: Db, form: Form) {
     forget(&l, &emails);
 }
 per_db_form!(a_requeue_reads_a_dropped_tables_job_cancelled);
+
+/// A callback released by a job's dead letter reads that dead letter, output and all, even
+/// after the job was requeued and acked with an output before the callback ran (while another
+/// job waited on it, so its head kept that output): the pair it reads is one settlement's. Fails (`the dead letter's output`: `Some("late")`, the later
+/// ack's) with the head's output read whatever outcome it now holds (found by the promise
+/// checker, seed 17, SQLite advisory).
+fn a_callback_reads_the_settlement_that_released_it(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table_with(&l, form, Table::outputs);
+    let p = l.broker.publish(&t, message("p")).unwrap();
+    // Due later: the callback is released only after `p` ran again.
+    let q = message("q").deliver_after(Duration::from_secs(2));
+    let q = l.broker.publish(&t, q).unwrap();
+    let c = l
+        .broker
+        .publish(&t, message("c").after_settled(p).after_settled(q))
+        .unwrap();
+    let sub = l.broker.subscription(&t).max_in_flight(1).start().unwrap();
+    settle_next(&sub, p, |d| d.dead_letter("bad").unwrap());
+    assert!(l.broker.requeue_dead(&t, p).unwrap());
+    // A job waiting on `p` at its ack keeps `p`'s head, with the ack's output in it.
+    l.broker.publish(&t, message("d").after(p)).unwrap();
+    let callback = loop {
+        let d = next(&sub, Duration::from_secs(10));
+        match d.id() {
+            id if id == c => break d,
+            id if id == p => {
+                d.set_output(b"late").unwrap();
+                d.ack().unwrap()
+            }
+            _ => d.ack().unwrap(),
+        }
+    };
+    let waited = callback.waited_on().unwrap();
+    let of_p = waited.iter().find(|w| w.id == p).unwrap();
+    assert_eq!(
+        (of_p.outcome, of_p.output.as_deref()),
+        (Some(JobOutcome::DeadLettered), None),
+        "the dead letter's output"
+    );
+    callback.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_callback_reads_the_settlement_that_released_it);

@@ -101,7 +101,9 @@ pub(crate) struct DepsSql {
     /// `(table, id)` deletes a job's count (a requeued job's, made again).
     pub count_forget: String,
     /// `(table, id)` -> `parent_table, parent, settled_only, outcome, output` of the job's
-    /// waits, by parent (the wait's own output, else the one in the parent's head).
+    /// waits, by parent (the wait's own output, else the one in the parent's head if the head
+    /// holds the outcome the wait does: a parent requeued and settled again since it released
+    /// the job tells it neither its new outcome nor the output that came with it).
     pub parents: String,
     /// `(table, id)` deletes the job's waits and count (it settled: nothing holds it any more).
     pub forget_waits: String,
@@ -399,7 +401,8 @@ impl Syntax {
             count_forget: format!("DELETE FROM {t} WHERE {count}"),
             parents: format!(
                 "SELECT w.parent_table, w.parent, w.settled_only, w.outcome, COALESCE(w.output, \
-                 h.output) FROM {t} w LEFT JOIN {t} h ON h.parent_table = w.parent_table AND \
+                 CASE WHEN h.outcome = w.outcome THEN h.output END) FROM {t} w LEFT JOIN {t} h \
+                 ON h.parent_table = w.parent_table AND \
                  h.parent = w.parent AND h.child_table = '' AND h.child = 0 WHERE w.child_table \
                  = {} AND w.child = {} AND w.parent_table <> '' ORDER BY w.parent_table, w.parent",
                 p(1),
