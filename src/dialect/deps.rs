@@ -502,6 +502,19 @@ impl Syntax {
             }
         };
         let deps = self.q(DEPS_TABLE);
+        // A head kept a day from now: made, or (jobs wait on the job) its `at` moved on.
+        let kept_a_day = |insert: String| match how.upsert {
+            Upsert::OnConflict => format!(
+                "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
+                 {}({deps}.at + 1, excluded.at)",
+                how.greatest
+            ),
+            Upsert::DuplicateKey => format!(
+                "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
+                 VALUES(at))",
+                how.greatest
+            ),
+        };
         let heads_dead = {
             // Kept a day (`settled_only` 1) from the purge; a head there already (jobs wait on
             // the job) keeps its outcome and output, its `at` moved on to the purge's (the
@@ -517,18 +530,7 @@ impl Syntax {
                 p(3),
                 p(4)
             );
-            match how.upsert {
-                Upsert::OnConflict => format!(
-                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
-                     {}({deps}.at + 1, excluded.at)",
-                    how.greatest
-                ),
-                Upsert::DuplicateKey => format!(
-                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
-                     VALUES(at))",
-                    how.greatest
-                ),
-            }
+            kept_a_day(insert)
         };
         // A prune's counterpart of `heads_dead`, for the cancels a table keeps completed.
         let heads_cancelled = completed.as_ref().map(|c| {
@@ -542,18 +544,7 @@ impl Syntax {
                 p(3),
                 p(4)
             );
-            match how.upsert {
-                Upsert::OnConflict => format!(
-                    "{insert} ON CONFLICT ({PK}) DO UPDATE SET settled_only = 1, at = \
-                     {}({deps}.at + 1, excluded.at)",
-                    how.greatest
-                ),
-                Upsert::DuplicateKey => format!(
-                    "{insert} ON DUPLICATE KEY UPDATE settled_only = 1, at = {}(at + 1, \
-                     VALUES(at))",
-                    how.greatest
-                ),
-            }
+            kept_a_day(insert)
         });
         Some(WaitingSql {
             release: format!(
