@@ -181,19 +181,21 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// True if broker `who`'s sessions were ended, or its process killed, or its connections
-    /// silent (their sessions end a little after the silence), within `[from, to]`.
+    /// True if broker `who`'s sessions were ended, or its process killed, or (the forms that
+    /// hold a row by a session) its connections silent (their sessions end a little after the
+    /// silence), within `[from, to]`. A lease outlives a silence: its holder keeps it until
+    /// it runs out, and a settlement after that must fail, which is what the lease form is
+    /// checked on.
     fn faulted(&self, who: Who, from: i64, to: i64) -> bool {
+        let sessions = self.world.form != Form::Lease;
         self.faults.iter().any(|e| match e.what {
             What::Fault { target, fault } => {
-                let end = match fault {
-                    Fault::Silent => e.t1 + SILENT_TAIL,
-                    _ => e.t1,
+                let (counts, end) = match fault {
+                    Fault::SessionsEnded | Fault::Killed => (true, e.t1),
+                    Fault::Silent => (sessions, e.t1 + SILENT_TAIL),
+                    _ => (false, e.t1),
                 };
-                target == who
-                    && matches!(fault, Fault::SessionsEnded | Fault::Killed | Fault::Silent)
-                    && end >= from
-                    && e.t0 <= to
+                target == who && counts && end >= from && e.t0 <= to
             }
             _ => false,
         })
