@@ -386,6 +386,11 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 }
                 ctx.sending.fetch_sub(1, Ordering::AcqRel);
                 bury(ctx, dead);
+                // Nothing claimed because the pause flag went stale while the claim waited
+                // for its connection: read it again at once, rather than wait a poll.
+                if got == 0 && ctx.queue.wake.pause.too_old(ctx.opts.poll_interval) {
+                    continue;
+                }
                 if got == 0 {
                     let poll = ctx.opts.poll_interval;
                     let mut wait = if adaptive {

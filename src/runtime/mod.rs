@@ -438,6 +438,19 @@ impl Ctx {
         self.renewing.store(false, Ordering::Release);
     }
 
+    /// [`Ctx::claim_conn`] for a claim worker's claim (`by` `None`), which read the pause flag
+    /// before it waited for the connection: `None` also if that read is now older than a poll
+    /// interval (a connection slow to come, a database that stopped answering a moment), so no
+    /// claim runs on a flag older than that; the worker reads it again. A claim on a handler's
+    /// thread (`by`) has checked the flag itself.
+    pub fn claim_conn_checked(&self, by: Option<Instant>) -> Result<Option<ClaimConn>> {
+        let conn = self.claim_conn(by)?;
+        if by.is_none() && self.queue.wake.pause.too_old(self.opts.poll_interval) {
+            return Ok(None);
+        }
+        Ok(conn)
+    }
+
     /// A connection for a claim, or `None` once the subscription stops: waits in short steps so
     /// a stopped subscription never starts a claim (which would spend an attempt on rows it
     /// then returns), and `close` or drop joins its workers promptly.

@@ -188,6 +188,15 @@ impl PauseFlag {
         }
     }
 
+    /// True if the table was paused, or the flag was last read `every` or longer ago: a claim
+    /// decided on an earlier read must not run now. (Not read at all: the worker's loop reads
+    /// it before it claims; a claim made without it, as the crate's own tests make, is let
+    /// be.)
+    pub fn too_old(&self, every: Duration) -> bool {
+        let s = self.state.lock();
+        s.paused || s.read_at.is_some_and(|at| at.elapsed() >= every)
+    }
+
     /// True if the flag was read less than `every` ago, no read is under way, and the table
     /// was not paused: a handler thread's own claim goes ahead only then (it leaves reads to
     /// the workers).
@@ -470,6 +479,27 @@ mod tests {
         assert!(!flag.running(every));
     }
 
+    /// A claim goes ahead on the flag only while the read it was decided on is younger than a
+    /// poll interval and said running (`Ctx::claim_conn_checked` asks once it has its
+    /// connection). Fails (`a claim ran on a flag older than a poll`) with `too_old` ignoring
+    /// the read's age.
+    #[test]
+    fn a_claim_runs_only_on_a_fresh_flag() {
+        let flag = PauseFlag::default();
+        let PauseCheck::Read(read) = flag.check(Duration::from_secs(60)) else {
+            panic!("a new flag is not read first")
+        };
+        read.set(false);
+        assert!(!flag.too_old(Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            flag.too_old(Duration::from_millis(10)),
+            "a claim ran on a flag older than a poll"
+        );
+        flag.own(true);
+        assert!(flag.too_old(Duration::from_secs(60)), "paused");
+    }
+
     /// A read that began before this broker's own pause does not overwrite it with the older
     /// value it read. Fails (`the stale read resumed the table`) with `set` ignoring the epoch.
     #[test]
@@ -512,8 +542,9 @@ mod tests {
             panic!("the driver panicked");
         }));
         assert!(caught.is_err());
+        // Not `Reading`: the next worker reads it again (a failed read stands for no value).
         assert!(
-            matches!(flag.check(every), PauseCheck::Fresh(false)),
+            matches!(flag.check(every), PauseCheck::Read(_)),
             "a panicked read left the flag being read"
         );
     }

@@ -306,6 +306,7 @@ pub fn check(world: &World, evs: &[Ev], fin: &Final, waiting: &[i64]) -> Vec<Bro
     let ix = Index::new(world, evs);
     let mut out = Vec::new();
     one_holder(&ix, &mut out);
+    fenced(&ix, &mut out);
     attempts(&ix, &mut out);
     finished_stays_finished(&ix, &mut out);
     nothing_lost(&ix, fin, &mut out);
@@ -547,6 +548,48 @@ fn one_holder(ix: &Index<'_>, out: &mut Vec<Broken>) {
                         to: until,
                     });
                 }
+            }
+        }
+    }
+}
+
+/// P1 and P11, the fence: a settlement that returned `Ok` was made while its run still held
+/// the row. Another claim of the job that committed after this run's claim and before its
+/// settlement began means the row was no longer this run's (its lease ran out or was cleared
+/// by a handler timeout, its session ended), and the settlement must fail (`LeaseLost`,
+/// `HandlerTimeout`, a lost connection). In the forms that hold a row by a session, a run whose
+/// sessions a fault ended is left out (its settlement may be retried on a new session).
+fn fenced(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    for (id, runs) in &ix.runs {
+        for a in runs {
+            let (Some((_, a1)), Some(_), Some((s0, _, how, true, _))) =
+                (a.claim, a.start, &a.settle)
+            else {
+                continue;
+            };
+            if matches!(how, How::Drop | How::Panic) {
+                continue;
+            }
+            if ix.world.form != Form::Lease && ix.faulted(a.who, a1, *s0) {
+                continue;
+            }
+            for b in runs {
+                let Some((b0, b1)) = b.claim else { continue };
+                if std::ptr::eq(a, b) || b0 <= a1 || b1 >= *s0 {
+                    continue;
+                }
+                out.push(Broken {
+                    promise: "P1",
+                    what: format!(
+                        "job {id}: broker {}'s {how:?} returned Ok after broker {} claimed the \
+                         job (after its own claim, before its settlement)",
+                        a.who, b.who
+                    ),
+                    jobs: vec![*id],
+                    from: a1,
+                    to: *s0,
+                });
+                break;
             }
         }
     }

@@ -146,7 +146,7 @@ fn scan(
     let Some(template) = &q.spec.key else {
         return Ok(Vec::new());
     };
-    let Some(mut conn) = ctx.claim_conn(by)? else {
+    let Some(mut conn) = ctx.claim_conn_checked(by)? else {
         return Ok(Vec::new());
     };
     let now = claim_now(SystemTime::now());

@@ -47,7 +47,7 @@ use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
 /// Modelled in model/fifo.pml (heads), model/lease.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let Some(mut conn) = ctx.claim_conn(by)? else {
+    let Some(mut conn) = ctx.claim_conn_checked(by)? else {
         return Ok(Vec::new());
     };
     let now = SystemTime::now();

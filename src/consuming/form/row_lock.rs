@@ -39,7 +39,7 @@ use crate::runtime::{ClaimConn, Ctx, PooledConn};
 /// Modelled in model/row_lock.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     let q = &ctx.queue;
-    let Some(mut conn) = ctx.claim_conn(by)? else {
+    let Some(mut conn) = ctx.claim_conn_checked(by)? else {
         return Ok(Vec::new());
     };
     if let Some(limited) = &q.sql.limited {
