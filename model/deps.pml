@@ -22,9 +22,11 @@
  *
  * Two parents, one child (`after_settled`; `-DAFTER`: `after`), each parent settled by its own
  * process (so both settlements race each other and the publish), MAXREQ requeues, MAXABORT
- * settlements rolled back. The child's own requeue, publishes naming a parent twice, parents
- * in other tables, a parent's row deleted by hand (the sweeper) and chains (a dead letter
- * passed on down) are not modelled.
+ * settlements rolled back. TWO: a second child, published by a process of its own, waiting on
+ * both parents the other way (`after` beside `after_settled`): a settlement counts both down,
+ * their counts locked in (table, id) order. The child's own requeue, publishes naming a parent
+ * twice, parents in other tables, a parent's row deleted by hand (the sweeper) and chains (a
+ * dead letter passed on down) are not modelled.
  *
  * The database is a set of atomic statements under READ COMMITTED. A transaction's writes to
  * rows it holds locked (the parent's head, the marked waits, the child's count and row) are
@@ -33,7 +35,7 @@
  * Steps are annotated "@step <name>" (the code's doc comments: "Modelled in
  * model/deps.pml (<name>)") and "@code <item>"; tests/model_refs.rs checks both directions.
  *
- * Invariants:
+ * Invariants, for each child:
  *   D1 the child is released at most once, and its count is seen at 0 by at most one
  *      settlement (the last);
  *   D2 the child is released only once every parent has settled (`after`: every parent
@@ -41,7 +43,8 @@
  *      for it (only a publish after the requeue waits for it again); a child dead-lettered
  *      never runs (its row changes only while it waits);
  *   D3 no child waits for ever: once every process stopped (both parents settled, no requeue
- *      left), a published child is released or dead-lettered, and no head or count is locked.
+ *      left), a published child is released or dead-lettered, and no head or count is locked
+ *      (nor does any settlement wait for ever for a count's lock: spin's invalid end states).
  */
 
 #ifndef MAXREQ
@@ -49,6 +52,11 @@
 #endif
 #ifndef MAXABORT
 #define MAXABORT 0
+#endif
+#ifdef TWO
+#define NC 2
+#else
+#define NC 1
 #endif
 #ifdef AFTER
 #define SETTLED_ONLY 0
@@ -80,46 +88,49 @@
 byte pst[2];            /* each parent's row */
 byte hout[2];           /* each parent's head: its outcome (NONE: no head, or not settled) */
 byte hl[2];             /* the transaction holding each head's lock (process id) */
-byte wt[2];             /* the child's wait on each parent */
-byte cst;               /* the child's row */
-byte cnt;               /* the child's count, as committed */
-byte cl;                /* the transaction holding the count's lock */
-byte released, zeros;
+byte wt[4];             /* child c's wait on parent i: wt[2 * c + i] */
+byte cst[2];            /* each child's row */
+byte cnt[2];            /* each child's count, as committed */
+byte cl[2];             /* the transaction holding each child's count's lock */
+byte released[2], zeros[2];
 bit settled_ever[2], acked_ever[2];
 byte requeues, aborts, done;
 
-#define SETTLERS 2
-#define PUB 3
-#define OP 4
+/* child 0 waits as SETTLED_ONLY says; child 1 (TWO) the other way */
+#define so(c) ((c) == 0 -> SETTLED_ONLY : 1 - SETTLED_ONLY)
 
 /* What a publish reads of parent i: its head's outcome, else its row's. */
 #define told(i) (hout[i] != NONE -> hout[i] : (pst[i] == LIVE -> NONE : (pst[i] == GONE -> ACKED : FAILED)))
 
-proctype publisher() {
-    byte o0, o1;
+/* D1, D2 at a release of child c */
+inline release(c) {
+    cst[c] = READY; released[c]++;
+    assert(released[c] == 1);                                           /* D1 */
+    assert(settled_ever[0] && settled_ever[1]);                         /* D2 */
+    assert(so(c) || (acked_ever[0] && acked_ever[1]))                   /* D2 */
+}
+
+proctype publisher(byte c) {
+    byte o0, o1, me = 3 + c;
     /* @step publish_read: each parent's head made if missing and locked (in (table, id)
        order), its outcome read (the head's, else the row's)
        @code runtime/deps.rs::read @code runtime/deps.rs::outcome_of */
-    atomic { hl[0] == 0 -> hl[0] = PUB; o0 = told(0) }
-    atomic { hl[1] == 0 -> hl[1] = PUB; o1 = told(1) }
+    atomic { hl[0] == 0 -> hl[0] = me; o0 = told(0) }
+    atomic { hl[1] == 0 -> hl[1] = me; o1 = told(1) }
     atomic {
         /* @step publish_write: the waits (a settled parent's with its outcome), the count of
            the parents pending, the child's row (waiting, ready, or dead-lettered for a failed
            `after` parent); COMMIT, the heads unlocked
            @code runtime/deps.rs::write */
-        wt[0] = (o0 == NONE -> PENDING : MARKED);
-        wt[1] = (o1 == NONE -> PENDING : MARKED);
-        cnt = (o0 == NONE -> 1 : 0) + (o1 == NONE -> 1 : 0);
+        wt[2 * c] = (o0 == NONE -> PENDING : MARKED);
+        wt[2 * c + 1] = (o1 == NONE -> PENDING : MARKED);
+        cnt[c] = (o0 == NONE -> 1 : 0) + (o1 == NONE -> 1 : 0);
         if
-        :: !SETTLED_ONLY && (o0 == FAILED || o1 == FAILED) -> cst = CDEAD
+        :: !so(c) && (o0 == FAILED || o1 == FAILED) -> cst[c] = CDEAD
         :: else ->
             if
-            :: cnt > 0 -> cst = WAITING
-            :: else ->
-                cst = READY; released++;
-                assert(released == 1);                                  /* D1 */
-                assert(settled_ever[0] && settled_ever[1]);             /* D2 */
-                assert(SETTLED_ONLY || (acked_ever[0] && acked_ever[1]))
+            :: cnt[c] > 0 -> cst[c] = WAITING
+            :: else -> release(c)
             fi
         fi;
         hl[0] = 0; hl[1] = 0
@@ -127,8 +138,78 @@ proctype publisher() {
     atomic { done++ }
 }
 
+/* A settlement's work for child c, if it waits on the parent: its count taken down under the
+   count's lock, then read (or the child dead-lettered). */
+inline count(c) {
+    if
+    :: dep[c] ->
+        atomic {
+            (cl[c] == 0) ->
+            /* @step count_down: the child's count taken down by one under its row lock, held
+               to the commit (the children's counts locked in (table, id) order)
+               @code runtime/deps.rs::settle */
+            cl[c] = me; mine[c] = cnt[c] - 1
+        };
+        atomic {
+            /* @step count_read: `after` and the parent failed: the child dead-lettered if it
+               still waits; else its count read (this transaction's own), and at 0 the child
+               released if it still waits
+               @code runtime/deps.rs::settle */
+            if
+            :: !so(c) && out == FAILED -> dl[c] = 1
+            :: else ->
+                if
+                :: mine[c] == 0 -> rel[c] = 1; zeros[c]++;
+                    assert(zeros[c] == 1)                                 /* D1 */
+                :: else -> skip
+                fi
+            fi
+        }
+    :: else -> skip
+    fi
+}
+
+/* The settlement's end for child c: rolled back (undo) or committed. */
+inline undo(c) {
+    if
+    :: dep[c] -> wt[2 * c + i] = PENDING
+    :: else -> skip
+    fi;
+    if
+    :: cl[c] == me -> cl[c] = 0
+    :: else -> skip
+    fi;
+    if
+    :: rel[c] -> zeros[c]--
+    :: else -> skip
+    fi
+}
+
+inline commit(c) {
+    if
+    :: dep[c] -> cnt[c] = mine[c]
+    :: else -> skip
+    fi;
+    if
+    :: cl[c] == me -> cl[c] = 0
+    :: else -> skip
+    fi;
+    if
+    :: dl[c] && cst[c] == WAITING -> cst[c] = CDEAD
+    :: rel[c] && cst[c] == WAITING -> release(c)
+    :: else -> skip
+    fi
+}
+
+inline forget() {
+    hl[i] = 0; out = 0; was = 0;
+    dep[0] = 0; dep[1] = 0; mine[0] = 0; mine[1] = 0; rel[0] = 0; rel[1] = 0; dl[0] = 0; dl[1] = 0
+}
+
 proctype settler(byte i) {
-    byte me = i + 1, out, dep, mine, was, rel, dl;
+    byte me = i + 1, out, was;
+    byte mine[2];
+    bit dep[2], rel[2], dl[2];
     do
     :: atomic {
         pst[i] == LIVE && hl[i] == 0 ->
@@ -141,38 +222,18 @@ proctype settler(byte i) {
         :: out = FAILED
         fi;
         hout[i] = out;
-        dep = (wt[i] == PENDING);
+        dep[0] = (wt[i] == PENDING);
+        dep[1] = (wt[2 + i] == PENDING);
         if
-        :: dep -> wt[i] = MARKED
+        :: dep[0] -> wt[i] = MARKED
+        :: else -> skip
+        fi;
+        if
+        :: dep[1] -> wt[2 + i] = MARKED
         :: else -> skip
         fi
        };
-        if
-        :: dep ->
-            atomic {
-                (cl == 0) ->
-                /* @step count_down: the child's count taken down by one under its row lock,
-                   held to the commit
-                   @code runtime/deps.rs::settle */
-                cl = me; mine = cnt - 1
-            };
-            atomic {
-                /* @step count_read: `after` and the parent failed: the child dead-lettered if
-                   it still waits; else its count read (this transaction's own), and at 0 the
-                   child released if it still waits
-                   @code runtime/deps.rs::settle */
-                if
-                :: !SETTLED_ONLY && out == FAILED -> dl = 1
-                :: else ->
-                    if
-                    :: mine == 0 -> rel = 1; zeros++;
-                        assert(zeros == 1)                              /* D1 */
-                    :: else -> skip
-                    fi
-                fi
-            }
-        :: else -> skip
-        fi;
+        count(0); count(1);
         if
         :: atomic {
             aborts < MAXABORT ->
@@ -180,24 +241,13 @@ proctype settler(byte i) {
                nothing of it stays, the parent is live and settled again */
             aborts++;
             hout[i] = was;
-            if
-            :: dep -> wt[i] = PENDING
-            :: else -> skip
-            fi;
-            if
-            :: cl == me -> cl = 0
-            :: else -> skip
-            fi;
-            if
-            :: rel -> zeros--
-            :: else -> skip
-            fi;
-            hl[i] = 0; out = 0; dep = 0; mine = 0; was = 0; rel = 0; dl = 0
+            undo(0); undo(1);
+            forget()
            }
         :: atomic {
             /* @step settle_commit: the parent's row settled (gone, or a dead letter), its head
-               deleted unless a job waits on it, the child's count, release or dead letter
-               written; COMMIT, every lock released
+               deleted unless a job waits on it, the children's counts, releases or dead
+               letters written; COMMIT, every lock released
                @code runtime/deps.rs::settle_in_transaction */
             pst[i] = (out == ACKED -> GONE : DEAD);
             settled_ever[i] = 1;
@@ -206,30 +256,14 @@ proctype settler(byte i) {
             :: else -> skip
             fi;
             if
-            :: !dep -> hout[i] = NONE
+            :: !dep[0] && !dep[1] -> hout[i] = NONE
             :: else -> skip
             fi;
-            if
-            :: dep -> cnt = mine
-            :: else -> skip
-            fi;
-            if
-            :: cl == me -> cl = 0
-            :: else -> skip
-            fi;
-            if
-            :: dl && cst == WAITING -> cst = CDEAD
-            :: rel && cst == WAITING ->
-                cst = READY; released++;
-                assert(released == 1);                                  /* D1 */
-                assert(settled_ever[0] && settled_ever[1]);             /* D2 */
-                assert(SETTLED_ONLY || (acked_ever[0] && acked_ever[1]))
-            :: else -> skip
-            fi;
-            hl[i] = 0; out = 0; dep = 0; mine = 0; was = 0; rel = 0; dl = 0
+            commit(0); commit(1);
+            forget()
            }
         fi
-    :: atomic { pst[i] != LIVE && done >= 2 -> break }
+    :: atomic { pst[i] != LIVE && done >= NC + 1 -> break }
     od;
     atomic { done++ }
 }
@@ -252,20 +286,23 @@ proctype operator() {
     atomic { done++ }
 }
 
-/* D3, and D2's dead letter that never runs (the child's row changes only from WAITING) */
+/* D3, and D2's dead letter that never runs (a child's row changes only from WAITING) */
 active proctype checker() {
-    done == 4;
+    done == NC + 3;
     atomic {
-        assert(cst != WAITING);
-        assert(hl[0] == 0 && hl[1] == 0 && cl == 0);
-        assert(released <= 1)
+        assert(cst[0] != WAITING && cst[1] != WAITING);
+        assert(hl[0] == 0 && hl[1] == 0 && cl[0] == 0 && cl[1] == 0);
+        assert(released[0] <= 1 && released[1] <= 1)
     }
 }
 
 init {
     atomic {
         run operator();
-        run publisher();
+        run publisher(0);
+#if NC > 1
+        run publisher(1);
+#endif
         run settler(0);
         run settler(1)
     }
