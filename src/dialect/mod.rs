@@ -925,6 +925,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// held now, by any session, the one asking included (operators' counts, and a claim's
     /// count past a lowered max; taking none). Default: those held through the in-process
     /// registry; none without one.
+    ///
+    /// Modelled in model/limits.pml (take_slots).
     fn slots_held(
         &self,
         _conn: &mut dyn DbConn,

@@ -317,6 +317,8 @@ impl Settling<'_> {
     /// own waits are forgotten, but a dead letter's, which a requeue reads again. Its head is
     /// deleted in the same transaction unless jobs wait on it, or the row cannot tell the
     /// outcome any more (`left` [`Left::Gone`], and not acked: a cancel that removed the row).
+    ///
+    /// Modelled in model/deps.pml (settle_head, count_down, count_read, settle_commit).
     #[allow(clippy::too_many_arguments)]
     pub fn settle(
         &self,
@@ -470,6 +472,8 @@ pub(crate) struct Named<'a> {
 /// for a job whose row is finished or gone holds nothing anyone needs: deleted again. If jobs
 /// still wait on such a job (its row went without a settlement: deleted by hand), it is
 /// settled here, as its row tells, so they and the new job get one answer.
+///
+/// Modelled in model/deps.pml (publish_read).
 fn outcome_of(
     deps: &DepsSql,
     named: &Named<'_>,
@@ -531,6 +535,8 @@ pub(crate) struct Waits {
 impl Waits {
     /// Locks the heads of the `named` jobs (in `(table, id)` order: the order every publish
     /// takes them in) and reads their outcomes, on `conn` inside the publish's transaction.
+    ///
+    /// Modelled in model/deps.pml (publish_read).
     pub fn read(
         sql: &TableSql,
         others: &dyn OtherTables,
@@ -584,6 +590,8 @@ impl Waits {
 
     /// Writes the new job `child`'s waits and its count (inserted with [`waiting_due`] as its
     /// due time when [`Waits::waiting`]) and, if a job it waits on failed, dead-letters it.
+    ///
+    /// Modelled in model/deps.pml (publish_write).
     pub fn write(
         &self,
         spec: &TableSpec,
@@ -693,6 +701,8 @@ pub(crate) fn left_by(spec: &TableSpec, outcome: &str) -> Left {
 /// outcome does, if it changed the row: the output written to the row ([`settled_with_output`]) and
 /// what it does for the jobs waiting on the row ([`settled`]). `settled` is the outcome;
 /// `None` for a row sent back, which a cancel request may have finished instead (read back).
+///
+/// Modelled in model/deps.pml (settle_commit).
 pub(crate) fn settle_in_transaction(
     q: &crate::runtime::Queue,
     conn: &mut dyn DbConn,
@@ -894,6 +904,8 @@ pub(crate) enum Requeued {
 /// publish reads it (under its head's lock): ready if each has settled as its wait asks,
 /// waiting while one has not. If one it waits on with `after` is dead or cancelled,
 /// [`Requeued::ParentFailed`]: the caller rolls back, and nothing changed.
+///
+/// Modelled in model/deps.pml (requeue).
 pub(crate) fn requeue(
     spec: &TableSpec,
     sql: &TableSql,

@@ -554,6 +554,8 @@ pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
 /// in its record, which every claim of the table reads: followed by each broker's next claim.
 /// The record is rewritten only where it is still the one read (a compare and swap on its
 /// text and time), and read again if another writer came first.
+///
+/// Modelled in model/limits.pml (change).
 pub(crate) fn set_limit(q: &Queue, key: &str, max: Option<u32>) -> Result<()> {
     use crate::model::table::{check_concurrency, record::with_limit_set};
     let bad = |reason: String| BrokerError::InvalidOption {
