@@ -787,7 +787,13 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                 if server { 2 } else { 0 },
                 if lease { 5 } else { 2 },
                 2,
-                if server { 2 } else { 0 },
+                // A silence longer than a lease, with a settlement sent in it, is where the
+                // lease form's fence shows: more of them there.
+                match (server, lease) {
+                    (false, _) => 0,
+                    (true, true) => 4,
+                    (true, false) => 2,
+                },
             ];
             match r.weighted(&weights) {
                 0 => {
@@ -871,7 +877,7 @@ pub fn faults(world: World, targets: Arc<Targets>, ledger: Ledger, stop: Stop) -
                     let Some(hole) = &targets.hole else { continue };
                     let t0 = now_micros();
                     hole.swallow();
-                    std::thread::sleep(Duration::from_millis(800 + r.below(1700)));
+                    std::thread::sleep(Duration::from_millis(800 + r.below(2200)));
                     hole.pass();
                     ledger.push(Ev {
                         t0,
