@@ -19,6 +19,8 @@
 //!   deadlock's victim (made on cue) runs again.
 //! - A callback reads the settlement that released it (outcome and output), even after that
 //!   job was requeued and settled again.
+//! - Jobs waiting on a job whose table was dropped by hand are settled: by a later publish
+//!   naming it, or by the sweeper.
 
 mod common;
 
@@ -593,3 +595,48 @@ fn a_callback_reads_the_settlement_that_released_it(db: Db, form: Form) {
     forget(&l, &t);
 }
 per_db_form!(a_callback_reads_the_settlement_that_released_it);
+
+/// Jobs already waiting on a job whose table was dropped by hand (its record left) get the
+/// answer a later publish gets (cancelled: an `after` dead-lettered, an `after_settled`
+/// released): the later publish settles them, and, with none, the sweeper does. Fails
+/// (`waiting before the drop, after a later publish`: still `Waiting`) with the publish
+/// answering for itself alone, and on PostgreSQL (`left waiting by the sweeper`) with the
+/// sweeper reading the gone table inside its transaction, which the failed read aborts.
+fn jobs_waiting_on_a_table_dropped_by_hand_are_settled(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let waiting = table(&l, Form::Lease);
+    let charges = table(&l, Form::Lease);
+    let a = l.broker.publish(&charges, message("a")).unwrap();
+    let b = l.broker.publish(&charges, message("b")).unwrap();
+    let on_a = l
+        .broker
+        .publish(&waiting, message("x").after_in(&charges, a))
+        .unwrap();
+    let on_b = l
+        .broker
+        .publish(&waiting, message("y").after_settled_in(&charges, b))
+        .unwrap();
+    l.exec(&format!("DROP TABLE {}", charges.name()));
+    // A later publish naming `a` settles what waits on it.
+    l.broker
+        .publish(&waiting, message("z").after_in(&charges, a))
+        .unwrap();
+    assert_eq!(
+        state(&l, &waiting, on_a),
+        Some(JobState::Dead),
+        "waiting before the drop, after a later publish"
+    );
+    // Nothing names `b` again: the sweeper settles it (a round in 5 s, checked after 2 s).
+    let settled = common::wait_for(Duration::from_secs(30), || {
+        state(&l, &waiting, on_b) == Some(JobState::Ready)
+    });
+    assert!(settled, "left waiting by the sweeper");
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_tables WHERE name = '{}'",
+        charges.name()
+    ));
+    for t in [&charges, &waiting] {
+        forget(&l, t);
+    }
+}
+per_db!(jobs_waiting_on_a_table_dropped_by_hand_are_settled);

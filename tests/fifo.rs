@@ -618,30 +618,50 @@ per_db_fifo!(fifo_one_handler_never_holds_two_rows_of_a_group);
 per_db_fifo!(fifo_row_committed_behind_one_in_work_waits);
 
 /// A group's next row is claimed as soon as its head is acked, not at the next poll: one group
-/// of 6 rows, one subscription polling every 3 s, runs in well under one poll interval. Fails
-/// (`6 rows of one group took ..`: about 15 s, a poll per row) with the ack of a FIFO table
-/// waking no claimer.
+/// of 6 rows, one subscription polling every 3 s, runs in well under one poll interval, acked
+/// one by one, through `Delivery::ack_all`, and (lease) deferred. Fails (`6 rows of one group
+/// took ..`: about 15 s, a poll per row) with the ack of a FIFO table waking no claimer
+/// (PostgreSQL lease), and (`.. ack_all` / `.. deferred`) with the batch's and the deferred
+/// writer's commits waking none.
 fn fifo_next_row_of_a_group_follows_its_ack(db: Db, kind: Kind) {
     let Some(live) = common::live(db) else { return };
-    let t = fifo_table(&live, kind);
-    publish_groups(&live.broker, &t, 1, 6);
-    let sub = live
-        .broker
-        .subscription(&t)
-        .poll_interval(Duration::from_secs(3))
-        .start()
-        .unwrap();
-    let start = Instant::now();
-    for want in 0..6 {
-        let d = sub.next_delivery_timeout(Duration::from_secs(20)).unwrap();
-        assert_eq!(seq(&d), want, "publish order");
-        d.ack().unwrap();
+    let mut ways = vec!["ack", "ack_all"];
+    if kind == Kind::Lease {
+        ways.push("deferred");
     }
-    let took = start.elapsed();
-    sub.shutdown(Duration::from_secs(10)).unwrap();
-    assert!(
-        took < Duration::from_millis(2_500),
-        "6 rows of one group took {took:?} under a 3 s poll"
-    );
+    for way in ways {
+        let t = fifo_table(&live, kind);
+        publish_groups(&live.broker, &t, 1, 6);
+        let sub = live
+            .broker
+            .subscription(&t)
+            .poll_interval(Duration::from_secs(3));
+        let sub = match way {
+            "deferred" => sub.ack_mode(sqlbroker::AckMode::Deferred {
+                within: Duration::from_millis(20),
+            }),
+            _ => sub,
+        };
+        let sub = sub.start().unwrap();
+        let start = Instant::now();
+        for want in 0..6 {
+            let d = sub.next_delivery_timeout(Duration::from_secs(20)).unwrap();
+            assert_eq!(seq(&d), want, "publish order");
+            match way {
+                "ack_all" => {
+                    for r in sqlbroker::Delivery::ack_all(vec![d]) {
+                        r.unwrap();
+                    }
+                }
+                _ => d.ack().unwrap(),
+            }
+        }
+        let took = start.elapsed();
+        sub.shutdown(Duration::from_secs(10)).unwrap();
+        assert!(
+            took < Duration::from_millis(2_500),
+            "6 rows of one group took {took:?} under a 3 s poll, acked by {way}"
+        );
+    }
 }
 per_db_fifo!(fifo_next_row_of_a_group_follows_its_ack);

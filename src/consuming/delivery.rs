@@ -621,6 +621,7 @@ impl Delivery {
             let within = ctx.queue.pool.connection_timeout();
             let started = Instant::now();
             let results = form::lease::ack_all(ctx, cells, within);
+            wake_claimers(ctx, false);
             ctx.queue.meters.settle_took(started.elapsed());
             for (i, r) in at.iter().zip(results) {
                 let handed_at = batch[*i].handed_at;
@@ -821,13 +822,7 @@ fn settle_hold(
         None => None,
     };
     let r = form::settle(ctx, row.id, hold, outcome, output.as_deref(), within);
-    // A row back in the queue, or room made under a concurrency limit: a claimer may take a
-    // row now rather than at its next poll. (Or, with dependencies, a job waiting on this one
-    // released; with FIFO groups, the group's next row free.)
-    let spec = ctx.spec();
-    if returned || !spec.limits.is_empty() || spec.dependencies || spec.fifo {
-        ctx.queue.wake.notify(1);
-    }
+    wake_claimers(ctx, returned);
     let meters = &ctx.queue.meters;
     meters.settle_took(started.elapsed());
     let lost = r.as_ref().is_err_and(BrokerError::is_lease_lost);
@@ -853,6 +848,16 @@ fn settle_hold(
     r
 }
 
+/// After a settlement: a row back in the queue (`returned`), room made under a concurrency
+/// limit, a job waiting on this one released, a FIFO group's next row free: a claimer may take
+/// a row now rather than at its next poll.
+fn wake_claimers(ctx: &Ctx, returned: bool) {
+    let spec = ctx.spec();
+    if returned || !spec.limits.is_empty() || spec.dependencies || spec.fifo {
+        ctx.queue.wake.notify(1);
+    }
+}
+
 /// Writes a batch of deferred acks of one subscription (its ack thread's flush): one
 /// statement per batch, as `ack_all`; tells the hooks about each row. A row whose ack could
 /// not be written is failed with that error as its last error, where the database takes that
@@ -864,6 +869,7 @@ pub(crate) fn write_deferred(batch: &[Pending]) {
     let within = ctx.queue.pool.connection_timeout();
     let started = Instant::now();
     let results = form::lease::ack_all(ctx, &cells, within);
+    wake_claimers(ctx, false);
     let took = started.elapsed();
     for (p, r) in batch.iter().zip(results) {
         let e = Settled {

@@ -481,9 +481,6 @@ fn outcome_of(
     conn: &mut dyn DbConn,
     at: i64,
 ) -> Result<(Option<String>, Option<Value>), DbError> {
-    if named.gone {
-        return Ok((Some(CANCELLED.to_string()), None));
-    }
     let job = [
         Value::Text(named.table.to_string()),
         Value::Int(named.parent.id),
@@ -493,6 +490,29 @@ fn outcome_of(
     let recorded = conn.query(&deps.head_read, &job)?;
     if let Some(outcome) = recorded.first().and_then(|r| text(r.first())) {
         return Ok((Some(outcome), None));
+    }
+    // Its table dropped by hand (its record left): cancelled, for the jobs already waiting on
+    // it too, settled here as the sweeper would, so every job named it gets one answer.
+    if named.gone {
+        if conn.query(&deps.dependents, &job)?.is_empty() {
+            conn.execute(&deps.unhead, &job)?;
+        } else {
+            let settling = Settling {
+                deps,
+                own: None,
+                others,
+                gone: Some(named.table),
+            };
+            settling.settle(
+                conn,
+                named.table,
+                named.parent.id,
+                CANCELLED,
+                None,
+                Left::Gone,
+            )?;
+        }
+        return Ok((Some(CANCELLED.to_string()), None));
     }
     let state = row_state(named.waiting, conn, named.parent.id)?;
     let Some(outcome) = state.outcome() else {

@@ -97,7 +97,7 @@ pub(crate) struct Queue {
     /// Tables with dependencies: other tables whose jobs wait on this one's.
     pub others: crate::runtime::deps::Others,
     /// The record's text as a subscription's pause check last compared it with this
-    /// description ([`registry::unenforced`](crate::runtime::registry::unenforced)).
+    /// description ([`registry::unenforced`]).
     pub record_seen: Mutex<Option<String>>,
 }
 

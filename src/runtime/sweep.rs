@@ -522,6 +522,13 @@ impl Sweep<'_> {
             Ok(w) => w,
             Err(job) => return Ok(job),
         };
+        // Read inside the settlement's transaction: a statement on a table dropped by hand
+        // (its record left) would abort it on PostgreSQL, and `failed`'s check with it, every
+        // round. Asked first, the table's absence is an answer.
+        if !self.exists(conn, table)? {
+            self.tables.forget(table);
+            return Ok(Job::TableGone);
+        }
         match row_state(&waiting, conn, id) {
             Ok(state) => Ok(Job::Row(state)),
             Err(e) => self.failed(conn, table, e),
