@@ -439,16 +439,25 @@ impl Ctx {
     }
 
     /// [`Ctx::claim_conn`] for a claim worker's claim (`by` `None`), which read the pause flag
-    /// before it waited for the connection: `None` also if that read is now older than a poll
-    /// interval (a connection slow to come, a database that stopped answering a moment), so no
-    /// claim runs on a flag older than that; the worker reads it again. A claim on a handler's
-    /// thread (`by`) has checked the flag itself.
+    /// before it waited for the connection: if that read is now older than a poll interval (a
+    /// connection slow to come, a database that stopped answering a moment), the flag is read
+    /// again on the connection itself, and the claim runs only if the table is not paused
+    /// (`None` otherwise, and if the read fails: the worker's loop reads it again). So no claim
+    /// starts on a flag older than a poll interval, and a claim whose connection is always
+    /// slow to come (a pool run dry) still runs. A claim on a handler's thread (`by`) has
+    /// checked the flag itself.
     pub fn claim_conn_checked(&self, by: Option<Instant>) -> Result<Option<ClaimConn>> {
         let conn = self.claim_conn(by)?;
-        if by.is_none() && self.queue.wake.pause.too_old(self.opts.poll_interval) {
-            return Ok(None);
+        if by.is_some() || !self.queue.wake.pause.too_old(self.opts.poll_interval) {
+            return Ok(conn);
         }
-        Ok(conn)
+        let Some(mut conn) = conn else {
+            return Ok(None);
+        };
+        match crate::runtime::registry::read_paused(&self.queue, &mut *conn) {
+            Ok(false) => Ok(Some(conn)),
+            _ => Ok(None),
+        }
     }
 
     /// A connection for a claim, or `None` once the subscription stops: waits in short steps so
