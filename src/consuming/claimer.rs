@@ -197,7 +197,13 @@ fn read_pause(ctx: &Ctx) -> Pause {
                 .map_err(|e| e.to_string())
         }
         Ok(None) => Err("the subscription is closing".to_string()),
-        Err(e) => Err(e.to_string()),
+        // No connection (a pool run dry): the worker claims nothing until it reads the flag,
+        // and says why, as a claim that found no connection would.
+        Err(e) => {
+            let text = e.to_string();
+            ctx.set_error(e);
+            Err(text)
+        }
     };
     ctx.claiming.fetch_sub(1, Ordering::Relaxed);
     let found = match found {
