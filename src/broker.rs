@@ -590,6 +590,13 @@ impl Broker {
             return Ok(q.clone());
         }
         let spec = table.validate()?;
+        // A subscription's view of some queues or kinds compiles its own claims, and shares
+        // with the table the keys this broker's sessions hold (a session's advisory lock is
+        // its own again, so a view that did not know the table's would take a key twice).
+        let held_here = match table.claim_only() {
+            Some(_) => Some(self.compiled(&table.whole())?.held_here.clone()),
+            None => None,
+        };
         let sql = self.inner.dialect.compile(&spec);
         let wake = self
             .inner
@@ -598,14 +605,18 @@ impl Broker {
             .entry(spec.name.clone())
             .or_default()
             .clone();
-        let q = Arc::new(Queue::new(
+        let mut q = Queue::new(
             spec,
             sql,
             self.inner.dialect.clone(),
             self.inner.pool.clone(),
             wake,
             self.inner.statement_timeout,
-        ));
+        );
+        if let Some(h) = held_here {
+            q.held_here = h;
+        }
+        let q = Arc::new(q);
         Ok(self
             .inner
             .queues

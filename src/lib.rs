@@ -452,7 +452,7 @@ pub use error::{
     BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, OUTPUT_MAX,
 };
 pub use model::retry::RetryPolicy;
-pub use model::table::{ColumnType, Form, Isolation, Role, Table};
+pub use model::table::{ColumnType, Form, Isolation, Role, Table, DEFAULT_QUEUE, MAX_NAME_LEN};
 pub use model::value::Value;
 pub use model::waits::{Dependency, JobOutcome};
 pub use operating::actions::{ActionEntry, ACTION_TEXT_MAX};

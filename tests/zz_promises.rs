@@ -10,8 +10,10 @@
 //! - `PROMISES_SEED=<n>`: run that seed only (on every database x form, or those named by
 //!   `PROMISES_ONLY=postgres_lease,mysql_advisory`).
 //! - `PROMISES_SEEDS=<n>`: seeds per database x form besides the fixed ones (default 1, a random
-//!   seed, printed); `PROMISES_SECS=<s>`: each history's active time (default 4); both make a
-//!   soak on a quiet machine (RELIABILITY.md).
+//!   seed, printed); `PROMISES_SECS=<s>`: each history's active time (default 4, or 600 with
+//!   `PROMISES_STEPS`); `PROMISES_STEPS=<n>`: each history ends its active part once the producer
+//!   has made `n` publishes (or its seconds are up); they make a soak on a quiet machine
+//!   (RELIABILITY.md).
 //!
 //! The binary's `zz_` name runs it after the other test binaries; it runs with
 //! `SQLBROKER_SLOW_TESTS=1` or `SQLBROKER_REQUIRE_SERVERS=1` (as in `.ci/run`), else skips
@@ -35,12 +37,19 @@ fn promise_worker_process() {
     promises::actors::child_main();
 }
 
-fn secs() -> Duration {
+/// `PROMISES_SECS` and `PROMISES_STEPS`.
+fn budget() -> promises::Budget {
+    let steps = std::env::var("PROMISES_STEPS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
     let s = std::env::var("PROMISES_SECS")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(4.0);
-    Duration::from_secs_f64(s)
+        .unwrap_or(if steps.is_some() { 600.0 } else { 4.0 });
+    promises::Budget {
+        secs: Duration::from_secs_f64(s),
+        steps,
+    }
 }
 
 /// The seeds to run: `PROMISES_SEED` alone, or the fixed ones and `PROMISES_SEEDS` random ones.
@@ -84,7 +93,7 @@ fn cell(db: Db, form: Form) {
     promises::quiet_handler_panics();
     let mut failed = Vec::new();
     for seed in seeds() {
-        let Some(out) = promises::run(db, form, seed, secs()) else {
+        let Some(out) = promises::run(db, form, seed, budget()) else {
             return;
         };
         println!(

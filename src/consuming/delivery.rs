@@ -193,6 +193,26 @@ impl Delivery {
             .and_then(|i| self.values.get(i))
     }
 
+    /// The named queue of the row ([`Table::queues`](crate::Table::queues)):
+    /// [`DEFAULT_QUEUE`](crate::DEFAULT_QUEUE) on a table without queues. Reads no database.
+    pub fn queue(&self) -> &str {
+        let spec = self.ctx.spec();
+        match spec.queue.and_then(|i| self.values.get(i)) {
+            Some(Value::Text(q)) => q,
+            _ => crate::model::table::DEFAULT_QUEUE,
+        }
+    }
+
+    /// The job kind of the row ([`Table::kinds`](crate::Table::kinds)), `None` on a table
+    /// without kinds or for a row published without one. Reads no database.
+    pub fn kind(&self) -> Option<&str> {
+        let spec = self.ctx.spec();
+        match spec.kind.and_then(|i| self.values.get(i)) {
+            Some(Value::Text(k)) => Some(k),
+            _ => None,
+        }
+    }
+
     /// The trace context the row was published with, a W3C `traceparent`, on a table described
     /// with [`Table::traceparent`](crate::Table::traceparent): what
     /// [`Message::traceparent`](crate::Message::traceparent) gave, or with the `opentelemetry`

@@ -1,6 +1,5 @@
 //! A running subscription: its options, the `next_delivery` family, and shutdown.
 
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +13,7 @@ use crate::consuming::form;
 use crate::consuming::outcome::{self, Outcome, Ran};
 use crate::error::{BrokerError, NextError, Result};
 use crate::model::retry::RetryPolicy;
-use crate::model::table::{Form, Table};
+use crate::model::table::{ClaimOnly, Form, Table};
 use crate::runtime::deferred::DeferredAcks;
 use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
@@ -57,7 +56,11 @@ pub struct SubscriptionBuilder<'a> {
     queue: Result<Arc<Queue>>,
     renewer: Arc<Renewer>,
     listener: Option<Arc<Listener>>,
-    _broker: PhantomData<&'a ()>,
+    /// The broker and the table, to compile a view of some queues or kinds at `start`.
+    view: Option<(&'a Broker, Table)>,
+    /// The queues and kinds the claims take ([`SubscriptionBuilder::queues`],
+    /// [`SubscriptionBuilder::kinds`]).
+    only: ClaimOnly,
     workers: usize,
     batch: usize,
     max_in_flight: Option<usize>,
@@ -136,7 +139,8 @@ impl<'a> SubscriptionBuilder<'a> {
             queue,
             renewer,
             listener,
-            _broker: PhantomData,
+            view: None,
+            only: ClaimOnly::default(),
             workers: 1,
             batch: 10,
             max_in_flight: None,
@@ -155,6 +159,35 @@ impl<'a> SubscriptionBuilder<'a> {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn without_claim_workers(mut self) -> Self {
         self.claim_workers = false;
+        self
+    }
+
+    /// Claims only rows of the named queues, on a table described with
+    /// [`Table::queues`](crate::Table::queues) (without it: every queue). Each name is checked
+    /// as [`Message::queue`](crate::Message::queue)'s; a table without queues, an empty list
+    /// or a bad name is refused by [`start`](SubscriptionBuilder::start)
+    /// ([`BrokerError::InvalidTable`]). The claims read the queue's index, in the table's
+    /// order (priority, due time, id) across the queues named; FIFO groups, limits and
+    /// fairness stay the table's, across its queues.
+    pub fn queues<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.only.queues = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Claims only rows of the named job kinds, on a table described with
+    /// [`Table::kinds`](crate::Table::kinds) (without it: every kind, and rows of none), as
+    /// [`queues`](SubscriptionBuilder::queues) does for queues. A [`Worker`](crate::Worker)
+    /// names the kinds it has handlers for.
+    pub fn kinds<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.only.kinds = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
@@ -329,7 +362,12 @@ impl<'a> SubscriptionBuilder<'a> {
     /// nothing is started then.
     pub fn start(self) -> Result<Subscription> {
         self.check()?;
-        let queue = self.queue?;
+        let queue = match (&self.view, self.only != ClaimOnly::default()) {
+            (Some((broker, table)), true) => {
+                broker.queue(&table.clone().claiming_only(self.only.clone()))
+            }
+            _ => self.queue,
+        }?;
         let form = queue.spec.form;
         if form != Form::Lease && self.ack_mode != AckMode::Durable {
             return Err(BrokerError::InvalidOption {
@@ -1155,6 +1193,8 @@ impl<'a> IntoIterator for &'a Subscription {
 impl Broker {
     /// Starts describing a subscription to `table`.
     pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {
-        SubscriptionBuilder::new(self.queue(table), self.renewer(), self.listener())
+        let mut b = SubscriptionBuilder::new(self.queue(table), self.renewer(), self.listener());
+        b.view = Some((self, table.clone()));
+        b
     }
 }

@@ -364,10 +364,46 @@ impl Syntax {
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
     pub fn ready(&self, spec: &TableSpec, now: &str) -> String {
         format!(
-            "{} IS NULL AND {} <= {now}",
+            "{} IS NULL AND {} <= {now}{}",
             self.q(&spec.dead_at),
-            self.q(&spec.run_at)
+            self.q(&spec.run_at),
+            self.only(spec)
         )
+    }
+
+    /// A subscription's view ([`TableSpec::only`]): ` AND <column> IN ('a', 'b')` per column it
+    /// narrows, the names as literals (each checked by `check_name`: letters, digits and
+    /// `_.:-` only), so the statement stays one text per subscription; empty for the whole
+    /// table.
+    pub fn only(&self, spec: &TableSpec) -> String {
+        let mut out = String::new();
+        for (col, values) in &spec.only {
+            let Some(c) = spec.columns.get(*col) else {
+                continue;
+            };
+            let list: Vec<String> = values.iter().map(|v| standard_literal(v)).collect();
+            out.push_str(&format!(
+                " AND {} IN ({})",
+                self.q(&c.name),
+                list.join(", ")
+            ));
+        }
+        out
+    }
+
+    /// Tables with queues ([`Table::queues`](crate::Table::queues)): `CREATE INDEX IF NOT
+    /// EXISTS <table>_queue ON <table> (queue, <claim order>) WHERE dead_at IS NULL`, so a
+    /// claim of one queue reads only its rows (PostgreSQL, SQLite).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub fn queue_index(&self, spec: &TableSpec) -> Option<String> {
+        let c = self.q(&spec.columns.get(spec.queue?)?.name);
+        Some(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ({c}, {}) WHERE {} IS NULL",
+            self.q(&format!("{}_queue", spec.name)),
+            self.q(&spec.name),
+            self.order(spec),
+            self.q(&spec.dead_at)
+        ))
     }
 
     /// [`Syntax::ready`] as a check of a row already found by id, in a form no index can
@@ -532,6 +568,7 @@ impl Syntax {
             // Text, nullable: publish writes 55 checked characters or `NULL`.
             cols.push(def(c, ty.text));
         }
+        let queue = spec.queue.and_then(|i| spec.columns.get(i));
         for c in &spec.columns {
             let t = match c.ty {
                 ColumnType::Text => ty.text,
@@ -540,6 +577,18 @@ impl Syntax {
                 ColumnType::Bytes => ty.bytes,
                 ColumnType::Time => ty.time,
             };
+            if queue.is_some_and(|q| q.name == c.name) {
+                // Rows published by a service that does not describe queues, or inserted by
+                // hand, are in the default queue; `migrate` adds the column without rewriting
+                // the rows where the database can (a constant default).
+                let t = format!(
+                    "{} NOT NULL DEFAULT {}",
+                    t.strip_suffix(" NULL").unwrap_or(t),
+                    standard_literal(crate::model::table::DEFAULT_QUEUE)
+                );
+                cols.push(def(&c.name, &t));
+                continue;
+            }
             cols.push(def(&c.name, t));
         }
         cols
@@ -592,6 +641,7 @@ impl Syntax {
         }
         ddl.extend(self.leased_index(spec));
         ddl.extend(self.fair_index(spec));
+        ddl.extend(self.queue_index(spec));
         // Last, so the statements before keep their places.
         ddl.push(self.dead_index(spec));
         ddl

@@ -96,9 +96,15 @@ pub enum Role {
     /// The W3C trace context of the publish (`traceparent`, text, `NULL` when the publish gave
     /// none), tables with [`Table::traceparent`] only.
     Traceparent,
+    /// The named queue a row belongs to (`queue`, text, `'default'` unless the publish named
+    /// one), tables with [`Table::queues`] only.
+    Queue,
+    /// The row's job kind (`kind`, text, `NULL` when the publish named none), tables with
+    /// [`Table::kinds`] only.
+    Kind,
 }
 
-const ROLES: [Role; 17] = [
+const ROLES: [Role; 19] = [
     Role::Id,
     Role::Payload,
     Role::Attempts,
@@ -116,6 +122,8 @@ const ROLES: [Role; 17] = [
     Role::Output,
     Role::Checkpoint,
     Role::Traceparent,
+    Role::Queue,
+    Role::Kind,
 ];
 
 impl Role {
@@ -139,6 +147,8 @@ impl Role {
             Role::Output => "output",
             Role::Checkpoint => "checkpoint",
             Role::Traceparent => "traceparent",
+            Role::Queue => "queue",
+            Role::Kind => "kind",
         }
     }
 
@@ -224,7 +234,7 @@ impl Isolation {
 pub struct Table {
     name: String,
     columns: Vec<(String, ColumnType)>,
-    renames: [Option<String>; 17],
+    renames: [Option<String>; 19],
     lease: Option<Duration>,
     advisory: Option<String>,
     group: Option<String>,
@@ -248,6 +258,46 @@ pub struct Table {
     checkpoints: bool,
     /// Rows carry the trace context of their publish ([`Table::traceparent`]).
     traceparent: bool,
+    /// Rows belong to named queues ([`Table::queues`]).
+    queues: bool,
+    /// Rows carry a job kind ([`Table::kinds`]).
+    kinds: bool,
+    /// A subscription's view: the queues and kinds its claims take (`None`: all). Never
+    /// recorded; two views of one table are one table to everything but the claims.
+    only: Option<Box<ClaimOnly>>,
+}
+
+/// The rows a subscription's claims take: of these queues, of these kinds (`None`: any).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct ClaimOnly {
+    pub queues: Option<std::collections::BTreeSet<String>>,
+    pub kinds: Option<std::collections::BTreeSet<String>>,
+}
+
+/// The queue of a row whose publish named none ([`Table::queues`]).
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// The longest name of a queue or a job kind.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Checks a queue's or a kind's name: 1 to [`MAX_NAME_LEN`] characters of `A-Z a-z 0-9 _ . : -`.
+/// Such a name is written into the claims' SQL as a literal, so nothing else may pass.
+pub(crate) fn check_name(what: &str, name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "a {what} name has 1 to {MAX_NAME_LEN} characters, not {}",
+            name.chars().count()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
+    {
+        return Err(format!(
+            "a {what} name is made of A-Z, a-z, 0-9, '_', '.', ':' and '-', not {c:?}"
+        ));
+    }
+    Ok(())
 }
 
 impl Table {
@@ -291,6 +341,9 @@ impl Table {
             outputs: false,
             checkpoints: false,
             traceparent: false,
+            queues: false,
+            kinds: false,
+            only: None,
         }
     }
 
@@ -727,6 +780,85 @@ impl Table {
         self
     }
 
+    /// Named queues in one table: a text column `queue` (renamable, [`Role::Queue`]; `NOT
+    /// NULL DEFAULT 'default'`), which [`Message::queue`](crate::Message::queue) sets
+    /// ([`DEFAULT_QUEUE`] when the publish names none) and
+    /// [`Delivery::queue`](crate::Delivery::queue) reads. A subscription claims the rows of
+    /// the queues it names ([`SubscriptionBuilder::queues`](crate::SubscriptionBuilder::queues);
+    /// all without it), through an index led by the queue; FIFO groups, priorities, limits,
+    /// fairness and dependencies work as in any table, over all its queues (a limit per queue
+    /// is a limit keyed by it: `concurrency_limit("{queue}", 4)`). Made by
+    /// [`create_table`](crate::Broker::create_table), added by
+    /// [`migrate`](crate::Broker::migrate) with its index; an existing column is adopted with
+    /// [`Table::rename`]`(Role::Queue, "group")`.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").queues();
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"hi".to_vec()).queue("emails"))?;
+    /// broker.publish(&jobs, Message::new(b"resize".to_vec()).queue("images"))?;
+    /// let emails = broker.subscription(&jobs).queues(["emails"]).start()?;
+    /// let d = emails.next_delivery().unwrap();
+    /// assert_eq!((d.queue(), d.payload()), ("emails", &b"hi"[..]));
+    /// d.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn queues(mut self) -> Self {
+        self.queues = true;
+        self
+    }
+
+    /// Job kinds in one table: a text column `kind` (renamable, [`Role::Kind`]; nullable),
+    /// which [`Message::kind`](crate::Message::kind) sets and
+    /// [`Delivery::kind`](crate::Delivery::kind) reads. A [`Worker`](crate::Worker) claims only
+    /// the kinds it has handlers for, so services with different handlers share the table; a
+    /// row of a kind no running worker handles stays ready (and
+    /// [`Broker::kind_stats`](crate::Broker::kind_stats) counts it). A row published with no
+    /// kind is claimed only by subscriptions that name no kinds.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").kinds();
+    /// broker.create_table(&jobs)?;
+    /// broker.publish(&jobs, Message::new(b"a@example.com".to_vec()).kind("welcome_email"))?;
+    /// let sub = broker.subscription(&jobs).kinds(["welcome_email"]).start()?;
+    /// assert_eq!(sub.next_delivery().unwrap().kind(), Some("welcome_email"));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn kinds(mut self) -> Self {
+        self.kinds = true;
+        self
+    }
+
+    /// This description as a subscription's view: its claims take only rows of `only`'s
+    /// queues and kinds. Everything else (the record, the cache of wake-ups) sees the table.
+    pub(crate) fn claiming_only(mut self, only: ClaimOnly) -> Self {
+        self.only = (only != ClaimOnly::default()).then(|| Box::new(only));
+        self
+    }
+
+    /// The view's queues and kinds ([`Table::claiming_only`]), if it has any.
+    pub(crate) fn claim_only(&self) -> Option<&ClaimOnly> {
+        self.only.as_deref()
+    }
+
+    /// This description without a subscription's view.
+    pub(crate) fn whole(&self) -> std::borrow::Cow<'_, Table> {
+        match self.only {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(_) => {
+                let mut t = self.clone();
+                t.only = None;
+                std::borrow::Cow::Owned(t)
+            }
+        }
+    }
+
     /// Adds a column of the user's, of type `ty`, which messages set and deliveries read.
     pub fn column(mut self, name: impl Into<String>, ty: ColumnType) -> Self {
         self.columns.push((name.into(), ty));
@@ -923,6 +1055,16 @@ impl Table {
         self.traceparent
     }
 
+    /// True if described with [`queues`](Table::queues).
+    pub fn has_queues(&self) -> bool {
+        self.queues
+    }
+
+    /// True if described with [`kinds`](Table::kinds).
+    pub fn has_kinds(&self) -> bool {
+        self.kinds
+    }
+
     /// The form the description chooses.
     pub fn form(&self) -> Form {
         if self.advisory.is_some() {
@@ -946,6 +1088,9 @@ impl Table {
             table: self.name.clone(),
             reason,
         };
+        if self.queues || self.kinds || self.only.is_some() {
+            return self.validate_named(bad);
+        }
         check_ident(&self.name, 48).map_err(|e| bad(format!("table name: {e}")))?;
         if self.lease.is_some() && self.advisory.is_some() {
             return Err(bad(
@@ -964,6 +1109,7 @@ impl Table {
                 || (*role == Role::Output && !self.outputs)
                 || (*role == Role::Checkpoint && !self.checkpoints)
                 || (*role == Role::Traceparent && !self.traceparent)
+                || matches!(role, Role::Queue | Role::Kind)
             {
                 continue;
             }
@@ -1082,7 +1228,57 @@ impl Table {
             rates,
             fair,
             dependencies: self.dependencies,
+            queue: None,
+            kind: None,
+            only: Vec::new(),
         })
+    }
+
+    /// [`Table::validate`] of a table with queues or kinds: they are text columns of the
+    /// user's to everything but the claims' view (so a key template, a FIFO group or a limit
+    /// may read them), appended after the user's own, or the user's own column of that name.
+    fn validate_named(&self, bad: impl Fn(String) -> BrokerError) -> Result<TableSpec> {
+        let mut plain = self.clone();
+        plain.queues = false;
+        plain.kinds = false;
+        plain.only = None;
+        let mut named = |on: bool, role: Role| -> Option<String> {
+            let name = on.then(|| self.role_name(role))?;
+            if !plain.columns.iter().any(|(c, _)| *c == name) {
+                plain.columns.push((name.clone(), ColumnType::Text));
+            }
+            Some(name)
+        };
+        let queue = named(self.queues, Role::Queue);
+        let kind = named(self.kinds, Role::Kind);
+        let mut spec = plain.validate()?;
+        let index = |spec: &TableSpec, name: &Option<String>| {
+            name.as_ref().and_then(|n| spec.column_index(n))
+        };
+        spec.queue = index(&spec, &queue);
+        spec.kind = index(&spec, &kind);
+        if let Some(only) = self.only.as_deref() {
+            for (what, set, col, on) in [
+                ("queue", &only.queues, spec.queue, self.queues),
+                ("kind", &only.kinds, spec.kind, self.kinds),
+            ] {
+                let Some(set) = set else { continue };
+                let Some(col) = col.filter(|_| on) else {
+                    return Err(bad(format!(
+                        "a subscription of some {what}s on a table without them (describe it \
+                         with Table::{what}s)"
+                    )));
+                };
+                if set.is_empty() {
+                    return Err(bad(format!("a subscription of no {what} at all")));
+                }
+                for n in set {
+                    check_name(what, n).map_err(&bad)?;
+                }
+                spec.only.push((col, set.iter().cloned().collect()));
+            }
+        }
+        Ok(spec)
     }
 
     /// The rate limits, checked as the concurrency limits are, each window within bounds.
@@ -1366,6 +1562,13 @@ pub(crate) struct TableSpec {
     pub checkpoint: Option<String>,
     /// The trace context column ([`Table::traceparent`]).
     pub traceparent: Option<String>,
+    /// Index into `columns`: the queue column ([`Table::queues`]).
+    pub queue: Option<usize>,
+    /// Index into `columns`: the kind column ([`Table::kinds`]).
+    pub kind: Option<usize>,
+    /// A subscription's view: its claims take only rows whose column (an index into
+    /// `columns`) holds one of the values, each a checked name ([`check_name`]).
+    pub only: Vec<(usize, Vec<String>)>,
 }
 
 impl TableSpec {

@@ -35,6 +35,10 @@ pub struct Message {
     parents: Vec<Parent>,
     /// The W3C trace context ([`Message::traceparent`]), checked at publish.
     traceparent: Option<String>,
+    /// The named queue ([`Message::queue`]), checked at publish.
+    queue: Option<String>,
+    /// The job kind ([`Message::kind`]), checked at publish.
+    kind: Option<String>,
 }
 
 impl Message {
@@ -49,7 +53,35 @@ impl Message {
             priority: None,
             parents: Vec::new(),
             traceparent: None,
+            queue: None,
+            kind: None,
         }
+    }
+
+    /// The named queue the job goes to, on a table described with
+    /// [`Table::queues`](crate::Table::queues) (without it, the queue is
+    /// [`DEFAULT_QUEUE`](crate::DEFAULT_QUEUE)). A name is 1 to 64 characters of `A-Z a-z 0-9
+    /// _ . : -`; another name, or a queue for a table without queues, is refused at publish
+    /// ([`BrokerError::InvalidMessage`]), as is a `set` of the queue column to anything
+    /// but such a name.
+    ///
+    /// ```
+    /// use sqlbroker::Message;
+    ///
+    /// let m = Message::new(b"hi".to_vec()).queue("emails").kind("welcome");
+    /// # let _ = m;
+    /// ```
+    pub fn queue(mut self, name: impl Into<String>) -> Self {
+        self.queue = Some(name.into());
+        self
+    }
+
+    /// The job kind, on a table described with [`Table::kinds`](crate::Table::kinds): which
+    /// handler of a [`Worker`](crate::Worker) runs it. Names are checked as
+    /// [`Message::queue`]'s.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
     }
 
     /// The trace context the job continues, a
@@ -291,9 +323,49 @@ impl Message {
             };
             fits(v, spec.columns[i].ty).map_err(|why| bad(format!("column {c:?}: {why}")))?;
         }
+        // The queue and the kind: named by `queue`/`kind`, or by a `set` of their column.
+        let mut named: Vec<(usize, Value)> = Vec::new();
+        for (what, col, given, default) in [
+            (
+                "queue",
+                spec.queue,
+                self.queue,
+                Some(crate::model::table::DEFAULT_QUEUE),
+            ),
+            ("kind", spec.kind, self.kind, None),
+        ] {
+            let bad = |reason: String| BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason,
+            };
+            let Some(col) = col else {
+                if given.is_some() {
+                    return Err(bad(format!(
+                        "a {what} for a table without {what}s (describe it with Table::{what}s)"
+                    )));
+                }
+                continue;
+            };
+            let set = self
+                .values
+                .iter()
+                .find(|(c, _)| *c == spec.columns[col].name)
+                .map(|(_, v)| v.clone());
+            let value = match (given, set) {
+                (Some(n), _) => Value::Text(n),
+                (None, Some(v)) => v,
+                (None, None) => default.map_or(Value::Null, |d| Value::Text(d.into())),
+            };
+            match &value {
+                Value::Text(n) => crate::model::table::check_name(what, n).map_err(bad)?,
+                Value::Null if default.is_none() => {}
+                _ => return Err(bad(format!("the {what} is a name (text)"))),
+            }
+            named.push((col, value));
+        }
         for i in spec.required_columns() {
             let name = &spec.columns[i].name;
-            if !self.values.iter().any(|(c, _)| c == name) {
+            if !self.values.iter().any(|(c, _)| c == name) && !named.iter().any(|(c, _)| *c == i) {
                 return Err(BrokerError::InvalidMessage {
                     table: spec.name.clone(),
                     reason: format!(
@@ -311,11 +383,15 @@ impl Message {
         };
         out.push(Value::Time(crate::model::schedule::due_at(now, delay)));
         let mut values = self.values;
-        for col in &spec.columns {
+        for (i, col) in spec.columns.iter().enumerate() {
             let v = values
                 .iter()
                 .position(|(c, _)| *c == col.name)
                 .map(|i| values.swap_remove(i).1);
+            let v = match named.iter().position(|(c, _)| *c == i) {
+                Some(n) => Some(named.swap_remove(n).1),
+                None => v,
+            };
             out.push(match v {
                 // SQLite writes an integral REAL as an integer, which has no -0: every
                 // database gets 0.0, so a zero reads back the same everywhere (the pattern

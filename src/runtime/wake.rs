@@ -114,6 +114,9 @@ struct PauseState {
     /// Bumped by this broker's own pause or resume and by a notification: a read that began
     /// before either may have seen the old value, so its result does not overwrite the flag.
     epoch: u64,
+    /// It was read (or set) once: from then on, `read_at` being `None` means a read failed
+    /// or a notification came since, not that nobody ever asked.
+    ever_read: bool,
 }
 
 /// What [`PauseFlag::check`] tells a claim worker.
@@ -145,6 +148,7 @@ impl PauseRead<'_> {
         if s.epoch == self.epoch {
             s.read_at = Some(Instant::now());
             s.paused = paused;
+            s.ever_read = true;
         }
         (before, s.paused)
     }
@@ -188,13 +192,19 @@ impl PauseFlag {
         }
     }
 
-    /// True if the table was paused, or the flag was last read `every` or longer ago: a claim
-    /// decided on an earlier read must not run now. (Not read at all: the worker's loop reads
-    /// it before it claims; a claim made without it, as the crate's own tests make, is let
-    /// be.)
+    /// True if the table was paused, or the flag was last read `every` or longer ago, or its
+    /// last read failed or a notification came since (another worker's failed read must not
+    /// make an old decision look fresh: the soak's seed 1 on PostgreSQL advisory, a claim
+    /// decided before a silence ran after it, past a pause made during it): a claim decided
+    /// on an earlier read must not run now. (Never read at all: the worker's loop reads it
+    /// before it claims; a claim made without it, as the crate's own tests make, is let be.)
     pub fn too_old(&self, every: Duration) -> bool {
         let s = self.state.lock();
-        s.paused || s.read_at.is_some_and(|at| at.elapsed() >= every)
+        s.paused
+            || match s.read_at {
+                Some(at) => at.elapsed() >= every,
+                None => s.ever_read,
+            }
     }
 
     /// True if the flag was read less than `every` ago, no read is under way, and the table
@@ -212,6 +222,7 @@ impl PauseFlag {
         s.epoch += 1;
         s.read_at = Some(Instant::now());
         s.paused = paused;
+        s.ever_read = true;
     }
 
     /// A read that failed or never reported: nobody claims on the old value; the next check
@@ -498,6 +509,32 @@ mod tests {
         );
         flag.own(true);
         assert!(flag.too_old(Duration::from_secs(60)), "paused");
+    }
+
+    /// A claim decided on a fresh read waits for its connection while the database is silent;
+    /// another worker's read fails meanwhile. The failed read must not make the decision look
+    /// fresh: the claim reads the flag again on its connection. Fails (`a failed read made an
+    /// old decision fresh`) with `too_old` false for an unread flag (the promise checker's
+    /// soak, seed 1 on PostgreSQL advisory: a claim after a silence, past a pause made in it).
+    #[test]
+    fn a_failed_read_elsewhere_does_not_make_an_old_decision_fresh() {
+        let every = Duration::from_secs(60);
+        let flag = PauseFlag::default();
+        assert!(!flag.too_old(every), "a flag never read holds nothing back");
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a new flag is not read first")
+        };
+        read.set(false);
+        assert!(!flag.too_old(every));
+        flag.stale();
+        let PauseCheck::Read(read) = flag.check(every) else {
+            panic!("a stale flag is not read again")
+        };
+        read.failed();
+        assert!(
+            flag.too_old(every),
+            "a failed read made an old decision fresh"
+        );
     }
 
     /// A read that began before this broker's own pause does not overwrite it with the older

@@ -462,11 +462,17 @@ pub fn producer(
     ledger: Ledger,
     ids: Ids,
     stop: Stop,
+    steps: Option<u64>,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = Rng::new(world.seed).fork(2);
         let mut n = 0;
         while stop.sleep(Duration::from_millis(3 + r.below(30))) {
+            if steps.is_some_and(|s| n >= s) {
+                // The history's steps are made: its active part ends for every actor.
+                stop.set();
+                break;
+            }
             n += 1;
             let recent = ids.recent(20);
             if world.profile == Profile::Compose && r.chance(10) {

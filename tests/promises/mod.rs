@@ -35,9 +35,17 @@ pub struct Outcome {
 /// The test that, run alone in a child process, is a worker ([`actors::child_main`]).
 pub const CHILD_ENTRY: &str = "promise_worker_process";
 
-/// Runs seed `seed` on `db` in `form` for `active` (then drains the table), and checks it.
+/// How long a history's active part lasts: `secs`, or until the producer has made `steps`
+/// publishes if that comes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub secs: Duration,
+    pub steps: Option<u64>,
+}
+
+/// Runs seed `seed` on `db` in `form` within `budget` (then drains the table), and checks it.
 /// `None` if the database is not there (and not required).
-pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
+pub fn run(db: Db, form: Form, seed: u64, budget: Budget) -> Option<Outcome> {
     let live = common::live(db)?;
     let world = World::new(db, form, seed);
     live.track(&format!("{}_rates", world.name));
@@ -104,6 +112,7 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
             ledger.clone(),
             ids.clone(),
             stop.clone(),
+            budget.steps,
         ),
         actors::operator(
             world.clone(),
@@ -116,7 +125,8 @@ pub fn run(db: Db, form: Form, seed: u64, active: Duration) -> Option<Outcome> {
     ];
     let faults = with_child
         .then(|| actors::faults(world.clone(), targets.clone(), ledger.clone(), stop.clone()));
-    std::thread::sleep(active);
+    // The producer sets `stop` itself once it has made its steps.
+    stop.sleep(budget.secs);
     stop.set();
     for a in actors {
         let _ = a.join();

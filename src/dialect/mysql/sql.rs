@@ -267,9 +267,14 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let run_at = s.q(&spec.run_at);
     let cursor = (spec.priority.is_none() && spec.fifo_group().is_none())
         .then(|| format!(" AND ({run_at} > ? OR ({run_at} = ? AND {id} > ?))"));
+    // A view of some queues reads their index, which the queue leads after `dead_at`.
+    let by_queue = spec
+        .queue
+        .is_some_and(|q| spec.only.iter().any(|(c, _)| *c == q));
+    let index = format!("{}_{}", spec.name, if by_queue { "queue" } else { "ready" });
     let on_ready = |from: &str| match from {
         "" => t.clone(),
-        _ => format!("{t} FORCE INDEX ({})", s.q(&format!("{}_ready", spec.name))),
+        _ => format!("{t} FORCE INDEX ({})", s.q(&index)),
     };
     match spec.form {
         Form::RowLock => {
@@ -580,6 +585,20 @@ pub(super) fn index_defs(spec: &TableSpec) -> Vec<(String, String)> {
     if let Some(c) = spec.fair.as_ref().and_then(|f| spec.columns.get(f.column)) {
         // Fair claims: the key skip and each key's first rows.
         let name = format!("{}_fair", spec.name);
+        out.push((
+            name.clone(),
+            format!(
+                "INDEX {} ({}, {}, {})",
+                s.q(&name),
+                s.q(&spec.dead_at),
+                s.q(&c.name),
+                s.order(spec)
+            ),
+        ));
+    }
+    if let Some(c) = spec.queue.and_then(|q| spec.columns.get(q)) {
+        // Queues: a claim of one queue reads only its rows, in claim order.
+        let name = format!("{}_queue", spec.name);
         out.push((
             name.clone(),
             format!(

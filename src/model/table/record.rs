@@ -17,7 +17,15 @@ use super::{ColumnType, Form, Isolation, Role, Table, ROLES};
 /// limits' settings are kept by template and window; a concurrency limit keeps the slot space
 /// its rows in work may hold (`limits_slots`). A release that reads format 2 would share no slot
 /// with this one.
-pub(crate) const FORMAT: i64 = 3;
+///
+/// 4: named queues and job kinds ([`Table::queues`], [`Table::kinds`]): a release that reads
+/// format 3 would claim every queue's and every kind's rows, running a handler on jobs that
+/// are not its.
+pub(crate) const FORMAT: i64 = 4;
+
+/// The format of a record with concurrency or rate limits and no queues or kinds (see
+/// [`FORMAT`]'s 3).
+const FORMAT_LIMITS: i64 = 3;
 
 /// The format of a record without concurrency limits: what releases before them read, so a
 /// table that uses none stays readable by them.
@@ -294,6 +302,10 @@ struct Record {
     /// without a trace context (the column is nullable) and claims them without reading it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     traceparent: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    queues: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    kinds: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -391,6 +403,8 @@ impl Table {
             outputs: self.outputs,
             checkpoints: self.checkpoints,
             traceparent: self.traceparent,
+            queues: self.queues,
+            kinds: self.kinds,
         };
         // A struct of strings, numbers and maps with string keys always serialises.
         serde_json::to_string(&record).unwrap_or_default()
@@ -448,13 +462,17 @@ impl Table {
         t.outputs = r.outputs;
         t.checkpoints = r.checkpoints;
         t.traceparent = r.traceparent;
+        t.queues = r.queues;
+        t.kinds = r.kinds;
         Ok(t)
     }
 
     /// The format version of this description's record.
     pub(crate) fn record_format(&self) -> i64 {
-        if !self.limits.is_empty() || !self.rates.is_empty() {
+        if self.queues || self.kinds {
             FORMAT
+        } else if !self.limits.is_empty() || !self.rates.is_empty() {
+            FORMAT_LIMITS
         } else if self.fair.is_some() || self.dependencies || self.outputs || self.checkpoints {
             FORMAT_NO_LIMITS
         } else {
@@ -635,6 +653,8 @@ impl Table {
             ("outputs", self.outputs, recorded.outputs),
             ("checkpoints", self.checkpoints, recorded.checkpoints),
             ("traceparent", self.traceparent, recorded.traceparent),
+            ("queues", self.queues, recorded.queues),
+            ("kinds", self.kinds, recorded.kinds),
         ] {
             option(what, now == then, now.to_string(), then.to_string());
         }
