@@ -418,6 +418,8 @@ struct ReadmeDoctests;
 pub mod diesel;
 #[cfg(feature = "serde")]
 mod json;
+#[cfg(feature = "serde")]
+pub use json::TypedJob;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
@@ -448,6 +450,7 @@ pub use broker::{Broker, BrokerBuilder};
 pub use consuming::delivery::Delivery;
 pub use consuming::outcome::{Outcome, Ran};
 pub use consuming::subscription::{AckMode, Iter, Subscription, SubscriptionBuilder};
+pub use consuming::worker::{Worker, WorkerHandle, WorkerRan, MAX_WORKER_THREADS};
 pub use error::{
     BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, OUTPUT_MAX,
 };

@@ -7,3 +7,4 @@ pub(crate) mod delivery;
 pub(crate) mod form;
 pub(crate) mod outcome;
 pub(crate) mod subscription;
+pub(crate) mod worker;

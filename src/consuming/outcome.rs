@@ -115,6 +115,21 @@ pub struct Ran {
     pub limited: usize,
 }
 
+impl Ran {
+    /// Adds `other`'s counts to these (a worker's counts by table and kind).
+    pub(crate) fn add(&mut self, other: &Ran) {
+        self.acked += other.acked;
+        self.dead_lettered += other.dead_lettered;
+        self.retried += other.retried;
+        self.cancelled += other.cancelled;
+        self.failed += other.failed;
+        self.panicked += other.panicked;
+        self.unsettled += other.unsettled;
+        self.timed_out += other.timed_out;
+        self.limited += other.limited;
+    }
+}
+
 /// Runs `handler` on `d` and settles the delivery by what it returned, counted in `ran`: the
 /// outcome rules of [`Subscription::run`](crate::Subscription::run), for each of its threads
 /// and for `testing::drain` on the calling thread.

@@ -599,6 +599,12 @@ impl Subscription {
         }
     }
 
+    /// The channel the claim workers fill: a [`Worker`](crate::Worker)'s idle threads wait
+    /// on several subscriptions' at once (and then take with `try_next_delivery`).
+    pub(crate) fn receiver(&self) -> &Receiver<Delivery> {
+        &self.rx
+    }
+
     /// A delivery that is ready now, without waiting: [`NextError::Empty`] if none is,
     /// [`NextError::Closed`] once the subscription is closed. It never claims (so never waits
     /// on the database, or on a lock another session holds): it takes what the claim workers

@@ -38,6 +38,7 @@ pub(crate) mod keys;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod queues;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -334,6 +335,12 @@ pub(crate) struct TableSql {
     /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count
     /// holds.
     pub stats: String,
+    /// Tables with queues: [`stats`](TableSql::stats) per queue, the queue first in each row.
+    pub stats_by_queue: Option<String>,
+    /// Tables with kinds: [`stats`](TableSql::stats) per kind, the kind (or `NULL`) first.
+    pub stats_by_kind: Option<String>,
+    /// Tables with queues: the paused queues' statements ([`queues::PausedQueuesSql`]).
+    pub paused_queues: Option<queues::PausedQueuesSql>,
     /// Tables that keep completed rows: `(after, limit)` -> `id, attempts, payload,
     /// completed_at, <user columns>` of the completed rows with ids above `after`, by id.
     pub completed_page: String,

@@ -364,10 +364,11 @@ impl Syntax {
     /// `WHERE` conditions of a claimable row, `now` being parameter `now`.
     pub fn ready(&self, spec: &TableSpec, now: &str) -> String {
         format!(
-            "{} IS NULL AND {} <= {now}{}",
+            "{} IS NULL AND {} <= {now}{}{}",
             self.q(&spec.dead_at),
             self.q(&spec.run_at),
-            self.only(spec)
+            self.only(spec),
+            self.not_paused_queue(spec)
         )
     }
 
@@ -389,6 +390,20 @@ impl Syntax {
             ));
         }
         out
+    }
+
+    /// The statements of [`TableSql::stats_by_queue`] and [`TableSql::stats_by_kind`]: `stats`
+    /// grouped by the column, which `prefix` qualifies (MySQL's statement aliases the table).
+    pub fn grouped_stats(&self, spec: &TableSpec, sql: &mut TableSql, prefix: &str) {
+        let by = |col: Option<usize>| {
+            let c = format!("{prefix}{}", self.q(&spec.columns.get(col?)?.name));
+            Some(format!(
+                "{} GROUP BY {c}",
+                sql.stats.replacen("SELECT ", &format!("SELECT {c}, "), 1)
+            ))
+        };
+        sql.stats_by_queue = by(spec.queue);
+        sql.stats_by_kind = by(spec.kind);
     }
 
     /// Tables with queues ([`Table::queues`](crate::Table::queues)): `CREATE INDEX IF NOT

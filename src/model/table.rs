@@ -796,7 +796,7 @@ impl Table {
     /// use sqlbroker::{Broker, Message, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let jobs = Table::new("jobs").queues();
+    /// let jobs = Table::new("jobs").queues().lease(std::time::Duration::from_secs(30));
     /// broker.create_table(&jobs)?;
     /// broker.publish(&jobs, Message::new(b"hi".to_vec()).queue("emails"))?;
     /// broker.publish(&jobs, Message::new(b"resize".to_vec()).queue("images"))?;
@@ -823,7 +823,7 @@ impl Table {
     /// use sqlbroker::{Broker, Message, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let jobs = Table::new("jobs").kinds();
+    /// let jobs = Table::new("jobs").kinds().lease(std::time::Duration::from_secs(30));
     /// broker.create_table(&jobs)?;
     /// broker.publish(&jobs, Message::new(b"a@example.com".to_vec()).kind("welcome_email"))?;
     /// let sub = broker.subscription(&jobs).kinds(["welcome_email"]).start()?;

@@ -245,6 +245,17 @@ pub(crate) fn plan(
             m.done.push(format!("created table {name}"));
         }
     }
+    if let Some(pq) = &q.sql.paused_queues {
+        // Queues added: the database's paused queues' table (one for every table).
+        let name = crate::dialect::queues::PAUSED_QUEUES;
+        let found = conn
+            .query(q.dialect.columns_query(), &[Value::Text(name.to_string())])
+            .map_err(q.err("migrate"))?;
+        if found.is_empty() {
+            m.statements.push(pq.create.clone());
+            m.done.push(format!("created table {name}"));
+        }
+    }
     if let Some(deps) = &q.sql.deps {
         // Dependencies added: the database's waits' table (one for every table).
         let name = crate::dialect::deps::DEPS_TABLE;
@@ -270,6 +281,28 @@ pub(crate) fn plan(
 /// statement; a statement that fails while the table exists (made by another creator at the
 /// same moment: PostgreSQL's duplicate `pg_type` row) is let pass. A waits' table without the
 /// outputs' column (made by an earlier build) gets it.
+/// Makes the paused queues' table ([`crate::dialect::queues`]) if it is not there; another
+/// creator making it at the same moment is as good.
+fn make_paused_queues(
+    columns_query: &str,
+    pq: &crate::dialect::queues::PausedQueuesSql,
+    conn: &mut dyn DbConn,
+) -> Result<(), DbError> {
+    let name = [Value::Text(
+        crate::dialect::queues::PAUSED_QUEUES.to_string(),
+    )];
+    match conn.batch(&pq.create) {
+        Err(e)
+            if !conn
+                .query(columns_query, &name)
+                .is_ok_and(|r| !r.is_empty()) =>
+        {
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
 fn make_shared(
     columns_query: &str,
     deps: &crate::dialect::deps::DepsSql,
@@ -364,6 +397,13 @@ impl Broker {
             crate::runtime::registry::verify(&q, table, true)?;
         }
         let mut statements = q.dialect.create_table(&q.spec);
+        if let Some(pq) = &q.sql.paused_queues {
+            // The paused queues' table is the database's, as the waits' table is: made on its
+            // own, a creator racing this one making it is as good.
+            q.retrying("create table", |conn| {
+                make_paused_queues(q.dialect.columns_query(), pq, conn)
+            })?;
+        }
         if let Some(deps) = &q.sql.deps {
             // The waits' table is the database's, shared by every table with dependencies:
             // made on its own, before this table's DDL, so two services creating two such
@@ -458,6 +498,12 @@ impl Broker {
         q.retrying("drop table", |conn| {
             for stmt in &statements {
                 conn.batch(stmt)?;
+            }
+            if let Some(pq) = &q.sql.paused_queues {
+                // Its queues' pauses go with it (a table made again starts unpaused).
+                if exists(conn, crate::dialect::queues::PAUSED_QUEUES)? {
+                    conn.execute(&pq.forget, std::slice::from_ref(&name))?;
+                }
             }
             if exists(conn, "sqlbroker_tables")? {
                 conn.execute(

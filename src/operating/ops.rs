@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::broker::Broker;
 use crate::dialect::DbConn;
-use crate::error::{DbError, Result};
+use crate::error::{BrokerError, DbError, Result};
 use crate::model::schedule;
 use crate::model::table::{Form, Table};
 use crate::model::value::Value;
@@ -226,6 +226,97 @@ impl Broker {
             oldest_ready_age: oldest.map(|t| now.duration_since(t).unwrap_or_default()),
             paused,
         })
+    }
+
+    /// [`stats`](Broker::stats) of each queue of a table described with [`Table::queues`], by
+    /// queue name, in one scan. Per queue, `limited` is `None` and `waiting` 0 (rows a limit
+    /// holds back are counted in `ready`, rows waiting on other jobs in `scheduled`: both are
+    /// the table's, in its [`stats`](Broker::stats)); `paused` is true if the table or the
+    /// queue is paused ([`Broker::pause_queue`]). A queue with no row is not listed.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for a table without queues; a database error.
+    pub fn queue_stats(&self, table: &Table) -> Result<Vec<(String, QueueStats)>> {
+        Ok(self
+            .grouped_stats(table, "queue")?
+            .into_iter()
+            .map(|(q, s)| {
+                (
+                    q.unwrap_or_else(|| crate::model::table::DEFAULT_QUEUE.into()),
+                    s,
+                )
+            })
+            .collect())
+    }
+
+    /// [`stats`](Broker::stats) of each job kind of a table described with [`Table::kinds`],
+    /// `None` for the rows published with no kind, as [`queue_stats`](Broker::queue_stats)
+    /// counts them. A kind with ready rows that no running [`Worker`](crate::Worker) handles
+    /// stays ready: this is where it shows.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for a table without kinds; a database error.
+    pub fn kind_stats(&self, table: &Table) -> Result<Vec<(Option<String>, QueueStats)>> {
+        self.grouped_stats(table, "kind")
+    }
+
+    fn grouped_stats(
+        &self,
+        table: &Table,
+        what: &'static str,
+    ) -> Result<Vec<(Option<String>, QueueStats)>> {
+        let q = self.queue(table)?;
+        let sql = match what {
+            "queue" => &q.sql.stats_by_queue,
+            _ => &q.sql.stats_by_kind,
+        };
+        let Some(sql) = sql else {
+            return Err(BrokerError::InvalidTable {
+                table: table.name().to_string(),
+                reason: format!("a table without {what}s has no {what} counts (Table::{what}s)"),
+            });
+        };
+        let now = schedule::claim_now(SystemTime::now());
+        let rows = q.retrying("stats", |conn| conn.query(sql, &[Value::Time(now)]))?;
+        let paused = crate::runtime::registry::recorded_pause(&q)?;
+        let paused_queues = match what {
+            "queue" => self.paused_queues(table)?,
+            _ => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for row in rows {
+            let count = |i: usize| {
+                row.get(i + 1)
+                    .and_then(Value::as_i64)
+                    .unwrap_or_default()
+                    .max(0) as u64
+            };
+            let name = match row.first() {
+                Some(Value::Text(t)) => Some(t.clone()),
+                _ => None,
+            };
+            let oldest = row.get(5).and_then(Value::as_time);
+            let queue_paused = name.as_ref().is_some_and(|n| paused_queues.contains(n));
+            out.push((
+                name,
+                QueueStats {
+                    form: q.spec.form,
+                    limited: None,
+                    ready: count(0),
+                    scheduled: count(1),
+                    waiting: 0,
+                    in_flight: (q.spec.form == Form::Lease).then(|| count(2)),
+                    dead: count(3),
+                    completed: q.spec.completed_at.is_some().then(|| count(5)),
+                    oldest_ready_age: oldest.map(|t| now.duration_since(t).unwrap_or_default()),
+                    paused: paused || queue_paused,
+                },
+            ));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 
     /// A page of dead-lettered rows by id: those with an id above `after` (`None`: from the

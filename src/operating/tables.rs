@@ -397,4 +397,132 @@ impl Broker {
         let q = self.queue(table)?;
         registry::set_paused(&q, paused)
     }
+
+    /// Pauses one queue of a table described with [`Table::queues`]: no claim of any broker,
+    /// in any process, takes its rows from its next statement on (every claim of a table with
+    /// queues reads the paused queues, so it needs no poll); the table's other queues run on,
+    /// and deliveries in hand finish. Recorded in the database's `sqlbroker_paused_queues`
+    /// (a row per paused queue, deleted by [`resume_queue`](Broker::resume_queue) and by
+    /// [`drop_table`](Broker::drop_table)). Pausing a queue twice, or one with no rows,
+    /// changes nothing more.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for a table without queues, [`BrokerError::InvalidOption`]
+    /// for a bad queue name; nothing is changed then.
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("jobs").queues().lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// broker.pause_queue(&jobs, "emails")?;
+    /// broker.publish(&jobs, Message::new(b"waits".to_vec()).queue("emails"))?;
+    /// broker.publish(&jobs, Message::new(b"runs".to_vec()).queue("images"))?;
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let d = sub.next_delivery_timeout(Duration::from_secs(5)).unwrap();
+    /// assert_eq!(d.queue(), "images");
+    /// d.ack()?;
+    /// assert!(sub.next_delivery_timeout(Duration::from_millis(300)).is_err());
+    /// assert_eq!(broker.paused_queues(&jobs)?, ["emails"]);
+    /// broker.resume_queue(&jobs, "emails")?;
+    /// assert_eq!(sub.next_delivery_timeout(Duration::from_secs(5)).unwrap().queue(), "emails");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn pause_queue(&self, table: &Table, queue: &str) -> Result<()> {
+        self.set_queue_paused(table, queue, true)
+    }
+
+    /// Resumes a queue paused by [`pause_queue`](Broker::pause_queue): claims take its rows
+    /// again from their next statement (this broker's idle subscriptions are woken at once,
+    /// on PostgreSQL other brokers' too; elsewhere within their poll interval). Resuming a
+    /// queue that is not paused changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`pause_queue`](Broker::pause_queue).
+    pub fn resume_queue(&self, table: &Table, queue: &str) -> Result<()> {
+        self.set_queue_paused(table, queue, false)
+    }
+
+    /// The paused queues of a table described with [`Table::queues`], by name.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidTable`] for a table without queues; a database error.
+    pub fn paused_queues(&self, table: &Table) -> Result<Vec<String>> {
+        let q = self.queue(table)?;
+        let pq = paused_queues_sql(&q, table)?;
+        let name = [Value::Text(q.spec.name.clone())];
+        let rows = q.retrying("paused queues", |conn| conn.query(&pq.list, &name))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| r.into_iter().next())
+            .filter_map(|v| match v {
+                Value::Text(t) => Some(t),
+                Value::Bytes(b) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn set_queue_paused(&self, table: &Table, queue: &str, paused: bool) -> Result<()> {
+        let q = self.queue(table)?;
+        let pq = paused_queues_sql(&q, table)?;
+        let op = if paused {
+            "pause queue"
+        } else {
+            "resume queue"
+        };
+        crate::model::table::check_name("queue", queue).map_err(|reason| {
+            BrokerError::InvalidOption {
+                option: "queue",
+                reason,
+            }
+        })?;
+        let (t, n) = (Value::Text(q.spec.name.clone()), Value::Text(queue.into()));
+        q.retrying(op, |conn| match paused {
+            true => conn.execute(
+                &pq.pause,
+                &[
+                    t.clone(),
+                    n.clone(),
+                    Value::Time(std::time::SystemTime::now()),
+                ],
+            ),
+            false => conn.execute(&pq.resume, &[t.clone(), n.clone()]),
+        })?;
+        if !paused {
+            // Idle claimers here at once; other brokers through the change feed (PostgreSQL),
+            // else their poll.
+            q.wake.notify_all();
+            if let Err(e) = q
+                .conn(op)
+                .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
+            {
+                log::warn!(
+                    "table {}: telling other brokers of the {op}: {e}",
+                    q.spec.name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The paused queues' statements of `q`, or [`BrokerError::InvalidTable`] for a table without
+/// queues.
+fn paused_queues_sql<'q>(
+    q: &'q crate::runtime::Queue,
+    table: &Table,
+) -> Result<&'q crate::dialect::queues::PausedQueuesSql> {
+    q.sql
+        .paused_queues
+        .as_ref()
+        .ok_or_else(|| BrokerError::InvalidTable {
+            table: table.name().to_string(),
+            reason: "a table without queues has no queue to pause (Table::queues)".into(),
+        })
 }

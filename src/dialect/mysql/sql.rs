@@ -249,6 +249,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
         "SELECT 1 FROM {t} WHERE {ready} AND {free} LIMIT 1"
     ));
     sql.stats = stats_sql(spec);
+    sql.paused_queues = spec
+        .queue
+        .map(|_| SYNTAX.paused_queues_sql(&DEPS, "DATETIME"));
+    SYNTAX.grouped_stats(spec, &mut sql, "q.");
     if spec.dedup_key.is_some() {
         // A locking read: it reads the latest committed holder. A plain one, inside an
         // application's REPEATABLE READ transaction (`sqlbroker::mysql::publish`), reads the

@@ -113,6 +113,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let row = s.row_columns(spec, "");
     let free = format!("({lu} IS NULL OR {lu} <= $1)");
     sql.stats = s.stats_filtered(spec);
+    sql.paused_queues = spec
+        .queue
+        .map(|_| s.paused_queues_sql(&DEPS, "TIMESTAMPTZ"));
+    s.grouped_stats(spec, &mut sql, "");
     match (spec.form, spec.fifo_group()) {
         (Form::RowLock, None) => {
             let claim = |from: &str| {

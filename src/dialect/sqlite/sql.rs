@@ -70,6 +70,8 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     sql.stats = s.stats_filtered(spec);
+    sql.paused_queues = spec.queue.map(|_| s.paused_queues_sql(&DEPS, "INTEGER"));
+    s.grouped_stats(spec, &mut sql, "");
     match spec.form {
         Form::RowLock => {}
         Form::Lease => {

@@ -1,0 +1,317 @@
+//! Queues' pauses and counts, and workers: handlers by table and kind on one pool of threads.
+//! Every database x form.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Db;
+use sqlbroker::{BrokerError, Form, Message, Table, Worker};
+
+fn queued(live: &common::Live, form: Form, kinds: bool) -> Table {
+    let name = common::unique("wq");
+    let t = common::describe(&name, form, Duration::from_secs(30)).queues();
+    live.create(if kinds { t.kinds() } else { t })
+}
+
+/// A second broker on the same database (a second service).
+fn other(live: &common::Live) -> sqlbroker::Broker {
+    sqlbroker::Broker::connect(&live.url).unwrap()
+}
+
+fn publish(live: &common::Live, t: &Table, queue: &str, kind: Option<&str>, body: &str) -> i64 {
+    let mut m = Message::new(body.as_bytes().to_vec())
+        .set("k", body)
+        .queue(queue);
+    if let Some(k) = kind {
+        m = m.kind(k);
+    }
+    live.broker.publish(t, m).unwrap()
+}
+
+/// A paused queue is claimed by no broker (this one and a second one, whole-table and view
+/// subscriptions alike) while the table's other queues run; resumed, its rows come. Fails
+/// (`a paused queue's row was delivered`) without the claims' `NOT EXISTS` on the paused
+/// queues, and (`the resumed queue's rows`) if a resume did not take effect.
+fn a_paused_queue_is_claimed_by_no_broker(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = queued(&live, form, false);
+    let other = other(&live);
+    live.broker.pause_queue(&t, "slow").unwrap();
+    assert_eq!(live.broker.paused_queues(&t).unwrap(), ["slow"]);
+    let slow: BTreeSet<i64> = (0..3)
+        .map(|i| publish(&live, &t, "slow", None, &format!("s{i}")))
+        .collect();
+    let fast: BTreeSet<i64> = (0..3)
+        .map(|i| publish(&live, &t, "fast", None, &format!("f{i}")))
+        .collect();
+    let whole = live.broker.subscription(&t).start().unwrap();
+    let view = other
+        .subscription(&t)
+        .queues(["slow", "fast"])
+        .start()
+        .unwrap();
+    let mut got = BTreeSet::new();
+    while got.len() < fast.len() {
+        for sub in [&whole, &view] {
+            if let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(200)) {
+                assert_eq!(d.queue(), "fast", "a paused queue's row was delivered");
+                assert!(got.insert(d.id()), "delivered twice");
+                d.ack().unwrap();
+            }
+        }
+    }
+    assert_eq!(got, fast);
+    for sub in [&whole, &view] {
+        assert!(
+            sub.next_delivery_timeout(Duration::from_millis(500))
+                .is_err(),
+            "a paused queue's row was delivered"
+        );
+    }
+    let stats = live.broker.queue_stats(&t).unwrap();
+    let slow_stats = &stats.iter().find(|(q, _)| q == "slow").unwrap().1;
+    assert!(slow_stats.paused, "queue_stats: the paused queue");
+    assert_eq!(slow_stats.ready, 3, "queue_stats: its rows");
+    assert!(stats.iter().all(|(q, _)| q != "fast"), "acked rows counted");
+    other.resume_queue(&t, "slow").unwrap();
+    assert!(live.broker.paused_queues(&t).unwrap().is_empty());
+    let mut resumed = BTreeSet::new();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while resumed.len() < slow.len() && std::time::Instant::now() < until {
+        for sub in [&whole, &view] {
+            if let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(200)) {
+                resumed.insert(d.id());
+                d.ack().unwrap();
+            }
+        }
+    }
+    assert_eq!(resumed, slow, "the resumed queue's rows");
+    whole.close();
+    view.close();
+}
+per_db_form!(a_paused_queue_is_claimed_by_no_broker);
+
+/// Bad calls change nothing: a queue on a table without queues, a bad name.
+fn queue_calls_refuse_bad_input(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let plain = live.create(common::describe(
+        &common::unique("wp"),
+        form,
+        Duration::from_secs(30),
+    ));
+    assert!(matches!(
+        live.broker.pause_queue(&plain, "a"),
+        Err(BrokerError::InvalidTable { .. })
+    ));
+    assert!(matches!(
+        live.broker.queue_stats(&plain),
+        Err(BrokerError::InvalidTable { .. })
+    ));
+    let t = queued(&live, form, false);
+    for bad in ["", "a b", "x'; DROP TABLE y; --", &"q".repeat(65)] {
+        assert!(
+            matches!(
+                live.broker.pause_queue(&t, bad),
+                Err(BrokerError::InvalidOption { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(live.broker.paused_queues(&t).unwrap().is_empty());
+}
+per_db_form!(queue_calls_refuse_bad_input);
+
+/// Three workers with different registries share one table: each runs only the kinds it has
+/// handlers for, every job runs once, and a kind nobody handles stays ready, counted by
+/// `kind_stats`. Fails (`the jobs ran`, `the orphan stays ready`) if a worker's subscription
+/// claimed every kind: the rows of kinds it has no handler for are failed, and run later.
+fn workers_take_only_their_kinds(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = queued(&live, form, true);
+    let kinds = ["a", "b", "c"];
+    let mut ids = BTreeSet::new();
+    for i in 0..30 {
+        let k = kinds[i % 3];
+        ids.insert(publish(&live, &t, "default", Some(k), &format!("{k}{i}")));
+    }
+    let orphan = publish(&live, &t, "default", Some("nobody"), "orphan");
+    let seen: Arc<Mutex<Vec<(usize, String, i64)>>> = Arc::default();
+    let registries: [&[&str]; 3] = [&["a"], &["b", "c"], &["c"]];
+    let brokers = [live.broker.clone(), other(&live), other(&live)];
+    let handles: Vec<_> = registries
+        .iter()
+        .zip(brokers.iter())
+        .enumerate()
+        .map(|(w, (reg, b))| {
+            let mut worker = Worker::new(b).threads(2);
+            for k in reg.iter() {
+                let seen = seen.clone();
+                worker = worker.on(&t, k, move |d| {
+                    seen.lock()
+                        .unwrap()
+                        .push((w, d.kind().unwrap().to_string(), d.id()));
+                    Ok::<(), String>(())
+                });
+            }
+            worker.start().unwrap()
+        })
+        .collect();
+    assert!(
+        common::wait_for(Duration::from_secs(30), || seen.lock().unwrap().len() >= 30),
+        "the jobs ran: {:?}",
+        seen.lock().unwrap().len()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut total = 0;
+    for h in &handles {
+        total += h.shutdown(Duration::from_secs(5)).unwrap().total().acked;
+    }
+    let seen = seen.lock().unwrap().clone();
+    for (w, k, _) in &seen {
+        assert!(
+            registries[*w].contains(&k.as_str()),
+            "worker {w} ran a kind it has no handler for: {k}"
+        );
+    }
+    let ran: BTreeSet<i64> = seen.iter().map(|(_, _, id)| *id).collect();
+    assert_eq!(ran.len(), seen.len(), "a job ran twice");
+    assert_eq!(ran, ids, "every job ran");
+    assert_eq!(total, 30);
+    let by_kind = live.broker.kind_stats(&t).unwrap();
+    assert_eq!(
+        by_kind
+            .iter()
+            .map(|(k, s)| (k.clone(), s.ready))
+            .collect::<Vec<_>>(),
+        [(Some("nobody".to_string()), 1)],
+        "the orphan stays ready (job {orphan})"
+    );
+}
+per_db_form!(workers_take_only_their_kinds);
+
+/// One worker over two tables: a backlog in one does not starve the other (the threads take
+/// from the tables in turn), and shutdown loses nothing and runs nothing twice: every job ran
+/// once or is still claimable. Fails (`starved`) if the threads drained one table first.
+fn one_worker_over_two_tables(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let big = queued(&live, form, true);
+    let small = queued(&live, form, true);
+    let big_ids: Vec<i64> = (0..200)
+        .map(|i| publish(&live, &big, "default", Some("x"), &format!("b{i}")))
+        .collect();
+    let small_ids: Vec<i64> = (0..5)
+        .map(|i| publish(&live, &small, "default", Some("y"), &format!("s{i}")))
+        .collect();
+    let order: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let (o1, o2) = (order.clone(), order.clone());
+    let worker = Worker::new(&live.broker)
+        .on(&big, "x", move |d| {
+            o1.lock().unwrap().push(("big".into(), d.id()));
+            std::thread::sleep(Duration::from_millis(5));
+            Ok::<(), String>(())
+        })
+        .on(&small, "y", move |d| {
+            o2.lock().unwrap().push(("small".into(), d.id()));
+            Ok::<(), String>(())
+        })
+        .threads(2)
+        .start()
+        .unwrap();
+    assert!(common::wait_for(Duration::from_secs(30), || {
+        order
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| t == "small")
+            .count()
+            == 5
+    }));
+    let ran = worker.shutdown(Duration::from_secs(10)).unwrap();
+    let order = order.lock().unwrap().clone();
+    let last_small = order.iter().rposition(|(t, _)| t == "small").unwrap();
+    assert!(
+        last_small < 60,
+        "starved: the small table's last job ran after {last_small} jobs"
+    );
+    let runs: Vec<(String, i64)> = order.clone();
+    let once: BTreeSet<(String, i64)> = runs.iter().cloned().collect();
+    assert_eq!(once.len(), runs.len(), "a job ran twice");
+    assert_eq!(
+        ran.get(big.name(), "x").map_or(0, |r| r.acked)
+            + ran.get(small.name(), "y").map_or(0, |r| r.acked),
+        runs.len()
+    );
+    // What did not run is still there, claimable at once (the rows claimed ahead went back).
+    let stats = live.broker.stats(&big).unwrap();
+    let done_big = order.iter().filter(|(t, _)| t == "big").count() as u64;
+    assert_eq!(stats.ready, big_ids.len() as u64 - done_big, "{stats:?}");
+    assert_eq!(live.broker.stats(&small).unwrap().ready, 0);
+    let _ = small_ids;
+}
+per_db_form!(one_worker_over_two_tables);
+
+/// `queue_threads` caps one queue's rows in work in this worker, and bad registrations are
+/// refused before anything runs. Fails (`over the cap`) if the capped queue's rows were taken
+/// by the table's other subscription too.
+fn a_capped_queue_runs_at_most_its_threads(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = queued(&live, form, true);
+    for i in 0..12 {
+        publish(&live, &t, "capped", Some("x"), &format!("c{i}"));
+        publish(&live, &t, "free", Some("x"), &format!("f{i}"));
+    }
+    let now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (n, m) = (now.clone(), most.clone());
+    let worker = Worker::new(&live.broker)
+        .on(&t, "x", move |d| {
+            if d.queue() == "capped" {
+                let c = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                m.fetch_max(c, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(30));
+                n.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok::<(), String>(())
+        })
+        .queues(&t, ["capped", "free"])
+        .queue_threads(&t, "capped", 1)
+        .threads(4)
+        .start()
+        .unwrap();
+    assert!(common::wait_for(Duration::from_secs(30), || {
+        live.broker
+            .stats(&t)
+            .map(|s| s.ready + s.in_flight.unwrap_or(0))
+            .unwrap_or(1)
+            == 0
+    }));
+    let ran = worker.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(ran.total().acked, 24);
+    assert_eq!(
+        most.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "over the cap"
+    );
+    // Refusals: a cap on a queue not listed, a kind twice, no handler.
+    let refused = |w: Worker| matches!(w.start(), Err(BrokerError::InvalidOption { .. }));
+    assert!(refused(
+        Worker::new(&live.broker)
+            .on(&t, "x", |_| Ok::<(), String>(()))
+            .queue_threads(&t, "capped", 1)
+    ));
+    assert!(refused(
+        Worker::new(&live.broker)
+            .on(&t, "x", |_| Ok::<(), String>(()))
+            .on(&t, "x", |_| Ok::<(), String>(()))
+    ));
+    assert!(refused(Worker::new(&live.broker)));
+    assert!(refused(Worker::new(&live.broker).on(
+        &t,
+        "bad kind",
+        |_| Ok::<(), String>(())
+    )));
+}
+per_db_form!(a_capped_queue_runs_at_most_its_threads);
