@@ -1932,3 +1932,102 @@ fn bench_steady_says_when_the_publisher_fell_behind() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// Queues and kinds from the command line: `create-table --queues --kinds`, `publish --queue
+/// --kind`, `pause --queue` (a library subscription then takes only the other queue's rows),
+/// `status --queue`, `resume --queue`. Fails (`the paused queue's row`) if `pause --queue`
+/// paused nothing, and (the counts' assertions) if `status --queue` counted another queue's
+/// rows.
+fn queues_and_kinds(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("clq");
+    l.track(&name);
+    ok(
+        &url,
+        &[
+            "create-table",
+            "--table",
+            &name,
+            "--lease",
+            "30",
+            "--queues",
+            "--kinds",
+        ],
+        "",
+    );
+    let out = ok(
+        &url,
+        &[
+            "publish", "--table", &name, "--queue", "mail", "--kind", "welcome",
+        ],
+        "a\nb\n",
+    );
+    assert_eq!(out.trim(), "published 2 messages");
+    ok(
+        &url,
+        &["publish", "--table", &name, "--queue", "img"],
+        "c\n",
+    );
+    let bad = run(
+        Some(&url),
+        &["publish", "--table", &name, "--queue", "a b"],
+        "x\n",
+    );
+    assert_eq!(
+        bad.status.code(),
+        Some(1),
+        "a bad queue name: {}",
+        stderr(&bad)
+    );
+    assert_eq!(
+        ok(&url, &["pause", "--table", &name, "--queue", "mail"], "").trim(),
+        format!("queue mail of table {name} is paused")
+    );
+    let status = ok(&url, &["status", "--table", &name, "--queue", "all"], "");
+    let line = |q: &str| {
+        status
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(q))
+            .unwrap_or_else(|| panic!("no line for {q}: {status}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        (line("mail")[2].as_str(), line("mail")[8].as_str()),
+        ("2", "yes"),
+        "{status}"
+    );
+    assert_eq!(
+        (line("img")[2].as_str(), line("img")[8].as_str()),
+        ("1", "no"),
+        "{status}"
+    );
+    let json = ok(
+        &url,
+        &["status", "--table", &name, "--queue", "mail", "--json"],
+        "",
+    );
+    assert!(
+        json.contains("\"queue\":\"mail\"") && json.contains("\"paused\":true"),
+        "{json}"
+    );
+    let table = l.broker.open_table(&name).unwrap();
+    assert!(table.has_queues() && table.has_kinds());
+    let sub = l.broker.subscription(&table).start().unwrap();
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!((d.queue(), d.kind()), ("img", None));
+    d.ack().unwrap();
+    assert!(
+        sub.next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "the paused queue's row was delivered"
+    );
+    ok(&url, &["resume", "--table", &name, "--queue", "mail"], "");
+    let d = next(&sub, Duration::from_secs(10));
+    assert_eq!((d.queue(), d.kind()), ("mail", Some("welcome")));
+    d.ack().unwrap();
+    sub.close();
+}
+per_db!(queues_and_kinds);

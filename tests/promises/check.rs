@@ -1088,7 +1088,11 @@ fn rates(ix: &Index<'_>, out: &mut Vec<Broken>) {
             // The earliest any of them may have taken its slot: claims sorted by commit
             // may have started in another order (the soak's seed 839770618 on MariaDB
             // advisory: a claim of 90 ms, committed after one that started after it).
-            let first = claims[i..=j].iter().map(|c| c.0).min().unwrap_or(claims[i].0);
+            let first = claims[i..=j]
+                .iter()
+                .map(|c| c.0)
+                .min()
+                .unwrap_or(claims[i].0);
             if last.1 - first < per_us {
                 out.push(Broken {
                     promise: "P9",

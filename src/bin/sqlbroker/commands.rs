@@ -9,8 +9,8 @@ use serde::Serialize;
 use sqlbroker::{Broker, ColumnType, Message, QueueStats, Table, Value};
 
 use crate::{
-    Cli, Command, CompletedCommand, DeadCommand, DeadListArgs, DeadPick, NameArgs, PageArgs,
-    PublishArgs, StatusArgs,
+    Cli, Command, CompletedCommand, DeadCommand, DeadListArgs, DeadPick, PageArgs, PublishArgs,
+    StatusArgs,
 };
 
 mod actions;
@@ -181,9 +181,24 @@ fn say(args: std::fmt::Arguments<'_>) -> Result {
     Ok(())
 }
 
-/// `pause` (`on`) or `resume` a recorded table.
-fn pause(broker: &Broker, args: &NameArgs, on: bool) -> Result {
+/// `pause` (`on`) or `resume` a recorded table, or one queue of it.
+fn pause(broker: &Broker, args: &crate::PauseArgs, on: bool) -> Result {
     let table = broker.open_table(&args.table)?;
+    if let Some(q) = &args.queue {
+        let (verb, done) = if on {
+            broker.pause_queue(&table, q)?;
+            ("pause queue", "paused")
+        } else {
+            broker.resume_queue(&table, q)?;
+            ("resume queue", "resumed")
+        };
+        logged(broker, verb, table.name(), q, 0);
+        return say(format_args!(
+            "queue {} of table {} is {done}\n",
+            escape(q),
+            table.name()
+        ));
+    }
     if on {
         broker.pause(&table)?;
         logged(broker, "pause", table.name(), "", 0);
@@ -296,6 +311,9 @@ fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
 }
 
 fn status(broker: &Broker, args: &StatusArgs) -> Result {
+    if !args.only_queues.is_empty() {
+        return queue_status(broker, args);
+    }
     let every = args.tables.is_empty();
     let tables: Vec<Table> = if every {
         broker.tables()?.into_iter().map(|r| r.table).collect()
@@ -373,6 +391,87 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
         columns(&rows)
     };
     say(format_args!("{out}"))
+}
+
+/// `status --queue Q`: the counts of the named queues (`all`: every queue with rows) of each
+/// table named, one line (or JSON object) per queue.
+fn queue_status(broker: &Broker, args: &StatusArgs) -> Result {
+    if args.tables.is_empty() {
+        return Err("status --queue needs --table".into());
+    }
+    let mut out: Vec<(String, String, QueueStats)> = Vec::new();
+    for name in &args.tables {
+        let table = args.desc.open(broker, name)?;
+        let all = broker.queue_stats(&table)?;
+        let paused = broker.paused_queues(&table)?;
+        let want = |q: &String| args.only_queues.iter().any(|w| w == "all" || w == q);
+        for (q, s) in all.into_iter().filter(|(q, _)| want(q)) {
+            out.push((table.name().to_string(), q, s));
+        }
+        // A queue asked for by name that has no rows: zeros (paused or not).
+        for q in args.only_queues.iter().filter(|q| *q != "all") {
+            if !out.iter().any(|(t, n, _)| t == table.name() && n == q) {
+                let mut s = broker.stats(&table)?;
+                s.ready = 0;
+                s.scheduled = 0;
+                s.waiting = 0;
+                s.limited = None;
+                s.in_flight = s.in_flight.map(|_| 0);
+                s.dead = 0;
+                s.completed = s.completed.map(|_| 0);
+                s.oldest_ready_age = None;
+                s.paused = s.paused || paused.contains(q);
+                out.push((table.name().to_string(), q.clone(), s));
+            }
+        }
+    }
+    if args.json {
+        let items: Vec<serde_json::Value> = out
+            .iter()
+            .map(|(t, q, s)| {
+                serde_json::json!({
+                    "table": escape(t),
+                    "queue": escape(q),
+                    "ready": s.ready,
+                    "scheduled": s.scheduled,
+                    "in_flight": s.in_flight,
+                    "dead": s.dead,
+                    "completed": s.completed,
+                    "oldest_ready_secs": s.oldest_ready_age.map(|d| d.as_secs()),
+                    "paused": s.paused,
+                })
+            })
+            .collect();
+        return say(format_args!("{}\n", serde_json::Value::Array(items)));
+    }
+    let dash = || "-".to_string();
+    let mut rows = vec![[
+        "TABLE",
+        "QUEUE",
+        "READY",
+        "SCHEDULED",
+        "IN_FLIGHT",
+        "DEAD",
+        "COMPLETED",
+        "OLDEST_READY",
+        "PAUSED",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for (t, q, s) in &out {
+        rows.push(vec![
+            escape(t),
+            escape(q),
+            s.ready.to_string(),
+            s.scheduled.to_string(),
+            s.in_flight.map_or_else(dash, |n| n.to_string()),
+            s.dead.to_string(),
+            s.completed.map_or_else(dash, |n| n.to_string()),
+            s.oldest_ready_age.map_or_else(dash, age),
+            if s.paused { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    say(format_args!("{}", columns(&rows)))
 }
 
 /// One table of `status --json`; fields in this order, `null` where the form does not count
@@ -635,6 +734,12 @@ fn publish(broker: &Broker, args: &PublishArgs) -> Result {
         }
         if let Some(tp) = &args.trace {
             m = m.traceparent(tp);
+        }
+        if let Some(q) = &args.queue {
+            m = m.queue(q.clone());
+        }
+        if let Some(k) = &args.kind {
+            m = m.kind(k.clone());
         }
         m
     };

@@ -5,7 +5,9 @@
 //! sqlbroker --url postgres://postgres@127.0.0.1/app status
 //! sqlbroker status --table jobs --json
 //! sqlbroker pause --table jobs
+//! sqlbroker pause --table jobs --queue emails       # one queue of a table made with --queues
 //! sqlbroker resume --table jobs
+//! sqlbroker status --table jobs --queue all         # counts by queue
 //! sqlbroker forget --table gone                   # the record of a table dropped by hand
 //! sqlbroker dead list --table jobs --limit 20
 //! sqlbroker dead list --table jobs --json
@@ -25,7 +27,7 @@
 //! The URL comes from `--url` or `DATABASE_URL`. `create-table` (and `migrate`) describe a
 //! table by flags that mirror [`sqlbroker::Table`]'s builder (`--lease`, `--advisory-lock`,
 //! `--column`, `--fifo`, `--priorities`, `--dedup`, `--keep-completed`, `--dependencies`,
-//! `--outputs`, `--checkpoints`, `--traceparent`), and record the description in the database; every other
+//! `--outputs`, `--checkpoints`, `--traceparent`, `--queues`, `--kinds`), and record the description in the database; every other
 //! command takes the table's name only and reads its description from there
 //! (`Broker::open_table`). Those flags are still accepted by the
 //! other commands: the description they make is checked against the record, and refused if
@@ -99,10 +101,11 @@ enum Command {
     /// no live or dead job has that id.
     Cancel(CancelArgs),
     /// Pause a table: its subscriptions, in every process, stop claiming within a poll
-    /// interval (deliveries in hand finish), until `resume`.
-    Pause(NameArgs),
-    /// Resume a paused table: its subscriptions claim again.
-    Resume(NameArgs),
+    /// interval (deliveries in hand finish), until `resume`. With --queue, one queue of a
+    /// table with queues: no claim takes its rows from its next statement on.
+    Pause(PauseArgs),
+    /// Resume a paused table (with --queue, a paused queue): its subscriptions claim again.
+    Resume(PauseArgs),
     /// Forget the recorded description of a table that no longer exists (dropped by hand): its
     /// record, its rate limits' slots and the dependency rows naming it. A table that exists
     /// is refused (exit 1).
@@ -200,6 +203,18 @@ struct NameArgs {
     /// The table's name.
     #[arg(long, short, value_name = "NAME")]
     table: String,
+}
+
+/// A recorded table, or one queue of it.
+#[derive(Debug, Args)]
+struct PauseArgs {
+    /// The table's name.
+    #[arg(long, short, value_name = "NAME")]
+    table: String,
+
+    /// One queue of the table (a table made with --queues), not the whole table.
+    #[arg(long, value_name = "QUEUE")]
+    queue: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -306,6 +321,14 @@ struct Description {
     /// `Table::traceparent`).
     #[arg(long)]
     traceparent: bool,
+
+    /// Named queues in the table (a queue column, `Table::queues`).
+    #[arg(long)]
+    queues: bool,
+
+    /// Job kinds in the table (a kind column, `Table::kinds`).
+    #[arg(long)]
+    kinds: bool,
 }
 
 impl Description {
@@ -322,6 +345,8 @@ impl Description {
             && !self.outputs
             && !self.checkpoints
             && !self.traceparent
+            && !self.queues
+            && !self.kinds
     }
 
     /// The table named `name`: the one the flags describe, or, with none, its record.
@@ -368,6 +393,12 @@ impl Description {
         if self.traceparent {
             t = t.traceparent();
         }
+        if self.queues {
+            t = t.queues();
+        }
+        if self.kinds {
+            t = t.kinds();
+        }
         t
     }
 }
@@ -407,6 +438,11 @@ struct StatusArgs {
     /// Print JSON (an array with one object per table) instead of a text table.
     #[arg(long)]
     json: bool,
+
+    /// The counts of these queues of the table (a table made with --queues), one line
+    /// each; repeat for several. `--queue all`: every queue with rows.
+    #[arg(long = "queue", id = "only_queue", value_name = "QUEUE")]
+    only_queues: Vec<String>,
 }
 
 /// A table and a page of its rows by id.
@@ -494,6 +530,14 @@ struct PublishArgs {
     /// handlers' spans continue that trace (a table made with --traceparent).
     #[arg(long = "trace", value_name = "TRACEPARENT")]
     trace: Option<String>,
+
+    /// The named queue of every message (a table made with --queues).
+    #[arg(long, value_name = "QUEUE")]
+    queue: Option<String>,
+
+    /// The job kind of every message (a table made with --kinds).
+    #[arg(long, value_name = "KIND")]
+    kind: Option<String>,
 }
 
 /// A duration as whole seconds (`30`, what these options took before) or as `humantime`

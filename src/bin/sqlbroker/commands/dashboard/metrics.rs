@@ -29,6 +29,7 @@ pub(crate) fn render(ctx: &Ctx) -> String {
         }
     };
     let mut jobs = Vec::new();
+    let (mut by_queue, mut queue_paused) = (Vec::new(), Vec::new());
     let (mut limit_max, mut limit_work, mut limit_wait) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rate_max, mut rate_claimed, mut rate_wait) = (Vec::new(), Vec::new(), Vec::new());
     let (mut paused, mut oldest, mut up, mut at, mut took) =
@@ -103,6 +104,22 @@ pub(crate) fn render(ctx: &Ctx) -> String {
                     jobs.push((format!("{t},state=\"{state}\""), n.to_string()));
                 }
             }
+            for (q, qs) in &p.queues {
+                let k = format!("{t},queue=\"{}\"", label(q));
+                let states = [
+                    ("ready", Some(qs.ready)),
+                    ("scheduled", Some(qs.scheduled)),
+                    ("in_flight", qs.in_flight),
+                    ("dead", Some(qs.dead)),
+                    ("completed", qs.completed),
+                ];
+                for (state, n) in states {
+                    if let Some(n) = n {
+                        by_queue.push((format!("{k},state=\"{state}\""), n.to_string()));
+                    }
+                }
+                queue_paused.push((k, u8::from(qs.paused).to_string()));
+            }
             paused.push((t.clone(), u8::from(s.paused).to_string()));
             oldest.push((t, s.oldest_ready_age.map_or(0, |d| d.as_secs()).to_string()));
         }
@@ -111,6 +128,16 @@ pub(crate) fn render(ctx: &Ctx) -> String {
         "sqlbroker_queue_jobs",
         "Rows of a queue table by state (ready, limited: ready rows a concurrency limit holds back, lease tables with limits, scheduled, waiting: tables with dependencies, rows waiting on other jobs, in_flight: lease tables only, dead, completed: tables that keep them), as last counted.",
         jobs,
+    );
+    family(
+        "sqlbroker_queue_jobs_by_queue",
+        "Tables with named queues: each queue's rows by state (ready, scheduled, in_flight: lease tables only, dead, completed: tables that keep them), as last counted; a queue with no row is left out.",
+        by_queue,
+    );
+    family(
+        "sqlbroker_queue_paused_by_queue",
+        "Tables with named queues: 1 if the queue (or its table) is paused, else 0, for each queue with rows.",
+        queue_paused,
     );
     family(
         "sqlbroker_limit_max",

@@ -384,6 +384,55 @@ fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
     }
 }
 
+/// A table with queues: each queue's counts (read now, one grouped count) and its pause or
+/// resume button.
+fn queues_section(ctx: &Ctx, db: &Database, table: &Table, back: &str) -> Markup {
+    let b = db.broker();
+    let counted = b.queue_stats(table);
+    let paused = b.paused_queues(table).unwrap_or_default();
+    let name = table.name();
+    html! {
+        h2 { "Queues" }
+        @match &counted {
+            Err(e) => p.err { "Counting the queues failed: " (shown(&crate::chain(e))) },
+            Ok(list) => {
+                table {
+                    tr {
+                        th { "queue" } th { "ready" } th { "scheduled" } th { "in flight" }
+                        th { "dead" } th { "oldest ready" } th { "paused" } th { "" }
+                    }
+                    @for (q, s) in list {
+                        tr {
+                            td { code { (shown(q)) } }
+                            td { (s.ready) }
+                            td { (s.scheduled) }
+                            td { (opt(s.in_flight)) }
+                            td { (s.dead) }
+                            td { (s.oldest_ready_age.map_or_else(|| "-".into(), age)) }
+                            td { @if s.paused { span.paused { "paused" } } @else { "no" } }
+                            td {
+                                @if paused.contains(q) {
+                                    (action(ctx, db, name, "resume_queue", "resume", &[("queue", q.clone())], back))
+                                } @else {
+                                    (action(ctx, db, name, "pause_queue", "pause", &[("queue", q.clone())], back))
+                                }
+                            }
+                        }
+                    }
+                    // Paused queues with no row (paused ahead of their first jobs).
+                    @for q in paused.iter().filter(|q| !list.iter().any(|(n, _)| n == *q)) {
+                        tr {
+                            td { code { (shown(q)) } } td { "0" } td { "0" } td { "-" } td { "0" } td { "" }
+                            td { span.paused { "paused" } }
+                            td { (action(ctx, db, name, "resume_queue", "resume", &[("queue", q.clone())], back)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `/tables/<name>?state=..&after=..`: the table's counts and one page of its jobs in a
 /// state, by id (keyset paging: `after` is the last id of the previous page).
 pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
@@ -482,6 +531,9 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
                 p { (p.stats.waiting) " waiting on other jobs (listed with the scheduled ones)" }
             }
             p { (pause_button(ctx, db, e, &here)) }
+            @if table.has_queues() {
+                (queues_section(ctx, db, table, &here))
+            }
             @if let Some(p) = e.last().filter(|p| !p.limits.is_empty()) {
                 h2 { "Concurrency limits" }
                 table {

@@ -30,6 +30,9 @@ pub(crate) struct Point {
     pub limits: Vec<ConcurrencyLimit>,
     /// Its rate limits likewise.
     pub rates: Vec<RateLimit>,
+    /// A table with queues: each queue's counts, by name (empty: none, or their count
+    /// failed).
+    pub queues: Vec<(String, QueueStats)>,
 }
 
 /// What the dashboard knows of one table.
@@ -204,6 +207,10 @@ impl Sampler {
             ),
             Err(_) => (Vec::new(), Vec::new()),
         };
+        let queues = match (&stats, table.has_queues()) {
+            (Ok(_), true) => self.broker.queue_stats(&table).unwrap_or_default(),
+            _ => Vec::new(),
+        };
         let took = started.elapsed();
         let now = SystemTime::now();
         let mut inner = self.lock();
@@ -232,6 +239,7 @@ impl Sampler {
                     stats,
                     limits,
                     rates,
+                    queues,
                 });
             }
             Err(e) if e.is_missing_table() => {

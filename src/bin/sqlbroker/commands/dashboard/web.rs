@@ -461,6 +461,15 @@ fn act(
     let done: Result<(String, u64), sqlbroker::BrokerError> = match (action, id, all) {
         ("pause", _, _) => b.pause(table).map(|()| ("paused".into(), 0)),
         ("resume", _, _) => b.resume(table).map(|()| ("resumed".into(), 0)),
+        (verb @ ("pause_queue" | "resume_queue"), _, _) => {
+            let queue = field(form, "queue").unwrap_or_default();
+            detail = format!("queue {queue}");
+            let (set, done) = match verb {
+                "pause_queue" => (b.pause_queue(table, queue), "paused"),
+                _ => (b.resume_queue(table, queue), "resumed"),
+            };
+            set.map(|()| (format!("queue {queue} {done}"), 0))
+        }
         ("requeue", _, true) => b
             .requeue_all_dead(table)
             .map(|n| (format!("requeued {n} dead letters"), n)),
@@ -526,7 +535,10 @@ fn act(
     let (message, rows) = match done {
         Ok(m) => m,
         // A max out of range or a key the table has no limit of: the operator's mistake.
-        Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
+        Err(
+            e @ (sqlbroker::BrokerError::InvalidOption { .. }
+            | sqlbroker::BrokerError::InvalidTable { .. }),
+        ) => {
             return Reply::html(
                 400,
                 pages::message("The action was refused", &crate::chain(&e)),
