@@ -89,8 +89,12 @@ impl Worker {
         let stop = Arc::new(AtomicBool::new(false));
         let handlers = 3 + r.below(2) as usize;
         let in_flight = 1 + r.below(4) as usize;
-        let sub = broker
-            .subscription(&table)
+        let mut sub = broker.subscription(&table);
+        // Broker 1 claims some queues and kinds only (a table that has them).
+        if let (1, Some((queues, kinds))) = (who, &world.view) {
+            sub = sub.queues(queues.clone()).kinds(kinds.clone());
+        }
+        let sub = sub
             .workers(2)
             .batch_size(1 + r.below(3) as usize)
             .max_in_flight(in_flight)
@@ -590,6 +594,7 @@ pub fn operator(
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = Rng::new(world.seed).fork(3);
+        let mut qr = Rng::new(world.seed).fork(8);
         let t = &world.table;
         let record = |op: Op, res: Result<String, BrokerError>, t0: i64| {
             let t1 = now_micros();
@@ -619,6 +624,17 @@ pub fn operator(
                 5,                                        // delete a row by hand
             ];
             let t0 = now_micros();
+            // A queue paused a moment (tables with queues), drawn apart from `r`.
+            if world.queues && qr.chance(10) {
+                let q = qr.pick(&super::world::QUEUES).to_string();
+                let res = broker.pause_queue(t, &q).map(|()| String::new());
+                record(Op::PauseQueue(q.clone()), res, t0);
+                stop.sleep(Duration::from_millis(300 + qr.below(900)));
+                let t0 = now_micros();
+                let res = broker.resume_queue(t, &q).map(|()| String::new());
+                record(Op::ResumeQueue(q), res, t0);
+                continue;
+            }
             match r.weighted(&weights) {
                 0 => {
                     // Half the time a job in work, as an operator cancels a stuck one from

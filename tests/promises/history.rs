@@ -79,6 +79,9 @@ pub struct Msg {
     /// Jobs it waits on to be acked, and to settle (`after`, `after_settled`).
     pub after: Vec<i64>,
     pub after_settled: Vec<i64>,
+    /// Tables with queues and kinds: its queue and kind.
+    pub queue: Option<String>,
+    pub kind: Option<String>,
 }
 
 /// An operator's call.
@@ -100,6 +103,9 @@ pub enum Op {
     Purge(Vec<i64>),
     /// A row deleted by hand (SQL behind the library's back).
     Delete(i64),
+    /// `pause_queue(queue)`, `resume_queue(queue)`.
+    PauseQueue(String),
+    ResumeQueue(String),
 }
 
 /// A fault the run made.

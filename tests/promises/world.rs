@@ -60,7 +60,16 @@ pub struct World {
     pub hold_max: Duration,
     /// Set once the run drains: handlers then settle at once (shared by the world's clones).
     pub draining: Arc<AtomicBool>,
+    /// The table has named queues and job kinds ([`QUEUES`], [`KINDS`]): broker 1 claims only
+    /// some of each (`view`), and the operator pauses queues.
+    pub queues: bool,
+    /// Broker 1's queues and kinds.
+    pub view: Option<(Vec<String>, Vec<String>)>,
 }
+
+/// The queues and the kinds of a table that has them.
+pub const QUEUES: [&str; 3] = ["q0", "q1", "q2"];
+pub const KINDS: [&str; 3] = ["k0", "k1", "k2"];
 
 impl World {
     /// The world of `seed` on `db` in `form`.
@@ -121,6 +130,23 @@ impl World {
             }
             t
         };
+        // Queues and kinds, drawn apart from the rest so a seed's other choices stay as they
+        // were before queues came.
+        let mut qr = Rng::new(seed).fork(7);
+        let queues = qr.chance(50);
+        let mut view = None;
+        if queues {
+            base = base.queues().kinds();
+            let some = |qr: &mut Rng, all: &[&str]| -> Vec<String> {
+                let skip = qr.below(all.len() as u64) as usize;
+                all.iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != skip || qr.chance(30))
+                    .map(|(_, n)| n.to_string())
+                    .collect()
+            };
+            view = Some((some(&mut qr, &QUEUES), some(&mut qr, &KINDS)));
+        }
         let forward: Vec<usize> = (0..limits.len()).collect();
         let backward: Vec<usize> = forward.iter().rev().copied().collect();
         let in_form = |t: Table| match form {
@@ -149,6 +175,8 @@ impl World {
             key_is_group,
             hold_max: Duration::from_millis(10 + r.below(60)),
             draining: Arc::default(),
+            queues,
+            view,
         }
     }
 
@@ -167,6 +195,14 @@ impl World {
     pub fn message(&self, r: &mut Rng, n: u64, recent: &[i64]) -> (Message, Msg) {
         let mut msg = Msg::default();
         let mut m = Message::new(format!("job {n}").into_bytes()).set("u", format!("u{n}"));
+        if self.queues {
+            // Drawn apart from `r`, so the other choices of a seed stay as they were.
+            let mut qr = Rng::new(self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).fork(9);
+            let (q, k) = (*qr.pick(&QUEUES), *qr.pick(&KINDS));
+            m = m.queue(q).kind(k);
+            msg.queue = Some(q.to_string());
+            msg.kind = Some(k.to_string());
+        }
         // A `NULL` key now and then: one key of its own for limits and fair claims.
         let key = if r.chance(8) {
             None
@@ -239,7 +275,7 @@ impl World {
     pub fn describe(&self) -> String {
         format!(
             "{:?} {:?}, table {}, profile {:?}: limits {:?}, rate {:?}, fair {}, dedup {}, \
-             priorities {}, keys {:?}, groups {:?}{}, handlers hold up to {:?}",
+             priorities {}, keys {:?}, groups {:?}{}, handlers hold up to {:?}{}",
             self.db,
             self.form,
             self.name,
@@ -256,7 +292,11 @@ impl World {
             } else {
                 ""
             },
-            self.hold_max
+            self.hold_max,
+            match &self.view {
+                Some((q, k)) => format!(", queues and kinds (broker 1 claims {q:?} {k:?})"),
+                None => String::new(),
+            }
         )
     }
 }
