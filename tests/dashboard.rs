@@ -3500,3 +3500,68 @@ mod bulk_cancel_goes_on_past_jobs_in_work {
         super::bulk_cancel_goes_on_past_jobs_in_work(Db::Mysql)
     }
 }
+
+/// A table with queues: its page lists each queue's counts with a pause button; the POST
+/// pauses the queue (no claim takes its rows), the page then offers resume, which resumes
+/// it; `/metrics` labels the counts by queue; a bad queue name is refused (400) and changes
+/// nothing. Fails (`paused_queues`) if the action paused nothing, and (the metrics lines) if
+/// the counts were not by queue.
+fn queues_are_shown_and_paused(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("dq"))
+            .queues()
+            .lease(Duration::from_secs(30)),
+    );
+    let b = &l.broker;
+    for q in ["mail", "mail", "img"] {
+        b.publish(&t, Message::new(b"x".to_vec()).queue(q)).unwrap();
+    }
+    let name = t.name();
+    let dash = start(&l.url, &["--table", name], &[]);
+    let page = dash.get(&format!("/tables/{name}"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("<h2>Queues</h2>"), "{}", page.body);
+    assert!(page.body.contains("<code>mail</code>"), "{}", page.body);
+    let m = dash.get("/metrics").body;
+    for line in [
+        format!(
+            "sqlbroker_queue_jobs_by_queue{{table=\"{name}\",queue=\"mail\",state=\"ready\"}} 2"
+        ),
+        format!(
+            "sqlbroker_queue_jobs_by_queue{{table=\"{name}\",queue=\"img\",state=\"ready\"}} 1"
+        ),
+        format!("sqlbroker_queue_paused_by_queue{{table=\"{name}\",queue=\"mail\"}} 0"),
+    ] {
+        assert!(m.lines().any(|l| l == line), "no {line:?} in:\n{m}");
+    }
+    let csrf = dash.csrf(&format!("/tables/{name}"));
+    let post = |verb: &str, queue: &str| {
+        dash.post(
+            &format!("/tables/{name}/{verb}"),
+            &[("csrf", csrf.as_str()), ("queue", queue)],
+        )
+    };
+    let r = post("pause_queue", "mail");
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(b.paused_queues(&t).unwrap(), ["mail"]);
+    let r = post("pause_queue", "a b");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(b.paused_queues(&t).unwrap(), ["mail"]);
+    let sub = b.subscription(&t).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!(d.queue(), "img", "the paused queue's row was delivered");
+    d.ack().unwrap();
+    assert!(sub
+        .next_delivery_timeout(Duration::from_millis(500))
+        .is_err());
+    let page = dash.get(&format!("/tables/{name}"));
+    assert!(page.body.contains("/resume_queue"), "{}", page.body);
+    let r = post("resume_queue", "mail");
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(b.paused_queues(&t).unwrap().is_empty());
+    assert_eq!(common::next(&sub, Duration::from_secs(10)).queue(), "mail");
+    sub.close();
+}
+
+per_db!(queues_are_shown_and_paused);
