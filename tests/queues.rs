@@ -894,3 +894,33 @@ fn odd_named_columns_are_refused() {
     assert_eq!(d.queue(), "A");
     d.ack().unwrap();
 }
+
+/// A column adopted as the queue (`rename(Role::Queue, ..)` on an existing table) keeps its
+/// `NULL`s: `migrate` neither fills them nor makes the column `NOT NULL DEFAULT 'default'`.
+/// Such a row's delivery says it is of the default queue, so a view of the default queue must
+/// claim it. Fails (a known defect, run with `--ignored`): the view's `queue IN ('default')`
+/// never matches `NULL`, only whole-table subscriptions take the row.
+#[test]
+#[ignore = "known defect: NULLs of an adopted queue column are in no view's queue"]
+fn an_adopted_queue_columns_nulls_are_in_the_default_queue() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let name = common::unique("t");
+    let plain = live.create(Table::new(&name).text_column("grp").lease(LEASE));
+    let id = live
+        .broker
+        .publish(&plain, Message::new(b"x".to_vec()))
+        .unwrap();
+    let t = plain.clone().rename(Role::Queue, "grp").queues();
+    live.broker.migrate(&t).unwrap();
+    let sub = live
+        .broker
+        .subscription(&t)
+        .queues([sqlbroker::DEFAULT_QUEUE])
+        .start()
+        .unwrap();
+    let d = common::next(&sub, WAIT);
+    assert_eq!((d.id(), d.queue()), (id, sqlbroker::DEFAULT_QUEUE));
+    d.ack().unwrap();
+}
