@@ -1242,15 +1242,32 @@ impl Table {
         plain.queues = false;
         plain.kinds = false;
         plain.only = None;
-        let mut named = |on: bool, role: Role| -> Option<String> {
-            let name = on.then(|| self.role_name(role))?;
-            if !plain.columns.iter().any(|(c, _)| *c == name) {
-                plain.columns.push((name.clone(), ColumnType::Text));
+        let mut named = |on: bool, role: Role| -> Result<Option<String>> {
+            let Some(name) = on.then(|| self.role_name(role)) else {
+                return Ok(None);
+            };
+            match plain.columns.iter().find(|(c, _)| *c == name) {
+                None => plain.columns.push((name.clone(), ColumnType::Text)),
+                // A column of the user's is adopted only if it holds names (text).
+                Some((_, ty)) if *ty != ColumnType::Text => {
+                    return Err(bad(format!(
+                        "column {name:?} holds the {}: a text column, not {ty:?}",
+                        role.default_name()
+                    )))
+                }
+                Some(_) => {}
             }
-            Some(name)
+            Ok(Some(name))
         };
-        let queue = named(self.queues, Role::Queue);
-        let kind = named(self.kinds, Role::Kind);
+        let queue = named(self.queues, Role::Queue)?;
+        let kind = named(self.kinds, Role::Kind)?;
+        if let (Some(q), Some(k)) = (&queue, &kind) {
+            if q == k {
+                return Err(bad(format!(
+                    "the queue and the kind are one column {q:?}: name them apart"
+                )));
+            }
+        }
         let mut spec = plain.validate()?;
         let index = |spec: &TableSpec, name: &Option<String>| {
             name.as_ref().and_then(|n| spec.column_index(n))
