@@ -70,23 +70,6 @@ fn next_of(subs: &[&Subscription]) -> Delivery {
     panic!("no delivery within {WAIT:?}")
 }
 
-/// True (after a loud skip) for MySQL's row lock form unless `SQLBROKER_KNOWN_DEFECTS=1`: a
-/// view's claim there keeps the locks of the other views' rows it read past, for as long as
-/// its delivery's transaction (see [`a_view_leaves_other_rows_free`]).
-fn known_mysql_row_lock_defect(db: Db, form: Form) -> bool {
-    let skip = db == Db::Mysql
-        && form == Form::RowLock
-        && std::env::var("SQLBROKER_KNOWN_DEFECTS").map_or(true, |v| v != "1");
-    if skip {
-        eprintln!(
-            "\n!!!!! SKIPPED: MySQL row lock views: a known defect (a view's claim holds the \
-             locks of rows of other queues and kinds it read past); SQLBROKER_KNOWN_DEFECTS=1 \
-             runs it !!!!!\n"
-        );
-    }
-    skip
-}
-
 /// Nothing is delivered within [`QUIET`].
 fn none_within(sub: &Subscription, why: &str) {
     if let Ok(d) = sub.next_delivery_timeout(QUIET) {
@@ -150,9 +133,6 @@ type Seen = (i64, String, &'static str);
 /// workers and batches) and one in another broker, while rows are published to every queue:
 /// each delivery is of its view's queue and no row is delivered twice.
 fn views_running_together_never_cross(db: Db, form: Form) {
-    if known_mysql_row_lock_defect(db, form) {
-        return;
-    }
     let Some(live) = common::live(db) else { return };
     let t = queued(&live, form);
     let other = live.connect();
@@ -786,18 +766,11 @@ per_db_form!(a_renamed_queue_column);
 /// A view's claim leaves the rows of other queues and kinds free: while a view of kind x holds
 /// a delivery (a row lock form's transaction stays open), a view of kind y in another broker
 /// takes every y row, also the one published before the x row the first claim took, and acks
-/// them. Fails on MariaDB's row lock form (`y1` skipped: the x view's claim, reading the ready
-/// index in order, locked y1 as it passed it and keeps the lock with its transaction; acks
-/// of rows whose index entries such a claim locked wait out `innodb_lock_wait_timeout`).
+/// them. Failed on MariaDB's row lock form before its claims of views locked rows by id
+/// (`y1` skipped: the x view's claim, reading the ready index in order, locked y1 as it
+/// passed it and kept the lock with its transaction; acks of rows whose index entries such a
+/// claim locked waited out `innodb_lock_wait_timeout`).
 fn a_view_leaves_other_rows_free(db: Db, form: Form) {
-    if known_mysql_row_lock_defect(db, form) {
-        return;
-    }
-    view_leaves_other_rows_free(db, form)
-}
-per_db_form!(a_view_leaves_other_rows_free);
-
-fn view_leaves_other_rows_free(db: Db, form: Form) {
     let Some(live) = common::live(db) else { return };
     let t = queued(&live, form);
     let y1 = live
@@ -834,15 +807,7 @@ fn view_leaves_other_rows_free(db: Db, form: Form) {
     x.close();
     y.close();
 }
-
-/// [`a_view_leaves_other_rows_free`] on MariaDB's row lock form: a reproduction of the known
-/// defect, run with `--ignored`.
-#[cfg(feature = "mysql")]
-#[test]
-#[ignore = "known defect: a MySQL row lock view's claim keeps the locks of rows it read past"]
-fn mysql_row_lock_view_leaves_other_rows_free() {
-    view_leaves_other_rows_free(Db::Mysql, Form::RowLock)
-}
+per_db_form!(a_view_leaves_other_rows_free);
 
 /// Descriptions whose queue or kind column cannot hold names are refused: a user's column of
 /// that name that is not text, the queue and the kind renamed to one column, a role's name.
@@ -897,13 +862,13 @@ fn odd_named_columns_are_refused() {
 
 /// A column adopted as the queue (`rename(Role::Queue, ..)` on an existing table) keeps its
 /// `NULL`s: `migrate` neither fills them nor makes the column `NOT NULL DEFAULT 'default'`.
-/// Such a row's delivery says it is of the default queue, so a view of the default queue must
-/// claim it. Fails (a known defect, run with `--ignored`): the view's `queue IN ('default')`
-/// never matches `NULL`, only whole-table subscriptions take the row.
-#[test]
-#[ignore = "known defect: NULLs of an adopted queue column are in no view's queue"]
-fn an_adopted_queue_columns_nulls_are_in_the_default_queue() {
-    let Some(live) = common::live(Db::Sqlite) else {
+/// Such a row is of the default queue everywhere: its delivery says so, a view of the default
+/// queue claims it, a pause of the default queue holds it, `queue_stats` counts it there.
+/// Fails (`a view of the default queue`) if the view's condition were `queue IN ('default')`
+/// alone, which never matches `NULL` (found by the review: only whole-table subscriptions took
+/// the row), and (`paused`) if the pause's probe compared the `NULL`.
+fn an_adopted_queue_columns_nulls_are_in_the_default_queue(db: Db) {
+    let Some(live) = common::live(db) else {
         return;
     };
     let name = common::unique("t");
@@ -914,13 +879,38 @@ fn an_adopted_queue_columns_nulls_are_in_the_default_queue() {
         .unwrap();
     let t = plain.clone().rename(Role::Queue, "grp").queues();
     live.broker.migrate(&t).unwrap();
+    let stats = live.broker.queue_stats(&t).unwrap();
+    assert_eq!(
+        stats
+            .iter()
+            .map(|(q, s)| (q.as_str(), s.ready))
+            .collect::<Vec<_>>(),
+        [(sqlbroker::DEFAULT_QUEUE, 1)]
+    );
+    live.broker
+        .pause_queue(&t, sqlbroker::DEFAULT_QUEUE)
+        .unwrap();
+    let whole = live.broker.subscription(&t).start().unwrap();
+    assert!(
+        whole
+            .next_delivery_timeout(Duration::from_millis(500))
+            .is_err(),
+        "paused: the row of a NULL queue was claimed"
+    );
+    whole.close();
+    live.broker
+        .resume_queue(&t, sqlbroker::DEFAULT_QUEUE)
+        .unwrap();
     let sub = live
         .broker
         .subscription(&t)
         .queues([sqlbroker::DEFAULT_QUEUE])
         .start()
         .unwrap();
-    let d = common::next(&sub, WAIT);
+    let d = sub
+        .next_delivery_timeout(WAIT)
+        .expect("a view of the default queue claims a NULL queue's row");
     assert_eq!((d.id(), d.queue()), (id, sqlbroker::DEFAULT_QUEUE));
     d.ack().unwrap();
 }
+per_db!(an_adopted_queue_columns_nulls_are_in_the_default_queue);

@@ -341,6 +341,15 @@ pub(crate) struct TableSql {
     pub stats_by_kind: Option<String>,
     /// Tables with queues: the paused queues' statements ([`queues::PausedQueuesSql`]).
     pub paused_queues: Option<queues::PausedQueuesSql>,
+    /// MySQL row lock tables with queues, or a subscription's view of some queues or kinds:
+    /// the claim in two steps, `(now, limit)` -> ids of ready rows in claim order, locking
+    /// nothing, then `(id, now)` -> the row, locked `FOR UPDATE SKIP LOCKED` if it is still
+    /// claimable, each in a transaction of its own. InnoDB keeps the lock of every row a
+    /// locking read reads, a row the `WHERE` then refuses (another queue's, another kind's, a
+    /// paused queue's) included, for the rest of the transaction, which in the row lock form
+    /// is the delivery's: a view would hold rows no one else could claim.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub row_lock_by_id: Option<(String, String)>,
     /// Tables that keep completed rows: `(after, limit)` -> `id, attempts, payload,
     /// completed_at, <user columns>` of the completed rows with ids above `after`, by id.
     pub completed_page: String,

@@ -76,13 +76,15 @@ impl Syntax {
         let Some(c) = spec.queue.and_then(|i| spec.columns.get(i)) else {
             return String::new();
         };
+        // `NULL` (a column adopted from the table's own) is the default queue.
         format!(
-            " AND NOT EXISTS (SELECT 1 FROM {} WHERE {} = {} AND {} = {})",
+            " AND NOT EXISTS (SELECT 1 FROM {} WHERE {} = {} AND {} = COALESCE({}, {}))",
             self.q(PAUSED_QUEUES),
             self.q("paused_table_name"),
             standard_literal(&spec.name),
             self.q("paused_queue_name"),
-            self.q(&c.name)
+            self.q(&c.name),
+            standard_literal(crate::model::table::DEFAULT_QUEUE)
         )
     }
 }

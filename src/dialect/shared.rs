@@ -382,12 +382,20 @@ impl Syntax {
             let Some(c) = spec.columns.get(*col) else {
                 continue;
             };
-            let list: Vec<String> = values.iter().map(|v| standard_literal(v)).collect();
-            out.push_str(&format!(
-                " AND {} IN ({})",
-                self.q(&c.name),
-                list.join(", ")
-            ));
+            let list = values
+                .iter()
+                .map(|v| standard_literal(v))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let name = self.q(&c.name);
+            // A queue column adopted from a table's own (`rename(Role::Queue, ..)`) may hold
+            // `NULL`: such a row is in the default queue, as `Delivery::queue` reads it.
+            let default = crate::model::table::DEFAULT_QUEUE;
+            if spec.queue == Some(*col) && values.iter().any(|v| v == default) {
+                out.push_str(&format!(" AND ({name} IN ({list}) OR {name} IS NULL)"));
+            } else {
+                out.push_str(&format!(" AND {name} IN ({list})"));
+            }
         }
         out
     }
@@ -396,7 +404,14 @@ impl Syntax {
     /// grouped by the column, which `prefix` qualifies (MySQL's statement aliases the table).
     pub fn grouped_stats(&self, spec: &TableSpec, sql: &mut TableSql, prefix: &str) {
         let by = |col: Option<usize>| {
-            let c = format!("{prefix}{}", self.q(&spec.columns.get(col?)?.name));
+            let mut c = format!("{prefix}{}", self.q(&spec.columns.get(col?)?.name));
+            if col == spec.queue {
+                // `NULL` (an adopted column's) is the default queue.
+                c = format!(
+                    "COALESCE({c}, {})",
+                    standard_literal(crate::model::table::DEFAULT_QUEUE)
+                );
+            }
             Some(format!(
                 "{} GROUP BY {c}",
                 sql.stats.replacen("SELECT ", &format!("SELECT {c}, "), 1)

@@ -45,6 +45,9 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     if let Some(limited) = &q.sql.limited {
         return claim_limited(ctx, limited, conn);
     }
+    if let (Some(by_id), None) = (&q.sql.row_lock_by_id, &q.sql.fifo) {
+        return claim_by_id(ctx, by_id, conn);
+    }
     let now = claim_now(SystemTime::now());
     // Marked broken from `BEGIN` until the transaction ends (a commit or rollback clears it):
     // should anything between unwind or return early, the pool discards the session instead of
@@ -78,6 +81,56 @@ pub(crate) fn claim(ctx: &Ctx, by: Option<Instant>) -> Result<Vec<Claimed>> {
     };
     let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
     deliver(ctx, conn, row, unreadable, None, Vec::new())
+}
+
+/// The claim in two steps (MySQL tables with queues, and views: `TableSql::row_lock_by_id`):
+/// candidates in claim order read without locks, then the first that is still claimable
+/// locked by id in the claim transaction; a candidate taken or settled meanwhile is rolled
+/// back (its transaction ended, so a row the lock found no longer claimable is not held) and
+/// the next is tried.
+fn claim_by_id(
+    ctx: &Ctx,
+    (candidates, take): &(String, String),
+    mut conn: ClaimConn,
+) -> Result<Vec<Claimed>> {
+    let q = &ctx.queue;
+    let now = claim_now(SystemTime::now());
+    let (mut page, mut seen) = (16usize, 0usize);
+    loop {
+        let rows = conn
+            .query(candidates, &[Value::Time(now), Value::Int(page as i64)])
+            .map_err(q.err("claim"))?;
+        for row in rows.iter().skip(seen) {
+            let Some(id) = row.first().and_then(Value::as_i64) else {
+                continue;
+            };
+            // Marked broken until the transaction ends, as in the plain claim.
+            conn.mark_broken();
+            let locked = (|| {
+                for stmt in &q.sql.begin {
+                    conn.batch(stmt)?;
+                }
+                conn.query(take, &[Value::Int(id), Value::Time(now)])
+            })();
+            match locked {
+                Ok(mut found) if !found.is_empty() => {
+                    let row = found.swap_remove(0);
+                    let unreadable = unreadable_rows(&mut *conn, 1).pop().flatten();
+                    return deliver(ctx, conn, row, unreadable, None, Vec::new());
+                }
+                Ok(_) => conn.rollback_or_discard(),
+                Err(e) => {
+                    conn.rollback_or_discard();
+                    return Err(q.err("claim")(e));
+                }
+            }
+        }
+        if rows.len() < page || page >= SCAN_MAX {
+            return Ok(Vec::new());
+        }
+        seen = rows.len();
+        page = (page * 4).min(SCAN_MAX);
+    }
 }
 
 /// The row a claim locked, as a delivery: the connection goes with it, still marked broken

@@ -291,6 +291,22 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             };
             sql.claim_from = cursor.as_deref().map(&claim);
             sql.claim = claim("");
+            if spec.queue.is_some() || !spec.only.is_empty() {
+                // Rows the `WHERE` refuses would stay locked by the delivery (TableSql's
+                // `row_lock_by_id`): candidates first, then each locked by id.
+                let from = match by_queue {
+                    true => format!("{t} FORCE INDEX ({})", s.q(&index)),
+                    false => t.clone(),
+                };
+                sql.row_lock_by_id = Some((
+                    format!("SELECT {id} FROM {from} WHERE {ready} ORDER BY {order} LIMIT ?"),
+                    format!(
+                        "SELECT {row} FROM {t} WHERE {id} = ? AND {} FOR UPDATE SKIP LOCKED",
+                        s.ready_checked(spec, "?")
+                    ),
+                ));
+                sql.claim_from = None;
+            }
         }
         Form::Lease => {
             let claim = |from: &str| {
