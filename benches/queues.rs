@@ -165,6 +165,28 @@ fn watch_connections<T>(db: &str, url: &str, run: impl FnOnce() -> T) -> (T, Opt
     (out, held)
 }
 
+/// A worker of `THREADS` threads with a handler that acks at once for each `(table, kind)`,
+/// from its start until it has handled `jobs`; jobs/s.
+fn run_worker(broker: &Broker, kinds: &[(&Table, String)], jobs: usize) -> f64 {
+    let started = Instant::now();
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let mut w = Worker::new(broker).threads(THREADS);
+    for (t, k) in kinds {
+        let done = done.clone();
+        w = w.on(t, k, move |_d| {
+            done.fetch_add(1, Ordering::Relaxed);
+            Ok::<(), String>(())
+        });
+    }
+    let h = w.start().unwrap();
+    while done.load(Ordering::Relaxed) < jobs {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let took = started.elapsed();
+    h.shutdown(Duration::from_secs(30)).unwrap();
+    jobs as f64 / took.as_secs_f64()
+}
+
 const POOL: u32 = 12;
 const THREADS: usize = 8;
 
@@ -212,26 +234,10 @@ fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
         fill(&broker, &kinds20, jobs, |i| {
             Message::new(b"job".to_vec()).kind(format!("k{}", i % 20))
         });
-        let (rate, held) = watch_connections(db, url, || {
-            let started = Instant::now();
-            let done = std::sync::Arc::new(AtomicUsize::new(0));
-            let mut w = Worker::new(&broker).threads(THREADS);
-            for k in 0..20 {
-                let done = done.clone();
-                w = w.on(&kinds20, &format!("k{k}"), move |_d| {
-                    done.fetch_add(1, Ordering::Relaxed);
-                    Ok::<(), String>(())
-                });
-            }
-            let h = w.start().unwrap();
-            while done.load(Ordering::Relaxed) < jobs {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let took = started.elapsed();
-            h.shutdown(Duration::from_secs(30)).unwrap();
-            jobs as f64 / took.as_secs_f64()
-        });
-        results[1].push((rate, held));
+        let kinds: Vec<(&Table, String)> = (0..20).map(|k| (&kinds20, format!("k{k}"))).collect();
+        results[1].push(watch_connections(db, url, || {
+            run_worker(&broker, &kinds, jobs)
+        }));
         // A worker over 10 tables, 2 kinds each.
         for (n, t) in tables10.iter().enumerate() {
             let share = jobs / 10 + usize::from(n < jobs % 10);
@@ -239,28 +245,13 @@ fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
                 Message::new(b"job".to_vec()).kind(format!("k{}", i % 2))
             });
         }
-        let (rate, held) = watch_connections(db, url, || {
-            let started = Instant::now();
-            let done = std::sync::Arc::new(AtomicUsize::new(0));
-            let mut w = Worker::new(&broker).threads(THREADS);
-            for t in &tables10 {
-                for k in 0..2 {
-                    let done = done.clone();
-                    w = w.on(t, &format!("k{k}"), move |_d| {
-                        done.fetch_add(1, Ordering::Relaxed);
-                        Ok::<(), String>(())
-                    });
-                }
-            }
-            let h = w.start().unwrap();
-            while done.load(Ordering::Relaxed) < jobs {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let took = started.elapsed();
-            h.shutdown(Duration::from_secs(30)).unwrap();
-            jobs as f64 / took.as_secs_f64()
-        });
-        results[2].push((rate, held));
+        let kinds: Vec<(&Table, String)> = tables10
+            .iter()
+            .flat_map(|t| (0..2).map(move |k| (t, format!("k{k}"))))
+            .collect();
+        results[2].push(watch_connections(db, url, || {
+            run_worker(&broker, &kinds, jobs)
+        }));
     }
     let best = |r: &[(f64, Option<usize>)]| r.iter().map(|x| x.0).fold(0f64, f64::max);
     let base = best(&results[0]);

@@ -495,18 +495,7 @@ impl Broker {
             false => conn.execute(&pq.resume, &[t.clone(), n.clone()]),
         })?;
         if !paused {
-            // Idle claimers here at once; other brokers through the change feed (PostgreSQL),
-            // else their poll.
-            q.wake.notify_all();
-            if let Err(e) = q
-                .conn(op)
-                .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
-            {
-                log::warn!(
-                    "table {}: telling other brokers of the {op}: {e}",
-                    q.spec.name
-                );
-            }
+            registry::announce(&q, op);
         }
         Ok(())
     }

@@ -536,8 +536,15 @@ pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
         });
     }
     q.wake.pause.own(paused);
+    announce(q, op);
+    Ok(())
+}
+
+/// After a pause or a resume (of the table or of one of its queues): wakes this broker's
+/// claimers at once and other brokers through the change feed (PostgreSQL); a notification
+/// lost here is made up by their poll.
+pub(crate) fn announce(q: &Queue, op: &'static str) {
     q.wake.notify_all();
-    // Other brokers' feeds: a notification lost here is made up by their poll.
     if let Err(e) = q
         .conn(op)
         .and_then(|mut c| q.dialect.announce_pause(&mut *c, &q.sql).map_err(q.err(op)))
@@ -547,7 +554,6 @@ pub(crate) fn set_paused(q: &Queue, paused: bool) -> Result<()> {
             q.spec.name
         );
     }
-    Ok(())
 }
 
 /// Records an operator's setting of the concurrency limit `key` of the table (`None`: lifted)
