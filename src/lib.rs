@@ -63,6 +63,17 @@
 //! - [`Table::dedup`]: a [`Message::dedup_key`] held by an unfinished row makes no new row
 //!   ([`BrokerError::Duplicate`]).
 //!
+//! ## Queues, job kinds and workers
+//!
+//! - [`Table::queues`]: named queues in one table ([`Message::queue`], [`Delivery::queue`]);
+//!   [`SubscriptionBuilder::queues`] claims only some, through the queue's index;
+//!   [`Broker::pause_queue`] stops every claim of one queue from its next statement;
+//!   [`Broker::queue_stats`] counts by queue.
+//! - [`Table::kinds`]: job kinds ([`Message::kind`], [`Delivery::kind`]); a [`Worker`] runs
+//!   handlers by table and kind on one pool of threads, each table's claims taking only the
+//!   kinds it handles; [`WorkerHandle::shutdown`] stops them all gracefully. With `serde`,
+//!   `TypedJob` kinds publish and run decoded (`Message::job`, `Worker::job`).
+//!
 //! ## Flow control
 //!
 //! - [`Table::concurrency_limit`]: at most `max` rows of one rendered key in work at once

@@ -1,6 +1,6 @@
 //! A worker: handlers registered by table and job kind, run on one pool of threads over one
 //! subscription per table (or per table and capped queue), each claiming only the kinds this
-//! worker handles ([`SubscriptionBuilder::kinds`]).
+//! worker handles ([`SubscriptionBuilder::kinds`](crate::SubscriptionBuilder::kinds)).
 //!
 //! Why one subscription per table and not one claim loop over all tables: a table's claim is
 //! one statement over one table (its form, its limits, its FIFO heads), and a subscription is
@@ -44,7 +44,7 @@ struct TableReg {
 
 /// Handlers by table and job kind, on one pool of threads: a service with many kinds of job in
 /// one table (or several tables) runs them all with one worker. Build it with [`Worker::on`]
-/// (and [`Worker::job`], feature `serde`), then [`start`](Worker::start) it.
+/// (and `Worker::job`, feature `serde`), then [`start`](Worker::start) it.
 ///
 /// Each table gets one subscription that claims only the kinds this worker has handlers for
 /// (a row of another kind stays ready for the worker that has one), and, for each queue capped

@@ -2051,8 +2051,8 @@ mod tests {
                 .filter(|(i, _)| {
                     lease || !matches!(ROLES[*i], Role::LockedUntil | Role::CancelRequested)
                 })
-                // No table here has dedup keys, priorities, kept completed rows, outputs or
-                // checkpoints: their roles are not checked.
+                // No table here has dedup keys, priorities, kept completed rows, outputs,
+                // checkpoints, a trace context, queues or kinds: their roles are not checked.
                 .filter(|(i, _)| {
                     !matches!(
                         ROLES[*i],
@@ -2062,6 +2062,8 @@ mod tests {
                             | Role::Output
                             | Role::Checkpoint
                             | Role::Traceparent
+                            | Role::Queue
+                            | Role::Kind
                     )
                 })
                 .map(|(_, n)| n)

@@ -467,7 +467,7 @@ impl Broker {
 
     /// A page of the completed rows a table keeps ([`Table::keep_completed`]): those with an
     /// id above `after` (`None`: from the first), at most `limit`, lowest id first.
-    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// [`BrokerError::InvalidTable`] on a table that does
     /// not keep them.
     pub fn completed_after(
         &self,
@@ -516,7 +516,7 @@ impl Broker {
     /// On a table with [`dependencies`](Table::dependencies), each batch in a transaction that
     /// first records, in their heads (kept a day), that the cancelled rows it prunes were
     /// cancelled: a job published after one within that day is dead-lettered as before.
-    /// [`BrokerError::InvalidTable`](crate::BrokerError::InvalidTable) on a table that does
+    /// [`BrokerError::InvalidTable`] on a table that does
     /// not keep completed rows.
     pub fn prune_completed(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
@@ -575,7 +575,7 @@ fn in_transaction<T>(
 
 /// Requeues dead letter `id` of a table with dependencies ([`Broker::requeue_dead`]), in a
 /// transaction of its own: true if it was requeued, false if no dead letter has that id,
-/// [`BrokerError::ParentFailed`](crate::BrokerError::ParentFailed) (rolled back) if it waits
+/// [`BrokerError::ParentFailed`] (rolled back) if it waits
 /// on a job still dead-lettered or cancelled.
 fn requeue_waiting(q: &Queue, id: i64) -> Result<bool> {
     use crate::runtime::deps::Requeued;
