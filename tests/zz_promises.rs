@@ -36,10 +36,14 @@ const FIXED: &[u64] = &[1, 2, 3];
 /// PostgreSQL advisory 32228726: a claim decided before a silence ran after a pause made in it
 /// (fixed: `runtime::wake`'s `a_failed_read_elsewhere_does_not_make_an_old_decision_fresh`);
 /// MariaDB advisory 839770630: a process frozen between its claim's decision and its statement
-/// (the checker's claim start).
+/// (the checker's claim start); MariaDB advisory 355868076: an attempt spent by a take whose
+/// answer a silence lost (the checker's P2); PostgreSQL lease 54939493: a requeue of every
+/// dead letter between a dead letter's commit and its return (the checker's P3).
 const FOUND: &[(&str, u64)] = &[
     ("postgres_advisory", 32228726),
     ("mysql_advisory", 839770630),
+    ("mysql_advisory", 355868076),
+    ("postgres_lease", 54939493),
 ];
 
 /// The child process's entry: a worker when this process is one ([`promises::actors`]).
