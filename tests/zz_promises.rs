@@ -38,12 +38,15 @@ const FIXED: &[u64] = &[1, 2, 3];
 /// MariaDB advisory 839770630: a process frozen between its claim's decision and its statement
 /// (the checker's claim start); MariaDB advisory 355868076: an attempt spent by a take whose
 /// answer a silence lost (the checker's P2); PostgreSQL lease 54939493: a requeue of every
-/// dead letter between a dead letter's commit and its return (the checker's P3).
+/// dead letter between a dead letter's commit and its return (the checker's P3); PostgreSQL
+/// row lock 38800878: a checkpoint committed by a worker killed before it wrote its line (the
+/// checker's P19).
 const FOUND: &[(&str, u64)] = &[
     ("postgres_advisory", 32228726),
     ("mysql_advisory", 839770630),
     ("mysql_advisory", 355868076),
     ("postgres_lease", 54939493),
+    ("postgres_row_lock", 38800878),
 ];
 
 /// The child process's entry: a worker when this process is one ([`promises::actors`]).
