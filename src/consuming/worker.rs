@@ -189,8 +189,9 @@ impl Worker {
     ///
     /// # Errors
     ///
-    /// [`BrokerError::InvalidOption`] for a bad registration (no handler at all, a kind twice,
-    /// a bad name, a cap out of range or on a queue not listed), and what
+    /// [`BrokerError::InvalidOption`] for a bad registration (no handler at all, a table with
+    /// queues listed but no handler, an empty list of queues, a kind twice, a bad name, a cap
+    /// out of range or on a queue not listed), and what
     /// [`SubscriptionBuilder::start`](crate::SubscriptionBuilder::start) refuses (a table
     /// without kinds, [`BrokerError::InvalidTable`]); nothing runs then.
     pub fn start(mut self) -> Result<WorkerHandle> {
@@ -206,6 +207,15 @@ impl Worker {
         }
         let mut plan: Vec<(usize, Option<Vec<String>>, Option<usize>)> = Vec::new();
         let mut bad: Option<(&'static str, String)> = None;
+        for r in &self.tables {
+            let name = r.table.name();
+            if r.handlers.is_empty() {
+                bad.get_or_insert(("start", format!("table {name} has no handler")));
+            }
+            if r.queues.as_ref().is_some_and(Vec::is_empty) {
+                bad.get_or_insert(("queues", format!("table {name}: an empty list of queues")));
+            }
+        }
         for (i, r) in self.tables.iter().enumerate() {
             let mut rest = r.queues.clone();
             for (q, n) in &r.caps {
@@ -328,6 +338,9 @@ impl Shared {
     /// from, until the worker stops or every lane is closed.
     fn run(&self, first: usize) {
         let n = self.lanes.len();
+        if n == 0 {
+            return;
+        }
         let mut next = first % n;
         while !self.stop.load(Ordering::Acquire) {
             let mut closed = 0;
