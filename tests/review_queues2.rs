@@ -531,3 +531,75 @@ mod an_empty_queue_list_is_refused {
         super::an_empty_queue_list_is_refused(common::Db::Sqlite)
     }
 }
+
+/// A row lock worker over two tables on a pool too small for its claim workers and rows in
+/// work (pool 2, 2 tables, 4 threads): every job still runs (slowly) and shutdown returns
+/// within its grace plus a statement timeout; nothing deadlocks.
+fn row_lock_worker_on_a_small_pool(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let small = sqlbroker::Broker::builder(&live.url).pool_size(2).build().unwrap();
+    let a = queued(&live, Form::RowLock, true);
+    let b = queued(&live, Form::RowLock, true);
+    for i in 0..6 {
+        publish(&live, &a, "default", Some("k"), &format!("a{i}"));
+        publish(&live, &b, "default", Some("k"), &format!("b{i}"));
+    }
+    let w = Worker::new(&small)
+        .on(&a, "k", |_d| Ok::<(), String>(()))
+        .on(&b, "k", |_d| Ok::<(), String>(()))
+        .threads(4)
+        .start()
+        .unwrap();
+    let done = common::wait_for(Duration::from_secs(40), || w.ran().total().acked == 12);
+    let t0 = Instant::now();
+    let r = w.shutdown(Duration::from_secs(2));
+    let took = t0.elapsed();
+    assert!(done, "jobs stuck on a small pool: {:?}", w.ran());
+    assert!(took < Duration::from_secs(40), "shutdown took {took:?}: {r:?}");
+}
+per_server!(row_lock_worker_on_a_small_pool);
+
+/// `queue_stats` and `kind_stats` against the rows: ready, scheduled, in flight (lease)
+/// counted per queue and kind; a paused queue with no rows is not required to show, but a
+/// paused queue with rows shows `paused`.
+fn stats_match_the_rows(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = queued(&live, Form::Lease, true);
+    publish(&live, &t, "q1", Some("a"), "1");
+    publish(&live, &t, "q1", Some("b"), "2");
+    publish(&live, &t, "q2", Some("a"), "3");
+    live.broker
+        .publish(
+            &t,
+            Message::new(b"4".to_vec())
+                .set("k", "4")
+                .queue("q2")
+                .kind("b")
+                .deliver_after(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    live.broker.pause_queue(&t, "q2").unwrap();
+    let sub = live.broker.subscription(&t).queues(["q1"]).kinds(["a"]).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    let q: BTreeMap<String, (u64, u64, Option<u64>, bool)> = live
+        .broker
+        .queue_stats(&t)
+        .unwrap()
+        .into_iter()
+        .map(|(n, s)| (n, (s.ready, s.scheduled, s.in_flight, s.paused)))
+        .collect();
+    assert_eq!(q["q1"], (1, 0, Some(1), false), "{q:?}");
+    assert_eq!(q["q2"], (1, 1, Some(0), true), "{q:?}");
+    let k: BTreeMap<Option<String>, (u64, u64, Option<u64>)> = live
+        .broker
+        .kind_stats(&t)
+        .unwrap()
+        .into_iter()
+        .map(|(n, s)| (n, (s.ready, s.scheduled, s.in_flight)))
+        .collect();
+    assert_eq!(k[&Some("a".to_string())], (1, 0, Some(1)), "{k:?}");
+    assert_eq!(k[&Some("b".to_string())], (1, 1, Some(0)), "{k:?}");
+    d.ack().unwrap();
+    sub.close();
+}
+per_db!(stats_match_the_rows);
