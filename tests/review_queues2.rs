@@ -603,3 +603,122 @@ fn stats_match_the_rows(db: Db) {
     sub.close();
 }
 per_db!(stats_match_the_rows);
+
+// ---------------------------------------------------------------------------------------
+// Dashboard
+// ---------------------------------------------------------------------------------------
+
+struct Dash {
+    child: std::process::Child,
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Drop for Dash {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dash(url: &str) -> Dash {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["dashboard", "--listen", "127.0.0.1:0"])
+        .env("DATABASE_URL", url)
+        .env_remove("SQLBROKER_DASHBOARD_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .trim()
+        .to_string();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    Dash {
+        base: format!("http://{addr}"),
+        child,
+        agent: ureq::AgentBuilder::new()
+            .redirects(0)
+            .timeout(Duration::from_secs(30))
+            .build(),
+    }
+}
+
+fn call(r: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+    let r = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    (r.status(), r.into_string().unwrap())
+}
+
+/// The table page's Queues section and `/metrics` escape a queue value written by hand;
+/// `pause_queue` needs the CSRF token and refuses a bad name with 400, changing nothing.
+#[test]
+fn dashboard_queues_section_and_actions() {
+    let Some(live) = common::live(Db::Sqlite) else { return };
+    let t = queued(&live, Form::Lease, false);
+    let id = publish(&live, &t, "q", None, "x");
+    live.exec(&format!(
+        "UPDATE {} SET queue = '<script>alert(1)</script>\"' || char(10) || 'x' || char(8238) \
+         || char(27) WHERE id = {id}",
+        t.name()
+    ));
+    publish(&live, &t, "good", None, "y");
+    let d = dash(&live.url);
+    let page_path = format!("/tables/{}", t.name());
+    let (st, page) = call(d.agent.get(&format!("{}{page_path}", d.base)).call());
+    assert_eq!(st, 200, "{page}");
+    assert!(!page.contains("<script>alert"), "raw <script> on the table page");
+    for (i, _) in page.match_indices(['\u{202e}', '\u{1b}']) {
+        let lo = page.floor_char_boundary(i.saturating_sub(120));
+        let ctx = &page[lo..i];
+        // In a hidden input's value (the form's queue field) it is not shown.
+        assert!(
+            ctx.contains("type=\"hidden\"") && ctx.rfind('>').is_none_or(|g| g < ctx.rfind("<input").unwrap_or(0)),
+            "raw bidi override shown on the table page: {ctx:?}"
+        );
+    }
+    let (st, metrics) = call(d.agent.get(&format!("{}/metrics", d.base)).call());
+    assert_eq!(st, 200);
+    for l in metrics.lines().filter(|l| l.contains(t.name())) {
+        assert!(
+            l.starts_with('#') || l.starts_with("sqlbroker_"),
+            "a /metrics line broken by a queue label: {l:?}"
+        );
+    }
+    assert!(!metrics.contains("</script>\"\n"), "unescaped quote/newline in a label");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a CSRF token")
+        .to_string();
+    let path = format!("{}/tables/{}/pause_queue", d.base, t.name());
+    let post = |form: &[(&str, &str)]| {
+        call(d.agent.post(&path).set("Origin", &d.base).send_form(form))
+    };
+    let (st, _) = post(&[("queue", "good"), ("back", "/")]);
+    assert!(st >= 400, "pause_queue without CSRF: {st}");
+    let (st, _) = post(&[("queue", "good"), ("csrf", "0123"), ("back", "/")]);
+    assert!(st >= 400, "pause_queue with a wrong CSRF: {st}");
+    assert!(live.broker.paused_queues(&t).unwrap().is_empty());
+    for bad in ["a b", "", "<b>", &"q".repeat(65)] {
+        let (st, body) = post(&[("queue", bad), ("csrf", &csrf), ("back", "/")]);
+        assert_eq!(st, 400, "bad queue {bad:?}: {body}");
+        assert!(!body.contains("<b>"), "the refused name echoed raw");
+    }
+    assert!(live.broker.paused_queues(&t).unwrap().is_empty(), "a refused post paused");
+    let (st, body) = post(&[("queue", "good"), ("csrf", &csrf), ("back", "/")]);
+    assert!(st < 400, "{st}: {body}");
+    assert_eq!(live.broker.paused_queues(&t).unwrap(), ["good"]);
+}
