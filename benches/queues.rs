@@ -11,7 +11,8 @@
 //!   once, as **one subscription** over one plain table (`Subscription::run`, 8 threads), a
 //!   **worker over 20 kinds** of one table, and a **worker over 10 tables** (2 kinds each),
 //!   each worker with 8 threads on a broker whose pool is 12 connections. Jobs/s from start to
-//!   the last ack, the workers as a ratio of the one subscription; on the servers, the most
+//!   the last ack (the one subscription with the worker's lanes' settings: two claim workers,
+//!   batches of 50), the workers as a ratio of the one subscription; on the servers, the most
 //!   connections the broker held at once, counted on the server (`pg_stat_activity`,
 //!   `information_schema.processlist`) while it ran, against its pool's 12.
 //!
@@ -143,9 +144,14 @@ fn server_connections(db: &str, url: &str) -> Option<usize> {
     }
 }
 
-/// While it runs, the most connections counted on the server, less those open before.
-fn watch_connections<T>(db: &str, url: &str, run: impl FnOnce() -> T) -> (T, Option<usize>) {
-    let before = server_connections(db, url);
+/// While it runs, the most connections counted on the server, less `before` (those open
+/// before the broker was made).
+fn watch_connections<T>(
+    db: &str,
+    url: &str,
+    before: Option<usize>,
+    run: impl FnOnce() -> T,
+) -> (T, Option<usize>) {
     let stop = AtomicBool::new(false);
     let most = AtomicUsize::new(0);
     let out = std::thread::scope(|s| {
@@ -191,6 +197,7 @@ const POOL: u32 = 12;
 const THREADS: usize = 8;
 
 fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
+    let before = server_connections(db, url);
     let Ok(broker) = Broker::builder(url).pool_size(POOL).build() else {
         println!("{db}/worker: skipped (no server)");
         return;
@@ -209,7 +216,7 @@ fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
     for _ in 0..rounds {
         // One subscription over one table.
         fill(&broker, &plain, jobs, |_| Message::new(b"job".to_vec()));
-        let (rate, held) = watch_connections(db, url, || {
+        let (rate, held) = watch_connections(db, url, before, || {
             let started = Instant::now();
             let sub = broker
                 .subscription(&plain)
@@ -235,7 +242,7 @@ fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
             Message::new(b"job".to_vec()).kind(format!("k{}", i % 20))
         });
         let kinds: Vec<(&Table, String)> = (0..20).map(|k| (&kinds20, format!("k{k}"))).collect();
-        results[1].push(watch_connections(db, url, || {
+        results[1].push(watch_connections(db, url, before, || {
             run_worker(&broker, &kinds, jobs)
         }));
         // A worker over 10 tables, 2 kinds each.
@@ -249,7 +256,7 @@ fn worker(db: &str, url: &str, jobs: usize, rounds: usize) {
             .iter()
             .flat_map(|t| (0..2).map(move |k| (t, format!("k{k}"))))
             .collect();
-        results[2].push(watch_connections(db, url, || {
+        results[2].push(watch_connections(db, url, before, || {
             run_worker(&broker, &kinds, jobs)
         }));
     }

@@ -33,6 +33,16 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 /// subscription, a shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 
+/// Each lane's claim workers and the rows one claim takes: two claim loops keep a lane's
+/// channel filled while the other waits on the database, and a batch of 50 claims ahead
+/// what the pool of threads takes in a few milliseconds (the row lock and advisory forms
+/// take one row per claim whatever this says).
+const LANE_CLAIM_WORKERS: usize = 2;
+const LANE_BATCH: usize = 50;
+
+/// The shortest an idle handler thread waits on one lane before it looks at the next.
+const LANE_WAIT_MIN: Duration = Duration::from_millis(10);
+
 /// What a worker was told about one table.
 struct TableReg {
     table: Table,
@@ -254,7 +264,9 @@ impl Worker {
             let mut b = self
                 .broker
                 .subscription(&r.table)
-                .kinds(kinds.into_iter().cloned());
+                .kinds(kinds.into_iter().cloned())
+                .workers(LANE_CLAIM_WORKERS)
+                .batch_size(LANE_BATCH);
             if let Some(q) = &queues {
                 b = b.queues(q.iter().cloned());
             }
@@ -368,12 +380,29 @@ impl Shared {
             if closed == n {
                 return;
             }
-            if !took {
+            if took {
+                continue;
+            }
+            // Nothing queued anywhere: claim for the next lane on this thread (as
+            // `Subscription::run`'s threads do: no hand-off, and a claim worker per table is
+            // not the whole table's speed), waiting on it a share of the idle wait, then the
+            // lane after it; rows queued meanwhile on other lanes are taken by the next pass.
+            let lane = &self.lanes[next];
+            next = (next + 1) % n;
+            if lane
+                .cap
+                .is_some_and(|c| lane.busy.load(Ordering::Acquire) >= c)
+            {
                 let mut sel = Select::new();
                 for l in &self.lanes {
                     sel.recv(l.sub.receiver());
                 }
-                let _ = sel.ready_timeout(IDLE_WAIT);
+                let _ = sel.ready_timeout(IDLE_WAIT / n as u32);
+                continue;
+            }
+            let wait = (IDLE_WAIT / n as u32).max(LANE_WAIT_MIN);
+            if let Ok(d) = lane.sub.next_delivery_timeout(wait) {
+                self.handle(lane, d);
             }
         }
     }
