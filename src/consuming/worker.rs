@@ -33,10 +33,9 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 /// subscription, a shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 
-/// Each lane's claim workers and the rows one claim takes: two claim loops keep a lane's
-/// channel filled while the other waits on the database, and a batch of 50 claims ahead
-/// what the pool of threads takes in a few milliseconds (the row lock and advisory forms
-/// take one row per claim whatever this says).
+/// A lease table's lane's claim workers and the rows one claim takes: two claim loops keep a
+/// lane's channel filled while the other waits on the database, and a batch of 50 claims
+/// ahead what the pool of threads takes in a few milliseconds.
 const LANE_CLAIM_WORKERS: usize = 2;
 const LANE_BATCH: usize = 50;
 
@@ -264,9 +263,12 @@ impl Worker {
             let mut b = self
                 .broker
                 .subscription(&r.table)
-                .kinds(kinds.into_iter().cloned())
-                .workers(LANE_CLAIM_WORKERS)
-                .batch_size(LANE_BATCH);
+                .kinds(kinds.into_iter().cloned());
+            if r.table.form() == crate::model::table::Form::Lease {
+                // The forms whose rows in work hold connections keep the subscription's
+                // defaults: one claim worker, so a small pool is not outgrown.
+                b = b.workers(LANE_CLAIM_WORKERS).batch_size(LANE_BATCH);
+            }
             if let Some(q) = &queues {
                 b = b.queues(q.iter().cloned());
             }
