@@ -84,10 +84,9 @@ struct TableReg {
 ///     .threads(4)
 ///     .start()?;
 /// # let t0 = std::time::Instant::now();
-/// # while broker.stats(&jobs)?.ready > 0 && t0.elapsed() < Duration::from_secs(10) {
+/// # while worker.ran().total().acked < 2 && t0.elapsed() < Duration::from_secs(10) {
 /// #     std::thread::sleep(Duration::from_millis(20));
 /// # }
-/// # std::thread::sleep(Duration::from_millis(200));
 /// let ran = worker.shutdown(Duration::from_secs(5))?;
 /// assert_eq!(ran.total().acked, 2);
 /// # Ok::<(), sqlbroker::BrokerError>(())
@@ -297,22 +296,22 @@ impl Worker {
             lanes,
             stop: AtomicBool::new(false),
             ran: parking_lot::Mutex::new(BTreeMap::new()),
-            running: AtomicUsize::new(0),
         });
+        // Each handler thread holds a sender of `exited` until it ends: `shutdown` waits for
+        // them all with one bounded receive.
+        let (alive, exited) = crossbeam_channel::bounded::<()>(0);
         let mut threads = Vec::new();
         for i in 0..self.threads {
-            let s = shared.clone();
-            s.running.fetch_add(1, Ordering::AcqRel);
+            let (s, alive) = (shared.clone(), alive.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("sqlbroker-worker-{i}"))
                 .spawn(move || {
                     s.run(i);
-                    s.running.fetch_sub(1, Ordering::AcqRel);
+                    drop(alive);
                 });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(source) => {
-                    shared.running.fetch_sub(1, Ordering::AcqRel);
                     shared.stop.store(true, Ordering::Release);
                     for l in &shared.lanes {
                         l.sub.close();
@@ -325,6 +324,7 @@ impl Worker {
         Ok(WorkerHandle {
             shared,
             threads: parking_lot::Mutex::new(threads),
+            exited,
         })
     }
 }
@@ -343,8 +343,6 @@ struct Shared {
     lanes: Vec<Lane>,
     stop: AtomicBool,
     ran: parking_lot::Mutex<BTreeMap<(String, String), Ran>>,
-    /// Handler threads not ended yet.
-    running: AtomicUsize,
 }
 
 impl Shared {
@@ -437,6 +435,8 @@ impl Shared {
 pub struct WorkerHandle {
     shared: Arc<Shared>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// Disconnected once every handler thread has ended.
+    exited: crossbeam_channel::Receiver<()>,
 }
 
 impl WorkerHandle {
@@ -473,12 +473,14 @@ impl WorkerHandle {
                 .collect()
         });
         // The handler threads end with their job; wait for them within the grace.
-        while self.shared.running.load(Ordering::Acquire) > 0
-            && deadline.is_none_or(|d| Instant::now() < d)
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if self.shared.running.load(Ordering::Acquire) == 0 {
+        let ended = match deadline {
+            Some(d) => matches!(
+                self.exited.recv_deadline(d),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            ),
+            None => self.exited.recv().is_err(),
+        };
+        if ended {
             for t in self.threads.lock().drain(..) {
                 let _ = t.join();
             }
