@@ -11,10 +11,11 @@
 //!   once, as **one subscription** over one plain table (`Subscription::run`, 8 threads), a
 //!   **worker over 20 kinds** of one table, and a **worker over 10 tables** (2 kinds each),
 //!   each worker with 8 threads on a broker whose pool is 12 connections. Jobs/s from start to
-//!   the last ack (the one subscription with the worker's lanes' settings: two claim workers,
-//!   batches of 50), the workers as a ratio of the one subscription; on the servers, the most
-//!   connections the broker held at once, counted on the server (`pg_stat_activity`,
-//!   `information_schema.processlist`) while it ran, against its pool's 12.
+//!   the last ack (the one subscription with four claim workers and batches of 100, more than
+//!   any lane of a worker gets), the workers as a ratio of the one subscription; on the
+//!   servers, the most connections the broker held at once, counted on the server
+//!   (`pg_stat_activity`, `information_schema.processlist`) while it ran, against its pool's
+//!   12.
 //!
 //! ```sh
 //! cargo bench --bench queues                 # SQLite, PostgreSQL and MariaDB

@@ -55,6 +55,9 @@ struct Inner {
     pool: Pool,
     queues: Mutex<HashMap<Table, Arc<Queue>>>,
     wakes: Mutex<HashMap<String, Arc<Wake>>>,
+    /// Lease acks of all the broker's tables, grouped into shared commits where the dialect
+    /// allows ([`Dialect::shared_acks_begin`]).
+    acks: Arc<crate::runtime::AckGroup>,
     renewer: Arc<Renewer>,
     /// The change feed, where the database has one (started with the first subscription).
     listener: Option<Arc<Listener>>,
@@ -411,6 +414,7 @@ impl BrokerBuilder {
                 pool,
                 queues: Default::default(),
                 wakes: Default::default(),
+                acks: Arc::new(crate::runtime::AckGroup::new(crate::runtime::ACK_GROUP_MAX)),
                 renewer: Arc::default(),
                 listener,
                 notifier: Notifier::new(me),
@@ -615,6 +619,9 @@ impl Broker {
         );
         if let Some(h) = held_here {
             q.held_here = h;
+        }
+        if self.inner.dialect.shared_acks_begin().is_some() {
+            q.acks = self.inner.acks.clone();
         }
         let q = Arc::new(q);
         Ok(self

@@ -2031,3 +2031,116 @@ fn queues_and_kinds(db: Db) {
     sub.close();
 }
 per_db!(queues_and_kinds);
+
+/// `jobs`: a page of one state narrowed by `--queue`, `--kind` and `--where`, as columns and as
+/// JSON; a queue with no rows lists none (exit 0); a table without queues, or a bad name, is
+/// refused (exit 1). `status --kind` counts by kind. Fails (the id lists) if a flag is not passed to the filter, or another
+/// queue's or kind's rows are listed.
+fn jobs_by_queue_and_kind(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("clj");
+    l.track(&name);
+    ok(
+        &url,
+        &[
+            "create-table",
+            "--table",
+            &name,
+            "--lease",
+            "30",
+            "--queues",
+            "--kinds",
+            "--column",
+            "who",
+        ],
+        "",
+    );
+    let publish = |args: &[&str], body: &str| {
+        let mut all = vec!["publish", "--table", &name];
+        all.extend_from_slice(args);
+        ok(&url, &all, body);
+    };
+    publish(
+        &["--queue", "mail", "--kind", "welcome", "--set", "who=ann"],
+        "a\nb\n",
+    );
+    publish(&["--queue", "img", "--set", "who=bob"], "c\n");
+    publish(&["--kind", "welcome", "--set", "who=bob"], "d\n");
+    let ids = |args: &[&str]| -> Vec<i64> {
+        let mut all = vec!["jobs", "--table", &name, "--json"];
+        all.extend_from_slice(args);
+        let out = ok(&url, &all, "");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|j| j["id"].as_i64().unwrap())
+            .collect()
+    };
+    let all = ids(&[]);
+    assert_eq!(all.len(), 4, "{all:?}");
+    let (a, b, c, d) = (all[0], all[1], all[2], all[3]);
+    assert_eq!(ids(&["--queue", "mail"]), [a, b]);
+    assert_eq!(ids(&["--queue", "default"]), [d]);
+    assert_eq!(ids(&["--kind", "welcome"]), [a, b, d]);
+    assert_eq!(ids(&["--kind", "welcome", "--where", "who=bob"]), [d]);
+    assert_eq!(ids(&["--queue", "nothing"]), Vec::<i64>::new());
+    assert_eq!(ids(&["--state", "dead"]), Vec::<i64>::new());
+    assert_eq!(ids(&["--limit", "1", "--after", &a.to_string()]), [b]);
+
+    let text = ok(&url, &["jobs", "--table", &name, "--queue", "img"], "");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let head: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(&head[..4], ["ID", "STATE", "QUEUE", "KIND"], "{text}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        &row[..4],
+        [c.to_string().as_str(), "ready", "img", "-"],
+        "{text}"
+    );
+
+    // `status --kind`: counts by kind, `-` for rows without one; a kind asked for by name
+    // with no rows counts zeros.
+    let status = ok(&url, &["status", "--table", &name, "--kind", "all"], "");
+    let ready = |k: &str| -> Option<String> {
+        status
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(k))
+            .map(|l| l.split_whitespace().nth(2).unwrap().to_string())
+    };
+    assert_eq!(
+        status.lines().next().unwrap().split_whitespace().nth(1),
+        Some("KIND")
+    );
+    assert_eq!(ready("welcome").as_deref(), Some("3"), "{status}");
+    assert_eq!(ready("-").as_deref(), Some("1"), "{status}");
+    let json = ok(
+        &url,
+        &["status", "--table", &name, "--kind", "sms", "--json"],
+        "",
+    );
+    assert!(
+        json.contains("\"kind\":\"sms\"") && json.contains("\"ready\":0"),
+        "{json}"
+    );
+
+    let plain = unique("clj");
+    l.track(&plain);
+    ok(
+        &url,
+        &["create-table", "--table", &plain, "--lease", "30"],
+        "",
+    );
+    for args in [
+        vec!["jobs", "--table", plain.as_str(), "--queue", "mail"],
+        vec!["jobs", "--table", name.as_str(), "--queue", "a b"],
+        vec!["jobs", "--table", name.as_str(), "--where", "nope=1"],
+        vec!["status", "--table", plain.as_str(), "--kind", "all"],
+    ] {
+        let out = run(Some(&url), &args, "");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+    }
+}
+per_db!(jobs_by_queue_and_kind);

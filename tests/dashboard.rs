@@ -3514,15 +3514,33 @@ fn queues_are_shown_and_paused(db: Db) {
             .lease(Duration::from_secs(30)),
     );
     let b = &l.broker;
-    for q in ["mail", "mail", "img"] {
-        b.publish(&t, Message::new(b"x".to_vec()).queue(q)).unwrap();
-    }
+    let ids: Vec<i64> = ["mail", "mail", "img"]
+        .into_iter()
+        .map(|q| b.publish(&t, Message::new(b"x".to_vec()).queue(q)).unwrap())
+        .collect();
     let name = t.name();
     let dash = start(&l.url, &["--table", name], &[]);
     let page = dash.get(&format!("/tables/{name}"));
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains("<h2>Queues</h2>"), "{}", page.body);
     assert!(page.body.contains("<code>mail</code>"), "{}", page.body);
+    // Each queue's name links to the table's listing of that queue, which lists its rows only.
+    assert!(
+        page.body
+            .contains(&format!("href=\"/tables/{name}?queue=img\"")),
+        "{}",
+        page.body
+    );
+    let img = dash.get(&format!("/tables/{name}?queue=img"));
+    assert!(
+        img.body.contains(&format!("/jobs/{}\"", ids[2])),
+        "{}",
+        img.body
+    );
+    for id in &ids[..2] {
+        assert!(!img.body.contains(&format!("/jobs/{id}\"")), "{}", img.body);
+    }
+    assert!(img.body.contains("queue &quot;img&quot;"), "{}", img.body);
     let m = dash.get("/metrics").body;
     for line in [
         format!(

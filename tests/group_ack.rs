@@ -174,6 +174,247 @@ fn acks_arriving_together_share_a_statement(db: Db) {
 }
 per_db!(acks_arriving_together_share_a_statement);
 
+/// Acks of two tables arriving together: on SQLite and PostgreSQL one group serves every
+/// table of a broker and writes both tables' acks in one transaction; on MySQL each table keeps
+/// its own. Either way each ack answers for its own row of its own table: the two tables have
+/// the same ids, and the lease of one row of table B is stolen while table A's row of the same
+/// id is acked in the same rounds (a result read by id alone would report A's row lost, or B's
+/// acked).
+///
+/// Fails on SQLite and PostgreSQL if the tables do not share the group (table A's group then
+/// counts only A's acks); fails everywhere if a mixed flush confuses the tables' ids.
+fn acks_of_two_tables_answer_for_their_own_rows(db: Db) {
+    const PER_TABLE: usize = 8;
+    const ROUNDS: usize = 4;
+    let Some(live) = common::live(db) else { return };
+    let a = live.table(Form::Lease, Duration::from_secs(30));
+    let b = live.table(Form::Lease, Duration::from_secs(30));
+    for t in [&a, &b] {
+        let batch: Vec<Message> = (0..PER_TABLE * ROUNDS)
+            .map(|i| common::msg(&format!("m{i}"), "a"))
+            .collect();
+        live.broker.publish_batch(t, batch).unwrap();
+    }
+    let start = |t| {
+        live.broker
+            .subscription(t)
+            .batch_size(PER_TABLE)
+            .max_in_flight(PER_TABLE * 2)
+            .start()
+            .unwrap()
+    };
+    let (sub_a, sub_b) = (start(&a), start(&b));
+    // The id both tables have: stolen in B (by its handler, once its claim holds it), acked
+    // in A.
+    let twin = live.ints(&format!("SELECT MIN(id) FROM {}", b.name()))[0].unwrap();
+    assert_eq!(
+        live.ints(&format!("SELECT MIN(id) FROM {}", a.name()))[0],
+        Some(twin)
+    );
+    let lost: std::sync::Mutex<Vec<(String, i64)>> = Default::default();
+    let barrier = std::sync::Barrier::new(2 * PER_TABLE);
+    let b_name = b.name();
+    std::thread::scope(|s| {
+        for (sub, name) in [(&sub_a, a.name()), (&sub_b, b_name)] {
+            for _ in 0..PER_TABLE {
+                let (lost, barrier, live) = (&lost, &barrier, &live);
+                s.spawn(move || {
+                    for _ in 0..ROUNDS {
+                        let d = sub
+                            .next_delivery_timeout(Duration::from_secs(10))
+                            .expect("a delivery for every handler of every round");
+                        if name == b_name && d.id() == twin {
+                            steal(live, name, twin);
+                        }
+                        barrier.wait();
+                        let id = d.id();
+                        match d.ack() {
+                            Ok(()) => {}
+                            Err(e) if e.is_lease_lost() => {
+                                lost.lock().unwrap().push((name.to_string(), id))
+                            }
+                            Err(e) => panic!("ack of {name} row {id}: {e}"),
+                        }
+                        barrier.wait();
+                    }
+                });
+            }
+        }
+    });
+    assert_eq!(
+        *lost.lock().unwrap(),
+        [(b.name().to_string(), twin)],
+        "the lost lease was not reported to its own table's handler alone"
+    );
+    assert_eq!(live.rows(&a), 0, "table A kept a row whose ack returned Ok");
+    assert_eq!(
+        live.ints(&format!("SELECT id FROM {}", b.name())),
+        [Some(twin)],
+        "table B lost the row whose lease was stolen, or kept an acked one"
+    );
+    let acks = (2 * PER_TABLE * ROUNDS) as u64;
+    let (statements, grouped) = sub_a.grouped_acks();
+    eprintln!("{db:?}: {grouped} acks of table A's group in {statements} flushes");
+    if db == Db::Mysql {
+        assert_eq!(
+            grouped,
+            acks / 2,
+            "a MySQL table's group wrote another's acks"
+        );
+    } else {
+        assert_eq!(
+            grouped, acks,
+            "the two tables' acks were not written by one group"
+        );
+        assert!(
+            statements <= acks / 2,
+            "{acks} acks arriving together took {statements} flushes: not grouped"
+        );
+    }
+    sub_a.shutdown(Duration::from_secs(5)).unwrap();
+    sub_b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(acks_of_two_tables_answer_for_their_own_rows);
+
+/// Holds a row lock on row `id` of `table` from another session (an operator's open
+/// transaction) until `release` is dropped or sent to; `locked` hears once it is held.
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+fn hold_row(
+    db: Db,
+    url: String,
+    table: String,
+    id: i64,
+    locked: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let lock = format!("SELECT id FROM {table} WHERE id = {id} FOR UPDATE");
+        match db {
+            Db::Postgres => {
+                let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+                c.batch_execute(&format!("BEGIN; {lock}")).unwrap();
+                locked.send(()).unwrap();
+                let _ = release.recv_timeout(Duration::from_secs(3));
+                c.batch_execute("COMMIT").unwrap();
+            }
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let mut c = mysql::Conn::new(mysql::Opts::from_url(&url).unwrap()).unwrap();
+                c.query_drop("START TRANSACTION").unwrap();
+                c.query_drop(&lock).unwrap();
+                locked.send(()).unwrap();
+                let _ = release.recv_timeout(Duration::from_secs(3));
+                c.query_drop("COMMIT").unwrap();
+            }
+            Db::Sqlite => unreachable!(),
+        }
+    })
+}
+
+/// A row of table B locked by hand (an operator's open transaction, 3 s) holds only its own
+/// ack: table A's acks arriving in the same rounds, possibly in the same grouped flush, return
+/// within a second (on PostgreSQL the shared flush's lock wait is cut short and each of its
+/// acks is written alone), and the locked row's ack succeeds once the lock goes. SQLite has no
+/// row locks (an open write transaction holds the whole database, every ack waits): not run
+/// there.
+///
+/// Fails on PostgreSQL without the shared flush's `lock_timeout`: the locked row lands in a
+/// flush with A's acks in almost every round (each flush takes every ack queued meanwhile),
+/// and they then wait the 3 s with it.
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+fn a_row_locked_by_hand_holds_only_its_own_ack(db: Db) {
+    const PER_TABLE: usize = 6;
+    const ROUNDS: usize = 3;
+    let Some(live) = common::live(db) else { return };
+    let a = live.table(Form::Lease, Duration::from_secs(30));
+    let b = live.table(Form::Lease, Duration::from_secs(30));
+    for t in [&a, &b] {
+        let batch: Vec<Message> = (0..PER_TABLE * ROUNDS)
+            .map(|i| common::msg(&format!("m{i}"), "a"))
+            .collect();
+        live.broker.publish_batch(t, batch).unwrap();
+    }
+    let start = |t| {
+        live.broker
+            .subscription(t)
+            .batch_size(PER_TABLE)
+            .max_in_flight(PER_TABLE)
+            .start()
+            .unwrap()
+    };
+    let (sub_a, sub_b) = (start(&a), start(&b));
+    for round in 0..ROUNDS {
+        let take = |sub: &sqlbroker::Subscription| -> Vec<Delivery> {
+            (0..PER_TABLE)
+                .map(|_| sub.next_delivery_timeout(Duration::from_secs(10)).unwrap())
+                .collect()
+        };
+        let (held_a, held_b) = (take(&sub_a), take(&sub_b));
+        let locked_id = held_b[PER_TABLE / 2].id();
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (release_tx, release) = std::sync::mpsc::channel::<()>();
+        let holder = hold_row(
+            db,
+            live.url.clone(),
+            b.name().to_string(),
+            locked_id,
+            locked_tx,
+            release,
+        );
+        locked.recv_timeout(Duration::from_secs(10)).unwrap();
+        let barrier = std::sync::Barrier::new(2 * PER_TABLE);
+        let slowest_a = std::thread::scope(|s| {
+            let acks: Vec<_> = held_a
+                .into_iter()
+                .map(|d| (true, d))
+                .chain(held_b.into_iter().map(|d| (false, d)))
+                .map(|(is_a, d)| {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        let t0 = std::time::Instant::now();
+                        let id = d.id();
+                        d.ack().unwrap_or_else(|e| panic!("ack of {id}: {e}"));
+                        (is_a, t0.elapsed())
+                    })
+                })
+                .collect();
+            let done: Vec<(bool, Duration)> = acks.into_iter().map(|h| h.join().unwrap()).collect();
+            done.iter()
+                .filter(|(a, _)| *a)
+                .map(|(_, t)| *t)
+                .max()
+                .unwrap()
+        });
+        drop(release_tx);
+        holder.join().unwrap();
+        assert!(
+            slowest_a < Duration::from_secs(1),
+            "round {round}: table A's acks waited {slowest_a:?} for a row of table B locked by hand"
+        );
+    }
+    assert_eq!(live.rows(&a), 0);
+    assert_eq!(
+        live.rows(&b),
+        0,
+        "the locked row's ack did not complete once the lock went"
+    );
+    sub_a.shutdown(Duration::from_secs(5)).unwrap();
+    sub_b.shutdown(Duration::from_secs(5)).unwrap();
+}
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+mod a_row_locked_by_hand_holds_only_its_own_ack {
+    use super::*;
+    #[test]
+    fn postgres() {
+        super::a_row_locked_by_hand_holds_only_its_own_ack(Db::Postgres)
+    }
+    #[test]
+    fn mysql() {
+        super::a_row_locked_by_hand_holds_only_its_own_ack(Db::Mysql)
+    }
+}
+
 /// One claim's rows make one batch when several threads wait in `next_batch`: the claim
 /// worker sends them one by one, and without the subscription's fill lock each waiting thread
 /// could take a part (each part then settled by a statement of its own). Four threads wait on

@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Db, Live};
-use sqlbroker::{Broker, BrokerError, Delivery, Form, Message, Role, Subscription, Table, Value};
+use sqlbroker::{
+    Broker, BrokerError, Delivery, Form, JobFilter, JobState, Message, Role, Subscription, Table,
+    Value,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -717,6 +720,96 @@ fn advisory_views_share_held_keys(db: Db) {
     whole.close();
 }
 per_db!(advisory_views_share_held_keys);
+
+/// Listing by queue and kind (`JobFilter::in_queue` / `of_kind`, what `sqlbroker jobs --queue
+/// --kind` and the dashboard's filter call): each filter returns exactly its rows, a row whose
+/// adopted queue column was set to `NULL` by hand is listed in the default queue (and says so,
+/// `Job::queue`), and a filter a table cannot answer, or a bad name, is refused. Fails if the
+/// queue filter compared the column alone (the `NULL` row would be missing from `default`).
+fn listing_by_queue_and_kind(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("t");
+    // A table of the user's whose column `lane` is adopted as the queue column by `migrate`:
+    // its rows written before keep their `NULL`.
+    let own = live.create(common::describe(&name, form, LEASE).text_column("lane"));
+    let b = &live.broker;
+    let d = b.publish(&own, common::msg("d", "d")).unwrap();
+    let t = own.clone().rename(Role::Queue, "lane").queues().kinds();
+    b.migrate(&t).unwrap();
+    live.exec(&format!("UPDATE {name} SET kind = 'x' WHERE id = {d}"));
+    let a = b.publish(&t, job("a", Some("A"), Some("x"))).unwrap();
+    let bb = b.publish(&t, job("b", Some("B"), None)).unwrap();
+    assert_eq!(live.rows_where(&t, "lane IS NULL"), 1);
+    let ids = |f: JobFilter| -> Vec<i64> {
+        b.jobs_matching(&t, JobState::Ready, &f, None, 100, 10)
+            .unwrap()
+            .iter()
+            .map(|j| j.id())
+            .collect()
+    };
+    assert_eq!(ids(JobFilter::new().in_queue("A")), [a]);
+    assert_eq!(ids(JobFilter::new().in_queue("B")), [bb]);
+    assert_eq!(
+        ids(JobFilter::new().in_queue("default")),
+        [d],
+        "the NULL row"
+    );
+    assert_eq!(ids(JobFilter::new().of_kind("x")), [d, a]);
+    assert_eq!(
+        ids(JobFilter::new().in_queue("B").of_kind("x")),
+        Vec::<i64>::new()
+    );
+    let page = b
+        .jobs_matching(&t, JobState::Ready, &JobFilter::new(), None, 100, 10)
+        .unwrap();
+    let said: Vec<(&str, Option<&str>)> = page.iter().map(|j| (j.queue(), j.kind())).collect();
+    assert_eq!(
+        said,
+        [("default", Some("x")), ("A", Some("x")), ("B", None)]
+    );
+
+    let refused = |r: sqlbroker::Result<Vec<sqlbroker::Job>>, what: &str| {
+        assert!(
+            matches!(r, Err(BrokerError::InvalidOption { .. })),
+            "{what}: {r:?}"
+        );
+    };
+    refused(
+        b.jobs_matching(
+            &t,
+            JobState::Ready,
+            &JobFilter::new().in_queue("a b"),
+            None,
+            9,
+            0,
+        ),
+        "a bad queue name",
+    );
+    let plain = live.create(common::describe(&common::unique("t"), form, LEASE));
+    refused(
+        b.jobs_matching(
+            &plain,
+            JobState::Ready,
+            &JobFilter::new().in_queue("A"),
+            None,
+            9,
+            0,
+        ),
+        "a queue of a table without queues",
+    );
+    refused(
+        b.jobs_matching(
+            &plain,
+            JobState::Ready,
+            &JobFilter::new().of_kind("x"),
+            None,
+            9,
+            0,
+        ),
+        "a kind of a table without kinds",
+    );
+}
+per_db_form!(listing_by_queue_and_kind);
 
 /// The queue column adopted from a column of the user's with `rename(Role::Queue, ..)`, here
 /// one named like an SQL keyword (`group`): publish and views use it, `get` reads it.

@@ -35,7 +35,9 @@ const IDLE_WAIT: Duration = Duration::from_millis(100);
 
 /// A lease table's lane's claim workers and the rows one claim takes: two claim loops keep a
 /// lane's channel filled while the other waits on the database, and a batch of 50 claims
-/// ahead what the pool of threads takes in a few milliseconds.
+/// ahead what the pool of threads takes in a few milliseconds. On SQLite (one writer) a second
+/// claim loop only queues behind the first: one per lane (10 tables: 0.64 of one subscription
+/// with two, 0.70 with one; BENCHMARKS.md).
 const LANE_CLAIM_WORKERS: usize = 2;
 const LANE_BATCH: usize = 50;
 
@@ -266,7 +268,12 @@ impl Worker {
             if r.table.form() == crate::model::table::Form::Lease {
                 // The forms whose rows in work hold connections keep the subscription's
                 // defaults: one claim worker, so a small pool is not outgrown.
-                b = b.workers(LANE_CLAIM_WORKERS).batch_size(LANE_BATCH);
+                let workers = if self.broker.database() == "SQLite" {
+                    1
+                } else {
+                    LANE_CLAIM_WORKERS
+                };
+                b = b.workers(workers).batch_size(LANE_BATCH);
             }
             if let Some(q) = &queues {
                 b = b.queues(q.iter().cloned());

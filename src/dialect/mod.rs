@@ -614,6 +614,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         None
     }
 
+    /// Lease acks of different tables may share one transaction (one commit): the group
+    /// commit then serves every table of a broker ([`AckGroup`](crate::runtime::AckGroup)), and
+    /// these open such a transaction: the first begins it (a failure leaves none open), the
+    /// rest set it up. Where a commit is the cost (SQLite's one writer and its
+    /// sync of the log), a worker over many tables commits as seldom as one over one table.
+    /// `None` (the default): each table groups its own. MySQL: its grouped ack is a
+    /// transaction of its own (a locking read, then the delete), and tables that flush apart
+    /// write in parallel there.
+    fn shared_acks_begin(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+
     /// Refuses a form the engine cannot do, before any connection is made.
     fn check_form(&self, _form: Form) -> Result<(), BrokerError> {
         Ok(())

@@ -95,6 +95,9 @@ pub(crate) fn standard_literal(s: &str) -> String {
 pub(crate) enum PageFilter<'a> {
     /// The user column of this name equals the parameter.
     Equals(&'a str),
+    /// The queue column of this name names the parameter's queue (`NULL`, in a column adopted
+    /// from a table's own, is the default queue).
+    Queue(&'a str),
     /// The last error holds the parameter's text.
     ErrorContains,
     /// Lease and advisory forms: no cancel was requested for the row (no parameter): what a
@@ -1010,6 +1013,15 @@ impl Syntax {
                 PageFilter::Equals(c) => {
                     n += 1;
                     format!("{} = {}", self.q(c), p(n + 1))
+                }
+                PageFilter::Queue(c) => {
+                    n += 1;
+                    format!(
+                        "COALESCE({}, {}) = {}",
+                        self.q(c),
+                        standard_literal(crate::model::table::DEFAULT_QUEUE),
+                        p(n + 1)
+                    )
                 }
                 PageFilter::ErrorContains => {
                     n += 1;

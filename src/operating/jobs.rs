@@ -110,6 +110,9 @@ pub struct Job {
     lease_until: Option<SystemTime>,
     cancel_requested: bool,
     values: Vec<(String, Value)>,
+    /// Its queue (`None`: the default queue) and kind, read from `values` by the role.
+    queue: Option<String>,
+    kind: Option<String>,
     /// The jobs it waits on ([`Broker::job`] only).
     waits_on: Vec<crate::model::waits::Dependency>,
     /// The jobs waiting on it ([`Broker::job`] only).
@@ -139,6 +142,8 @@ impl std::fmt::Debug for Job {
             .field("lease_until", &self.lease_until)
             .field("cancel_requested", &self.cancel_requested)
             .field("values", &self.values)
+            .field("queue", &self.queue())
+            .field("kind", &self.kind)
             .field("waits_on", &self.waits_on)
             .field("dependents", &self.dependents)
             .field(
@@ -158,6 +163,20 @@ impl Job {
     /// The row's id.
     pub fn id(&self) -> i64 {
         self.id
+    }
+
+    /// Its queue ([`Table::queues`](crate::Table::queues)): the
+    /// [`DEFAULT_QUEUE`](crate::DEFAULT_QUEUE) on a table without queues, and for a row whose
+    /// adopted queue column is `NULL`, as [`Delivery::queue`](crate::Delivery::queue) says.
+    pub fn queue(&self) -> &str {
+        self.queue
+            .as_deref()
+            .unwrap_or(crate::model::table::DEFAULT_QUEUE)
+    }
+
+    /// Its kind ([`Table::kinds`](crate::Table::kinds)), if it was published with one.
+    pub fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
     }
 
     /// Where it is ([`JobState`]).
@@ -332,13 +351,18 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         Some(_) => tail.next().and_then(text),
         None => None,
     };
-    let values = q
+    let values: Vec<(String, Value)> = q
         .spec
         .columns
         .iter()
         .map(|c| c.name.clone())
         .zip(q.spec.typed_values(rest))
         .collect();
+    let role = |i: Option<usize>| match i.and_then(|i| values.get(i)) {
+        Some((_, Value::Text(t))) => Some(t.clone()),
+        _ => None,
+    };
+    let (queue, kind) = (role(q.spec.queue), role(q.spec.kind));
     let state = if completed {
         JobState::Completed
     } else if finished_at.is_some() {
@@ -367,6 +391,8 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         lease_until,
         cancel_requested,
         values,
+        queue,
+        kind,
         waits_on: Vec::new(),
         dependents: Vec::new(),
         output,

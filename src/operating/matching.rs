@@ -37,6 +37,8 @@ pub const MAX_FILTER_TEXT: usize = 1_000;
 pub struct JobFilter {
     columns: Vec<(String, Value)>,
     error: Option<String>,
+    queue: Option<String>,
+    kind: Option<String>,
 }
 
 impl JobFilter {
@@ -62,6 +64,23 @@ impl JobFilter {
         self
     }
 
+    /// Only jobs of the queue `name` of a table with queues ([`Table::queues`]; a row whose
+    /// adopted queue column is `NULL` is in the [`DEFAULT_QUEUE`](crate::DEFAULT_QUEUE)), by
+    /// the queue's role whatever its column is called. A table without queues is refused.
+    #[must_use]
+    pub fn in_queue(mut self, name: &str) -> Self {
+        self.queue = Some(name.to_string());
+        self
+    }
+
+    /// Only jobs of kind `name` of a table with kinds ([`Table::kinds`]); a job published
+    /// without a kind matches no kind. A table without kinds is refused.
+    #[must_use]
+    pub fn of_kind(mut self, name: &str) -> Self {
+        self.kind = Some(name.to_string());
+        self
+    }
+
     /// The column conditions, in the order given.
     pub fn columns(&self) -> &[(String, Value)] {
         &self.columns
@@ -72,9 +91,22 @@ impl JobFilter {
         self.error.as_deref()
     }
 
+    /// The queue asked for ([`in_queue`](JobFilter::in_queue)).
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The kind asked for ([`of_kind`](JobFilter::of_kind)).
+    pub fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+
     /// True if the filter matches every job.
     pub fn is_empty(&self) -> bool {
-        self.columns.is_empty() && self.error.is_none()
+        self.columns.is_empty()
+            && self.error.is_none()
+            && self.queue.is_none()
+            && self.kind.is_none()
     }
 }
 
@@ -122,6 +154,25 @@ fn conditions<'q>(q: &'q Queue, filter: &JobFilter) -> Result<(Vec<PageFilter<'q
             v => values.push(v.clone()),
         }
         conds.push(PageFilter::Equals(&column.name));
+    }
+    for (role, wanted, column) in [
+        ("queue", &filter.queue, q.spec.queue),
+        ("kind", &filter.kind, q.spec.kind),
+    ] {
+        let Some(name) = wanted else { continue };
+        let Some(column) = column.and_then(|i| q.spec.columns.get(i)) else {
+            return Err(refused(format!(
+                "table {} has no {role}s in its description",
+                q.spec.name
+            )));
+        };
+        crate::model::table::check_name(role, name).map_err(refused)?;
+        values.push(Value::Text(name.clone()));
+        conds.push(if role == "queue" {
+            PageFilter::Queue(&column.name)
+        } else {
+            PageFilter::Equals(&column.name)
+        });
     }
     if let Some(text) = &filter.error {
         if text.len() > MAX_FILTER_TEXT {

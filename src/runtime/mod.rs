@@ -81,8 +81,9 @@ pub(crate) struct Queue {
     /// Multi-row inserts by row count: a batch publish reuses the text (and so the prepared
     /// statement) of an earlier batch of the same size.
     inserts: Mutex<HashMap<usize, Arc<str>>>,
-    /// Lease acks written together (group commit).
-    pub acks: AckGroup,
+    /// Lease acks written together (group commit): this table's own group, or the broker's
+    /// for all its tables ([`Dialect::shared_acks_begin`]).
+    pub acks: Arc<AckGroup>,
     /// Server advisory form: the keys this broker's sessions hold on this table (a claim
     /// skips them without asking the server).
     pub held_here: Arc<KeyRegistry>,
@@ -101,10 +102,23 @@ pub(crate) struct Queue {
     pub record_seen: Mutex<Option<String>>,
 }
 
-/// Lease acks grouped into one statement: each item is a row and the tokens it may hold; a
-/// batch's result is the set of ids deleted, or the kind of error its statement met.
-pub(crate) type AckGroup = group::GroupCommit<(i64, Vec<SystemTime>), AckBatch>;
+/// Lease acks grouped into one commit: each item is a row of a table and the tokens it may
+/// hold. Where the dialect allows ([`Dialect::shared_acks_begin`]) one group serves every
+/// table of the broker, and a flush of several tables' acks writes them in one transaction: a
+/// worker over ten tables then commits as often as one over one table.
+pub(crate) type AckGroup = group::GroupCommit<AckItem, AckResults>;
+/// One table's part of a flush: the set of ids deleted, or the kind of error its statement (or
+/// the flush's transaction) met.
 pub(crate) type AckBatch = std::result::Result<Arc<HashSet<i64>>, DbErrorKind>;
+/// A flush's result: each table's part, by [`Queue::key`].
+pub(crate) type AckResults = Arc<Vec<(usize, AckBatch)>>;
+
+/// A lease ack waiting in an [`AckGroup`].
+pub(crate) struct AckItem {
+    pub queue: Arc<Queue>,
+    pub id: i64,
+    pub tokens: Vec<SystemTime>,
+}
 
 /// The most leases one grouped ack writes.
 pub(crate) const ACK_GROUP_MAX: usize = 256;
@@ -127,7 +141,7 @@ impl Queue {
             wake,
             statement_timeout,
             inserts: Mutex::default(),
-            acks: AckGroup::new(ACK_GROUP_MAX),
+            acks: Arc::new(AckGroup::new(ACK_GROUP_MAX)),
             held_here: Arc::default(),
             described: AtomicBool::new(false),
             limits: Default::default(),
@@ -149,6 +163,12 @@ impl Queue {
         let sql: Arc<str> = self.dialect.insert_many(&self.spec, rows).into();
         cache.insert(rows, sql.clone());
         sql
+    }
+
+    /// This queue's key in a flush's [`AckResults`] (its address: an item holds the queue
+    /// while the flush runs, so no other queue has it meanwhile).
+    pub fn key(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
     }
 
     /// A pooled connection, or the pool's error (which carries the last connection failure).

@@ -21,7 +21,7 @@ mod jobs;
 pub(crate) mod schema;
 
 use actions::logged;
-use jobs::{cancel, job, json_value};
+use jobs::{cancel, job, jobs_list, json_value};
 
 type Result<T = (), E = Box<dyn Error>> = std::result::Result<T, E>;
 
@@ -77,6 +77,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             }
         }
         Command::Publish(args) => publish(&broker, args),
+        Command::Jobs(args) => jobs_list(&broker, args),
         Command::Job(args) => job(&broker, args),
         Command::Cancel(args) => cancel(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
@@ -312,7 +313,10 @@ fn limits(broker: &Broker, args: &crate::LimitsArgs) -> Result {
 
 fn status(broker: &Broker, args: &StatusArgs) -> Result {
     if !args.only_queues.is_empty() {
-        return queue_status(broker, args);
+        return grouped_status(broker, args, Grouped::Queue);
+    }
+    if !args.only_kinds.is_empty() {
+        return grouped_status(broker, args, Grouped::Kind);
     }
     let every = args.tables.is_empty();
     let tables: Vec<Table> = if every {
@@ -393,23 +397,42 @@ fn status(broker: &Broker, args: &StatusArgs) -> Result {
     say(format_args!("{out}"))
 }
 
-/// `status --queue Q`: the counts of the named queues (`all`: every queue with rows) of each
-/// table named, one line (or JSON object) per queue.
-fn queue_status(broker: &Broker, args: &StatusArgs) -> Result {
+/// What `status` groups a table's counts by.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Grouped {
+    Queue,
+    Kind,
+}
+
+/// `status --queue Q` / `--kind K`: the counts of the named queues or kinds (`all`: every one
+/// with rows) of each table named, one line (or JSON object) per queue or kind. Rows without a
+/// kind are the kind `-`.
+fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
+    let (word, wanted) = match by {
+        Grouped::Queue => ("queue", &args.only_queues),
+        Grouped::Kind => ("kind", &args.only_kinds),
+    };
     if args.tables.is_empty() {
-        return Err("status --queue needs --table".into());
+        return Err(format!("status --{word} needs --table").into());
     }
     let mut out: Vec<(String, String, QueueStats)> = Vec::new();
     for name in &args.tables {
         let table = args.desc.open(broker, name)?;
-        let all = broker.queue_stats(&table)?;
-        let paused = broker.paused_queues(&table)?;
-        let want = |q: &String| args.only_queues.iter().any(|w| w == "all" || w == q);
+        let (all, paused) = match by {
+            Grouped::Queue => (broker.queue_stats(&table)?, broker.paused_queues(&table)?),
+            Grouped::Kind => {
+                let all = broker.kind_stats(&table)?;
+                let named = all.into_iter();
+                let all = named.map(|(k, s)| (k.unwrap_or_else(|| "-".into()), s));
+                (all.collect(), Vec::new())
+            }
+        };
+        let want = |q: &String| wanted.iter().any(|w| w == "all" || w == q);
         for (q, s) in all.into_iter().filter(|(q, _)| want(q)) {
             out.push((table.name().to_string(), q, s));
         }
-        // A queue asked for by name that has no rows: zeros (paused or not).
-        for q in args.only_queues.iter().filter(|q| *q != "all") {
+        // A queue or kind asked for by name that has no rows: zeros (paused or not).
+        for q in wanted.iter().filter(|q| *q != "all") {
             if !out.iter().any(|(t, n, _)| t == table.name() && n == q) {
                 let mut s = broker.stats(&table)?;
                 s.ready = 0;
@@ -431,7 +454,7 @@ fn queue_status(broker: &Broker, args: &StatusArgs) -> Result {
             .map(|(t, q, s)| {
                 serde_json::json!({
                     "table": escape(t),
-                    "queue": escape(q),
+                    word: escape(q),
                     "ready": s.ready,
                     "scheduled": s.scheduled,
                     "in_flight": s.in_flight,
@@ -447,7 +470,11 @@ fn queue_status(broker: &Broker, args: &StatusArgs) -> Result {
     let dash = || "-".to_string();
     let mut rows = vec![[
         "TABLE",
-        "QUEUE",
+        if by == Grouped::Queue {
+            "QUEUE"
+        } else {
+            "KIND"
+        },
         "READY",
         "SCHEDULED",
         "IN_FLIGHT",

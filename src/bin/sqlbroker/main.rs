@@ -94,6 +94,11 @@ enum Command {
     /// Publish one message per line of standard input (the line without its line ending is
     /// the payload; empty lines are empty payloads).
     Publish(PublishArgs),
+    /// A page of a table's jobs in one state, by id (ready by default), narrowed to a queue,
+    /// a kind or a column's value: id, state, queue and kind, attempts, due time, last error
+    /// and the payload's first bytes. Row lock and advisory tables cannot tell a due row in
+    /// work from a ready one without taking its lock: there `ready` lists both.
+    Jobs(JobsArgs),
     /// One job by id: its state, attempts, failures and last error, times and values.
     Job(JobArgs),
     /// Cancel a job: one not in work is removed (kept completed and cancelled on a table that
@@ -443,6 +448,18 @@ struct StatusArgs {
     /// each; repeat for several. `--queue all`: every queue with rows.
     #[arg(long = "queue", id = "only_queue", value_name = "QUEUE")]
     only_queues: Vec<String>,
+
+    /// The counts of these job kinds of the table (a table made with --kinds), one line each
+    /// (`-`: rows published without a kind); repeat for several. `--kind all`: every kind
+    /// with rows. A kind whose rows stay ready while its oldest ages has no worker running
+    /// for it: a worker claims only the kinds it has handlers for.
+    #[arg(
+        long = "kind",
+        id = "only_kind",
+        value_name = "KIND",
+        conflicts_with = "only_queue"
+    )]
+    only_kinds: Vec<String>,
 }
 
 /// A table and a page of its rows by id.
@@ -472,6 +489,43 @@ struct ActionsArgs {
     /// Print JSON (an array with one object per entry) instead of a text table.
     #[arg(long)]
     json: bool,
+}
+
+/// `jobs`: a page of one state, filtered.
+#[derive(Debug, Args)]
+struct JobsArgs {
+    #[command(flatten)]
+    page: PageArgs,
+
+    /// The state listed.
+    #[arg(long, value_enum, default_value_t = StateArg::Ready)]
+    state: StateArg,
+
+    /// Only jobs of this queue (a table made with --queues).
+    #[arg(long = "queue", id = "jobs_queue", value_name = "QUEUE")]
+    queue: Option<String>,
+
+    /// Only jobs of this kind (a table made with --kinds).
+    #[arg(long = "kind", id = "jobs_kind", value_name = "KIND")]
+    kind: Option<String>,
+
+    /// Only jobs whose column equals the value (COLUMN=VALUE; a text, int or float column).
+    #[arg(long = "where", value_name = "COLUMN=VALUE", value_parser = parse_set)]
+    equals: Option<(String, String)>,
+
+    /// Print JSON (an array with one object per job) instead of a text table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A state of `jobs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StateArg {
+    Ready,
+    Scheduled,
+    InFlight,
+    Dead,
+    Completed,
 }
 
 /// `dead list`: a page, as text or JSON.

@@ -42,7 +42,7 @@ use crate::model::schedule::{claim_now, lease_alive, lease_token};
 use crate::model::value::Value;
 use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
-use crate::runtime::{AckBatch, Ctx, ACK_GROUP_MAX};
+use crate::runtime::{AckBatch, AckItem, AckResults, Ctx, Queue, ACK_GROUP_MAX};
 
 /// Modelled in model/fifo.pml (heads), model/lease.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
@@ -572,10 +572,11 @@ fn lost(ctx: &Ctx, id: i64) -> BrokerError {
     }
 }
 
-/// An ack, written with the acks of other handlers of this table that arrive meanwhile (group
-/// commit: one statement, one commit). If the grouped statement fails, the ack is written
-/// alone; if that matches nothing after the group lost its connection, the group may have
-/// deleted the row before its answer was lost: the lost connection stands, not `LeaseLost`.
+/// An ack, written with the acks of other handlers that arrive meanwhile (group commit: one
+/// statement per table, one commit; the tables of one broker share it where the dialect
+/// allows). If the grouped write fails, the ack is written alone; if that matches nothing after
+/// the group lost its connection, the group may have deleted the row before its answer was
+/// lost: the lost connection stands, not `LeaseLost`.
 ///
 /// Modelled in model/lease.pml (settle).
 fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bool> {
@@ -583,17 +584,82 @@ fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bo
     let mut state = cell.lock();
     state.done = true;
     let tokens = tokens_of(&state);
-    let flush = |items: Vec<(i64, Vec<SystemTime>)>| ack_many(ctx, &items, within);
-    let done = match q
-        .acks
-        .run((id, tokens.clone()), &flush, &Err(DbErrorKind::Other))
-    {
-        Ok(deleted) => Ok(deleted.contains(&id)),
-        Err(kind) => ack_alone(ctx, id, &tokens, kind, within),
+    let flush = |items: Vec<AckItem>| ack_tables(items, within);
+    let item = AckItem {
+        queue: q.clone(),
+        id,
+        tokens: tokens.clone(),
+    };
+    let results = q.acks.run(item, &flush, &AckResults::default());
+    let mine = results.iter().find(|(key, _)| *key == q.key());
+    let done = match mine.map(|(_, part)| part) {
+        Some(Ok(deleted)) => Ok(deleted.contains(&id)),
+        Some(Err(kind)) => ack_alone(ctx, id, &tokens, *kind, within),
+        // A flush that panicked: no part of it is known to have been written.
+        None => ack_alone(ctx, id, &tokens, DbErrorKind::Other, within),
     };
     drop(state);
     ctx.leases.remove(cell);
     done
+}
+
+/// Writes a group's acks: one table's in its one statement (as before tables shared a group);
+/// several tables' in one transaction, a statement per table and one commit (one failure fails
+/// them all: each caller then writes its ack alone).
+fn ack_tables(items: Vec<AckItem>, within: Duration) -> AckResults {
+    let mut tables: Vec<(Arc<Queue>, Vec<(i64, SystemTime)>)> = Vec::new();
+    for item in items {
+        let at = match tables.iter().position(|(q, _)| Arc::ptr_eq(q, &item.queue)) {
+            Some(at) => at,
+            None => {
+                tables.push((item.queue.clone(), Vec::new()));
+                tables.len() - 1
+            }
+        };
+        let id = item.id;
+        tables[at].1.extend(item.tokens.iter().map(|t| (id, *t)));
+    }
+    if let [(q, pairs)] = &tables[..] {
+        return Arc::new(vec![(q.key(), write_pairs(q, pairs, within))]);
+    }
+    let written = write_tables(&tables, within);
+    Arc::new(match written {
+        Ok(parts) => parts,
+        Err(kind) => tables.iter().map(|(q, _)| (q.key(), Err(kind))).collect(),
+    })
+}
+
+/// Several tables' acks in one transaction on a connection of their (one) broker's pool.
+fn write_tables(
+    tables: &[(Arc<Queue>, Vec<(i64, SystemTime)>)],
+    within: Duration,
+) -> std::result::Result<Vec<(usize, AckBatch)>, DbErrorKind> {
+    let first = &tables[0].0;
+    let Some([begin, setup @ ..]) = first.dialect.shared_acks_begin() else {
+        return Err(DbErrorKind::Other);
+    };
+    let mut conn = first
+        .conn_within("ack", within)
+        .map_err(|_| DbErrorKind::Transient)?;
+    conn.batch(begin).map_err(|e| e.kind)?;
+    let mut parts = Vec::with_capacity(tables.len());
+    let mut body = || {
+        for sql in setup {
+            conn.batch(sql)?;
+        }
+        for (q, pairs) in tables {
+            let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
+                delete_pairs(q, &mut *conn, pairs)
+            })?;
+            parts.push((q.key(), Ok(Arc::new(deleted.into_iter().collect()))));
+        }
+        conn.batch("COMMIT")
+    };
+    if let Err(e) = body() {
+        conn.rollback_or_discard();
+        return Err(e.kind);
+    }
+    Ok(parts)
 }
 
 /// The ack of one row after the grouped statement that held it failed with `kind`: fenced,
@@ -650,7 +716,7 @@ pub(crate) fn ack_all(
             pairs.push((*id, state.token));
             pairs.extend(state.unsure.iter().map(|t| (*id, *t)));
         }
-        let written = write_pairs(ctx, &pairs, within);
+        let written = write_pairs(&ctx.queue, &pairs, within);
         for ((id, _), state) in rows.iter().zip(held.iter()) {
             let held = match &written {
                 Ok(deleted) => Ok(deleted.contains(id)),
@@ -664,36 +730,37 @@ pub(crate) fn ack_all(
     out
 }
 
-/// Deletes the rows of `items` still holding one of their tokens, in one statement; the ids
-/// deleted, or the kind of error the statement met.
-pub(crate) fn ack_many(ctx: &Ctx, items: &[(i64, Vec<SystemTime>)], within: Duration) -> AckBatch {
-    let pairs: Vec<(i64, SystemTime)> = items
-        .iter()
-        .flat_map(|(id, tokens)| tokens.iter().map(move |t| (*id, *t)))
-        .collect();
-    write_pairs(ctx, &pairs, within)
-}
-
 /// Deletes the rows of `pairs` (`(id, token)`) that still hold the token, in one statement;
-/// one pair runs the table's single ack, the cheapest statement for it.
+/// the ids deleted, or the kind of error the statement met.
 ///
 /// Modelled in model/lease.pml (settle).
-fn write_pairs(ctx: &Ctx, pairs: &[(i64, SystemTime)], within: Duration) -> AckBatch {
-    let q = &ctx.queue;
+fn write_pairs(q: &Queue, pairs: &[(i64, SystemTime)], within: Duration) -> AckBatch {
     // No connection in time: nothing ran; each caller tries alone.
     let mut conn = q
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
-    let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || match pairs {
+    let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
+        delete_pairs(q, &mut *conn, pairs)
+    })
+    .map_err(|e| e.kind)?;
+    Ok(Arc::new(deleted.into_iter().collect()))
+}
+
+/// The statement of [`write_pairs`] on `conn`: one pair runs the table's single ack, the
+/// cheapest statement for it.
+fn delete_pairs(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    pairs: &[(i64, SystemTime)],
+) -> std::result::Result<Vec<i64>, DbError> {
+    match pairs {
         [(id, token)] => {
             let params = [Value::Int(*id), Value::Time(*token)];
             let n = conn.execute(&q.sql.ack, &params)?;
             Ok(if n == 0 { vec![] } else { vec![*id] })
         }
-        _ => q.dialect.lease_ack_many(&mut *conn, &q.spec, &q.sql, pairs),
-    })
-    .map_err(|e| e.kind)?;
-    Ok(Arc::new(deleted.into_iter().collect()))
+        _ => q.dialect.lease_ack_many(conn, &q.spec, &q.sql, pairs),
+    }
 }
 
 /// Moves the lease's deadline to `until` (a new token), fenced by the token held; `LeaseLost`

@@ -126,9 +126,11 @@ fn canonical(path: &std::path::Path) -> PathBuf {
 struct PerFile {
     /// Advisory keys belong to the database, not the broker.
     keys: Arc<KeyRegistry>,
-    /// One writer at a time within the process. SQLite allows one writer anyway; waiting here
-    /// instead of in SQLite's busy handler (which sleeps 1, 2, 5 .. ms for a lock held for
-    /// microseconds) keeps a claim and a settlement that collide from costing milliseconds.
+    /// One writer at a time within the process: held for a write statement outside a
+    /// transaction, and from a `BEGIN IMMEDIATE` to the transaction's end. SQLite allows one
+    /// writer anyway; waiting here instead of in SQLite's busy handler (which sleeps 1, 2, 5 ..
+    /// ms for a lock held for microseconds) keeps a claim and a settlement that collide from
+    /// costing milliseconds.
     writer: Arc<Mutex<()>>,
 }
 
@@ -240,6 +242,11 @@ impl Dialect for Sqlite {
             Some(path) => probe::open(path, self.busy),
             None => Err(DbError::other("an in-memory database has no change feed")),
         }
+    }
+
+    /// The one writer's transaction: a commit (a sync of the log) is the cost.
+    fn shared_acks_begin(&self) -> Option<&'static [&'static str]> {
+        Some(&["BEGIN IMMEDIATE"])
     }
 
     fn lease_ack_many(

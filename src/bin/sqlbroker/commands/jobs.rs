@@ -1,11 +1,102 @@
-//! `job` and `cancel`: one job by id, for operators.
+//! `jobs`, `job` and `cancel`: a page of jobs, one job by id, for operators.
 
 use std::time::SystemTime;
 
-use sqlbroker::{Broker, Value};
+use sqlbroker::{Broker, ColumnType, JobFilter, JobState, Value};
 
-use super::{escape, json, preview, say, utc, Result};
-use crate::{CancelArgs, JobArgs};
+use super::{columns, escape, json, page_end, preview, say, typed, utc, Result};
+use crate::{CancelArgs, JobArgs, JobsArgs, StateArg};
+
+/// The payload bytes a listing shows of each job (read by the database, not the whole).
+const PAYLOAD_PREFIX: usize = 60;
+
+/// `jobs`: a page of one state, narrowed by queue, kind and a column's value, as columns or
+/// as a JSON array.
+pub(super) fn jobs_list(broker: &Broker, args: &JobsArgs) -> Result {
+    let table = args.page.table.open(broker)?;
+    let state = match args.state {
+        StateArg::Ready => JobState::Ready,
+        StateArg::Scheduled => JobState::Scheduled,
+        StateArg::InFlight => JobState::InFlight,
+        StateArg::Dead => JobState::Dead,
+        StateArg::Completed => JobState::Completed,
+    };
+    let mut filter = JobFilter::new();
+    if let Some(q) = &args.queue {
+        filter = filter.in_queue(q);
+    }
+    if let Some(k) = &args.kind {
+        filter = filter.of_kind(k);
+    }
+    if let Some((column, text)) = &args.equals {
+        let ty = table
+            .columns()
+            .find(|(c, _)| c == column)
+            .map_or(ColumnType::Text, |(_, ty)| ty);
+        filter = filter.column(column, typed(column, text, ty)?);
+    }
+    let limit = usize::try_from(args.page.limit).unwrap_or(usize::MAX);
+    let page = broker.jobs_matching(
+        &table,
+        state,
+        &filter,
+        args.page.after,
+        limit,
+        PAYLOAD_PREFIX,
+    )?;
+    let what = state.name();
+    if args.json {
+        let rows: Vec<serde_json::Value> = page
+            .iter()
+            .map(|j| {
+                serde_json::json!({
+                    "table": table.name(),
+                    "id": j.id(),
+                    "state": j.state().name(),
+                    "queue": table.has_queues().then(|| j.queue()),
+                    "kind": j.kind(),
+                    "attempts": j.attempts(),
+                    "errors": j.errors(),
+                    "last_error": j.last_error(),
+                    "due_at": utc(j.due_at()),
+                    "payload_len": j.payload_len(),
+                    "payload": String::from_utf8_lossy(j.payload()),
+                })
+            })
+            .collect();
+        say(format_args!("{}\n", json(&rows)))?;
+        page_end(page.len(), limit, page.last().map(|j| j.id()), what);
+        return Ok(());
+    }
+    let mut head = vec!["ID", "STATE"];
+    if table.has_queues() {
+        head.push("QUEUE");
+    }
+    if table.has_kinds() {
+        head.push("KIND");
+    }
+    head.extend(["ATTEMPTS", "DUE_AT", "LAST_ERROR", "PAYLOAD"]);
+    let mut rows = vec![head.into_iter().map(String::from).collect::<Vec<_>>()];
+    for j in &page {
+        let mut row = vec![j.id().to_string(), j.state().name().to_string()];
+        if table.has_queues() {
+            row.push(escape(j.queue()));
+        }
+        if table.has_kinds() {
+            row.push(j.kind().map_or("-".into(), escape));
+        }
+        row.extend([
+            j.attempts().to_string(),
+            utc(j.due_at()),
+            j.last_error().map_or("-".into(), |e| preview(e.as_bytes())),
+            preview(j.payload()),
+        ]);
+        rows.push(row);
+    }
+    say(format_args!("{}", columns(&rows)))?;
+    page_end(page.len(), limit, page.last().map(|j| j.id()), what);
+    Ok(())
+}
 
 /// `job`: one job, as text (one `field: value` line each) or as one JSON object.
 pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {

@@ -19,7 +19,8 @@ pub(crate) const ROW_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// The most ids of jobs left in work a bulk cancel's note names.
 pub(crate) const BUSY_NAMED: usize = 20;
 
-/// The filter of a table's listing, from a query or a form (`column`, `value`, `error`): the
+/// The filter of a table's listing, from a query or a form (`column`, `value`, `error`,
+/// `queue`, `kind`): the
 /// value typed as the column is (text, integer, float; other columns cannot be filtered),
 /// or why it cannot be.
 pub(crate) fn filter_of(table: &Table, fields: &[(String, String)]) -> Result<JobFilter, String> {
@@ -52,6 +53,14 @@ pub(crate) fn filter_of(table: &Table, fields: &[(String, String)]) -> Result<Jo
     if !error.is_empty() {
         filter = filter.error_contains(error);
     }
+    let queue = field(fields, "queue").unwrap_or_default();
+    if !queue.is_empty() {
+        filter = filter.in_queue(queue);
+    }
+    let kind = field(fields, "kind").unwrap_or_default();
+    if !kind.is_empty() {
+        filter = filter.of_kind(kind);
+    }
     Ok(filter)
 }
 
@@ -63,6 +72,12 @@ pub(crate) fn describe(state: JobState, filter: &JobFilter) -> String {
             Value::Text(t) => parts.push(format!("{c} = {t:?}")),
             v => parts.push(format!("{c} = {}", plain(v))),
         }
+    }
+    if let Some(q) = filter.queue() {
+        parts.push(format!("queue {q:?}"));
+    }
+    if let Some(k) = filter.kind() {
+        parts.push(format!("kind {k:?}"));
     }
     if let Some(e) = filter.error() {
         parts.push(format!("last error contains {e:?}"));

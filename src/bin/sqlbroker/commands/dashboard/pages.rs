@@ -384,6 +384,16 @@ fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
     }
 }
 
+/// The fields of a listing's filter, kept by its links and its bulk forms.
+const FILTER_FIELDS: [&str; 5] = ["column", "value", "error", "queue", "kind"];
+
+/// `pairs` as a query string, escaped.
+fn query_of(pairs: &[(&str, &str)]) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
 /// A table with queues: each queue's counts (read now, one grouped count) and its pause or
 /// resume button.
 fn queues_section(ctx: &Ctx, db: &Database, table: &Table, back: &str) -> Markup {
@@ -403,7 +413,7 @@ fn queues_section(ctx: &Ctx, db: &Database, table: &Table, back: &str) -> Markup
                     }
                     @for (q, s) in list {
                         tr {
-                            td { code { (shown(q)) } }
+                            td { a href={ (db.prefix) "/tables/" (name) "?" (query_of(&[("queue", q)])) } { code { (shown(q)) } } }
                             td { (s.ready) }
                             td { (s.scheduled) }
                             td { (opt(s.in_flight)) }
@@ -464,7 +474,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     // The filter's fields as a query's tail, kept by every link of the listing.
     let kept: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(
-            ["column", "value", "error"]
+            FILTER_FIELDS
                 .into_iter()
                 .filter_map(|k| rq.param(k).filter(|v| !v.is_empty()).map(|v| (k, v))),
         )
@@ -666,6 +676,14 @@ fn filter_form(
                 label { "= " input type="text" name="value" value=(rq.param("value").unwrap_or_default()) size="16"; }
                 " "
             }
+            @if table.has_queues() {
+                label { "queue " input type="text" name="queue" value=(rq.param("queue").unwrap_or_default()) size="12" maxlength="64"; }
+                " "
+            }
+            @if table.has_kinds() {
+                label { "kind " input type="text" name="kind" value=(rq.param("kind").unwrap_or_default()) size="12" maxlength="64"; }
+                " "
+            }
             label { "last error contains " input type="text" name="error" value=(rq.param("error").unwrap_or_default()) size="24" maxlength=(sqlbroker::MAX_FILTER_TEXT); }
             " " button type="submit" { "filter" }
             " " a href={ (db.prefix) "/tables/" (name) "?state=" (state_slug(state)) } { "clear" }
@@ -682,7 +700,7 @@ fn filter_form(
                                 input type="hidden" name="back" value=(here);
                                 input type="hidden" name="verb" value=(verb);
                                 input type="hidden" name="state" value=(state_slug(state));
-                                @for k in ["column", "value", "error"] {
+                                @for k in FILTER_FIELDS {
                                     @if let Some(v) = rq.param(k) { input type="hidden" name=(k) value=(v); }
                                 }
                                 // A cancel that stopped early goes on after the last job it read.
