@@ -33,13 +33,17 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 /// subscription, a shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 
-/// A lease table's lane's claim workers and the rows one claim takes: two claim loops keep a
-/// lane's channel filled while the other waits on the database, and a batch of 50 claims
-/// ahead what the pool of threads takes in a few milliseconds. On SQLite (one writer) a second
-/// claim loop only queues behind the first: one per lane (10 tables: 0.64 of one subscription
-/// with two, 0.70 with one; BENCHMARKS.md).
+/// A lease table's lane's claim workers and the rows one claim takes, where the worker has
+/// several lanes: two claim loops keep a lane's channel filled while the other waits on the
+/// database, and a batch of 50 claims ahead what the pool of threads takes in a few
+/// milliseconds.
 const LANE_CLAIM_WORKERS: usize = 2;
 const LANE_BATCH: usize = 50;
+/// The same for a worker's only lane (one table, no capped queue): what one subscription
+/// feeding 8 threads does best (PostgreSQL, 20 kinds: 0.72-0.77 of such a subscription with two
+/// claim workers and batches of 50, 0.86-0.91 with these; BENCHMARKS.md).
+const SOLE_LANE_CLAIM_WORKERS: usize = 4;
+const SOLE_LANE_BATCH: usize = 100;
 
 /// The shortest an idle handler thread waits on one lane before it looks at the next.
 const LANE_WAIT_MIN: Duration = Duration::from_millis(10);
@@ -257,6 +261,10 @@ impl Worker {
         if let Some(e) = self.error {
             return Err(e);
         }
+        let (claim_workers, batch) = match plan.len() {
+            1 => (SOLE_LANE_CLAIM_WORKERS, SOLE_LANE_BATCH),
+            _ => (LANE_CLAIM_WORKERS, LANE_BATCH),
+        };
         let mut lanes = Vec::new();
         for (i, queues, cap) in plan {
             let r = &self.tables[i];
@@ -268,12 +276,7 @@ impl Worker {
             if r.table.form() == crate::model::table::Form::Lease {
                 // The forms whose rows in work hold connections keep the subscription's
                 // defaults: one claim worker, so a small pool is not outgrown.
-                let workers = if self.broker.database() == "SQLite" {
-                    1
-                } else {
-                    LANE_CLAIM_WORKERS
-                };
-                b = b.workers(workers).batch_size(LANE_BATCH);
+                b = b.workers(claim_workers).batch_size(batch);
             }
             if let Some(q) = &queues {
                 b = b.queues(q.iter().cloned());

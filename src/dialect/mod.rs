@@ -616,13 +616,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// Lease acks of different tables may share one transaction (one commit): the group
     /// commit then serves every table of a broker ([`AckGroup`](crate::runtime::AckGroup)), and
-    /// these open such a transaction: the first begins it (a failure leaves none open), the
-    /// rest set it up. Where a commit is the cost (SQLite's one writer and its
-    /// sync of the log), a worker over many tables commits as seldom as one over one table.
-    /// `None` (the default): each table groups its own. MySQL: its grouped ack is a
-    /// transaction of its own (a locking read, then the delete), and tables that flush apart
-    /// write in parallel there.
-    fn shared_acks_begin(&self) -> Option<&'static [&'static str]> {
+    /// this begins such a transaction (a failure leaves none open). Where a commit is the cost
+    /// (SQLite's one writer and its sync of the log), a worker over many tables commits as
+    /// seldom as one over one table.
+    /// `None` (the default): each table groups its own. PostgreSQL: concurrent commits share
+    /// the server's log flushes already, and one flush at a time across tables serialised
+    /// what ran in parallel (a worker over ten tables: 0.49-0.51 of one subscription shared,
+    /// 0.64-0.70 apart). MySQL: its grouped ack is a transaction of its own (a locking read,
+    /// then the delete).
+    fn shared_acks_begin(&self) -> Option<&'static str> {
         None
     }
 

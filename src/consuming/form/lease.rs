@@ -635,7 +635,7 @@ fn write_tables(
     within: Duration,
 ) -> std::result::Result<Vec<(usize, AckBatch)>, DbErrorKind> {
     let first = &tables[0].0;
-    let Some([begin, setup @ ..]) = first.dialect.shared_acks_begin() else {
+    let Some(begin) = first.dialect.shared_acks_begin() else {
         return Err(DbErrorKind::Other);
     };
     let mut conn = first
@@ -644,9 +644,6 @@ fn write_tables(
     conn.batch(begin).map_err(|e| e.kind)?;
     let mut parts = Vec::with_capacity(tables.len());
     let mut body = || {
-        for sql in setup {
-            conn.batch(sql)?;
-        }
         for (q, pairs) in tables {
             let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
                 delete_pairs(q, &mut *conn, pairs)

@@ -337,14 +337,6 @@ impl Dialect for Postgres {
         }
     }
 
-    /// A lock wait in the shared transaction is bounded short: a row of one table locked by
-    /// hand (an operator's open transaction) must not hold the other tables' acks for the
-    /// statement timeout. Past it the flush fails and each of its acks is written alone, where
-    /// only the locked row's waits.
-    fn shared_acks_begin(&self) -> Option<&'static [&'static str]> {
-        Some(&["BEGIN", "SET LOCAL lock_timeout = '100ms'"])
-    }
-
     fn lease_ack_many(
         &self,
         conn: &mut dyn DbConn,

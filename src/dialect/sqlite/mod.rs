@@ -245,8 +245,8 @@ impl Dialect for Sqlite {
     }
 
     /// The one writer's transaction: a commit (a sync of the log) is the cost.
-    fn shared_acks_begin(&self) -> Option<&'static [&'static str]> {
-        Some(&["BEGIN IMMEDIATE"])
+    fn shared_acks_begin(&self) -> Option<&'static str> {
+        Some("BEGIN IMMEDIATE")
     }
 
     fn lease_ack_many(
