@@ -603,11 +603,14 @@ fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bo
     done
 }
 
+/// One table's part of a flush: its queue and the `(id, token)` pairs of its acks.
+type TableAcks = (Arc<Queue>, Vec<(i64, SystemTime)>);
+
 /// Writes a group's acks: one table's in its one statement (as before tables shared a group);
 /// several tables' in one transaction, a statement per table and one commit (one failure fails
 /// them all: each caller then writes its ack alone).
 fn ack_tables(items: Vec<AckItem>, within: Duration) -> AckResults {
-    let mut tables: Vec<(Arc<Queue>, Vec<(i64, SystemTime)>)> = Vec::new();
+    let mut tables: Vec<TableAcks> = Vec::new();
     for item in items {
         let at = match tables.iter().position(|(q, _)| Arc::ptr_eq(q, &item.queue)) {
             Some(at) => at,
@@ -631,7 +634,7 @@ fn ack_tables(items: Vec<AckItem>, within: Duration) -> AckResults {
 
 /// Several tables' acks in one transaction on a connection of their (one) broker's pool.
 fn write_tables(
-    tables: &[(Arc<Queue>, Vec<(i64, SystemTime)>)],
+    tables: &[TableAcks],
     within: Duration,
 ) -> std::result::Result<Vec<(usize, AckBatch)>, DbErrorKind> {
     let first = &tables[0].0;
