@@ -2101,8 +2101,9 @@ fn jobs_by_queue_and_kind(db: Db) {
         "{text}"
     );
 
-    // `status --kind`: counts by kind, `-` for rows without one; a kind asked for by name
-    // with no rows counts zeros.
+    // `status --kind`: counts by kind, `(none)` for rows without one (the kind named `-` is
+    // another); a kind asked for by name with no rows counts zeros.
+    publish(&["--kind", "-"], "e\n");
     let status = ok(&url, &["status", "--table", &name, "--kind", "all"], "");
     let ready = |k: &str| -> Option<String> {
         status
@@ -2115,7 +2116,60 @@ fn jobs_by_queue_and_kind(db: Db) {
         Some("KIND")
     );
     assert_eq!(ready("welcome").as_deref(), Some("3"), "{status}");
+    assert_eq!(ready("(none)").as_deref(), Some("1"), "{status}");
     assert_eq!(ready("-").as_deref(), Some("1"), "{status}");
+    let by_kind = ok(
+        &url,
+        &["status", "--table", &name, "--kind", "all", "--json"],
+        "",
+    );
+    let by_kind: serde_json::Value = serde_json::from_str(by_kind.trim()).expect("JSON");
+    let mut kinds: Vec<(Option<String>, u64)> = by_kind
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().map(String::from),
+                o["ready"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            (None, 1),
+            (Some("-".into()), 1),
+            (Some("welcome".into()), 3)
+        ]
+    );
+    // A queue written by hand with control and bidi characters: escaped on the terminal, the
+    // same value in JSON (as `jobs --json` has it).
+    let evil = "ev\u{1b}[31mil\u{202e}x";
+    l.exec(&format!(
+        "UPDATE {name} SET queue = '{evil}' WHERE id = {c}"
+    ));
+    let shown = ok(&url, &["status", "--table", &name, "--queue", "all"], "");
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+        "{shown:?}"
+    );
+    let raw = ok(
+        &url,
+        &["status", "--table", &name, "--queue", "all", "--json"],
+        "",
+    );
+    assert!(
+        !raw.contains('\u{1b}') && !raw.contains('\u{202e}'),
+        "{raw:?}"
+    );
+    let raw: serde_json::Value = serde_json::from_str(raw.trim()).expect("JSON");
+    assert!(
+        raw.as_array().unwrap().iter().any(|o| o["queue"] == evil),
+        "{raw}"
+    );
+    l.exec(&format!("UPDATE {name} SET queue = 'img' WHERE id = {c}"));
     let json = ok(
         &url,
         &["status", "--table", &name, "--kind", "sms", "--json"],

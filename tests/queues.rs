@@ -811,6 +811,78 @@ fn listing_by_queue_and_kind(db: Db, form: Form) {
 }
 per_db_form!(listing_by_queue_and_kind);
 
+/// MySQL/MariaDB: a queue and a kind column adopted from a table's own in a case-insensitive
+/// collation (`utf8mb4_general_ci`, the server's default) is converted by `migrate` to the
+/// byte-exact one, as the dedup key and group columns are: queue `a` and queue `A`, kind `x`
+/// and kind `X`, stay apart for views, listings and bulk cancels. (PostgreSQL and SQLite compare
+/// text byte for byte unless a column is given a nondeterministic collation by hand.)
+///
+/// Fails without the conversion (found by review: `in_queue("a")` listed queue `A`'s row, a
+/// view of `a` claimed it, and a bulk cancel of `a` cancelled it).
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_adopted_case_insensitive_columns_are_made_exact() {
+    let Some(live) = common::live(Db::Mysql) else {
+        return;
+    };
+    let name = common::unique("t");
+    let own = live.create(
+        common::describe(&name, Form::Lease, LEASE)
+            .text_column("lane")
+            .text_column("sort"),
+    );
+    for c in ["lane", "sort"] {
+        live.exec(&format!(
+            "ALTER TABLE {name} MODIFY {c} VARCHAR(255) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_general_ci NULL"
+        ));
+    }
+    let t = own
+        .clone()
+        .rename(Role::Queue, "lane")
+        .queues()
+        .rename(Role::Kind, "sort")
+        .kinds();
+    let done = live.broker.migrate(&t).unwrap();
+    for c in ["lane", "sort"] {
+        assert!(
+            done.iter()
+                .any(|d| d.contains(&format!("converted column {c}"))),
+            "migrate did not convert {c}: {done:?}"
+        );
+    }
+    let b = live.connect();
+    let big = b.publish(&t, job("A", Some("A"), Some("X"))).unwrap();
+    let small = b.publish(&t, job("a", Some("a"), Some("x"))).unwrap();
+    let ids = |f: JobFilter| -> Vec<i64> {
+        b.jobs_matching(&t, JobState::Ready, &f, None, 100, 10)
+            .unwrap()
+            .iter()
+            .map(|j| j.id())
+            .collect()
+    };
+    assert_eq!(ids(JobFilter::new().in_queue("a")), [small]);
+    assert_eq!(ids(JobFilter::new().of_kind("X")), [big]);
+    let sub = b
+        .subscription(&t)
+        .queues(["a"])
+        .kinds(["x"])
+        .start()
+        .unwrap();
+    assert_eq!(drain(&sub, 1, |_| {}), BTreeSet::from([small]));
+    sub.close();
+    let cancelled = b
+        .cancel_matching(
+            &t,
+            JobState::Ready,
+            &JobFilter::new().in_queue("A"),
+            &sqlbroker::CancelPass::new(),
+        )
+        .unwrap();
+    assert_eq!(cancelled.cancelled, 1);
+    assert_eq!(live.rows(&t), 0, "queue A's row or queue a's was left");
+}
+
 /// The queue column adopted from a column of the user's with `rename(Role::Queue, ..)`, here
 /// one named like an SQL keyword (`group`): publish and views use it, `get` reads it.
 fn a_renamed_queue_column(db: Db, form: Form) {

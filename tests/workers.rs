@@ -315,3 +315,51 @@ fn a_capped_queue_runs_at_most_its_threads(db: Db, form: Form) {
     )));
 }
 per_db_form!(a_capped_queue_runs_at_most_its_threads);
+
+/// A worker with few threads claims few rows ahead (16 per thread, lease form): the rest stay
+/// ready for another process's worker. A worker of one thread over one table, its handler held
+/// on its first job, leaves at least 84 of 100 rows to a second broker's subscription. Fails
+/// with the lane's claims sized for many threads (a review measured 400 rows held by a worker
+/// of one thread, and a second worker running none).
+fn a_worker_of_few_threads_leaves_rows_to_others(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        common::describe(&common::unique("wa"), Form::Lease, Duration::from_secs(30)).kinds(),
+    );
+    let batch: Vec<Message> = (0..100)
+        .map(|i| {
+            Message::new(b"x".to_vec())
+                .set("k", format!("r{i}"))
+                .kind("a")
+        })
+        .collect();
+    live.broker.publish_batch(&t, batch).unwrap();
+    let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
+    let (release_tx, release) = crossbeam_channel::bounded::<()>(0);
+    let worker = Worker::new(&live.broker)
+        .on(&t, "a", move |_d| {
+            let _ = started_tx.try_send(());
+            let _ = release.recv_timeout(Duration::from_secs(20));
+            Ok::<(), String>(())
+        })
+        .threads(1)
+        .start()
+        .unwrap();
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    // Let the lane's claim workers fill what they may.
+    std::thread::sleep(Duration::from_millis(800));
+    let held = live.rows_where(&t, "locked_until IS NOT NULL");
+    assert!(held <= 16, "a worker of one thread holds {held} rows");
+    let second = other(&live);
+    let sub = second.subscription(&t).batch_size(50).start().unwrap();
+    let mut ran = 0;
+    while let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(500)) {
+        d.ack().unwrap();
+        ran += 1;
+    }
+    assert!(ran >= 84, "the second service ran {ran} of 100");
+    sub.close();
+    drop(release_tx);
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+}
+per_db!(a_worker_of_few_threads_leaves_rows_to_others);

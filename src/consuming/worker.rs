@@ -45,6 +45,12 @@ const LANE_BATCH: usize = 50;
 const SOLE_LANE_CLAIM_WORKERS: usize = 4;
 const SOLE_LANE_BATCH: usize = 100;
 
+/// The most rows a lease lane claims ahead, per handler thread of the worker: enough to keep
+/// the threads fed across a claim's round trip, and no more, so a worker with few threads does
+/// not hold hundreds of rows another process's worker could run (a review found a worker of
+/// one thread holding 400 while a second worker ran none).
+const AHEAD_PER_THREAD: usize = 16;
+
 /// The shortest an idle handler thread waits on one lane before it looks at the next.
 const LANE_WAIT_MIN: Duration = Duration::from_millis(10);
 
@@ -265,6 +271,9 @@ impl Worker {
             1 => (SOLE_LANE_CLAIM_WORKERS, SOLE_LANE_BATCH),
             _ => (LANE_CLAIM_WORKERS, LANE_BATCH),
         };
+        let ahead = self.threads.saturating_mul(AHEAD_PER_THREAD);
+        let batch = batch.min(ahead);
+        let ahead = ahead.min(claim_workers * batch);
         let mut lanes = Vec::new();
         for (i, queues, cap) in plan {
             let r = &self.tables[i];
@@ -276,7 +285,10 @@ impl Worker {
             if r.table.form() == crate::model::table::Form::Lease {
                 // The forms whose rows in work hold connections keep the subscription's
                 // defaults: one claim worker, so a small pool is not outgrown.
-                b = b.workers(claim_workers).batch_size(batch);
+                b = b
+                    .workers(claim_workers)
+                    .batch_size(batch)
+                    .max_in_flight(ahead);
             }
             if let Some(q) = &queues {
                 b = b.queues(q.iter().cloned());

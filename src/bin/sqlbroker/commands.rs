@@ -404,9 +404,13 @@ enum Grouped {
     Kind,
 }
 
+/// What `status --kind` calls rows published without a kind (no kind's name: a name has no
+/// parentheses), and how it is asked for; `null` in JSON.
+const NO_KIND: &str = "(none)";
+
 /// `status --queue Q` / `--kind K`: the counts of the named queues or kinds (`all`: every one
 /// with rows) of each table named, one line (or JSON object) per queue or kind. Rows without a
-/// kind are the kind `-`.
+/// kind are [`NO_KIND`].
 fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     let (word, wanted) = match by {
         Grouped::Queue => ("queue", &args.only_queues),
@@ -415,25 +419,30 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     if args.tables.is_empty() {
         return Err(format!("status --{word} needs --table").into());
     }
-    let mut out: Vec<(String, String, QueueStats)> = Vec::new();
+    // (table, queue or kind: `None` for rows without a kind, counts)
+    let mut out: Vec<(String, Option<String>, QueueStats)> = Vec::new();
     for name in &args.tables {
         let table = args.desc.open(broker, name)?;
         let (all, paused) = match by {
-            Grouped::Queue => (broker.queue_stats(&table)?, broker.paused_queues(&table)?),
-            Grouped::Kind => {
-                let all = broker.kind_stats(&table)?;
-                let named = all.into_iter();
-                let all = named.map(|(k, s)| (k.unwrap_or_else(|| "-".into()), s));
-                (all.collect(), Vec::new())
+            Grouped::Queue => {
+                let all = broker.queue_stats(&table)?;
+                let all = all.into_iter().map(|(q, s)| (Some(q), s)).collect();
+                (all, broker.paused_queues(&table)?)
             }
+            Grouped::Kind => (broker.kind_stats(&table)?, Vec::new()),
         };
-        let want = |q: &String| wanted.iter().any(|w| w == "all" || w == q);
+        let asked = |w: &String, q: &Option<String>| match q {
+            Some(q) => w == q,
+            None => w == NO_KIND,
+        };
+        let want = |q: &Option<String>| wanted.iter().any(|w| w == "all" || asked(w, q));
         for (q, s) in all.into_iter().filter(|(q, _)| want(q)) {
             out.push((table.name().to_string(), q, s));
         }
         // A queue or kind asked for by name that has no rows: zeros (paused or not).
-        for q in wanted.iter().filter(|q| *q != "all") {
-            if !out.iter().any(|(t, n, _)| t == table.name() && n == q) {
+        for w in wanted.iter().filter(|w| *w != "all") {
+            let q = (w != NO_KIND || by == Grouped::Queue).then(|| w.clone());
+            if !out.iter().any(|(t, n, _)| t == table.name() && *n == q) {
                 let mut s = broker.stats(&table)?;
                 s.ready = 0;
                 s.scheduled = 0;
@@ -443,8 +452,8 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
                 s.dead = 0;
                 s.completed = s.completed.map(|_| 0);
                 s.oldest_ready_age = None;
-                s.paused = s.paused || paused.contains(q);
-                out.push((table.name().to_string(), q.clone(), s));
+                s.paused = s.paused || paused.contains(w);
+                out.push((table.name().to_string(), q, s));
             }
         }
     }
@@ -452,9 +461,10 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
         let items: Vec<serde_json::Value> = out
             .iter()
             .map(|(t, q, s)| {
+                // Values as they are (`json` escapes for the terminal within the strings).
                 serde_json::json!({
-                    "table": escape(t),
-                    word: escape(q),
+                    "table": t,
+                    word: q,
                     "ready": s.ready,
                     "scheduled": s.scheduled,
                     "in_flight": s.in_flight,
@@ -465,7 +475,7 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
                 })
             })
             .collect();
-        return say(format_args!("{}\n", serde_json::Value::Array(items)));
+        return say(format_args!("{}\n", json(&items)));
     }
     let dash = || "-".to_string();
     let mut rows = vec![[
@@ -488,7 +498,7 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     for (t, q, s) in &out {
         rows.push(vec![
             escape(t),
-            escape(q),
+            q.as_deref().map_or_else(|| NO_KIND.to_string(), escape),
             s.ready.to_string(),
             s.scheduled.to_string(),
             s.in_flight.map_or_else(dash, |n| n.to_string()),

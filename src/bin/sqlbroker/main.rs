@@ -450,7 +450,7 @@ struct StatusArgs {
     only_queues: Vec<String>,
 
     /// The counts of these job kinds of the table (a table made with --kinds), one line each
-    /// (`-`: rows published without a kind); repeat for several. `--kind all`: every kind
+    /// (`(none)`: rows published without a kind; `null` in JSON); repeat for several. `--kind all`: every kind
     /// with rows. A kind whose rows stay ready while its oldest ages has no worker running
     /// for it: a worker claims only the kinds it has handlers for.
     #[arg(

@@ -646,7 +646,7 @@ fn write_tables(
         .map_err(|_| DbErrorKind::Transient)?;
     conn.batch(begin).map_err(|e| e.kind)?;
     let mut parts = Vec::with_capacity(tables.len());
-    let mut body = || {
+    let body = || {
         for (q, pairs) in tables {
             let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
                 delete_pairs(q, &mut *conn, pairs)
@@ -655,11 +655,19 @@ fn write_tables(
         }
         conn.batch("COMMIT")
     };
-    if let Err(e) = body() {
-        conn.rollback_or_discard();
-        return Err(e.kind);
+    // A panic inside (a dialect's bug) must not send the connection back to the pool with its
+    // transaction open, holding SQLite's write lock and the process's writer lock.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => Ok(parts),
+        Ok(Err(e)) => {
+            conn.rollback_or_discard();
+            Err(e.kind)
+        }
+        Err(panic) => {
+            conn.rollback_or_discard();
+            std::panic::resume_unwind(panic)
+        }
     }
-    Ok(parts)
 }
 
 /// The ack of one row after the grouped statement that held it failed with `kind`: fenced,

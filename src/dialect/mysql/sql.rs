@@ -516,22 +516,26 @@ pub(super) const COLUMNS: &str = "SELECT CAST(column_name AS CHAR), CAST(CONCAT(
      WHERE table_schema = DATABASE() AND table_name = ?";
 
 /// The columns a table needs (the schema check and `migrate`), text in `collation`. The
-/// columns whose values the library compares in SQL, the dedup key and the group, must
-/// compare byte for byte: the check refuses them in any other collation and `migrate`
-/// converts them ([`convert_columns`]). Other text columns are left as a table has them (the
+/// columns whose values the library compares in SQL, the dedup key, the group, the queue and
+/// the kind, must compare byte for byte (a case-insensitive queue column would give queue `a`'s
+/// claims, listings and bulk cancels queue `A`'s rows): the check refuses them in any other
+/// collation and `migrate` converts them ([`convert_columns`]). Other text columns are left as a table has them (the
 /// library never compares them; converting one copies the table).
 pub(super) fn column_defs(
     spec: &TableSpec,
     collation: &str,
 ) -> Vec<crate::model::schema::ColumnDef> {
     let mut defs = SYNTAX.column_list(spec, types(collation));
-    let group = spec
-        .group
-        .and_then(|i| spec.columns.get(i))
-        .filter(|c| c.ty == crate::model::table::ColumnType::Text)
-        .map(|c| c.name.as_str());
+    let text = |i: Option<usize>| {
+        i.and_then(|i| spec.columns.get(i))
+            .filter(|c| c.ty == crate::model::table::ColumnType::Text)
+            .map(|c| c.name.as_str())
+    };
+    let compared = [text(spec.group), text(spec.queue), text(spec.kind)];
     for d in &mut defs {
-        if Some(d.name.as_str()) == spec.dedup_key.as_deref() || Some(d.name.as_str()) == group {
+        if Some(d.name.as_str()) == spec.dedup_key.as_deref()
+            || compared.contains(&Some(d.name.as_str()))
+        {
             d.collations = BYTE_EXACT;
         }
     }
