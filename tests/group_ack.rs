@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::Db;
-use sqlbroker::{Delivery, Form, Message};
+use sqlbroker::{Delivery, Form, Message, Subscription};
 
 /// Moves the lease of row `id` to another token, as a later claim of it would.
 fn steal(live: &common::Live, table: &str, id: i64) {
@@ -174,6 +174,39 @@ fn acks_arriving_together_share_a_statement(db: Db) {
 }
 per_db!(acks_arriving_together_share_a_statement);
 
+/// Two lease tables of `rows` rows each (ids 1.. in both), and a subscription of each
+/// claiming `batch` rows at a time, at most `ahead` in hand.
+fn two_tables(
+    live: &common::Live,
+    rows: usize,
+    batch: usize,
+    ahead: usize,
+) -> (
+    sqlbroker::Table,
+    sqlbroker::Table,
+    Subscription,
+    Subscription,
+) {
+    let a = live.table(Form::Lease, Duration::from_secs(30));
+    let b = live.table(Form::Lease, Duration::from_secs(30));
+    for t in [&a, &b] {
+        let batch: Vec<Message> = (0..rows)
+            .map(|i| common::msg(&format!("m{i}"), "a"))
+            .collect();
+        live.broker.publish_batch(t, batch).unwrap();
+    }
+    let start = |t| {
+        live.broker
+            .subscription(t)
+            .batch_size(batch)
+            .max_in_flight(ahead)
+            .start()
+            .unwrap()
+    };
+    let (sub_a, sub_b) = (start(&a), start(&b));
+    (a, b, sub_a, sub_b)
+}
+
 /// Acks of two tables arriving together: on SQLite one group serves every table of a broker
 /// and writes both tables' acks in one transaction; on PostgreSQL and MySQL each table keeps
 /// its own. Either way each ack answers for its own row of its own table: the two tables have
@@ -188,23 +221,7 @@ fn acks_of_two_tables_answer_for_their_own_rows(db: Db) {
     const PER_TABLE: usize = 8;
     const ROUNDS: usize = 4;
     let Some(live) = common::live(db) else { return };
-    let a = live.table(Form::Lease, Duration::from_secs(30));
-    let b = live.table(Form::Lease, Duration::from_secs(30));
-    for t in [&a, &b] {
-        let batch: Vec<Message> = (0..PER_TABLE * ROUNDS)
-            .map(|i| common::msg(&format!("m{i}"), "a"))
-            .collect();
-        live.broker.publish_batch(t, batch).unwrap();
-    }
-    let start = |t| {
-        live.broker
-            .subscription(t)
-            .batch_size(PER_TABLE)
-            .max_in_flight(PER_TABLE * 2)
-            .start()
-            .unwrap()
-    };
-    let (sub_a, sub_b) = (start(&a), start(&b));
+    let (a, b, sub_a, sub_b) = two_tables(&live, PER_TABLE * ROUNDS, PER_TABLE, PER_TABLE * 2);
     // The id both tables have: stolen in B (by its handler, once its claim holds it), acked
     // in A.
     let twin = live.ints(&format!("SELECT MIN(id) FROM {}", b.name()))[0].unwrap();
@@ -325,25 +342,9 @@ fn a_row_locked_by_hand_holds_only_its_own_ack(db: Db) {
     const PER_TABLE: usize = 6;
     const ROUNDS: usize = 3;
     let Some(live) = common::live(db) else { return };
-    let a = live.table(Form::Lease, Duration::from_secs(30));
-    let b = live.table(Form::Lease, Duration::from_secs(30));
-    for t in [&a, &b] {
-        let batch: Vec<Message> = (0..PER_TABLE * ROUNDS)
-            .map(|i| common::msg(&format!("m{i}"), "a"))
-            .collect();
-        live.broker.publish_batch(t, batch).unwrap();
-    }
-    let start = |t| {
-        live.broker
-            .subscription(t)
-            .batch_size(PER_TABLE)
-            .max_in_flight(PER_TABLE)
-            .start()
-            .unwrap()
-    };
-    let (sub_a, sub_b) = (start(&a), start(&b));
+    let (a, b, sub_a, sub_b) = two_tables(&live, PER_TABLE * ROUNDS, PER_TABLE, PER_TABLE);
     for round in 0..ROUNDS {
-        let take = |sub: &sqlbroker::Subscription| -> Vec<Delivery> {
+        let take = |sub: &Subscription| -> Vec<Delivery> {
             (0..PER_TABLE)
                 .map(|_| sub.next_delivery_timeout(Duration::from_secs(10)).unwrap())
                 .collect()

@@ -39,6 +39,15 @@ fn job(body: &str, queue: Option<&str>, kind: Option<&str>) -> Message {
     m
 }
 
+/// The ids of the ready jobs `filter` lists, by id.
+fn listed(b: &Broker, t: &Table, filter: JobFilter) -> Vec<i64> {
+    b.jobs_matching(t, JobState::Ready, &filter, None, 100, 10)
+        .unwrap()
+        .iter()
+        .map(|j| j.id())
+        .collect()
+}
+
 /// Takes exactly `n` deliveries, acking each after `check`, then asserts that no other comes
 /// within [`QUIET`]. Returns their ids.
 fn drain(sub: &Subscription, n: usize, check: impl Fn(&Delivery)) -> BTreeSet<i64> {
@@ -740,13 +749,7 @@ fn listing_by_queue_and_kind(db: Db, form: Form) {
     let a = b.publish(&t, job("a", Some("A"), Some("x"))).unwrap();
     let bb = b.publish(&t, job("b", Some("B"), None)).unwrap();
     assert_eq!(live.rows_where(&t, "lane IS NULL"), 1);
-    let ids = |f: JobFilter| -> Vec<i64> {
-        b.jobs_matching(&t, JobState::Ready, &f, None, 100, 10)
-            .unwrap()
-            .iter()
-            .map(|j| j.id())
-            .collect()
-    };
+    let ids = |f: JobFilter| listed(b, &t, f);
     assert_eq!(ids(JobFilter::new().in_queue("A")), [a]);
     assert_eq!(ids(JobFilter::new().in_queue("B")), [bb]);
     assert_eq!(
@@ -854,13 +857,7 @@ fn mysql_adopted_case_insensitive_columns_are_made_exact() {
     let b = live.connect();
     let big = b.publish(&t, job("A", Some("A"), Some("X"))).unwrap();
     let small = b.publish(&t, job("a", Some("a"), Some("x"))).unwrap();
-    let ids = |f: JobFilter| -> Vec<i64> {
-        b.jobs_matching(&t, JobState::Ready, &f, None, 100, 10)
-            .unwrap()
-            .iter()
-            .map(|j| j.id())
-            .collect()
-    };
+    let ids = |f: JobFilter| listed(&b, &t, f);
     assert_eq!(ids(JobFilter::new().in_queue("a")), [small]);
     assert_eq!(ids(JobFilter::new().of_kind("X")), [big]);
     let sub = b

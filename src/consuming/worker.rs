@@ -41,7 +41,8 @@ const LANE_CLAIM_WORKERS: usize = 2;
 const LANE_BATCH: usize = 50;
 /// The same for a worker's only lane (one table, no capped queue): what one subscription
 /// feeding 8 threads does best (PostgreSQL, 20 kinds: 0.72-0.77 of such a subscription with two
-/// claim workers and batches of 50, 0.86-0.91 with these; BENCHMARKS.md).
+/// claim workers and batches of 50, 0.88-0.89 with these and [`AHEAD_PER_THREAD`];
+/// BENCHMARKS.md).
 const SOLE_LANE_CLAIM_WORKERS: usize = 4;
 const SOLE_LANE_BATCH: usize = 100;
 
@@ -362,6 +363,14 @@ struct Lane {
     busy: AtomicUsize,
 }
 
+impl Lane {
+    /// A capped lane with its cap of rows in a handler: it takes no more now.
+    fn full(&self) -> bool {
+        self.cap
+            .is_some_and(|c| self.busy.load(Ordering::Acquire) >= c)
+    }
+}
+
 struct Shared {
     lanes: Vec<Lane>,
     stop: AtomicBool,
@@ -383,10 +392,7 @@ impl Shared {
             for k in 0..n {
                 let i = (next + k) % n;
                 let lane = &self.lanes[i];
-                if lane
-                    .cap
-                    .is_some_and(|c| lane.busy.load(Ordering::Acquire) >= c)
-                {
+                if lane.full() {
                     continue;
                 }
                 match lane.sub.try_next_delivery() {
@@ -412,10 +418,7 @@ impl Shared {
             // lane after it; rows queued meanwhile on other lanes are taken by the next pass.
             let lane = &self.lanes[next];
             next = (next + 1) % n;
-            if lane
-                .cap
-                .is_some_and(|c| lane.busy.load(Ordering::Acquire) >= c)
-            {
+            if lane.full() {
                 let mut sel = Select::new();
                 for l in &self.lanes {
                     sel.recv(l.sub.receiver());

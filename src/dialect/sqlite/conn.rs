@@ -361,12 +361,17 @@ mod tests {
         // and writes once the transaction ends.
         let mut other = e.connect().unwrap();
         c.batch("BEGIN IMMEDIATE").unwrap();
+        let (ready_tx, ready) = crossbeam_channel::bounded::<()>(1);
         let waited = std::thread::scope(|s| {
             let w = s.spawn(|| {
                 let t0 = Instant::now();
+                ready_tx.send(()).unwrap();
                 other.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
                 t0.elapsed()
             });
+            // From the writer's start: its write cannot end before this commit, however late
+            // a loaded machine runs either thread.
+            ready.recv().unwrap();
             std::thread::sleep(Duration::from_millis(50));
             c.batch("COMMIT").unwrap();
             w.join().unwrap()
