@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use crate::dialect::{self, ConnOptions, Dialect};
 use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
+use crate::runtime::fleet::{Fleet, Member, Membership};
 use crate::runtime::listen::Listener;
 use crate::runtime::notifier::Notifier;
 use crate::runtime::renewer::Renewer;
@@ -71,6 +72,8 @@ struct Inner {
     manage_schema: bool,
     /// The sweeper of `sqlbroker_deps` (started with the first table with dependencies).
     sweeper: Sweeper,
+    /// The running subscriptions and workers, and their heartbeats in `sqlbroker_workers`.
+    fleet: Fleet,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -95,6 +98,8 @@ pub struct BrokerBuilder {
     options: ConnOptions,
     cross_process: bool,
     manage_schema: bool,
+    /// [`BrokerBuilder::heartbeat`].
+    heartbeat: Duration,
 }
 
 impl std::fmt::Debug for BrokerBuilder {
@@ -165,6 +170,9 @@ impl BrokerBuilder {
         };
         if !(1..=10_000).contains(&self.pool_size) {
             return invalid("pool_size", "from 1 to 10,000 connections");
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(300)).contains(&self.heartbeat) {
+            return invalid("heartbeat", "from 100 ms to 5 minutes");
         }
         if !(Duration::from_millis(1)..=day).contains(&self.connection_timeout) {
             return invalid("connection_timeout", "from 1 ms to a day");
@@ -334,6 +342,15 @@ impl BrokerBuilder {
         self
     }
 
+    /// How often this broker writes the heartbeat of each of its running subscriptions and
+    /// workers to `sqlbroker_workers` ([`Broker::workers`](crate::Broker::workers)); a row
+    /// not written again within three beats drops out of every listing (its process stopped
+    /// or lost the database). Default 5 s; from 100 ms to 5 minutes.
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = every;
+        self
+    }
+
     /// SQLite only: whether a commit is durable on power loss (`PRAGMA synchronous = FULL`,
     /// the default) or only on a crash of the process (`NORMAL`: faster commits in WAL mode;
     /// the database is never corrupted, but the last commits before a power cut may be lost,
@@ -422,6 +439,7 @@ impl BrokerBuilder {
                 statement_timeout: self.options.statement_timeout,
                 manage_schema: self.manage_schema,
                 sweeper: Sweeper::default(),
+                fleet: Fleet::new(self.heartbeat, self.manage_schema),
             }),
         };
         broker
@@ -499,6 +517,7 @@ impl Broker {
             },
             cross_process: true,
             manage_schema: true,
+            heartbeat: crate::runtime::fleet::BEAT,
         }
     }
 
@@ -532,6 +551,14 @@ impl Broker {
 
     /// Starts this broker's sweeper of `sqlbroker_deps`, if it has not started: a table with
     /// dependencies is used ([`crate::runtime::sweep`]).
+    /// Adds a running subscription or worker to the fleet: its heartbeat is written until the
+    /// membership is dropped.
+    pub(crate) fn join_fleet(&self, member: Member) -> Membership {
+        self.inner
+            .fleet
+            .join(&self.inner.dialect, &self.inner.pool, member)
+    }
+
     pub(crate) fn sweep(&self) {
         self.inner
             .sweeper

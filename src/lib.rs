@@ -471,6 +471,7 @@ pub use model::value::Value;
 pub use model::waits::{Dependency, JobOutcome};
 pub use operating::actions::{ActionEntry, ACTION_TEXT_MAX};
 pub use operating::ddl::Database;
+pub use operating::fleet::{WorkerInfo, WorkerTable};
 pub use operating::jobs::{Job, JobState};
 pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};

@@ -2198,3 +2198,111 @@ fn jobs_by_queue_and_kind(db: Db) {
     }
 }
 per_db!(jobs_by_queue_and_kind);
+
+/// `workers` lists the running subscriptions and workers from their heartbeats, and
+/// `status --kind` counts the workers taking each kind and names a kind with ready rows that
+/// none takes. Fails (`workers`) without the listing, (`no worker for kind`) if the orphan
+/// kind is not named, or named while a worker takes it.
+fn workers_and_kinds_no_worker_takes(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let t = l.create(
+        common::describe(
+            &unique("clw"),
+            sqlbroker::Form::Lease,
+            Duration::from_secs(30),
+        )
+        .kinds(),
+    );
+    let name = t.name().to_string();
+    for (kind, n) in [("orphan", 2), ("held", 1)] {
+        for i in 0..n {
+            let m = sqlbroker::Message::new(b"x".to_vec())
+                .set("k", format!("{kind}{i}"))
+                .kind(kind);
+            l.broker.publish(&t, m).unwrap();
+        }
+    }
+    // A worker that takes kind `held` and holds it: its row stays in work.
+    let (release_tx, release) = crossbeam_channel::bounded::<()>(0);
+    let worker = sqlbroker::Worker::new(&l.broker)
+        .on(&t, "held", move |_d| {
+            let _ = release.recv_timeout(Duration::from_secs(30));
+            Ok::<(), String>(())
+        })
+        .threads(1)
+        .start()
+        .unwrap();
+    let listed = || ok(&url, &["workers", "--table", &name], "");
+    assert!(
+        common::wait_for(Duration::from_secs(10), || listed()
+            .contains(&format!("{name}[held]"))),
+        "workers: {}",
+        listed()
+    );
+    let text = listed();
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[0], "worker", "{text}");
+    assert_eq!(row[2], std::process::id().to_string(), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(ok(&url, &["workers", "--table", &name, "--json"], "").trim())
+            .expect("JSON");
+    assert_eq!(json[0]["tables"][0]["kinds"], serde_json::json!(["held"]));
+    assert_eq!(json[0]["pid"], serde_json::json!(std::process::id()));
+
+    let status = ok(
+        &url,
+        &[
+            "status", "--table", &name, "--kind", "orphan", "--kind", "held",
+        ],
+        "",
+    );
+    assert!(
+        status.contains(&format!(
+            "no worker for kind orphan of table {name} (2 ready)"
+        )),
+        "no worker for kind: {status}"
+    );
+    assert!(!status.contains("no worker for kind held"), "{status}");
+    let head: Vec<&str> = status.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(head.last(), Some(&"WORKERS"), "{status}");
+    let workers_of = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(k))
+            .and_then(|l| l.split_whitespace().last().map(str::to_string))
+    };
+    assert_eq!(workers_of("orphan").as_deref(), Some("0"), "{status}");
+    assert_eq!(workers_of("held").as_deref(), Some("1"), "{status}");
+    let json: serde_json::Value = serde_json::from_str(
+        ok(
+            &url,
+            &["status", "--table", &name, "--kind", "all", "--json"],
+            "",
+        )
+        .trim(),
+    )
+    .expect("JSON");
+    let of = |k: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["kind"] == k)
+            .map(|j| j["workers"].clone())
+    };
+    assert_eq!(of("orphan"), Some(serde_json::json!(0)));
+    assert_eq!(of("held"), Some(serde_json::json!(1)));
+
+    drop(release_tx);
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || ok(
+            &url,
+            &["workers", "--table", &name],
+            ""
+        )
+        .contains("no subscription or worker running")),
+        "still listed after its shutdown"
+    );
+}
+per_db!(workers_and_kinds_no_worker_takes);

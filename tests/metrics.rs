@@ -276,3 +276,42 @@ fn a_transactional_publish_is_counted(db: Db) {
     assert_eq!(live.rows(&t), 3);
 }
 per_db!(a_transactional_publish_is_counted);
+
+/// A table with nothing to claim spends no claims on another table's commits. SQLite's change
+/// feed wakes every table's idle claim workers on any commit to the file: without the read
+/// that asks whether a row may be claimable, each of 200 publishes to the busy table woke an
+/// empty claim of the idle one (a write transaction, queued behind the one writer). Fails
+/// (`claims of the idle table`) if the idle workers claim on those wake-ups.
+fn an_idle_table_claims_nothing_on_others_commits(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let idle = live.table(Form::Lease, Duration::from_secs(30));
+    let busy = live.table(Form::Lease, Duration::from_secs(30));
+    let seen = Seen::new(idle.name());
+    let sub = live
+        .broker
+        .subscription(&idle)
+        .workers(2)
+        .poll_interval(Duration::from_secs(5))
+        .start()
+        .unwrap();
+    // The workers' first look (a claim, or the read before one), before the commits begin.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = seen.samples("sqlbroker_claim_duration_seconds").len();
+    for i in 0..200 {
+        live.broker
+            .publish(&busy, common::msg("x", &format!("b{i}")))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let claims = seen.samples("sqlbroker_claim_duration_seconds").len() - before;
+    assert!(
+        claims <= 4,
+        "claims of the idle table during 200 commits to another: {claims}"
+    );
+    // A publish to the idle table is still claimed at once.
+    live.broker.publish(&idle, common::msg("y", "i0")).unwrap();
+    let got = sub.next_delivery_timeout(Duration::from_secs(3)).unwrap();
+    got.ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(an_idle_table_claims_nothing_on_others_commits);

@@ -368,3 +368,108 @@ fn a_worker_of_few_threads_leaves_rows_to_others(db: Db) {
     worker.shutdown(Duration::from_secs(10)).unwrap();
 }
 per_db!(a_worker_of_few_threads_leaves_rows_to_others);
+
+/// A worker's threads take from its tables in turns: all of them from one table until its turn
+/// of 16 rows per thread is over or it has no row queued, then from the next. Two tables of 96
+/// rows, two threads (turns of 32): no table runs more than a turn (and the two threads' race
+/// at its end) before the other's rows come (`a run of`); lease tables, whose lanes keep rows
+/// queued, switch a few times only (`switches`: each thread taking the next table's row in
+/// turn switched at nearly every row, and each ack was its own commit on the servers).
+fn a_worker_takes_its_tables_in_turns(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let tables = [queued(&live, form, true), queued(&live, form, true)];
+    for (n, t) in tables.iter().enumerate() {
+        let batch: Vec<Message> = (0..96)
+            .map(|i| {
+                Message::new(b"x".to_vec())
+                    .set("k", format!("t{n}r{i}"))
+                    .kind("a")
+            })
+            .collect();
+        live.broker.publish_batch(t, batch).unwrap();
+    }
+    let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let mut w = Worker::new(&live.broker).threads(2);
+    for (n, t) in tables.iter().enumerate() {
+        let order = order.clone();
+        w = w.on(t, "a", move |_d| {
+            order.lock().unwrap().push(n);
+            std::thread::sleep(Duration::from_millis(1));
+            Ok::<(), String>(())
+        });
+    }
+    let worker = w.start().unwrap();
+    assert!(common::wait_for(Duration::from_secs(60), || {
+        order.lock().unwrap().len() == 192
+    }));
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    let order = order.lock().unwrap().clone();
+    // Runs of one table while the other still had rows.
+    let last_of = |n: usize| order.iter().rposition(|&t| t == n).unwrap();
+    let both_until = last_of(0).min(last_of(1));
+    let mut longest = 0;
+    let mut run = 0;
+    let mut switches = 0;
+    for (i, t) in order[..=both_until].iter().enumerate() {
+        if i > 0 && order[i - 1] != *t {
+            switches += 1;
+            run = 0;
+        }
+        run += 1;
+        longest = longest.max(run);
+    }
+    assert!(
+        longest <= 36,
+        "a run of {longest} rows of one table: {order:?}"
+    );
+    if form == Form::Lease {
+        assert!(switches <= 16, "{switches} switches: {order:?}");
+    }
+}
+per_db_form!(a_worker_takes_its_tables_in_turns);
+
+/// A handler's thread that found nothing, then woken by commits to another table (on SQLite
+/// every commit to the file wakes every table), asks whether a row may be claimable and waits
+/// on; a row published then is delivered. Fails (`the handler's thread hung`) if that path
+/// deadlocks (it took its own lock twice once), (`delivered`) if the row is not claimed.
+fn a_handler_thread_waits_through_other_tables_commits(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let idle = live.table(Form::Lease, Duration::from_secs(30));
+    let busy = live.table(Form::Lease, Duration::from_secs(30));
+    let sub = Arc::new(live.broker.subscription(&idle).start().unwrap());
+    let (done_tx, done) = crossbeam_channel::bounded::<bool>(1);
+    let polling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let waiter = {
+        let (sub, polling) = (sub.clone(), polling.clone());
+        std::thread::spawn(move || {
+            // Nothing there until the other table's commits end: each call claims (or asks)
+            // on this thread, then waits.
+            let stopped = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < stopped {
+                if let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(30)) {
+                    // The flag is cleared before the row is published.
+                    let early = polling.load(std::sync::atomic::Ordering::Acquire);
+                    assert!(!early, "a delivery before anything was published");
+                    let _ = done_tx.send(d.ack().is_ok());
+                    return;
+                }
+            }
+            let _ = done_tx.send(false);
+        })
+    };
+    for i in 0..20 {
+        live.broker
+            .publish(&busy, common::msg("x", &format!("b{i}")))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    polling.store(false, std::sync::atomic::Ordering::Release);
+    live.broker.publish(&idle, common::msg("y", "i0")).unwrap();
+    let delivered = done
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the handler's thread hung");
+    assert!(delivered, "delivered");
+    waiter.join().unwrap();
+    sub.close();
+}
+per_db!(a_handler_thread_waits_through_other_tables_commits);

@@ -120,7 +120,7 @@ fn dead_letter(ctx: &Arc<Ctx>, c: Claimed, reason: String) {
 /// the one from the head (`runtime/cursor.rs`), no check: that claim goes ahead.
 ///
 /// [`TableSql::any_ready`]: crate::dialect::TableSql::any_ready
-fn nothing_ready(ctx: &Ctx) -> bool {
+pub(crate) fn nothing_ready(ctx: &Ctx) -> bool {
     let sql = &ctx.queue.sql;
     let Some(from_head) = &sql.any_ready else {
         return false;
@@ -326,6 +326,10 @@ fn after_wait(empty: u32, polled: bool) -> u32 {
 fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
     let mut failures = 0u32;
     let adaptive = ctx.queue.dialect.change_feed() == ChangeFeed::Poll;
+    // Woken by any commit (SQLite): an idle worker checks before it claims, woken or not.
+    let check_woken = ctx.queue.dialect.wakes_on_every_commit();
+    // The last claim found nothing (or none was made yet).
+    let mut idle = true;
     // Empty claims in a row; a worker starts idle (no fast polls before any row was seen).
     let mut empty = u32::MAX;
     // The last wait timed out (a poll, not a wake-up): ask the readiness check first.
@@ -347,7 +351,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             polling = true;
             continue;
         }
-        if adaptive && polling && {
+        if ((adaptive && polling) || (check_woken && idle)) && {
             // A statement on the database like a claim: counted as one (`claiming`).
             ctx.claiming.fetch_add(1, Ordering::Relaxed);
             let idle = nothing_ready(ctx);
@@ -357,10 +361,13 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
             drop(slots);
             failures = 0;
             empty = empty.saturating_add(1);
-            polling = !ctx
-                .queue
-                .wake
-                .wait(seen, idle_poll(empty, ctx.opts.poll_interval));
+            let poll = ctx.opts.poll_interval;
+            let wait = if adaptive {
+                idle_poll(empty, poll)
+            } else {
+                poll
+            };
+            polling = !ctx.queue.wake.wait(seen, wait);
             empty = after_wait(empty, polling);
             continue;
         }
@@ -378,6 +385,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
                 failures = 0;
                 ctx.clear_error();
                 let got = claimed.len();
+                idle = got == 0;
                 empty = if got == 0 { empty.saturating_add(1) } else { 0 };
                 if got > 0 && got == slots.count() {
                     ctx.queue.wake.notify(1);

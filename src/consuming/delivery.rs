@@ -643,6 +643,8 @@ impl Delivery {
             let results = form::lease::ack_all(ctx, cells, within);
             wake_claimers(ctx, false);
             ctx.queue.meters.settle_took(started.elapsed());
+            ctx.settled
+                .fetch_add(at.len() as u64, std::sync::atomic::Ordering::Relaxed);
             for (i, r) in at.iter().zip(results) {
                 let handed_at = batch[*i].handed_at;
                 ctx.queue.meters.settled(
@@ -843,6 +845,8 @@ fn settle_hold(
     };
     let r = form::settle(ctx, row.id, hold, outcome, output.as_deref(), within);
     wake_claimers(ctx, returned);
+    ctx.settled
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let meters = &ctx.queue.meters;
     meters.settle_took(started.elapsed());
     let lost = r.as_ref().is_err_and(BrokerError::is_lease_lost);

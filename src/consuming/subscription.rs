@@ -15,6 +15,7 @@ use crate::error::{BrokerError, NextError, Result};
 use crate::model::retry::RetryPolicy;
 use crate::model::table::{ClaimOnly, Form, Table};
 use crate::runtime::deferred::DeferredAcks;
+use crate::runtime::fleet::{Member, Membership, Report};
 use crate::runtime::listen::Listener;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::timer::Timer;
@@ -72,6 +73,9 @@ pub struct SubscriptionBuilder<'a> {
     /// False: no claim worker is started, and only [`Subscription::claim_on_caller`] claims
     /// (`testing::drain`).
     claim_workers: bool,
+    /// The subscription writes its own heartbeat (`sqlbroker_workers`); false for a worker's
+    /// lanes, whose worker writes one for them all.
+    in_fleet: bool,
 }
 
 /// When [`Delivery::ack`] returns: after its commit (the default), or at once, its row written
@@ -150,7 +154,15 @@ impl<'a> SubscriptionBuilder<'a> {
             events: None,
             ack_mode: AckMode::Durable,
             claim_workers: true,
+            in_fleet: true,
         }
+    }
+
+    /// Writes no heartbeat of its own: a [`Worker`](crate::Worker)'s lane, the worker writing
+    /// one for all of its lanes.
+    pub(crate) fn outside_fleet(mut self) -> Self {
+        self.in_fleet = false;
+        self
     }
 
     /// Starts no claim worker: the subscription claims only when its owner calls
@@ -159,6 +171,7 @@ impl<'a> SubscriptionBuilder<'a> {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn without_claim_workers(mut self) -> Self {
         self.claim_workers = false;
+        self.in_fleet = false;
         self
     }
 
@@ -369,6 +382,12 @@ impl<'a> SubscriptionBuilder<'a> {
             _ => self.queue,
         }?;
         let form = queue.spec.form;
+        let fleet = self
+            .view
+            .as_ref()
+            .filter(|_| self.in_fleet)
+            .map(|(broker, _)| (*broker).clone());
+        let only = self.only.clone();
         if form != Form::Lease && self.ack_mode != AckMode::Durable {
             return Err(BrokerError::InvalidOption {
                 option: "ack_mode",
@@ -453,6 +472,7 @@ impl<'a> SubscriptionBuilder<'a> {
             ctx: ctx.clone(),
             exited,
             waited: AtomicBool::new(false),
+            membership: parking_lot::Mutex::new(None),
         };
         let workers = if self.claim_workers {
             ctx.opts.workers
@@ -478,6 +498,14 @@ impl<'a> SubscriptionBuilder<'a> {
                 let name = "sqlbroker-renew".into();
                 return Err(BrokerError::Thread { name, source });
             }
+        }
+        if let Some(broker) = fleet {
+            let member = Member {
+                what: "subscription",
+                tables: fleet_tables([(name.as_str(), &only)]),
+                report: report_of(vec![Arc::downgrade(&ctx)]),
+            };
+            *sub.membership.lock() = Some(broker.join_fleet(member));
         }
         Ok(sub)
     }
@@ -533,6 +561,8 @@ pub struct Subscription {
     /// `close` or `shutdown` already waited for the workers: a drop after them does not wait
     /// again for one stuck on a server that stopped answering.
     waited: AtomicBool,
+    /// Its heartbeat (`sqlbroker_workers`), until it stops.
+    membership: parking_lot::Mutex<Option<Membership>>,
 }
 
 impl Subscription {
@@ -829,6 +859,11 @@ impl Subscription {
         self.ctx.claiming.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Its context, for a worker's heartbeat (which must not keep it alive).
+    pub(crate) fn ctx_weak(&self) -> std::sync::Weak<Ctx> {
+        Arc::downgrade(&self.ctx)
+    }
+
     /// Rows claimed and not yet settled, counting those waiting to be handed out.
     pub fn in_flight(&self) -> usize {
         self.ctx.slots.in_flight()
@@ -931,6 +966,7 @@ impl Subscription {
     /// Stops the workers, waits for them until `deadline`, and hands back what is queued.
     fn stop_until(&self, deadline: Instant) {
         self.ctx.stop();
+        drop(self.membership.lock().take());
         self.drain();
         if !self.waited.swap(true, Ordering::AcqRel) {
             // Disconnected once every worker has ended; nothing is ever sent.
@@ -967,8 +1003,15 @@ impl Subscription {
             return Vec::new();
         }
         let seq = ctx.queue.wake.seq();
-        if let Some((at, seen)) = *self.idle_here.lock() {
+        // Copied out: the lock is taken again below.
+        let idle_here = *self.idle_here.lock();
+        if let Some((at, seen)) = idle_here {
             if seen == seq && at.elapsed() < ctx.opts.poll_interval {
+                return Vec::new();
+            }
+            // Woken by any commit (SQLite): a read says whether a claim, a write, is worth it.
+            if ctx.queue.dialect.wakes_on_every_commit() && claimer::nothing_ready(ctx) {
+                *self.idle_here.lock() = Some((Instant::now(), seq));
                 return Vec::new();
             }
         }
@@ -1196,6 +1239,40 @@ impl<'a> IntoIterator for &'a Subscription {
         self.iter()
     }
 }
+/// The tables of a heartbeat (`sqlbroker_workers`), as JSON: each table's name and the
+/// queues and kinds it takes (`null`: every one).
+pub(crate) fn fleet_tables<'x>(
+    tables: impl IntoIterator<Item = (&'x str, &'x ClaimOnly)>,
+) -> String {
+    let list: Vec<serde_json::Value> = tables
+        .into_iter()
+        .map(|(name, only)| {
+            serde_json::json!({
+                "table": name,
+                "queues": only.queues,
+                "kinds": only.kinds,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// What a heartbeat reports of these subscriptions: their rows in work, their settlements and
+/// the last error one of them met (those that ended count no more).
+pub(crate) fn report_of(ctxs: Vec<std::sync::Weak<Ctx>>) -> Box<dyn Fn() -> Report + Send + Sync> {
+    Box::new(move || {
+        let mut r = Report::default();
+        for ctx in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
+            r.in_work += ctx.slots.in_flight() as u64;
+            r.handled += ctx.settled.load(Ordering::Relaxed);
+            if let Some(e) = ctx.last_error() {
+                r.last_error = Some(e.to_string());
+            }
+        }
+        r
+    })
+}
+
 impl Broker {
     /// Starts describing a subscription to `table`.
     pub fn subscription(&self, table: &Table) -> SubscriptionBuilder<'_> {

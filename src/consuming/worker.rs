@@ -6,7 +6,7 @@
 //! one statement over one table (its form, its limits, its FIFO heads), and a subscription is
 //! already the tested unit of claiming, handing back and shutting down. What the worker adds is
 //! the dispatch by kind and the one pool of handler threads, which take from the tables in
-//! turn, so no table's backlog starves another's rows.
+//! turns ([`TURN_ROWS`]), so no table's backlog starves another's rows.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,9 +19,10 @@ use crossbeam_channel::Select;
 use crate::broker::Broker;
 use crate::consuming::delivery::Delivery;
 use crate::consuming::outcome::{self, Outcome, Ran};
-use crate::consuming::subscription::Subscription;
+use crate::consuming::subscription::{fleet_tables, report_of, Subscription};
 use crate::error::{BrokerError, NextError, Result};
-use crate::model::table::Table;
+use crate::model::table::{ClaimOnly, Table};
+use crate::runtime::fleet::{Member, Membership};
 
 /// A registered handler, its outcome and error made uniform.
 type Handler = Arc<dyn Fn(&Delivery) -> std::result::Result<Outcome, String> + Send + Sync>;
@@ -53,6 +54,14 @@ const SOLE_LANE_BATCH: usize = 100;
 /// of one thread holding 400 while a second worker ran none).
 const AHEAD_PER_THREAD: usize = 50;
 
+/// Rows a lane's turn lasts, per handler thread: the threads take from one lane at a time,
+/// so their acks of it meet in one group commit (each table has its own on the servers), and
+/// the turn passes on, so no table waits behind another's backlog for more than a turn.
+/// PostgreSQL, a worker of 8 threads over 10 tables against one subscription: each thread
+/// taking the next table's row in turn, x0.64-0.75 (nearly every ack its own commit); turns of
+/// 1, 4, 16 and 32 rows per thread, x0.63, x0.80, x0.88-0.95, x0.95 (BENCHMARKS.md).
+const TURN_ROWS: usize = 16;
+
 /// The shortest an idle handler thread waits on one lane before it looks at the next.
 const LANE_WAIT_MIN: Duration = Duration::from_millis(10);
 
@@ -75,10 +84,10 @@ struct TableReg {
 /// each subscription's claim worker holds one pooled connection while it claims, and the row
 /// lock and advisory forms hold one per row in work; the broker's pool bounds them all.
 ///
-/// The handler threads take from the tables in turn: each takes the next row queued for the
-/// table after the one it took from last, so a table with a backlog gets one row in turn with
-/// every other table that has rows, never all the threads. A handler's result is settled by
-/// [`Subscription::run`]'s rules.
+/// The handler threads take from the tables in turns: all of them from one table until it has
+/// no row queued or its turn is over (16 rows per thread), then from the next table that has
+/// rows, round the tables; a table with a backlog gets one turn in each round, never all the
+/// threads for longer. A handler's result is settled by [`Subscription::run`]'s rules.
 ///
 /// ```
 /// use sqlbroker::{Broker, Message, Table, Worker};
@@ -277,12 +286,14 @@ impl Worker {
         let batch = batch.min(ahead);
         let ahead = ahead.min(claim_workers * batch);
         let mut lanes = Vec::new();
+        let mut member_tables: Vec<(String, ClaimOnly)> = Vec::new();
         for (i, queues, cap) in plan {
             let r = &self.tables[i];
             let kinds: BTreeSet<&String> = r.handlers.keys().collect();
             let mut b = self
                 .broker
                 .subscription(&r.table)
+                .outside_fleet()
                 .kinds(kinds.into_iter().cloned());
             if r.table.form() == crate::model::table::Form::Lease {
                 // The forms whose rows in work hold connections keep the subscription's
@@ -308,6 +319,11 @@ impl Worker {
                     return Err(e);
                 }
             };
+            let only = ClaimOnly {
+                queues: queues.as_ref().map(|q| q.iter().cloned().collect()),
+                kinds: Some(r.handlers.keys().cloned().collect()),
+            };
+            member_tables.push((r.table.name().to_string(), only));
             lanes.push(Lane {
                 table: r.table.name().to_string(),
                 handlers: r.handlers.clone(),
@@ -318,6 +334,9 @@ impl Worker {
         }
         let shared = Arc::new(Shared {
             lanes,
+            turn: AtomicUsize::new(0),
+            in_turn: AtomicUsize::new(0),
+            turn_rows: self.threads.saturating_mul(TURN_ROWS),
             stop: AtomicBool::new(false),
             ran: parking_lot::Mutex::new(BTreeMap::new()),
         });
@@ -345,10 +364,17 @@ impl Worker {
                 }
             }
         }
+        let member = Member {
+            what: "worker",
+            tables: fleet_tables(member_tables.iter().map(|(t, o)| (t.as_str(), o))),
+            report: report_of(shared.lanes.iter().map(|l| l.sub.ctx_weak()).collect()),
+        };
+        let membership = self.broker.join_fleet(member);
         Ok(WorkerHandle {
             shared,
             threads: parking_lot::Mutex::new(threads),
             exited,
+            membership: parking_lot::Mutex::new(Some(membership)),
         })
     }
 }
@@ -373,13 +399,17 @@ impl Lane {
 
 struct Shared {
     lanes: Vec<Lane>,
+    /// The lane whose turn it is, and the rows taken in this turn (of `turn_rows`).
+    turn: AtomicUsize,
+    in_turn: AtomicUsize,
+    turn_rows: usize,
     stop: AtomicBool,
     ran: parking_lot::Mutex<BTreeMap<(String, String), Ran>>,
 }
 
 impl Shared {
-    /// One handler thread: take from the lanes in turn, starting after the last one taken
-    /// from, until the worker stops or every lane is closed.
+    /// One handler thread: take from the lane whose turn it is, else from the next one with
+    /// rows queued (its turn begins), until the worker stops or every lane is closed.
     fn run(&self, first: usize) {
         let n = self.lanes.len();
         if n == 0 {
@@ -389,14 +419,16 @@ impl Shared {
         while !self.stop.load(Ordering::Acquire) {
             let mut closed = 0;
             let mut took = false;
+            let turn = self.turn.load(Ordering::Acquire) % n;
             for k in 0..n {
-                let i = (next + k) % n;
+                let i = (turn + k) % n;
                 let lane = &self.lanes[i];
                 if lane.full() {
                     continue;
                 }
                 match lane.sub.try_next_delivery() {
                     Ok(d) => {
+                        self.served(i, k == 0, n);
                         next = (i + 1) % n;
                         self.handle(lane, d);
                         took = true;
@@ -433,6 +465,25 @@ impl Shared {
         }
     }
 
+    /// Counts a row taken from lane `i`: the lane whose turn it is, or (`on_turn` false) the
+    /// next one with rows, whose turn begins. A turn ends after [`TURN_ROWS`] per thread.
+    fn served(&self, i: usize, on_turn: bool, n: usize) {
+        if n == 1 {
+            return;
+        }
+        if !on_turn {
+            self.turn.store(i, Ordering::Release);
+            self.in_turn.store(1, Ordering::Release);
+            return;
+        }
+        if self.in_turn.fetch_add(1, Ordering::AcqRel) + 1 >= self.turn_rows {
+            self.in_turn.store(0, Ordering::Release);
+            let _ = self
+                .turn
+                .compare_exchange(i, (i + 1) % n, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     fn handle(&self, lane: &Lane, d: Delivery) {
         lane.busy.fetch_add(1, Ordering::AcqRel);
         let kind = d.kind().unwrap_or_default().to_string();
@@ -463,6 +514,8 @@ pub struct WorkerHandle {
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     /// Disconnected once every handler thread has ended.
     exited: crossbeam_channel::Receiver<()>,
+    /// Its heartbeat (`sqlbroker_workers`), until it stops.
+    membership: parking_lot::Mutex<Option<Membership>>,
 }
 
 impl WorkerHandle {
@@ -486,6 +539,7 @@ impl WorkerHandle {
     pub fn shutdown(&self, grace: Duration) -> Result<WorkerRan> {
         let deadline = Instant::now().checked_add(grace);
         self.shared.stop.store(true, Ordering::Release);
+        drop(self.membership.lock().take());
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
             let waits: Vec<_> = self
                 .shared

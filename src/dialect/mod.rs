@@ -304,11 +304,12 @@ pub(crate) struct TableSql {
     pub dead_list: String,
     /// `(now, id)`: puts a dead-lettered row back in the queue.
     pub dead_requeue: String,
-    /// Databases with no change feed (MySQL): `(now, now)` -> a row if any row may be
+    /// Databases with no change feed (MySQL), or one woken by every commit (SQLite,
+    /// [`Dialect::wakes_on_every_commit`]): `(now, now)` -> a row if any row may be
     /// claimable, locking nothing. An idle claim worker asks this one statement instead of
     /// running a whole claim transaction; a superset of the claimable rows (rows locked or
     /// keyed elsewhere count), so a "no" is always right.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     pub any_ready: Option<String>,
     /// `(now, now, run_at, run_at, id)`: [`any_ready`](Self::any_ready) past the claim
     /// cursor, where the claims read on from it. From the head, every idle poll would walk
@@ -512,6 +513,24 @@ pub(crate) struct ActionLogSql {
     pub table_exact: &'static str,
 }
 
+/// The statements of the fleet's heartbeats (`sqlbroker_workers`: a row per running
+/// subscription or worker, written by its broker every few seconds; `runtime/fleet.rs`).
+#[derive(Debug)]
+pub(crate) struct FleetSql {
+    /// Makes the table if it does not exist.
+    pub create: &'static str,
+    /// `(id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled,
+    /// last_error)`: a member's row, written or brought up to date.
+    pub beat: &'static str,
+    /// `(id)`: a member that stopped.
+    pub leave: &'static str,
+    /// `(now)` -> `id, what, host, pid, tables, started_at, seen_at, in_work, handled,
+    /// last_error` of the members whose rows have not expired, oldest first.
+    pub list: &'static str,
+    /// `(before)`: deletes the rows that expired before then (members that stopped beating).
+    pub sweep: &'static str,
+}
+
 impl ActionLogSql {
     /// `(name x tables, limit)` -> the entries on those tables (names compared byte for byte),
     /// as [`list`](Self::list) gives them.
@@ -622,8 +641,10 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// `None` (the default): each table groups its own. PostgreSQL: concurrent commits share
     /// the server's log flushes already, and one flush at a time across tables serialised
     /// what ran in parallel (a worker over ten tables: 0.49-0.51 of one subscription shared,
-    /// 0.64-0.70 apart). MySQL: its grouped ack is a transaction of its own (a locking read,
-    /// then the delete).
+    /// 0.64-0.70 apart); written as one statement instead (a data-modifying `WITH` part per
+    /// table, sent unnamed since its text changes with each flush), a flush of 4-5 tables took
+    /// 1.1-1.4 ms, most of it planning, and ten tables fell to 0.32-0.45. MySQL: its grouped
+    /// ack is a transaction of its own (a locking read, then the delete).
     fn shared_acks_begin(&self) -> Option<&'static str> {
         None
     }
@@ -768,6 +789,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// The statements of the operators' action log.
     fn action_log(&self) -> &'static ActionLogSql;
+
+    /// The statements of the fleet's heartbeats; `None` where the database has none (the unit
+    /// tests' scripted one).
+    fn fleet(&self) -> Option<&'static FleetSql> {
+        None
+    }
 
     /// The statements of the waits' table `sqlbroker_deps`, database-wide (the sweeper's,
     /// which serves no one table); `None` where the database has none (the unit tests'
@@ -981,6 +1008,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// within the time left. Default false (the servers: a lock timeout per claim costs a
     /// round trip), and such a thread claims only if its timeout covers the statement timeout.
     fn bounds_claim_waits(&self) -> bool {
+        false
+    }
+
+    /// True where the change feed wakes every table's idle claim workers on any commit to the
+    /// database, the process's own acks and claims included (SQLite's `data_version` names no
+    /// table): an idle worker woken then asks the table's cheap readiness check
+    /// ([`TableSql::any_ready`]) before it spends a claim, a write transaction, on it.
+    /// Default false: the servers' feeds name the table and the publishing broker.
+    fn wakes_on_every_commit(&self) -> bool {
         false
     }
 

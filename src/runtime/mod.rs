@@ -27,6 +27,7 @@ pub(crate) mod cursor;
 pub(crate) mod deferred;
 pub(crate) mod deps;
 pub(crate) mod events;
+pub(crate) mod fleet;
 pub(crate) mod flow;
 pub(crate) mod group;
 pub(crate) mod limits;
@@ -359,6 +360,9 @@ pub(crate) struct Ctx {
     pub sending: AtomicUsize,
     /// Handler threads waiting in the `next_delivery` family right now.
     pub waiting: AtomicUsize,
+    /// Deliveries settled (acked, retried, failed, dead-lettered, cancelled): what the
+    /// subscription's heartbeat reports as handled.
+    pub settled: std::sync::atomic::AtomicU64,
     /// Runs the handler timeouts (only with a handler timeout).
     pub timer: Option<timer::Timer>,
     /// The application's hooks.
@@ -397,6 +401,7 @@ impl Ctx {
             claiming: AtomicUsize::new(0),
             sending: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            settled: std::sync::atomic::AtomicU64::new(0),
             timer: None,
             events: None,
             deferred: None,

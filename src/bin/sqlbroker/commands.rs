@@ -19,6 +19,7 @@ pub(crate) mod bench;
 pub(crate) mod dashboard;
 mod jobs;
 pub(crate) mod schema;
+mod workers;
 
 use actions::logged;
 use jobs::{cancel, job, jobs_list, json_value};
@@ -102,6 +103,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Resume(args) => pause(&broker, args, false),
         Command::Limits(args) => limits(&broker, args),
         Command::Actions(args) => actions::list(&broker, args),
+        Command::Workers(args) => workers::list(&broker, args),
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };
@@ -457,12 +459,21 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
             }
         }
     }
+    // By kind: the running subscriptions and workers that take each kind (their heartbeats);
+    // `None` if they could not be read.
+    let fleet = (by == Grouped::Kind)
+        .then(|| broker.workers().ok())
+        .flatten();
+    let takers = |t: &str, k: &Option<String>| {
+        fleet
+            .as_ref()
+            .map(|f| f.iter().filter(|w| w.takes(t, k.as_deref())).count())
+    };
     if args.json {
         let items: Vec<serde_json::Value> = out
             .iter()
             .map(|(t, q, s)| {
-                // Values as they are (`json` escapes for the terminal within the strings).
-                serde_json::json!({
+                let mut item = serde_json::json!({
                     "table": t,
                     word: q,
                     "ready": s.ready,
@@ -472,7 +483,12 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
                     "completed": s.completed,
                     "oldest_ready_secs": s.oldest_ready_age.map(|d| d.as_secs()),
                     "paused": s.paused,
-                })
+                });
+                if by == Grouped::Kind {
+                    item["workers"] = serde_json::json!(takers(t, q));
+                }
+                // Values as they are (`json` escapes for the terminal within the strings).
+                item
             })
             .collect();
         return say(format_args!("{}\n", json(&items)));
@@ -495,7 +511,20 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     ]
     .map(String::from)
     .to_vec()];
+    if by == Grouped::Kind {
+        rows[0].push("WORKERS".into());
+    }
+    let mut orphans = Vec::new();
     for (t, q, s) in &out {
+        let n = takers(t, q);
+        if by == Grouped::Kind && s.ready > 0 && n == Some(0) {
+            let kind = q.as_deref().map_or_else(|| NO_KIND.to_string(), escape);
+            orphans.push(format!(
+                "no worker for kind {kind} of table {} ({} ready)",
+                escape(t),
+                s.ready
+            ));
+        }
         rows.push(vec![
             escape(t),
             q.as_deref().map_or_else(|| NO_KIND.to_string(), escape),
@@ -507,8 +536,14 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
             s.oldest_ready_age.map_or_else(dash, age),
             if s.paused { "yes" } else { "no" }.to_string(),
         ]);
+        if by == Grouped::Kind {
+            rows.last_mut()
+                .expect("just pushed")
+                .push(n.map_or_else(dash, |n| n.to_string()));
+        }
     }
-    say(format_args!("{}", columns(&rows)))
+    let notes: String = orphans.iter().map(|o| format!("{o}\n")).collect();
+    say(format_args!("{}{notes}", columns(&rows)))
 }
 
 /// One table of `status --json`; fields in this order, `null` where the form does not count
@@ -835,7 +870,7 @@ fn typed(column: &str, text: &str, ty: ColumnType) -> Result<Value> {
 }
 
 /// Rows as left-aligned columns two spaces apart.
-fn columns(rows: &[Vec<String>]) -> String {
+pub(crate) fn columns(rows: &[Vec<String>]) -> String {
     let mut widths = Vec::new();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -924,7 +959,7 @@ fn unsafe_char(c: char) -> bool {
 }
 
 /// `3s`, `2m05s`, `1h02m03s`, `3d04h`.
-fn age(d: Duration) -> String {
+pub(crate) fn age(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..=59 => format!("{s}s"),
@@ -936,7 +971,7 @@ fn age(d: Duration) -> String {
 
 /// A time as `YYYY-MM-DDTHH:MM:SSZ` (seconds since the epoch for a time before 1970 or after
 /// 9999, which only a hand-edited row holds).
-fn utc(t: SystemTime) -> String {
+pub(crate) fn utc(t: SystemTime) -> String {
     let secs = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_secs() as i64,
         Err(e) => -(e.duration().as_secs() as i64),

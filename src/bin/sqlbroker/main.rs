@@ -126,6 +126,11 @@ enum Command {
     /// The action log, newest first: who changed what (dashboard actions and this
     /// command's cancel, dead requeue and purge, completed prune, pause, resume, limit).
     Actions(ActionsArgs),
+    /// The subscriptions and workers running on the database, in every process, from their
+    /// heartbeats: host and process, the tables with the queues {..} and kinds [..] each
+    /// takes (none named: every one), rows in work, deliveries handled, when last seen, the
+    /// last error. One whose process stopped drops out three heartbeats after its last.
+    Workers(WorkersArgs),
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
@@ -451,8 +456,9 @@ struct StatusArgs {
 
     /// The counts of these job kinds of the table (a table made with --kinds), one line each
     /// (`(none)`: rows published without a kind; `null` in JSON); repeat for several. `--kind all`: every kind
-    /// with rows. A kind whose rows stay ready while its oldest ages has no worker running
-    /// for it: a worker claims only the kinds it has handlers for.
+    /// with rows. WORKERS counts the running subscriptions and workers that take the kind
+    /// (their heartbeats), and a kind with ready rows that none takes is named after the
+    /// table (`no worker for kind K of table T (N ready)`; `workers` in JSON).
     #[arg(
         long = "kind",
         id = "only_kind",
@@ -487,6 +493,19 @@ struct ActionsArgs {
     limit: u64,
 
     /// Print JSON (an array with one object per entry) instead of a text table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `workers`: the fleet.
+#[derive(Debug, Args)]
+struct WorkersArgs {
+    /// Only those taking rows of this table; repeat for several.
+    #[arg(long = "table", value_name = "NAME")]
+    tables: Vec<String>,
+
+    /// Print JSON (an array with one object per subscription or worker) instead of a text
+    /// table.
     #[arg(long)]
     json: bool,
 }

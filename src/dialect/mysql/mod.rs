@@ -358,6 +358,10 @@ impl Dialect for Mysql {
         &registry::ACTION_LOG
     }
 
+    fn fleet(&self) -> Option<&'static crate::dialect::FleetSql> {
+        Some(&registry::FLEET)
+    }
+
     /// One `ALTER TABLE`: the index is dropped and added again with the table's claim order.
     fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
         vec![sql::rebuild_ready_index(spec)]

@@ -3,7 +3,7 @@
 //! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
 //! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
 
-use crate::dialect::{ActionLogSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -45,6 +45,29 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
     table_exact: "CAST(table_name AS BINARY)",
+};
+
+/// The fleet's heartbeats (`sqlbroker_workers`, see [`FleetSql`]).
+pub(super) const FLEET: FleetSql = FleetSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_workers (\
+             id VARCHAR(100) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
+             what TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             host TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             pid BIGINT NOT NULL, \
+             tables TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             started_at DATETIME NOT NULL, \
+             seen_at DATETIME NOT NULL, \
+             expires_at DATETIME NOT NULL, \
+             in_work BIGINT NOT NULL, \
+             handled BIGINT NOT NULL, \
+             last_error TEXT CHARACTER SET utf8mb4 NULL) ENGINE=InnoDB",
+    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, last_error) \
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+           ON DUPLICATE KEY UPDATE tables = VALUES(tables), seen_at = VALUES(seen_at), expires_at = VALUES(expires_at), in_work = VALUES(in_work), handled = VALUES(handled), last_error = VALUES(last_error)",
+    leave: "DELETE FROM sqlbroker_workers WHERE id = ?",
+    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
+           FROM sqlbroker_workers WHERE expires_at > ? ORDER BY started_at, id",
+    sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?",
 };
 
 #[cfg(test)]

@@ -284,6 +284,10 @@ impl Dialect for Postgres {
         &registry::ACTION_LOG
     }
 
+    fn fleet(&self) -> Option<&'static crate::dialect::FleetSql> {
+        Some(&registry::FLEET)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

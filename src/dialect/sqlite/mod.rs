@@ -202,6 +202,10 @@ impl Dialect for Sqlite {
         &registry::ACTION_LOG
     }
 
+    fn fleet(&self) -> Option<&'static crate::dialect::FleetSql> {
+        Some(&registry::FLEET)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }
@@ -227,6 +231,12 @@ impl Dialect for Sqlite {
     /// The busy timeout is a field of the connection: set for one claim without I/O.
     fn bounds_claim_waits(&self) -> bool {
         true
+    }
+
+    /// `PRAGMA data_version` changes with every commit to the file, this process's acks and
+    /// claims included.
+    fn wakes_on_every_commit(&self) -> bool {
+        self.path.is_some()
     }
 
     fn change_feed(&self) -> ChangeFeed {

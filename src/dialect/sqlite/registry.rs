@@ -2,7 +2,7 @@
 //! [`RegistrySql`]). `name` is `TEXT` in SQLite's default
 //! `BINARY` collation: compared byte for byte.
 
-use crate::dialect::{ActionLogSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -42,6 +42,29 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
     table_exact: "table_name",
+};
+
+/// The fleet's heartbeats (`sqlbroker_workers`, see [`FleetSql`]).
+pub(super) const FLEET: FleetSql = FleetSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_workers (\
+             id TEXT NOT NULL PRIMARY KEY, \
+             what TEXT NOT NULL, \
+             host TEXT NOT NULL, \
+             pid INTEGER NOT NULL, \
+             tables TEXT NOT NULL, \
+             started_at INTEGER NOT NULL, \
+             seen_at INTEGER NOT NULL, \
+             expires_at INTEGER NOT NULL, \
+             in_work INTEGER NOT NULL, \
+             handled INTEGER NOT NULL, \
+             last_error TEXT NULL)",
+    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, last_error) \
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+           ON CONFLICT (id) DO UPDATE SET tables = excluded.tables, seen_at = excluded.seen_at, expires_at = excluded.expires_at, in_work = excluded.in_work, handled = excluded.handled, last_error = excluded.last_error",
+    leave: "DELETE FROM sqlbroker_workers WHERE id = ?1",
+    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
+           FROM sqlbroker_workers WHERE expires_at > ?1 ORDER BY started_at, id",
+    sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?1",
 };
 
 #[cfg(test)]

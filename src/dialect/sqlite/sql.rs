@@ -70,6 +70,16 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let order = s.order(spec);
     let row = s.row_columns(spec, "");
     sql.stats = s.stats_filtered(spec);
+    // The idle worker's check after a wake-up (`Dialect::wakes_on_every_commit`): a read in
+    // WAL mode, beside the writer rather than queued behind it as a claim is. `?2 IS NOT
+    // NULL` takes the second `now` where no lease is checked.
+    let free = match spec.form {
+        Form::Lease => format!("({lu} IS NULL OR {lu} <= ?2)"),
+        _ => "?2 IS NOT NULL".into(),
+    };
+    sql.any_ready = Some(format!(
+        "SELECT 1 FROM {t} WHERE {ready} AND {free} LIMIT 1"
+    ));
     sql.paused_queues = spec.queue.map(|_| s.paused_queues_sql(&DEPS, "INTEGER"));
     s.grouped_stats(spec, &mut sql, "");
     match spec.form {

@@ -1,0 +1,222 @@
+//! The fleet: every running subscription and worker's heartbeat in `sqlbroker_workers`, read by
+//! any broker (`Broker::workers`). Every database.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Db;
+use sqlbroker::{Broker, Form, Message, Table, Worker, WorkerInfo};
+
+/// The child of `a_killed_process_drops_out`: `<form>\t<table>\t<url>`.
+const CHILD_ENV: &str = "SQLBROKER_FLEET_CHILD";
+
+fn kinds_table(live: &common::Live, prefix: &str) -> Table {
+    live.create(
+        common::describe(
+            &common::unique(prefix),
+            Form::Lease,
+            Duration::from_secs(30),
+        )
+        .kinds(),
+    )
+}
+
+/// The members taking rows of `table` (other tests' members share the database).
+fn members_of(broker: &Broker, table: &str) -> Vec<WorkerInfo> {
+    broker
+        .workers()
+        .unwrap()
+        .into_iter()
+        .filter(|w| w.tables().iter().any(|t| t.name() == table))
+        .collect()
+}
+
+/// A worker and a subscription of one process are listed by a second broker within a beat,
+/// with what they take (tables, kinds, queues), the process, and what they handled; each drops
+/// out as soon as it stops, long before its row would expire. Fails (`listed`) without the
+/// heartbeats, (`handled`) if a beat did not carry the counts, and (`still listed`) if a
+/// shutdown left its row to expire.
+fn the_fleet_lists_what_runs(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let mail = kinds_table(&live, "fm");
+    let plain = kinds_table(&live, "fp");
+    // Rows expire three beats after they are written: 6 s here, so a row gone within 2 s
+    // of a stop was deleted by it.
+    let broker = Broker::builder(&live.url)
+        .heartbeat(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let other = live.connect();
+    let worker = Worker::new(&broker)
+        .on(&mail, "welcome", |_d| Ok::<(), String>(()))
+        .on(&mail, "invoice", |_d| Ok::<(), String>(()))
+        .threads(2)
+        .start()
+        .unwrap();
+    let sub = broker.subscription(&plain).start().unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(10), || {
+            members_of(&other, mail.name()).len() == 1
+                && members_of(&other, plain.name()).len() == 1
+        }),
+        "listed: {:?}",
+        other.workers().unwrap()
+    );
+    let w = members_of(&other, mail.name()).remove(0);
+    assert_eq!(w.what(), "worker");
+    assert_eq!(w.pid(), u64::from(std::process::id()));
+    assert!(!w.host().is_empty());
+    assert_eq!(w.tables().len(), 1);
+    assert_eq!(
+        w.tables()[0].kinds(),
+        Some(&["invoice".to_string(), "welcome".to_string()][..])
+    );
+    assert_eq!(w.tables()[0].queues(), None);
+    assert!(w.takes(mail.name(), Some("welcome")));
+    assert!(!w.takes(mail.name(), Some("refund")));
+    assert!(!w.takes(mail.name(), None));
+    assert!(!w.takes(plain.name(), Some("welcome")));
+    let s = members_of(&other, plain.name()).remove(0);
+    assert_eq!(s.what(), "subscription");
+    assert!(s.takes(plain.name(), Some("anything")) && s.takes(plain.name(), None));
+    assert!(s.started() <= s.last_seen());
+
+    for i in 0..3 {
+        let m = Message::new(b"x".to_vec())
+            .set("k", format!("w{i}"))
+            .kind("welcome");
+        broker.publish(&mail, m).unwrap();
+    }
+    assert!(
+        common::wait_for(Duration::from_secs(10), || {
+            members_of(&other, mail.name())
+                .first()
+                .is_some_and(|w| w.handled() == 3 && w.in_work() == 0)
+        }),
+        "handled: {:?}",
+        members_of(&other, mail.name())
+    );
+
+    worker.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(2), || members_of(&other, mail.name())
+            .is_empty()),
+        "still listed after its shutdown"
+    );
+    assert_eq!(members_of(&other, plain.name()).len(), 1);
+    sub.close();
+    assert!(
+        common::wait_for(Duration::from_secs(2), || members_of(&other, plain.name())
+            .is_empty()),
+        "still listed after its close"
+    );
+}
+per_db!(the_fleet_lists_what_runs);
+
+/// The child: a subscription on the table named, beating every 300 ms, until killed.
+#[test]
+fn fleet_child_entry() {
+    let Some((_, name, url)) = common::child_spec(CHILD_ENV) else {
+        return;
+    };
+    let broker = Broker::builder(&url)
+        .heartbeat(Duration::from_millis(300))
+        .build()
+        .expect("child: connect");
+    let t = common::describe(&name, Form::Lease, Duration::from_secs(30)).kinds();
+    let _sub = broker
+        .subscription(&t)
+        .kinds(["a"])
+        .start()
+        .expect("child: start");
+    println!("\nSTARTED");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    std::process::exit(3);
+}
+
+/// A process killed with its subscription running drops out of the listing three beats after
+/// its last (nothing deleted its row), and its row is deleted by a beat of any broker once it
+/// expired long ago: the table holds what runs and what died lately. Fails (`still listed`)
+/// if expiry were not read, and (`swept`) if no beat deleted long-expired rows.
+fn a_killed_process_drops_out(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = kinds_table(&live, "fk");
+    let child = common::spawn_child(
+        "fleet_child_entry",
+        CHILD_ENV,
+        &format!("lease\t{}\t{}", t.name(), live.url),
+    );
+    assert!(child
+        .line_after("STARTED", Duration::from_secs(60))
+        .is_some());
+    let pid = u64::from(child.process.id());
+    assert!(common::wait_for(Duration::from_secs(10), || {
+        members_of(&live.broker, t.name())
+            .iter()
+            .any(|w| w.pid() == pid)
+    }));
+    let id = members_of(&live.broker, t.name())[0].id().to_string();
+    child.kill();
+    // Three beats of 300 ms after its last: gone from the listing, its row still there.
+    assert!(
+        common::wait_for(Duration::from_secs(5), || members_of(
+            &live.broker,
+            t.name()
+        )
+        .is_empty()),
+        "still listed after it was killed"
+    );
+    let rows = |live: &common::Live| {
+        live.int(&format!(
+            "SELECT COUNT(*) FROM sqlbroker_workers WHERE id = '{id}'"
+        ))
+    };
+    assert_eq!(
+        rows(&live),
+        1,
+        "the killed process's row is kept until swept"
+    );
+    // Expired long ago (as if a minute had passed): the next beat of a running member
+    // deletes it.
+    let long_ago = match db {
+        Db::Sqlite => "946684800".to_string(),
+        _ => "'2000-01-01 00:00:00'".to_string(),
+    };
+    live.exec(&format!(
+        "UPDATE sqlbroker_workers SET expires_at = {long_ago} WHERE id = '{id}'"
+    ));
+    let beating = Broker::builder(&live.url)
+        .heartbeat(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let sub = beating.subscription(&t).kinds(["b"]).start().unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || rows(&live) == 0),
+        "swept: the long-expired row is still there"
+    );
+    sub.close();
+}
+per_db!(a_killed_process_drops_out);
+
+/// A bad heartbeat is refused before anything connects.
+#[test]
+fn a_bad_heartbeat_is_refused() {
+    for every in [Duration::from_millis(99), Duration::from_secs(301)] {
+        let e = Broker::builder("sqlite::memory:")
+            .heartbeat(every)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                sqlbroker::BrokerError::InvalidOption {
+                    option: "heartbeat",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
