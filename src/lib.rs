@@ -73,6 +73,9 @@
 //!   handlers by table and kind on one pool of threads, each table's claims taking only the
 //!   kinds it handles; [`WorkerHandle::shutdown`] stops them all gracefully. With `serde`,
 //!   `TypedJob` kinds publish and run decoded (`Message::job`, `Worker::job`).
+//! - [`Broker::workers`]: the fleet, every running subscription and worker of every process on
+//!   the database, from the heartbeats their brokers write ([`WorkerInfo`]: host, process,
+//!   tables, queues and kinds, in work, handled, last seen).
 //!
 //! ## Flow control
 //!

@@ -92,8 +92,12 @@ impl Drop for Membership {
     fn drop(&mut self) {
         let mut st = self.shared.state.lock();
         st.members.retain(|m| m.id != self.id);
-        st.gone.push(std::mem::take(&mut self.id));
-        self.shared.cv.notify_all();
+        // No thread, no row written (a database without the table's statements, a thread
+        // that could not start): nothing to delete.
+        if st.running {
+            st.gone.push(std::mem::take(&mut self.id));
+            self.shared.cv.notify_all();
+        }
     }
 }
 
@@ -220,10 +224,11 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
                     log::warn!("heartbeat to sqlbroker_workers: {e}");
                 }
                 failing = true;
-                // The rows of members that left are deleted at the next beat, or expire.
-                shared.state.lock().gone.extend(gone);
+                // The rows of members that left are not tried again: they expire three beats
+                // after their last (a database that does not answer, or a table nobody made,
+                // would otherwise keep this thread retrying for ever).
+                drop(gone);
                 next = next.min(Instant::now() + shared.every);
-                std::thread::sleep(Duration::from_millis(100).min(shared.every));
             }
         }
     }

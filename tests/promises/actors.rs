@@ -384,7 +384,10 @@ pub fn child_main() {
     let who: Who = f[5].parse().expect("who");
     let mut world = World::new(db, form, seed);
     world.name = name.to_string();
-    let broker = Broker::connect(url).expect("child: connect");
+    let broker = Broker::builder(url)
+        .heartbeat(super::BEAT)
+        .build()
+        .expect("child: connect");
     // The table as recorded: the child describes nothing itself.
     let table = broker.open_table(name).expect("child: open the table");
     let worker = Worker::start(&world, who, broker, table, Sink::Stdout);

@@ -60,8 +60,12 @@ pub fn run(db: Db, form: Form, seed: u64, budget: Budget) -> Option<Outcome> {
     // on their client-side bound.
     let marked = (db != Db::Sqlite).then(|| Marked::new(db, &live.url));
     let hole = marked.as_ref().map(|m| BlackHole::before(db, &m.url));
-    let b0 = Broker::connect(&live.url).expect("broker 0");
+    let b0 = Broker::builder(&live.url)
+        .heartbeat(BEAT)
+        .build()
+        .expect("broker 0");
     let b1 = Broker::builder(hole.as_ref().map_or(&live.url, |(_, url)| url))
+        .heartbeat(BEAT)
         .statement_timeout(Duration::from_secs(1))
         .round_trip_timeout(SILENT_BOUND)
         .connection_timeout(SILENT_BOUND)
@@ -193,7 +197,8 @@ pub fn run(db: Db, form: Form, seed: u64, budget: Budget) -> Option<Outcome> {
         .jobs(&table, sqlbroker::JobState::Waiting, None, 1_000)
         .map(|jobs| jobs.iter().map(|j| j.id()).collect())
         .unwrap_or_default();
-    let broken = check::check(&world, &events, &fin, &waiting);
+    let mut broken = check::check(&world, &events, &fin, &waiting);
+    broken.extend(fleet_after_stop(&b0, &world));
     let jobs = events
         .iter()
         .filter(|e| matches!(e.what, history::What::Published { .. }))
@@ -217,6 +222,47 @@ pub fn run(db: Db, form: Form, seed: u64, budget: Budget) -> Option<Outcome> {
         broken,
         jobs,
         report,
+    })
+}
+
+/// The heartbeat of the run's brokers (the worker process's too): short, so a killed process's
+/// row expires within the run's end.
+pub const BEAT: Duration = Duration::from_millis(500);
+
+/// P27: once every worker stopped (broker 1's perhaps behind a silent connection, the worker
+/// process perhaps killed by the faults), no subscription of the run's tables is listed by
+/// `Broker::workers` after three heartbeats and a margin: the stopped ones deleted their rows,
+/// the others' expired.
+fn fleet_after_stop(b0: &Broker, world: &World) -> Option<check::Broken> {
+    let ours = |w: &sqlbroker::WorkerInfo| w.tables().iter().any(|t| t.name() == world.name);
+    let bound = BEAT * 3 + Duration::from_secs(3);
+    let deadline = Instant::now() + bound;
+    let mut listed = Vec::new();
+    while Instant::now() < deadline {
+        match b0.workers() {
+            Ok(all) => {
+                listed = all.into_iter().filter(|w| ours(w)).collect();
+                if listed.is_empty() {
+                    return None;
+                }
+            }
+            // A read that fails is asked again.
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Some(check::Broken {
+        promise: "P27",
+        what: format!(
+            "{bound:?} after every worker stopped, still listed: {:?}",
+            listed
+                .iter()
+                .map(|w| (w.what().to_string(), w.pid(), w.last_seen()))
+                .collect::<Vec<_>>()
+        ),
+        jobs: Vec::new(),
+        from: 0,
+        to: 0,
     })
 }
 
