@@ -2306,3 +2306,60 @@ fn workers_and_kinds_no_worker_takes(db: Db) {
     );
 }
 per_db!(workers_and_kinds_no_worker_takes);
+
+/// `status --kind` names a queue whose ready rows of a kind no member takes, when every
+/// member taking the kind names its queues (a review found WORKERS 1 and no note for a row
+/// in a queue the one member does not take). Fails (`in queue`) without it, and if a queue
+/// a member takes is named.
+fn a_kind_taken_in_other_queues_only(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let t = l.create(
+        common::describe(
+            &unique("clq"),
+            sqlbroker::Form::Lease,
+            Duration::from_secs(30),
+        )
+        .queues()
+        .kinds(),
+    );
+    let name = t.name().to_string();
+    for (queue, key) in [("q1", "a"), ("q2", "b")] {
+        let m = sqlbroker::Message::new(b"x".to_vec())
+            .set("k", key)
+            .queue(queue)
+            .kind("b");
+        l.broker.publish(&t, m).unwrap();
+    }
+    // Takes kind b of queue q1 only, and holds what it takes.
+    let sub = l
+        .broker
+        .subscription(&t)
+        .queues(["q1"])
+        .kinds(["b"])
+        .start()
+        .unwrap();
+    let held = next(&sub, Duration::from_secs(10));
+    let q2 = format!("no worker for kind b in queue q2 of table {name}");
+    let status = || ok(&url, &["status", "--table", &name, "--kind", "all"], "");
+    assert!(
+        common::wait_for(Duration::from_secs(10), || status().contains(&q2)),
+        "in queue: {}",
+        status()
+    );
+    assert!(!status().contains("queue q1"), "{}", status());
+    let json: serde_json::Value = serde_json::from_str(
+        ok(
+            &url,
+            &["status", "--table", &name, "--kind", "b", "--json"],
+            "",
+        )
+        .trim(),
+    )
+    .expect("JSON");
+    assert_eq!(json[0]["queues_without_worker"], serde_json::json!(["q2"]));
+    assert_eq!(json[0]["workers"], serde_json::json!(1));
+    held.ack().unwrap();
+    sub.close();
+}
+per_db!(a_kind_taken_in_other_queues_only);

@@ -220,3 +220,146 @@ fn a_bad_heartbeat_is_refused() {
         );
     }
 }
+
+/// A heartbeat faster than a second keeps its member listed: SQLite and MySQL's `DATETIME`
+/// keep whole seconds, and an expiry cut down to its second dropped a member beating every
+/// 100 ms from three listings in four (a review's probe). Fails (`dropped out`) if the expiry
+/// is not rounded up.
+fn a_fast_heartbeat_stays_listed(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = kinds_table(&live, "ff");
+    let broker = Broker::builder(&live.url)
+        .heartbeat(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let sub = broker.subscription(&t).start().unwrap();
+    assert!(common::wait_for(Duration::from_secs(5), || {
+        members_of(&live.broker, t.name()).len() == 1
+    }));
+    let mut missed = 0;
+    for _ in 0..60 {
+        if members_of(&live.broker, t.name()).is_empty() {
+            missed += 1;
+        }
+        std::thread::sleep(Duration::from_millis(23));
+    }
+    assert_eq!(
+        missed, 0,
+        "dropped out of {missed} listings of 60 while running"
+    );
+    sub.close();
+}
+per_db!(a_fast_heartbeat_stays_listed);
+
+/// Deferred acks count as handled, as durable ones do. Fails (`handled`) if the deferred
+/// writes are not counted (a review found them never counted).
+fn deferred_acks_are_handled(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = kinds_table(&live, "fd");
+    let broker = Broker::builder(&live.url)
+        .heartbeat(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let sub = broker
+        .subscription(&t)
+        .ack_mode(sqlbroker::AckMode::Deferred {
+            within: Duration::from_millis(10),
+        })
+        .start()
+        .unwrap();
+    for i in 0..5 {
+        broker
+            .publish(&t, common::msg("x", &format!("d{i}")))
+            .unwrap();
+    }
+    for _ in 0..5 {
+        common::next(&sub, Duration::from_secs(10)).ack().unwrap();
+    }
+    assert!(
+        common::wait_for(Duration::from_secs(10), || members_of(
+            &live.broker,
+            t.name()
+        )
+        .first()
+        .is_some_and(|w| w.handled() == 5)),
+        "handled: {:?}",
+        members_of(&live.broker, t.name())
+    );
+    sub.close();
+}
+per_db!(deferred_acks_are_handled);
+
+/// Running row lock subscriptions whose deliveries hold the broker's whole pool stay listed:
+/// the heartbeat has a connection of its own. Fails (`listed`) if it waits on the pool (a
+/// review's probe: none of two listed). Servers (SQLite's row lock form holds no pool).
+fn members_holding_the_pool_stay_listed(db: Db) {
+    if db == Db::Sqlite {
+        return;
+    }
+    let Some(live) = common::live(db) else { return };
+    let broker = Broker::builder(&live.url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(1))
+        .heartbeat(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let held = common::hold_pool(&live, &broker, 2);
+    let holder = held[0].1.table().to_string();
+    let ours = || members_of(&live.broker, &holder).len();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || ours() == 2),
+        "listed: {} of 2",
+        ours()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(ours(), 2, "listed after a second of beats");
+    drop(held);
+}
+per_db!(members_holding_the_pool_stay_listed);
+
+/// SQLite, a database of its own: one member whose row the database refuses (a `CHECK` an
+/// operator put on the table) does not keep the others' rows from being written, and the
+/// table dropped by hand while members run is made again. Fails (`the other member`) if the
+/// first failure ends the beat, (`made again`) if the table is made only once per thread.
+#[test]
+fn one_refused_row_and_a_dropped_table() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    live.exec(
+        "CREATE TABLE sqlbroker_workers (id TEXT NOT NULL PRIMARY KEY, what TEXT NOT NULL, \
+         host TEXT NOT NULL, pid INTEGER NOT NULL, tables TEXT NOT NULL CHECK (length(tables) < 200), \
+         started_at INTEGER NOT NULL, seen_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+         in_work INTEGER NOT NULL, handled INTEGER NOT NULL, last_error TEXT NULL)",
+    );
+    let t = kinds_table(&live, "fr");
+    let broker = Broker::builder(&live.url)
+        .heartbeat(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let many: Vec<String> = (0..20).map(|i| format!("kind_number_{i}")).collect();
+    let long = broker.subscription(&t).kinds(many).start().unwrap();
+    let short = broker.subscription(&t).kinds(["a"]).start().unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || {
+            members_of(&live.broker, t.name())
+                .iter()
+                .any(|w| w.takes(t.name(), Some("a")))
+        }),
+        "the other member: {:?}",
+        live.broker.workers()
+    );
+    drop(long);
+    live.exec("DROP TABLE sqlbroker_workers");
+    assert!(
+        common::wait_for(Duration::from_secs(5), || members_of(
+            &live.broker,
+            t.name()
+        )
+        .len()
+            == 1),
+        "made again: {:?}",
+        live.broker.workers()
+    );
+    short.close();
+}

@@ -8,7 +8,9 @@
 //! has no change feed (MySQL/MariaDB) the wait is short right after rows were found and
 //! doubles up to the poll interval ([`idle_poll`]), and each such poll is one plain select
 //! that finds whether any row may be claimable before a claim transaction is spent on it (a
-//! wake-up claims at once). A claim that filled its batch wakes one more
+//! wake-up claims at once). On SQLite, whose change feed wakes every table's idle workers on
+//! any commit to the file (this process's acks too), an idle worker asks that select after
+//! every wake-up: a claim there is a write, queued behind the one writer. A claim that filled its batch wakes one more
 //! idle worker: there may be more rows than one worker takes. A failed claim (a deadlock, a lost connection, a server that is down) is
 //! retried with a doubling backoff and its error kept for
 //! [`Subscription::last_error`](crate::Subscription::last_error). A panic closes the
@@ -354,9 +356,9 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         if ((adaptive && polling) || (check_woken && idle)) && {
             // A statement on the database like a claim: counted as one (`claiming`).
             ctx.claiming.fetch_add(1, Ordering::Relaxed);
-            let idle = nothing_ready(ctx);
+            let none = nothing_ready(ctx);
             ctx.claiming.fetch_sub(1, Ordering::Relaxed);
-            idle
+            none
         } {
             drop(slots);
             failures = 0;

@@ -894,6 +894,8 @@ pub(crate) fn write_deferred(batch: &[Pending]) {
     let started = Instant::now();
     let results = form::lease::ack_all(ctx, &cells, within);
     wake_claimers(ctx, false);
+    ctx.settled
+        .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let took = started.elapsed();
     for (p, r) in batch.iter().zip(results) {
         let e = Settled {

@@ -1239,6 +1239,7 @@ impl<'a> IntoIterator for &'a Subscription {
         self.iter()
     }
 }
+
 /// The tables of a heartbeat (`sqlbroker_workers`), as JSON: each table's name and the
 /// queues and kinds it takes (`null`: every one).
 pub(crate) fn fleet_tables<'x>(

@@ -138,6 +138,30 @@ impl Broker {
         self.read_actions(sql, names, limit, tables)
     }
 
+    /// Runs `sql` on a table the library makes on first use (`table`: the action log, the
+    /// fleet's heartbeats): its rows, or none if the table was never made (a read writes
+    /// nothing). `op` names the call in an error.
+    pub(crate) fn read_own(
+        &self,
+        op: &'static str,
+        table: &str,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Vec<Value>>> {
+        let mut conn = self.pooled(op, "")?;
+        match conn.query(sql, params) {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                // Absent, or failing.
+                let name = [Value::Text(table.into())];
+                match conn.query(self.dialect().columns_query(), &name) {
+                    Ok(columns) if columns.is_empty() => Ok(Vec::new()),
+                    _ => Err(e.during(op, "")),
+                }
+            }
+        }
+    }
+
     /// Runs a listing of the log (`sql`: its `params`, then the limit): the entries, or none
     /// if the log was never made. With `only`, an entry of another table is left out (MySQL
     /// compares the log's text in the database's collation, not byte for byte).
@@ -148,20 +172,8 @@ impl Broker {
         limit: usize,
         only: &[&str],
     ) -> Result<Vec<ActionEntry>> {
-        let mut conn = self.pooled("action log", "")?;
         params.push(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
-        let rows = match conn.query(&sql, &params) {
-            Ok(rows) => rows,
-            Err(e) => {
-                // Absent (nothing recorded yet: reads as empty, and a read writes nothing),
-                // or failing.
-                let log = [Value::Text(ACTION_LOG.into())];
-                return match conn.query(self.dialect().columns_query(), &log) {
-                    Ok(columns) if columns.is_empty() => Ok(Vec::new()),
-                    _ => Err(e.during("action log", "")),
-                };
-            }
-        };
+        let rows = self.read_own("action log", ACTION_LOG, &sql, &params)?;
         Ok(rows
             .into_iter()
             .map(|r| {

@@ -6,7 +6,6 @@ use std::time::SystemTime;
 use serde::Deserialize;
 
 use crate::broker::Broker;
-use crate::dialect::DbConn;
 use crate::error::Result;
 use crate::model::schedule::from_epoch_secs;
 use crate::model::value::Value;
@@ -169,19 +168,8 @@ impl Broker {
         let Some(sql) = self.dialect().fleet() else {
             return Ok(Vec::new());
         };
-        let mut conn = self.pooled("workers", "")?;
-        let rows = match conn.query(sql.list, &[Value::Time(SystemTime::now())]) {
-            Ok(rows) => rows,
-            Err(e) => {
-                // Absent (no heartbeat yet: reads as empty, and a read writes nothing), or
-                // failing.
-                let table = [Value::Text(FLEET.into())];
-                return match conn.query(self.dialect().columns_query(), &table) {
-                    Ok(columns) if columns.is_empty() => Ok(Vec::new()),
-                    _ => Err(e.during("workers", "")),
-                };
-            }
-        };
+        let now = [Value::Time(SystemTime::now())];
+        let rows = self.read_own("workers", FLEET, sql.list, &now)?;
         Ok(rows
             .into_iter()
             .map(|r| {

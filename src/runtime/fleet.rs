@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::{Condvar, Mutex};
 
 use crate::dialect::{DbConn, Dialect};
+use crate::model::schedule::ceil;
 use crate::model::value::Value;
 use crate::runtime::Pool;
 
@@ -183,6 +184,11 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
     let mut made = !shared.create;
     let mut next = Instant::now();
     let mut failing = false;
+    // A connection of its own: members whose rows in work hold the whole pool (the row lock
+    // form) are running, and must not drop out of the listing for want of a connection. An
+    // in-memory SQLite database lives in the pool's one connection: that one, then.
+    let pooled = dialect.max_pool_size() == Some(1);
+    let mut own: Option<Box<dyn DbConn + Send>> = None;
     loop {
         let (gone, members) = {
             let mut st = shared.state.lock();
@@ -200,7 +206,7 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
             let beat = Instant::now() >= next;
             (gone, beat.then(|| st.members.clone()))
         };
-        let result = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
+        let result = with_conn(pooled, &mut own, dialect, pool, |conn| {
             if !made {
                 conn.batch(sql.create).map_err(|e| e.to_string())?;
                 made = true;
@@ -224,6 +230,8 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
                     log::warn!("heartbeat to sqlbroker_workers: {e}");
                 }
                 failing = true;
+                // The table may have been dropped by hand: made again at the next beat.
+                made = !shared.create;
                 // The rows of members that left are not tried again: they expire three beats
                 // after their last (a database that does not answer, or a table nobody made,
                 // would otherwise keep this thread retrying for ever).
@@ -234,6 +242,25 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
     }
 }
 
+/// Runs `f` on the thread's own connection (opened again if it broke), or on a pooled one.
+fn with_conn(
+    pooled: bool,
+    own: &mut Option<Box<dyn DbConn + Send>>,
+    dialect: &dyn Dialect,
+    pool: &Pool,
+    f: impl FnOnce(&mut dyn DbConn) -> Result<(), String>,
+) -> Result<(), String> {
+    if pooled {
+        let mut conn = pool.get().map_err(|e| e.to_string())?;
+        return f(&mut *conn);
+    }
+    if own.as_ref().is_none_or(|c| c.is_broken()) {
+        *own = Some(dialect.connect().map_err(|e| e.to_string())?);
+    }
+    let conn = own.as_mut().expect("just opened");
+    f(&mut **conn)
+}
+
 /// Writes every member's row, and deletes the rows that expired long ago.
 fn beat(
     conn: &mut dyn DbConn,
@@ -242,8 +269,13 @@ fn beat(
     members: &[Arc<Joined>],
 ) -> Result<(), String> {
     let now = SystemTime::now();
-    let expires = now + every * EXPIRES_AFTER_BEATS;
+    // Up to a whole second: SQLite and MySQL's `DATETIME` keep seconds, and a time cut down
+    // to its second would expire a member beating faster than a second before its next beat.
+    let expires = ceil(now + every * EXPIRES_AFTER_BEATS);
     let (host, pid) = (host(), i64::from(std::process::id()));
+    // A member whose row cannot be written (too long for its column, say) does not keep the
+    // others' rows or the sweep from being written: the first error is returned after them.
+    let mut failed = Ok(());
     for m in members {
         let r = (m.member.report)();
         let params = [
@@ -259,12 +291,19 @@ fn beat(
             Value::Int(i64::try_from(r.handled).unwrap_or(i64::MAX)),
             r.last_error.map_or(Value::Null, Value::Text),
         ];
-        conn.execute(sql.beat, &params).map_err(|e| e.to_string())?;
+        if let Err(e) = conn.execute(sql.beat, &params) {
+            if conn.is_broken() {
+                return Err(e.to_string());
+            }
+            if failed.is_ok() {
+                failed = Err(format!("the row of {}: {e}", m.id));
+            }
+        }
     }
     let before = now
         .checked_sub(SWEEP_AFTER)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     conn.execute(sql.sweep, &[Value::Time(before)])
         .map_err(|e| e.to_string())?;
-    Ok(())
+    failed
 }

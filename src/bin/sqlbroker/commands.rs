@@ -406,6 +406,43 @@ enum Grouped {
     Kind,
 }
 
+/// The queues of `table` holding ready rows of `kind` that none of the running members taking
+/// the kind takes: empty if one of them takes every queue, or none takes the kind (that is
+/// said apart), or the table has no queues.
+fn unserved_queues(
+    broker: &Broker,
+    table: &Table,
+    kind: &str,
+    fleet: &[sqlbroker::WorkerInfo],
+) -> Result<Vec<String>> {
+    let takers: Vec<_> = fleet
+        .iter()
+        .flat_map(|w| w.tables())
+        .filter(|t| t.name() == table.name() && t.takes_kind(Some(kind)))
+        .collect();
+    if takers.is_empty() || takers.iter().any(|t| t.queues().is_none()) {
+        return Ok(Vec::new());
+    }
+    let taken: Vec<&String> = takers
+        .iter()
+        .flat_map(|t| t.queues().unwrap_or(&[]))
+        .collect();
+    let mut out = Vec::new();
+    for (queue, s) in broker.queue_stats(table)? {
+        if s.ready == 0 || taken.contains(&&queue) {
+            continue;
+        }
+        let filter = sqlbroker::JobFilter::new().in_queue(&queue).of_kind(kind);
+        if !broker
+            .jobs_matching(table, sqlbroker::JobState::Ready, &filter, None, 1, 0)?
+            .is_empty()
+        {
+            out.push(queue);
+        }
+    }
+    Ok(out)
+}
+
 /// What `status --kind` calls rows published without a kind (no kind's name: a name has no
 /// parentheses), and how it is asked for; `null` in JSON.
 const NO_KIND: &str = "(none)";
@@ -423,6 +460,19 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     }
     // (table, queue or kind: `None` for rows without a kind, counts)
     let mut out: Vec<(String, Option<String>, QueueStats)> = Vec::new();
+    // By kind: the running subscriptions and workers that take each kind (their heartbeats);
+    // `None` if they could not be read.
+    let fleet = (by == Grouped::Kind)
+        .then(|| broker.workers().ok())
+        .flatten();
+    let takers = |t: &str, k: &Option<String>| {
+        fleet
+            .as_ref()
+            .map(|f| f.iter().filter(|w| w.takes(t, k.as_deref())).count())
+    };
+    // (table, kind) -> the queues with ready rows of the kind that no member taking the kind
+    // takes (each such member names its queues).
+    let mut unserved: Vec<(String, Option<String>, Vec<String>)> = Vec::new();
     for name in &args.tables {
         let table = args.desc.open(broker, name)?;
         let (all, paused) = match by {
@@ -439,6 +489,12 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
         };
         let want = |q: &Option<String>| wanted.iter().any(|w| w == "all" || asked(w, q));
         for (q, s) in all.into_iter().filter(|(q, _)| want(q)) {
+            if let (Some(fleet), Some(kind), true) = (&fleet, &q, s.ready > 0) {
+                let queues = unserved_queues(broker, &table, kind, fleet)?;
+                if !queues.is_empty() {
+                    unserved.push((table.name().to_string(), q.clone(), queues));
+                }
+            }
             out.push((table.name().to_string(), q, s));
         }
         // A queue or kind asked for by name that has no rows: zeros (paused or not).
@@ -459,15 +515,12 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
             }
         }
     }
-    // By kind: the running subscriptions and workers that take each kind (their heartbeats);
-    // `None` if they could not be read.
-    let fleet = (by == Grouped::Kind)
-        .then(|| broker.workers().ok())
-        .flatten();
-    let takers = |t: &str, k: &Option<String>| {
-        fleet
-            .as_ref()
-            .map(|f| f.iter().filter(|w| w.takes(t, k.as_deref())).count())
+    let unserved_of = |t: &str, k: &Option<String>| {
+        unserved
+            .iter()
+            .find(|(ut, uk, _)| ut == t && uk == k)
+            .map(|(_, _, q)| q.clone())
+            .unwrap_or_default()
     };
     if args.json {
         let items: Vec<serde_json::Value> = out
@@ -486,6 +539,7 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
                 });
                 if by == Grouped::Kind {
                     item["workers"] = serde_json::json!(takers(t, q));
+                    item["queues_without_worker"] = serde_json::json!(unserved_of(t, q));
                 }
                 // Values as they are (`json` escapes for the terminal within the strings).
                 item
@@ -517,12 +571,19 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
     let mut orphans = Vec::new();
     for (t, q, s) in &out {
         let n = takers(t, q);
+        let kind = q.as_deref().map_or_else(|| NO_KIND.to_string(), escape);
         if by == Grouped::Kind && s.ready > 0 && n == Some(0) {
-            let kind = q.as_deref().map_or_else(|| NO_KIND.to_string(), escape);
             orphans.push(format!(
                 "no worker for kind {kind} of table {} ({} ready)",
                 escape(t),
                 s.ready
+            ));
+        }
+        for queue in unserved_of(t, q) {
+            orphans.push(format!(
+                "no worker for kind {kind} in queue {} of table {}",
+                escape(&queue),
+                escape(t)
             ));
         }
         rows.push(vec![

@@ -54,13 +54,13 @@ pub(super) const FLEET: FleetSql = FleetSql {
              what TEXT CHARACTER SET utf8mb4 NOT NULL, \
              host TEXT CHARACTER SET utf8mb4 NOT NULL, \
              pid BIGINT NOT NULL, \
-             tables TEXT CHARACTER SET utf8mb4 NOT NULL, \
+             tables MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL, \
              started_at DATETIME NOT NULL, \
              seen_at DATETIME NOT NULL, \
              expires_at DATETIME NOT NULL, \
              in_work BIGINT NOT NULL, \
              handled BIGINT NOT NULL, \
-             last_error TEXT CHARACTER SET utf8mb4 NULL) ENGINE=InnoDB",
+             last_error MEDIUMTEXT CHARACTER SET utf8mb4 NULL) ENGINE=InnoDB",
     beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, last_error) \
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
            ON DUPLICATE KEY UPDATE tables = VALUES(tables), seen_at = VALUES(seen_at), expires_at = VALUES(expires_at), in_work = VALUES(in_work), handled = VALUES(handled), last_error = VALUES(last_error)",
