@@ -239,15 +239,12 @@ fn fleet_after_stop(b0: &Broker, world: &World) -> Option<check::Broken> {
     let deadline = Instant::now() + bound;
     let mut listed = Vec::new();
     while Instant::now() < deadline {
-        match b0.workers() {
-            Ok(all) => {
-                listed = all.into_iter().filter(|w| ours(w)).collect();
-                if listed.is_empty() {
-                    return None;
-                }
+        // A read that fails is asked again.
+        if let Ok(all) = b0.workers() {
+            listed = all.into_iter().filter(|w| ours(w)).collect();
+            if listed.is_empty() {
+                return None;
             }
-            // A read that fails is asked again.
-            Err(_) => {}
         }
         std::thread::sleep(Duration::from_millis(250));
     }
