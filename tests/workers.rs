@@ -389,16 +389,29 @@ fn a_worker_takes_its_tables_in_turns(db: Db, form: Form) {
         live.broker.publish_batch(t, batch).unwrap();
     }
     let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+    // Closed (its sender dropped) once both tables' rows are queued: a table whose first claim
+    // came late on a loaded machine would not have had rows to take its turn with.
+    let (open, gate) = crossbeam_channel::bounded::<()>(0);
     let mut w = Worker::new(&live.broker).threads(2);
     for (n, t) in tables.iter().enumerate() {
-        let order = order.clone();
+        let (order, gate) = (order.clone(), gate.clone());
         w = w.on(t, "a", move |_d| {
+            let _ = gate.recv_timeout(Duration::from_secs(30));
             order.lock().unwrap().push(n);
             std::thread::sleep(Duration::from_millis(1));
             Ok::<(), String>(())
         });
     }
     let worker = w.start().unwrap();
+    if form == Form::Lease {
+        // The lanes claim ahead up to 100 rows each: every row of both tables.
+        assert!(common::wait_for(Duration::from_secs(30), || {
+            tables
+                .iter()
+                .all(|t| live.rows_where(t, "locked_until IS NOT NULL") == 96)
+        }));
+    }
+    drop(open);
     assert!(common::wait_for(Duration::from_secs(60), || {
         order.lock().unwrap().len() == 192
     }));

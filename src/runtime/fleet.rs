@@ -14,8 +14,9 @@
 //! and those that died in the last minute.
 //!
 //! Nothing here waits on a handler's thread: joining and leaving only change the member list
-//! under a lock; the thread does every statement, on a pooled connection it waits for at most
-//! the pool's connection timeout, each statement bounded by the broker's statement timeout.
+//! under a lock; the thread does every statement, on a connection of its own (an in-memory
+//! SQLite database: its one pooled connection, waited for at most the pool's connection
+//! timeout), each statement bounded by the broker's statement timeout.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -173,7 +174,7 @@ fn host_id() -> String {
 }
 
 /// The host's name as the operating system gives it.
-pub(crate) fn host() -> String {
+fn host() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()
 }
 
@@ -236,7 +237,6 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
                 // after their last (a database that does not answer, or a table nobody made,
                 // would otherwise keep this thread retrying for ever).
                 drop(gone);
-                next = next.min(Instant::now() + shared.every);
             }
         }
     }

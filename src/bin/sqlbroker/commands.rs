@@ -588,7 +588,7 @@ fn grouped_status(broker: &Broker, args: &StatusArgs, by: Grouped) -> Result {
         }
         rows.push(vec![
             escape(t),
-            q.as_deref().map_or_else(|| NO_KIND.to_string(), escape),
+            kind,
             s.ready.to_string(),
             s.scheduled.to_string(),
             s.in_flight.map_or_else(dash, |n| n.to_string()),
