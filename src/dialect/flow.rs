@@ -261,8 +261,13 @@ impl Syntax {
     /// column is `NULL`), in claim order within each: `(key, now.., rows) x keys[, (now..,
     /// rows)]` -> `id, run_at, <user columns>`, key after key. Each key's read is a derived
     /// table (SQLite's compound members take no `ORDER BY`, and MySQL 8 has long accepted
-    /// this form).
-    pub fn fair_heads(&self, spec: &TableSpec, keys: usize, null: bool) -> String {
+    /// this form). With `locked` (the servers' lease claims), each key's rows are locked as
+    /// read, `FOR UPDATE SKIP LOCKED` inside its derived table: claims running side by side
+    /// read the same keys in the same order, and unlocked they chose the same first rows, so
+    /// all but one came back nearly empty from the lock that followed. Then, where
+    /// [`Syntax::fair_cursor`] says so, each key's condition has its cursor's parameters
+    /// after the key's (`(run_at, id)`, or `(run_at, run_at, id)`, [`Syntax::after_cursor`]).
+    pub fn fair_heads(&self, spec: &TableSpec, keys: usize, null: bool, locked: bool) -> String {
         let Some(c) = spec
             .fair
             .as_ref()
@@ -285,17 +290,38 @@ impl Syntax {
             } else {
                 format!("{c} IS NULL")
             };
+            // After the key's cursor, a claim order position (the lease claims of the servers,
+            // on tables ordered by `(run_at, id)`; [`Syntax::fair_cursor`]).
+            let after = match Self::fair_cursor(spec, locked) {
+                true => {
+                    let (cond, n) = self.after_cursor(spec, next);
+                    next += n;
+                    format!(" AND {cond}")
+                }
+                false => String::new(),
+            };
+            let which = format!("{which}{after}");
             let (cond, n) = self.fair_claimable(spec, next);
             next += n;
             parts.push(format!(
-                "SELECT * FROM (SELECT {cols} FROM {t} WHERE {which} AND {cond} ORDER BY {} {}) \
+                "SELECT * FROM (SELECT {cols} FROM {t} WHERE {which} AND {cond} ORDER BY {} {}{}) \
                  AS sqlbroker_h{i}",
                 self.order(spec),
-                (self.claim_limit)(&self.p(next))
+                (self.claim_limit)(&self.p(next)),
+                if locked { " FOR UPDATE SKIP LOCKED" } else { "" }
             ));
             next += 1;
         }
         parts.join(" UNION ALL ")
+    }
+
+    /// True if a fair claim's first rows of each key are read after the key's cursor: the
+    /// servers' lease claims (`locked`), on tables ordered by `(run_at, id)` alone (no
+    /// priorities, no FIFO groups). Each key's read then starts past the rows claimed of it
+    /// before, whose dead index entries (PostgreSQL until vacuum, MariaDB until purge) it
+    /// would otherwise walk from the head of the key's range on every claim.
+    pub fn fair_cursor(spec: &TableSpec, locked: bool) -> bool {
+        locked && spec.priority.is_none() && spec.fifo_group().is_none()
     }
 
     /// The index fair claims read (`<table>_fair`: the key column, then the claim order, over

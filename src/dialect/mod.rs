@@ -86,7 +86,8 @@ pub(crate) struct LimitSql {
     /// SQLite: `begin` takes the one writer's lock, so the claim's turn comes with its
     /// transaction and its first count decides (no turn to wait for later).
     pub turn_at_begin: bool,
-    /// `(now)` -> the user columns of every unfinished leased row: the rows in work.
+    /// `(now)` -> `count, <user columns>`: how many unfinished rows are leased (in work) per
+    /// key, the columns the limits read in their places and `NULL` in the others.
     ///
     /// Modelled in model/limits.pml (count_and_choose).
     pub in_work: String,

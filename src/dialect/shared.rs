@@ -82,6 +82,10 @@ pub(crate) struct Syntax {
     /// `haystack` holds the text `needle` (a placeholder), byte for byte, case and all: an
     /// operator's filter on a job's last error ([`Syntax::preview_page`]).
     pub contains: fn(haystack: &str, needle: &str) -> String,
+    /// The database plans a row comparison `(run_at, id) > (?, ?)` as a range of an index by
+    /// those columns (PostgreSQL, SQLite). MariaDB plans it on `run_at` alone and walks every
+    /// entry of the second: there it is spelled as two ranges ([`Syntax::after_cursor`]).
+    pub row_compare: bool,
 }
 
 /// `s` as a standard SQL string literal: quotes doubled, nothing else special (PostgreSQL
@@ -289,14 +293,45 @@ impl Syntax {
                 (self.claim_limit)(&self.p(5))
             )
         });
+        // The rows in work counted per key on the server: a row per key, the columns the
+        // limits read in their places (`NULL` in the others), not a row per row in work.
+        let read: Vec<usize> = spec
+            .limits
+            .iter()
+            .flat_map(|l| l.template.columns())
+            .collect();
+        let key_cols: Vec<String> = spec
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match read.contains(&i) {
+                true => self.q(&c.name),
+                false => "NULL".to_string(),
+            })
+            .collect();
+        let mut grouped: Vec<String> = spec
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| read.contains(i))
+            .map(|(_, c)| self.q(&c.name))
+            .collect();
+        grouped.dedup();
+        let in_work = format!(
+            "SELECT {} FROM {t} WHERE {dead} IS NULL AND {lu} > {}{}",
+            std::iter::once("COUNT(*)".to_string())
+                .chain(key_cols)
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.p(1),
+            match grouped.is_empty() {
+                true => String::new(),
+                false => format!(" GROUP BY {}", grouped.join(", ")),
+            }
+        );
         LimitSql {
             begin,
-            // `1`: a table whose limits read no column still gets a row per row in work.
-            in_work: format!(
-                "SELECT {} FROM {t} WHERE {dead} IS NULL AND {lu} > {}",
-                with_user("1"),
-                self.p(1)
-            ),
+            in_work,
             candidates: [candidates.clone(), format!("{candidates}{locking}")],
             candidates_from: candidates_from.map(|c| [c.clone(), format!("{c}{locking}")]),
             lock,
@@ -451,6 +486,28 @@ impl Syntax {
 
     /// `ORDER BY` of the claims: highest priority first (tables with priorities), then due
     /// first, then oldest.
+    /// The condition "after the cursor" in claim order `(run_at, id)`, its parameters from
+    /// the `first`: `(run_at, id)` where the database plans a row comparison as a range,
+    /// else `(run_at, run_at, id)`; and how many parameters it takes.
+    pub fn after_cursor(&self, spec: &TableSpec, first: usize) -> (String, usize) {
+        let (run_at, id) = (self.q(&spec.run_at), self.q(&spec.id));
+        match self.row_compare {
+            true => (
+                format!("({run_at}, {id}) > ({}, {})", self.p(first), self.p(first + 1)),
+                2,
+            ),
+            false => (
+                format!(
+                    "({run_at} > {} OR ({run_at} = {} AND {id} > {}))",
+                    self.p(first),
+                    self.p(first + 1),
+                    self.p(first + 2)
+                ),
+                3,
+            ),
+        }
+    }
+
     pub fn order(&self, spec: &TableSpec) -> String {
         let due = format!("{}, {}", self.q(&spec.run_at), self.q(&spec.id));
         match &spec.priority {

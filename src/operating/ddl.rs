@@ -693,6 +693,7 @@ mod tests {
             literal: crate::dialect::shared::standard_literal,
             stamps_created: false,
             contains: |h, n| format!("instr({h}, {n}) > 0"),
+            row_compare: true,
         }
     }
 

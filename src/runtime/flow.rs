@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::model::value::Value;
+use crate::runtime::cursor::{Key, RESCAN};
 use crate::runtime::limits::LimitsInForce;
 
 /// How often a broker deletes a table's window slots that are free (an idle key's slots).
@@ -26,9 +27,16 @@ pub(crate) struct FlowState {
     /// Fair claims: every key with due rows, as last read whole (when they fit one read), and
     /// when.
     fair_keys: Mutex<Option<(Instant, Vec<Value>)>>,
+    /// When a claim of this broker began to read the fair keys again, until it is done.
+    fair_keys_reading: Mutex<Option<Instant>>,
     /// Fair claims: the first rows' statement by key count and whether it reads the `NULL`
-    /// key, built once each (the same text, the same prepared statement).
-    fair_heads: Mutex<std::collections::HashMap<(usize, bool), std::sync::Arc<str>>>,
+    /// key, and whether it locks them, built once each (the same text, the same prepared
+    /// statement).
+    fair_heads: Mutex<std::collections::HashMap<(usize, bool, bool), std::sync::Arc<str>>>,
+    /// Fair claims read after a cursor per key (the servers' lease claims): each key's claim
+    /// order position `(run_at, id)` past the rows taken of it, and when the cursors were all
+    /// last dropped ([`FlowState::fair_cursor`]).
+    fair_cursors: Mutex<(Option<Instant>, std::collections::HashMap<String, Key>)>,
 }
 
 impl Default for FlowState {
@@ -39,7 +47,9 @@ impl Default for FlowState {
             swept: Mutex::default(),
             rate_maxes: LimitsInForce::rates(),
             fair_keys: Mutex::default(),
+            fair_keys_reading: Mutex::default(),
             fair_heads: Mutex::default(),
+            fair_cursors: Mutex::default(),
         }
     }
 }
@@ -55,11 +65,30 @@ impl FlowState {
         *self.fair_after.lock() = key;
     }
 
-    /// Every fair key, if read whole less than `fresh` ago.
+    /// Every fair key, if read whole less than `fresh` ago, or while another claim of this
+    /// broker reads them again (begun less than [`RESCAN`] ago): claims running side by side
+    /// go on with the keys of a moment ago rather than each read them (on MariaDB a read walks
+    /// the delete-marked entries at the head of every key's range, 20 ms over a burn-down).
+    /// `None`: this claim reads them, and says so with [`FlowState::fair_keys_read`].
     pub fn fair_keys(&self, fresh: Duration) -> Option<Vec<Value>> {
         let keys = self.fair_keys.lock();
-        let (at, keys) = keys.as_ref()?;
-        (at.elapsed() < fresh).then(|| keys.clone())
+        let (at, list) = keys.as_ref()?;
+        if at.elapsed() < fresh {
+            return Some(list.clone());
+        }
+        let mut reading = self.fair_keys_reading.lock();
+        match *reading {
+            Some(since) if since.elapsed() < RESCAN => Some(list.clone()),
+            _ => {
+                *reading = Some(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// A claim's read of the keys is over (whether or not it read them whole).
+    pub fn fair_keys_read(&self) {
+        *self.fair_keys_reading.lock() = None;
     }
 
     /// Notes every fair key, as just read whole, ascending.
@@ -67,19 +96,49 @@ impl FlowState {
         *self.fair_keys.lock() = Some((Instant::now(), keys));
     }
 
-    /// The first rows' statement for `keys` keys (and the `NULL` key, with `null`), built by
-    /// `build` the first time.
+    /// The first rows' statement for `keys` keys (and the `NULL` key, with `null`; locking
+    /// them, with `locked`), built by `build` the first time.
     pub fn fair_heads(
         &self,
         keys: usize,
         null: bool,
+        locked: bool,
         build: impl FnOnce() -> String,
     ) -> std::sync::Arc<str> {
         self.fair_heads
             .lock()
-            .entry((keys, null))
+            .entry((keys, null, locked))
             .or_insert_with(|| build().into())
             .clone()
+    }
+
+    /// Where fair key `key`'s next read starts: after the rows taken of it, or `None`, from
+    /// the head of its range. Every cursor is dropped once every [`RESCAN`], and a key's own
+    /// when a read from it comes back short ([`FlowState::fair_short`]): a row that becomes
+    /// claimable behind a cursor (a lease expired, a row handed back, a publish that committed
+    /// after later ids were taken) is read by the next claim from the head, within that time,
+    /// as with a subscription's claim cursor (`runtime/cursor.rs`).
+    pub fn fair_cursor(&self, key: &str) -> Option<Key> {
+        let mut cursors = self.fair_cursors.lock();
+        if cursors.0.is_none_or(|at| at.elapsed() >= RESCAN) {
+            cursors.0 = Some(Instant::now());
+            cursors.1.clear();
+            return None;
+        }
+        cursors.1.get(key).copied()
+    }
+
+    /// A claim took fair key `key`'s rows up to `to` (with none passed by before it).
+    pub fn fair_moved(&self, key: String, to: Key) {
+        let mut cursors = self.fair_cursors.lock();
+        let at = cursors.1.entry(key).or_insert(to);
+        *at = (*at).max(to);
+    }
+
+    /// A read of fair key `key` came back short of the rows it asked for: the key's next read
+    /// starts from the head of its range.
+    pub fn fair_short(&self, key: &str) {
+        self.fair_cursors.lock().1.remove(key);
     }
 
     /// A claim found a rate window full until `at`.

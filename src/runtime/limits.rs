@@ -67,15 +67,17 @@ pub(crate) struct LimitsInForce {
     /// When a record's text was last given ([`LimitsInForce::of`]).
     read_at: Mutex<Option<Instant>>,
     rates: bool,
+    /// The rows in work the last lease claim's turn counted (its own rows among them), and
+    /// when ([`LimitsInForce::counted`]).
+    work: Mutex<Option<(Instant, InWork)>>,
 }
 
 impl LimitsInForce {
     /// The rate limits' maxes in force.
     pub fn rates() -> Self {
         LimitsInForce {
-            last: Mutex::default(),
-            read_at: Mutex::default(),
             rates: true,
+            ..LimitsInForce::default()
         }
     }
 
@@ -157,6 +159,19 @@ impl LimitsInForce {
         let read_at = *self.read_at.lock();
         read_at.filter(|at| at.elapsed() < fresh)?;
         self.last.lock().as_ref().map(|p| p.maxes.clone())
+    }
+
+    /// Notes what a lease claim's turn counted in work, its own rows among them.
+    pub fn counted(&self, work: &InWork) {
+        *self.work.lock() = Some((Instant::now(), work.clone()));
+    }
+
+    /// What the last turn counted, if it counted less than `fresh` ago: a hint to choose rows
+    /// by, for a claim whose turn counts again before it decides.
+    pub fn work_within(&self, fresh: Duration) -> Option<InWork> {
+        let work = self.work.lock();
+        let (at, work) = work.as_ref()?;
+        (at.elapsed() < fresh).then(|| work.clone())
     }
 
     /// The slot spaces of the record read last (the described maxes before any read).
@@ -242,6 +257,7 @@ pub(crate) fn slot_prefix(table: &str, limit: &str, key: &str) -> String {
 }
 
 /// Rows in work per key, one map per limit: what a claim counts against the maxes.
+#[derive(Clone)]
 pub(crate) struct InWork {
     counts: Vec<HashMap<String, u32>>,
 }
@@ -326,9 +342,31 @@ impl InWork {
 
     /// Counts a row of `keys` in work.
     pub fn add(&mut self, keys: &[String]) {
+        self.add_n(keys, 1);
+    }
+
+    /// Counts `n` rows of `keys` in work.
+    pub fn add_n(&mut self, keys: &[String], n: u32) {
         for (counts, key) in self.counts.iter_mut().zip(keys) {
-            *counts.entry(key.clone()).or_insert(0) += 1;
+            *counts.entry(key.clone()).or_insert(0) += n;
         }
+    }
+
+    /// Adds the rows of a count by key read with `LimitSql::in_work` (`count, <user
+    /// columns>` each).
+    pub fn add_counted(&mut self, spec: &TableSpec, rows: &[Vec<Value>]) {
+        for row in rows {
+            let n = row.first().and_then(Value::as_i64).unwrap_or(0);
+            if n > 0 {
+                let keys = InWork::keys(spec, row.get(1..).unwrap_or_default());
+                self.add_n(&keys, u32::try_from(n).unwrap_or(u32::MAX));
+            }
+        }
+    }
+
+    /// The rows counted, per key, one map per limit.
+    pub fn per_limit(&self) -> &[HashMap<String, u32>] {
+        &self.counts
     }
 }
 

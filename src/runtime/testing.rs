@@ -55,6 +55,7 @@ static SYNTAX: Syntax = Syntax {
     literal: crate::dialect::shared::standard_literal,
     stamps_created: false,
     contains: |h, n| format!("contains({h}, {n})"),
+    row_compare: true,
 };
 
 static ACTION_LOG: crate::dialect::ActionLogSql = crate::dialect::ActionLogSql {

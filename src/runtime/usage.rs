@@ -171,10 +171,11 @@ fn in_work(
     let mut per_key = vec![HashMap::new(); spec.limits.len()];
     match (&q.sql.limited, spec.form) {
         (Some(sql), Form::Lease) if !spec.limits.is_empty() => {
-            for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
-                let user = row.get(1..).unwrap_or_default();
-                for (i, key) in InWork::keys(spec, user).into_iter().enumerate() {
-                    *per_key[i].entry(key).or_insert(0) += 1;
+            let mut work = InWork::new(spec);
+            work.add_counted(spec, &conn.query(&sql.in_work, &[Value::Time(now)])?);
+            for (per_key, counted) in per_key.iter_mut().zip(work.per_limit()) {
+                for (key, n) in counted {
+                    per_key.insert(key.clone(), u64::from(*n));
                 }
             }
         }

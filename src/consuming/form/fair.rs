@@ -15,6 +15,7 @@ use crate::dialect::DbConn;
 use crate::error::DbError;
 use crate::model::table::Form;
 use crate::model::value::Value;
+use crate::runtime::cursor::Key;
 use crate::runtime::Ctx;
 
 /// How many keys a claim reads at a time once its first read came to nothing it could take:
@@ -38,6 +39,8 @@ pub(super) struct Scan {
     read: usize,
     /// The rotation came back to keys already offered: no more new keys.
     round_done: bool,
+    /// The first rows are read locked, passing by rows other claims hold ([`Scan::locked`]).
+    locked: bool,
 }
 
 /// How a key's rows were read by a claim.
@@ -51,6 +54,10 @@ struct Depth {
     ids: HashSet<i64>,
     /// A row of it was taken ([`Scan::took`]): not read deeper.
     done: bool,
+    /// Read after the key's cursor: the claim order position of the last row taken of it
+    /// before any passed by ([`Scan::offered`]), and whether one was passed by.
+    upto: Option<Key>,
+    passed: bool,
 }
 
 impl Scan {
@@ -61,6 +68,40 @@ impl Scan {
             keys: HashMap::new(),
             read: 0,
             round_done: false,
+            locked: false,
+        }
+    }
+
+    /// Reads each key's first rows locked, passing by those another claim holds (`FOR UPDATE
+    /// SKIP LOCKED`, the servers' lease claims): the rows it returns are this claim's to take.
+    pub fn locked(mut self) -> Self {
+        self.locked = true;
+        self
+    }
+
+    /// Notes what became of a row this scan offered (`user`: its user columns; `at`: its
+    /// claim order position): taken, or passed by (a limit or window of its keys had no
+    /// room). The key's cursor moves past the rows taken before the first passed by
+    /// ([`Scan::advance`]).
+    pub fn offered(&mut self, ctx: &Ctx, user: &[Value], at: Option<Key>, taken: bool) {
+        if !self.locked {
+            return;
+        }
+        if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
+            match (taken, at) {
+                (true, Some(at)) if !d.passed => d.upto = d.upto.max(Some(at)),
+                (true, _) => {}
+                (false, _) => d.passed = true,
+            }
+        }
+    }
+
+    /// Moves each key's cursor past the rows this claim took of it ([`Scan::offered`]).
+    pub fn advance(&self, ctx: &Ctx) {
+        for (key, d) in &self.keys {
+            if let Some(at) = d.upto {
+                ctx.queue.flow.fair_moved(key.clone(), at);
+            }
         }
     }
 
@@ -174,18 +215,39 @@ impl Scan {
             .filter(|(k, _)| !matches!(k, Value::Null))
             .collect();
         let null = asked.iter().find(|(k, _)| matches!(k, Value::Null));
-        let text = q.flow.fair_heads(named.len(), null.is_some(), || {
+        let locked = self.locked;
+        let text = q.flow.fair_heads(named.len(), null.is_some(), locked, || {
             q.dialect
                 .syntax()
-                .fair_heads(&q.spec, named.len(), null.is_some())
+                .fair_heads(&q.spec, named.len(), null.is_some(), locked)
         });
+        let syntax = q.dialect.syntax();
+        let cursored = crate::dialect::shared::Syntax::fair_cursor(&q.spec, locked);
+        // A key's cursor, or the head of its range (before every row: the time columns start
+        // at the epoch).
+        let cursor = |k: &Value, params: &mut Vec<Value>| {
+            if !cursored {
+                return;
+            }
+            let (run_at, row) = q
+                .flow
+                .fair_cursor(&id(k))
+                .unwrap_or((std::time::UNIX_EPOCH, i64::MIN));
+            params.push(Value::Time(run_at));
+            if !syntax.row_compare {
+                params.push(Value::Time(run_at));
+            }
+            params.push(Value::Int(row));
+        };
         let mut params = Vec::new();
         for (k, n) in &named {
             params.push(k.clone());
+            cursor(k, &mut params);
             params.extend(vec![Value::Time(now); per_cond]);
             params.push(Value::Int(*n as i64));
         }
-        if let Some((_, n)) = null {
+        if let Some((k, n)) = null {
+            cursor(k, &mut params);
             params.extend(vec![Value::Time(now); per_cond]);
             params.push(Value::Int(*n as i64));
         }
@@ -220,6 +282,13 @@ impl Scan {
                 k.push(row);
             }
         }
+        if cursored {
+            for (k, n) in asked {
+                if self.keys.get(&id(k)).is_none_or(|d| d.got < *n) {
+                    q.flow.fair_short(&id(k));
+                }
+            }
+        }
         let mut out = Vec::with_capacity(self.want * 2);
         let mut round = 0;
         loop {
@@ -246,6 +315,8 @@ impl Depth {
             got: 0,
             ids: HashSet::new(),
             done: false,
+            upto: None,
+            passed: false,
         }
     }
 }
@@ -327,6 +398,19 @@ fn next_keys(
         // Every key, read whole a moment ago: the rotation goes on from `after` in it.
         return Ok(rotated);
     }
+    let keys = read_all(conn, after, want, &read_keys, q);
+    q.flow.fair_keys_read();
+    keys
+}
+
+/// [`next_keys`]'s read from the database.
+fn read_all(
+    conn: &mut dyn DbConn,
+    after: Option<Value>,
+    want: usize,
+    read_keys: &dyn Fn(&mut dyn DbConn, Option<&Value>, usize) -> Result<Vec<Value>, DbError>,
+    q: &crate::runtime::Queue,
+) -> Result<(Vec<Value>, bool), DbError> {
     let mut keys = read_keys(conn, after.as_ref(), want)?;
     // Short of `want` keys: the round ends here; the `NULL` key, then the first keys again.
     let wrapped = keys.len() < want;

@@ -152,9 +152,7 @@ fn claim_limited(
         if !limited {
             return Ok(work);
         }
-        for row in conn.query(&sql.in_work, &[Value::Time(now)])? {
-            work.add(&InWork::keys(spec, row.get(1..).unwrap_or_default()));
-        }
+        work.add_counted(spec, &conn.query(&sql.in_work, &[Value::Time(now)])?);
         Ok(work)
     };
     let out = crate::dialect::in_transaction(conn, &sql.begin, |conn| {
@@ -171,7 +169,18 @@ fn claim_limited(
             Some(m) => m,
             None => q.limits.read(spec, conn, registry.limits)?,
         };
-        let mut work = count(conn)?;
+        // Likewise the rows in work: as the last turn counted them, if a moment ago (the
+        // turn counts again and decides), else counted now. Counting is what a limited claim
+        // costs most (PostgreSQL walks the dead index entries of every row acked within a
+        // lease's time), so a claim that takes a turn counts once.
+        let mut work = match q
+            .limits
+            .work_within(MAXES_FRESH)
+            .filter(|_| limited && !sql.turn_at_begin)
+        {
+            Some(w) => w,
+            None => count(conn)?,
+        };
         let rate_maxes = super::rates::maxes(ctx, conn)?;
         let mut chosen = Vec::with_capacity(limit);
         // Each row chosen in claim order, with its user columns (the fair rotation's key).
@@ -200,7 +209,13 @@ fn claim_limited(
         // A page of the batch first (on the servers locked as read): where no limit binds, it
         // is all the claim reads.
         let mut page = limit.clamp(1, SCAN_MAX);
-        let mut fair_scan = super::fair::Scan::new(limit);
+        // On the servers, the fair rotation's first rows are locked as read (as the first page
+        // of other tables' candidates is): each is this claim's to take.
+        let fair_locked = !sql.lock.is_empty();
+        let mut fair_scan = match fair_locked {
+            true => super::fair::Scan::new(limit).locked(),
+            false => super::fair::Scan::new(limit),
+        };
         // The limits whose key is the fair key's (or the table's): a fair key at one of them
         // has no row to offer, whatever its rows hold.
         let fair_col = spec.fair.as_ref().map(|f| f.column);
@@ -255,25 +270,31 @@ fn claim_limited(
                 };
                 let user = row.get(user_at..).unwrap_or_default();
                 let keys = InWork::keys(spec, user);
-                if !work.has_room(&maxes, &keys) {
+                let at = row.get(1).and_then(Value::as_system_time).map(|r| (r, id));
+                let room = 'room: {
+                    if !work.has_room(&maxes, &keys) {
+                        break 'room false;
+                    }
+                    if q.sql.rates.is_some() {
+                        let rate_keys = super::rates::keys(ctx, user);
+                        if super::rates::passed_by(&tried, &rate_keys) {
+                            break 'room false;
+                        }
+                        match super::rates::take(ctx, conn, &rate_keys, &rate_maxes, &mut tried)? {
+                            Some(s) => {
+                                stamps.insert(id, s);
+                            }
+                            None => break 'room false,
+                        }
+                    }
+                    true
+                };
+                if fair {
+                    fair_scan.offered(ctx, user, at, room);
+                }
+                if !room {
                     skipped = true;
                     continue;
-                }
-                if q.sql.rates.is_some() {
-                    let rate_keys = super::rates::keys(ctx, user);
-                    if super::rates::passed_by(&tried, &rate_keys) {
-                        skipped = true;
-                        continue;
-                    }
-                    match super::rates::take(ctx, conn, &rate_keys, &rate_maxes, &mut tried)? {
-                        Some(s) => {
-                            stamps.insert(id, s);
-                        }
-                        None => {
-                            skipped = true;
-                            continue;
-                        }
-                    }
                 }
                 if !skipped {
                     if let Some(run_at) = row.get(1).and_then(Value::as_system_time) {
@@ -285,7 +306,7 @@ fn claim_limited(
                 if spec.fair.is_some() {
                     order.push((id, user.to_vec()));
                 }
-                match locked == 1 || sql.lock.is_empty() {
+                match locked == 1 || sql.lock.is_empty() || (fair && fair_locked) {
                     true => chosen.push(id),
                     false => loose.push(id),
                 }
@@ -332,6 +353,7 @@ fn claim_limited(
                     }
                 }
             }
+            q.limits.counted(&work);
             if !back.is_empty() {
                 log::debug!(
                     "table {}: a claim handed back {} rows another claim's commit left no room for",
@@ -369,6 +391,7 @@ fn claim_limited(
                     .is_some_and(|id| lost.contains(&id))
             });
         }
+        fair_scan.advance(ctx);
         if let Some((_, user)) = order.iter().rev().find(|(id, _)| {
             rows.iter()
                 .any(|r| r.first().and_then(Value::as_i64) == Some(*id))

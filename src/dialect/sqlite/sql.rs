@@ -21,6 +21,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     literal: crate::dialect::shared::standard_literal,
     stamps_created: false,
     contains: |h, n| format!("instr({h}, {n}) > 0"),
+    row_compare: true,
 };
 
 /// Times are integer seconds since the Unix epoch.
