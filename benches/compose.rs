@@ -7,6 +7,8 @@
 //!   threads acking one by one; the callback's delay is from the return of the last job's
 //!   `ack()` (its commit, which releases the callback) to the callback reaching a handler.
 //!   `COMPOSE_ROUNDS` (default 5) rounds: reports each round's delay, their median and worst.
+//!   The same rounds time the callback's publish (`<db>/publish`): one job naming all
+//!   `COMPOSE_FAN` jobs, each of its waits and their heads written in its transaction.
 //! - **chain** (`<db>/chain`): `COMPOSE_CHAIN` (default 1,000) lease jobs, each `after` the one
 //!   before, worked by one handler thread; each link's delay is from the return of the ack of
 //!   the link before to the link reaching the handler. Reports p50 and p99 over the links.
@@ -48,7 +50,12 @@ fn quantile(v: &mut [Duration], q: f64) -> Duration {
 /// Publishes `jobs` jobs into `t` (and, with dependencies, a callback after each settles);
 /// burns them down acking one by one; the rate (jobs/s, from the start to the last job's ack)
 /// and, with a callback, its delay from the last job's ack.
-fn fan_out(broker: &Broker, t: &Table, jobs: usize, callback: bool) -> (f64, Option<Duration>) {
+fn fan_out(
+    broker: &Broker,
+    t: &Table,
+    jobs: usize,
+    callback: bool,
+) -> (f64, Option<Duration>, Option<Duration>) {
     let mut ids = Vec::with_capacity(jobs);
     let mut batch = Vec::with_capacity(500);
     for i in 0..jobs {
@@ -66,12 +73,16 @@ fn fan_out(broker: &Broker, t: &Table, jobs: usize, callback: bool) -> (f64, Opt
             ids.extend(made);
         }
     }
+    let mut published_in = None;
     let cb = callback.then(|| {
         let mut m = Message::new(b"callback".to_vec());
         for id in &ids {
             m = m.after_settled(*id);
         }
-        broker.publish(t, m).unwrap()
+        let at = Instant::now();
+        let id = broker.publish(t, m).unwrap();
+        published_in = Some(at.elapsed());
+        id
     });
     let started = Instant::now();
     let sub = broker
@@ -120,7 +131,7 @@ fn fan_out(broker: &Broker, t: &Table, jobs: usize, callback: bool) -> (f64, Opt
         .lock()
         .unwrap()
         .map(|at| at.saturating_duration_since(last));
-    (rate, delay)
+    (rate, delay, published_in)
 }
 
 /// A chain of `links` jobs, each after the one before, worked by one handler; each link's
@@ -173,12 +184,21 @@ fn run(db: &str, url: &str, wanted: &dyn Fn(&str) -> bool) {
     }
     if wanted(&format!("{db}/fanout")) || wanted(&format!("{db}/cost")) {
         let (mut delays, mut rates, mut plain_rates) = (Vec::new(), Vec::new(), Vec::new());
+        let mut publishes = Vec::new();
         for _ in 0..rounds {
-            let (rate, delay) = fan_out(&broker, &waits, fan, true);
+            let (rate, delay, published) = fan_out(&broker, &waits, fan, true);
             rates.push(rate);
             delays.push(delay.expect("the callback did not run within 30 s"));
+            publishes.extend(published);
             plain_rates.push(fan_out(&broker, &plain, fan, false).0);
         }
+        let each: Vec<String> = publishes.iter().map(|d| ms(*d)).collect();
+        println!(
+            "{db}/publish 1 callback after {fan} jobs: p50 {}, worst {} (rounds: {})",
+            ms(quantile(&mut publishes, 0.5)),
+            ms(quantile(&mut publishes, 1.0)),
+            each.join(", ")
+        );
         let each: Vec<String> = delays.iter().map(|d| ms(*d)).collect();
         let worst = delays.iter().max().copied().unwrap_or_default();
         println!(

@@ -35,6 +35,8 @@ const THIN: usize = 4;
 pub(crate) struct GroupCommit<I, R> {
     state: Mutex<State<I, R>>,
     max: usize,
+    /// One flush at a time, loaded or thin ([`GroupCommit::one_at_a_time`]).
+    single: bool,
     /// Flushes run and items they wrote, ever: what tests read to see that concurrent callers
     /// shared flushes ([`GroupCommit::stats`]).
     flushes: AtomicU64,
@@ -77,8 +79,20 @@ impl<I, R: Clone> GroupCommit<I, R> {
                 last: 0,
             }),
             max: max.max(1),
+            single: false,
             flushes: AtomicU64::new(0),
             items: AtomicU64::new(0),
+        }
+    }
+
+    /// A group writing at most `max` items per flush, one flush at a time: for flushes whose
+    /// transactions lock rows other flushes of the group may lock too, in another order (the
+    /// counts of jobs waiting on several of the settled), which two flushes at once could
+    /// deadlock on.
+    pub fn one_at_a_time(max: usize) -> Self {
+        GroupCommit {
+            single: true,
+            ..Self::new(max)
         }
     }
 
@@ -104,7 +118,7 @@ impl<I, R: Clone> GroupCommit<I, R> {
                 // returns as soon as that flush ends, never held up by the next one.
                 let mut st = self.state.lock();
                 let mine = st.queued.iter().any(|(_, s)| Arc::ptr_eq(s, &signal));
-                let flushers = if st.last < THIN {
+                let flushers = if st.last < THIN && !self.single {
                     FLUSHERS_THIN
                 } else {
                     FLUSHERS_LOADED

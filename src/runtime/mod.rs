@@ -85,6 +85,9 @@ pub(crate) struct Queue {
     /// Lease acks written together (group commit): this table's own group, or the broker's
     /// for all its tables ([`Dialect::shared_acks_begin`]).
     pub acks: Arc<AckGroup>,
+    /// Tables with dependencies: lease acks settled together, each with what it does for the
+    /// jobs waiting on it, in one transaction (this table's own group, one flush at a time).
+    pub settles: AckGroup,
     /// Server advisory form: the keys this broker's sessions hold on this table (a claim
     /// skips them without asking the server).
     pub held_here: Arc<KeyRegistry>,
@@ -124,6 +127,11 @@ pub(crate) struct AckItem {
 /// The most leases one grouped ack writes.
 pub(crate) const ACK_GROUP_MAX: usize = 256;
 
+/// The most acks one grouped settlement of a table with dependencies writes: each runs the
+/// statements of its jobs waiting, so a flush is a transaction of several statements per ack,
+/// holding the counts it took down until it commits.
+pub(crate) const SETTLE_GROUP_MAX: usize = 64;
+
 impl Queue {
     pub fn new(
         spec: TableSpec,
@@ -143,6 +151,7 @@ impl Queue {
             statement_timeout,
             inserts: Mutex::default(),
             acks: Arc::new(AckGroup::new(ACK_GROUP_MAX)),
+            settles: AckGroup::one_at_a_time(SETTLE_GROUP_MAX),
             held_here: Arc::default(),
             described: AtomicBool::new(false),
             limits: Default::default(),

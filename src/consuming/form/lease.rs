@@ -42,7 +42,7 @@ use crate::model::schedule::{claim_now, lease_alive, lease_token};
 use crate::model::value::Value;
 use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
-use crate::runtime::{AckBatch, AckItem, AckResults, Ctx, Queue, ACK_GROUP_MAX};
+use crate::runtime::{AckBatch, AckGroup, AckItem, AckResults, Ctx, Queue, ACK_GROUP_MAX};
 
 /// Modelled in model/fifo.pml (heads), model/lease.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
@@ -569,11 +569,20 @@ pub(crate) fn settle(
     output: Option<&[u8]>,
     within: Duration,
 ) -> Result<()> {
-    // A table with dependencies acks alone: the ack's transaction settles its dependents. So
-    // does an ack with an output: its transaction writes it.
-    let alone = ctx.spec().dependencies || (output.is_some() && ctx.spec().output.is_some());
-    let held = if matches!(outcome, Outcome::Ack) && !alone {
-        ack(ctx, id, cell, within)?
+    // An ack with an output acks alone: its transaction writes it. A table with dependencies
+    // settles its acks alone on the servers (each ack's transaction settles its dependents),
+    // in groups of their own where the dialect says so ([`Dialect::groups_settlements`]).
+    let alone = output.is_some() && ctx.spec().output.is_some();
+    let deps = ctx.spec().dependencies;
+    let grouped = !deps || ctx.queue.dialect.groups_settlements();
+    let held = if matches!(outcome, Outcome::Ack) && !alone && grouped {
+        let q = &ctx.queue;
+        match deps {
+            false => ack(ctx, id, cell, within, &q.acks, &|items| ack_tables(items, within))?,
+            true => ack(ctx, id, cell, within, &q.settles, &|items| {
+                settle_acks(items, within)
+            })?,
+        }
     } else {
         let sql = outcome.sql(&ctx.queue.sql);
         let leading = outcome.leading_params(SystemTime::now());
@@ -602,18 +611,24 @@ fn lost(ctx: &Ctx, id: i64) -> BrokerError {
 /// lost: the lost connection stands, not `LeaseLost`.
 ///
 /// Modelled in model/lease.pml (settle).
-fn ack(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, within: Duration) -> Result<bool> {
+fn ack(
+    ctx: &Ctx,
+    id: i64,
+    cell: &Arc<LeaseCell>,
+    within: Duration,
+    group: &AckGroup,
+    flush: &dyn Fn(Vec<AckItem>) -> AckResults,
+) -> Result<bool> {
     let q = &ctx.queue;
     let mut state = cell.lock();
     state.done = true;
     let tokens = tokens_of(&state);
-    let flush = |items: Vec<AckItem>| ack_tables(items, within);
     let item = AckItem {
         queue: q.clone(),
         id,
         tokens: tokens.clone(),
     };
-    let results = q.acks.run(item, &flush, &AckResults::default());
+    let results = group.run(item, flush, &AckResults::default());
     let mine = results.iter().find(|(key, _)| *key == q.key());
     let done = match mine.map(|(_, part)| part) {
         Some(Ok(deleted)) => Ok(deleted.contains(&id)),
@@ -653,6 +668,69 @@ fn ack_tables(items: Vec<AckItem>, within: Duration) -> AckResults {
         Ok(parts) => parts,
         Err(kind) => tables.iter().map(|(q, _)| (q.key(), Err(kind))).collect(),
     })
+}
+
+/// Writes a group of acks of one table with dependencies ([`Queue::settles`]) in one
+/// transaction: each ack's fenced delete, then, if it deleted the row, what the settlement
+/// does for the jobs waiting on it ([`crate::runtime::deps::settled`]), as an ack alone does
+/// in its own transaction. One commit for the group, and the counts of the jobs waiting taken
+/// down once per flush rather than by each ack in turn, each holding the count's lock until
+/// its own commit: a 10,000-job fan-in into one callback acked one by one ran at 0.08 of a
+/// plain table's rate. One failure fails the group: each caller then settles alone.
+///
+/// Modelled in model/deps.pml (settle_commit): each ack's settlement is the one it makes alone,
+/// run in a transaction shared with others.
+fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
+    let Some(q) = items.first().map(|i| i.queue.clone()) else {
+        return AckResults::default();
+    };
+    let written = (|| -> std::result::Result<std::collections::HashSet<i64>, DbErrorKind> {
+        let mut conn = q
+            .conn_within("ack", within)
+            .map_err(|_| DbErrorKind::Transient)?;
+        conn.batch(&q.sql.begin_write).map_err(|e| e.kind)?;
+        let mut settled = std::collections::HashSet::new();
+        let body = |conn: &mut dyn DbConn, settled: &mut std::collections::HashSet<i64>| -> Result<(), DbError> {
+            for item in &items {
+                for token in &item.tokens {
+                    let params = [Value::Int(item.id), Value::Time(*token)];
+                    let n = crate::runtime::injected("lease.settle_many", &q.spec.name, || {
+                        conn.execute(&q.sql.ack, &params)
+                    })?;
+                    if n > 0 {
+                        let left = crate::runtime::deps::left_by(&q.spec, crate::dialect::deps::ACKED);
+                        crate::runtime::deps::settled_with_output(
+                            &q.spec,
+                            &q.sql,
+                            &*q,
+                            conn,
+                            item.id,
+                            crate::dialect::deps::ACKED,
+                            None,
+                            left,
+                        )?;
+                        settled.insert(item.id);
+                        break;
+                    }
+                }
+            }
+            conn.batch("COMMIT")
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            body(&mut *conn, &mut settled)
+        })) {
+            Ok(Ok(())) => Ok(settled),
+            Ok(Err(e)) => {
+                conn.rollback_or_discard();
+                Err(e.kind)
+            }
+            Err(panic) => {
+                conn.rollback_or_discard();
+                std::panic::resume_unwind(panic)
+            }
+        }
+    })();
+    Arc::new(vec![(q.key(), written.map(Arc::new))])
 }
 
 /// Several tables' acks in one transaction on a connection of their (one) broker's pool.

@@ -259,6 +259,10 @@ impl Dialect for Sqlite {
         Some("BEGIN IMMEDIATE")
     }
 
+    fn groups_settlements(&self) -> bool {
+        true
+    }
+
     fn lease_ack_many(
         &self,
         conn: &mut dyn DbConn,
