@@ -306,6 +306,70 @@ fn settled_jobs_named_at_publish(db: Db, form: Form) {
 }
 per_db_form!(settled_jobs_named_at_publish);
 
+/// A publish naming many jobs of one table reads them many to a statement: each is read as
+/// one read alone would, at once, whatever the others are. A job naming one acked and gone and
+/// one dead is dead at once; one naming a gone and one deleted by hand is ready at once; one
+/// naming 300 live jobs (past the 256 of one read) and a gone one waits for exactly the 300,
+/// and runs once they are acked. Fails (`at once`: `Waiting`, until a later publish or the
+/// sweeper mends it) with the many-read taking a head with no outcome for a job still waited
+/// on, whatever its row says.
+fn a_publish_naming_many_reads_each_as_alone(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let gone = l.broker.publish(&t, message("gone")).unwrap();
+    let dead = l.broker.publish(&t, message("dead")).unwrap();
+    let by_hand = l.broker.publish(&t, message("by-hand")).unwrap();
+    // Deleted by hand before anyone claimed it: no settlement ever ran.
+    l.exec(&format!("DELETE FROM {} WHERE id = {by_hand}", t.name()));
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    for _ in 0..2 {
+        let d = next(&sub, Duration::from_secs(10));
+        match d.id() == dead {
+            true => d.dead_letter("bad").unwrap(),
+            false => d.ack().unwrap(),
+        }
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let failed = l
+        .broker
+        .publish(&t, message("f").after(gone).after(dead))
+        .unwrap();
+    assert_eq!(state(&l, &t, failed), Some(JobState::Dead), "at once");
+    let due = l
+        .broker
+        .publish(&t, message("d").after(gone).after(by_hand))
+        .unwrap();
+    assert_eq!(state(&l, &t, due), Some(JobState::Ready), "at once");
+    let live: Vec<i64> = (0..300)
+        .map(|i| l.broker.publish(&t, message(&format!("l{i}"))).unwrap())
+        .collect();
+    let mut m = message("waits").after(gone);
+    for id in &live {
+        m = m.after(*id);
+    }
+    let waits = l.broker.publish(&t, m).unwrap();
+    assert_eq!(state(&l, &t, waits), Some(JobState::Waiting), "at once");
+    let job = l.broker.job(&t, waits).unwrap().unwrap();
+    let open = job.waits_on().iter().filter(|w| w.outcome.is_none()).count();
+    assert_eq!(open, 300, "waits on each live job, not the gone one");
+    let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
+    let mut acked = HashSet::new();
+    loop {
+        let d = next(&sub, Duration::from_secs(10));
+        if d.id() == waits {
+            let left = live.iter().filter(|id| !acked.contains(*id)).count();
+            assert_eq!(left, 0, "ran before the last of its jobs was acked");
+            d.ack().unwrap();
+            break;
+        }
+        acked.insert(d.id());
+        d.ack().unwrap();
+    }
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    forget(&l, &t);
+}
+per_db_form!(a_publish_naming_many_reads_each_as_alone);
+
 /// Carries `<form>\t<table>\t<url>` to the crash test's child.
 const CHILD_ENV: &str = "SQLBROKER_COMPOSE_CHILD";
 

@@ -78,6 +78,16 @@ pub(crate) struct DepsSql {
     /// `(parent table, parent, child table, child, settled_only, outcome, at, output)` makes a
     /// wait (`output`: the parent's, read from its row, for a parent settled before the wait).
     pub wait_insert: String,
+    /// A publish naming many jobs ([`NAMED_MANY`] at a time): `[k]` is [`DepsSql::head_touch`]
+    /// of `2^k` jobs in one statement, `(table, id, at) x 2^k` (the heads met in the order
+    /// listed, as one by one), returning `parent, outcome` of each where the database's
+    /// upsert returns rows (PostgreSQL, SQLite; `head_read_many` empty).
+    pub head_touch_many: Vec<String>,
+    /// MySQL: `(table, id x NAMED_MANY)` -> `parent, outcome` of those jobs' heads, locked,
+    /// fewer ids with the last repeated.
+    pub head_read_many: String,
+    /// `[k]`: [`DepsSql::wait_insert`] of `2^k` waits in one statement.
+    pub wait_insert_many: Vec<String>,
     /// `(outcome, parent table, parent, child table, child)` sets one wait's outcome (a
     /// requeued job's waits, read again).
     pub wait_set: String,
@@ -137,6 +147,10 @@ pub(crate) struct DepsSql {
 
 /// Jobs of one table the sweeper reads in one statement at most.
 pub(crate) const STATES_BATCH: usize = 100;
+
+/// How many jobs named by one publish have their heads touched and read in one statement
+/// ([`DepsSql::head_touch_many`]): a power of two.
+pub(crate) const NAMED_MANY: usize = 256;
 
 /// Heads one statement of the sweeper deletes at most.
 pub(crate) const SWEEP_BATCH: usize = 50;
@@ -330,8 +344,60 @@ impl Syntax {
                 p(7)
             ),
         };
+        let classes = NAMED_MANY.trailing_zeros() as usize + 1;
+        let head_touch_many = (0..classes)
+            .map(|k| {
+                let rows: Vec<String> = (0..1usize << k)
+                    .map(|i| {
+                        format!(
+                            "({}, {}, '', 0, 0, NULL, {})",
+                            p(3 * i + 1),
+                            p(3 * i + 2),
+                            p(3 * i + 3)
+                        )
+                    })
+                    .collect();
+                // Where the upsert returns its rows (PostgreSQL, SQLite), what each head
+                // holds comes back with it; MySQL reads them next (`head_read_many`).
+                let returning = match upsert {
+                    Upsert::OnConflict => " RETURNING parent, outcome",
+                    Upsert::DuplicateKey => "",
+                };
+                format!(
+                    "INSERT INTO {t} (parent_table, parent, child_table, child, settled_only, \
+                     outcome, at) VALUES {} {}{returning}",
+                    rows.join(", "),
+                    upsert.update(PK, &moved_at(&upsert.new_value("at")))
+                )
+            })
+            .collect();
+        // MySQL: each head by its whole primary key, a point of the key's range each.
+        let head_read_many = match upsert {
+            Upsert::OnConflict => String::new(),
+            Upsert::DuplicateKey => format!(
+                "SELECT parent, outcome FROM {t} WHERE parent_table = {} AND parent IN ({}) AND \
+                 child_table = '' AND child = 0{}",
+                p(1),
+                (2..NAMED_MANY + 2).map(p).collect::<Vec<_>>().join(", "),
+                how.locking
+            ),
+        };
+        let wait_insert_many = (0..classes)
+            .map(|k| {
+                let rows: Vec<String> = (0..1usize << k)
+                    .map(|i| {
+                        let v: Vec<String> = (1..=8).map(|c| p(8 * i + c)).collect();
+                        format!("({})", v.join(", "))
+                    })
+                    .collect();
+                format!("INSERT INTO {t} {cols} VALUES {}", rows.join(", "))
+            })
+            .collect();
         DepsSql {
             create,
+            head_touch_many,
+            head_read_many,
+            wait_insert_many,
             add_output: format!("ALTER TABLE {t} ADD COLUMN output {bytes}"),
             begin_write: how.begin_write.to_string(),
             head_touch: touch,
