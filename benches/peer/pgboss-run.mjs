@@ -1,7 +1,8 @@
 // One run of pg-boss (the peer) for one cell of pgboss.sh, in a schema of its own
 // (`pgboss_bench_<pid>`, created by pg-boss's start() and dropped at the end, also on failure).
-// Each cell has two sides, run one after the other in this process (pgboss.sh alternates the
-// processes with the library's bench); each side has its own queue (`partition: true`, a table
+// Each cell has two sides, run one after the other in this process, the feature's first (SWAP=1:
+// plain first; pgboss.sh alternates it by round, as it alternates this process with the
+// library's bench); each side has its own queue (`partition: true`, a table
 // of its own, as each library side has its own table).
 //
 //   node pgboss-run.mjs group   # per-tenant limit: `JOBS` no-op jobs over 10 groups t0..t9,
@@ -22,7 +23,8 @@
 //
 // Environment (pgboss.sh says why each value): PEER_PG_URL, JOBS (20000), GROUP_LIMIT (1000),
 // TENANTS (10), BATCH_SIZE (1000), LOCAL_CONCURRENCY (4), POLL_SECONDS (0.5), BURST (1:
-// burstWhenBatchFull), FLOW_SECONDS (1: flowIntervalSeconds), PARTITION (1), POOL_MAX (10).
+// burstWhenBatchFull), FLOW_SECONDS (1: flowIntervalSeconds), PARTITION (1), POOL_MAX (10),
+// SWAP (0).
 import { PgBoss } from "pg-boss";
 import pg from "pg";
 
@@ -43,6 +45,7 @@ const burstWhenBatchFull = env("BURST", "1") === "1";
 const flowIntervalSeconds = Number(env("FLOW_SECONDS", "1"));
 const partition = env("PARTITION", "1") === "1";
 const max = Number(env("POOL_MAX", "10"));
+const swap = env("SWAP", "0") === "1";
 const schema = `pgboss_bench_${process.pid}`;
 
 const pool = new pg.Pool({ connectionString, max: 2 });
@@ -158,17 +161,40 @@ async function faninSide(queue, callback) {
   return { rate, delay: cbAt === undefined ? undefined : cbAt - last };
 }
 
+// Stopped by a signal (a timeout, ^C): the schema is dropped all the same.
+for (const signal of ["SIGINT", "SIGTERM"]) {
+  process.once(signal, async () => {
+    console.error(`pgboss-run ${cell}: ${signal}, dropping ${schema}`);
+    await boss.stop({ graceful: false, timeout: 2000 }).catch(() => {});
+    await pool.query(`drop schema if exists ${schema} cascade`).catch(() => {});
+    process.exit(130);
+  });
+}
+
 let failed = false;
 try {
   await boss.start();
   if (cell === "group") {
-    const limited = await groupSide("grouped", true);
-    const plain = await groupSide("plain", false);
+    let limited, plain;
+    if (swap) {
+      plain = await groupSide("plain", false);
+      limited = await groupSide("grouped", true);
+    } else {
+      limited = await groupSide("grouped", true);
+      plain = await groupSide("plain", false);
+    }
     console.log(`pgboss group ${jobs} ${limited.toFixed(0)}`);
     console.log(`pgboss plain ${jobs} ${plain.toFixed(0)}`);
   } else {
-    const { rate, delay } = await faninSide("fanin", true);
-    const plain = await faninSide("fanplain", false);
+    let flow, plain;
+    if (swap) {
+      plain = await faninSide("fanplain", false);
+      flow = await faninSide("fanin", true);
+    } else {
+      flow = await faninSide("fanin", true);
+      plain = await faninSide("fanplain", false);
+    }
+    const { rate, delay } = flow;
     if (delay === undefined) throw new Error("the callback did not run within 60 s");
     console.log(`pgboss flow ${jobs} ${rate.toFixed(0)} ${delay.toFixed(1)}`);
     console.log(`pgboss fanplain ${jobs} ${plain.rate.toFixed(0)}`);

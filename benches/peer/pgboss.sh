@@ -39,13 +39,17 @@
 # pg-boss is installed with npm (pinned: PGBOSS_VERSION, default 12.38.1, the newest 12.x)
 # into a scratch folder (PEER_DIR, default $TMPDIR/sqlbroker-peer-pgboss), not into the
 # repository. pg-boss 12 declares `node >= 22.12`; it runs here on node 20 (npm only warns).
-# Each run works in a schema of its own, `pgboss_bench_<pid>`, dropped at its end. Settings
-# (each can be overridden; the docs are pg-boss's, docs/ in its repository, pgboss.io):
+# Each run works in a schema of its own, `pgboss_bench_<pid>`, dropped at its end (also when
+# the run fails or is signalled). Settings, each can be overridden (the docs cited are
+# pg-boss's docs/ in github.com/timgit/pg-boss, published at pgboss.io, read at 12.27; the
+# installed 12.38.1 says the same of each option in its dist/types.d.ts):
 #   BATCH_SIZE=1000       work() `batchSize`: jobs per fetch, handed to the handler as one
 #                         batch and completed in one statement (docs/api/workers.md, "batchSize",
 #                         as fetch()'s in docs/api/jobs.md). The docs name no best value; the
 #                         best of a sweep here (100, 500, 1000 x 2, 4, 8 workers, 20,000 jobs):
-#                         1000 ~17,000 jobs/s plain, 500 ~16,000, 100 ~10,000.
+#                         1000 ~17,000 jobs/s plain, 500 ~16,000, 100 ~10,000. Not 1:
+#                         burstWhenBatchFull is ignored at 1, so each worker waits the polling
+#                         interval between jobs (8 jobs/s with 4 workers).
 #   LOCAL_CONCURRENCY=4   work() `localConcurrency`: workers polling and handling in parallel
 #                         in the process (docs/api/workers.md, "localConcurrency"); 4 as the
 #                         library's 4 workers / 4 handler threads (8 was no faster at 1000).
@@ -54,8 +58,9 @@
 #                         the burn-down, is fetched as soon as pg-boss allows.
 #   BURST=1               `burstWhenBatchFull: true`: fetch again at once while a fetch comes
 #                         back full (docs/api/workers.md, "burstWhenBatchFull"); without it each
-#                         worker waits the polling interval between batches (800 jobs/s here).
-#   FLOW_SECONDS=1        constructor `flowIntervalSeconds`, its minimum (default 5): how often
+#                         worker waits the polling interval between batches (800 jobs/s at batch 100).
+#   FLOW_SECONDS=1        constructor `flowIntervalSeconds` (default 5; 1 is the least its
+#                         config check accepts, dist/attorney.js applyFlowConfig): how often
 #                         the resolver unblocks the dependents of completed jobs
 #                         (docs/api/constructor.md; the fan-in delay is mostly this).
 #   PARTITION=1           createQueue() `partition: true`: each queue in a table of its own
@@ -119,7 +124,7 @@ library_group() {
             print r, "sb_" $2, $3 }' | tee -a "$RESULTS"
 }
 pgboss_group() {
-    (cd "$DIR" && PEER_PG_URL=$PG_URL JOBS=$GROUP_JOBS node pgboss-run.mjs group 2>&1) |
+    (cd "$DIR" && SWAP=$(($1 % 2 == 0)) PEER_PG_URL=$PG_URL JOBS=$GROUP_JOBS node pgboss-run.mjs group 2>&1) |
         awk -v r="$1" '$1 == "pgboss" { print r, "pb_" $2, $4; next } { print "  pg-boss: " $0 > "/dev/stderr" }' |
         tee -a "$RESULTS"
 }
@@ -134,7 +139,7 @@ library_fanin() {
 }
 pgboss_fanin() {
     # `pgboss flow <N> <jobs/s> <delay ms>` and `pgboss fanplain <N> <jobs/s>`
-    (cd "$DIR" && PEER_PG_URL=$PG_URL JOBS=$FAN_JOBS node pgboss-run.mjs fanin 2>&1) |
+    (cd "$DIR" && SWAP=$(($1 % 2 == 0)) PEER_PG_URL=$PG_URL JOBS=$FAN_JOBS node pgboss-run.mjs fanin 2>&1) |
         awk -v r="$1" '$1 == "pgboss" && $2 == "flow" { print r, "pb_fan", $4; print r, "pb_delay", $5; next }
             $1 == "pgboss" { print r, "pb_" $2, $4; next } { print "  pg-boss: " $0 > "/dev/stderr" }' |
         tee -a "$RESULTS"
