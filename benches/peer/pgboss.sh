@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The pg-boss peer (Node.js, PostgreSQL): two cells where pg-boss has a feature of its own to
 # set against the library's, each on the same database and job counts, the two sides
-# alternating (the library first in odd rounds, pg-boss first in even ones), best of rounds.
+# alternating (the library first in odd rounds, pg-boss first in even ones; within each side,
+# the feature's run first in odd rounds, plain first in even ones), best of rounds.
 #
 #   benches/peer/pgboss.sh                                    # 3 rounds, both cells
 #   PEER_ROUNDS=5 PEER_CELLS=group benches/peer/pgboss.sh
@@ -19,7 +20,8 @@
 #      library's limit is), and the same jobs worked without it (**plain**).
 #    The limit is 1000 on both sides, a limit that never binds (pg-boss's workers hold at most
 #    BATCH_SIZE x LOCAL_CONCURRENCY jobs, a tenant about a tenth of that): the cell measures
-#    what keeping the limit costs. pg-boss's `localGroupConcurrency` (counted in the process,
+#    what keeping the limit costs (that pg-boss's limit holds was checked apart: at
+#    `groupConcurrency: 3`, no group had more than 3 jobs in handlers). pg-boss's `localGroupConcurrency` (counted in the process,
 #    no database work) is not the same thing (one process only, and it must be at most
 #    localConcurrency, so 1000 is refused); it is not measured.
 # 2. fanin: one callback that runs once PEER_FAN_JOBS (10,000) jobs are done.
@@ -32,9 +34,9 @@
 #      a background resolver, every flowIntervalSeconds, once every parent is completed; then
 #      fetched at a worker's next poll, so its delay is anywhere from ~0 to the two intervals
 #      summed, by where the last completion falls: the best of rounds is the luckiest, and
-#      each round's delay is printed too). All 10,001 jobs in one `flow()`
-#      call, one queue; the same jobs `insert()`ed without the callback for the plain rate. The
-#      delay is from the last parent's `completed_on` to the callback reaching the handler.
+#      each round's delay is printed too). All 10,001 jobs in one `flow()` call, one queue;
+#      the same jobs `insert()`ed without the callback for the plain rate. The delay is from
+#      the last parent's `completed_on` to the callback reaching the handler.
 #    pg-boss completes a whole fetched batch in one statement (its batch handler); the
 #    library's compose bench acks one job at a time, its grouped acks (`ack_all`) being the
 #    group cell's.
@@ -93,7 +95,7 @@ export PARTITION=${PARTITION:-1} POOL_MAX=${POOL_MAX:-10}
 export GROUP_LIMIT=1000
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    echo "SKIPPED: the pg-boss peer needs node and npm (neither is on PATH here)"
+    echo "SKIPPED: the pg-boss peer needs node and npm (not both on PATH here)"
     exit 0
 fi
 for cell in $CELLS; do
