@@ -745,13 +745,21 @@ mod tests {
             .lease(Duration::from_secs(30));
         broker.create_table(&t).unwrap();
         assert!(running(), "not started");
-        // Linux names the thread where `ps` and debuggers see it.
-        let named = std::fs::read_dir("/proc/self/task").map(|tasks| {
-            tasks.filter_map(|t| t.ok()).any(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == THREAD)
+        // Linux names the thread where `ps` and debuggers see it (the new thread names itself
+        // as it starts: looked for a while).
+        let named = || {
+            std::fs::read_dir("/proc/self/task").map(|tasks| {
+                tasks.filter_map(|t| t.ok()).any(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == THREAD)
+                })
             })
-        });
-        assert!(named.unwrap_or(true), "no thread named {THREAD}");
+        };
+        let looking = std::time::Instant::now();
+        while named().is_ok_and(|n| !n) && looking.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(named().unwrap_or(true), "no thread named {THREAD}");
         let started = std::time::Instant::now();
         drop(broker);
         assert!(!running(), "still running once the broker is dropped");

@@ -317,11 +317,17 @@ impl Syntax {
 
     /// True if a fair claim's first rows of each key are read after the key's cursor: the
     /// servers' lease claims (`locked`), on tables ordered by `(run_at, id)` alone (no
-    /// priorities, no FIFO groups). Each key's read then starts past the rows claimed of it
-    /// before, whose dead index entries (PostgreSQL until vacuum, MariaDB until purge) it
-    /// would otherwise walk from the head of the key's range on every claim.
+    /// priorities, no FIFO groups) whose claims take every row they lock (no concurrency or
+    /// rate limit passes one by: another claim's cursor, which `SKIP LOCKED` hid it from,
+    /// would go past it). Each key's read then starts past the rows claimed of it before,
+    /// whose dead index entries (PostgreSQL until vacuum, MariaDB until purge) it would
+    /// otherwise walk from the head of the key's range on every claim.
     pub fn fair_cursor(spec: &TableSpec, locked: bool) -> bool {
-        locked && spec.priority.is_none() && spec.fifo_group().is_none()
+        locked
+            && spec.priority.is_none()
+            && spec.fifo_group().is_none()
+            && spec.limits.is_empty()
+            && spec.rates.is_empty()
     }
 
     /// The index fair claims read (`<table>_fair`: the key column, then the claim order, over

@@ -54,9 +54,9 @@ struct Depth {
     ids: HashSet<i64>,
     /// A row of it was taken ([`Scan::took`]): not read deeper.
     done: bool,
-    /// Read after the key's cursor: the claim order position of the last row taken of it
-    /// before any passed by ([`Scan::offered`]), and whether one was passed by.
-    upto: Option<Key>,
+    /// Read after the key's cursor: the rows this claim chose of it, in the order offered,
+    /// before any it passed by ([`Scan::offered`]), and whether one was passed by.
+    chosen: Vec<(Key, i64)>,
     passed: bool,
 }
 
@@ -89,17 +89,26 @@ impl Scan {
         }
         if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
             match (taken, at) {
-                (true, Some(at)) if !d.passed => d.upto = d.upto.max(Some(at)),
+                (true, Some(at)) if !d.passed => d.chosen.push((at, at.1)),
                 (true, _) => {}
                 (false, _) => d.passed = true,
             }
         }
     }
 
-    /// Moves each key's cursor past the rows this claim took of it ([`Scan::offered`]).
-    pub fn advance(&self, ctx: &Ctx) {
+    /// Moves each key's cursor past the rows this claim chose of it and holds now (`taken`:
+    /// the rows it leased and kept), up to the first it chose and does not hold (handed
+    /// back, gone, or lost to a rate window): a row the cursor passed is read again only by
+    /// the next read from the head.
+    pub fn advance(&self, ctx: &Ctx, taken: &HashSet<i64>) {
         for (key, d) in &self.keys {
-            if let Some(at) = d.upto {
+            let upto = d
+                .chosen
+                .iter()
+                .take_while(|(_, row)| taken.contains(row))
+                .map(|(at, _)| *at)
+                .max();
+            if let Some(at) = upto {
                 ctx.queue.flow.fair_moved(key.clone(), at);
             }
         }
@@ -160,8 +169,11 @@ impl Scan {
                 continue;
             }
             // Rows per key: a fair share of the claim, and at least two (the first may be in
-            // work).
-            let per_key = self.want.div_ceil(offered.len()).max(2);
+            // work) where the read takes no locks; read locked (the lease form's, which reads
+            // no row in work), no more than the share: a row locked and not taken is passed by
+            // every other claim meanwhile.
+            let least = if self.locked { 1 } else { 2 };
+            let per_key = self.want.div_ceil(offered.len()).max(least);
             let asked: Vec<(Value, usize)> = offered.into_iter().map(|k| (k, per_key)).collect();
             let rows = self.heads(ctx, conn, now, &asked)?;
             if !rows.is_empty() {
@@ -315,7 +327,7 @@ impl Depth {
             got: 0,
             ids: HashSet::new(),
             done: false,
-            upto: None,
+            chosen: Vec::new(),
             passed: false,
         }
     }

@@ -173,14 +173,24 @@ fn claim_limited(
         // turn counts again and decides), else counted now. Counting is what a limited claim
         // costs most (PostgreSQL walks the dead index entries of every row acked within a
         // lease's time), so a claim that takes a turn counts once.
-        let mut work = match q
+        let hint = q
             .limits
             .work_within(MAXES_FRESH)
-            .filter(|_| limited && !sql.turn_at_begin)
-        {
+            .filter(|_| limited && !sql.turn_at_begin);
+        // A row the hint finds no room for is judged by a count made now: the hint holds the
+        // rows settled since it was counted (the ack that woke this claim, which opened the
+        // room, among them).
+        let mut hinted = hint.is_some();
+        let mut work = match hint {
             Some(w) => w,
             None => count(conn)?,
         };
+        // The keys of the rows this claim chose so far: what a count made now adds to.
+        let mut mine: Vec<Vec<String>> = Vec::new();
+        if hinted && work.table_full(spec, &maxes) {
+            hinted = false;
+            work = count(conn)?;
+        }
         let rate_maxes = super::rates::maxes(ctx, conn)?;
         let mut chosen = Vec::with_capacity(limit);
         // Each row chosen in claim order, with its user columns (the fair rotation's key).
@@ -209,9 +219,12 @@ fn claim_limited(
         // A page of the batch first (on the servers locked as read): where no limit binds, it
         // is all the claim reads.
         let mut page = limit.clamp(1, SCAN_MAX);
-        // On the servers, the fair rotation's first rows are locked as read (as the first page
-        // of other tables' candidates is): each is this claim's to take.
-        let fair_locked = !sql.lock.is_empty();
+        // On the servers, a fair table without limits has its rotation's first rows locked as
+        // read (as the first page of other tables' candidates is): each is this claim's to
+        // take. With limits, rows are read unlocked and locked by id once chosen, as before:
+        // two claims that locked different rows of one key side by side left the key's order
+        // to which of them took its turn first (the later row kept, the earlier handed back).
+        let fair_locked = !sql.lock.is_empty() && spec.limits.is_empty() && spec.rates.is_empty();
         let mut fair_scan = match fair_locked {
             true => super::fair::Scan::new(limit).locked(),
             false => super::fair::Scan::new(limit),
@@ -273,7 +286,17 @@ fn claim_limited(
                 let at = row.get(1).and_then(Value::as_system_time).map(|r| (r, id));
                 let room = 'room: {
                     if !work.has_room(&maxes, &keys) {
-                        break 'room false;
+                        if !hinted {
+                            break 'room false;
+                        }
+                        hinted = false;
+                        work = count(conn)?;
+                        for k in &mine {
+                            work.add(k);
+                        }
+                        if !work.has_room(&maxes, &keys) {
+                            break 'room false;
+                        }
                     }
                     if q.sql.rates.is_some() {
                         let rate_keys = super::rates::keys(ctx, user);
@@ -303,6 +326,9 @@ fn claim_limited(
                 }
                 // Counted now: a row the take then finds gone only leaves this claim short.
                 work.add(&keys);
+                if limited {
+                    mine.push(keys);
+                }
                 if spec.fair.is_some() {
                     order.push((id, user.to_vec()));
                 }
@@ -391,7 +417,11 @@ fn claim_limited(
                     .is_some_and(|id| lost.contains(&id))
             });
         }
-        fair_scan.advance(ctx);
+        let taken: HashSet<i64> = rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_i64))
+            .collect();
+        fair_scan.advance(ctx, &taken);
         if let Some((_, user)) = order.iter().rev().find(|(id, _)| {
             rows.iter()
                 .any(|r| r.first().and_then(Value::as_i64) == Some(*id))

@@ -910,11 +910,25 @@ mod tests {
              IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) \
              ORDER BY `run_at`, `id` LIMIT ?) AS sqlbroker_h1"
         );
-        // The lease claim's: each key's rows after its cursor (two ranges: MariaDB plans a row
-        // comparison on its first column alone), locked inside its derived table (MySQL 8 is
-        // covered by this text only; MariaDB runs it in the live tests).
+        // The lease claim's: each key's rows locked inside its derived table (MySQL 8 is
+        // covered by this text only; MariaDB runs it in the live tests); with rate limits,
+        // which pass rows by, from the head of the key's range.
         assert_eq!(
             SYNTAX.fair_heads(&spec, 1, false, true),
+            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
+             `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` \
+             <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED) AS sqlbroker_h0"
+        );
+        // Fair alone: after each key's cursor (two ranges: MariaDB plans a row comparison on
+        // its first column alone).
+        let fair_only = Table::new("jobs")
+            .text_column("tenant")
+            .fair("{tenant}")
+            .lease(std::time::Duration::from_secs(30))
+            .validate()
+            .unwrap();
+        assert_eq!(
+            SYNTAX.fair_heads(&fair_only, 1, false, true),
             "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
              (`run_at` > ? OR (`run_at` = ? AND `id` > ?)) AND `dead_at` IS NULL AND `run_at` \
              <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` \

@@ -216,20 +216,9 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     sql.notify = Some(format!("SELECT pg_notify('{}', $1)", channel(&spec.name)));
     flow_sql(spec, &mut sql);
     if spec.form == Form::Lease && spec.flow_controlled() {
-        // With concurrency limits, claims take turns through their commits (the table's
-        // record locked until then): a commit that waited for its WAL flush made every other
-        // claim of the table wait for that flush too, in line. The claim's commit is
-        // asynchronous instead (this transaction only): visible at once, on disk within the
-        // WAL writer's next rounds. A server crash can forget the last claims committed: their
-        // jobs are claimable again with their attempt not counted, as if never claimed (each
-        // settlement is durable, and its flush carries every claim before it).
-        let begin = match spec.limits.is_empty() {
-            true => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            false => "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off",
-        };
         sql.limited = Some(SYNTAX.limit_sql_with(
             spec,
-            vec![begin.into()],
+            vec!["BEGIN ISOLATION LEVEL READ COMMITTED".into()],
             true,
             true,
         ));
@@ -482,24 +471,6 @@ mod tests {
             "SELECT COUNT(*) FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), COUNT(*) FILTER \
              (WHERE \"dead_at\" IS NULL AND \"run_at\" > $1), 0, COUNT(*) FILTER (WHERE \"dead_at\" IS NOT NULL), \
              MIN(\"run_at\") FILTER (WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1), 0 FROM \"emails\""
-        );
-    }
-
-    #[test]
-    fn limited_lease_claims_commit_without_waiting_for_the_flush() {
-        let t = Table::new("jobs")
-            .text_column("tenant")
-            .lease(std::time::Duration::from_secs(30));
-        let limited = compile(t.clone().concurrency_limit("{tenant}", 5));
-        assert_eq!(
-            limited.limited.unwrap().begin,
-            ["BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off"]
-        );
-        // Fair claims take no turn: their commits wait for the flush as every claim's does.
-        let fair = compile(t.fair("{tenant}"));
-        assert_eq!(
-            fair.limited.unwrap().begin,
-            ["BEGIN ISOLATION LEVEL READ COMMITTED"]
         );
     }
 
