@@ -8,7 +8,8 @@
 //!   `concurrency_limit("{tenant}", 1000)` that never binds; **both limits**, that and a
 //!   table-wide `concurrency_limit("", 1000)`. Reports the best of `FLOW_ROUNDS` (default 3)
 //!   runs of each side, and each limited side's rate as a ratio of plain. **fair** is a
-//!   fourth side: `fair("{tenant}")`, claims rotating over the 10 tenants.
+//!   fourth side: `fair("{tenant}")`, claims rotating over the 10 tenants; **rate limited** a
+//!   fifth: `rate_limit("{tenant}", 10_000, 1 s)`, which never binds (2,000 jobs a tenant).
 //! - **noisy neighbour** (`<db>/noisy`): one tenant floods `NOISY_FLOOD` (default 100,000)
 //!   lease jobs; then, while they drain (the same subscription and handlers as above), nine
 //!   small tenants publish 100 jobs each, one job per tenant every 10 ms. Each small job's
@@ -56,6 +57,10 @@ fn sides(prefix: &str) -> Vec<(&'static str, Table)> {
                 .concurrency_limit("", 1000),
         ),
         ("fair", base("fair").fair("{tenant}")),
+        (
+            "rate limited",
+            base("rated").rate_limit("{tenant}", 10_000, Duration::from_secs(1)),
+        ),
     ]
 }
 
@@ -224,6 +229,10 @@ fn noisy(db: &str, url: &str, flood: usize) {
     for (name, t) in [
         ("without fair", base("plain")),
         ("fair", base("fair").fair("{tenant}")),
+        (
+            "rate limited",
+            base("rated").rate_limit("{tenant}", 10_000, Duration::from_secs(1)),
+        ),
     ] {
         broker.create_table(&t).unwrap();
         let started = Instant::now();

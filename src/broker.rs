@@ -750,8 +750,7 @@ mod tests {
         let named = || {
             std::fs::read_dir("/proc/self/task").map(|tasks| {
                 tasks.filter_map(|t| t.ok()).any(|t| {
-                    std::fs::read_to_string(t.path().join("comm"))
-                        .is_ok_and(|c| c.trim() == THREAD)
+                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == THREAD)
                 })
             })
         };

@@ -350,7 +350,11 @@ fn a_publish_naming_many_reads_each_as_alone(db: Db, form: Form) {
     let waits = l.broker.publish(&t, m).unwrap();
     assert_eq!(state(&l, &t, waits), Some(JobState::Waiting), "at once");
     let job = l.broker.job(&t, waits).unwrap().unwrap();
-    let open = job.waits_on().iter().filter(|w| w.outcome.is_none()).count();
+    let open = job
+        .waits_on()
+        .iter()
+        .filter(|w| w.outcome.is_none())
+        .count();
     assert_eq!(open, 300, "waits on each live job, not the gone one");
     let sub = l.broker.subscription(&t).max_in_flight(4).start().unwrap();
     let mut acked = HashSet::new();

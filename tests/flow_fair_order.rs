@@ -56,10 +56,7 @@ fn consume(
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     if let Ok(d) = sub.next_delivery_timeout(Duration::from_millis(50)) {
-                        let k = d
-                            .get("k")
-                            .map(|v| format!("{v:?}"))
-                            .unwrap_or_default();
+                        let k = d.get("k").map(|v| format!("{v:?}")).unwrap_or_default();
                         seen.lock().unwrap().push((k, d.id()));
                         std::thread::sleep(hold);
                         c.done(d.id());
@@ -101,7 +98,14 @@ fn fair_limit_one_order(db: Db) {
                     .start()
                     .unwrap(),
             );
-            threads.extend(consume(s.clone(), c.clone(), stop.clone(), Duration::from_millis(3), seen.clone(), 4));
+            threads.extend(consume(
+                s.clone(),
+                c.clone(),
+                stop.clone(),
+                Duration::from_millis(3),
+                seen.clone(),
+                4,
+            ));
             subs.push(s);
         }
     }
@@ -125,19 +129,39 @@ fn fair_limit_one_order(db: Db) {
     }
     let mut inversions = 0;
     for (k, ids) in &per {
-        let inv: Vec<(i64, i64)> = ids.windows(2).filter(|w| w[1] < w[0]).map(|w| (w[0], w[1])).collect();
+        let inv: Vec<(i64, i64)> = ids
+            .windows(2)
+            .filter(|w| w[1] < w[0])
+            .map(|w| (w[0], w[1]))
+            .collect();
         if !inv.is_empty() {
-            eprintln!("{db:?} key {k}: {} out of order claims, e.g. {:?}", inv.len(), &inv[..inv.len().min(5)]);
+            eprintln!(
+                "{db:?} key {k}: {} out of order claims, e.g. {:?}",
+                inv.len(),
+                &inv[..inv.len().min(5)]
+            );
         }
         inversions += inv.len();
         // The most later rows of the key claimed before a row.
-        let most_overtaken = ids.iter().enumerate().map(|(i, id)| ids[..i].iter().filter(|x| *x > id).count()).max().unwrap_or(0);
+        let most_overtaken = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ids[..i].iter().filter(|x| *x > id).count())
+            .max()
+            .unwrap_or(0);
         eprintln!("{db:?} key {k}: most later rows claimed before one row: {most_overtaken}");
     }
     let most: Vec<(String, i32)> = keys.iter().map(|k| (k.to_string(), c.most(k))).collect();
-    eprintln!("{db:?}: {} s, left {left}, claims {}, most per key {most:?}, inversions {inversions}", t0.elapsed().as_secs_f32(), claims.len());
+    eprintln!(
+        "{db:?}: {} s, left {left}, claims {}, most per key {most:?}, inversions {inversions}",
+        t0.elapsed().as_secs_f32(),
+        claims.len()
+    );
     assert_eq!(left, 0);
-    assert!(most.iter().all(|(_, m)| *m <= 1), "limit 1 exceeded: {most:?}");
+    assert!(
+        most.iter().all(|(_, m)| *m <= 1),
+        "limit 1 exceeded: {most:?}"
+    );
     assert_eq!(inversions, 0, "{db:?}: order within a key broken");
 }
 
@@ -175,7 +199,14 @@ fn fair_two_brokers_order(db: Db) {
                 .start()
                 .unwrap(),
         );
-        threads.extend(consume(s.clone(), c.clone(), stop.clone(), Duration::from_millis(0), seen.clone(), 1));
+        threads.extend(consume(
+            s.clone(),
+            c.clone(),
+            stop.clone(),
+            Duration::from_millis(0),
+            seen.clone(),
+            1,
+        ));
         subs.push(s);
     }
     let t0 = Instant::now();
@@ -198,7 +229,11 @@ fn fair_two_brokers_order(db: Db) {
         .collect();
     let most = late.iter().map(|x| x.1).max().unwrap_or(0);
     let first = ids.iter().min().copied().unwrap_or(0);
-    let worst: Vec<(i64, usize, usize)> = late.iter().filter(|x| x.1 > 5).map(|(id, n)| (id - first, *n, ids.iter().position(|x| x == id).unwrap())).collect();
+    let worst: Vec<(i64, usize, usize)> = late
+        .iter()
+        .filter(|x| x.1 > 5)
+        .map(|(id, n)| (id - first, *n, ids.iter().position(|x| x == id).unwrap()))
+        .collect();
     eprintln!("{db:?}: worst (row - first, later rows before it, claimed as n-th): {worst:?}");
     eprintln!("{db:?}: {} s, claims {}, rows claimed after a later row: {}, most later rows before one: {most}", t0.elapsed().as_secs_f32(), ids.len(), late.len());
     // Two claims side by side (one per broker) may commit in either order, and each broker
@@ -228,13 +263,20 @@ fn limit_room_polled(db: Db, hold: Duration, poll: Duration) {
         l.broker.publish(&t, message("a", n)).unwrap();
     }
     let b = roomy(&l, 4);
-    let s = b.subscription(&t).max_in_flight(4).poll_interval(poll).start().unwrap();
+    let s = b
+        .subscription(&t)
+        .max_in_flight(4)
+        .poll_interval(poll)
+        .start()
+        .unwrap();
     let mut gaps = Vec::new();
     let mut last_ack: Option<Instant> = None;
     let t0 = Instant::now();
     let mut n = 0;
     while n < 15 && t0.elapsed() < Duration::from_secs(40) {
-        let Ok(d) = s.next_delivery_timeout(Duration::from_millis(100)) else { continue };
+        let Ok(d) = s.next_delivery_timeout(Duration::from_millis(100)) else {
+            continue;
+        };
         if let Some(a) = last_ack {
             gaps.push(a.elapsed().as_millis());
         }
@@ -244,11 +286,18 @@ fn limit_room_polled(db: Db, hold: Duration, poll: Duration) {
         n += 1;
     }
     s.shutdown(Duration::from_secs(5)).unwrap();
-    let slow = gaps.iter().filter(|g| **g as f64 > poll.as_millis() as f64 * 0.5).count();
+    let slow = gaps
+        .iter()
+        .filter(|g| **g as f64 > poll.as_millis() as f64 * 0.5)
+        .count();
     eprintln!("{db:?} hold {hold:?} poll {poll:?}: {n} rows in {:?}; ms from each ack to the next delivery: {gaps:?}", t0.elapsed());
-    assert_eq!(slow, 0, "{db:?}: {slow} of {} rows waited past half a poll interval after the ack that opened room", gaps.len());
+    assert_eq!(
+        slow,
+        0,
+        "{db:?}: {slow} of {} rows waited past half a poll interval after the ack that opened room",
+        gaps.len()
+    );
 }
-
 
 #[test]
 fn fair_limit_one_order_postgres() {

@@ -308,7 +308,11 @@ impl Syntax {
                  AS sqlbroker_h{i}",
                 self.order(spec),
                 (self.claim_limit)(&self.p(next)),
-                if locked { " FOR UPDATE SKIP LOCKED" } else { "" }
+                if locked {
+                    " FOR UPDATE SKIP LOCKED"
+                } else {
+                    ""
+                }
             ));
             next += 1;
         }

@@ -493,7 +493,11 @@ impl Syntax {
         let (run_at, id) = (self.q(&spec.run_at), self.q(&spec.id));
         match self.row_compare {
             true => (
-                format!("({run_at}, {id}) > ({}, {})", self.p(first), self.p(first + 1)),
+                format!(
+                    "({run_at}, {id}) > ({}, {})",
+                    self.p(first),
+                    self.p(first + 1)
+                ),
                 2,
             ),
             false => (

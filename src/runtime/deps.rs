@@ -467,6 +467,10 @@ pub(crate) struct Named<'a> {
     pub gone: bool,
 }
 
+/// What a publish reads of one job it names: its outcome (`None`: not settled) and what it
+/// produced where its head does not hold it.
+type NamedOutcome = (Option<String>, Option<Value>);
+
 /// The largest `k` with `2^k <= n` (`n` at least 1).
 fn pow2_at_most(n: usize) -> usize {
     (usize::BITS - 1 - n.max(1).leading_zeros()) as usize
@@ -482,7 +486,7 @@ fn read_many(
     chunk: &[(Named<'_>, bool)],
     conn: &mut dyn DbConn,
     at: i64,
-) -> Result<Vec<Option<(Option<String>, Option<Value>)>>, DbError> {
+) -> Result<Vec<Option<NamedOutcome>>, DbError> {
     let table = chunk[0].0.table;
     let returning = deps.head_read_many.is_empty();
     let mut read = Vec::new();

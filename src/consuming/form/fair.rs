@@ -415,12 +415,16 @@ fn next_keys(
     keys
 }
 
+/// Reads up to `max` keys after a key (or from the first): [`next_keys`]'s statement.
+type ReadKeys<'a> =
+    dyn Fn(&mut dyn DbConn, Option<&Value>, usize) -> Result<Vec<Value>, DbError> + 'a;
+
 /// [`next_keys`]'s read from the database.
 fn read_all(
     conn: &mut dyn DbConn,
     after: Option<Value>,
     want: usize,
-    read_keys: &dyn Fn(&mut dyn DbConn, Option<&Value>, usize) -> Result<Vec<Value>, DbError>,
+    read_keys: &ReadKeys<'_>,
     q: &crate::runtime::Queue,
 ) -> Result<(Vec<Value>, bool), DbError> {
     let mut keys = read_keys(conn, after.as_ref(), want)?;

@@ -608,7 +608,9 @@ pub(crate) fn settle(
     let held = if matches!(outcome, Outcome::Ack) && !alone && grouped {
         let q = &ctx.queue;
         match deps {
-            false => ack(ctx, id, cell, within, &q.acks, &|items| ack_tables(items, within))?,
+            false => ack(ctx, id, cell, within, &q.acks, &|items| {
+                ack_tables(items, within)
+            })?,
             true => ack(ctx, id, cell, within, &q.settles, &|items| {
                 settle_acks(items, within)
             })?,
@@ -720,7 +722,9 @@ fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
             .map_err(|_| DbErrorKind::Transient)?;
         conn.batch(&q.sql.begin_write).map_err(|e| e.kind)?;
         let mut settled = std::collections::HashSet::new();
-        let body = |conn: &mut dyn DbConn, settled: &mut std::collections::HashSet<i64>| -> Result<(), DbError> {
+        let body = |conn: &mut dyn DbConn,
+                    settled: &mut std::collections::HashSet<i64>|
+         -> Result<(), DbError> {
             for item in &items {
                 for token in &item.tokens {
                     let params = [Value::Int(item.id), Value::Time(*token)];
@@ -728,7 +732,8 @@ fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
                         conn.execute(&q.sql.ack, &params)
                     })?;
                     if n > 0 {
-                        let left = crate::runtime::deps::left_by(&q.spec, crate::dialect::deps::ACKED);
+                        let left =
+                            crate::runtime::deps::left_by(&q.spec, crate::dialect::deps::ACKED);
                         crate::runtime::deps::settled_with_output(
                             &q.spec,
                             &q.sql,
