@@ -37,6 +37,28 @@ fn fair_limited(l: &Live, name: &str, max: u32) -> Table {
     l.create(t)
 }
 
+/// Waits (a minute at most) until `t` holds no row, then stops the consuming threads and shuts
+/// the subscriptions down.
+fn drain(
+    l: &Live,
+    t: &Table,
+    stop: &AtomicBool,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    subs: &[Arc<Subscription>],
+) {
+    let t0 = Instant::now();
+    while l.rows(t) > 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for th in threads {
+        th.join().unwrap();
+    }
+    for s in subs {
+        s.shutdown(Duration::from_secs(5)).unwrap();
+    }
+}
+
 /// Consumes `sub` on a thread: each delivery held `hold`, counted out, acked; records the order
 /// of deliveries per key.
 fn consume(
@@ -110,16 +132,7 @@ fn fair_limit_one_order(db: Db) {
         }
     }
     let t0 = Instant::now();
-    while l.rows(&t) > 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    stop.store(true, Ordering::Relaxed);
-    for th in threads {
-        th.join().unwrap();
-    }
-    for s in &subs {
-        s.shutdown(Duration::from_secs(5)).unwrap();
-    }
+    drain(&l, &t, &stop, threads, &subs);
     let left = l.rows(&t);
     // Order of claims per key, from the claim events (commit order).
     let claims = c.0.lock().unwrap().claims.clone();
@@ -171,6 +184,21 @@ fn fair_limit_one_order(db: Db) {
 /// skips both and takes the third. Measured: rows claimed (committed) after a later row of
 /// their key.
 fn fair_two_brokers_order(db: Db) {
+    two_brokers_order(db, &[("a", 300)], 1, 3);
+}
+
+/// As [`fair_two_brokers_order`], with keys of uneven depth and claims of 4 rows (the claim
+/// offered every key's share and came back short on the small keys). A row may follow the
+/// rows two claims of 4 took side by side, never tens. Fails (MariaDB; PostgreSQL in some
+/// runs) with a locked read asking two rows of each key where the claim wants one; a deeper
+/// read's overshoot (a few rows, briefly) is below what it sees.
+fn fair_uneven_keys_order(db: Db) {
+    two_brokers_order(db, &[("a", 200), ("b", 3), ("c", 3), ("d", 120)], 4, 12);
+}
+
+/// Two brokers claim `keys` (name, rows) `batch` rows at a time; no row of a key is claimed
+/// after more than `bound` later rows of its key.
+fn two_brokers_order(db: Db, keys: &[(&str, usize)], batch: usize, bound: usize) {
     let Some(l) = common::live(db) else { return };
     let t = Table::new(unique("ffo_two"))
         .text_column("k")
@@ -180,9 +208,14 @@ fn fair_two_brokers_order(db: Db) {
     l.track(&format!("{}_rates", t.name()));
     let t = l.create(t);
     let c = Counter::default();
-    for n in 0..300 {
-        let id = l.broker.publish(&t, message("a", n)).unwrap();
-        c.key(id, "a");
+    let deepest = keys.iter().map(|k| k.1).max().unwrap_or(0);
+    for n in 0..deepest {
+        for (k, rows) in keys {
+            if n < *rows {
+                let id = l.broker.publish(&t, message(k, n)).unwrap();
+                c.key(id, k);
+            }
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -192,8 +225,8 @@ fn fair_two_brokers_order(db: Db) {
     for b in &brokers {
         let s = Arc::new(
             b.subscription(&t)
-                .max_in_flight(1)
-                .batch_size(1)
+                .max_in_flight(batch)
+                .batch_size(batch)
                 .poll_interval(Duration::from_millis(20))
                 .events(c.events())
                 .start()
@@ -210,36 +243,28 @@ fn fair_two_brokers_order(db: Db) {
         subs.push(s);
     }
     let t0 = Instant::now();
-    while l.rows(&t) > 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(50));
+    drain(&l, &t, &stop, threads, &subs);
+    assert_eq!(l.rows(&t), 0, "{db:?}: rows left");
+    let claims = c.0.lock().unwrap().claims.clone();
+    for (k, _) in keys {
+        let ids: Vec<i64> = claims.iter().filter(|x| x.0 == *k).map(|x| x.2).collect();
+        let most = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ids[..i].iter().filter(|x| *x > id).count())
+            .max()
+            .unwrap_or(0);
+        eprintln!(
+            "{db:?} key {k}: {} s, claims {}, most later rows claimed before one: {most}",
+            t0.elapsed().as_secs_f32(),
+            ids.len()
+        );
+        // Two claims side by side (one per broker) may commit in either order, and each
+        // broker records its claims after their commits: a row may follow the rows of the
+        // claims beside it, never tens (a cursor past rows another claim held and left:
+        // 60-290).
+        assert!(most <= bound, "{db:?} key {k}: order within the key broken");
     }
-    stop.store(true, Ordering::Relaxed);
-    for th in threads {
-        th.join().unwrap();
-    }
-    for s in &subs {
-        s.shutdown(Duration::from_secs(5)).unwrap();
-    }
-    let ids: Vec<i64> = c.0.lock().unwrap().claims.iter().map(|x| x.2).collect();
-    let late: Vec<(i64, usize)> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (*id, ids[..i].iter().filter(|x| *x > id).count()))
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    let most = late.iter().map(|x| x.1).max().unwrap_or(0);
-    let first = ids.iter().min().copied().unwrap_or(0);
-    let worst: Vec<(i64, usize, usize)> = late
-        .iter()
-        .filter(|x| x.1 > 5)
-        .map(|(id, n)| (id - first, *n, ids.iter().position(|x| x == id).unwrap()))
-        .collect();
-    eprintln!("{db:?}: worst (row - first, later rows before it, claimed as n-th): {worst:?}");
-    eprintln!("{db:?}: {} s, claims {}, rows claimed after a later row: {}, most later rows before one: {most}", t0.elapsed().as_secs_f32(), ids.len(), late.len());
-    // Two claims side by side (one per broker) may commit in either order, and each broker
-    // records its claims after their commits: a row may follow a row or two after it, never
-    // tens (a cursor past rows another claim held and left: 60-290).
-    assert!(most <= 3, "{db:?}: order within the key broken");
 }
 
 /// README "Concurrency limits": a row over a limit "is claimed by the first claim after room
@@ -324,6 +349,19 @@ fn fair_two_brokers_order_mysql() {
 #[test]
 fn fair_two_brokers_order_sqlite() {
     fair_two_brokers_order(Db::Sqlite)
+}
+#[test]
+fn fair_uneven_keys_order_postgres() {
+    fair_uneven_keys_order(Db::Postgres)
+}
+#[cfg(feature = "mysql")]
+#[test]
+fn fair_uneven_keys_order_mysql() {
+    fair_uneven_keys_order(Db::Mysql)
+}
+#[test]
+fn fair_uneven_keys_order_sqlite() {
+    fair_uneven_keys_order(Db::Sqlite)
 }
 #[test]
 fn limit_room_at_once_postgres() {

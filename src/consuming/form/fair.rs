@@ -41,6 +41,8 @@ pub(super) struct Scan {
     round_done: bool,
     /// The first rows are read locked, passing by rows other claims hold ([`Scan::locked`]).
     locked: bool,
+    /// Read locked: the rows the claim still wants ([`Scan::wanting`]).
+    wanted: usize,
 }
 
 /// How a key's rows were read by a claim.
@@ -69,7 +71,13 @@ impl Scan {
             read: 0,
             round_done: false,
             locked: false,
+            wanted: want.max(1),
         }
+    }
+
+    /// The claim still wants `n` rows: a locked read asks for no more.
+    pub fn wanting(&mut self, n: usize) {
+        self.wanted = n;
     }
 
     /// Reads each key's first rows locked, passing by those another claim holds (`FOR UPDATE
@@ -169,12 +177,26 @@ impl Scan {
                 continue;
             }
             // Rows per key: a fair share of the claim, and at least two (the first may be in
-            // work) where the read takes no locks; read locked (the lease form's, which reads
-            // no row in work), no more than the share: a row locked and not taken is passed by
-            // every other claim meanwhile.
-            let least = if self.locked { 1 } else { 2 };
-            let per_key = self.want.div_ceil(offered.len()).max(least);
-            let asked: Vec<(Value, usize)> = offered.into_iter().map(|k| (k, per_key)).collect();
+            // work). Read locked (the lease form's, which reads no row in work): exactly the
+            // rows the claim still wants, spread over the keys (one each to the first keys
+            // when fewer rows than keys are wanted), since a row locked and not taken is
+            // passed by every other claim meanwhile, and by their keys' cursors.
+            let asked: Vec<(Value, usize)> = match self.locked {
+                true => {
+                    let wanted = self.wanted.max(1);
+                    offered.truncate(wanted);
+                    let n = offered.len();
+                    offered
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, k)| (k, wanted / n + usize::from(i < wanted % n)))
+                        .collect()
+                }
+                false => {
+                    let per_key = self.want.div_ceil(offered.len()).max(2);
+                    offered.into_iter().map(|k| (k, per_key)).collect()
+                }
+            };
             let rows = self.heads(ctx, conn, now, &asked)?;
             if !rows.is_empty() {
                 return Ok(rows);
@@ -193,7 +215,9 @@ impl Scan {
         now: SystemTime,
         full: &dyn Fn(&Value) -> bool,
     ) -> Result<Vec<Vec<Value>>, DbError> {
-        if self.read >= SCAN_MAX {
+        // Read locked, a key's rows are all claimable and all taken: none to read past (and
+        // a deeper read would lock rows the claim may not take).
+        if self.read >= SCAN_MAX || self.locked {
             return Ok(Vec::new());
         }
         let asked: Vec<(Value, usize)> = self

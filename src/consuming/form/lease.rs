@@ -172,7 +172,7 @@ fn claim_limited(
         // Likewise the rows in work: as the last turn counted them, if a moment ago (the
         // turn counts again and decides), else counted now. Counting is what a limited claim
         // costs most (PostgreSQL walks the dead index entries of every row acked within a
-        // lease's time), so a claim that takes a turn counts once.
+        // lease's time), so a claim whose hint finds room counts once, in its turn.
         let hint = q
             .limits
             .work_within(MAXES_FRESH)
@@ -254,6 +254,7 @@ fn claim_limited(
                         work.full_at(&maxes, &InWork::keys(spec, &user), &covering)
                             || super::fair::blocked(ctx, &tried, v)
                     };
+                    fair_scan.wanting(limit.saturating_sub(chosen.len() + loose.len()));
                     fair_scan.next(ctx, conn, now, &full)
                 }
                 Some((
@@ -721,10 +722,8 @@ fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
             .conn_within("ack", within)
             .map_err(|_| DbErrorKind::Transient)?;
         conn.batch(&q.sql.begin_write).map_err(|e| e.kind)?;
-        let mut settled = std::collections::HashSet::new();
-        let body = |conn: &mut dyn DbConn,
-                    settled: &mut std::collections::HashSet<i64>|
-         -> Result<(), DbError> {
+        flush_transaction(&mut *conn, |conn| {
+            let mut settled = std::collections::HashSet::new();
             for item in &items {
                 for token in &item.tokens {
                     let params = [Value::Int(item.id), Value::Time(*token)];
@@ -749,21 +748,9 @@ fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
                     }
                 }
             }
-            conn.batch("COMMIT")
-        };
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            body(&mut *conn, &mut settled)
-        })) {
-            Ok(Ok(())) => Ok(settled),
-            Ok(Err(e)) => {
-                conn.rollback_or_discard();
-                Err(e.kind)
-            }
-            Err(panic) => {
-                conn.rollback_or_discard();
-                std::panic::resume_unwind(panic)
-            }
-        }
+            conn.batch("COMMIT")?;
+            Ok(settled)
+        })
     })();
     Arc::new(vec![(q.key(), written.map(Arc::new))])
 }
@@ -781,20 +768,29 @@ fn write_tables(
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
     conn.batch(begin).map_err(|e| e.kind)?;
-    let mut parts = Vec::with_capacity(tables.len());
-    let body = || {
+    flush_transaction(&mut *conn, |conn| {
+        let mut parts = Vec::with_capacity(tables.len());
         for (q, pairs) in tables {
             let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
                 delete_pairs(q, &mut *conn, pairs)
             })?;
             parts.push((q.key(), Ok(Arc::new(deleted.into_iter().collect()))));
         }
-        conn.batch("COMMIT")
-    };
-    // A panic inside (a dialect's bug) must not send the connection back to the pool with its
-    // transaction open, holding SQLite's write lock and the process's writer lock.
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        Ok(Ok(())) => Ok(parts),
+        conn.batch("COMMIT")?;
+        Ok(parts)
+    })
+}
+
+/// Runs a flush's `body` in the transaction open on `conn` (the body commits it), rolling it
+/// back if the body fails. A panic inside (a dialect's bug) must not send the connection back
+/// to the pool with its transaction open, holding SQLite's write lock and the process's
+/// writer lock: rolled back too, then the panic goes on.
+fn flush_transaction<T>(
+    conn: &mut dyn DbConn,
+    body: impl FnOnce(&mut dyn DbConn) -> std::result::Result<T, DbError>,
+) -> std::result::Result<T, DbErrorKind> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut *conn))) {
+        Ok(Ok(out)) => Ok(out),
         Ok(Err(e)) => {
             conn.rollback_or_discard();
             Err(e.kind)
