@@ -361,6 +361,76 @@ fn expired_row_behind_a_backlog_is_not_starved(db: Db) {
 }
 per_db!(expired_row_behind_a_backlog_is_not_starved);
 
+/// Advisory form: a row whose key another holder held when a draining backlog's claims passed
+/// it is delivered within about a second of the key's release, not after the backlog (the
+/// servers claim from a cursor past the last row taken, and from the head at least once a
+/// second; MariaDB too since issue 41). Fails (`starved behind the backlog`) with the cursor
+/// never read from the head again.
+fn a_row_passed_for_its_key_is_not_starved(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::AdvisoryLock, Duration::from_secs(30));
+    live.broker.publish(&t, common::msg("holder", "K")).unwrap();
+    // A holds key K through the first row.
+    let a = live.connect();
+    let a_sub = a.subscription(&t).max_in_flight(1).start().unwrap();
+    let held = next(&a_sub, Duration::from_secs(10));
+    let passed = live.broker.publish(&t, common::msg("passed", "K")).unwrap();
+    const BACKLOG: usize = 800;
+    let msgs: Vec<Message> = (0..BACKLOG)
+        .map(|i| common::msg("backlog", &format!("b{i}")))
+        .collect();
+    live.broker.publish_batch(&t, msgs).unwrap();
+    // B drains the backlog at about 100 rows a second, in claims of 10, passing the row of K.
+    let b = live
+        .broker
+        .subscription(&t)
+        .workers(1)
+        .batch_size(10)
+        .start()
+        .unwrap();
+    let mut before = 0;
+    let mut released = None;
+    loop {
+        let d = next(&b, Duration::from_secs(30));
+        if d.id() == passed {
+            d.ack().unwrap();
+            break;
+        }
+        before += 1;
+        if before == 100 {
+            // K is free from now on: its row lies behind B's cursor.
+            released = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        d.ack().unwrap();
+        if before == 100 {
+            break;
+        }
+    }
+    held.ack().unwrap();
+    a_sub.shutdown(Duration::from_secs(5)).unwrap();
+    let mut after_release = 0;
+    loop {
+        let d = next(&b, Duration::from_secs(30));
+        if d.id() == passed {
+            d.ack().unwrap();
+            break;
+        }
+        after_release += 1;
+        std::thread::sleep(Duration::from_millis(10));
+        d.ack().unwrap();
+    }
+    let late = released.map(|r| r.elapsed());
+    assert!(
+        BACKLOG - before - after_release >= 200,
+        "the row passed for its key came {after_release} backlog rows ({late:?}) after the key's \
+         release, {} of {BACKLOG} left: starved behind the backlog",
+        BACKLOG - before - after_release
+    );
+    b.shutdown(Duration::from_secs(10)).unwrap();
+}
+per_db!(a_row_passed_for_its_key_is_not_starved);
+
 /// A lease outlives a pool the application holds whole: with both pooled connections held by
 /// row lock deliveries for three 2 s leases, the renewer renews on a connection of its own, so
 /// a second broker polling meanwhile gets nothing, the attempt is not spent again, and the

@@ -197,11 +197,13 @@ pub(crate) struct TableSql {
     /// Modelled in model/advisory.pml (candidates), model/fifo.pml (heads), model/lease.pml
     /// (claim), model/limits.pml (candidates), model/row_lock.pml (claim).
     pub claim: String,
-    /// Advisory: `(now, run_at, id, limit)`, the candidates after the row `(run_at, id)`.
+    /// Advisory: `(now, run_at, id, limit)` (MySQL: `(now, run_at, run_at, id, limit)`,
+    /// [`Syntax::after_cursor`](crate::dialect::shared::Syntax::after_cursor)), the candidates
+    /// after the row `(run_at, id)`.
     ///
     /// Modelled in model/advisory.pml (candidates).
     pub claim_after: String,
-    /// Advisory, PostgreSQL tables without FIFO groups or priorities: a claim's first page is
+    /// Advisory, tables without FIFO groups or priorities on the servers: a claim's first page is
     /// read with `claim_after` from the subscription's [cursor](crate::runtime::cursor).
     ///
     /// Modelled in model/advisory.pml (candidates).

@@ -147,7 +147,8 @@ impl Syntax {
 
     /// The advisory claim's candidates, which lock nothing: `claim` `(now, limit)` the first
     /// page, `claim_after` `(now, run_at, id, limit)` the page after the row `(run_at, id)`,
-    /// each row `id, run_at, <user columns>` (what a key is rendered from, and the cursor).
+    /// each row `id, run_at, <user columns>` (what a key is rendered from, and the cursor);
+    /// `claim_after` reads on after a row, as [`Syntax::after_cursor`] spells it.
     /// `head`: a FIFO table's condition that the row aliased `q` is the head of its group
     /// (it uses no parameter).
     pub fn advisory_candidates(&self, spec: &TableSpec, sql: &mut TableSql, head: Option<&str>) {
@@ -163,11 +164,12 @@ impl Syntax {
         };
         let order = self.order(spec);
         sql.claim = format!("{head} ORDER BY {order} {}", (self.claim_limit)(&self.p(2)));
+        // `(now, run_at, id, limit)`, or `(now, run_at, run_at, id, limit)` where the database
+        // plans a row comparison poorly ([`Syntax::after_cursor`]).
+        let (after, n) = self.after_cursor(spec, 2);
         sql.claim_after = format!(
-            "{head} AND ({run_at}, {id}) > ({}, {}) ORDER BY {order} {}",
-            self.p(2),
-            self.p(3),
-            (self.claim_limit)(&self.p(4))
+            "{head} AND {after} ORDER BY {order} {}",
+            (self.claim_limit)(&self.p(2 + n))
         );
     }
 

@@ -185,15 +185,14 @@ fn scan(
                 fair_scan.next(ctx, &mut *conn, now, &full)
             }
             None => conn.query(&q.sql.claim, &[Value::Time(now), Value::Int(page as i64)]),
-            Some((run_at, id)) => conn.query(
-                &q.sql.claim_after,
-                &[
-                    Value::Time(now),
-                    run_at.clone(),
-                    Value::Int(*id),
-                    Value::Int(page as i64),
-                ],
-            ),
+            Some((run_at, id)) => {
+                let mut params = vec![Value::Time(now), run_at.clone()];
+                if !q.dialect.syntax().row_compare {
+                    params.push(run_at.clone());
+                }
+                params.extend([Value::Int(*id), Value::Int(page as i64)]);
+                conn.query(&q.sql.claim_after, &params)
+            }
         };
         let rows = match rows {
             Ok(rows) => rows,
