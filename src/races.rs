@@ -783,8 +783,8 @@ fn lease_claims_read_on_from_the_cursor_mysql() {
     lease_claims_read_on_from_the_cursor("mysql");
 }
 
-/// Issue 28: the row lock and advisory claims read on from the cursor too (PostgreSQL; MySQL
-/// the row lock form), past the dead entries of rows acked since (which a snapshot held
+/// Issue 28: the row lock and advisory claims read on from the cursor too (PostgreSQL and
+/// MySQL; MySQL's advisory form since issue 41), past the dead entries of rows acked since (which a snapshot held
 /// elsewhere keeps from being pruned or purged). A row made due behind the cursor waits for the
 /// pass that ends when a claim finds nothing; the others read from the head, so it is taken
 /// next. Fails with the claim reading from the head (`did not read from the cursor`).
@@ -819,9 +819,9 @@ fn claims_read_on_from_the_cursor(db: &str, form: crate::model::table::Form) {
         Some(id)
     };
     let b = next().expect("the first row");
-    // PostgreSQL's claims read on from a cursor in both forms, MySQL's in the row lock form
-    // (its advisory claims read from the head; SQLite's too).
-    let pg = db == "postgres" || (db == "mysql" && form == Form::RowLock);
+    // The servers' claims read on from a cursor in both forms (MySQL's advisory claims since
+    // issue 41); SQLite's read from the head.
+    let pg = db == "postgres" || db == "mysql";
     assert_eq!(
         ctx.cursor.peek().map(|k| k.1),
         pg.then_some(b),

@@ -1,6 +1,6 @@
-//! The claim cursor of a subscription (tables without priorities or FIFO groups: PostgreSQL in
-//! every form, MySQL/MariaDB in the row lock and lease forms): where in claim order `(run_at,
-//! id)` the next claim starts reading.
+//! The claim cursor of a subscription (tables without priorities or FIFO groups, in every form
+//! on PostgreSQL and MySQL/MariaDB): where in claim order `(run_at, id)` the next claim starts
+//! reading.
 //!
 //! Why: every acked or claimed row leaves a dead entry in the ready index until vacuum removes
 //! it, and a claim that starts from the head of the index walks all of them. Over a
