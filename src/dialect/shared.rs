@@ -311,14 +311,13 @@ impl Syntax {
                 false => "NULL".to_string(),
             })
             .collect();
-        let mut grouped: Vec<String> = spec
+        let grouped: Vec<String> = spec
             .columns
             .iter()
             .enumerate()
             .filter(|(i, _)| read.contains(i))
             .map(|(_, c)| self.q(&c.name))
             .collect();
-        grouped.dedup();
         let in_work = format!(
             "SELECT {} FROM {t} WHERE {dead} IS NULL AND {lu} > {}{}",
             std::iter::once("COUNT(*)".to_string())

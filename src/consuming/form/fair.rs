@@ -56,9 +56,10 @@ struct Depth {
     ids: HashSet<i64>,
     /// A row of it was taken ([`Scan::took`]): not read deeper.
     done: bool,
-    /// Read after the key's cursor: the rows this claim chose of it, in the order offered,
-    /// before any it passed by ([`Scan::offered`]), and whether one was passed by.
-    chosen: Vec<(Key, i64)>,
+    /// Read after the key's cursor: the claim order positions `(run_at, id)` of the rows this
+    /// claim chose of it, in the order offered, before any it passed by ([`Scan::offered`]),
+    /// and whether one was passed by.
+    chosen: Vec<Key>,
     passed: bool,
 }
 
@@ -97,7 +98,7 @@ impl Scan {
         }
         if let Some(d) = key_of(ctx, user).and_then(|k| self.keys.get_mut(&id(&k))) {
             match (taken, at) {
-                (true, Some(at)) if !d.passed => d.chosen.push((at, at.1)),
+                (true, Some(at)) if !d.passed => d.chosen.push(at),
                 (true, _) => {}
                 (false, _) => d.passed = true,
             }
@@ -114,8 +115,8 @@ impl Scan {
                 .chosen
                 .iter()
                 .take_while(|(_, row)| taken.contains(row))
-                .map(|(at, _)| *at)
-                .max();
+                .max()
+                .copied();
             if let Some(at) = upto {
                 ctx.queue.flow.fair_moved(key.clone(), at);
             }
