@@ -473,6 +473,79 @@ fn renewal_outlives_a_held_pool(db: Db) {
 }
 per_server!(renewal_outlives_a_held_pool);
 
+/// A settlement or an extension that waits for a pool the application holds whole keeps its
+/// lease meanwhile: an ack (grouped), a batch ack, a retry and an extension each wait for a
+/// pooled connection for three 2 s leases, while a second broker polls and gets nothing; each
+/// succeeds once the pool is given back, and no row is claimed again.
+///
+/// Fails (the second broker claims a row; `LeaseLost`) when a settlement locks its lease's cell
+/// before it has a connection, since the renewer passes a locked cell by (tried: the chaos
+/// matrix's pool cell found it). Servers only, as the test above.
+fn a_settlement_waiting_for_the_pool_keeps_its_lease(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let broker = sqlbroker::Broker::builder(&live.url)
+        .pool_size(2)
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let t = live.table(Form::Lease, Duration::from_secs(2));
+    for i in 0..4 {
+        broker
+            .publish(&t, Message::new(format!("{i}").into_bytes()))
+            .unwrap();
+    }
+    let a = broker
+        .subscription(&t)
+        .batch_size(4)
+        .max_in_flight(4)
+        .start()
+        .unwrap();
+    let mut ds: Vec<Delivery> = (0..4).map(|_| next(&a, Duration::from_secs(10))).collect();
+    let held = common::hold_pool(&live, &broker, 2);
+    let (d4, d3, d2, d1) = (
+        ds.pop().unwrap(),
+        ds.pop().unwrap(),
+        ds.pop().unwrap(),
+        ds.pop().unwrap(),
+    );
+    let waiting = vec![
+        std::thread::spawn(move || d1.ack().map_err(|e| format!("ack: {e}"))),
+        std::thread::spawn(move || {
+            Delivery::ack_all([d2])
+                .remove(0)
+                .map_err(|e| format!("ack_all: {e}"))
+        }),
+        std::thread::spawn(move || {
+            d3.retry_after(Duration::from_secs(600))
+                .map_err(|e| format!("retry: {e}"))
+        }),
+        std::thread::spawn(move || {
+            d4.extend(Duration::from_secs(1))
+                .map_err(|e| format!("extend: {e}"))?;
+            d4.ack().map_err(|e| format!("ack after extend: {e}"))
+        }),
+    ];
+    let b = another_gets_nothing(
+        &live,
+        &t,
+        Duration::from_secs(6),
+        "settlements waited for the pool",
+    );
+    b.shutdown(Duration::from_secs(5)).unwrap();
+    for (sub, h) in held {
+        h.ack().unwrap();
+        sub.shutdown(Duration::from_secs(5)).unwrap();
+    }
+    for w in waiting {
+        w.join().unwrap().unwrap();
+    }
+    // The retried row is back in the queue, not due for ten minutes; the others are gone.
+    assert_eq!(live.rows(&t), 1, "acked rows left, or the retried one gone");
+    assert_eq!(live.rows_where(&t, "attempts = 1"), 1, "claimed again");
+    a.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_server!(a_settlement_waiting_for_the_pool_keeps_its_lease);
+
 /// A delivery claimed ahead whose lease runs out while it waits in the subscription's buffer
 /// (here its renewals are held off by another session's row lock, as a process frozen past its
 /// lease would miss them) is not handed to a handler: the row may be another holder's by then,

@@ -310,16 +310,21 @@ fn browse(db: Db, driver_port: u16) {
         std::thread::sleep(Duration::from_millis(130));
     }
     sub.shutdown(Duration::from_secs(10)).unwrap();
-    // The sampler has counted the 30 acks (it counts every second).
+    // The sampler has counted the 30 acks (it counts every second) and the row the
+    // subscription had claimed ahead and handed back at its shutdown: the overview below shows
+    // the sampler's last count, which may have been taken while that row was in flight.
     let completed = format!("sqlbroker_queue_jobs{{table=\"{name}\",state=\"completed\"}} 30");
+    let ready = format!("sqlbroker_queue_jobs{{table=\"{name}\",state=\"ready\"}} 10");
     let metrics = format!("{base}/metrics");
     assert!(
         wait_for(Duration::from_secs(20), || ureq::get(&metrics)
             .call()
             .ok()
             .and_then(|r| r.into_string().ok())
-            .is_some_and(|body| body.lines().any(|l| l == completed))),
-        "the dashboard never counted the acks"
+            .is_some_and(
+                |body| body.lines().any(|l| l == completed) && body.lines().any(|l| l == ready)
+            )),
+        "the dashboard never counted the acks and the handed-back row"
     );
 
     let (_driver, s, profile) = open_browser(&chromium, &chromedriver, driver_port);

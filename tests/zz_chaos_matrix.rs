@@ -280,14 +280,17 @@ struct Run {
     url: String,
     events: Arc<Mutex<Vec<Event>>>,
     done: Arc<AtomicUsize>,
-    /// When each worker was killed (parent's clock), by tag; `None` while it runs or after a
-    /// graceful stop.
-    killed: Vec<Option<i64>>,
+    /// When each worker was killed (parent's clock), by tag: when the kill was sent and when
+    /// the child was reaped; `None` while it runs or after a graceful stop.
+    killed: Vec<Option<Killed>>,
     readers: Vec<JoinHandle<()>>,
     failures: Vec<String>,
     /// The first completion after this time is dropped from the ledger (`drop_done`).
     drop_after: Arc<Mutex<Option<i64>>>,
 }
+
+/// When a worker's kill was sent and when the child was reaped (parent's clock, microseconds).
+type Killed = (i64, i64);
 
 impl Run {
     fn spawn(&mut self) -> Worker {
@@ -337,7 +340,7 @@ impl Run {
     fn kill(&mut self, w: Worker) -> i64 {
         let at = now_micros();
         w.child.kill();
-        self.killed[w.tag] = Some(now_micros());
+        self.killed[w.tag] = Some((at, now_micros()));
         self.readers.push(w.reader);
         at
     }
@@ -786,7 +789,7 @@ fn check(
     fault: FaultWindow,
     published: &[i64],
     events: &[Event],
-    killed: &[Option<i64>],
+    killed: &[Option<Killed>],
     failures: &mut Vec<String>,
 ) -> Checked {
     let by_id = common::ledger::by_id(events);
@@ -885,12 +888,13 @@ fn check(
                     continue;
                 }
                 // Its worker was killed while it was in work, and no other worker ran the job
-                // between its start and the kill.
-                let killed_in_work = killed_at(s.child).is_some_and(|at| {
-                    at >= s.micros
+                // between its start and the kill being sent (the child's death frees its row
+                // for another before the parent has reaped it).
+                let killed_in_work = killed_at(s.child).is_some_and(|(sent, reaped)| {
+                    reaped >= s.micros
                         && !starts
                             .iter()
-                            .any(|o| o.child != s.child && o.micros >= s.micros && o.micros < at)
+                            .any(|o| o.child != s.child && o.micros >= s.micros && o.micros < sent)
                 });
                 if killed_in_work {
                     by_kill += 1;
@@ -1133,11 +1137,11 @@ fn matrix_checks_catch_broken_behaviour() {
         end: 1_000,
     };
     // Worker 0 killed at 1000 with job 1 in its handler; worker 1 ran it again (attempt 2).
-    let killed = [Some(1_000), None];
+    let killed = [Some((1_000, 1_000)), None];
     let mut clean = vec![ev(0, Start, 1, 1, 900)];
     clean.extend(run(1, 1, 2, 2_000));
     clean.extend(run(2, 1, 1, 100));
-    let checked = |form: Form, w: FaultWindow, events: &[Event], killed: &[Option<i64>]| {
+    let checked = |form: Form, w: FaultWindow, events: &[Event], killed: &[Option<Killed>]| {
         let mut f = Vec::new();
         let c = check(form, w, &[1, 2], events, killed, &mut f);
         (c, f)
@@ -1163,6 +1167,21 @@ fn matrix_checks_catch_broken_behaviour() {
     assert!(f
         .iter()
         .any(|x| x.contains("attempt 2 in the row lock form")));
+    // Row lock: the child's death freed its row before the parent had reaped it, and another
+    // worker ran the job in between: explained by the kill (sent at 1000, reaped at 1030). A
+    // run begun before the kill was sent is not (its row was still held).
+    let reaped_late = [Some((1_000, 1_030)), None];
+    let mut freed = vec![ev(0, Start, 1, 1, 900)];
+    freed.extend(run(1, 1, 1, 1_010));
+    freed.extend(run(2, 1, 1, 100));
+    let (c, f) = checked(Form::RowLock, kill, &freed, &reaped_late);
+    assert_eq!(f, Vec::<String>::new());
+    assert_eq!((c.doubles.killed_worker, c.doubles.unexplained), (1, 0));
+    let mut early = vec![ev(0, Start, 1, 1, 900)];
+    early.extend(run(1, 1, 1, 950));
+    early.extend(run(2, 1, 1, 100));
+    let (c, _) = checked(Form::RowLock, kill, &early, &reaped_late);
+    assert_eq!(c.doubles.unexplained, 1);
     // A failed ack explains a double run in a restart, not in a kill, and not after the fault.
     let mut acked_err = vec![
         ev(1, Start, 1, 1, 900),

@@ -17,36 +17,61 @@ use crate::model::table::{Form, TableSpec};
 /// Parameters are listed as `(..)`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RateSql {
-    /// Makes the slots' table if it does not exist.
+    /// Makes the slots' table if it does not exist, with its index of free slots (MySQL: in
+    /// the table's definition).
     pub create: String,
-    /// `(lim, rkey, free_before, max)` -> `slot` of a free slot, the oldest first (the
-    /// servers: passing by slots another claim is stamping, `SKIP LOCKED`).
+    /// PostgreSQL, SQLite: `(lim, rkey)`'s index by stamp, `(lim, rkey, at)`: a claim finds a
+    /// key's oldest free slots without reading the slots stamped within the window
+    /// (`CREATE INDEX IF NOT EXISTS`, also run by a migration of a table made before it).
+    pub index: Option<String>,
+    /// MySQL: adds that index to a slots' table made before it (a migration, where
+    /// [`Dialect::index_names`](crate::dialect::Dialect::index_names) finds it missing).
+    pub add_index: Option<String>,
+    /// PostgreSQL, SQLite: `(at, lim, rkey, free_before, max, n)` stamps up to `n` of the
+    /// key's free slots, the oldest first, in one statement (PostgreSQL passing by slots
+    /// another claim is stamping, `SKIP LOCKED`) -> each slot stamped.
+    pub take_oldest: Option<String>,
+    /// PostgreSQL: `(at, lim, keys, counts, free_before, max)` stamps up to `counts[i]` of
+    /// `keys[i]`'s free slots, for every key at once (`keys` and `counts` as array literals,
+    /// `{"a|","b|"}` and `{3,1}`) -> `(rkey, slot)` of each slot stamped: a claim's page of
+    /// rows takes its slots in one statement.
+    pub take_keys: Option<String>,
+    /// MySQL: `(lim, rkey, free_before, max, n)` -> up to `n` free slots, the oldest first,
+    /// locked (`SKIP LOCKED`), for [`RateSql::stamp_in`].
     pub pick: String,
-    /// `(at, lim, rkey, slot, free_before)` stamps the slot if it is still free: 1 row
-    /// changed if taken.
-    pub stamp: String,
+    /// MySQL: `[k]` `(at, lim, rkey, free_before, slot x 2^k)` stamps the slots listed (the
+    /// list padded by repeating its last slot) if still free.
+    pub stamp_in: Vec<String>,
+    /// `(lim, rkey, max)` -> the key's highest slot below `max` (-1: none): new slots take
+    /// the numbers above it.
+    pub top: String,
+    /// `(lim, rkey, from, to)` makes the key's slots `from..=to` that do not exist, free
+    /// (`at` = 0): run outside any claim's transaction (it may wait on another maker's insert
+    /// of the same slot, and a claim holding locks meanwhile could wait in a circle).
+    pub make_free: String,
+    /// `[k]` `(lim, rkey, at, slot x 2^k)` gives the slots listed back (`at` = 0) where they
+    /// still hold the stamp `at` -> how many.
+    pub free_in: Vec<String>,
+    /// `[k]` `(new, lim, rkey, at, slot x 2^k)` stamps the slots listed again with `new` where
+    /// they still hold the stamp `at` -> how many.
+    pub restamp_in: Vec<String>,
     /// `(lim, rkey, max)` -> `count(*), min(at)` of the key's slots: full when the count is
     /// `max`; the oldest stamp is when the window next has room.
     pub usage: String,
-    /// `(lim, rkey, max)` -> the key's slot numbers, ascending (a new slot takes the first
-    /// one missing).
+    /// `(lim, rkey, max)` -> the key's slot numbers, ascending (once the numbers up to `max`
+    /// were made, a new slot takes the first one missing: slots the sweep deleted).
     pub slots: String,
-    /// `(lim, rkey, slot, at)` makes a slot, taken; 0 rows if another claim made it first.
+    /// `(lim, rkey, slot, at)` makes a slot (free: `at` = 0); 0 rows if it exists.
     pub insert: String,
-    /// `(lim, rkey, slot, at)` gives a slot back (`at` = 0) if it still holds the stamp `at`:
-    /// a take that found its row gone.
-    pub free: String,
-    /// `(new, lim, rkey, slot, at)` stamps a slot again with `new` if it still holds the stamp
-    /// `at`: a claim whose stamp came long before its commit.
-    pub restamp: String,
     /// `(lim, since)` -> `count(*)` of a limit's slots stamped after `since`: the claims in
     /// the window (operators' counts).
     pub claimed: String,
     /// `(lim, since, max, max)` -> `rkey` of each key with `max` slots stamped after `since`:
     /// the keys whose window is full (operators' counts).
     pub full: String,
-    /// `(lim, before)` deletes a limit's slots free since `before`: a key's slots are made
-    /// again as claims need them, so an idle key keeps none.
+    /// `(lim, before, lim, before)` deletes the slots of a limit's keys whose slots are all free since
+    /// `before`: an idle key keeps none, and a busy key's slots stay numbered without gaps
+    /// (new ones take the numbers above the highest).
     pub sweep: String,
     /// `(before)` deletes every slot stamped before `before` (a day ago: free under any
     /// window), of whichever limit: those of a limit no longer described too.
@@ -61,6 +86,9 @@ pub(crate) struct FairSql {
     /// `after`; each at most `max` keys with a due unfinished row, ascending.
     pub keys: [String; 2],
 }
+
+/// The longest slot list of one statement is `2^IN_LIST_POW` slots (longer lists go in parts).
+pub(crate) const IN_LIST_POW: u32 = 6;
 
 /// The name of a table's rate slots' table.
 pub(crate) fn rates_table(spec: &TableSpec) -> String {
@@ -103,25 +131,114 @@ impl Syntax {
             self.p(3),
             self.p(4)
         );
+        let pg = matches!(ignore, InsertIgnore::OnConflict);
+        let mysql = matches!(ignore, InsertIgnore::Ignore);
+        let index_name = self.q(&format!("{}_rates_at", spec.name));
+        let limit = (self.claim_limit)(&self.p(6));
+        // Lists padded to a power of two: a handful of statement texts, whatever the count.
+        let listed = |k: u32, first: usize| -> String {
+            (0..1usize << k)
+                .map(|i| self.p(first + i))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let lists = |make: &dyn Fn(u32) -> String| (0..=IN_LIST_POW).map(make).collect();
+        // Slots `from..=to` (parameters 3 and 4) as a column `n`.
+        let series = match pg {
+            true => format!(
+                "generate_series({}::integer, {}::integer) AS r (n)",
+                self.p(3),
+                self.p(4)
+            ),
+            false => format!(
+                "(WITH RECURSIVE s (n) AS (SELECT {} UNION ALL SELECT n + 1 FROM s WHERE n < {}) \
+                 SELECT n FROM s) AS r",
+                self.p(3),
+                self.p(4)
+            ),
+        };
+        let made = format!(
+            "INTO {t} (lim, rkey, slot, at) SELECT {}, {}, n, 0 FROM {series}",
+            self.p(1),
+            self.p(2),
+        );
         RateSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (lim INTEGER NOT NULL, rkey {key_type} NOT NULL, \
-                 slot INTEGER NOT NULL, at BIGINT NOT NULL, PRIMARY KEY (lim, rkey, slot)){table_tail}"
+                 slot INTEGER NOT NULL, at BIGINT NOT NULL, PRIMARY KEY (lim, rkey, slot){}){table_tail}",
+                match mysql {
+                    true => format!(", INDEX {index_name} (lim, rkey, at)"),
+                    false => String::new(),
+                }
             ),
+            index: (!mysql).then(|| {
+                format!("CREATE INDEX IF NOT EXISTS {index_name} ON {t} (lim, rkey, at)")
+            }),
+            add_index: mysql.then(|| format!("ALTER TABLE {t} ADD INDEX {index_name} (lim, rkey, at)")),
+            // PostgreSQL: the rows picked as an array of their row addresses, computed once
+            // (a subquery in `IN` may be run again for each row the update reads, locking
+            // each time), then stamped by address (a TID scan: an index of the key would
+            // read every slot it has). The pick locks them as it reads them free, so the
+            // update needs no fence of its own, and no one moves a row this claim holds.
+            take_oldest: (!mysql).then(|| {
+                let picked = |col: &str| {
+                    format!(
+                        "SELECT {col} FROM {t} WHERE {} AND at <= {} AND slot < {} ORDER BY at \
+                         {limit}{locking}",
+                        key(2),
+                        self.p(4),
+                        self.p(5),
+                    )
+                };
+                match pg {
+                    true => format!(
+                        "UPDATE {t} SET at = {} WHERE ctid = ANY(ARRAY({})) RETURNING slot",
+                        self.p(1),
+                        picked("ctid")
+                    ),
+                    false => format!(
+                        "UPDATE {t} SET at = {} WHERE {} AND at <= {} AND slot IN ({}) RETURNING slot",
+                        self.p(1),
+                        key(2),
+                        self.p(4),
+                        picked("slot")
+                    ),
+                }
+            }),
+            take_keys: pg.then(|| {
+                format!(
+                    "UPDATE {t} SET at = $1 WHERE ctid = ANY(ARRAY(SELECT s.ctid FROM \
+                     unnest($3::text::text[], $4::text::integer[]) AS k (rkey, n) CROSS JOIN LATERAL \
+                     (SELECT ctid FROM {t} WHERE lim = $2 AND rkey = k.rkey AND at <= $5 AND slot < $6 \
+                     ORDER BY at LIMIT k.n{locking}) AS s)) RETURNING rkey, slot"
+                )
+            }),
             pick: format!(
                 "SELECT slot FROM {t} WHERE {} AND at <= {} AND slot < {} ORDER BY at {}{locking}",
                 key(1),
                 self.p(3),
                 self.p(4),
-                (self.claim_limit)("1")
+                (self.claim_limit)(&self.p(5))
             ),
-            stamp: format!(
-                "UPDATE {t} SET at = {} WHERE {} AND slot = {} AND at <= {}",
-                self.p(1),
-                key(2),
-                self.p(4),
-                self.p(5)
+            stamp_in: lists(&|k| {
+                format!(
+                    "UPDATE {t} SET at = {} WHERE {} AND at <= {} AND slot IN ({})",
+                    self.p(1),
+                    key(2),
+                    self.p(4),
+                    listed(k, 5)
+                )
+            }),
+            top: format!(
+                "SELECT COALESCE(MAX(slot), -1) FROM {t} WHERE {} AND slot < {}",
+                key(1),
+                self.p(3)
             ),
+            make_free: match ignore {
+                InsertIgnore::OnConflict => format!("INSERT {made} ON CONFLICT DO NOTHING"),
+                InsertIgnore::Ignore => format!("INSERT IGNORE {made}"),
+                InsertIgnore::OrIgnore => format!("INSERT OR IGNORE {made}"),
+            },
             usage: format!(
                 "SELECT count(*), min(at) FROM {t} WHERE {} AND slot < {}",
                 key(1),
@@ -137,19 +254,23 @@ impl Syntax {
                 InsertIgnore::Ignore => format!("INSERT IGNORE {insert}"),
                 InsertIgnore::OrIgnore => format!("INSERT OR IGNORE {insert}"),
             },
-            free: format!(
-                "UPDATE {t} SET at = 0 WHERE {} AND slot = {} AND at = {}",
-                key(1),
-                self.p(3),
-                self.p(4)
-            ),
-            restamp: format!(
-                "UPDATE {t} SET at = {} WHERE {} AND slot = {} AND at = {}",
-                self.p(1),
-                key(2),
-                self.p(4),
-                self.p(5)
-            ),
+            free_in: lists(&|k| {
+                format!(
+                    "UPDATE {t} SET at = 0 WHERE {} AND at = {} AND slot IN ({})",
+                    key(1),
+                    self.p(3),
+                    listed(k, 4)
+                )
+            }),
+            restamp_in: lists(&|k| {
+                format!(
+                    "UPDATE {t} SET at = {} WHERE {} AND at = {} AND slot IN ({})",
+                    self.p(1),
+                    key(2),
+                    self.p(4),
+                    listed(k, 5)
+                )
+            }),
             claimed: format!(
                 "SELECT count(*) FROM {t} WHERE lim = {} AND at > {}",
                 self.p(1),
@@ -163,10 +284,17 @@ impl Syntax {
                 self.p(3),
                 self.p(4)
             ),
+            // The fence on each row as well as the key's: a claim may stamp one of an idle
+            // key's slots while the delete runs (PostgreSQL checks again only the row's own
+            // conditions of a row it waited for), and a stamped slot deleted would let the
+            // window hold one claim more.
             sweep: format!(
-                "DELETE FROM {t} WHERE lim = {} AND at <= {}",
+                "DELETE FROM {t} WHERE lim = {} AND at <= {} AND rkey IN (SELECT rkey FROM (SELECT \
+                 rkey FROM {t} WHERE lim = {} GROUP BY rkey HAVING MAX(at) <= {}) AS idle)",
                 self.p(1),
-                self.p(2)
+                self.p(2),
+                self.p(3),
+                self.p(4)
             ),
             sweep_any: format!("DELETE FROM {t} WHERE at <= {}", self.p(1)),
         }
@@ -276,7 +404,17 @@ impl Syntax {
         else {
             return String::new();
         };
-        let t = self.q(&spec.name);
+        // The key's index, by force where the planner may choose another ([`Syntax::force_index`]:
+        // on MariaDB a read of an emptied key planned over the ready index held every row of
+        // the other keys it walked locked until commit, 49 of 50).
+        let t = match self.force_index {
+            true => format!(
+                "{} FORCE INDEX ({})",
+                self.q(&spec.name),
+                self.q(&format!("{}_fair", spec.name))
+            ),
+            false => self.q(&spec.name),
+        };
         let mut cols = format!("{}, {}", self.q(&spec.id), self.q(&spec.run_at));
         for col in &spec.columns {
             cols.push_str(&format!(", {}", self.q(&col.name)));

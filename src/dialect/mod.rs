@@ -61,6 +61,55 @@ pub(crate) mod savepoint {
     pub const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT sqlbroker_handler";
 }
 
+#[derive(Debug, Clone, Default)]
+/// [`LimitSql::except`]: the candidates without the rows whose `column` holds one of the
+/// values given (and, in some shapes, without those whose `column` is `NULL`), one statement
+/// per shape ([`except_shapes`], indexed by [`except_index`]): `2^k` values, the last
+/// repeated to fill a class.
+pub(crate) struct ExceptSql {
+    /// The user column the limit's key reads.
+    pub column: usize,
+    /// The limits (their places in the table's) whose key reads `column` alone.
+    pub limits: Vec<usize>,
+    /// `(now, now, value.., limit)` -> as [`LimitSql::candidates`]`[0]`.
+    pub candidates: Vec<String>,
+    /// `(now, now, run_at, id, value.., limit)` -> as [`LimitSql::candidates_from`]`[0]`
+    /// (advisory: [`TableSql::advisory_except`]).
+    pub candidates_from: Option<Vec<String>>,
+}
+
+/// How many size classes of values [`ExceptSql`] has: up to `2^(EXCEPT_CLASSES - 1)` (128)
+/// keys left out a claim.
+pub(crate) const EXCEPT_CLASSES: u32 = 8;
+
+/// The shapes of [`ExceptSql`]'s statements, in order: `(null, n)`, leaving `n` values out,
+/// and the `NULL` key too with `null`. `n` is a power of two; 0 only with `null`.
+pub(crate) fn except_shapes() -> impl Iterator<Item = (bool, usize)> {
+    let classes = (0..EXCEPT_CLASSES).map(|k| 1usize << k);
+    classes
+        .clone()
+        .map(|n| (false, n))
+        .chain(std::iter::once((true, 0)))
+        .chain(classes.map(|n| (true, n)))
+}
+
+/// The place in [`except_shapes`] of the shape leaving out `values` values (padded up to a
+/// power of two) and, with `null`, the `NULL` key: the place and the padded count; `None`
+/// when it leaves out nothing.
+pub(crate) fn except_index(null: bool, values: usize) -> Option<(usize, usize)> {
+    let padded = match values {
+        0 => 0,
+        n => n.next_power_of_two(),
+    };
+    let k = padded.trailing_zeros() as usize;
+    match (null, padded) {
+        (false, 0) => None,
+        (false, _) => Some((k, padded)),
+        (true, 0) => Some((EXCEPT_CLASSES as usize, 0)),
+        (true, _) => Some((EXCEPT_CLASSES as usize + 1 + k, padded)),
+    }
+}
+
 /// The lease claim of a table with concurrency limits ([`Table::concurrency_limit`]), in
 /// several statements run in one transaction that first locks the table's record
 /// ([`RegistrySql::limits_locked`]), so claims of the table take turns and each counts what the
@@ -103,6 +152,11 @@ pub(crate) struct LimitSql {
     /// subscription's claim [cursor](crate::runtime::cursor) past the dead index entries of
     /// rows already claimed (`candidates` then also starts each row with `id, run_at`).
     pub candidates_from: Option<[String; 2]>,
+    /// Lease tables, one per concurrency limit whose key reads one column: a later page's
+    /// candidates with the rows of keys found at their max left out by that column's value,
+    /// so a key at its max with a long backlog ahead in claim order does not hide the other
+    /// keys' rows from every claim (a claim reads at most 10,000 rows, `SCAN_MAX`).
+    pub except: Vec<ExceptSql>,
     /// The servers, per size class: `(now, now, id x 2^k)` -> `id, claimable (1 or 0)` of those
     /// rows not locked elsewhere, locked `FOR UPDATE SKIP LOCKED` by primary key: the rows a
     /// claim chose past its first page.
@@ -203,6 +257,10 @@ pub(crate) struct TableSql {
     ///
     /// Modelled in model/advisory.pml (candidates).
     pub claim_after: String,
+    /// Advisory: `claim_after` without the keys a claim found at the max of a limit whose key
+    /// reads one column ([`LimitSql::except`]'s `candidates_from`: `claim_after`'s parameters
+    /// with the values left out before the limit).
+    pub advisory_except: Vec<ExceptSql>,
     /// Advisory, tables without FIFO groups or priorities on the servers: a claim's first page is
     /// read with `claim_after` from the subscription's [cursor](crate::runtime::cursor).
     ///
@@ -765,8 +823,13 @@ pub(crate) trait Dialect: Send + Sync + 'static {
             .map(|name| format!("INDEX IF NOT EXISTS {} ON ", self.syntax().q(name)))
             .collect();
         let after_table: Vec<String> = self.create_table(spec).into_iter().skip(1).collect();
-        let is_index =
-            |stmt: &str| stmt.starts_with("CREATE ") && stmt.contains(" INDEX IF NOT EXISTS ");
+        // (The rate slots' index is the migration's to look for on that table.)
+        let rates = format!(" ON {} (", self.syntax().q(&flow::rates_table(spec)));
+        let is_index = |stmt: &str| {
+            stmt.starts_with("CREATE ")
+                && stmt.contains(" INDEX IF NOT EXISTS ")
+                && !stmt.contains(&rates)
+        };
         let missing: Vec<String> = after_table
             .iter()
             .filter(|stmt| is_index(stmt) && !have.iter().any(|h| stmt.contains(h.as_str())))
@@ -1433,5 +1496,27 @@ mod tests {
             assert_eq!(got[..2], [Value::Int(7), Value::Int(7)]);
             assert_eq!(got[2], Value::Text("+00:00".into()));
         }
+    }
+}
+
+#[cfg(test)]
+mod except_tests {
+    use super::{except_index, except_shapes, EXCEPT_CLASSES};
+
+    /// Each shape's place is where `except_index` finds it, and a count between classes is
+    /// padded up to the next.
+    #[test]
+    fn except_shapes_are_found_where_built() {
+        let shapes: Vec<(bool, usize)> = except_shapes().collect();
+        assert_eq!(shapes.len(), 2 * EXCEPT_CLASSES as usize + 1);
+        for (i, (null, n)) in shapes.iter().enumerate() {
+            assert_eq!(except_index(*null, *n), Some((i, *n)), "shape {i}");
+        }
+        assert_eq!(except_index(false, 0), None);
+        assert_eq!(except_index(false, 3), Some((2, 4)));
+        assert_eq!(
+            except_index(true, 5),
+            Some((EXCEPT_CLASSES as usize + 1 + 3, 8))
+        );
     }
 }

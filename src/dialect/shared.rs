@@ -4,9 +4,13 @@
 //! so they suit positional (`?`), numbered (`?1`) and dollar (`$1`) placeholders alike. What
 //! differs between the databases (claims, locks, DDL, renewal) lives in each dialect's own folder.
 
-use crate::dialect::{LimitSql, TableSql};
+use crate::dialect::{except_shapes, ExceptSql, LimitSql, TableSql};
 use crate::model::schema::{family, ColumnDef, Family};
 use crate::model::table::{ColumnType, Form, TableSpec};
+
+/// A statement of [`ExceptSql`]: the number of its first value's parameter, and the statement
+/// made of a condition and the number of the limit's parameter.
+type ExceptStatement<'a> = (usize, &'a dyn Fn(&str, usize) -> String);
 
 /// The `dead_reason` of a cancelled job ([`Broker::cancel`](crate::Broker::cancel),
 /// [`Delivery::cancel`](crate::Delivery::cancel)): a row kept as completed and cancelled, or a
@@ -86,6 +90,11 @@ pub(crate) struct Syntax {
     /// those columns (PostgreSQL, SQLite). MariaDB plans it on `run_at` alone and walks every
     /// entry of the second: there it is spelled as two ranges ([`Syntax::after_cursor`]).
     pub row_compare: bool,
+    /// A read of one key's rows names the index it walks (`FORCE INDEX`, MySQL): MariaDB may
+    /// plan it over another index, and a locked read (`FOR UPDATE SKIP LOCKED`) then keeps
+    /// every row it scanned locked until commit, rows of other keys included, which claims
+    /// side by side pass by and their cursors go past.
+    pub force_index: bool,
 }
 
 /// `s` as a standard SQL string literal: quotes doubled, nothing else special (PostgreSQL
@@ -171,6 +180,15 @@ impl Syntax {
             "{head} AND {after} ORDER BY {order} {}",
             (self.claim_limit)(&self.p(2 + n))
         );
+        // Later pages without the keys found at their max: `claim_after`'s parameters with
+        // the values left out before the limit.
+        let from = |cond: &str, lim: usize| {
+            format!(
+                "{head} AND {after} AND {cond} ORDER BY {order} {}",
+                (self.claim_limit)(&self.p(lim))
+            )
+        };
+        sql.advisory_except = self.except_sql(spec, None, Some((2 + n, &from)));
     }
 
     /// The lease claim of a table with concurrency limits ([`LimitSql`]), its transaction
@@ -276,25 +294,34 @@ impl Syntax {
         let taken = classes(!returning, &|k| {
             format!("SELECT {row} FROM {t} WHERE {id} IN ({})", ids(1, 1 << k))
         });
-        let candidates = format!(
-            "SELECT {} FROM {t} WHERE {} ORDER BY {} {}",
-            with_user(&lead),
-            claimable(1, 2),
-            self.order(spec),
-            (self.claim_limit)(&self.p(3))
-        );
-        let candidates_from = cursor.then(|| {
+        // A page of candidates: `(now, now[, run_at, id][, value..], limit)`, with `cond`
+        // (nothing, or a later page's keys left out by their column's value, `except`).
+        let page = |cond: &str, lim: usize| {
             format!(
-                "SELECT {} FROM {t} WHERE {} AND ({}, {id}) > ({}, {}) ORDER BY {} {}",
+                "SELECT {} FROM {t} WHERE {}{cond} ORDER BY {} {}",
                 with_user(&lead),
                 claimable(1, 2),
-                self.q(&spec.run_at),
-                self.p(3),
-                self.p(4),
                 self.order(spec),
-                (self.claim_limit)(&self.p(5))
+                (self.claim_limit)(&self.p(lim))
             )
-        });
+        };
+        let after = format!(
+            " AND ({}, {id}) > ({}, {})",
+            self.q(&spec.run_at),
+            self.p(3),
+            self.p(4)
+        );
+        let candidates = page("", 3);
+        let candidates_from = cursor.then(|| page(&after, 5));
+        // Later pages without the keys found at their max: a limit whose key reads one
+        // column leaves them out by its value.
+        let except_first = |cond: &str, lim: usize| page(&format!(" AND {cond}"), lim);
+        let except_from = |cond: &str, lim: usize| page(&format!("{after} AND {cond}"), lim);
+        let except = self.except_sql(
+            spec,
+            Some((3, &except_first)),
+            cursor.then_some((5, &except_from as &dyn Fn(&str, usize) -> String)),
+        );
         // The rows in work counted per key on the server: a row per key, the columns the
         // limits read in their places (`NULL` in the others), not a row per row in work.
         let read: Vec<usize> = spec
@@ -335,6 +362,7 @@ impl Syntax {
             in_work,
             candidates: [candidates.clone(), format!("{candidates}{locking}")],
             candidates_from: candidates_from.map(|c| [c.clone(), format!("{c}{locking}")]),
+            except,
             lock,
             take,
             take_locked,
@@ -343,6 +371,71 @@ impl Syntax {
             slot_xact_lock: None,
             slot_bridge: None,
         }
+    }
+
+    /// A statement of [`ExceptSql`] in each of its shapes ([`except_shapes`]), in their order:
+    /// `stmt(condition, limit)` with the condition leaving the shape's keys out of column `col`
+    /// (its values numbered from parameter `first`), and the number of the limit's parameter
+    /// after them.
+    fn except_variants(
+        &self,
+        col: &str,
+        first: usize,
+        stmt: &dyn Fn(&str, usize) -> String,
+    ) -> Vec<String> {
+        except_shapes()
+            .map(|(null, n)| {
+                let values: Vec<String> = (first..first + n).map(|i| self.p(i)).collect();
+                let values = values.join(", ");
+                let cond = match (null, n) {
+                    (false, _) => format!("({col} IS NULL OR {col} NOT IN ({values}))"),
+                    (true, 0) => format!("{col} IS NOT NULL"),
+                    (true, _) => format!("({col} IS NOT NULL AND {col} NOT IN ({values}))"),
+                };
+                stmt(&cond, first + n)
+            })
+            .collect()
+    }
+
+    /// [`ExceptSql`] for each user column a concurrency limit whose key reads one column reads
+    /// (each column once, with the limits that read it): `candidates` and `from`, each the
+    /// number of its first value's parameter and its statement of a condition and the
+    /// limit's parameter ([`Syntax::except_variants`]).
+    fn except_sql(
+        &self,
+        spec: &TableSpec,
+        candidates: Option<ExceptStatement<'_>>,
+        from: Option<ExceptStatement<'_>>,
+    ) -> Vec<ExceptSql> {
+        let mut columns: Vec<usize> = Vec::new();
+        for l in &spec.limits {
+            let cols: Vec<usize> = l.template.columns().collect();
+            if let [c] = cols[..] {
+                if !columns.contains(&c) {
+                    columns.push(c);
+                }
+            }
+        }
+        columns
+            .into_iter()
+            .map(|c| {
+                let col = self.q(&spec.columns[c].name);
+                let variants =
+                    |(first, stmt): ExceptStatement<'_>| self.except_variants(&col, first, stmt);
+                ExceptSql {
+                    column: c,
+                    limits: spec
+                        .limits
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| l.template.columns().eq([c]))
+                        .map(|(i, _)| i)
+                        .collect(),
+                    candidates: candidates.map(variants).unwrap_or_default(),
+                    candidates_from: from.map(variants),
+                }
+            })
+            .collect()
     }
 
     /// The index the lease claim of a table with concurrency limits reads its rows in work by
@@ -372,6 +465,17 @@ impl Syntax {
         for c in &spec.columns {
             cols.push_str(&format!(", {}", self.q(&c.name)));
         }
+        // Later pages without the keys found at their max (`(now, value.., limit)`), as the
+        // lease claim's.
+        let candidates = |cond: &str, lim: usize| {
+            format!(
+                "SELECT {cols} FROM {t} WHERE {} AND {cond} ORDER BY {} {}",
+                self.ready(spec, &self.p(1)),
+                self.order(spec),
+                (self.claim_limit)(&self.p(lim))
+            )
+        };
+        let except = self.except_sql(spec, Some((2, &candidates)), None);
         LimitSql {
             begin,
             in_work: String::new(),
@@ -385,6 +489,7 @@ impl Syntax {
                 String::new(),
             ],
             candidates_from: None,
+            except,
             lock: Vec::new(),
             take_locked: Vec::new(),
             turn_at_begin: false,

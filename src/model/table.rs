@@ -554,10 +554,12 @@ impl Table {
     /// that found a key full learns when its window next has room and claims again then
     /// (at most a poll interval later), rather than a poll interval later.
     ///
-    /// The database enforces it: each key has `max` slots in the table `<table>_rates` (made
-    /// with the table), each holding the time it was last claimed; a claim takes a slot last
-    /// claimed at least `per` ago, stamping it with its own time, in one atomic statement, so
-    /// no two claims in `per` share a slot and no window holds more than `max`. Times are
+    /// The database enforces it: each key has up to `max` slots in the table `<table>_rates`
+    /// (made with the table; a key's slots as its claims need them, an idle key's deleted),
+    /// each holding the time it was last claimed; a claim takes a slot last claimed at least
+    /// `per` ago, stamping it with its own time, in one atomic statement, so no two claims in
+    /// `per` share a slot and no window holds more than `max`. A lease claim stamps the slots
+    /// of a key's rows it has in view in one statement. Times are
     /// the hosts' clocks in milliseconds: hosts sharing a table keep them in step (NTP).
     /// Lease form: the stamp is written in the claim's transaction. Advisory lock and row
     /// lock forms: it commits before the row's take; a take that then finds its row gone

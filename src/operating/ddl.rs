@@ -239,10 +239,23 @@ pub(crate) fn plan(
             .map_err(q.err("migrate"))?;
         if found.is_empty() {
             // (Already among the table's statements when an index was missing too.)
-            if !m.statements.contains(&rates.create) {
-                m.statements.push(rates.create.clone());
+            for stmt in [&rates.create].into_iter().chain(&rates.index) {
+                if !m.statements.contains(stmt) {
+                    m.statements.push(stmt.clone());
+                }
             }
             m.done.push(format!("created table {name}"));
+        } else if let Some(add) = rates.add_index.as_ref().or(rates.index.as_ref()) {
+            // The slots' index of free slots, on a slots' table made before it.
+            let index = format!("{name}_at");
+            let have = q
+                .dialect
+                .index_names(conn, &name)
+                .map_err(q.err("migrate"))?;
+            if !have.iter().any(|h| h.eq_ignore_ascii_case(&index)) {
+                m.statements.push(add.clone());
+                m.done.push(format!("added index {index}"));
+            }
         }
     }
     if let Some(pq) = &q.sql.paused_queues {
@@ -357,7 +370,9 @@ impl Broker {
     /// table replaces the record of a table of that name dropped earlier; an existing table
     /// whose record disagrees with `table` is refused with [`BrokerError::Schema`] naming
     /// each difference ([`Broker::migrate`] records a changed description), and an existing
-    /// table with no record is given `table` as its record. A table keeps one description:
+    /// table with no record is given `table` as its record. An existing table is given the
+    /// indexes `table` names that it lacks (MySQL writes them inside its `CREATE TABLE`, which
+    /// does nothing on a table that is there). A table keeps one description:
     /// of several services that create one new table at the same moment with different
     /// descriptions, one records its own and the others get [`BrokerError::Schema`].
     ///
@@ -441,6 +456,24 @@ impl Broker {
             }
             done
         })?;
+        if existed {
+            // An existing table gets the indexes the description names that it lacks: MySQL
+            // writes them inside its `CREATE TABLE`, which does nothing on a table that is
+            // there, and a claim may name one by force (a fair key's read names `<table>_fair`:
+            // without it every claim failed).
+            // Another broker adding the same index at the same moment fails this one's
+            // statement; the index is then there.
+            q.retrying("create table", |conn| {
+                let missing = |conn: &mut dyn DbConn| {
+                    let have = q.dialect.index_names(conn, &q.spec.name)?;
+                    Ok::<_, DbError>(q.dialect.missing_indexes(&q.spec, &have))
+                };
+                match missing(conn)?.iter().try_for_each(|stmt| conn.batch(stmt)) {
+                    Err(_) if missing(conn)?.is_empty() => Ok(()),
+                    done => done,
+                }
+            })?;
+        }
         {
             let mut conn = q.conn("schema check")?;
             q.check_schema(&mut *conn)?;
@@ -694,6 +727,7 @@ mod tests {
             stamps_created: false,
             contains: |h, n| format!("instr({h}, {n}) > 0"),
             row_compare: true,
+            force_index: false,
         }
     }
 

@@ -37,7 +37,15 @@ pub(crate) struct FlowState {
     /// order position `(run_at, id)` past the rows taken of it, and when the cursors were all
     /// last dropped ([`FlowState::fair_cursor`]).
     fair_cursors: Mutex<(Option<Instant>, std::collections::HashMap<String, Key>)>,
+    /// Rate limits: the keys a claim found without a free slot and with fewer than their
+    /// max, by limit and key: the key's max and how many slots the claim wanted, made before
+    /// this broker's next claim begins ([`FlowState::rate_needs`]). At most [`NEEDS_KEPT`].
+    rate_needs: Mutex<std::collections::BTreeMap<(i64, String), (u32, usize)>>,
 }
+
+/// The most keys [`FlowState::rate_need`] keeps between two claims (more are found short again
+/// by a later claim).
+const NEEDS_KEPT: usize = 256;
 
 impl Default for FlowState {
     fn default() -> Self {
@@ -50,6 +58,7 @@ impl Default for FlowState {
             fair_keys_reading: Mutex::default(),
             fair_heads: Mutex::default(),
             fair_cursors: Mutex::default(),
+            rate_needs: Mutex::default(),
         }
     }
 }
@@ -147,6 +156,29 @@ impl FlowState {
         if room.is_none_or(|r| at < r) {
             *room = Some(at);
         }
+    }
+
+    /// A claim found rate limit `lim`'s `key` (its max `max`) without a free slot and wanted
+    /// `n`.
+    pub fn rate_need(&self, lim: i64, key: &str, max: u32, n: usize) {
+        let mut needs = self.rate_needs.lock();
+        if needs.len() < NEEDS_KEPT || needs.contains_key(&(lim, key.to_string())) {
+            let e = needs.entry((lim, key.to_string())).or_insert((max, 0));
+            *e = (max, e.1.max(n));
+        }
+    }
+
+    /// True if a claim found a key short of slots since they were last made.
+    pub fn has_rate_needs(&self) -> bool {
+        !self.rate_needs.lock().is_empty()
+    }
+
+    /// The slots claims found missing, by limit and key in order (a key's max and how many),
+    /// forgotten as given.
+    pub fn rate_needs(&self) -> Vec<((i64, String), (u32, usize))> {
+        std::mem::take(&mut *self.rate_needs.lock())
+            .into_iter()
+            .collect()
     }
 
     /// How long until a window a claim found full has room, if one did (once that moment

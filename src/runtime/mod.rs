@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -121,7 +121,9 @@ pub(crate) type AckResults = Arc<Vec<(usize, AckBatch)>>;
 pub(crate) struct AckItem {
     pub queue: Arc<Queue>,
     pub id: i64,
-    pub tokens: Vec<SystemTime>,
+    /// Locked by the flush once it holds a connection, so the lease is renewed while the ack
+    /// waits for one.
+    pub cell: Arc<renewer::LeaseCell>,
 }
 
 /// The most leases one grouped ack writes.

@@ -8,7 +8,9 @@
 //! renewal), renews the held tokens in one statement, writes the new token into the cells it
 //! renewed and releases them before the next chunk. A settlement takes its cell's lock, so it
 //! never runs between the database's renewal and the cell's update, and always names the token
-//! the row holds; it waits at most for one renewal statement.
+//! the row holds; it waits at most for one renewal statement. It takes the lock only once it
+//! holds its connection: a settlement (or an extension, a checkpoint) waiting for a pool the
+//! application holds whole leaves its lease to be renewed meanwhile.
 //!
 //! Renewal never waits on a row lock (servers: `FOR UPDATE SKIP LOCKED`): a row a user's
 //! transaction holds is skipped this round and tried again a quarter lease later, so one locked

@@ -56,6 +56,7 @@ static SYNTAX: Syntax = Syntax {
     stamps_created: false,
     contains: |h, n| format!("contains({h}, {n})"),
     row_compare: true,
+    force_index: false,
 };
 
 static ACTION_LOG: crate::dialect::ActionLogSql = crate::dialect::ActionLogSql {

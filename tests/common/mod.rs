@@ -20,6 +20,7 @@ pub mod blackhole;
 pub mod ledger;
 pub mod server;
 pub mod sessions;
+pub mod takes;
 
 /// The databases a behaviour suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +177,20 @@ impl Live {
         self.track(t.name());
         self.broker.create_table(&t).expect("create table");
         t
+    }
+
+    /// Creates `t` in `form` with its window slots' table dropped at the end: the advisory
+    /// form's own key reads a column unique per message (`u`), so its one-row-per-key lock
+    /// never stands in for a rate limit tested.
+    pub fn create_in_form(&self, t: Table, form: Form) -> Table {
+        let name = t.name().to_string();
+        self.track(&format!("{name}_rates"));
+        let t = match form {
+            Form::Lease => t.lease(Duration::from_secs(30)),
+            Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
+            _ => t,
+        };
+        self.create(t)
     }
 
     /// Drops the table `name` at the end (one created some other way).

@@ -1181,6 +1181,41 @@ fn concurrency(ix: &Index<'_>, out: &mut Vec<Broken>) {
     }
 }
 
+/// P9: a rate limit's window slots are bounded: at the run's end no key keeps more slots than
+/// the largest max ever in force (`slots`: each key's count in `<table>_rates`, read then).
+pub fn rate_slots(world: &World, evs: &[Ev], slots: &[i64]) -> Vec<Broken> {
+    let Some((template, described, _)) = &world.rate else {
+        return Vec::new();
+    };
+    let ix = Index::new(world, evs);
+    // Lifted at some point: any max may have been set around it (an operator's ops only).
+    let largest = maxes_within(
+        &ix,
+        Some(*described),
+        |op| match op {
+            Op::SetRate(k, _, m) if k == template => Some(*m),
+            _ => None,
+        },
+        i64::MIN,
+        i64::MAX,
+    )
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(*described);
+    slots
+        .iter()
+        .filter(|n| **n > i64::from(largest))
+        .map(|n| Broken {
+            promise: "P9",
+            what: format!("a key keeps {n} window slots; the largest max in force was {largest}"),
+            jobs: Vec::new(),
+            from: 0,
+            to: 0,
+        })
+        .collect()
+}
+
 /// P9: rate limits. No window of `per` holds more than `max` claims of a key, for the largest
 /// max that may have been in force in it or a window before it.
 fn rates(ix: &Index<'_>, out: &mut Vec<Broken>) {

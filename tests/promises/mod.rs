@@ -199,6 +199,14 @@ pub fn run(db: Db, form: Form, seed: u64, budget: Budget) -> Option<Outcome> {
         .unwrap_or_default();
     let mut broken = check::check(&world, &events, &fin, &waiting);
     broken.extend(fleet_after_stop(&b0, &world));
+    if world.rate.is_some() {
+        let slots = live.ints(&format!(
+            "SELECT count(*) FROM {}_rates GROUP BY lim, rkey",
+            world.name
+        ));
+        let slots: Vec<i64> = slots.into_iter().flatten().collect();
+        broken.extend(check::rate_slots(&world, &events, &slots));
+    }
     let jobs = events
         .iter()
         .filter(|e| matches!(e.what, history::What::Published { .. }))

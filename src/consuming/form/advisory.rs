@@ -176,6 +176,8 @@ fn scan(
         Ok(out)
     };
     let mut fair_scan = super::fair::Scan::new(limit.max(16));
+    // Keys found at their max, left out of the later pages (`super::except`).
+    let mut except = super::except::Except::new(&q.sql.advisory_except);
     loop {
         let fair = q.spec.fair.is_some();
         let rows = match &after {
@@ -190,8 +192,16 @@ fn scan(
                 if !q.dialect.syntax().row_compare {
                     params.push(run_at.clone());
                 }
-                params.extend([Value::Int(*id), Value::Int(page as i64)]);
-                conn.query(&q.sql.claim_after, &params)
+                params.push(Value::Int(*id));
+                let stmt = match except.statement(true) {
+                    Some((stmt, values)) => {
+                        params.extend(values);
+                        stmt
+                    }
+                    None => q.sql.claim_after.as_str(),
+                };
+                params.push(Value::Int(page as i64));
+                conn.query(stmt, &params)
             }
         };
         let rows = match rows {
@@ -215,6 +225,7 @@ fn scan(
             }
             let limit_keys = InWork::keys(&q.spec, user);
             if passed_by(&tried, &limit_keys) {
+                except.passed_marked(&tried, &limit_keys, user);
                 continue;
             }
             let rate_keys = rates::keys(ctx, user);
@@ -249,6 +260,7 @@ fn scan(
                         Ok(Err((full, _taken))) => {
                             // The row's keys and the slots taken go back as they drop.
                             tried.insert(full);
+                            except.passed_marked(&tried, &limit_keys, user);
                             continue;
                         }
                         Err(e) => return partial(out, e),
@@ -274,6 +286,20 @@ fn scan(
                     tried.extend(keys);
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
+                            // Counted from the take, not before it; a slot another claim took
+                            // meanwhile hands the row back (the keys go as `held` drops).
+                            match rates::confirm(ctx, &mut *conn, &mut stamps) {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    let back = conn.execute(&q.sql.unclaim, &[Value::Int(id)]);
+                                    let freed = rates::give_back(ctx, &mut *conn, &stamps);
+                                    if let Err(e) = back.and(freed) {
+                                        return partial(out, e);
+                                    }
+                                    continue;
+                                }
+                                Err(e) => return partial(out, e),
+                            }
                             let hold = Hold::Advisory(KeyHold {
                                 key,
                                 holder: Holder::Process(held),
@@ -329,6 +355,7 @@ fn scan(
                         Ok(Ok(slots)) => names.extend(slots),
                         Ok(Err((full, taken))) => {
                             tried.insert(full);
+                            except.passed_marked(&tried, &limit_keys, user);
                             names.extend(taken);
                             if !unlock_all(ctx, &mut *conn, &mut session, &names) {
                                 return Ok(Vec::new());
@@ -367,6 +394,22 @@ fn scan(
                     tried.extend(keys.iter().cloned());
                     match take(ctx, &mut *conn, now, id, group) {
                         Ok(Some((row, unreadable))) => {
+                            // Counted from the take, not before it; a slot another claim took
+                            // meanwhile hands the row back, under the keys still held.
+                            match rates::confirm(ctx, &mut *conn, &mut stamps) {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    if conn.execute(&q.sql.unclaim, &[Value::Int(id)]).is_err()
+                                        || rates::give_back(ctx, &mut *conn, &stamps).is_err()
+                                        || !unlock_all(ctx, &mut *conn, &mut session, &names)
+                                    {
+                                        return Ok(Vec::new());
+                                    }
+                                    continue;
+                                }
+                                // The session's keys are unknown: it is discarded.
+                                Err(e) => return Err(q.err("claim")(e)),
+                            }
                             super::fair::served(ctx, user);
                             // The connection holds the keys: it goes with the delivery.
                             let here = keys

@@ -43,6 +43,7 @@ use crate::model::value::Value;
 use crate::runtime::cursor::{Key, Start};
 use crate::runtime::renewer::{LeaseCell, LeaseState};
 use crate::runtime::{AckBatch, AckGroup, AckItem, AckResults, Ctx, Queue, ACK_GROUP_MAX};
+use parking_lot::MutexGuard;
 
 /// Modelled in model/fifo.pml (heads), model/lease.pml (claim).
 pub(crate) fn claim(ctx: &Ctx, limit: usize, by: Option<Instant>) -> Result<Vec<Claimed>> {
@@ -141,6 +142,27 @@ fn claim_limited(
     now: SystemTime,
     token: SystemTime,
 ) -> Result<Vec<Vec<Value>>, DbError> {
+    let mut rows = claim_limited_once(ctx, sql, conn, limit, now, token)?;
+    // Rate limits: a key found short of window slots was passed by; its slots are made now
+    // (`top_up`, at the start of a claim) and the claim goes on for the rows it still wants,
+    // so a key's first claim is not an empty one (which a drain would take for the end).
+    if rows.len() < limit && ctx.queue.flow.has_rate_needs() {
+        let more = claim_limited_once(ctx, sql, conn, limit - rows.len(), now, token)?;
+        rows.extend(more);
+    }
+    Ok(rows)
+}
+
+/// One limited lease claim: [`claim_limited`] runs it again once when it passed a key by
+/// for want of window slots.
+fn claim_limited_once(
+    ctx: &Ctx,
+    sql: &crate::dialect::LimitSql,
+    conn: &mut dyn DbConn,
+    limit: usize,
+    now: SystemTime,
+    token: SystemTime,
+) -> Result<Vec<Vec<Value>>, DbError> {
     use crate::runtime::limits::InWork;
     use std::collections::{HashMap, HashSet};
     let q = &ctx.queue;
@@ -155,6 +177,8 @@ fn claim_limited(
         work.add_counted(spec, &conn.query(&sql.in_work, &[Value::Time(now)])?);
         Ok(work)
     };
+    // Window slots the last claims found missing, made before this claim's transaction.
+    super::rates::top_up(ctx, conn, &sql.begin);
     let out = crate::dialect::in_transaction(conn, &sql.begin, |conn| {
         // The maxes read last choose the rows, if read a moment ago (by the last claim's turn,
         // which reads them again and decides); else they are read now (SQLite: always, this is
@@ -196,6 +220,7 @@ fn claim_limited(
         // Each row chosen in claim order, with its user columns (the fair rotation's key).
         let mut order: Vec<(i64, Vec<Value>)> = Vec::new();
         let mut stamps: HashMap<i64, Vec<super::rates::Stamp>> = HashMap::new();
+        let mut pool = super::rates::Pool::default();
         let mut tried = HashSet::new();
         // PostgreSQL: candidates from the subscription's cursor, past the dead index entries
         // of rows already claimed. It moves only past rows this claim took before the first
@@ -213,7 +238,11 @@ fn claim_limited(
         };
         let mut before_skip: Vec<Key> = Vec::new();
         let mut skipped = false;
-        let mut seen = 0;
+        // The rows read so far (a later page reads the first ones again).
+        let mut considered: HashSet<i64> = HashSet::new();
+        let mut first = true;
+        // Keys found at their max, left out of later pages by their column's value.
+        let mut except = super::except::Except::new(&sql.except);
         // Rows chosen past the first page, read without locks: locked by id before the take.
         let mut loose = Vec::new();
         // A page of the batch first (on the servers locked as read): where no limit binds, it
@@ -243,42 +272,98 @@ fn claim_limited(
             .collect();
         'scan: while !work.table_full(spec, &maxes) {
             let fair = spec.fair.is_some();
-            let locked = usize::from(seen == 0 && !sql.lock.is_empty() && !fair);
-            let rows = match cursor {
-                _ if fair => {
-                    let full = |v: &Value| {
-                        let mut user = vec![Value::Null; spec.columns.len()];
-                        if let Some(slot) = fair_col.and_then(|c| user.get_mut(c)) {
-                            *slot = v.clone();
-                        }
-                        work.full_at(&maxes, &InWork::keys(spec, &user), &covering)
-                            || super::fair::blocked(ctx, &tried, v)
-                    };
-                    fair_scan.wanting(limit.saturating_sub(chosen.len() + loose.len()));
-                    fair_scan.next(ctx, conn, now, &full)
-                }
+            let locked = usize::from(first && !sql.lock.is_empty() && !fair);
+            let after = match cursor {
                 Some((
-                    from,
+                    _,
                     Start {
                         after: Some((run_at, id)),
                         ..
                     },
-                )) => conn.query(
-                    &from[locked],
-                    &[
-                        Value::Time(now),
-                        Value::Time(now),
-                        Value::Time(run_at),
-                        Value::Int(id),
-                        Value::Int(page as i64),
-                    ],
-                ),
-                _ => conn.query(
-                    &sql.candidates[locked],
-                    &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
-                ),
+                )) => Some((run_at, id)),
+                _ => None,
+            };
+            let rows = match except.statement(after.is_some()) {
+                Some((stmt, values)) if !fair && !first => {
+                    let mut params = vec![Value::Time(now), Value::Time(now)];
+                    if let Some((run_at, id)) = after {
+                        params.extend([Value::Time(run_at), Value::Int(id)]);
+                    }
+                    params.extend(values);
+                    params.push(Value::Int(page as i64));
+                    conn.query(stmt, &params)
+                }
+                _ => match cursor {
+                    _ if fair => {
+                        let full = |v: &Value| {
+                            let mut user = vec![Value::Null; spec.columns.len()];
+                            if let Some(slot) = fair_col.and_then(|c| user.get_mut(c)) {
+                                *slot = v.clone();
+                            }
+                            work.full_at(&maxes, &InWork::keys(spec, &user), &covering)
+                                || super::fair::blocked(ctx, &tried, v)
+                        };
+                        fair_scan.wanting(limit.saturating_sub(chosen.len() + loose.len()));
+                        fair_scan.next(ctx, conn, now, &full)
+                    }
+                    Some((
+                        from,
+                        Start {
+                            after: Some((run_at, id)),
+                            ..
+                        },
+                    )) => conn.query(
+                        &from[locked],
+                        &[
+                            Value::Time(now),
+                            Value::Time(now),
+                            Value::Time(run_at),
+                            Value::Int(id),
+                            Value::Int(page as i64),
+                        ],
+                    ),
+                    _ => conn.query(
+                        &sql.candidates[locked],
+                        &[Value::Time(now), Value::Time(now), Value::Int(page as i64)],
+                    ),
+                },
             }?;
-            for row in rows.iter().skip(seen) {
+            first = false;
+            let read = rows.len();
+            // A later page reads the first rows again: only those not read yet are new.
+            let rows = match fair {
+                true => rows,
+                false => super::except::unread(rows, &mut considered),
+            };
+            // Rate limits: each row's keys, and how many rows of each key are still to come
+            // in view: a key's first row takes the slots of all of them at once.
+            let rate_keys: Vec<Vec<String>> = match q.sql.rates.is_some() {
+                true => rows
+                    .iter()
+                    .map(|row| super::rates::keys(ctx, row.get(user_at..).unwrap_or_default()))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let mut ahead: HashMap<(usize, &str), usize> = HashMap::new();
+            for (i, k) in rate_keys.iter().flat_map(|ks| ks.iter().enumerate()) {
+                *ahead.entry((i, k.as_str())).or_default() += 1;
+            }
+            if !ahead.is_empty() {
+                // PostgreSQL: every key's slots in one statement a limit.
+                let room = limit.saturating_sub(chosen.len() + loose.len());
+                let wants: Vec<(usize, &str, usize)> = ahead
+                    .iter()
+                    .map(|((i, k), n)| (*i, *k, (*n).min(room)))
+                    .collect();
+                super::rates::prefill(ctx, conn, &rate_maxes, &tried, &mut pool, &wants)?;
+            }
+            for (n, row) in rows.iter().enumerate() {
+                let rate_keys = rate_keys.get(n);
+                for (i, k) in rate_keys.into_iter().flat_map(|ks| ks.iter().enumerate()) {
+                    if let Some(c) = ahead.get_mut(&(i, k.as_str())) {
+                        *c = c.saturating_sub(1);
+                    }
+                }
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
                 };
@@ -299,12 +384,24 @@ fn claim_limited(
                             break 'room false;
                         }
                     }
-                    if q.sql.rates.is_some() {
-                        let rate_keys = super::rates::keys(ctx, user);
-                        if super::rates::passed_by(&tried, &rate_keys) {
+                    if let Some(rate_keys) = rate_keys {
+                        if super::rates::passed_by(&tried, rate_keys) {
                             break 'room false;
                         }
-                        match super::rates::take(ctx, conn, &rate_keys, &rate_maxes, &mut tried)? {
+                        // This row and those of its key still in view, up to the claim's room.
+                        let room = limit.saturating_sub(chosen.len() + loose.len());
+                        let want = |i: usize, k: &str| {
+                            (ahead.get(&(i, k)).copied().unwrap_or(0) + 1).min(room)
+                        };
+                        match super::rates::take_pooled(
+                            ctx,
+                            conn,
+                            rate_keys,
+                            &rate_maxes,
+                            &mut tried,
+                            &mut pool,
+                            &want,
+                        )? {
                             Some(s) => {
                                 stamps.insert(id, s);
                             }
@@ -318,6 +415,7 @@ fn claim_limited(
                 }
                 if !room {
                     skipped = true;
+                    except.passed(|which| work.full_at(&maxes, &keys, which), user);
                     continue;
                 }
                 if !skipped {
@@ -348,10 +446,9 @@ fn claim_limited(
                 }
                 continue;
             }
-            if rows.len() < page || page >= SCAN_MAX {
+            if read < page || page >= SCAN_MAX {
                 break;
             }
-            seen = rows.len();
             page = (page * 4).min(SCAN_MAX);
         }
         if let Some((_, start)) = cursor {
@@ -394,30 +491,31 @@ fn claim_limited(
                 });
             }
         }
-        // Window slots of rows not taken after all go back, in this transaction; those of rows
-        // taken are stamped again if the claim took long to get here (the commit follows).
+        // Window slots of rows not taken after all go back, in this transaction, with those
+        // stamped ahead for rows not chosen; those of rows taken are stamped again if the
+        // claim took long to get here (the commit follows). The claim's transaction holds
+        // each (locked, or made by it), so none is lost before the commit.
         if !stamps.is_empty() {
             let taken: HashSet<i64> = rows
                 .iter()
                 .filter_map(|r| r.first().and_then(Value::as_i64))
                 .collect();
-            let mut lost = HashSet::new();
-            for (id, s) in &mut stamps {
-                if !taken.contains(id) {
-                    super::rates::give_back(ctx, conn, s)?;
-                } else if !super::rates::refresh(ctx, conn, s)? {
-                    // A window passed while the claim ran and another claim took the slot.
-                    conn.execute(&q.sql.unclaim, &[Value::Int(*id), Value::Time(token)])?;
-                    super::rates::give_back(ctx, conn, s)?;
-                    lost.insert(*id);
+            let (mut kept, mut back) = (Vec::new(), Vec::new());
+            for (id, s) in stamps {
+                match taken.contains(&id) {
+                    true => kept.extend(s),
+                    false => back.extend(s),
                 }
             }
-            rows.retain(|r| {
-                !r.first()
-                    .and_then(Value::as_i64)
-                    .is_some_and(|id| lost.contains(&id))
-            });
+            super::rates::give_back(ctx, conn, &back)?;
+            if !super::rates::refresh(ctx, conn, &mut kept)? {
+                return Err(DbError::new(
+                    crate::error::DbErrorKind::Transient,
+                    "a rate slot this claim held changed before its commit",
+                ));
+            }
         }
+        pool.give_back(ctx, conn)?;
         let taken: HashSet<i64> = rows
             .iter()
             .filter_map(|r| r.first().and_then(Value::as_i64))
@@ -503,11 +601,15 @@ fn fenced(
     leading: Vec<Value>,
     within: Duration,
 ) -> Result<bool> {
+    // The connection first: while the pool is held, the renewer goes on renewing the lease
+    // (its cell unlocked), so a settlement waiting for a connection does not lose it.
+    let conn = ctx.queue.conn_within(what.0, within);
     // Waits for a renewal of this delivery in progress, then keeps the renewer away.
     let mut state = cell.lock();
     state.done = true;
     let tokens = tokens_of(&state);
-    let changed = fenced_on(ctx, id, &tokens, what, sql, &leading, within);
+    let changed =
+        conn.and_then(|conn| fenced_on(ctx, conn, id, &tokens, what, sql, &leading, within));
     drop(state);
     ctx.leases.remove(cell);
     changed
@@ -528,8 +630,8 @@ fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
         .collect()
 }
 
-/// Runs `sql` fenced by each of `tokens` in turn until one matches; the caller holds the
-/// lease's cell.
+/// Runs `sql` on `conn` fenced by each of `tokens` in turn until one matches; the caller holds
+/// the lease's cell (taken after `conn`).
 ///
 /// A lost connection is tried once more on a new one when the statement finishes the row (ack,
 /// dead letter, cancel: `settled` names the outcome): fenced by the token, and the row never
@@ -543,8 +645,10 @@ fn tokens_of(state: &LeaseState) -> Vec<SystemTime> {
 /// the row is retried, or comes back when its lease ends.
 ///
 /// Modelled in model/lease.pml (settle, settle_again, settle_unsure).
+#[allow(clippy::too_many_arguments)]
 fn fenced_on(
     ctx: &Ctx,
+    mut conn: crate::runtime::PooledConn,
     id: i64,
     tokens: &[SystemTime],
     (op, settled, output): Settling<'_>,
@@ -553,7 +657,6 @@ fn fenced_on(
     within: Duration,
 ) -> Result<bool> {
     let q = &ctx.queue;
-    let mut conn = q.conn_within(op, within)?;
     let mut lost = None;
     // A renewal whose answer was lost may have written its token: try that one too.
     for token in tokens {
@@ -653,29 +756,45 @@ fn ack(
     flush: &dyn Fn(Vec<AckItem>) -> AckResults,
 ) -> Result<bool> {
     let q = &ctx.queue;
-    let mut state = cell.lock();
-    state.done = true;
-    let tokens = tokens_of(&state);
+    // The cell is locked by the flush once it has its connection ([`lock_cells`]), not here:
+    // an ack waiting in the group, or for the pool, keeps its lease renewed.
     let item = AckItem {
         queue: q.clone(),
         id,
-        tokens: tokens.clone(),
+        cell: cell.clone(),
     };
     let results = group.run(item, flush, &AckResults::default());
     let mine = results.iter().find(|(key, _)| *key == q.key());
     let done = match mine.map(|(_, part)| part) {
         Some(Ok(deleted)) => Ok(deleted.contains(&id)),
-        Some(Err(kind)) => ack_alone(ctx, id, &tokens, *kind, within),
+        Some(Err(kind)) => ack_alone(ctx, id, cell, *kind, within),
         // A flush that panicked: no part of it is known to have been written.
-        None => ack_alone(ctx, id, &tokens, DbErrorKind::Other, within),
+        None => ack_alone(ctx, id, cell, DbErrorKind::Other, within),
     };
-    drop(state);
     ctx.leases.remove(cell);
     done
 }
 
-/// One table's part of a flush: its queue and the `(id, token)` pairs of its acks.
-type TableAcks = (Arc<Queue>, Vec<(i64, SystemTime)>);
+/// The cells of `rows` locked (each after a renewal of it in progress), marked settled so the
+/// renewer leaves them alone, and the `(id, token)` pairs a fenced statement names: the token
+/// held, then those of renewals whose answers were lost. Taken only with a connection in hand,
+/// so no lease waits unrenewed on the pool.
+fn lock_cells<'a>(
+    rows: impl IntoIterator<Item = (i64, &'a Arc<LeaseCell>)>,
+) -> (Vec<MutexGuard<'a, LeaseState>>, Vec<(i64, SystemTime)>) {
+    let mut states = Vec::new();
+    let mut pairs = Vec::new();
+    for (id, cell) in rows {
+        let mut state = cell.lock();
+        state.done = true;
+        pairs.extend(tokens_of(&state).into_iter().map(|t| (id, t)));
+        states.push(state);
+    }
+    (states, pairs)
+}
+
+/// One table's part of a flush: its queue and its acks' rows and lease cells.
+type TableAcks = (Arc<Queue>, Vec<(i64, Arc<LeaseCell>)>);
 
 /// Writes a group's acks: one table's in its one statement (as before tables shared a group);
 /// several tables' in one transaction, a statement per table and one commit (one failure fails
@@ -690,11 +809,11 @@ fn ack_tables(items: Vec<AckItem>, within: Duration) -> AckResults {
                 tables.len() - 1
             }
         };
-        let id = item.id;
-        tables[at].1.extend(item.tokens.iter().map(|t| (id, *t)));
+        tables[at].1.push((item.id, item.cell));
     }
-    if let [(q, pairs)] = &tables[..] {
-        return Arc::new(vec![(q.key(), write_pairs(q, pairs, within))]);
+    if let [(q, rows)] = &tables[..] {
+        let rows = rows.iter().map(|(id, cell)| (*id, cell));
+        return Arc::new(vec![(q.key(), write_cells(q, rows, within))]);
     }
     let written = write_tables(&tables, within);
     Arc::new(match written {
@@ -721,31 +840,33 @@ fn settle_acks(items: Vec<AckItem>, within: Duration) -> AckResults {
         let mut conn = q
             .conn_within("ack", within)
             .map_err(|_| DbErrorKind::Transient)?;
+        let (_held, pairs) = lock_cells(items.iter().map(|i| (i.id, &i.cell)));
         conn.batch(&q.sql.begin_write).map_err(|e| e.kind)?;
         flush_transaction(&mut *conn, |conn| {
             let mut settled = std::collections::HashSet::new();
-            for item in &items {
-                for token in &item.tokens {
-                    let params = [Value::Int(item.id), Value::Time(*token)];
-                    let n = crate::runtime::injected("lease.settle_many", &q.spec.name, || {
-                        conn.execute(&q.sql.ack, &params)
-                    })?;
-                    if n > 0 {
-                        let left =
-                            crate::runtime::deps::left_by(&q.spec, crate::dialect::deps::ACKED);
-                        crate::runtime::deps::settled_with_output(
-                            &q.spec,
-                            &q.sql,
-                            &*q,
-                            conn,
-                            item.id,
-                            crate::dialect::deps::ACKED,
-                            None,
-                            left,
-                        )?;
-                        settled.insert(item.id);
-                        break;
-                    }
+            // A row's pairs are neighbours: the token held, then the unsure ones; the first
+            // that deletes the row settles it.
+            for (id, token) in &pairs {
+                if settled.contains(id) {
+                    continue;
+                }
+                let params = [Value::Int(*id), Value::Time(*token)];
+                let n = crate::runtime::injected("lease.settle_many", &q.spec.name, || {
+                    conn.execute(&q.sql.ack, &params)
+                })?;
+                if n > 0 {
+                    let left = crate::runtime::deps::left_by(&q.spec, crate::dialect::deps::ACKED);
+                    crate::runtime::deps::settled_with_output(
+                        &q.spec,
+                        &q.sql,
+                        &*q,
+                        conn,
+                        *id,
+                        crate::dialect::deps::ACKED,
+                        None,
+                        left,
+                    )?;
+                    settled.insert(*id);
                 }
             }
             conn.batch("COMMIT")?;
@@ -767,10 +888,17 @@ fn write_tables(
     let mut conn = first
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
+    let mut held = Vec::with_capacity(tables.len());
+    let mut pairs = Vec::with_capacity(tables.len());
+    for (_, rows) in tables {
+        let (states, of_table) = lock_cells(rows.iter().map(|(id, cell)| (*id, cell)));
+        held.push(states);
+        pairs.push(of_table);
+    }
     conn.batch(begin).map_err(|e| e.kind)?;
     flush_transaction(&mut *conn, |conn| {
         let mut parts = Vec::with_capacity(tables.len());
-        for (q, pairs) in tables {
+        for ((q, _), pairs) in tables.iter().zip(&pairs) {
             let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
                 delete_pairs(q, &mut *conn, pairs)
             })?;
@@ -811,21 +939,29 @@ fn flush_transaction<T>(
 fn ack_alone(
     ctx: &Ctx,
     id: i64,
-    tokens: &[SystemTime],
+    cell: &Arc<LeaseCell>,
     kind: DbErrorKind,
     within: Duration,
 ) -> Result<bool> {
     let q = &ctx.queue;
-    match fenced_on(
-        ctx,
-        id,
-        tokens,
-        // Settled as acked: the row is finished, so a lost connection is tried again.
-        ("ack", Some(crate::dialect::deps::ACKED), None),
-        &q.sql.ack,
-        &[],
-        within,
-    ) {
+    let conn = q.conn_within("ack", within);
+    let (held, pairs) = lock_cells([(id, cell)]);
+    let tokens: Vec<SystemTime> = pairs.into_iter().map(|(_, t)| t).collect();
+    let alone = conn.and_then(|conn| {
+        fenced_on(
+            ctx,
+            conn,
+            id,
+            &tokens,
+            // Settled as acked: the row is finished, so a lost connection is tried again.
+            ("ack", Some(crate::dialect::deps::ACKED), None),
+            &q.sql.ack,
+            &[],
+            within,
+        )
+    });
+    drop(held);
+    match alone {
         Ok(false) if kind == DbErrorKind::ConnectionLost => Err(q.err("ack")(DbError::new(
             kind,
             "the connection was lost during a grouped ack: it may have committed",
@@ -843,44 +979,39 @@ pub(crate) fn ack_all(
     batch: &[(i64, Arc<LeaseCell>)],
     within: Duration,
 ) -> Vec<Result<()>> {
-    let mut states: Vec<_> = batch.iter().map(|(_, cell)| cell.lock()).collect();
     let mut out = Vec::with_capacity(batch.len());
-    let mut pairs = Vec::new();
-    for (rows, held) in batch
-        .chunks(ACK_GROUP_MAX)
-        .zip(states.chunks_mut(ACK_GROUP_MAX))
-    {
-        pairs.clear();
-        for ((id, _), state) in rows.iter().zip(held.iter_mut()) {
-            state.done = true;
-            pairs.push((*id, state.token));
-            pairs.extend(state.unsure.iter().map(|t| (*id, *t)));
-        }
-        let written = write_pairs(&ctx.queue, &pairs, within);
-        for ((id, _), state) in rows.iter().zip(held.iter()) {
+    for rows in batch.chunks(ACK_GROUP_MAX) {
+        let cells = rows.iter().map(|(id, cell)| (*id, cell));
+        let written = write_cells(&ctx.queue, cells, within);
+        for (id, cell) in rows {
             let held = match &written {
                 Ok(deleted) => Ok(deleted.contains(id)),
-                Err(kind) => ack_alone(ctx, *id, &tokens_of(state), *kind, within),
+                Err(kind) => ack_alone(ctx, *id, cell, *kind, within),
             };
             out.push(held.and_then(|held| if held { Ok(()) } else { Err(lost(ctx, *id)) }));
         }
     }
-    drop(states);
     ctx.leases.remove_all(batch.iter().map(|(_, cell)| &**cell));
     out
 }
 
-/// Deletes the rows of `pairs` (`(id, token)`) that still hold the token, in one statement;
-/// the ids deleted, or the kind of error the statement met.
+/// Deletes the rows of `rows` that still hold their leases' tokens, in one statement; the ids
+/// deleted, or the kind of error the statement met. The cells are locked once the connection
+/// is in hand ([`lock_cells`]).
 ///
 /// Modelled in model/lease.pml (settle).
-fn write_pairs(q: &Queue, pairs: &[(i64, SystemTime)], within: Duration) -> AckBatch {
+fn write_cells<'a>(
+    q: &Queue,
+    rows: impl IntoIterator<Item = (i64, &'a Arc<LeaseCell>)>,
+    within: Duration,
+) -> AckBatch {
     // No connection in time: nothing ran; each caller tries alone.
     let mut conn = q
         .conn_within("ack", within)
         .map_err(|_| DbErrorKind::Transient)?;
+    let (_held, pairs) = lock_cells(rows);
     let deleted = crate::runtime::injected("lease.ack_many", &q.spec.name, || {
-        delete_pairs(q, &mut *conn, pairs)
+        delete_pairs(q, &mut *conn, &pairs)
     })
     .map_err(|e| e.kind)?;
     Ok(Arc::new(deleted.into_iter().collect()))
@@ -915,6 +1046,8 @@ pub(crate) fn extend(
     until: SystemTime,
 ) -> Result<SystemTime> {
     let q = &ctx.queue;
+    // The connection first, as every settlement (`fenced`): the renewer goes on meanwhile.
+    let mut conn = q.conn("extend")?;
     let mut state = cell.lock();
     let until = until.max(state.token);
     let lost = || BrokerError::LeaseLost {
@@ -930,7 +1063,6 @@ pub(crate) fn extend(
         .chain(state.unsure.iter().copied())
         .filter(|t| lease_alive(*t, now))
         .collect();
-    let mut conn = q.conn("extend")?;
     for token in tokens {
         let params = [Value::Time(until), Value::Int(id), Value::Time(token)];
         if conn
@@ -955,11 +1087,12 @@ pub(crate) fn checkpoint(ctx: &Ctx, id: i64, cell: &Arc<LeaseCell>, data: &[u8])
     let Some(write) = &q.sql.checkpoint_write else {
         return Ok(());
     };
+    // The connection first, as every settlement (`fenced`): the renewer goes on meanwhile.
+    let mut conn = q.conn("checkpoint")?;
     let mut state = cell.lock();
     if state.done {
         return Err(lost(ctx, id));
     }
-    let mut conn = q.conn("checkpoint")?;
     for token in tokens_of(&state) {
         let params = [
             Value::Bytes(data.to_vec()),

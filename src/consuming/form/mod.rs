@@ -12,6 +12,7 @@ use crate::runtime::renewer::LeaseCell;
 use crate::runtime::Ctx;
 
 pub(crate) mod advisory;
+mod except;
 mod fair;
 pub(crate) mod lease;
 mod limit_keys;

@@ -190,13 +190,14 @@ fn claim_limited(
     let rate_maxes = super::rates::maxes(ctx, &mut *conn).map_err(q.err("claim"))?;
     let mut tried = std::collections::HashSet::new();
     let mut page = 64;
-    let mut seen = 0;
+    let mut scan = Pages::new(sql);
     let user_at = if spec.fair.is_some() { 2 } else { 1 };
     let mut fair = super::fair::Scan::new(FAIR_KEYS);
     loop {
-        let rows = candidates(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))
+        let (rows, read) = scan
+            .read(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))
             .map_err(q.err("claim"))?;
-        for row in rows.iter().skip(seen) {
+        for row in &rows {
             let Some(id) = row.first().and_then(Value::as_i64) else {
                 continue;
             };
@@ -204,6 +205,7 @@ fn claim_limited(
             let keys = InWork::keys(spec, user);
             let rate_keys = super::rates::keys(ctx, user);
             if passed_by(&tried, &keys) || super::rates::passed_by(&tried, &rate_keys) {
+                scan.except.passed_marked(&tried, &keys, user);
                 continue;
             }
             let mut session = SessionKeys::default();
@@ -215,6 +217,7 @@ fn claim_limited(
                 Ok(Ok(names)) => names,
                 Ok(Err((full, taken))) => {
                     tried.insert(full);
+                    scan.except.passed_marked(&tried, &keys, user);
                     if !unlock_all(ctx, &mut *conn, &mut session, &taken) {
                         return Ok(Vec::new());
                     }
@@ -301,10 +304,9 @@ fn claim_limited(
             }
             continue;
         }
-        if rows.len() < page || page >= SCAN_MAX {
+        if read < page || page >= SCAN_MAX {
             return Ok(Vec::new());
         }
-        seen = rows.len();
         page = (page * 4).min(SCAN_MAX);
     }
 }
@@ -342,12 +344,13 @@ fn claim_limited_in_transaction(
         let take = sql.take.first().map_or("", String::as_str);
         let rate_maxes = super::rates::maxes(ctx, &mut *conn)?;
         let mut tried = std::collections::HashSet::new();
-        let (mut page, mut seen) = (64, 0);
+        let mut page = 64;
+        let mut scan = Pages::new(sql);
         let user_at = if spec.fair.is_some() { 2 } else { 1 };
         let mut fair = super::fair::Scan::new(FAIR_KEYS);
         loop {
-            let rows = candidates(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))?;
-            for row in rows.iter().skip(seen) {
+            let (rows, read) = scan.read(ctx, sql, &mut *conn, now, page, (&mut fair, &tried))?;
+            for row in &rows {
                 let Some(id) = row.first().and_then(Value::as_i64) else {
                     continue;
                 };
@@ -355,6 +358,7 @@ fn claim_limited_in_transaction(
                 let keys = InWork::keys(spec, user);
                 let rate_keys = super::rates::keys(ctx, user);
                 if passed_by(&tried, &keys) || super::rates::passed_by(&tried, &rate_keys) {
+                    scan.except.passed_marked(&tried, &keys, user);
                     continue;
                 }
                 conn.batch(SLOT)?;
@@ -368,6 +372,7 @@ fn claim_limited_in_transaction(
                     Ok(names) => names,
                     Err((full, _)) => {
                         tried.insert(full);
+                        scan.except.passed_marked(&tried, &keys, user);
                         conn.batch(NO_SLOT)?;
                         continue;
                     }
@@ -394,10 +399,9 @@ fn claim_limited_in_transaction(
                 }
                 continue;
             }
-            if rows.len() < page || page >= SCAN_MAX {
+            if read < page || page >= SCAN_MAX {
                 return Ok(None);
             }
-            seen = rows.len();
             page = (page * 4).min(SCAN_MAX);
         }
     })();
@@ -416,25 +420,61 @@ fn claim_limited_in_transaction(
     deliver(ctx, conn, row, unreadable, None, names)
 }
 
-/// A limited claim's candidates: `id, <user columns>` in claim order, up to `page`; fair
-/// tables: `id, run_at, <user columns>` in the fair rotation.
-fn candidates(
-    ctx: &Ctx,
-    sql: &crate::dialect::LimitSql,
-    conn: &mut dyn crate::dialect::DbConn,
-    now: SystemTime,
-    page: usize,
-    (fair, tried): (&mut super::fair::Scan, &std::collections::HashSet<String>),
-) -> Result<Vec<Vec<Value>>, crate::error::DbError> {
-    if ctx.spec().fair.is_some() {
-        // A row per claim, but the first rows of several keys: some may be in work.
-        let full = |v: &Value| super::fair::blocked(ctx, tried, v);
-        return fair.next(ctx, conn, now, &full);
+/// A limited claim's pages of candidates: `id, <user columns>` in claim order, up to `page`,
+/// a later page without the rows read already and without the keys found at their max
+/// ([`Except`](super::except::Except)); fair tables: `id, run_at, <user columns>` in the fair
+/// rotation.
+struct Pages<'a> {
+    /// The keys found at their max: each row passed by is noted
+    /// ([`Except::passed_marked`](super::except::Except::passed_marked)).
+    except: super::except::Except<'a>,
+    considered: std::collections::HashSet<i64>,
+    first: bool,
+}
+
+impl<'a> Pages<'a> {
+    fn new(sql: &'a crate::dialect::LimitSql) -> Self {
+        Pages {
+            except: super::except::Except::new(&sql.except),
+            considered: std::collections::HashSet::new(),
+            first: true,
+        }
     }
-    conn.query(
-        &sql.candidates[0],
-        &[Value::Time(now), Value::Int(page as i64)],
-    )
+
+    /// The next page's new rows, and how many rows the read returned (fewer than `page`: the
+    /// end).
+    fn read(
+        &mut self,
+        ctx: &Ctx,
+        sql: &crate::dialect::LimitSql,
+        conn: &mut dyn crate::dialect::DbConn,
+        now: SystemTime,
+        page: usize,
+        (fair, tried): (&mut super::fair::Scan, &std::collections::HashSet<String>),
+    ) -> Result<(Vec<Vec<Value>>, usize), crate::error::DbError> {
+        if ctx.spec().fair.is_some() {
+            // A row per claim, but the first rows of several keys: some may be in work.
+            let full = |v: &Value| super::fair::blocked(ctx, tried, v);
+            let rows = fair.next(ctx, conn, now, &full)?;
+            let n = rows.len();
+            return Ok((rows, n));
+        }
+        let first = std::mem::replace(&mut self.first, false);
+        let rows = match self.except.statement(false) {
+            Some((stmt, values)) if !first => {
+                let mut params = vec![Value::Time(now)];
+                params.extend(values);
+                params.push(Value::Int(page as i64));
+                conn.query(stmt, &params)?
+            }
+            _ => conn.query(
+                &sql.candidates[0],
+                &[Value::Time(now), Value::Int(page as i64)],
+            )?,
+        };
+        let read = rows.len();
+        Ok((super::except::unread(rows, &mut self.considered), read))
+    }
 }
 
 /// The keys a fair row lock claim reads: it takes one row, but the first rows of a key may be

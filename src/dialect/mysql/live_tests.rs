@@ -442,3 +442,79 @@ fn the_idle_check_reads_past_the_cursor() {
     assert_eq!(leased.len(), 2);
     assert_eq!(found(&mut *c, ids[0] - 1), 0, "rows under a live lease");
 }
+
+/// A fair claim's locked read of a key locks that key's rows alone. Found by
+/// `tests/flow_fair_order.rs` (a row claimed after 20-50 later rows of its key, one run in
+/// eight): with a key's range emptied (its rows claimed and deleted, their entries kept from
+/// purge by a snapshot held elsewhere), MariaDB planned the key's read over the ready index
+/// and kept every row it walked, of the other keys, locked until commit; a claim beside it
+/// passed them by and its key cursor went past them. The read names the key's index
+/// (`Syntax::force_index`). Fails without it: 49 rows locked where 1 was read.
+#[test]
+fn a_fair_read_locks_its_keys_rows_alone() {
+    let Some(d) = dialect() else { return };
+    let s = Scratch::new(&d, |n| {
+        Table::new(n)
+            .text_column("k")
+            .fair("{k}")
+            .lease(Duration::from_secs(5))
+    });
+    let sql = d.compile(&s.spec);
+    let t = quote_ident(&s.spec.name);
+    let mut c = d.connect().unwrap();
+    let now = crate::model::schedule::floor(SystemTime::now());
+    for i in 0..320 {
+        let k = if i % 2 == 0 { "d" } else { "a" };
+        let row = [
+            Value::Bytes(b"x".to_vec()),
+            Value::Time(now),
+            Value::Text(k.into()),
+        ];
+        insert(&mut *c, &sql, &row);
+    }
+    // A snapshot held elsewhere keeps the deleted rows' entries from purge.
+    let mut snapshot = d.connect().unwrap();
+    snapshot
+        .batch("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .unwrap();
+    snapshot
+        .query(&format!("SELECT COUNT(*) FROM {t}"), &[])
+        .unwrap();
+    c.batch(&format!("DELETE FROM {t} WHERE `k` = 'd' OR `id` < (SELECT m FROM (SELECT MAX(`id`) - 47 AS m FROM {t}) AS x)"))
+        .unwrap();
+    // Key `d` (2 rows asked, none left), key `a` (1), the `NULL` key (1), locked, from the
+    // head of each key's range.
+    let heads = super::sql::SYNTAX.fair_heads(&s.spec, 2, true, true);
+    let mut params = Vec::new();
+    for (k, n) in [
+        (Value::Text("d".into()), 2),
+        (Value::Text("a".into()), 1),
+        (Value::Null, 1),
+    ] {
+        if k != Value::Null {
+            params.push(k);
+        }
+        params.extend([
+            Value::Time(std::time::UNIX_EPOCH),
+            Value::Time(std::time::UNIX_EPOCH),
+            Value::Int(i64::MIN),
+            Value::Time(now),
+            Value::Time(now),
+            Value::Int(n),
+        ]);
+    }
+    c.batch("START TRANSACTION").unwrap();
+    let rows = c.query(&heads, &params).unwrap();
+    let locked = c
+        .query(
+            "SELECT trx_rows_locked FROM information_schema.INNODB_TRX WHERE \
+             trx_mysql_thread_id = CONNECTION_ID()",
+            &[],
+        )
+        .unwrap();
+    c.batch("ROLLBACK").unwrap();
+    snapshot.batch("ROLLBACK").unwrap();
+    assert_eq!(rows.len(), 1, "key a's first row");
+    let locked = locked[0][0].as_i64().unwrap();
+    assert!(locked <= 2, "{locked} rows locked for 1 read");
+}

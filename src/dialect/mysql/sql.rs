@@ -20,6 +20,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     // A binary needle makes the search byte for byte whatever the column's collation.
     contains: |h, n| format!("LOCATE(CAST({n} AS BINARY), {h}) > 0"),
     row_compare: false,
+    force_index: true,
 };
 
 /// `s` as a MySQL string literal that reads the same whatever the session's `sql_mode`: a
@@ -907,10 +908,10 @@ mod tests {
         assert!(!fair.keys[0].contains("`tenant` > ?"));
         assert_eq!(
             SYNTAX.fair_heads(&spec, 1, true, false),
-            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
+            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` FORCE INDEX (`jobs_fair`) WHERE `tenant` = ? AND \
              `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` \
              <= ?) ORDER BY `run_at`, `id` LIMIT ?) AS sqlbroker_h0 UNION ALL SELECT * FROM \
-             (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` IS NULL AND `dead_at` \
+             (SELECT `id`, `run_at`, `tenant` FROM `jobs` FORCE INDEX (`jobs_fair`) WHERE `tenant` IS NULL AND `dead_at` \
              IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) \
              ORDER BY `run_at`, `id` LIMIT ?) AS sqlbroker_h1"
         );
@@ -919,7 +920,7 @@ mod tests {
         // which pass rows by, from the head of the key's range.
         assert_eq!(
             SYNTAX.fair_heads(&spec, 1, false, true),
-            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
+            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` FORCE INDEX (`jobs_fair`) WHERE `tenant` = ? AND \
              `dead_at` IS NULL AND `run_at` <= ? AND (`locked_until` IS NULL OR `locked_until` \
              <= ?) ORDER BY `run_at`, `id` LIMIT ? FOR UPDATE SKIP LOCKED) AS sqlbroker_h0"
         );
@@ -933,24 +934,37 @@ mod tests {
             .unwrap();
         assert_eq!(
             SYNTAX.fair_heads(&fair_only, 1, false, true),
-            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` WHERE `tenant` = ? AND \
+            "SELECT * FROM (SELECT `id`, `run_at`, `tenant` FROM `jobs` FORCE INDEX (`jobs_fair`) WHERE `tenant` = ? AND \
              (`run_at` > ? OR (`run_at` = ? AND `id` > ?)) AND `dead_at` IS NULL AND `run_at` \
              <= ? AND (`locked_until` IS NULL OR `locked_until` <= ?) ORDER BY `run_at`, `id` \
              LIMIT ? FOR UPDATE SKIP LOCKED) AS sqlbroker_h0"
         );
         let rates = sql.rates.as_ref().unwrap();
+        // MySQL 8 and MariaDB alike (MariaDB runs them live): the oldest free slots by the
+        // index of stamps, locked, then stamped by list; free slots made from a recursive
+        // series in a derived table; no `RETURNING`.
         assert_eq!(
             rates.pick,
             "SELECT slot FROM `jobs_rates` WHERE lim = ? AND rkey = ? AND at <= ? AND slot < ? \
-             ORDER BY at LIMIT 1 FOR UPDATE SKIP LOCKED"
+             ORDER BY at LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert_eq!(
-            rates.stamp,
-            "UPDATE `jobs_rates` SET at = ? WHERE lim = ? AND rkey = ? AND slot = ? AND at <= ?"
+            rates.stamp_in[1],
+            "UPDATE `jobs_rates` SET at = ? WHERE lim = ? AND rkey = ? AND at <= ? AND slot IN (?, ?)"
         );
-        assert!(rates
-            .insert
-            .starts_with("INSERT IGNORE INTO `jobs_rates` (lim, rkey, slot, at)"));
+        assert!(rates.take_oldest.is_none() && rates.index.is_none());
+        assert_eq!(
+            rates.make_free,
+            "INSERT IGNORE INTO `jobs_rates` (lim, rkey, slot, at) SELECT ?, ?, n, 0 FROM (WITH \
+             RECURSIVE s (n) AS (SELECT ? UNION ALL SELECT n + 1 FROM s WHERE n < ?) SELECT n FROM \
+             s) AS r"
+        );
+        assert_eq!(
+            rates.add_index.as_deref(),
+            Some("ALTER TABLE `jobs_rates` ADD INDEX `jobs_rates_at` (lim, rkey, at)")
+        );
+        assert_eq!(rates.free_in.len(), 7);
+        assert!(rates.free_in[6].matches('?').count() == 3 + 64);
         let ddl = create_table(&spec, "utf8mb4_bin");
         assert!(ddl[0].contains("INDEX `jobs_fair` (`dead_at`, `tenant`, `run_at`, `id`)"));
         assert!(ddl[1].starts_with(

@@ -17,6 +17,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     stamps_created: false,
     contains: |h, n| format!("strpos({h}, {n}) > 0"),
     row_compare: true,
+    force_index: false,
 };
 
 /// A claim's `LIMIT`, with the row count behind a sub-select: the planner cannot see it, so
@@ -364,7 +365,9 @@ pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
         SYNTAX.q(&spec.name).replace('\'', "''"),
         spec.name.replace('\'', "''")
     ));
-    ddl.extend(rate_sql(spec).map(|r| r.create));
+    if let Some(r) = rate_sql(spec) {
+        ddl.extend([r.create].into_iter().chain(r.index));
+    }
     if spec.dependencies {
         ddl.extend(deps_sql().create.iter().cloned());
     }
@@ -1028,5 +1031,38 @@ mod tests {
             "UPDATE \"jobs\" SET \"run_at\" = $1 WHERE \"id\" = $2 AND \"dead_at\" IS NULL AND \"run_at\" > $3 \
              AND \"run_at\" < $4"
         );
+    }
+
+    /// A rate-limited table's slots: the oldest free ones picked locked and stamped by row
+    /// address in one statement (an index of the key alone would make the update read every
+    /// slot the key has: 1.7 ms against 0.4 ms for a key of 1,400 slots, `EXPLAIN ANALYZE`);
+    /// free slots made from a series; the index of stamps made after the table.
+    #[test]
+    fn rate_slot_statements() {
+        let t = Table::new("jobs")
+            .text_column("k")
+            .rate_limit("{k}", 5, Duration::from_secs(1))
+            .lease(Duration::from_secs(30));
+        let rates = compile(t.clone()).rates.unwrap();
+        assert_eq!(
+            rates.take_oldest.as_deref(),
+            Some(
+                "UPDATE \"jobs_rates\" SET at = $1 WHERE ctid = ANY(ARRAY(SELECT ctid FROM \"jobs_rates\" \
+                 WHERE lim = $2 AND rkey = $3 AND at <= $4 AND slot < $5 ORDER BY at LIMIT (SELECT \
+                 $6::bigint) FOR UPDATE SKIP LOCKED)) RETURNING slot"
+            )
+        );
+        assert_eq!(
+            rates.make_free,
+            "INSERT INTO \"jobs_rates\" (lim, rkey, slot, at) SELECT $1, $2, n, 0 FROM \
+             generate_series($3::integer, $4::integer) AS r (n) ON CONFLICT DO NOTHING"
+        );
+        let spec = t.validate().unwrap();
+        let ddl = create_table(&spec);
+        let at = ddl
+            .iter()
+            .position(|s| s.starts_with("CREATE INDEX IF NOT EXISTS \"jobs_rates_at\""))
+            .unwrap();
+        assert!(ddl[at - 1].starts_with("CREATE TABLE IF NOT EXISTS \"jobs_rates\""));
     }
 }

@@ -22,6 +22,7 @@ pub(super) const SYNTAX: Syntax = Syntax {
     stamps_created: false,
     contains: |h, n| format!("instr({h}, {n}) > 0"),
     row_compare: true,
+    force_index: false,
 };
 
 /// Times are integer seconds since the Unix epoch.
@@ -151,7 +152,9 @@ pub(super) fn column_defs(spec: &TableSpec) -> Vec<crate::model::schema::ColumnD
 
 pub(super) fn create_table(spec: &TableSpec) -> Vec<String> {
     let mut ddl = SYNTAX.create_table(spec, &TYPES);
-    ddl.extend(rate_sql(spec).map(|r| r.create));
+    if let Some(r) = rate_sql(spec) {
+        ddl.extend([r.create].into_iter().chain(r.index));
+    }
     if spec.dependencies {
         ddl.extend(deps_sql().create.iter().cloned());
     }
