@@ -14,6 +14,7 @@ use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
 use crate::runtime::fleet::{Fleet, Member, Membership};
 use crate::runtime::listen::Listener;
+use crate::runtime::maintainer::{self, Maintenance};
 use crate::runtime::notifier::Notifier;
 use crate::runtime::renewer::Renewer;
 use crate::runtime::sweep::Sweeper;
@@ -74,6 +75,9 @@ struct Inner {
     sweeper: Sweeper,
     /// The running subscriptions and workers, and their heartbeats in `sqlbroker_workers`.
     fleet: Fleet,
+    /// This broker's run for the database's maintainer, and its duties while it holds it
+    /// ([`BrokerBuilder::maintenance`]).
+    maintenance: Maintenance,
 }
 
 /// Options of a [`Broker`]; [`BrokerBuilder::build`] connects.
@@ -100,6 +104,11 @@ pub struct BrokerBuilder {
     manage_schema: bool,
     /// [`BrokerBuilder::heartbeat`].
     heartbeat: Duration,
+    /// [`BrokerBuilder::maintenance`] and its settings.
+    maintenance: bool,
+    maintainer_lease: Duration,
+    maintenance_every: Duration,
+    keep_actions: Option<Duration>,
 }
 
 impl std::fmt::Debug for BrokerBuilder {
@@ -173,6 +182,18 @@ impl BrokerBuilder {
         }
         if !(Duration::from_millis(100)..=Duration::from_secs(300)).contains(&self.heartbeat) {
             return invalid("heartbeat", "from 100 ms to 5 minutes");
+        }
+        if !(Duration::from_secs(3)..=Duration::from_secs(3600)).contains(&self.maintainer_lease) {
+            return invalid("maintainer_lease", "from 3 s to an hour");
+        }
+        if !(Duration::from_secs(1)..=day).contains(&self.maintenance_every) {
+            return invalid("maintenance_every", "from 1 s to a day");
+        }
+        if self
+            .keep_actions
+            .is_some_and(|d| d < Duration::from_secs(1))
+        {
+            return invalid("keep_actions", "at least 1 s");
         }
         if !(Duration::from_millis(1)..=day).contains(&self.connection_timeout) {
             return invalid("connection_timeout", "from 1 ms to a day");
@@ -351,6 +372,48 @@ impl BrokerBuilder {
         self
     }
 
+    /// Whether this broker runs for the database's **maintainer** (default: on). Of all the
+    /// brokers on a database that do, one is elected through a lease row with a term
+    /// (`sqlbroker_maintainer`; [`Broker::maintainer`](crate::Broker::maintainer) says which
+    /// process holds it, since when, in which term), and on a thread of its own
+    /// (`sqlbroker-maintain`, never a handler's) it deletes, every
+    /// [`maintenance_every`](Self::maintenance_every), the completed rows past
+    /// [`Table::keep_completed`](crate::Table::keep_completed), the dead letters past
+    /// [`Table::keep_dead`](crate::Table::keep_dead) of every table recorded on the database,
+    /// and the action log's entries past [`keep_actions`](Self::keep_actions), in batches of
+    /// at most 1,000 rows, each batch fenced by its term. A maintainer that dies is replaced
+    /// once its lease ([`maintainer_lease`](Self::maintainer_lease)) runs out; a broker that
+    /// is dropped gives it up at once. Turn it off for short-lived processes (the `sqlbroker`
+    /// commands do) or where maintenance runs elsewhere.
+    pub fn maintenance(mut self, on: bool) -> Self {
+        self.maintenance = on;
+        self
+    }
+
+    /// The maintainer's lease: a maintainer that stops renewing it (killed, cut off from the
+    /// database) is replaced within this and a third of it. Renewed every third. Default
+    /// 30 s; from 3 s to an hour. The brokers of a database may differ: each holds the lease
+    /// for its own length.
+    pub fn maintainer_lease(mut self, lease: Duration) -> Self {
+        self.maintainer_lease = lease;
+        self
+    }
+
+    /// How often the maintainer's duties run (the first a whole interval after its election,
+    /// so a short-lived process does none). Default a minute; from 1 s to a day.
+    pub fn maintenance_every(mut self, every: Duration) -> Self {
+        self.maintenance_every = every;
+        self
+    }
+
+    /// How long the operators' action log (`sqlbroker_actions`, written by
+    /// [`Broker::record_action`](crate::Broker::record_action) and the dashboard) keeps an
+    /// entry before the maintainer deletes it. Default 90 days; at least 1 s.
+    pub fn keep_actions(mut self, keep: Duration) -> Self {
+        self.keep_actions = Some(keep);
+        self
+    }
+
     /// SQLite only: whether a commit is durable on power loss (`PRAGMA synchronous = FULL`,
     /// the default) or only on a crash of the process (`NORMAL`: faster commits in WAL mode;
     /// the database is never corrupted, but the last commits before a power cut may be lost,
@@ -440,8 +503,22 @@ impl BrokerBuilder {
                 manage_schema: self.manage_schema,
                 sweeper: Sweeper::default(),
                 fleet: Fleet::new(self.heartbeat, self.manage_schema),
+                maintenance: Maintenance::default(),
             }),
         };
+        if self.maintenance {
+            let settings = maintainer::Settings {
+                lease: self.maintainer_lease,
+                every: self.maintenance_every,
+                keep_actions: self.keep_actions,
+                create: self.manage_schema,
+                statement_timeout: self.options.statement_timeout,
+            };
+            let inner = &broker.inner;
+            inner
+                .maintenance
+                .start(&inner.dialect, &inner.pool, settings);
+        }
         broker
             .inner
             .pool
@@ -518,6 +595,10 @@ impl Broker {
             cross_process: true,
             manage_schema: true,
             heartbeat: crate::runtime::fleet::BEAT,
+            maintenance: true,
+            maintainer_lease: maintainer::LEASE,
+            maintenance_every: maintainer::EVERY,
+            keep_actions: Some(maintainer::KEEP_ACTIONS),
         }
     }
 
@@ -557,6 +638,11 @@ impl Broker {
         self.inner
             .fleet
             .join(&self.inner.dialect, &self.inner.pool, member)
+    }
+
+    /// The term this broker holds the maintainer's lease in, if it does.
+    pub(crate) fn maintenance_term(&self) -> Option<i64> {
+        self.inner.maintenance.term()
     }
 
     pub(crate) fn sweep(&self) {

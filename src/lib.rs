@@ -148,8 +148,11 @@
 //! [`Broker::purge_dead`], [`Broker::requeue_all_dead`] and [`Broker::purge_all_dead`] put
 //! them back or delete them, by id or all (in batches of 1,000 rows). A table described with
 //! [`Table::keep_completed`] keeps acked rows with their completion time:
-//! [`Broker::completed_after`] lists them, [`Broker::prune_completed`] deletes those past the
-//! retention. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
+//! [`Broker::completed_after`] lists them, and the database's elected maintainer deletes those
+//! past the retention by itself ([`BrokerBuilder::maintenance`], on by default:
+//! [`Broker::maintainer`] says which process holds it), as it deletes the dead letters past
+//! [`Table::keep_dead`] and the action log's old entries; [`Broker::prune_completed`] prunes
+//! now. The `sqlbroker` command line tool (cargo feature `cli`) does the same from a
 //! shell, naming a table alone: `status` (every recorded table), `job`, `cancel`, `pause`,
 //! `resume`, `dead list | requeue | purge`, `completed list | prune`, `create-table`,
 //! `migrate`, `publish`, `schema`.
@@ -315,6 +318,7 @@
 //! | `sqlbroker_handler_timeouts_total` | counter | `table` | deliveries failed by the subscription's handler timeout |
 //! | `sqlbroker_claim_errors_total` | counter | `table` | claims that failed (the worker tries again with a backoff) |
 //! | `sqlbroker_settle_errors_total` | counter | `table` | settlements that failed otherwise (database or pool errors) |
+//! | `sqlbroker_pruned_total` | counter | `table`, `what` | rows the elected maintainer deleted past their retention (`what`: `completed`, `dead`, `actions`; the action log's table is `sqlbroker_actions`) |
 //! | `sqlbroker_handler_duration_seconds` | histogram | `table` | from handing a delivery out to its settlement, for each settled delivery a handler had |
 //! | `sqlbroker_claim_duration_seconds` | histogram | `table` | each claim's time on the database (claims that found nothing included; failed ones are counted above instead) |
 //! | `sqlbroker_settle_duration_seconds` | histogram | `table` | each settlement's time on the database (an `ack_all` of lease rows: once per statement) |
@@ -476,6 +480,7 @@ pub use operating::actions::{ActionEntry, ACTION_TEXT_MAX};
 pub use operating::ddl::Database;
 pub use operating::fleet::{WorkerInfo, WorkerTable};
 pub use operating::jobs::{Job, JobState};
+pub use operating::maintenance::Maintainer;
 pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};

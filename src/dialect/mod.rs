@@ -392,6 +392,12 @@ pub(crate) struct TableSql {
     pub dead_purge: String,
     /// `(after, upto)`: deletes the dead-lettered rows with ids in `(after, upto]`.
     pub dead_purge_range: String,
+    /// `(before, after, offset)` -> as `dead_bound`, of the rows dead-lettered before `before`
+    /// (the maintainer's dead-letter retention, [`crate::model::table::Table::keep_dead`]).
+    pub dead_old_bound: String,
+    /// `(before, after, upto)`: deletes the rows dead-lettered before `before` with ids in
+    /// `(after, upto]`.
+    pub dead_old_prune_range: String,
     /// `(now)` -> one row: ready, scheduled, held (lease form; `0` in the others), dead, the
     /// earliest `run_at` of the ready rows (`NULL` if none), completed (tables that keep
     /// completed rows; `0` in the others). See [`shared::StatsStates`] for what each count
@@ -572,6 +578,31 @@ pub(crate) struct ActionLogSql {
     /// The `table_name` column compared byte for byte (MySQL compares the log's text in a
     /// case-insensitive collation: `CAST(.. AS BINARY)` there).
     pub table_exact: &'static str,
+    /// `(before, offset)` -> the id of the entry `offset` places past the first written
+    /// before `before`, by id: the upper bound of the maintainer's next batch.
+    pub sweep_bound: &'static str,
+    /// `(before, upto)`: deletes the entries written before `before` with ids up to `upto`.
+    pub sweep: &'static str,
+}
+
+/// The statements of the maintainer's election (`sqlbroker_maintainer`: one row, the lease
+/// that says which broker maintains the database and in which term; `runtime/maintainer.rs`).
+#[derive(Debug)]
+pub(crate) struct MaintainerSql {
+    /// Makes the table if it does not exist.
+    pub create: &'static str,
+    /// Writes the one row, expired and of term 0, unless it is there.
+    pub seed: &'static str,
+    /// `(holder, host, pid, since, expires_at, now)`: takes the lease if it expired before
+    /// `now`, in the next term; one row changed when taken.
+    pub take: &'static str,
+    /// `(expires_at, holder, term, now)`: renews the lease held in `term`, if it has not
+    /// expired; one row changed when still held.
+    pub renew: &'static str,
+    /// `(past, holder, term)`: gives the lease up at once (a broker that is dropped).
+    pub resign: &'static str,
+    /// -> `holder, host, pid, term, since, expires_at`.
+    pub read: &'static str,
 }
 
 /// The statements of the fleet's heartbeats (`sqlbroker_workers`: a row per running
@@ -870,6 +901,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The statements of the fleet's heartbeats; `None` where the database has none (the unit
     /// tests' scripted one).
     fn fleet(&self) -> Option<&'static FleetSql> {
+        None
+    }
+
+    /// The statements of the maintainer's election; `None` where the database has none (the
+    /// unit tests' scripted one).
+    fn maintainer(&self) -> Option<&'static MaintainerSql> {
         None
     }
 

@@ -1411,6 +1411,19 @@ impl Syntax {
             p(1),
             p(2)
         );
+        sql.dead_old_bound = format!(
+            "SELECT {id} FROM {t} WHERE {is_dead} AND {dead_at} < {} AND {id} > {} \
+             ORDER BY {id} LIMIT 1 OFFSET {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        sql.dead_old_prune_range = format!(
+            "DELETE FROM {t} WHERE {is_dead} AND {dead_at} < {} AND {id} > {} AND {id} <= {}",
+            p(1),
+            p(2),
+            p(3)
+        );
         self.due_statements(spec, sql);
     }
 

@@ -244,6 +244,8 @@ pub struct Table {
     dedup: bool,
     priorities: bool,
     keep_completed: Option<Duration>,
+    /// Dead letters deleted by the maintainer once this old ([`Table::keep_dead`]).
+    keep_dead: Option<Duration>,
     /// Concurrency limits: key template and the most rows of one key in work at once.
     limits: Vec<(String, u32)>,
     /// Rate limits: key template, the most claims of one key in any window, the window.
@@ -334,6 +336,7 @@ impl Table {
             dedup: false,
             priorities: false,
             keep_completed: None,
+            keep_dead: None,
             limits: Vec::new(),
             rates: Vec::new(),
             fair: None,
@@ -448,6 +451,32 @@ impl Table {
     /// ```
     pub fn keep_completed(mut self, retention: Duration) -> Self {
         self.keep_completed = Some(retention);
+        self
+    }
+
+    /// Dead-letter retention: the database's elected maintainer
+    /// ([`BrokerBuilder::maintenance`](crate::BrokerBuilder::maintenance)) deletes the dead
+    /// letters that were dead-lettered more than `retention` ago (whole seconds, rounded up;
+    /// the time `dead_at` holds). Without it (the default) a dead letter stays until an
+    /// operator requeues or purges it. Recorded with the table, so a maintainer that does not
+    /// have this description in its code prunes by it too, and two services that describe the
+    /// table with different retentions are refused as for any other option.
+    ///
+    /// On a table with [`dependencies`](Table::dependencies) each pruned dead letter's outcome
+    /// is kept in its head (a day), as [`Broker::purge_all_dead`](crate::Broker::purge_all_dead)
+    /// keeps it: a job published later that waits on it is dead-lettered as before.
+    ///
+    /// ```
+    /// use sqlbroker::Table;
+    /// use std::time::Duration;
+    ///
+    /// let jobs = Table::new("jobs")
+    ///     .lease(Duration::from_secs(30))
+    ///     .keep_dead(Duration::from_secs(30 * 86_400));
+    /// # let _ = jobs;
+    /// ```
+    pub fn keep_dead(mut self, retention: Duration) -> Self {
+        self.keep_dead = Some(retention);
         self
     }
 
@@ -1208,6 +1237,9 @@ impl Table {
             retention_secs: self
                 .keep_completed
                 .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            dead_retention_secs: self
+                .keep_dead
+                .map(|d| (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)),
             columns: self
                 .columns
                 .iter()
@@ -1556,6 +1588,8 @@ pub(crate) struct TableSpec {
     pub created_at: String,
     /// How long completed rows are kept (tables with [`Table::keep_completed`]).
     pub retention_secs: u64,
+    /// How long dead letters are kept ([`Table::keep_dead`]; `None`: until an operator acts).
+    pub dead_retention_secs: Option<u64>,
     pub columns: Vec<Column>,
     pub form: Form,
     pub lease_secs: u64,

@@ -14,9 +14,8 @@ use crate::model::table::{Form, Table};
 use crate::model::value::Value;
 use crate::runtime::Queue;
 
-/// How many rows one statement of [`Broker::requeue_all_dead`], [`Broker::purge_all_dead`]
-/// and [`Broker::prune_completed`] changes at most.
-pub(crate) const BATCH: usize = 1_000;
+pub(crate) use crate::runtime::retention::BATCH;
+use crate::runtime::retention::{in_batches, in_transaction};
 
 /// A table's rows by state, read in one statement ([`Broker::stats`]).
 ///
@@ -510,8 +509,10 @@ impl Broker {
     /// Deletes the completed rows kept longer than the table's retention
     /// ([`Table::keep_completed`]): those whose completion time is more than the retention
     /// before now (the host's clock, whole seconds); returns how many. In batches of at most
-    /// 1,000 rows by id, each its own statement. Call it from a timer (or run
-    /// `sqlbroker completed prune`): nothing prunes by itself.
+    /// 1,000 rows by id, each its own statement. The database's elected maintainer
+    /// ([`BrokerBuilder::maintenance`](crate::BrokerBuilder::maintenance)) calls the same
+    /// prune by itself; this one is for an operator who wants it now (`sqlbroker completed
+    /// prune`).
     ///
     /// On a table with [`dependencies`](Table::dependencies), each batch in a transaction that
     /// first records, in their heads (kept a day), that the cancelled rows it prunes were
@@ -521,55 +522,7 @@ impl Broker {
     pub fn prune_completed(&self, table: &Table) -> Result<u64> {
         let q = self.queue(table)?;
         keeps_completed(&q)?;
-        let now = schedule::claim_now(SystemTime::now());
-        let cutoff = now
-            .checked_sub(Duration::from_secs(q.spec.retention_secs))
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let lead = [Value::Time(cutoff)];
-        let heads = crate::runtime::deps::statements(&q.sql)
-            .and_then(|(_, waiting)| waiting.heads_cancelled.as_deref());
-        in_batches(
-            &q,
-            "prune completed",
-            &q.sql.completed_bound,
-            &lead,
-            |conn, after, upto| {
-                let params = [Value::Time(cutoff), Value::Int(after), Value::Int(upto)];
-                let Some(heads) = heads else {
-                    return conn.execute(&q.sql.completed_prune_range, &params);
-                };
-                // With dependencies, the cancels it prunes keep their answer in their heads (a
-                // day), as a purge's dead letters do: their rows told it until now.
-                in_transaction(&q, conn, |conn| {
-                    let at = crate::model::schedule::millis(SystemTime::now());
-                    let cancelled = [
-                        Value::Int(at),
-                        Value::Time(cutoff),
-                        Value::Int(after),
-                        Value::Int(upto),
-                    ];
-                    conn.execute(heads, &cancelled)?;
-                    conn.execute(&q.sql.completed_prune_range, &params)
-                })
-            },
-        )
-    }
-}
-
-/// Runs `f` on `conn` in a write transaction of `q`'s table: committed if it returns `Ok`,
-/// rolled back (or the connection discarded) otherwise.
-fn in_transaction<T>(
-    q: &Queue,
-    conn: &mut dyn DbConn,
-    f: impl FnOnce(&mut dyn DbConn) -> Result<T, DbError>,
-) -> Result<T, DbError> {
-    conn.batch(&q.sql.begin_write)?;
-    match f(conn).and_then(|v| conn.batch("COMMIT").map(|()| v)) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            conn.rollback_or_discard();
-            Err(e)
-        }
+        crate::runtime::retention::prune_completed(&q, SystemTime::now(), &mut || true)
     }
 }
 
@@ -698,37 +651,6 @@ fn keeps_completed(q: &Queue) -> Result<()> {
         table: q.spec.name.clone(),
         reason: "the table does not keep completed rows (Table::keep_completed)".into(),
     })
-}
-
-/// Runs `batch(conn, after, upto)` over consecutive id ranges `(after, upto]` holding at most
-/// [`BATCH`] rows each, as `bound` `(lead.., after, offset)` finds them, until the last range
-/// (open above); returns the rows changed. Each batch is one statement on its own (MySQL
-/// sessions run at `READ COMMITTED`, so its range scan reads past rows that row lock
-/// deliveries hold instead of waiting for them) and safe to run twice, so a lost connection
-/// retries it.
-fn in_batches(
-    q: &Queue,
-    op: &'static str,
-    bound: &str,
-    lead: &[Value],
-    batch: impl Fn(&mut dyn DbConn, i64, i64) -> Result<u64, DbError>,
-) -> Result<u64> {
-    let mut after = i64::MIN;
-    let mut total = 0;
-    loop {
-        let mut params = lead.to_vec();
-        params.extend([Value::Int(after), Value::Int(BATCH as i64 - 1)]);
-        let bound = q
-            .retrying(op, |conn| conn.query(bound, &params))?
-            .first()
-            .and_then(|r| r.first()?.as_i64());
-        let upto = bound.unwrap_or(i64::MAX);
-        total += q.retrying(op, |conn| batch(conn, after, upto))?;
-        match bound {
-            Some(b) => after = b,
-            None => return Ok(total),
-        }
-    }
 }
 
 /// A dead-lettered row ([`Broker::dead_letters`]).

@@ -149,7 +149,7 @@ impl Fleet {
 }
 
 /// A member's id: host, process and a number no other member of this process had.
-fn member_id() -> String {
+pub(crate) fn member_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let nanos = SystemTime::now()

@@ -30,10 +30,10 @@ pub(crate) enum Settle {
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::Meters;
+pub(crate) use on::{pruned, Meters};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use off::Meters;
+pub(crate) use off::{pruned, Meters};
 
 #[cfg(not(feature = "metrics"))]
 mod off {
@@ -42,6 +42,10 @@ mod off {
     /// Nothing: the `metrics` feature is off.
     #[derive(Default)]
     pub(crate) struct Meters;
+
+    /// Nothing: the `metrics` feature is off.
+    #[inline(always)]
+    pub(crate) fn pruned(_table: &str, _what: &'static str, _rows: u64) {}
 
     #[allow(clippy::unused_self)]
     impl Meters {
@@ -102,6 +106,14 @@ mod on {
     pub(crate) const SETTLE: &str = "sqlbroker_settle_duration_seconds";
     pub(crate) const IN_FLIGHT: &str = "sqlbroker_jobs_in_flight";
     pub(crate) const QUEUE_WAIT: &str = "sqlbroker_queue_wait_seconds";
+    pub(crate) const PRUNED: &str = "sqlbroker_pruned_total";
+
+    /// `rows` rows of `table` deleted by the maintainer, `what`: `completed`, `dead` or
+    /// `actions` (the table is then `sqlbroker_actions`).
+    pub(crate) fn pruned(table: &str, what: &'static str, rows: u64) {
+        describe();
+        counter!(PRUNED, "table" => table.to_string(), "what" => what).increment(rows);
+    }
 
     /// One table's handles, labelled `table`.
     pub(crate) struct Meters {
@@ -241,7 +253,11 @@ mod on {
 
     /// Units and help texts, for exporters that show them.
     fn describe() {
-        let counters: [(&'static str, &'static str); 11] = [
+        let counters: [(&'static str, &'static str); 12] = [
+            (
+                PRUNED,
+                "Rows the elected maintainer deleted past their retention, by what they were.",
+            ),
             (PUBLISHED, "Rows written by publishes."),
             (CLAIMED, "Rows claimed."),
             (ACKED, "Deliveries acked."),

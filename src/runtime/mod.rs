@@ -32,11 +32,13 @@ pub(crate) mod flow;
 pub(crate) mod group;
 pub(crate) mod limits;
 pub(crate) mod listen;
+pub(crate) mod maintainer;
 pub(crate) mod meters;
 pub(crate) mod notifier;
 pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod renewer;
+pub(crate) mod retention;
 pub(crate) mod slots;
 pub(crate) mod sweep;
 #[cfg(test)]

@@ -64,6 +64,8 @@ static ACTION_LOG: crate::dialect::ActionLogSql = crate::dialect::ActionLogSql {
     insert: "action log insert",
     list: "action log list",
     table_exact: "table_name",
+    sweep_bound: "action log sweep bound",
+    sweep: "action log sweep",
 };
 
 static REGISTRY: crate::dialect::RegistrySql = crate::dialect::RegistrySql {

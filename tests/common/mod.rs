@@ -89,7 +89,17 @@ pub fn url(db: Db) -> Option<String> {
 /// A broker on `db`, or `None` when the test must be skipped. Prefer [`live`], which also drops
 /// the test's tables.
 pub fn broker(db: Db) -> Option<Broker> {
-    url(db).map(|u| Broker::connect(&u).expect("connect"))
+    url(db).map(|u| quiet_broker(&u))
+}
+
+/// A broker that does not run for the database's maintainer: a test that counts what a table
+/// keeps must not see another test's broker prune it meanwhile. `tests/maintenance.rs` tests
+/// the maintainer; the brokers other tests connect by themselves run for it, as by default.
+pub fn quiet_broker(url: &str) -> Broker {
+    Broker::builder(url)
+        .maintenance(false)
+        .build()
+        .expect("connect")
 }
 
 /// A name no other test (or test process) uses.
@@ -157,7 +167,7 @@ pub struct Live {
 /// A [`Live`] on `db`, or `None` when the test must be skipped.
 pub fn live(db: Db) -> Option<Live> {
     let url = url(db)?;
-    let broker = Broker::connect(&url).expect("connect");
+    let broker = quiet_broker(&url);
     Some(Live {
         db,
         url,
@@ -201,7 +211,7 @@ impl Live {
     /// Another broker on the same database, with a pool of its own (as another process would
     /// have).
     pub fn connect(&self) -> Broker {
-        Broker::connect(&self.url).expect("connect")
+        quiet_broker(&self.url)
     }
 
     /// Runs `sql` directly, bypassing the library.

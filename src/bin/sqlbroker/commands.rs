@@ -56,6 +56,8 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     let broker = Broker::builder(url)
         .pool_size(2)
         .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
+        // A command's process is short-lived: the database's maintainer is a long-running one.
+        .maintenance(false)
         .build()?;
     let done = match &cli.command {
         Command::Status(args) => status(&broker, args),

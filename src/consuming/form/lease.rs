@@ -1017,7 +1017,7 @@ fn write_cells<'a>(
     Ok(Arc::new(deleted.into_iter().collect()))
 }
 
-/// The statement of [`write_pairs`] on `conn`: one pair runs the table's single ack, the
+/// The statement of [`write_cells`] on `conn`: one pair runs the table's single ack, the
 /// cheapest statement for it.
 fn delete_pairs(
     q: &Queue,

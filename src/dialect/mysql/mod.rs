@@ -362,6 +362,10 @@ impl Dialect for Mysql {
         Some(&registry::FLEET)
     }
 
+    fn maintainer(&self) -> Option<&'static crate::dialect::MaintainerSql> {
+        Some(&registry::MAINTAINER)
+    }
+
     /// One `ALTER TABLE`: the index is dropped and added again with the table's claim order.
     fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
         vec![sql::rebuild_ready_index(spec)]

@@ -3,7 +3,7 @@
 //! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
 //! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
 
-use crate::dialect::{ActionLogSql, FleetSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -45,6 +45,8 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT ?",
     table_exact: "CAST(table_name AS BINARY)",
+    sweep_bound: "SELECT id FROM sqlbroker_actions WHERE acted_at < ? ORDER BY id LIMIT 1 OFFSET ?",
+    sweep: "DELETE FROM sqlbroker_actions WHERE acted_at < ? AND id <= ?",
 };
 
 /// The fleet's heartbeats (`sqlbroker_workers`, see [`FleetSql`]).
@@ -68,6 +70,28 @@ pub(super) const FLEET: FleetSql = FleetSql {
     list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > ? ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?",
+};
+
+/// The maintainer's election (`sqlbroker_maintainer`, see [`MaintainerSql`]).
+pub(super) const MAINTAINER: MaintainerSql = MaintainerSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_maintainer (\
+             name VARCHAR(20) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
+             holder VARCHAR(200) CHARACTER SET utf8mb4 NOT NULL, \
+             host VARCHAR(200) CHARACTER SET utf8mb4 NOT NULL, \
+             pid BIGINT NOT NULL, \
+             term BIGINT NOT NULL, \
+             since DATETIME NOT NULL, \
+             expires_at DATETIME NOT NULL) ENGINE=InnoDB",
+    seed: "INSERT IGNORE INTO sqlbroker_maintainer (name, holder, host, pid, term, since, expires_at) \
+           VALUES ('maintainer', '', '', 0, 0, '1970-01-01 00:00:01', '1970-01-01 00:00:01')",
+    take: "UPDATE sqlbroker_maintainer SET holder = ?, host = ?, pid = ?, term = term + 1, \
+           since = ?, expires_at = ? WHERE name = 'maintainer' AND expires_at < ?",
+    renew: "UPDATE sqlbroker_maintainer SET expires_at = ? \
+            WHERE name = 'maintainer' AND holder = ? AND term = ? AND expires_at >= ?",
+    resign: "UPDATE sqlbroker_maintainer SET expires_at = ? \
+             WHERE name = 'maintainer' AND holder = ? AND term = ?",
+    read: "SELECT holder, host, pid, term, since, expires_at FROM sqlbroker_maintainer \
+           WHERE name = 'maintainer'",
 };
 
 #[cfg(test)]

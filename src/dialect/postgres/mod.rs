@@ -288,6 +288,10 @@ impl Dialect for Postgres {
         Some(&registry::FLEET)
     }
 
+    fn maintainer(&self) -> Option<&'static crate::dialect::MaintainerSql> {
+        Some(&registry::MAINTAINER)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

@@ -1,7 +1,7 @@
 //! PostgreSQL statements of the table registry (`sqlbroker_tables`, see
 //! [`RegistrySql`]).
 
-use crate::dialect::{ActionLogSql, FleetSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -41,6 +41,9 @@ pub(super) const ACTION_LOG: ActionLogSql = ActionLogSql {
     list: "SELECT id, acted_at, who, action, table_name, detail, row_count \
            FROM sqlbroker_actions ORDER BY id DESC LIMIT $1",
     table_exact: "table_name",
+    sweep_bound:
+        "SELECT id FROM sqlbroker_actions WHERE acted_at < $1 ORDER BY id LIMIT 1 OFFSET $2",
+    sweep: "DELETE FROM sqlbroker_actions WHERE acted_at < $1 AND id <= $2",
 };
 
 /// The fleet's heartbeats (`sqlbroker_workers`, see [`FleetSql`]).
@@ -64,6 +67,28 @@ pub(super) const FLEET: FleetSql = FleetSql {
     list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > $1 ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < $1",
+};
+
+/// The maintainer's election (`sqlbroker_maintainer`, see [`MaintainerSql`]).
+pub(super) const MAINTAINER: MaintainerSql = MaintainerSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_maintainer (\
+             name TEXT NOT NULL PRIMARY KEY, \
+             holder TEXT NOT NULL, \
+             host TEXT NOT NULL, \
+             pid BIGINT NOT NULL, \
+             term BIGINT NOT NULL, \
+             since TIMESTAMPTZ NOT NULL, \
+             expires_at TIMESTAMPTZ NOT NULL)",
+    seed: "INSERT INTO sqlbroker_maintainer (name, holder, host, pid, term, since, expires_at) \
+           VALUES ('maintainer', '', '', 0, 0, '1970-01-01 00:00:00+00', '1970-01-01 00:00:00+00') ON CONFLICT (name) DO NOTHING",
+    take: "UPDATE sqlbroker_maintainer SET holder = $1, host = $2, pid = $3, term = term + 1, \
+           since = $4, expires_at = $5 WHERE name = 'maintainer' AND expires_at < $6",
+    renew: "UPDATE sqlbroker_maintainer SET expires_at = $1 \
+            WHERE name = 'maintainer' AND holder = $2 AND term = $3 AND expires_at >= $4",
+    resign: "UPDATE sqlbroker_maintainer SET expires_at = $1 \
+             WHERE name = 'maintainer' AND holder = $2 AND term = $3",
+    read: "SELECT holder, host, pid, term, since, expires_at FROM sqlbroker_maintainer \
+           WHERE name = 'maintainer'",
 };
 
 #[cfg(test)]

@@ -206,6 +206,10 @@ impl Dialect for Sqlite {
         Some(&registry::FLEET)
     }
 
+    fn maintainer(&self) -> Option<&'static crate::dialect::MaintainerSql> {
+        Some(&registry::MAINTAINER)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

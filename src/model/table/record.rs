@@ -266,6 +266,8 @@ struct Record {
     priorities: bool,
     #[serde(default)]
     keep_completed: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keep_dead: Option<Duration>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     concurrency_limits: Vec<RecordLimit>,
     /// Operators' settings of the limits' `max` ([`crate::Broker::set_concurrency_limit`]):
@@ -377,6 +379,7 @@ impl Table {
             dedup: self.dedup,
             priorities: self.priorities,
             keep_completed: self.keep_completed,
+            keep_dead: self.keep_dead,
             concurrency_limits: self
                 .limits
                 .iter()
@@ -447,6 +450,7 @@ impl Table {
         t.dedup = r.dedup;
         t.priorities = r.priorities;
         t.keep_completed = r.keep_completed;
+        t.keep_dead = r.keep_dead;
         t.limits = r
             .concurrency_limits
             .into_iter()
@@ -592,6 +596,16 @@ impl Table {
             kept(self) == kept(recorded),
             opt(self.keep_completed.map(|d| format!("{d:?}"))),
             opt(recorded.keep_completed.map(|d| format!("{d:?}"))),
+        );
+        let dead = |t: &Table| {
+            t.keep_dead
+                .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+        };
+        option(
+            "keep_dead",
+            dead(self) == dead(recorded),
+            opt(self.keep_dead.map(|d| format!("{d:?}"))),
+            opt(recorded.keep_dead.map(|d| format!("{d:?}"))),
         );
         // Limits compare as a set: the order they are given in changes nothing.
         let limits = |t: &Table| {

@@ -354,6 +354,7 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &BenchArgs) -> Result {
         // publisher and the drop.
         .pool_size((args.workers as usize + in_flight + args.handlers as usize + 4) as u32)
         .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
+        .maintenance(false)
         .build()?;
     let name = scratch_name();
     let table = {

@@ -72,6 +72,8 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &SchemaArgs) -> Result {
         .pool_size(2)
         .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
         .manage_schema(false)
+        // A command's process is short-lived: the database's maintainer is a long-running one.
+        .maintenance(false)
         .build()?;
     // The record, unless flags describe the table (then `open` uses them). Flags that
     // disagree with a record would print a table `create-table` refuses to make there.

@@ -174,6 +174,8 @@ fn connect(
         .connection_timeout(Duration::from_secs(connect_timeout.clamp(1, 5)))
         .statement_timeout(STATEMENT)
         .round_trip_timeout(ROUND_TRIP)
+        // A view of the databases: it maintains none (their applications' brokers do).
+        .maintenance(false)
         .build()
         .map_err(|e| (crate::chain(&e), e.is_transient()))?;
     let sampler = Sampler::new(broker.clone(), tables.to_vec(), Duration::from_secs(sample));
