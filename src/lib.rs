@@ -324,6 +324,7 @@
 //! | `sqlbroker_settle_duration_seconds` | histogram | `table` | each settlement's time on the database (an `ack_all` of lease rows: once per statement) |
 //! | `sqlbroker_queue_wait_seconds` | histogram | `table` | from a row's due time to its claim, per claimed row: how long ready work waited (due times are whole seconds, so a row claimed at once reads 0 to 1 s) |
 //! | `sqlbroker_jobs_in_flight` | gauge | `table` | rows this process claimed and has not settled or handed back yet (waiting for a handler or in one) |
+//! | `sqlbroker_stuck_handlers` | gauge | `table` | handlers reported stuck (`SubscriptionBuilder::stuck_after`) whose deliveries are still alive |
 //!
 //! ## Support matrix
 //!
@@ -466,6 +467,7 @@ mod model;
 
 pub use broker::{Broker, BrokerBuilder};
 pub use consuming::delivery::Delivery;
+pub use consuming::health::Health;
 pub use consuming::outcome::{Outcome, Ran};
 pub use consuming::subscription::{AckMode, Iter, Subscription, SubscriptionBuilder};
 pub use consuming::worker::{Worker, WorkerHandle, WorkerRan, MAX_WORKER_THREADS};
@@ -489,4 +491,4 @@ pub use producing::message::Message;
 #[cfg(feature = "cron")]
 pub use producing::periodic::{Periodic, PeriodicBuilder};
 pub use producing::publish::Published;
-pub use runtime::events::{AckFailed, ClaimFailed, ClaimedRows, Events, Settled};
+pub use runtime::events::{AckFailed, ClaimFailed, ClaimedRows, Events, Settled, Stuck};

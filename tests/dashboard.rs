@@ -701,6 +701,11 @@ fn database_goes_away(db: Db) {
     let page = dash.get("/");
     assert_eq!(page.status, 200, "{}", page.body);
     assert_eq!(count_cell(&page.body, name, "ready").as_deref(), Some("1"));
+    let ready = dash.get("/readyz");
+    assert_eq!(
+        (ready.status, ready.body.lines().next()),
+        (200, Some("ready"))
+    );
 
     proxy.cut();
     let mut last = String::new();
@@ -710,6 +715,17 @@ fn database_goes_away(db: Db) {
         r.status == 503 && last.contains(&format!("Counting {name} failed"))
     });
     assert!(failing, "the overview shows the error: {last}");
+    // Not ready once no count has answered for three samples (at least 10 s); alive still.
+    let not_ready = wait_for(Duration::from_secs(30), || {
+        let r = dash.get("/readyz");
+        last = r.body;
+        r.status == 503 && last.starts_with("not ready: ")
+    });
+    assert!(
+        not_ready,
+        "/readyz names the database that stopped answering: {last}"
+    );
+    assert_eq!(dash.get("/healthz").status, 200);
     let job = dash.get(&format!("/tables/{name}/jobs/1"));
     assert_eq!(job.status, 503, "{}", job.body);
     assert!(job.body.contains("class=\"err\""));
@@ -731,6 +747,32 @@ fn database_goes_away(db: Db) {
     assert!(back, "the overview recovers: {last}");
     let listing = dash.get(&format!("/tables/{name}?state=ready"));
     assert_eq!(listing.status, 200, "{}", listing.body);
+    assert_eq!(dash.get("/readyz").status, 200, "ready again");
+}
+
+/// A probe needs no login: with a token, `/healthz` answers 200 and `/readyz` 200 with the
+/// database that answers, while every page asks for the token. Fails (401) with the probes
+/// behind the login.
+fn probes_need_no_login(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("dprobe"))
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let dash = start(
+        &l.url,
+        &["--table", t.name(), "--sample", "1"],
+        &[("SQLBROKER_DASHBOARD_TOKEN", "sixteen-chars-ok")],
+    );
+    assert_eq!(dash.get("/").status, 401);
+    let alive = dash.get("/healthz");
+    assert_eq!((alive.status, alive.body.as_str()), (200, "ok\n"));
+    let ready = wait_for(Duration::from_secs(10), || {
+        dash.get("/readyz").status == 200
+    });
+    assert!(ready, "{}", dash.get("/readyz").body);
+    assert!(dash.get("/readyz").body.starts_with("ready\n"));
 }
 
 /// `dashboard --help` names every option and the token's environment variable.
@@ -1555,7 +1597,8 @@ per_db!(
     restricted_tables,
     back_is_a_local_path,
     logins_are_limited,
-    token_on_the_command_line_warns
+    token_on_the_command_line_warns,
+    probes_need_no_login
 );
 
 mod database_goes_away {

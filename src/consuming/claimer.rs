@@ -44,6 +44,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(2);
 /// (a worker that ends after the subscription's own drain, or after a panic, must not leave
 /// rows held in the channel). `_alive` is dropped as it ends: `close` waits for that.
 pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _alive: Sender<()>) {
+    let running = ctx.marks.worker();
     let result = catch_unwind(AssertUnwindSafe(|| work(&ctx, &tx)));
     if let Err(panic) = result {
         let msg = panic
@@ -59,6 +60,7 @@ pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _
     while let Ok(d) = rx.try_recv() {
         drop(d);
     }
+    drop(running);
 }
 
 /// Reports a claim's outcome to the application's hooks.
@@ -142,6 +144,7 @@ pub(crate) fn nothing_ready(ctx: &Ctx) -> bool {
     };
     match conn.query(check, &args) {
         Ok(rows) if rows.is_empty() => {
+            ctx.marks.claimed();
             ctx.clear_error();
             true
         }
@@ -385,6 +388,7 @@ fn work(ctx: &Arc<Ctx>, tx: &Sender<Delivery>) {
         match claimed {
             Ok(claimed) => {
                 failures = 0;
+                ctx.marks.claimed();
                 ctx.clear_error();
                 let got = claimed.len();
                 idle = got == 0;

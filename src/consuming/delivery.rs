@@ -123,6 +123,7 @@ impl Delivery {
             held: Arc::new(Held {
                 hold: Mutex::new(Some(c.hold)),
                 timed_out: AtomicBool::new(false),
+                stuck: AtomicBool::new(false),
                 lost: AtomicBool::new(false),
                 busy: Mutex::new(0),
             }),
@@ -155,6 +156,16 @@ impl Delivery {
                 cancelled: None,
             };
             timer.at(due, Box::new(move || expiry.run()));
+        }
+        if let (Some(after), Some(timer)) = (self.ctx.opts.stuck_after, &self.ctx.timer) {
+            let report = StuckReport {
+                ctx: Arc::downgrade(&self.ctx),
+                held: Arc::downgrade(&self.held),
+                id: self.id,
+                attempt: self.attempt,
+                after,
+            };
+            timer.at(Instant::now() + after, Box::new(move || report.run()));
         }
         self
     }
@@ -1016,6 +1027,9 @@ fn timeout_failure(ctx: &Ctx, attempt: u32) -> Outcome {
 struct Held {
     hold: Mutex<Option<Hold>>,
     timed_out: AtomicBool,
+    /// Reported stuck ([`SubscriptionBuilder::stuck_after`](crate::SubscriptionBuilder::stuck_after)):
+    /// counted in the subscription's stuck handlers until the delivery drops.
+    stuck: AtomicBool,
     /// A row lock checkpoint found the row finished: the hold is gone, and a settlement says
     /// so.
     lost: AtomicBool,
@@ -1036,6 +1050,49 @@ impl<'a> Busy<'a> {
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         *self.0.busy.lock() = 0;
+    }
+}
+
+/// A delivery's report as stuck, run by the subscription's timer `after` it was handed out.
+struct StuckReport {
+    ctx: Weak<Ctx>,
+    held: Weak<Held>,
+    id: i64,
+    attempt: u32,
+    after: Duration,
+}
+
+impl StuckReport {
+    /// Reports the handler stuck if its delivery is still alive (the handler has it), once.
+    fn run(&self) -> Option<Duration> {
+        let (ctx, held) = (self.ctx.upgrade()?, self.held.upgrade()?);
+        if held.stuck.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        ctx.marks.stuck(true);
+        ctx.queue.meters.stuck(true);
+        let timed_out = held.timed_out.load(Ordering::Acquire);
+        let table = &ctx.spec().name;
+        log::warn!(
+            "table {table}: row {}: its handler still runs {:?} after it started{}",
+            self.id,
+            self.after,
+            if timed_out {
+                " (its handler timeout already failed the delivery)"
+            } else {
+                ""
+            }
+        );
+        if let Some(events) = &ctx.events {
+            events.stuck(&crate::runtime::events::Stuck {
+                table,
+                id: self.id,
+                attempt: self.attempt,
+                running_for: self.after,
+                timed_out,
+            });
+        }
+        None
     }
 }
 
@@ -1135,6 +1192,12 @@ impl Drop for Delivery {
         }
         if self.owns_slot {
             self.ctx.slots.settled();
+        }
+        // Marked as the report marks it: of the two, only the later sees `true`, so a report
+        // racing this drop is either counted here or not made.
+        if self.held.stuck.swap(true, Ordering::AcqRel) {
+            self.ctx.marks.stuck(false);
+            self.ctx.queue.meters.stuck(false);
         }
         self.ctx.queue.meters.closed();
     }

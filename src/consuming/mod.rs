@@ -5,6 +5,7 @@
 pub(crate) mod claimer;
 pub(crate) mod delivery;
 pub(crate) mod form;
+pub(crate) mod health;
 pub(crate) mod outcome;
 pub(crate) mod subscription;
 pub(crate) mod worker;

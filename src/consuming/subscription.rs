@@ -68,6 +68,7 @@ pub struct SubscriptionBuilder<'a> {
     poll_interval: Duration,
     retry: RetryPolicy,
     handler_timeout: Option<Duration>,
+    stuck_after: Option<Duration>,
     events: Option<Arc<dyn crate::runtime::events::Events>>,
     ack_mode: AckMode,
     /// False: no claim worker is started, and only [`Subscription::claim_on_caller`] claims
@@ -127,6 +128,7 @@ impl std::fmt::Debug for SubscriptionBuilder<'_> {
             .field("poll_interval", &self.poll_interval)
             .field("retry_policy", &self.retry)
             .field("handler_timeout", &self.handler_timeout)
+            .field("stuck_after", &self.stuck_after)
             .field("events", &self.events.is_some())
             .field("ack_mode", &self.ack_mode)
             .finish()
@@ -151,6 +153,7 @@ impl<'a> SubscriptionBuilder<'a> {
             poll_interval: Duration::from_millis(250),
             retry: RetryPolicy::default(),
             handler_timeout: None,
+            stuck_after: None,
             events: None,
             ack_mode: AckMode::Durable,
             claim_workers: true,
@@ -281,6 +284,20 @@ impl<'a> SubscriptionBuilder<'a> {
         self
     }
 
+    /// Reports a handler **stuck** when it still runs `after` its delivery was handed out: once
+    /// per delivery, by a log warning, [`Events::stuck`](crate::Events::stuck), the gauge
+    /// `sqlbroker_stuck_handlers{table}` (feature `metrics`: up while it runs, down when its
+    /// delivery is settled or dropped) and [`Subscription::health`]. "Still runs" means its
+    /// [`Delivery`] is alive: a handler that its [`handler_timeout`](Self::handler_timeout)
+    /// already failed but that has not returned is still reported, since it still holds a
+    /// thread (and perhaps a connection). It changes nothing of the row: set a handler timeout
+    /// to free it. Default: none. From 10 ms; checked by the subscription's timer thread
+    /// (`sqlbroker-timer-<table>`).
+    pub fn stuck_after(mut self, after: Duration) -> Self {
+        self.stuck_after = Some(after);
+        self
+    }
+
     /// Hooks the application's metrics to this subscription: claims, settlements and their
     /// durations ([`Events`](crate::Events)). Default: none.
     pub fn events(mut self, events: Arc<dyn crate::runtime::events::Events>) -> Self {
@@ -356,6 +373,12 @@ impl<'a> SubscriptionBuilder<'a> {
                 "handler_timeout",
                 "a handler timeout must be longer than zero",
             );
+        }
+        if self
+            .stuck_after
+            .is_some_and(|d| d < Duration::from_millis(10))
+        {
+            return invalid("stuck_after", "from 10 ms");
         }
         Ok(())
     }
@@ -437,12 +460,13 @@ impl<'a> SubscriptionBuilder<'a> {
             advisory_scan: (self.batch * 4).max(32),
             retry: self.retry,
             handler_timeout: self.handler_timeout,
+            stuck_after: self.stuck_after,
         };
         let name = queue.spec.name.clone();
         let renewer = (form == Form::Lease).then_some(self.renewer);
         let mut ctx =
             Ctx::new(queue, opts, renewer.clone(), self.listener).with_events(self.events);
-        if ctx.opts.handler_timeout.is_some() {
+        if ctx.opts.handler_timeout.is_some() || ctx.opts.stuck_after.is_some() {
             let name = format!("sqlbroker-timer-{name}");
             match Timer::start(name.clone()) {
                 Ok(timer) => ctx = ctx.with_timer(timer),
@@ -473,12 +497,13 @@ impl<'a> SubscriptionBuilder<'a> {
             exited,
             waited: AtomicBool::new(false),
             membership: parking_lot::Mutex::new(None),
+            claim_workers: if self.claim_workers {
+                ctx.opts.workers
+            } else {
+                0
+            },
         };
-        let workers = if self.claim_workers {
-            ctx.opts.workers
-        } else {
-            0
-        };
+        let workers = sub.claim_workers;
         for i in 0..workers {
             let worker = (ctx.clone(), tx.clone(), rx.clone(), alive.clone());
             let thread = format!("sqlbroker-claim-{name}-{i}");
@@ -563,6 +588,8 @@ pub struct Subscription {
     waited: AtomicBool,
     /// Its heartbeat (`sqlbroker_workers`), until it stops.
     membership: parking_lot::Mutex<Option<Membership>>,
+    /// The claim workers it started (none for `testing::drain`'s).
+    claim_workers: usize,
 }
 
 impl Subscription {
@@ -857,6 +884,16 @@ impl Subscription {
     /// a lock a claim waits on).
     pub fn claiming(&self) -> usize {
         self.ctx.claiming.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Its context.
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    /// The claim workers it started.
+    pub(crate) fn claim_workers(&self) -> usize {
+        self.claim_workers
     }
 
     /// Its context, for a worker's heartbeat (which must not keep it alive).

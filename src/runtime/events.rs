@@ -62,6 +62,26 @@ pub trait Events: Send + Sync {
     /// A deferred ack ([`AckMode::Deferred`](crate::AckMode::Deferred)) could not be written:
     /// its `ack()` had returned `Ok`, the row is delivered again (see the event).
     fn ack_failed(&self, _event: &AckFailed<'_>) {}
+    /// A handler still runs [`stuck_after`](crate::SubscriptionBuilder::stuck_after) after its
+    /// delivery was handed out: reported once per delivery, whether or not its handler timeout
+    /// already freed the row.
+    fn stuck(&self, _event: &Stuck<'_>) {}
+}
+
+/// A handler reported stuck ([`Events::stuck`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Stuck<'a> {
+    /// The table.
+    pub table: &'a str,
+    /// The row.
+    pub id: i64,
+    /// The delivery's attempt.
+    pub attempt: u32,
+    /// How long the handler has run (from handing the delivery out).
+    pub running_for: Duration,
+    /// Its handler timeout already failed it (the row is free, or another's).
+    pub timed_out: bool,
 }
 
 /// A deferred ack that its flush could not write. The row keeps its last error (when the

@@ -78,6 +78,8 @@ mod off {
         pub fn opened(&self) {}
         #[inline(always)]
         pub fn closed(&self) {}
+        #[inline(always)]
+        pub fn stuck(&self, _now: bool) {}
     }
 }
 
@@ -107,6 +109,7 @@ mod on {
     pub(crate) const IN_FLIGHT: &str = "sqlbroker_jobs_in_flight";
     pub(crate) const QUEUE_WAIT: &str = "sqlbroker_queue_wait_seconds";
     pub(crate) const PRUNED: &str = "sqlbroker_pruned_total";
+    pub(crate) const STUCK: &str = "sqlbroker_stuck_handlers";
 
     /// `rows` rows of `table` deleted by the maintainer, `what`: `completed`, `dead` or
     /// `actions` (the table is then `sqlbroker_actions`).
@@ -133,6 +136,7 @@ mod on {
         settle: Histogram,
         queue_wait: Histogram,
         in_flight: Gauge,
+        stuck: Gauge,
     }
 
     impl Meters {
@@ -160,6 +164,7 @@ mod on {
                 settle: h(SETTLE),
                 queue_wait: h(QUEUE_WAIT),
                 in_flight: gauge!(IN_FLIGHT, "table" => t.clone()),
+                stuck: gauge!(STUCK, "table" => t.clone()),
             }
         }
 
@@ -249,6 +254,15 @@ mod on {
         pub fn closed(&self) {
             self.in_flight.decrement(1.0);
         }
+
+        /// A handler reported stuck (`true`), or a stuck one's delivery gone (`false`).
+        pub fn stuck(&self, now: bool) {
+            if now {
+                self.stuck.increment(1.0);
+            } else {
+                self.stuck.decrement(1.0);
+            }
+        }
     }
 
     /// Units and help texts, for exporters that show them.
@@ -297,6 +311,11 @@ mod on {
         for (name, help) in histograms {
             describe_histogram!(name, Unit::Seconds, help);
         }
+        describe_gauge!(
+            STUCK,
+            Unit::Count,
+            "Handlers reported stuck (still running past stuck_after) whose deliveries live."
+        );
         describe_gauge!(
             IN_FLIGHT,
             Unit::Count,

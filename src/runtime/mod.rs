@@ -30,6 +30,7 @@ pub(crate) mod events;
 pub(crate) mod fleet;
 pub(crate) mod flow;
 pub(crate) mod group;
+pub(crate) mod health;
 pub(crate) mod limits;
 pub(crate) mod listen;
 pub(crate) mod maintainer;
@@ -308,6 +309,8 @@ pub(crate) struct SubOptions {
     pub retry: crate::model::retry::RetryPolicy,
     /// How long a handler may hold a delivery before it is failed for it.
     pub handler_timeout: Option<Duration>,
+    /// How long a handler may run before it is reported stuck, once.
+    pub stuck_after: Option<Duration>,
 }
 
 /// A claim's pooled connection. One whose lock waits were limited for a bounded claim
@@ -376,8 +379,10 @@ pub(crate) struct Ctx {
     /// Deliveries settled (acked, retried, failed, dead-lettered, cancelled): what the
     /// subscription's heartbeat reports as handled.
     pub settled: std::sync::atomic::AtomicU64,
-    /// Runs the handler timeouts (only with a handler timeout).
+    /// Runs the handler timeouts and the stuck handlers' reports (only with either).
     pub timer: Option<timer::Timer>,
+    /// What the subscription's threads say of themselves ([`health::Marks`]).
+    pub marks: health::Marks,
     /// The application's hooks.
     pub events: Option<Arc<dyn crate::runtime::events::Events>>,
     /// Deferred acks ([`AckMode::Deferred`](crate::AckMode::Deferred)): queued, written by
@@ -416,6 +421,7 @@ impl Ctx {
             waiting: AtomicUsize::new(0),
             settled: std::sync::atomic::AtomicU64::new(0),
             timer: None,
+            marks: health::Marks::default(),
             events: None,
             deferred: None,
             last_error: Mutex::new(None),

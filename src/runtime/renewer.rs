@@ -378,6 +378,7 @@ fn guarded_round(ctx: &Ctx) -> bool {
 pub(crate) fn round(ctx: &Ctx) -> bool {
     let mut cells = ctx.leases.snapshot();
     if cells.is_empty() {
+        ctx.marks.renewed();
         return true;
     }
     // The connection first: the cells' locks (which settlements wait on) are then held only
@@ -409,6 +410,9 @@ pub(crate) fn round(ctx: &Ctx) -> bool {
         held.sort_by(|a, b| (a.0.id, b.1.token).cmp(&(b.0.id, a.1.token)));
         held.dedup_by_key(|(cell, _)| cell.id);
         all &= renew_chunk(ctx, conn.as_mut(), &mut held);
+    }
+    if all {
+        ctx.marks.renewed();
     }
     all
 }

@@ -254,6 +254,7 @@ pub(crate) fn options(batch: usize) -> SubOptions {
         advisory_scan: 32,
         retry: crate::model::retry::RetryPolicy::default(),
         handler_timeout: None,
+        stuck_after: None,
     }
 }
 

@@ -75,6 +75,8 @@ struct Inner {
     /// databases, a table may be in some of them only: not a failure).
     absent: Vec<String>,
     rounds: u64,
+    /// When the database last answered a listing or a count (`/readyz`).
+    answered: Option<Instant>,
 }
 
 /// What the pages and `/metrics` read of one database ([`Sampler::snapshot`]).
@@ -125,6 +127,11 @@ impl Sampler {
             .map(drop)
     }
 
+    /// When the database last answered a listing or a count.
+    pub fn answered(&self) -> Option<Instant> {
+        self.lock().answered
+    }
+
     /// Waits until the first round is done, at most `limit`.
     pub fn wait_first(&self, limit: Duration) {
         let guard = self.lock();
@@ -145,6 +152,11 @@ impl Sampler {
         let mut inner = self.lock();
         if complete {
             inner.tables.retain(|name, _| names.contains(name));
+        }
+        // A listing of every recorded table asked the database (the named tables are known
+        // from memory after the first round): an answer, even with no table to count.
+        if self.named.is_empty() && list_error.is_none() {
+            inner.answered = Some(Instant::now());
         }
         inner.list_error = list_error;
         inner.absent = absent;
@@ -214,6 +226,9 @@ impl Sampler {
         let took = started.elapsed();
         let now = SystemTime::now();
         let mut inner = self.lock();
+        if stats.is_ok() {
+            inner.answered = Some(Instant::now());
+        }
         let entry = inner
             .tables
             .entry(table.name().to_string())

@@ -88,6 +88,9 @@ pub(crate) fn quick(request: &Request) -> bool {
         return false;
     }
     let path = request.target.split('?').next().unwrap_or("");
+    if matches!(path, "/healthz" | "/readyz") {
+        return true;
+    }
     let rest = match path.strip_prefix("/d/") {
         Some(rest) => rest.split_once('/').map_or("", |(_, r)| r),
         None => path.trim_start_matches('/'),
@@ -156,6 +159,14 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
     // before any of that (the token mode's login form alone reads nothing; without a token
     // there is no form, and `/login` is refused like the rest). Browsers send the header;
     // tools that send none pass.
+    // A probe's checks: no session (a load balancer has none), nothing read but memory.
+    if matches!(rq.method, Method::Get | Method::Head) {
+        match rq.path.as_str() {
+            "/healthz" => return Reply::text(200, "text/plain; charset=utf-8", "ok\n".into()),
+            "/readyz" => return ready(ctx),
+            _ => {}
+        }
+    }
     let login_form = ctx.token.is_some() && rq.path == "/login";
     if !login_form
         && rq
@@ -250,6 +261,46 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
         _ => not_found("no such page"),
     }
 }
+
+/// `/readyz`: 200 when every database answered a listing or a count within the last three
+/// sampling intervals (at least [`READY_WITHIN`]); else 503, naming each database that did
+/// not and why. From the samplers' memory: a database that stops answering is named once
+/// its counts stop coming, and the probe itself never waits on it.
+fn ready(ctx: &Ctx) -> Reply {
+    let within = (ctx.sample * 3).max(READY_WITHIN);
+    let mut failing = Vec::new();
+    let mut lines = String::new();
+    for db in &ctx.dbs {
+        let name = crate::commands::escape(&db.name);
+        let why = match db.live() {
+            None => Some("not connected".to_string()),
+            Some((_, sampler)) => match sampler.answered() {
+                Some(at) if at.elapsed() <= within => None,
+                Some(at) => Some(format!(
+                    "no count answered for {} s",
+                    at.elapsed().as_secs()
+                )),
+                None => Some("no count answered yet".into()),
+            },
+        };
+        match why {
+            None => lines.push_str(&format!("{name}: ok\n")),
+            Some(why) => {
+                lines.push_str(&format!("{name}: {why}\n"));
+                failing.push(name);
+            }
+        }
+    }
+    if failing.is_empty() {
+        Reply::text(200, "text/plain; charset=utf-8", format!("ready\n{lines}"))
+    } else {
+        let head = format!("not ready: {}\n", failing.join(", "));
+        Reply::text(503, "text/plain; charset=utf-8", head + &lines)
+    }
+}
+
+/// The least `/readyz` allows since a database's last answer.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The login form (token mode): a POST with the right token opens a session, whose id the
 /// cookie carries.
@@ -759,6 +810,8 @@ mod tests {
             assert!(quick(&rq(Method::Get, t)), "{t}");
         }
         assert!(quick(&rq(Method::Head, "/metrics")));
+        assert!(quick(&rq(Method::Get, "/healthz")));
+        assert!(quick(&rq(Method::Get, "/readyz")));
         for t in ["/tables/x", "/actions", "/d/a/tables/x", "/metrics/x"] {
             assert!(!quick(&rq(Method::Get, t)), "{t}");
         }
