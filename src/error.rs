@@ -310,6 +310,16 @@ pub enum BrokerError {
         /// The table's name.
         table: String,
     },
+    /// [`Broker::pause_periodic`] or [`Broker::resume_periodic`] of a name no periodic schedule
+    /// has recorded (no process ever ran it on this database). Nothing was changed.
+    ///
+    /// [`Broker::pause_periodic`]: crate::Broker::pause_periodic
+    /// [`Broker::resume_periodic`]: crate::Broker::resume_periodic
+    #[error("no periodic schedule named {name:?} is recorded on this database")]
+    UnknownPeriodic {
+        /// The schedule's name.
+        name: String,
+    },
     /// [`Broker::create_table`] or [`Broker::migrate`] on a broker built with
     /// [`BrokerBuilder::manage_schema(false)`](crate::BrokerBuilder::manage_schema): it runs no
     /// DDL. Nothing was sent to the database. [`Table::ddl`] and [`Broker::migration_sql`]

@@ -485,6 +485,7 @@ pub use operating::jobs::{Job, JobState};
 pub use operating::maintenance::Maintainer;
 pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
+pub use operating::periodics::{PeriodicInfo, ORPHANED_AFTER};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
 pub use producing::group::Group;
 pub use producing::message::Message;

@@ -226,3 +226,125 @@ fn stop_is_prompt_and_the_next_tick_is_published_at_start() {
         began.elapsed()
     );
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_sqlbroker");
+
+/// `sqlbroker periodic ARGS` on `url`: (exit code, stdout, stderr).
+fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(BIN)
+        .arg("periodic")
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Rows of `t` not finished, by state: (scheduled, other).
+fn live_rows(live: &common::Live, t: &Table) -> (i64, i64) {
+    let scheduled = live.rows_where(t, &format!("dead_at IS NULL AND {}", due_later(live.db)));
+    (scheduled, live.rows_where(t, "dead_at IS NULL") - scheduled)
+}
+
+fn due_later(db: Db) -> &'static str {
+    match db {
+        Db::Postgres => "run_at > now()",
+        Db::Mysql => "run_at > UTC_TIMESTAMP()",
+        Db::Sqlite => "run_at > CAST(strftime('%s','now') AS INTEGER)",
+    }
+}
+
+/// A schedule is recorded as data: `Broker::periodics` and `sqlbroker periodic list` show it
+/// (table, name, cron, UTC, its next tick, running); paused from the CLI on one broker, no
+/// broker of two running it publishes a tick (its row published ahead is cancelled, and no row
+/// comes in three more ticks); resumed from the API, its ticks come again; a schedule no
+/// process beats (its beat aged by hand) is shown orphaned.
+///
+/// Fails (`published while paused`) with a publish that does not read the pause, (`the tick
+/// published ahead`) with a pause that does not cancel it, (`not listed`) with no record.
+fn a_schedule_is_data_and_a_pause_holds_on_every_broker(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        Table::new(common::unique("pd"))
+            .dedup()
+            .lease(Duration::from_secs(30)),
+    );
+    let name = common::unique("every-second");
+    let brokers: Vec<Broker> = (0..2).map(|_| live.connect()).collect();
+    let periodics: Vec<_> = brokers
+        .iter()
+        .map(|b| {
+            b.periodic(&t, "* * * * * *", |tick| {
+                Message::new(secs(tick).to_string())
+            })
+            .name(name.clone())
+            .start()
+            .unwrap()
+        })
+        .collect();
+    let mine = |b: &Broker| {
+        b.periodics()
+            .unwrap()
+            .into_iter()
+            .find(|p| p.name() == name && p.table() == t.name())
+    };
+    let p = mine(&live.broker).expect("not listed");
+    assert_eq!(
+        (p.schedule(), p.time_zone(), p.paused(), p.orphaned()),
+        ("* * * * * *", "UTC", false, false)
+    );
+    assert!(common::wait_for(Duration::from_secs(5), || live.rows(&t) >= 2));
+    let (code, out, err) = cli(&live.url, &["list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("\"name\":\"{name}\"")), "{out}");
+
+    let (code, out, err) = cli(&live.url, &["pause", &name]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(mine(&live.broker).unwrap().paused());
+    let (scheduled, _) = live_rows(&live, &t);
+    assert_eq!(scheduled, 0, "the tick published ahead is still there");
+    let before = live.rows(&t);
+    std::thread::sleep(Duration::from_millis(3200));
+    assert_eq!(live.rows(&t), before, "published while paused");
+
+    live.broker.resume_periodic(&name).unwrap();
+    assert!(
+        common::wait_for(Duration::from_secs(5), || live.rows(&t) > before),
+        "nothing published after the resume"
+    );
+    let (code, _, err) = cli(&live.url, &["pause", "no-such-schedule-anywhere"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no periodic schedule named"), "{err}");
+    assert!(matches!(
+        live.broker.pause_periodic("no-such-schedule-anywhere"),
+        Err(BrokerError::UnknownPeriodic { .. })
+    ));
+
+    for p in periodics {
+        p.stop();
+    }
+    // No process beats it any more; aged by hand past the bound, it reads orphaned.
+    let aged = match db {
+        Db::Postgres => "seen_at - interval '120 seconds'".to_string(),
+        Db::Mysql => "seen_at - INTERVAL 120 SECOND".to_string(),
+        Db::Sqlite => "seen_at - 120".to_string(),
+    };
+    live.exec(&format!(
+        "UPDATE sqlbroker_periodics SET seen_at = {aged} WHERE name = '{name}'"
+    ));
+    assert!(mine(&live.broker).unwrap().orphaned());
+    let (_, out, _) = cli(&live.url, &["list"]);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&name) && l.contains("orphaned")),
+        "{out}"
+    );
+    live.exec(&format!(
+        "DELETE FROM sqlbroker_periodics WHERE name = '{name}'"
+    ));
+}
+per_db!(a_schedule_is_data_and_a_pause_holds_on_every_broker);

@@ -585,6 +585,30 @@ pub(crate) struct ActionLogSql {
     pub sweep: &'static str,
 }
 
+/// The statements of the periodic schedules' records (`sqlbroker_periodics`: a row per
+/// schedule and table, written by every process that runs it; `producing/periodic.rs`, and
+/// read and paused by operators, `operating/periodics.rs`).
+#[derive(Debug)]
+pub(crate) struct PeriodicSql {
+    /// Makes the table if it does not exist.
+    pub create: &'static str,
+    /// `(table_name, name, schedule, time_zone, seen_at)`: the schedule's row, made or brought
+    /// up to date; its pause is kept.
+    pub upsert: &'static str,
+    /// `(seen_at, next_tick, last_tick, table_name, name)`: a running process's beat
+    /// (`last_tick` `NULL` keeps the one written).
+    pub beat: &'static str,
+    /// `(table_name, name)` -> `paused`, the row locked until the transaction ends (servers:
+    /// `FOR UPDATE`; SQLite's write transaction holds the database): a publish that reads it
+    /// and a pause that writes it are ordered.
+    pub paused: &'static str,
+    /// -> `table_name, name, schedule, time_zone, next_tick, last_tick, paused, seen_at`, by
+    /// table and name.
+    pub list: &'static str,
+    /// `(paused, name)`: pauses or resumes every schedule of that name.
+    pub set_paused: &'static str,
+}
+
 /// The statements of the maintainer's election (`sqlbroker_maintainer`: one row, the lease
 /// that says which broker maintains the database and in which term; `runtime/maintainer.rs`).
 #[derive(Debug)]
@@ -901,6 +925,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The statements of the fleet's heartbeats; `None` where the database has none (the unit
     /// tests' scripted one).
     fn fleet(&self) -> Option<&'static FleetSql> {
+        None
+    }
+
+    /// The statements of the periodic schedules' records; `None` where the database has none
+    /// (the unit tests' scripted one).
+    fn periodics(&self) -> Option<&'static PeriodicSql> {
         None
     }
 

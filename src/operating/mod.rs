@@ -2,7 +2,8 @@
 //! text, the registry of tables (open by name, list, pause, resume), job lookup and cancel,
 //! counts, dead letters and completed rows, filtered listings and "run now" (`matching.rs`),
 //! the operators' action log (`actions.rs`), the fleet of running subscriptions and
-//! workers (`fleet.rs`), and the database's elected maintainer (`maintenance.rs`). The top floor of the library: it may use every room
+//! workers (`fleet.rs`), the database's elected maintainer (`maintenance.rs`), and the periodic
+//! schedules recorded on the database (`periodics.rs`). The top floor of the library: it may use every room
 //! below it, and none of them names it.
 
 pub(crate) mod actions;
@@ -12,4 +13,5 @@ pub(crate) mod jobs;
 pub(crate) mod maintenance;
 pub(crate) mod matching;
 pub(crate) mod ops;
+pub(crate) mod periodics;
 pub(crate) mod tables;

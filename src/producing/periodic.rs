@@ -13,6 +13,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::broker::Broker;
 
+use crate::dialect::DbConn;
+
 use crate::error::BrokerError;
 
 use crate::producing::message::Message;
@@ -21,6 +23,8 @@ use crate::error::Result;
 
 use crate::model::table::Table;
 
+use crate::model::value::Value;
+
 /// The longest a dedup key may be on every database is 255 characters (MySQL); the name takes
 /// what `periodic:` and `:<epoch seconds>` leave, with room.
 const MAX_NAME: usize = 200;
@@ -28,6 +32,9 @@ const MAX_NAME: usize = 200;
 /// is noticed within this).
 const MAX_NAP: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// How often a running schedule writes its beat to `sqlbroker_periodics` (when it was last
+/// seen, its next tick): a schedule no process has beaten for a while is shown as orphaned.
+pub(crate) const BEAT: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 type MakeMessage = Box<dyn Fn(SystemTime) -> Message + Send + 'static>;
@@ -161,6 +168,7 @@ impl PeriodicBuilder {
             });
         }
         let (stop, stopped) = crossbeam_channel::bounded(0);
+        let recorded = record(&self.broker, &self.table, &name, &self.expression);
         let job = Job {
             broker: self.broker,
             table: self.table,
@@ -169,6 +177,9 @@ impl PeriodicBuilder {
             catch_up: self.catch_up,
             make: self.make,
             stopped,
+            recorded,
+            beaten: None,
+            expression: self.expression,
         };
         let thread_name = format!("sqlbroker-periodic-{}", job.table.name());
         let thread = std::thread::Builder::new()
@@ -390,6 +401,41 @@ pub(crate) fn tick_key(name: &str, tick: SystemTime) -> String {
     )
 }
 
+/// Records the schedule in `sqlbroker_periodics` (made if it is not there), keeping a pause an
+/// operator set; false if that failed (no rights to make the table, say): the schedule then
+/// runs as before, unrecorded, and no pause reaches it.
+fn record(broker: &Broker, table: &Table, name: &str, expression: &str) -> bool {
+    let Some(sql) = broker.dialect().periodics() else {
+        return false;
+    };
+    let written = broker
+        .pooled("periodic", table.name())
+        .and_then(|mut conn| {
+            if let Err(e) = conn.batch(sql.create) {
+                log::debug!("making sqlbroker_periodics: {e}");
+            }
+            let params = [
+                Value::Text(table.name().into()),
+                Value::Text(name.into()),
+                Value::Text(expression.into()),
+                Value::Text("UTC".into()),
+                Value::Time(SystemTime::now()),
+            ];
+            conn.execute(sql.upsert, &params)
+                .map_err(|e| e.during("periodic", table.name()))
+        });
+    match written {
+        Ok(_) => true,
+        Err(e) => {
+            log::warn!(
+                "periodic job {name:?} on table {}: not recorded in sqlbroker_periodics ({e});                  it runs, but operators cannot see or pause it",
+                table.name()
+            );
+            false
+        }
+    }
+}
+
 /// The thread's state.
 struct Job {
     broker: Broker,
@@ -399,6 +445,12 @@ struct Job {
     catch_up: bool,
     make: MakeMessage,
     stopped: Receiver<()>,
+    /// Recorded in `sqlbroker_periodics`: its publishes read the pause there.
+    recorded: bool,
+    /// When its last beat was written.
+    beaten: Option<std::time::Instant>,
+    /// The cron expression, as recorded.
+    expression: String,
 }
 
 enum Outcome {
@@ -411,10 +463,11 @@ enum Outcome {
 }
 
 impl Job {
-    fn run(self) {
+    fn run(mut self) {
         let mut done: Option<SystemTime> = None;
         let mut backoff = FIRST_BACKOFF;
         loop {
+            self.beat(done);
             let now = SystemTime::now();
             match step(&self.schedule, done, now, self.catch_up) {
                 Step::Finished => {
@@ -454,6 +507,96 @@ impl Job {
         matches!(self.stopped.recv_timeout(d), Err(RecvTimeoutError::Timeout))
     }
 
+    /// Writes the schedule's beat (seen now, its last and next ticks) once per [`BEAT`].
+    fn beat(&mut self, done: Option<SystemTime>) {
+        if !self.recorded || self.beaten.is_some_and(|at| at.elapsed() < BEAT) {
+            return;
+        }
+        let Some(sql) = self.broker.dialect().periodics() else {
+            return;
+        };
+        self.beaten = Some(std::time::Instant::now());
+        let next = done.map_or_else(
+            || self.schedule.after(SystemTime::now()),
+            |d| self.schedule.after(d),
+        );
+        let time = |t: Option<SystemTime>| t.map_or(Value::Null, Value::Time);
+        let params = [
+            Value::Time(SystemTime::now()),
+            time(next),
+            time(done),
+            Value::Text(self.table.name().into()),
+            Value::Text(self.name.clone()),
+        ];
+        let written = self
+            .broker
+            .pooled("periodic", self.table.name())
+            .and_then(|mut conn| {
+                conn.execute(sql.beat, &params)
+                    .map_err(|e| e.during("periodic", self.table.name()))
+            });
+        match written {
+            // The row was deleted by hand: written again, its pause lost with it.
+            Ok(0) => {
+                self.recorded = record(&self.broker, &self.table, &self.name, &self.expression);
+            }
+            Ok(_) => {}
+            Err(e) => log::debug!("periodic job {:?}: its beat: {e}", self.name),
+        }
+    }
+
+    /// Publishes `message` unless the schedule is paused: in one transaction that first reads
+    /// the pause with its record's row locked, so a pause either comes before (nothing is
+    /// published) or after the commit (the pause then finds the row and cancels it). `None`
+    /// when paused.
+    fn publish_unless_paused(&self, message: Message) -> Result<Option<i64>> {
+        if !self.recorded {
+            return self.broker.publish(&self.table, message).map(Some);
+        }
+        let Some(sql) = self.broker.dialect().periodics() else {
+            return self.broker.publish(&self.table, message).map(Some);
+        };
+        let q = self.broker.queue(&self.table)?;
+        let mut conn = q.conn("publish")?;
+        let during = |e: crate::error::DbError| e.during("publish", &q.spec.name);
+        conn.batch(&q.sql.begin_write).map_err(during)?;
+        // Broken until the commit: never pooled mid-transaction.
+        conn.mark_broken();
+        let key = [
+            Value::Text(self.table.name().into()),
+            Value::Text(self.name.clone()),
+        ];
+        let run = |conn: &mut dyn DbConn| -> Result<Option<i64>> {
+            let paused = conn
+                .query(sql.paused, &key)
+                .map_err(during)?
+                .first()
+                .and_then(|r| r.first()?.as_i64())
+                .is_some_and(|p| p != 0);
+            if paused {
+                return Ok(None);
+            }
+            let id = crate::producing::publish::one(
+                &crate::producing::publish::Target::of(&q),
+                conn,
+                message,
+            )?;
+            conn.batch("COMMIT").map_err(during)?;
+            Ok(Some(id))
+        };
+        let out = run(&mut *conn);
+        match &out {
+            Ok(Some(_)) => {
+                conn.set_broken(false);
+                drop(conn);
+                q.meters.published(1);
+                self.broker.announce(&q, 1);
+            }
+            _ => conn.rollback_or_discard(),
+        }
+        out
+    }
+
     fn publish(&self, tick: SystemTime, late: bool, now: SystemTime) -> Outcome {
         let key = tick_key(&self.name, tick);
         let made = catch_unwind(AssertUnwindSafe(|| (self.make)(tick)));
@@ -467,8 +610,15 @@ impl Job {
         };
         let delay = delay_to(tick, now) + message.delay();
         let message = message.deliver_after(delay).dedup_key(key.clone());
-        match self.broker.publish(&self.table, message) {
-            Ok(id) => {
+        match self.publish_unless_paused(message) {
+            Ok(None) => {
+                log::debug!(
+                    "periodic {key} on table {}: paused, not published",
+                    self.table.name()
+                );
+                Outcome::Skipped
+            }
+            Ok(Some(id)) => {
                 if late {
                     log::info!(
                         "periodic job {:?} on table {}: missed tick {key} published late, row {id}",

@@ -18,6 +18,7 @@ pub(crate) mod bench;
 #[cfg(feature = "dashboard")]
 pub(crate) mod dashboard;
 mod jobs;
+mod periodic;
 pub(crate) mod schema;
 mod workers;
 
@@ -106,6 +107,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Limits(args) => limits(&broker, args),
         Command::Actions(args) => actions::list(&broker, args),
         Command::Workers(args) => workers::list(&broker, args),
+        Command::Periodic(args) => periodic::run(&broker, args),
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };

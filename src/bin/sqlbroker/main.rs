@@ -131,6 +131,10 @@ enum Command {
     /// takes (none named: every one), rows in work, deliveries handled, when last seen, the
     /// last error. One whose process stopped drops out three heartbeats after its last.
     Workers(WorkersArgs),
+    /// The periodic schedules recorded on the database (`list`: table, name, cron, next and
+    /// last tick, running, paused or orphaned), and `pause NAME` / `resume NAME`, on every
+    /// process that runs it.
+    Periodic(PeriodicArgs),
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
@@ -508,6 +512,34 @@ struct WorkersArgs {
     /// table.
     #[arg(long)]
     json: bool,
+}
+
+/// `periodic`: the recorded schedules.
+#[derive(Debug, Args)]
+struct PeriodicArgs {
+    #[command(subcommand)]
+    command: PeriodicCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PeriodicCommand {
+    /// Every schedule recorded on the database.
+    List {
+        /// Print JSON (an array with one object per schedule) instead of a text table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a schedule (every table's of that name): no process publishes its ticks, and
+    /// the ticks published ahead are cancelled.
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a paused schedule.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// `jobs`: a page of one state, filtered.

@@ -366,6 +366,10 @@ impl Dialect for Mysql {
         Some(&registry::MAINTAINER)
     }
 
+    fn periodics(&self) -> Option<&'static crate::dialect::PeriodicSql> {
+        Some(&registry::PERIODICS)
+    }
+
     /// One `ALTER TABLE`: the index is dropped and added again with the table's claim order.
     fn rebuild_ready_index(&self, spec: &TableSpec) -> Vec<String> {
         vec![sql::rebuild_ready_index(spec)]

@@ -3,7 +3,7 @@
 //! (`ascii_bin`): table names are ASCII identifiers, compared byte for byte, in every MySQL
 //! 8 and MariaDB version alike (no NO PAD collation needed: an identifier has no spaces).
 
-use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, PeriodicSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -70,6 +70,29 @@ pub(super) const FLEET: FleetSql = FleetSql {
     list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > ? ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?",
+};
+
+/// The periodic schedules' records (`sqlbroker_periodics`, see [`PeriodicSql`]).
+pub(super) const PERIODICS: PeriodicSql = PeriodicSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_periodics (\
+             table_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+             name VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             schedule VARCHAR(200) CHARACTER SET utf8mb4 NOT NULL, \
+             time_zone VARCHAR(64) CHARACTER SET utf8mb4 NOT NULL, \
+             next_tick DATETIME NULL, \
+             last_tick DATETIME NULL, \
+             paused SMALLINT NOT NULL DEFAULT 0, \
+             seen_at DATETIME NOT NULL, \
+             PRIMARY KEY (table_name, name)) ENGINE=InnoDB",
+    upsert: "INSERT INTO sqlbroker_periodics (table_name, name, schedule, time_zone, seen_at) \
+             VALUES (?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE schedule = VALUES(schedule), time_zone = VALUES(time_zone), seen_at = VALUES(seen_at)",
+    beat: "UPDATE sqlbroker_periodics SET seen_at = ?, next_tick = ?, \
+           last_tick = COALESCE(?, last_tick) WHERE table_name = ? AND name = ?",
+    paused: "SELECT paused FROM sqlbroker_periodics WHERE table_name = ? AND name = ? FOR UPDATE",
+    list: "SELECT table_name, name, schedule, time_zone, next_tick, last_tick, paused, seen_at \
+           FROM sqlbroker_periodics ORDER BY table_name, name",
+    set_paused: "UPDATE sqlbroker_periodics SET paused = ? WHERE name = ?",
 };
 
 /// The maintainer's election (`sqlbroker_maintainer`, see [`MaintainerSql`]).

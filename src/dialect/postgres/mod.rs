@@ -292,6 +292,10 @@ impl Dialect for Postgres {
         Some(&registry::MAINTAINER)
     }
 
+    fn periodics(&self) -> Option<&'static crate::dialect::PeriodicSql> {
+        Some(&registry::PERIODICS)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

@@ -210,6 +210,10 @@ impl Dialect for Sqlite {
         Some(&registry::MAINTAINER)
     }
 
+    fn periodics(&self) -> Option<&'static crate::dialect::PeriodicSql> {
+        Some(&registry::PERIODICS)
+    }
+
     fn syntax(&self) -> &'static Syntax {
         &sql::SYNTAX
     }

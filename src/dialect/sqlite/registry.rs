@@ -2,7 +2,7 @@
 //! [`RegistrySql`]). `name` is `TEXT` in SQLite's default
 //! `BINARY` collation: compared byte for byte.
 
-use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, RegistrySql};
+use crate::dialect::{ActionLogSql, FleetSql, MaintainerSql, PeriodicSql, RegistrySql};
 
 pub(super) const REGISTRY: RegistrySql = RegistrySql {
     create: "CREATE TABLE IF NOT EXISTS sqlbroker_tables (\
@@ -68,6 +68,29 @@ pub(super) const FLEET: FleetSql = FleetSql {
     list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > ?1 ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?1",
+};
+
+/// The periodic schedules' records (`sqlbroker_periodics`, see [`PeriodicSql`]).
+pub(super) const PERIODICS: PeriodicSql = PeriodicSql {
+    create: "CREATE TABLE IF NOT EXISTS sqlbroker_periodics (\
+             table_name TEXT NOT NULL, \
+             name TEXT NOT NULL, \
+             schedule TEXT NOT NULL, \
+             time_zone TEXT NOT NULL, \
+             next_tick INTEGER NULL, \
+             last_tick INTEGER NULL, \
+             paused INTEGER NOT NULL DEFAULT 0, \
+             seen_at INTEGER NOT NULL, \
+             PRIMARY KEY (table_name, name))",
+    upsert: "INSERT INTO sqlbroker_periodics (table_name, name, schedule, time_zone, seen_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (table_name, name) DO UPDATE SET schedule = excluded.schedule, time_zone = excluded.time_zone, seen_at = excluded.seen_at",
+    beat: "UPDATE sqlbroker_periodics SET seen_at = ?1, next_tick = ?2, \
+           last_tick = COALESCE(?3, last_tick) WHERE table_name = ?4 AND name = ?5",
+    paused: "SELECT paused FROM sqlbroker_periodics WHERE table_name = ?1 AND name = ?2",
+    list: "SELECT table_name, name, schedule, time_zone, next_tick, last_tick, paused, seen_at \
+           FROM sqlbroker_periodics ORDER BY table_name, name",
+    set_paused: "UPDATE sqlbroker_periodics SET paused = ?1 WHERE name = ?2",
 };
 
 /// The maintainer's election (`sqlbroker_maintainer`, see [`MaintainerSql`]).
