@@ -306,7 +306,7 @@ life:
         /* @step settle: the outcome's statement, fenced by the token held
            @code consuming/form/lease.rs::settle @code consuming/form/lease.rs::fenced
            @code consuming/form/lease.rs::fenced_on @code consuming/form/lease.rs::ack
-           @code consuming/form/lease.rs::write_pairs @code Dialect::lease_ack_many
+           @code consuming/form/lease.rs::write_cells @code Dialect::lease_ack_many
            @code TableSql::ack @code TableSql::retry @code TableSql::dead
            @code TableSql::cancel_held @code TableSql::unclaim */
         fenced(tok[p]);
