@@ -363,3 +363,37 @@ fn one_refused_row_and_a_dropped_table() {
     );
     short.close();
 }
+
+/// A handler reported stuck shows in the fleet: its member's `stuck()` is 1 at a beat while the
+/// handler runs past `stuck_after`, and 0 again once it is settled. Fails (`not in the fleet`)
+/// with a beat that does not write it.
+fn a_stuck_handler_shows_in_the_fleet(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = kinds_table(&live, "fs");
+    live.broker
+        .publish(&t, sqlbroker::Message::new(b"x".to_vec()).kind("a"))
+        .unwrap();
+    let broker = Broker::builder(&live.url)
+        .heartbeat(Duration::from_millis(200))
+        .maintenance(false)
+        .build()
+        .unwrap();
+    let sub = broker
+        .subscription(&t)
+        .stuck_after(Duration::from_millis(200))
+        .start()
+        .unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    let stuck = |n: u64| {
+        common::wait_for(Duration::from_secs(5), || {
+            members_of(&live.broker, t.name())
+                .iter()
+                .any(|w| w.stuck() == n)
+        })
+    };
+    assert!(stuck(1), "not in the fleet: {:?}", live.broker.workers());
+    d.ack().unwrap();
+    assert!(stuck(0), "still stuck: {:?}", live.broker.workers());
+    sub.close();
+}
+per_db!(a_stuck_handler_shows_in_the_fleet);

@@ -1303,6 +1303,7 @@ pub(crate) fn report_of(ctxs: Vec<std::sync::Weak<Ctx>>) -> Box<dyn Fn() -> Repo
         for ctx in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
             r.in_work += ctx.slots.in_flight() as u64;
             r.handled += ctx.settled.load(Ordering::Relaxed);
+            r.stuck += ctx.marks.stuck_now();
             if let Some(e) = ctx.last_error() {
                 r.last_error = Some(e.to_string());
             }

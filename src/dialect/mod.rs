@@ -635,14 +635,20 @@ pub(crate) struct MaintainerSql {
 pub(crate) struct FleetSql {
     /// Makes the table if it does not exist.
     pub create: &'static str,
-    /// `(id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled,
+    /// Adds the `stuck` column to a table an earlier release made (an error where it is there
+    /// and the database has no `IF NOT EXISTS` for it: ignored).
+    pub add_stuck: &'static str,
+    /// `(id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, stuck,
     /// last_error)`: a member's row, written or brought up to date.
     pub beat: &'static str,
     /// `(id)`: a member that stopped.
     pub leave: &'static str,
     /// `(now)` -> `id, what, host, pid, tables, started_at, seen_at, in_work, handled,
-    /// last_error` of the members whose rows have not expired, oldest first.
+    /// last_error, stuck` of the members whose rows have not expired, oldest first.
     pub list: &'static str,
+    /// `list` without `stuck`, for a table an earlier release made that no broker of this one
+    /// has written yet.
+    pub list_before_stuck: &'static str,
     /// `(before)`: deletes the rows that expired before then (members that stopped beating).
     pub sweep: &'static str,
 }

@@ -25,6 +25,7 @@ pub struct WorkerInfo {
     last_seen: SystemTime,
     in_work: u64,
     handled: u64,
+    stuck: u64,
     last_error: Option<String>,
 }
 
@@ -117,6 +118,13 @@ impl WorkerInfo {
         self.handled
     }
 
+    /// Its handlers reported stuck whose deliveries are still alive
+    /// ([`SubscriptionBuilder::stuck_after`](crate::SubscriptionBuilder::stuck_after)), at its
+    /// last beat.
+    pub fn stuck(&self) -> u64 {
+        self.stuck
+    }
+
     /// The last error its claims or renewals met, until one succeeded again.
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
@@ -169,7 +177,13 @@ impl Broker {
             return Ok(Vec::new());
         };
         let now = [Value::Time(SystemTime::now())];
-        let rows = self.read_own("workers", FLEET, sql.list, &now)?;
+        let rows = match self.read_own("workers", FLEET, sql.list, &now) {
+            Ok(rows) => rows,
+            // A table an earlier release made, not yet given its `stuck` column.
+            Err(e) => self
+                .read_own("workers", FLEET, sql.list_before_stuck, &now)
+                .map_err(|_| e)?,
+        };
         Ok(rows
             .into_iter()
             .map(|r| {
@@ -191,6 +205,7 @@ impl Broker {
                     in_work: count(7),
                     handled: count(8),
                     last_error: r.get(9).and_then(Value::as_str).map(str::to_string),
+                    stuck: count(10),
                 }
             })
             .collect())

@@ -46,6 +46,8 @@ pub(crate) const THREAD: &str = "sqlbroker-heartbeat";
 pub(crate) struct Report {
     pub in_work: u64,
     pub handled: u64,
+    /// Handlers reported stuck whose deliveries live (`SubscriptionBuilder::stuck_after`).
+    pub stuck: u64,
     pub last_error: Option<String>,
 }
 
@@ -210,6 +212,12 @@ fn run(shared: &Shared, dialect: &dyn Dialect, pool: &Pool) {
         let result = with_conn(pooled, &mut own, dialect, pool, |conn| {
             if !made {
                 conn.batch(sql.create).map_err(|e| e.to_string())?;
+                // A table an earlier release made lacks the stuck handlers' column; a second
+                // add fails, which is what "it is there" looks like where `IF NOT EXISTS` is
+                // not understood (SQLite, MySQL).
+                if let Err(e) = conn.batch(sql.add_stuck) {
+                    log::debug!("sqlbroker_workers.stuck: {e}");
+                }
                 made = true;
             }
             for id in &gone {
@@ -289,6 +297,7 @@ fn beat(
             Value::Time(expires),
             Value::Int(i64::try_from(r.in_work).unwrap_or(i64::MAX)),
             Value::Int(i64::try_from(r.handled).unwrap_or(i64::MAX)),
+            Value::Int(i64::try_from(r.stuck).unwrap_or(i64::MAX)),
             r.last_error.map_or(Value::Null, Value::Text),
         ];
         if let Err(e) = conn.execute(sql.beat, &params) {

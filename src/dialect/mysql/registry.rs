@@ -62,12 +62,16 @@ pub(super) const FLEET: FleetSql = FleetSql {
              expires_at DATETIME NOT NULL, \
              in_work BIGINT NOT NULL, \
              handled BIGINT NOT NULL, \
+             stuck BIGINT NOT NULL DEFAULT 0, \
              last_error MEDIUMTEXT CHARACTER SET utf8mb4 NULL) ENGINE=InnoDB",
-    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, last_error) \
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-           ON DUPLICATE KEY UPDATE tables = VALUES(tables), seen_at = VALUES(seen_at), expires_at = VALUES(expires_at), in_work = VALUES(in_work), handled = VALUES(handled), last_error = VALUES(last_error)",
+    add_stuck: "ALTER TABLE sqlbroker_workers ADD COLUMN stuck BIGINT NOT NULL DEFAULT 0",
+    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, stuck, last_error) \
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+           ON DUPLICATE KEY UPDATE tables = VALUES(tables), seen_at = VALUES(seen_at), expires_at = VALUES(expires_at), in_work = VALUES(in_work), handled = VALUES(handled), stuck = VALUES(stuck), last_error = VALUES(last_error)",
     leave: "DELETE FROM sqlbroker_workers WHERE id = ?",
-    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
+    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error, stuck \
+           FROM sqlbroker_workers WHERE expires_at > ? ORDER BY started_at, id",
+    list_before_stuck: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > ? ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?",
 };

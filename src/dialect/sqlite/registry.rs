@@ -60,12 +60,16 @@ pub(super) const FLEET: FleetSql = FleetSql {
              expires_at INTEGER NOT NULL, \
              in_work INTEGER NOT NULL, \
              handled INTEGER NOT NULL, \
+             stuck INTEGER NOT NULL DEFAULT 0, \
              last_error TEXT NULL)",
-    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, last_error) \
-           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-           ON CONFLICT (id) DO UPDATE SET tables = excluded.tables, seen_at = excluded.seen_at, expires_at = excluded.expires_at, in_work = excluded.in_work, handled = excluded.handled, last_error = excluded.last_error",
+    add_stuck: "ALTER TABLE sqlbroker_workers ADD COLUMN stuck INTEGER NOT NULL DEFAULT 0",
+    beat: "INSERT INTO sqlbroker_workers (id, what, host, pid, tables, started_at, seen_at, expires_at, in_work, handled, stuck, last_error) \
+           VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+           ON CONFLICT (id) DO UPDATE SET tables = excluded.tables, seen_at = excluded.seen_at, expires_at = excluded.expires_at, in_work = excluded.in_work, handled = excluded.handled, stuck = excluded.stuck, last_error = excluded.last_error",
     leave: "DELETE FROM sqlbroker_workers WHERE id = ?1",
-    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
+    list: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error, stuck \
+           FROM sqlbroker_workers WHERE expires_at > ?1 ORDER BY started_at, id",
+    list_before_stuck: "SELECT id, what, host, pid, tables, started_at, seen_at, in_work, handled, last_error \
            FROM sqlbroker_workers WHERE expires_at > ?1 ORDER BY started_at, id",
     sweep: "DELETE FROM sqlbroker_workers WHERE expires_at < ?1",
 };

@@ -21,6 +21,7 @@ struct WorkerJson<'a> {
     last_seen: String,
     in_work: u64,
     handled: u64,
+    stuck: u64,
     last_error: Option<&'a str>,
 }
 
@@ -80,6 +81,7 @@ pub(super) fn list(broker: &Broker, args: &WorkersArgs) -> Result {
                 last_seen: utc(w.last_seen()),
                 in_work: w.in_work(),
                 handled: w.handled(),
+                stuck: w.stuck(),
                 last_error: w.last_error(),
             })
             .collect();
@@ -96,6 +98,7 @@ pub(super) fn list(broker: &Broker, args: &WorkersArgs) -> Result {
         "TABLES",
         "IN_WORK",
         "HANDLED",
+        "STUCK",
         "SEEN",
         "STARTED",
         "LAST_ERROR",
@@ -111,6 +114,7 @@ pub(super) fn list(broker: &Broker, args: &WorkersArgs) -> Result {
             tables.join(" "),
             w.in_work().to_string(),
             w.handled().to_string(),
+            w.stuck().to_string(),
             format!(
                 "{} ago",
                 age(now.duration_since(w.last_seen()).unwrap_or_default())
