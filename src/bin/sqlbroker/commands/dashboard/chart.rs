@@ -1,4 +1,5 @@
-//! The throughput and failures chart: SVG drawn on the server from the sampler's counts.
+//! The throughput and failures chart: SVG drawn on the server from the sampler's counts, over
+//! the last hour ([`HOUR`]).
 //!
 //! Per interval between two counts, as a rate per minute:
 //! - **finished**: rows that left the queue. A table that keeps completed rows: the growth
@@ -6,15 +7,18 @@
 //!   only tell the net drain: the fall of its live rows (ready, scheduled, in flight), zero
 //!   while publishing outpaces the workers.
 //! - **dead-lettered**: the growth of the dead count (a requeue or purge shows as none).
+//!   Failed attempts that are retried leave no mark in the counts (`Broker::stats` does not
+//!   sum `errors`), so they are not charted.
 //!
-//! A minute of 5 s samples is 12 points; the chart spans the samples kept
-//! ([`HISTORY`](super::sampler::HISTORY)).
+//! The hour before the recent samples ([`HISTORY`](super::sampler::HISTORY)) comes from the
+//! sampler's tallies of one a minute ([`Minutes`](super::sampler::Minutes)); the recent
+//! minutes from every sample.
 
 use std::time::SystemTime;
 
 use maud::{html, Markup};
 
-use super::sampler::{Entry, Point, HISTORY};
+use super::sampler::{Entry, Tally, HOUR};
 
 const W: f64 = 640.0;
 const H: f64 = 120.0;
@@ -22,17 +26,16 @@ const LEFT: f64 = 44.0;
 const BOTTOM: f64 = 18.0;
 
 /// One interval's rates per minute: (finished, dead-lettered).
-fn rates(a: &Point, b: &Point) -> Option<(f64, f64)> {
+fn rates(a: &Tally, b: &Tally) -> Option<(f64, f64)> {
     let secs = b.at.duration_since(a.at).ok()?.as_secs_f64();
     if secs <= 0.0 {
         return None;
     }
-    let live = |p: &Point| p.stats.ready + p.stats.scheduled + p.stats.in_flight.unwrap_or(0);
-    let finished = match (a.stats.completed, b.stats.completed) {
+    let finished = match (a.completed, b.completed) {
         (Some(x), Some(y)) => y.saturating_sub(x),
-        _ => live(a).saturating_sub(live(b)),
+        _ => a.live.saturating_sub(b.live),
     };
-    let dead = b.stats.dead.saturating_sub(a.stats.dead);
+    let dead = b.dead.saturating_sub(a.dead);
     let per_min = 60.0 / secs;
     Some((finished as f64 * per_min, dead as f64 * per_min))
 }
@@ -40,21 +43,47 @@ fn rates(a: &Point, b: &Point) -> Option<(f64, f64)> {
 /// What the lines mean.
 pub(crate) fn legend() -> Markup {
     html! {
+        "The last hour: "
         span style="color:#1f8a4c" { "finished/min" }
-        " (acks where completed rows are kept, else the net fall of live rows), "
+        " (rows that left the queue: acks where completed rows are kept, else the net fall of \
+         the live rows, which publishing hides), "
         span style="color:#c0392b" { "dead-lettered/min" }
-        "; one point per count."
+        " (growth of the dead count; retried failures are not counted). One point a minute, \
+         every count over the last minutes."
     }
 }
 
-/// The chart of one table.
-pub(crate) fn svg(e: &Entry, every: std::time::Duration) -> Markup {
-    let now = SystemTime::now();
-    let span = every.as_secs_f64() * HISTORY as f64;
-    let points: Vec<(f64, f64, f64)> = e
-        .history
+/// A chart's lines as SVG `points` (numbers only) and its scale.
+pub(crate) struct Lines {
+    pub finished: String,
+    pub dead: String,
+    /// The rate at the top of the chart, per minute.
+    pub top: f64,
+    pub empty: bool,
+}
+
+/// The tallies a chart draws, oldest first: the minute ring's before the first recent
+/// sample, then every recent sample.
+fn tallies(e: &Entry) -> Vec<Tally> {
+    let first = e.history.front().map(|p| p.at);
+    let mut out: Vec<Tally> = e
+        .minutes
         .iter()
-        .zip(e.history.iter().skip(1))
+        .filter(|t| first.is_none_or(|f| t.at < f))
+        .copied()
+        .collect();
+    out.extend(e.history.iter().map(|p| Tally::of(p.at, &p.stats)));
+    out
+}
+
+/// The lines of one table's chart, now.
+pub(crate) fn lines(e: &Entry) -> Lines {
+    let now = SystemTime::now();
+    let span = HOUR.as_secs_f64();
+    let t = tallies(e);
+    let points: Vec<(f64, f64, f64)> = t
+        .iter()
+        .zip(t.iter().skip(1))
         .filter_map(|(a, b)| {
             let (f, d) = rates(a, b)?;
             let back = now.duration_since(b.at).map_or(0.0, |d| d.as_secs_f64());
@@ -76,21 +105,31 @@ pub(crate) fn svg(e: &Entry, every: std::time::Duration) -> Markup {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let minutes = span / 60.0;
+    Lines {
+        finished: line(|p| p.1),
+        dead: line(|p| p.2),
+        top,
+        empty: points.is_empty(),
+    }
+}
+
+/// The chart of one table (the live script redraws its lines, `data-k`, in place).
+pub(crate) fn svg(e: &Entry) -> Markup {
+    let l = lines(e);
+    let minutes = HOUR.as_secs() / 60;
     html! {
         svg xmlns="http://www.w3.org/2000/svg" width=(W) height=(H) viewBox={ "0 0 " (W) " " (H) }
             role="img" aria-label={ "finished and dead-lettered per minute, " (e.table.name()) } {
             rect x=(LEFT) y="4" width=(W - LEFT - 4.0) height=(H - BOTTOM - 4.0) fill="#fff" stroke="#e3e6eb" {}
-            text x=(LEFT - 4.0) y="12" text-anchor="end" { (format!("{top:.0}")) }
+            text data-k="top" x=(LEFT - 4.0) y="12" text-anchor="end" { (format!("{:.0}", l.top)) }
             text x=(LEFT - 4.0) y=(H - BOTTOM) text-anchor="end" { "0" }
-            text x=(LEFT) y=(H - 4.0) { "-" (format!("{minutes:.0}")) " min" }
+            text x=(LEFT) y=(H - 4.0) { "-" (minutes) " min" }
             text x=(W - 4.0) y=(H - 4.0) text-anchor="end" { "now" }
-            @if points.is_empty() {
-                text x=(W / 2.0) y=(H / 2.0) text-anchor="middle" { "collecting counts..." }
-            } @else {
-                polyline points=(line(|p| p.1)) fill="none" stroke="#1f8a4c" stroke-width="2" {}
-                polyline points=(line(|p| p.2)) fill="none" stroke="#c0392b" stroke-width="2" {}
+            text data-k="collecting" x=(W / 2.0) y=(H / 2.0) text-anchor="middle" {
+                @if l.empty { "collecting counts..." }
             }
+            polyline data-k="line_finished" points=(l.finished) fill="none" stroke="#1f8a4c" stroke-width="2" {}
+            polyline data-k="line_dead" points=(l.dead) fill="none" stroke="#c0392b" stroke-width="2" {}
         }
     }
 }

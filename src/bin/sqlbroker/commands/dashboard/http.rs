@@ -19,6 +19,9 @@ pub(crate) struct Reply {
     pub headers: Vec<(&'static str, String)>,
     /// How long the server holds the answer back (a throttled failure).
     pub hold: std::time::Duration,
+    /// The nonce of the page's one inline script (the live refresh), random per response:
+    /// the Content-Security-Policy allows that script alone.
+    pub nonce: Option<String>,
 }
 
 impl Reply {
@@ -29,6 +32,7 @@ impl Reply {
             body: page.into_string().into_bytes(),
             headers: Vec::new(),
             hold: std::time::Duration::ZERO,
+            nonce: None,
         }
     }
 
@@ -39,7 +43,14 @@ impl Reply {
             body: body.into_bytes(),
             headers: Vec::new(),
             hold: std::time::Duration::ZERO,
+            nonce: None,
         }
+    }
+
+    /// A JSON document (the live refresh's): text in it is text, never markup (the script
+    /// sets it as `textContent`).
+    pub fn json(status: u16, value: &serde_json::Value) -> Reply {
+        Reply::text(status, "application/json", value.to_string())
     }
 
     pub fn redirect(to: String) -> Reply {

@@ -12,7 +12,9 @@
 //! from memory alone, `/metrics` and the overview, so a slow listing never holds them up); pages
 //! are rendered on the server with `maud`, which escapes every value it inserts unless told
 //! otherwise (nothing from the database is ever inserted unescaped); the chart is SVG drawn
-//! on the server; no script, no external resource (a Content-Security-Policy forbids both).
+//! on the server; no external resource, and no script but the live refresh's ([`live`]: an
+//! inline script allowed by a nonce per response, which sets what it reads as text), which
+//! the pages do without.
 //!
 //! Safety model:
 //! - it binds loopback unless told otherwise; a non-loopback `--listen` needs a token
@@ -41,6 +43,7 @@
 mod chart;
 mod filters;
 mod http;
+mod live;
 mod metrics;
 mod pages;
 mod sampler;

@@ -7,6 +7,10 @@
 //! from the database or a request goes through [`shown`] (one line: control characters, bidi
 //! controls and line separators as visible escapes, as the command line prints them) or, in
 //! a `<pre>` of its own, [`shown_lines`] (line feeds and tabs kept).
+//!
+//! The overview and a table's page carry the live refresh ([`live`]): their counts, charts
+//! and job list are marked (`data-t`: a table, `data-k`: a value) for its script to update in
+//! place; without the script they are the same server-rendered pages.
 
 use std::time::SystemTime;
 
@@ -16,7 +20,7 @@ use sqlbroker::{ColumnType, Form, Job, JobFilter, JobState, Table, Value};
 use super::filters::{bulk_verbs, describe, filter_of, BATCH, BULK_MAX};
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
-use super::{chart, Ctx, Database};
+use super::{chart, live, Ctx, Database};
 use crate::commands::{age, escape, escape_keeping_lines, preview, utc};
 
 /// Stored text on one line: see the module's notes.
@@ -62,10 +66,17 @@ pre{background:#fff;border:1px solid #e3e6eb;padding:.6em;white-space:pre-wrap;w
 nav.tabs a{margin-right:1em}
 nav.tabs a.on{font-weight:700;text-decoration:none;color:#1d2330}
 svg text{font:11px system-ui,sans-serif;fill:#6b7280}
+nav.pages a{margin-right:1em}
 ";
 
 /// The frame of every page.
 fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
+    frame(ctx, title, body, None)
+}
+
+/// [`layout`], with the live refresh's script (allowed by the response's nonce) when `live`
+/// says where it reads and how often.
+fn frame(ctx: Option<&Ctx>, title: &str, body: Markup, live: Option<&live::Spec>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -84,8 +95,12 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
                     @if ctx.is_some_and(|c| c.token.is_some()) {
                         form method="post" action="/logout" { button type="submit" { "log out" } }
                     }
+                    @if live.is_some() { span.muted #live data-k="live" { "reload for new counts" } }
                 }
-                main { (body) }
+                main data-live=[live.map(|l| &l.url)] data-every=[live.map(|l| l.every_ms)] { (body) }
+                @if let Some(l) = live {
+                    script nonce=(l.nonce) { (PreEscaped(live::SCRIPT)) }
+                }
             }
         }
     }
@@ -205,34 +220,97 @@ fn count_cells(db: &Database, e: &Entry) -> Markup {
     };
     let s = &p.stats;
     let link = |state: &str, n: String| {
-        html! { td.n { a href={ (db.prefix) "/tables/" (name) "?state=" (state) } { (n) } } }
+        html! { td.n { a data-k=(state) href={ (db.prefix) "/tables/" (name) "?state=" (state) } { (n) } } }
     };
-    let waiting = e.table.has_dependencies().then_some(s.waiting);
+    let v = count_values(e).unwrap_or_default();
+    let get = |k: &str| {
+        v.iter()
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
     html! {
-        (link("ready", s.ready.to_string()))
-        td.n.limited { (opt(s.limited)) }
-        (link("scheduled", s.scheduled.to_string()))
-        td.n.waiting { (opt(waiting)) }
-        (link("in_flight", opt(s.in_flight)))
-        (link("dead", s.dead.to_string()))
-        (link("completed", opt(s.completed)))
-        td.n { (s.oldest_ready_age.map_or_else(|| "-".into(), age)) }
-        td { @if s.paused { span.paused { "paused" } } @else { "no" } }
+        (link("ready", get("ready")))
+        td.n.limited data-k="limited" { (get("limited")) }
+        (link("scheduled", get("scheduled")))
+        td.n.waiting data-k="waiting" { (get("waiting")) }
+        (link("in_flight", get("in_flight")))
+        (link("dead", get("dead")))
+        (link("completed", get("completed")))
+        td.n data-k="oldest" { (get("oldest")) }
+        td data-k="paused" { @if s.paused { span.paused { "paused" } } @else { "no" } }
     }
+}
+
+/// The values of [`count_cells`] by their `data-k` (what the live refresh sets as text), and
+/// `counted`; `None` for a table missing or not counted yet.
+pub(crate) fn count_values(e: &Entry) -> Option<Vec<(&'static str, String)>> {
+    let p = e.last().filter(|_| !e.missing)?;
+    let s = &p.stats;
+    let waiting = e.table.has_dependencies().then_some(s.waiting);
+    let mut v = vec![
+        ("ready", s.ready.to_string()),
+        ("limited", opt(s.limited)),
+        ("scheduled", s.scheduled.to_string()),
+        ("waiting", opt(waiting)),
+        ("in_flight", opt(s.in_flight)),
+        ("dead", s.dead.to_string()),
+        ("completed", opt(s.completed)),
+        ("oldest", s.oldest_ready_age.map_or_else(|| "-".into(), age)),
+        ("paused", if s.paused { "paused" } else { "no" }.into()),
+    ];
+    if let Some(c) = counted_text(e) {
+        v.push(("counted", c));
+    }
+    Some(v)
+}
+
+/// [`counted`] as text.
+fn counted_text(e: &Entry) -> Option<String> {
+    e.counted
+        .map(|(at, took)| format!("{} ago, {} ms", ago(at), took.as_millis()))
 }
 
 /// When the counts were read, and how long that took.
 fn counted(e: &Entry) -> Markup {
-    html! {
-        @if let Some((at, took)) = e.counted {
-            span.muted { (ago(at)) " ago, " (took.as_millis()) " ms" }
-        }
-    }
+    html! { span.muted data-k="counted" { (counted_text(e).unwrap_or_default()) } }
 }
 
-/// `/`: every database's tables with their counts, errors and charts.
-pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
-    let mut failing = false;
+/// Tables a page of the overview shows.
+pub(crate) const OVERVIEW_PAGE: usize = 50;
+
+/// The overview's tables, every database's in turn: those whose name holds `?q=` (any case),
+/// the `?page=` (from 1) of [`OVERVIEW_PAGE`] of them; with how many matched, the page and
+/// the filter as given.
+pub(crate) struct Shown<'a> {
+    pub sections: Vec<Section<'a>>,
+    pub matched: usize,
+    pub page: usize,
+    pub q: String,
+    /// A count or the listing failed, in any table (not only those shown): the overview
+    /// answers 503.
+    pub failing: bool,
+}
+
+/// One database's part of [`Shown`].
+pub(crate) struct Section<'a> {
+    pub db: &'a Database,
+    pub entries: Vec<Entry>,
+    pub list_error: Option<String>,
+    pub absent: Vec<String>,
+}
+
+/// Reads the samplers' memory for the overview's page `rq` asks.
+pub(crate) fn overview_tables<'a>(ctx: &'a Ctx, rq: &Rq) -> Shown<'a> {
+    let q = shown(rq.param("q").unwrap_or_default().trim());
+    let needle = q.to_lowercase();
+    let page = rq
+        .param("page")
+        .and_then(|p| p.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let (first, end) = ((page - 1) * OVERVIEW_PAGE, page * OVERVIEW_PAGE);
+    let (mut failing, mut matched) = (false, 0);
     let mut sections = Vec::new();
     for db in &ctx.dbs {
         let (entries, list_error, absent) = match db.live() {
@@ -245,21 +323,87 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
         // A missing table (its count found no table) or a named one this database does not
         // record is shown, not failing: a stale record would fail the check for ever.
         failing |= list_error.is_some() || entries.iter().any(|e| e.error.is_some());
-        sections.push((db, entries, list_error, absent));
+        let mut kept = Vec::new();
+        for e in entries {
+            if !e.table.name().to_lowercase().contains(&needle) {
+                continue;
+            }
+            if (first..end).contains(&matched) {
+                kept.push(e);
+            }
+            matched += 1;
+        }
+        sections.push(Section {
+            db,
+            entries: kept,
+            list_error,
+            absent,
+        });
     }
+    Shown {
+        sections,
+        matched,
+        page,
+        q,
+        failing,
+    }
+}
+
+/// The key of a table in the live refresh's marks (`data-t`).
+pub(crate) fn table_key(db: &Database, name: &str) -> String {
+    format!("{}/{name}", db.name)
+}
+
+/// `/`: every database's tables with their counts, errors and charts; those whose name holds
+/// `?q=`, 50 a page (`?page=`).
+pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
+    let Shown {
+        sections,
+        matched,
+        page,
+        q,
+        failing,
+    } = overview_tables(ctx, rq);
+    let pages = matched.div_ceil(OVERVIEW_PAGE).max(1);
+    let link = |page: usize| {
+        let mut pairs = vec![("page", page.to_string())];
+        if !q.is_empty() {
+            pairs.insert(0, ("q", q.clone()));
+        }
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        format!("/?{}", query_of(&pairs))
+    };
+    let from = ((page - 1) * OVERVIEW_PAGE + 1).min(matched);
+    let to = (page * OVERVIEW_PAGE).min(matched);
     let body = html! {
         h1 { "Queue tables" }
         (done_note(rq))
-        @for (db, entries, list_error, absent) in &sections {
-            @if ctx.several() {
-                h2.db { "Database " (db.name) " " span.muted { (db.shown) } }
+        form.overview-filter method="get" action="/" {
+            label { "table name contains " input #q type="search" name="q" value=(q) size="24" maxlength="64" autocomplete="off"; }
+            " " button type="submit" { "filter" }
+            @if !q.is_empty() { " " a href="/" { "clear" } }
+            " " span.muted.shown-count {
+                @if matched == 0 { "no table" @if !q.is_empty() { " matches" } }
+                @else { "tables " (from) "-" (to) " of " (matched) @if !q.is_empty() { " matching" } }
             }
-            @if let Some(e) = list_error { p.err { "Listing the tables failed: " (shown(e)) } }
-            @if entries.is_empty() && list_error.is_none() {
+        }
+        @if pages > 1 {
+            nav.pages {
+                @if page > 1 { a.prev href=(link(page - 1)) { "previous page" } }
+                span.muted { "page " (page) " of " (pages) } " "
+                @if page < pages { a.next href=(link(page + 1)) { "next page" } }
+            }
+        }
+        @for sec in &sections {
+            @if ctx.several() {
+                h2.db { "Database " (sec.db.name) " " span.muted { (sec.db.shown) } }
+            }
+            @if let Some(e) = &sec.list_error { p.err { "Listing the tables failed: " (shown(e)) } }
+            @if sec.entries.is_empty() && sec.list_error.is_none() && q.is_empty() && page == 1 {
                 p.muted { "No recorded tables (create_table or migrate records one), or none of the named ones." }
             }
-            @if !absent.is_empty() {
-                p.muted { "not recorded in this database: " (absent.join(", ")) }
+            @if !sec.absent.is_empty() {
+                p.muted { "not recorded in this database: " (sec.absent.join(", ")) }
             }
             table {
                 tr {
@@ -267,13 +411,13 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
                     th { "waiting" } th { "in flight" } th { "dead" } th { "completed" }
                     th { "oldest ready" } th { "paused" } th { "counted" } th { "" }
                 }
-                @for e in entries {
-                    tr {
-                        td { a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) } }
+                @for e in &sec.entries {
+                    tr data-t=(table_key(sec.db, e.table.name())) data-name=(e.table.name()) {
+                        td { a href={ (sec.db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) } }
                         td { (e.table.form().name()) }
-                        (count_cells(db, e))
+                        (count_cells(sec.db, e))
                         td { (counted(e)) }
-                        td { (pause_button(ctx, db, e, "/")) }
+                        td { (pause_button(ctx, sec.db, e, "/")) }
                     }
                     @if let Some(err) = &e.error {
                         tr { td colspan=(COUNT_CELLS + 4) { p.err { "Counting " (e.table.name()) " failed: " (shown(err)) } } }
@@ -283,26 +427,32 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
         }
         p.muted {
             "Counted every " (ctx.sample.as_secs()) " s in the background (Broker::stats: one \
-             scan per table); an action recounts its table at once. Row lock and advisory lock \
+             scan per table); an action recounts its table at once. With scripts on, this page \
+             updates its counts and charts every " (live::every(ctx).as_secs()) " s while it is \
+             visible. Row lock and advisory lock \
              tables count rows in work as ready (in flight: -). Limited: ready rows a concurrency \
              or rate limit holds back (not in ready); waiting: rows waiting on other jobs (not in \
              scheduled)."
         }
         h2 { "Throughput and failures" }
         p.muted { (chart::legend()) }
-        @for (db, entries, _, _) in &sections {
-            @for e in entries.iter().filter(|e| !e.missing) {
-                h2 {
-                    a href={ (db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
-                    @if ctx.several() { " " span.muted { "(" (db.name) ")" } }
+        @for sec in &sections {
+            @for e in sec.entries.iter().filter(|e| !e.missing) {
+                div.chart data-t=(table_key(sec.db, e.table.name())) data-name=(e.table.name()) {
+                    h2 {
+                        a href={ (sec.db.prefix) "/tables/" (e.table.name()) } { (e.table.name()) }
+                        @if ctx.several() { " " span.muted { "(" (sec.db.name) ")" } }
+                    }
+                    (chart::svg(e))
                 }
-                (chart::svg(e, ctx.sample))
             }
         }
     };
-    Reply::html(
+    let spec = live::Spec::new(ctx, "/live".into());
+    live::reply(
         if failing { 503 } else { 200 },
-        layout(Some(ctx), "Tables", body),
+        frame(Some(ctx), "Tables", body, Some(&spec)),
+        spec,
     )
 }
 
@@ -443,22 +593,22 @@ fn queues_section(ctx: &Ctx, db: &Database, table: &Table, back: &str) -> Markup
     }
 }
 
-/// `/tables/<name>?state=..&after=..`: the table's counts and one page of its jobs in a
-/// state, by id (keyset paging: `after` is the last id of the previous page).
-pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
-    let name = table.name();
-    if db.sampler().entry(name).is_some_and(|e| e.missing) {
-        return Reply::html(
-            404,
-            message(
-                &format!("Table {name}"),
-                &format!(
-                    "the table does not exist (dropped by hand?); its record is left: \
-                     `sqlbroker forget --table {name}` forgets it"
-                ),
-            ),
-        );
-    }
+/// What a table's page lists: the state asked (`?state=`), the cursor (`?after=`), the
+/// filter, the sampler's entry, when the last count found that state empty (then nothing is
+/// read), and the jobs read.
+pub(crate) struct Listing {
+    pub state: JobState,
+    /// Row lock and advisory forms: ready rows and rows in work are listed together.
+    pub unprobed: bool,
+    pub after: Option<i64>,
+    pub filter: Result<JobFilter, String>,
+    pub entry: Option<Entry>,
+    pub empty_at: Option<SystemTime>,
+    pub listed: Result<Vec<Job>, sqlbroker::BrokerError>,
+}
+
+/// Reads one page of `table`'s jobs as `rq` asks (the page and its live refresh alike).
+pub(crate) fn listing(db: &Database, rq: &Rq, table: &Table) -> Listing {
     // Row lock and advisory forms: a listing does not probe (the probe would take the due
     // rows' locks or keys, which the claimers want), so it cannot tell a due row in work from
     // a ready one: both are listed as due, on the ready page.
@@ -470,21 +620,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
     };
     let after = rq.param("after").and_then(|a| a.parse::<i64>().ok());
     let filter = filter_of(table, &rq.query);
-    let filtered = filter.as_ref().map_or(true, |f| !f.is_empty());
-    // The filter's fields as a query's tail, kept by every link of the listing.
-    let kept: String = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(
-            FILTER_FIELDS
-                .into_iter()
-                .filter_map(|k| rq.param(k).filter(|v| !v.is_empty()).map(|v| (k, v))),
-        )
-        .finish();
-    let kept = if kept.is_empty() {
-        kept
-    } else {
-        format!("&{kept}")
-    };
-    let entry = db.sampler().entry(name);
+    let entry = db.sampler().entry(table.name());
     // A state the last count found empty is not listed (unless asked): listing it would scan
     // the table by id for nothing.
     let empty_at = entry.as_ref().and_then(|e| {
@@ -510,6 +646,60 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
             .broker()
             .jobs_preview(table, state, after, PAGE, PREVIEW_BYTES),
     };
+    Listing {
+        state,
+        unprobed,
+        after,
+        filter,
+        entry,
+        empty_at,
+        listed,
+    }
+}
+
+/// The filter's fields as a query's tail (`&column=..`), kept by every link of a listing.
+fn kept_filter(rq: &Rq) -> String {
+    let kept: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            FILTER_FIELDS
+                .into_iter()
+                .filter_map(|k| rq.param(k).filter(|v| !v.is_empty()).map(|v| (k, v))),
+        )
+        .finish();
+    if kept.is_empty() {
+        kept
+    } else {
+        format!("&{kept}")
+    }
+}
+
+/// `/tables/<name>?state=..&after=..`: the table's counts and one page of its jobs in a
+/// state, by id (keyset paging: `after` is the last id of the previous page).
+pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
+    let name = table.name();
+    if db.sampler().entry(name).is_some_and(|e| e.missing) {
+        return Reply::html(
+            404,
+            message(
+                &format!("Table {name}"),
+                &format!(
+                    "the table does not exist (dropped by hand?); its record is left: \
+                     `sqlbroker forget --table {name}` forgets it"
+                ),
+            ),
+        );
+    }
+    let Listing {
+        state,
+        unprobed,
+        after,
+        filter,
+        entry,
+        empty_at,
+        listed,
+    } = listing(db, rq, table);
+    let filtered = filter.as_ref().map_or(true, |f| !f.is_empty());
+    let kept = kept_filter(rq);
     let base = format!("{}/tables/{name}?state={}", db.prefix, state_slug(state));
     let here = match after {
         Some(a) => format!("{base}&after={a}{kept}"),
@@ -535,7 +725,7 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
                     th { "in flight" } th { "dead" } th { "completed" } th { "oldest ready" }
                     th { "paused" } th { "counted" }
                 }
-                tr { (count_cells(db, e)) td { (counted(e)) } }
+                tr data-t=(table_key(db, name)) { (count_cells(db, e)) td { (counted(e)) } }
             }
             @if let Some(p) = e.last().filter(|_| table.has_dependencies()) {
                 p { (p.stats.waiting) " waiting on other jobs (listed with the scheduled ones)" }
@@ -611,13 +801,15 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         }
         @match &listed {
             Err(e) => p.err { "Listing the jobs failed: " (shown(&crate::chain(e))) },
-            Ok(_) if empty_at.is_some() => p.muted {
-                "No " (state.name()) " jobs at the last count, "
-                (empty_at.map(ago).unwrap_or_default()) " ago. "
-                a href={ (base) "&scan=1" (kept) } { "list now" }
+            Ok(_) if empty_at.is_some() => {
+                (job_list(ctx, db, name, state, unprobed, &[], &here, Some(html! {
+                    "No " (state.name()) " jobs at the last count, "
+                    (empty_at.map(ago).unwrap_or_default()) " ago. "
+                    a href={ (base) "&scan=1" (kept) } { "list now" }
+                })))
             },
             Ok(jobs) => {
-                (job_list(ctx, db, name, state, unprobed, jobs, &here))
+                (job_list(ctx, db, name, state, unprobed, jobs, &here, None))
                 p {
                     @if after.is_some() {
                         a href={ (base) (kept) } { "first page" } " "
@@ -633,13 +825,15 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         @if let Some(e) = &entry {
             h2 { "Throughput and failures" }
             p.muted { (chart::legend()) }
-            (chart::svg(e, ctx.sample))
+            div.chart data-t=(table_key(db, name)) { (chart::svg(e)) }
         }
     };
     let title = format!("Table {name}");
-    Reply::html(
+    let spec = live::Spec::new(ctx, format!("{}/tables/{name}/live", db.prefix));
+    live::reply(
         if failed { 503 } else { 200 },
-        layout(Some(ctx), &title, body),
+        frame(Some(ctx), &title, body, Some(&spec)),
+        spec,
     )
 }
 
@@ -733,7 +927,9 @@ fn state_label(state: JobState, unprobed: bool) -> &'static str {
 }
 
 /// One page of jobs, each payload's first characters and its length (read by the database:
-/// `Broker::jobs_preview`).
+/// `Broker::jobs_preview`); `none` (else "No .. jobs") when there are none. The table is there
+/// even then (hidden), and its body marked, for the live refresh to fill.
+#[allow(clippy::too_many_arguments)]
 fn job_list(
     ctx: &Ctx,
     db: &Database,
@@ -742,20 +938,26 @@ fn job_list(
     unprobed: bool,
     jobs: &[Job],
     back: &str,
+    none: Option<Markup>,
 ) -> Markup {
     let shown: Vec<&Job> = jobs.iter().filter(|j| j.state() == state).collect();
+    let none = none.unwrap_or_else(|| html! {
+        "No " (state_label(state, unprobed)) " jobs" @if jobs.len() == PAGE { " on this page" } "."
+    });
     html! {
-        @if shown.is_empty() {
-            p.muted { "No " (state_label(state, unprobed)) " jobs" @if jobs.len() == PAGE { " on this page" } "." }
-        } @else {
-            table {
+        p.muted data-none hidden[!shown.is_empty()] { (none) }
+        table.jobs hidden[shown.is_empty()] {
+            thead {
                 tr {
                     th { "id" } th { "state" } th { "attempts" } th { "errors" } th { "due" }
                     th { @if state == JobState::Dead { "reason / last error" } @else { "last error" } }
                     th { "payload" } th { "" }
                 }
+            }
+            tbody data-jobs=(format!("{}/tables/{name}", db.prefix)) data-back=(back)
+                data-csrf=[(!ctx.read_only).then_some(&ctx.csrf)] {
                 @for j in shown {
-                    tr {
+                    tr data-id=(j.id()) {
                         td.n { a href={ (db.prefix) "/tables/" (name) "/jobs/" (j.id()) } { (j.id()) } }
                         td { (state_label(j.state(), unprobed)) }
                         td.n { (j.attempts()) }
@@ -772,6 +974,30 @@ fn job_list(
             }
         }
     }
+}
+
+/// One job of a listing as the live refresh draws it (every text as text, escaped for the
+/// screen as the page does), with the buttons its row offers: (verb, label).
+pub(crate) fn job_json(ctx: &Ctx, j: &Job, unprobed: bool) -> serde_json::Value {
+    let actions: &[(&str, &str)] = match j.state() {
+        _ if ctx.read_only => &[],
+        JobState::Dead => &[("requeue", "requeue"), ("purge", "purge")],
+        JobState::Completed => &[],
+        JobState::Scheduled => &[("run", "run now"), ("cancel", "cancel")],
+        _ => &[("cancel", "cancel")],
+    };
+    serde_json::json!({
+        "id": j.id(),
+        "state": state_label(j.state(), unprobed),
+        "attempts": j.attempts(),
+        "errors": j.errors(),
+        "due": utc(j.due_at()),
+        "reason": j.dead_reason().map(snippet),
+        "error": j.last_error().map(snippet),
+        "payload": preview(j.payload()),
+        "len": j.payload_len(),
+        "actions": actions,
+    })
 }
 
 /// The first [`SNIPPET`] characters of stored text, [`shown`].

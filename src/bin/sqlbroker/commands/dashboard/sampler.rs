@@ -1,6 +1,8 @@
 //! The counts behind the pages: one background thread reads `Broker::stats` of every table
 //! every few seconds (at most a fifth of the time: a round whose counts took 2 s waits 8 s
-//! before the next) and keeps the last [`HISTORY`] samples per table. Pages and `/metrics`
+//! before the next) and keeps the last [`HISTORY`] samples per table, and beyond them an
+//! hour of [`Tally`]s, one a minute at most ([`Minutes`], at most [`HOUR_POINTS`] of them:
+//! the charts' last hour in a few kilobytes per table, whatever the interval). Pages and `/metrics`
 //! read this memory, so they answer in the same time whatever the size of a table, and a
 //! table of millions of rows is counted once per interval, not once per request; an action
 //! recounts its table at once ([`Sampler::refresh`]).
@@ -19,6 +21,79 @@ use sqlbroker::{Broker, ConcurrencyLimit, QueueStats, RateLimit, Table};
 
 /// Samples kept per table (with the default 5 s interval, ten minutes).
 pub(crate) const HISTORY: usize = 120;
+
+/// How far back the charts go.
+pub(crate) const HOUR: Duration = Duration::from_secs(3600);
+
+/// The least time between two tallies of [`Minutes`].
+pub(crate) const MINUTE: Duration = Duration::from_secs(60);
+
+/// Tallies kept per table in [`Minutes`]: one a minute over [`HOUR`], and the one before
+/// the hour began (the first interval's start). 61 tallies of 48 bytes: under 3 KiB a table.
+pub(crate) const HOUR_POINTS: usize = 61;
+
+/// The counts a chart needs of one sample: what finished and what failed is told by how these
+/// moved between two tallies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tally {
+    pub at: SystemTime,
+    /// Completed rows kept (`None`: the table deletes the rows it acks).
+    pub completed: Option<u64>,
+    /// Live rows: ready, scheduled, in flight (where counted).
+    pub live: u64,
+    pub dead: u64,
+}
+
+impl Tally {
+    pub fn of(at: SystemTime, s: &QueueStats) -> Tally {
+        Tally {
+            at,
+            completed: s.completed,
+            live: s.ready + s.scheduled + s.in_flight.unwrap_or(0),
+            dead: s.dead,
+        }
+    }
+}
+
+/// A table's last hour at one tally a minute: a ring of at most [`HOUR_POINTS`], bounded
+/// whatever the interval between counts (a tally less than [`MINUTE`] after the last one
+/// kept is not kept; the samples of [`HISTORY`] hold the recent minutes finely).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Minutes {
+    ring: VecDeque<Tally>,
+}
+
+impl Minutes {
+    /// Keeps `t` if a minute has passed since the last tally kept, then forgets the tallies
+    /// the hour no longer needs (older than [`HOUR`] before `t`, but for the one that starts
+    /// the hour's first interval) and any past [`HOUR_POINTS`].
+    pub fn push(&mut self, t: Tally) {
+        let due = self
+            .ring
+            .back()
+            .is_none_or(|last| t.at.duration_since(last.at).map_or(true, |d| d >= MINUTE));
+        if !due {
+            return;
+        }
+        self.ring.push_back(t);
+        let start = t.at.checked_sub(HOUR);
+        while self.ring.len() > HOUR_POINTS
+            || (self.ring.len() > 1 && start.is_some_and(|s| self.ring[1].at <= s))
+        {
+            self.ring.pop_front();
+        }
+    }
+
+    /// The tallies kept, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Tally> {
+        self.ring.iter()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+}
 
 /// One count of a table's rows.
 #[derive(Clone, Debug)]
@@ -41,6 +116,8 @@ pub(crate) struct Entry {
     pub table: Table,
     /// The last successful counts, oldest first.
     pub history: VecDeque<Point>,
+    /// The last hour of counts, one a minute ([`Minutes`]).
+    pub minutes: Minutes,
     /// The last count's error, if the last count failed (cleared by the next success); not
     /// for a table that does not exist ([`Entry::missing`]).
     pub error: Option<String>,
@@ -235,6 +312,7 @@ impl Sampler {
             .or_insert_with(|| Entry {
                 table: table.clone(),
                 history: VecDeque::new(),
+                minutes: Minutes::default(),
                 error: None,
                 missing: false,
                 counted: None,
@@ -246,6 +324,7 @@ impl Sampler {
         match stats {
             Ok(stats) => {
                 entry.error = None;
+                entry.minutes.push(Tally::of(now, &stats));
                 if entry.history.len() == HISTORY {
                     entry.history.pop_front();
                 }
@@ -295,8 +374,58 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
-    use super::pause;
-    use std::time::Duration;
+    use super::*;
+
+    fn tally(at: SystemTime, n: u64) -> Tally {
+        Tally {
+            at,
+            completed: Some(n),
+            live: 0,
+            dead: n / 10,
+        }
+    }
+
+    /// Issue 42: the hour's ring stays bounded whatever the interval: three hours of counts a
+    /// second leave at most [`HOUR_POINTS`] tallies, a minute apart at least, the newest the
+    /// last count and the oldest starting the hour's first interval (no more than an hour
+    /// and a minute back). Seen failing with `push` forgetting nothing (62 tallies after
+    /// 3,660 s); it fails too if a tally is kept more often than a minute or too few cover
+    /// the hour.
+    #[test]
+    fn the_hour_is_a_bounded_ring() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut m = Minutes::default();
+        let mut last = start;
+        for s in 0..3 * 3600 {
+            last = start + Duration::from_secs(s);
+            m.push(tally(last, s));
+            assert!(m.len() <= HOUR_POINTS, "{} tallies after {s} s", m.len());
+        }
+        let kept: Vec<&Tally> = m.iter().collect();
+        assert!(
+            kept.len() >= HOUR_POINTS - 1,
+            "the hour is covered: {}",
+            kept.len()
+        );
+        assert!(kept
+            .windows(2)
+            .all(|w| w[1].at.duration_since(w[0].at).unwrap() >= MINUTE));
+        let oldest = last.duration_since(kept[0].at).unwrap();
+        assert!(
+            oldest >= HOUR - MINUTE && oldest <= HOUR + MINUTE,
+            "{oldest:?}"
+        );
+        // A sample every 10 minutes: each kept, and only the hour's.
+        let mut m = Minutes::default();
+        for k in 0..30u64 {
+            m.push(tally(start + Duration::from_secs(600 * k), k));
+        }
+        assert_eq!(
+            m.len(),
+            7,
+            "an hour of 10-minute samples and the one before"
+        );
+    }
 
     /// Issue 38: a round that waited on a silent database (its counts failed after the round
     /// trip timeout) is followed by the next one at once, not three times its length later;

@@ -11,7 +11,7 @@ use super::filters::{
 };
 use super::http::{field, state_from, Reply, Rq};
 use super::server::{self, Method, Request};
-use super::{metrics, pages, Ctx, Database};
+use super::{live, metrics, pages, Ctx, Database};
 
 /// The name the login form's cookie starts with: a session id
 /// ([`session`](super::session)); the dashboard's port follows ([`Ctx::cookie`]).
@@ -95,7 +95,10 @@ pub(crate) fn quick(request: &Request) -> bool {
         Some(rest) => rest.split_once('/').map_or("", |(_, r)| r),
         None => path.trim_start_matches('/'),
     };
-    matches!(rest.trim_end_matches('/'), "" | "metrics" | "login")
+    matches!(
+        rest.trim_end_matches('/'),
+        "" | "metrics" | "login" | "live"
+    )
 }
 
 /// The response's bytes, with the headers every answer carries.
@@ -106,15 +109,23 @@ fn send(reply: Reply, head_only: bool) -> Vec<u8> {
         ("X-Content-Type-Options", "nosniff".into()),
         ("X-Frame-Options", "DENY".into()),
         ("Referrer-Policy", "same-origin".into()),
-        (
-            "Content-Security-Policy",
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; \
-             form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-                .into(),
-        ),
+        ("Content-Security-Policy", csp(reply.nonce.as_deref())),
     ];
     headers.extend(reply.headers);
     server::response(reply.status, &headers, &reply.body, head_only)
+}
+
+/// The Content-Security-Policy: no script and nothing from elsewhere; a page with the live
+/// refresh allows its one inline script by the response's nonce (no `unsafe-inline` for
+/// scripts) and its fetches of this origin.
+fn csp(nonce: Option<&str>) -> String {
+    let script = nonce.map_or_else(String::new, |n| {
+        format!("script-src 'nonce-{n}'; connect-src 'self'; ")
+    });
+    format!(
+        "default-src 'none'; {script}style-src 'unsafe-inline'; img-src 'self' data:; \
+         form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )
 }
 
 fn forbidden(why: &str) -> Reply {
@@ -223,6 +234,7 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
     }
     match (&rq.method, parts.as_slice()) {
         (Method::Get | Method::Head, []) => pages::overview(ctx, rq),
+        (Method::Get | Method::Head, ["live"]) => live::overview(ctx, rq),
         (Method::Get | Method::Head, ["metrics"]) => Reply::text(
             200,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -240,6 +252,10 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
                 (_, Err(_)) => not_found("a job id is a number"),
             }
         }
+        (Method::Get | Method::Head, ["tables", name, "live"]) => match table(ctx, db, name) {
+            Ok(t) => live::table(ctx, db, rq, &t),
+            Err(r) => r,
+        },
         (Method::Post, ["tables", name, action]) => {
             if let Err(r) = post_allowed(ctx, rq, &form) {
                 return r;
@@ -806,6 +822,8 @@ mod tests {
             "/d/a",
             "/d/a/metrics",
             "/?done=x",
+            "/live?q=x&page=2",
+            "/d/a/live",
         ] {
             assert!(quick(&rq(Method::Get, t)), "{t}");
         }
