@@ -3820,3 +3820,77 @@ mod issue_42_live {
         super::live_overview(Db::Mysql)
     }
 }
+
+/// The schedules' page: a running schedule listed with its table and state, and the
+/// database's maintainer line; its pause button (a POST with the page's CSRF token) pauses it
+/// on the database and says so in the action log; without the token, refused and nothing
+/// changes. Fails (`listed`) without the page, (`paused`) with a button that does nothing.
+#[cfg(feature = "cron")]
+fn periodic_schedules_page(db: Db) {
+    let Some(l) = live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("dper"))
+            .dedup()
+            .lease(Duration::from_secs(30)),
+    );
+    let name = common::unique("dash-sched");
+    let p = l
+        .broker
+        .periodic(&t, "0 0 * * * *", |_| Message::new(b"x".to_vec()))
+        .name(name.clone())
+        .start()
+        .unwrap();
+    let dash = start(&l.url, &["--table", t.name()], &[]);
+    let page = dash.get("/periodics");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains(&name) && page.body.contains("running"),
+        "listed: {}",
+        page.body
+    );
+    assert!(page.body.contains("aintain"), "{}", page.body);
+    let csrf = csrf_of(&page.body).expect("a pause form");
+    let refused = dash.post("/periodics/pause", &[("name", &name)]);
+    assert_eq!(refused.status, 403);
+    assert!(!l
+        .broker
+        .periodics()
+        .unwrap()
+        .iter()
+        .any(|x| x.name() == name && x.paused()));
+    let done = dash.post("/periodics/pause", &[("csrf", &csrf), ("name", &name)]);
+    assert_eq!(done.status, 303, "{}", done.body);
+    assert!(
+        l.broker
+            .periodics()
+            .unwrap()
+            .iter()
+            .any(|x| x.name() == name && x.paused()),
+        "paused"
+    );
+    assert!(dash.get("/periodics").body.contains("paused"));
+    let log = l.broker.actions(20).unwrap();
+    assert!(log
+        .iter()
+        .any(|a| a.action == "pause periodic" && a.detail == name));
+    p.stop();
+    l.exec(&format!(
+        "DELETE FROM sqlbroker_periodics WHERE name = '{name}'"
+    ));
+}
+#[cfg(feature = "cron")]
+mod periodic_schedules_page {
+    use super::*;
+    #[test]
+    fn sqlite() {
+        super::periodic_schedules_page(Db::Sqlite)
+    }
+    #[test]
+    fn postgres() {
+        super::periodic_schedules_page(Db::Postgres)
+    }
+    #[test]
+    fn mysql() {
+        super::periodic_schedules_page(Db::Mysql)
+    }
+}

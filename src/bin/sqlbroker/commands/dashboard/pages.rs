@@ -91,6 +91,7 @@ fn frame(ctx: Option<&Ctx>, title: &str, body: Markup, live: Option<&live::Spec>
                     a href="/" { "sqlbroker" }
                     a href="/metrics" { "metrics" }
                     a href="/actions" { "action log" }
+                    a href="/periodics" { "schedules" }
                     @if ctx.is_some_and(|c| c.read_only) { span.ro { "read-only" } }
                     @if ctx.is_some_and(|c| c.token.is_some()) {
                         form method="post" action="/logout" { button type="submit" { "log out" } }
@@ -523,6 +524,90 @@ pub(crate) fn actions(ctx: &Ctx) -> Reply {
 
 /// Entries of each database's action log shown.
 const ACTIONS_SHOWN: usize = 100;
+
+/// The periodic schedules recorded on each database (`Broker::periodics`), with the database's
+/// maintainer (`Broker::maintainer`), and a pause or resume button per schedule. With
+/// `--table`, only the schedules of those tables.
+pub(crate) fn periodics(ctx: &Ctx, rq: &Rq) -> Reply {
+    let mut failing = false;
+    let dbs: Vec<_> = ctx
+        .dbs
+        .iter()
+        .map(|db| {
+            let read = match db.live() {
+                Some((broker, _)) => broker
+                    .periodics()
+                    .map(|all| {
+                        all.into_iter()
+                            .filter(|p| {
+                                ctx.tables.is_empty() || ctx.tables.iter().any(|t| t == p.table())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .and_then(|p| Ok((p, broker.maintainer()?)))
+                    .map_err(|e| crate::chain(&e)),
+                None => Err(down_text(db)),
+            };
+            failing |= read.is_err();
+            (db, read)
+        })
+        .collect();
+    let now = SystemTime::now();
+    let body = html! {
+        h1 { "Periodic schedules" }
+        (done_note(rq))
+        p.muted {
+            "Every schedule a process runs (Broker::periodic), from table sqlbroker_periodics: a \
+             paused one publishes nothing on any process; an orphaned one has not been run by \
+             any process for a minute."
+        }
+        @for (db, read) in &dbs {
+            @if ctx.several() { h2.db { "Database " (db.name) " " span.muted { (db.shown) } } }
+            @match read {
+                Err(e) => p.err { "Reading the schedules failed: " (shown(e)) },
+                Ok((schedules, maintainer)) => {
+                    p {
+                        @match maintainer {
+                            Some(m) => { "Maintained by " (shown(m.host())) " (pid " (m.pid()) ") since " (utc(m.since())) ", term " (m.term()) "." }
+                            None => { "No maintainer holds the lease now." }
+                        }
+                    }
+                    @if schedules.is_empty() {
+                        p.muted { "No periodic schedule recorded." }
+                    } @else {
+                        table.log {
+                            tr { th { "table" } th { "name" } th { "schedule" } th { "next" } th { "last" } th { "state" } th { "seen" } th {} }
+                            @for p in schedules {
+                                tr {
+                                    td { a href={ (db.prefix) "/tables/" (p.table()) } { (shown(p.table())) } }
+                                    td { (shown(p.name())) }
+                                    td { (shown(p.schedule())) " " span.muted { (shown(p.time_zone())) } }
+                                    td { (p.next_tick().map_or_else(|| "-".into(), utc)) }
+                                    td { (p.last_tick().map_or_else(|| "-".into(), utc)) }
+                                    td { @if p.orphaned() { "orphaned" } @else if p.paused() { "paused" } @else { "running" } }
+                                    td { (age(now.duration_since(p.last_seen()).unwrap_or_default())) " ago" }
+                                    td {
+                                        @if !ctx.read_only {
+                                            form.inline method="post" action={ (db.prefix) "/periodics/" (if p.paused() { "resume" } else { "pause" }) } {
+                                                input type="hidden" name="csrf" value=(ctx.csrf);
+                                                input type="hidden" name="name" value=(p.name());
+                                                button type="submit" { (if p.paused() { "resume" } else { "pause" }) }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Reply::html(
+        if failing { 503 } else { 200 },
+        layout(Some(ctx), "Periodic schedules", body),
+    )
+}
 
 fn pause_button(ctx: &Ctx, db: &Database, e: &Entry, back: &str) -> Markup {
     let paused = e.last().is_some_and(|p| p.stats.paused);

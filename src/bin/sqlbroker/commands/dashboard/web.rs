@@ -241,6 +241,13 @@ fn route(ctx: &Ctx, rq: &Rq, body: &[u8]) -> Reply {
             metrics::render(ctx),
         ),
         (Method::Get | Method::Head, ["actions"]) => pages::actions(ctx),
+        (Method::Get | Method::Head, ["periodics"]) => pages::periodics(ctx, rq),
+        (Method::Post, ["periodics", verb @ ("pause" | "resume")]) => {
+            if let Err(r) = post_allowed(ctx, rq, &form) {
+                return r;
+            }
+            periodic(ctx, db, rq, verb, &form)
+        }
         (Method::Get | Method::Head, ["tables", name]) => match table(ctx, db, name) {
             Ok(t) => pages::table(ctx, db, rq, &t),
             Err(r) => r,
@@ -457,6 +464,41 @@ fn who(ctx: &Ctx, rq: &Rq) -> String {
         Some(_) => format!("a login from {peer}"),
         None => format!("a bearer token from {peer}"),
     }
+}
+
+/// Pauses or resumes the periodic schedule the form names (with `--table`, one of a table shown
+/// here), and goes back to the schedules' page saying so.
+fn periodic(ctx: &Ctx, db: &Database, rq: &Rq, verb: &str, form: &[(String, String)]) -> Reply {
+    let name = field(form, "name").unwrap_or_default();
+    let b = db.broker();
+    if !ctx.tables.is_empty() {
+        let shown = b.periodics().is_ok_and(|all| {
+            all.iter()
+                .any(|p| p.name() == name && ctx.tables.iter().any(|t| t == p.table()))
+        });
+        if !shown {
+            return not_found("no schedule of that name is shown here");
+        }
+    }
+    let done = match verb {
+        "pause" => b.pause_periodic(name),
+        _ => b.resume_periodic(name),
+    };
+    let message = match done {
+        Ok(()) => format!("{verb}d schedule {name}"),
+        Err(e @ sqlbroker::BrokerError::UnknownPeriodic { .. }) => {
+            return not_found(&crate::chain(&e))
+        }
+        Err(e) => return Reply::html(503, pages::message("The action failed", &crate::chain(&e))),
+    };
+    let action = format!("{verb} periodic");
+    let note = match b.record_action(&who(ctx, rq), &action, "", name, 1) {
+        Ok(()) => String::new(),
+        Err(e) => format!(" (not written to the action log: {})", crate::chain(&e)),
+    };
+    let text: String =
+        form_urlencoded::byte_serialize(format!("{message}{note}").as_bytes()).collect();
+    Reply::redirect(format!("{}/periodics?done={text}", db.prefix))
 }
 
 /// Records an action in the database's log; the note to show if that failed (the action
