@@ -93,6 +93,17 @@ fn one_maintainer_elected_and_replaced(db: Db) {
     }
     let first = live.broker.maintainer().unwrap().expect("a maintainer");
     assert_eq!(first.pid(), u64::from(std::process::id()));
+    // The operator's view from the command line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sqlbroker"))
+        .arg("maintainer")
+        .env("DATABASE_URL", &live.url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("maintained by ") && text.contains(&format!("term {}", first.term())),
+        "{text}"
+    );
     let (holder, other) = if a.is_maintainer() { (a, b) } else { (b, a) };
     assert!(holder.is_maintainer() && !other.is_maintainer());
 

@@ -108,6 +108,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Actions(args) => actions::list(&broker, args),
         Command::Workers(args) => workers::list(&broker, args),
         Command::Periodic(args) => periodic::run(&broker, args),
+        Command::Maintainer => periodic::maintainer(&broker),
         Command::Limit(args) => {
             let table = broker.open_table(&args.table)?;
             let max = if args.lift { None } else { args.max };

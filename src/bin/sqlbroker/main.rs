@@ -135,6 +135,9 @@ enum Command {
     /// last tick, running, paused or orphaned), and `pause NAME` / `resume NAME`, on every
     /// process that runs it.
     Periodic(PeriodicArgs),
+    /// Which process maintains the database (the elected broker that prunes what the tables
+    /// keep past their retention): host, pid, since, term.
+    Maintainer,
     /// Print the SQL of a table for a migration tool, running nothing: what create-table
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.

@@ -1,6 +1,7 @@
-//! Periodic schedules from the terminal: `periodic list` shows every schedule recorded on the
-//! database (`Broker::periodics`), `periodic pause NAME` and `periodic resume NAME` pause and
-//! resume one on every process that runs it.
+//! Periodic schedules and the maintainer from the terminal: `periodic list` shows every
+//! schedule recorded on the database (`Broker::periodics`), `periodic pause NAME` and
+//! `periodic resume NAME` pause and resume one on every process that runs it, and
+//! `maintainer` says which process maintains the database (`Broker::maintainer`).
 
 use std::time::SystemTime;
 
@@ -22,6 +23,25 @@ struct PeriodicJson<'a> {
     paused: bool,
     orphaned: bool,
     last_seen: String,
+}
+
+/// `maintainer`: which process maintains the database now (`Broker::maintainer`).
+pub(super) fn maintainer(broker: &Broker) -> Result {
+    match broker.maintainer()? {
+        Some(m) => say(format_args!(
+            "maintained by {} (pid {}, {}) since {}, term {}, lease until {}\n",
+            escape(m.host()),
+            m.pid(),
+            escape(m.id()),
+            utc(m.since()),
+            m.term(),
+            utc(m.lease_until())
+        )),
+        None => say(format_args!(
+            "no maintainer holds the lease (no broker runs maintenance, or the last holder \
+             stopped and its lease has not been taken yet)\n"
+        )),
+    }
 }
 
 pub(super) fn run(broker: &Broker, args: &PeriodicArgs) -> Result {
