@@ -481,7 +481,11 @@ pub use operating::ddl::Database;
 pub use operating::fleet::{WorkerInfo, WorkerTable};
 pub use operating::jobs::{Job, JobState};
 pub use operating::maintenance::Maintainer;
-pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
+#[allow(deprecated)]
+pub use operating::matching::CancelPass;
+pub use operating::matching::{
+    BulkOutcome, BulkPass, JobFilter, SkipReason, MAX_BULK_BATCH, MAX_FILTER_TEXT,
+};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
 pub use producing::group::Group;
