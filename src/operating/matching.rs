@@ -233,8 +233,11 @@ pub struct BulkPass {
     row_wait: Duration,
     time: Duration,
     by: String,
-    on_batch: Option<std::sync::Arc<dyn Fn(&BulkOutcome) + Send + Sync>>,
+    on_batch: Option<OnBatch>,
 }
+
+/// What a pass tells after each batch ([`BulkPass::on_batch`]).
+type OnBatch = std::sync::Arc<dyn Fn(&BulkOutcome) + Send + Sync>;
 
 /// The options of a pass of [`Broker::cancel_matching`], before the pass took every bulk
 /// verb: now [`BulkPass`].
@@ -518,7 +521,7 @@ impl Broker {
     /// use sqlbroker::{Broker, JobFilter, JobState, Message, Table};
     ///
     /// let broker = Broker::connect("sqlite::memory:")?;
-    /// let jobs = Table::new("jobs").text_column("customer");
+    /// let jobs = Table::new("jobs").lease(std::time::Duration::from_secs(30)).text_column("customer");
     /// broker.create_table(&jobs)?;
     /// for who in ["acme", "globex", "acme"] {
     ///     broker.publish(&jobs, Message::new(b"x".to_vec()).set("customer", who))?;
