@@ -483,7 +483,11 @@ pub use operating::ddl::Database;
 pub use operating::fleet::{WorkerInfo, WorkerTable};
 pub use operating::jobs::{Job, JobState};
 pub use operating::maintenance::Maintainer;
-pub use operating::matching::{CancelPass, CancelReport, JobFilter, MAX_FILTER_TEXT};
+#[allow(deprecated)]
+pub use operating::matching::CancelPass;
+pub use operating::matching::{
+    BulkOutcome, BulkPass, JobFilter, SkipReason, MAX_BULK_BATCH, MAX_FILTER_TEXT,
+};
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::periodics::{PeriodicInfo, ORPHANED_AFTER};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};

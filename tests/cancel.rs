@@ -436,27 +436,35 @@ fn cancel_matching_counts_what_it_changed(db: Db, form: Form) {
         // Passes of three until one says no more: what they changed, what they left busy.
         let (mut cancelled, mut busy, mut passes, mut after) = (0, Vec::new(), 0, None);
         loop {
-            let pass = sqlbroker::CancelPass::new()
+            let pass = sqlbroker::BulkPass::new()
                 .after(after)
                 .limit(3)
                 .row_wait(wait)
                 .time(Duration::from_secs(20));
             let started = std::time::Instant::now();
-            let r = b.cancel_matching(&t, state, &x, &pass).unwrap();
-            assert!(r.error.is_none(), "{r:?}");
-            assert!(r.seen <= 3, "{r:?}");
+            let r = b
+                .cancel_matching(&t, &x.clone().in_state(state), &pass)
+                .unwrap();
+            let in_work: Vec<i64> = r
+                .skipped()
+                .iter()
+                .filter(|(_, why)| *why == sqlbroker::SkipReason::InWork)
+                .map(|(id, _)| *id)
+                .collect();
+            assert!(r.error().is_none(), "{r:?}");
+            assert!(r.seen() <= 3, "{r:?}");
             // Fails while one job in work makes the pass wait out the statement timeout.
             assert!(
-                started.elapsed() < wait * (r.busy.len() as u32 + 1) + Duration::from_secs(3),
+                started.elapsed() < wait * (in_work.len() as u32 + 1) + Duration::from_secs(3),
                 "a pass took {:?}: {r:?}",
                 started.elapsed()
             );
-            cancelled += r.cancelled;
-            busy.extend(r.busy.iter().copied());
+            cancelled += r.changed();
+            busy.extend(in_work);
             passes += 1;
             assert!(passes < 20, "{r:?}");
-            after = r.last;
-            if !r.more {
+            after = r.last();
+            if !r.more() {
                 return (cancelled, busy, passes);
             }
         }
@@ -508,18 +516,18 @@ fn cancel_matching_counts_what_it_changed(db: Db, form: Form) {
     }
     // Bad input: refused, typed, nothing changed.
     let nope = sqlbroker::JobFilter::new().column("nope", "x");
-    let pass = sqlbroker::CancelPass::new();
+    let pass = sqlbroker::BulkPass::new();
     assert!(matches!(
-        b.cancel_matching(&t, JobState::Ready, &nope, &pass),
+        b.cancel_matching(&t, &nope.in_state(JobState::Ready), &pass),
         Err(sqlbroker::BrokerError::InvalidOption { .. })
     ));
     assert!(matches!(
-        b.cancel_matching(&t, JobState::Completed, &x, &pass),
+        b.cancel_matching(&t, &x.clone().in_state(JobState::Completed), &pass),
         Err(sqlbroker::BrokerError::InvalidOption { .. })
     ));
-    for bad in [pass.limit(0), pass.time(Duration::ZERO)] {
+    for bad in [pass.clone().limit(0), pass.clone().time(Duration::ZERO)] {
         assert!(matches!(
-            b.cancel_matching(&t, JobState::Scheduled, &x, &bad),
+            b.cancel_matching(&t, &x.clone().in_state(JobState::Scheduled), &bad),
             Err(sqlbroker::BrokerError::InvalidOption { .. })
         ));
     }
@@ -531,9 +539,13 @@ fn cancel_matching_counts_what_it_changed(db: Db, form: Form) {
     d.fail("boom").unwrap();
     if form == Form::RowLock {
         let r = b
-            .cancel_matching(&t, JobState::Scheduled, &x, &pass.row_wait(wait))
+            .cancel_matching(
+                &t,
+                &x.clone().in_state(JobState::Scheduled),
+                &pass.row_wait(wait),
+            )
             .unwrap();
-        assert_eq!((r.cancelled, r.busy.len()), (1, 0), "{r:?}");
+        assert_eq!((r.changed(), r.skipped().len()), (1, 0), "{r:?}");
     }
     let d = next(&sub, WAIT);
     assert!(others.contains(&d.id()), "only y jobs run: {}", d.id());

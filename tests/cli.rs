@@ -2363,3 +2363,73 @@ fn a_kind_taken_in_other_queues_only(db: Db) {
     sub.close();
 }
 per_db!(a_kind_taken_in_other_queues_only);
+
+/// `jobs cancel|requeue|delete`: the count first, nothing done without `--yes`; with it,
+/// every matching job (1,500: more than one batch of 1,000, no cap) acted on with a progress
+/// line per batch, the others untouched, one action log entry by the command line's user;
+/// stored and given text printed escaped; a state the verb does not act on refused.
+///
+/// Fails (seen: acting without `--yes`) on `nothing done`; (seen: `JobFilter`'s `Display`
+/// writing text raw, unquoted and unescaped) on the count line. The command's own `escape`
+/// of that line is a second guard the test cannot tell apart (the `Display` escapes already).
+fn jobs_bulk_verbs_count_first(db: Db) {
+    let Some(l) = live(db) else { return };
+    let url = l.url.clone();
+    let name = unique("hb_cli");
+    let table = l.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let b = &l.broker;
+    for _ in 0..3 {
+        b.publish_batch(&table, (0..500).map(|_| common::msg("x", "x")))
+            .unwrap();
+    }
+    b.publish_batch(&table, (0..3).map(|_| common::msg("y", "y")))
+        .unwrap();
+    let base = ["jobs", "cancel", "--table", name.as_str(), "--where", "k=x"];
+    let out = ok(&url, &base, "");
+    assert!(out.contains("1500 jobs, k = \"x\" of table"), "{out}");
+    assert!(out.contains("nothing done"), "{out}");
+    assert_eq!(l.rows_where(&table, "k = 'x'"), 1500);
+    // Given text with a control character: printed escaped.
+    let hostile = "k=x\u{1b}]0;pwned\u{7}";
+    let out = ok(
+        &url,
+        &[
+            "jobs",
+            "delete",
+            "--table",
+            name.as_str(),
+            "--where",
+            hostile,
+        ],
+        "",
+    );
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(out.starts_with("0 jobs"), "{out}");
+    let mut yes = base.to_vec();
+    yes.push("--yes");
+    let out = ok(&url, &yes, "");
+    assert_eq!(out.matches("batch: ").count(), 2, "{out}");
+    assert!(out.contains("cancelled 1500 of 1500 read"), "{out}");
+    assert_eq!(l.rows_where(&table, "k = 'x'"), 0);
+    assert_eq!(l.rows_where(&table, "k = 'y'"), 3);
+    let log = b.actions_on(&[table.name()], 1).unwrap();
+    assert_eq!(
+        (log[0].action.as_str(), log[0].rows),
+        ("cancel all matching", 1500)
+    );
+    assert!(log[0].who.ends_with("with the CLI"), "{:?}", log[0].who);
+    let o = run(
+        Some(&url),
+        &[
+            "jobs", "requeue", "--table", &name, "--state", "ready", "--yes",
+        ],
+        "",
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert_eq!(l.rows_where(&table, "k = 'y'"), 3);
+}
+per_db!(jobs_bulk_verbs_count_first);

@@ -871,12 +871,11 @@ fn mysql_adopted_case_insensitive_columns_are_made_exact() {
     let cancelled = b
         .cancel_matching(
             &t,
-            JobState::Ready,
-            &JobFilter::new().in_queue("A"),
-            &sqlbroker::CancelPass::new(),
+            &JobFilter::new().in_queue("A").in_state(JobState::Ready),
+            &sqlbroker::BulkPass::new(),
         )
         .unwrap();
-    assert_eq!(cancelled.cancelled, 1);
+    assert_eq!(cancelled.changed(), 1);
     assert_eq!(live.rows(&t), 0, "queue A's row or queue a's was left");
 }
 

@@ -464,6 +464,9 @@ pub(crate) struct TableSql {
     /// Modelled in model/advisory.pml (cancel_remove_dead, cancel_under_key), model/lease.pml
     /// (cancel_remove), model/row_lock.pml (cancel_remove).
     pub cancel_remove: String,
+    /// Delete of a row not in work, whatever its state: `(id)`, lease `(id, now)`; a leased
+    /// row is left alone ([`Broker::delete_matching`](crate::Broker::delete_matching)).
+    pub delete_free: String,
     /// Lease `(id, now)`: marks a live, leased row's cancel request; advisory `(id)`: a live
     /// row's. Empty in the row lock form.
     ///

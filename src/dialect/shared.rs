@@ -1088,6 +1088,7 @@ impl Syntax {
         } else {
             String::new()
         };
+        sql.delete_free = format!("DELETE FROM {t} WHERE {id} = {}{lease_free}", p(1));
         sql.cancel_remove = match (&spec.completed_at, self.complete_set(spec)) {
             (Some(c), Some(finish)) => format!(
                 "UPDATE {t} SET {finish}, {} = '{CANCELLED}' WHERE {id} = {} AND {} IS NULL{lease_free}",
@@ -1148,6 +1149,17 @@ impl Syntax {
         state: usize,
         filter: &[PageFilter<'_>],
     ) -> Option<(String, usize)> {
+        self.preview_states(spec, &[state], filter)
+    }
+
+    /// [`preview_page`](Syntax::preview_page) of the rows in any of `states` (indexes as
+    /// there): what a bulk verb on every job matching reads, a page at a time.
+    pub fn preview_states(
+        &self,
+        spec: &TableSpec,
+        states: &[usize],
+        filter: &[PageFilter<'_>],
+    ) -> Option<(String, usize)> {
         let (t, id) = (self.q(&spec.name), self.q(&spec.id));
         let p = |n| self.p(n);
         let payload = self.q(&spec.payload);
@@ -1156,30 +1168,78 @@ impl Syntax {
             &format!("SUBSTR({payload}, 1, {})", p(1)),
             1,
         );
+        let (out, nows, n) = self.matching_where(spec, states, filter, 2)?;
+        Some((
+            format!(
+                "SELECT LENGTH({payload}), {columns} FROM {t} WHERE {out} AND {id} > {} \
+                 ORDER BY {id} LIMIT {}",
+                p(n + 1),
+                p(n + 2)
+            ),
+            nows,
+        ))
+    }
+
+    /// How many rows are in any of `states` and meet `filter` (parameters: `nows` times, then
+    /// the filter's values): [`Broker::count_matching`](crate::Broker::count_matching).
+    pub fn count_states(
+        &self,
+        spec: &TableSpec,
+        states: &[usize],
+        filter: &[PageFilter<'_>],
+    ) -> Option<(String, usize)> {
+        let t = self.q(&spec.name);
+        let (out, nows, _) = self.matching_where(spec, states, filter, 1)?;
+        Some((format!("SELECT COUNT(*) FROM {t} WHERE {out}"), nows))
+    }
+
+    /// The condition of a row in any of `states` (0 scheduled, 1 ready, 2 in flight, 3 dead,
+    /// 4 completed) that meets `filter`, its parameters numbered from `first`: the condition,
+    /// how many times it takes (first), and the last parameter's number. `None` if no state
+    /// can hold a row (completed rows of a table that does not keep them).
+    fn matching_where(
+        &self,
+        spec: &TableSpec,
+        states: &[usize],
+        filter: &[PageFilter<'_>],
+        first: usize,
+    ) -> Option<(String, usize, usize)> {
+        let p = |n| self.p(n);
         let marker = "\u{1}now\u{1}";
         let st = self.stats_states(spec, "", marker);
-        let cond = match state {
-            0 => Some(st.scheduled),
-            1 => Some(st.ready),
-            2 => Some(st.held.unwrap_or(st.ready)),
-            3 => Some(st.dead),
-            _ => st.completed,
-        }?;
+        let conds: Vec<String> = states
+            .iter()
+            .filter_map(|state| match state {
+                0 => Some(st.scheduled.clone()),
+                1 => Some(st.ready.clone()),
+                2 => Some(st.held.clone().unwrap_or_else(|| st.ready.clone())),
+                3 => Some(st.dead.clone()),
+                _ => st.completed.clone(),
+            })
+            .collect();
+        if conds.is_empty() {
+            return None;
+        }
+        let cond = match conds.len() {
+            1 => conds.into_iter().next().unwrap_or_default(),
+            _ => format!("(({}))", conds.join(") OR (")),
+        };
         let mut out = String::new();
-        let mut n = 0;
+        // The last parameter numbered.
+        let mut n = first - 1;
         for (i, part) in cond.split(marker).enumerate() {
             if i > 0 {
                 n += 1;
-                out.push_str(&p(n + 1));
+                out.push_str(&p(n));
             }
             out.push_str(part);
         }
-        let nows = n;
+        let nows = n + 1 - first;
         for f in filter {
             let more = match f {
                 PageFilter::Equals(c) => {
                     n += 1;
-                    format!("{} = {}", self.q(c), p(n + 1))
+                    format!("{} = {}", self.q(c), p(n))
                 }
                 PageFilter::Queue(c) => {
                     n += 1;
@@ -1187,12 +1247,12 @@ impl Syntax {
                         "COALESCE({}, {}) = {}",
                         self.q(c),
                         standard_literal(crate::model::table::DEFAULT_QUEUE),
-                        p(n + 1)
+                        p(n)
                     )
                 }
                 PageFilter::ErrorContains => {
                     n += 1;
-                    (self.contains)(&self.q(&spec.last_error), &p(n + 1))
+                    (self.contains)(&self.q(&spec.last_error), &p(n))
                 }
                 PageFilter::NotCancelRequested => {
                     format!("{} = 0", self.q(&spec.cancel_requested))
@@ -1201,15 +1261,7 @@ impl Syntax {
             out.push_str(" AND ");
             out.push_str(&more);
         }
-        Some((
-            format!(
-                "SELECT LENGTH({payload}), {columns} FROM {t} WHERE {out} AND {id} > {} \
-                 ORDER BY {id} LIMIT {}",
-                p(n + 2),
-                p(n + 3)
-            ),
-            nows,
-        ))
+        Some((out, nows, n))
     }
 
     /// Fills the statements every database spells alike.

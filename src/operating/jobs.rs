@@ -784,12 +784,18 @@ pub(crate) fn cancel_one(q: &Queue, id: i64, wait: Wait) -> Result<Cancelled> {
     }
 }
 
-/// Runs `cancel_remove` (`params`) for row `id` on `conn`: on a table with dependencies, in a
+/// Runs `sql` (`cancel_remove` or `delete_free`, `params`) for row `id` on `conn`: on a table with dependencies, in a
 /// transaction with what the cancel does for the jobs waiting on the row.
 ///
 /// Modelled in model/advisory.pml (cancel_remove_dead), model/lease.pml (cancel_remove).
-fn remove(q: &Queue, conn: &mut dyn DbConn, params: &[Value], id: i64) -> Result<u64, DbError> {
-    crate::runtime::deps::cancel_in_transaction(q, conn, &q.sql.cancel_remove, params, id)
+fn remove(
+    q: &Queue,
+    conn: &mut dyn DbConn,
+    sql: &str,
+    params: &[Value],
+    id: i64,
+) -> Result<u64, DbError> {
+    crate::runtime::deps::cancel_in_transaction(q, conn, sql, params, id)
 }
 
 /// Lease: removes the row if it is not leased, else marks it; between the two a lease may
@@ -806,7 +812,10 @@ fn cancel_lease(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
     for _ in 0..8 {
         let now = claim_now(SystemTime::now());
         let params = [Value::Int(id), Value::Time(now)];
-        if q.retrying("cancel", |c| remove(q, c, &params, id))? > 0 {
+        if q.retrying("cancel", |c| {
+            remove(q, c, &q.sql.cancel_remove, &params, id)
+        })? > 0
+        {
             return Ok(Cancelled::Now);
         }
         if q.retrying("cancel", |c| c.execute(mark, &params))? > 0 {
@@ -872,11 +881,22 @@ fn cancel_row_lock(q: &Queue, id: i64) -> Result<Cancelled> {
 /// Removes (or completes as cancelled) row `id`, locked by the caller's transaction on
 /// `conn`, and settles the jobs waiting on it as a cancel does: the rows changed.
 fn remove_cancelled(q: &Queue, conn: &mut dyn DbConn, id: i64) -> Result<u64, DbError> {
+    remove_locked(q, conn, &q.sql.cancel_remove, id)
+}
+
+/// Runs `sql` (`cancel_remove` or `delete_free`) on row `id`, locked by the caller's
+/// transaction on `conn`, settling the jobs waiting on it as a cancel does.
+fn remove_locked(q: &Queue, conn: &mut dyn DbConn, sql: &str, id: i64) -> Result<u64, DbError> {
     let params = [Value::Int(id)];
-    crate::runtime::deps::cancel_removal(q, conn, &q.sql.cancel_remove, &params, id)
+    crate::runtime::deps::cancel_removal(q, conn, sql, &params, id)
 }
 
 fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Result<Cancelled> {
+    row_lock_within(q, id, limit, &q.sql.cancel_remove)
+}
+
+/// [`cancel_row_lock_within`] with the removal `sql` (`cancel_remove` or `delete_free`).
+fn row_lock_within(q: &Queue, id: i64, limit: std::time::Duration, sql: &str) -> Result<Cancelled> {
     let deadline = std::time::Instant::now() + limit;
     let mut pause = std::time::Duration::from_millis(20);
     loop {
@@ -890,7 +910,7 @@ fn cancel_row_lock_within(q: &Queue, id: i64, limit: std::time::Duration) -> Res
             if conn.query(&q.sql.probe_lock, &[Value::Int(id)])?.is_empty() {
                 return Ok(None);
             }
-            remove_cancelled(q, conn, id).map(Some)
+            remove_locked(q, conn, sql, id).map(Some)
         };
         match run(&mut *conn) {
             Ok(Some(n)) => {
@@ -960,7 +980,9 @@ fn cancel_advisory(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
             _ => {
                 // Not live: dead (never claimed, so no key is needed to remove it), or
                 // acked or completed since it was read (nothing removed).
-                let removed = q.retrying("cancel", |c| remove(q, c, &params, id))?;
+                let removed = q.retrying("cancel", |c| {
+                    remove(q, c, &q.sql.cancel_remove, &params, id)
+                })?;
                 return Ok(if removed > 0 {
                     Cancelled::Now
                 } else {
@@ -970,7 +992,7 @@ fn cancel_advisory(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
         }
     };
     let removed = with_key(q, &key, |conn| {
-        if remove(q, conn, &params, id)? > 0 {
+        if remove(q, conn, &q.sql.cancel_remove, &params, id)? > 0 {
             return Ok(true);
         }
         // Not removed: gone (acked), or completed: by an ack, or cancelled by its retry.
@@ -990,6 +1012,74 @@ fn cancel_advisory(q: &Queue, id: i64, first: bool) -> Result<Cancelled> {
         // Key held: the mark ends the row before any handler starts it again.
         None => marked,
     })
+}
+
+/// What deleting one job came to ([`Broker::delete_matching`](crate::Broker::delete_matching)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// This call deleted the row.
+    Now,
+    /// The row is in work (lease: leased; row lock: its row held for all of the wait;
+    /// advisory: its key held, by this row or another of that key): left as it is.
+    InWork,
+    /// No row had that id any more: nothing changed.
+    Gone,
+}
+
+/// Deletes `job` of `q`'s table (read by a page of a bulk delete) unless it is in work: the
+/// lease form deletes it only while no lease holds it, the row lock form takes its row
+/// without waiting on the server for at most `limit`, the advisory form deletes a live row
+/// only under its key, taken without waiting. On a table with dependencies the jobs waiting
+/// on it are told as a cancel tells them (a dead letter's own outcome is kept).
+pub(crate) fn delete_one(q: &Queue, job: &Job, limit: std::time::Duration) -> Result<Deleted> {
+    let id = job.id;
+    let del = &q.sql.delete_free;
+    match q.spec.form {
+        Form::Lease => {
+            for _ in 0..8 {
+                let now = claim_now(SystemTime::now());
+                let params = [Value::Int(id), Value::Time(now)];
+                if q.retrying("delete", |c| remove(q, c, del, &params, id))? > 0 {
+                    return Ok(Deleted::Now);
+                }
+                let rows = q.retrying("delete", |c| c.query(&q.sql.job, &[Value::Int(id)]))?;
+                match rows.into_iter().next().map(|r| job_row(q, r, now)) {
+                    None => return Ok(Deleted::Gone),
+                    Some(j) if j.state == JobState::InFlight => return Ok(Deleted::InWork),
+                    // Its lease ended between the two: again.
+                    Some(_) => {}
+                }
+            }
+            Err(q.err("delete")(DbError::new(
+                DbErrorKind::Transient,
+                "the job kept changing between being leased and not: try again",
+            )))
+        }
+        Form::RowLock => Ok(match row_lock_within(q, id, limit, del)? {
+            Cancelled::Now => Deleted::Now,
+            Cancelled::Busy => Deleted::InWork,
+            Cancelled::Gone | Cancelled::Already => Deleted::Gone,
+        }),
+        Form::AdvisoryLock => {
+            let params = [Value::Int(id)];
+            let gone = |n: u64| if n > 0 { Deleted::Now } else { Deleted::Gone };
+            let template = q.spec.key.as_ref().filter(|_| job.finished_at.is_none());
+            let Some(template) = template else {
+                // Dead or completed: no claim takes it, no key is needed.
+                return Ok(gone(
+                    q.retrying("delete", |c| remove(q, c, del, &params, id))?,
+                ));
+            };
+            let values: Vec<Value> = job.values.iter().map(|(_, v)| v.clone()).collect();
+            let key = template.render(&values);
+            Ok(
+                match with_key(q, &key, |conn| remove(q, conn, del, &params, id))? {
+                    Some(n) => gone(n),
+                    None => Deleted::InWork,
+                },
+            )
+        }
+    }
 }
 
 /// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's

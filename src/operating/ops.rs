@@ -137,21 +137,11 @@ impl Broker {
     /// [`BrokerError::ParentFailed`]: crate::BrokerError::ParentFailed
     pub fn requeue_dead(&self, table: &Table, id: i64) -> Result<bool> {
         let q = self.queue(table)?;
-        if q.spec.dependencies {
-            let done = requeue_waiting(&q, id)?;
-            if done {
-                self.announce(&q, 1);
-            }
-            return Ok(done);
-        }
-        let now = crate::model::schedule::due_at(SystemTime::now(), Duration::ZERO);
-        // Only a dead row matches: running it twice changes nothing more.
-        let params = [Value::Time(now), Value::Int(id)];
-        let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
-        if n > 0 {
+        let done = requeue_one(&q, id)?;
+        if done {
             self.announce(&q, 1);
         }
-        Ok(n > 0)
+        Ok(done)
     }
 
     /// The table's rows by state: ready, scheduled, in flight (lease form only), dead, and
@@ -524,6 +514,19 @@ impl Broker {
         keeps_completed(&q)?;
         crate::runtime::retention::prune_completed(&q, SystemTime::now(), &mut || true)
     }
+}
+
+/// Requeues dead letter `id` as [`Broker::requeue_dead`] does, waking no one: true if it was
+/// requeued.
+pub(crate) fn requeue_one(q: &Queue, id: i64) -> Result<bool> {
+    if q.spec.dependencies {
+        return requeue_waiting(q, id);
+    }
+    let now = crate::model::schedule::due_at(SystemTime::now(), Duration::ZERO);
+    // Only a dead row matches: running it twice changes nothing more.
+    let params = [Value::Time(now), Value::Int(id)];
+    let n = q.retrying("requeue", |conn| conn.execute(&q.sql.dead_requeue, &params))?;
+    Ok(n > 0)
 }
 
 /// Requeues dead letter `id` of a table with dependencies ([`Broker::requeue_dead`]), in a

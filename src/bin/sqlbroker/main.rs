@@ -545,15 +545,36 @@ enum PeriodicCommand {
     },
 }
 
-/// `jobs`: a page of one state, filtered.
+/// `jobs`: a page of one state, filtered; or a bulk verb on every job matching.
 #[derive(Debug, Args)]
 struct JobsArgs {
+    /// Act on every job matching the filter instead of listing a page: prints how many match
+    /// first, and acts only with --yes, in batches by id (progress per batch), with no cap.
+    /// cancel: as `cancel` does each (every state but completed); requeue: dead letters back
+    /// to ready with attempts reset, scheduled jobs due now; delete: every state, jobs in
+    /// work skipped and reported. --after goes on after a job id (where a run stopped).
+    #[arg(value_enum, value_name = "VERB")]
+    verb: Option<BulkVerbArg>,
+
     #[command(flatten)]
     page: PageArgs,
 
-    /// The state listed.
-    #[arg(long, value_enum, default_value_t = StateArg::Ready)]
-    state: StateArg,
+    /// The state listed (ready by default); with a VERB, the state acted on (by default,
+    /// every state the verb acts on).
+    #[arg(long, value_enum)]
+    state: Option<StateArg>,
+
+    /// Only jobs whose last error contains this text (byte for byte).
+    #[arg(long = "error", value_name = "TEXT")]
+    error: Option<String>,
+
+    /// With a VERB: act (without it, only the count is printed).
+    #[arg(long)]
+    yes: bool,
+
+    /// With a VERB, row lock tables: how long to wait for one job in work before skipping it.
+    #[arg(long, value_name = "SECS", default_value_t = 2, value_parser = parse_secs)]
+    row_wait: u64,
 
     /// Only jobs of this queue (a table made with --queues).
     #[arg(long = "queue", id = "jobs_queue", value_name = "QUEUE")]
@@ -570,6 +591,14 @@ struct JobsArgs {
     /// Print JSON (an array with one object per job) instead of a text table.
     #[arg(long)]
     json: bool,
+}
+
+/// A bulk verb of `jobs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BulkVerbArg {
+    Cancel,
+    Requeue,
+    Delete,
 }
 
 /// A state of `jobs`.

@@ -32,7 +32,7 @@ pub(crate) fn limit_detail(key: &str, max: Option<u32>) -> String {
 
 /// Who the log names for a command: the login name the environment gives (`USER`,
 /// `LOGNAME`), marked as the command line's.
-fn who() -> String {
+pub(super) fn who() -> String {
     let name = ["USER", "LOGNAME", "USERNAME"]
         .iter()
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));

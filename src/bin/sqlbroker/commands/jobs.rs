@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use sqlbroker::{Broker, ColumnType, JobFilter, JobState, Value};
 
 use super::{columns, escape, json, page_end, preview, say, typed, utc, Result};
-use crate::{CancelArgs, JobArgs, JobsArgs, StateArg};
+use crate::{BulkVerbArg, CancelArgs, JobArgs, JobsArgs, StateArg};
 
 /// The payload bytes a listing shows of each job (read by the database, not the whole).
 const PAYLOAD_PREFIX: usize = 60;
@@ -13,28 +13,12 @@ const PAYLOAD_PREFIX: usize = 60;
 /// `jobs`: a page of one state, narrowed by queue, kind and a column's value, as columns or
 /// as a JSON array.
 pub(super) fn jobs_list(broker: &Broker, args: &JobsArgs) -> Result {
+    if let Some(verb) = args.verb {
+        return bulk(broker, args, verb);
+    }
     let table = args.page.table.open(broker)?;
-    let state = match args.state {
-        StateArg::Ready => JobState::Ready,
-        StateArg::Scheduled => JobState::Scheduled,
-        StateArg::InFlight => JobState::InFlight,
-        StateArg::Dead => JobState::Dead,
-        StateArg::Completed => JobState::Completed,
-    };
-    let mut filter = JobFilter::new();
-    if let Some(q) = &args.queue {
-        filter = filter.in_queue(q);
-    }
-    if let Some(k) = &args.kind {
-        filter = filter.of_kind(k);
-    }
-    if let Some((column, text)) = &args.equals {
-        let ty = table
-            .columns()
-            .find(|(c, _)| c == column)
-            .map_or(ColumnType::Text, |(_, ty)| ty);
-        filter = filter.column(column, typed(column, text, ty)?);
-    }
+    let state = state_of(args.state.unwrap_or(StateArg::Ready));
+    let filter = filter_of(&table, args)?;
     let limit = usize::try_from(args.page.limit).unwrap_or(usize::MAX);
     let page = broker.jobs_matching(
         &table,
@@ -95,6 +79,112 @@ pub(super) fn jobs_list(broker: &Broker, args: &JobsArgs) -> Result {
     }
     say(format_args!("{}", columns(&rows)))?;
     page_end(page.len(), limit, page.last().map(|j| j.id()), what);
+    Ok(())
+}
+
+/// A state as the flags name it.
+fn state_of(state: StateArg) -> JobState {
+    match state {
+        StateArg::Ready => JobState::Ready,
+        StateArg::Scheduled => JobState::Scheduled,
+        StateArg::InFlight => JobState::InFlight,
+        StateArg::Dead => JobState::Dead,
+        StateArg::Completed => JobState::Completed,
+    }
+}
+
+/// The filter the flags give (queue, kind, a column's value, error text; not the state).
+fn filter_of(table: &sqlbroker::Table, args: &JobsArgs) -> Result<JobFilter> {
+    let mut filter = JobFilter::new();
+    if let Some(q) = &args.queue {
+        filter = filter.in_queue(q);
+    }
+    if let Some(k) = &args.kind {
+        filter = filter.of_kind(k);
+    }
+    if let Some((column, text)) = &args.equals {
+        let ty = table
+            .columns()
+            .find(|(c, _)| c == column)
+            .map_or(ColumnType::Text, |(_, ty)| ty);
+        filter = filter.column(column, typed(column, text, ty)?);
+    }
+    if let Some(e) = &args.error {
+        filter = filter.error_contains(e);
+    }
+    Ok(filter)
+}
+
+/// The jobs one batch of a bulk verb reads (and a progress line says).
+const BULK_BATCH: usize = 1_000;
+
+/// `jobs cancel|requeue|delete`: prints how many jobs match, then (with `--yes`) acts on
+/// every one in batches by id, one line per batch, and what it skipped; one entry in the
+/// action log. Exit 1 if a job was skipped or the run failed part way (it says where to go
+/// on from).
+fn bulk(broker: &Broker, args: &JobsArgs, verb: BulkVerbArg) -> Result {
+    let table = args.page.table.open(broker)?;
+    let mut filter = filter_of(&table, args)?;
+    if let Some(state) = args.state {
+        filter = filter.in_state(state_of(state));
+    }
+    let what = escape(&filter.to_string());
+    let name = escape(table.name());
+    let count = broker.count_matching(&table, &filter)?;
+    say(format_args!("{count} {what} of table {name} match now\n"))?;
+    let word = match verb {
+        BulkVerbArg::Cancel => "cancel",
+        BulkVerbArg::Requeue => "requeue",
+        BulkVerbArg::Delete => "delete",
+    };
+    if !args.yes {
+        return say(format_args!(
+            "nothing done: run again with --yes to {word} them\n"
+        ));
+    }
+    let pass = sqlbroker::BulkPass::new()
+        .after(args.page.after)
+        .limit(usize::MAX)
+        .time(std::time::Duration::MAX)
+        .batch(BULK_BATCH)
+        .row_wait(std::time::Duration::from_secs(args.row_wait))
+        .by(&super::actions::who())
+        .on_batch(|so_far| {
+            let last = so_far.last().map_or("-".into(), |id| id.to_string());
+            // Progress only: a closed standard output stops nothing.
+            let _ = say(format_args!(
+                "batch: {} done, {} skipped, up to job {last}\n",
+                so_far.changed(),
+                so_far.skipped().len()
+            ));
+        });
+    let r = match verb {
+        BulkVerbArg::Cancel => broker.cancel_matching(&table, &filter, &pass)?,
+        BulkVerbArg::Requeue => broker.requeue_matching(&table, &filter, &pass)?,
+        BulkVerbArg::Delete => broker.delete_matching(&table, &filter, &pass)?,
+    };
+    let done = match verb {
+        BulkVerbArg::Cancel => "cancelled",
+        BulkVerbArg::Requeue => "requeued",
+        BulkVerbArg::Delete => "deleted",
+    };
+    say(format_args!(
+        "{done} {} of {} read\n",
+        r.changed(),
+        r.seen()
+    ))?;
+    for (id, why) in r.skipped() {
+        say(format_args!("skipped job {id}: {}\n", why.name()))?;
+    }
+    if let Some(e) = r.error() {
+        let from = r
+            .last()
+            .map_or(String::new(), |id| format!(" (go on with --after {id})"));
+        return Err(format!("stopped: {}{from}", escape(&crate::chain(e))).into());
+    }
+    if !r.skipped().is_empty() {
+        return Err(format!("{} jobs skipped", r.skipped().len()).into());
+    }
     Ok(())
 }
 

@@ -973,6 +973,10 @@ fn filter_form(
                 p.muted { "Showing " (shown(&describe(state, f))) "." }
                 @if !ctx.read_only && !verbs.is_empty() {
                     p.bulk {
+                        @match db.broker().count_matching(table, &f.clone().in_state(state)) {
+                            Ok(n) => { strong { (n) } " matching now. " }
+                            Err(e) => { span.err { "Not counted: " (shown(&crate::chain(&e))) } " " }
+                        }
                         @for verb in &verbs {
                             form.inline method="post" action={ (db.prefix) "/tables/" (name) "/bulk" } {
                                 input type="hidden" name="csrf" value=(ctx.csrf);

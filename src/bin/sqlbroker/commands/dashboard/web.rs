@@ -765,12 +765,16 @@ fn bulk_cancel(
     filter: &sqlbroker::JobFilter,
 ) -> Reply {
     let after = field(form, "after").and_then(|a| a.trim().parse::<i64>().ok());
-    let pass = sqlbroker::CancelPass::new()
+    let pass = sqlbroker::BulkPass::new()
         .after(after)
         .limit(usize::try_from(BULK_MAX).unwrap_or(usize::MAX))
+        .batch(BATCH)
         .row_wait(ROW_WAIT)
-        .time(BULK_TIME);
-    let r = match db.broker().cancel_matching(table, state, filter, &pass) {
+        .time(BULK_TIME)
+        .by(&who(ctx, rq));
+    let matching = filter.clone().in_state(state);
+    // The library writes the action log's entry (`cancel all matching`, the filter, the count).
+    let r = match db.broker().cancel_matching(table, &matching, &pass) {
         Ok(r) => r,
         Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
             return Reply::html(
@@ -782,45 +786,43 @@ fn bulk_cancel(
     };
     db.sampler().refresh(table);
     let what = describe(state, filter);
-    let mut message = format!("cancelled {} of {} {what}", r.cancelled, r.seen);
-    if r.already > 0 {
-        message.push_str(&format!("; {} had been asked to cancel already", r.already));
+    let mut message = format!("cancelled {} of {} {what}", r.changed(), r.seen());
+    let skipped = |why: sqlbroker::SkipReason| -> Vec<i64> {
+        r.skipped()
+            .iter()
+            .filter(|(_, w)| *w == why)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let already = skipped(sqlbroker::SkipReason::AlreadyCancelling).len();
+    if already > 0 {
+        message.push_str(&format!("; {already} had been asked to cancel already"));
     }
-    if !r.busy.is_empty() {
-        let mut ids: Vec<String> = r.busy.iter().take(BUSY_NAMED).map(i64::to_string).collect();
-        if r.busy.len() > BUSY_NAMED {
+    let busy = skipped(sqlbroker::SkipReason::InWork);
+    if !busy.is_empty() {
+        let mut ids: Vec<String> = busy.iter().take(BUSY_NAMED).map(i64::to_string).collect();
+        if busy.len() > BUSY_NAMED {
             ids.push("...".into());
         }
         message.push_str(&format!(
             "; {} in work not cancelled (a delivery held the row {} s): jobs {} (cancel each \
              on its page, or press again once they are done)",
-            r.busy.len(),
+            busy.len(),
             ROW_WAIT.as_secs(),
             ids.join(", ")
         ));
     }
-    if r.more {
+    if r.more() {
         message.push_str(": more may match, send it again for the next ones");
     }
-    if let Some(e) = &r.error {
+    if let Some(e) = r.error() {
         message.push_str(&format!("; then it failed: {}", crate::chain(e)));
     }
-    let note = logged(
-        db,
-        &who(ctx, rq),
-        "cancel all matching",
-        table,
-        &what,
-        r.cancelled,
-    );
-    if r.error.is_some() && r.cancelled == 0 {
-        return Reply::html(
-            503,
-            pages::message("The action failed", &format!("{message}{note}")),
-        );
+    if r.error().is_some() && r.changed() == 0 {
+        return Reply::html(503, pages::message("The action failed", &message));
     }
-    let go_on = r.last.filter(|_| r.more || r.error.is_some());
-    back_with(db, table, form, &format!("{message}{note}"), go_on)
+    let go_on = r.last().filter(|_| r.more() || r.error().is_some());
+    back_with(db, table, form, &message, go_on)
 }
 
 /// A path of this dashboard to send the browser back to: `/` and then only printable ASCII
