@@ -519,6 +519,8 @@ impl<'a> SubscriptionBuilder<'a> {
         }
         drop(alive);
         if let Some(renewer) = renewer {
+            // No lease held yet: on time until the timer's first round says otherwise.
+            ctx.marks.renewed();
             if let Err(source) = renewer.register(&ctx) {
                 let name = "sqlbroker-renew".into();
                 return Err(BrokerError::Thread { name, source });

@@ -1358,7 +1358,7 @@ impl Table {
             let lim = RateSpec::lim_of(key, per_ms);
             if let Some(other) = out.iter().find(|l| l.lim == lim) {
                 return Err(format!(
-                    "rate limits {key:?} and {:?} share the number their window slots are kept                      under (a hash collision): change either template",
+                    "rate limits {key:?} and {:?} share the number their window slots are kept under (a hash collision): change either template",
                     other.key
                 ));
             }
@@ -1419,7 +1419,7 @@ impl Table {
             let id = LimitSpec::id_of(key);
             if let Some(other) = out.iter().find(|l| l.id == id) {
                 return Err(format!(
-                    "concurrency limits {key:?} and {:?} share the name their slot keys are                      taken under (a hash collision): change either template",
+                    "concurrency limits {key:?} and {:?} share the name their slot keys are taken under (a hash collision): change either template",
                     other.key
                 ));
             }

@@ -38,7 +38,8 @@ impl Maintainer {
     }
 
     /// The term: one more at every election, so a deposed maintainer's writes are told from
-    /// its successor's (each of its batches first renews the lease by its term).
+    /// its successor's (each of its batches first renews the lease by its term, and its id).
+    /// The row deleted by hand starts the count again at 1.
     pub fn term(&self) -> u64 {
         self.term
     }

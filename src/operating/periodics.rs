@@ -8,8 +8,8 @@ use crate::broker::Broker;
 use crate::dialect::DbConn;
 use crate::error::{BrokerError, Result};
 use crate::model::schedule::from_epoch_secs;
+use crate::model::table::Table;
 use crate::model::value::Value;
-use crate::operating::jobs::JobState;
 
 /// The schedules' table.
 const PERIODICS: &str = "sqlbroker_periodics";
@@ -128,24 +128,58 @@ impl Broker {
 
     /// Pauses every schedule named `name` on this database, on every process that runs it: a
     /// publish of a tick reads the pause in its own transaction, with the schedule's record
-    /// locked, so once this returns no process publishes a tick of it; and the tick each
-    /// process published ahead (due at the next tick, not yet claimed) is cancelled here. A
-    /// tick already due and claimed runs. (The `sqlbroker periodic pause` command records it
-    /// in the action log.)
+    /// locked, so once this returns no process publishes a tick of it; and the ticks published
+    /// ahead (due at a later tick, so not claimable yet) are **held**: due at the end of time
+    /// until [`resume_periodic`](Broker::resume_periodic). A tick already due runs. Only the
+    /// rows of this schedule: their dedup key is exactly `periodic:<name>:<tick>`.
     /// [`BrokerError::UnknownPeriodic`] if no schedule of that name was ever recorded here.
+    /// (The `sqlbroker periodic pause` command records it in the action log.)
     pub fn pause_periodic(&self, name: &str) -> Result<()> {
         self.set_periodic_paused(name, true)?;
+        let now = SystemTime::now();
         for p in self.periodics()?.into_iter().filter(|p| p.name == name) {
-            self.cancel_ahead(&p)?;
+            let Some((table, rows)) = self.ticks_of(&p)? else {
+                continue;
+            };
+            let q = self.queue(&table)?;
+            // Not due, so no claim can hold it: moved in one statement, checked again there.
+            let hold = self.due_update(&q, ">");
+            for (id, _, run_at) in rows {
+                if run_at.is_some_and(|at| at > now) {
+                    let params = [Value::Time(held()), Value::Int(id), Value::Time(now)];
+                    q.retrying("pause periodic", |conn| conn.execute(&hold, &params))?;
+                }
+            }
         }
         Ok(())
     }
 
     /// Resumes every schedule named `name`: each process publishes its next tick as it falls
-    /// due (a tick missed while paused is not caught up). [`BrokerError::UnknownPeriodic`] if
+    /// due, and each tick held by the pause is due at its time again, or, if that time passed
+    /// while paused, cancelled (a pause is not caught up). [`BrokerError::UnknownPeriodic`] if
     /// none was recorded.
     pub fn resume_periodic(&self, name: &str) -> Result<()> {
-        self.set_periodic_paused(name, false)
+        self.set_periodic_paused(name, false)?;
+        let now = SystemTime::now();
+        for p in self.periodics()?.into_iter().filter(|p| p.name == name) {
+            let Some((table, rows)) = self.ticks_of(&p)? else {
+                continue;
+            };
+            let q = self.queue(&table)?;
+            let restore = self.due_update(&q, "=");
+            for (id, tick, run_at) in rows {
+                if run_at != Some(held()) {
+                    continue;
+                }
+                if tick > now {
+                    let params = [Value::Time(tick), Value::Int(id), Value::Time(held())];
+                    q.retrying("resume periodic", |conn| conn.execute(&restore, &params))?;
+                } else {
+                    self.cancel(&table, id)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn set_periodic_paused(&self, name: &str, paused: bool) -> Result<()> {
@@ -180,26 +214,28 @@ impl Broker {
         Ok(())
     }
 
-    /// Cancels the ticks of `p` published ahead: rows of its table whose dedup key is one of
-    /// its ticks' and that are not due yet.
-    fn cancel_ahead(&self, p: &PeriodicInfo) -> Result<()> {
+    /// The live rows of `p`'s ticks, `(id, tick, run_at)`, with its table (`None`: the table
+    /// is gone or keeps no dedup keys): rows whose dedup key is exactly
+    /// `periodic:<name>:<epoch seconds>`, read by a `LIKE` of the prefix and checked here, so
+    /// a schedule named `a` never takes `a:b`'s rows, nor, where `LIKE` ignores case, `A`'s.
+    fn ticks_of(&self, p: &PeriodicInfo) -> Result<Option<(Table, Vec<Tick>)>> {
         let table = match self.open_table(&p.table) {
             Ok(t) => t,
-            // Its table was dropped: nothing to cancel.
-            Err(BrokerError::UnknownTable { .. }) => return Ok(()),
+            Err(BrokerError::UnknownTable { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         let q = self.queue(&table)?;
         let Some(key) = &q.spec.dedup_key else {
-            return Ok(());
+            return Ok(None);
         };
         let syntax = self.dialect().syntax();
         let sql = format!(
-            "SELECT {id} FROM {t} WHERE {key} LIKE {} ESCAPE '!' AND {dead} IS NULL",
+            "SELECT {id}, {key}, {run_at} FROM {t} WHERE {key} LIKE {} ESCAPE '!' AND {dead} IS NULL",
             syntax.p(1),
             id = syntax.q(&q.spec.id),
             t = syntax.q(&q.spec.name),
             key = syntax.q(key),
+            run_at = syntax.q(&q.spec.run_at),
             dead = syntax.q(&q.spec.dead_at),
         );
         let escaped: String = p
@@ -211,15 +247,46 @@ impl Broker {
             })
             .collect();
         let pattern = [Value::Text(format!("periodic:{escaped}:%"))];
-        let ids = q.retrying("pause periodic", |conn| conn.query(&sql, &pattern))?;
-        for id in ids.iter().filter_map(|r| r.first()?.as_i64()) {
-            let ahead = self
-                .job(&table, id)?
-                .is_some_and(|j| j.state() == JobState::Scheduled);
-            if ahead {
-                self.cancel(&table, id)?;
-            }
-        }
-        Ok(())
+        let prefix = format!("periodic:{}:", p.name);
+        let rows = q.retrying("periodic ticks", |conn| conn.query(&sql, &pattern))?;
+        let ticks = rows
+            .into_iter()
+            .filter_map(|r| {
+                let id = r.first()?.as_i64()?;
+                let secs = r.get(1)?.as_str()?.strip_prefix(prefix.as_str())?;
+                if secs.is_empty() || !secs.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let tick = from_epoch_secs(secs.parse().ok()?);
+                Some((id, tick, time(r.get(2))))
+            })
+            .collect();
+        Ok(Some((table, ticks)))
     }
+}
+
+impl Broker {
+    /// `(due, id, than)`: moves a live row's due time to `due` if it is `op` `than` now.
+    fn due_update(&self, q: &crate::runtime::Queue, op: &str) -> String {
+        let syntax = self.dialect().syntax();
+        format!(
+            "UPDATE {t} SET {run_at} = {} WHERE {id} = {} AND {run_at} {op} {} AND {dead} IS NULL",
+            syntax.p(1),
+            syntax.p(2),
+            syntax.p(3),
+            t = syntax.q(&q.spec.name),
+            id = syntax.q(&q.spec.id),
+            run_at = syntax.q(&q.spec.run_at),
+            dead = syntax.q(&q.spec.dead_at),
+        )
+    }
+}
+
+/// A live row of a schedule's tick: `(id, tick, run_at)`.
+type Tick = (i64, SystemTime, Option<SystemTime>);
+
+/// The due time of a tick held by a pause: a day before the latest time the queue writes
+/// (which a job waiting on others reads), far past every claim's `run_at <= now`.
+fn held() -> SystemTime {
+    from_epoch_secs(crate::model::schedule::LATEST_SECS - 86_400)
 }

@@ -35,6 +35,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// How often a running schedule writes its beat to `sqlbroker_periodics` (when it was last
 /// seen, its next tick): a schedule no process has beaten for a while is shown as orphaned.
 pub(crate) const BEAT: Duration = Duration::from_secs(10);
+/// How soon a paused schedule reads its pause again (with the tick it would publish).
+const PAUSED_RECHECK: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 type MakeMessage = Box<dyn Fn(SystemTime) -> Message + Send + 'static>;
@@ -168,7 +170,7 @@ impl PeriodicBuilder {
             });
         }
         let (stop, stopped) = crossbeam_channel::bounded(0);
-        let recorded = record(&self.broker, &self.table, &name, &self.expression);
+        let recorded = record(&self.broker, &self.table, &name, &self.expression, true);
         let job = Job {
             broker: self.broker,
             table: self.table,
@@ -404,7 +406,8 @@ pub(crate) fn tick_key(name: &str, tick: SystemTime) -> String {
 /// Records the schedule in `sqlbroker_periodics` (made if it is not there), keeping a pause an
 /// operator set; false if that failed (no rights to make the table, say): the schedule then
 /// runs as before, unrecorded, and no pause reaches it.
-fn record(broker: &Broker, table: &Table, name: &str, expression: &str) -> bool {
+/// A failure is logged as a warning at the start (`warn`), quietly when tried again.
+fn record(broker: &Broker, table: &Table, name: &str, expression: &str, warn: bool) -> bool {
     let Some(sql) = broker.dialect().periodics() else {
         return false;
     };
@@ -426,11 +429,17 @@ fn record(broker: &Broker, table: &Table, name: &str, expression: &str) -> bool 
         });
     match written {
         Ok(_) => true,
-        Err(e) => {
+        Err(e) if warn => {
             log::warn!(
-                "periodic job {name:?} on table {}: not recorded in sqlbroker_periodics ({e});                  it runs, but operators cannot see or pause it",
+                "periodic job {name:?} on table {}: not recorded in sqlbroker_periodics ({e}); \
+                 it runs, but operators cannot see or pause it until it is (tried again every \
+                 {BEAT:?})",
                 table.name()
             );
+            false
+        }
+        Err(e) => {
+            log::debug!("periodic job {name:?}: recording it again: {e}");
             false
         }
     }
@@ -454,6 +463,8 @@ struct Job {
 }
 
 enum Outcome {
+    /// The schedule is paused: tried again until it is resumed or the tick is due.
+    Paused,
     /// Inserted, or another process had: the tick is done.
     Published,
     /// Worth trying again.
@@ -489,6 +500,21 @@ impl Job {
                         done = Some(tick);
                         backoff = FIRST_BACKOFF;
                     }
+                    // Paused: the same tick again in a moment, until it is due; one that fell
+                    // due while paused is skipped, and so is every tick before now (a pause
+                    // is not caught up).
+                    Outcome::Paused => {
+                        let now = SystemTime::now();
+                        if now >= tick {
+                            let latest = self.schedule.at_or_before(now).unwrap_or(tick);
+                            done = Some(latest.max(tick));
+                        } else {
+                            let wait = tick.duration_since(now).unwrap_or_default();
+                            if !self.nap(wait.min(PAUSED_RECHECK)) {
+                                return;
+                            }
+                        }
+                    }
                     Outcome::Transient => {
                         if !self.nap(backoff) {
                             return;
@@ -509,7 +535,20 @@ impl Job {
 
     /// Writes the schedule's beat (seen now, its last and next ticks) once per [`BEAT`].
     fn beat(&mut self, done: Option<SystemTime>) {
-        if !self.recorded || self.beaten.is_some_and(|at| at.elapsed() < BEAT) {
+        if self.beaten.is_some_and(|at| at.elapsed() < BEAT) {
+            return;
+        }
+        // Not recorded at the start (the database did not answer, the pool was held): tried
+        // again at every beat, so a pause reaches it once it is.
+        if !self.recorded {
+            self.beaten = Some(std::time::Instant::now());
+            self.recorded = record(
+                &self.broker,
+                &self.table,
+                &self.name,
+                &self.expression,
+                false,
+            );
             return;
         }
         let Some(sql) = self.broker.dialect().periodics() else {
@@ -538,7 +577,13 @@ impl Job {
         match written {
             // The row was deleted by hand: written again, its pause lost with it.
             Ok(0) => {
-                self.recorded = record(&self.broker, &self.table, &self.name, &self.expression);
+                self.recorded = record(
+                    &self.broker,
+                    &self.table,
+                    &self.name,
+                    &self.expression,
+                    true,
+                );
             }
             Ok(_) => {}
             Err(e) => log::debug!("periodic job {:?}: its beat: {e}", self.name),
@@ -616,7 +661,7 @@ impl Job {
                     "periodic {key} on table {}: paused, not published",
                     self.table.name()
                 );
-                Outcome::Skipped
+                Outcome::Paused
             }
             Ok(Some(id)) => {
                 if late {

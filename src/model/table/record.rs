@@ -155,7 +155,7 @@ pub(crate) fn with_rate_set(
         (None, many) => {
             let windows: Vec<String> = many.iter().map(|ms| format!("{ms} ms")).collect();
             return Err(format!(
-                "the table has {} rate limits of key {key:?} (windows {}): name the window                  (Broker::set_rate_window, sqlbroker limit --rate --per)",
+                "the table has {} rate limits of key {key:?} (windows {}): name the window (Broker::set_rate_window, sqlbroker limit --rate --per)",
                 many.len(),
                 windows.join(", ")
             ));

@@ -275,8 +275,11 @@ impl Sampler {
                 .map_or_else(|| self.broker.open_table(name), Ok)
             {
                 Ok(t) => out.push(t),
-                // Not recorded here: shown as such, not as this database failing.
-                Err(sqlbroker::BrokerError::UnknownTable { .. }) => absent.push(name.clone()),
+                // Not recorded here: shown as such, not as this database failing (it answered).
+                Err(sqlbroker::BrokerError::UnknownTable { .. }) => {
+                    self.lock().answered = Some(Instant::now());
+                    absent.push(name.clone());
+                }
                 Err(e) => errors.push(crate::chain(&e)),
             }
         }
