@@ -47,6 +47,7 @@ mod live;
 mod metrics;
 mod pages;
 mod sampler;
+mod script;
 mod server;
 mod session;
 mod web;

@@ -20,7 +20,7 @@ use sqlbroker::{ColumnType, Form, Job, JobFilter, JobState, Table, Value};
 use super::filters::{bulk_verbs, describe, filter_of, BATCH, BULK_MAX};
 use super::http::{state_from, state_slug, Reply, Rq, PAGE};
 use super::sampler::Entry;
-use super::{chart, live, Ctx, Database};
+use super::{chart, script, Ctx, Database};
 use crate::commands::{age, escape, escape_keeping_lines, preview, utc};
 
 /// Stored text on one line: see the module's notes.
@@ -76,7 +76,7 @@ fn layout(ctx: Option<&Ctx>, title: &str, body: Markup) -> Markup {
 
 /// [`layout`], with the live refresh's script (allowed by the response's nonce) when `live`
 /// says where it reads and how often.
-fn frame(ctx: Option<&Ctx>, title: &str, body: Markup, live: Option<&live::Spec>) -> Markup {
+fn frame(ctx: Option<&Ctx>, title: &str, body: Markup, live: Option<&script::Spec>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -100,7 +100,7 @@ fn frame(ctx: Option<&Ctx>, title: &str, body: Markup, live: Option<&live::Spec>
                 }
                 main data-live=[live.map(|l| &l.url)] data-every=[live.map(|l| l.every_ms)] { (body) }
                 @if let Some(l) = live {
-                    script nonce=(l.nonce) { (PreEscaped(live::SCRIPT)) }
+                    script nonce=(l.nonce) { (PreEscaped(script::SCRIPT)) }
                 }
             }
         }
@@ -429,7 +429,7 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
         p.muted {
             "Counted every " (ctx.sample.as_secs()) " s in the background (Broker::stats: one \
              scan per table); an action recounts its table at once. With scripts on, this page \
-             updates its counts and charts every " (live::every(ctx).as_secs()) " s while it is \
+             updates its counts and charts every " (script::every(ctx).as_secs()) " s while it is \
              visible. Row lock and advisory lock \
              tables count rows in work as ready (in flight: -). Limited: ready rows a concurrency \
              or rate limit holds back (not in ready); waiting: rows waiting on other jobs (not in \
@@ -449,8 +449,8 @@ pub(crate) fn overview(ctx: &Ctx, rq: &Rq) -> Reply {
             }
         }
     };
-    let spec = live::Spec::new(ctx, "/live".into());
-    live::reply(
+    let spec = script::Spec::new(ctx, "/live".into());
+    script::reply(
         if failing { 503 } else { 200 },
         frame(Some(ctx), "Tables", body, Some(&spec)),
         spec,
@@ -914,8 +914,8 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
         }
     };
     let title = format!("Table {name}");
-    let spec = live::Spec::new(ctx, format!("{}/tables/{name}/live", db.prefix));
-    live::reply(
+    let spec = script::Spec::new(ctx, format!("{}/tables/{name}/live", db.prefix));
+    script::reply(
         if failed { 503 } else { 200 },
         frame(Some(ctx), &title, body, Some(&spec)),
         spec,
