@@ -7,7 +7,6 @@ use serde::Deserialize;
 
 use crate::broker::Broker;
 use crate::error::Result;
-use crate::model::schedule::from_epoch_secs;
 use crate::model::value::Value;
 
 /// The heartbeats' table.
@@ -131,15 +130,6 @@ impl WorkerInfo {
     }
 }
 
-/// A time as the heartbeats' table holds it (SQLite: seconds since the epoch).
-fn time(v: Option<&Value>) -> SystemTime {
-    match v {
-        Some(Value::Time(t)) => *t,
-        Some(Value::Int(secs)) => from_epoch_secs(*secs),
-        _ => SystemTime::UNIX_EPOCH,
-    }
-}
-
 impl Broker {
     /// The subscriptions and workers running on this database, in every process, as their
     /// heartbeats in `sqlbroker_workers` tell (written every few seconds by each broker,
@@ -200,8 +190,14 @@ impl Broker {
                     pid: count(3),
                     // A row written by hand that does not read is shown with no table.
                     tables: serde_json::from_str(&text(4)).unwrap_or_default(),
-                    started: time(r.get(5)),
-                    last_seen: time(r.get(6)),
+                    started: r
+                        .get(5)
+                        .and_then(Value::as_time)
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
+                    last_seen: r
+                        .get(6)
+                        .and_then(Value::as_time)
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
                     in_work: count(7),
                     handled: count(8),
                     last_error: r.get(9).and_then(Value::as_str).map(str::to_string),

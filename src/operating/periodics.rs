@@ -81,15 +81,6 @@ impl PeriodicInfo {
     }
 }
 
-/// A time as the schedules' table holds it (SQLite: seconds since the epoch).
-fn time(v: Option<&Value>) -> Option<SystemTime> {
-    match v {
-        Some(Value::Time(t)) => Some(*t),
-        Some(Value::Int(secs)) => Some(from_epoch_secs(*secs)),
-        _ => None,
-    }
-}
-
 impl Broker {
     /// Every periodic schedule recorded on this database ([`Broker::periodic`] records each
     /// at its start, every process running it writes a beat every 10 s), by table and name;
@@ -117,10 +108,13 @@ impl Broker {
                     name: text(1),
                     schedule: text(2),
                     time_zone: text(3),
-                    next_tick: time(r.get(4)),
-                    last_tick: time(r.get(5)),
+                    next_tick: r.get(4).and_then(Value::as_time),
+                    last_tick: r.get(5).and_then(Value::as_time),
                     paused: r.get(6).and_then(Value::as_i64).is_some_and(|p| p != 0),
-                    last_seen: time(r.get(7)).unwrap_or(SystemTime::UNIX_EPOCH),
+                    last_seen: r
+                        .get(7)
+                        .and_then(Value::as_time)
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
                 }
             })
             .collect())
@@ -258,7 +252,7 @@ impl Broker {
                     return None;
                 }
                 let tick = from_epoch_secs(secs.parse().ok()?);
-                Some((id, tick, time(r.get(2))))
+                Some((id, tick, r.get(2).and_then(Value::as_time)))
             })
             .collect();
         Ok(Some((table, ticks)))

@@ -145,15 +145,6 @@ fn holder_id() -> String {
     crate::runtime::fleet::member_id()
 }
 
-/// The row's times as the database returns them (SQLite: seconds since the epoch).
-fn time(v: Option<&Value>) -> SystemTime {
-    match v {
-        Some(Value::Time(t)) => *t,
-        Some(Value::Int(secs)) => crate::model::schedule::from_epoch_secs(*secs),
-        _ => SystemTime::UNIX_EPOCH,
-    }
-}
-
 /// Reads who holds the lease (`None`: nobody ever did).
 fn read(sql: &MaintainerSql, conn: &mut dyn DbConn) -> Result<Option<Held>, String> {
     let rows = conn.query(sql.read, &[]).map_err(|e| e.to_string())?;
@@ -170,8 +161,14 @@ pub(crate) fn held(r: &[Value]) -> Held {
             .and_then(Value::as_i64)
             .map_or(0, |n| n.max(0) as u64),
         term: r.get(3).and_then(Value::as_i64).unwrap_or(0),
-        since: time(r.get(4)),
-        until: time(r.get(5)),
+        since: r
+            .get(4)
+            .and_then(Value::as_time)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+        until: r
+            .get(5)
+            .and_then(Value::as_time)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
     }
 }
 
