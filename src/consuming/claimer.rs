@@ -42,9 +42,10 @@ const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
 /// The worker: claims until the subscription stops, then hands back whatever is still queued
 /// (a worker that ends after the subscription's own drain, or after a panic, must not leave
-/// rows held in the channel). `_alive` is dropped as it ends: `close` waits for that.
+/// rows held in the channel). `_alive` is dropped as it ends: `close` waits for that. The
+/// spawner counted this worker as running (`Marks::worker_starting`); it stops counting here.
 pub(crate) fn run(ctx: Arc<Ctx>, tx: Sender<Delivery>, rx: Receiver<Delivery>, _alive: Sender<()>) {
-    let running = ctx.marks.worker();
+    let running = ctx.marks.worker_running();
     let result = catch_unwind(AssertUnwindSafe(|| work(&ctx, &tx)));
     if let Err(panic) = result {
         let msg = panic

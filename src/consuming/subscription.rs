@@ -507,10 +507,12 @@ impl<'a> SubscriptionBuilder<'a> {
         for i in 0..workers {
             let worker = (ctx.clone(), tx.clone(), rx.clone(), alive.clone());
             let thread = format!("sqlbroker-claim-{name}-{i}");
+            ctx.marks.worker_starting();
             let spawned = std::thread::Builder::new()
                 .name(thread.clone())
                 .spawn(move || claimer::run(worker.0, worker.1, worker.2, worker.3));
             if let Err(source) = spawned {
+                ctx.marks.worker_not_started();
                 // The workers started so far end as `sub` drops.
                 drop(alive);
                 let name = thread;

@@ -27,10 +27,22 @@ fn time(ms: u64) -> Option<SystemTime> {
 }
 
 impl Marks {
-    /// A claim worker started; it counts until the guard drops (its thread ends, even by a
-    /// panic).
-    pub fn worker(&self) -> WorkerRunning<'_> {
+    /// A claim worker is about to start: counted by the thread that spawns it, before the
+    /// spawn, so a subscription is alive from the moment `start` returns (not once the new
+    /// thread is scheduled). The worker's thread takes the count over with
+    /// [`Marks::worker_running`].
+    pub fn worker_starting(&self) {
         self.workers_running.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The spawn of a counted worker failed: it never ran.
+    pub fn worker_not_started(&self) {
+        self.workers_running.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The claim worker counted by [`Marks::worker_starting`] runs; it counts until the guard
+    /// drops (its thread ends, even by a panic).
+    pub fn worker_running(&self) -> WorkerRunning<'_> {
         WorkerRunning(self)
     }
 
