@@ -472,7 +472,8 @@ pub use consuming::outcome::{Outcome, Ran};
 pub use consuming::subscription::{AckMode, Iter, Subscription, SubscriptionBuilder};
 pub use consuming::worker::{Worker, WorkerHandle, WorkerRan, MAX_WORKER_THREADS};
 pub use error::{
-    BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, OUTPUT_MAX,
+    BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, LEASE_RAN_OUT,
+    OUTPUT_MAX,
 };
 pub use model::retry::RetryPolicy;
 pub use model::table::{ColumnType, Form, Isolation, Role, Table, DEFAULT_QUEUE, MAX_NAME_LEN};

@@ -606,3 +606,53 @@ fn an_expired_buffered_delivery_is_not_handed_out(db: Db) {
 }
 
 per_server!(an_expired_buffered_delivery_is_not_handed_out);
+
+/// A lease that runs out unsettled (the holder stopped renewing and never settled: a crash)
+/// is a failure the next claim records: `errors` counted up, `last_error` the
+/// `LEASE_RAN_OUT` text, `Job::abandoned`. A row put back by a settlement (a retry, which
+/// clears the lease) is claimed again without one.
+fn a_lease_lost_unsettled_is_recorded_as_a_failure(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let (t, held, taken, b) = lost_to_another(&live);
+    let ids: Vec<i64> = taken.iter().map(Delivery::id).collect();
+    for id in &ids {
+        let job = live.broker.job(&t, *id).unwrap().expect("the row is there");
+        assert_eq!(
+            (job.attempts(), job.errors(), job.abandoned()),
+            (2, 1, true),
+            "the second claim of a lease that ran out unsettled recorded no failure: {job:?}"
+        );
+        assert_eq!(job.last_error(), Some(sqlbroker::LEASE_RAN_OUT));
+    }
+    drop(held);
+    // B puts the rows back by a plain retry, due at once: the next claim finds the lease
+    // cleared and records nothing.
+    for d in taken {
+        d.retry_after(Duration::ZERO).unwrap();
+    }
+    b.shutdown(Duration::from_secs(5)).unwrap();
+    let c = live
+        .connect()
+        .subscription(&t)
+        .batch_size(10)
+        .start()
+        .unwrap();
+    let again: Vec<Delivery> = (0..3).map(|_| next(&c, Duration::from_secs(10))).collect();
+    for d in &again {
+        let job = live
+            .broker
+            .job(&t, d.id())
+            .unwrap()
+            .expect("the row is there");
+        assert_eq!(
+            (job.attempts(), job.errors()),
+            (3, 1),
+            "a claim after a retry recorded a failure: {job:?}"
+        );
+    }
+    for d in again {
+        d.ack().unwrap();
+    }
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(a_lease_lost_unsettled_is_recorded_as_a_failure);

@@ -127,6 +127,27 @@ impl Syntax {
         (self.param)(n)
     }
 
+    /// The `SET` list of a lease claim: the new lease `value`, an attempt spent, and, for a row
+    /// whose previous lease ran out before anyone settled it (a settlement always clears the
+    /// lease), a failure recorded: `errors` counted up and `last_error` set to
+    /// [`LEASE_RAN_OUT`](crate::LEASE_RAN_OUT). So a job that is claimed again and again and
+    /// never settles (it kills or hangs its process each time) shows its failures in `job` and
+    /// dead-letters at [`max_attempts`](crate::Table::max_attempts) with a reason, as River's
+    /// rescuer records a rescued job. `alias` prefixes the columns read (`q.` or nothing). The
+    /// failure's columns come first: MySQL evaluates assignments left to right, each seeing the
+    /// ones before it, so the lease's old value must be read before it is written.
+    pub fn lease_take_set(&self, spec: &TableSpec, value: &str, alias: &str) -> String {
+        let (lu, att) = (self.q(&spec.locked_until), self.q(&spec.attempts));
+        let (errors, last) = (self.q(&spec.errors), self.q(&spec.last_error));
+        let lost = format!("{alias}{lu} IS NOT NULL");
+        format!(
+            "{errors} = {alias}{errors} + CASE WHEN {lost} THEN 1 ELSE 0 END, \
+             {last} = CASE WHEN {lost} THEN '{}' ELSE {alias}{last} END, \
+             {lu} = {value}, {att} = {alias}{att} + 1",
+            crate::LEASE_RAN_OUT
+        )
+    }
+
     /// `id, attempts, payload, <user columns>[, checkpoint][, traceparent][, cancel_requested],
     /// run_at`, each prefixed by `prefix` (an alias and a dot, or nothing): a claimed row, its
     /// due time last (the queue wait it measures, and the PostgreSQL lease claim's cursor), its
@@ -210,11 +231,10 @@ impl Syntax {
         returning: bool,
         pg: bool,
     ) -> LimitSql {
-        let (t, id, lu, att) = (
+        let (t, id, lu) = (
             self.q(&spec.name),
             self.q(&spec.id),
             self.q(&spec.locked_until),
-            self.q(&spec.attempts),
         );
         let user: Vec<String> = spec.columns.iter().map(|c| self.q(&c.name)).collect();
         let user = user.join(", ");
@@ -263,8 +283,8 @@ impl Syntax {
         // SQLite: one statement, which checks each row again.
         let take = classes(!servers, &|k| {
             returning_row(format!(
-                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {} AND {id} IN ({})",
-                self.p(1),
+                "UPDATE {t} SET {} WHERE {} AND {id} IN ({})",
+                self.lease_take_set(spec, &self.p(1), ""),
                 claimable(2, 3),
                 ids(4, 1 << k)
             ))
@@ -286,8 +306,8 @@ impl Syntax {
         });
         let take_locked = classes(servers, &|k| {
             returning_row(format!(
-                "UPDATE {t} SET {lu} = {}, {att} = {att} + 1 WHERE {id} IN ({})",
-                self.p(1),
+                "UPDATE {t} SET {} WHERE {id} IN ({})",
+                self.lease_take_set(spec, &self.p(1), ""),
                 ids(2, 1 << k)
             ))
         });

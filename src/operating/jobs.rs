@@ -206,6 +206,17 @@ impl Job {
         self.last_error.as_deref()
     }
 
+    /// Its last failure was a claim lost without a settlement (lease form): a claim found the
+    /// lease of the attempt before run out, nobody having acked, retried or failed it, and
+    /// recorded [`LEASE_RAN_OUT`](crate::LEASE_RAN_OUT). Each such claim counts in
+    /// [`errors`](Job::errors); a job whose every attempt ends so (it kills or hangs its
+    /// process) is dead-lettered at its [`max_attempts`](crate::Table::max_attempts). The row
+    /// lock form cannot see it (a crash undoes the claim); the advisory form spends an attempt
+    /// ([`attempts`](Job::attempts) grows while `errors` does not).
+    pub fn abandoned(&self) -> bool {
+        self.last_error.as_deref() == Some(crate::LEASE_RAN_OUT)
+    }
+
     /// Why it was dead-lettered (dead jobs; `"cancelled"` for a job cancelled in work, or
     /// kept completed and cancelled).
     pub fn dead_reason(&self) -> Option<&str> {

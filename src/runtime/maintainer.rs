@@ -316,6 +316,49 @@ impl Candidate {
     }
 }
 
+/// How much of the time the maintainer's deletes may run: after a batch that took `t` it
+/// rests `t * (REST - 1)` (so at most one `REST`th of the time), which leaves the database to
+/// the claims of the same tables (measured in `benches/retention.rs`: BENCHMARKS.md). A pass
+/// still running when its period (`every`) is over goes on at full speed: its backlog is more
+/// than a paced pass deletes in a period, so pacing would let it grow without bound. A prune
+/// by an operator's call runs at full speed.
+const REST: u32 = 4;
+
+/// The maintainer's pacing between batches ([`REST`]).
+struct Pace {
+    /// When the batch now ending began (the last time the fence let one go).
+    began: Option<Instant>,
+    /// Past this, no rest: the pass's period is over.
+    paced_until: Instant,
+}
+
+impl Pace {
+    fn new(period: Duration) -> Pace {
+        Pace {
+            began: None,
+            paced_until: Instant::now() + period,
+        }
+    }
+
+    /// Rests in proportion to the batch that just ended, at most `cap` (the lease must be
+    /// renewed in time) and in slices, so a dropped broker stops within one; then marks the
+    /// next batch's start.
+    fn rest(&mut self, cap: Duration, stopped: &dyn Fn() -> bool) {
+        let paced = Instant::now() < self.paced_until;
+        if let Some(began) = self.began.filter(|_| paced) {
+            let until = Instant::now() + (began.elapsed() * (REST - 1)).min(cap);
+            while !stopped() {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(50)));
+            }
+        }
+        self.began = Some(Instant::now());
+    }
+}
+
 /// One round of the duties, in `term`, stopped between batches once the term is lost or the
 /// broker is dropped.
 fn duties(
@@ -327,8 +370,13 @@ fn duties(
     stopped: &dyn Fn() -> bool,
 ) {
     let mut still = true;
+    let mut pace = Pace::new(settings.every);
     let mut fence = || {
         if !still || stopped() {
+            return false;
+        }
+        pace.rest(me.lease / 4, stopped);
+        if stopped() {
             return false;
         }
         still = match pool.get_timeout(me.lease / 3) {

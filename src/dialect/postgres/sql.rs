@@ -151,9 +151,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
             // join (235 ms per claim over 1,000,000 rows, against 0.6 ms).
             let claim = |from: &str| {
                 format!(
-                    "UPDATE {t} AS q SET {lu} = $3, {att} = q.{att} + 1 WHERE q.{id} = ANY(ARRAY(\
+                    "UPDATE {t} AS q SET {} WHERE q.{id} = ANY(ARRAY(\
                      SELECT {id} FROM {t} WHERE {ready} AND {free}{from} ORDER BY {order} {} \
                      FOR UPDATE SKIP LOCKED)) RETURNING {}",
+                    s.lease_take_set(spec, "$3", "q."),
                     claim_limit("$2"),
                     s.row_columns(spec, "q.")
                 )
@@ -183,9 +184,10 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
                     format!(
                         "WITH r AS (SELECT {id} FROM {t} q WHERE {id} IN ({}) AND {claimable} AND {head} \
                          FOR UPDATE SKIP LOCKED) \
-                         UPDATE {t} AS u SET {lu} = $2, {att} = u.{att} + 1 FROM r WHERE u.{id} = r.{id} \
+                         UPDATE {t} AS u SET {} FROM r WHERE u.{id} = r.{id} \
                          RETURNING {}",
                         ids.join(", "),
+                        s.lease_take_set(spec, "$2", "u."),
                         s.row_columns(spec, "u.")
                     )
                 })
@@ -482,7 +484,7 @@ mod tests {
         let sql = compile(Table::new("thumbs").lease(Duration::from_secs(30)));
         assert_eq!(
             sql.claim,
-            "UPDATE \"thumbs\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+            "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
              WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
              FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"cancel_requested\", q.\"run_at\""
@@ -491,7 +493,7 @@ mod tests {
         assert_eq!(
             sql.claim_from.as_deref(),
             Some(
-                "UPDATE \"thumbs\" AS q SET \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+                "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
                  WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= $1) AND (\"run_at\", \"id\") > ($4, $5) \
                  ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
@@ -806,7 +808,7 @@ mod tests {
             format!(
                 "WITH r AS (SELECT \"id\" FROM \"orders\" q WHERE \"id\" IN ($3, $4) AND \"dead_at\" IS NULL \
                  AND \"run_at\" <= $1 AND {free} AND {older} AND {leased} FOR UPDATE SKIP LOCKED) \
-                 UPDATE \"orders\" AS u SET \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
+                 UPDATE \"orders\" AS u SET \"errors\" = u.\"errors\" + CASE WHEN u.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN u.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE u.\"last_error\" END, \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
                  WHERE u.\"id\" = r.\"id\" RETURNING u.\"id\", u.\"attempts\", u.\"payload\", u.\"customer\", u.\"cancel_requested\", u.\"run_at\""
             )
         );

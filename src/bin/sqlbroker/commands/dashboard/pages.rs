@@ -1154,7 +1154,7 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
         table {
             tr { th { "state" } td { (j.state().name()) @if j.cancel_requested() { " (cancel requested)" } } }
             tr { th { "attempts" } td { (j.attempts()) } }
-            tr { th { "errors" } td { (j.errors()) } }
+            tr { th { "errors" } td { (j.errors()) @if j.abandoned() { " (last claim lost: its lease ran out unsettled)" } } }
             tr { th { "dead reason" } td { (shown(j.dead_reason().unwrap_or("-"))) } }
             tr { th { "last error" } td { pre { (shown_lines(j.last_error().unwrap_or("-"))) } } }
             @if !j.waits_on().is_empty() {
