@@ -402,3 +402,67 @@ fn measure_a_bulk_cancel_of_100_000() {
     }
     sub.shutdown(Duration::from_secs(5)).unwrap();
 }
+
+/// On a table with dependencies that keeps completed rows, a bulk delete of an acked (kept)
+/// job that had a job waiting on it leaves its outcome as it was, acked: a job published
+/// after, waiting on it, runs. And a deleted dead letter still tells its outcome (the waiting
+/// job is dead-lettered).
+///
+/// Fails (seen, with the removal made to record a deleted acked row's head as cancelled) with
+/// the later job dead-lettered and never delivered (`next` times out).
+fn deleting_a_completed_job_keeps_its_outcome(db: Db, form: Form) {
+    let Some(l) = live(db) else { return };
+    let t = Table::new(unique("hb_bdeps"))
+        .text_column("k")
+        .text_column("u")
+        .dependencies()
+        .keep_completed(Duration::from_secs(3600));
+    let t = l.create_in_form(t, form);
+    let b = &l.broker;
+    let ok = b.publish(&t, job("p")).unwrap();
+    let bad = b.publish(&t, job("p")).unwrap();
+    // A job waits on each before they settle: each has a head when it is deleted.
+    let w_ok = b.publish(&t, job("w").after(ok)).unwrap();
+    b.publish(&t, job("w").after(bad)).unwrap();
+    let sub = b.subscription(&t).batch_size(1).start().unwrap();
+    for _ in 0..3 {
+        let d = next(&sub, WAIT);
+        match d.id() {
+            id if id == bad => d.dead_letter("no").unwrap(),
+            id => {
+                assert!(id == ok || id == w_ok, "{id}");
+                d.ack().unwrap()
+            }
+        }
+    }
+    let filter = JobFilter::new().column("k", "p");
+    for state in [JobState::Completed, JobState::Dead] {
+        let r = b
+            .delete_matching(&t, &filter.clone().in_state(state), &unbounded())
+            .unwrap();
+        assert_eq!(r.changed(), 1, "{state:?}: {r:?}");
+    }
+    assert_eq!(l.rows_where(&t, "k = 'p'"), 0);
+    let w = l.rows_where(&t, "k = 'w'");
+    assert_eq!(w, 2, "the first waiting jobs: one completed, one dead");
+    let after_ok = b.publish(&t, job("c").after(ok)).unwrap();
+    let after_bad = b.publish(&t, job("c").after(bad)).unwrap();
+    let d = next(&sub, WAIT);
+    assert_eq!(
+        d.id(),
+        after_ok,
+        "a job waiting on a deleted acked job did not run"
+    );
+    d.ack().unwrap();
+    let dead = b
+        .job(&t, after_bad)
+        .unwrap()
+        .expect("kept as a dead letter");
+    assert_eq!(
+        dead.state(),
+        JobState::Dead,
+        "a job waiting on a deleted dead letter: {dead:?}"
+    );
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db_form!(deleting_a_completed_job_keeps_its_outcome);

@@ -317,12 +317,12 @@ impl Candidate {
 }
 
 /// How much of the time the maintainer's deletes may run: after a batch that took `t` it
-/// rests `t * (REST - 1)` (so at most one `REST`th of the time), which leaves the database to
+/// rests `t * (REST - 1)` (so at most a tenth of the time), which leaves the database to
 /// the claims of the same tables (measured in `benches/retention.rs`: BENCHMARKS.md). A pass
 /// still running when its period (`every`) is over goes on at full speed: its backlog is more
 /// than a paced pass deletes in a period, so pacing would let it grow without bound. A prune
 /// by an operator's call runs at full speed.
-const REST: u32 = 4;
+const REST: u32 = 10;
 
 /// The maintainer's pacing between batches ([`REST`]).
 struct Pace {
@@ -474,4 +474,42 @@ fn pruned(table: &str, what: &'static str, n: u64) {
         log::info!("maintenance: {n} {what} rows of {table} deleted");
     }
     crate::runtime::meters::pruned(table, what, n);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sleeps `d`, then times the rest that follows: what the pace makes the next batch wait.
+    fn rest_after(pace: &mut Pace, batch: Duration, cap: Duration, stop: bool) -> Duration {
+        pace.rest(cap, &|| false);
+        std::thread::sleep(batch);
+        let t = Instant::now();
+        pace.rest(cap, &|| stop);
+        t.elapsed()
+    }
+
+    /// A batch of 30 ms is followed by a rest of nine times as long (270 ms) while the period
+    /// lasts, at most `cap`; none past the period, and none once the broker stopped.
+    #[test]
+    fn rests_in_proportion_while_its_period_lasts() {
+        let hour = Duration::from_secs(3600);
+        let batch = Duration::from_millis(30);
+        let rest = rest_after(&mut Pace::new(hour), batch, hour, false);
+        assert!(
+            rest >= batch * (REST - 1) && rest < Duration::from_secs(2),
+            "{rest:?}"
+        );
+        let capped = rest_after(
+            &mut Pace::new(hour),
+            batch,
+            Duration::from_millis(50),
+            false,
+        );
+        assert!(capped < Duration::from_millis(200), "{capped:?}");
+        let past = rest_after(&mut Pace::new(Duration::ZERO), batch, hour, false);
+        assert!(past < Duration::from_millis(20), "{past:?}");
+        let stopped = rest_after(&mut Pace::new(hour), batch, hour, true);
+        assert!(stopped < Duration::from_millis(20), "{stopped:?}");
+    }
 }
