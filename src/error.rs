@@ -330,7 +330,9 @@ pub enum BrokerError {
     /// [`Broker::migration_sql`]: crate::Broker::migration_sql
     /// [`Table::ddl`]: crate::Table::ddl
     #[error(
-        "{op} of table {table} refused: this broker does not manage the schema          (manage_schema(false)) and runs no DDL; apply the SQL of Table::ddl or          Broker::migration_sql (`sqlbroker schema`) with your migration tool"
+        "{op} of table {table} refused: this broker does not manage the schema \
+         (manage_schema(false)) and runs no DDL; apply the SQL of Table::ddl or \
+         Broker::migration_sql (`sqlbroker schema`) with your migration tool"
     )]
     DdlRefused {
         /// `create_table` or `migrate`.
@@ -682,6 +684,19 @@ pub(crate) fn bound_error(error: &str) -> String {
 #[cfg(test)]
 mod display_tests {
     use super::*;
+
+    /// A message written over several source lines reads as one sentence: no run of spaces
+    /// where a line was continued without its `\`.
+    #[test]
+    fn a_refused_ddl_reads_as_one_sentence() {
+        let e = BrokerError::DdlRefused {
+            op: "create_table",
+            table: "jobs".into(),
+        };
+        let msg = e.to_string();
+        assert!(!msg.contains("  "), "{msg}");
+        assert!(msg.contains("schema (manage_schema(false))"), "{msg}");
+    }
 
     #[test]
     fn errors_are_bounded_on_a_char_boundary() {

@@ -539,3 +539,78 @@ fn schema_with_a_dialect_prints_the_recorded_table(db: Db) {
     assert!(err.contains("recorded with another description"), "{err}");
 }
 per_db!(schema_with_a_dialect_prints_the_recorded_table);
+
+/// A database of its own for `live`'s server (a schema on PostgreSQL, a database on MariaDB, a
+/// new file on SQLite): its URL and the statement that drops it (`None` on SQLite).
+fn fresh_space(live: &Live) -> (String, Option<String>) {
+    let space = unique("hl_space");
+    match live.db {
+        Db::Postgres => {
+            live.exec(&format!("CREATE SCHEMA {space}"));
+            let url =
+                common::with_params(&live.url, &format!("options=-c%20search_path%3D{space}"));
+            (url, Some(format!("DROP SCHEMA {space} CASCADE")))
+        }
+        Db::Mysql => {
+            live.exec(&format!("CREATE DATABASE {space}"));
+            let base = live
+                .url
+                .rsplit_once('/')
+                .map_or(live.url.as_str(), |(b, _)| b);
+            (
+                format!("{base}/{space}"),
+                Some(format!("DROP DATABASE {space}")),
+            )
+        }
+        Db::Sqlite => (common::url(Db::Sqlite).unwrap(), None),
+    }
+}
+
+/// Whether a broker built with `manage_schema(false)` on `url` is elected the database's
+/// maintainer within 5 s (its lease of 3 s, the shortest: it tries every second).
+fn elected_without_ddl(url: &str) -> bool {
+    let broker = Broker::builder(url)
+        .manage_schema(false)
+        .maintainer_lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if broker.is_maintainer() {
+            let m = broker.maintainer().unwrap().expect("the holder, read back");
+            assert_eq!(m.pid(), u64::from(std::process::id()));
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// `sqlbroker library-schema --dialect D`, applied by the database's own client to a fresh
+/// database, makes what a broker that runs no DDL needs to elect its maintainer (and to record
+/// actions, heartbeats and schedules); without it, no maintainer is elected (the library's own
+/// tables are missing and the broker makes none).
+///
+/// Fails (seen, with the maintainer's statements left out of `Database::library_ddl`) with
+/// "no maintainer elected after library-schema".
+fn library_schema_lets_a_broker_without_ddl_maintain(db: Db) {
+    let Some(live) = live(db) else { return };
+    let (bare, drop_bare) = fresh_space(&live);
+    let (made, drop_made) = fresh_space(&live);
+    let script = run(BIN, &["library-schema", "--dialect", dialect(&live)], "");
+    assert!(script.contains("sqlbroker_maintainer"), "{script}");
+    apply(db, &made, &script);
+    // Twice: each statement is idempotent.
+    apply(db, &made, &script);
+    let elected = elected_without_ddl(&made);
+    let elected_bare = elected_without_ddl(&bare);
+    for drop in [drop_bare, drop_made].into_iter().flatten() {
+        live.exec(&drop);
+    }
+    assert!(elected, "no maintainer elected after library-schema");
+    assert!(
+        !elected_bare,
+        "elected with no library tables: the test proves nothing"
+    );
+}
+per_db!(library_schema_lets_a_broker_without_ddl_maintain);

@@ -86,6 +86,44 @@ impl FromStr for Database {
     }
 }
 
+impl Database {
+    /// The statements that make the tables the library writes for itself on this database,
+    /// beside the queue tables ([`Table::ddl`] makes those, with the dependencies' and the
+    /// registry's tables they need): the registry `sqlbroker_tables`, the operators' action
+    /// log `sqlbroker_actions`, the fleet's heartbeats `sqlbroker_workers`, the periodic
+    /// schedules' records `sqlbroker_periodics` and the maintainer's election
+    /// `sqlbroker_maintainer` (with its one row). A broker built with
+    /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema) makes none of them: without
+    /// them it records no action, no heartbeat, no schedule, and elects no maintainer (so
+    /// nothing is pruned by itself). Each statement is idempotent; `sqlbroker library-schema`
+    /// prints them as a script.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::InvalidOption`] for a database whose cargo feature is not built.
+    ///
+    /// ```
+    /// use sqlbroker::Database;
+    ///
+    /// let sql = Database::Sqlite.library_ddl()?;
+    /// assert!(sql.iter().any(|s| s.contains("sqlbroker_maintainer")));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn library_ddl(self) -> Result<Vec<String>> {
+        let dialect = self.engine()?;
+        let mut out = vec![
+            dialect.registry().create.to_string(),
+            dialect.action_log().create.to_string(),
+        ];
+        out.extend(dialect.fleet().map(|f| f.create.to_string()));
+        out.extend(dialect.periodics().map(|p| p.create.to_string()));
+        if let Some(m) = dialect.maintainer() {
+            out.extend([m.create.to_string(), m.seed.to_string()]);
+        }
+        Ok(out)
+    }
+}
+
 impl Table {
     /// The statements [`Broker::create_table`] runs for this table on `database`: the table
     /// and its indexes, then the registry table `sqlbroker_tables` and this description's

@@ -47,6 +47,9 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
     if let Command::Schema(args) = &cli.command {
         return schema::run(cli, url, args);
     }
+    if let Command::LibrarySchema(args) = &cli.command {
+        return schema::library(cli, url, args);
+    }
     #[cfg(feature = "dashboard")]
     if let Command::Dashboard(args) = &cli.command {
         return dashboard::run(cli, args);
@@ -134,6 +137,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
             ))
         }
         Command::Schema(_) => unreachable!("schema returned above"),
+        Command::LibrarySchema(_) => unreachable!("library-schema returned above"),
         Command::Bench(_) => unreachable!("bench returned above"),
         Command::Dashboard(_) => unreachable!("served above, or refused by main"),
     };

@@ -142,6 +142,10 @@ enum Command {
     /// runs (with --dialect, no database needed), or with --migrate what migrate would run
     /// on the table as it is now.
     Schema(commands::schema::SchemaArgs),
+    /// Print the SQL of the tables the library writes for itself (registry, action log,
+    /// fleet, periodic schedules, maintainer), running nothing: for a service whose broker
+    /// runs no DDL (`manage_schema(false)`). With --dialect, no database needed.
+    LibrarySchema(commands::schema::LibrarySchemaArgs),
     /// Measure the database in hand: a burn-down (--jobs published, then worked) and a steady
     /// run (published at --rate for --secs while worked), on a scratch table made for the
     /// run and dropped at its end: jobs/s, publish-to-start p50/p99, client CPU per job.

@@ -32,6 +32,15 @@ pub(crate) struct SchemaArgs {
     migrate: bool,
 }
 
+/// Which database's SQL `library-schema` prints.
+#[derive(Debug, Args)]
+pub(crate) struct LibrarySchemaArgs {
+    /// Write this database's SQL: postgres, mysql (MySQL 8.0.17+), mariadb or sqlite; without
+    /// it, the database of the URL (--url or DATABASE_URL), connected to but not written.
+    #[arg(long, value_name = "DATABASE", value_parser = parse_database)]
+    dialect: Option<Database>,
+}
+
 fn parse_database(s: &str) -> Result<Database, String> {
     s.parse().map_err(|e: sqlbroker::BrokerError| e.to_string())
 }
@@ -40,6 +49,7 @@ fn parse_database(s: &str) -> Result<Database, String> {
 pub(crate) fn offline(command: &Command) -> Option<String> {
     match command {
         Command::Schema(args) if args.dialect.is_some() => Some(String::new()),
+        Command::LibrarySchema(args) if args.dialect.is_some() => Some(String::new()),
         _ => None,
     }
 }
@@ -115,6 +125,32 @@ pub(crate) fn run(cli: &Cli, url: &str, args: &SchemaArgs) -> Result {
         "{}",
         script(name, what, &database, source, &sql)
     ))
+}
+
+/// `library-schema`: the library's own tables on the database of `--dialect` or, without it,
+/// of the URL (connected to only to tell MySQL from MariaDB; nothing is run).
+pub(crate) fn library(cli: &Cli, url: &str, args: &LibrarySchemaArgs) -> Result {
+    let database = match args.dialect {
+        Some(d) => d,
+        None => Broker::builder(url)
+            .pool_size(1)
+            .connection_timeout(Duration::from_secs(cli.connect_timeout.max(1)))
+            .manage_schema(false)
+            .maintenance(false)
+            .build()?
+            .database()
+            .parse()?,
+    };
+    let mut out = format!(
+        "-- sqlbroker {}: the tables the library writes for itself on {database} (registry, \
+         action log, fleet, periodic schedules, maintainer).\n-- Apply once per database for \
+         brokers built with manage_schema(false); each statement is idempotent.\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    for sql in database.library_ddl()? {
+        let _ = writeln!(out, "{sql};");
+    }
+    say(format_args!("{out}"))
 }
 
 /// The statements as a script: a header comment (what, where, which description), each
