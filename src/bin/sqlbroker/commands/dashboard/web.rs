@@ -659,10 +659,10 @@ fn act(
     back_to(db, table, form, &format!("{message}{note}"))
 }
 
-/// Acts on every job of a state matching a filter: pages of [`BATCH`] through
-/// `Broker::jobs_matching`, each job by its own call (so each keeps its guarantees: a cancel
-/// holds for a job in work), at most [`BULK_MAX`] jobs or [`BULK_TIME`] per request, then
-/// one entry in the action log.
+/// Acts on every job of a state matching a filter. Cancel, retry (of dead letters) and delete
+/// are one bounded pass of the library's ([`bulk_pass`]); "run now" of scheduled jobs pages
+/// through `Broker::jobs_matching` by [`BATCH`], each job by its own `run_now`, at most
+/// [`BULK_MAX`] jobs or [`BULK_TIME`] per request, then one entry in the action log.
 pub(crate) fn bulk(
     ctx: &Ctx,
     db: &Database,
@@ -687,8 +687,9 @@ pub(crate) fn bulk(
             Ok(f) => f,
             Err(why) => return refuse(why),
         };
-    if verb == "cancel" {
-        return bulk_cancel(ctx, db, rq, table, form, state, &filter);
+    // Made due now (scheduled jobs) is the one verb without a pass of the library's.
+    if verb != "retry" || state == sqlbroker::JobState::Dead {
+        return bulk_pass(ctx, db, rq, table, form, state, &filter, verb);
     }
     let started = std::time::Instant::now();
     let (mut acted, mut seen, mut after, mut more) = (0u64, 0u64, None, false);
@@ -750,12 +751,14 @@ pub(crate) fn bulk(
     back_to(db, table, form, &format!("{message}{note}"))
 }
 
-/// "Cancel all matching": one pass of `Broker::cancel_matching` (at most [`BULK_MAX`] jobs
-/// or [`BULK_TIME`], a job in work of the row lock form waited for [`ROW_WAIT`] at most),
-/// from where the last press stopped (the form's `after`). The note says what changed and
-/// only that (the log's rows likewise), which jobs in work were left, and whether more may
-/// match; a press that stopped early sends the browser back with where the next one goes on.
-fn bulk_cancel(
+/// "Cancel / retry / delete all matching": one pass of `Broker::cancel_matching`,
+/// `requeue_matching` (dead letters) or `delete_matching` (at most [`BULK_MAX`] jobs or
+/// [`BULK_TIME`], a job in work of the row lock form waited for [`ROW_WAIT`] at most), from
+/// where the last press stopped (the form's `after`). The note says what changed and only that
+/// (the log's rows likewise), which jobs in work were left, and whether more may match; a
+/// press that stopped early sends the browser back with where the next one goes on.
+#[allow(clippy::too_many_arguments)]
+fn bulk_pass(
     ctx: &Ctx,
     db: &Database,
     rq: &Rq,
@@ -763,7 +766,19 @@ fn bulk_cancel(
     form: &[(String, String)],
     state: sqlbroker::JobState,
     filter: &sqlbroker::JobFilter,
+    verb: &str,
 ) -> Reply {
+    type Pass = fn(
+        &sqlbroker::Broker,
+        &Table,
+        &sqlbroker::JobFilter,
+        &sqlbroker::BulkPass,
+    ) -> sqlbroker::Result<sqlbroker::BulkOutcome>;
+    let (call, done): (Pass, &str) = match verb {
+        "retry" => (sqlbroker::Broker::requeue_matching, "requeued"),
+        "delete" => (sqlbroker::Broker::delete_matching, "deleted"),
+        _ => (sqlbroker::Broker::cancel_matching, "cancelled"),
+    };
     let after = field(form, "after").and_then(|a| a.trim().parse::<i64>().ok());
     let pass = sqlbroker::BulkPass::new()
         .after(after)
@@ -774,7 +789,7 @@ fn bulk_cancel(
         .by(&who(ctx, rq));
     let matching = filter.clone().in_state(state);
     // The library writes the action log's entry (`cancel all matching`, the filter, the count).
-    let r = match db.broker().cancel_matching(table, &matching, &pass) {
+    let r = match call(db.broker(), table, &matching, &pass) {
         Ok(r) => r,
         Err(e @ sqlbroker::BrokerError::InvalidOption { .. }) => {
             return Reply::html(
@@ -786,7 +801,7 @@ fn bulk_cancel(
     };
     db.sampler().refresh(table);
     let what = describe(state, filter);
-    let mut message = format!("cancelled {} of {} {what}", r.changed(), r.seen());
+    let mut message = format!("{done} {} of {} {what}", r.changed(), r.seen());
     let skipped = |why: sqlbroker::SkipReason| -> Vec<i64> {
         r.skipped()
             .iter()
@@ -805,7 +820,7 @@ fn bulk_cancel(
             ids.push("...".into());
         }
         message.push_str(&format!(
-            "; {} in work not cancelled (a delivery held the row {} s): jobs {} (cancel each \
+            "; {} in work not {done} (a delivery held the row {} s): jobs {} (act on each \
              on its page, or press again once they are done)",
             busy.len(),
             ROW_WAIT.as_secs(),
