@@ -77,7 +77,8 @@ pub enum Role {
     CompletedAt,
     /// The text of the row's last failure (`last_error`, `NULL` until one): what
     /// [`Delivery::fail`](crate::Delivery::fail), a handler timeout or a dropped delivery
-    /// reported, at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX) characters.
+    /// reported, or (lease form) [`LEASE_RAN_OUT`](crate::LEASE_RAN_OUT) for a lease that ran
+    /// out unsettled, at most [`LAST_ERROR_MAX`](crate::LAST_ERROR_MAX) characters.
     LastError,
     /// How many failures the row has recorded (`errors`, integer, 0 at first).
     Errors,

@@ -192,10 +192,11 @@ impl Job {
     }
 
     /// Failures recorded: [`Delivery::fail`](crate::Delivery::fail), the runner's failed or
-    /// panicking handlers, handler timeouts and deliveries dropped unsettled. A plain
-    /// [`retry`](crate::Delivery::retry) or [`dead_letter`](crate::Delivery::dead_letter) is
-    /// not a failure; a crash leaves none (it spends an attempt in the lease and advisory
-    /// forms).
+    /// panicking handlers, handler timeouts and deliveries dropped unsettled, and in the lease
+    /// form a lease that ran out unsettled (a crash: recorded by the next claim, see
+    /// [`abandoned`](Job::abandoned)). A plain [`retry`](crate::Delivery::retry) or
+    /// [`dead_letter`](crate::Delivery::dead_letter) is not a failure; in the advisory form a
+    /// crash leaves none (it spends an attempt).
     pub fn errors(&self) -> u32 {
         self.errors
     }
