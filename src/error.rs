@@ -665,12 +665,14 @@ pub const CHECKPOINT_MAX: usize = 1 << 20;
 pub const LAST_ERROR_MAX: usize = 1_000;
 
 /// The failure a lease claim records on a row whose previous lease ran out before anyone
-/// settled it (its process was killed, stopped or hung past the lease): the row's `last_error`
+/// settled it (its process was killed, stopped or hung past the lease, or could not reach the
+/// database to renew it: a live process whose renewals failed gets it too, and its late
+/// settlement is `LeaseLost`): the row's `last_error`
 /// ([`Job::last_error`](crate::Job::last_error)), with its `errors` counted up, so a job that
 /// takes its process down each time it runs shows it ([`Job::abandoned`](crate::Job::abandoned))
 /// and is dead-lettered at its [`max_attempts`](crate::Table::max_attempts).
 pub const LEASE_RAN_OUT: &str =
-    "lease ran out: claimed and never settled (its process stopped, was killed or hung)";
+    "lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)";
 
 /// `error` as a row keeps it: at most [`LAST_ERROR_MAX`] characters, no NUL.
 pub(crate) fn bound_error(error: &str) -> String {

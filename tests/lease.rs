@@ -656,3 +656,58 @@ fn a_lease_lost_unsettled_is_recorded_as_a_failure(db: Db) {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 per_db!(a_lease_lost_unsettled_is_recorded_as_a_failure);
+
+/// `Job::abandoned` reads the lost lease while it is the job's last word: true once a claim
+/// recorded it (live, and dead-lettered after), false once the job completed (kept) or was
+/// requeued (no attempt spent since).
+///
+/// Fails (seen: `abandoned` read the text alone) with `true` for the completed job.
+fn abandoned_ends_with_completion_or_requeue(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        sqlbroker::Table::new(common::unique("la"))
+            .text_column("k")
+            .lease(Duration::from_secs(1))
+            .keep_completed(Duration::from_secs(3600)),
+    );
+    let done = live
+        .broker
+        .publish(&t, Message::new(b"a".to_vec()))
+        .unwrap();
+    let dead = live
+        .broker
+        .publish(&t, Message::new(b"b".to_vec()))
+        .unwrap();
+    let a = live.broker.subscription(&t).batch_size(10).start().unwrap();
+    let held: Vec<Delivery> = (0..2).map(|_| next(&a, Duration::from_secs(10))).collect();
+    assert!(matches!(
+        a.shutdown(Duration::ZERO),
+        Err(BrokerError::Unsettled { .. })
+    ));
+    let b = live
+        .connect()
+        .subscription(&t)
+        .batch_size(10)
+        .start()
+        .unwrap();
+    let again: Vec<Delivery> = (0..2).map(|_| next(&b, Duration::from_secs(10))).collect();
+    drop(held);
+    let job = |id| live.broker.job(&t, id).unwrap().expect("kept");
+    assert!(job(done).abandoned() && job(dead).abandoned());
+    for d in again {
+        match d.id() == done {
+            true => d.ack().unwrap(),
+            false => d.dead_letter("gave up").unwrap(),
+        }
+    }
+    assert_eq!(job(done).state(), sqlbroker::JobState::Completed);
+    assert!(!job(done).abandoned(), "a completed job reads abandoned");
+    assert!(
+        job(dead).abandoned(),
+        "the dead letter's last word was the lost lease"
+    );
+    assert!(live.broker.requeue_dead(&t, dead).unwrap());
+    assert!(!job(dead).abandoned(), "a requeued job reads abandoned");
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(abandoned_ends_with_completion_or_requeue);

@@ -540,8 +540,30 @@ fn schema_with_a_dialect_prints_the_recorded_table(db: Db) {
 }
 per_db!(schema_with_a_dialect_prints_the_recorded_table);
 
+/// Drops a space made by [`fresh_space`] when dropped, a failed test's too.
+struct Space<'a> {
+    live: &'a Live,
+    url: String,
+    drop: Option<String>,
+}
+
+impl Drop for Space<'_> {
+    fn drop(&mut self) {
+        if let Some(sql) = &self.drop {
+            self.live.exec(sql);
+        }
+    }
+}
+
 /// A database of its own for `live`'s server (a schema on PostgreSQL, a database on MariaDB, a
-/// new file on SQLite): its URL and the statement that drops it (`None` on SQLite).
+/// new file on SQLite), dropped with the guard.
+fn space(live: &Live) -> Space<'_> {
+    let (url, drop) = fresh_space(live);
+    Space { live, url, drop }
+}
+
+/// A database of its own for `live`'s server: its URL and the statement that drops it (`None`
+/// on SQLite).
 fn fresh_space(live: &Live) -> (String, Option<String>) {
     let space = unique("hl_space");
     match live.db {
@@ -595,18 +617,14 @@ fn elected_without_ddl(url: &str) -> bool {
 /// "no maintainer elected after library-schema".
 fn library_schema_lets_a_broker_without_ddl_maintain(db: Db) {
     let Some(live) = live(db) else { return };
-    let (bare, drop_bare) = fresh_space(&live);
-    let (made, drop_made) = fresh_space(&live);
+    let (bare, made) = (space(&live), space(&live));
     let script = run(BIN, &["library-schema", "--dialect", dialect(&live)], "");
     assert!(script.contains("sqlbroker_maintainer"), "{script}");
-    apply(db, &made, &script);
+    apply(db, &made.url, &script);
     // Twice: each statement is idempotent.
-    apply(db, &made, &script);
-    let elected = elected_without_ddl(&made);
-    let elected_bare = elected_without_ddl(&bare);
-    for drop in [drop_bare, drop_made].into_iter().flatten() {
-        live.exec(&drop);
-    }
+    apply(db, &made.url, &script);
+    let elected = elected_without_ddl(&made.url);
+    let elected_bare = elected_without_ddl(&bare.url);
     assert!(elected, "no maintainer elected after library-schema");
     assert!(
         !elected_bare,

@@ -144,7 +144,7 @@ impl Syntax {
             "{errors} = {alias}{errors} + CASE WHEN {lost} THEN 1 ELSE 0 END, \
              {last} = CASE WHEN {lost} THEN '{}' ELSE {alias}{last} END, \
              {lu} = {value}, {att} = {alias}{att} + 1",
-            crate::LEASE_RAN_OUT
+            crate::error::LEASE_RAN_OUT
         )
     }
 

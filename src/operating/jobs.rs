@@ -211,11 +211,15 @@ impl Job {
     /// lease of the attempt before run out, nobody having acked, retried or failed it, and
     /// recorded [`LEASE_RAN_OUT`](crate::LEASE_RAN_OUT). Each such claim counts in
     /// [`errors`](Job::errors); a job whose every attempt ends so (it kills or hangs its
-    /// process) is dead-lettered at its [`max_attempts`](crate::Table::max_attempts). The row
-    /// lock form cannot see it (a crash undoes the claim); the advisory form spends an attempt
-    /// ([`attempts`](Job::attempts) grows while `errors` does not).
+    /// process) is dead-lettered at its [`max_attempts`](crate::Table::max_attempts). True
+    /// until a later failure replaces the text, and never for a completed job or one requeued
+    /// since (no attempt spent). The row lock form cannot see it (a crash undoes the claim);
+    /// the advisory form spends an attempt ([`attempts`](Job::attempts) grows while `errors`
+    /// does not).
     pub fn abandoned(&self) -> bool {
-        self.last_error.as_deref() == Some(crate::LEASE_RAN_OUT)
+        self.last_error.as_deref() == Some(crate::error::LEASE_RAN_OUT)
+            && self.state != JobState::Completed
+            && self.attempts > 0
     }
 
     /// Why it was dead-lettered (dead jobs; `"cancelled"` for a job cancelled in work, or

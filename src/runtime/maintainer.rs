@@ -92,6 +92,19 @@ struct State {
     ended: bool,
     /// The term this broker holds, if it holds the lease.
     term: Option<i64>,
+    /// Until when, on this process's clock, the lease is surely held: a lease's length from the
+    /// start of its last renewal (or its taking) that succeeded. Past it this broker does not
+    /// say it maintains, even while a batch of its duties still runs and no renewal has told it
+    /// yet that another broker took over.
+    until: Option<Instant>,
+}
+
+impl State {
+    /// A renewal (or a taking) of `term` that began at `at` succeeded.
+    fn held(&mut self, term: i64, at: Instant, lease: Duration) {
+        self.term = Some(term);
+        self.until = Some(at + lease);
+    }
 }
 
 /// Who holds the lease, as its row says.
@@ -123,9 +136,12 @@ impl Maintenance {
         }
     }
 
-    /// The term this broker holds the lease in, if it does.
+    /// The term this broker holds the lease in, if it does (and its lease has not run out
+    /// since its last renewal, on this process's clock).
     pub fn term(&self) -> Option<i64> {
-        self.shared.state.lock().term
+        let st = self.shared.state.lock();
+        st.term
+            .filter(|_| st.until.is_some_and(|u| Instant::now() < u))
     }
 }
 
@@ -188,7 +204,7 @@ fn run(shared: &Shared, dialect: &Arc<dyn Dialect>, pool: &Pool, settings: &Sett
             let term = me.round(shared, pool);
             if let (Some(term), Some(at)) = (term, me.next_duties) {
                 if Instant::now() >= at {
-                    duties(dialect, pool, settings, &mut me, term, &stopped);
+                    duties(shared, dialect, pool, settings, &mut me, term, &stopped);
                     me.next_duties = Some(Instant::now() + settings.every);
                 }
             }
@@ -227,6 +243,7 @@ impl Candidate {
     /// Renews the lease held, or tries to take it; the term held after, if any.
     fn round(&mut self, shared: &Shared, pool: &Pool) -> Option<i64> {
         let held = shared.state.lock().term;
+        let began = Instant::now();
         let got = match pool.get_timeout(self.lease / 3) {
             Ok(mut conn) => self.hold(&mut *conn, held),
             Err(e) => Err(format!("no pooled connection: {e}")),
@@ -247,7 +264,11 @@ impl Candidate {
             log::info!("this broker maintains the database, term {t}");
             self.next_duties = Some(Instant::now() + self.every);
         }
-        shared.state.lock().term = term;
+        let mut st = shared.state.lock();
+        match term {
+            Some(t) => st.held(t, began, self.lease),
+            None => (st.term, st.until) = (None, None),
+        }
         term
     }
 
@@ -317,7 +338,8 @@ impl Candidate {
 }
 
 /// How much of the time the maintainer's deletes may run: after a batch that took `t` it
-/// rests `t * (REST - 1)` (so at most a tenth of the time), which leaves the database to
+/// rests `t * (REST - 1)` (so at most a tenth of the time; a long rest is cut in pieces of a
+/// quarter of its lease, each followed by a renewal), which leaves the database to
 /// the claims of the same tables (measured in `benches/retention.rs`: BENCHMARKS.md). A pass
 /// still running when its period (`every`) is over goes on at full speed: its backlog is more
 /// than a paced pass deletes in a period, so pacing would let it grow without bound. A prune
@@ -340,28 +362,38 @@ impl Pace {
         }
     }
 
-    /// Rests in proportion to the batch that just ended, at most `cap` (the lease must be
-    /// renewed in time) and in slices, so a dropped broker stops within one; then marks the
-    /// next batch's start.
-    fn rest(&mut self, cap: Duration, stopped: &dyn Fn() -> bool) {
-        let paced = Instant::now() < self.paced_until;
-        if let Some(began) = self.began.filter(|_| paced) {
-            let until = Instant::now() + (began.elapsed() * (REST - 1)).min(cap);
-            while !stopped() {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(left.min(Duration::from_millis(50)));
-            }
+    /// The rest owed for the batch that just ended: `REST - 1` times its time while the
+    /// period lasts, nothing before the first batch or past the period.
+    fn owed(&self) -> Duration {
+        match self.began {
+            Some(began) if Instant::now() < self.paced_until => began.elapsed() * (REST - 1),
+            _ => Duration::ZERO,
         }
+    }
+
+    /// The next batch starts now.
+    fn begin(&mut self) {
         self.began = Some(Instant::now());
     }
+}
+
+/// Sleeps `d` in slices, so a dropped broker stops within one; false if it was stopped.
+fn rest_for(d: Duration, stopped: &dyn Fn() -> bool) -> bool {
+    let until = Instant::now() + d;
+    while !stopped() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+    false
 }
 
 /// One round of the duties, in `term`, stopped between batches once the term is lost or the
 /// broker is dropped.
 fn duties(
+    shared: &Shared,
     dialect: &Arc<dyn Dialect>,
     pool: &Pool,
     settings: &Settings,
@@ -375,14 +407,30 @@ fn duties(
         if !still || stopped() {
             return false;
         }
-        pace.rest(me.lease / 4, stopped);
-        if stopped() {
-            return false;
+        // The rest owed, in pieces the lease outlasts, each followed by the renewal that
+        // fences the next batch.
+        let mut owed = pace.owed();
+        loop {
+            let piece = owed.min(me.lease / 4);
+            if !rest_for(piece, stopped) {
+                return false;
+            }
+            owed -= piece;
+            let began = Instant::now();
+            still = match pool.get_timeout(me.lease / 3) {
+                Ok(mut conn) => me.renew(&mut *conn, term).unwrap_or(false),
+                Err(_) => false,
+            };
+            let mut st = shared.state.lock();
+            match still {
+                true => st.held(term, began, me.lease),
+                false => st.until = None,
+            }
+            if !still || owed.is_zero() {
+                break;
+            }
         }
-        still = match pool.get_timeout(me.lease / 3) {
-            Ok(mut conn) => me.renew(&mut *conn, term).unwrap_or(false),
-            Err(_) => false,
-        };
+        pace.begin();
         still
     };
     let tables = match pool.get_timeout(me.lease / 3) {
@@ -480,36 +528,31 @@ fn pruned(table: &str, what: &'static str, n: u64) {
 mod tests {
     use super::*;
 
-    /// Sleeps `d`, then times the rest that follows: what the pace makes the next batch wait.
-    fn rest_after(pace: &mut Pace, batch: Duration, cap: Duration, stop: bool) -> Duration {
-        pace.rest(cap, &|| false);
-        std::thread::sleep(batch);
-        let t = Instant::now();
-        pace.rest(cap, &|| stop);
-        t.elapsed()
-    }
-
-    /// A batch of 30 ms is followed by a rest of nine times as long (270 ms) while the period
-    /// lasts, at most `cap`; none past the period, and none once the broker stopped.
+    /// After a batch of 30 ms the rest owed is nine times as long while the period lasts;
+    /// none before the first batch or past the period. `rest_for` returns at once once the
+    /// broker stopped.
     #[test]
-    fn rests_in_proportion_while_its_period_lasts() {
+    fn owes_a_rest_in_proportion_while_its_period_lasts() {
         let hour = Duration::from_secs(3600);
         let batch = Duration::from_millis(30);
-        let rest = rest_after(&mut Pace::new(hour), batch, hour, false);
+        let mut pace = Pace::new(hour);
+        assert_eq!(pace.owed(), Duration::ZERO, "before the first batch");
+        pace.begin();
+        std::thread::sleep(batch);
+        let owed = pace.owed();
         assert!(
-            rest >= batch * (REST - 1) && rest < Duration::from_secs(2),
-            "{rest:?}"
+            owed >= batch * (REST - 1) && owed < Duration::from_secs(2),
+            "{owed:?}"
         );
-        let capped = rest_after(
-            &mut Pace::new(hour),
-            batch,
-            Duration::from_millis(50),
-            false,
-        );
-        assert!(capped < Duration::from_millis(200), "{capped:?}");
-        let past = rest_after(&mut Pace::new(Duration::ZERO), batch, hour, false);
-        assert!(past < Duration::from_millis(20), "{past:?}");
-        let stopped = rest_after(&mut Pace::new(hour), batch, hour, true);
-        assert!(stopped < Duration::from_millis(20), "{stopped:?}");
+        let mut past = Pace::new(Duration::ZERO);
+        past.begin();
+        std::thread::sleep(batch);
+        assert_eq!(past.owed(), Duration::ZERO, "past the period");
+        let t = Instant::now();
+        assert!(!rest_for(hour, &|| true));
+        assert!(t.elapsed() < Duration::from_millis(20));
+        let t = Instant::now();
+        assert!(rest_for(Duration::from_millis(120), &|| false));
+        assert!(t.elapsed() >= Duration::from_millis(120));
     }
 }

@@ -1119,11 +1119,11 @@ mod tests {
         assert_eq!(sql.lease_marks.len(), 11);
         assert_eq!(
             sql.lease_marks[0],
-            "UPDATE `thumbs` SET `errors` = `errors` + CASE WHEN `locked_until` IS NOT NULL THEN 1 ELSE 0 END, `last_error` = CASE WHEN `locked_until` IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE `last_error` END, `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?)"
+            "UPDATE `thumbs` SET `errors` = `errors` + CASE WHEN `locked_until` IS NOT NULL THEN 1 ELSE 0 END, `last_error` = CASE WHEN `locked_until` IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE `last_error` END, `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?)"
         );
         assert_eq!(
             sql.lease_marks[2],
-            "UPDATE `thumbs` SET `errors` = `errors` + CASE WHEN `locked_until` IS NOT NULL THEN 1 ELSE 0 END, `last_error` = CASE WHEN `locked_until` IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE `last_error` END, `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?, ?, ?, ?)"
+            "UPDATE `thumbs` SET `errors` = `errors` + CASE WHEN `locked_until` IS NOT NULL THEN 1 ELSE 0 END, `last_error` = CASE WHEN `locked_until` IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE `last_error` END, `locked_until` = ?, `attempts` = `attempts` + 1 WHERE `id` IN (?, ?, ?, ?)"
         );
         assert!(sql.lease_marks[10].ends_with(&format!("IN ({})", placeholders(1024))));
         assert_eq!(

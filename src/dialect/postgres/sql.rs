@@ -484,7 +484,7 @@ mod tests {
         let sql = compile(Table::new("thumbs").lease(Duration::from_secs(30)));
         assert_eq!(
             sql.claim,
-            "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+            "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
              WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= $1) ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
              FOR UPDATE SKIP LOCKED)) RETURNING q.\"id\", q.\"attempts\", q.\"payload\", q.\"cancel_requested\", q.\"run_at\""
@@ -493,7 +493,7 @@ mod tests {
         assert_eq!(
             sql.claim_from.as_deref(),
             Some(
-                "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
+                "UPDATE \"thumbs\" AS q SET \"errors\" = q.\"errors\" + CASE WHEN q.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN q.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE q.\"last_error\" END, \"locked_until\" = $3, \"attempts\" = q.\"attempts\" + 1 \
                  WHERE q.\"id\" = ANY(ARRAY(SELECT \"id\" FROM \"thumbs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= $1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= $1) AND (\"run_at\", \"id\") > ($4, $5) \
                  ORDER BY \"run_at\", \"id\" LIMIT (SELECT $2::bigint) \
@@ -808,7 +808,7 @@ mod tests {
             format!(
                 "WITH r AS (SELECT \"id\" FROM \"orders\" q WHERE \"id\" IN ($3, $4) AND \"dead_at\" IS NULL \
                  AND \"run_at\" <= $1 AND {free} AND {older} AND {leased} FOR UPDATE SKIP LOCKED) \
-                 UPDATE \"orders\" AS u SET \"errors\" = u.\"errors\" + CASE WHEN u.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN u.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE u.\"last_error\" END, \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
+                 UPDATE \"orders\" AS u SET \"errors\" = u.\"errors\" + CASE WHEN u.\"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN u.\"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE u.\"last_error\" END, \"locked_until\" = $2, \"attempts\" = u.\"attempts\" + 1 FROM r \
                  WHERE u.\"id\" = r.\"id\" RETURNING u.\"id\", u.\"attempts\", u.\"payload\", u.\"customer\", u.\"cancel_requested\", u.\"run_at\""
             )
         );

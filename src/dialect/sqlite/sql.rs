@@ -304,7 +304,7 @@ mod tests {
         );
         assert_eq!(
             sql.claim,
-            "UPDATE \"jobs\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
+            "UPDATE \"jobs\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" IN \
              (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
              (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0) \
              RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"cancel_requested\", \"run_at\""
@@ -312,7 +312,7 @@ mod tests {
         assert_eq!(
             sql.claim_one.as_deref(),
             Some(
-                "UPDATE \"jobs\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
+                "UPDATE \"jobs\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\" = \
                  (SELECT \"id\" FROM \"jobs\" WHERE \"dead_at\" IS NULL AND \"run_at\" <= ?1 AND \
                  (\"locked_until\" IS NULL OR \"locked_until\" <= ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0) \
                  RETURNING \"id\", \"attempts\", \"payload\", \"k\", \"cancel_requested\", \"run_at\""
@@ -480,7 +480,7 @@ mod tests {
              WHERE p.\"customer\" = q.\"customer\" AND p.\"dead_at\" IS NULL AND p.\"id\" < q.\"id\") AND NOT EXISTS \
              (SELECT 1 FROM \"orders\" p WHERE p.\"customer\" = q.\"customer\" AND p.\"dead_at\" IS NULL AND \
              p.\"locked_until\" > ?1) ORDER BY \"run_at\", \"id\" LIMIT ?2 + 0";
-        let set = "UPDATE \"orders\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled (its process stopped, was killed or hung)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\"";
+        let set = "UPDATE \"orders\" SET \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT NULL THEN 'lease ran out: claimed and never settled in time (its process stopped, hung, or could not renew the lease)' ELSE \"last_error\" END, \"locked_until\" = ?3, \"attempts\" = \"attempts\" + 1 WHERE \"id\"";
         let row = "RETURNING \"id\", \"attempts\", \"payload\", \"customer\", \"cancel_requested\", \"run_at\"";
         assert_eq!(sql.claim, format!("{set} IN ({candidates}) {row}"));
         assert_eq!(sql.claim_one, Some(format!("{set} = ({candidates}) {row}")));
