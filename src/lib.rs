@@ -101,7 +101,9 @@
 //! on a job of another table of the database. A waiting job is released
 //! in the very transaction that settles the last job it waits on. [`Broker::publish_group`]
 //! publishes related jobs in one transaction; [`JobState::Waiting`], [`Job::waits_on`] and
-//! [`QueueStats::waiting`] show them. With [`Table::outputs`], [`Delivery::set_output`] records
+//! [`QueueStats::waiting`] show them. [`Message::after_signal`] waits for the world: a job
+//! released by [`Broker::signal`] (a latch), or past [`Message::wait_timeout`] without it; the
+//! handler reads [`Delivery::signal`]. With [`Table::outputs`], [`Delivery::set_output`] records
 //! what a job produced, written by the settlement that ends it and read by the jobs that waited
 //! on it ([`Dependency::output`]) or from a kept row ([`Job::output`]); with
 //! [`Table::checkpoints`], [`Delivery::checkpoint`] saves progress, committed and fenced by the
@@ -478,7 +480,7 @@ pub use error::{
 pub use model::retry::RetryPolicy;
 pub use model::table::{ColumnType, Form, Isolation, Role, Table, DEFAULT_QUEUE, MAX_NAME_LEN};
 pub use model::value::Value;
-pub use model::waits::{Dependency, JobOutcome};
+pub use model::waits::{Dependency, JobOutcome, Signal, SignalWait, WaitingSignal};
 pub use operating::actions::{ActionEntry, ACTION_TEXT_MAX};
 pub use operating::ddl::Database;
 pub use operating::fleet::{WorkerInfo, WorkerTable};

@@ -126,6 +126,7 @@ fn every_command_has_help_naming_its_options() {
             ],
         ),
         (&["pause"], &["--table"]),
+        (&["signal"], &["--table", "--payload", "NAME"]),
         (&["resume"], &["--table"]),
         (&["forget"], &["--table"]),
         (&["limits"], &["--table", "--json"]),
@@ -947,6 +948,61 @@ fn jobs_waiting_on_others(db: Db) {
     l.forget_deps(&name);
 }
 per_db!(jobs_waiting_on_others);
+
+/// `signal` releases the jobs waiting for it and says how many; `job` names the signal a job
+/// waits for and whether it came (text and `--json`); a second `signal` releases none and
+/// the payload the job reads is the first. Fails if the command releases nothing or `job`
+/// leaves the wait out.
+fn signal_command(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = unique("clisig");
+    let desc = ["--table", name.as_str(), "--lease", "30", "--dependencies"];
+    ok(&l.url, &[&["create-table"][..], &desc].concat(), "");
+    l.track(&name);
+    let table = l.broker.open_table(&name).unwrap();
+    let signal = format!("approved:{}", unique("s"));
+    let id = l
+        .broker
+        .publish(
+            &table,
+            sqlbroker::Message::new(b"order".to_vec()).after_signal(&signal),
+        )
+        .unwrap();
+    let text = ok(&l.url, &["job", "--table", &name, &id.to_string()], "");
+    let line = format!("waits_for_signal: {signal} (waiting)");
+    assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    let out = ok(
+        &l.url,
+        &["signal", "--table", &name, &signal, "--payload", "yes"],
+        "",
+    );
+    assert!(out.contains("1 job(s) released"), "{out}");
+    let out = ok(
+        &l.url,
+        &["signal", "--table", &name, &signal, "--payload", "no"],
+        "",
+    );
+    assert!(out.contains("0 job(s) released"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&ok(
+        &l.url,
+        &["job", "--table", &name, &id.to_string(), "--json"],
+        "",
+    ))
+    .expect("JSON");
+    assert_eq!(json["state"], "ready");
+    assert_eq!(json["waits_for_signal"]["name"], signal.as_str());
+    assert_eq!(json["waits_for_signal"]["state"], "came");
+    let sub = l.broker.subscription(&table).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(10));
+    assert_eq!(d.signal().unwrap().payload(), b"yes");
+    d.ack().unwrap();
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let o = run(Some(&l.url), &["signal", "--table", &name, "bad name"], "");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    l.forget_deps(&name);
+    l.forget_deps(&format!("!{signal}"));
+}
+per_db!(signal_command);
 
 /// The commands that change jobs or a table's settings write the action log, naming the
 /// login from `USER` as the command line's; `actions` lists it, newest first, escaped as text

@@ -1207,6 +1207,54 @@ fn output_and_checkpoint_are_shown(db: Db) {
 
 per_db!(output_and_checkpoint_are_shown);
 
+/// A table's page lists the signals its jobs wait for, with how many jobs wait, until they
+/// come; a job's page names the signal it waits for. Fails if the section is left out.
+fn waiting_signals_are_listed(db: Db) {
+    let Some(l) = live(db) else { return };
+    let name = common::unique("dsig");
+    let t = l.create(
+        Table::new(&name)
+            .dependencies()
+            .lease(Duration::from_secs(30)),
+    );
+    let (a, b) = (
+        format!("approved:{}", common::unique("a")),
+        format!("paid:{}", common::unique("b")),
+    );
+    let one = l
+        .broker
+        .publish(&t, Message::new(b"1".to_vec()).after_signal(&a))
+        .unwrap();
+    l.broker
+        .publish(&t, Message::new(b"2".to_vec()).after_signal(&a))
+        .unwrap();
+    l.broker
+        .publish(&t, Message::new(b"3".to_vec()).after_signal(&b))
+        .unwrap();
+    let dash = start(&l.url, &["--table", &name], &[]);
+    let page = dash.get(&format!("/tables/{name}"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Waiting signals"), "{}", page.body);
+    for row in [
+        format!("<code>{a}</code></td><td>2"),
+        format!("<code>{b}</code></td><td>1"),
+    ] {
+        assert!(page.body.contains(&row), "{row} in {}", page.body);
+    }
+    let job = dash.get(&format!("/tables/{name}/jobs/{one}"));
+    assert!(job.body.contains(&format!("{a} (waiting)")), "{}", job.body);
+    assert_eq!(l.broker.signal(&t, &a, b"").unwrap(), 2);
+    let page = dash.get(&format!("/tables/{name}"));
+    assert!(!page.body.contains(&a), "{}", page.body);
+    assert!(page.body.contains(&b), "{}", page.body);
+    l.forget_deps(&name);
+    for s in [a, b] {
+        l.forget_deps(&format!("!{s}"));
+    }
+}
+
+per_db!(waiting_signals_are_listed);
+
 /// `--table` restricts: another recorded table is not listed, not in /metrics, not shown
 /// (404) and not acted on (404, its dead letters untouched, the CSRF token notwithstanding).
 fn restricted_tables(db: Db) {

@@ -461,6 +461,34 @@ impl Delivery {
         })
     }
 
+    /// The signal this job waited for ([`Message::after_signal`](crate::Message::after_signal)),
+    /// with the payload [`Broker::signal`](crate::Broker::signal) sent: `None` when its wait
+    /// timed out ([`Message::wait_timeout`](crate::Message::wait_timeout)) or it waited for
+    /// none. The wait's one outcome, recorded before the job was released, so a signal sent
+    /// after the timeout is never seen here. Reads it (one statement, at each call); a read
+    /// that fails is logged and taken for `None`: [`Delivery::read_signal`] tells the two apart.
+    pub fn signal(&self) -> Option<crate::model::waits::Signal> {
+        match self.read_signal() {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("job {}: reading the signal it waited for: {e}", self.id);
+                None
+            }
+        }
+    }
+
+    /// [`Delivery::signal`], with the database's failure as an error.
+    pub fn read_signal(&self) -> Result<Option<crate::model::waits::Signal>> {
+        let q = &self.ctx.queue;
+        if !q.spec.dependencies {
+            return Ok(None);
+        }
+        let wait = q.retrying("signal", |conn| {
+            crate::runtime::signals::signal_of(&q.spec, &q.sql, conn, self.id)
+        })?;
+        Ok(wait.and_then(|w| w.signal().cloned()))
+    }
+
     /// Whether [`Broker::cancel`](crate::Broker::cancel) asked that this job not run again:
     /// then any end but an ack is its last (a retry or failure finishes it as cancelled), so
     /// a handler may stop early. Reads the row (one statement, only when called; the lease

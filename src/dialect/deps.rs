@@ -21,6 +21,7 @@
 //! [`Table::outputs`]: crate::Table::outputs
 
 use crate::dialect::shared::Syntax;
+use crate::dialect::signals::SignalSql;
 use crate::model::table::{Form, TableSpec};
 
 /// The name of the waits' table.
@@ -143,6 +144,8 @@ pub(crate) struct DepsSql {
     /// that names one moves it on), so a head a new wait has just named stays. One statement
     /// for up to [`SWEEP_BATCH`] heads (fewer: the last repeated).
     pub sweep_many: String,
+    /// The statements of jobs that wait for a signal.
+    pub signals: SignalSql,
 }
 
 /// Jobs of one table the sweeper reads in one statement at most.
@@ -394,6 +397,7 @@ impl Syntax {
             })
             .collect();
         DepsSql {
+            signals: self.signal_sql(how),
             create,
             head_touch_many,
             head_read_many,

@@ -40,6 +40,7 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 pub(crate) mod queues;
 pub(crate) mod shared;
+pub(crate) mod signals;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -47,3 +47,105 @@ pub struct Dependency {
     /// kept (a dead letter, or a completed row of a table that keeps them), else none.
     pub output: Option<Vec<u8>>,
 }
+
+/// A signal a job waited for ([`Message::after_signal`](crate::Message::after_signal)), as
+/// [`Broker::signal`](crate::Broker::signal) sent it: what its handler reads with
+/// [`Delivery::signal`](crate::Delivery::signal).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Signal {
+    name: String,
+    payload: Vec<u8>,
+}
+
+impl Signal {
+    pub(crate) fn new(name: String, payload: Vec<u8>) -> Self {
+        Signal { name, payload }
+    }
+
+    /// The signal's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The payload the first [`Broker::signal`](crate::Broker::signal) of the name gave (a
+    /// signal is a latch: a later one changes nothing).
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+/// What a job waits for besides other jobs: a signal, by name, as operators see it
+/// ([`Job::signal_wait`](crate::Job::signal_wait)).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SignalWait {
+    name: String,
+    deadline: Option<std::time::SystemTime>,
+    signal: Option<Signal>,
+    timed_out: bool,
+}
+
+impl SignalWait {
+    pub(crate) fn new(
+        name: String,
+        deadline: Option<std::time::SystemTime>,
+        signal: Option<Signal>,
+        timed_out: bool,
+    ) -> Self {
+        SignalWait {
+            name,
+            deadline,
+            signal,
+            timed_out,
+        }
+    }
+
+    /// The signal's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// When the wait ends without the signal ([`Message::wait_timeout`](crate::Message::wait_timeout)),
+    /// if it has a deadline.
+    pub fn deadline(&self) -> Option<std::time::SystemTime> {
+        self.deadline
+    }
+
+    /// The signal, once it came (before the deadline).
+    pub fn signal(&self) -> Option<&Signal> {
+        self.signal.as_ref()
+    }
+
+    /// True once the deadline passed without the signal: the job runs without it.
+    pub fn timed_out(&self) -> bool {
+        self.timed_out
+    }
+
+    /// True while the job still waits for the signal.
+    pub fn waiting(&self) -> bool {
+        self.signal.is_none() && !self.timed_out
+    }
+}
+
+/// A signal jobs of a table wait for, as operators see it
+/// ([`Broker::waiting_signals`](crate::Broker::waiting_signals)).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WaitingSignal {
+    name: String,
+    jobs: u64,
+}
+
+impl WaitingSignal {
+    pub(crate) fn new(name: String, jobs: u64) -> Self {
+        WaitingSignal { name, jobs }
+    }
+
+    /// The signal's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many jobs wait for it.
+    pub fn jobs(&self) -> u64 {
+        self.jobs
+    }
+}

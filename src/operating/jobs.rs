@@ -115,6 +115,8 @@ pub struct Job {
     kind: Option<String>,
     /// The jobs it waits on ([`Broker::job`] only).
     waits_on: Vec<crate::model::waits::Dependency>,
+    /// The signal it waits for ([`Broker::job`] only).
+    signal_wait: Option<crate::model::waits::SignalWait>,
     /// The jobs waiting on it ([`Broker::job`] only).
     dependents: Vec<(String, i64)>,
     /// What it produced ([`Broker::job`] only).
@@ -145,6 +147,7 @@ impl std::fmt::Debug for Job {
             .field("queue", &self.queue())
             .field("kind", &self.kind)
             .field("waits_on", &self.waits_on)
+            .field("signal_wait", &self.signal_wait)
             .field("dependents", &self.dependents)
             .field(
                 "output",
@@ -295,6 +298,13 @@ impl Job {
         &self.waits_on
     }
 
+    /// The signal it waits for ([`Message::after_signal`](crate::Message::after_signal)):
+    /// its name, deadline, and whether it came or timed out, until the job settles (a dead
+    /// letter keeps it). Read by [`Broker::job`]; `None` in listings.
+    pub fn signal_wait(&self) -> Option<&crate::model::waits::SignalWait> {
+        self.signal_wait.as_ref()
+    }
+
     /// The jobs waiting on it (until each settles), `(table, id)`. Read by [`Broker::job`];
     /// empty in listings.
     pub fn dependents(&self) -> &[(String, i64)] {
@@ -410,6 +420,7 @@ fn job_row(q: &Queue, row: Vec<Value>, now: SystemTime) -> Job {
         queue,
         kind,
         waits_on: Vec::new(),
+        signal_wait: None,
         dependents: Vec::new(),
         output,
         checkpoint,
@@ -583,10 +594,11 @@ impl Broker {
         let mut jobs: Vec<Job> = rows.into_iter().map(|r| job_row(&q, r, now)).collect();
         probe(&q, &mut jobs)?;
         if let Some(job) = jobs.last_mut().filter(|_| q.spec.dependencies) {
-            (job.waits_on, job.dependents) = q.retrying("job", |conn| {
+            (job.waits_on, job.dependents, job.signal_wait) = q.retrying("job", |conn| {
                 let parents = crate::runtime::deps::parents_of(&q.spec, &q.sql, conn, id)?;
                 let children = crate::runtime::deps::dependents_of(&q.spec, &q.sql, conn, id)?;
-                Ok((parents, children))
+                let signal = crate::runtime::signals::signal_of(&q.spec, &q.sql, conn, id)?;
+                Ok((parents, children, signal))
             })?;
         }
         Ok(jobs.pop())

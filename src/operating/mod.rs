@@ -14,4 +14,5 @@ pub(crate) mod maintenance;
 pub(crate) mod matching;
 pub(crate) mod ops;
 pub(crate) mod periodics;
+pub(crate) mod signals;
 pub(crate) mod tables;

@@ -33,6 +33,9 @@ pub struct Message {
     priority: Option<i16>,
     /// The jobs it waits on ([`Message::after`], [`Message::after_settled`]).
     parents: Vec<Parent>,
+    /// The signal it waits for ([`Message::after_signal`]) and how long at most
+    /// ([`Message::wait_timeout`]), boxed: most messages wait for none.
+    signal: Option<Box<(Option<String>, Option<Duration>)>>,
     /// The W3C trace context ([`Message::traceparent`]), checked at publish.
     traceparent: Option<String>,
     /// The named queue ([`Message::queue`]), checked at publish.
@@ -52,6 +55,7 @@ impl Message {
             dedup_key: None,
             priority: None,
             parents: Vec::new(),
+            signal: None,
             traceparent: None,
             queue: None,
             kind: None,
@@ -251,9 +255,61 @@ impl Message {
         self
     }
 
+    /// Waits for signal `name` of its table: the row is published now but claimed only once
+    /// [`Broker::signal`](crate::Broker::signal) sends `name` on the table (and, with
+    /// [`Message::after`], once those jobs are acked too). A signal is a latch, kept in the
+    /// database: sent before the publish, the job waits on nothing for it. The handler reads
+    /// the signal's payload with [`Delivery::signal`](crate::Delivery::signal). A name is 1 to
+    /// 63 characters of `A-Z a-z 0-9 _ . : -`; a job waits for one signal (a second call
+    /// replaces the first name).
+    ///
+    /// The table is described with [`Table::dependencies`](crate::Table::dependencies), and
+    /// the message is not delayed ([`BrokerError::InvalidMessage`] otherwise).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, JobState, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let orders = Table::new("orders").dependencies().lease(Duration::from_secs(30));
+    /// broker.create_table(&orders)?;
+    /// let ship = broker.publish(&orders, Message::new(b"ship 7".to_vec()).after_signal("paid:7"))?;
+    /// assert_eq!(broker.job(&orders, ship)?.unwrap().state(), JobState::Waiting);
+    /// assert_eq!(broker.signal(&orders, "paid:7", b"txn 991")?, 1);
+    /// let sub = broker.subscription(&orders).start()?;
+    /// let d = sub.next_delivery().unwrap();
+    /// assert_eq!(d.signal().unwrap().payload(), b"txn 991");
+    /// d.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn after_signal(mut self, name: impl Into<String>) -> Self {
+        self.signal.get_or_insert_with(Default::default).0 = Some(name.into());
+        self
+    }
+
+    /// Bounds the wait of [`Message::after_signal`]: `d` after the publish, the job stops
+    /// waiting for the signal and runs without it ([`Delivery::signal`](crate::Delivery::signal)
+    /// is `None`), once the jobs it waits on with [`Message::after`] are acked. The broker's
+    /// sweeper of `sqlbroker_deps` ends the wait within a round of its own past `d` (about 2
+    /// seconds on a small table). A signal that comes first wins: the wait has one outcome,
+    /// which the handler reads. Without `after_signal`, refused at publish
+    /// ([`BrokerError::InvalidMessage`]).
+    pub fn wait_timeout(mut self, d: Duration) -> Self {
+        self.signal.get_or_insert_with(Default::default).1 = Some(d);
+        self
+    }
+
     /// The jobs it waits on.
     pub(crate) fn parents(&self) -> &[Parent] {
         &self.parents
+    }
+
+    /// The signal it waits for, and for how long at most.
+    pub(crate) fn signal_wait(&self) -> (Option<&str>, Option<Duration>) {
+        match self.signal.as_deref() {
+            Some((name, timeout)) => (name.as_deref(), *timeout),
+            None => (None, None),
+        }
     }
 
     /// The time set with [`Message::deliver_at`], if any.

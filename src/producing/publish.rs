@@ -60,7 +60,7 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
     let _entered = span.enter();
     let key = message.dedup_value().map(str::to_owned);
     let parents = message.parents().to_vec();
-    let waits = match parents.is_empty() {
+    let waits = match !waits_on_others(&message) {
         true => None,
         false => Some(read_waits(t, conn, &message, &parents)?),
     };
@@ -88,7 +88,7 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
 
 /// True if `message` waits on other jobs: its publish must run in a transaction.
 pub(crate) fn waits_on_others(message: &Message) -> bool {
-    !message.parents().is_empty()
+    !message.parents().is_empty() || message.signal_wait() != (None, None)
 }
 
 /// Checks a message that waits on `parents` and reads where they stand, their heads locked.
@@ -104,11 +104,24 @@ fn read_waits(
     };
     let (Some(own), true) = (t.sql.waiting.as_ref(), t.spec.dependencies) else {
         return Err(bad(
-            "Message::after for a table without dependencies (describe it with \
-             Table::dependencies)"
+            "Message::after or after_signal for a table without dependencies (describe it \
+             with Table::dependencies)"
                 .into(),
         ));
     };
+    let signal =
+        match message.signal_wait() {
+            (None, Some(_)) => return Err(bad(
+                "Message::wait_timeout without Message::after_signal: it bounds the wait for a \
+                 signal"
+                    .into(),
+            )),
+            (Some(name), timeout) => {
+                crate::dialect::signals::check_name(name).map_err(bad)?;
+                Some((name, timeout))
+            }
+            (None, None) => None,
+        };
     if message.delay() != std::time::Duration::ZERO || message.due().is_some() {
         return Err(bad(
             "a message that waits on other jobs is due as they settle: it takes no delay".into(),
@@ -169,7 +182,13 @@ fn read_waits(
             gone,
         });
     }
-    deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))
+    let mut waits = deps::Waits::read(t.sql, t.others, conn, named).map_err(|e| t.err(e))?;
+    if let (Some((name, timeout)), Some(d)) = (signal, t.sql.deps.as_ref()) {
+        let read = crate::runtime::signals::read_for_publish(d, conn, &t.spec.name, name)
+            .map_err(|e| t.err(e))?;
+        waits.add_signal(read, crate::runtime::signals::deadline(timeout));
+    }
+    Ok(waits)
 }
 
 /// True if table `name` exists, read in the publish's transaction.

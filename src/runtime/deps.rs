@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::dialect::deps::{DepsSql, WaitingSql, ACKED, CANCELLED, DEAD, NAMED_MANY, STATES_BATCH};
+use crate::dialect::signals::{is_signal, NO_DEADLINE};
 use crate::dialect::{DbConn, Dialect, TableSql};
 use crate::error::DbError;
 use crate::model::schedule::{floor, from_epoch_secs, millis, LATEST_SECS};
@@ -638,6 +639,9 @@ type Wait = (String, i64, bool, Option<String>, Option<Value>);
 /// What a new job that waits on others is to be, read under their heads' locks.
 pub(crate) struct Waits {
     outcomes: Vec<Wait>,
+    /// The deadline of its wait for a signal, if it has one, in milliseconds
+    /// ([`NO_DEADLINE`] without).
+    signal_at: i64,
 }
 
 impl Waits {
@@ -654,6 +658,7 @@ impl Waits {
         let Some((deps, _)) = statements(sql) else {
             return Ok(Waits {
                 outcomes: Vec::new(),
+                signal_at: NO_DEADLINE,
             });
         };
         let at = millis(SystemTime::now());
@@ -698,7 +703,22 @@ impl Waits {
             }
             from += run;
         }
-        Ok(Waits { outcomes })
+        Ok(Waits {
+            outcomes,
+            signal_at: NO_DEADLINE,
+        })
+    }
+
+    /// Adds the new job's wait for a signal (`parent_table, parent`: its head), as
+    /// [`crate::runtime::signals::read_for_publish`] read it, ending at `deadline` (ms).
+    pub fn add_signal(
+        &mut self,
+        (parent_table, parent, outcome, payload): (String, i64, Option<String>, Option<Value>),
+        deadline: i64,
+    ) {
+        self.outcomes
+            .push((parent_table, parent, false, outcome, payload));
+        self.signal_at = deadline;
     }
 
     /// True while a job it waits on has not settled.
@@ -740,7 +760,11 @@ impl Waits {
                 Value::Int(child),
                 Value::Int(i64::from(*settled_only)),
                 outcome.clone().map_or(Value::Null, Value::Text),
-                Value::Int(at),
+                // A wait for a signal holds its deadline.
+                Value::Int(match is_signal(table) {
+                    true => self.signal_at,
+                    false => at,
+                }),
                 output.clone().unwrap_or(Value::Null),
             ]
         };
@@ -991,7 +1015,8 @@ pub(crate) fn parents_of(
         .into_iter()
         .filter_map(|r| {
             Some(Dependency {
-                table: text(r.first())?,
+                // A wait for a signal is read by `runtime::signals::signal_of`.
+                table: text(r.first()).filter(|t| !is_signal(t))?,
                 id: r.get(1)?.as_i64()?,
                 any_outcome: r.get(2).and_then(Value::as_i64).unwrap_or(0) != 0,
                 outcome: text(r.get(3)).and_then(|o| JobOutcome::from_recorded(&o)),
@@ -1090,6 +1115,40 @@ pub(crate) fn requeue(
             continue;
         };
         let settled_only = w.get(2).and_then(Value::as_i64).unwrap_or(0) != 0;
+        // A wait for a signal keeps its outcome (the signal came, or it timed out); one with
+        // none reads the signal's head again, under its lock, as a publish does.
+        if is_signal(&table) {
+            if text(w.get(3)).is_none() {
+                let head = [Value::Text(table.clone()), Value::Int(parent)];
+                let touch = [head[0].clone(), head[1].clone(), Value::Int(at)];
+                conn.execute(&deps.head_touch, &touch)?;
+                let read = conn.query(&deps.head_read, &head)?;
+                match read.first().and_then(|r| text(r.first())) {
+                    Some(o) => {
+                        let set = [
+                            Value::Text(o),
+                            head[0].clone(),
+                            head[1].clone(),
+                            job[0].clone(),
+                            job[1].clone(),
+                        ];
+                        conn.execute(&deps.wait_set, &set)?;
+                        let out = conn.query(&deps.head_output, &head)?;
+                        if let Some(out) = out
+                            .into_iter()
+                            .next()
+                            .and_then(|r| r.into_iter().next())
+                            .filter(|v| !matches!(v, Value::Null))
+                        {
+                            let [pt, p] = head;
+                            conn.execute(&deps.waits_keep_output, &[out, pt, p])?;
+                        }
+                    }
+                    None => pending += 1,
+                }
+            }
+            continue;
+        }
         let found;
         let waiting: &WaitingSql = match table == spec.name {
             true => own,

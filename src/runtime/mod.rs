@@ -40,6 +40,7 @@ pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod renewer;
 pub(crate) mod retention;
+pub(crate) mod signals;
 pub(crate) mod slots;
 pub(crate) mod sweep;
 #[cfg(test)]

@@ -11,7 +11,11 @@
 //! - **orphans**: the head of a job whose row went without a settlement (deleted by hand, or
 //!   its table dropped by hand) is settled as its row tells (gone: acked; its table gone:
 //!   cancelled), so the jobs waiting on it are released or dead-lettered; the waits of a job
-//!   that is gone (deleted by hand, purged) are deleted.
+//!   that is gone (deleted by hand, purged) are deleted;
+//! - **signals** ([`crate::runtime::signals`]): a wait for a signal past its deadline times
+//!   out (its job is counted down, under the signal's head's lock); a signal's head that no
+//!   job waits for is deleted, at once if it holds no signal, else [`HEADS_KEPT`] after it was
+//!   sent or last read by a publish.
 //!
 //! Each pass reads at most [`SWEEP_WINDOW`] rows in key order from a cursor that goes round the
 //! table and deletes the heads it found unneeded, in statements of up to [`SWEEP_BATCH`]; it
@@ -33,6 +37,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::dialect::deps::{
     DepsSql, WaitingSql, CANCELLED, STATES_BATCH, SWEEP_BATCH, SWEEP_WINDOW,
 };
+use crate::dialect::signals::is_signal;
 use crate::dialect::{DbConn, Dialect};
 use crate::error::DbError;
 use crate::model::schedule::millis;
@@ -329,6 +334,14 @@ pub(crate) fn pass(
                 }
                 Head::Settled(n) => Ok(n),
             })
+        } else if is_signal(&r.parent_table) && r.outcome.is_none() && r.at <= sweeper.now {
+            let wait = [
+                Value::Text(r.parent_table.clone()),
+                Value::Int(r.parent),
+                Value::Text(r.child_table.clone()),
+                Value::Int(r.child),
+            ];
+            crate::runtime::signals::expire(deps, &sweeper, conn, wait, sweeper.now)
         } else {
             Ok(0)
         };
@@ -405,7 +418,8 @@ impl Sweep<'_> {
     /// True if `r` is checked against its job: a count, or a head with no outcome, written
     /// long enough ago (by a publish, whose job was there).
     fn checked(&self, r: &Row) -> bool {
-        let kind = r.parent_table.is_empty() || (r.child_table.is_empty() && r.outcome.is_none());
+        let kind = r.parent_table.is_empty()
+            || (r.child_table.is_empty() && r.outcome.is_none() && !is_signal(&r.parent_table));
         kind && self.now - r.at >= CHECK_AGE.as_millis() as i64
     }
 
@@ -566,6 +580,20 @@ impl Sweep<'_> {
         waited: bool,
         seen: &Seen,
     ) -> Result<Head, DbError> {
+        // A signal's head that holds no signal: needed while a job waits for it (a publish
+        // that has just made it is given CHECK_AGE to write its wait).
+        if is_signal(&r.parent_table) && r.outcome.is_none() {
+            if waited || self.now - r.at < CHECK_AGE.as_millis() as i64 {
+                return Ok(Head::Settled(0));
+            }
+            let params = [
+                Value::Text(r.parent_table.clone()),
+                Value::Int(r.parent),
+                Value::Int(r.at),
+            ];
+            let n = conn.execute(&self.deps.signals.unhead_unsent, &params)?;
+            return Ok(Head::Settled(n.min(1) as usize));
+        }
         if r.outcome.is_none() {
             return match seen.get(&(r.parent_table.clone(), r.parent)) {
                 Some(Job::Row(RowState::Gone | RowState::Finished { .. }) | Job::TableGone) => {

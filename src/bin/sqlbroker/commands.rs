@@ -87,6 +87,7 @@ pub(crate) fn run(cli: &Cli, url: &str) -> Result {
         Command::Jobs(args) => jobs_list(&broker, args),
         Command::Job(args) => job(&broker, args),
         Command::Cancel(args) => cancel(&broker, args),
+        Command::Signal(args) => jobs::signal(&broker, args),
         Command::Completed(CompletedCommand::List(args)) => completed_list(&broker, args),
         Command::Completed(CompletedCommand::Prune(args)) => {
             let table = args.open(&broker)?;

@@ -105,6 +105,10 @@ enum Command {
     /// keeps completed rows); one in work finishes its attempt and is not retried. Exit 1 if
     /// no live or dead job has that id.
     Cancel(CancelArgs),
+    /// Send a signal on a table made with dependencies: release the jobs waiting for it
+    /// (published with after_signal), and keep it a day for the jobs published later. Says how
+    /// many jobs it released; a signal sent before changes nothing (its first payload stays).
+    Signal(SignalArgs),
     /// Pause a table: its subscriptions, in every process, stop claiming within a poll
     /// interval (deliveries in hand finish), until `resume`. With --queue, one queue of a
     /// table with queues: no claim takes its rows from its next statement on.
@@ -216,6 +220,21 @@ struct CancelArgs {
 
     #[command(flatten)]
     id: JobId,
+}
+
+/// A signal to send.
+#[derive(Debug, Args)]
+struct SignalArgs {
+    #[command(flatten)]
+    table: TableArgs,
+
+    /// The signal's name (1 to 63 characters of A-Z a-z 0-9 _ . : -).
+    #[arg(value_name = "NAME")]
+    name: String,
+
+    /// The payload the jobs waiting for it read (UTF-8 text; none: empty).
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    payload: String,
 }
 
 /// A recorded table, by name.

@@ -739,6 +739,31 @@ fn rate_sql(spec: &TableSpec) -> Option<crate::dialect::flow::RateSql> {
 mod tests {
     use std::time::Duration;
 
+    /// A signal's statements: the wait read under a lock (the servers' current read, never
+    /// InnoDB's snapshot), the head deleted only as read, the listing by the child index.
+    #[test]
+    fn signal_statements() {
+        let s = &super::deps_sql().signals;
+        assert!(s.wait_read.ends_with(" FOR UPDATE"), "{}", s.wait_read);
+        assert!(
+            !s.wait_deadline.contains("FOR UPDATE"),
+            "{}",
+            s.wait_deadline
+        );
+        assert!(
+            s.unhead_unsent.contains("outcome IS NULL AND at = ?"),
+            "{}",
+            s.unhead_unsent
+        );
+        assert!(
+            s.waited
+                .contains("WHERE child_table = ? AND parent = ? AND outcome IS NULL")
+                && s.waited.ends_with("LIMIT 100"),
+            "{}",
+            s.waited
+        );
+    }
+
     /// The ready index rebuilt for priorities: one `ALTER TABLE`, the new claim order after
     /// `dead_at` (the same text on MySQL 8 as on MariaDB, where it runs live).
     #[test]

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use sqlbroker::{Broker, ColumnType, JobFilter, JobState, Value};
 
 use super::{columns, escape, json, page_end, preview, say, typed, utc, Result};
-use crate::{BulkVerbArg, CancelArgs, JobArgs, JobsArgs, StateArg};
+use crate::{BulkVerbArg, CancelArgs, JobArgs, JobsArgs, SignalArgs, StateArg};
 
 /// The payload bytes a listing shows of each job (read by the database, not the whole).
 const PAYLOAD_PREFIX: usize = 60;
@@ -222,6 +222,11 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
                 "any_outcome": d.any_outcome,
                 "outcome": d.outcome.map(outcome_word),
             })).collect::<Vec<_>>(),
+            "waits_for_signal": j.signal_wait().map(|w| serde_json::json!({
+                "name": w.name(),
+                "state": signal_state(w),
+                "deadline": w.deadline().map(utc),
+            })),
             "dependents": j.dependents().iter().map(|(t, id)| serde_json::json!({
                 "table": t,
                 "id": id,
@@ -249,6 +254,7 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         ("lease_until", dash(time(j.lease_until()))),
         ("cancel_requested", j.cancel_requested().to_string()),
         ("waits_on", waits_on(table.name(), j.waits_on())),
+        ("waits_for_signal", dash(j.signal_wait().map(signal_wait))),
         ("dependents", jobs(table.name(), j.dependents())),
         ("payload", preview(j.payload())),
     ];
@@ -269,6 +275,25 @@ pub(super) fn job(broker: &Broker, args: &JobArgs) -> Result {
         out.push_str(&format!("{k}: {v}\n"));
     }
     say(format_args!("{out}"))
+}
+
+/// Where a job's wait for a signal stands, in a word.
+pub(super) fn signal_state(w: &sqlbroker::SignalWait) -> &'static str {
+    match (w.signal().is_some(), w.timed_out()) {
+        (true, _) => "came",
+        (false, true) => "timed out",
+        (false, false) => "waiting",
+    }
+}
+
+/// A job's wait for a signal, as `approved:7 (waiting, until 2026-12-07 10:00:00 UTC)`.
+pub(super) fn signal_wait(w: &sqlbroker::SignalWait) -> String {
+    let until = w
+        .deadline()
+        .filter(|_| w.waiting())
+        .map(|d| format!(", until {}", utc(d)))
+        .unwrap_or_default();
+    format!("{} ({}{until})", escape(w.name()), signal_state(w))
 }
 
 /// How a job another waits on ended, in words.
@@ -344,6 +369,19 @@ fn text_value(v: &Value) -> String {
         #[allow(unreachable_patterns)]
         other => format!("{other:?}"),
     }
+}
+
+/// `signal`: sends it, says how many jobs it released, and logs it.
+pub(super) fn signal(broker: &Broker, args: &SignalArgs) -> Result {
+    let table = args.table.open(broker)?;
+    let released = broker.signal(&table, &args.name, args.payload.as_bytes())?;
+    let detail = format!("signal {:?}", args.name);
+    super::logged(broker, "signal", table.name(), &detail, released);
+    say(format_args!(
+        "signal {} sent on table {}: {released} job(s) released\n",
+        escape(&args.name),
+        table.name()
+    ))
 }
 
 /// `cancel`: says what became of the job; exit 1 if there was none to cancel.

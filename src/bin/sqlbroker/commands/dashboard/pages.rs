@@ -631,6 +631,27 @@ fn query_of(pairs: &[(&str, &str)]) -> String {
 
 /// A table with queues: each queue's counts (read now, one grouped count) and its pause or
 /// resume button.
+/// The signals the table's jobs wait for (`Broker::waiting_signals`), each with how many jobs
+/// wait; nothing while none is waited for.
+fn signals_section(db: &Database, table: &Table) -> Markup {
+    match db.broker().waiting_signals(table) {
+        Err(e) => {
+            html! { p.err { "Reading the waiting signals failed: " (shown(&crate::chain(&e))) } }
+        }
+        Ok(list) if list.is_empty() => html! {},
+        Ok(list) => html! {
+            h2 { "Waiting signals" }
+            table {
+                tr { th { "signal" } th { "jobs waiting" } }
+                @for s in &list {
+                    tr { td { code { (shown(s.name())) } } td { (s.jobs()) } }
+                }
+            }
+            p.muted { "Sent with " code { "sqlbroker signal --table " (table.name()) " NAME" } "." }
+        },
+    }
+}
+
 fn queues_section(ctx: &Ctx, db: &Database, table: &Table, back: &str) -> Markup {
     let b = db.broker();
     let counted = b.queue_stats(table);
@@ -814,6 +835,9 @@ pub(crate) fn table(ctx: &Ctx, db: &Database, rq: &Rq, table: &Table) -> Reply {
             }
             @if let Some(p) = e.last().filter(|_| table.has_dependencies()) {
                 p { (p.stats.waiting) " waiting on other jobs (listed with the scheduled ones)" }
+            }
+            @if table.has_dependencies() {
+                (signals_section(db, table))
             }
             p { (pause_button(ctx, db, e, &here)) }
             @if table.has_queues() {
@@ -1157,6 +1181,9 @@ fn job_body(ctx: &Ctx, db: &Database, rq: &Rq, name: &str, j: &Job, here: &str) 
             tr { th { "errors" } td { (j.errors()) @if j.abandoned() { " (last claim lost: its lease ran out unsettled)" } } }
             tr { th { "dead reason" } td { (shown(j.dead_reason().unwrap_or("-"))) } }
             tr { th { "last error" } td { pre { (shown_lines(j.last_error().unwrap_or("-"))) } } }
+            @if let Some(w) = j.signal_wait() {
+                tr { th { "waits for signal" } td { (super::super::jobs::signal_wait(w)) } }
+            }
             @if !j.waits_on().is_empty() {
                 tr { th { "waits on" } td {
                     @for (i, d) in j.waits_on().iter().enumerate() {
