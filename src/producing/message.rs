@@ -39,6 +39,8 @@ pub struct Message {
     queue: Option<String>,
     /// The job kind ([`Message::kind`]), checked at publish.
     kind: Option<String>,
+    /// Replaces the waiting job that holds its dedup key ([`Message::replace_waiting`]).
+    replace: bool,
 }
 
 impl Message {
@@ -55,6 +57,7 @@ impl Message {
             traceparent: None,
             queue: None,
             kind: None,
+            replace: false,
         }
     }
 
@@ -128,6 +131,53 @@ impl Message {
     /// The key set with [`Message::dedup_key`].
     pub(crate) fn dedup_value(&self) -> Option<&str> {
         self.dedup_key.as_deref()
+    }
+
+    /// On a table with dedup keys, when a job that is not in work (scheduled, ready and not
+    /// yet claimed, or waiting on other jobs) holds this message's key, that job becomes this
+    /// message: its payload, its columns (unset ones `NULL`, as a publish writes them), its
+    /// priority and its due time are replaced in one step, and
+    /// [`Broker::publish`](crate::Broker::publish) returns its id instead of
+    /// [`BrokerError::Duplicate`]. Its id, attempts, errors, dedup key and trace context are
+    /// kept, and so are the columns a key reads (the advisory lock's, a limit's, the fair
+    /// key's, the FIFO group: changing them could move a job between keys under a claim).
+    /// No job holding the key: a new row, as any publish.
+    ///
+    /// A key held by a job **in work** (claimed, or claimed ahead into a subscription's
+    /// buffer; in the advisory form also a job whose key another job of the same advisory key
+    /// holds) is left as it is: the publish returns [`BrokerError::Duplicate`] naming it, as
+    /// without this option, since the running handler has read the old job already. Whether a
+    /// job is in work is decided by the database in the step that replaces it, as
+    /// [`Broker::update`](crate::Broker::update) decides it: a claim racing the publish reads
+    /// the whole old job or the whole new one.
+    ///
+    /// Needs a dedup key ([`Message::dedup_key`]), and is for
+    /// [`Broker::publish`](crate::Broker::publish) only: a batch, a group's publish, a publish
+    /// inside the application's transaction, or a message that waits on other jobs is refused
+    /// with [`BrokerError::InvalidMessage`].
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let t = Table::new("search_index").dedup().lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// let soon = Duration::from_secs(60);
+    /// let first = broker.publish(&t, Message::new(b"v1".to_vec()).dedup_key("doc-7").deliver_after(soon))?;
+    /// let again = Message::new(b"v2".to_vec()).dedup_key("doc-7").deliver_after(soon);
+    /// assert_eq!(broker.publish(&t, again.replace_waiting())?, first);
+    /// assert_eq!(broker.job(&t, first)?.unwrap().payload(), b"v2");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn replace_waiting(mut self) -> Self {
+        self.replace = true;
+        self
+    }
+
+    /// True if set with [`Message::replace_waiting`].
+    pub(crate) fn replaces(&self) -> bool {
+        self.replace
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
@@ -427,7 +477,7 @@ impl Message {
 /// mismatched value its own way (SQLite keeps `"five"` in an integer column and turns NaN into
 /// `NULL`, MySQL rounds 3.5 into an integer column and writes a time as the number
 /// 20261130141349, PostgreSQL refuses), so a mismatch is refused before any SQL runs.
-fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
+pub(crate) fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
     let ok = match (v, ty) {
         (Value::Null, _) => true,
         (Value::Text(_), ColumnType::Text) => true,

@@ -15,6 +15,7 @@ use crate::model::table::{Table, TableSpec};
 use crate::model::value::Value;
 use crate::producing::message::Message;
 use crate::runtime::deps;
+use crate::runtime::update::{apply, keyed_column, Changes, Updated};
 use crate::runtime::Queue;
 
 /// Where a publish writes: a table's validated description, its SQL, and its database.
@@ -28,6 +29,9 @@ pub(crate) struct Target<'a> {
     /// Other tables a message names ([`Message::after_in`]) are checked against their
     /// records (false where the connection cannot read them: Diesel's).
     pub check_records: bool,
+    /// The broker's queue of the table, where the publish is [`Broker::publish`]'s: a message
+    /// that replaces a waiting job ([`Message::replace_waiting`]) needs it.
+    pub queue: Option<&'a Queue>,
 }
 
 impl<'a> Target<'a> {
@@ -39,6 +43,7 @@ impl<'a> Target<'a> {
             dialect: &*q.dialect,
             others: q,
             check_records: true,
+            queue: Some(q),
         }
     }
 
@@ -59,6 +64,10 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
     #[cfg(feature = "tracing")]
     let _entered = span.enter();
     let key = message.dedup_value().map(str::to_owned);
+    let replace = message.replaces();
+    if replace {
+        check_replace(t, &message)?;
+    }
     let parents = message.parents().to_vec();
     let waits = match parents.is_empty() {
         true => None,
@@ -72,7 +81,7 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
         }
     }
     let id = match key {
-        Some(key) => keyed(t, conn, &params, key)?,
+        Some(key) => keyed(t, conn, &params, key, replace)?,
         None => t
             .dialect
             .insert_returning_id(conn, t.sql, &params)
@@ -189,11 +198,58 @@ fn has_record(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Resul
     }
 }
 
+/// Refuses a message that replaces a waiting job ([`Message::replace_waiting`]) where it cannot:
+/// without a dedup key, waiting on other jobs, or outside [`Broker::publish`].
+fn check_replace(t: &Target<'_>, message: &Message) -> Result<()> {
+    let why = if message.dedup_value().is_none() || t.spec.dedup_key.is_none() {
+        "Message::replace_waiting replaces the job holding the message's dedup key: give it \
+         one (Message::dedup_key, on a table described with Table::dedup)"
+    } else if !message.parents().is_empty() {
+        "Message::replace_waiting with Message::after: a job that waits on others is not \
+         replaced"
+    } else if t.queue.is_none() {
+        "Message::replace_waiting is for Broker::publish, not a group's publish or one \
+         inside the application's transaction"
+    } else {
+        return Ok(());
+    };
+    Err(BrokerError::InvalidMessage {
+        table: t.spec.name.clone(),
+        reason: why.into(),
+    })
+}
+
+/// What replacing the waiting job holding the key writes ([`Message::replace_waiting`]): what
+/// the insert's `params` would have written, but the columns a key reads.
+fn replacement(spec: &TableSpec, params: &[Value]) -> Changes {
+    let n = spec.columns.len();
+    Changes {
+        payload: Some(params[0].clone().into_payload()),
+        columns: (0..n)
+            .filter(|i| keyed_column(spec, *i).is_none())
+            .map(|i| (i, params[2 + i].clone()))
+            .collect(),
+        priority: spec
+            .priority
+            .as_ref()
+            .map(|_| params[2 + n].as_i64().unwrap_or_default() as i16),
+        run_at: params[1].as_time(),
+    }
+}
+
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
 /// [`BrokerError::Duplicate`]. The insert skips a held key in the database (a unique index),
 /// so concurrent producers cannot both insert; the holder is then read by the key. Should the
-/// holder finish between the two, the insert is tried again (three times at most).
-fn keyed(t: &Target<'_>, conn: &mut dyn DbConn, params: &[Value], key: String) -> Result<i64> {
+/// holder finish between the two, the insert is tried again (three times at most). With
+/// `replace` ([`Message::replace_waiting`]), a holder not in work is replaced instead, and its
+/// id returned.
+fn keyed(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    params: &[Value],
+    key: String,
+    replace: bool,
+) -> Result<i64> {
     let key = [Value::Text(key)];
     for _ in 0..3 {
         let made = t
@@ -207,6 +263,14 @@ fn keyed(t: &Target<'_>, conn: &mut dyn DbConn, params: &[Value], key: String) -
             .query(&t.sql.dedup_holder, &key)
             .map_err(|e| t.err(e))?;
         if let Some(id) = holder.first().and_then(|r| r.first()?.as_i64()) {
+            if let (true, Some(q)) = (replace, t.queue) {
+                match apply(q, conn, id, &replacement(t.spec, params))? {
+                    Updated::Done => return Ok(id),
+                    // Finished since: the key is free, the insert is tried again.
+                    Updated::NotLive => continue,
+                    Updated::InWork => {}
+                }
+            }
             return Err(BrokerError::Duplicate {
                 table: t.spec.name.clone(),
                 id,
@@ -238,6 +302,14 @@ pub(crate) fn many(
     let count = messages.len();
     if count == 0 {
         return Ok(crate::producing::publish::Published::default());
+    }
+    if messages.iter().any(Message::replaces) {
+        return Err(BrokerError::InvalidMessage {
+            table: t.spec.name.clone(),
+            reason: "Message::replace_waiting is for Broker::publish, one message at a time, \
+                     not a batch"
+                .into(),
+        });
     }
     if messages.iter().any(waits_on_others) {
         return one_by_one(t, conn, messages, within);
@@ -474,6 +546,7 @@ pub(crate) fn in_transaction(
         dialect,
         others: &others,
         check_records: check,
+        queue: None,
     };
     let id = one(&t, conn, message)?;
     // Delivered when the caller's transaction commits, not at all if it rolls back.
@@ -502,6 +575,7 @@ pub(crate) fn batch_in_transaction(
         dialect,
         others: &others,
         check_records: check,
+        queue: None,
     };
     let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };
     let done = many(&t, conn, messages, Within::Callers, insert)?;
@@ -549,7 +623,9 @@ impl Broker {
     ///   [`Message::traceparent`] that is not a valid W3C `traceparent` or is given for a table
     ///   without [`Table::traceparent`]);
     /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
-    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key
+    ///   (with [`Message::replace_waiting`], a holder not in work is replaced instead and its
+    ///   id returned);
     /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
     ///   description);
     /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be
