@@ -1602,6 +1602,48 @@ impl Syntax {
         }
     }
 
+    /// The statements of `sqlbroker_unique` for `spec`'s table on `database`
+    /// ([`Dialect::database`](crate::dialect::Dialect)): names and keys compared byte for
+    /// byte (MySQL: binary strings).
+    pub fn unique_sql(&self, spec: &TableSpec, database: &str) -> UniqueSql {
+        let (name, key, holder) = match database {
+            "MySQL" => ("VARBINARY(64)", "VARBINARY(1020)", "BIGINT"),
+            "SQLite" => ("TEXT", "TEXT", "INTEGER"),
+            _ => ("TEXT", "TEXT", "BIGINT"),
+        };
+        let p = |n| self.p(n);
+        let u = "sqlbroker_unique";
+        UniqueSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {u} (table_name {name} NOT NULL, dedup_key {key} \
+                 NOT NULL, holder {holder} NOT NULL, PRIMARY KEY (table_name, dedup_key))"
+            ),
+            holder: format!(
+                "SELECT holder FROM {u} WHERE table_name = {} AND dedup_key = {}",
+                p(1),
+                p(2)
+            ),
+            forget: format!(
+                "DELETE FROM {u} WHERE table_name = {} AND dedup_key = {}",
+                p(1),
+                p(2)
+            ),
+            insert: format!(
+                "INSERT INTO {u} (table_name, dedup_key, holder) VALUES ({}, {}, {})",
+                p(1),
+                p(2),
+                p(3)
+            ),
+            sweep: format!(
+                "DELETE FROM {u} WHERE table_name = {} AND NOT EXISTS (SELECT 1 FROM {} j \
+                 WHERE j.{} = {u}.holder)",
+                p(1),
+                self.q(&spec.name),
+                self.q(&spec.id)
+            ),
+        }
+    }
+
     /// The update in place of one job ([`Broker::update`](crate::Broker::update), and the
     /// publish that replaces a waiting job): sets what `fields` names on row `id` if it is
     /// live (`dead_at` empty: not dead, not completed) and, in the lease form, not leased.
@@ -1651,6 +1693,22 @@ impl Syntax {
         }
         sql
     }
+}
+
+/// The statements of a key's unique period ([`Syntax::unique_sql`]): the shared
+/// `sqlbroker_unique` (table, key) -> the last job published with a period under that key.
+#[derive(Debug, Clone)]
+pub(crate) struct UniqueSql {
+    /// `CREATE TABLE IF NOT EXISTS`.
+    pub create: String,
+    /// `(table, key)` -> the holder.
+    pub holder: String,
+    /// `(table, key)`: forgets the key.
+    pub forget: String,
+    /// `(table, key, holder)`.
+    pub insert: String,
+    /// `(table)`: forgets the keys whose job is no longer in the table.
+    pub sweep: String,
 }
 
 /// What an update in place sets ([`Syntax::update_job`]): the payload, these user columns

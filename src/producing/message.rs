@@ -41,6 +41,8 @@ pub struct Message {
     kind: Option<String>,
     /// Replaces the waiting job that holds its dedup key ([`Message::replace_waiting`]).
     replace: bool,
+    /// The key's period ([`Message::unique_for`]).
+    unique_for: Option<Duration>,
 }
 
 impl Message {
@@ -58,6 +60,7 @@ impl Message {
             queue: None,
             kind: None,
             replace: false,
+            unique_for: None,
         }
     }
 
@@ -178,6 +181,53 @@ impl Message {
     /// True if set with [`Message::replace_waiting`].
     pub(crate) fn replaces(&self) -> bool {
         self.replace
+    }
+
+    /// At most one job of this message's dedup key per period `d`: the publish is a
+    /// [`BrokerError::Duplicate`] while a job of the key is unfinished (as any keyed publish),
+    /// and also while the last job of the key **published with `unique_for`** finished (acked,
+    /// dead-lettered or cancelled) less than `d` ago, naming that job. Published every time
+    /// with `unique_for(d)`, a key runs at most once per period, as River's and Oban's unique
+    /// periods do. The period is the publishing message's (whole seconds, counted from the
+    /// finish time the row keeps, `dead_at`); a publish without `unique_for` is held back by an
+    /// unfinished job only.
+    ///
+    /// The finished job must still be there to be counted: the table keeps completed rows
+    /// ([`Table::keep_completed`](crate::Table::keep_completed)) at least `d`, and dead
+    /// letters ([`Table::keep_dead`](crate::Table::keep_dead)) at least `d` if it prunes them.
+    /// An operator who deletes, purges or cancels the finished job frees the key early.
+    /// Which job last held a key is kept in `sqlbroker_unique` (made on first use: `CREATE`
+    /// rights once), one row per table and key, replaced by the key's next such publish and
+    /// deleted once its job is no longer in the table (the publishes sweep it now and then).
+    ///
+    /// Needs a dedup key on a table that keeps completed rows, for
+    /// [`Broker::publish`](crate::Broker::publish) only: anything else is refused with
+    /// [`BrokerError::InvalidMessage`].
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let day = Duration::from_secs(86_400);
+    /// let t = Table::new("digests").dedup().keep_completed(day).lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// let daily = || Message::new(b"send".to_vec()).dedup_key("digest:ana").unique_for(day);
+    /// let id = broker.publish(&t, daily())?;
+    /// let sub = broker.subscription(&t).start()?;
+    /// sub.next_delivery().unwrap().ack()?;
+    /// // Done, but within the day: still a duplicate.
+    /// assert_eq!(broker.publish(&t, daily()).unwrap_err().duplicate_of(), Some(id));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn unique_for(mut self, d: Duration) -> Self {
+        self.unique_for = Some(d);
+        self
+    }
+
+    /// The period set with [`Message::unique_for`].
+    pub(crate) fn unique_period(&self) -> Option<Duration> {
+        self.unique_for
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are

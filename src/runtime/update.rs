@@ -354,6 +354,19 @@ mod tests {
                  WHERE `id` = ? AND `dead_at` IS NULL AND (`locked_until` IS NULL OR \
                  `locked_until` <= ?)"
             );
+            // A key's unique period: names and keys compared byte for byte.
+            let u = my.syntax().unique_sql(&lease, my.database());
+            assert_eq!(
+                u.create,
+                "CREATE TABLE IF NOT EXISTS sqlbroker_unique (table_name VARBINARY(64) NOT NULL, \
+                 dedup_key VARBINARY(1020) NOT NULL, holder BIGINT NOT NULL, PRIMARY KEY \
+                 (table_name, dedup_key))"
+            );
+            assert_eq!(
+                u.sweep,
+                "DELETE FROM sqlbroker_unique WHERE table_name = ? AND NOT EXISTS (SELECT 1 \
+                 FROM `jobs` j WHERE j.`id` = sqlbroker_unique.holder)"
+            );
         }
     }
 }
