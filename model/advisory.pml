@@ -258,7 +258,7 @@ life:
  * The operator's cancel of row 0: gone or completed: false; else mark it (no key needed),
  * then remove it under its key if the key is free now; if the key is held, true at once:
  * the mark ends the row at its next take, retry or hand-back.
- * @step cancel @code operating/jobs.rs::cancel_advisory @code operating/jobs.rs::with_key
+ * @step cancel @code operating/jobs.rs::cancel_advisory @code runtime/update.rs::with_key
  */
 active proctype canceller() {
     bit marked;

@@ -125,7 +125,9 @@
 //! [`Broker::jobs`] pages jobs by state ([`Broker::jobs_preview`]: a payload prefix each, no
 //! probe, for listings; [`Broker::jobs_matching`]: only those a [`JobFilter`] matches, by
 //! column value and error text); a failed attempt keeps its error text on the row.
-//! [`Broker::cancel`] stops a job for good, [`Broker::run_now`] makes a scheduled one due;
+//! [`Broker::cancel`] stops a job for good, [`Broker::run_now`] makes a scheduled one due,
+//! [`Broker::update`] changes one no one works yet ([`JobUpdate`]; by dedup key,
+//! [`Message::replace_waiting`]);
 //! [`Broker::pause`] and [`Broker::resume`] stop and restart a table's claims in every
 //! process. [`Broker::record_action`] and [`Broker::actions`] keep an operators' action log
 //! in the database (the dashboard and the `sqlbroker` tool write every change they make there).
@@ -494,6 +496,7 @@ pub use operating::matching::{
 pub use operating::ops::{Completed, DeadLetter, QueueStats};
 pub use operating::periodics::{PeriodicInfo, ORPHANED_AFTER};
 pub use operating::tables::{ConcurrencyLimit, RateLimit, RecordedTable};
+pub use operating::update::JobUpdate;
 pub use producing::group::Group;
 pub use producing::message::Message;
 #[cfg(feature = "cron")]

@@ -109,7 +109,7 @@ fn ok(url: &str, args: &[&str], stdin: &str) -> String {
 /// `--help` of every command exits 0 and names the command's options.
 #[test]
 fn every_command_has_help_naming_its_options() {
-    let cases: [(&[&str], &[&str]); 20] = [
+    let cases: [(&[&str], &[&str]); 21] = [
         (
             &[],
             &[

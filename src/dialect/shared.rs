@@ -1601,4 +1601,122 @@ impl Syntax {
             completed: completed.map(|c| format!("{c} IS NOT NULL")),
         }
     }
+
+    /// The statements of `sqlbroker_unique` for `spec`'s table on `database`
+    /// ([`Dialect::database`](crate::dialect::Dialect)): names and keys compared byte for
+    /// byte (MySQL: binary strings).
+    pub fn unique_sql(&self, spec: &TableSpec, database: &str) -> UniqueSql {
+        let (name, key, holder) = match database {
+            "MySQL" => ("VARBINARY(64)", "VARBINARY(1020)", "BIGINT"),
+            "SQLite" => ("TEXT", "TEXT", "INTEGER"),
+            _ => ("TEXT", "TEXT", "BIGINT"),
+        };
+        let p = |n| self.p(n);
+        let u = "sqlbroker_unique";
+        UniqueSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {u} (table_name {name} NOT NULL, dedup_key {key} \
+                 NOT NULL, holder {holder} NOT NULL, PRIMARY KEY (table_name, dedup_key))"
+            ),
+            holder: format!(
+                "SELECT holder FROM {u} WHERE table_name = {} AND dedup_key = {}",
+                p(1),
+                p(2)
+            ),
+            forget: format!(
+                "DELETE FROM {u} WHERE table_name = {} AND dedup_key = {}",
+                p(1),
+                p(2)
+            ),
+            insert: format!(
+                "INSERT INTO {u} (table_name, dedup_key, holder) VALUES ({}, {}, {})",
+                p(1),
+                p(2),
+                p(3)
+            ),
+            sweep: format!(
+                "DELETE FROM {u} WHERE table_name = {} AND NOT EXISTS (SELECT 1 FROM {} j \
+                 WHERE j.{} = {u}.holder)",
+                p(1),
+                self.q(&spec.name),
+                self.q(&spec.id)
+            ),
+        }
+    }
+
+    /// The update in place of one job ([`Broker::update`](crate::Broker::update), and the
+    /// publish that replaces a waiting job): sets what `fields` names on row `id` if it is
+    /// live (`dead_at` empty: not dead, not completed) and, in the lease form, not leased.
+    /// The row lock form takes the row `FOR UPDATE SKIP LOCKED` first and the advisory form
+    /// runs it under the row's key: their "not in work" is decided there, not here.
+    ///
+    /// Parameters, in order: the payload, each user column of `fields.columns`, the priority,
+    /// then the due time (on a table with dependencies, the waiting sentinel first: a job
+    /// waiting on others keeps waiting), the id, and in the lease form the statement's time.
+    pub fn update_job(&self, spec: &TableSpec, fields: &UpdateFields) -> String {
+        let (t, id) = (self.q(&spec.name), self.q(&spec.id));
+        let mut n = 0;
+        let mut p = || {
+            n += 1;
+            self.p(n)
+        };
+        let mut set = Vec::new();
+        if fields.payload {
+            set.push(format!("{} = {}", self.q(&spec.payload), p()));
+        }
+        for c in &fields.columns {
+            set.push(format!("{} = {}", self.q(&spec.columns[*c].name), p()));
+        }
+        if let (true, Some(pr)) = (fields.priority, &spec.priority) {
+            set.push(format!("{} = {}", self.q(pr), p()));
+        }
+        if fields.run_at {
+            let run_at = self.q(&spec.run_at);
+            if spec.dependencies {
+                let (waiting, value) = (p(), p());
+                set.push(format!(
+                    "{run_at} = CASE WHEN {run_at} = {waiting} THEN {run_at} ELSE {value} END"
+                ));
+            } else {
+                set.push(format!("{run_at} = {}", p()));
+            }
+        }
+        let mut sql = format!(
+            "UPDATE {t} SET {} WHERE {id} = {} AND {} IS NULL",
+            set.join(", "),
+            p(),
+            self.q(&spec.dead_at)
+        );
+        if spec.form == Form::Lease {
+            let lu = self.q(&spec.locked_until);
+            sql.push_str(&format!(" AND ({lu} IS NULL OR {lu} <= {})", p()));
+        }
+        sql
+    }
+}
+
+/// The statements of a key's unique period ([`Syntax::unique_sql`]): the shared
+/// `sqlbroker_unique` (table, key) -> the last job published with a period under that key.
+#[derive(Debug, Clone)]
+pub(crate) struct UniqueSql {
+    /// `CREATE TABLE IF NOT EXISTS`.
+    pub create: String,
+    /// `(table, key)` -> the holder.
+    pub holder: String,
+    /// `(table, key)`: forgets the key.
+    pub forget: String,
+    /// `(table, key, holder)`.
+    pub insert: String,
+    /// `(table)`: forgets the keys whose job is no longer in the table.
+    pub sweep: String,
+}
+
+/// What an update in place sets ([`Syntax::update_job`]): the payload, these user columns
+/// (indexes into the description's columns), the priority, the due time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct UpdateFields {
+    pub payload: bool,
+    pub columns: Vec<usize>,
+    pub priority: bool,
+    pub run_at: bool,
 }

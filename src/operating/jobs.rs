@@ -14,6 +14,7 @@ use crate::error::{DbError, DbErrorKind, Result};
 use crate::model::schedule::claim_now;
 use crate::model::table::{Form, Table};
 use crate::model::value::Value;
+use crate::runtime::update::{under_xact_key, with_key};
 use crate::runtime::Queue;
 
 /// Where a job is in its life ([`Job::state`]).
@@ -1106,85 +1107,6 @@ pub(crate) fn delete_one(q: &Queue, job: &Job, limit: std::time::Duration) -> Re
                     None => Deleted::InWork,
                 },
             )
-        }
-    }
-}
-
-/// Runs `f` holding `key` (servers: on a session of its own; SQLite: in the process's
-/// registry) if it is free now; `None` if it is held.
-///
-/// Modelled in model/advisory.pml (cancel).
-fn with_key<T>(
-    q: &Queue,
-    key: &str,
-    f: impl Fn(&mut dyn DbConn) -> Result<T, DbError>,
-) -> Result<Option<T>> {
-    if let Some(registry) = q.dialect.process_keys() {
-        let Some(_held) = registry.try_take(key) else {
-            return Ok(None);
-        };
-        let mut conn = q.conn("cancel")?;
-        return f(&mut *conn).map(Some).map_err(q.err("cancel"));
-    }
-    if q.held_here.is_held(key) {
-        // One of this broker's deliveries has it: the server would refuse.
-        return Ok(None);
-    }
-    let name = q.dialect.key_name(key);
-    if let Some(xact) = q.dialect.key_xact_lock() {
-        let mut conn = q.conn("cancel")?;
-        return under_xact_key(&mut *conn, xact, &name, &f).map_err(q.err("cancel"));
-    }
-    let (Some(lock), Some(unlock)) = (q.sql.key_lock.as_deref(), q.sql.key_unlock.as_deref())
-    else {
-        return Ok(None);
-    };
-    let sql = KeySql { lock, unlock };
-    let mut conn = q.conn("cancel")?;
-    let mut keys = SessionKeys::default();
-    if !keys
-        .lock(&mut *conn, &sql, &name)
-        .map_err(q.err("cancel"))?
-    {
-        return Ok(None);
-    }
-    let out = f(&mut *conn);
-    keys.unlock(&mut *conn, &sql, &name);
-    out.map(Some).map_err(q.err("cancel"))
-}
-
-/// Transaction pooling (PostgreSQL behind PgBouncer's `pool_mode=transaction`), where a
-/// session lock could be taken on one server session and its unlock run on another, leaving
-/// the key held for whichever client gets that session next: tries `name` with `xact` (a
-/// transaction-scoped lock, [`Dialect::key_xact_lock`](crate::dialect::Dialect)) and runs `f`
-/// under it, all in one transaction, so the key is let go with the transaction whatever
-/// happens. `None` if the key is held elsewhere (nothing ran, rolled back); else `f`'s writes
-/// commit.
-fn under_xact_key<T>(
-    conn: &mut dyn DbConn,
-    xact: &str,
-    name: &str,
-    f: impl Fn(&mut dyn DbConn) -> Result<T, DbError>,
-) -> Result<Option<T>, DbError> {
-    // Broken from `BEGIN` until the transaction ends: never pooled mid-transaction.
-    conn.mark_broken();
-    let run = |conn: &mut dyn DbConn| -> Result<Option<T>, DbError> {
-        conn.batch("BEGIN")?;
-        let taken = conn.query(xact, &[Value::Text(name.to_string())])?;
-        if !matches!(taken.first().and_then(|r| r.first()), Some(Value::Int(1))) {
-            return Ok(None);
-        }
-        f(conn).map(Some)
-    };
-    match run(conn) {
-        Ok(Some(out)) => {
-            conn.batch("COMMIT")?;
-            conn.set_broken(false);
-            Ok(Some(out))
-        }
-        other => {
-            conn.rollback_or_discard();
-            other
         }
     }
 }

@@ -49,7 +49,12 @@ impl Group<'_> {
         let Some(conn) = self.conn.as_mut() else {
             unreachable!("the group's connection was just taken");
         };
-        let id = one(&Target::of(&q), &mut **conn, message)?;
+        // In the group's transaction: no replacing a waiting job (`Message::replace_waiting`).
+        let t = Target {
+            queue: None,
+            ..Target::of(&q)
+        };
+        let id = one(&t, &mut **conn, message)?;
         match self.published.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &q)) {
             Some((_, n)) => *n += 1,
             None => self.published.push((q, 1)),

@@ -42,6 +42,10 @@ pub struct Message {
     queue: Option<String>,
     /// The job kind ([`Message::kind`]), checked at publish.
     kind: Option<String>,
+    /// Replaces the waiting job that holds its dedup key ([`Message::replace_waiting`]).
+    replace: bool,
+    /// The key's period ([`Message::unique_for`]).
+    unique_for: Option<Duration>,
 }
 
 impl Message {
@@ -59,6 +63,8 @@ impl Message {
             traceparent: None,
             queue: None,
             kind: None,
+            replace: false,
+            unique_for: None,
         }
     }
 
@@ -132,6 +138,100 @@ impl Message {
     /// The key set with [`Message::dedup_key`].
     pub(crate) fn dedup_value(&self) -> Option<&str> {
         self.dedup_key.as_deref()
+    }
+
+    /// On a table with dedup keys, when a job that is not in work (scheduled, ready and not
+    /// yet claimed, or waiting on other jobs) holds this message's key, that job becomes this
+    /// message: its payload, its columns (unset ones `NULL`, as a publish writes them), its
+    /// priority and its due time are replaced in one step, and
+    /// [`Broker::publish`](crate::Broker::publish) returns its id instead of
+    /// [`BrokerError::Duplicate`]. Its id, attempts, errors, dedup key and trace context are
+    /// kept, and so are the columns a key reads (the advisory lock's, a limit's, the fair
+    /// key's, the FIFO group: changing them could move a job between keys under a claim).
+    /// No job holding the key: a new row, as any publish.
+    ///
+    /// A key held by a job **in work** (claimed, or claimed ahead into a subscription's
+    /// buffer; in the advisory form also a job whose key another job of the same advisory key
+    /// holds) is left as it is: the publish returns [`BrokerError::Duplicate`] naming it, as
+    /// without this option, since the running handler has read the old job already. Whether a
+    /// job is in work is decided by the database in the step that replaces it, as
+    /// [`Broker::update`](crate::Broker::update) decides it: a claim racing the publish reads
+    /// the whole old job or the whole new one.
+    ///
+    /// Needs a dedup key ([`Message::dedup_key`]), and is for
+    /// [`Broker::publish`](crate::Broker::publish) only: a batch, a group's publish, a publish
+    /// inside the application's transaction, or a message that waits on other jobs is refused
+    /// with [`BrokerError::InvalidMessage`].
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let t = Table::new("search_index").dedup().lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// let soon = Duration::from_secs(60);
+    /// let first = broker.publish(&t, Message::new(b"v1".to_vec()).dedup_key("doc-7").deliver_after(soon))?;
+    /// let again = Message::new(b"v2".to_vec()).dedup_key("doc-7").deliver_after(soon);
+    /// assert_eq!(broker.publish(&t, again.replace_waiting())?, first);
+    /// assert_eq!(broker.job(&t, first)?.unwrap().payload(), b"v2");
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn replace_waiting(mut self) -> Self {
+        self.replace = true;
+        self
+    }
+
+    /// True if set with [`Message::replace_waiting`].
+    pub(crate) fn replaces(&self) -> bool {
+        self.replace
+    }
+
+    /// At most one job of this message's dedup key per period `d`: the publish is a
+    /// [`BrokerError::Duplicate`] while a job of the key is unfinished (as any keyed publish),
+    /// and also while the last job of the key **published with `unique_for`** finished (acked,
+    /// dead-lettered or cancelled) less than `d` ago, naming that job. Published every time
+    /// with `unique_for(d)`, a key runs at most once per period, as River's and Oban's unique
+    /// periods do. The period is the publishing message's (whole seconds, counted from the
+    /// finish time the row keeps, `dead_at`); a publish without `unique_for` is held back by an
+    /// unfinished job only.
+    ///
+    /// The finished job must still be there to be counted: the table keeps completed rows
+    /// ([`Table::keep_completed`](crate::Table::keep_completed)) at least `d`, and dead
+    /// letters ([`Table::keep_dead`](crate::Table::keep_dead)) at least `d` if it prunes them.
+    /// An operator who deletes, purges or cancels the finished job frees the key early.
+    /// Which job last held a key is kept in `sqlbroker_unique` (made on first use: `CREATE`
+    /// rights once), one row per table and key, replaced by the key's next such publish and
+    /// deleted once its job is no longer in the table (the publishes sweep it now and then).
+    ///
+    /// Needs a dedup key on a table that keeps completed rows, for
+    /// [`Broker::publish`](crate::Broker::publish) only: anything else is refused with
+    /// [`BrokerError::InvalidMessage`].
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let day = Duration::from_secs(86_400);
+    /// let t = Table::new("digests").dedup().keep_completed(day).lease(Duration::from_secs(30));
+    /// broker.create_table(&t)?;
+    /// let daily = || Message::new(b"send".to_vec()).dedup_key("digest:ana").unique_for(day);
+    /// let id = broker.publish(&t, daily())?;
+    /// let sub = broker.subscription(&t).start()?;
+    /// sub.next_delivery().unwrap().ack()?;
+    /// // Done, but within the day: still a duplicate.
+    /// assert_eq!(broker.publish(&t, daily()).unwrap_err().duplicate_of(), Some(id));
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn unique_for(mut self, d: Duration) -> Self {
+        self.unique_for = Some(d);
+        self
+    }
+
+    /// The period set with [`Message::unique_for`].
+    pub(crate) fn unique_period(&self) -> Option<Duration> {
+        self.unique_for
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
@@ -483,7 +583,7 @@ impl Message {
 /// mismatched value its own way (SQLite keeps `"five"` in an integer column and turns NaN into
 /// `NULL`, MySQL rounds 3.5 into an integer column and writes a time as the number
 /// 20261130141349, PostgreSQL refuses), so a mismatch is refused before any SQL runs.
-fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
+pub(crate) fn fits(v: &Value, ty: ColumnType) -> std::result::Result<(), String> {
     let ok = match (v, ty) {
         (Value::Null, _) => true,
         (Value::Text(_), ColumnType::Text) => true,

@@ -15,6 +15,7 @@ use crate::model::table::{Table, TableSpec};
 use crate::model::value::Value;
 use crate::producing::message::Message;
 use crate::runtime::deps;
+use crate::runtime::update::{apply, keyed_column, Changes, Updated};
 use crate::runtime::Queue;
 
 /// Where a publish writes: a table's validated description, its SQL, and its database.
@@ -28,6 +29,9 @@ pub(crate) struct Target<'a> {
     /// Other tables a message names ([`Message::after_in`]) are checked against their
     /// records (false where the connection cannot read them: Diesel's).
     pub check_records: bool,
+    /// The broker's queue of the table, where the publish is [`Broker::publish`]'s: a message
+    /// that replaces a waiting job ([`Message::replace_waiting`]) needs it.
+    pub queue: Option<&'a Queue>,
 }
 
 impl<'a> Target<'a> {
@@ -39,6 +43,7 @@ impl<'a> Target<'a> {
             dialect: &*q.dialect,
             others: q,
             check_records: true,
+            queue: Some(q),
         }
     }
 
@@ -59,6 +64,14 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
     #[cfg(feature = "tracing")]
     let _entered = span.enter();
     let key = message.dedup_value().map(str::to_owned);
+    let replace = message.replaces();
+    if replace {
+        check_replace(t, &message)?;
+    }
+    let period = message.unique_period();
+    if let Some(d) = period {
+        check_unique(t, &message, d)?;
+    }
     let parents = message.parents().to_vec();
     let waits = match !waits_on_others(&message) {
         true => None,
@@ -72,7 +85,10 @@ pub(crate) fn one(t: &Target<'_>, conn: &mut dyn DbConn, message: Message) -> Re
         }
     }
     let id = match key {
-        Some(key) => keyed(t, conn, &params, key)?,
+        Some(key) => match (period, t.queue) {
+            (Some(d), Some(_)) => unique_keyed(t, conn, &params, key, d)?,
+            _ => keyed(t, conn, &params, key, replace)?,
+        },
         None => t
             .dialect
             .insert_returning_id(conn, t.sql, &params)
@@ -208,11 +224,157 @@ fn has_record(dialect: &dyn Dialect, conn: &mut dyn DbConn, name: &str) -> Resul
     }
 }
 
+/// Refuses a message that replaces a waiting job ([`Message::replace_waiting`]) where it cannot:
+/// without a dedup key, waiting on other jobs, or outside [`Broker::publish`].
+fn check_replace(t: &Target<'_>, message: &Message) -> Result<()> {
+    let why = if message.dedup_value().is_none() || t.spec.dedup_key.is_none() {
+        "Message::replace_waiting replaces the job holding the message's dedup key: give it \
+         one (Message::dedup_key, on a table described with Table::dedup)"
+    } else if !message.parents().is_empty() {
+        "Message::replace_waiting with Message::after: a job that waits on others is not \
+         replaced"
+    } else if t.queue.is_none() {
+        "Message::replace_waiting is for Broker::publish, not a group's publish or one \
+         inside the application's transaction"
+    } else {
+        return Ok(());
+    };
+    Err(BrokerError::InvalidMessage {
+        table: t.spec.name.clone(),
+        reason: why.into(),
+    })
+}
+
+/// Refuses a message with a unique period ([`Message::unique_for`]) where it cannot hold.
+fn check_unique(t: &Target<'_>, message: &Message, d: std::time::Duration) -> Result<()> {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let why = if message.dedup_value().is_none() || t.spec.dedup_key.is_none() {
+        "Message::unique_for keeps the message's dedup key taken: give it one \
+         (Message::dedup_key, on a table described with Table::dedup)"
+            .to_string()
+    } else if t.spec.completed_at.is_none() || t.spec.retention_secs < secs {
+        format!(
+            "Message::unique_for({d:?}) counts from the finish of the key's last job, which the \
+             table must keep that long: describe it with Table::keep_completed of at least \
+             {secs} s"
+        )
+    } else if t.spec.dead_retention_secs.is_some_and(|r| r < secs) {
+        format!(
+            "Message::unique_for({d:?}): the table's Table::keep_dead prunes dead letters \
+             before the period ends (at least {secs} s)"
+        )
+    } else if message.replaces() || !message.parents().is_empty() || t.queue.is_none() {
+        "Message::unique_for is for Broker::publish, without Message::replace_waiting or \
+         Message::after, not a batch, a group's publish or one inside the application's \
+         transaction"
+            .to_string()
+    } else {
+        return Ok(());
+    };
+    Err(BrokerError::InvalidMessage {
+        table: t.spec.name.clone(),
+        reason: why,
+    })
+}
+
+/// Unique publishes in this process: every [`SWEEP_EVERY`]th sweeps its table's keys whose
+/// job is gone from `sqlbroker_unique`.
+static UNIQUE_PUBLISHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How often a unique publish sweeps `sqlbroker_unique` ([`UNIQUE_PUBLISHES`]).
+const SWEEP_EVERY: u64 = 64;
+
+/// Publishes a keyed message with a unique period `d` ([`Message::unique_for`]), in a
+/// transaction of its own: a [`BrokerError::Duplicate`] while the key's last job published
+/// with a period is unfinished or finished less than `d` ago, else as [`keyed`], recording the
+/// new job as the key's last in `sqlbroker_unique`. Two such publishes at once meet in the
+/// table's unique index, as any two keyed ones: one makes the row, the other is a duplicate.
+fn unique_keyed(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    params: &[Value],
+    key: String,
+    d: std::time::Duration,
+) -> Result<i64> {
+    let u = t.dialect.syntax().unique_sql(t.spec, t.dialect.database());
+    // Made on first use, outside the transaction (MySQL commits around DDL). Two sessions
+    // making it at once on PostgreSQL may collide in its catalog: once more.
+    if conn.batch(&u.create).is_err() {
+        conn.batch(&u.create).map_err(|e| t.err(e))?;
+    }
+    let names = [Value::Text(t.spec.name.clone()), Value::Text(key.clone())];
+    let run = |conn: &mut dyn DbConn| -> Result<i64> {
+        let now = SystemTime::now();
+        let last = conn.query(&u.holder, &names).map_err(|e| t.err(e))?;
+        if let Some(h) = last.first().and_then(|r| r.first()?.as_i64()) {
+            let row = conn
+                .query(&t.sql.job, &[Value::Int(h)])
+                .map_err(|e| t.err(e))?;
+            // `job`'s fifth column: the finish time (`None` while it is live).
+            if let Some(row) = row.into_iter().next() {
+                let held = match row.get(4).and_then(Value::as_time) {
+                    None => true,
+                    Some(finished) => match finished.checked_add(d) {
+                        Some(end) => end > now,
+                        None => true,
+                    },
+                };
+                if held {
+                    return Err(BrokerError::Duplicate {
+                        table: t.spec.name.clone(),
+                        id: h,
+                    });
+                }
+            }
+        }
+        let id = keyed(t, conn, params, key.clone(), false)?;
+        conn.execute(&u.forget, &names).map_err(|e| t.err(e))?;
+        let mut row = names.to_vec();
+        row.push(Value::Int(id));
+        conn.execute(&u.insert, &row).map_err(|e| t.err(e))?;
+        Ok(id)
+    };
+    let id = retrying_deadlocks(|| in_own_transaction(t, &mut *conn, run))?;
+    use std::sync::atomic::Ordering;
+    if UNIQUE_PUBLISHES.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+        if let Err(e) = conn.execute(&u.sweep, &names[..1]) {
+            log::debug!("sweep of sqlbroker_unique for table {}: {e}", t.spec.name);
+        }
+    }
+    Ok(id)
+}
+
+/// What replacing the waiting job holding the key writes ([`Message::replace_waiting`]): what
+/// the insert's `params` would have written, but the columns a key reads.
+fn replacement(spec: &TableSpec, params: &[Value]) -> Changes {
+    let n = spec.columns.len();
+    Changes {
+        payload: Some(params[0].clone().into_payload()),
+        columns: (0..n)
+            .filter(|i| keyed_column(spec, *i).is_none())
+            .map(|i| (i, params[2 + i].clone()))
+            .collect(),
+        priority: spec
+            .priority
+            .as_ref()
+            .map(|_| params[2 + n].as_i64().unwrap_or_default() as i16),
+        run_at: params[1].as_time(),
+    }
+}
+
 /// Inserts one keyed message; if an unfinished row holds its key, that row's id as
 /// [`BrokerError::Duplicate`]. The insert skips a held key in the database (a unique index),
 /// so concurrent producers cannot both insert; the holder is then read by the key. Should the
-/// holder finish between the two, the insert is tried again (three times at most).
-fn keyed(t: &Target<'_>, conn: &mut dyn DbConn, params: &[Value], key: String) -> Result<i64> {
+/// holder finish between the two, the insert is tried again (three times at most). With
+/// `replace` ([`Message::replace_waiting`]), a holder not in work is replaced instead, and its
+/// id returned.
+fn keyed(
+    t: &Target<'_>,
+    conn: &mut dyn DbConn,
+    params: &[Value],
+    key: String,
+    replace: bool,
+) -> Result<i64> {
     let key = [Value::Text(key)];
     for _ in 0..3 {
         let made = t
@@ -226,6 +388,14 @@ fn keyed(t: &Target<'_>, conn: &mut dyn DbConn, params: &[Value], key: String) -
             .query(&t.sql.dedup_holder, &key)
             .map_err(|e| t.err(e))?;
         if let Some(id) = holder.first().and_then(|r| r.first()?.as_i64()) {
+            if let (true, Some(q)) = (replace, t.queue) {
+                match apply(q, conn, id, &replacement(t.spec, params))? {
+                    Updated::Done => return Ok(id),
+                    // Finished since: the key is free, the insert is tried again.
+                    Updated::NotLive => continue,
+                    Updated::InWork => {}
+                }
+            }
             return Err(BrokerError::Duplicate {
                 table: t.spec.name.clone(),
                 id,
@@ -257,6 +427,17 @@ pub(crate) fn many(
     let count = messages.len();
     if count == 0 {
         return Ok(crate::producing::publish::Published::default());
+    }
+    if messages
+        .iter()
+        .any(|m| m.replaces() || m.unique_period().is_some())
+    {
+        return Err(BrokerError::InvalidMessage {
+            table: t.spec.name.clone(),
+            reason: "Message::replace_waiting and Message::unique_for are for Broker::publish, \
+                     one message at a time, not a batch"
+                .into(),
+        });
     }
     if messages.iter().any(waits_on_others) {
         return one_by_one(t, conn, messages, within);
@@ -493,6 +674,7 @@ pub(crate) fn in_transaction(
         dialect,
         others: &others,
         check_records: check,
+        queue: None,
     };
     let id = one(&t, conn, message)?;
     // Delivered when the caller's transaction commits, not at all if it rolls back.
@@ -521,6 +703,7 @@ pub(crate) fn batch_in_transaction(
         dialect,
         others: &others,
         check_records: check,
+        queue: None,
     };
     let insert = |rows: usize| -> Arc<str> { dialect.insert_many(&c.spec, rows).into() };
     let done = many(&t, conn, messages, Within::Callers, insert)?;
@@ -568,7 +751,9 @@ impl Broker {
     ///   [`Message::traceparent`] that is not a valid W3C `traceparent` or is given for a table
     ///   without [`Table::traceparent`]);
     /// - [`BrokerError::Duplicate`], with a dedup key ([`Message::dedup_key`], on a table
-    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key;
+    ///   described with [`Table::dedup`]): the id of the unfinished row that holds the key
+    ///   (with [`Message::replace_waiting`], a holder not in work is replaced instead and its
+    ///   id returned);
     /// - [`BrokerError::Schema`]: the table does not exist (or its columns do not match the
     ///   description);
     /// - [`BrokerError::Database`] / [`BrokerError::Pool`]: the database failed or could not be

@@ -48,6 +48,7 @@ pub(crate) mod testing;
 pub(crate) mod timer;
 #[cfg(feature = "tracing")]
 pub(crate) mod trace;
+pub(crate) mod update;
 pub(crate) mod usage;
 pub(crate) mod wake;
 
