@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::error::BrokerError;
 use crate::error::Result;
+use crate::model::collect::Collect;
 use crate::model::table::ColumnType;
 use crate::model::table::TableSpec;
 use crate::model::value::Value;
@@ -39,6 +40,9 @@ pub struct Message {
     queue: Option<String>,
     /// The job kind ([`Message::kind`]), checked at publish.
     kind: Option<String>,
+    /// The burst it joins ([`Message::collect`]), checked at publish (boxed: a message
+    /// that does not collect stays as small as before).
+    collect: Option<Box<Collect>>,
 }
 
 impl Message {
@@ -55,6 +59,7 @@ impl Message {
             traceparent: None,
             queue: None,
             kind: None,
+            collect: None,
         }
     }
 
@@ -251,6 +256,76 @@ impl Message {
         self
     }
 
+    /// Collects this event with the others of `key` into one job (debounce-and-collect):
+    /// events published with the same key while their job has not been claimed become **one**
+    /// job. Each event moves the job's due time to `quiet` after it, but never past `max_wait`
+    /// after the key's first event: the job runs once no event came for `quiet`, or at
+    /// `max_wait`, whichever is first. Its handler reads every event's payload, in publish
+    /// order, with [`Delivery::collected`](crate::Delivery::collected).
+    ///
+    /// [`Broker::publish`](crate::Broker::publish) returns the id of the job the event went
+    /// into. Exact across brokers and processes: the publishes of one key take turns on the
+    /// key's row in the database's `sqlbroker_collect` table, and an event joins a job only
+    /// if, in that same transaction and under the job's row lock, the job is still not due
+    /// by the database's clock (the clock claims read) and has never been claimed; otherwise
+    /// it starts the next job. So no event is lost or in two jobs, and an event published
+    /// once the job is due or claimed is in the next one. A job holds at most
+    /// [`COLLECT_MAX_EVENTS`](crate::COLLECT_MAX_EVENTS) events and
+    /// [`COLLECT_MAX_BYTES`](crate::COLLECT_MAX_BYTES) of them: the event that fills it
+    /// makes it due at once, one that would not fit starts the next job. The job takes the
+    /// first event's column values, queue, kind and priority; a later event adds its payload
+    /// only. Due times are whole seconds, as every due time.
+    ///
+    /// Any table may collect. Refused with [`BrokerError::InvalidMessage`], nothing written:
+    /// an empty key (or one over [`COLLECT_KEY_MAX`](crate::COLLECT_KEY_MAX) characters, or
+    /// holding a NUL), a zero `quiet`, a `max_wait` shorter than `quiet`, an event over
+    /// `COLLECT_MAX_BYTES` less 4, and with a delay, a dedup key or jobs to wait on
+    /// ([`Message::after`]); a collected message is published by `Broker::publish` alone
+    /// (not in a batch, a group or your own transaction).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("reindex").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let edit = |text: &str| {
+    ///     Message::new(text.as_bytes().to_vec()).collect(
+    ///         "doc-7",
+    ///         Duration::from_secs(2),
+    ///         Duration::from_secs(30),
+    ///     )
+    /// };
+    /// let a = broker.publish(&jobs, edit("one"))?;
+    /// let b = broker.publish(&jobs, edit("two"))?;
+    /// assert_eq!(a, b); // one job for the burst
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn collect(mut self, key: impl Into<String>, quiet: Duration, max_wait: Duration) -> Self {
+        self.collect = Some(Box::new(Collect {
+            key: key.into(),
+            quiet,
+            max_wait,
+        }));
+        self
+    }
+
+    /// The burst set with [`Message::collect`].
+    pub(crate) fn collecting(&self) -> Option<&Collect> {
+        self.collect.as_deref()
+    }
+
+    /// The message as the first event of a new job of its burst: its payload framed, due
+    /// `quiet` from now, collected no more.
+    pub(crate) fn into_first_event(mut self) -> Self {
+        if let Some(c) = self.collect.take() {
+            self.payload = crate::model::collect::first(&self.payload);
+            self.delay = c.quiet;
+        }
+        self
+    }
+
     /// The jobs it waits on.
     pub(crate) fn parents(&self) -> &[Parent] {
         &self.parents
@@ -281,6 +356,15 @@ impl Message {
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
     ) -> Result<()> {
+        if self.collect.is_some() {
+            return Err(BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason: "a collected message (Message::collect) is published by \
+                         Broker::publish alone, not in a batch, a group or a transaction of \
+                         yours"
+                    .into(),
+            });
+        }
         if self.priority.is_some() && spec.priority.is_none() {
             return Err(BrokerError::InvalidMessage {
                 table: spec.name.clone(),

@@ -42,7 +42,7 @@ impl<'a> Target<'a> {
         }
     }
 
-    fn err(&self, e: DbError) -> BrokerError {
+    pub(crate) fn err(&self, e: DbError) -> BrokerError {
         e.during("publish", &self.spec.name)
     }
 }
@@ -292,7 +292,7 @@ pub(crate) fn many(
 
 /// Runs `f` in a write transaction of its own on `conn`: committed if it returns `Ok`, rolled
 /// back (or the connection discarded) otherwise.
-fn in_own_transaction<T>(
+pub(crate) fn in_own_transaction<T>(
     t: &Target<'_>,
     conn: &mut dyn DbConn,
     f: impl FnOnce(&mut dyn DbConn) -> Result<T>,
@@ -560,6 +560,12 @@ impl Broker {
     ///   victim (rolled back whole).
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
+        if message.collecting().is_some() {
+            let id = crate::producing::collect::publish(&q, message)?;
+            q.meters.published(1);
+            self.announce(&q, 1);
+            return Ok(id);
+        }
         let mut conn = q.conn("publish")?;
         let t = Target::of(&q);
         let id = match waits_on_others(&message) {
