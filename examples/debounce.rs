@@ -1,5 +1,5 @@
-//! Debounce-and-collect: keystrokes of three users, sent in bursts by two threads, become one
-//! job per user per burst; each job's handler reads every keystroke of its burst, in order.
+//! Debounce-and-collect: the keystrokes of three users, typed side by side, become one job per
+//! user's burst; each job's handler reads every keystroke of its burst, in the order typed.
 //!
 //! `cargo run --example debounce [url]` (default: an SQLite file in the temp directory; try
 //! `postgres://postgres@127.0.0.1:5432/test` or `mysql://root@127.0.0.1:3306/test`).
@@ -30,17 +30,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let words = ["hel", "hello", "hello wor", "hello world"];
     let sent = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for half in 0..2 {
+        // One thread per user, as their requests would arrive, side by side.
+        for user in users {
             let (broker, jobs, sent) = (&broker, &jobs, &sent);
             s.spawn(move || {
-                for word in &words[half * 2..half * 2 + 2] {
-                    for user in users {
-                        let keystroke = Message::new(format!("{user}: {word}"))
-                            .set("user", user)
-                            .collect(user, quiet, max_wait);
-                        broker.publish(jobs, keystroke).expect("publish");
-                        sent.fetch_add(1, Ordering::SeqCst);
-                    }
+                for word in words {
+                    let keystroke = Message::new(format!("{user}: {word}"))
+                        .set("user", user)
+                        .collect(user, quiet, max_wait);
+                    broker.publish(jobs, keystroke).expect("publish");
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100)); // typing
                 }
             });
         }
