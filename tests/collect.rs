@@ -425,3 +425,135 @@ fn the_keys_table_is_swept(db: Db) {
     forget_keys(&live, &t);
 }
 per_db!(the_keys_table_is_swept);
+
+/// Events published over four seconds (longer than max_wait, rounded up to whole seconds) by three threads on two
+/// brokers while a worker claims and acks the jobs as they come due: every event is
+/// delivered exactly once, in the job its publish returned, each thread's events in order
+/// within a job and its jobs in publish order; a key's burst is several jobs (max_wait), so
+/// events came while its jobs were claimed. Fails (an event lost, twice, or in another job
+/// than its publish said) if the append can pass a claim.
+fn a_worker_claims_mid_burst(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    let other = live.connect();
+    let (quiet, max) = (Duration::from_secs(1), Duration::from_secs(2));
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let delivered: std::sync::Mutex<Vec<(i64, Vec<String>)>> = Default::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let published: Vec<(usize, String, i64)> = std::thread::scope(|s| {
+        let (sub, delivered, done) = (&sub, &delivered, &done);
+        s.spawn(move || loop {
+            match sub.next_delivery_timeout(Duration::from_millis(200)) {
+                Ok(d) => {
+                    std::thread::sleep(Duration::from_millis(50)); // held while events come
+                    let events = text(d.collected().unwrap());
+                    let id = d.id();
+                    d.ack().unwrap();
+                    delivered.lock().unwrap().push((id, events));
+                }
+                Err(_) if done.load(std::sync::atomic::Ordering::SeqCst) => return,
+                Err(_) => {}
+            }
+        });
+        // The worker stops when this scope ends, a failed assertion's unwinding included.
+        let _stop = Stop(done);
+        let handles: Vec<_> = (0..3)
+            .map(|w| {
+                let (broker, t) = (if w == 1 { &other } else { &live.broker }, &t);
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for i in 0..40 {
+                        let key = ["x", "y"][i % 2];
+                        let body = format!("{w}-{key}-{i:03}");
+                        let id = broker.publish(t, event(key, &body, quiet, max)).unwrap();
+                        out.push((w, body, id));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let published: Vec<_> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        assert!(
+            common::wait_for(Duration::from_secs(30), || {
+                delivered
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(_, e)| e.len())
+                    .sum::<usize>()
+                    >= published.len()
+            }),
+            "not every event was delivered"
+        );
+        std::thread::sleep(Duration::from_millis(500)); // a delivery too many would show
+        published
+    });
+    let delivered = delivered.into_inner().unwrap();
+    let mut job_of_event: HashMap<String, i64> = HashMap::new();
+    for (id, events) in &delivered {
+        for w in 0..3 {
+            let mine: Vec<&String> = events
+                .iter()
+                .filter(|e| e.starts_with(&format!("{w}-")))
+                .collect();
+            assert!(
+                mine.windows(2).all(|p| p[0] < p[1]),
+                "job {id}: {mine:?} out of order"
+            );
+        }
+        for e in events {
+            assert!(
+                job_of_event.insert(e.clone(), *id).is_none(),
+                "{e} delivered twice"
+            );
+        }
+    }
+    assert_eq!(
+        job_of_event.len(),
+        published.len(),
+        "an event lost or unknown"
+    );
+    for (_, body, id) in &published {
+        assert_eq!(
+            job_of_event.get(body),
+            Some(id),
+            "{body} not in the job its publish named"
+        );
+    }
+    for w in 0..3 {
+        for key in ["x", "y"] {
+            let ids: Vec<i64> = published
+                .iter()
+                .filter(|(pw, b, _)| *pw == w && b.contains(&format!("-{key}-")))
+                .map(|(_, _, id)| *id)
+                .collect();
+            assert!(
+                ids.windows(2).all(|p| p[0] <= p[1]),
+                "thread {w} key {key}: {ids:?}"
+            );
+        }
+    }
+    let jobs: HashSet<i64> = published.iter().map(|(_, _, id)| *id).collect();
+    assert!(
+        jobs.len() >= 4,
+        "4 s of events in 2 keys with a max_wait of 2 s made {} jobs",
+        jobs.len()
+    );
+    sub.shutdown(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}"));
+    forget_keys(&live, &t);
+}
+per_db_form!(a_worker_claims_mid_burst);
+
+/// Sets its flag when dropped.
+struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
