@@ -479,6 +479,7 @@ pub use error::{
     BrokerError, DbErrorKind, NextError, Result, CHECKPOINT_MAX, LAST_ERROR_MAX, LEASE_RAN_OUT,
     OUTPUT_MAX,
 };
+pub use model::collect::{COLLECT_KEY_MAX, COLLECT_MAX_BYTES, COLLECT_MAX_EVENTS};
 pub use model::retry::RetryPolicy;
 pub use model::table::{ColumnType, Form, Isolation, Role, Table, DEFAULT_QUEUE, MAX_NAME_LEN};
 pub use model::value::Value;

@@ -600,3 +600,79 @@ fn unique_for_keeps_the_key_for_its_period(db: Db, form: Form) {
     ));
 }
 per_db_form!(unique_for_keeps_the_key_for_its_period);
+
+/// An update of a lease job whose holder stopped renewing (its lease ran out, unsettled):
+/// the update records the lost lease (as a claim would) and clears it, so the late holder's
+/// ack is `LeaseLost` and the new version is what the next claim runs.
+///
+/// Fails (seen in review: the update left the run-out lease in place) with the late ack
+/// `Ok(())` completing the job, whose new payload never ran.
+fn an_update_takes_over_a_lost_lease(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = l.create(
+        Table::new(common::unique("hu_lost"))
+            .text_column("k")
+            .lease(Duration::from_secs(1))
+            .keep_completed(Duration::from_secs(3600)),
+    );
+    let id = l.broker.publish(&t, Message::new(b"old".to_vec())).unwrap();
+    let a = l.broker.subscription(&t).start().unwrap();
+    let held = common::next(&a, Duration::from_secs(10));
+    assert!(matches!(
+        a.shutdown(Duration::ZERO),
+        Err(sqlbroker::BrokerError::Unsettled { .. })
+    ));
+    // The lease (1 s, in whole seconds) has run out.
+    std::thread::sleep(Duration::from_millis(2500));
+    let other = l.connect();
+    let changed = other.update(&t, id, JobUpdate::new().payload(b"new".to_vec()));
+    assert!(matches!(changed, Ok(true)), "{changed:?}");
+    let late = held.ack();
+    assert!(
+        matches!(late, Err(ref e) if e.is_lease_lost()),
+        "the late holder's ack: {late:?}"
+    );
+    let b = other.subscription(&t).start().unwrap();
+    let d = common::next(&b, Duration::from_secs(10));
+    assert_eq!(d.payload(), b"new");
+    let job = l.broker.job(&t, id).unwrap().unwrap();
+    assert!(job.abandoned(), "the lost lease went unrecorded: {job:?}");
+    d.ack().unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+per_db!(an_update_takes_over_a_lost_lease);
+
+/// `replace_waiting` with `after_signal` is refused, as with `after`, and changes nothing: the
+/// job waiting for its signal keeps its payload and its wait, and the signal releases it.
+///
+/// Fails (seen in review) with a raw duplicate-key database error from the waits' table and,
+/// in the row lock form on the servers, the payload already replaced.
+fn replacing_with_a_signal_wait_is_refused(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let name = common::unique("hu_sig");
+    let t = l.create(
+        common::describe(&name, form, Duration::from_secs(30))
+            .dedup()
+            .dependencies(),
+    );
+    let s = common::unique("sig");
+    let m = |b: &str| {
+        Message::new(b.as_bytes().to_vec())
+            .set("k", "a")
+            .dedup_key("order-7")
+            .after_signal(&s)
+    };
+    let id = l.broker.publish(&t, m("v1")).unwrap();
+    let again = l.broker.publish(&t, m("v2").replace_waiting());
+    assert!(
+        matches!(again, Err(sqlbroker::BrokerError::InvalidMessage { .. })),
+        "{again:?}"
+    );
+    let job = l.broker.job(&t, id).unwrap().unwrap();
+    assert_eq!(
+        (job.payload(), job.state()),
+        (&b"v1"[..], JobState::Waiting)
+    );
+    assert_eq!(l.broker.signal(&t, &s, b"go").unwrap(), 1);
+}
+per_db_form!(replacing_with_a_signal_wait_is_refused);

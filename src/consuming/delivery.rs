@@ -195,6 +195,50 @@ impl Delivery {
         &self.payload
     }
 
+    /// The payload of every event of a collected job
+    /// ([`Message::collect`](crate::Message::collect)), in publish order. A job published
+    /// without `collect` reads as one event, its payload. Read from the claimed row: no
+    /// statement.
+    ///
+    /// A collected job's [`payload`](Delivery::payload) is its events framed (a header
+    /// starting with a NUL byte, then each event as a 4-byte big-endian length and its
+    /// bytes); a payload of your own that starts with that header reads as events too.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Decode`](crate::BrokerError::Decode): the payload starts with the
+    /// header but its frames do not add up (a row written by hand).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("typing").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// for text in ["h", "he", "hel"] {
+    ///     let ms = Duration::from_millis;
+    ///     let event = Message::new(text.as_bytes().to_vec()).collect("user-1", ms(500), ms(5_000));
+    ///     broker.publish(&jobs, event)?;
+    /// }
+    /// let sub = broker.subscription(&jobs).start()?;
+    /// let d = sub.next_delivery_timeout(Duration::from_secs(10)).expect("due within seconds");
+    /// assert_eq!(d.collected()?, [b"h".to_vec(), b"he".to_vec(), b"hel".to_vec()]);
+    /// d.ack()?;
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn collected(&self) -> Result<Vec<Vec<u8>>> {
+        match crate::model::collect::decode(&self.payload) {
+            None => Ok(vec![self.payload.clone()]),
+            Some(Ok(events)) => Ok(events),
+            Some(Err(why)) => Err(BrokerError::Decode {
+                table: self.ctx.spec().name.clone(),
+                id: self.id,
+                source: why.into(),
+            }),
+        }
+    }
+
     /// The value of a column of the table's description (`None` for a column it does not
     /// describe; [`Value::Null`] for SQL `NULL`).
     pub fn get(&self, column: &str) -> Option<&Value> {

@@ -24,6 +24,7 @@ use crate::model::table::{Form, TableSpec};
 use crate::model::value::Value;
 pub(crate) use conn::DbConn;
 
+pub(crate) mod collect;
 pub(crate) mod conn;
 pub(crate) mod deps;
 #[cfg(any(

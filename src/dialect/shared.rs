@@ -138,12 +138,23 @@ impl Syntax {
     /// ones before it, so the lease's old value must be read before it is written.
     pub fn lease_take_set(&self, spec: &TableSpec, value: &str, alias: &str) -> String {
         let (lu, att) = (self.q(&spec.locked_until), self.q(&spec.attempts));
+        format!(
+            "{}, {lu} = {value}, {att} = {alias}{att} + 1",
+            self.lease_lost_set(spec, alias)
+        )
+    }
+
+    /// The assignments that record a lease run out unsettled on the row a statement takes over
+    /// from it (a claim, or an update in place, which then clears the lease): `errors` and
+    /// `last_error` as [`Syntax::lease_take_set`] says, reading the lease before it is
+    /// written (put them before the lease's own assignment).
+    pub fn lease_lost_set(&self, spec: &TableSpec, alias: &str) -> String {
+        let lu = self.q(&spec.locked_until);
         let (errors, last) = (self.q(&spec.errors), self.q(&spec.last_error));
         let lost = format!("{alias}{lu} IS NOT NULL");
         format!(
             "{errors} = {alias}{errors} + CASE WHEN {lost} THEN 1 ELSE 0 END, \
-             {last} = CASE WHEN {lost} THEN '{}' ELSE {alias}{last} END, \
-             {lu} = {value}, {att} = {alias}{att} + 1",
+             {last} = CASE WHEN {lost} THEN '{}' ELSE {alias}{last} END",
             crate::error::LEASE_RAN_OUT
         )
     }
@@ -1646,7 +1657,8 @@ impl Syntax {
 
     /// The update in place of one job ([`Broker::update`](crate::Broker::update), and the
     /// publish that replaces a waiting job): sets what `fields` names on row `id` if it is
-    /// live (`dead_at` empty: not dead, not completed) and, in the lease form, not leased.
+    /// live (`dead_at` empty: not dead, not completed) and, in the lease form, not leased (a
+    /// lease run out is recorded as a lost one and cleared).
     /// The row lock form takes the row `FOR UPDATE SKIP LOCKED` first and the advisory form
     /// runs it under the row's key: their "not in work" is decided there, not here.
     ///
@@ -1680,6 +1692,13 @@ impl Syntax {
             } else {
                 set.push(format!("{run_at} = {}", p()));
             }
+        }
+        if spec.form == Form::Lease {
+            // A lease run out unsettled is recorded and cleared: the late holder's settlement
+            // then fails its fence (`LeaseLost`) instead of finishing the job it no longer
+            // holds, whose new version would never run.
+            set.push(self.lease_lost_set(spec, ""));
+            set.push(format!("{} = NULL", self.q(&spec.locked_until)));
         }
         let mut sql = format!(
             "UPDATE {t} SET {} WHERE {id} = {} AND {} IS NULL",

@@ -2,6 +2,7 @@
 //! holds, the time rules, retry policies and the column checks. Pure data and rules, no I/O;
 //! it uses only the errors, and names no room above it.
 
+pub(crate) mod collect;
 pub(crate) mod retry;
 pub(crate) mod schedule;
 pub(crate) mod schema;

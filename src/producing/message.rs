@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::error::BrokerError;
 use crate::error::Result;
+use crate::model::collect::Collect;
 use crate::model::table::ColumnType;
 use crate::model::table::TableSpec;
 use crate::model::value::Value;
@@ -33,22 +34,38 @@ pub struct Message {
     priority: Option<i16>,
     /// The jobs it waits on ([`Message::after`], [`Message::after_settled`]).
     parents: Vec<Parent>,
-    /// The signal it waits for ([`Message::after_signal`]) and how long at most
-    /// ([`Message::wait_timeout`]), boxed: most messages wait for none.
-    signal: Option<Box<(Option<String>, Option<Duration>)>>,
     /// The W3C trace context ([`Message::traceparent`]), checked at publish.
     traceparent: Option<String>,
     /// The named queue ([`Message::queue`]), checked at publish.
     queue: Option<String>,
     /// The job kind ([`Message::kind`]), checked at publish.
     kind: Option<String>,
+    /// The options few messages use (signals, replacing, a unique period, collecting),
+    /// boxed: a message that uses none stays small (it is moved into batches and channels).
+    rare: Option<Box<Rare>>,
+}
+
+/// The options of [`Message`] few messages use, in one box.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Rare {
+    /// The signal it waits for ([`Message::after_signal`]).
+    signal: Option<String>,
+    /// How long at most ([`Message::wait_timeout`]).
+    wait_timeout: Option<Duration>,
     /// Replaces the waiting job that holds its dedup key ([`Message::replace_waiting`]).
     replace: bool,
     /// The key's period ([`Message::unique_for`]).
     unique_for: Option<Duration>,
+    /// The burst it joins ([`Message::collect`]), checked at publish.
+    collect: Option<Collect>,
 }
 
 impl Message {
+    /// The rare options, made on first use.
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Default::default)
+    }
+
     /// A message with `payload` as its body.
     pub fn new(payload: impl Into<Vec<u8>>) -> Self {
         Message {
@@ -59,12 +76,10 @@ impl Message {
             dedup_key: None,
             priority: None,
             parents: Vec::new(),
-            signal: None,
             traceparent: None,
             queue: None,
             kind: None,
-            replace: false,
-            unique_for: None,
+            rare: None,
         }
     }
 
@@ -178,13 +193,13 @@ impl Message {
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     pub fn replace_waiting(mut self) -> Self {
-        self.replace = true;
+        self.rare().replace = true;
         self
     }
 
     /// True if set with [`Message::replace_waiting`].
     pub(crate) fn replaces(&self) -> bool {
-        self.replace
+        self.rare.as_ref().is_some_and(|r| r.replace)
     }
 
     /// At most one job of this message's dedup key per period `d`: the publish is a
@@ -225,13 +240,13 @@ impl Message {
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     pub fn unique_for(mut self, d: Duration) -> Self {
-        self.unique_for = Some(d);
+        self.rare().unique_for = Some(d);
         self
     }
 
     /// The period set with [`Message::unique_for`].
     pub(crate) fn unique_period(&self) -> Option<Duration> {
-        self.unique_for
+        self.rare.as_ref().and_then(|r| r.unique_for)
     }
 
     /// Sets the column `column` (a column the table describes) to `value`; unset columns are
@@ -383,7 +398,7 @@ impl Message {
     /// # Ok::<(), sqlbroker::BrokerError>(())
     /// ```
     pub fn after_signal(mut self, name: impl Into<String>) -> Self {
-        self.signal.get_or_insert_with(Default::default).0 = Some(name.into());
+        self.rare().signal = Some(name.into());
         self
     }
 
@@ -395,7 +410,77 @@ impl Message {
     /// which the handler reads. Without `after_signal`, refused at publish
     /// ([`BrokerError::InvalidMessage`]).
     pub fn wait_timeout(mut self, d: Duration) -> Self {
-        self.signal.get_or_insert_with(Default::default).1 = Some(d);
+        self.rare().wait_timeout = Some(d);
+        self
+    }
+
+    /// Collects this event with the others of `key` into one job (debounce-and-collect):
+    /// events published with the same key while their job has not been claimed become **one**
+    /// job. Each event moves the job's due time to `quiet` after it, but never past `max_wait`
+    /// after the key's first event: the job runs once no event came for `quiet`, or at
+    /// `max_wait`, whichever is first. Its handler reads every event's payload, in publish
+    /// order, with [`Delivery::collected`](crate::Delivery::collected).
+    ///
+    /// [`Broker::publish`](crate::Broker::publish) returns the id of the job the event went
+    /// into. Exact across brokers and processes: the publishes of one key take turns on the
+    /// key's row in the database's `sqlbroker_collect` table, and an event joins a job only
+    /// if, in that same transaction and under the job's row lock, the job is still not due
+    /// by the database's clock (the clock claims read) and has never been claimed; otherwise
+    /// it starts the next job. So no event is lost or in two jobs, and an event published
+    /// once the job is due or claimed is in the next one. A job holds at most
+    /// [`COLLECT_MAX_EVENTS`](crate::COLLECT_MAX_EVENTS) events and
+    /// [`COLLECT_MAX_BYTES`](crate::COLLECT_MAX_BYTES) of them: the event that fills it
+    /// makes it due at once, one that would not fit starts the next job. The job takes the
+    /// first event's column values, queue, kind and priority; a later event adds its payload
+    /// only. Due times are whole seconds, as every due time.
+    ///
+    /// Any table may collect. Refused with [`BrokerError::InvalidMessage`], nothing written:
+    /// an empty key (or one over [`COLLECT_KEY_MAX`](crate::COLLECT_KEY_MAX) characters, or
+    /// holding a NUL), a zero `quiet`, a `max_wait` shorter than `quiet`, an event over
+    /// `COLLECT_MAX_BYTES` less 4, and with a delay, a dedup key or jobs to wait on
+    /// ([`Message::after`]); a collected message is published by `Broker::publish` alone
+    /// (not in a batch, a group or your own transaction).
+    ///
+    /// ```
+    /// use sqlbroker::{Broker, Message, Table};
+    /// use std::time::Duration;
+    ///
+    /// let broker = Broker::connect("sqlite::memory:")?;
+    /// let jobs = Table::new("reindex").lease(Duration::from_secs(30));
+    /// broker.create_table(&jobs)?;
+    /// let edit = |text: &str| {
+    ///     Message::new(text.as_bytes().to_vec()).collect(
+    ///         "doc-7",
+    ///         Duration::from_secs(2),
+    ///         Duration::from_secs(30),
+    ///     )
+    /// };
+    /// let a = broker.publish(&jobs, edit("one"))?;
+    /// let b = broker.publish(&jobs, edit("two"))?;
+    /// assert_eq!(a, b); // one job for the burst
+    /// # Ok::<(), sqlbroker::BrokerError>(())
+    /// ```
+    pub fn collect(mut self, key: impl Into<String>, quiet: Duration, max_wait: Duration) -> Self {
+        self.rare().collect = Some(Collect {
+            key: key.into(),
+            quiet,
+            max_wait,
+        });
+        self
+    }
+
+    /// The burst set with [`Message::collect`].
+    pub(crate) fn collecting(&self) -> Option<&Collect> {
+        self.rare.as_ref().and_then(|r| r.collect.as_ref())
+    }
+
+    /// The message as the first event of a new job of its burst: its payload framed, due
+    /// `quiet` from now, collected no more.
+    pub(crate) fn into_first_event(mut self) -> Self {
+        if let Some(c) = self.rare.as_mut().and_then(|r| r.collect.take()) {
+            self.payload = crate::model::collect::first(&self.payload);
+            self.delay = c.quiet;
+        }
         self
     }
 
@@ -406,8 +491,8 @@ impl Message {
 
     /// The signal it waits for, and for how long at most.
     pub(crate) fn signal_wait(&self) -> (Option<&str>, Option<Duration>) {
-        match self.signal.as_deref() {
-            Some((name, timeout)) => (name.as_deref(), *timeout),
+        match self.rare.as_deref() {
+            Some(r) => (r.signal.as_deref(), r.wait_timeout),
             None => (None, None),
         }
     }
@@ -437,6 +522,15 @@ impl Message {
         now: std::time::SystemTime,
         out: &mut Vec<Value>,
     ) -> Result<()> {
+        if self.collecting().is_some() {
+            return Err(BrokerError::InvalidMessage {
+                table: spec.name.clone(),
+                reason: "a collected message (Message::collect) is published by \
+                         Broker::publish alone, not in a batch, a group or a transaction of \
+                         yours"
+                    .into(),
+            });
+        }
         if self.priority.is_some() && spec.priority.is_none() {
             return Err(BrokerError::InvalidMessage {
                 table: spec.name.clone(),

@@ -47,7 +47,7 @@ impl<'a> Target<'a> {
         }
     }
 
-    fn err(&self, e: DbError) -> BrokerError {
+    pub(crate) fn err(&self, e: DbError) -> BrokerError {
         e.during("publish", &self.spec.name)
     }
 }
@@ -230,9 +230,9 @@ fn check_replace(t: &Target<'_>, message: &Message) -> Result<()> {
     let why = if message.dedup_value().is_none() || t.spec.dedup_key.is_none() {
         "Message::replace_waiting replaces the job holding the message's dedup key: give it \
          one (Message::dedup_key, on a table described with Table::dedup)"
-    } else if !message.parents().is_empty() {
-        "Message::replace_waiting with Message::after: a job that waits on others is not \
-         replaced"
+    } else if !message.parents().is_empty() || message.signal_wait().0.is_some() {
+        "Message::replace_waiting with Message::after or Message::after_signal: a job that \
+         waits on others or on a signal is not replaced"
     } else if t.queue.is_none() {
         "Message::replace_waiting is for Broker::publish, not a group's publish or one \
          inside the application's transaction"
@@ -492,7 +492,7 @@ pub(crate) fn many(
 
 /// Runs `f` in a write transaction of its own on `conn`: committed if it returns `Ok`, rolled
 /// back (or the connection discarded) otherwise.
-fn in_own_transaction<T>(
+pub(crate) fn in_own_transaction<T>(
     t: &Target<'_>,
     conn: &mut dyn DbConn,
     f: impl FnOnce(&mut dyn DbConn) -> Result<T>,
@@ -764,6 +764,12 @@ impl Broker {
     ///   victim (rolled back whole).
     pub fn publish(&self, table: &Table, message: Message) -> Result<i64> {
         let q = self.queue(table)?;
+        if message.collecting().is_some() {
+            let id = crate::producing::collect::publish(&q, message)?;
+            q.meters.published(1);
+            self.announce(&q, 1);
+            return Ok(id);
+        }
         let mut conn = q.conn("publish")?;
         let t = Target::of(&q);
         let id = match waits_on_others(&message) {

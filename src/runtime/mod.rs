@@ -109,6 +109,9 @@ pub(crate) struct Queue {
     /// The record's text as a subscription's pause check last compared it with this
     /// description ([`registry::unenforced`]).
     pub record_seen: Mutex<Option<String>>,
+    /// Collected jobs ([`Message::collect`](crate::Message::collect)): their statements and
+    /// this broker's state of the keys' table, made on the first collect publish.
+    pub collects: crate::dialect::collect::Collects,
 }
 
 /// Lease acks grouped into one commit: each item is a row of a table and the tokens it may
@@ -165,6 +168,7 @@ impl Queue {
             flow: Default::default(),
             others: Default::default(),
             record_seen: Mutex::new(None),
+            collects: Default::default(),
         }
     }
 

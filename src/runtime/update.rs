@@ -330,9 +330,15 @@ mod tests {
             let pg = crate::dialect::open("postgres://u@h/d?sslmode=disable", &opts).unwrap();
             assert_eq!(
                 pg.syntax().update_job(&lease, &all),
-                "UPDATE \"jobs\" SET \"payload\" = $1, \"n\" = $2, \"priority\" = $3, \
-                 \"run_at\" = $4 WHERE \"id\" = $5 AND \"dead_at\" IS NULL AND \
-                 (\"locked_until\" IS NULL OR \"locked_until\" <= $6)"
+                format!(
+                    "UPDATE \"jobs\" SET \"payload\" = $1, \"n\" = $2, \"priority\" = $3, \
+                     \"run_at\" = $4, \"errors\" = \"errors\" + CASE WHEN \"locked_until\" IS NOT \
+                     NULL THEN 1 ELSE 0 END, \"last_error\" = CASE WHEN \"locked_until\" IS NOT \
+                     NULL THEN '{}' ELSE \"last_error\" END, \"locked_until\" = NULL WHERE \
+                     \"id\" = $5 AND \"dead_at\" IS NULL AND (\"locked_until\" IS NULL OR \
+                     \"locked_until\" <= $6)",
+                    crate::error::LEASE_RAN_OUT
+                )
             );
             let waits = Table::new("jobs").dependencies().validate().unwrap();
             let due = UpdateFields {
@@ -350,9 +356,14 @@ mod tests {
             let my = crate::dialect::open("mysql://u@h/d", &opts).unwrap();
             assert_eq!(
                 my.syntax().update_job(&lease, &all),
-                "UPDATE `jobs` SET `payload` = ?, `n` = ?, `priority` = ?, `run_at` = ? \
-                 WHERE `id` = ? AND `dead_at` IS NULL AND (`locked_until` IS NULL OR \
-                 `locked_until` <= ?)"
+                format!(
+                    "UPDATE `jobs` SET `payload` = ?, `n` = ?, `priority` = ?, `run_at` = ?, \
+                     `errors` = `errors` + CASE WHEN `locked_until` IS NOT NULL THEN 1 ELSE 0 \
+                     END, `last_error` = CASE WHEN `locked_until` IS NOT NULL THEN '{}' ELSE \
+                     `last_error` END, `locked_until` = NULL WHERE `id` = ? AND `dead_at` IS \
+                     NULL AND (`locked_until` IS NULL OR `locked_until` <= ?)",
+                    crate::error::LEASE_RAN_OUT
+                )
             );
             // A key's unique period: names and keys compared byte for byte.
             let u = my.syntax().unique_sql(&lease, my.database());
