@@ -733,6 +733,11 @@ impl Broker {
         if let Some(h) = held_here {
             q.held_here = h;
         }
+        if !self.inner.manage_schema {
+            // The tables made on first use are the migrations' (`Database::library_ddl`).
+            q.collects.made = true.into();
+            q.unique_made = true.into();
+        }
         if self.inner.dialect.shared_acks_begin().is_some() {
             q.acks = self.inner.acks.clone();
         }

@@ -94,8 +94,8 @@ impl Database {
     /// schedules' records `sqlbroker_periodics` and the maintainer's election
     /// `sqlbroker_maintainer` (with its one row). A broker built with
     /// [`manage_schema(false)`](crate::BrokerBuilder::manage_schema) makes none of them: without
-    /// them it records no action, no heartbeat, no schedule, and elects no maintainer (so
-    /// nothing is pruned by itself). Each statement is idempotent; `sqlbroker library-schema`
+    /// them it records no action, no heartbeat, no schedule, elects no maintainer (so
+    /// nothing is pruned by itself), and refuses collected and unique-period publishes. Each statement is idempotent; `sqlbroker library-schema`
     /// prints them as a script.
     ///
     /// # Errors
@@ -120,6 +120,11 @@ impl Database {
         if let Some(m) = dialect.maintainer() {
             out.extend([m.create.to_string(), m.seed.to_string()]);
         }
+        // The tables of collected bursts' keys and of unique periods' holders: the same for
+        // every queue table (any description gives them).
+        let any = Table::new("sqlbroker").validate()?;
+        out.extend(crate::dialect::collect::statements(dialect, &any).create);
+        out.push(dialect.syntax().unique_sql(&any, dialect.database()).create);
         Ok(out)
     }
 }

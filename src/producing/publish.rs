@@ -297,10 +297,17 @@ fn unique_keyed(
     d: std::time::Duration,
 ) -> Result<i64> {
     let u = t.dialect.syntax().unique_sql(t.spec, t.dialect.database());
-    // Made on first use, outside the transaction (MySQL commits around DDL). Two sessions
-    // making it at once on PostgreSQL may collide in its catalog: once more.
-    if conn.batch(&u.create).is_err() {
-        conn.batch(&u.create).map_err(|e| t.err(e))?;
+    // Made on first use, outside the transaction (MySQL commits around DDL), once per broker
+    // and table (never by a broker that runs no DDL). Two sessions making it at once on
+    // PostgreSQL may collide in its catalog: once more.
+    let made = t.queue.map(|q| &q.unique_made);
+    if !made.is_some_and(|m| m.load(std::sync::atomic::Ordering::Acquire)) {
+        if conn.batch(&u.create).is_err() {
+            conn.batch(&u.create).map_err(|e| t.err(e))?;
+        }
+        if let Some(m) = made {
+            m.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
     let names = [Value::Text(t.spec.name.clone()), Value::Text(key.clone())];
     let run = |conn: &mut dyn DbConn| -> Result<i64> {

@@ -112,6 +112,10 @@ pub(crate) struct Queue {
     /// Collected jobs ([`Message::collect`](crate::Message::collect)): their statements and
     /// this broker's state of the keys' table, made on the first collect publish.
     pub collects: crate::dialect::collect::Collects,
+    /// `sqlbroker_unique` ([`Message::unique_for`](crate::Message::unique_for)) is made (or
+    /// is not this broker's to make: [`BrokerBuilder::manage_schema`](crate::BrokerBuilder::manage_schema)
+    /// off), so a publish runs no DDL.
+    pub unique_made: AtomicBool,
 }
 
 /// Lease acks grouped into one commit: each item is a row of a table and the tokens it may
@@ -169,6 +173,7 @@ impl Queue {
             others: Default::default(),
             record_seen: Mutex::new(None),
             collects: Default::default(),
+            unique_made: AtomicBool::new(false),
         }
     }
 
