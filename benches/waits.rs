@@ -208,7 +208,10 @@ fn collect_cell(db: &str, url: &str) {
     }
     sub.close();
     assert_eq!(twice, 0, "{cell}: events in two jobs");
-    assert_eq!(out_of_order, 0, "{cell}: events out of publish order in a job");
+    assert_eq!(
+        out_of_order, 0,
+        "{cell}: events out of publish order in a job"
+    );
     assert_eq!(seen.len(), events, "{cell}: events lost");
     let jobs = sizes.len();
     let (kmin, kmax) = (

@@ -22,6 +22,8 @@
 //!
 //! // The `rusqlite` crate, re-exported at the version `publish` takes.
 //! let mut conn = sqlbroker::sqlite::driver::Connection::open(&file)?;
+//! // Other connections write the file too (the broker's own threads): wait for them.
+//! conn.busy_timeout(std::time::Duration::from_secs(5))?;
 //! let tx = conn.transaction()?;
 //! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
 //! drop(tx); // rolled back: no job

@@ -206,7 +206,7 @@ impl Delivery {
     ///
     /// # Errors
     ///
-    /// [`BrokerError::Decode`](crate::BrokerError::Decode): the payload starts with the
+    /// [`BrokerError::Decode`]: the payload starts with the
     /// header but its frames do not add up (a row written by hand).
     ///
     /// ```

@@ -225,6 +225,15 @@ impl<T: Into<Value>> From<Option<T>> for Value {
     }
 }
 
+/// Sets `column` to `value` in a list of column values, replacing the value it had (setting a
+/// column twice keeps the last): what a message's and an update's `set` share.
+pub(crate) fn set_in(values: &mut Vec<(String, Value)>, column: String, value: Value) {
+    match values.iter_mut().find(|(c, _)| *c == column) {
+        Some(slot) => slot.1 = value,
+        None => values.push((column, value)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

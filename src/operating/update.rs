@@ -49,12 +49,7 @@ impl JobUpdate {
     /// key's, the FIFO group) is refused: a claim that read the job before the change could
     /// take it under its old key while another takes it under the new one.
     pub fn set(mut self, column: impl Into<String>, value: impl Into<Value>) -> Self {
-        let column = column.into();
-        let value = value.into();
-        match self.values.iter_mut().find(|(c, _)| *c == column) {
-            Some(slot) => slot.1 = value,
-            None => self.values.push((column, value)),
-        }
+        crate::model::value::set_in(&mut self.values, column.into(), value.into());
         self
     }
 

@@ -260,12 +260,7 @@ impl Message {
     /// [`BrokerError::InvalidMessage`] before any SQL runs, rather than converted differently by
     /// each database.
     pub fn set(mut self, column: impl Into<String>, value: impl Into<Value>) -> Self {
-        let column = column.into();
-        let value = value.into();
-        match self.values.iter_mut().find(|(c, _)| *c == column) {
-            Some(slot) => slot.1 = value,
-            None => self.values.push((column, value)),
-        }
+        crate::model::value::set_in(&mut self.values, column.into(), value.into());
         self
     }
 
