@@ -397,7 +397,7 @@ impl Syntax {
             })
             .collect();
         DepsSql {
-            signals: self.signal_sql(how),
+            signals: self.signal_sql(DEPS_TABLE, how.locking),
             create,
             head_touch_many,
             head_read_many,

@@ -13,7 +13,6 @@
 //!
 //! [`Message::after_signal`]: crate::Message::after_signal
 
-use crate::dialect::deps::{Spelling, DEPS_TABLE};
 use crate::dialect::shared::Syntax;
 
 /// What a signal's `parent_table` starts with (never a table name's first character).
@@ -85,9 +84,11 @@ pub(crate) struct SignalSql {
 }
 
 impl Syntax {
-    /// The signals' statements, as the database spells them (`how`).
-    pub fn signal_sql(&self, how: &Spelling) -> SignalSql {
-        let t = self.q(DEPS_TABLE);
+    /// The signals' statements on the waits' table `table`, `locking` the database's row lock
+    /// clause (` FOR UPDATE`, or nothing on SQLite): the waits' statements pass both, so this
+    /// module names nothing of theirs.
+    pub fn signal_sql(&self, table: &str, locking: &str) -> SignalSql {
+        let t = self.q(table);
         let p = |n| self.p(n);
         SignalSql {
             wait_read: format!(
@@ -97,7 +98,7 @@ impl Syntax {
                 p(2),
                 p(3),
                 p(4),
-                how.locking
+                locking
             ),
             wait_deadline: format!(
                 "SELECT at FROM {t} WHERE parent_table = {} AND parent = {} AND child_table = {} \

@@ -8,3 +8,4 @@ pub(crate) mod message;
 #[cfg(feature = "cron")]
 pub(crate) mod periodic;
 pub(crate) mod publish;
+pub(crate) mod publish_one;
