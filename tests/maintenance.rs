@@ -302,8 +302,13 @@ fn old_completed(live: &Live, t: &Table, n: usize) {
 }
 
 /// A maintainer whose batch is held past its lease (another session holds a row lock its
-/// delete waits on for 8 s; lease 3 s) stops saying it maintains once its lease has run out
+/// delete waits on for 16 s; lease 3 s) stops saying it maintains once its lease has run out
 /// on its own clock, while a second broker is elected: never both at once.
+///
+/// The lock is held before `a` runs, so `a`'s first pass waits on it whenever it starts; and
+/// `a` is watched only once a renewal has followed the lease expired by hand (which may have
+/// been `a`'s own: until its next renewal it rightly says it maintains, and `b` could take
+/// the expired row at once).
 ///
 /// Fails (seen: `is_maintainer` read the term alone, held until the next renewal said
 /// otherwise) with `both maintain` (about 40 samples of 100 ms on PostgreSQL).
@@ -316,27 +321,46 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
             .keep_completed(Duration::from_secs(3600)),
     );
     old_completed(&live, &t, 3000);
-    let a = maintaining(&live.url);
-    expire_by_hand(&live);
-    assert!(
-        common::wait_for(Duration::from_secs(10), || a.is_maintainer()),
-        "a was never elected"
-    );
-    // Held before the first batch reaches the first row (its first pass is a second away).
+    // The first row any batch deletes, locked for 16 s (the `SELECT`'s alias names the table,
+    // so the wait below finds this session and no other run's).
     let lock = match db {
         Db::Postgres => format!(
-            "BEGIN; SELECT id FROM {} WHERE id = (SELECT MIN(id) FROM {0}) FOR UPDATE; \
-             SELECT pg_sleep(8); COMMIT",
+            "BEGIN; SELECT id FROM {0} WHERE id = (SELECT MIN(id) FROM {0}) FOR UPDATE; \
+             SELECT pg_sleep(16) AS {0}; COMMIT",
             t.name()
         ),
         _ => format!(
             "START TRANSACTION; SELECT id FROM {0} WHERE id = (SELECT MIN(id) FROM {0}) \
-             FOR UPDATE; SELECT SLEEP(8); COMMIT",
+             FOR UPDATE; SELECT SLEEP(16) AS {0}; COMMIT",
             t.name()
         ),
     };
     let url = live.url.clone();
+    let locked_at = Instant::now();
     let locker = std::thread::spawn(move || common::exec(db, &url, &lock));
+    let sleeping = match db {
+        Db::Postgres => format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+             AND query LIKE '%pg_sleep(16) AS {}%'",
+            t.name()
+        ),
+        _ => format!(
+            "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() \
+             AND info LIKE '%SLEEP(16) AS {}%'",
+            t.name()
+        ),
+    };
+    assert!(
+        common::wait_for(Duration::from_secs(5), || live.ints(&sleeping)[0] == Some(1)),
+        "the lock was never taken"
+    );
+    let a = maintaining(&live.url);
+    expire_by_hand(&live);
+    std::thread::sleep(LEASE / 3 + Duration::from_millis(500));
+    assert!(
+        common::wait_for(Duration::from_secs(10), || a.is_maintainer()),
+        "a was never elected"
+    );
     let b = maintaining(&live.url);
     let start = Instant::now();
     let (mut both, mut b_elected) = (0, false);
@@ -346,11 +370,16 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
         b_elected |= ib;
         std::thread::sleep(Duration::from_millis(100));
     }
+    let held = locked_at.elapsed();
     locker.join().unwrap();
     assert_eq!(both, 0, "both maintain");
     assert!(
         b_elected,
         "the held-up maintainer was never replaced: the test proves nothing"
+    );
+    assert!(
+        held < Duration::from_secs(16),
+        "the lock was let go ({held:?}) before the watch ended: the test proves less"
     );
 }
 per_server!(a_held_up_maintainer_stops_saying_it_maintains);
