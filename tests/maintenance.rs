@@ -351,7 +351,8 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
         ),
     };
     assert!(
-        common::wait_for(Duration::from_secs(5), || live.ints(&sleeping)[0] == Some(1)),
+        common::wait_for(Duration::from_secs(5), || live.ints(&sleeping)[0]
+            == Some(1)),
         "the lock was never taken"
     );
     let a = maintaining(&live.url);

@@ -8,7 +8,9 @@
 //!   and reads the payload; operators see what it waits for. Fails (`Ready`, or 0) with the
 //!   release taken out of the signal.
 //! - A signal and its job's publish at the same instant from two brokers, many rounds: every
-//!   job released, delivered exactly once, reading the payload.
+//!   job released, delivered exactly once, reading the payload; and the same from another
+//!   process, its signal sent at the instant this one publishes (from 6 ms before to 6 ms
+//!   after, over the rounds).
 //! - A wait with a deadline runs without the signal past it (`Delivery::signal` is `None`);
 //!   a signal racing the deadline has exactly one outcome, which the signal's count and the
 //!   handler agree on.
@@ -21,8 +23,9 @@
 
 mod common;
 
+use std::io::{BufRead, Write};
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{next, unique, wait_for, Db, Live};
 use sqlbroker::{BrokerError, Form, JobState, Message, Table};
@@ -30,14 +33,17 @@ use sqlbroker::{BrokerError, Form, JobState, Message, Table};
 /// A table with dependencies in `form` (the advisory form's key reads a column unique per
 /// message), dropped at the end with its waits.
 fn table(l: &Live, form: Form) -> Table {
-    let name = unique("sig");
-    let t = Table::new(&name).text_column("u").dependencies();
-    let t = match form {
+    l.create(describe(&unique("sig"), form))
+}
+
+/// The description of the test's table `name` in `form` (also a child process's).
+fn describe(name: &str, form: Form) -> Table {
+    let t = Table::new(name).text_column("u").dependencies();
+    match form {
         Form::Lease => t.lease(Duration::from_secs(30)),
         Form::AdvisoryLock => t.advisory_lock(format!("{name}-{{u}}")),
         _ => t,
-    };
-    l.create(t)
+    }
 }
 
 fn message(body: &str) -> Message {
@@ -200,6 +206,123 @@ fn signal_racing_publish(db: Db, form: Form) {
     forget(&l, &t, &names);
 }
 per_db_form!(signal_racing_publish);
+
+const CHILD_ENV: &str = "SQLBROKER_SIGNAL_CHILD";
+
+/// Microseconds since the epoch, now.
+fn micros_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Sleeps until `at` (microseconds since the epoch) on the wall clock two processes share.
+fn sleep_until(at: u64) {
+    let now = micros_now();
+    if at > now {
+        std::thread::sleep(Duration::from_micros(at - now));
+    }
+}
+
+/// The child half: does nothing unless `SQLBROKER_SIGNAL_CHILD` is set. Then it prints
+/// `CHILD <pid>`, and for each line `<unix micros> <name>` on its stdin sends the signal
+/// `name` (its payload the name) at that instant and prints `SIGNALED <name> <released>`; it
+/// ends when its stdin closes.
+#[test]
+fn signal_child_entry() {
+    let Some((form, name, url)) = common::child_spec(CHILD_ENV) else {
+        return;
+    };
+    let broker = sqlbroker::Broker::connect(&url).expect("child: connect");
+    let t = describe(&name, common::form_from(&form));
+    let mut out = std::io::stdout();
+    writeln!(out, "\nCHILD {}", std::process::id()).unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("child: stdin");
+        let (at, s) = line.split_once(' ').expect("child: `<at> <name>`");
+        sleep_until(at.parse().expect("child: an instant"));
+        let n = broker.signal(&t, s, s.as_bytes()).expect("child: signal");
+        writeln!(out, "\nSIGNALED {s} {n}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// The signal sent by another process at the instant this one publishes its job (the
+/// publish moved from 6 ms before to 6 ms after the signal over the rounds, so either may
+/// commit first, or both meet): every job is released, by its signal or by the latch its
+/// publish read, never both (`signal` returns at most 1), and each is delivered once,
+/// reading the payload.
+///
+/// Fails (a job left `Waiting`) when a publish does not read a latch committed while it ran,
+/// or a signal does not release a wait committed while it ran: the two processes' statements
+/// must see each other's commit whichever comes first (seen failing on PostgreSQL, `job ..
+/// Waiting`, with the publish's lock on the signal's head taken out; MySQL's read of the head
+/// locks it by itself, and SQLite writes one at a time). Fails (`one order only`) where the
+/// race was not run: every signal before, or every one after, its publish.
+fn signal_from_another_process_racing_publish(db: Db, form: Form) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, form);
+    let mut child = common::spawn_child(
+        "signal_child_entry",
+        CHILD_ENV,
+        &format!("{}\t{}\t{}", common::form_name(form), t.name(), l.url),
+    );
+    let pid: u32 = child
+        .line_after("CHILD ", Duration::from_secs(60))
+        .expect("the child did not start")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(pid, std::process::id(), "the child is this process");
+    let rounds: i64 = 28;
+    let names: Vec<String> = (0..rounds).map(|_| name("proc")).collect();
+    let (mut ids, mut released) = (Vec::new(), 0);
+    let mut stdin = child.process.stdin.take().expect("the child's stdin");
+    for (i, s) in names.iter().enumerate() {
+        let at = micros_now() + 50_000;
+        writeln!(stdin, "{at} {s}").unwrap();
+        stdin.flush().unwrap();
+        // From 6 ms early to 6 ms late, in steps of 4/9 ms.
+        let offset = i as i64 * 12_000 / (rounds - 1) - 6_000;
+        sleep_until(at.saturating_add_signed(offset));
+        ids.push(l.broker.publish(&t, message("p").after_signal(s)).unwrap());
+        let said = child
+            .line_after(&format!("SIGNALED {s} "), Duration::from_secs(30))
+            .expect("the child did not signal");
+        let n: u64 = said.trim().parse().unwrap();
+        assert!(n <= 1, "one signal released {n} jobs");
+        released += n;
+    }
+    drop(stdin);
+    for id in &ids {
+        assert_eq!(state(&l, &t, *id), Some(JobState::Ready), "job {id}");
+    }
+    let sub = l.broker.subscription(&t).start().unwrap();
+    let mut seen = std::collections::HashMap::new();
+    for _ in 0..rounds {
+        let d = next(&sub, Duration::from_secs(10));
+        let s = d.signal().expect("each job read its signal");
+        assert_eq!(s.name().as_bytes(), s.payload());
+        *seen.entry(d.id()).or_insert(0) += 1;
+        d.ack().unwrap();
+    }
+    assert!(sub
+        .next_delivery_timeout(Duration::from_millis(500))
+        .is_err());
+    sub.shutdown(Duration::from_secs(10)).unwrap();
+    let _ = child.process.wait();
+    assert_eq!(seen.len(), rounds as usize, "{seen:?}");
+    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
+    assert!(
+        released > 0 && released < rounds as u64,
+        "{released} of {rounds} jobs released by the signal: one order only, the race not run"
+    );
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    forget(&l, &t, &names);
+}
+per_db_form!(signal_from_another_process_racing_publish);
 
 /// Past its deadline a job runs without the signal; a signal after that releases nothing
 /// and the job still reads none.

@@ -153,6 +153,22 @@ fn handle(world: &World, who: Who, d: Delivery, sink: &Sink) {
             .last_checkpoint()
             .map(|c| String::from_utf8_lossy(&c).into_owned());
         sink.now(who, What::ReadCheckpoint { id, attempt, data });
+        if world.signals {
+            let signal = d.signal().map(|s| {
+                (
+                    s.name().to_string(),
+                    String::from_utf8_lossy(s.payload()).into_owned(),
+                )
+            });
+            sink.now(
+                who,
+                What::ReadSignal {
+                    id,
+                    attempt,
+                    signal,
+                },
+            );
+        }
         if let Ok(deps) = d.waited_on() {
             if !deps.is_empty() {
                 let deps = deps
@@ -625,6 +641,7 @@ pub fn operator(
                 2,                                        // requeue every dead letter
                 4,                                        // purge a dead letter
                 5,                                        // delete a row by hand
+                if world.signals { 10 } else { 0 },       // a signal
             ];
             let t0 = now_micros();
             // A queue paused a moment (tables with queues), drawn apart from `r`.
@@ -745,6 +762,10 @@ pub fn operator(
                         t0,
                     );
                 }
+                10 => {
+                    let name = r.pick(&super::world::SIGNALS).to_string();
+                    signal(&broker, t, &ledger, name, t0);
+                }
                 _ => {
                     let Some(id) = ids.pick(&mut r) else { continue };
                     let sql = format!("DELETE FROM {} WHERE id = {id}", world.name);
@@ -758,9 +779,15 @@ pub fn operator(
                 }
             }
         }
-        // The run ends with the table resumed and its limits lifted: the drain needs it.
+        // The run ends with the table resumed, its limits lifted and every signal sent: the
+        // drain needs it.
         let t0 = now_micros();
         record(Op::Resume, broker.resume(t).map(|()| String::new()), t0);
+        if world.signals {
+            for name in super::world::SIGNALS {
+                signal(&broker, t, &ledger, name.to_string(), now_micros());
+            }
+        }
         for (key, _) in &world.limits {
             let t0 = now_micros();
             let res = broker.set_concurrency_limit(t, key, None);
@@ -777,6 +804,27 @@ pub fn operator(
             record(op, res.map(|()| String::new()), t0);
         }
     })
+}
+
+/// Sends signal `name` (its payload the name and the moment: each call's own), recording it.
+fn signal(broker: &Broker, t: &Table, ledger: &Ledger, name: String, t0: i64) {
+    let payload = format!("{name}@{t0}");
+    let res = broker.signal(t, &name, payload.as_bytes());
+    let t1 = now_micros();
+    ledger.push(Ev {
+        t0,
+        t1,
+        who: OPERATOR,
+        what: What::Op {
+            op: Op::Signal {
+                name,
+                payload,
+                released: *res.as_ref().unwrap_or(&0),
+            },
+            ok: res.is_ok(),
+            detail: format!("{res:?}"),
+        },
+    });
 }
 
 /// What the faults act on.

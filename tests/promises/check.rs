@@ -360,6 +360,9 @@ pub fn check(world: &World, evs: &[Ev], fin: &Final, waiting: &[i64]) -> Vec<Bro
     if world.profile == Profile::Compose {
         waits(&ix, &mut out);
         none_waits_for_ever(&ix, fin, waiting, &mut out);
+        if world.signals {
+            signals(&ix, &mut out);
+        }
         outputs(&ix, &mut out);
         checkpoints(&ix, &mut out);
     }
@@ -445,18 +448,149 @@ fn none_waits_for_ever(ix: &Index<'_>, fin: &Final, waiting: &[i64], out: &mut V
         if parents.iter().any(|p| fin.get(p) == Some(&false)) {
             continue;
         }
+        // Its signal may not have been sent (the end's signals failed).
+        if let Some(name) = &msg.signal {
+            if signal_ops(ix, name).iter().all(|(_, _, _, ok)| !ok) {
+                continue;
+            }
+        }
         let mut jobs = vec![*id];
         jobs.extend(&parents);
         out.push(Broken {
-            promise: "P18",
+            promise: if msg.signal.is_some() { "P38" } else { "P18" },
             what: format!(
                 "job {id} still waits after the drain, though every job it waits on \
-                 ({parents:?}) has ended"
+                 ({parents:?}) has ended{}",
+                msg.signal
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(" and its signal {s:?} was sent"))
             ),
             jobs,
             from: *t0,
             to: end,
         });
+    }
+}
+
+/// The calls that sent signal `name`: `(t0, t1, payload, ok)`, in the order made.
+fn signal_ops<'a>(ix: &Index<'a>, name: &str) -> Vec<(i64, i64, &'a str, bool)> {
+    ix.ops
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Op {
+                op: Op::Signal {
+                    name: n, payload, ..
+                },
+                ok,
+                ..
+            } if n == name => Some((e.t0, e.t1, payload.as_str(), *ok)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// P38: signals. A job that waits for signal `s` is claimed to run only once a call sending
+/// `s` may have committed, or, with a bound, once its deadline may have passed; a delivery
+/// reads the payload of the call that sent `s` first (a latch: later calls change nothing and
+/// release nothing), never none without a bound, and never none when it was published after
+/// `s` had been sent. Calls made after the first one returned release no job.
+fn signals(ix: &Index<'_>, out: &mut Vec<Broken>) {
+    let mut calls = HashMap::new();
+    for name in super::world::SIGNALS {
+        calls.insert(name.to_string(), signal_ops(ix, name));
+    }
+    // Per signal: when its first call began; when the first that returned `Ok` ended; the
+    // payloads that may have been first (calls begun before that end).
+    let first_start = |name: &str| calls[name].iter().map(|c| c.0).min();
+    let first_ok_end = |name: &str| calls[name].iter().filter(|c| c.3).map(|c| c.1).min();
+    let may_be_first = |name: &str, payload: &str| {
+        let end = first_ok_end(name).unwrap_or(i64::MAX);
+        calls[name].iter().any(|c| c.0 < end && c.2 == payload)
+    };
+    for e in &ix.ops {
+        if let What::Op {
+            op: Op::Signal { name, released, .. },
+            ok: true,
+            ..
+        } = &e.what
+        {
+            if first_ok_end(name).is_some_and(|end| e.t0 > end) && *released > 0 {
+                out.push(Broken {
+                    promise: "P38",
+                    what: format!(
+                        "signal {name:?} sent again after a first call had returned, and \
+                         released {released} jobs"
+                    ),
+                    jobs: Vec::new(),
+                    from: e.t0,
+                    to: e.t1,
+                });
+            }
+        }
+    }
+    let mut reads: HashMap<i64, Vec<&Ev>> = HashMap::new();
+    for e in ix.evs {
+        if let What::ReadSignal { id, .. } = &e.what {
+            reads.entry(*id).or_default().push(e);
+        }
+    }
+    for (id, (p0, _, msg)) in &ix.published {
+        let Some(name) = &msg.signal else { continue };
+        let deadline = msg
+            .signal_timeout_ms
+            .map(|ms| p0 + ms as i64 * 1000 - SLACK);
+        let sent_before_publish = calls[name.as_str()].iter().any(|c| c.3 && c.1 < *p0);
+        for r in ix.runs.get(id).into_iter().flatten() {
+            let Some((_, c1)) = r.claim else { continue };
+            let too_soon =
+                first_start(name).is_none_or(|s| c1 < s) && deadline.is_none_or(|d| c1 < d);
+            if too_soon {
+                out.push(Broken {
+                    promise: "P38",
+                    what: format!(
+                        "job {id} claimed before its signal {name:?} was sent{}",
+                        match msg.signal_timeout_ms {
+                            Some(ms) => format!(" and before its {ms} ms deadline"),
+                            None => String::new(),
+                        }
+                    ),
+                    jobs: vec![*id],
+                    from: *p0,
+                    to: c1,
+                });
+            }
+        }
+        for e in reads.get(id).into_iter().flatten() {
+            let What::ReadSignal {
+                attempt, signal, ..
+            } = &e.what
+            else {
+                continue;
+            };
+            let wrong = match signal {
+                Some((n, _)) if n != name => Some(format!("read signal {n:?}, not {name:?}")),
+                Some((_, p)) if !may_be_first(name, p) => {
+                    Some(format!("read payload {p:?}, not the first call's"))
+                }
+                Some(_) => None,
+                None if msg.signal_timeout_ms.is_none() => {
+                    Some("ran without its signal, with no deadline".to_string())
+                }
+                None if sent_before_publish => Some(
+                    "ran without its signal, though it was sent before the publish".to_string(),
+                ),
+                None => None,
+            };
+            if let Some(w) = wrong {
+                out.push(Broken {
+                    promise: "P38",
+                    what: format!("job {id} (attempt {attempt}) waiting for {name:?}: {w}"),
+                    jobs: vec![*id],
+                    from: *p0,
+                    to: e.t1,
+                });
+            }
+        }
     }
 }
 

@@ -82,6 +82,9 @@ pub struct Msg {
     /// Tables with queues and kinds: its queue and kind.
     pub queue: Option<String>,
     pub kind: Option<String>,
+    /// The signal it waits for (`after_signal`), and the wait's bound in ms (`wait_timeout`).
+    pub signal: Option<String>,
+    pub signal_timeout_ms: Option<u64>,
 }
 
 /// An operator's call.
@@ -106,6 +109,12 @@ pub enum Op {
     /// `pause_queue(queue)`, `resume_queue(queue)`.
     PauseQueue(String),
     ResumeQueue(String),
+    /// `signal(name, payload)`: how many jobs it released (0 when the call failed).
+    Signal {
+        name: String,
+        payload: String,
+        released: u64,
+    },
 }
 
 /// A fault the run made.
@@ -191,6 +200,13 @@ pub enum What {
         attempt: u32,
         deps: Vec<(i64, Option<String>, Option<String>)>,
     },
+    /// What a delivery read of the signal it waited for: `(name, payload)`, `None` if its
+    /// wait timed out.
+    ReadSignal {
+        id: i64,
+        attempt: u32,
+        signal: Option<(String, String)>,
+    },
     /// A handler set its output before its ack.
     Output {
         id: i64,
@@ -221,7 +237,8 @@ impl Ev {
             | What::Checkpointed { id, .. }
             | What::ReadCheckpoint { id, .. }
             | What::Output { id, .. }
-            | What::WaitedOn { id, .. } => Some(*id),
+            | What::WaitedOn { id, .. }
+            | What::ReadSignal { id, .. } => Some(*id),
             What::Op {
                 op: Op::Cancel(id) | Op::RunNow(id) | Op::Delete(id),
                 ..
@@ -279,6 +296,18 @@ impl Ev {
                     .collect();
                 format!("waited\t{id}\t{attempt}\t{}", deps.join(","))
             }
+            What::ReadSignal {
+                id,
+                attempt,
+                signal,
+            } => format!(
+                "readsig\t{id}\t{attempt}\t{}",
+                signal.as_ref().map_or("-".to_string(), |(n, p)| format!(
+                    "={}\t{}",
+                    clean(n),
+                    clean(p)
+                ))
+            ),
             other => format!("other\t{other:?}"),
         };
         format!("@@EV\t{}\t{}\t{}\t{body}", self.t0, self.t1, self.who)
@@ -343,6 +372,14 @@ impl Ev {
                         Some((parent, outcome, output))
                     })
                     .collect(),
+            },
+            "readsig" => What::ReadSignal {
+                id,
+                attempt: attempt()?,
+                signal: match f.get(6)?.strip_prefix('=') {
+                    Some(name) => Some((name.to_string(), f.get(7)?.to_string())),
+                    None => None,
+                },
             },
             _ => return None,
         };

@@ -65,7 +65,13 @@ pub struct World {
     pub queues: bool,
     /// Broker 1's queues and kinds.
     pub view: Option<(Vec<String>, Vec<String>)>,
+    /// Some jobs wait for a signal of [`SIGNALS`] (compose tables, drawn apart), which the
+    /// operator sends now and then, and every one of at the end.
+    pub signals: bool,
 }
+
+/// The signals a run's jobs may wait for.
+pub const SIGNALS: [&str; 3] = ["s0", "s1", "s2"];
 
 /// The queues and the kinds of a table that has them.
 pub const QUEUES: [&str; 3] = ["q0", "q1", "q2"];
@@ -147,6 +153,8 @@ impl World {
             };
             view = Some((some(&mut qr, &QUEUES), some(&mut qr, &KINDS)));
         }
+        // Signals, drawn apart from the rest too.
+        let signals = profile == Profile::Compose && Rng::new(seed).fork(11).chance(60);
         let forward: Vec<usize> = (0..limits.len()).collect();
         let backward: Vec<usize> = forward.iter().rev().copied().collect();
         let in_form = |t: Table| match form {
@@ -177,6 +185,7 @@ impl World {
             draining: Arc::default(),
             queues,
             view,
+            signals,
         }
     }
 
@@ -229,6 +238,20 @@ impl World {
             m = m.priority(p);
             msg.priority = p;
         }
+        if self.signals {
+            // Drawn apart from `r`, so the other choices of a seed stay as they were.
+            let mut sr = Rng::new(self.seed ^ n.wrapping_mul(0xD6E8_FEB8_6659_FD93)).fork(12);
+            if sr.chance(30) {
+                let s = sr.pick(&SIGNALS).to_string();
+                m = m.after_signal(s.clone());
+                if sr.chance(40) {
+                    let ms = 100 + sr.below(1500);
+                    m = m.wait_timeout(Duration::from_millis(ms));
+                    msg.signal_timeout_ms = Some(ms);
+                }
+                msg.signal = Some(s);
+            }
+        }
         if self.profile == Profile::Compose && !recent.is_empty() && r.chance(40) {
             // A job that waits is due when released: no delay of its own.
             for _ in 0..1 + r.below(3) {
@@ -246,7 +269,7 @@ impl World {
             }
             return (m, msg);
         }
-        if r.chance(10) {
+        if r.chance(10) && msg.signal.is_none() {
             let ms = r.below(600);
             m = m.deliver_after(Duration::from_millis(ms));
             msg.delay_ms = ms;
@@ -275,7 +298,7 @@ impl World {
     pub fn describe(&self) -> String {
         format!(
             "{:?} {:?}, table {}, profile {:?}: limits {:?}, rate {:?}, fair {}, dedup {}, \
-             priorities {}, keys {:?}, groups {:?}{}, handlers hold up to {:?}{}",
+             priorities {}, keys {:?}, groups {:?}{}, handlers hold up to {:?}{}{}",
             self.db,
             self.form,
             self.name,
@@ -296,7 +319,8 @@ impl World {
             match &self.view {
                 Some((q, k)) => format!(", queues and kinds (broker 1 claims {q:?} {k:?})"),
                 None => String::new(),
-            }
+            },
+            if self.signals { ", signals" } else { "" }
         )
     }
 }
