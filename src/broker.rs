@@ -736,6 +736,7 @@ impl Broker {
         if !self.inner.manage_schema {
             // The tables made on first use are the migrations' (`Database::library_ddl`).
             q.collects.made = true.into();
+            q.collects.no_ddl = true;
             q.unique_made = true.into();
         }
         if self.inner.dialect.shared_acks_begin().is_some() {

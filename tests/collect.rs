@@ -9,7 +9,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use common::Db;
-use sqlbroker::{BrokerError, Form, Message, Table, COLLECT_MAX_BYTES, COLLECT_MAX_EVENTS};
+use sqlbroker::{
+    Broker, BrokerError, Database, Form, JobUpdate, Message, Table, COLLECT_MAX_BYTES,
+    COLLECT_MAX_EVENTS,
+};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -557,3 +560,646 @@ impl Drop for Stop<'_> {
         self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+// The edges a review found (7 December): each seen failing before its fix.
+
+/// P39/README "Where the events are ... The job takes its first event's column values, queue,
+/// kind and priority; a later event adds its payload only" and Broker::publish: "Nothing is
+/// written on any error: InvalidMessage: ... a value for a column the table does not
+/// describe". The options a first event is refused for must be refused for a later event
+/// too (or be documented as ignored): a message invalid on its own must not be accepted
+/// because its key's job exists. Fails (the later event is accepted and appended) for each
+/// option the append path never checks.
+fn later_event_is_validated_as_the_first(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let s = Duration::from_secs(30);
+    let m = |key: &str| Message::new(b"x".to_vec()).set("k", key);
+    type Bad = (&'static str, Box<dyn Fn(Message) -> Message>);
+    let bad: Vec<Bad> = vec![
+        ("unknown column", Box::new(|m: Message| m.set("nope", 1i64))),
+        (
+            "int in a text column",
+            Box::new(|m: Message| m.set("k", 5i64)),
+        ),
+        (
+            "priority on a table without priorities",
+            Box::new(|m: Message| m.priority(3)),
+        ),
+        (
+            "unique_for without dedup key",
+            Box::new(|m: Message| m.unique_for(Duration::from_secs(5))),
+        ),
+        (
+            "replace_waiting without dedup key",
+            Box::new(|m: Message| m.replace_waiting()),
+        ),
+        (
+            "after_signal on a table without dependencies",
+            Box::new(|m: Message| m.after_signal("sig")),
+        ),
+        (
+            "wait_timeout without after_signal",
+            Box::new(|m: Message| m.wait_timeout(Duration::from_secs(1))),
+        ),
+        (
+            "invalid traceparent",
+            Box::new(|m: Message| m.traceparent("not-a-traceparent")),
+        ),
+        (
+            "queue on a table without queues",
+            Box::new(|m: Message| m.queue("q1")),
+        ),
+        (
+            "kind on a table without kinds",
+            Box::new(|m: Message| m.kind("kind1")),
+        ),
+    ];
+    let mut accepted = Vec::new();
+    for (i, (what, f)) in bad.iter().enumerate() {
+        // As a first event: refused?
+        let fresh = format!("first{i}");
+        let first = live
+            .broker
+            .publish(&t, f(m(&fresh)).collect(fresh.as_str(), s, s));
+        let first_refused = matches!(first, Err(BrokerError::InvalidMessage { .. }));
+        // As a later event of a key whose job collects.
+        let key = format!("later{i}");
+        let job = live
+            .broker
+            .publish(&t, m(&key).collect(key.as_str(), s, s))
+            .unwrap();
+        let before = live
+            .broker
+            .job(&t, job)
+            .unwrap()
+            .unwrap()
+            .payload()
+            .to_vec();
+        let later = live
+            .broker
+            .publish(&t, f(m(&key)).collect(key.as_str(), s, s));
+        let after = live
+            .broker
+            .job(&t, job)
+            .unwrap()
+            .unwrap()
+            .payload()
+            .to_vec();
+        if first_refused && !matches!(later, Err(BrokerError::InvalidMessage { .. })) {
+            accepted.push(format!(
+                "{what}: first event refused, later event {later:?} (payload {} -> {} bytes)",
+                before.len(),
+                after.len()
+            ));
+        }
+    }
+    forget_keys(&live, &t);
+    assert!(
+        accepted.is_empty(),
+        "{db:?}: refused as a first event, accepted as a later one:\n{}",
+        accepted.join("\n")
+    );
+}
+per_db!(later_event_is_validated_as_the_first);
+
+/// "Refused with InvalidMessage, nothing written ... with a delay, a dedup key or `after`":
+/// and `after_signal` (a wait of its own) on a table with dependencies must either work or be
+/// refused; as a first event it is refused, but a *later* event with after_signal must not
+/// join silently. Also checks the error is typed and the key's job unchanged.
+fn after_signal_on_a_dependencies_table(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(
+        common::describe(&common::unique("rvc"), Form::Lease, Duration::from_secs(30))
+            .dependencies(),
+    );
+    let s = Duration::from_secs(30);
+    let first = live
+        .broker
+        .publish(&t, event("k0", "1", s, s).after_signal("go"));
+    let job = live.broker.publish(&t, event("k", "1", s, s)).unwrap();
+    let later = live
+        .broker
+        .publish(&t, event("k", "2", s, s).after_signal("go"));
+    let n = live.broker.job(&t, job).unwrap().unwrap().payload().len();
+    live.forget_deps(t.name());
+    forget_keys(&live, &t);
+    assert!(
+        matches!(first, Err(BrokerError::InvalidMessage { .. })),
+        "first: {first:?}"
+    );
+    assert!(
+        matches!(later, Err(BrokerError::InvalidMessage { .. })),
+        "{db:?}: collect+after_signal refused as a first event ({first:?}) but a later one was \
+         {later:?} (job payload now {n} bytes): its signal wait silently dropped"
+    );
+}
+per_db!(after_signal_on_a_dependencies_table);
+
+/// README: "at most COLLECT_MAX_EVENTS (1,000) events and COLLECT_MAX_BYTES (1 MiB) of them,
+/// each counted with its 4-byte length. The event that fills a job makes it due at once".
+/// An event that brings the bytes exactly to the bound fills the job (no event, not even an
+/// empty one, fits any more): the job must be due at once, not wait its quiet. Fails (due a
+/// quiet later) if only the count bound makes a full job due.
+fn the_event_that_fills_the_bytes_makes_it_due(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let publish = |key: &str, body: Vec<u8>| {
+        live.broker
+            .publish(
+                &t,
+                Message::new(body).set("k", key).collect(key, LONG, LONG),
+            )
+            .unwrap()
+    };
+    // One event as big as allowed: the job is full on its first event.
+    let one = publish("one", vec![7; COLLECT_MAX_BYTES - 4]);
+    // Two events that together fill the bound exactly.
+    let two = publish("two", vec![1; COLLECT_MAX_BYTES / 2 - 4]);
+    assert_eq!(publish("two", vec![2; COLLECT_MAX_BYTES / 2 - 4]), two);
+    let now = SystemTime::now();
+    let (d1, d2) = (due_at(&live, &t, one), due_at(&live, &t, two));
+    forget_keys(&live, &t);
+    assert!(
+        d1 <= now && d2 <= now,
+        "{db:?}: a job holding COLLECT_MAX_BYTES of events waits its quiet: single-event \
+         job due in {:?}, two-event job due in {:?}",
+        d1.duration_since(now).unwrap_or_default(),
+        d2.duration_since(now).unwrap_or_default()
+    );
+}
+per_db!(the_event_that_fills_the_bytes_makes_it_due);
+
+/// Broker::builder().manage_schema(false): "Nothing else the library does runs DDL:
+/// publishes, claims, ...". A collected publish that fails (here: the keys' table is not
+/// there, the migrations not applied) must not make the next publish run `CREATE TABLE`.
+/// Fails (`sqlbroker_collect` made by a manage_schema(false) broker) because any failed
+/// collected publish resets the broker's "made" flag.
+#[test]
+fn manage_schema_false_never_creates_the_keys_table() {
+    let Some(url) = common::url(Db::Sqlite) else {
+        return;
+    };
+    let path = url.strip_prefix("sqlite:").unwrap().to_string();
+    let t = Table::new(common::unique("rvc").as_str())
+        .text_column("k")
+        .lease(Duration::from_secs(30));
+    let ddl = t.ddl(Database::Sqlite).unwrap().join(";\n");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(&ddl)
+        .unwrap();
+    let has_keys_table = || {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'sqlbroker_collect'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+    };
+    let broker = Broker::builder(&url)
+        .maintenance(false)
+        .manage_schema(false)
+        .build()
+        .unwrap();
+    let s = Duration::from_secs(5);
+    let first = broker.publish(&t, event("k", "1", s, s));
+    assert!(first.is_err(), "no keys' table, yet {first:?}");
+    assert_eq!(has_keys_table(), 0);
+    let second = broker.publish(&t, event("k", "2", s, s));
+    let made = has_keys_table();
+    drop(broker);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+    }
+    assert_eq!(
+        made, 0,
+        "a manage_schema(false) broker ran CREATE TABLE sqlbroker_collect on its second \
+         collected publish (first {first:?}, second {second:?})"
+    );
+}
+
+/// SQLite: the keys' table dropped by hand mid-burst ("The keys' table dropped by hand: made
+/// again by the next publish", src/producing/collect.rs): is the next publish an error?
+#[test]
+fn keys_table_dropped_by_hand() {
+    let Some(live) = common::live(Db::Sqlite) else {
+        return;
+    };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let s = Duration::from_secs(60);
+    let a = live.broker.publish(&t, event("k", "1", s, LONG)).unwrap();
+    live.exec("DROP TABLE sqlbroker_collect");
+    let next = live.broker.publish(&t, event("k", "2", s, LONG));
+    let after = live.broker.publish(&t, event("k", "3", s, LONG));
+    assert!(
+        next.is_ok(),
+        "the publish right after the keys' table was dropped failed: {next:?} (then {after:?}, \
+         first job {a})"
+    );
+}
+
+/// PostgreSQL database whose default isolation is SERIALIZABLE (`ALTER DATABASE .. SET
+/// default_transaction_isolation`): a collected publish's transaction is a plain `BEGIN`, so
+/// two brokers publishing one key meet in the key's row as a serialization failure (40001),
+/// which is not retried as a deadlock is. README: "Exact across brokers and processes ...
+/// run again on a deadlock". Fails (publishes of one key fail) if the collected publish
+/// does not pin its isolation.
+#[test]
+fn postgres_serializable_default_isolation() {
+    let Some(url) = common::url(Db::Postgres) else {
+        return;
+    };
+    let db = common::unique("rvc");
+    common::exec(Db::Postgres, &url, &format!("CREATE DATABASE {db}"));
+    common::exec(
+        Db::Postgres,
+        &url,
+        &format!("ALTER DATABASE {db} SET default_transaction_isolation = 'serializable'"),
+    );
+    let db_url = format!("{}/{db}", url.rsplit_once('/').unwrap().0);
+    let errors: Vec<String> = {
+        let brokers: Vec<Broker> = (0..4).map(|_| common::quiet_broker(&db_url)).collect();
+        let t = Table::new("jobs")
+            .text_column("k")
+            .lease(Duration::from_secs(30));
+        brokers[0].create_table(&t).unwrap();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = brokers
+                .iter()
+                .enumerate()
+                .map(|(w, b)| {
+                    let t = &t;
+                    s.spawn(move || {
+                        (0..30)
+                            .filter_map(|i| {
+                                b.publish(t, event("k", &format!("{w}-{i}"), LONG, LONG))
+                                    .err()
+                                    .map(|e| e.to_string())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let _ = common::try_exec(
+        Db::Postgres,
+        &url,
+        &format!("DROP DATABASE {db} WITH (FORCE)"),
+    );
+    assert!(
+        errors.is_empty(),
+        "{} of 120 collected publishes of one key failed, e.g. {:?}",
+        errors.len(),
+        errors.first()
+    );
+}
+
+/// `Broker::drop_table` then `create_table` of the same name (a scratch table, a reset): the
+/// new table's ids start again, but `sqlbroker_collect` still holds the old table's keys,
+/// pointing at old job ids. P39: a job's handler reads the events of *its* key only; "no
+/// event is ... in two jobs". Fails (key "ana"'s event appended to key "bob"'s job, which
+/// took the old job's id) because drop_table leaves the keys' rows.
+fn drop_and_recreate_mixes_keys(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let s = Duration::from_secs(60);
+    let ana = live
+        .broker
+        .publish(&t, event("ana", "ana-1", s, LONG))
+        .unwrap();
+    live.broker.drop_table(&t).unwrap();
+    live.broker.create_table(&t).unwrap();
+    let bob = live
+        .broker
+        .publish(&t, event("bob", "bob-1", s, LONG))
+        .unwrap();
+    let ana2 = live
+        .broker
+        .publish(&t, event("ana", "ana-2", s, LONG))
+        .unwrap();
+    let payload = live
+        .broker
+        .job(&t, bob)
+        .unwrap()
+        .unwrap()
+        .payload()
+        .to_vec();
+    forget_keys(&live, &t);
+    assert_ne!(
+        ana2,
+        bob,
+        "{db:?}: after drop_table + create_table, key ana's event (old job {ana}) went into \
+         key bob's job {bob}; bob's payload is now {:?}",
+        String::from_utf8_lossy(&payload)
+    );
+}
+per_db!(drop_and_recreate_mixes_keys);
+
+/// As [`drop_and_recreate_mixes_keys`], the old id taken by a plain job scheduled for later:
+/// a collected event of the old key must not touch it. Fails (the plain job's due time moved
+/// to now: it runs an hour early, and the event starts a job of its own) because the stale
+/// key's row names its id and a payload that is not a burst's is taken as "full".
+fn drop_and_recreate_runs_a_scheduled_job_early(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let s = Duration::from_secs(60);
+    live.broker
+        .publish(&t, event("ana", "ana-1", s, LONG))
+        .unwrap();
+    live.broker.drop_table(&t).unwrap();
+    live.broker.create_table(&t).unwrap();
+    let plain = live
+        .broker
+        .publish(
+            &t,
+            Message::new(b"report".to_vec())
+                .set("k", "x")
+                .deliver_after(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    live.broker
+        .publish(&t, event("ana", "ana-2", s, LONG))
+        .unwrap();
+    let due = due_at(&live, &t, plain);
+    forget_keys(&live, &t);
+    assert!(
+        due > SystemTime::now() + Duration::from_secs(3000),
+        "{db:?}: a plain job scheduled an hour out is due {:?} after another key's collected \
+         publish",
+        due
+    );
+}
+per_db!(drop_and_recreate_runs_a_scheduled_job_early);
+
+/// PostgreSQL, a service role that may not run DDL (no CREATE on the schema) and a broker
+/// with manage_schema(false), the library's tables made by the migrations
+/// (`Database::library_ddl`), as README's "manage_schema(false)" section describes. One
+/// collected publish refused (a first event naming a column the table lacks) must not
+/// break the next ones. Fails (every later collected publish: "permission denied for schema
+/// public") because a failed collected publish resets the broker's "keys' table made" flag
+/// and the next publish runs `CREATE TABLE IF NOT EXISTS`.
+#[test]
+fn postgres_dml_only_role_survives_a_refused_publish() {
+    let Some(url) = common::url(Db::Postgres) else {
+        return;
+    };
+    let name = common::unique("rvc");
+    let base = url.rsplit_once('/').unwrap().0.to_string();
+    common::exec(Db::Postgres, &url, &format!("CREATE DATABASE {name}"));
+    let admin_url = format!("{base}/{name}");
+    let t = Table::new("jobs")
+        .text_column("k")
+        .lease(Duration::from_secs(30));
+    let mut ddl = t.ddl(Database::Postgres).unwrap();
+    ddl.extend(Database::Postgres.library_ddl().unwrap());
+    for s in &ddl {
+        common::exec(Db::Postgres, &admin_url, s);
+    }
+    for s in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA public TO {name}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}"),
+        format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {name}"),
+    ] {
+        common::exec(Db::Postgres, &admin_url, &s);
+    }
+    let user_url = admin_url.replacen("postgres@", &format!("{name}@"), 1);
+    let outcome = {
+        let b = Broker::builder(&user_url)
+            .maintenance(false)
+            .manage_schema(false)
+            .build()
+            .unwrap();
+        let s = Duration::from_secs(30);
+        let ok1 = b
+            .publish(&t, event("a", "1", s, s))
+            .map_err(|e| e.to_string());
+        let refused = b
+            .publish(&t, event("b", "1", s, s).set("nope", 1i64))
+            .map_err(|e| e.to_string());
+        let after: Vec<_> = (0..3)
+            .map(|i| {
+                b.publish(&t, event("a", &format!("{}", i + 2), s, s))
+                    .map_err(|e| e.to_string())
+            })
+            .collect();
+        (ok1, refused, after)
+    };
+    let _ = common::try_exec(
+        Db::Postgres,
+        &url,
+        &format!("DROP DATABASE {name} WITH (FORCE)"),
+    );
+    let _ = common::try_exec(Db::Postgres, &url, &format!("DROP ROLE {name}"));
+    let (ok1, refused, after) = outcome;
+    assert!(ok1.is_ok(), "the first publish: {ok1:?}");
+    assert!(refused.is_err());
+    assert!(
+        after.iter().all(Result::is_ok),
+        "after one refused collected publish ({refused:?}), the next ones: {after:?}"
+    );
+}
+
+/// P39: no event lost or in two jobs; README: operators may cancel or delete a job, make it
+/// due (run_now), change it (update), and a key's row may go. While the key's events still
+/// come, each event is in exactly one job, the job its publish returned, and the next event
+/// after an operator's act starts a new job where the old one collects no more. Fails (an
+/// event lost: in a dead or removed row, or read by no handler) otherwise.
+fn operators_mid_burst(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    let quiet = Duration::from_secs(60);
+    let publish = |body: &str| {
+        live.broker
+            .publish(&t, event("k", body, quiet, LONG))
+            .unwrap()
+    };
+    // Cancel: the cancelled job's events go with it (documented); the next event starts a job.
+    let a = publish("a1");
+    assert_eq!(publish("a2"), a);
+    assert!(live.broker.cancel(&t, a).unwrap());
+    let b = publish("b1");
+    assert_ne!(b, a, "an event joined a cancelled job");
+    assert!(live.broker.job(&t, b).unwrap().is_some());
+    // Delete by hand.
+    live.exec(&format!("DELETE FROM {} WHERE id = {b}", t.name()));
+    let c = publish("c1");
+    assert_ne!(c, b);
+    assert_eq!(publish("c2"), c);
+    // run_now: due, collects no more.
+    assert!(live.broker.run_now(&t, c).unwrap());
+    std::thread::sleep(Duration::from_millis(1100));
+    let d = publish("d1");
+    assert_ne!(d, c, "an event joined a job made due by run_now");
+    // Update of the due time (later) keeps it collecting; an update of the payload to one
+    // that is not a burst's makes it take no more.
+    assert!(live
+        .broker
+        .update(&t, d, JobUpdate::new().run_at(SystemTime::now() + LONG))
+        .unwrap());
+    assert_eq!(publish("d2"), d, "a job moved later stopped collecting");
+    assert!(live
+        .broker
+        .update(&t, d, JobUpdate::new().payload(b"plain".to_vec()))
+        .unwrap());
+    let e = publish("e1");
+    assert_ne!(e, d);
+    // The key's row deleted by hand: the next event starts another job (a split, not a loss).
+    live.exec(&format!(
+        "DELETE FROM sqlbroker_collect WHERE tbl = '{}'",
+        t.name()
+    ));
+    let f = publish("f1");
+    assert_ne!(f, e);
+    // Make every live job due and read them (`d`, no longer a burst's, is left at the due
+    // time its update gave it: an event does not touch a job it cannot read).
+    for id in [d, e, f] {
+        assert!(live.broker.run_now(&t, id).unwrap());
+    }
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let mut got = HashMap::new();
+    for _ in 0..4 {
+        let dl = common::next(&sub, Duration::from_secs(20));
+        got.insert(dl.id(), text(dl.collected().unwrap()));
+        dl.ack().unwrap();
+    }
+    let _ = sub.shutdown(Duration::from_secs(5));
+    forget_keys(&live, &t);
+    assert_eq!(got.get(&c), Some(&vec!["c1".to_string(), "c2".to_string()]));
+    assert_eq!(got.get(&d), Some(&vec!["plain".to_string()]));
+    assert_eq!(got.get(&e), Some(&vec!["e1".to_string()]));
+    assert_eq!(got.get(&f), Some(&vec!["f1".to_string()]));
+}
+per_db_form!(operators_mid_burst);
+
+/// The `sqlbroker` CLI acting on a collecting job while its events still come: `job` shows
+/// it, `cancel` removes it (its events go with it, as documented) and the next event starts a
+/// new job, delivered with its events only. Fails (an event joins the cancelled job, or is
+/// lost).
+fn cli_cancel_mid_burst(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let name = common::unique("rvc");
+    let t = live.create(
+        Table::new(name.as_str())
+            .text_column("k")
+            .lease(Duration::from_secs(30)),
+    );
+    let s = Duration::from_secs(60);
+    let publish = |body: &str| live.broker.publish(&t, event("k", body, s, LONG)).unwrap();
+    let a = publish("1");
+    assert_eq!(publish("2"), a);
+    let cli = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--table", name.as_str(), "--lease", "30", "--column", "k"]);
+        std::process::Command::new(env!("CARGO_BIN_EXE_sqlbroker"))
+            .args(&all)
+            .env("DATABASE_URL", &live.url)
+            .output()
+            .unwrap()
+    };
+    let a_s = a.to_string();
+    let o = cli(&["job", &a_s]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = cli(&["cancel", &a_s]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let b = publish("3");
+    assert_ne!(b, a, "an event joined a job cancelled by the CLI");
+    assert!(live.broker.run_now(&t, b).unwrap());
+    let sub = live.broker.subscription(&t).start().unwrap();
+    let d = common::next(&sub, Duration::from_secs(15));
+    assert_eq!(
+        (d.id(), text(d.collected().unwrap())),
+        (b, vec!["3".to_string()])
+    );
+    d.ack().unwrap();
+    let _ = sub.shutdown(Duration::from_secs(5));
+    forget_keys(&live, &t);
+}
+per_db!(cli_cancel_mid_burst);
+
+/// A dead-lettered collected job keeps its events: requeued, its handler reads them all;
+/// an event published while it was dead is in another job. Fails (events lost or merged).
+fn dead_letter_and_requeue_keep_events(db: Db, form: Form) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(form, Duration::from_secs(30));
+    let s = Duration::from_secs(1);
+    let publish = |body: &str| live.broker.publish(&t, event("k", body, s, LONG)).unwrap();
+    let a = publish("1");
+    assert_eq!(publish("2"), a);
+    let sub = live
+        .broker
+        .subscription(&t)
+        .max_in_flight(1)
+        .start()
+        .unwrap();
+    let d = common::next(&sub, Duration::from_secs(15));
+    assert_eq!(d.id(), a);
+    d.dead_letter("nope").unwrap();
+    let b = publish("3");
+    assert_ne!(b, a, "an event joined a dead letter");
+    assert!(live.broker.requeue_dead(&t, a).unwrap());
+    let c = publish("4");
+    let mut got = HashMap::new();
+    while got.values().map(Vec::len).sum::<usize>() < 4 {
+        let d = common::next(&sub, Duration::from_secs(15));
+        got.insert(d.id(), text(d.collected().unwrap()));
+        d.ack().unwrap();
+    }
+    let _ = sub.shutdown(Duration::from_secs(5));
+    forget_keys(&live, &t);
+    assert_eq!(got[&a], ["1", "2"], "requeued job: {got:?}");
+    let mut rest: Vec<String> = got
+        .iter()
+        .filter(|(id, _)| **id != a)
+        .flat_map(|(_, e)| e.clone())
+        .collect();
+    rest.sort();
+    assert_eq!(rest, ["3", "4"], "b={b} c={c}: {got:?}");
+}
+per_db_form!(dead_letter_and_requeue_keep_events);
+
+/// "Refused with InvalidMessage, nothing written: ... in publish_batch, publish_group or
+/// your own transaction": a batch and a group mixing a plain message and a collected one
+/// write nothing. Fails (the plain message written) otherwise.
+fn mixed_batch_and_group_write_nothing(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.table(Form::Lease, Duration::from_secs(30));
+    let s = Duration::from_secs(30);
+    let plain = || Message::new(b"plain".to_vec()).set("k", "p");
+    let batch = live
+        .broker
+        .publish_batch(&t, [plain(), event("k", "1", s, s)]);
+    assert!(
+        matches!(batch, Err(BrokerError::InvalidMessage { .. })),
+        "batch: {batch:?}"
+    );
+    let group = live.broker.publish_group(|g| {
+        g.publish(&t, plain())?;
+        g.publish(&t, event("k", "1", s, s))
+    });
+    assert!(
+        matches!(group, Err(BrokerError::InvalidMessage { .. })),
+        "group: {group:?}"
+    );
+    assert_eq!(
+        live.rows(&t),
+        0,
+        "{db:?}: a refused batch or group wrote rows"
+    );
+}
+per_db!(mixed_batch_and_group_write_nothing);

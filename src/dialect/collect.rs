@@ -48,6 +48,8 @@ pub(crate) struct CollectSql {
     /// seconds), skipping (the servers) or waiting for (SQLite's one writer) those a publish
     /// holds.
     pub sweep: String,
+    /// Reads nothing from the keys' table: an error says it is missing.
+    pub exists: String,
 }
 
 /// A broker's collect state of one table: its statements, built once, whether this broker
@@ -58,6 +60,9 @@ pub(crate) struct Collects {
     pub made: AtomicBool,
     /// Epoch seconds of the last sweep.
     pub swept: AtomicU64,
+    /// The broker runs no DDL ([`manage_schema(false)`](crate::BrokerBuilder::manage_schema)):
+    /// a missing keys' table is an error, never made.
+    pub no_ddl: bool,
 }
 
 /// The collect statements of `spec` on `dialect`.
@@ -172,6 +177,7 @@ pub(crate) fn statements(dialect: &dyn Dialect, spec: &TableSpec) -> CollectSql 
         append,
         close,
         sweep,
+        exists: format!("SELECT job FROM {c} WHERE 1 = 0"),
     }
 }
 

@@ -129,6 +129,9 @@ pub(crate) struct DepsSql {
     /// stay with their jobs (a dead letter's, which its requeue reads: refused, the job it
     /// waits on being gone).
     pub forget_table: String,
+    /// `(scope)`: deletes the heads of the signals of a table that is gone (sent or not), so a
+    /// table made again under its name waits for its signals afresh.
+    pub forget_signals: String,
     /// The sweeper's window: the first [`SWEEP_WINDOW`] rows in key order. Columns
     /// `parent_table, parent, child_table, child, outcome, at, settled_only`.
     pub window_first: String,
@@ -497,6 +500,10 @@ impl Syntax {
                  (LENGTH(child_table) = 0 OR outcome IS NULL))",
                 p(1),
                 p(2)
+            ),
+            forget_signals: format!(
+                "DELETE FROM {t} WHERE parent = {} AND parent_table LIKE '!%'",
+                p(1)
             ),
             window_first: format!("{window_cols} {t} {order}"),
             window: format!("{window_cols} {t} WHERE {past} {order}"),

@@ -238,7 +238,10 @@ pub(crate) struct TableSql {
     ///
     /// Modelled in model/fifo.pml (heads), model/row_lock.pml (claim).
     pub begin: Vec<String>,
-    /// Opens a write transaction (batch publish, renewal loops).
+    /// Opens a write transaction (batch publish, renewal loops). On PostgreSQL read committed
+    /// by name: the statements' locks are reasoned at that level, and a database whose
+    /// default is stricter would fail concurrent writers of one row (40001) instead of
+    /// queueing them.
     pub begin_write: String,
     /// `(payload, run_at, user columns..)`: one row.
     pub insert_one: String,

@@ -83,6 +83,12 @@ pub(crate) fn event_bytes(payload: &[u8]) -> usize {
     payload.len().saturating_sub(HEADER.len())
 }
 
+/// True if a collected payload takes no further event: not even an empty one (its 4-byte
+/// length) fits in [`COLLECT_MAX_BYTES`]. The event that fills a job makes it due at once.
+pub(crate) fn full(payload: &[u8]) -> bool {
+    event_bytes(payload) + 4 > COLLECT_MAX_BYTES
+}
+
 /// How many events a collected payload holds, walking its frames without copying them:
 /// `None` if it is not one (no header, or frames that do not add up).
 pub(crate) fn count(payload: &[u8]) -> Option<usize> {

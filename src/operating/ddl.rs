@@ -587,6 +587,20 @@ impl Broker {
                     std::slice::from_ref(&name),
                 )?;
             }
+            // What the library keeps of the table in its own tables by its name and its jobs'
+            // ids: a table made again under the name (its ids counted from 1 again) would
+            // read it as its own (a key's collecting job, a key's unique period).
+            for (library, column) in [
+                (crate::dialect::collect::COLLECT_TABLE, "tbl"),
+                ("sqlbroker_unique", "table_name"),
+            ] {
+                if exists(conn, library)? {
+                    conn.execute(
+                        &format!("DELETE FROM {library} WHERE {column} = {}", syntax.p(1)),
+                        std::slice::from_ref(&name),
+                    )?;
+                }
+            }
             Ok(())
         })?;
         // The table is gone, and with it every job in it: the jobs of other tables waiting on

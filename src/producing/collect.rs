@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::dialect::collect::{CollectSql, SWEEP_ROWS};
 use crate::dialect::DbConn;
-use crate::error::{BrokerError, DbError, Result};
+use crate::error::{BrokerError, DbError, DbErrorKind, Result};
 use crate::model::collect::{self, COLLECT_MAX_BYTES, COLLECT_MAX_EVENTS};
 use crate::model::value::Value;
 use crate::producing::message::Message;
@@ -54,29 +54,77 @@ pub(crate) fn publish(q: &Queue, message: Message) -> Result<i64> {
             "a collected message takes no dedup key: its key is the collect key".into(),
         ));
     }
+    if message.unique_period().is_some() {
+        return Err(bad(
+            "a collected message takes no unique_for: its key is the collect key".into(),
+        ));
+    }
+    if message.replaces() {
+        return Err(bad(
+            "a collected message replaces no job (Message::replace_waiting): it joins its \
+             key's job"
+                .into(),
+        ));
+    }
+    if message.signal_wait() != (None, None) {
+        return Err(bad(
+            "a collected message waits for no signal (Message::after_signal, wait_timeout): \
+             its job is due as its burst ends"
+                .into(),
+        ));
+    }
+    // Every event is checked as a first one is (its columns, priority, queue, kind, trace
+    // context), whether it starts a job or joins one: refused or taken alike, whatever its
+    // key's job is doing.
+    message.clone().into_first_event(false).params_into(
+        &q.spec,
+        SystemTime::now(),
+        &mut Vec::new(),
+    )?;
     let sql = q
         .collects
         .sql
         .get_or_init(|| crate::dialect::collect::statements(&*q.dialect, &q.spec));
     let t = Target::of(q);
     let mut conn = q.conn("publish")?;
-    let made = q.collects.made.load(Ordering::Acquire);
-    if !made {
+    if !q.collects.made.load(Ordering::Acquire) {
         create(sql, &mut *conn).map_err(|e| t.err(e))?;
         q.collects.made.store(true, Ordering::Release);
     }
-    let id = publish::retrying_deadlocks(|| {
-        publish::in_own_transaction(&t, &mut *conn, |conn| {
-            join_or_start(&t, sql, conn, &message)
+    let run = |conn: &mut dyn DbConn| {
+        publish::retrying_deadlocks(|| {
+            publish::in_own_transaction(&t, conn, |conn| join_or_start(&t, sql, conn, &message))
         })
-    })
-    .map_err(|e| {
-        // The keys' table dropped by hand: made again by the next publish.
-        q.collects.made.store(false, Ordering::Release);
-        q.explain_failure(&mut *conn, e)
-    })?;
+    };
+    let id = match run(&mut *conn) {
+        Ok(id) => id,
+        Err(e) if !keys_table_there(sql, &mut *conn) => {
+            if q.collects.no_ddl {
+                return Err(BrokerError::Schema {
+                    table: crate::dialect::collect::COLLECT_TABLE.into(),
+                    problems: vec![format!(
+                        "missing (made by the migrations Database::library_ddl lists, or \
+                         `sqlbroker library-schema`; this broker runs no DDL): {e}"
+                    )],
+                });
+            }
+            // Dropped by hand: made again, and the publish run once more.
+            create(sql, &mut *conn).map_err(|e| t.err(e))?;
+            run(&mut *conn).map_err(|e| q.explain_failure(&mut *conn, e))?
+        }
+        Err(e) => return Err(q.explain_failure(&mut *conn, e)),
+    };
     sweep(q, sql, &mut *conn);
     Ok(id)
+}
+
+/// True unless the keys' table is surely missing: a read of it fails with neither a lost
+/// connection nor a transient error.
+fn keys_table_there(sql: &CollectSql, conn: &mut dyn DbConn) -> bool {
+    match conn.query(&sql.exists, &[]) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind, DbErrorKind::Other | DbErrorKind::Schema),
+    }
 }
 
 /// Makes the keys' table (two brokers making it at once on PostgreSQL may meet in its
@@ -121,14 +169,18 @@ fn join_or_start(
         if let Some(Value::Bytes(payload)) =
             open.into_iter().next().and_then(|r| r.into_iter().next())
         {
-            // A payload that does not read as events (written by hand) takes no more.
-            let events = collect::count(&payload).unwrap_or(COLLECT_MAX_EVENTS);
+            // A payload that does not read as events (written by hand, or a job of a table
+            // made again under the name that took a stale key's id) is left as it is: this
+            // event starts the next job.
+            let Some(events) = collect::count(&payload) else {
+                return start(t, sql, conn, message, &key, now_ms);
+            };
             let fits =
                 collect::event_bytes(&payload) + 4 + message.payload().len() <= COLLECT_MAX_BYTES;
             if events < COLLECT_MAX_EVENTS && fits {
                 let mut payload = payload;
                 collect::push(&mut payload, message.payload());
-                let due_ms = if events + 1 >= COLLECT_MAX_EVENTS {
+                let due_ms = if events + 1 >= COLLECT_MAX_EVENTS || collect::full(&payload) {
                     // Full: due now (the database's second may be a little behind ours, so
                     // a second early, which a claim takes at once all the same).
                     now_ms.saturating_sub(1_000)
@@ -152,10 +204,27 @@ fn join_or_start(
             conn.execute(&sql.close, &[Value::Int(job)]).map_err(err)?;
         }
     }
-    let first = message.clone().into_first_event();
-    let id = publish::one(t, conn, first)?;
-    let due = ceil_secs(add_ms(now_ms, c.quiet));
-    set_key(conn, sql, &key, id, now_ms, due).map_err(err)?;
+    start(t, sql, conn, message, &key, now_ms)
+}
+
+/// Starts the key's next job with `message`, its first event, and points the key's row at it.
+/// A first event that fills a job on its own makes it due at once.
+fn start(
+    t: &Target<'_>,
+    sql: &CollectSql,
+    conn: &mut dyn DbConn,
+    message: &Message,
+    key: &[Value; 2],
+    now_ms: i64,
+) -> Result<i64> {
+    let c = message.collecting().expect("a collected message");
+    let full = collect::full(&collect::first(message.payload()));
+    let due = match full {
+        true => ceil_secs(now_ms),
+        false => ceil_secs(add_ms(now_ms, c.quiet)),
+    };
+    let id = publish::one(t, conn, message.clone().into_first_event(full))?;
+    set_key(conn, sql, key, id, now_ms, due).map_err(|e| t.err(e))?;
     Ok(id)
 }
 

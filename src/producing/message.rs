@@ -470,11 +470,11 @@ impl Message {
     }
 
     /// The message as the first event of a new job of its burst: its payload framed, due
-    /// `quiet` from now, collected no more.
-    pub(crate) fn into_first_event(mut self) -> Self {
+    /// `quiet` from now (now if it fills the job on its own: `full`), collected no more.
+    pub(crate) fn into_first_event(mut self, full: bool) -> Self {
         if let Some(c) = self.rare.as_mut().and_then(|r| r.collect.take()) {
             self.payload = crate::model::collect::first(&self.payload);
-            self.delay = c.quiet;
+            self.delay = if full { Duration::ZERO } else { c.quiet };
         }
         self
     }

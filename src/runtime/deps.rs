@@ -1251,5 +1251,9 @@ pub(crate) fn dropped(
         settling.settle(conn, table, id, CANCELLED, None, Left::Gone)?;
     }
     conn.execute(&deps.forget_table, &[name.clone(), name])?;
+    conn.execute(
+        &deps.forget_signals,
+        &[Value::Int(crate::dialect::signals::scope(table))],
+    )?;
     Ok(())
 }

@@ -101,7 +101,7 @@ pub(super) fn compile(spec: &TableSpec) -> TableSql {
     let s = &SYNTAX;
     let mut sql = TableSql {
         begin: vec![format!("BEGIN ISOLATION LEVEL {}", spec.isolation.sql())],
-        begin_write: "BEGIN".into(),
+        begin_write: "BEGIN ISOLATION LEVEL READ COMMITTED".into(),
         ..TableSql::default()
     };
     s.common(spec, &mut sql);
@@ -260,7 +260,7 @@ pub(super) static DEPS: crate::dialect::deps::Spelling = crate::dialect::deps::S
     upsert: crate::dialect::deps::Upsert::OnConflict,
     greatest: "GREATEST",
     row_values: true,
-    begin_write: "BEGIN",
+    begin_write: "BEGIN ISOLATION LEVEL READ COMMITTED",
 };
 
 /// The waits' statements of jobs that wait on others, made once.
