@@ -586,3 +586,26 @@ fn signals_are_swept(db: Db) {
     forget(&l, &t, &[&s1, &s2]);
 }
 per_db!(signals_are_swept);
+
+/// A table dropped by `drop_table` and made again under its name waits for its signals
+/// afresh: a signal sent to the old table is not the new one's latch. Fails (the new job
+/// `Ready` at its publish, and the signal releasing 0) with the signals' heads left by the
+/// drop.
+fn a_table_made_again_waits_for_its_signals_afresh(db: Db) {
+    let Some(l) = common::live(db) else { return };
+    let t = table(&l, Form::Lease);
+    let s = name("again");
+    assert_eq!(l.broker.signal(&t, &s, b"old").unwrap(), 0);
+    l.broker.drop_table(&t).unwrap();
+    l.broker.create_table(&t).unwrap();
+    let id = l.broker.publish(&t, message("n").after_signal(&s)).unwrap();
+    assert_eq!(
+        state(&l, &t, id),
+        Some(JobState::Waiting),
+        "read the old latch"
+    );
+    assert_eq!(l.broker.signal(&t, &s, b"new").unwrap(), 1);
+    assert_eq!(state(&l, &t, id), Some(JobState::Ready));
+    forget(&l, &t, &[&s]);
+}
+per_db!(a_table_made_again_waits_for_its_signals_afresh);

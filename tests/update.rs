@@ -601,6 +601,39 @@ fn unique_for_keeps_the_key_for_its_period(db: Db, form: Form) {
 }
 per_db_form!(unique_for_keeps_the_key_for_its_period);
 
+/// A table dropped by `drop_table` and made again under its name (its ids counted from 1
+/// again) holds none of the old table's keys: the old job's id, now another job's, holds no
+/// period. Fails (`Duplicate` of the new table's job 1) with the old rows of
+/// `sqlbroker_unique` left by the drop.
+fn a_table_made_again_holds_no_old_period(db: Db) {
+    let Some(live) = common::live(db) else { return };
+    let t = live.create(describe(Form::Lease).dedup().keep_completed(LONG));
+    let m = |key: &str| {
+        Message::new(b"x".to_vec())
+            .set("k", "a")
+            .dedup_key(key)
+            .unique_for(LONG)
+    };
+    let old = live.broker.publish(&t, m("digest")).unwrap();
+    let sub = live.broker.subscription(&t).start().unwrap();
+    common::next(&sub, LONG).ack().unwrap();
+    sub.shutdown(Duration::from_secs(5)).unwrap();
+    live.broker.drop_table(&t).unwrap();
+    live.broker.create_table(&t).unwrap();
+    // The new table's first job takes the old holder's id.
+    let other = live.broker.publish(&t, m("other")).unwrap();
+    assert_eq!(
+        other, old,
+        "the ids did not start again: the test proves nothing"
+    );
+    let again = live.broker.publish(&t, m("digest"));
+    assert!(
+        matches!(again, Ok(id) if id != other),
+        "a new table's publish of a key read the old table's period: {again:?}"
+    );
+}
+per_db!(a_table_made_again_holds_no_old_period);
+
 /// An update of a lease job whose holder stopped renewing (its lease ran out, unsettled):
 /// the update records the lost lease (as a claim would) and clears it, so the late holder's
 /// ack is `LeaseLost` and the new version is what the next claim runs.
