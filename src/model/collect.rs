@@ -89,6 +89,11 @@ pub(crate) fn full(payload: &[u8]) -> bool {
     event_bytes(payload) + 4 > COLLECT_MAX_BYTES
 }
 
+/// True if a job whose first event is `event_len` bytes is full with it ([`full`]).
+pub(crate) fn fills_alone(event_len: usize) -> bool {
+    4 + event_len + 4 > COLLECT_MAX_BYTES
+}
+
 /// How many events a collected payload holds, walking its frames without copying them:
 /// `None` if it is not one (no header, or frames that do not add up).
 pub(crate) fn count(payload: &[u8]) -> Option<usize> {
@@ -130,6 +135,23 @@ pub(crate) fn decode(payload: &[u8]) -> Option<std::result::Result<Vec<Vec<u8>>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job is full once not even an empty event fits, and a first event alone says so as its
+    /// framed payload does. Fails if `fills_alone` and `full` disagree at the bound.
+    #[test]
+    fn full_at_the_bound() {
+        for len in [
+            0,
+            10,
+            COLLECT_MAX_BYTES - 9,
+            COLLECT_MAX_BYTES - 8,
+            COLLECT_MAX_BYTES - 4,
+        ] {
+            assert_eq!(fills_alone(len), full(&first(&vec![7; len])), "{len}");
+        }
+        assert!(!fills_alone(COLLECT_MAX_BYTES - 8));
+        assert!(fills_alone(COLLECT_MAX_BYTES - 7));
+    }
 
     /// Events framed and read back in order, empty ones included; a payload without the
     /// header is none of ours; a cut one is an error. Fails if `push` or `decode` lose a frame.

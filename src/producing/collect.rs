@@ -218,7 +218,7 @@ fn start(
     now_ms: i64,
 ) -> Result<i64> {
     let c = message.collecting().expect("a collected message");
-    let full = collect::full(&collect::first(message.payload()));
+    let full = collect::fills_alone(message.payload().len());
     let due = match full {
         true => ceil_secs(now_ms),
         false => ceil_secs(add_ms(now_ms, c.quiet)),
