@@ -22,6 +22,13 @@ fn event(key: &str, body: &str, quiet: Duration, max_wait: Duration) -> Message 
         .collect(key, quiet, max_wait)
 }
 
+/// Publishes `body` as an event of `key` (quiet and max_wait long): the job it went into.
+fn publish_bytes(live: &common::Live, t: &Table, key: &str, body: Vec<u8>) -> i64 {
+    live.broker
+        .publish(t, Message::new(body).set("k", key).collect(key, LONG, LONG))
+        .unwrap()
+}
+
 fn text(events: Vec<Vec<u8>>) -> Vec<String> {
     events
         .into_iter()
@@ -292,14 +299,7 @@ per_db!(quiet_and_max_wait_set_the_due_time);
 fn the_cap_starts_the_next_job(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(Form::Lease, Duration::from_secs(30));
-    let publish = |key: &str, body: Vec<u8>| {
-        live.broker
-            .publish(
-                &t,
-                Message::new(body).set("k", key).collect(key, LONG, LONG),
-            )
-            .unwrap()
-    };
+    let publish = |key: &str, body: Vec<u8>| publish_bytes(&live, &t, key, body);
     let first = publish("n", b"0".to_vec());
     for i in 1..COLLECT_MAX_EVENTS {
         assert_eq!(publish("n", i.to_string().into_bytes()), first, "event {i}");
@@ -704,14 +704,7 @@ per_db!(after_signal_on_a_dependencies_table);
 fn the_event_that_fills_the_bytes_makes_it_due(db: Db) {
     let Some(live) = common::live(db) else { return };
     let t = live.table(Form::Lease, Duration::from_secs(30));
-    let publish = |key: &str, body: Vec<u8>| {
-        live.broker
-            .publish(
-                &t,
-                Message::new(body).set("k", key).collect(key, LONG, LONG),
-            )
-            .unwrap()
-    };
+    let publish = |key: &str, body: Vec<u8>| publish_bytes(&live, &t, key, body);
     // One event as big as allowed: the job is full on its first event.
     let one = publish("one", vec![7; COLLECT_MAX_BYTES - 4]);
     // Two events that together fill the bound exactly.
