@@ -270,18 +270,8 @@ fn signal_child_entry() {
 fn signal_from_another_process_racing_publish(db: Db, form: Form) {
     let Some(l) = common::live(db) else { return };
     let t = table(&l, form);
-    let mut child = common::spawn_child(
-        "signal_child_entry",
-        CHILD_ENV,
-        &format!("{}\t{}\t{}", common::form_name(form), t.name(), l.url),
-    );
-    let pid: u32 = child
-        .line_after("CHILD ", Duration::from_secs(60))
-        .expect("the child did not start")
-        .trim()
-        .parse()
-        .unwrap();
-    assert_ne!(pid, std::process::id(), "the child is this process");
+    let mut child =
+        common::spawn_table_child("signal_child_entry", CHILD_ENV, form, t.name(), &l.url);
     let rounds: i64 = 28;
     let names: Vec<String> = (0..rounds).map(|_| name("proc")).collect();
     let (mut ids, mut released) = (Vec::new(), 0);

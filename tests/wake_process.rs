@@ -42,7 +42,7 @@ const ROWS: usize = 12;
 /// into its doubling).
 const QUIET: Duration = Duration::from_millis(100);
 
-use common::{form_from, form_name};
+use common::form_from;
 
 fn micros_now() -> u128 {
     SystemTime::now()
@@ -100,18 +100,8 @@ fn a_publish_in_another_process_wakes(db: Db, form: Form) {
         .poll_interval(POLL)
         .start()
         .unwrap();
-    let mut child = common::spawn_child(
-        "wake_child_entry",
-        CHILD_ENV,
-        &format!("{}\t{}\t{}", form_name(form), t.name(), live.url),
-    );
-    let pid: u32 = child
-        .line_after("CHILD ", Duration::from_secs(60))
-        .expect("the child did not start")
-        .trim()
-        .parse()
-        .unwrap();
-    assert_ne!(pid, std::process::id(), "the child is this process");
+    let mut child =
+        common::spawn_table_child("wake_child_entry", CHILD_ENV, form, t.name(), &live.url);
     if db == Db::Mysql {
         prime(&live, &t, &sub);
     }

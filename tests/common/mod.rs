@@ -405,6 +405,20 @@ pub fn spawn_child(entry: &str, env: &str, value: &str) -> Child {
     Child { process, lines }
 }
 
+/// Starts child `entry` with `env` set to `<form>\t<table>\t<url>` ([`child_spec`]), and
+/// waits (a minute at most) for its `CHILD <pid>` line: another process than this one.
+pub fn spawn_table_child(entry: &str, env: &str, form: Form, table: &str, url: &str) -> Child {
+    let child = spawn_child(entry, env, &format!("{}\t{table}\t{url}", form_name(form)));
+    let pid: u32 = child
+        .line_after("CHILD ", Duration::from_secs(60))
+        .expect("the child did not start")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(pid, std::process::id(), "the child is this process");
+    child
+}
+
 impl Child {
     /// The rest of the first line the child prints after `marker`, within `wait`.
     pub fn line_after(&self, marker: &str, wait: Duration) -> Option<String> {
