@@ -541,7 +541,10 @@ fn signals(ix: &Index<'_>, out: &mut Vec<Broken>) {
             .map(|ms| p0 + ms as i64 * 1000 - SLACK);
         let sent_before_publish = calls[name.as_str()].iter().any(|c| c.3 && c.1 < *p0);
         for r in ix.runs.get(id).into_iter().flatten() {
-            let Some((_, c1)) = r.claim else { continue };
+            // A run its handler started (a claim may take a cancelled job only to end it).
+            let (Some((_, c1)), Some(_)) = (r.claim, r.start) else {
+                continue;
+            };
             let too_soon =
                 first_start(name).is_none_or(|s| c1 < s) && deadline.is_none_or(|d| c1 < d);
             if too_soon {
