@@ -519,9 +519,9 @@ pub(crate) fn in_own_transaction<T>(
 const DEADLOCK_TRIES: u32 = 4;
 
 /// True if `e` is the database ending the transaction as a deadlock's victim (MySQL/MariaDB
-/// 1213, PostgreSQL 40P01), or as a serialization failure (PostgreSQL 40001: a database
-/// whose default isolation is `SERIALIZABLE` or `REPEATABLE READ`): rolled back whole, it may
-/// run again.
+/// 1213, PostgreSQL 40P01), or as a serialization failure (PostgreSQL 40001, which the
+/// library's own transactions, read committed by name, should not meet): rolled back whole,
+/// it may run again.
 fn deadlocked(e: &BrokerError) -> bool {
     match e {
         BrokerError::Database {
@@ -538,8 +538,8 @@ fn deadlocked(e: &BrokerError) -> bool {
 
 /// Runs `run`, a publish in a transaction of its own that names other jobs, again (a few
 /// times at most, a little later each time) while the database ends it as a deadlock's
-/// victim (or a serialization failure's). Publishes that name one job lock its row in `sqlbroker_deps` and then insert
-/// around it; MySQL/MariaDB's locks for those inserts can order two such publishes (or a
+/// victim (or a serialization failure's). Publishes that name one job lock its row in
+/// `sqlbroker_deps` and then insert around it; MySQL/MariaDB's locks for those inserts can order two such publishes (or a
 /// publish and a settlement) into a deadlock, which rolls one back whole: nothing of it was
 /// written, so it runs again rather than failing.
 pub(crate) fn retrying_deadlocks<T>(mut run: impl FnMut() -> Result<T>) -> Result<T> {
