@@ -539,9 +539,9 @@ fn deadlocked(e: &BrokerError) -> bool {
 /// Runs `run`, a publish in a transaction of its own that names other jobs, again (a few
 /// times at most, a little later each time) while the database ends it as a deadlock's
 /// victim (or a serialization failure's). Publishes that name one job lock its row in
-/// `sqlbroker_deps` and then insert around it; MySQL/MariaDB's locks for those inserts can order two such publishes (or a
-/// publish and a settlement) into a deadlock, which rolls one back whole: nothing of it was
-/// written, so it runs again rather than failing.
+/// `sqlbroker_deps` and then insert around it; MySQL/MariaDB's locks for those inserts can
+/// order two such publishes (or a publish and a settlement) into a deadlock, which rolls one
+/// back whole: nothing of it was written, so it runs again rather than failing.
 pub(crate) fn retrying_deadlocks<T>(mut run: impl FnMut() -> Result<T>) -> Result<T> {
     let mut tries = 1;
     loop {
