@@ -602,13 +602,19 @@ pub(crate) struct PeriodicSql {
     pub create: &'static str,
     /// `(table_name, name, schedule, time_zone, seen_at)`: the schedule's row, made or brought
     /// up to date; its pause is kept.
+    // Written by the schedules' thread (`cron` feature) only.
+    #[cfg_attr(not(feature = "cron"), allow(dead_code))]
     pub upsert: &'static str,
     /// `(seen_at, next_tick, last_tick, table_name, name)`: a running process's beat
     /// (`last_tick` `NULL` keeps the one written).
+    // Written by the schedules' thread (`cron` feature) only.
+    #[cfg_attr(not(feature = "cron"), allow(dead_code))]
     pub beat: &'static str,
     /// `(table_name, name)` -> `paused`, the row locked until the transaction ends (servers:
     /// `FOR UPDATE`; SQLite's write transaction holds the database): a publish that reads it
     /// and a pause that writes it are ordered.
+    // Written by the schedules' thread (`cron` feature) only.
+    #[cfg_attr(not(feature = "cron"), allow(dead_code))]
     pub paused: &'static str,
     /// -> `table_name, name, schedule, time_zone, next_tick, last_tick, paused, seen_at`, by
     /// table and name.
