@@ -21,13 +21,15 @@
 //! broker.create_table(&emails)?;
 //!
 //! // The `rusqlite` crate, re-exported at the version `publish` takes.
-//! let mut conn = sqlbroker::sqlite::driver::Connection::open(&file)?;
-//! // Other connections write the file too (the broker's own threads): wait for them.
+//! use sqlbroker::sqlite::driver::{Connection, TransactionBehavior};
+//! let mut conn = Connection::open(&file)?;
+//! // Other connections write the file too (the broker's own threads): wait for them, and
+//! // begin IMMEDIATE, so the transaction never reads a snapshot another write made stale.
 //! conn.busy_timeout(std::time::Duration::from_secs(5))?;
-//! let tx = conn.transaction()?;
+//! let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
 //! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
 //! drop(tx); // rolled back: no job
-//! let tx = conn.transaction()?;
+//! let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
 //! sqlbroker::sqlite::publish(&tx, &emails, Message::new(b"welcome".to_vec()).set("to", "a@b.c"))?;
 //! tx.commit()?; // one job
 //! let sub = broker.subscription(&emails).start()?;
