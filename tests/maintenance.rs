@@ -302,7 +302,7 @@ fn old_completed(live: &Live, t: &Table, n: usize) {
 }
 
 /// A maintainer whose batch is held past its lease (another session holds a row lock its
-/// delete waits on for 16 s; lease 3 s) stops saying it maintains once its lease has run out
+/// delete waits on for 24 s; lease 3 s) stops saying it maintains once its lease has run out
 /// on its own clock, while a second broker is elected: never both at once.
 ///
 /// The lock is held before `a` runs, so `a`'s first pass waits on it whenever it starts; and
@@ -321,17 +321,17 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
             .keep_completed(Duration::from_secs(3600)),
     );
     old_completed(&live, &t, 3000);
-    // The first row any batch deletes, locked for 16 s (the `SELECT`'s alias names the table,
+    // The first row any batch deletes, locked for 24 s (the `SELECT`'s alias names the table,
     // so the wait below finds this session and no other run's).
     let lock = match db {
         Db::Postgres => format!(
             "BEGIN; SELECT id FROM {0} WHERE id = (SELECT MIN(id) FROM {0}) FOR UPDATE; \
-             SELECT pg_sleep(16) AS {0}; COMMIT",
+             SELECT pg_sleep(24) AS {0}; COMMIT",
             t.name()
         ),
         _ => format!(
             "START TRANSACTION; SELECT id FROM {0} WHERE id = (SELECT MIN(id) FROM {0}) \
-             FOR UPDATE; SELECT SLEEP(16) AS {0}; COMMIT",
+             FOR UPDATE; SELECT SLEEP(24) AS {0}; COMMIT",
             t.name()
         ),
     };
@@ -341,12 +341,12 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
     let sleeping = match db {
         Db::Postgres => format!(
             "SELECT COUNT(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
-             AND query LIKE '%pg_sleep(16) AS {}%'",
+             AND query LIKE '%pg_sleep(24) AS {}%'",
             t.name()
         ),
         _ => format!(
             "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() \
-             AND info LIKE '%SLEEP(16) AS {}%'",
+             AND info LIKE '%SLEEP(24) AS {}%'",
             t.name()
         ),
     };
@@ -379,7 +379,7 @@ fn a_held_up_maintainer_stops_saying_it_maintains(db: Db) {
         "the held-up maintainer was never replaced: the test proves nothing"
     );
     assert!(
-        held < Duration::from_secs(16),
+        held < Duration::from_secs(24),
         "the lock was let go ({held:?}) before the watch ended: the test proves less"
     );
 }

@@ -6,7 +6,7 @@ use crate::dialect::DbConn;
 use crate::error::{BrokerError, Result};
 use crate::model::table::Table;
 use crate::model::waits::WaitingSignal;
-use crate::producing::publish::retrying_deadlocks;
+use crate::runtime::retrying_deadlocks;
 
 impl Broker {
     /// Sends signal `name` on `table` with `payload`, and releases the jobs waiting for it

@@ -128,15 +128,7 @@ impl JobUpdate {
                     _ => return Err(bad(format!("the {what} is a name (text)"))),
                 }
             }
-            columns.push((
-                i,
-                match v {
-                    // As a publish writes them: 0.0 for -0.0, whole seconds.
-                    Value::Float(0.0) => Value::Float(0.0),
-                    Value::Time(t) => Value::Time(crate::model::schedule::floor(*t)),
-                    v => v.clone(),
-                },
-            ));
+            columns.push((i, crate::producing::message::as_written(v.clone())));
         }
         let changes = Changes {
             payload: self.payload.clone(),

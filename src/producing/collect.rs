@@ -12,7 +12,7 @@ use crate::model::collect::{self, COLLECT_MAX_BYTES, COLLECT_MAX_EVENTS};
 use crate::model::value::Value;
 use crate::producing::message::Message;
 use crate::producing::publish::{self, Target};
-use crate::runtime::Queue;
+use crate::runtime::{retrying_deadlocks, Queue};
 
 /// How long past its due time a key's row is kept before a sweep may delete it: clocks of
 /// the brokers may differ by this much before a sweep deletes a row a publish still needs
@@ -92,7 +92,7 @@ pub(crate) fn publish(q: &Queue, message: Message) -> Result<i64> {
         q.collects.made.store(true, Ordering::Release);
     }
     let run = |conn: &mut dyn DbConn| {
-        publish::retrying_deadlocks(|| {
+        retrying_deadlocks(|| {
             publish::in_own_transaction(&t, conn, |conn| join_or_start(&t, sql, conn, &message))
         })
     };

@@ -637,16 +637,7 @@ impl Message {
                 Some(n) => Some(named.swap_remove(n).1),
                 None => v,
             };
-            out.push(match v {
-                // SQLite writes an integral REAL as an integer, which has no -0: every
-                // database gets 0.0, so a zero reads back the same everywhere (the pattern
-                // compares as `==` does, so it matches -0.0 too).
-                Some(Value::Float(0.0)) => Value::Float(0.0),
-                // Whole seconds everywhere: MySQL's `DATETIME` would round a fraction, the
-                // others keep it.
-                Some(Value::Time(t)) => Value::Time(crate::model::schedule::floor(t)),
-                v => v.unwrap_or(Value::Null),
-            });
+            out.push(v.map_or(Value::Null, as_written));
         }
         if spec.priority.is_some() {
             out.push(Value::Int(self.priority.unwrap_or(0).into()));
@@ -665,6 +656,20 @@ impl Message {
             out.push(tp.map_or(Value::Null, Value::Text));
         }
         Ok(())
+    }
+}
+
+/// A column's value as the library writes it, by a publish or an update in place.
+pub(crate) fn as_written(v: Value) -> Value {
+    match v {
+        // SQLite writes an integral REAL as an integer, which has no -0: every database gets
+        // 0.0, so a zero reads back the same everywhere (the pattern compares as `==` does, so
+        // it matches -0.0 too).
+        Value::Float(0.0) => Value::Float(0.0),
+        // Whole seconds everywhere: MySQL's `DATETIME` would round a fraction, the others
+        // keep it.
+        Value::Time(t) => Value::Time(crate::model::schedule::floor(t)),
+        v => v,
     }
 }
 

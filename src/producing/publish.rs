@@ -16,7 +16,7 @@ use crate::model::value::Value;
 use crate::producing::message::Message;
 use crate::runtime::deps;
 use crate::runtime::update::{apply, keyed_column, Changes, Updated};
-use crate::runtime::Queue;
+use crate::runtime::{retrying_deadlocks, Queue};
 
 /// Where a publish writes: a table's validated description, its SQL, and its database.
 pub(crate) struct Target<'a> {
@@ -296,18 +296,24 @@ fn unique_keyed(
     key: String,
     d: std::time::Duration,
 ) -> Result<i64> {
-    let u = t.dialect.syntax().unique_sql(t.spec, t.dialect.database());
+    let Some(q) = t.queue else {
+        return Err(BrokerError::InvalidMessage {
+            table: t.spec.name.clone(),
+            reason: "Message::unique_for is for Broker::publish".into(),
+        });
+    };
+    let u = q
+        .unique_sql
+        .get_or_init(|| t.dialect.syntax().unique_sql(t.spec, t.dialect.database()));
     // Made on first use, outside the transaction (MySQL commits around DDL), once per broker
     // and table (never by a broker that runs no DDL). Two sessions making it at once on
     // PostgreSQL may collide in its catalog: once more.
-    let made = t.queue.map(|q| &q.unique_made);
-    if !made.is_some_and(|m| m.load(std::sync::atomic::Ordering::Acquire)) {
+    if !q.unique_made.load(std::sync::atomic::Ordering::Acquire) {
         if conn.batch(&u.create).is_err() {
             conn.batch(&u.create).map_err(|e| t.err(e))?;
         }
-        if let Some(m) = made {
-            m.store(true, std::sync::atomic::Ordering::Release);
-        }
+        q.unique_made
+            .store(true, std::sync::atomic::Ordering::Release);
     }
     let names = [Value::Text(t.spec.name.clone()), Value::Text(key.clone())];
     let run = |conn: &mut dyn DbConn| -> Result<i64> {
@@ -510,48 +516,6 @@ pub(crate) fn in_own_transaction<T>(
         Err(e) => {
             conn.rollback_or_discard();
             Err(e)
-        }
-    }
-}
-
-/// How many times a publish's own transaction runs at most when the database ends it as a
-/// deadlock's victim.
-const DEADLOCK_TRIES: u32 = 4;
-
-/// True if `e` is the database ending the transaction as a deadlock's victim (MySQL/MariaDB
-/// 1213, PostgreSQL 40P01), or as a serialization failure (PostgreSQL 40001, which the
-/// library's own transactions, read committed by name, should not meet): rolled back whole,
-/// it may run again.
-fn deadlocked(e: &BrokerError) -> bool {
-    match e {
-        BrokerError::Database {
-            kind: crate::error::DbErrorKind::Transient,
-            source,
-            ..
-        } => {
-            let text = source.to_string().to_ascii_lowercase();
-            text.contains("deadlock") || text.contains("could not serialize")
-        }
-        _ => false,
-    }
-}
-
-/// Runs `run`, a publish in a transaction of its own that names other jobs, again (a few
-/// times at most, a little later each time) while the database ends it as a deadlock's
-/// victim (or a serialization failure's). Publishes that name one job lock its row in
-/// `sqlbroker_deps` and then insert around it; MySQL/MariaDB's locks for those inserts can
-/// order two such publishes (or a publish and a settlement) into a deadlock, which rolls one
-/// back whole: nothing of it was written, so it runs again rather than failing.
-pub(crate) fn retrying_deadlocks<T>(mut run: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut tries = 1;
-    loop {
-        match run() {
-            Err(e) if tries < DEADLOCK_TRIES && deadlocked(&e) => {
-                log::debug!("publish: {e}; tried again");
-                std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(tries)));
-                tries += 1;
-            }
-            done => return done,
         }
     }
 }

@@ -6,9 +6,8 @@ use crate::broker::Broker;
 use crate::error::Result;
 use crate::model::table::Table;
 use crate::producing::message::Message;
-use crate::producing::publish::{
-    in_own_transaction, one, retrying_deadlocks, waits_on_others, Target,
-};
+use crate::producing::publish::{in_own_transaction, one, waits_on_others, Target};
+use crate::runtime::retrying_deadlocks;
 
 impl Broker {
     /// Publishes one message and returns the new row's id; it is due at once unless it was

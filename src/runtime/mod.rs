@@ -116,6 +116,8 @@ pub(crate) struct Queue {
     /// is not this broker's to make: [`BrokerBuilder::manage_schema`](crate::BrokerBuilder::manage_schema)
     /// off), so a publish runs no DDL.
     pub unique_made: AtomicBool,
+    /// The statements of `sqlbroker_unique` for this table, built by its first unique publish.
+    pub unique_sql: std::sync::OnceLock<crate::dialect::shared::UniqueSql>,
 }
 
 /// Lease acks grouped into one commit: each item is a row of a table and the tokens it may
@@ -174,6 +176,7 @@ impl Queue {
             record_seen: Mutex::new(None),
             collects: Default::default(),
             unique_made: AtomicBool::new(false),
+            unique_sql: std::sync::OnceLock::new(),
         }
     }
 
@@ -304,6 +307,48 @@ impl Queue {
     /// Wraps a driver error with the operation and this table.
     pub fn err(&self, op: &'static str) -> impl Fn(DbError) -> BrokerError + '_ {
         move |e| e.during(op, &self.spec.name)
+    }
+}
+
+/// How many times a transaction of its own runs at most when the database ends it as a
+/// deadlock's victim.
+const DEADLOCK_TRIES: u32 = 4;
+
+/// True if `e` is the database ending the transaction as a deadlock's victim (MySQL/MariaDB
+/// 1213, PostgreSQL 40P01), or as a serialization failure (PostgreSQL 40001, which the
+/// library's own transactions, read committed by name, should not meet): rolled back whole,
+/// it may run again.
+fn deadlocked(e: &BrokerError) -> bool {
+    match e {
+        BrokerError::Database {
+            kind: DbErrorKind::Transient,
+            source,
+            ..
+        } => {
+            let text = source.to_string().to_ascii_lowercase();
+            text.contains("deadlock") || text.contains("could not serialize")
+        }
+        _ => false,
+    }
+}
+
+/// Runs `run`, a transaction of its own (a publish that names other jobs, a signal, an
+/// update in place), again (a few times at most, a little later each time) while the
+/// database ends it as a deadlock's victim (or a serialization failure's). Publishes that name one job lock its row in
+/// `sqlbroker_deps` and then insert around it; MySQL/MariaDB's locks for those inserts can
+/// order two such publishes (or a publish and a settlement) into a deadlock, which rolls one
+/// back whole: nothing of it was written, so it runs again rather than failing.
+pub(crate) fn retrying_deadlocks<T>(mut run: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        match run() {
+            Err(e) if tries < DEADLOCK_TRIES && deadlocked(&e) => {
+                log::debug!("publish: {e}; tried again");
+                std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(tries)));
+                tries += 1;
+            }
+            done => return done,
+        }
     }
 }
 

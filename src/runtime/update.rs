@@ -14,11 +14,11 @@ use std::time::SystemTime;
 use crate::dialect::keys::{KeySql, SessionKeys};
 use crate::dialect::shared::UpdateFields;
 use crate::dialect::DbConn;
-use crate::error::{BrokerError, DbError, DbErrorKind, Result};
+use crate::error::{DbError, Result};
 use crate::model::schedule::claim_now;
 use crate::model::table::Form;
 use crate::model::value::Value;
-use crate::runtime::Queue;
+use crate::runtime::{retrying_deadlocks, Queue};
 
 /// What an update in place writes, checked already: the payload, user columns by index, the
 /// priority, the due time (whole seconds).
@@ -96,41 +96,18 @@ pub(crate) enum Updated {
     NotLive,
 }
 
-/// How many times an update in place runs at most when the database ends it as a deadlock's
-/// victim.
-const DEADLOCK_TRIES: u32 = 4;
-
 /// Applies `changes` to job `id` of `q`'s table on `conn` (not in a transaction) unless it is
-/// in work or finished, deciding that in the database as the module says. Run again (a few
-/// times, a little later each time) while the database ends it as a deadlock's victim:
-/// MySQL/MariaDB may order it and a claim, which lock the row's index entries in another
-/// order, into one, and then rolls it back whole, so nothing of it was written.
+/// in work or finished, deciding that in the database as the module says. Run again while the
+/// database ends it as a deadlock's victim ([`retrying_deadlocks`]): MySQL/MariaDB may order
+/// it and a claim, which lock the row's index entries in another order, into one, and then
+/// rolls it back whole, so nothing of it was written.
 pub(crate) fn apply(
     q: &Queue,
     conn: &mut dyn DbConn,
     id: i64,
     changes: &Changes,
 ) -> Result<Updated> {
-    let mut tries = 1;
-    loop {
-        match attempt(q, conn, id, changes) {
-            Err(BrokerError::Database {
-                kind: DbErrorKind::Transient,
-                source,
-                ..
-            }) if tries < DEADLOCK_TRIES
-                && source.to_string().to_ascii_lowercase().contains("deadlock") =>
-            {
-                log::debug!(
-                    "update of job {id} on table {}: {source}; tried again",
-                    q.spec.name
-                );
-                std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(tries)));
-                tries += 1;
-            }
-            done => return done,
-        }
-    }
+    retrying_deadlocks(|| attempt(q, &mut *conn, id, changes))
 }
 
 /// One try of [`apply`].
